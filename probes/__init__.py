@@ -1,0 +1,1 @@
+"""Measure: hooks inside workers, samplers on each node, and the event stream."""

@@ -1,0 +1,1 @@
+"""Keep: the on-disk recording format, its reader, analysis, compare and export."""

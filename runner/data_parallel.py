@@ -1,0 +1,50 @@
+"""Data parallelism: replicate (DDP) or shard (FSDP2) over the dp mesh dim.
+
+Replication takes one of two PyTorch implementations:
+- alone (no tp, no pp): ``DistributedDataParallel``, the classic reducer that
+  all-reduces gradient buckets during backward;
+- composed with tp or pp: ``replicate`` from ``replicate_with_fsdp`` (FSDP2's
+  machinery with a replicated placement). ``DistributedDataParallel`` does not
+  compose with either: it cannot bucket DTensor parameters, and under
+  ``torch.distributed.pipelining`` microbatches it trips the reducer's bucket
+  rebuild or, with ``static_graph``, reduces wrong gradients (both seen on
+  torch 2.13 with gloo). torchtitan likewise refuses DDP beyond 1-D.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+from torch.distributed._composable.replicate_with_fsdp import replicate
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.fsdp import fully_shard
+from torch.nn.parallel import DistributedDataParallel
+
+from runner.model import Transformer
+
+
+def apply_fsdp(model: Transformer, *, dp_mesh: DeviceMesh) -> None:
+    """Shard every block, then the rest of the model, over ``dp_mesh`` (FSDP2).
+
+    One ``fully_shard`` per block gives one all-gather per block in forward
+    and in backward and one reduce-scatter per block, overlapped with compute.
+    """
+    for block in model.layers.values():
+        fully_shard(block, mesh=dp_mesh)
+    fully_shard(model, mesh=dp_mesh)
+
+
+def apply_replicate(model: Transformer, *, dp_mesh: DeviceMesh) -> None:
+    """Replicate ``model`` over ``dp_mesh`` with FSDP2's ``replicate``: one gradient all-reduce per block."""
+    for block in model.layers.values():
+        replicate(block, mesh=dp_mesh)
+    replicate(model, mesh=dp_mesh)
+
+
+def apply_ddp(model: nn.Module, *, dp_mesh: DeviceMesh, device: torch.device) -> nn.Module:
+    """Wrap ``model`` in DDP over ``dp_mesh``: gradients all-reduced in buckets during backward."""
+    return DistributedDataParallel(
+        model,
+        process_group=dp_mesh.get_group(),
+        device_ids=[device.index] if device.type == "cuda" else None,
+    )

@@ -1,0 +1,120 @@
+"""The built-in decoder-only transformer: Llama-style blocks.
+
+The model is written so that each parallelism can be applied from outside:
+layers sit in a ``ModuleDict`` keyed by their index (a pipeline stage deletes
+the ones it does not own and the names stay those of the whole model), the
+projections are plain ``nn.Linear`` (tensor parallelism shards them), and
+attention reshapes with ``-1`` heads so a shard with fewer local heads works.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from runner.presets import ModelShape
+
+
+def rotary_tables(
+    seq_len: int, head_dim: int, theta: float, *, device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Cosine and sine tables of shape ``[seq_len, head_dim // 2]`` in float32."""
+    inverse_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, device=device, dtype=torch.float32) / head_dim))
+    angles = torch.outer(torch.arange(seq_len, device=device, dtype=torch.float32), inverse_freq)
+    return angles.cos(), angles.sin()
+
+
+def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate pairs of channels of ``x`` ``[batch, seq, heads, head_dim]`` by position."""
+    pairs = x.float().unflatten(-1, (-1, 2))
+    even, odd = pairs[..., 0], pairs[..., 1]
+    cos, sin = cos[None, :, None, :], sin[None, :, None, :]
+    rotated = torch.stack((even * cos - odd * sin, even * sin + odd * cos), dim=-1)
+    return rotated.flatten(-2).type_as(x)
+
+
+class Attention(nn.Module):
+    """Causal grouped-query self-attention with rotary positions."""
+
+    def __init__(self, shape: ModelShape) -> None:
+        super().__init__()
+        self.head_dim = shape.head_dim
+        self.wq = nn.Linear(shape.dim, shape.n_heads * shape.head_dim, bias=False)
+        self.wk = nn.Linear(shape.dim, shape.n_kv_heads * shape.head_dim, bias=False)
+        self.wv = nn.Linear(shape.dim, shape.n_kv_heads * shape.head_dim, bias=False)
+        self.wo = nn.Linear(shape.n_heads * shape.head_dim, shape.dim, bias=False)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        batch, seq, _ = x.shape
+        # -1 heads: under tensor parallelism each rank holds only its own heads.
+        q = self.wq(x).view(batch, seq, -1, self.head_dim)
+        k = self.wk(x).view(batch, seq, -1, self.head_dim)
+        v = self.wv(x).view(batch, seq, -1, self.head_dim)
+        q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+        repeats = q.size(2) // k.size(2)
+        if repeats > 1:
+            k = k.repeat_interleave(repeats, dim=2)
+            v = v.repeat_interleave(repeats, dim=2)
+        out = F.scaled_dot_product_attention(
+            q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True
+        )
+        return self.wo(out.transpose(1, 2).reshape(batch, seq, -1))
+
+
+class FeedForward(nn.Module):
+    """SwiGLU MLP: ``w2(silu(w1 x) * w3 x)``."""
+
+    def __init__(self, shape: ModelShape) -> None:
+        super().__init__()
+        self.w1 = nn.Linear(shape.dim, shape.ffn_dim, bias=False)
+        self.w3 = nn.Linear(shape.dim, shape.ffn_dim, bias=False)
+        self.w2 = nn.Linear(shape.ffn_dim, shape.dim, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.w2(F.silu(self.w1(x)) * self.w3(x))
+
+
+class Block(nn.Module):
+    """One pre-norm transformer block."""
+
+    def __init__(self, shape: ModelShape) -> None:
+        super().__init__()
+        self.attention_norm = nn.RMSNorm(shape.dim, eps=shape.norm_eps)
+        self.attention = Attention(shape)
+        self.ffn_norm = nn.RMSNorm(shape.dim, eps=shape.norm_eps)
+        self.feed_forward = FeedForward(shape)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        h = x + self.attention(self.attention_norm(x), cos, sin)
+        return h + self.feed_forward(self.ffn_norm(h))
+
+
+class Transformer(nn.Module):
+    """Token ids in, logits out; or, for a pipeline stage, hidden states in or out.
+
+    A stage keeps ``tok_embeddings`` only if it is the first, ``norm`` and
+    ``output`` only if it is the last (the others are set to ``None``).
+    """
+
+    def __init__(self, shape: ModelShape) -> None:
+        super().__init__()
+        self.shape = shape
+        self.tok_embeddings: nn.Embedding | None = nn.Embedding(shape.vocab_size, shape.dim)
+        self.layers = nn.ModuleDict({str(i): Block(shape) for i in range(shape.n_layers)})
+        self.norm: nn.RMSNorm | None = nn.RMSNorm(shape.dim, eps=shape.norm_eps)
+        self.output: nn.Linear | None = nn.Linear(shape.dim, shape.vocab_size, bias=False)
+
+    def forward(self, tokens_or_hidden: torch.Tensor) -> torch.Tensor:
+        h = self.tok_embeddings(tokens_or_hidden) if self.tok_embeddings is not None else tokens_or_hidden
+        cos, sin = rotary_tables(h.size(1), self.shape.head_dim, self.shape.rope_theta, device=h.device)
+        for layer in self.layers.values():
+            h = layer(h, cos, sin)
+        if self.norm is not None:
+            h = self.norm(h)
+        return self.output(h) if self.output is not None else h
+
+
+def next_token_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Mean cross-entropy of ``logits`` ``[batch, seq, vocab]`` against ``targets``."""
+    return F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten())

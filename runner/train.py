@@ -1,0 +1,113 @@
+"""The training workload of one rank: build the parallel model, then step it."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.pipelining.schedules import _PipelineSchedule
+
+from runner.data import replica_batch, synthetic_tokens
+from runner.data_parallel import apply_ddp, apply_fsdp, apply_replicate
+from runner.mesh import MeshCoordinates
+from runner.model import Transformer, next_token_loss
+from runner.pipeline import build_schedule, cut_stage, stages_of_rank
+from runner.plan import ResolvedRun
+from runner.tensor_parallel import apply_tensor_parallel
+from runner.weights import init_weights
+
+TORCH_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+
+
+@dataclass(kw_only=True, slots=True)
+class TrainingJob:
+    """Everything one rank needs to run a step."""
+
+    run: ResolvedRun
+    coords: MeshCoordinates
+    device: torch.device
+    modules: list[nn.Module]
+    """This rank's model chunks (one, or ``v`` for interleaved pipelines)."""
+    stage_indices: list[int]
+    optimizer: torch.optim.Optimizer
+    schedule: _PipelineSchedule | None
+
+    @property
+    def holds_first_stage(self) -> bool:
+        return self.schedule is None or 0 in self.stage_indices
+
+    @property
+    def holds_last_stage(self) -> bool:
+        return self.schedule is None or self.run.num_stages - 1 in self.stage_indices
+
+
+def build_training(run: ResolvedRun, *, mesh: DeviceMesh, coords: MeshCoordinates,
+                   device: torch.device) -> TrainingJob:
+    """Build the model on the meta device, parallelise it, then materialise and initialise it."""
+    with torch.device("meta"):
+        whole = Transformer(run.shape).to(TORCH_DTYPES[run.dtype])
+    stage_indices = stages_of_rank(run, coords.pp) if run.pp > 1 else [0]
+    chunks = [cut_stage(whole, run=run, stage_index=s) for s in stage_indices] if run.pp > 1 else [whole]
+    classic_ddp = run.dp > 1 and not run.fsdp and run.tp == 1 and run.pp == 1
+    for chunk in chunks:
+        if run.tp > 1:
+            apply_tensor_parallel(chunk, tp_mesh=mesh["tp"])
+        if run.fsdp:
+            apply_fsdp(chunk, dp_mesh=mesh["dp"])
+        elif run.dp > 1 and not classic_ddp:
+            apply_replicate(chunk, dp_mesh=mesh["dp"])
+        chunk.to_empty(device=device)
+        init_weights(chunk, model=run.shape, seed=run.seed, device=device)
+    modules: list[nn.Module] = list(chunks)
+    if classic_ddp:
+        modules = [apply_ddp(chunks[0], dp_mesh=mesh["dp"], device=device)]
+    parameters = [p for module in modules for p in module.parameters()]
+    optimizer = torch.optim.AdamW(parameters, lr=1e-3, weight_decay=0.0)
+    schedule = None
+    if run.pp > 1:
+        schedule = build_schedule(modules, run=run, stage_indices=stage_indices, pp_mesh=mesh["pp"],
+                                  device=device, loss_fn=next_token_loss)
+    return TrainingJob(run=run, coords=coords, device=device, modules=modules,
+                       stage_indices=stage_indices, optimizer=optimizer, schedule=schedule)
+
+
+def train_step(job: TrainingJob, step: int) -> float | None:
+    """One forward, backward and optimizer step; this rank's loss, or ``None`` if it computes none."""
+    run = job.run
+    tokens = synthetic_tokens(step=step, seed=run.seed, batch_size=run.batch_size,
+                              seq_len=run.seq_len, vocab_size=run.shape.vocab_size)
+    inputs, targets = replica_batch(tokens, dp_rank=job.coords.dp, dp=run.dp)
+    inputs, targets = inputs.to(job.device), targets.to(job.device)
+    job.optimizer.zero_grad(set_to_none=True)
+    loss: float | None = None
+    if job.schedule is None:
+        step_loss = next_token_loss(job.modules[0](inputs), targets)
+        step_loss.backward()
+        loss = step_loss.item()
+    else:
+        losses: list[torch.Tensor] = []
+        args = (inputs,) if job.holds_first_stage else ()
+        last = job.holds_last_stage
+        job.schedule.step(*args, target=targets if last else None, losses=losses if last else None)
+        if last:
+            loss = torch.stack([l.detach().float() for l in losses]).mean().item()
+    job.optimizer.step()
+    return loss
+
+
+def synchronize(device: torch.device) -> None:
+    """Wait for the device's queued work, so a host clock measures it."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def timed_step(job: TrainingJob, step: int) -> tuple[int, float, float | None]:
+    """Run ``step``; its wall-clock start (ns), duration (s) and this rank's loss."""
+    synchronize(job.device)
+    start_ns, started = time.time_ns(), time.perf_counter()
+    loss = train_step(job, step)
+    synchronize(job.device)
+    return start_ns, time.perf_counter() - started, loss
