@@ -204,10 +204,8 @@ def resolve(spec: RunSpec, *, gpus_visible: int) -> ResolvedRun:
 
     batch = spec.batch_size if spec.batch_size is not None else 4 * dp * microbatches
     if batch % (dp * microbatches):
-        need = dp * microbatches
-        raise PlanError(
-            f"--batch-size {batch} cannot be split evenly into dp {dp} x {microbatches} microbatches: use a multiple of {need}"
-        )
+        split = f"dp {dp} x {microbatches} microbatches" if microbatches > 1 else f"dp {dp} replicas"
+        raise PlanError(f"--batch-size {batch} cannot be split evenly into {split}: use a multiple of {dp * microbatches}")
     return ResolvedRun(
         dp=dp, tp=spec.tp, pp=spec.pp, fsdp=spec.fsdp, schedule=schedule,
         microbatches=microbatches, virtual_stages=virtual, shape=shape, dtype=dtype,

@@ -7,6 +7,7 @@ import os
 import socket
 import sys
 import time
+import warnings
 from pathlib import Path
 
 import torch
@@ -15,6 +16,7 @@ from torch.distributed.elastic.multiprocessing.errors import record
 
 from probes.events import RankStarted, StepTiming
 from probes.sink import EventSink, JsonLinesSink
+from runner.faults import fault_from_env
 from runner.mesh import build_mesh, coordinates, local_device
 from runner.plan import ResolvedRun
 from runner.train import build_training, timed_step
@@ -31,6 +33,7 @@ def open_sink(rank: int) -> EventSink:
 @record
 def main(argv: list[str]) -> None:
     run = ResolvedRun.from_json(json.loads(Path(argv[0]).read_text()))
+    fault = fault_from_env()
     rank, local_rank = int(os.environ["RANK"]), int(os.environ["LOCAL_RANK"])
     device = local_device(run.device, local_rank)
     dist.init_process_group(backend="nccl" if run.device == "cuda" else "gloo")
@@ -45,6 +48,8 @@ def main(argv: list[str]) -> None:
                               wall_ns=time.time_ns()))
         tokens = run.batch_size * run.seq_len
         for step in range(run.steps):
+            if fault is not None:
+                fault.maybe_fire(rank=rank, step=step)
             start_ns, duration_s, loss = timed_step(job, step)
             sink.emit(StepTiming(rank=rank, step=step, start_ns=start_ns, duration_s=duration_s,
                                  tokens=tokens, loss=loss))
@@ -55,5 +60,8 @@ def main(argv: list[str]) -> None:
 
 
 if __name__ == "__main__":
+    # The logits that leave a replicated or tensor-parallel model can be a view;
+    # nothing modifies them in place, so FSDP2's caution does not apply here.
+    warnings.filterwarnings("ignore", message=r"FSDP2-wrapped module .* returned a view tensor")
     torch.set_num_threads(max(1, int(os.environ.get("OMP_NUM_THREADS", "1"))))
     main(sys.argv[1:])

@@ -1,0 +1,83 @@
+"""The launcher child: torchrun itself, plus a file that says how each rank ended.
+
+``python -m runner.agent STATUS_JSON [torchrun arguments...]`` runs
+``torch.distributed.run`` with the given arguments (so every torchrun option,
+multi-node rendezvous included, works as documented) and writes, however the
+job ends, a JSON status: ``completed``, ``failed`` with each failed rank's exit
+code, signal and error line, or ``interrupted``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from torch.distributed import run as torchrun
+from torch.distributed.elastic.multiprocessing.api import SignalException
+from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+
+PARENT_POLL_S = 0.5
+
+
+def error_line(message: object) -> str | None:
+    """The one-line error of a failure message (torchrun gives a dict or a string)."""
+    if isinstance(message, dict):
+        message = message.get("message")
+    if not message:
+        return None
+    lines = [line.strip() for line in str(message).splitlines() if line.strip()]
+    return lines[-1] if lines else None
+
+
+def failure_status(error: ChildFailedError) -> dict[str, Any]:
+    ranks = {}
+    for rank, failure in error.failures.items():
+        signal_name = failure.signal_name() if failure.exitcode < 0 else None
+        ranks[str(rank)] = {
+            "exit_code": failure.exitcode,
+            "signal": signal_name,
+            "error": error_line(failure.message),
+            "timestamp": failure.timestamp,
+        }
+    return {"status": "failed", "ranks": ranks}
+
+
+def stop_when_orphaned() -> None:
+    """If meshtop dies without stopping us, stop the job rather than run on unwatched."""
+    parent = os.getppid()
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(PARENT_POLL_S)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    threading.Thread(target=watch, name="meshtop-orphan-watch", daemon=True).start()
+
+
+def main(argv: list[str]) -> int:
+    status_path, torchrun_args = Path(argv[0]), argv[1:]
+    stop_when_orphaned()
+    args = torchrun.parse_args(torchrun_args)
+    try:
+        torchrun.run(args)
+        status: dict[str, Any] = {"status": "completed", "ranks": {}}
+        code = 0
+    except ChildFailedError as error:
+        status, code = failure_status(error), 1
+    except SignalException as error:
+        status = {"status": "interrupted", "ranks": {}, "signal": error.sigval.name}
+        code = 128 + int(error.sigval)
+    tmp = status_path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(status))
+    os.replace(tmp, status_path)
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

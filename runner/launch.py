@@ -1,0 +1,223 @@
+"""Start a run under torchrun in a child process, follow it, and stop it cleanly.
+
+The child (:mod:`runner.agent`) runs in its own session, so a Ctrl-C in the
+terminal reaches meshtop alone, which then stops the whole job: SIGTERM to the
+launcher (torchrun forwards it to every rank), and after a grace period
+SIGKILL to every process of the job that meshtop has seen, so none is left
+behind even if the launcher itself is gone.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import psutil
+
+from probes.events import Event
+from probes.sink import JsonLinesTail
+from runner.plan import ResolvedRun
+from runner.worker import SESSION_DIR_ENV
+
+STOP_GRACE_S = 15.0
+POLL_S = 0.2
+PROJECT_ROOT = Path(__file__).resolve().parent.parent
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RankExit:
+    """How one rank ended."""
+
+    rank: int
+    exit_code: int | None
+    """The process's exit code (negative for a signal); ``None`` if it was stopped by the launcher."""
+    signal: str | None
+    error: str | None
+    """The rank's last error line, or why it was stopped."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class JobResult:
+    """How the whole job ended."""
+
+    status: str
+    """``completed``, ``failed`` or ``interrupted``."""
+    ranks: tuple[RankExit, ...]
+    duration_s: float
+    log_path: Path
+
+    root_cause: int | None = None
+    """The rank whose failure brought the job down, when one did."""
+
+    @property
+    def failed(self) -> tuple[RankExit, ...]:
+        """Ranks that did not exit 0 by themselves (the root cause first)."""
+        failed = [r for r in self.ranks if r.exit_code not in (0, None)]
+        return tuple(sorted(failed, key=lambda r: (r.rank != self.root_cause, r.rank)))
+
+
+def worker_environment(run: ResolvedRun, session_dir: Path) -> dict[str, str]:
+    """The environment of the launcher and its ranks."""
+    env = dict(os.environ)
+    env[SESSION_DIR_ENV] = str(session_dir)
+    env["PYTHONUNBUFFERED"] = "1"
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, (str(PROJECT_ROOT), env.get("PYTHONPATH"))))
+    if "OMP_NUM_THREADS" not in env:
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+        env["OMP_NUM_THREADS"] = str(max(1, cores // run.world_size))
+    return env
+
+
+class Job:
+    """One launched run: its launcher process, the ranks it spawned, their event files."""
+
+    def __init__(self, run: ResolvedRun, session_dir: Path) -> None:
+        self.run = run
+        self.session_dir = session_dir
+        self.log_path = session_dir / "launcher.log"
+        self._status_path = session_dir / "status.json"
+        self._tails = [JsonLinesTail(session_dir / "events" / f"rank-{r}.jsonl") for r in range(run.world_size)]
+        self._seen: dict[int, psutil.Process] = {}
+        self._process: subprocess.Popen[bytes] | None = None
+        self._started = 0.0
+
+    def start(self) -> None:
+        self.session_dir.mkdir(parents=True, exist_ok=True)
+        run_path = self.session_dir / "run.json"
+        run_path.write_text(json.dumps(self.run.to_json(), indent=2))
+        command = [
+            sys.executable, "-m", "runner.agent", str(self._status_path),
+            "--standalone", "--nnodes=1", f"--nproc-per-node={self.run.world_size}", "--max-restarts=0",
+            "-m", "runner.worker", str(run_path),
+        ]
+        with self.log_path.open("ab") as log:
+            self._process = subprocess.Popen(
+                command, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                env=worker_environment(self.run, self.session_dir), start_new_session=True,
+            )
+        self._started = time.monotonic()
+
+    @property
+    def pid(self) -> int:
+        assert self._process is not None, "start() first"
+        return self._process.pid
+
+    def poll(self) -> bool:
+        """Whether the launcher still runs; also notes every process of the job seen so far."""
+        assert self._process is not None, "start() first"
+        try:
+            for child in psutil.Process(self._process.pid).children(recursive=True):
+                self._seen.setdefault(child.pid, child)
+        except psutil.NoSuchProcess:
+            pass
+        return self._process.poll() is None
+
+    def read_events(self) -> list[Event]:
+        """Events the ranks wrote since the last call."""
+        return [event for tail in self._tails for event in tail.read_new()]
+
+    def stop(self, grace_s: float = STOP_GRACE_S) -> None:
+        """SIGTERM the launcher (which stops the ranks), then SIGKILL whatever is left."""
+        assert self._process is not None, "start() first"
+        self.poll()
+        if self._process.poll() is None:
+            self._process.send_signal(signal.SIGTERM)
+            try:
+                self._process.wait(timeout=grace_s)
+            except subprocess.TimeoutExpired:
+                self._process.kill()
+                self._process.wait()
+        self.reap()
+
+    def reap(self) -> None:
+        """Kill any process of the job that outlived the launcher."""
+        alive = [p for p in self._seen.values() if _is_running(p)]
+        for process in alive:
+            _signal(process, signal.SIGTERM)
+        _, alive = psutil.wait_procs(alive, timeout=3.0)
+        for process in alive:
+            _signal(process, signal.SIGKILL)
+        psutil.wait_procs(alive, timeout=3.0)
+
+    def leftover_processes(self) -> list[int]:
+        """Pids of the job still alive (empty after a clean end)."""
+        return [pid for pid, p in self._seen.items() if _is_running(p)]
+
+    def result(self, *, interrupted: bool) -> JobResult:
+        assert self._process is not None, "start() first"
+        duration = time.monotonic() - self._started
+        world = range(self.run.world_size)
+        try:
+            status = json.loads(self._status_path.read_text())
+        except (FileNotFoundError, json.JSONDecodeError):
+            status = None
+        if interrupted or (status is not None and status["status"] == "interrupted"):
+            ranks = tuple(RankExit(rank=r, exit_code=None, signal=None, error="stopped on request") for r in world)
+            return JobResult(status="interrupted", ranks=ranks, duration_s=duration, log_path=self.log_path)
+        if status is not None and status["status"] == "completed":
+            ranks = tuple(RankExit(rank=r, exit_code=0, signal=None, error=None) for r in world)
+            return JobResult(status="completed", ranks=ranks, duration_s=duration, log_path=self.log_path)
+        failures = status["ranks"] if status is not None else {}
+        first = root_cause(failures)
+        why = f"stopped after rank {first} failed" if first is not None else (
+            f"launcher exited with code {self._process.returncode} before reporting")
+        ranks = tuple(
+            RankExit(rank=r, exit_code=failures[str(r)]["exit_code"], signal=failures[str(r)]["signal"],
+                     error=failures[str(r)]["error"])
+            if str(r) in failures else RankExit(rank=r, exit_code=None, signal=None, error=why)
+            for r in world
+        )
+        return JobResult(status="failed", ranks=ranks, duration_s=duration, log_path=self.log_path, root_cause=first)
+
+
+def root_cause(failures: dict[str, dict[str, object]]) -> int | None:
+    """The first rank to fail by itself; ranks the launcher then stopped with SIGTERM come last."""
+    def order(rank: str) -> tuple[bool, float, int]:
+        failure = failures[rank]
+        stopped = failure["signal"] == "SIGTERM"
+        return stopped, float(failure.get("timestamp") or 0), int(rank)  # type: ignore[arg-type]
+
+    return int(min(failures, key=order)) if failures else None
+
+
+def _is_running(process: psutil.Process) -> bool:
+    try:
+        return process.is_running() and process.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def _signal(process: psutil.Process, signum: int) -> None:
+    try:
+        process.send_signal(signum)
+    except psutil.NoSuchProcess:
+        pass
+
+
+def run_job(run: ResolvedRun, *, session_dir: Path,
+            on_events: Callable[[list[Event]], None] = lambda events: None) -> JobResult:
+    """Launch ``run``, pass its events to ``on_events`` as they come, and wait for the end.
+
+    A ``KeyboardInterrupt`` (Ctrl-C, or SIGTERM turned into one by the CLI)
+    stops every rank; the result then says ``interrupted``.
+    """
+    job = Job(run, session_dir)
+    job.start()
+    interrupted = False
+    try:
+        while job.poll():
+            on_events(job.read_events())
+            time.sleep(POLL_S)
+    except KeyboardInterrupt:
+        interrupted = True
+    finally:
+        job.stop()
+    on_events(job.read_events())
+    return job.result(interrupted=interrupted)

@@ -1,0 +1,138 @@
+"""The ``meshtop`` command line: ``run`` and ``record`` (more subcommands arrive with later layers).
+
+Every error the user can fix is one line on stderr and exit code 2; a job
+whose rank failed exits 1 naming the rank; an interrupted job exits 130.
+"""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import sys
+import tempfile
+import shutil
+from collections.abc import Sequence
+from pathlib import Path
+from types import FrameType
+from typing import NoReturn
+
+from probes.errors import MeshtopError
+from runner.plan import DEVICES, DTYPES, SCHEDULES, ResolvedRun, RunSpec, resolve
+from runner.presets import PRESETS
+
+EXIT_OK, EXIT_JOB_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """An argument parser whose errors are one line and exit code 2."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(EXIT_USAGE, f"meshtop: error: {message} (see meshtop {self.prog.split()[-1]} --help)\n")
+
+
+def add_plan_options(parser: argparse.ArgumentParser) -> None:
+    """The plan options shared by ``run`` and ``record``, defined once."""
+    plan = parser.add_argument_group("parallel plan")
+    plan.add_argument("--dp", type=int, default=None,
+                      help="data-parallel degree (default: every GPU, or 2 CPU ranks, when no other degree is given)")
+    plan.add_argument("--tp", type=int, default=1, help="tensor-parallel degree (default 1)")
+    plan.add_argument("--pp", type=int, default=1, help="pipeline-parallel degree (default 1)")
+    plan.add_argument("--fsdp", action="store_true", help="shard over dp with FSDP2 instead of replicating")
+    plan.add_argument("--schedule", choices=SCHEDULES, default=None, help="pipeline schedule (default 1f1b)")
+    plan.add_argument("--microbatches", type=int, default=None, help="pipeline microbatches per step (default 2 x pp)")
+    work = parser.add_argument_group("model and data")
+    work.add_argument("--model", default="tiny", help=f"model preset: {', '.join(PRESETS)} (default tiny)")
+    work.add_argument("--dtype", choices=DTYPES, default=None, help="fp32 or bf16 (default fp32 on CPU, bf16 on CUDA)")
+    work.add_argument("--device", choices=DEVICES, default="auto", help="auto: cuda when a GPU is visible")
+    work.add_argument("--steps", type=int, default=20, help="training steps (default 20)")
+    work.add_argument("--batch-size", type=int, default=None,
+                      help="global batch in sequences (default 4 per microbatch per replica)")
+    work.add_argument("--seq-len", type=int, default=None, help="tokens per sequence (default: the model's)")
+    work.add_argument("--seed", type=int, default=0, help="seed of weights and data (default 0)")
+
+
+def spec_from_args(args: argparse.Namespace) -> RunSpec:
+    return RunSpec(
+        dp=args.dp, tp=args.tp, pp=args.pp, fsdp=args.fsdp, schedule=args.schedule,
+        microbatches=args.microbatches, model=args.model, dtype=args.dtype, device=args.device,
+        steps=args.steps, batch_size=args.batch_size, seq_len=args.seq_len, seed=args.seed,
+    )
+
+
+def gpus_visible() -> int:
+    import torch
+
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+def resolve_args(args: argparse.Namespace) -> ResolvedRun:
+    spec = spec_from_args(args)
+    wants_gpu = spec.device != "cpu"
+    return resolve(spec, gpus_visible=gpus_visible() if wants_gpu else 0)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = OneLineParser(prog="meshtop", description="A terminal dashboard and profiler for distributed PyTorch LLM jobs.")
+    commands = parser.add_subparsers(dest="command", required=True, parser_class=OneLineParser)
+    run = commands.add_parser("run", help="launch a job and follow it live",
+                              description="Launch a training job with the given parallel plan and follow it.")
+    add_plan_options(run)
+    run.set_defaults(handler=command_run)
+    record = commands.add_parser("record", help="launch a job headless and record it into OUT",
+                                 description="Launch a training job headless and record it into a new directory.")
+    record.add_argument("out", type=Path, metavar="OUT", help="new directory for the recording")
+    add_plan_options(record)
+    record.set_defaults(handler=command_record)
+    return parser
+
+
+def command_run(args: argparse.Namespace) -> int:
+    from tui.console import follow_job
+
+    run = resolve_args(args)
+    session = Path(tempfile.mkdtemp(prefix="meshtop-run-"))
+    result = follow_job(run, session_dir=session, out=sys.stdout)
+    if result.status == "completed":
+        shutil.rmtree(session, ignore_errors=True)
+    else:
+        print(f"launcher log kept in {result.log_path}", file=sys.stderr)
+    return exit_code(result.status)
+
+
+def command_record(args: argparse.Namespace) -> int:
+    from recordings.manifest import new_recording, start_manifest, write_manifest
+    from tui.console import follow_job
+
+    run = resolve_args(args)
+    out: Path = args.out
+    new_recording(out)
+    manifest = start_manifest(run.describe(), command_line=sys.argv[1:])
+    write_manifest(out, manifest)
+    result = follow_job(run, session_dir=out, out=sys.stdout, manifest=manifest)
+    print(f"recording: {out}")
+    return exit_code(result.status)
+
+
+def exit_code(status: str) -> int:
+    return {"completed": EXIT_OK, "interrupted": EXIT_INTERRUPTED}.get(status, EXIT_JOB_FAILED)
+
+
+def _interrupt_on_sigterm(signum: int, frame: FrameType | None) -> None:
+    raise KeyboardInterrupt
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    signal.signal(signal.SIGTERM, _interrupt_on_sigterm)
+    try:
+        return int(args.handler(args))
+    except MeshtopError as error:
+        print(f"meshtop: error: {error}", file=sys.stderr)
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        print("meshtop: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
+
+
+if __name__ == "__main__":
+    sys.exit(main())

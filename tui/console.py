@@ -1,0 +1,94 @@
+"""Plain-text following of a job: progress lines while it runs, a verdict at the end."""
+
+from __future__ import annotations
+
+import statistics
+import time
+from pathlib import Path
+from typing import Any, TextIO
+
+from probes.events import Event, RankStarted, StepTiming
+from recordings.manifest import write_manifest
+from recordings.steps import JobStep, StepFolder
+from runner.launch import JobResult, run_job
+from runner.plan import ResolvedRun
+
+PROGRESS_LINES = 20
+"""About this many step lines per run, evenly spaced..."""
+QUIET_LIMIT_S = 5.0
+"""...but never longer than this without one."""
+
+
+def headline(run: ResolvedRun) -> str:
+    params = run.shape.parameter_count()
+    size = f"{params / 1e9:.1f}B" if params >= 1e9 else f"{params / 1e6:.1f}M"
+    return (f"meshtop: {run.plan_label()} · model {run.shape.name} ({size} params) · {run.device} {run.dtype} · "
+            f"{run.world_size} ranks · {run.steps} steps of {run.batch_size} x {run.seq_len} tokens")
+
+
+def step_line(step: JobStep, total: int) -> str:
+    loss = f"loss {step.loss:.4f}" if step.loss is not None else "loss -"
+    return f"step {step.step + 1:>4}/{total}  {loss}  {step.duration_s:.3f} s  {step.tokens_per_s:,.0f} tok/s"
+
+
+def verdict(result: JobResult, steps: list[JobStep]) -> list[str]:
+    """The closing lines: what happened, and for a failure which rank and why."""
+    if result.status == "completed":
+        median = statistics.median(s.duration_s for s in steps) if steps else 0.0
+        rate = statistics.median(s.tokens_per_s for s in steps) if steps else 0.0
+        loss = steps[-1].loss if steps else None
+        final = f", final loss {loss:.4f}" if loss is not None else ""
+        return [f"completed in {result.duration_s:.1f} s: {len(steps)} steps, median step {median:.3f} s, "
+                f"{rate:,.0f} tok/s{final}"]
+    if result.status == "interrupted":
+        return [f"interrupted after {result.duration_s:.1f} s: every rank stopped"]
+    lines = [f"failed after {result.duration_s:.1f} s"]
+    for rank in result.failed:
+        how = f"signal {rank.signal}" if rank.signal else f"exit code {rank.exit_code}"
+        if rank.rank == result.root_cause:
+            lines.append(f"  rank {rank.rank} failed first: {how}: {rank.error or 'no error message'}")
+        else:
+            lines.append(f"  rank {rank.rank}: {how} (after rank {result.root_cause} failed)")
+    if not result.failed:
+        lines.append(f"  {result.ranks[0].error}")
+    return lines
+
+
+def follow_job(run: ResolvedRun, *, session_dir: Path, out: TextIO,
+               manifest: dict[str, Any] | None = None) -> JobResult:
+    """Run the job, printing progress to ``out``; finish ``manifest`` (if given) with how it ended."""
+    print(headline(run), file=out, flush=True)
+    folder = StepFolder(run.world_size)
+    steps: list[JobStep] = []
+    devices: dict[int, str] = {}
+    last_print = 0.0
+
+    def on_events(events: list[Event]) -> None:
+        nonlocal last_print
+        for event in events:
+            if isinstance(event, RankStarted):
+                devices[event.rank] = event.device
+            elif isinstance(event, StepTiming) and (step := folder.add(event)) is not None:
+                steps.append(step)
+                now = time.monotonic()
+                evenly = step.step % max(1, run.steps // PROGRESS_LINES) == 0
+                if evenly or now - last_print >= QUIET_LIMIT_S or step.step == run.steps - 1:
+                    print(step_line(step, run.steps), file=out, flush=True)
+                    last_print = now
+
+    result = run_job(run, session_dir=session_dir, on_events=on_events)
+    for line in verdict(result, steps):
+        print(line, file=out, flush=True)
+    if manifest is not None:
+        manifest.update(
+            status=result.status,
+            ended_at=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            duration_s=round(result.duration_s, 3),
+            steps_completed=len(steps),
+            ranks=[{"rank": r.rank, "exit_code": r.exit_code, "signal": r.signal, "error": r.error}
+                   for r in result.ranks],
+            root_cause_rank=result.root_cause,
+            rank_devices={str(rank): device for rank, device in sorted(devices.items())},
+        )
+        write_manifest(session_dir, manifest)
+    return result
