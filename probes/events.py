@@ -36,6 +36,8 @@ class RankStarted(Event):
     tp_rank: int
     stages: tuple[int, ...]
     """Pipeline stages this rank holds (empty without a pipeline)."""
+    local_parameters: int
+    """Parameter elements this rank stores (its shards only)."""
     wall_ns: int
 
 

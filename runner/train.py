@@ -8,6 +8,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.tensor import DTensor
 from torch.distributed.pipelining.schedules import _PipelineSchedule
 
 from runner.data import replica_batch, synthetic_tokens
@@ -34,6 +35,13 @@ class TrainingJob:
     stage_indices: list[int]
     optimizer: torch.optim.Optimizer
     schedule: _PipelineSchedule | None
+
+    def local_parameters(self) -> int:
+        """Parameter elements stored on this rank (the local shard of each DTensor)."""
+        return sum(
+            (p.to_local() if isinstance(p, DTensor) else p).numel()
+            for module in self.modules for p in module.parameters()
+        )
 
     @property
     def holds_first_stage(self) -> bool:

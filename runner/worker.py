@@ -45,6 +45,7 @@ def main(argv: list[str]) -> None:
         sink.emit(RankStarted(rank=rank, pid=os.getpid(), host=socket.gethostname(), device=str(device),
                               pp_rank=coords.pp, dp_rank=coords.dp, tp_rank=coords.tp,
                               stages=tuple(job.stage_indices) if run.pp > 1 else (),
+                              local_parameters=job.local_parameters(),
                               wall_ns=time.time_ns()))
         tokens = run.batch_size * run.seq_len
         for step in range(run.steps):

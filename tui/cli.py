@@ -27,28 +27,28 @@ class OneLineParser(argparse.ArgumentParser):
     """An argument parser whose errors are one line and exit code 2."""
 
     def error(self, message: str) -> NoReturn:
-        self.exit(EXIT_USAGE, f"meshtop: error: {message} (see meshtop {self.prog.split()[-1]} --help)\n")
+        self.exit(EXIT_USAGE, f"meshtop: error: {message} (see {self.prog} --help)\n")
 
 
 def add_plan_options(parser: argparse.ArgumentParser) -> None:
     """The plan options shared by ``run`` and ``record``, defined once."""
     plan = parser.add_argument_group("parallel plan")
-    plan.add_argument("--dp", type=int, default=None,
+    plan.add_argument("--dp", type=int, default=None, metavar="N",
                       help="data-parallel degree (default: every GPU, or 2 CPU ranks, when no other degree is given)")
-    plan.add_argument("--tp", type=int, default=1, help="tensor-parallel degree (default 1)")
-    plan.add_argument("--pp", type=int, default=1, help="pipeline-parallel degree (default 1)")
+    plan.add_argument("--tp", type=int, default=1, metavar="N", help="tensor-parallel degree (default 1)")
+    plan.add_argument("--pp", type=int, default=1, metavar="N", help="pipeline-parallel degree (default 1)")
     plan.add_argument("--fsdp", action="store_true", help="shard over dp with FSDP2 instead of replicating")
     plan.add_argument("--schedule", choices=SCHEDULES, default=None, help="pipeline schedule (default 1f1b)")
-    plan.add_argument("--microbatches", type=int, default=None, help="pipeline microbatches per step (default 2 x pp)")
+    plan.add_argument("--microbatches", type=int, default=None, metavar="M", help="pipeline microbatches per step (default 2 x pp)")
     work = parser.add_argument_group("model and data")
-    work.add_argument("--model", default="tiny", help=f"model preset: {', '.join(PRESETS)} (default tiny)")
+    work.add_argument("--model", default="tiny", metavar="NAME", help=f"model preset: {', '.join(PRESETS)} (default tiny)")
     work.add_argument("--dtype", choices=DTYPES, default=None, help="fp32 or bf16 (default fp32 on CPU, bf16 on CUDA)")
     work.add_argument("--device", choices=DEVICES, default="auto", help="auto: cuda when a GPU is visible")
-    work.add_argument("--steps", type=int, default=20, help="training steps (default 20)")
-    work.add_argument("--batch-size", type=int, default=None,
+    work.add_argument("--steps", type=int, default=20, metavar="N", help="training steps (default 20)")
+    work.add_argument("--batch-size", type=int, default=None, metavar="N",
                       help="global batch in sequences (default 4 per microbatch per replica)")
-    work.add_argument("--seq-len", type=int, default=None, help="tokens per sequence (default: the model's)")
-    work.add_argument("--seed", type=int, default=0, help="seed of weights and data (default 0)")
+    work.add_argument("--seq-len", type=int, default=None, metavar="N", help="tokens per sequence (default: the model's)")
+    work.add_argument("--seed", type=int, default=0, metavar="N", help="seed of weights and data (default 0)")
 
 
 def spec_from_args(args: argparse.Namespace) -> RunSpec:

@@ -1,0 +1,123 @@
+"""meshtop supervises the job: each rank's exit, a failing rank named, Ctrl-C stops everything."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from probes.events import RankStarted
+from probes.sink import JsonLinesTail
+from tests.conftest import alive
+
+pytestmark = pytest.mark.slow
+
+
+def test_failing_rank_is_named_with_its_error(launch_cpu, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("MESHTOP_FAULT", "raise:1:2")
+    launched = launch_cpu(dp=2, steps=5)
+    result = launched.result
+    assert result.status == "failed"
+    assert result.root_cause == 1
+    failing = result.ranks[1]
+    assert failing.exit_code == 1
+    assert "InjectedFault: fault injected by MESHTOP_FAULT on rank 1 at step 2" in failing.error
+    assert len(launched.steps) == 2  # steps 0 and 1 completed on both ranks
+    assert alive([s.pid for s in launched.started]) == []
+
+
+def test_killed_rank_reports_its_signal(launch_cpu, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("MESHTOP_FAULT", "kill:2:1")
+    launched = launch_cpu(tp=2, pp=2, steps=4)
+    result = launched.result
+    assert result.status == "failed"
+    assert result.root_cause == 2
+    assert (result.ranks[2].exit_code, result.ranks[2].signal) == (-9, "SIGKILL")
+    assert result.failed[0].rank == 2
+    assert alive([s.pid for s in launched.started]) == []
+
+
+def test_completed_job_reports_every_rank_exit_zero(launch_cpu) -> None:
+    launched = launch_cpu(dp=2, steps=2)
+    assert launched.result.status == "completed"
+    assert [(r.rank, r.exit_code) for r in launched.result.ranks] == [(0, 0), (1, 0)]
+    assert alive([s.pid for s in launched.started]) == []
+
+
+def meshtop(*argv: str) -> list[str]:
+    return [sys.executable, "-m", "tui.cli", *argv]
+
+
+def wait_for_steps(events_dir: Path, world: int, count: int, timeout_s: float = 120) -> list[int]:
+    """Wait until every rank reported ``count`` steps; the ranks' pids."""
+    tails = [JsonLinesTail(events_dir / f"rank-{r}.jsonl") for r in range(world)]
+    seen: list[list] = [[] for _ in range(world)]
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        for events, tail in zip(seen, tails):
+            events.extend(tail.read_new())
+        if all(sum(1 for e in events if e.kind == "step") >= count for events in seen):
+            return [e.pid for events in seen for e in events if isinstance(e, RankStarted)]
+        time.sleep(0.2)
+    raise AssertionError(f"ranks did not reach {count} steps in {timeout_s} s")
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
+def test_stopping_meshtop_stops_every_rank(signum: int, tmp_path: Path) -> None:
+    out = tmp_path / "rec"
+    process = subprocess.Popen(meshtop("record", str(out), "--dp", "2", "--tp", "2", "--steps", "100000",
+                                       "--device", "cpu"),
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        rank_pids = wait_for_steps(out / "events", world=4, count=2)
+        job = [p.pid for p in psutil.Process(process.pid).children(recursive=True)]
+        assert len(rank_pids) == 4 and set(rank_pids) <= set(job)
+        process.send_signal(signum)
+        output, _ = process.communicate(timeout=60)
+    finally:
+        if process.poll() is None:
+            process.kill()
+    assert process.returncode == 130, output
+    assert "interrupted" in output
+    assert alive(job) == []
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["status"] == "interrupted"
+
+
+def test_meshtop_run_with_no_options_runs_a_multi_rank_job() -> None:
+    done = subprocess.run(meshtop("run"), capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "CUDA_VISIBLE_DEVICES": ""})
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert done.stdout.startswith("meshtop: dp2 x tp1 x pp1")
+    assert "step   20/20" in done.stdout
+    assert "completed in" in done.stdout
+
+
+def test_record_writes_the_full_run_description(tmp_path: Path) -> None:
+    out = tmp_path / "rec"
+    done = subprocess.run(meshtop("record", str(out), "--pp", "2", "--schedule", "gpipe", "--steps", "3",
+                                  "--seed", "5", "--device", "cpu"),
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert f"recording: {out}" in done.stdout
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["schema_version"] == 1
+    assert manifest["status"] == "completed"
+    assert manifest["plan"] == {
+        "dp": 1, "tp": 1, "pp": 2, "fsdp": False, "world_size": 2, "schedule": "gpipe", "microbatches": 4,
+        "virtual_stages": 1, "stage_layers": [[0, 1], [2, 3]], "label": "dp1 x tp1 x pp2 (gpipe, 4 mb)",
+    }
+    assert manifest["model"]["name"] == "tiny" and manifest["model"]["parameters"] > 0
+    assert (manifest["dtype"], manifest["device"], manifest["seed"], manifest["steps"]) == ("fp32", "cpu", 5, 3)
+    assert manifest["command_line"][:3] == ["meshtop", "record", str(out)]
+    assert manifest["software"]["torch"].startswith("2.")
+    assert [r["exit_code"] for r in manifest["ranks"]] == [0, 0]
+    assert manifest["steps_completed"] == 3
+    assert sorted(p.name for p in (out / "events").iterdir()) == ["rank-0.jsonl", "rank-1.jsonl"]

@@ -1,0 +1,115 @@
+"""Plans are checked before launch: defaults, and one clear line for every bad plan."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from runner.plan import PlanError, RunSpec, resolve, split_layers
+from tui.cli import main
+
+# The bad plans tried, and what meshtop answers (exit code 2, one line, no traceback).
+BAD_PLANS = [
+    (["--dp", "0"], "--dp must be at least 1, got 0"),
+    (["--tp", "-2"], "--tp must be at least 1"),
+    (["--pp", "0"], "--pp must be at least 1"),
+    (["--steps", "0"], "--steps must be at least 1"),
+    (["--batch-size", "-8"], "--batch-size must be at least 1"),
+    (["--seq-len", "0"], "--seq-len must be at least 1"),
+    (["--seed", "-1"], "--seed must be 0 or more"),
+    (["--dp", "two"], "argument --dp: invalid int value: 'two'"),
+    (["--schedule", "zigzag", "--pp", "2"], "argument --schedule: invalid choice: 'zigzag'"),
+    (["--dtype", "fp8"], "argument --dtype: invalid choice: 'fp8'"),
+    (["--model", "70b"], "unknown model preset '70b': use --model with one of tiny"),
+    (["--device", "cuda"], "--device cuda asked for but no CUDA GPU is visible: use --device cpu or auto"),
+    (["--tp", "3"], "--tp 3 does not divide the 4 attention heads of model tiny"),
+    (["--tp", "4"], "--tp 4 does not divide the 2 key/value heads of model tiny"),
+    (["--model", "125m", "--tp", "5"], "--tp 5 does not divide the 12 attention heads"),
+    (["--pp", "8"], "model tiny has 4 layers, fewer than the 8 pipeline stages: lower --pp"),
+    (["--pp", "4", "--schedule", "interleaved-1f1b"],
+     "fewer than the 8 pipeline stages (2 per rank for interleaved-1f1b)"),
+    (["--pp", "2", "--microbatches", "1"], "--schedule 1f1b needs at least one microbatch per stage: use --microbatches 2"),
+    (["--pp", "2", "--schedule", "interleaved-1f1b", "--microbatches", "3"],
+     "--schedule interleaved-1f1b needs --microbatches a multiple of --pp 2"),
+    (["--schedule", "gpipe"], "--schedule gpipe orders pipeline stages: it needs --pp 2 or more"),
+    (["--microbatches", "4"], "--microbatches splits the batch between pipeline stages: it needs --pp 2"),
+    (["--batch-size", "7"], "--batch-size 7 cannot be split evenly into dp 2 replicas: use a multiple of 2"),
+    (["--pp", "2", "--microbatches", "4", "--batch-size", "6"],
+     "--batch-size 6 cannot be split evenly into dp 1 x 4 microbatches: use a multiple of 4"),
+    (["--fsdp", "--dp", "1"], "--fsdp shards over the data-parallel ranks: give --dp 2 or more"),
+    (["--dp", "65"], "65 CPU ranks: lower the degrees to at most 64 ranks"),
+]
+
+
+@pytest.mark.parametrize(("argv", "message"), BAD_PLANS, ids=[" ".join(a) for a, _ in BAD_PLANS])
+def test_bad_plan_is_one_line_and_exit_2(argv: list[str], message: str,
+                                         capsys: pytest.CaptureFixture[str],
+                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("tui.cli.gpus_visible", lambda: 0)
+    try:
+        code = main(["run", *argv])
+    except SystemExit as exit_:  # argparse's own errors
+        code = exit_.code
+    captured = capsys.readouterr()
+    assert code == 2
+    assert captured.out == ""
+    lines = captured.err.strip().splitlines()
+    assert len(lines) == 1, captured.err
+    assert lines[0].startswith("meshtop: error: ")
+    assert message in lines[0]
+
+
+def test_bad_plan_from_the_shell_has_no_traceback() -> None:
+    done = subprocess.run([sys.executable, "-m", "tui.cli", "run", "--tp", "3"],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2
+    assert "Traceback" not in done.stderr
+    assert done.stderr.count("\n") == 1
+
+
+def test_record_refuses_a_directory_that_holds_files(tmp_path, capsys) -> None:
+    (tmp_path / "keep.txt").write_text("precious")
+    code = main(["record", str(tmp_path), "--device", "cpu"])
+    assert code == 2
+    assert "is not empty" in capsys.readouterr().err
+    assert (tmp_path / "keep.txt").read_text() == "precious"
+
+
+def test_cuda_plan_needs_one_gpu_per_rank() -> None:
+    with pytest.raises(PlanError, match=r"= 4 ranks but 2 GPU\(s\) are visible: .* at most 2"):
+        resolve(RunSpec(dp=2, tp=2, device="cuda"), gpus_visible=2)
+
+
+def test_defaults_fill_the_devices() -> None:
+    cpu = resolve(RunSpec(), gpus_visible=0)
+    assert (cpu.device, cpu.dp, cpu.world_size, cpu.dtype) == ("cpu", 2, 2, "fp32")
+    gpu = resolve(RunSpec(), gpus_visible=4)
+    assert (gpu.device, gpu.dp, gpu.world_size, gpu.dtype) == ("cuda", 4, 4, "bf16")
+    assert resolve(RunSpec(tp=2), gpus_visible=0).dp == 1
+    assert resolve(RunSpec(device="cpu"), gpus_visible=8).device == "cpu"
+
+
+def test_pipeline_defaults() -> None:
+    run = resolve(RunSpec(pp=2), gpus_visible=0)
+    assert (run.schedule, run.microbatches, run.virtual_stages) == ("1f1b", 4, 1)
+    assert run.batch_size % (run.dp * run.microbatches) == 0
+    assert run.stage_layers == ((0, 1), (2, 3))
+    interleaved = resolve(RunSpec(pp=2, schedule="interleaved-1f1b"), gpus_visible=0)
+    assert interleaved.num_stages == 4
+    assert interleaved.stage_layers == ((0,), (1,), (2,), (3,))
+
+
+def test_split_layers_is_contiguous_and_even() -> None:
+    assert split_layers(7, 3) == ((0, 1, 2), (3, 4), (5, 6))
+    stages = split_layers(32, 8)
+    assert [layer for stage in stages for layer in stage] == list(range(32))
+    assert {len(stage) for stage in stages} == {4}
+
+
+def test_resolved_run_survives_json() -> None:
+    from runner.plan import ResolvedRun
+
+    run = resolve(RunSpec(dp=2, tp=2, pp=2, schedule="gpipe", seed=7), gpus_visible=0)
+    assert ResolvedRun.from_json(run.to_json()) == run
