@@ -6,7 +6,8 @@ not known is ``None``, never a sentinel.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, fields
+from dataclasses import dataclass, fields
+from functools import cache
 from typing import Any, ClassVar
 
 
@@ -17,9 +18,15 @@ class Event:
     kind: ClassVar[str] = "event"
 
     def to_record(self) -> dict[str, Any]:
-        record = asdict(self)
+        """A flat dict of JSON-ready values, with ``kind``."""
+        record = {name: getattr(self, name) for name in _field_names(type(self))}
         record["kind"] = self.kind
         return record
+
+
+@cache
+def _field_names(cls: type[Event]) -> tuple[str, ...]:
+    return tuple(f.name for f in fields(cls))
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -55,15 +62,213 @@ class StepTiming(Event):
     """Tokens of the global batch consumed by this step."""
     loss: float | None
     """This rank's mean loss over its data; ``None`` where the rank computes no loss."""
+    forward_backward_s: float | None = None
+    """Time in forward and backward (the pipeline schedule's step), without the optimizer."""
 
 
-EVENT_TYPES: dict[str, type[Event]] = {cls.kind: cls for cls in (RankStarted, StepTiming)}
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CollectiveTiming(Event):
+    """One collective or point-to-point operation as one rank issued it.
+
+    ``bytes`` is the size S of nccl-tests: the whole buffer, so for all-gather
+    and reduce-scatter ``group_size`` times the per-rank part.
+    """
+
+    kind: ClassVar[str] = "collective"
+    rank: int
+    step: int | None
+    op: str
+    """all_reduce, all_gather, reduce_scatter, broadcast, reduce, gather, scatter, all_to_all, send, recv or barrier."""
+    group: str
+    """The mesh dim the process group spans (dp, tp, pp), or world, or other."""
+    group_size: int
+    peer: int | None
+    """Global rank at the other end of a send or recv."""
+    bytes: int
+    dtype: str | None
+    start_ns: int
+    """Wall clock when the rank issued it."""
+    end_ns: int
+    """Wall clock when it completed (start plus the device-side duration on CUDA)."""
+    clock: str
+    """How the end was taken: ``completion`` (host saw it finish) or ``cuda_events`` (device timing)."""
+
+    @property
+    def duration_s(self) -> float:
+        return (self.end_ns - self.start_ns) / 1e9
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StageAction(Event):
+    """Pipeline work of one stage on one microbatch, or a wait on pipeline P2P."""
+
+    kind: ClassVar[str] = "stage_action"
+    rank: int
+    step: int | None
+    stage: int | None
+    """Pipeline stage index; ``None`` for a wait, which belongs to the rank."""
+    microbatch: int | None
+    action: str
+    """forward, backward, backward_weight or p2p_wait."""
+    start_ns: int
+    end_ns: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class MemorySnapshot(Event):
+    """One rank's memory at the end of a step, by what holds it."""
+
+    kind: ClassVar[str] = "memory"
+    rank: int
+    step: int
+    wall_ns: int
+    weights_bytes: int
+    grads_bytes: int
+    optimizer_bytes: int
+    activations_bytes: int | None
+    """Peak during the step minus weights, gradients and optimizer state (CUDA only)."""
+    kv_cache_bytes: int | None
+    allocated_bytes: int | None
+    reserved_bytes: int | None
+    peak_allocated_bytes: int | None
+    device_used_bytes: int | None
+    device_total_bytes: int | None
+    rss_bytes: int | None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class GpuSample(Event):
+    """One NVML reading of one GPU."""
+
+    kind: ClassVar[str] = "gpu"
+    gpu: int
+    wall_ns: int
+    name: str | None
+    memory_used_bytes: int | None
+    memory_total_bytes: int | None
+    utilization_pct: float | None
+    memory_utilization_pct: float | None
+    power_w: float | None
+    sm_clock_mhz: float | None
+    temperature_c: float | None
+    pcie_tx_bytes_per_s: float | None
+    pcie_rx_bytes_per_s: float | None
+    nvlink_tx_bytes_per_s: float | None
+    nvlink_rx_bytes_per_s: float | None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class GpuLink(Event):
+    """How two GPUs reach each other."""
+
+    kind: ClassVar[str] = "gpu_link"
+    gpu_a: int
+    gpu_b: int
+    path: str
+    """NVLink, or the PCIe path: same board, switch, host bridge, CPU or system."""
+    nvlinks: int | None
+    """NVLink connections between the two, where known."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class NvmlState(Event):
+    """Whether GPU sampling works here, and if not, why."""
+
+    kind: ClassVar[str] = "nvml_state"
+    wall_ns: int
+    state: str
+    """ok, no_library, no_gpu or error."""
+    gpu_count: int
+    detail: str | None
+    driver_version: str | None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ProcessSample(Event):
+    """One psutil reading of one rank's process."""
+
+    kind: ClassVar[str] = "process"
+    rank: int
+    pid: int
+    wall_ns: int
+    cpu_pct: float | None
+    rss_bytes: int | None
+    threads: int | None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RankExited(Event):
+    """A rank's process ended."""
+
+    kind: ClassVar[str] = "rank_exited"
+    rank: int
+    wall_ns: int
+    exit_code: int | None
+    signal: str | None
+    error: str | None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class JobEnded(Event):
+    """The whole job ended."""
+
+    kind: ClassVar[str] = "job_ended"
+    wall_ns: int
+    status: str
+    """completed, failed or interrupted."""
+    duration_s: float
+    root_cause_rank: int | None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class EventsDropped(Event):
+    """Events lost because a bounded buffer was full: counted, never silent."""
+
+    kind: ClassVar[str] = "events_dropped"
+    wall_ns: int
+    rank: int | None
+    """The worker whose buffer overflowed; ``None`` for the collector."""
+    where: str
+    count: int
+    """Dropped since the previous report."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SamplerError(Event):
+    """A probe or sampler failed one reading; it goes on."""
+
+    kind: ClassVar[str] = "sampler_error"
+    wall_ns: int
+    sampler: str
+    message: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StackDump(Event):
+    """py-spy's stack dump of one rank."""
+
+    kind: ClassVar[str] = "stack_dump"
+    rank: int
+    pid: int
+    wall_ns: int
+    text: str | None
+    error: str | None
+
+
+EVENT_TYPES: dict[str, type[Event]] = {
+    cls.kind: cls
+    for cls in (RankStarted, StepTiming, CollectiveTiming, StageAction, MemorySnapshot, GpuSample, GpuLink,
+                NvmlState, ProcessSample, RankExited, JobEnded, EventsDropped, SamplerError, StackDump)
+}
+TUPLE_FIELDS = {"stages"}
 
 
 def event_from_record(record: dict[str, Any]) -> Event:
-    """Rebuild an event from :meth:`Event.to_record`'s output."""
+    """Rebuild an event from :meth:`Event.to_record`'s output; a KeyError names an unknown kind."""
     cls = EVENT_TYPES[record["kind"]]
-    values = {f.name: record[f.name] for f in fields(cls)}
-    if cls is RankStarted:
-        values["stages"] = tuple(values["stages"])
+    values = {}
+    for f in fields(cls):
+        if f.name in record:
+            value = record[f.name]
+            values[f.name] = tuple(value) if f.name in TUPLE_FIELDS else value
     return cls(**values)

@@ -21,10 +21,11 @@ from pathlib import Path
 
 import psutil
 
-from probes.events import Event
-from probes.sink import JsonLinesTail
+from probes.collector import Collector
+from probes.collectives import NCCL_TIMING_ENV
+from probes.events import Event, EventsDropped
+from probes.wire import ADDRESS_ENV, TOKEN_ENV
 from runner.plan import ResolvedRun
-from runner.worker import SESSION_DIR_ENV
 
 STOP_GRACE_S = 15.0
 POLL_S = 0.2
@@ -63,10 +64,13 @@ class JobResult:
         return tuple(sorted(failed, key=lambda r: (r.rank != self.root_cause, r.rank)))
 
 
-def worker_environment(run: ResolvedRun, session_dir: Path) -> dict[str, str]:
+def worker_environment(run: ResolvedRun, collector: Collector) -> dict[str, str]:
     """The environment of the launcher and its ranks."""
     env = dict(os.environ)
-    env[SESSION_DIR_ENV] = str(session_dir)
+    host, port = collector.address
+    env[ADDRESS_ENV] = f"{host}:{port}"
+    env[TOKEN_ENV] = collector.token
+    env.setdefault(NCCL_TIMING_ENV, "1")  # nccl times each operation with CUDA events
     env["PYTHONUNBUFFERED"] = "1"
     env["PYTHONPATH"] = os.pathsep.join(filter(None, (str(PROJECT_ROOT), env.get("PYTHONPATH"))))
     if "OMP_NUM_THREADS" not in env:
@@ -83,7 +87,8 @@ class Job:
         self.session_dir = session_dir
         self.log_path = session_dir / "launcher.log"
         self._status_path = session_dir / "status.json"
-        self._tails = [JsonLinesTail(session_dir / "events" / f"rank-{r}.jsonl") for r in range(run.world_size)]
+        self.collector = Collector()
+        self._collector_drops = 0
         self._seen: dict[int, psutil.Process] = {}
         self._process: subprocess.Popen[bytes] | None = None
         self._started = 0.0
@@ -92,6 +97,7 @@ class Job:
         self.session_dir.mkdir(parents=True, exist_ok=True)
         run_path = self.session_dir / "run.json"
         run_path.write_text(json.dumps(self.run.to_json(), indent=2))
+        self.collector.start()
         command = [
             sys.executable, "-m", "runner.agent", str(self._status_path),
             "--standalone", "--nnodes=1", f"--nproc-per-node={self.run.world_size}", "--max-restarts=0",
@@ -100,7 +106,7 @@ class Job:
         with self.log_path.open("ab") as log:
             self._process = subprocess.Popen(
                 command, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                env=worker_environment(self.run, self.session_dir), start_new_session=True,
+                env=worker_environment(self.run, self.collector), start_new_session=True,
             )
         self._started = time.monotonic()
 
@@ -120,8 +126,14 @@ class Job:
         return self._process.poll() is None
 
     def read_events(self) -> list[Event]:
-        """Events the ranks wrote since the last call."""
-        return [event for tail in self._tails for event in tail.read_new()]
+        """Events the ranks sent since the last call, and a count of any the collector had to drop."""
+        events = self.collector.drain()
+        full = self.collector.counts.queue_full
+        if full != self._collector_drops:
+            events.append(EventsDropped(wall_ns=time.time_ns(), rank=None, where="collector",
+                                        count=full - self._collector_drops))
+            self._collector_drops = full
+        return events
 
     def stop(self, grace_s: float = STOP_GRACE_S) -> None:
         """SIGTERM the launcher (which stops the ranks), then SIGKILL whatever is left."""
@@ -220,4 +232,5 @@ def run_job(run: ResolvedRun, *, session_dir: Path,
     finally:
         job.stop()
     on_events(job.read_events())
+    job.collector.stop()
     return job.result(interrupted=interrupted)

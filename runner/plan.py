@@ -54,6 +54,8 @@ class RunSpec:
     """Tokens per sequence (default: the preset's)."""
     seed: int = 0
     """Seed of the weights and of the synthetic data."""
+    instrument: bool = True
+    """Install the worker hooks (collectives, pipeline stages, memory); step timing stays either way."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -76,6 +78,7 @@ class ResolvedRun:
     batch_size: int
     seq_len: int
     seed: int
+    instrument: bool = True
     stage_layers: tuple[tuple[int, ...], ...] = field(default=())
     """Layer indices of each pipeline stage, stage 0 first."""
 
@@ -131,6 +134,7 @@ class ResolvedRun:
             "microbatch_size": self.microbatch_size,
             "seq_len": self.seq_len,
             "seed": self.seed,
+            "instrumented": self.instrument,
         }
 
 
@@ -210,7 +214,7 @@ def resolve(spec: RunSpec, *, gpus_visible: int) -> ResolvedRun:
         dp=dp, tp=spec.tp, pp=spec.pp, fsdp=spec.fsdp, schedule=schedule,
         microbatches=microbatches, virtual_stages=virtual, shape=shape, dtype=dtype,
         device=device, steps=spec.steps, batch_size=batch,
-        seq_len=spec.seq_len or shape.default_seq_len, seed=spec.seed,
+        seq_len=spec.seq_len or shape.default_seq_len, seed=spec.seed, instrument=spec.instrument,
         stage_layers=split_layers(shape.n_layers, spec.pp * virtual),
     )
 

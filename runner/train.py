@@ -82,8 +82,12 @@ def build_training(run: ResolvedRun, *, mesh: DeviceMesh, coords: MeshCoordinate
                        stage_indices=stage_indices, optimizer=optimizer, schedule=schedule)
 
 
-def train_step(job: TrainingJob, step: int) -> float | None:
-    """One forward, backward and optimizer step; this rank's loss, or ``None`` if it computes none."""
+def train_step(job: TrainingJob, step: int) -> tuple[float | None, float]:
+    """One forward, backward and optimizer step.
+
+    Returns this rank's loss (``None`` if it computes none) and the seconds
+    spent in forward and backward, before the optimizer.
+    """
     run = job.run
     tokens = synthetic_tokens(step=step, seed=run.seed, batch_size=run.batch_size,
                               seq_len=run.seq_len, vocab_size=run.shape.vocab_size)
@@ -91,6 +95,7 @@ def train_step(job: TrainingJob, step: int) -> float | None:
     inputs, targets = inputs.to(job.device), targets.to(job.device)
     job.optimizer.zero_grad(set_to_none=True)
     loss: float | None = None
+    started = time.perf_counter()
     if job.schedule is None:
         step_loss = next_token_loss(job.modules[0](inputs), targets)
         step_loss.backward()
@@ -102,8 +107,10 @@ def train_step(job: TrainingJob, step: int) -> float | None:
         job.schedule.step(*args, target=targets if last else None, losses=losses if last else None)
         if last:
             loss = torch.stack([l.detach().float() for l in losses]).mean().item()
+    synchronize(job.device)
+    forward_backward_s = time.perf_counter() - started
     job.optimizer.step()
-    return loss
+    return loss, forward_backward_s
 
 
 def synchronize(device: torch.device) -> None:
@@ -112,10 +119,18 @@ def synchronize(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def timed_step(job: TrainingJob, step: int) -> tuple[int, float, float | None]:
-    """Run ``step``; its wall-clock start (ns), duration (s) and this rank's loss."""
+@dataclass(frozen=True, slots=True)
+class StepOutcome:
+    start_ns: int
+    duration_s: float
+    forward_backward_s: float
+    loss: float | None
+
+
+def timed_step(job: TrainingJob, step: int) -> StepOutcome:
+    """Run ``step`` and time it (the device is synchronised at both ends)."""
     synchronize(job.device)
     start_ns, started = time.time_ns(), time.perf_counter()
-    loss = train_step(job, step)
+    loss, forward_backward_s = train_step(job, step)
     synchronize(job.device)
-    return start_ns, time.perf_counter() - started, loss
+    return StepOutcome(start_ns, time.perf_counter() - started, forward_backward_s, loss)

@@ -15,19 +15,22 @@ import torch.distributed as dist
 from torch.distributed.elastic.multiprocessing.errors import record
 
 from probes.events import RankStarted, StepTiming
-from probes.sink import EventSink, JsonLinesSink
+from probes.instrument import Instrumentation
+from probes.shipper import EventShipper
+from probes.sink import EventSink
+from probes.wire import ADDRESS_ENV, TOKEN_ENV, parse_address
 from runner.faults import fault_from_env
 from runner.mesh import build_mesh, coordinates, local_device
 from runner.plan import ResolvedRun
 from runner.train import build_training, timed_step
 
-SESSION_DIR_ENV = "MESHTOP_SESSION_DIR"
-
 
 def open_sink(rank: int) -> EventSink:
-    """The sink named by the launcher's environment; a do-nothing one without it."""
-    session = os.environ.get(SESSION_DIR_ENV)
-    return JsonLinesSink(Path(session) / "events" / f"rank-{rank}.jsonl") if session else EventSink()
+    """The collector named by the launcher's environment; a do-nothing sink without one."""
+    address, token = os.environ.get(ADDRESS_ENV), os.environ.get(TOKEN_ENV)
+    if not address or not token:
+        return EventSink()
+    return EventShipper(address=parse_address(address), token=token, rank=rank)
 
 
 @record
@@ -38,24 +41,29 @@ def main(argv: list[str]) -> None:
     device = local_device(run.device, local_rank)
     dist.init_process_group(backend="nccl" if run.device == "cuda" else "gloo")
     sink = open_sink(rank)
+    probes = Instrumentation(rank=rank, sink=sink, device=device, enabled=run.instrument)
     try:
         mesh = build_mesh(device_type=run.device, pp=run.pp, dp=run.dp, tp=run.tp)
+        probes.install(mesh=mesh, pipeline=run.pp > 1)
         coords = coordinates(rank, dp=run.dp, tp=run.tp)
         job = build_training(run, mesh=mesh, coords=coords, device=device)
+        probes.watch_memory(modules=job.modules, optimizer=job.optimizer)
         sink.emit(RankStarted(rank=rank, pid=os.getpid(), host=socket.gethostname(), device=str(device),
                               pp_rank=coords.pp, dp_rank=coords.dp, tp_rank=coords.tp,
                               stages=tuple(job.stage_indices) if run.pp > 1 else (),
-                              local_parameters=job.local_parameters(),
-                              wall_ns=time.time_ns()))
+                              local_parameters=job.local_parameters(), wall_ns=time.time_ns()))
         tokens = run.batch_size * run.seq_len
         for step in range(run.steps):
             if fault is not None:
                 fault.maybe_fire(rank=rank, step=step)
-            start_ns, duration_s, loss = timed_step(job, step)
-            sink.emit(StepTiming(rank=rank, step=step, start_ns=start_ns, duration_s=duration_s,
-                                 tokens=tokens, loss=loss))
+            probes.step_started(step)
+            outcome = timed_step(job, step)
+            probes.step_ended(step)
+            sink.emit(StepTiming(rank=rank, step=step, start_ns=outcome.start_ns, duration_s=outcome.duration_s,
+                                 tokens=tokens, loss=outcome.loss, forward_backward_s=outcome.forward_backward_s))
         dist.barrier()
     finally:
+        probes.uninstall()
         sink.close()
         dist.destroy_process_group()
 

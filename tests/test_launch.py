@@ -14,7 +14,7 @@ import psutil
 import pytest
 
 from probes.events import RankStarted
-from probes.sink import JsonLinesTail
+from recordings.events_log import JsonLinesTail
 from tests.conftest import alive
 
 pytestmark = pytest.mark.slow
@@ -56,15 +56,15 @@ def meshtop(*argv: str) -> list[str]:
 
 
 def wait_for_steps(events_dir: Path, world: int, count: int, timeout_s: float = 120) -> list[int]:
-    """Wait until every rank reported ``count`` steps; the ranks' pids."""
-    tails = [JsonLinesTail(events_dir / f"rank-{r}.jsonl") for r in range(world)]
-    seen: list[list] = [[] for _ in range(world)]
+    """Wait until every rank has recorded ``count`` steps; the ranks' pids."""
+    steps, started = JsonLinesTail(events_dir / "step.jsonl"), JsonLinesTail(events_dir / "rank_started.jsonl")
+    seen_steps, seen_started = [], []
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        for events, tail in zip(seen, tails):
-            events.extend(tail.read_new())
-        if all(sum(1 for e in events if e.kind == "step") >= count for events in seen):
-            return [e.pid for events in seen for e in events if isinstance(e, RankStarted)]
+        seen_steps.extend(steps.read_new())
+        seen_started.extend(started.read_new())
+        if all(sum(1 for e in seen_steps if e.rank == r) >= count for r in range(world)):
+            return [e.pid for e in seen_started if isinstance(e, RankStarted)]
         time.sleep(0.2)
     raise AssertionError(f"ranks did not reach {count} steps in {timeout_s} s")
 
@@ -120,4 +120,5 @@ def test_record_writes_the_full_run_description(tmp_path: Path) -> None:
     assert manifest["software"]["torch"].startswith("2.")
     assert [r["exit_code"] for r in manifest["ranks"]] == [0, 0]
     assert manifest["steps_completed"] == 3
-    assert sorted(p.name for p in (out / "events").iterdir()) == ["rank-0.jsonl", "rank-1.jsonl"]
+    kinds = {p.name for p in (out / "events").iterdir()}
+    assert {"rank_started.jsonl", "step.jsonl", "collective.jsonl", "stage_action.jsonl", "memory.jsonl"} <= kinds

@@ -49,6 +49,9 @@ def add_plan_options(parser: argparse.ArgumentParser) -> None:
                       help="global batch in sequences (default 4 per microbatch per replica)")
     work.add_argument("--seq-len", type=int, default=None, metavar="N", help="tokens per sequence (default: the model's)")
     work.add_argument("--seed", type=int, default=0, metavar="N", help="seed of weights and data (default 0)")
+    probes = parser.add_argument_group("probes")
+    probes.add_argument("--no-instrument", dest="instrument", action="store_false",
+                        help="no worker hooks (step timing stays), to measure their overhead")
 
 
 def spec_from_args(args: argparse.Namespace) -> RunSpec:
@@ -56,6 +59,7 @@ def spec_from_args(args: argparse.Namespace) -> RunSpec:
         dp=args.dp, tp=args.tp, pp=args.pp, fsdp=args.fsdp, schedule=args.schedule,
         microbatches=args.microbatches, model=args.model, dtype=args.dtype, device=args.device,
         steps=args.steps, batch_size=args.batch_size, seq_len=args.seq_len, seed=args.seed,
+        instrument=args.instrument,
     )
 
 

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from probes.events import Event, RankStarted, StepTiming
+from recordings.events_log import EventWriter
 from recordings.manifest import write_manifest
 from recordings.steps import JobStep, StepFolder
 from runner.launch import JobResult, run_job
@@ -62,9 +63,12 @@ def follow_job(run: ResolvedRun, *, session_dir: Path, out: TextIO,
     steps: list[JobStep] = []
     devices: dict[int, str] = {}
     last_print = 0.0
+    writer = EventWriter(session_dir) if manifest is not None else None
 
     def on_events(events: list[Event]) -> None:
         nonlocal last_print
+        if writer is not None:
+            writer.write(events)
         for event in events:
             if isinstance(event, RankStarted):
                 devices[event.rank] = event.device
@@ -76,7 +80,11 @@ def follow_job(run: ResolvedRun, *, session_dir: Path, out: TextIO,
                     print(step_line(step, run.steps), file=out, flush=True)
                     last_print = now
 
-    result = run_job(run, session_dir=session_dir, on_events=on_events)
+    try:
+        result = run_job(run, session_dir=session_dir, on_events=on_events)
+    finally:
+        if writer is not None:
+            writer.close()
     for line in verdict(result, steps):
         print(line, file=out, flush=True)
     if manifest is not None:

@@ -1,0 +1,282 @@
+"""See every collective a worker issues, whoever issues it, and time it.
+
+Every c10d collective, from a direct ``torch.distributed`` call, DDP's C++
+reducer, FSDP2, DTensor's functional collectives or pipeline P2P, ends in a
+dispatcher op of the ``c10d`` namespace (``c10d::allreduce_``, ``c10d::send``,
+...). The probe registers a kernel for those ops alone at the
+``ADInplaceOrView`` key, which every (non-inference) tensor carries and which
+comes before the backend's kernel; it notes the start, redispatches to the
+backend, and arranges to learn the end:
+
+- gloo collectives: a callback on the work's future, run when it completes;
+- gloo works that have no future (send, recv, reduce-scatter): the return of
+  the caller's ``wait()``, which ``Work.wait`` is wrapped to see;
+- nccl: the work's own CUDA-event timing (``TORCH_NCCL_ENABLE_TIMING=1``),
+  read by a watcher thread once the work is done, so the host never blocks.
+
+Nothing is computed per call beyond what is needed to find the end; the
+event is built when the operation completes. Tensors made under
+``torch.inference_mode`` carry no ``ADInplaceOrView`` key and are not seen:
+the workloads use ``torch.no_grad`` instead.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import partial
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch._C._distributed_c10d import ProcessGroup, Work
+
+from probes.events import CollectiveTiming, Event
+
+NCCL_TIMING_ENV = "TORCH_NCCL_ENABLE_TIMING"
+DEVICE_POLL_S = 0.002
+MAX_UNWAITED = 10_000
+
+
+def _nbytes(value: Any) -> int:
+    if isinstance(value, torch.Tensor):
+        return value.numel() * value.element_size()
+    if isinstance(value, (list, tuple)):
+        return sum(_nbytes(item) for item in value)
+    return 0
+
+
+def _first_tensor(value: Any) -> torch.Tensor | None:
+    if isinstance(value, torch.Tensor):
+        return value
+    if isinstance(value, (list, tuple)):
+        for item in value:
+            if (found := _first_tensor(item)) is not None:
+                return found
+    return None
+
+
+@dataclass(frozen=True, slots=True)
+class OpShape:
+    """How to read one c10d op's arguments."""
+
+    op: str
+    """The plain op name that events carry."""
+    group_arg: int
+    buffer_arg: int
+    """The argument whose bytes are S (for gathers, the whole output; for scatters, the whole input)."""
+    peer_arg: int | None = None
+    times_group: bool = False
+    """S is ``group_size`` times the buffer's bytes (gather's input, scatter's output)."""
+
+
+# Op names differ by caller (DTensor uses the coalesced all-gather / reduce-scatter,
+# FSDP2 the _base variants); all map to the plain names.
+C10D_OPS: dict[str, OpShape] = {
+    "allreduce_": OpShape("all_reduce", 1, 0),
+    "allreduce_coalesced_": OpShape("all_reduce", 1, 0),
+    "allgather_": OpShape("all_gather", 2, 0),
+    "_allgather_base_": OpShape("all_gather", 2, 0),
+    "allgather_coalesced_": OpShape("all_gather", 2, 0),
+    "allgather_into_tensor_coalesced_": OpShape("all_gather", 2, 0),
+    "reduce_scatter_": OpShape("reduce_scatter", 2, 1),
+    "_reduce_scatter_base_": OpShape("reduce_scatter", 2, 1),
+    "reduce_scatter_tensor_coalesced_": OpShape("reduce_scatter", 2, 1),
+    "broadcast_": OpShape("broadcast", 1, 0),
+    "reduce_": OpShape("reduce", 1, 0),
+    "gather_": OpShape("gather", 2, 1, times_group=True),
+    "scatter_": OpShape("scatter", 2, 0, times_group=True),
+    "alltoall_": OpShape("all_to_all", 2, 1),
+    "alltoall_base_": OpShape("all_to_all", 2, 1),
+    "barrier": OpShape("barrier", 1, -1),
+    "send": OpShape("send", 1, 0, peer_arg=2),
+    "recv_": OpShape("recv", 1, 0, peer_arg=2),
+    "recv_any_source_": OpShape("recv", 1, 0),
+}
+
+
+@dataclass(frozen=True, slots=True)
+class GroupInfo:
+    name: str
+    size: int
+    ranks: tuple[int, ...]
+    """Global rank of each group rank."""
+
+
+class GroupDirectory:
+    """Names process groups by the mesh dim they span (dp, tp, pp), else world or other."""
+
+    def __init__(self) -> None:
+        self._by_name: dict[str, GroupInfo] = {}
+        self._by_object: dict[Any, GroupInfo] = {}
+
+    def add(self, name: str, group: dist.ProcessGroup) -> None:
+        """Name ``group``; the first name given to a group wins (mesh dims before world)."""
+        key = group.group_name
+        if key not in self._by_name:
+            self._by_name[key] = GroupInfo(name, group.size(), tuple(dist.get_process_group_ranks(group)))
+
+    @classmethod
+    def from_mesh(cls, mesh: Any) -> GroupDirectory:
+        directory = cls()
+        for dim in mesh.mesh_dim_names:
+            directory.add(dim, mesh.get_group(dim))
+        directory.add("world", dist.group.WORLD)
+        return directory
+
+    def lookup(self, group_object: Any) -> GroupInfo:
+        """The group of a c10d op's process-group argument."""
+        known = self._by_object.get(group_object)
+        if known is None:
+            group = ProcessGroup.unbox(group_object)
+            known = self._by_name.get(group.group_name)
+            if known is None:
+                known = GroupInfo("other", group.size(), ())
+            self._by_object[group_object] = known
+        return known
+
+
+@dataclass(slots=True)
+class _Issued:
+    """What is known of an operation when it is issued."""
+
+    shape: OpShape
+    group: GroupInfo
+    peer: int | None
+    nbytes: int
+    dtype: str | None
+    step: int | None
+    start_ns: int
+
+
+class CollectiveProbe:
+    """Times every c10d operation of this process and emits :class:`CollectiveTiming`."""
+
+    def __init__(self, *, rank: int, groups: GroupDirectory, emit: Callable[[Event], None],
+                 step: Callable[[], int | None], device_timing: bool,
+                 on_error: Callable[[str], None] = lambda message: None) -> None:
+        self.rank = rank
+        self.groups = groups
+        self.emit = emit
+        self.step = step
+        self.device_timing = device_timing
+        self.on_error = on_error
+        self._library: torch.library.Library | None = None
+        self._unwaited: dict[int, tuple[Work, _Issued]] = {}
+        self._without_future: set[str] = set()
+        """c10d ops whose works have no future on this backend."""
+        self._device_pending: list[tuple[Work, _Issued]] = []
+        self._device_lock = threading.Lock()
+        self._original_wait: Callable[..., Any] | None = None
+        self._watcher: threading.Thread | None = None
+        self._stopping = threading.Event()
+
+    # -- installing -------------------------------------------------------------------------
+    def install(self) -> None:
+        below = torch._C._dispatch_keyset_full_after(torch._C.DispatchKey.ADInplaceOrView)
+        library = torch.library.Library("c10d", "IMPL")
+        for name, shape in C10D_OPS.items():
+            packet = getattr(torch.ops.c10d, name, None)
+            if packet is None:  # an op this torch release does not have
+                continue
+            library.impl(name, self._kernel(packet.default._handle, name, shape, below), "ADInplaceOrView",
+                         with_keyset=True)
+        self._library = library
+        self._patch_wait()
+        if self.device_timing:
+            self._watcher = threading.Thread(target=self._watch_device, name="meshtop-nccl-timing", daemon=True)
+            self._watcher.start()
+
+    def uninstall(self) -> None:
+        self._stopping.set()
+        if self._library is not None:
+            self._library._destroy()
+            self._library = None
+        if self._original_wait is not None:
+            Work.wait = self._original_wait  # type: ignore[method-assign]
+            self._original_wait = None
+
+    def _kernel(self, handle: Any, name: str, shape: OpShape, below: Any) -> Callable[..., Any]:
+        def kernel(keyset: Any, *args: Any) -> Any:
+            start_ns = time.time_ns()
+            out = handle.redispatch_boxed(keyset & below, *args)
+            try:
+                self._issued(name, shape, args, out, start_ns)
+            except Exception as error:  # a probe must never break the job it measures
+                self.on_error(f"collective probe ({shape.op}): {error!r}")
+            return out
+
+        return kernel
+
+    def _issued(self, name: str, shape: OpShape, args: tuple[Any, ...], out: Any, start_ns: int) -> None:
+        work = Work.unbox(out[-1] if isinstance(out, tuple) else out)
+        group = self.groups.lookup(args[shape.group_arg])
+        buffer = args[shape.buffer_arg] if shape.buffer_arg >= 0 else None
+        nbytes = _nbytes(buffer) * (group.size if shape.times_group else 1)
+        tensor = _first_tensor(buffer)
+        peer = None
+        if shape.peer_arg is not None:
+            group_peer = args[shape.peer_arg]
+            peer = group.ranks[group_peer] if group.ranks else group_peer
+        issued = _Issued(shape, group, peer, nbytes, str(tensor.dtype).removeprefix("torch.") if tensor is not None else None,
+                         self.step(), start_ns)
+        if self.device_timing:
+            with self._device_lock:
+                self._device_pending.append((work, issued))
+            return
+        if name not in self._without_future:
+            try:
+                work.get_future().add_done_callback(partial(self._completed, issued))
+                return
+            except RuntimeError:  # "Work::getFuture not implemented" (gloo send / recv / reduce-scatter)
+                self._without_future.add(name)
+        if len(self._unwaited) < MAX_UNWAITED:
+            self._unwaited[id(work)] = (work, issued)
+
+    # -- completing -------------------------------------------------------------------------
+    def _completed(self, issued: _Issued, _future: Any = None, *, end_ns: int | None = None,
+                   clock: str = "completion") -> None:
+        self.emit(CollectiveTiming(
+            rank=self.rank, step=issued.step, op=issued.shape.op, group=issued.group.name,
+            group_size=issued.group.size, peer=issued.peer, bytes=issued.nbytes, dtype=issued.dtype,
+            start_ns=issued.start_ns, end_ns=end_ns if end_ns is not None else time.time_ns(), clock=clock,
+        ))
+
+    def _patch_wait(self) -> None:
+        original = Work.wait
+        unwaited = self._unwaited
+        completed = self._completed
+
+        def wait(work: Work, *args: Any, **kwargs: Any) -> Any:
+            result = original(work, *args, **kwargs)
+            pending = unwaited.pop(id(work), None)
+            if pending is not None and pending[0] is work:
+                completed(pending[1])
+            return result
+
+        self._original_wait = original
+        Work.wait = wait  # type: ignore[method-assign]
+
+    def _watch_device(self) -> None:
+        """Emit each nccl operation once its CUDA events say it finished (no host sync)."""
+        while not self._stopping.is_set():
+            with self._device_lock:
+                pending, self._device_pending = self._device_pending, []
+            still = []
+            for work, issued in pending:
+                try:
+                    if not work.is_completed():
+                        still.append((work, issued))
+                        continue
+                    duration_ms = work._get_duration()
+                    end_ns = issued.start_ns + int(duration_ms * 1e6)
+                    self._completed(issued, end_ns=end_ns, clock="cuda_events")
+                except Exception as error:
+                    self.on_error(f"nccl timing ({issued.shape.op}): {error!r}")
+                    self._completed(issued)
+            if still:
+                with self._device_lock:
+                    self._device_pending[:0] = still
+            time.sleep(DEVICE_POLL_S)

@@ -1,0 +1,133 @@
+"""The collector: where every worker's events arrive, in the meshtop process.
+
+It listens on 127.0.0.1 by default. Every message must carry the session's
+token; a message without it, a malformed or oversized frame, or a connection
+that sends faster than the consumer drains (the queue is bounded) is
+rejected and counted, never fatal: the collector keeps serving the others.
+A non-loopback bind is allowed only with a token (there always is one).
+"""
+
+from __future__ import annotations
+
+import hmac
+import queue
+import secrets
+import socket
+import socketserver
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from probes.errors import ProbeError
+from probes.events import Event, EventsDropped, event_from_record
+from probes.wire import FrameError, read_frame
+
+DEFAULT_QUEUE_EVENTS = 1_000_000
+READ_TIMEOUT_S = 30.0
+
+
+@dataclass
+class CollectorCounts:
+    """What the collector refused, by reason."""
+
+    messages: int = 0
+    events: int = 0
+    bad_token: int = 0
+    malformed: int = 0
+    oversized: int = 0
+    bad_events: int = 0
+    queue_full: int = 0
+    lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def add(self, **counts: int) -> None:
+        with self.lock:
+            for name, value in counts.items():
+                setattr(self, name, getattr(self, name) + value)
+
+
+class Collector:
+    """A TCP server that turns worker messages into :class:`Event` objects on a bounded queue."""
+
+    def __init__(self, *, host: str = "127.0.0.1", port: int = 0, token: str | None = None,
+                 max_queue_events: int = DEFAULT_QUEUE_EVENTS) -> None:
+        self.token = token or secrets.token_hex(16)
+        self.counts = CollectorCounts()
+        self.events: queue.Queue[Event] = queue.Queue(maxsize=max_queue_events)
+        collector = self
+
+        class Handler(socketserver.BaseRequestHandler):
+            def handle(self) -> None:
+                collector._serve(self.request)
+
+        class Server(socketserver.ThreadingTCPServer):
+            daemon_threads = True
+            allow_reuse_address = True
+
+        try:
+            self._server = Server((host, port), Handler)
+        except OSError as error:
+            raise ProbeError(f"cannot listen on {host}:{port}: {error.strerror}") from None
+        self._thread = threading.Thread(target=self._server.serve_forever, name="meshtop-collector", daemon=True)
+
+    @property
+    def address(self) -> tuple[str, int]:
+        host, port = self._server.server_address[:2]
+        return str(host), int(port)
+
+    def start(self) -> Collector:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+
+    def drain(self) -> list[Event]:
+        """Every event received so far (non-blocking)."""
+        drained = []
+        while True:
+            try:
+                drained.append(self.events.get_nowait())
+            except queue.Empty:
+                return drained
+
+    def _serve(self, sock: socket.socket) -> None:
+        sock.settimeout(READ_TIMEOUT_S)
+        while True:
+            try:
+                message = read_frame(sock)
+            except FrameError as error:
+                self.counts.add(**({"oversized": 1} if "limit" in str(error) else {"malformed": 1}))
+                return
+            except OSError:
+                return
+            if message is None:
+                return
+            token = message.get("token")
+            if not isinstance(token, str) or not hmac.compare_digest(token.encode(), self.token.encode()):
+                self.counts.add(bad_token=1)
+                return
+            self._accept(message)
+
+    def _accept(self, message: dict[str, Any]) -> None:
+        rank, dropped, records = message.get("rank"), message.get("dropped", 0), message.get("events")
+        if not isinstance(rank, int) or not isinstance(dropped, int) or not isinstance(records, list):
+            self.counts.add(malformed=1)
+            return
+        events: list[Event] = []
+        bad = 0
+        for record in records:
+            try:
+                events.append(event_from_record(record))
+            except (KeyError, TypeError, ValueError, AttributeError):
+                bad += 1
+        if dropped:
+            events.append(EventsDropped(wall_ns=time.time_ns(), rank=rank, where="worker", count=dropped))
+        full = 0
+        for event in events:
+            try:
+                self.events.put_nowait(event)
+            except queue.Full:
+                full += 1
+        self.counts.add(messages=1, events=len(events) - full, bad_events=bad, queue_full=full)

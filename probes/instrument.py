@@ -1,0 +1,76 @@
+"""All of a worker's probes, installed and driven together.
+
+The worker creates one :class:`Instrumentation`, calls :meth:`step_started`
+and :meth:`step_ended` around each step, and every probe tags its events with
+the current step. With ``enabled=False`` (``--no-instrument``) no hook is
+installed; the worker still reports its step timings, so overhead can be
+measured against an identical run.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any
+
+import torch
+from torch import nn
+
+from probes.collectives import NCCL_TIMING_ENV, CollectiveProbe, GroupDirectory
+from probes.events import Event, SamplerError
+from probes.memory import MemoryProbe
+from probes.pipeline import StageProbe
+from probes.sink import EventSink
+
+
+class Instrumentation:
+    def __init__(self, *, rank: int, sink: EventSink, device: torch.device, enabled: bool) -> None:
+        self.rank = rank
+        self.sink = sink
+        self.device = device
+        self.enabled = enabled
+        self.step: int | None = None
+        self._collectives: CollectiveProbe | None = None
+        self._stages: StageProbe | None = None
+        self._memory: MemoryProbe | None = None
+
+    def emit(self, event: Event) -> None:
+        self.sink.emit(event)
+
+    def report_error(self, message: str) -> None:
+        self.sink.emit(SamplerError(wall_ns=time.time_ns(), sampler=f"rank {self.rank}", message=message))
+
+    def current_step(self) -> int | None:
+        return self.step
+
+    def install(self, *, mesh: Any, pipeline: bool) -> None:
+        """Hook collectives (and pipeline stages) before the job is built, so set-up traffic is seen too."""
+        if not self.enabled:
+            return
+        device_timing = self.device.type == "cuda" and os.environ.get(NCCL_TIMING_ENV) == "1"
+        self._collectives = CollectiveProbe(rank=self.rank, groups=GroupDirectory.from_mesh(mesh), emit=self.emit,
+                                            step=self.current_step, device_timing=device_timing,
+                                            on_error=self.report_error)
+        self._collectives.install()
+        if pipeline:
+            self._stages = StageProbe(rank=self.rank, emit=self.emit, step=self.current_step)
+            self._stages.install()
+
+    def watch_memory(self, *, modules: list[nn.Module], optimizer: torch.optim.Optimizer | None) -> None:
+        if self.enabled:
+            self._memory = MemoryProbe(rank=self.rank, modules=modules, optimizer=optimizer, device=self.device)
+
+    def step_started(self, step: int) -> None:
+        self.step = step
+        if self._memory is not None:
+            self._memory.step_started()
+
+    def step_ended(self, step: int) -> None:
+        if self._memory is not None:
+            self.emit(self._memory.snapshot(step))
+        self.step = None
+
+    def uninstall(self) -> None:
+        for probe in (self._stages, self._collectives):
+            if probe is not None:
+                probe.uninstall()

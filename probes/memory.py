@@ -1,0 +1,75 @@
+"""Memory accounting of one rank: what its weights, gradients and optimizer state take.
+
+Counted from the tensors themselves (the local shard of a DTensor), so the
+figures are the same on CPU and CUDA. On CUDA the allocator's allocated /
+reserved / peak and the device's used / total complete them, and activations
+are the step's peak minus the static part; on CPU the process RSS.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable
+
+import psutil
+import torch
+from torch import nn
+from torch.distributed.tensor import DTensor
+
+from probes.events import MemorySnapshot
+
+
+def tensor_bytes(tensor: torch.Tensor) -> int:
+    local = tensor.to_local() if isinstance(tensor, DTensor) else tensor
+    return local.numel() * local.element_size()
+
+
+def parameters_bytes(modules: Iterable[nn.Module]) -> int:
+    return sum(tensor_bytes(p) for module in modules for p in module.parameters())
+
+
+def gradients_bytes(modules: Iterable[nn.Module]) -> int:
+    return sum(tensor_bytes(p.grad) for module in modules for p in module.parameters() if p.grad is not None)
+
+
+def optimizer_bytes(optimizer: torch.optim.Optimizer) -> int:
+    return sum(tensor_bytes(value) for state in optimizer.state.values() for value in state.values()
+               if isinstance(value, torch.Tensor))
+
+
+class MemoryProbe:
+    """Takes a :class:`MemorySnapshot` at the end of each step."""
+
+    def __init__(self, *, rank: int, modules: list[nn.Module], optimizer: torch.optim.Optimizer | None,
+                 device: torch.device) -> None:
+        self.rank = rank
+        self.modules = modules
+        self.optimizer = optimizer
+        self.device = device
+        self.weights_bytes = parameters_bytes(modules)  # parameters do not change size
+        self._process = psutil.Process()
+
+    def step_started(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(self.device)
+
+    def snapshot(self, step: int, *, kv_cache_bytes: int | None = None) -> MemorySnapshot:
+        grads = gradients_bytes(self.modules)
+        optimizer = optimizer_bytes(self.optimizer) if self.optimizer is not None else 0
+        allocated = reserved = peak = used = total = activations = rss = None
+        if self.device.type == "cuda":
+            allocated = torch.cuda.memory_allocated(self.device)
+            reserved = torch.cuda.memory_reserved(self.device)
+            peak = torch.cuda.max_memory_allocated(self.device)
+            free, total = torch.cuda.mem_get_info(self.device)
+            used = total - free
+            static = self.weights_bytes + grads + optimizer + (kv_cache_bytes or 0)
+            activations = max(0, peak - static)
+        else:
+            rss = self._process.memory_info().rss
+        return MemorySnapshot(
+            rank=self.rank, step=step, wall_ns=time.time_ns(), weights_bytes=self.weights_bytes,
+            grads_bytes=grads, optimizer_bytes=optimizer, activations_bytes=activations,
+            kv_cache_bytes=kv_cache_bytes, allocated_bytes=allocated, reserved_bytes=reserved,
+            peak_allocated_bytes=peak, device_used_bytes=used, device_total_bytes=total, rss_bytes=rss,
+        )

@@ -1,0 +1,76 @@
+"""Time pipeline stages: compute per microbatch, and blocking on pipeline P2P.
+
+``torch.distributed.pipelining`` runs every stage action through three
+methods of ``_PipelineStageBase`` (forward, backward, backward-weight of one
+microbatch) and blocks on P2P only in ``schedules._wait_batch_p2p``. The probe
+wraps those four places for the life of the worker; each call costs two clock
+reads and one event.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+from torch.distributed.pipelining import schedules, stage
+
+from probes.events import Event, StageAction
+
+STAGE_METHODS = {
+    "forward_one_chunk": "forward",
+    "backward_one_chunk": "backward",
+    "backward_weight_one_chunk": "backward_weight",
+}
+
+
+class StageProbe:
+    """Emits a :class:`StageAction` for every stage action and P2P wait of this rank."""
+
+    def __init__(self, *, rank: int, emit: Callable[[Event], None], step: Callable[[], int | None]) -> None:
+        self.rank = rank
+        self.emit = emit
+        self.step = step
+        self._originals: list[tuple[Any, str, Any]] = []
+
+    def install(self) -> None:
+        for method, action in STAGE_METHODS.items():
+            original = getattr(stage._PipelineStageBase, method)
+            self._replace(stage._PipelineStageBase, method, self._timed_stage(original, action))
+        self._replace(schedules, "_wait_batch_p2p", self._timed_wait(schedules._wait_batch_p2p))
+
+    def uninstall(self) -> None:
+        for owner, name, original in reversed(self._originals):
+            setattr(owner, name, original)
+        self._originals.clear()
+
+    def _replace(self, owner: Any, name: str, replacement: Any) -> None:
+        self._originals.append((owner, name, getattr(owner, name)))
+        setattr(owner, name, replacement)
+
+    def _timed_stage(self, original: Callable[..., Any], action: str) -> Callable[..., Any]:
+        probe = self
+
+        def timed(stage_self: Any, chunk_id: int, *args: Any, **kwargs: Any) -> Any:
+            start_ns = time.time_ns()
+            try:
+                return original(stage_self, chunk_id, *args, **kwargs)
+            finally:
+                probe.emit(StageAction(rank=probe.rank, step=probe.step(), stage=stage_self.stage_index,
+                                       microbatch=chunk_id, action=action, start_ns=start_ns,
+                                       end_ns=time.time_ns()))
+
+        return timed
+
+    def _timed_wait(self, original: Callable[..., Any]) -> Callable[..., Any]:
+        probe = self
+
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            start_ns = time.time_ns()
+            try:
+                return original(*args, **kwargs)
+            finally:
+                probe.emit(StageAction(rank=probe.rank, step=probe.step(), stage=None, microbatch=None,
+                                       action="p2p_wait", start_ns=start_ns, end_ns=time.time_ns()))
+
+        return timed

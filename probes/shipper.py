@@ -1,0 +1,91 @@
+"""Worker side of the stream: a bounded buffer and a background thread that ships it.
+
+The training thread only appends to a deque (or counts a drop when it is
+full); serialising and sending happen on the shipper thread, so a slow or
+absent collector never stalls training.
+"""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from collections import deque
+
+from probes.events import Event
+from probes.sink import EventSink
+from probes.wire import encode
+
+DEFAULT_CAPACITY = 200_000
+SHIP_INTERVAL_S = 0.05
+BATCH_MAX = 20_000
+CONNECT_TIMEOUT_S = 5.0
+CLOSE_TIMEOUT_S = 5.0
+
+
+class EventShipper(EventSink):
+    """Buffers events and ships them to the collector at ``address`` every 50 ms."""
+
+    def __init__(self, *, address: tuple[str, int], token: str, rank: int,
+                 capacity: int = DEFAULT_CAPACITY) -> None:
+        self.address = address
+        self.token = token
+        self.rank = rank
+        self.capacity = capacity
+        self._buffer: deque[Event] = deque()
+        self._dropped = 0
+        self._drop_lock = threading.Lock()
+        self._socket: socket.socket | None = None
+        self._closing = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="meshtop-shipper", daemon=True)
+        self._thread.start()
+
+    @property
+    def dropped(self) -> int:
+        """Events refused so far because the buffer was full (or lost in a failed send)."""
+        return self._dropped
+
+    def emit(self, event: Event) -> None:
+        if len(self._buffer) >= self.capacity:
+            with self._drop_lock:
+                self._dropped += 1
+            return
+        self._buffer.append(event)
+
+    def close(self) -> None:
+        self._closing.set()
+        self._thread.join(CLOSE_TIMEOUT_S)
+        if self._socket is not None:
+            self._socket.close()
+
+    def _run(self) -> None:
+        reported = 0
+        while True:
+            closing = self._closing.wait(SHIP_INTERVAL_S)
+            while self._buffer or self._dropped != reported:
+                batch = [self._buffer.popleft() for _ in range(min(len(self._buffer), BATCH_MAX))]
+                dropped_now = self._dropped
+                if self._send(batch, dropped_now - reported):
+                    reported = dropped_now
+                else:
+                    with self._drop_lock:
+                        self._dropped += len(batch)
+                    break
+            if closing:
+                return
+
+    def _send(self, batch: list[Event], dropped: int) -> bool:
+        frame = encode({"token": self.token, "rank": self.rank, "dropped": dropped,
+                        "events": [event.to_record() for event in batch]})
+        for _attempt in range(2):
+            try:
+                if self._socket is None:
+                    self._socket = socket.create_connection(self.address, timeout=CONNECT_TIMEOUT_S)
+                self._socket.sendall(frame)
+                return True
+            except OSError:
+                if self._socket is not None:
+                    self._socket.close()
+                self._socket = None
+                time.sleep(0.1)
+        return False

@@ -1,0 +1,69 @@
+"""The events of a recording, kept as one JSON-lines file per event kind.
+
+A simple, append-only format: each batch is written and flushed as it
+arrives, so a crash loses at most the batch in flight, and a reader can
+follow the files while the run goes on. (The crash-safe columnar format of
+the recordings issue replaces this.)
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import IO
+
+from probes.events import Event, event_from_record
+
+EVENTS_DIR = "events"
+
+
+class EventWriter:
+    """Appends events to ``DIR/events/<kind>.jsonl``."""
+
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory / EVENTS_DIR
+        self.directory.mkdir(parents=True, exist_ok=True)
+        self._files: dict[str, IO[str]] = {}
+        self.written = 0
+
+    def write(self, events: list[Event]) -> None:
+        touched = set()
+        for event in events:
+            file = self._files.get(event.kind)
+            if file is None:
+                file = self._files[event.kind] = (self.directory / f"{event.kind}.jsonl").open("a", encoding="utf-8")
+            file.write(json.dumps(event.to_record(), separators=(",", ":")) + "\n")
+            touched.add(event.kind)
+        for kind in touched:
+            self._files[kind].flush()
+        self.written += len(events)
+
+    def close(self) -> None:
+        for file in self._files.values():
+            file.close()
+        self._files.clear()
+
+
+class JsonLinesTail:
+    """Reads the events appended to one JSON-lines file since the last call."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._offset = 0
+
+    def read_new(self) -> list[Event]:
+        """Complete lines written since the previous call; a half-written last line waits."""
+        try:
+            with self.path.open("rb") as file:
+                file.seek(self._offset)
+                chunk = file.read()
+        except FileNotFoundError:
+            return []
+        end = chunk.rfind(b"\n") + 1
+        self._offset += end
+        return [event_from_record(json.loads(line)) for line in chunk[:end].splitlines() if line.strip()]
+
+
+def read_events(directory: Path, kind: str) -> list[Event]:
+    """Every complete event of ``kind`` in the recording at ``directory``."""
+    return JsonLinesTail(directory / EVENTS_DIR / f"{kind}.jsonl").read_new()
