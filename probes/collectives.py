@@ -1,12 +1,16 @@
 """See every collective a worker issues, whoever issues it, and time it.
 
 Every c10d collective, from a direct ``torch.distributed`` call, DDP's C++
-reducer, FSDP2, DTensor's functional collectives or pipeline P2P, ends in a
-dispatcher op of the ``c10d`` namespace (``c10d::allreduce_``, ``c10d::send``,
-...). The probe registers a kernel for those ops alone at the
-``ADInplaceOrView`` key, which every (non-inference) tensor carries and which
-comes before the backend's kernel; it notes the start, redispatches to the
-backend, and arranges to learn the end:
+reducer, FSDP2 or DTensor's functional collectives, ends in a dispatcher op
+of the ``c10d`` namespace (``c10d::allreduce_``, ...). The probe registers a
+kernel for those ops alone at the ``ADInplaceOrView`` key, which every
+(non-inference) tensor carries and which comes before the backend's kernel.
+Point-to-point operations are issued from Python in every PyTorch caller
+(``torch.distributed`` and pipelining both call ``ProcessGroup.send`` /
+``recv``), so those two methods are wrapped instead: a Python wrapper costs a
+few microseconds where a dispatcher kernel written in Python costs tens.
+Either way the probe notes the start, lets the operation go, and arranges to
+learn the end:
 
 - gloo collectives: a callback on the work's future, run when it completes;
 - gloo works that have no future (send, recv, reduce-scatter): the return of
@@ -34,6 +38,7 @@ import torch.distributed as dist
 from torch._C._distributed_c10d import ProcessGroup, Work
 
 from probes.events import CollectiveTiming, Event
+from probes.patching import Patches
 
 NCCL_TIMING_ENV = "TORCH_NCCL_ENABLE_TIMING"
 DEVICE_POLL_S = 0.002
@@ -91,9 +96,12 @@ C10D_OPS: dict[str, OpShape] = {
     "alltoall_": OpShape("all_to_all", 2, 1),
     "alltoall_base_": OpShape("all_to_all", 2, 1),
     "barrier": OpShape("barrier", 1, -1),
-    "send": OpShape("send", 1, 0, peer_arg=2),
-    "recv_": OpShape("recv", 1, 0, peer_arg=2),
-    "recv_any_source_": OpShape("recv", 1, 0),
+}
+# ProcessGroup methods for P2P: the arguments after ``self`` are (tensors, peer, tag).
+P2P_METHODS: dict[str, OpShape] = {
+    "send": OpShape("send", -1, 0, peer_arg=1),
+    "recv": OpShape("recv", -1, 0, peer_arg=1),
+    "recv_anysource": OpShape("recv", -1, 0),
 }
 
 
@@ -110,7 +118,6 @@ class GroupDirectory:
 
     def __init__(self) -> None:
         self._by_name: dict[str, GroupInfo] = {}
-        self._by_object: dict[Any, GroupInfo] = {}
 
     def add(self, name: str, group: dist.ProcessGroup) -> None:
         """Name ``group``; the first name given to a group wins (mesh dims before world)."""
@@ -127,14 +134,13 @@ class GroupDirectory:
         return directory
 
     def lookup(self, group_object: Any) -> GroupInfo:
-        """The group of a c10d op's process-group argument."""
-        known = self._by_object.get(group_object)
+        """The group of a c10d op's process-group argument (a new wrapper object on every call)."""
+        return self.of_group(ProcessGroup.unbox(group_object))
+
+    def of_group(self, group: ProcessGroup) -> GroupInfo:
+        known = self._by_name.get(group.group_name)
         if known is None:
-            group = ProcessGroup.unbox(group_object)
-            known = self._by_name.get(group.group_name)
-            if known is None:
-                known = GroupInfo("other", group.size(), ())
-            self._by_object[group_object] = known
+            known = self._by_name[group.group_name] = GroupInfo("other", group.size(), ())
         return known
 
 
@@ -169,12 +175,13 @@ class CollectiveProbe:
         """c10d ops whose works have no future on this backend."""
         self._device_pending: list[tuple[Work, _Issued]] = []
         self._device_lock = threading.Lock()
-        self._original_wait: Callable[..., Any] | None = None
+        self._patches = Patches()
         self._watcher: threading.Thread | None = None
         self._stopping = threading.Event()
 
     # -- installing -------------------------------------------------------------------------
     def install(self) -> None:
+        self._stopping.clear()
         below = torch._C._dispatch_keyset_full_after(torch._C.DispatchKey.ADInplaceOrView)
         library = torch.library.Library("c10d", "IMPL")
         for name, shape in C10D_OPS.items():
@@ -184,8 +191,10 @@ class CollectiveProbe:
             library.impl(name, self._kernel(packet.default._handle, name, shape, below), "ADInplaceOrView",
                          with_keyset=True)
         self._library = library
+        for method, shape in P2P_METHODS.items():
+            self._patches.replace(ProcessGroup, method, self._p2p_wrapper(getattr(ProcessGroup, method), shape))
         self._patch_wait()
-        if self.device_timing:
+        if self.device_timing and (self._watcher is None or not self._watcher.is_alive()):
             self._watcher = threading.Thread(target=self._watch_device, name="meshtop-nccl-timing", daemon=True)
             self._watcher.start()
 
@@ -194,9 +203,7 @@ class CollectiveProbe:
         if self._library is not None:
             self._library._destroy()
             self._library = None
-        if self._original_wait is not None:
-            Work.wait = self._original_wait  # type: ignore[method-assign]
-            self._original_wait = None
+        self._patches.restore()
 
     def _kernel(self, handle: Any, name: str, shape: OpShape, below: Any) -> Callable[..., Any]:
         def kernel(keyset: Any, *args: Any) -> Any:
@@ -210,9 +217,25 @@ class CollectiveProbe:
 
         return kernel
 
+    def _p2p_wrapper(self, original: Callable[..., Any], shape: OpShape) -> Callable[..., Any]:
+        def p2p(group: ProcessGroup, *args: Any, **kwargs: Any) -> Any:
+            start_ns = time.time_ns()
+            work = original(group, *args, **kwargs)
+            try:
+                self._track(shape.op, shape, work, self.groups.of_group(group), args, start_ns)
+            except Exception as error:
+                self.on_error(f"collective probe ({shape.op}): {error!r}")
+            return work
+
+        return p2p
+
     def _issued(self, name: str, shape: OpShape, args: tuple[Any, ...], out: Any, start_ns: int) -> None:
         work = Work.unbox(out[-1] if isinstance(out, tuple) else out)
-        group = self.groups.lookup(args[shape.group_arg])
+        self._track(name, shape, work, self.groups.lookup(args[shape.group_arg]), args, start_ns)
+
+    def _track(self, name: str, shape: OpShape, work: Work, group: GroupInfo, args: tuple[Any, ...],
+               start_ns: int) -> None:
+        """Note an issued operation and arrange to learn when it completes."""
         buffer = args[shape.buffer_arg] if shape.buffer_arg >= 0 else None
         nbytes = _nbytes(buffer) * (group.size if shape.times_group else 1)
         tensor = _first_tensor(buffer)
@@ -251,13 +274,13 @@ class CollectiveProbe:
 
         def wait(work: Work, *args: Any, **kwargs: Any) -> Any:
             result = original(work, *args, **kwargs)
-            pending = unwaited.pop(id(work), None)
-            if pending is not None and pending[0] is work:
-                completed(pending[1])
+            if unwaited:
+                pending = unwaited.pop(id(work), None)
+                if pending is not None and pending[0] is work:
+                    completed(pending[1])
             return result
 
-        self._original_wait = original
-        Work.wait = wait  # type: ignore[method-assign]
+        self._patches.replace(Work, "wait", wait)
 
     def _watch_device(self) -> None:
         """Emit each nccl operation once its CUDA events say it finished (no host sync)."""

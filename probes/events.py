@@ -64,6 +64,10 @@ class StepTiming(Event):
     """This rank's mean loss over its data; ``None`` where the rank computes no loss."""
     forward_backward_s: float | None = None
     """Time in forward and backward (the pipeline schedule's step), without the optimizer."""
+    instrumented: bool = True
+    """Whether the worker hooks were on during this step."""
+    pipeline_wait_s: float | None = None
+    """Time blocked on pipeline P2P during the step (instrumented pipeline ranks only)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -100,16 +104,15 @@ class CollectiveTiming(Event):
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class StageAction(Event):
-    """Pipeline work of one stage on one microbatch, or a wait on pipeline P2P."""
+    """Pipeline work of one stage on one microbatch."""
 
     kind: ClassVar[str] = "stage_action"
     rank: int
     step: int | None
-    stage: int | None
-    """Pipeline stage index; ``None`` for a wait, which belongs to the rank."""
-    microbatch: int | None
+    stage: int
+    microbatch: int
     action: str
-    """forward, backward, backward_weight or p2p_wait."""
+    """forward, backward or backward_weight."""
     start_ns: int
     end_ns: int
 

@@ -33,6 +33,7 @@ class Instrumentation:
         self._collectives: CollectiveProbe | None = None
         self._stages: StageProbe | None = None
         self._memory: MemoryProbe | None = None
+        self._installed = False
 
     def emit(self, event: Event) -> None:
         self.sink.emit(event)
@@ -45,32 +46,48 @@ class Instrumentation:
 
     def install(self, *, mesh: Any, pipeline: bool) -> None:
         """Hook collectives (and pipeline stages) before the job is built, so set-up traffic is seen too."""
-        if not self.enabled:
-            return
         device_timing = self.device.type == "cuda" and os.environ.get(NCCL_TIMING_ENV) == "1"
         self._collectives = CollectiveProbe(rank=self.rank, groups=GroupDirectory.from_mesh(mesh), emit=self.emit,
                                             step=self.current_step, device_timing=device_timing,
                                             on_error=self.report_error)
-        self._collectives.install()
         if pipeline:
             self._stages = StageProbe(rank=self.rank, emit=self.emit, step=self.current_step)
-            self._stages.install()
+        if self.enabled:
+            self._hook()
 
     def watch_memory(self, *, modules: list[nn.Module], optimizer: torch.optim.Optimizer | None) -> None:
-        if self.enabled:
-            self._memory = MemoryProbe(rank=self.rank, modules=modules, optimizer=optimizer, device=self.device)
+        self._memory = MemoryProbe(rank=self.rank, modules=modules, optimizer=optimizer, device=self.device)
+
+    def set_enabled(self, enabled: bool) -> None:
+        """Turn the hooks on or off between steps (the overhead benchmark alternates them)."""
+        if enabled and not self._installed:
+            self._hook()
+        elif not enabled and self._installed:
+            self.uninstall()
+        self.enabled = enabled
+
+    def _hook(self) -> None:
+        for probe in (self._collectives, self._stages):
+            if probe is not None:
+                probe.install()
+        self._installed = True
 
     def step_started(self, step: int) -> None:
         self.step = step
-        if self._memory is not None:
+        if self.enabled and self._memory is not None:
             self._memory.step_started()
 
-    def step_ended(self, step: int) -> None:
-        if self._memory is not None:
+    def step_ended(self, step: int) -> float | None:
+        """Close the step; the seconds it spent blocked on pipeline P2P, where that was measured."""
+        if self.enabled and self._memory is not None:
             self.emit(self._memory.snapshot(step))
         self.step = None
+        return self._stages.take_wait_s() if self.enabled and self._stages is not None else None
 
     def uninstall(self) -> None:
+        if not self._installed:
+            return
         for probe in (self._stages, self._collectives):
             if probe is not None:
                 probe.uninstall()
+        self._installed = False

@@ -1,7 +1,10 @@
 """Memory accounting of one rank: what its weights, gradients and optimizer state take.
 
 Counted from the tensors themselves (the local shard of a DTensor), so the
-figures are the same on CPU and CUDA. On CUDA the allocator's allocated /
+figures are the same on CPU and CUDA. Weights are counted once; gradients
+and optimizer state on the first steps and then every ``RECOUNT_EVERY``
+steps, since their sizes do not change between steps of a fixed model and
+counting them walks every tensor (about 180 us for the tiny model). On CUDA the allocator's allocated /
 reserved / peak and the device's used / total complete them, and activations
 are the step's peak minus the static part; on CPU the process RSS.
 """
@@ -17,6 +20,8 @@ from torch import nn
 from torch.distributed.tensor import DTensor
 
 from probes.events import MemorySnapshot
+
+RECOUNT_EVERY = 50
 
 
 def tensor_bytes(tensor: torch.Tensor) -> int:
@@ -48,14 +53,19 @@ class MemoryProbe:
         self.device = device
         self.weights_bytes = parameters_bytes(modules)  # parameters do not change size
         self._process = psutil.Process()
+        self._static: tuple[int, int] | None = None
+        self._snapshots = 0
 
     def step_started(self) -> None:
         if self.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(self.device)
 
     def snapshot(self, step: int, *, kv_cache_bytes: int | None = None) -> MemorySnapshot:
-        grads = gradients_bytes(self.modules)
-        optimizer = optimizer_bytes(self.optimizer) if self.optimizer is not None else 0
+        if self._static is None or self._snapshots < 2 or self._snapshots % RECOUNT_EVERY == 0:
+            optimizer_state = optimizer_bytes(self.optimizer) if self.optimizer is not None else 0
+            self._static = (gradients_bytes(self.modules), optimizer_state)
+        self._snapshots += 1
+        grads, optimizer = self._static
         allocated = reserved = peak = used = total = activations = rss = None
         if self.device.type == "cuda":
             allocated = torch.cuda.memory_allocated(self.device)

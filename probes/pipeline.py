@@ -3,8 +3,9 @@
 ``torch.distributed.pipelining`` runs every stage action through three
 methods of ``_PipelineStageBase`` (forward, backward, backward-weight of one
 microbatch) and blocks on P2P only in ``schedules._wait_batch_p2p``. The probe
-wraps those four places for the life of the worker; each call costs two clock
-reads and one event.
+wraps those four places for the life of the worker. Each stage action is an
+event; the waits, many and short, are summed per step
+(:meth:`StageProbe.take_wait_s`) rather than sent one by one.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from typing import Any
 from torch.distributed.pipelining import schedules, stage
 
 from probes.events import Event, StageAction
+from probes.patching import Patches
 
 STAGE_METHODS = {
     "forward_one_chunk": "forward",
@@ -25,28 +27,28 @@ STAGE_METHODS = {
 
 
 class StageProbe:
-    """Emits a :class:`StageAction` for every stage action and P2P wait of this rank."""
+    """Emits a :class:`StageAction` for every stage action of this rank and sums its P2P waits."""
 
     def __init__(self, *, rank: int, emit: Callable[[Event], None], step: Callable[[], int | None]) -> None:
         self.rank = rank
         self.emit = emit
         self.step = step
-        self._originals: list[tuple[Any, str, Any]] = []
+        self._patches = Patches()
+        self._wait_ns = 0
+
+    def take_wait_s(self) -> float:
+        """Seconds blocked on pipeline P2P since the last call."""
+        wait_ns, self._wait_ns = self._wait_ns, 0
+        return wait_ns / 1e9
 
     def install(self) -> None:
         for method, action in STAGE_METHODS.items():
             original = getattr(stage._PipelineStageBase, method)
-            self._replace(stage._PipelineStageBase, method, self._timed_stage(original, action))
-        self._replace(schedules, "_wait_batch_p2p", self._timed_wait(schedules._wait_batch_p2p))
+            self._patches.replace(stage._PipelineStageBase, method, self._timed_stage(original, action))
+        self._patches.replace(schedules, "_wait_batch_p2p", self._timed_wait(schedules._wait_batch_p2p))
 
     def uninstall(self) -> None:
-        for owner, name, original in reversed(self._originals):
-            setattr(owner, name, original)
-        self._originals.clear()
-
-    def _replace(self, owner: Any, name: str, replacement: Any) -> None:
-        self._originals.append((owner, name, getattr(owner, name)))
-        setattr(owner, name, replacement)
+        self._patches.restore()
 
     def _timed_stage(self, original: Callable[..., Any], action: str) -> Callable[..., Any]:
         probe = self
@@ -66,11 +68,10 @@ class StageProbe:
         probe = self
 
         def timed(*args: Any, **kwargs: Any) -> Any:
-            start_ns = time.time_ns()
+            start_ns = time.perf_counter_ns()
             try:
                 return original(*args, **kwargs)
             finally:
-                probe.emit(StageAction(rank=probe.rank, step=probe.step(), stage=None, microbatch=None,
-                                       action="p2p_wait", start_ns=start_ns, end_ns=time.time_ns()))
+                probe._wait_ns += time.perf_counter_ns() - start_ns
 
         return timed

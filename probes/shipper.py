@@ -17,7 +17,7 @@ from probes.sink import EventSink
 from probes.wire import encode
 
 DEFAULT_CAPACITY = 200_000
-SHIP_INTERVAL_S = 0.05
+SHIP_INTERVAL_S = 0.25
 BATCH_MAX = 20_000
 CONNECT_TIMEOUT_S = 5.0
 CLOSE_TIMEOUT_S = 5.0

@@ -25,14 +25,23 @@ from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 PARENT_POLL_S = 0.5
 
 
+MAX_ERROR_CHARS = 300
+
+
 def error_line(message: object) -> str | None:
-    """The one-line error of a failure message (torchrun gives a dict or a string)."""
+    """The one-line error of a failure message (torchrun gives a dict or a string).
+
+    The first line: it names the exception type, while a multi-line message
+    (a tensor's repr, a nested traceback) goes on below it.
+    """
     if isinstance(message, dict):
         message = message.get("message")
     if not message:
         return None
     lines = [line.strip() for line in str(message).splitlines() if line.strip()]
-    return lines[-1] if lines else None
+    if not lines:
+        return None
+    return lines[0] if len(lines[0]) <= MAX_ERROR_CHARS else lines[0][:MAX_ERROR_CHARS - 3] + "..."
 
 
 def failure_status(error: ChildFailedError) -> dict[str, Any]:

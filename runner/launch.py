@@ -11,9 +11,11 @@ from __future__ import annotations
 
 import json
 import os
+import queue
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -23,13 +25,23 @@ import psutil
 
 from probes.collector import Collector
 from probes.collectives import NCCL_TIMING_ENV
-from probes.events import Event, EventsDropped
+from probes.events import Event, EventsDropped, JobEnded, RankExited, RankStarted
+from probes.samplers import DEFAULT_GPU_HZ, DEFAULT_PROCESS_HZ, GpuSampler, ProcessSampler
+from probes.stacks import dump_stacks
 from probes.wire import ADDRESS_ENV, TOKEN_ENV
 from runner.plan import ResolvedRun
 
 STOP_GRACE_S = 15.0
 POLL_S = 0.2
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class NodeProbes:
+    """The samplers meshtop runs beside the job, and their rates."""
+
+    gpu_hz: float = DEFAULT_GPU_HZ
+    process_hz: float = DEFAULT_PROCESS_HZ
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -213,24 +225,63 @@ def _signal(process: psutil.Process, signum: int) -> None:
         pass
 
 
-def run_job(run: ResolvedRun, *, session_dir: Path,
-            on_events: Callable[[list[Event]], None] = lambda events: None) -> JobResult:
-    """Launch ``run``, pass its events to ``on_events`` as they come, and wait for the end.
+def lifecycle_events(result: JobResult) -> list[Event]:
+    """How each rank and the job ended, as events for the recording."""
+    now = time.time_ns()
+    events: list[Event] = [RankExited(rank=r.rank, wall_ns=now, exit_code=r.exit_code, signal=r.signal, error=r.error)
+                           for r in result.ranks]
+    events.append(JobEnded(wall_ns=now, status=result.status, duration_s=result.duration_s,
+                           root_cause_rank=result.root_cause))
+    return events
 
-    A ``KeyboardInterrupt`` (Ctrl-C, or SIGTERM turned into one by the CLI)
-    stops every rank; the result then says ``interrupted``.
+
+def run_job(run: ResolvedRun, *, session_dir: Path,
+            on_events: Callable[[list[Event]], None] = lambda events: None,
+            node_probes: NodeProbes = NodeProbes(),
+            stack_request: threading.Event | None = None) -> JobResult:
+    """Launch ``run``, pass its events (and the node samplers') to ``on_events``, and wait for the end.
+
+    Setting ``stack_request`` asks for a py-spy dump of every rank, delivered
+    as events. A ``KeyboardInterrupt`` (Ctrl-C, or SIGTERM turned into one by
+    the CLI) stops every rank; the result then says ``interrupted``.
     """
+    node_events: queue.SimpleQueue[list[Event]] = queue.SimpleQueue()
+    samplers = [GpuSampler(rate_hz=node_probes.gpu_hz, emit=node_events.put),
+                ProcessSampler(rate_hz=node_probes.process_hz, emit=node_events.put)]
+    processes = samplers[1]
+    assert isinstance(processes, ProcessSampler)
+    pids: dict[int, int] = {}
+
+    def deliver() -> None:
+        events = job.read_events()
+        while not node_events.empty():
+            events.extend(node_events.get())
+        for event in events:
+            if isinstance(event, RankStarted):
+                pids[event.rank] = event.pid
+                processes.watch(event.rank, event.pid)
+        if stack_request is not None and stack_request.is_set():
+            stack_request.clear()
+            events.extend(dump_stacks(pids))
+        on_events(events)
+
     job = Job(run, session_dir)
+    for sampler in samplers:
+        sampler.start()
     job.start()
     interrupted = False
     try:
         while job.poll():
-            on_events(job.read_events())
+            deliver()
             time.sleep(POLL_S)
     except KeyboardInterrupt:
         interrupted = True
     finally:
         job.stop()
-    on_events(job.read_events())
+        for sampler in samplers:
+            sampler.stop()
+    deliver()
     job.collector.stop()
-    return job.result(interrupted=interrupted)
+    result = job.result(interrupted=interrupted)
+    on_events(lifecycle_events(result))
+    return result

@@ -24,6 +24,9 @@ from runner.mesh import build_mesh, coordinates, local_device
 from runner.plan import ResolvedRun
 from runner.train import build_training, timed_step
 
+OVERHEAD_BLOCK_ENV = "MESHTOP_OVERHEAD_BLOCK"
+"""Benchmarks only: switch the hooks on and off every N steps, to time both in one job."""
+
 
 def open_sink(rank: int) -> EventSink:
     """The collector named by the launcher's environment; a do-nothing sink without one."""
@@ -53,14 +56,18 @@ def main(argv: list[str]) -> None:
                               stages=tuple(job.stage_indices) if run.pp > 1 else (),
                               local_parameters=job.local_parameters(), wall_ns=time.time_ns()))
         tokens = run.batch_size * run.seq_len
+        block = int(os.environ.get(OVERHEAD_BLOCK_ENV, "0"))
         for step in range(run.steps):
             if fault is not None:
                 fault.maybe_fire(rank=rank, step=step)
+            if block and run.instrument and step % block == 0:
+                probes.set_enabled((step // block) % 2 == 0)
             probes.step_started(step)
             outcome = timed_step(job, step)
-            probes.step_ended(step)
+            pipeline_wait_s = probes.step_ended(step)
             sink.emit(StepTiming(rank=rank, step=step, start_ns=outcome.start_ns, duration_s=outcome.duration_s,
-                                 tokens=tokens, loss=outcome.loss, forward_backward_s=outcome.forward_backward_s))
+                                 tokens=tokens, loss=outcome.loss, forward_backward_s=outcome.forward_backward_s,
+                                 instrumented=probes.enabled, pipeline_wait_s=pipeline_wait_s))
         dist.barrier()
     finally:
         probes.uninstall()

@@ -15,7 +15,7 @@ import pytest
 
 from probes.events import RankStarted
 from recordings.events_log import JsonLinesTail
-from tests.conftest import alive
+from tests.jobs import alive
 
 pytestmark = pytest.mark.slow
 

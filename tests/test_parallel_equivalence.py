@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import LaunchedRun, launch
+from tests.jobs import LaunchedRun, launch
 
 pytestmark = pytest.mark.slow
 

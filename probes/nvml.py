@@ -1,0 +1,168 @@
+"""The one door to NVML: every call goes through :class:`Nvml`, which turns an error into ``None``.
+
+No NVML library, or a machine with no GPU, is a state (:attr:`Nvml.state`),
+never an exception; the samplers report it and the screen draws it.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable
+from types import ModuleType
+from typing import Any, TypeVar
+
+from probes.events import GpuLink, GpuSample, NvmlState
+
+T = TypeVar("T")
+KIB = 1024
+PATHS = {  # nvmlGpuTopologyLevel_t -> how the two GPUs reach each other over PCIe
+    0: "same board", 10: "PCIe switch", 20: "PCIe switches", 30: "PCIe host bridge", 40: "CPU (same NUMA node)",
+    50: "system (across CPUs)",
+}
+
+
+def load_pynvml() -> ModuleType | None:
+    try:
+        import pynvml
+    except ImportError:
+        return None
+    return pynvml
+
+
+def visible_indices(count: int, environ: dict[str, str] | None = None) -> list[int]:
+    """NVML indices of the GPUs the job sees, in CUDA order (CUDA_VISIBLE_DEVICES of integers)."""
+    visible = (environ if environ is not None else os.environ).get("CUDA_VISIBLE_DEVICES")
+    if visible is None:
+        return list(range(count))
+    indices = []
+    for item in visible.split(","):
+        item = item.strip()
+        if not item.isdigit() or int(item) >= count:
+            break  # CUDA stops at the first invalid entry too (UUIDs: not mapped here)
+        indices.append(int(item))
+    return indices
+
+
+class Nvml:
+    """NVML, opened once; :attr:`state` says whether it works."""
+
+    def __init__(self, library: ModuleType | None | Callable[[], ModuleType | None] = load_pynvml) -> None:
+        self.nv = library() if callable(library) else library
+        self.state, self.detail, self.driver_version = "ok", None, None
+        self.handles: list[Any] = []
+        self._nvlink_last: dict[int, tuple[float, int | None, int | None]] = {}
+        if self.nv is None:
+            self.state, self.detail = "no_library", "the nvidia-ml-py package is not installed"
+            return
+        try:
+            self.nv.nvmlInit()
+        except self.nv.NVMLError as error:
+            library_missing = isinstance(error, getattr(self.nv, "NVMLError_LibraryNotFound", ()))
+            self.state = "no_library" if library_missing else "error"
+            self.detail = str(error)
+            return
+        count = self.call(self.nv.nvmlDeviceGetCount) or 0
+        self.handles = [self.call(self.nv.nvmlDeviceGetHandleByIndex, i) for i in visible_indices(count)]
+        self.driver_version = self.call(self.nv.nvmlSystemGetDriverVersion)
+        if not self.handles:
+            self.state, self.detail = "no_gpu", "NVML sees no GPU"
+
+    def call(self, function: Callable[..., T], *args: Any) -> T | None:
+        """``function(*args)``, or ``None`` if NVML refuses (not supported, no permission, GPU lost...)."""
+        try:
+            return function(*args)
+        except self.nv.NVMLError:  # type: ignore[union-attr]
+            return None
+
+    def state_event(self) -> NvmlState:
+        return NvmlState(wall_ns=time.time_ns(), state=self.state, gpu_count=len(self.handles),
+                         detail=self.detail, driver_version=_text(self.driver_version))
+
+    def sample(self, gpu: int) -> GpuSample:
+        nv, handle = self.nv, self.handles[gpu]
+        assert nv is not None
+        memory = self.call(nv.nvmlDeviceGetMemoryInfo, handle)
+        rates = self.call(nv.nvmlDeviceGetUtilizationRates, handle)
+        power_mw = self.call(nv.nvmlDeviceGetPowerUsage, handle)
+        tx = self.call(nv.nvmlDeviceGetPcieThroughput, handle, nv.NVML_PCIE_UTIL_TX_BYTES)
+        rx = self.call(nv.nvmlDeviceGetPcieThroughput, handle, nv.NVML_PCIE_UTIL_RX_BYTES)
+        nvlink_tx, nvlink_rx = self._nvlink_rates(gpu)
+        return GpuSample(
+            gpu=gpu, wall_ns=time.time_ns(), name=_text(self.call(nv.nvmlDeviceGetName, handle)),
+            memory_used_bytes=memory.used if memory is not None else None,
+            memory_total_bytes=memory.total if memory is not None else None,
+            utilization_pct=float(rates.gpu) if rates is not None else None,
+            memory_utilization_pct=float(rates.memory) if rates is not None else None,
+            power_w=power_mw / 1000 if power_mw is not None else None,
+            sm_clock_mhz=_float(self.call(nv.nvmlDeviceGetClockInfo, handle, nv.NVML_CLOCK_SM)),
+            temperature_c=_float(self.call(nv.nvmlDeviceGetTemperature, handle, nv.NVML_TEMPERATURE_GPU)),
+            pcie_tx_bytes_per_s=tx * KIB if tx is not None else None,
+            pcie_rx_bytes_per_s=rx * KIB if rx is not None else None,
+            nvlink_tx_bytes_per_s=nvlink_tx, nvlink_rx_bytes_per_s=nvlink_rx,
+        )
+
+    def _nvlink_rates(self, gpu: int) -> tuple[float | None, float | None]:
+        """NVLink data throughput from the cumulative KiB counters; ``None`` without NVLink."""
+        nv = self.nv
+        assert nv is not None
+        fields = self.call(nv.nvmlDeviceGetFieldValues, self.handles[gpu],
+                           [nv.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX, nv.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX])
+        now = time.monotonic()
+        counters = [_field_value(f) for f in fields] if fields else [None, None]
+        previous = self._nvlink_last.get(gpu)
+        self._nvlink_last[gpu] = (now, counters[0], counters[1])
+        if previous is None or None in counters or None in previous[1:]:
+            return None, None
+        elapsed = now - previous[0]
+        if elapsed <= 0:
+            return None, None
+        return ((counters[0] - previous[1]) * KIB / elapsed,  # type: ignore[operator]
+                (counters[1] - previous[2]) * KIB / elapsed)  # type: ignore[operator]
+
+    def topology(self) -> list[GpuLink]:
+        """How each pair of visible GPUs is connected: NVLink (with the link count) or the PCIe path."""
+        nv = self.nv
+        if nv is None or len(self.handles) < 2:
+            return []
+        bus_ids = [_text(getattr(self.call(nv.nvmlDeviceGetPciInfo, h), "busId", None)) for h in self.handles]
+        nvlinks: dict[tuple[int, int], int] = {}
+        for a, handle in enumerate(self.handles):
+            for link in range(getattr(nv, "NVML_NVLINK_MAX_LINKS", 0)):
+                if self.call(nv.nvmlDeviceGetNvLinkState, handle, link) != 1:
+                    continue
+                remote = _text(getattr(self.call(nv.nvmlDeviceGetNvLinkRemotePciInfo, handle, link), "busId", None))
+                if remote in bus_ids:
+                    b = bus_ids.index(remote)
+                    nvlinks[(a, b)] = nvlinks.get((a, b), 0) + 1
+        links = []
+        for a in range(len(self.handles)):
+            for b in range(a + 1, len(self.handles)):
+                count = nvlinks.get((a, b), 0)
+                if count:
+                    links.append(GpuLink(gpu_a=a, gpu_b=b, path="NVLink", nvlinks=count))
+                    continue
+                level = self.call(nv.nvmlDeviceGetTopologyCommonAncestor, self.handles[a], self.handles[b])
+                links.append(GpuLink(gpu_a=a, gpu_b=b, path=PATHS.get(level, "unknown") if level is not None
+                                     else "unknown", nvlinks=0))
+        return links
+
+    def close(self) -> None:
+        if self.nv is not None and self.state != "no_library" and self.state != "error":
+            self.call(self.nv.nvmlShutdown)
+
+
+def _text(value: Any) -> str | None:
+    if value is None:
+        return None
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def _float(value: Any) -> float | None:
+    return float(value) if value is not None else None
+
+
+def _field_value(field: Any) -> int | None:
+    if getattr(field, "nvmlReturn", 1) != 0:
+        return None
+    return int(field.value.ullVal)

@@ -1,0 +1,90 @@
+"""Instrumentation overhead: step time with the worker hooks on / off, in the same job.
+
+``python -m tests.bench.overhead [--json PATH] [--configs ddp,fsdp,...]``
+
+Each configuration runs once; the worker switches the hooks on and off every
+BLOCK steps (``MESHTOP_OVERHEAD_BLOCK``), so both halves share processes,
+caches and the machine's noise. The first step of each block and the first
+two blocks are dropped. The job's step time is the slowest rank's. The ratio
+is median(on) / median(off); the spread is the 25th-75th percentile of the
+ratios of neighbouring on / off blocks.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import tempfile
+from pathlib import Path
+
+from probes.events import StepTiming
+from runner.worker import OVERHEAD_BLOCK_ENV
+from tests.jobs import launch
+
+BLOCK = 4
+CONFIGS: dict[str, tuple[dict[str, object], int]] = {
+    # name: (plan, steps): about a minute each on 2 cores
+    "ddp": (dict(dp=2), 2000),
+    "fsdp": (dict(dp=2, fsdp=True), 800),
+    "tp": (dict(tp=2), 480),
+    "pp": (dict(pp=2, microbatches=4), 600),
+    "3d": (dict(dp=2, tp=2, pp=2, microbatches=2), 160),
+}
+
+
+def quantile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def measure(name: str, plan: dict[str, object], steps: int, block: int = BLOCK) -> dict[str, object]:
+    with tempfile.TemporaryDirectory() as tmp:
+        launched = launch(Path(tmp), env={OVERHEAD_BLOCK_ENV: str(block)}, steps=steps, batch_size=8, **plan)
+    assert launched.result.status == "completed", launched.result
+    timings = [e for e in launched.events if isinstance(e, StepTiming)]
+    job_time: dict[int, float] = {}
+    on_flag: dict[int, bool] = {}
+    for timing in timings:
+        job_time[timing.step] = max(job_time.get(timing.step, 0.0), timing.duration_s)
+        on_flag[timing.step] = timing.instrumented
+    blocks: dict[int, list[float]] = {}
+    for step, duration in job_time.items():
+        if step < 2 * block or step % block == 0:
+            continue
+        blocks.setdefault(step // block, []).append(duration)
+    on = [d for b, ds in blocks.items() if on_flag[b * block] for d in ds]
+    off = [d for b, ds in blocks.items() if not on_flag[b * block] for d in ds]
+    pair_ratios = [
+        statistics.median(blocks[b]) / statistics.median(blocks[b + 1])
+        for b in blocks if on_flag[b * block] and b + 1 in blocks
+    ]
+    return {
+        "config": name, "plan": launched.run.plan_label(), "steps_on": len(on), "steps_off": len(off),
+        "median_on_ms": statistics.median(on) * 1e3, "median_off_ms": statistics.median(off) * 1e3,
+        "ratio": statistics.median(on) / statistics.median(off),
+        "pair_ratio_p25": quantile(pair_ratios, 0.25), "pair_ratio_p75": quantile(pair_ratios, 0.75),
+        "pairs": len(pair_ratios),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--json", type=Path, help="also write the rows as JSON")
+    parser.add_argument("--configs", default=",".join(CONFIGS))
+    args = parser.parse_args()
+    rows = []
+    print(f"{'config':<6} {'plan':<32} {'on ms':>8} {'off ms':>8} {'ratio':>7}  {'pairs p25..p75':>16}  n")
+    for name in args.configs.split(","):
+        plan, steps = CONFIGS[name]
+        row = measure(name, plan, steps)
+        rows.append(row)
+        print(f"{name:<6} {row['plan']:<32} {row['median_on_ms']:>8.2f} {row['median_off_ms']:>8.2f} "
+              f"{row['ratio']:>7.3f}  {row['pair_ratio_p25']:>7.3f}..{row['pair_ratio_p75']:<7.3f}  "
+              f"{row['steps_on']}+{row['steps_off']}", flush=True)
+    if args.json:
+        args.json.write_text(json.dumps(rows, indent=2))
+
+
+if __name__ == "__main__":
+    main()

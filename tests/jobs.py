@@ -1,0 +1,75 @@
+"""Launch a real multi-rank job on CPU and collect what it reported (shared by tests and benchmarks)."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import psutil
+
+from probes.events import Event, RankStarted, StepTiming
+from recordings.steps import JobStep, StepFolder
+from runner.launch import JobResult, run_job
+from runner.plan import ResolvedRun, RunSpec, resolve
+
+
+@dataclass
+class LaunchedRun:
+    run: ResolvedRun
+    result: JobResult
+    events: list[Event]
+
+    @property
+    def steps(self) -> list[JobStep]:
+        folder = StepFolder(self.run.world_size)
+        done = [step for e in self.events if isinstance(e, StepTiming) and (step := folder.add(e)) is not None]
+        return sorted(done, key=lambda s: s.step)
+
+    @property
+    def losses(self) -> list[float]:
+        return [s.loss for s in self.steps if s.loss is not None]
+
+    @property
+    def started(self) -> list[RankStarted]:
+        return sorted((e for e in self.events if isinstance(e, RankStarted)), key=lambda e: e.rank)
+
+    def of_kind(self, kind: str) -> list[Event]:
+        return [e for e in self.events if e.kind == kind]
+
+
+@contextmanager
+def environment(**variables: str) -> Iterator[None]:
+    saved = {name: os.environ.get(name) for name in variables}
+    os.environ.update(variables)
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+
+def launch(session_dir: Path, env: dict[str, str] | None = None, **spec: object) -> LaunchedRun:
+    """Resolve ``spec`` for a CPU host and run it to the end under torchrun."""
+    run = resolve(RunSpec(device="cpu", **spec), gpus_visible=0)  # type: ignore[arg-type]
+    events: list[Event] = []
+    with environment(**(env or {})):
+        result = run_job(run, session_dir=session_dir / "session", on_events=events.extend)
+    return LaunchedRun(run=run, result=result, events=events)
+
+
+def alive(pids: list[int]) -> list[int]:
+    """The pids among ``pids`` that still run (zombies count as gone)."""
+    running = []
+    for pid in pids:
+        try:
+            if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
+                running.append(pid)
+        except psutil.NoSuchProcess:
+            pass
+    return running
