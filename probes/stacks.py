@@ -34,6 +34,9 @@ def dump_stack(rank: int, pid: int, *, executable: str | None = None) -> StackDu
     except subprocess.TimeoutExpired:
         return StackDump(rank=rank, pid=pid, wall_ns=time.time_ns(), text=None,
                          error=f"py-spy did not finish within {DUMP_TIMEOUT_S:.0f} s")
+    except OSError as error:
+        return StackDump(rank=rank, pid=pid, wall_ns=time.time_ns(), text=None,
+                         error=f"cannot run py-spy ({executable}): {error.strerror}")
     if done.returncode == 0:
         return StackDump(rank=rank, pid=pid, wall_ns=time.time_ns(), text=done.stdout, error=None)
     message = (done.stderr.strip() or done.stdout.strip()).splitlines()

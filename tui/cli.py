@@ -17,7 +17,9 @@ from types import FrameType
 from typing import NoReturn
 
 from probes.errors import MeshtopError
-from runner.plan import DEVICES, DTYPES, SCHEDULES, ResolvedRun, RunSpec, resolve
+from probes.samplers import DEFAULT_GPU_HZ, DEFAULT_PROCESS_HZ
+from runner.launch import NodeProbes
+from runner.plan import DEVICES, DTYPES, SCHEDULES, PlanError, ResolvedRun, RunSpec, resolve
 from runner.presets import PRESETS
 
 EXIT_OK, EXIT_JOB_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
@@ -52,6 +54,10 @@ def add_plan_options(parser: argparse.ArgumentParser) -> None:
     probes = parser.add_argument_group("probes")
     probes.add_argument("--no-instrument", dest="instrument", action="store_false",
                         help="no worker hooks (step timing stays), to measure their overhead")
+    probes.add_argument("--gpu-sample-hz", type=float, default=DEFAULT_GPU_HZ, metavar="HZ",
+                        help=f"NVML samples per second per GPU (default {DEFAULT_GPU_HZ:g})")
+    probes.add_argument("--process-sample-hz", type=float, default=DEFAULT_PROCESS_HZ, metavar="HZ",
+                        help=f"psutil samples per second per rank (default {DEFAULT_PROCESS_HZ:g})")
 
 
 def spec_from_args(args: argparse.Namespace) -> RunSpec:
@@ -61,6 +67,13 @@ def spec_from_args(args: argparse.Namespace) -> RunSpec:
         steps=args.steps, batch_size=args.batch_size, seq_len=args.seq_len, seed=args.seed,
         instrument=args.instrument,
     )
+
+
+def node_probes_from_args(args: argparse.Namespace) -> NodeProbes:
+    for option, rate in (("--gpu-sample-hz", args.gpu_sample_hz), ("--process-sample-hz", args.process_sample_hz)):
+        if not rate > 0 or rate > 1000:
+            raise PlanError(f"{option} must be above 0 and at most 1000, got {rate:g}")
+    return NodeProbes(gpu_hz=args.gpu_sample_hz, process_hz=args.process_sample_hz)
 
 
 def gpus_visible() -> int:
@@ -94,8 +107,9 @@ def command_run(args: argparse.Namespace) -> int:
     from tui.console import follow_job
 
     run = resolve_args(args)
+    probes = node_probes_from_args(args)
     session = Path(tempfile.mkdtemp(prefix="meshtop-run-"))
-    result = follow_job(run, session_dir=session, out=sys.stdout)
+    result = follow_job(run, session_dir=session, out=sys.stdout, node_probes=probes)
     if result.status == "completed":
         shutil.rmtree(session, ignore_errors=True)
     else:
@@ -108,11 +122,13 @@ def command_record(args: argparse.Namespace) -> int:
     from tui.console import follow_job
 
     run = resolve_args(args)
+    probes = node_probes_from_args(args)
     out: Path = args.out
     new_recording(out)
     manifest = start_manifest(run.describe(), command_line=sys.argv[1:])
+    manifest["node_probes"] = {"gpu_hz": probes.gpu_hz, "process_hz": probes.process_hz}
     write_manifest(out, manifest)
-    result = follow_job(run, session_dir=out, out=sys.stdout, manifest=manifest)
+    result = follow_job(run, session_dir=out, out=sys.stdout, manifest=manifest, node_probes=probes)
     print(f"recording: {out}")
     return exit_code(result.status)
 

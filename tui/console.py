@@ -2,16 +2,18 @@
 
 from __future__ import annotations
 
+import signal
 import statistics
+import threading
 import time
 from pathlib import Path
 from typing import Any, TextIO
 
-from probes.events import Event, RankStarted, StepTiming
+from probes.events import Event, EventsDropped, RankStarted, StackDump, StepTiming
 from recordings.events_log import EventWriter
 from recordings.manifest import write_manifest
 from recordings.steps import JobStep, StepFolder
-from runner.launch import JobResult, run_job
+from runner.launch import JobResult, NodeProbes, run_job
 from runner.plan import ResolvedRun
 
 PROGRESS_LINES = 20
@@ -55,10 +57,22 @@ def verdict(result: JobResult, steps: list[JobStep]) -> list[str]:
     return lines
 
 
+def stack_dump_lines(dump: StackDump) -> list[str]:
+    if dump.error is not None:
+        return [f"stack of rank {dump.rank} (pid {dump.pid}): {dump.error}"]
+    return [f"stack of rank {dump.rank} (pid {dump.pid}):", *("  " + line for line in (dump.text or "").splitlines())]
+
+
 def follow_job(run: ResolvedRun, *, session_dir: Path, out: TextIO,
-               manifest: dict[str, Any] | None = None) -> JobResult:
-    """Run the job, printing progress to ``out``; finish ``manifest`` (if given) with how it ended."""
+               manifest: dict[str, Any] | None = None, node_probes: NodeProbes = NodeProbes()) -> JobResult:
+    """Run the job, printing progress to ``out``; finish ``manifest`` (if given) with how it ended.
+
+    SIGUSR1 to meshtop dumps every rank's Python stack (py-spy) to ``out``
+    and, when recording, into the recording.
+    """
     print(headline(run), file=out, flush=True)
+    stack_request = threading.Event()
+    previous_usr1 = signal.signal(signal.SIGUSR1, lambda signum, frame: stack_request.set())
     folder = StepFolder(run.world_size)
     steps: list[JobStep] = []
     devices: dict[int, str] = {}
@@ -72,6 +86,11 @@ def follow_job(run: ResolvedRun, *, session_dir: Path, out: TextIO,
         for event in events:
             if isinstance(event, RankStarted):
                 devices[event.rank] = event.device
+            elif isinstance(event, StackDump):
+                print("\n".join(stack_dump_lines(event)), file=out, flush=True)
+            elif isinstance(event, EventsDropped):
+                where = f"rank {event.rank}" if event.rank is not None else "the collector"
+                print(f"warning: {event.count} telemetry events dropped by {where} (buffer full)", file=out, flush=True)
             elif isinstance(event, StepTiming) and (step := folder.add(event)) is not None:
                 steps.append(step)
                 now = time.monotonic()
@@ -81,8 +100,10 @@ def follow_job(run: ResolvedRun, *, session_dir: Path, out: TextIO,
                     last_print = now
 
     try:
-        result = run_job(run, session_dir=session_dir, on_events=on_events)
+        result = run_job(run, session_dir=session_dir, on_events=on_events, node_probes=node_probes,
+                         stack_request=stack_request)
     finally:
+        signal.signal(signal.SIGUSR1, previous_usr1)
         if writer is not None:
             writer.close()
     for line in verdict(result, steps):

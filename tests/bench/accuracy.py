@@ -1,0 +1,74 @@
+"""Accuracy of the probes: pipeline bubble against theory, and hook-measured busbw against a plain loop.
+
+``python -m tests.bench.accuracy [--json PATH]``
+
+Bubble: the ``small`` model (balanced stages) on pp=2 with GPipe and 1F1B at
+m = 2, 4, 8; the measured bubble of each stage, averaged over steps 1-3,
+against (p - 1) / (m + p - 1). busbw: 2 gloo ranks all-reduce buffers of
+64 KiB to 32 MiB; each call is timed both by the hooks and by a
+``perf_counter`` loop around the same call; the ratio is hooks / loop.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from recordings.pipeline import stage_steps, theoretical_bubble
+from tests.jobs import launch
+
+SCHEDULES = ("gpipe", "1f1b")
+MICROBATCHES = (2, 4, 8)
+
+
+def measure_bubble(schedule: str, microbatches: int) -> dict[str, object]:
+    with tempfile.TemporaryDirectory() as tmp:
+        launched = launch(Path(tmp), model="small", pp=2, schedule=schedule, microbatches=microbatches,
+                          batch_size=2 * microbatches, seq_len=64, steps=4)
+    assert launched.result.status == "completed", launched.result
+    rows = [row for row in stage_steps(launched.events) if row.step >= 1]
+    by_stage = {pp_rank: statistics.mean(r.bubble_fraction for r in rows if r.pp_rank == pp_rank)
+                for pp_rank in sorted({r.pp_rank for r in rows})}
+    return {"schedule": schedule, "microbatches": microbatches, "theory": theoretical_bubble(2, microbatches),
+            "measured_by_stage": by_stage, "measured_max": max(by_stage.values())}
+
+
+def measure_busbw() -> list[dict[str, float]]:
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "busbw.json"
+        subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
+                        "-m", "tests.bench.busbw_worker", str(out)], check=True, capture_output=True,
+                       env={**os.environ, "OMP_NUM_THREADS": "1"}, timeout=600)
+        return json.loads(out.read_text())
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--json", type=Path)
+    args = parser.parse_args()
+    bubbles = []
+    print(f"{'schedule':<8} {'m':>3} {'theory':>7} {'stage 0':>8} {'stage 1':>8} {'max - theory':>13}")
+    for schedule in SCHEDULES:
+        for microbatches in MICROBATCHES:
+            row = measure_bubble(schedule, microbatches)
+            bubbles.append(row)
+            stages = row["measured_by_stage"]
+            print(f"{schedule:<8} {microbatches:>3} {row['theory']:>7.3f} {stages[0]:>8.3f} {stages[1]:>8.3f} "
+                  f"{row['measured_max'] - row['theory']:>+13.3f}", flush=True)
+    busbw = measure_busbw()
+    print(f"\n{'bytes':>10} {'loop GB/s':>10} {'hooks GB/s':>11} {'hooks / loop':>13}")
+    for row in busbw:
+        print(f"{row['bytes']:>10} {row['loop_busbw_gbps']:>10.3f} {row['hook_busbw_gbps']:>11.3f} "
+              f"{row['hook_busbw_gbps'] / row['loop_busbw_gbps']:>13.3f}")
+    if args.json:
+        args.json.write_text(json.dumps({"bubble": bubbles, "busbw": busbw}, indent=2))
+
+
+if __name__ == "__main__":
+    main()

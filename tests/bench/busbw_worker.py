@@ -1,0 +1,63 @@
+"""One rank of the bus-bandwidth check: the same all-reduces timed by meshtop's hooks and by a plain loop.
+
+Run under torchrun: ``python -m tests.bench.busbw_worker OUT_JSON``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+
+from probes.bandwidth import busbw_gbps
+from probes.collectives import CollectiveProbe, GroupDirectory
+from probes.events import CollectiveTiming, Event
+from torch.distributed.device_mesh import init_device_mesh
+
+SIZES_BYTES = (64 * 1024, 1024 * 1024, 8 * 1024 * 1024, 32 * 1024 * 1024)
+WARMUP, REPEATS = 5, 30
+
+
+def main(out_path: str) -> None:
+    dist.init_process_group("gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    mesh = init_device_mesh("cpu", (world,), mesh_dim_names=("dp",))
+    events: list[Event] = []
+    probe = CollectiveProbe(rank=rank, groups=GroupDirectory.from_mesh(mesh), emit=events.append,
+                            step=lambda: None, device_timing=False)
+    probe.install()
+    rows = []
+    for size in SIZES_BYTES:
+        tensor = torch.ones(size // 4)
+        group = mesh.get_group("dp")
+        for _ in range(WARMUP):
+            dist.all_reduce(tensor, group=group)
+        dist.barrier()
+        events.clear()
+        loop = []
+        for _ in range(REPEATS):
+            started = time.perf_counter()
+            dist.all_reduce(tensor, group=group)
+            loop.append(time.perf_counter() - started)
+        time.sleep(0.05)  # let the last completion callback land
+        hooked = [e.duration_s for e in events if isinstance(e, CollectiveTiming) and e.op == "all_reduce"]
+        assert len(hooked) == REPEATS, (len(hooked), REPEATS)
+        loop_s, hook_s = statistics.median(loop), statistics.median(hooked)
+        rows.append({"bytes": size, "group_size": world,
+                     "loop_busbw_gbps": busbw_gbps("all_reduce", world, size, loop_s),
+                     "hook_busbw_gbps": busbw_gbps("all_reduce", world, size, hook_s),
+                     "loop_median_s": loop_s, "hook_median_s": hook_s})
+    probe.uninstall()
+    if rank == 0:
+        with open(out_path, "w") as out:
+            json.dump(rows, out)
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])

@@ -1,0 +1,166 @@
+"""NVML (through a fake library, since this machine has no GPU), psutil and py-spy samplers."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from types import SimpleNamespace
+
+import pytest
+
+from probes.events import GpuLink, GpuSample, NvmlState, ProcessSample
+from probes.nvml import Nvml, visible_indices
+from probes.samplers import GpuSampler, ProcessSampler
+from probes.stacks import dump_stack, py_spy_executable
+
+
+class FakeNvmlError(Exception):
+    pass
+
+
+class FakeLibraryNotFound(FakeNvmlError):
+    pass
+
+
+def fake_pynvml(gpus: int = 2, *, init_error: Exception | None = None, nvlink_pairs: int = 0) -> SimpleNamespace:
+    """A stand-in for the pynvml module at the one boundary this machine cannot reach."""
+    counters = {"tx": 0, "rx": 0}
+
+    def field_values(handle, fields):
+        counters["tx"] += 1024  # KiB per reading
+        counters["rx"] += 2048
+        return [SimpleNamespace(nvmlReturn=0, value=SimpleNamespace(ullVal=counters["tx"])),
+                SimpleNamespace(nvmlReturn=0, value=SimpleNamespace(ullVal=counters["rx"]))]
+
+    def not_supported(*args):
+        raise FakeNvmlError("Not Supported")
+
+    def init():
+        if init_error is not None:
+            raise init_error
+
+    def nvlink_state(handle, link):
+        return 1 if link < nvlink_pairs else 0
+
+    return SimpleNamespace(
+        NVMLError=FakeNvmlError, NVMLError_LibraryNotFound=FakeLibraryNotFound,
+        NVML_CLOCK_SM=1, NVML_TEMPERATURE_GPU=0, NVML_PCIE_UTIL_TX_BYTES=0, NVML_PCIE_UTIL_RX_BYTES=1,
+        NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX=138, NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX=139,
+        NVML_NVLINK_MAX_LINKS=4,
+        nvmlInit=init, nvmlShutdown=lambda: None, nvmlDeviceGetCount=lambda: gpus,
+        nvmlSystemGetDriverVersion=lambda: "580.1",
+        nvmlDeviceGetHandleByIndex=lambda i: i,
+        nvmlDeviceGetName=lambda h: b"Fake H200",
+        nvmlDeviceGetMemoryInfo=lambda h: SimpleNamespace(used=(h + 1) * 2**30, total=141 * 2**30),
+        nvmlDeviceGetUtilizationRates=lambda h: SimpleNamespace(gpu=90, memory=40),
+        nvmlDeviceGetPowerUsage=lambda h: 350_000,
+        nvmlDeviceGetClockInfo=lambda h, clock: 1980,
+        nvmlDeviceGetTemperature=not_supported,
+        nvmlDeviceGetPcieThroughput=lambda h, which: 100 if which == 0 else 200,
+        nvmlDeviceGetFieldValues=field_values,
+        nvmlDeviceGetPciInfo=lambda h: SimpleNamespace(busId=f"0000:0{h}:00.0".encode()),
+        nvmlDeviceGetNvLinkState=nvlink_state,
+        nvmlDeviceGetNvLinkRemotePciInfo=lambda h, link: SimpleNamespace(busId=f"0000:0{1 - h}:00.0".encode()),
+        nvmlDeviceGetTopologyCommonAncestor=lambda a, b: 30,
+    )
+
+
+def test_gpu_readings_with_unsupported_fields_as_none() -> None:
+    nvml = Nvml(fake_pynvml())
+    assert nvml.state == "ok" and len(nvml.handles) == 2
+    sample = nvml.sample(1)
+    assert isinstance(sample, GpuSample)
+    assert (sample.name, sample.memory_used_bytes, sample.memory_total_bytes) == ("Fake H200", 2 * 2**30, 141 * 2**30)
+    assert (sample.utilization_pct, sample.power_w, sample.sm_clock_mhz) == (90.0, 350.0, 1980.0)
+    assert sample.temperature_c is None  # "Not Supported" is a missing value, not an error
+    assert (sample.pcie_tx_bytes_per_s, sample.pcie_rx_bytes_per_s) == (100 * 1024, 200 * 1024)
+    assert sample.nvlink_tx_bytes_per_s is None  # a rate needs two readings
+    time.sleep(0.01)
+    second = nvml.sample(1)
+    assert second.nvlink_tx_bytes_per_s > 0 and second.nvlink_rx_bytes_per_s > second.nvlink_tx_bytes_per_s
+
+
+def test_topology_names_nvlink_or_the_pcie_path() -> None:
+    assert Nvml(fake_pynvml(nvlink_pairs=2)).topology() == [GpuLink(gpu_a=0, gpu_b=1, path="NVLink", nvlinks=2)]
+    assert Nvml(fake_pynvml(nvlink_pairs=0)).topology() == [GpuLink(gpu_a=0, gpu_b=1, path="PCIe host bridge",
+                                                                    nvlinks=0)]
+
+
+@pytest.mark.parametrize(("nvml", "state"), [
+    (lambda: Nvml(None), "no_library"),
+    (lambda: Nvml(fake_pynvml(init_error=FakeLibraryNotFound("NVML Shared Library Not Found"))), "no_library"),
+    (lambda: Nvml(fake_pynvml(gpus=0)), "no_gpu"),
+    (lambda: Nvml(fake_pynvml(init_error=FakeNvmlError("Driver Not Loaded"))), "error"),
+])
+def test_no_nvml_or_no_gpu_is_a_state_not_an_error(nvml, state: str) -> None:
+    opened = nvml()
+    assert opened.state == state
+    event = opened.state_event()
+    assert isinstance(event, NvmlState) and event.state == state and event.detail
+
+
+def test_real_nvml_here_reports_a_state() -> None:
+    assert Nvml().state in {"ok", "no_library", "no_gpu", "error"}
+
+
+def test_cuda_visible_devices_selects_and_orders_gpus() -> None:
+    assert visible_indices(4, {}) == [0, 1, 2, 3]
+    assert visible_indices(4, {"CUDA_VISIBLE_DEVICES": "2,0"}) == [2, 0]
+    assert visible_indices(4, {"CUDA_VISIBLE_DEVICES": ""}) == []
+    assert visible_indices(4, {"CUDA_VISIBLE_DEVICES": "1,7,2"}) == [1]
+
+
+def test_gpu_sampler_announces_state_and_topology_then_samples_at_its_rate() -> None:
+    batches: list[list] = []
+    sampler = GpuSampler(rate_hz=50, emit=batches.append, nvml=Nvml(fake_pynvml(nvlink_pairs=1)))
+    sampler.start()
+    time.sleep(0.5)
+    sampler.stop()
+    events = [e for batch in batches for e in batch]
+    assert isinstance(events[0], NvmlState) and isinstance(events[1], GpuLink)
+    samples = [e for e in events if isinstance(e, GpuSample)]
+    assert 2 * 15 <= len(samples) <= 2 * 30  # 50 Hz for 0.5 s, two GPUs
+    assert sum(isinstance(e, NvmlState) for e in events) == 1
+
+
+def test_process_sampler_reads_cpu_rss_and_threads_of_each_rank() -> None:
+    child = subprocess.Popen([sys.executable, "-c", "import time\nx = bytearray(50_000_000)\nwhile True: pass"])
+    try:
+        batches: list[list] = []
+        sampler = ProcessSampler(rate_hz=10, emit=batches.append)
+        sampler.watch(3, child.pid)
+        sampler.start()
+        time.sleep(1.0)
+        sampler.stop()
+    finally:
+        child.kill()
+        child.wait()
+    samples = [e for batch in batches for e in batch if isinstance(e, ProcessSample)]
+    assert len(samples) >= 5
+    assert all(s.rank == 3 and s.pid == child.pid for s in samples)
+    assert samples[-1].rss_bytes > 50_000_000
+    assert samples[-1].cpu_pct > 20  # a busy loop
+    assert samples[-1].threads >= 1
+
+
+def test_py_spy_dumps_a_running_python_process_or_says_why_not() -> None:
+    child = subprocess.Popen([sys.executable, "-c", "import time\ndef waiting_here():\n    time.sleep(60)\nwaiting_here()"])
+    try:
+        time.sleep(1.0)
+        dump = dump_stack(0, child.pid)
+    finally:
+        child.kill()
+        child.wait()
+    assert py_spy_executable() is not None
+    if dump.error is None:
+        assert "waiting_here" in dump.text
+    else:  # containers without ptrace: the message must say so plainly
+        assert "ptrace" in dump.error
+
+
+def test_py_spy_that_cannot_run_is_a_clear_message() -> None:
+    missing = dump_stack(0, os.getpid(), executable="/nonexistent/py-spy")
+    assert missing.text is None
+    assert missing.error == "cannot run py-spy (/nonexistent/py-spy): No such file or directory"
