@@ -12,7 +12,10 @@ few microseconds where a dispatcher kernel written in Python costs tens.
 Either way the probe notes the start, lets the operation go, and arranges to
 learn the end:
 
-- gloo collectives: a callback on the work's future, run when it completes;
+- gloo collectives: a callback on the work's future, run when it completes
+  (on gloo's thread; handing completions to a watcher thread through a
+  C-level queue instead was tried and measured slower in real jobs: the
+  watcher's wake-ups contend for the GIL with the training thread);
 - gloo works that have no future (send, recv, reduce-scatter): the return of
   the caller's ``wait()``, which ``Work.wait`` is wrapped to see;
 - nccl: the work's own CUDA-event timing (``TORCH_NCCL_ENABLE_TIMING=1``),

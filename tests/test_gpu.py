@@ -42,3 +42,40 @@ def test_single_gpu_training_learns(tmp_path: Path) -> None:
 def test_two_gpu_plans_match_one_gpu(plan: dict[str, object], tmp_path: Path) -> None:
     # On the GPU, cuBLAS may pick other kernels for other shapes: looser than on CPU.
     assert run_on_gpus(tmp_path, **plan) == pytest.approx(run_on_gpus(tmp_path, dp=1), rel=1e-3)
+
+
+@pytest.mark.skipif(GPUS < 1, reason="needs a CUDA GPU")
+def test_nvml_samples_the_real_gpu() -> None:
+    from probes.nvml import Nvml
+
+    nvml = Nvml()
+    assert nvml.state == "ok"
+    sample = nvml.sample(0)
+    assert sample.name and sample.memory_total_bytes > 0 and sample.power_w is not None
+    assert sample.sm_clock_mhz is not None and sample.temperature_c is not None
+    nvml.close()
+
+
+@pytest.mark.skipif(GPUS < 1, reason="needs a CUDA GPU")
+def test_cuda_memory_accounting_fills_the_allocator_figures(tmp_path: Path) -> None:
+    from probes.events import MemorySnapshot
+
+    run = resolve(RunSpec(device="cuda", dp=1, steps=2, model="small"), gpus_visible=GPUS)
+    events: list[Event] = []
+    assert run_job(run, session_dir=tmp_path / "mem", on_events=events.extend).status == "completed"
+    snapshot = [e for e in events if isinstance(e, MemorySnapshot)][-1]
+    assert snapshot.allocated_bytes >= snapshot.weights_bytes + snapshot.optimizer_bytes
+    assert snapshot.peak_allocated_bytes >= snapshot.allocated_bytes
+    assert snapshot.activations_bytes is not None and snapshot.activations_bytes > 0
+    assert 0 < snapshot.device_used_bytes <= snapshot.device_total_bytes
+
+
+@pytest.mark.skipif(GPUS < 2, reason="needs two CUDA GPUs")
+def test_nccl_collectives_are_timed_with_cuda_events(tmp_path: Path) -> None:
+    from probes.events import CollectiveTiming
+
+    run = resolve(RunSpec(device="cuda", dp=2, steps=2), gpus_visible=GPUS)
+    events: list[Event] = []
+    assert run_job(run, session_dir=tmp_path / "nccl", on_events=events.extend).status == "completed"
+    timed = [e for e in events if isinstance(e, CollectiveTiming) and e.step is not None]
+    assert timed and all(e.clock == "cuda_events" and e.end_ns > e.start_ns for e in timed)
