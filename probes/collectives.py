@@ -246,8 +246,8 @@ class CollectiveProbe:
         if shape.peer_arg is not None:
             group_peer = args[shape.peer_arg]
             peer = group.ranks[group_peer] if group.ranks else group_peer
-        issued = _Issued(shape, group, peer, nbytes, str(tensor.dtype).removeprefix("torch.") if tensor is not None else None,
-                         self.step(), start_ns)
+        dtype = str(tensor.dtype).removeprefix("torch.") if tensor is not None else None
+        issued = _Issued(shape, group, peer, nbytes, dtype, self.step(), start_ns)
         if self.device_timing:
             with self._device_lock:
                 self._device_pending.append((work, issued))

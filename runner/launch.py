@@ -122,11 +122,6 @@ class Job:
             )
         self._started = time.monotonic()
 
-    @property
-    def pid(self) -> int:
-        assert self._process is not None, "start() first"
-        return self._process.pid
-
     def poll(self) -> bool:
         """Whether the launcher still runs; also notes every process of the job seen so far."""
         assert self._process is not None, "start() first"
@@ -169,10 +164,6 @@ class Job:
         for process in alive:
             _signal(process, signal.SIGKILL)
         psutil.wait_procs(alive, timeout=3.0)
-
-    def leftover_processes(self) -> list[int]:
-        """Pids of the job still alive (empty after a clean end)."""
-        return [pid for pid, p in self._seen.items() if _is_running(p)]
 
     def result(self, *, interrupted: bool) -> JobResult:
         assert self._process is not None, "start() first"
