@@ -1,64 +1,49 @@
-"""Pipeline stage analysis: busy, idle and bubble per stage and step.
+"""Pipeline stage analysis: busy, idle and bubble per pipeline rank and step.
 
 For each step, the pipeline's span is the slowest pipeline rank's forward +
 backward time (the schedule's step; the optimizer is not part of the
 pipeline). A rank's busy time is the sum of its stage actions in that step;
 its idle time is the span minus that, and its bubble fraction idle / span.
-For balanced stages, GPipe and 1F1B give (p - 1) / (m + p - 1).
+Copies of a stage (its dp and tp ranks) are averaged. For balanced stages,
+GPipe and 1F1B give (p - 1) / (m + p - 1).
 """
 
 from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Iterable
-from dataclasses import dataclass
 
-from probes.events import Event, RankStarted, StageAction, StepTiming
+import pandas as pd
 
+from probes.events import Event
+from recordings.tables import columns_of
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class StageStep:
-    """One pipeline rank in one step."""
-
-    step: int
-    pp_rank: int
-    stages: tuple[int, ...]
-    busy_s: float
-    idle_s: float
-    span_s: float
-
-    @property
-    def bubble_fraction(self) -> float:
-        return self.idle_s / self.span_s if self.span_s > 0 else 0.0
+STAGE_COLUMNS = ["step", "pp_rank", "busy_s", "idle_s", "span_s", "bubble_fraction"]
 
 
-def stage_steps(events: Iterable[Event]) -> list[StageStep]:
-    """Busy / idle of every pipeline rank in every step (the mean over its dp and tp copies)."""
-    started: dict[int, RankStarted] = {}
-    busy: dict[tuple[int, int], float] = defaultdict(float)  # (rank, step) -> s
-    fwd_bwd: dict[tuple[int, int], float] = {}
+def frames(events: Iterable[Event]) -> dict[str, pd.DataFrame]:
+    """In-memory events as the tables a recording would hold."""
+    records: dict[str, list[dict[str, object]]] = defaultdict(list)
     for event in events:
-        if isinstance(event, RankStarted):
-            started[event.rank] = event
-        elif isinstance(event, StageAction) and event.step is not None:
-            busy[(event.rank, event.step)] += (event.end_ns - event.start_ns) / 1e9
-        elif isinstance(event, StepTiming) and event.forward_backward_s is not None:
-            fwd_bwd[(event.rank, event.step)] = event.forward_backward_s
-    span: dict[int, float] = defaultdict(float)
-    for (rank, step), seconds in fwd_bwd.items():
-        span[step] = max(span[step], seconds)
-    per_stage: dict[tuple[int, int], list[float]] = defaultdict(list)  # (step, pp_rank) -> busy of each copy
-    for (rank, step), seconds in busy.items():
-        if rank in started:
-            per_stage[(step, started[rank].pp_rank)].append(seconds)
-    stages_of = {s.pp_rank: s.stages for s in started.values()}
-    rows = []
-    for (step, pp_rank), copies in sorted(per_stage.items()):
-        mean_busy = sum(copies) / len(copies)
-        total = max(span[step], mean_busy)
-        rows.append(StageStep(step=step, pp_rank=pp_rank, stages=stages_of[pp_rank], busy_s=mean_busy,
-                              idle_s=total - mean_busy, span_s=total))
-    return rows
+        record = event.to_record()
+        records[record.pop("kind")].append(record)
+    return {kind: pd.DataFrame.from_records(rows, columns=columns_of(kind)) for kind, rows in records.items()}
+
+
+def stage_table(actions: pd.DataFrame, steps: pd.DataFrame, started: pd.DataFrame) -> pd.DataFrame:
+    """One row per (step, pipeline rank): busy, idle, span and bubble fraction."""
+    if actions.empty or steps.empty or started.empty:
+        return pd.DataFrame(columns=STAGE_COLUMNS)
+    actions = actions.dropna(subset=["step"]).assign(seconds=lambda t: (t.end_ns - t.start_ns) / 1e9)
+    busy = actions.groupby(["rank", "step"], as_index=False)["seconds"].sum()
+    busy = busy.merge(started[["rank", "pp_rank"]], on="rank")
+    per_stage = busy.groupby(["step", "pp_rank"], as_index=False)["seconds"].mean().rename(columns={"seconds": "busy_s"})
+    span = steps.dropna(subset=["forward_backward_s"]).groupby("step", as_index=False)["forward_backward_s"].max()
+    table = per_stage.merge(span.rename(columns={"forward_backward_s": "span_s"}), on="step")
+    table["span_s"] = table[["span_s", "busy_s"]].max(axis=1)
+    table["idle_s"] = table.span_s - table.busy_s
+    table["bubble_fraction"] = (table.idle_s / table.span_s).where(table.span_s > 0, 0.0)
+    return table[STAGE_COLUMNS].astype({"step": int, "pp_rank": int})
 
 
 def theoretical_bubble(p: int, m: int, virtual_stages: int = 1) -> float:

@@ -9,10 +9,11 @@ from tests.bench.accuracy import measure_bubble
 pytestmark = pytest.mark.slow
 
 # On gloo each microbatch also spends ~3-4 ms outside the stage actions (P2P
-# transfer, loss, schedule bookkeeping): about 7% of its ~50 ms of compute for
-# this model. That time is idle by definition, so the measured bubble sits
-# above theory by at most about m c / ((m + 1) t) < 0.07 for p = 2, and never
-# below it by more than timer noise.
+# transfer, loss, schedule bookkeeping): about 3.5% of its ~100 ms of compute
+# for this model and length. That time is idle by definition, so the measured
+# bubble sits above theory by about m c / ((m + 1) t) < 0.04 for p = 2 (0.04
+# seen), and never below it by more than timer noise; the bound allows twice
+# that for a loaded machine.
 ABOVE, BELOW = 0.08, 0.02
 
 

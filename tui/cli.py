@@ -1,4 +1,4 @@
-"""The ``meshtop`` command line: ``run`` and ``record`` (more subcommands arrive with later layers).
+"""The ``meshtop`` command line: ``run``, ``record`` and ``summary`` (more arrive with later layers).
 
 Every error the user can fix is one line on stderr and exit code 2; a job
 whose rank failed exits 1 naming the rank; an interrupted job exits 130.
@@ -7,6 +7,7 @@ whose rank failed exits 1 naming the rank; an interrupted job exits 130.
 from __future__ import annotations
 
 import argparse
+import os
 import signal
 import sys
 import tempfile
@@ -100,6 +101,11 @@ def build_parser() -> argparse.ArgumentParser:
     record.add_argument("out", type=Path, metavar="OUT", help="new directory for the recording")
     add_plan_options(record)
     record.set_defaults(handler=command_record)
+    summary = commands.add_parser("summary", help="summarise a recording",
+                                  description="Summarise a recording: steps, collectives, stages, memory, ranks.")
+    summary.add_argument("recording", type=Path, metavar="REC", help="a recording directory")
+    summary.add_argument("--json", action="store_true", help="print the analysis as JSON")
+    summary.set_defaults(handler=command_summary)
     return parser
 
 
@@ -133,6 +139,23 @@ def command_record(args: argparse.Namespace) -> int:
     return exit_code(result.status)
 
 
+def command_summary(args: argparse.Namespace) -> int:
+    import json
+
+    from recordings.analysis import summarize
+    from recordings.reader import open_recording
+    from tui.summary_text import summary_lines
+
+    summary = summarize(open_recording(args.recording))
+    if args.json:
+        print(json.dumps(summary, indent=2))
+    else:
+        print("\n".join(summary_lines(summary)))
+    for problem in summary["problems"]:
+        print(f"meshtop: warning: {problem}", file=sys.stderr)
+    return EXIT_OK
+
+
 def exit_code(status: str) -> int:
     return {"completed": EXIT_OK, "interrupted": EXIT_INTERRUPTED}.get(status, EXIT_JOB_FAILED)
 
@@ -152,6 +175,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("meshtop: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
+    except BrokenPipeError:  # output piped into `head` and the like: not an error
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_OK
 
 
 if __name__ == "__main__":

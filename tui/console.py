@@ -12,6 +12,7 @@ from typing import Any, TextIO
 from probes.events import Event, EventsDropped, RankStarted, StackDump, StepTiming
 from recordings.events_log import EventWriter
 from recordings.manifest import write_manifest
+from recordings.tables import compact
 from recordings.steps import JobStep, StepFolder
 from runner.launch import JobResult, NodeProbes, run_job
 from runner.plan import ResolvedRun
@@ -106,6 +107,7 @@ def follow_job(run: ResolvedRun, *, session_dir: Path, out: TextIO,
         signal.signal(signal.SIGUSR1, previous_usr1)
         if writer is not None:
             writer.close()
+            compact(session_dir)
     for line in verdict(result, steps):
         print(line, file=out, flush=True)
     if manifest is not None:

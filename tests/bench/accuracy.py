@@ -14,13 +14,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
-from recordings.pipeline import stage_steps, theoretical_bubble
+from recordings.pipeline import frames, stage_table, theoretical_bubble
 from tests.jobs import launch
 
 SCHEDULES = ("gpipe", "1f1b")
@@ -30,11 +29,11 @@ MICROBATCHES = (2, 4, 8)
 def measure_bubble(schedule: str, microbatches: int) -> dict[str, object]:
     with tempfile.TemporaryDirectory() as tmp:
         launched = launch(Path(tmp), model="small", pp=2, schedule=schedule, microbatches=microbatches,
-                          batch_size=2 * microbatches, seq_len=64, steps=4)
+                          batch_size=2 * microbatches, seq_len=128, steps=4)
     assert launched.result.status == "completed", launched.result
-    rows = [row for row in stage_steps(launched.events) if row.step >= 1]
-    by_stage = {pp_rank: statistics.mean(r.bubble_fraction for r in rows if r.pp_rank == pp_rank)
-                for pp_rank in sorted({r.pp_rank for r in rows})}
+    tables = frames(launched.events)
+    rows = stage_table(tables["stage_action"], tables["step"], tables["rank_started"])
+    by_stage = rows[rows.step >= 1].groupby("pp_rank")["bubble_fraction"].mean().to_dict()
     return {"schedule": schedule, "microbatches": microbatches, "theory": theoretical_bubble(2, microbatches),
             "measured_by_stage": by_stage, "measured_max": max(by_stage.values())}
 

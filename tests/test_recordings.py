@@ -1,0 +1,160 @@
+"""Recordings: compact on close, readable while written or after a crash, damage reported, summary JSON."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from recordings.analysis import summarize
+from recordings.manifest import RecordingError
+from recordings.reader import open_recording
+from tui.cli import main
+
+
+@pytest.fixture(scope="module")
+def recorded(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("rec") / "pp2"
+    done = subprocess.run([sys.executable, "-m", "tui.cli", "record", str(out), "--dp", "2", "--pp", "2",
+                           "--steps", "4", "--device", "cpu"], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    return out
+
+
+@pytest.mark.slow
+def test_clean_close_leaves_parquet_tables_only(recorded: Path) -> None:
+    files = {p.name for p in (recorded / "events").iterdir()}
+    assert {"step.parquet", "collective.parquet", "stage_action.parquet", "memory.parquet"} <= files
+    assert not any(name.endswith(".jsonl") for name in files)
+
+
+@pytest.mark.slow
+def test_summary_json_has_the_documented_keys(recorded: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["summary", str(recorded), "--json"]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["run"] == {"dp": 2, "tp": 1, "pp": 2, "fsdp": False, "world_size": 4, "mode": "train",
+                              "schedule": "1f1b", "microbatches": 4, "model": "tiny", "device": "cpu",
+                              "dtype": "fp32", "instrumented": True, "status": "completed"}
+    assert summary["steps"]["count"] == 4
+    assert set(summary["steps"]["time_s"]) == {"p50", "p90", "mean"}
+    groups = {(row["group"], row["op"]) for row in summary["collectives"]}
+    assert groups == {("pp", "send"), ("pp", "recv"), ("dp", "all_reduce")}
+    for row in summary["collectives"]:
+        assert set(row) == {"group", "op", "count", "bytes", "time_s", "busbw_gbps"}
+        assert row["count"] > 0 and row["bytes"] > 0 and row["time_s"]["total"] > 0
+    assert [row["stage"] for row in summary["stages"]] == [0, 1]
+    assert all(0 < row["bubble_fraction"] < 1 for row in summary["stages"])
+    assert [row["rank"] for row in summary["memory"]] == [0, 1, 2, 3]
+    assert all(row["weights_bytes"] > 0 and row["peak_bytes"] > 0 for row in summary["memory"])
+    assert [(r["rank"], r["exit_code"]) for r in summary["ranks"]] == [(r, 0) for r in range(4)]
+
+
+@pytest.mark.slow
+def test_summary_text_names_plan_steps_and_collectives(recorded: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["summary", str(recorded)]) == 0
+    text = capsys.readouterr().out
+    assert "completed" in text and "dp2 x tp1 x pp2 (1f1b, 4 mb)" in text
+    assert "steps: 4" in text and "all_reduce" in text and "bubble" in text
+
+
+def write_live_recording(directory: Path, *, torn: bool) -> None:
+    """A recording as meshtop leaves it mid-run: manifest 'running', JSON-lines tables."""
+    (directory / "events").mkdir(parents=True)
+    (directory / "manifest.json").write_text(json.dumps({"schema_version": 1, "status": "running",
+                                                         "plan": {"world_size": 1}}))
+    lines = [json.dumps({"rank": 0, "step": n, "start_ns": n, "duration_s": 0.5, "tokens": 100, "loss": 2.0,
+                         "kind": "step"}) for n in range(3)]
+    body = "\n".join(lines) + "\n"
+    if torn:
+        body += '{"rank": 0, "step": 3, "start'  # the write that a SIGKILL cut short
+    (directory / "events" / "step.jsonl").write_text(body)
+
+
+def test_live_or_killed_recording_loads_what_is_whole(tmp_path: Path) -> None:
+    write_live_recording(tmp_path / "rec", torn=True)
+    recording = open_recording(tmp_path / "rec")
+    steps = recording.table("step")
+    assert list(steps.step) == [0, 1, 2]
+    assert recording.problems == ["step.jsonl: 1 line(s) unreadable and skipped"]
+    summary = summarize(recording)
+    assert summary["run"]["status"] == "interrupted"
+    assert summary["steps"]["count"] == 3
+
+
+def test_a_kind_with_no_events_is_an_empty_table_with_its_columns(tmp_path: Path) -> None:
+    write_live_recording(tmp_path / "rec", torn=False)
+    table = open_recording(tmp_path / "rec").table("collective")
+    assert table.empty and {"op", "group", "bytes", "start_ns", "end_ns"} <= set(table.columns)
+
+
+def test_damaged_parquet_is_reported_not_raised(tmp_path: Path) -> None:
+    write_live_recording(tmp_path / "rec", torn=False)
+    (tmp_path / "rec" / "events" / "memory.parquet").write_bytes(b"PAR1 this is not parquet")
+    recording = open_recording(tmp_path / "rec")
+    assert recording.table("memory").empty
+    assert "memory.parquet is damaged" in recording.problems[0]
+
+
+@pytest.mark.parametrize(("setup", "message"), [
+    (lambda d: None, "does not exist"),
+    (lambda d: d.mkdir(), "is not a meshtop recording: no manifest.json"),
+    (lambda d: (d.mkdir(), (d / "manifest.json").write_text("{not json")), "manifest.json is damaged"),
+    (lambda d: (d.mkdir(), (d / "manifest.json").write_text('{"schema_version": 99}')),
+     "has recording schema version 99; this meshtop reads version 1"),
+    (lambda d: d.write_text("a file"), "is not a recording directory"),
+])
+def test_unreadable_recordings_are_one_line_and_exit_2(setup, message: str, tmp_path: Path,
+                                                       capsys: pytest.CaptureFixture[str]) -> None:
+    target = tmp_path / "rec"
+    setup(target)
+    with pytest.raises(RecordingError, match=message.replace("(", r"\(")):
+        open_recording(target)
+    assert main(["summary", str(target)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and message in err[0]
+
+
+def test_compacted_tables_equal_the_lines_they_came_from(tmp_path: Path) -> None:
+    from recordings.tables import compact
+
+    write_live_recording(tmp_path / "rec", torn=False)
+    before = open_recording(tmp_path / "rec").table("step")
+    assert compact(tmp_path / "rec") == ["step"]
+    after = open_recording(tmp_path / "rec").table("step")
+    pd.testing.assert_frame_equal(before.reset_index(drop=True), after.reset_index(drop=True), check_dtype=False)
+
+
+@pytest.mark.slow
+def test_sigkilled_meshtop_leaves_a_readable_recording_and_no_ranks(tmp_path: Path) -> None:
+    import signal
+    import time
+
+    import psutil
+
+    from tests.jobs import alive
+    from tests.test_launch import wait_for_steps
+
+    out = tmp_path / "killed"
+    process = subprocess.Popen([sys.executable, "-m", "tui.cli", "record", str(out), "--dp", "2", "--steps", "100000",
+                                "--device", "cpu"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        wait_for_steps(out / "events", world=2, count=3)
+        job = [p.pid for p in psutil.Process(process.pid).children(recursive=True)]
+        process.send_signal(signal.SIGKILL)
+        process.wait(timeout=10)
+        deadline = time.monotonic() + 30
+        while alive(job) and time.monotonic() < deadline:  # the launcher notices its parent is gone
+            time.sleep(0.2)
+    finally:
+        if process.poll() is None:
+            process.kill()
+    assert alive(job) == []
+    recording = open_recording(out)
+    assert recording.status == "running"  # meshtop never got to close it
+    summary = summarize(recording)
+    assert summary["run"]["status"] == "interrupted"
+    assert summary["steps"]["count"] >= 3
