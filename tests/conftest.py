@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -12,3 +14,13 @@ from tests.jobs import launch
 @pytest.fixture
 def launch_cpu(tmp_path: Path):
     return lambda **spec: launch(tmp_path, **spec)
+
+
+@pytest.fixture(scope="session")
+def recorded(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A real recording: dp2 x pp2 on CPU, 4 steps (shared by the recording tests)."""
+    out = tmp_path_factory.mktemp("rec") / "pp2"
+    done = subprocess.run([sys.executable, "-m", "tui.cli", "record", str(out), "--dp", "2", "--pp", "2",
+                           "--steps", "4", "--device", "cpu"], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    return out

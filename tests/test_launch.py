@@ -121,4 +121,5 @@ def test_record_writes_the_full_run_description(tmp_path: Path) -> None:
     assert [r["exit_code"] for r in manifest["ranks"]] == [0, 0]
     assert manifest["steps_completed"] == 3
     kinds = {p.name for p in (out / "events").iterdir()}
-    assert {"rank_started.jsonl", "step.jsonl", "collective.jsonl", "stage_action.jsonl", "memory.jsonl"} <= kinds
+    assert {"rank_started.parquet", "step.parquet", "collective.parquet", "stage_action.parquet",
+            "memory.parquet"} <= kinds

@@ -12,9 +12,9 @@ pytestmark = pytest.mark.slow
 # transfer, loss, schedule bookkeeping): about 3.5% of its ~100 ms of compute
 # for this model and length. That time is idle by definition, so the measured
 # bubble sits above theory by about m c / ((m + 1) t) < 0.04 for p = 2 (0.04
-# seen), and never below it by more than timer noise; the bound allows twice
-# that for a loaded machine.
-ABOVE, BELOW = 0.08, 0.02
+# seen on an idle machine), and never below it by more than timer noise; the
+# bound allows 2.5 times that, since a busy machine stretches the P2P time.
+ABOVE, BELOW = 0.10, 0.02
 
 
 @pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])

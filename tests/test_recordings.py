@@ -16,15 +16,6 @@ from recordings.reader import open_recording
 from tui.cli import main
 
 
-@pytest.fixture(scope="module")
-def recorded(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("rec") / "pp2"
-    done = subprocess.run([sys.executable, "-m", "tui.cli", "record", str(out), "--dp", "2", "--pp", "2",
-                           "--steps", "4", "--device", "cpu"], capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stdout + done.stderr
-    return out
-
-
 @pytest.mark.slow
 def test_clean_close_leaves_parquet_tables_only(recorded: Path) -> None:
     files = {p.name for p in (recorded / "events").iterdir()}

@@ -106,6 +106,20 @@ def build_parser() -> argparse.ArgumentParser:
     summary.add_argument("recording", type=Path, metavar="REC", help="a recording directory")
     summary.add_argument("--json", action="store_true", help="print the analysis as JSON")
     summary.set_defaults(handler=command_summary)
+    compare = commands.add_parser("compare", help="compare two recordings, before and after",
+                                  description="Compare two recordings of the same work: each metric side by side, "
+                                              "the change, and whether it is beyond run-to-run noise.")
+    compare.add_argument("before", type=Path, metavar="A", help="the recording before the change")
+    compare.add_argument("after", type=Path, metavar="B", help="the recording after the change")
+    compare.add_argument("--json", action="store_true", help="print the comparison as JSON")
+    compare.set_defaults(handler=command_compare)
+    export = commands.add_parser("export", help="export a recording as a Perfetto trace or CSV",
+                                 description="Export a recording: a trace ui.perfetto.dev opens, or one CSV per table.")
+    export.add_argument("recording", type=Path, metavar="REC", help="a recording directory")
+    export.add_argument("--format", choices=("perfetto", "csv"), required=True)
+    export.add_argument("-o", "--output", type=Path, required=True, metavar="PATH",
+                        help="the trace file (perfetto) or a new directory (csv)")
+    export.set_defaults(handler=command_export)
     return parser
 
 
@@ -135,6 +149,11 @@ def command_record(args: argparse.Namespace) -> int:
     manifest["node_probes"] = {"gpu_hz": probes.gpu_hz, "process_hz": probes.process_hz}
     write_manifest(out, manifest)
     result = follow_job(run, session_dir=out, out=sys.stdout, manifest=manifest, node_probes=probes)
+    from recordings.analysis import summarize
+    from recordings.reader import open_recording
+    from tui.summary_text import summary_lines
+
+    print("\n".join(summary_lines(summarize(open_recording(out)))[1:]))
     print(f"recording: {out}")
     return exit_code(result.status)
 
@@ -153,6 +172,41 @@ def command_summary(args: argparse.Namespace) -> int:
         print("\n".join(summary_lines(summary)))
     for problem in summary["problems"]:
         print(f"meshtop: warning: {problem}", file=sys.stderr)
+    return EXIT_OK
+
+
+def command_compare(args: argparse.Namespace) -> int:
+    import json
+
+    from recordings.compare import compare
+    from recordings.reader import open_recording
+    from tui.summary_text import comparison_lines
+
+    comparison = compare(open_recording(args.before), open_recording(args.after))
+    if args.json:
+        print(json.dumps(comparison, indent=2))
+    else:
+        print("\n".join(comparison_lines(comparison)))
+    for problem in comparison["problems"]:
+        print(f"meshtop: warning: {problem}", file=sys.stderr)
+    return EXIT_OK
+
+
+def command_export(args: argparse.Namespace) -> int:
+    from recordings.export import export_csv, export_perfetto
+    from recordings.manifest import RecordingError
+    from recordings.reader import open_recording
+
+    recording = open_recording(args.recording)
+    output: Path = args.output
+    if output.exists():
+        raise RecordingError(f"{output} exists: give export a new path (nothing was overwritten)")
+    if args.format == "perfetto":
+        count = export_perfetto(recording, output)
+        print(f"{output}: {count:,} trace events; open it at https://ui.perfetto.dev")
+    else:
+        written = export_csv(recording, output)
+        print(f"{output}: {len(written)} CSV tables and manifest.json")
     return EXIT_OK
 
 

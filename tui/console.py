@@ -35,6 +35,58 @@ def step_line(step: JobStep, total: int) -> str:
     return f"step {step.step + 1:>4}/{total}  {loss}  {step.duration_s:.3f} s  {step.tokens_per_s:,.0f} tok/s"
 
 
+def clock(seconds: float) -> str:
+    minutes, secs = divmod(int(seconds), 60)
+    return f"{minutes}:{secs:02d}" if minutes else f"{seconds:.1f} s"
+
+
+class Progress:
+    """Step progress: a bar redrawn in place on a terminal, evenly spaced lines in a file."""
+
+    BAR = 24
+    REDRAW_S = 0.1
+
+    def __init__(self, run: ResolvedRun, out: TextIO) -> None:
+        self.run = run
+        self.out = out
+        self.live = out.isatty()
+        self.started = time.monotonic()
+        self._last = 0.0
+        self._drawn = False
+        self._step_s = 0.0
+
+    def update(self, step: JobStep, events: int) -> None:
+        now = time.monotonic()
+        done, total = step.step + 1, self.run.steps
+        elapsed = now - self.started
+        self._step_s += step.duration_s
+        eta = self._step_s / done * (total - done)  # steps to go at the mean step time so far
+        extra = f"  elapsed {clock(elapsed)}  ETA {clock(eta)}  {events:,} events"
+        if self.live:
+            if now - self._last >= self.REDRAW_S or done == total:
+                filled = self.BAR * done // total
+                bar = "#" * filled + "." * (self.BAR - filled)
+                self.out.write(f"\r[{bar}] {step_line(step, total)}{extra}\x1b[K")
+                self.out.flush()
+                self._last, self._drawn = now, True
+            return
+        evenly = step.step % max(1, total // PROGRESS_LINES) == 0
+        if evenly or now - self._last >= QUIET_LIMIT_S or done == total:
+            print(step_line(step, total) + extra, file=self.out, flush=True)
+            self._last = now
+
+    def message(self, text: str) -> None:
+        """A line that must not be drawn over by the bar."""
+        self.finish()
+        print(text, file=self.out, flush=True)
+
+    def finish(self) -> None:
+        if self._drawn:
+            self.out.write("\n")
+            self.out.flush()
+            self._drawn = False
+
+
 def verdict(result: JobResult, steps: list[JobStep]) -> list[str]:
     """The closing lines: what happened, and for a failure which rank and why."""
     if result.status == "completed":
@@ -77,33 +129,32 @@ def follow_job(run: ResolvedRun, *, session_dir: Path, out: TextIO,
     folder = StepFolder(run.world_size)
     steps: list[JobStep] = []
     devices: dict[int, str] = {}
-    last_print = 0.0
+    received = 0
+    progress = Progress(run, out)
     writer = EventWriter(session_dir) if manifest is not None else None
 
     def on_events(events: list[Event]) -> None:
-        nonlocal last_print
+        nonlocal received
+        received += len(events)
         if writer is not None:
             writer.write(events)
         for event in events:
             if isinstance(event, RankStarted):
                 devices[event.rank] = event.device
             elif isinstance(event, StackDump):
-                print("\n".join(stack_dump_lines(event)), file=out, flush=True)
+                progress.message("\n".join(stack_dump_lines(event)))
             elif isinstance(event, EventsDropped):
                 where = f"rank {event.rank}" if event.rank is not None else "the collector"
-                print(f"warning: {event.count} telemetry events dropped by {where} (buffer full)", file=out, flush=True)
+                progress.message(f"warning: {event.count} telemetry events dropped by {where} (buffer full)")
             elif isinstance(event, StepTiming) and (step := folder.add(event)) is not None:
                 steps.append(step)
-                now = time.monotonic()
-                evenly = step.step % max(1, run.steps // PROGRESS_LINES) == 0
-                if evenly or now - last_print >= QUIET_LIMIT_S or step.step == run.steps - 1:
-                    print(step_line(step, run.steps), file=out, flush=True)
-                    last_print = now
+                progress.update(step, writer.written if writer is not None else received)
 
     try:
         result = run_job(run, session_dir=session_dir, on_events=on_events, node_probes=node_probes,
                          stack_request=stack_request)
     finally:
+        progress.finish()
         signal.signal(signal.SIGUSR1, previous_usr1)
         if writer is not None:
             writer.close()

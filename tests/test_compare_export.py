@@ -1,0 +1,97 @@
+"""compare: the change and whether it is real; export: a Perfetto trace and CSV tables."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from recordings.compare import mann_whitney_p
+from tui.cli import main
+
+
+def synthetic_recording(directory: Path, *, step_s: float, model: str = "tiny", spread: float = 0.002) -> Path:
+    """A finished one-rank recording with 40 steps around ``step_s``."""
+    (directory / "events").mkdir(parents=True)
+    manifest = {"schema_version": 1, "status": "completed", "mode": "train", "dtype": "fp32", "seq_len": 64,
+                "batch_size": 8, "model": {"name": model}, "plan": {"world_size": 1, "dp": 1, "tp": 1, "pp": 1}}
+    (directory / "manifest.json").write_text(json.dumps(manifest))
+    generator = np.random.default_rng(0)
+    lines = [json.dumps({"rank": 0, "step": n, "start_ns": n * 10**9, "duration_s": step_s + spread * generator.standard_normal(),
+                         "tokens": 512, "loss": 2.0, "kind": "step"}) for n in range(40)]
+    (directory / "events" / "step.jsonl").write_text("\n".join(lines) + "\n")
+    return directory
+
+
+def run_compare(a: Path, b: Path, capsys: pytest.CaptureFixture[str]) -> dict:
+    assert main(["compare", str(a), str(b), "--json"]) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def test_a_slower_run_is_a_significant_change(tmp_path: Path, capsys) -> None:
+    before = synthetic_recording(tmp_path / "a", step_s=0.100)
+    after = synthetic_recording(tmp_path / "b", step_s=0.120)
+    comparison = run_compare(before, after, capsys)
+    step = next(m for m in comparison["metrics"] if m["name"] == "step time (s)")
+    assert set(step) == {"name", "a", "b", "ratio", "significant"}
+    assert step["ratio"] == pytest.approx(1.2, rel=0.02) and step["significant"]
+    assert comparison["warnings"] == []
+
+
+def test_noise_alone_is_not_a_significant_change(tmp_path: Path, capsys) -> None:
+    before = synthetic_recording(tmp_path / "a", step_s=0.100, spread=0.01)
+    after = synthetic_recording(tmp_path / "b", step_s=0.1005, spread=0.01)
+    comparison = run_compare(before, after, capsys)
+    assert not any(m["significant"] for m in comparison["metrics"])
+
+
+def test_different_work_is_warned_about(tmp_path: Path, capsys) -> None:
+    comparison = run_compare(synthetic_recording(tmp_path / "a", step_s=0.1),
+                             synthetic_recording(tmp_path / "b", step_s=0.1, model="small"), capsys)
+    assert comparison["warnings"] == ["the runs trained different models (tiny vs small)"]
+
+
+def test_mann_whitney_separates_shifted_samples_only() -> None:
+    generator = np.random.default_rng(1)
+    base = generator.normal(0, 1, 50)
+    assert mann_whitney_p(base, generator.normal(0, 1, 50)) > 0.01
+    assert mann_whitney_p(base, generator.normal(2, 1, 50)) < 1e-6
+
+
+@pytest.mark.slow
+def test_a_recording_compared_with_itself_changes_nothing(recorded: Path, capsys) -> None:
+    comparison = run_compare(recorded, recorded, capsys)
+    names = [m["name"] for m in comparison["metrics"]]
+    assert {"step time (s)", "throughput (tokens/s)", "dp/all_reduce time per step (s)", "stage 0 bubble",
+            "rank 3 peak memory (bytes)", "most loaded rank peak memory (bytes)"} <= set(names)
+    assert all(m["ratio"] == pytest.approx(1.0) and not m["significant"] for m in comparison["metrics"])
+
+
+@pytest.mark.slow
+def test_perfetto_trace_has_a_track_per_rank_with_slices_and_counters(recorded: Path, tmp_path: Path) -> None:
+    out = tmp_path / "trace.json"
+    assert main(["export", str(recorded), "--format", "perfetto", "-o", str(out)]) == 0
+    trace = json.loads(out.read_text())["traceEvents"]
+    processes = {e["args"]["name"] for e in trace if e["ph"] == "M" and e["name"] == "process_name"}
+    assert processes == {"rank 0", "rank 1", "rank 2", "rank 3"}
+    slices = [e for e in trace if e["ph"] == "X"]
+    assert {e["cat"] for e in slices} == {"step", "stage", "collective"}
+    assert all(e["dur"] >= 0 and e["ts"] > 0 for e in slices)
+    assert sum(e["cat"] == "step" for e in slices) == 16  # 4 steps x 4 ranks
+    assert any(e["ph"] == "C" and e["name"] == "memory (bytes)" for e in trace)
+
+
+@pytest.mark.slow
+def test_csv_export_writes_every_table_and_refuses_to_overwrite(recorded: Path, tmp_path: Path, capsys) -> None:
+    out = tmp_path / "csv"
+    assert main(["export", str(recorded), "--format", "csv", "-o", str(out)]) == 0
+    assert {"step.csv", "collective.csv", "stage_action.csv", "memory.csv", "manifest.json"} <= {
+        p.name for p in out.iterdir()}
+    assert (out / "step.csv").read_text().splitlines()[0].startswith("rank,step,start_ns,duration_s")
+    capsys.readouterr()
+    assert main(["export", str(recorded), "--format", "csv", "-o", str(out)]) == 2
+    assert "exists" in capsys.readouterr().err
+    shutil.rmtree(out)
