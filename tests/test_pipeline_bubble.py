@@ -8,20 +8,25 @@ from tests.bench.accuracy import measure_bubble
 
 pytestmark = pytest.mark.slow
 
-# On gloo each microbatch also spends ~3-4 ms outside the stage actions (P2P
-# transfer, loss, schedule bookkeeping): about 3.5% of its ~100 ms of compute
-# for this model and length. That time is idle by definition, so the measured
-# bubble sits above theory by about m c / ((m + 1) t) < 0.04 for p = 2 (0.04
-# seen on an idle machine), and never below it by more than timer noise; the
-# bound allows 2.5 times that, since a busy machine stretches the P2P time.
-ABOVE, BELOW = 0.10, 0.02
+# The formula describes the pipeline's bottleneck: the slowest stage. On gloo
+# each microbatch also spends ~3-4 ms outside the stage actions (P2P transfer,
+# loss, schedule bookkeeping), about 3.5% of its ~100 ms of compute for this
+# model and length; that time is idle by definition, so the slowest stage's
+# bubble sits above theory by about m c / ((m + 1) t) < 0.04 for p = 2
+# (-0.001 to +0.051 seen over three runs); 0.07 allows for a busy machine. A faster
+# stage also waits for the slower one (stage 1 carries the output projection
+# and the loss, ~5% more work), which adds up to ~0.04 more: 0.10 for every
+# stage. Never below theory by more than timer noise.
+SLOWEST_ABOVE, ANY_ABOVE, BELOW = 0.07, 0.10, 0.02
 
 
 @pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
 def test_bubble_follows_theory_as_microbatches_grow(schedule: str) -> None:
     rows = [measure_bubble(schedule, m) for m in (2, 4, 8)]
     for row in rows:
+        theory, m = row["theory"], row["microbatches"]
+        assert theory - BELOW <= row["measured_slowest"] <= theory + SLOWEST_ABOVE, (schedule, m)
         for stage, measured in row["measured_by_stage"].items():
-            assert row["theory"] - BELOW <= measured <= row["theory"] + ABOVE, (schedule, row["microbatches"], stage)
+            assert theory - BELOW <= measured <= theory + ANY_ABOVE, (schedule, m, stage)
     worst = [row["measured_max"] for row in rows]
     assert worst[0] > worst[1] > worst[2]

@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 from typing import Any, TextIO
 
-from probes.events import Event, EventsDropped, RankStarted, StackDump, StepTiming
+from probes.events import Event, EventsDropped, GpuLink, GpuSample, NvmlState, RankStarted, StackDump, StepTiming
 from recordings.events_log import EventWriter
 from recordings.manifest import write_manifest
 from recordings.tables import compact
@@ -129,6 +129,7 @@ def follow_job(run: ResolvedRun, *, session_dir: Path, out: TextIO,
     folder = StepFolder(run.world_size)
     steps: list[JobStep] = []
     devices: dict[int, str] = {}
+    hardware: dict[str, Any] = {"gpus": {}, "topology": [], "nvml": None}
     received = 0
     progress = Progress(run, out)
     writer = EventWriter(session_dir) if manifest is not None else None
@@ -141,6 +142,15 @@ def follow_job(run: ResolvedRun, *, session_dir: Path, out: TextIO,
         for event in events:
             if isinstance(event, RankStarted):
                 devices[event.rank] = event.device
+            elif isinstance(event, NvmlState):
+                hardware["nvml"] = {"state": event.state, "detail": event.detail,
+                                    "driver_version": event.driver_version, "gpu_count": event.gpu_count}
+            elif isinstance(event, GpuSample):
+                hardware["gpus"].setdefault(event.gpu, {"gpu": event.gpu, "name": event.name,
+                                                        "memory_total_bytes": event.memory_total_bytes})
+            elif isinstance(event, GpuLink):
+                hardware["topology"].append({"gpu_a": event.gpu_a, "gpu_b": event.gpu_b, "path": event.path,
+                                             "nvlinks": event.nvlinks})
             elif isinstance(event, StackDump):
                 progress.message("\n".join(stack_dump_lines(event)))
             elif isinstance(event, EventsDropped):
@@ -171,6 +181,9 @@ def follow_job(run: ResolvedRun, *, session_dir: Path, out: TextIO,
                    for r in result.ranks],
             root_cause_rank=result.root_cause,
             rank_devices={str(rank): device for rank, device in sorted(devices.items())},
+            nvml=hardware["nvml"],
+            gpus=[hardware["gpus"][gpu] for gpu in sorted(hardware["gpus"])],
+            topology=hardware["topology"],
         )
         write_manifest(session_dir, manifest)
     return result

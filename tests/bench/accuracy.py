@@ -33,9 +33,12 @@ def measure_bubble(schedule: str, microbatches: int) -> dict[str, object]:
     assert launched.result.status == "completed", launched.result
     tables = frames(launched.events)
     rows = stage_table(tables["stage_action"], tables["step"], tables["rank_started"])
-    by_stage = rows[rows.step >= 1].groupby("pp_rank")["bubble_fraction"].mean().to_dict()
+    steady = rows[rows.step >= 1].groupby("pp_rank")
+    by_stage = steady["bubble_fraction"].mean().to_dict()
+    slowest = int(steady["busy_s"].mean().idxmax())
     return {"schedule": schedule, "microbatches": microbatches, "theory": theoretical_bubble(2, microbatches),
-            "measured_by_stage": by_stage, "measured_max": max(by_stage.values())}
+            "measured_by_stage": by_stage, "measured_max": max(by_stage.values()), "slowest_stage": slowest,
+            "measured_slowest": by_stage[slowest]}
 
 
 def measure_busbw() -> list[dict[str, float]]:
@@ -52,14 +55,15 @@ def main() -> None:
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
     bubbles = []
-    print(f"{'schedule':<8} {'m':>3} {'theory':>7} {'stage 0':>8} {'stage 1':>8} {'max - theory':>13}")
+    print(f"{'schedule':<8} {'m':>3} {'theory':>7} {'stage 0':>8} {'stage 1':>8} {'slowest':>8} "
+          f"{'slowest - theory':>17}")
     for schedule in SCHEDULES:
         for microbatches in MICROBATCHES:
             row = measure_bubble(schedule, microbatches)
             bubbles.append(row)
             stages = row["measured_by_stage"]
             print(f"{schedule:<8} {microbatches:>3} {row['theory']:>7.3f} {stages[0]:>8.3f} {stages[1]:>8.3f} "
-                  f"{row['measured_max'] - row['theory']:>+13.3f}", flush=True)
+                  f"{row['slowest_stage']:>8} {row['measured_slowest'] - row['theory']:>+17.3f}", flush=True)
     busbw = measure_busbw()
     print(f"\n{'bytes':>10} {'loop GB/s':>10} {'hooks GB/s':>11} {'hooks / loop':>13}")
     for row in busbw:
