@@ -149,3 +149,23 @@ def test_sigkilled_meshtop_leaves_a_readable_recording_and_no_ranks(tmp_path: Pa
     summary = summarize(recording)
     assert summary["run"]["status"] == "interrupted"
     assert summary["steps"]["count"] >= 3
+
+
+@pytest.mark.slow
+def test_a_killed_rank_costs_at_most_its_last_second_of_events(tmp_path: Path) -> None:
+    import os
+
+    out = tmp_path / "rank-killed"
+    done = subprocess.run([sys.executable, "-m", "tui.cli", "record", str(out), "--dp", "2", "--steps", "500",
+                           "--device", "cpu"], capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "MESHTOP_FAULT": "kill:1:60"})
+    assert done.returncode == 1
+    recording = open_recording(out)
+    assert recording.status == "failed" and recording.problems == []
+    steps = recording.table("step")
+    ends = steps.start_ns + steps.duration_s * 1e9
+    killed_at = ends[(steps["rank"] == 0) & (steps.step == 59)].max()  # rank 1 died as step 60 began
+    last_of_killed = ends[steps["rank"] == 1].max()
+    assert killed_at - last_of_killed < 1e9
+    ranks = {r["rank"]: r for r in recording.manifest["ranks"]}
+    assert ranks[1]["signal"] == "SIGKILL"

@@ -7,15 +7,16 @@ whose rank failed exits 1 naming the rank; an interrupted job exits 130.
 from __future__ import annotations
 
 import argparse
+import json
 import os
+import shutil
 import signal
 import sys
 import tempfile
-import shutil
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import FrameType
-from typing import NoReturn
+from typing import Any, NoReturn
 
 from probes.errors import MeshtopError
 from probes.samplers import DEFAULT_GPU_HZ, DEFAULT_PROCESS_HZ
@@ -138,8 +139,11 @@ def command_run(args: argparse.Namespace) -> int:
 
 
 def command_record(args: argparse.Namespace) -> int:
+    from recordings.analysis import summarize
     from recordings.manifest import new_recording, start_manifest, write_manifest
+    from recordings.reader import open_recording
     from tui.console import follow_job
+    from tui.summary_text import summary_lines
 
     run = resolve_args(args)
     probes = node_probes_from_args(args)
@@ -149,47 +153,34 @@ def command_record(args: argparse.Namespace) -> int:
     manifest["node_probes"] = {"gpu_hz": probes.gpu_hz, "process_hz": probes.process_hz}
     write_manifest(out, manifest)
     result = follow_job(run, session_dir=out, out=sys.stdout, manifest=manifest, node_probes=probes)
-    from recordings.analysis import summarize
-    from recordings.reader import open_recording
-    from tui.summary_text import summary_lines
-
     print("\n".join(summary_lines(summarize(open_recording(out)))[1:]))
     print(f"recording: {out}")
     return exit_code(result.status)
 
 
-def command_summary(args: argparse.Namespace) -> int:
-    import json
-
-    from recordings.analysis import summarize
-    from recordings.reader import open_recording
-    from tui.summary_text import summary_lines
-
-    summary = summarize(open_recording(args.recording))
-    if args.json:
-        print(json.dumps(summary, indent=2))
-    else:
-        print("\n".join(summary_lines(summary)))
-    for problem in summary["problems"]:
+def print_report(report: dict[str, Any], *, as_json: bool, lines: Callable[[dict[str, Any]], list[str]]) -> int:
+    """A report as JSON or text on stdout; what could not be read as warnings on stderr."""
+    print(json.dumps(report, indent=2) if as_json else "\n".join(lines(report)))
+    for problem in report["problems"]:
         print(f"meshtop: warning: {problem}", file=sys.stderr)
     return EXIT_OK
 
 
-def command_compare(args: argparse.Namespace) -> int:
-    import json
+def command_summary(args: argparse.Namespace) -> int:
+    from recordings.analysis import summarize
+    from recordings.reader import open_recording
+    from tui.summary_text import summary_lines
 
+    return print_report(summarize(open_recording(args.recording)), as_json=args.json, lines=summary_lines)
+
+
+def command_compare(args: argparse.Namespace) -> int:
     from recordings.compare import compare
     from recordings.reader import open_recording
     from tui.summary_text import comparison_lines
 
     comparison = compare(open_recording(args.before), open_recording(args.after))
-    if args.json:
-        print(json.dumps(comparison, indent=2))
-    else:
-        print("\n".join(comparison_lines(comparison)))
-    for problem in comparison["problems"]:
-        print(f"meshtop: warning: {problem}", file=sys.stderr)
-    return EXIT_OK
+    return print_report(comparison, as_json=args.json, lines=comparison_lines)
 
 
 def command_export(args: argparse.Namespace) -> int:
