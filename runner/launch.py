@@ -236,11 +236,10 @@ def run_job(run: ResolvedRun, *, session_dir: Path,
     as events. A ``KeyboardInterrupt`` (Ctrl-C, or SIGTERM turned into one by
     the CLI) stops every rank; the result then says ``interrupted``.
     """
+    job = Job(run, session_dir)
     node_events: queue.SimpleQueue[list[Event]] = queue.SimpleQueue()
-    samplers = [GpuSampler(rate_hz=node_probes.gpu_hz, emit=node_events.put),
-                ProcessSampler(rate_hz=node_probes.process_hz, emit=node_events.put)]
-    processes = samplers[1]
-    assert isinstance(processes, ProcessSampler)
+    processes = ProcessSampler(rate_hz=node_probes.process_hz, emit=node_events.put)
+    samplers = (GpuSampler(rate_hz=node_probes.gpu_hz, emit=node_events.put), processes)
     pids: dict[int, int] = {}
 
     def deliver() -> None:
@@ -256,7 +255,6 @@ def run_job(run: ResolvedRun, *, session_dir: Path,
             events.extend(dump_stacks(pids))
         on_events(events)
 
-    job = Job(run, session_dir)
     for sampler in samplers:
         sampler.start()
     job.start()
