@@ -45,10 +45,26 @@ def job_steps(steps: pd.DataFrame) -> pd.DataFrame:
     return table
 
 
-def steps_section(recording: Recording) -> dict[str, Any]:
+def complete_job_steps(recording: Recording) -> pd.DataFrame:
+    """The job's steps that every rank reported (an interrupted last step is left out)."""
     world = recording.manifest.get("plan", {}).get("world_size") or 1
     table = job_steps(recording.table("step"))
-    complete = table[table.ranks == world] if not table.empty else table
+    return table[table.ranks == world] if not table.empty else table
+
+
+def rank_peaks(memory: pd.DataFrame) -> dict[int, float]:
+    """Each rank's peak memory: the allocator's peak on CUDA, else the largest RSS seen."""
+    peaks = {}
+    for rank, part in memory.groupby("rank"):
+        source = part.peak_allocated_bytes.dropna()
+        peak = source.max() if not source.empty else part.rss_bytes.dropna().max()
+        if not pd.isna(peak):
+            peaks[int(rank)] = float(peak)
+    return peaks
+
+
+def steps_section(recording: Recording) -> dict[str, Any]:
+    complete = complete_job_steps(recording)
     times = complete["duration_s"] if not complete.empty else pd.Series(dtype=float)
     rate = (complete.tokens / complete.duration_s) if not complete.empty else pd.Series(dtype=float)
     losses = complete["loss"].dropna() if not complete.empty else pd.Series(dtype=float)
@@ -61,14 +77,20 @@ def steps_section(recording: Recording) -> dict[str, Any]:
     }
 
 
+def timed_collectives(recording: Recording) -> pd.DataFrame:
+    """The collectives issued inside steps, with ``duration_s`` and ``busbw_gbps`` (NaN where meaningless)."""
+    table = recording.table("collective").dropna(subset=["step"]).copy()
+    table["duration_s"] = (table.end_ns - table.start_ns) / 1e9
+    factors = {key: bus_factor(key[0], int(key[1])) for key in set(zip(table.op, table.group_size))}
+    factor = pd.Series([factors[key] for key in zip(table.op, table.group_size)], index=table.index, dtype=float)
+    table["busbw_gbps"] = np.where(table.duration_s > 0, table.bytes / table.duration_s / 1e9 * factor, np.nan)
+    return table
+
+
 def collectives_section(recording: Recording) -> list[dict[str, Any]]:
-    table = recording.table("collective")
+    table = timed_collectives(recording)
     if table.empty:
         return []
-    table = table.dropna(subset=["step"]).copy()
-    table["duration_s"] = (table.end_ns - table.start_ns) / 1e9
-    factor = table.apply(lambda row: bus_factor(row.op, int(row.group_size)), axis=1).astype(float)
-    table["busbw_gbps"] = np.where(table.duration_s > 0, table.bytes / table.duration_s / 1e9 * factor, np.nan)
     rows = []
     for (group, op), part in table.groupby(["group", "op"]):
         busbw = part["busbw_gbps"].dropna()
@@ -94,12 +116,12 @@ def memory_section(recording: Recording) -> list[dict[str, Any]]:
     if table.empty:
         return []
     rows = []
+    peaks = rank_peaks(table)
     for rank, part in table.sort_values("step").groupby("rank"):
         last = part.iloc[-1]
-        peak_source = part.peak_allocated_bytes.dropna()
-        peak = peak_source.max() if not peak_source.empty else part.rss_bytes.dropna().max()
+        peak = peaks.get(int(rank))
         rows.append({
-            "rank": int(rank), "peak_bytes": None if pd.isna(peak) else int(peak),
+            "rank": int(rank), "peak_bytes": None if peak is None else int(peak),
             "weights_bytes": int(last.weights_bytes), "grads_bytes": int(last.grads_bytes),
             "optimizer_bytes": int(last.optimizer_bytes),
             "activations_bytes": None if pd.isna(last.activations_bytes) else int(last.activations_bytes),

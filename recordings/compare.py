@@ -16,8 +16,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from probes.bandwidth import bus_factor
-from recordings.analysis import job_steps
+from recordings.analysis import complete_job_steps, rank_peaks, timed_collectives
 from recordings.pipeline import stage_table
 from recordings.reader import Recording
 
@@ -58,49 +57,27 @@ def metric(name: str, a: np.ndarray | float | None, b: np.ndarray | float | None
     return {"name": name, "a": a_value, "b": b_value, "ratio": ratio, "significant": significant}
 
 
-def _complete_steps(recording: Recording) -> pd.DataFrame:
-    world = recording.manifest.get("plan", {}).get("world_size") or 1
-    table = job_steps(recording.table("step"))
-    return table[table.ranks == world] if not table.empty else table
-
-
 def _comm_per_step(recording: Recording) -> dict[str, np.ndarray]:
-    table = recording.table("collective").dropna(subset=["step"])
+    table = timed_collectives(recording)
     if table.empty:
         return {}
-    table = table.assign(duration_s=(table.end_ns - table.start_ns) / 1e9)
     per_rank = table.groupby(["group", "op", "step", "rank"])["duration_s"].sum()
     per_step = per_rank.groupby(["group", "op", "step"]).max()  # the busiest rank's time in that op
     return {f"{group}/{op}": part.to_numpy() for (group, op), part in per_step.groupby(["group", "op"])}
 
 
 def _busbw(recording: Recording) -> dict[str, np.ndarray]:
-    table = recording.table("collective").dropna(subset=["step"])
     out = {}
-    for (group, op), part in table.groupby(["group", "op"]):
-        factor = bus_factor(op, int(part.group_size.iloc[0]))
-        seconds = (part.end_ns - part.start_ns) / 1e9
-        if factor is None or not (part.bytes > 0).any():
-            continue
-        values = (part.bytes / seconds.where(seconds > 0) / 1e9 * factor).dropna()
-        out[f"{group}/{op}"] = values.to_numpy()
+    for (group, op), part in timed_collectives(recording).groupby(["group", "op"]):
+        values = part.busbw_gbps.dropna()
+        if (part.bytes > 0).any() and not values.empty:
+            out[f"{group}/{op}"] = values.to_numpy()
     return out
 
 
 def _bubbles(recording: Recording) -> dict[int, np.ndarray]:
     table = stage_table(recording.table("stage_action"), recording.table("step"), recording.table("rank_started"))
     return {int(stage): part.bubble_fraction.to_numpy() for stage, part in table.groupby("pp_rank")}
-
-
-def _peaks(recording: Recording) -> dict[int, float]:
-    table = recording.table("memory")
-    peaks = {}
-    for rank, part in table.groupby("rank"):
-        source = part.peak_allocated_bytes.dropna()
-        peak = source.max() if not source.empty else part.rss_bytes.dropna().max()
-        if not pd.isna(peak):
-            peaks[int(rank)] = float(peak)
-    return peaks
 
 
 def _headroom(recording: Recording, peaks: dict[int, float]) -> float | None:
@@ -124,7 +101,7 @@ def unfair_differences(a: Recording, b: Recording) -> list[str]:
 
 def compare(a: Recording, b: Recording) -> dict[str, Any]:
     """Every comparable metric of ``a`` (before) and ``b`` (after)."""
-    steps_a, steps_b = _complete_steps(a), _complete_steps(b)
+    steps_a, steps_b = complete_job_steps(a), complete_job_steps(b)
     metrics = [
         metric("step time (s)", steps_a.duration_s.to_numpy(float), steps_b.duration_s.to_numpy(float)),
         metric("throughput (tokens/s)", (steps_a.tokens / steps_a.duration_s).to_numpy(float),
@@ -139,7 +116,7 @@ def compare(a: Recording, b: Recording) -> dict[str, Any]:
     bub_a, bub_b = _bubbles(a), _bubbles(b)
     for stage in sorted(set(bub_a) & set(bub_b)):
         metrics.append(metric(f"stage {stage} bubble", bub_a[stage], bub_b[stage]))
-    peaks_a, peaks_b = _peaks(a), _peaks(b)
+    peaks_a, peaks_b = rank_peaks(a.table("memory")), rank_peaks(b.table("memory"))
     for rank in sorted(set(peaks_a) & set(peaks_b)):
         metrics.append(metric(f"rank {rank} peak memory (bytes)", peaks_a[rank], peaks_b[rank]))
     if peaks_a and peaks_b:

@@ -63,7 +63,3 @@ class JsonLinesTail:
         self._offset += end
         return [event_from_record(json.loads(line)) for line in chunk[:end].splitlines() if line.strip()]
 
-
-def read_events(directory: Path, kind: str) -> list[Event]:
-    """Every complete event of ``kind`` in the recording at ``directory``."""
-    return JsonLinesTail(directory / EVENTS_DIR / f"{kind}.jsonl").read_new()
