@@ -17,7 +17,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -216,6 +216,35 @@ def _signal(process: psutil.Process, signum: int) -> None:
         pass
 
 
+class JobControl:
+    """Requests from the user's side to a running job, safe to make from any thread."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._stacks: set[int] | None = None
+        self._stacks_asked = False
+        self.stop = threading.Event()
+        """Set to stop every rank; the job then ends ``interrupted``."""
+
+    def ask_stacks(self, ranks: Iterable[int] | None = None) -> None:
+        """A py-spy dump of ``ranks`` (every rank when ``None``) at the next delivery."""
+        with self._lock:
+            if ranks is None or (self._stacks_asked and self._stacks is None):
+                self._stacks = None
+            else:
+                self._stacks = (self._stacks or set()) | set(ranks)
+            self._stacks_asked = True
+
+    def take_stack_request(self, pids: dict[int, int]) -> dict[int, int]:
+        """The ``{rank: pid}`` to dump now (empty when nothing was asked)."""
+        with self._lock:
+            asked, ranks = self._stacks_asked, self._stacks
+            self._stacks_asked, self._stacks = False, None
+        if not asked:
+            return {}
+        return dict(pids) if ranks is None else {rank: pid for rank, pid in pids.items() if rank in ranks}
+
+
 def lifecycle_events(result: JobResult) -> list[Event]:
     """How each rank and the job ended, as events for the recording."""
     now = time.time_ns()
@@ -229,13 +258,15 @@ def lifecycle_events(result: JobResult) -> list[Event]:
 def run_job(run: ResolvedRun, *, session_dir: Path,
             on_events: Callable[[list[Event]], None] = lambda events: None,
             node_probes: NodeProbes = NodeProbes(),
-            stack_request: threading.Event | None = None) -> JobResult:
+            control: JobControl | None = None) -> JobResult:
     """Launch ``run``, pass its events (and the node samplers') to ``on_events``, and wait for the end.
 
-    Setting ``stack_request`` asks for a py-spy dump of every rank, delivered
-    as events. A ``KeyboardInterrupt`` (Ctrl-C, or SIGTERM turned into one by
-    the CLI) stops every rank; the result then says ``interrupted``.
+    ``control`` carries requests from another thread: py-spy dumps of ranks,
+    delivered as events, and a stop. A ``KeyboardInterrupt`` (Ctrl-C, or
+    SIGTERM turned into one by the CLI) or ``control.stop`` stops every rank;
+    the result then says ``interrupted``.
     """
+    control = control if control is not None else JobControl()
     job = Job(run, session_dir)
     node_events: queue.SimpleQueue[list[Event]] = queue.SimpleQueue()
     processes = ProcessSampler(rate_hz=node_probes.process_hz, emit=node_events.put)
@@ -250,9 +281,8 @@ def run_job(run: ResolvedRun, *, session_dir: Path,
             if isinstance(event, RankStarted):
                 pids[event.rank] = event.pid
                 processes.watch(event.rank, event.pid)
-        if stack_request is not None and stack_request.is_set():
-            stack_request.clear()
-            events.extend(dump_stacks(pids))
+        if wanted := control.take_stack_request(pids):
+            events.extend(dump_stacks(wanted))
         on_events(events)
 
     for sampler in samplers:
@@ -260,9 +290,10 @@ def run_job(run: ResolvedRun, *, session_dir: Path,
     job.start()
     interrupted = False
     try:
-        while job.poll():
+        while job.poll() and not control.stop.is_set():
             deliver()
-            time.sleep(POLL_S)
+            control.stop.wait(POLL_S)
+        interrupted = control.stop.is_set() and job.poll()  # a job that ended by itself is not interrupted
     except KeyboardInterrupt:
         interrupted = True
     finally:

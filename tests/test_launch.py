@@ -91,13 +91,23 @@ def test_stopping_meshtop_stops_every_rank(signum: int, tmp_path: Path) -> None:
     assert manifest["status"] == "interrupted"
 
 
-def test_meshtop_run_with_no_options_runs_a_multi_rank_job() -> None:
-    done = subprocess.run(meshtop("run"), capture_output=True, text=True, timeout=300,
+def test_record_with_no_plan_options_runs_the_default_multi_rank_job(tmp_path: Path) -> None:
+    done = subprocess.run(meshtop("record", str(tmp_path / "rec")), capture_output=True, text=True, timeout=300,
                           env={**os.environ, "CUDA_VISIBLE_DEVICES": ""})
     assert done.returncode == 0, done.stdout + done.stderr
     assert done.stdout.startswith("meshtop: dp2 x tp1 x pp1")
     assert "step   20/20" in done.stdout
     assert "completed in" in done.stdout
+
+
+def test_run_without_a_terminal_points_to_record(tmp_path: Path) -> None:
+    done = subprocess.run(meshtop("run", "--runs-dir", str(tmp_path)), capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "CUDA_VISIBLE_DEVICES": ""})
+    assert done.returncode == 2
+    assert done.stderr.strip().splitlines() == [
+        "meshtop: error: meshtop run draws a dashboard, but standard output is not a terminal: "
+        "use `meshtop record OUT` to record a job headless"]
+    assert list(tmp_path.iterdir()) == []  # nothing launched, nothing recorded
 
 
 def test_record_writes_the_full_run_description(tmp_path: Path) -> None:

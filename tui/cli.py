@@ -1,4 +1,4 @@
-"""The ``meshtop`` command line: ``run``, ``record`` and ``summary`` (more arrive with later layers).
+"""The ``meshtop`` command line: ``run``, ``record``, ``replay``, ``summary``, ``compare`` and ``export``.
 
 Every error the user can fix is one line on stderr and exit code 2; a job
 whose rank failed exits 1 naming the rank; an interrupted job exits 130.
@@ -13,6 +13,7 @@ import shutil
 import signal
 import sys
 import tempfile
+import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import FrameType
@@ -25,6 +26,8 @@ from runner.plan import DEVICES, DTYPES, SCHEDULES, PlanError, ResolvedRun, RunS
 from runner.presets import PRESETS
 
 EXIT_OK, EXIT_JOB_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
+RUNS_DIR_ENV = "MESHTOP_RUNS_DIR"
+DEFAULT_RUNS_DIR = "meshtop-runs"
 
 
 class OneLineParser(argparse.ArgumentParser):
@@ -93,15 +96,28 @@ def resolve_args(args: argparse.Namespace) -> ResolvedRun:
 def build_parser() -> argparse.ArgumentParser:
     parser = OneLineParser(prog="meshtop", description="A terminal dashboard and profiler for distributed PyTorch LLM jobs.")
     commands = parser.add_subparsers(dest="command", required=True, parser_class=OneLineParser)
-    run = commands.add_parser("run", help="launch a job and follow it live",
-                              description="Launch a training job with the given parallel plan and follow it.")
+    run = commands.add_parser("run", help="launch a job and watch it in the live dashboard",
+                              description="Launch a training job with the given parallel plan and watch it live; "
+                                          "the session is recorded into the runs folder unless --no-record.")
     add_plan_options(run)
+    session = run.add_argument_group("session")
+    session.add_argument("--no-record", dest="record", action="store_false", help="do not keep a recording")
+    session.add_argument("--runs-dir", type=Path, default=None, metavar="DIR",
+                         help=f"where sessions are recorded (default ${RUNS_DIR_ENV} or ./{DEFAULT_RUNS_DIR})")
     run.set_defaults(handler=command_run)
     record = commands.add_parser("record", help="launch a job headless and record it into OUT",
                                  description="Launch a training job headless and record it into a new directory.")
     record.add_argument("out", type=Path, metavar="OUT", help="new directory for the recording")
     add_plan_options(record)
     record.set_defaults(handler=command_record)
+    replay = commands.add_parser("replay", help="replay a recording in the dashboard",
+                                 description="Open a recording in the dashboard and play it back "
+                                             "(with no REC, a sample recording shipped with meshtop).")
+    replay.add_argument("recording", type=Path, nargs="?", default=None, metavar="REC",
+                        help="a recording directory (default: the shipped sample)")
+    replay.add_argument("--speed", type=float, default=1.0, metavar="X", help="playback speed (default 1)")
+    replay.add_argument("--paused-at", type=int, default=None, metavar="STEP", help="open paused at the end of STEP")
+    replay.set_defaults(handler=command_replay)
     summary = commands.add_parser("summary", help="summarise a recording",
                                   description="Summarise a recording: steps, collectives, stages, memory, ranks.")
     summary.add_argument("recording", type=Path, metavar="REC", help="a recording directory")
@@ -113,6 +129,7 @@ def build_parser() -> argparse.ArgumentParser:
     compare.add_argument("before", type=Path, metavar="A", help="the recording before the change")
     compare.add_argument("after", type=Path, metavar="B", help="the recording after the change")
     compare.add_argument("--json", action="store_true", help="print the comparison as JSON")
+    compare.add_argument("--tui", action="store_true", help="show the two runs side by side in the terminal UI")
     compare.set_defaults(handler=command_compare)
     export = commands.add_parser("export", help="export a recording as a Perfetto trace or CSV",
                                  description="Export a recording: a trace ui.perfetto.dev opens, or one CSV per table.")
@@ -124,18 +141,87 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def require_terminal(what: str, instead: str) -> None:
+    if not sys.stdout.isatty():
+        raise MeshtopError(f"{what} draws a dashboard, but standard output is not a terminal: {instead}")
+
+
+def runs_directory(args: argparse.Namespace) -> Path:
+    return args.runs_dir or Path(os.environ.get(RUNS_DIR_ENV) or DEFAULT_RUNS_DIR)
+
+
+def new_session_path(runs: Path, run: ResolvedRun) -> Path:
+    """``RUNS/20261129-154501-dp2-tp1-pp1``, with a suffix if that exists already."""
+    stem = f"{time.strftime('%Y%m%d-%H%M%S')}-{'fsdp' if run.fsdp else 'dp'}{run.dp}-tp{run.tp}-pp{run.pp}"
+    path, n = runs / stem, 1
+    while path.exists():
+        n += 1
+        path = runs / f"{stem}-{n}"
+    return path
+
+
 def command_run(args: argparse.Namespace) -> int:
-    from tui.console import follow_job
+    from recordings.manifest import new_recording, start_manifest, write_manifest
+    from tui.app import MeshtopApp
+    from tui.console import verdict
+    from tui.sources import LiveSource
 
     run = resolve_args(args)
     probes = node_probes_from_args(args)
-    session = Path(tempfile.mkdtemp(prefix="meshtop-run-"))
-    result = follow_job(run, session_dir=session, out=sys.stdout, node_probes=probes)
-    if result.status == "completed":
-        shutil.rmtree(session, ignore_errors=True)
+    require_terminal("meshtop run", "use `meshtop record OUT` to record a job headless")
+    if args.record:
+        directory = new_session_path(runs_directory(args), run)
+        new_recording(directory)
+        manifest: dict[str, Any] | None = start_manifest(run.describe(), command_line=sys.argv[1:])
+        manifest["node_probes"] = {"gpu_hz": probes.gpu_hz, "process_hz": probes.process_hz}
+        write_manifest(directory, manifest)
     else:
-        print(f"launcher log kept in {result.log_path}", file=sys.stderr)
-    return exit_code(result.status)
+        directory, manifest = Path(tempfile.mkdtemp(prefix="meshtop-run-")), None
+    source = LiveSource(run, directory=directory, manifest=manifest, node_probes=probes)
+    app = MeshtopApp(source)
+    try:
+        app.run()
+    finally:
+        source.stop()
+        source.wait()
+    if source.error is not None:
+        raise source.error
+    assert source.result is not None, "the session thread ended without a result"
+    for line in verdict(source.result, source.steps):
+        print(line)
+    if manifest is not None:
+        print(f"recording: {directory}")
+    elif source.result.status == "completed":
+        shutil.rmtree(directory, ignore_errors=True)
+    if source.result.status == "failed":
+        print(f"launcher log kept in {source.result.log_path}", file=sys.stderr)
+    return exit_code(source.result.status)
+
+
+def sample_recording() -> Path:
+    from recordings.samples import SAMPLE
+
+    return SAMPLE
+
+
+def command_replay(args: argparse.Namespace) -> int:
+    from recordings.reader import open_recording
+    from tui.app import MeshtopApp
+    from tui.sources import ReplaySource
+
+    if not 0 < args.speed <= 1000:
+        raise PlanError(f"--speed must be above 0 and at most 1000, got {args.speed:g}")
+    recording = open_recording(args.recording or sample_recording())
+    source = ReplaySource(recording)
+    source.playback.speed = args.speed
+    if args.paused_at is not None:
+        source.playback.seek_step(args.paused_at - 1)
+        source.playback.paused = True
+    require_terminal("meshtop replay", "use `meshtop summary REC` for the figures as text")
+    MeshtopApp(source).run()
+    for problem in source.problems:
+        print(f"meshtop: warning: {problem}", file=sys.stderr)
+    return EXIT_OK
 
 
 def command_record(args: argparse.Namespace) -> int:
@@ -179,7 +265,15 @@ def command_compare(args: argparse.Namespace) -> int:
     from recordings.reader import open_recording
     from tui.summary_text import comparison_lines
 
-    comparison = compare(open_recording(args.before), open_recording(args.after))
+    before, after = open_recording(args.before), open_recording(args.after)
+    comparison = compare(before, after)
+    if args.tui:
+        from recordings.analysis import summarize
+        from tui.compare_app import CompareApp
+
+        require_terminal("meshtop compare --tui", "leave out --tui for the comparison as text")
+        CompareApp(comparison, summarize(before), summarize(after)).run()
+        return EXIT_OK
     return print_report(comparison, as_json=args.json, lines=comparison_lines)
 
 

@@ -4,18 +4,15 @@ from __future__ import annotations
 
 import signal
 import statistics
-import threading
 import time
 from pathlib import Path
 from typing import Any, TextIO
 
-from probes.events import Event, EventsDropped, GpuLink, GpuSample, NvmlState, RankStarted, StackDump, StepTiming
-from recordings.events_log import EventWriter
-from recordings.manifest import write_manifest
-from recordings.tables import compact
-from recordings.steps import JobStep, StepFolder
-from runner.launch import JobResult, NodeProbes, run_job
+from probes.events import Event, EventsDropped, StackDump
+from recordings.steps import JobStep
+from runner.launch import JobControl, JobResult, NodeProbes
 from runner.plan import ResolvedRun
+from tui.session import run_session
 
 PROGRESS_LINES = 20
 """About this many step lines per run, evenly spaced..."""
@@ -118,72 +115,37 @@ def stack_dump_lines(dump: StackDump) -> list[str]:
 
 def follow_job(run: ResolvedRun, *, session_dir: Path, out: TextIO,
                manifest: dict[str, Any] | None = None, node_probes: NodeProbes = NodeProbes()) -> JobResult:
-    """Run the job, printing progress to ``out``; finish ``manifest`` (if given) with how it ended.
+    """Run the job, printing progress to ``out``; record it when a ``manifest`` is given.
 
     SIGUSR1 to meshtop dumps every rank's Python stack (py-spy) to ``out``
     and, when recording, into the recording.
     """
     print(headline(run), file=out, flush=True)
-    stack_request = threading.Event()
-    previous_usr1 = signal.signal(signal.SIGUSR1, lambda signum, frame: stack_request.set())
-    folder = StepFolder(run.world_size)
+    control = JobControl()
+    previous_usr1 = signal.signal(signal.SIGUSR1, lambda signum, frame: control.ask_stacks())
     steps: list[JobStep] = []
-    devices: dict[int, str] = {}
-    hardware: dict[str, Any] = {"gpus": {}, "topology": [], "nvml": None}
     received = 0
     progress = Progress(run, out)
-    writer = EventWriter(session_dir) if manifest is not None else None
 
-    def on_events(events: list[Event]) -> None:
+    def on_events(events: list[Event], completed: list[JobStep]) -> None:
         nonlocal received
         received += len(events)
-        if writer is not None:
-            writer.write(events)
         for event in events:
-            if isinstance(event, RankStarted):
-                devices[event.rank] = event.device
-            elif isinstance(event, NvmlState):
-                hardware["nvml"] = {"state": event.state, "detail": event.detail,
-                                    "driver_version": event.driver_version, "gpu_count": event.gpu_count}
-            elif isinstance(event, GpuSample):
-                hardware["gpus"].setdefault(event.gpu, {"gpu": event.gpu, "name": event.name,
-                                                        "memory_total_bytes": event.memory_total_bytes})
-            elif isinstance(event, GpuLink):
-                hardware["topology"].append({"gpu_a": event.gpu_a, "gpu_b": event.gpu_b, "path": event.path,
-                                             "nvlinks": event.nvlinks})
-            elif isinstance(event, StackDump):
+            if isinstance(event, StackDump):
                 progress.message("\n".join(stack_dump_lines(event)))
             elif isinstance(event, EventsDropped):
                 where = f"rank {event.rank}" if event.rank is not None else "the collector"
                 progress.message(f"warning: {event.count} telemetry events dropped by {where} (buffer full)")
-            elif isinstance(event, StepTiming) and (step := folder.add(event)) is not None:
-                steps.append(step)
-                progress.update(step, writer.written if writer is not None else received)
+        for step in completed:
+            steps.append(step)
+            progress.update(step, received)
 
     try:
-        result = run_job(run, session_dir=session_dir, on_events=on_events, node_probes=node_probes,
-                         stack_request=stack_request)
+        result = run_session(run, directory=session_dir, manifest=manifest, on_events=on_events,
+                             node_probes=node_probes, control=control)
     finally:
         progress.finish()
         signal.signal(signal.SIGUSR1, previous_usr1)
-        if writer is not None:
-            writer.close()
-            compact(session_dir)
     for line in verdict(result, steps):
         print(line, file=out, flush=True)
-    if manifest is not None:
-        manifest.update(
-            status=result.status,
-            ended_at=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-            duration_s=round(result.duration_s, 3),
-            steps_completed=len(steps),
-            ranks=[{"rank": r.rank, "exit_code": r.exit_code, "signal": r.signal, "error": r.error}
-                   for r in result.ranks],
-            root_cause_rank=result.root_cause,
-            rank_devices={str(rank): device for rank, device in sorted(devices.items())},
-            nvml=hardware["nvml"],
-            gpus=[hardware["gpus"][gpu] for gpu in sorted(hardware["gpus"])],
-            topology=hardware["topology"],
-        )
-        write_manifest(session_dir, manifest)
     return result

@@ -69,13 +69,13 @@ def comparison_lines(comparison: dict[str, Any]) -> list[str]:
     for row in comparison["metrics"]:
         ratio = f"{row['ratio']:.3f}" if row["ratio"] is not None else "-"
         mark = "  *" if row["significant"] else ""
-        lines.append(f"  {row['name']:<44}{_figure(row['name'], row['a']):>14}{_figure(row['name'], row['b']):>14}"
+        lines.append(f"  {row['name']:<44}{figure(row['name'], row['a']):>14}{figure(row['name'], row['b']):>14}"
                      f"{ratio:>9}{mark}")
     lines.append("  * beyond run-to-run noise (Mann-Whitney p < 0.01 on the per-step values, and over 1 %)")
     return lines
 
 
-def _figure(name: str, value: float | None) -> str:
+def figure(name: str, value: float | None) -> str:
     if value is None:
         return "-"
     if "(bytes)" in name:

@@ -1,0 +1,393 @@
+"""The Textual app: one dashboard for a live job or a replay, redrawn at a fixed rate from the state."""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import Iterable
+from typing import ClassVar
+
+from rich.text import Text
+from textual import events
+from textual.app import App, ComposeResult, SystemCommand
+from textual.binding import Binding, BindingType
+from textual.containers import Vertical, VerticalScroll
+from textual.screen import ModalScreen, Screen
+from textual.widgets import Footer, Input, Static, TabbedContent, TabPane
+
+from probes.errors import MeshtopError
+from tui.charts import human_seconds
+from tui.filters import every_rank, parse_rank_filter
+from tui.sources import Playback, Source
+from tui.state import DashboardState
+from tui.views import (
+    AlertsPanel, CollectivesPanel, DevicesPanel, OverviewPanel, Panel, PipelinePanel, ProcessesPanel, StepsPanel,
+)
+
+FRAME_HZ = 8.0
+"""Redraws per second, whatever the event rate."""
+
+VIEWS: tuple[tuple[str, str, type[Panel]], ...] = (
+    ("overview", "Overview", OverviewPanel),
+    ("devices", "Devices", DevicesPanel),
+    ("collectives", "Comms", CollectivesPanel),
+    ("pipeline", "Pipeline", PipelinePanel),
+    ("steps", "Steps", StepsPanel),
+    ("processes", "Procs", ProcessesPanel),
+    ("alerts", "Alerts", AlertsPanel),
+)
+
+
+class HeaderBar(Static):
+    """Plan, model, device, step, step time, tokens/s, MFU, elapsed, status and recording path."""
+
+    def show(self, state: DashboardState, status: str, extra: str = "") -> None:
+        info = state.info
+        params = info.parameters or 0
+        size = f"{params / 1e9:.1f}B" if params >= 1e9 else f"{params / 1e6:.1f}M"
+        first = Text(no_wrap=True, overflow="ellipsis")
+        first.append(" meshtop ", style="bold reverse")
+        colour = {"running": "green", "completed": "green", "replaying": "cyan", "failed": "bold red",
+                  "interrupted": "yellow", "stopping": "yellow"}.get(status, "white")
+        first.append(f" ● {status} ", style=colour)
+        first.append(f" {info.label} · {info.model} {size} · {info.device} {info.dtype} · {info.world_size} ranks")
+        if extra:
+            first.append(f"  {extra}", style="dim")
+        second = Text(no_wrap=True, overflow="ellipsis")
+        step = state.last_step
+        total = f"/{info.steps}" if info.steps else ""
+        second.append(f" step {state.steps_done}{total}", style="bold")
+        second.append(f"  {human_seconds(step.duration_s) if step else '-'}")
+        rate = state.tokens_per_s()
+        second.append(f"  {rate:,.0f} tok/s" if rate is not None else "  - tok/s")
+        mfu = state.mfu()
+        if mfu is not None:
+            second.append(f"  MFU {mfu:.1%}")
+        second.append(f"  elapsed {human_seconds(state.elapsed_s) if state.elapsed_s >= 1 else f'{state.elapsed_s:.1f} s'}")
+        alerts = state.alerts()
+        if alerts:
+            worst = alerts[0]
+            second.append(f"  ⚠ {len(alerts)}", style="bold red" if worst.severity == "error" else "yellow")
+        if info.recording:
+            second.append(f"  rec {info.recording}", style="dim")
+        header = Text("\n").join([first, second])
+        header.no_wrap, header.overflow = True, "ellipsis"
+        self.update(header)
+
+
+class ReplayBar(Static):
+    """The replay's position: a bar to click, the step, the speed and whether it is paused."""
+
+    def show(self, source: Source) -> None:
+        playback = source.playback
+        if playback is None:
+            self.display = False
+            return
+        width = max(10, self.size.width - 40)
+        filled = int(playback.fraction * width)
+        text = Text()
+        text.append(" ⏸ " if playback.paused else " ▶ ", style="bold")
+        text.append("━" * filled, style="cyan")
+        text.append("─" * (width - filled), style="#444444")
+        step = playback.current_step()
+        text.append(f" step {step + 1 if step is not None else 0}/{playback.steps}")
+        text.append(f"  {(playback.position_ns - playback.start_ns) / 1e9:.1f} s  {playback.speed:g}x")
+        self.update(text)
+
+    def on_click(self, event: events.Click) -> None:
+        playback = self.app.source.playback
+        width = max(10, self.size.width - 40)
+        if playback is not None and 3 <= event.x < 3 + width:
+            playback.seek_fraction((event.x - 3) / width)
+
+
+class HelpScreen(ModalScreen[None]):
+    """Every key of the dashboard, from the bindings themselves."""
+
+    BINDINGS: ClassVar[list[BindingType]] = [Binding("escape,q,question_mark", "dismiss", "Close")]
+    DEFAULT_CSS = """
+    HelpScreen { align: center middle; }
+    HelpScreen > VerticalScroll { width: 64; height: auto; max-height: 90%; border: round $accent; background: $panel; padding: 0 1; }
+    """
+
+    def __init__(self, bindings: Iterable[Binding]) -> None:
+        super().__init__()
+        self._bindings = list(bindings)
+
+    def compose(self) -> ComposeResult:
+        text = Text("Keys\n\n", style="bold")
+        for binding in self._bindings:
+            keys = ", ".join(display_key(key) for key in binding.key.split(","))
+            text.append(f"{keys:<18}", style="bold cyan")
+            text.append(f"{binding.description}\n")
+        text.append("\nctrl+p            command palette (every action by name)\n", style="dim")
+        text.append("mouse             click tabs, the replay bar, footer keys; scroll views", style="dim")
+        with VerticalScroll():
+            yield Static(text)
+
+
+class PromptScreen(ModalScreen[str | None]):
+    """One line of input (the rank filter, a seek target); Enter gives it, Escape cancels."""
+
+    BINDINGS: ClassVar[list[BindingType]] = [Binding("escape", "cancel", "Cancel")]
+    DEFAULT_CSS = """
+    PromptScreen { align: center bottom; }
+    PromptScreen > Vertical { width: 70; height: auto; border: round $accent; background: $panel; margin-bottom: 2; }
+    """
+
+    def __init__(self, prompt: str, value: str = "") -> None:
+        super().__init__()
+        self.prompt, self.value = prompt, value
+
+    def compose(self) -> ComposeResult:
+        with Vertical():
+            yield Static(self.prompt)
+            yield Input(value=self.value)
+
+    def on_input_submitted(self, event: Input.Submitted) -> None:
+        self.dismiss(event.value)
+
+    def action_cancel(self) -> None:
+        self.dismiss(None)
+
+
+def display_key(key: str) -> str:
+    return {"question_mark": "?", "slash": "/", "space": "space", "plus": "+", "minus": "-", "left": "←",
+            "right": "→", "up": "↑", "down": "↓", "shift+tab": "shift+tab", "ctrl+c": "ctrl+c"}.get(key, key)
+
+
+class MeshtopApp(App[None]):
+    """The dashboard. It takes its source in the constructor, so tests and benchmarks build the same app."""
+
+    TITLE = "meshtop"
+    CSS = """
+    HeaderBar { height: 2; background: $boost; }
+    ReplayBar { height: 1; background: $boost; }
+    TabbedContent { height: 1fr; }
+    TabPane { padding: 0 1; }
+    """
+    BINDINGS: ClassVar[list[BindingType]] = [
+        Binding("q", "quit", "Quit", priority=True),
+        Binding("ctrl+c", "quit", "Quit", show=False, priority=True),
+        Binding("question_mark", "help", "Help"),
+        *(Binding(str(n), f"view('{view}')", f"View: {label}", show=False) for n, (view, label, _) in enumerate(VIEWS, 1)),
+        Binding("tab", "cycle_view(1)", "Next view", priority=True),
+        Binding("shift+tab", "cycle_view(-1)", "Previous view", show=False, priority=True),
+        Binding("slash", "filter", "Filter"),
+        Binding("s", "stacks(False)", "Stack of rank", show=False),
+        Binding("S", "stacks(True)", "Stacks of all ranks", show=False),
+        Binding("up", "select_rank(-1)", "Previous rank", show=False),
+        Binding("down", "select_rank(1)", "Next rank", show=False),
+        Binding("space", "pause", "Pause"),
+        Binding("left", "step_back", "Step back", show=False),
+        Binding("right", "step_forward", "Step"),
+        Binding("minus", "slower", "Slower", show=False),
+        Binding("plus,equals_sign", "faster", "Faster", show=False),
+        Binding("g", "seek", "Seek"),
+    ]
+    REPLAY_ACTIONS = frozenset({"pause", "step_back", "step_forward", "slower", "faster", "seek"})
+
+    def __init__(self, source: Source, *, frame_hz: float = FRAME_HZ, headroom_alert: float = 0.10) -> None:
+        super().__init__()
+        self.source = source
+        self.frame_hz = frame_hz
+        self.headroom_alert = headroom_alert
+        self.state = self._new_state()
+        self.rank_filter_text = ""
+        self._rank_filter = every_rank
+        self.frame_times_s: deque[float] = deque(maxlen=256)
+        self.quitting = False
+
+    def _new_state(self) -> DashboardState:
+        return DashboardState(self.source.description, recording=self.source.recording,
+                              headroom_alert=self.headroom_alert)
+
+    def compose(self) -> ComposeResult:
+        yield HeaderBar(id="header")
+        with TabbedContent(initial="overview"):
+            for view, label, panel in VIEWS:
+                with TabPane(f"{VIEWS.index((view, label, panel)) + 1} {label}", id=view), VerticalScroll():
+                    yield panel(id=f"{view}-panel")
+        yield ReplayBar(id="replay")
+        yield Footer()
+
+    def on_mount(self) -> None:
+        self.source.start()
+        self.frame()
+        self.set_interval(1 / self.frame_hz, self.frame)
+
+    # -- the frame ---------------------------------------------------------------
+
+    def frame(self) -> None:
+        """Fold in what the source has, then redraw the header and the visible view."""
+        started = time.perf_counter()
+        update = self.source.poll()
+        if update.reset:
+            self.state = self._new_state()
+        self.state.apply(update.events)
+        self.state.set_clock(self.source.now_ns())
+        if (origin := self.source.started_ns()) is not None:
+            self.state.first_ns = origin
+        if getattr(self.source, "dropped_for_screen", 0):
+            self.state.dropped = max(self.state.dropped, self.source.dropped_for_screen)
+        self.redraw()
+        self.frame_times_s.append(time.perf_counter() - started)
+        error = getattr(self.source, "error", None)
+        if error is not None and not self.quitting:
+            self.quitting = True
+            self.exit(message=f"meshtop: error: {error}" if isinstance(error, MeshtopError) else None)
+
+    def redraw(self) -> None:
+        if not self.screen.is_attached or not self.query(HeaderBar):  # closing: the widgets are going
+            return
+        extra = ""
+        if self.rank_filter_text:
+            extra = f"filter: {self.rank_filter_text}"
+        self.query_one(HeaderBar).show(self.state, self.source.status, extra)
+        self.query_one(ReplayBar).show(self.source)
+        self.active_panel().show(self.state, self._rank_filter)
+
+    def active_panel(self) -> Panel:
+        active = self.query_one(TabbedContent).active or "overview"
+        return self.query_one(f"#{active}-panel", Panel)
+
+    def on_tabbed_content_tab_activated(self, event: TabbedContent.TabActivated) -> None:
+        self.call_after_refresh(self.redraw)
+
+    # -- actions -------------------------------------------------------------------
+
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        if action in self.REPLAY_ACTIONS:
+            return self.source.playback is not None
+        if action in ("select_rank", "stacks"):
+            return (self.query_one(TabbedContent).active == "processes") or None
+        return True
+
+    def action_view(self, view: str) -> None:
+        self.query_one(TabbedContent).active = view
+
+    def action_cycle_view(self, delta: int) -> None:
+        names = [view for view, _, _ in VIEWS]
+        current = names.index(self.query_one(TabbedContent).active or "overview")
+        self.action_view(names[(current + delta) % len(names)])
+
+    def action_help(self) -> None:
+        self.push_screen(HelpScreen(b for b in self.BINDINGS if isinstance(b, Binding)))
+
+    def action_filter(self) -> None:
+        def apply(text: str | None) -> None:
+            if text is None:
+                return
+            try:
+                self._rank_filter = parse_rank_filter(text)
+            except MeshtopError as error:
+                self.notify(str(error), severity="error")
+                return
+            self.rank_filter_text = text.strip()
+            self.redraw()
+
+        self.push_screen(PromptScreen("Show ranks (0-3,7 · pp=1 · dp=0 tp=1 · empty for all):",
+                                      self.rank_filter_text), apply)
+
+    def action_select_rank(self, delta: int) -> None:
+        panel = self.query_one(ProcessesPanel)
+        panel.move(self.state, self._rank_filter, delta)
+        self.redraw()
+
+    def action_stacks(self, every: bool) -> None:
+        selected = self.query_one(ProcessesPanel).selected
+        ranks = None if every or selected is None else [selected]
+        refusal = self.source.ask_stacks(ranks)
+        if refusal:
+            self.notify(refusal, severity="warning")
+        else:
+            who = "every rank" if ranks is None else f"rank {selected}"
+            self.notify(f"py-spy is dumping {who}; the stack appears below the table")
+
+    def action_pause(self) -> None:
+        if (playback := self.source.playback) is not None:
+            playback.toggle_pause()
+            self.frame()
+
+    def action_step_back(self) -> None:
+        if (playback := self.source.playback) is not None:
+            playback.step_back()
+            self.frame()
+
+    def action_step_forward(self) -> None:
+        if (playback := self.source.playback) is not None:
+            playback.step_forward()
+            self.frame()
+
+    def action_slower(self) -> None:
+        if (playback := self.source.playback) is not None:
+            playback.slower()
+
+    def action_faster(self) -> None:
+        if (playback := self.source.playback) is not None:
+            playback.faster()
+
+    def action_seek(self) -> None:
+        playback = self.source.playback
+        if playback is None:
+            return
+
+        def go(target: str | None) -> None:
+            if not target:
+                return
+            try:
+                seek(playback, target)
+            except MeshtopError as error:
+                self.notify(str(error), severity="error")
+                return
+            self.frame()
+
+        self.push_screen(PromptScreen("Seek to a step (e.g. 12) or a time (30s, 1:20):"), go)
+
+    async def action_quit(self) -> None:
+        if self.quitting:
+            return
+        self.quitting = True
+        source = self.source
+        if source.playback is not None or source.finished:
+            self.exit()
+            return
+        source.stop()
+        self.notify("stopping every rank and closing the recording…", timeout=30)
+        self.run_worker(self._exit_when_stopped, thread=True, name="stop-job")
+
+    def _exit_when_stopped(self) -> None:
+        wait = getattr(self.source, "wait", None)
+        if wait is not None:
+            wait()
+        self.call_from_thread(self.exit)
+
+    def get_system_commands(self, screen: Screen) -> Iterable[SystemCommand]:  # type: ignore[override]
+        yield from super().get_system_commands(screen)
+        for view, label, panel in VIEWS:
+            yield SystemCommand(f"View: {label}", panel.__doc__ or "", lambda view=view: self.action_view(view))
+        yield SystemCommand("Filter ranks", "show only some ranks", self.action_filter)
+        yield SystemCommand("Stack dump: every rank", "py-spy dump of every rank", lambda: self.action_stacks(True))
+        if self.source.playback is not None:
+            yield SystemCommand("Replay: pause / resume", "pause or resume the replay", self.action_pause)
+            yield SystemCommand("Replay: seek", "go to a step or a time", self.action_seek)
+
+
+def seek(playback: Playback, target: str) -> None:
+    """Move a replay to ``12`` (step 12, 1-based), ``30s`` / ``30.5`` seconds, or ``1:20``."""
+    text = target.strip().lower()
+    try:
+        if ":" in text:
+            minutes, seconds = text.split(":", 1)
+            playback.seek_time(int(minutes) * 60 + float(seconds))
+        elif text.endswith("s"):
+            playback.seek_time(float(text[:-1]))
+        elif text.isdigit():
+            if int(text) < 1:
+                raise MeshtopError("steps count from 1")
+            playback.seek_step(int(text) - 1)
+        else:
+            playback.seek_time(float(text))
+    except ValueError:
+        raise MeshtopError(f"{target!r} is neither a step (12) nor a time (30s, 1:20)") from None
+    playback.paused = True

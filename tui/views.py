@@ -1,0 +1,299 @@
+"""The dashboard's panels: each takes the analysis state and draws itself; none reads probes or files.
+
+A panel redraws only when the app calls ``show`` (at the frame rate, and for
+the visible view only), so a busy job costs the screen nothing extra.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from rich.console import Group
+from rich.table import Table
+from rich.text import Text
+from textual.widgets import Static
+
+from recordings.pipeline import theoretical_bubble
+from tui.charts import chart, human_bytes, human_rate, human_seconds, legend, memory_bar, sparkline
+from tui.state import DashboardState, RankView
+
+RankFilter = Callable[[RankView], bool]
+
+ACTION_STYLE = {"forward": ("F", "on #2a6f97"), "backward": ("B", "on #a23e48"), "backward_weight": ("W", "on #c77d30")}
+SEVERITY_STYLE = {"error": "bold red", "warning": "yellow", "info": "dim"}
+
+
+def memory_parts(view: RankView) -> tuple[dict[str, int | None], int | None]:
+    """A rank's memory by category and the capacity it is drawn against (``None`` on CPU)."""
+    memory = view.memory
+    if memory is None:
+        return ({"other": view.rss_bytes}, None)
+    known = memory.weights_bytes + memory.grads_bytes + memory.optimizer_bytes
+    used = memory.allocated_bytes if memory.allocated_bytes is not None else (memory.rss_bytes or view.rss_bytes)
+    activations, kv = memory.activations_bytes or 0, memory.kv_cache_bytes or 0
+    parts = {"weights": memory.weights_bytes, "grads": memory.grads_bytes, "optimizer": memory.optimizer_bytes,
+             "activations": activations, "kv cache": kv,
+             "other": max(0, (used or 0) - known - activations - kv)}
+    if memory.peak_allocated_bytes is not None:  # the bar shows the step's peak: activations live then
+        parts["other"] = max(0, memory.peak_allocated_bytes - known - activations - kv)
+    return parts, memory.device_total_bytes
+
+
+def rank_label(view: RankView) -> str:
+    return f"rank {view.rank:<3}"
+
+
+class Panel(Static):
+    """A view of the dashboard; ``show`` redraws it from the state."""
+
+    def show(self, state: DashboardState, ranks: RankFilter) -> None:
+        raise NotImplementedError
+
+    @property
+    def usable_width(self) -> int:
+        return max(20, self.size.width - 2)
+
+    @property
+    def usable_height(self) -> int:
+        """The height of the view around the panel (the panel itself is as tall as its content)."""
+        container = self.parent
+        return max(10, container.size.height if container is not None else self.size.height)
+
+
+def memory_lines(state: DashboardState, ranks: RankFilter, width: int, limit: int | None) -> Text:
+    loaded = state.most_loaded_rank()
+    views = [v for v in sorted(state.ranks.values(), key=lambda v: v.rank) if ranks(v)]
+    text = Text()
+    shown = views if limit is None else views[:limit]
+    if loaded is not None and limit is not None and loaded not in {v.rank for v in shown}:
+        shown = [*shown[:-1], state.ranks[loaded]] if shown else [state.ranks[loaded]]
+    bar_width = max(8, width - 30)
+    for view in shown:
+        parts, capacity = memory_parts(view)
+        used = sum(v for v in parts.values() if v)
+        marker = "▶" if view.rank == loaded and len(views) > 1 else " "
+        text.append(marker, style="bold magenta")
+        text.append(f"{rank_label(view)} ", style="bold magenta" if marker != " " else "")
+        text.append_text(memory_bar(parts, capacity, bar_width))
+        size = f" {human_bytes(used)}" + (f"/{human_bytes(capacity)}" if capacity else "")
+        text.append(size[:20] + "\n")
+    if limit is not None and len(views) > len(shown):
+        text.append(f"  … {len(views) - len(shown)} more ranks (view 2)\n", style="dim")
+    return text
+
+
+def collectives_table(state: DashboardState, *, limit: int | None, history_width: int) -> Table:
+    table = Table(box=None, padding=(0, 1), header_style="bold", expand=False)
+    for name, justify in (("group", "left"), ("op", "left"), ("count", "right"), ("bytes", "right"),
+                          ("p50", "right"), ("p99", "right"), ("busbw", "right"), ("% step", "right")):
+        table.add_column(name, justify=justify, no_wrap=True)  # type: ignore[arg-type]
+    if history_width:
+        table.add_column("time per step", no_wrap=True)
+    rows = state.collective_rows()
+    for row in rows if limit is None else rows[:limit]:
+        cells = [row.group, row.op, f"{row.count:,}", human_bytes(row.bytes), human_seconds(row.p50_s),
+                 human_seconds(row.p99_s), "-" if row.busbw_gbps is None else f"{row.busbw_gbps:.2f} GB/s",
+                 "-" if row.step_share is None else f"{row.step_share:.0%}"]
+        if history_width:
+            cells.append(sparkline(row.history, history_width, low=0.0))
+        table.add_row(*cells)
+    if not rows:
+        note = "no collectives recorded yet" if state.info.instrumented else "hooks off (--no-instrument)"
+        table.add_row(Text(note, style="dim"), *[""] * (len(table.columns) - 1))
+    return table
+
+
+def alert_lines(state: DashboardState, limit: int | None) -> Text:
+    alerts = state.alerts()
+    text = Text()
+    if not alerts:
+        text.append("no alerts", style="green")
+        return text
+    for alert in alerts if limit is None else alerts[:limit]:
+        text.append(f"{alert.severity.upper():<8}", style=SEVERITY_STYLE[alert.severity])
+        text.append(alert.text + "\n")
+    if limit is not None and len(alerts) > limit:
+        text.append(f"… {len(alerts) - limit} more (view 7)", style="dim")
+    return text
+
+
+def section(title: str) -> Text:
+    return Text(title, style="bold underline")
+
+
+class OverviewPanel(Panel):
+    """The one-screen summary: step time, memory per rank, top collectives, alerts."""
+
+    def show(self, state: DashboardState, ranks: RankFilter) -> None:
+        width = self.usable_width
+        height = max(18, self.usable_height)
+        memory_rows = max(1, min(16, (height - 14) // 2))
+        chart_rows = max(3, min(12, height - 15 - memory_rows))
+        durations = [s.duration_s for s in state.steps]
+        self.update(Group(
+            chart("step time", durations, width=width, height=chart_rows, format_value=human_seconds),
+            section("memory per rank"),
+            memory_lines(state, ranks, width, memory_rows),
+            section("collectives (busiest)"),
+            collectives_table(state, limit=3, history_width=0),
+            section("alerts"),
+            alert_lines(state, 2),
+        ))
+
+
+class DevicesPanel(Panel):
+    """Per GPU (or per CPU rank): memory by category, utilisation and power history, clocks, temperature."""
+
+    def show(self, state: DashboardState, ranks: RankFilter) -> None:
+        width = self.usable_width
+        parts: list[Text | Table] = []
+        if not state.gpus:
+            why = "no GPU" if state.nvml is None or state.nvml.state != "no_library" else "no NVML library"
+            parts.append(Text(f"process metrics only ({why}): memory is the rank's resident set", style="yellow"))
+        else:
+            spark = max(8, (width - 50) // 2)
+            for gpu in sorted(state.gpus.values(), key=lambda g: g.gpu):
+                s = gpu.sample
+                line = Text()
+                line.append(f"GPU {gpu.gpu} ", style="bold")
+                line.append(f"{(s.name or '?')[:22]:<22} ")
+                line.append(f"util {sparkline(gpu.utilization, spark, low=0, high=100)} ", style="green")
+                line.append(f"{s.utilization_pct or 0:>3.0f}%  ")
+                line.append(f"power {sparkline(gpu.power_w, spark, low=0)} ", style="yellow")
+                line.append(f"{s.power_w or 0:>4.0f} W  ")
+                line.append(f"{s.sm_clock_mhz or 0:.0f} MHz {s.temperature_c or 0:.0f}°C")
+                if s.memory_total_bytes:
+                    line.append(f"  mem {human_bytes(s.memory_used_bytes)}/{human_bytes(s.memory_total_bytes)}")
+                if s.nvlink_tx_bytes_per_s is not None:
+                    line.append(f"  NVLink tx {human_rate(s.nvlink_tx_bytes_per_s, 'B/s')}")
+                parts.append(line)
+        parts.append(section("memory per rank (at each step's peak)"))
+        parts.append(memory_lines(state, ranks, width, None))
+        parts.append(legend())
+        self.update(Group(*parts))
+
+
+class CollectivesPanel(Panel):
+    """Per process group and op: count, bytes, p50 / p99, busbw, share of the step, history."""
+
+    def show(self, state: DashboardState, ranks: RankFilter) -> None:
+        history = max(0, min(40, self.usable_width - 92))
+        self.update(Group(
+            section("collectives by group and op (p50 / p99 over the last 512 of each)"),
+            collectives_table(state, limit=None, history_width=history),
+        ))
+
+
+class PipelinePanel(Panel):
+    """The last steps per pipeline rank: forward, backward and idle; each stage's bubble."""
+
+    def show(self, state: DashboardState, ranks: RankFilter) -> None:
+        info = state.info
+        if info.pp <= 1:
+            self.update(Text("no pipeline in this plan (pp 1)", style="dim"))
+            return
+        steps = state.pipeline_steps()
+        if not steps:
+            note = "waiting for the first step" if info.instrumented else "stage timing needs the hooks (run without --no-instrument)"
+            self.update(Text(note, style="dim"))
+            return
+        width = self.usable_width - 8
+        per_step = max(10, width // len(steps) - 1)
+        stages = sorted({stage for step in steps for stage in step.lanes})
+        text = Text()
+        text.append(" " * 8)
+        for step in steps:
+            text.append(f"step {step.step + 1} ({human_seconds(step.span_s)})"[:per_step].ljust(per_step) + " ", style="bold")
+        text.append("\n")
+        for stage in stages:
+            text.append(f"stage {stage} ", style="bold")
+            for step in steps:
+                cells = [" "] * per_step
+                styles = ["on #262626"] * per_step
+                for segment in step.lanes.get(stage, ()):
+                    first = int(segment.start_s / step.span_s * per_step)
+                    last = max(first + 1, int(segment.end_s / step.span_s * per_step))
+                    letter, style = ACTION_STYLE.get(segment.action, ("?", "on grey50"))
+                    for cell in range(first, min(last, per_step)):
+                        cells[cell], styles[cell] = letter if cell == first else " ", style
+                for cell, style in zip(cells, styles):
+                    text.append(cell, style=style)
+                text.append(" ")
+            text.append("\n")
+        text.append("F forward  B backward  W weight grad  dark: idle\n\n", style="dim")
+        m = info.microbatches or 1
+        ideal = theoretical_bubble(info.pp, m)
+        text.append(f"bubble fraction per stage (balanced {info.pp}-stage, {m}-microbatch ideal: {ideal:.1%})\n", style="bold")
+        for stage, history in state.bubble_history().items():
+            latest = history[-1]
+            text.append(f"stage {stage} {latest:6.1%} ")
+            text.append(sparkline(history, max(10, width - 20), low=0.0, high=1.0) + "\n", style="magenta")
+        self.update(text)
+
+
+class StepsPanel(Panel):
+    """Step time, throughput and loss over the run, as charts."""
+
+    def show(self, state: DashboardState, ranks: RankFilter) -> None:
+        width = self.usable_width
+        height = max(2, (self.usable_height - 7) // 3)
+        steps = list(state.steps)
+        self.update(Group(
+            chart("step time", [s.duration_s for s in steps], width=width, height=height, format_value=human_seconds),
+            chart("throughput", [s.tokens_per_s for s in steps], width=width, height=height,
+                  format_value=lambda v: human_rate(v, " tok/s")),
+            chart("loss", [s.loss for s in steps if s.loss is not None], width=width, height=height,
+                  format_value=lambda v: f"{v:.4f}", from_zero=False),
+        ))
+
+
+class ProcessesPanel(Panel):
+    """Per rank: pid, device, mesh position, CPU, RSS, threads, exit status; the last stack dump."""
+
+    selected: int | None = None
+
+    def show(self, state: DashboardState, ranks: RankFilter) -> None:
+        table = Table(box=None, padding=(0, 1), header_style="bold")
+        history = max(0, min(32, self.usable_width - 66))
+        for name, justify in (("rank", "right"), ("pid", "right"), ("device", "left"), ("pp/dp/tp", "left"),
+                              ("cpu", "right"), ("cpu history", "left"), ("rss", "right"), ("thr", "right"),
+                              ("status", "left")):
+            if name == "cpu history" and not history:
+                continue
+            table.add_column(name, justify=justify, no_wrap=True)  # type: ignore[arg-type]
+        views = [v for v in sorted(state.ranks.values(), key=lambda v: v.rank) if ranks(v)]
+        if self.selected is None and views:
+            self.selected = views[0].rank
+        for view in views:
+            status_style = "green" if view.status in ("running", "exited 0") else "bold red"
+            if view.status in ("stopped", "starting"):
+                status_style = "yellow"
+            cells = [str(view.rank), str(view.pid or "-"), view.device or "-",
+                     f"{view.pp_rank}/{view.dp_rank}/{view.tp_rank}",
+                     "-" if view.cpu_pct is None else f"{view.cpu_pct:.0f}%"]
+            if history:
+                cells.append(sparkline(view.cpu_history, history, low=0.0))
+            cells += [human_bytes(view.rss_bytes), str(view.threads or "-"), Text(view.status, style=status_style)]
+            table.add_row(*cells, style="reverse" if view.rank == self.selected else "")
+        parts: list[Text | Table] = [table, Text("↑/↓ choose a rank · s: its stack (py-spy) · S: every rank's",
+                                                 style="dim")]
+        chosen = state.ranks.get(self.selected) if self.selected is not None else None
+        if chosen is not None and chosen.stack is not None:
+            dump = chosen.stack
+            parts.append(section(f"stack of rank {dump.rank} (pid {dump.pid})"))
+            parts.append(Text(dump.error, style="red") if dump.error else Text(dump.text or "", overflow="ellipsis"))
+        self.update(Group(*parts))
+
+    def move(self, state: DashboardState, ranks: RankFilter, delta: int) -> None:
+        order = [v.rank for v in sorted(state.ranks.values(), key=lambda v: v.rank) if ranks(v)]
+        if not order:
+            return
+        index = order.index(self.selected) if self.selected in order else 0
+        self.selected = order[max(0, min(len(order) - 1, index + delta))]
+
+
+class AlertsPanel(Panel):
+    """Everything that needs attention: failed ranks, stragglers, memory headroom, dropped telemetry."""
+
+    def show(self, state: DashboardState, ranks: RankFilter) -> None:
+        self.update(Group(section("alerts"), alert_lines(state, None)))
