@@ -50,10 +50,10 @@ class HeaderBar(Static):
         colour = {"running": "green", "completed": "green", "replaying": "cyan", "failed": "bold red",
                   "interrupted": "yellow", "stopping": "yellow"}.get(status, "white")
         first.append(f" ● {status} ", style=colour)
-        first.append(f" {info.label} · {info.model} {size} · {info.device} {info.dtype} · {info.world_size} ranks")
-        if extra:
-            first.append(f"  {extra}", style="dim")
+        first.append(f" {info.label} · {info.model} {size} · {info.world_size}× {info.device} {info.dtype}")
         second = Text(no_wrap=True, overflow="ellipsis")
+        if extra:
+            second.append(f" [{extra}]", style="bold yellow")
         step = state.last_step
         total = f"/{info.steps}" if info.steps else ""
         second.append(f" step {state.steps_done}{total}", style="bold")
@@ -112,11 +112,11 @@ class HelpScreen(ModalScreen[None]):
 
     def __init__(self, bindings: Iterable[Binding]) -> None:
         super().__init__()
-        self._bindings = list(bindings)
+        self.keys = list(bindings)
 
     def compose(self) -> ComposeResult:
         text = Text("Keys\n\n", style="bold")
-        for binding in self._bindings:
+        for binding in self.keys:
             keys = ", ".join(display_key(key) for key in binding.key.split(","))
             text.append(f"{keys:<18}", style="bold cyan")
             text.append(f"{binding.description}\n")
@@ -166,24 +166,26 @@ class MeshtopApp(App[None]):
     TabbedContent { height: 1fr; }
     TabPane { padding: 0 1; }
     """
+    # Priority bindings so the focused tab bar or scroller does not take the keys first; check_action
+    # turns them off (and lets the key through) where they do not apply, such as in a prompt.
     BINDINGS: ClassVar[list[BindingType]] = [
         Binding("q", "quit", "Quit", priority=True),
-        Binding("ctrl+c", "quit", "Quit", show=False, priority=True),
+        Binding("ctrl+c", "interrupt", "Quit (also while typing)", show=False, priority=True),
         Binding("question_mark", "help", "Help"),
         *(Binding(str(n), f"view('{view}')", f"View: {label}", show=False) for n, (view, label, _) in enumerate(VIEWS, 1)),
         Binding("tab", "cycle_view(1)", "Next view", priority=True),
         Binding("shift+tab", "cycle_view(-1)", "Previous view", show=False, priority=True),
         Binding("slash", "filter", "Filter"),
-        Binding("s", "stacks(False)", "Stack of rank", show=False),
-        Binding("S", "stacks(True)", "Stacks of all ranks", show=False),
-        Binding("up", "select_rank(-1)", "Previous rank", show=False),
-        Binding("down", "select_rank(1)", "Next rank", show=False),
-        Binding("space", "pause", "Pause"),
-        Binding("left", "step_back", "Step back", show=False),
-        Binding("right", "step_forward", "Step"),
-        Binding("minus", "slower", "Slower", show=False),
-        Binding("plus,equals_sign", "faster", "Faster", show=False),
-        Binding("g", "seek", "Seek"),
+        Binding("s", "stacks(False)", "Stack of rank (Procs view)", show=False),
+        Binding("S", "stacks(True)", "Stacks of all ranks (Procs view)", show=False),
+        Binding("up", "select_rank(-1)", "Previous rank (Procs view)", show=False, priority=True),
+        Binding("down", "select_rank(1)", "Next rank (Procs view)", show=False, priority=True),
+        Binding("space", "pause", "Pause", priority=True),
+        Binding("left", "step_back", "Step back", show=False, priority=True),
+        Binding("right", "step_forward", "Step", priority=True),
+        Binding("minus", "slower", "Slower", show=False, priority=True),
+        Binding("plus,equals_sign", "faster", "Faster", show=False, priority=True),
+        Binding("g", "seek", "Seek", priority=True),
     ]
     REPLAY_ACTIONS = frozenset({"pause", "step_back", "step_forward", "slower", "faster", "seek"})
 
@@ -196,7 +198,13 @@ class MeshtopApp(App[None]):
         self.rank_filter_text = ""
         self._rank_filter = every_rank
         self.frame_times_s: deque[float] = deque(maxlen=256)
+        self.messages: deque[str] = deque(maxlen=32)
+        """What the app told the user in notifications, newest last."""
         self.quitting = False
+
+    def notify(self, message: str, **options: object) -> None:  # type: ignore[override]
+        self.messages.append(message)
+        super().notify(message, **options)  # type: ignore[arg-type]
 
     def _new_state(self) -> DashboardState:
         return DashboardState(self.source.description, recording=self.source.recording,
@@ -242,7 +250,7 @@ class MeshtopApp(App[None]):
             return
         extra = ""
         if self.rank_filter_text:
-            extra = f"filter: {self.rank_filter_text}"
+            extra = f"ranks {self.rank_filter_text}"
         self.query_one(HeaderBar).show(self.state, self.source.status, extra)
         self.query_one(ReplayBar).show(self.source)
         self.active_panel().show(self.state, self._rank_filter)
@@ -257,11 +265,18 @@ class MeshtopApp(App[None]):
     # -- actions -------------------------------------------------------------------
 
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        if action == "interrupt":
+            return True
+        if isinstance(self.screen, ModalScreen):  # a prompt or the help: its keys are its own
+            return False
         if action in self.REPLAY_ACTIONS:
             return self.source.playback is not None
         if action in ("select_rank", "stacks"):
-            return (self.query_one(TabbedContent).active == "processes") or None
+            return self.query_one(TabbedContent).active == "processes"
         return True
+
+    async def action_interrupt(self) -> None:
+        await self.action_quit()
 
     def action_view(self, view: str) -> None:
         self.query_one(TabbedContent).active = view

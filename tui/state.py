@@ -247,6 +247,8 @@ class DashboardState:
         view.pp_rank, view.dp_rank, view.tp_rank = event.pp_rank, event.dp_rank, event.tp_rank
 
     def _on_collective(self, event: CollectiveTiming) -> None:
+        if event.step is None:  # set-up and tear-down (barriers, DDP's first broadcast): not the job's steps
+            return
         key = (event.group, event.op)
         stats = self.collectives.get(key)
         if stats is None:
@@ -258,9 +260,8 @@ class DashboardState:
         stats.durations_s.append(seconds)
         if seconds > 0 and event.bytes > 0:
             stats.busbw_gbps.append(event.bytes / seconds / 1e9 * bus_factor(event.op, event.group_size))
-        if event.step is not None:
-            stats.per_step_s[event.step] = stats.per_step_s.get(event.step, 0.0) + seconds
-            self._comm_by_rank[event.step][event.rank] += seconds
+        stats.per_step_s[event.step] = stats.per_step_s.get(event.step, 0.0) + seconds
+        self._comm_by_rank[event.step][event.rank] += seconds
 
     def _on_stage_action(self, event: StageAction) -> None:
         if event.step is None:

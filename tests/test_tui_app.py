@@ -1,0 +1,209 @@
+"""The dashboard driven with Textual's pilot over the shipped sample: views, keys, replay controls, snapshots.
+
+The replay's clock is frozen, so the screen moves only when a key moves it:
+what the tests see is a function of the recording and the keys alone.
+Snapshots are the screen as text (tests/snapshots/*.txt); set
+MESHTOP_UPDATE_SNAPSHOTS=1 to rewrite them after a deliberate change, and
+read the diff.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+
+import pytest
+
+from recordings.analysis import summarize
+from recordings.compare import compare
+from recordings.reader import open_recording
+from tests.screen_text import screen_text
+from tui.app import MeshtopApp, ReplayBar
+from tui.compare_app import CompareApp
+from tui.sources import ReplaySource
+
+ROOT = Path(__file__).resolve().parent.parent
+SAMPLE = Path("recordings/samples/dp2-pp2-1f1b")  # relative, so the header reads the same on every machine
+SNAPSHOTS = Path(__file__).resolve().parent / "snapshots"
+
+
+@pytest.fixture(autouse=True)
+def _from_the_repository(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(ROOT)
+
+
+@asynccontextmanager
+async def replay(size: tuple[int, int] = (80, 24), at_step: int | None = 31) -> AsyncIterator[tuple[MeshtopApp, object]]:
+    source = ReplaySource(open_recording(SAMPLE), clock=lambda: 0.0)
+    if at_step is not None:
+        source.playback.seek_step(at_step - 1)
+        source.playback.paused = True
+    app = MeshtopApp(source)
+    async with app.run_test(size=size) as pilot:
+        await pilot.pause()
+        yield app, pilot
+
+
+async def press(pilot, *keys: str) -> None:  # type: ignore[no-untyped-def]
+    await pilot.press(*keys)
+    await pilot.pause()
+    await pilot.pause()
+
+
+VIEW_MARKS = {
+    "1": ["step time", "memory per rank", "collectives (busiest)", "alerts"],
+    "2": ["process metrics only", "memory per rank (at each step's peak)", "headroom"],
+    "3": ["collectives by group and op", "all_reduce", "recv", "send"],
+    "4": ["stage 0", "stage 1", "bubble fraction per stage", "ideal: 20.0%"],
+    "5": ["step time", "throughput", "loss"],
+    "6": ["pid", "pp/dp/tp", "exited 0" if False else "running"],
+    "7": ["no alerts"],
+}
+
+
+@pytest.mark.parametrize("key", sorted(VIEW_MARKS))
+async def test_each_view_shows_its_figures(key: str) -> None:
+    async with replay() as (app, pilot):
+        await press(pilot, key)
+        text = screen_text(app)
+        for mark in VIEW_MARKS[key]:
+            assert mark in text, f"view {key} lacks {mark!r}:\n{text}"
+
+
+async def test_the_header_says_plan_model_step_and_throughput() -> None:
+    async with replay() as (app, pilot):
+        header = screen_text(app).splitlines()[:2]
+        assert "● replaying  dp2 x tp1 x pp2 (1f1b, 4 mb) · small 6.6M · 4× cpu fp32" in header[0]
+        assert header[1].startswith(" step 31/40  1.68 s  2,424 tok/s  elapsed 1:00")
+
+
+async def test_tab_and_shift_tab_cycle_through_the_views() -> None:
+    async with replay() as (app, pilot):
+        await press(pilot, "tab", "tab")
+        assert "collectives by group and op" in screen_text(app)
+        await press(pilot, "shift+tab", "shift+tab", "shift+tab")
+        assert "no alerts" in screen_text(app)  # wrapped round to view 7
+
+
+async def test_step_keys_move_one_step_and_pause() -> None:
+    async with replay() as (app, pilot):
+        assert "⏸" in screen_text(app) and "step 31/40" in screen_text(app)
+        await press(pilot, "right")
+        assert "step 32/40" in screen_text(app)
+        await press(pilot, "left", "left")
+        assert "step 30/40" in screen_text(app)
+        assert app.state.steps_done == 30  # the state was rebuilt from the start, not left at step 32
+
+
+async def test_space_pauses_and_resumes_and_plus_minus_change_speed() -> None:
+    async with replay() as (app, pilot):
+        await press(pilot, "space")
+        assert "▶" in screen_text(app).splitlines()[-2]
+        await press(pilot, "plus", "plus")
+        assert screen_text(app).splitlines()[-2].endswith("4x")
+        await press(pilot, "minus")
+        assert screen_text(app).splitlines()[-2].endswith("2x")
+        await press(pilot, "space")
+        assert "⏸" in screen_text(app).splitlines()[-2]
+
+
+async def test_seek_to_a_step_and_to_a_time() -> None:
+    async with replay() as (app, pilot):
+        await press(pilot, "g", *"12", "enter")
+        assert "step 12/40" in screen_text(app)
+        await press(pilot, "g", *"1:01", "enter")
+        assert "step 31/40" in screen_text(app)
+        await press(pilot, "g", *"99", "enter")
+        assert app.messages[-1] == "no step 99 in this recording (it has steps 1 to 40)"
+        assert "step 31/40" in screen_text(app)  # a bad seek leaves the position alone
+
+
+async def test_clicking_the_replay_bar_seeks() -> None:
+    async with replay() as (app, pilot):
+        bar = app.query_one(ReplayBar)
+        await pilot.click(ReplayBar, offset=(3, 0))
+        await pilot.pause()
+        app.frame()
+        await pilot.pause()
+        assert app.source.playback.fraction < 0.05
+        assert bar.size.width == 80
+
+
+async def test_rank_filter_limits_the_per_rank_views() -> None:
+    async with replay() as (app, pilot):
+        await press(pilot, "6", "slash", *"2-3", "enter")
+        rows = [line.split()[0] for line in screen_text(app).splitlines()[4:12] if line.strip()[:1].isdigit()]
+        assert rows == ["2", "3"]
+        assert screen_text(app).splitlines()[1].startswith(" [ranks 2-3] step 31/40")
+        await press(pilot, "slash", *"pp=x", "enter")
+        assert "is not a rank filter" in app.messages[-1]
+
+
+async def test_processes_view_selects_a_rank_and_a_replay_refuses_new_stack_dumps() -> None:
+    async with replay() as (app, pilot):
+        await press(pilot, "6", "down", "down")
+        from tui.views import ProcessesPanel
+        assert app.query_one(ProcessesPanel).selected == 2
+        await press(pilot, "s")
+        assert app.messages[-1].startswith("a replay shows the stack dumps taken while recording")
+
+
+async def test_help_lists_every_key() -> None:
+    async with replay(size=(80, 50)) as (app, pilot):
+        await press(pilot, "question_mark")
+        text = screen_text(app)
+        for description in ("Quit", "Help", "View: Overview", "View: Alerts", "Next view", "Filter",
+                            "Stack of rank", "Pause", "Step back", "Slower", "Faster", "Seek", "command palette"):
+            assert description in text, description
+        await press(pilot, "escape")
+        assert "Keys" not in screen_text(app)
+
+
+async def test_command_palette_switches_views() -> None:
+    async with replay() as (app, pilot):
+        await press(pilot, "ctrl+p", *"View: Pipeline")
+        await pilot.pause(0.3)
+        await press(pilot, "enter")
+        assert "bubble fraction per stage" in screen_text(app)
+
+
+async def test_q_quits_a_replay() -> None:
+    async with replay() as (app, pilot):
+        await press(pilot, "q")
+        assert not app.is_running
+
+
+async def test_compare_view_marks_real_changes() -> None:
+    a = open_recording(SAMPLE)
+    comparison = compare(a, a)
+    row = comparison["metrics"][0]
+    comparison["metrics"].append({**row, "name": "step time (s) [faked slower]", "b": row["a"] * 2, "ratio": 2.0,
+                                  "significant": True})
+    app = CompareApp(comparison, summarize(a), summarize(a))
+    async with app.run_test(size=(100, 30)) as pilot:
+        await pilot.pause()
+        text = screen_text(app)
+        assert "+100.0% worse" in text and "+0.0% (noise)" in text
+        await press(pilot, "c")  # only the real changes
+        text = screen_text(app)
+        assert "+100.0% worse" in text and "(noise)" not in text
+
+
+SNAPSHOT_VIEWS = {"overview": "1", "devices": "2", "comms": "3", "pipeline": "4", "steps": "5", "procs": "6"}
+
+
+@pytest.mark.parametrize("size", [(80, 24), (160, 48)], ids=["80x24", "160x48"])
+@pytest.mark.parametrize("view", sorted(SNAPSHOT_VIEWS))
+async def test_screen_snapshot(view: str, size: tuple[int, int]) -> None:
+    async with replay(size=size) as (app, pilot):
+        await press(pilot, SNAPSHOT_VIEWS[view])
+        text = screen_text(app) + "\n"
+    path = SNAPSHOTS / f"{view}-{size[0]}x{size[1]}.txt"
+    if os.environ.get("MESHTOP_UPDATE_SNAPSHOTS") or not path.exists():
+        path.parent.mkdir(exist_ok=True)
+        path.write_text(text)
+        if not os.environ.get("MESHTOP_UPDATE_SNAPSHOTS"):
+            pytest.fail(f"{path.name} did not exist: written now, check it and commit it")
+    assert text == path.read_text(), f"{path.name} changed: rerun with MESHTOP_UPDATE_SNAPSHOTS=1 if meant"
