@@ -16,7 +16,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from probes.collectives import NCCL_TIMING_ENV, CollectiveProbe, GroupDirectory
+from probes.collectives import CollectiveProbe, GroupDirectory
+from probes.wire import NCCL_TIMING_ENV
 from probes.events import Event, SamplerError
 from probes.memory import MemoryProbe
 from probes.pipeline import StageProbe

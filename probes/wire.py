@@ -15,6 +15,8 @@ from typing import Any
 HEADER = struct.Struct(">I")
 MAX_FRAME_BYTES = 8 * 1024 * 1024
 TOKEN_ENV = "MESHTOP_TOKEN"
+NCCL_TIMING_ENV = "TORCH_NCCL_ENABLE_TIMING"
+"""Set to 1 by the launcher: nccl then times each operation with CUDA events, which the probes read."""
 ADDRESS_ENV = "MESHTOP_COLLECTOR"
 
 

@@ -24,11 +24,10 @@ from pathlib import Path
 import psutil
 
 from probes.collector import Collector
-from probes.collectives import NCCL_TIMING_ENV
 from probes.events import Event, EventsDropped, JobEnded, RankExited, RankStarted
 from probes.samplers import DEFAULT_GPU_HZ, DEFAULT_PROCESS_HZ, GpuSampler, ProcessSampler
 from probes.stacks import dump_stacks
-from probes.wire import ADDRESS_ENV, TOKEN_ENV
+from probes.wire import ADDRESS_ENV, NCCL_TIMING_ENV, TOKEN_ENV
 from runner.plan import ResolvedRun
 
 STOP_GRACE_S = 15.0

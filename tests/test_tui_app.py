@@ -207,3 +207,20 @@ async def test_screen_snapshot(view: str, size: tuple[int, int]) -> None:
         if not os.environ.get("MESHTOP_UPDATE_SNAPSHOTS"):
             pytest.fail(f"{path.name} did not exist: written now, check it and commit it")
     assert text == path.read_text(), f"{path.name} changed: rerun with MESHTOP_UPDATE_SNAPSHOTS=1 if meant"
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["replay", "no/such/recording"], "no/such/recording does not exist"),
+    (["replay", "--speed", "0"], "--speed must be above 0"),
+    (["replay", "--paused-at", "99"], "no step 99 in this recording"),
+    (["replay"], "meshtop replay draws a dashboard, but standard output is not a terminal: use `meshtop summary REC`"),
+    (["compare", str(SAMPLE), str(SAMPLE), "--tui"], "leave out --tui for the comparison as text"),
+])
+def test_dashboard_commands_refuse_bad_input_in_one_line(argv: list[str], message: str,
+                                                         capsys: pytest.CaptureFixture[str]) -> None:
+    from tui.cli import main
+
+    assert main(argv) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert captured.err.count("\n") == 1 and message in captured.err

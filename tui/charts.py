@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from itertools import islice
 
-from rich.text import Text
+from rich.text import Span, Text
 
 from tui.summary_text import human_bytes
 
@@ -49,7 +50,7 @@ def human_rate(value: float | None, unit: str = "") -> str:
 
 def sparkline(values: Sequence[float], width: int, *, low: float | None = None, high: float | None = None) -> str:
     """The last ``width`` values as one row of eighth blocks, scaled to [low, high] (their range by default)."""
-    recent = list(values)[-width:] if width > 0 else []
+    recent = list(islice(values, max(0, len(values) - width), None)) if width > 0 else []
     if not recent:
         return " " * max(width, 0)
     low = min(recent) if low is None else low
@@ -103,24 +104,20 @@ def memory_bar(parts: dict[str, int | None], capacity: int | None, width: int) -
     """Memory as one bar: a run of cells per category (MEMORY_PARTS), then the headroom left."""
     total = sum(v for v in parts.values() if v)
     scale = capacity if capacity and capacity >= total else total
-    text = Text()
     if width <= 0:
-        return text
+        return Text()
     if not scale:
         return Text("·" * width, style="dim")
-    used_cells = 0
-    for name, letter, colour in MEMORY_PARTS:
+    spans, used_cells = [], 0  # one string and its spans: a bar per rank per frame, so no Text.append
+    for name, _, colour in MEMORY_PARTS:
         value = parts.get(name) or 0
-        cells = round(value / scale * width)
-        if value > 0:
-            cells = max(cells, 1)
-        cells = min(cells, width - used_cells)
+        cells = min(max(round(value / scale * width), 1 if value > 0 else 0), width - used_cells)
         if cells:
-            text.append("█" * cells, style=colour)
+            spans.append(Span(used_cells, used_cells + cells, colour))
             used_cells += cells
     if used_cells < width:
-        text.append("░" * (width - used_cells), style="#303030" if capacity else "dim")
-    return text
+        spans.append(Span(used_cells, width, "#303030" if capacity else "dim"))
+    return Text("█" * used_cells + "░" * (width - used_cells), spans=spans)
 
 
 def legend() -> Text:

@@ -187,6 +187,16 @@ def percentile(values: Iterable[float], q: float) -> float | None:
     return ordered[index]
 
 
+def median_without(ordered: list[float], index: int) -> float:
+    """The median of sorted ``ordered`` less its element at ``index`` (in O(1): the stragglers check per rank)."""
+    def at(k: int) -> float:  # k-th of the list without ``index``
+        return ordered[k if k < index else k + 1]
+
+    n = len(ordered) - 1
+    middle = n // 2
+    return at(middle) if n % 2 else (at(middle - 1) + at(middle)) / 2
+
+
 class DashboardState:
     """Folds events into what the screen shows. ``apply`` is cheap; the views compute on demand."""
 
@@ -437,9 +447,10 @@ class DashboardState:
         for group in peers.values():
             if len(group) < 2:
                 continue
-            medians = {view.rank: statistics.median(view.compute_s) for view in group}
-            for rank, own in medians.items():
-                others = statistics.median(m for r, m in medians.items() if r != rank)
+            medians = sorted((statistics.median(view.compute_s), view.rank) for view in group)
+            ordered = [m for m, _ in medians]
+            for index, (own, rank) in enumerate(medians):
+                others = median_without(ordered, index)
                 if others > 0 and own > STRAGGLER_RATIO * others and own - others > STRAGGLER_MIN_S:
                     found.append((rank, own / others))
         return sorted(found)

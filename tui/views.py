@@ -8,9 +8,10 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from rich.cells import cell_len
 from rich.console import Group
 from rich.table import Table
-from rich.text import Text
+from rich.text import Span, Text
 from textual.widgets import Static
 
 from recordings.pipeline import theoretical_bubble
@@ -18,6 +19,9 @@ from tui.charts import chart, human_bytes, human_rate, human_seconds, legend, me
 from tui.state import DashboardState, RankView
 
 RankFilter = Callable[[RankView], bool]
+
+MAX_RANK_ROWS = 64
+"""Per-rank rows a view draws at most (the most loaded rank always among them); / narrows the ranks."""
 
 ACTION_STYLE = {"forward": ("F", "on #2a6f97"), "backward": ("B", "on #a23e48"), "backward_weight": ("W", "on #c77d30")}
 SEVERITY_STYLE = {"error": "bold red", "warning": "yellow", "info": "dim"}
@@ -43,11 +47,37 @@ def rank_label(view: RankView) -> str:
     return f"rank {view.rank:<3}"
 
 
+def unwrapped_rows(content: Text | Table | Group) -> int:
+    """Cut every text of ``content`` at the panel's edge instead of wrapping it; the rows it then takes.
+
+    With nothing wrapping, the row count follows from the content alone (tables here have no box).
+    """
+    if isinstance(content, Text):
+        content.no_wrap, content.overflow = True, "ellipsis"
+        return content.plain.count("\n") + 1
+    if isinstance(content, Table):
+        return content.row_count + (1 if content.show_header else 0)
+    return sum(unwrapped_rows(part) for part in content.renderables)  # type: ignore[arg-type]
+
+
 class Panel(Static):
     """A view of the dashboard; ``show`` redraws it from the state."""
 
+    _shape: tuple[int, int] | None = None
+
     def show(self, state: DashboardState, ranks: RankFilter) -> None:
         raise NotImplementedError
+
+    def paint(self, content: Text | Table | Group) -> None:
+        """Draw ``content``; lay the screen out again only when its height or width changed.
+
+        A layout renders the panel twice (to measure, then to draw): at hundreds of ranks
+        that is most of a frame, and nothing moves while the panel keeps its shape.
+        """
+        shape = (unwrapped_rows(content), self.size.width)
+        relayout = shape != self._shape
+        self._shape = shape
+        self.update(content, layout=relayout)
 
     @property
     def usable_width(self) -> int:
@@ -78,28 +108,37 @@ def memory_lines(state: DashboardState, ranks: RankFilter, width: int, limit: in
         size = f" {human_bytes(used)}" + (f"/{human_bytes(capacity)}" if capacity else "")
         text.append(size[:20] + "\n")
     if limit is not None and len(views) > len(shown):
-        text.append(f"  … {len(views) - len(shown)} more ranks (view 2)\n", style="dim")
+        hint = "view 2" if limit < MAX_RANK_ROWS else "/ to filter"
+        text.append(f"  … {len(views) - len(shown)} more ranks ({hint})\n", style="dim")
     return text
 
 
-def collectives_table(state: DashboardState, *, limit: int | None, history_width: int) -> Table:
-    table = Table(box=None, padding=(0, 1), header_style="bold", expand=False)
-    for name, justify in (("group", "left"), ("op", "left"), ("count", "right"), ("bytes", "right"),
-                          ("p50", "right"), ("p99", "right"), ("busbw", "right"), ("% step", "right")):
-        table.add_column(name, justify=justify, no_wrap=True)  # type: ignore[arg-type]
+def collectives_table(state: DashboardState, *, limit: int | None, history_width: int,
+                      width: int) -> Table | Text:
+    columns = [("group", "left"), ("op", "left"), ("count", "right"), ("bytes", "right"), ("p50", "right"),
+               ("p99", "right"), ("busbw", "right"), ("% step", "right")]
     if history_width:
-        table.add_column("time per step", no_wrap=True)
+        columns.append(("time per step", "left"))
     rows = state.collective_rows()
+    lines: list[tuple[list[tuple[str, str]], str]] = []
     for row in rows if limit is None else rows[:limit]:
         cells = [row.group, row.op, f"{row.count:,}", human_bytes(row.bytes), human_seconds(row.p50_s),
                  human_seconds(row.p99_s), "-" if row.busbw_gbps is None else f"{row.busbw_gbps:.2f} GB/s",
                  "-" if row.step_share is None else f"{row.step_share:.0%}"]
         if history_width:
             cells.append(sparkline(row.history, history_width, low=0.0))
-        table.add_row(*cells)
+        lines.append(([(cell, "") for cell in cells], ""))
     if not rows:
         note = "no collectives recorded yet" if state.info.instrumented else "hooks off (--no-instrument)"
-        table.add_row(Text(note, style="dim"), *[""] * (len(table.columns) - 1))
+        lines.append(([(note, "dim")] + [("", "")] * (len(columns) - 1), ""))
+    text = plain_table(columns, lines, width)
+    if text is not None:
+        return text
+    table = Table(box=None, padding=(0, 1), header_style="bold", expand=False)  # too wide: Rich shrinks columns
+    for name, justify in columns:
+        table.add_column(name, justify=justify, no_wrap=True)  # type: ignore[arg-type]
+    for cells, _ in lines:
+        table.add_row(*(Text(value, style=style) for value, style in cells))
     return table
 
 
@@ -121,6 +160,39 @@ def section(title: str) -> Text:
     return Text(title, style="bold underline")
 
 
+def plain_table(columns: list[tuple[str, str]], rows: list[tuple[list[tuple[str, str]], str]],
+                width: int) -> Text | None:
+    """What ``Table(box=None, padding=(0, 1), header_style="bold")`` draws for no-wrap columns of
+    (name, justify) and rows of ((text, style) cells, row style), as one Text: Rich measures and pads
+    every cell of a Table, which takes a frame's budget at a few dozen rows; this is one string.
+    ``None`` when the table is wider than ``width`` (a Table would shrink its columns)."""
+    widths = [cell_len(name) for name, _ in columns]
+    for cells, _ in rows:
+        for index, (value, _) in enumerate(cells):
+            widths[index] = max(widths[index], cell_len(value))
+    if sum(widths) + 2 * len(widths) > width:
+        return None
+    parts: list[str] = []
+    spans: list[Span] = []
+    offset = 0
+    for cells, row_style in [([(name, "") for name, _ in columns], "bold"), *rows]:
+        start, cell_spans = offset, []
+        for (value, style), (_, justify), column_width in zip(cells, columns, widths):
+            pad = " " * (column_width - cell_len(value))
+            left, right = (pad, "") if justify == "right" else ("", pad)
+            if style:
+                cell_spans.append(Span(offset + 1, offset + 1 + len(left) + len(value) + len(right), style))
+            piece = f" {left}{value}{right} "
+            parts.append(piece)
+            offset += len(piece)
+        if row_style:
+            spans.append(Span(start, offset, row_style))
+        spans.extend(cell_spans)
+        parts.append("\n")
+        offset += 1
+    return Text("".join(parts)[:-1], spans=spans, no_wrap=True)
+
+
 class OverviewPanel(Panel):
     """The one-screen summary: step time, memory per rank, top collectives, alerts."""
 
@@ -130,12 +202,12 @@ class OverviewPanel(Panel):
         memory_rows = max(1, min(16, (height - 14) // 2))
         chart_rows = max(3, min(12, height - 15 - memory_rows))
         durations = [s.duration_s for s in state.steps]
-        self.update(Group(
+        self.paint(Group(
             chart("step time", durations, width=width, height=chart_rows, format_value=human_seconds),
             section("memory per rank"),
             memory_lines(state, ranks, width, memory_rows),
             section("collectives (busiest)"),
-            collectives_table(state, limit=3, history_width=0),
+            collectives_table(state, limit=3, history_width=0, width=width),
             section("alerts"),
             alert_lines(state, 2),
         ))
@@ -168,9 +240,9 @@ class DevicesPanel(Panel):
                     line.append(f"  NVLink tx {human_rate(s.nvlink_tx_bytes_per_s, 'B/s')}")
                 parts.append(line)
         parts.append(section("memory per rank (at each step's peak)"))
-        parts.append(memory_lines(state, ranks, width, None))
+        parts.append(memory_lines(state, ranks, width, MAX_RANK_ROWS))
         parts.append(legend())
-        self.update(Group(*parts))
+        self.paint(Group(*parts))
 
 
 class CollectivesPanel(Panel):
@@ -178,9 +250,9 @@ class CollectivesPanel(Panel):
 
     def show(self, state: DashboardState, ranks: RankFilter) -> None:
         history = max(0, min(40, self.usable_width - 92))
-        self.update(Group(
+        self.paint(Group(
             section("collectives by group and op (p50 / p99 over the last 512 of each)"),
-            collectives_table(state, limit=None, history_width=history),
+            collectives_table(state, limit=None, history_width=history, width=self.usable_width),
         ))
 
 
@@ -190,12 +262,12 @@ class PipelinePanel(Panel):
     def show(self, state: DashboardState, ranks: RankFilter) -> None:
         info = state.info
         if info.pp <= 1:
-            self.update(Text("no pipeline in this plan (pp 1)", style="dim"))
+            self.paint(Text("no pipeline in this plan (pp 1)", style="dim"))
             return
         steps = state.pipeline_steps()
         if not steps:
             note = "waiting for the first step" if info.instrumented else "stage timing needs the hooks (run without --no-instrument)"
-            self.update(Text(note, style="dim"))
+            self.paint(Text(note, style="dim"))
             return
         width = self.usable_width - 8
         per_step = max(10, width // len(steps) - 1)
@@ -228,7 +300,7 @@ class PipelinePanel(Panel):
             latest = history[-1]
             text.append(f"stage {stage} {latest:6.1%} ")
             text.append(sparkline(history, max(10, width - 20), low=0.0, high=1.0) + "\n", style="magenta")
-        self.update(text)
+        self.paint(text)
 
 
 class StepsPanel(Panel):
@@ -238,7 +310,7 @@ class StepsPanel(Panel):
         width = self.usable_width
         height = max(2, (self.usable_height - 7) // 3)
         steps = list(state.steps)
-        self.update(Group(
+        self.paint(Group(
             chart("step time", [s.duration_s for s in steps], width=width, height=height, format_value=human_seconds),
             chart("throughput", [s.tokens_per_s for s in steps], width=width, height=height,
                   format_value=lambda v: human_rate(v, " tok/s")),
@@ -252,19 +324,21 @@ class ProcessesPanel(Panel):
 
     selected: int | None = None
 
+    COLUMNS = (("rank", "right"), ("pid", "right"), ("device", "left"), ("pp/dp/tp", "left"), ("cpu", "right"),
+               ("cpu history", "left"), ("rss", "right"), ("thr", "right"), ("status", "left"))
+
     def show(self, state: DashboardState, ranks: RankFilter) -> None:
-        table = Table(box=None, padding=(0, 1), header_style="bold")
         history = max(0, min(32, self.usable_width - 66))
-        for name, justify in (("rank", "right"), ("pid", "right"), ("device", "left"), ("pp/dp/tp", "left"),
-                              ("cpu", "right"), ("cpu history", "left"), ("rss", "right"), ("thr", "right"),
-                              ("status", "left")):
-            if name == "cpu history" and not history:
-                continue
-            table.add_column(name, justify=justify, no_wrap=True)  # type: ignore[arg-type]
+        columns = [(name, justify) for name, justify in self.COLUMNS if history or name != "cpu history"]
         views = [v for v in sorted(state.ranks.values(), key=lambda v: v.rank) if ranks(v)]
         if self.selected is None and views:
             self.selected = views[0].rank
-        for view in views:
+        order = [v.rank for v in views]
+        at = order.index(self.selected) if self.selected in order else 0
+        first = max(0, min(at - MAX_RANK_ROWS // 2, len(views) - MAX_RANK_ROWS))
+        window = views[first:first + MAX_RANK_ROWS]  # the rows around the chosen rank
+        rows: list[tuple[list[tuple[str, str]], str]] = []
+        for view in window:
             status_style = "green" if view.status in ("running", "exited 0") else "bold red"
             if view.status in ("stopped", "starting"):
                 status_style = "yellow"
@@ -273,16 +347,26 @@ class ProcessesPanel(Panel):
                      "-" if view.cpu_pct is None else f"{view.cpu_pct:.0f}%"]
             if history:
                 cells.append(sparkline(view.cpu_history, history, low=0.0))
-            cells += [human_bytes(view.rss_bytes), str(view.threads or "-"), Text(view.status, style=status_style)]
-            table.add_row(*cells, style="reverse" if view.rank == self.selected else "")
-        parts: list[Text | Table] = [table, Text("↑/↓ choose a rank · s: its stack (py-spy) · S: every rank's",
-                                                 style="dim")]
+            cells += [human_bytes(view.rss_bytes), str(view.threads or "-")]
+            rows.append(([(cell, "") for cell in cells] + [(view.status, status_style)],
+                         "reverse" if view.rank == self.selected else ""))
+        table: Text | Table | None = plain_table(columns, rows, self.usable_width)
+        if table is None:  # too wide: let Rich shrink the columns
+            table = Table(box=None, padding=(0, 1), header_style="bold")
+            for name, justify in columns:
+                table.add_column(name, justify=justify, no_wrap=True)  # type: ignore[arg-type]
+            for cells, style in rows:
+                table.add_row(*(Text(value, style=cell_style) for value, cell_style in cells), style=style)
+        hint = "↑/↓ choose a rank · s: its stack (py-spy) · S: every rank's"
+        if len(window) < len(views):
+            hint = f"ranks {window[0].rank}-{window[-1].rank} of {len(views)} · " + hint
+        parts: list[Text | Table] = [table, Text(hint, style="dim")]
         chosen = state.ranks.get(self.selected) if self.selected is not None else None
         if chosen is not None and chosen.stack is not None:
             dump = chosen.stack
             parts.append(section(f"stack of rank {dump.rank} (pid {dump.pid})"))
             parts.append(Text(dump.error, style="red") if dump.error else Text(dump.text or "", overflow="ellipsis"))
-        self.update(Group(*parts))
+        self.paint(Group(*parts))
 
     def move(self, state: DashboardState, ranks: RankFilter, delta: int) -> None:
         order = [v.rank for v in sorted(state.ranks.values(), key=lambda v: v.rank) if ranks(v)]
@@ -296,4 +380,4 @@ class AlertsPanel(Panel):
     """Everything that needs attention: failed ranks, stragglers, memory headroom, dropped telemetry."""
 
     def show(self, state: DashboardState, ranks: RankFilter) -> None:
-        self.update(Group(section("alerts"), alert_lines(state, None)))
+        self.paint(Group(section("alerts"), alert_lines(state, None)))
