@@ -174,6 +174,8 @@ class CollectiveProbe:
         self.on_error = on_error
         self._library: torch.library.Library | None = None
         self._unwaited: dict[int, tuple[Work, _Issued]] = {}
+        self._in_flight: dict[int, _Issued] = {}
+        """Issued and not yet complete, by ``id``: where a hung rank is stuck."""
         self._without_future: set[str] = set()
         """c10d ops whose works have no future on this backend."""
         self._device_pending: list[tuple[Work, _Issued]] = []
@@ -248,6 +250,7 @@ class CollectiveProbe:
             peer = group.ranks[group_peer] if group.ranks else group_peer
         dtype = str(tensor.dtype).removeprefix("torch.") if tensor is not None else None
         issued = _Issued(shape, group, peer, nbytes, dtype, self.step(), start_ns)
+        self._in_flight[id(issued)] = issued
         if self.device_timing:
             with self._device_lock:
                 self._device_pending.append((work, issued))
@@ -260,15 +263,23 @@ class CollectiveProbe:
                 self._without_future.add(name)
         if len(self._unwaited) < MAX_UNWAITED:
             self._unwaited[id(work)] = (work, issued)
+        else:
+            self._in_flight.pop(id(issued), None)  # never waited for: it cannot be told apart from a hang
 
     # -- completing -------------------------------------------------------------------------
     def _completed(self, issued: _Issued, _future: Any = None, *, end_ns: int | None = None,
                    clock: str = "completion") -> None:
+        self._in_flight.pop(id(issued), None)
         self.emit(CollectiveTiming(
             rank=self.rank, step=issued.step, op=issued.shape.op, group=issued.group.name,
             group_size=issued.group.size, peer=issued.peer, bytes=issued.nbytes, dtype=issued.dtype,
             start_ns=issued.start_ns, end_ns=end_ns if end_ns is not None else time.time_ns(), clock=clock,
         ))
+
+    def oldest_in_flight(self) -> tuple[int, _Issued | None]:
+        """How many operations are in flight, and the one issued first (from any thread)."""
+        pending = list(self._in_flight.values())  # one C-level copy: safe against the callbacks' updates
+        return len(pending), min(pending, key=lambda issued: issued.start_ns, default=None)
 
     def _patch_wait(self) -> None:
         original = Work.wait

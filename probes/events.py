@@ -258,10 +258,42 @@ class StackDump(Event):
     error: str | None
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RankProgress(Event):
+    """A rank's heartbeat, sent with every shipment (4 a second): where it is, for hang reports."""
+
+    kind: ClassVar[str] = "rank_progress"
+    rank: int
+    wall_ns: int
+    step: int | None
+    """The step in progress (``None`` between steps, during set-up or tear-down)."""
+    in_flight: int
+    """Collectives issued and not yet complete (0 where the hooks are off)."""
+    oldest_op: str | None
+    """The oldest of those: its op, group and peer, and when it was issued."""
+    oldest_group: str | None
+    oldest_peer: int | None
+    oldest_start_ns: int | None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class HangDetected(Event):
+    """No rank made progress for the hang timeout: where each rank was."""
+
+    kind: ClassVar[str] = "hang"
+    wall_ns: int
+    timeout_s: float
+    silent_s: float
+    """Seconds since the last step or collective completed on any rank."""
+    report: str
+    """One line per rank: inside which collective on which group since when, or not in one."""
+
+
 EVENT_TYPES: dict[str, type[Event]] = {
     cls.kind: cls
     for cls in (RankStarted, StepTiming, CollectiveTiming, StageAction, MemorySnapshot, GpuSample, GpuLink,
-                NvmlState, ProcessSample, RankExited, JobEnded, EventsDropped, SamplerError, StackDump)
+                NvmlState, ProcessSample, RankExited, JobEnded, EventsDropped, SamplerError, StackDump, RankProgress,
+                HangDetected)
 }
 TUPLE_FIELDS = {"stages"}
 

@@ -18,7 +18,7 @@ from torch import nn
 
 from probes.collectives import CollectiveProbe, GroupDirectory
 from probes.wire import NCCL_TIMING_ENV
-from probes.events import Event, SamplerError
+from probes.events import Event, RankProgress, SamplerError
 from probes.memory import MemoryProbe
 from probes.pipeline import StageProbe
 from probes.sink import EventSink
@@ -44,6 +44,15 @@ class Instrumentation:
 
     def current_step(self) -> int | None:
         return self.step
+
+    def progress(self) -> RankProgress:
+        """This rank's heartbeat: its step and the oldest collective it waits on (called off the training thread)."""
+        count, oldest = self._collectives.oldest_in_flight() if self._installed and self._collectives else (0, None)
+        return RankProgress(
+            rank=self.rank, wall_ns=time.time_ns(), step=self.step, in_flight=count,
+            oldest_op=oldest.shape.op if oldest else None, oldest_group=oldest.group.name if oldest else None,
+            oldest_peer=oldest.peer if oldest else None, oldest_start_ns=oldest.start_ns if oldest else None,
+        )
 
     def install(self, *, mesh: Any, pipeline: bool) -> None:
         """Hook collectives (and pipeline stages) before the job is built, so set-up traffic is seen too."""

@@ -11,6 +11,7 @@ import socket
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 
 from probes.events import Event
 from probes.sink import EventSink
@@ -28,6 +29,8 @@ class EventShipper(EventSink):
 
     def __init__(self, *, address: tuple[str, int], token: str, rank: int,
                  capacity: int = DEFAULT_CAPACITY) -> None:
+        self.heartbeat: Callable[[], Event] | None = None
+        """Called on the shipper thread before each shipment; its event goes out with it (hang reports)."""
         self.address = address
         self.token = token
         self.rank = rank
@@ -62,6 +65,11 @@ class EventShipper(EventSink):
         reported = 0
         while True:
             closing = self._closing.wait(SHIP_INTERVAL_S)
+            if self.heartbeat is not None and not closing:
+                try:
+                    self._buffer.append(self.heartbeat())
+                except Exception:  # noqa: BLE001 - a heartbeat must never stop the shipping
+                    pass
             while self._buffer or self._dropped != reported:
                 batch = [self._buffer.popleft() for _ in range(min(len(self._buffer), BATCH_MAX))]
                 dropped_now = self._dropped

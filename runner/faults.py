@@ -1,20 +1,23 @@
 """Faults injected on purpose, so tests can prove how meshtop handles a dying rank.
 
 ``MESHTOP_FAULT=KIND:RANK:STEP`` makes rank RANK, just before step STEP,
-``raise`` a RuntimeError or ``kill`` itself with SIGKILL. Unset, it costs one
-dictionary lookup at start-up.
+``raise`` a RuntimeError, ``oom`` (raise the out-of-memory error the CUDA
+allocator raises), ``kill`` itself with SIGKILL, or ``hang`` (sleep forever,
+so its peers block in their next collective). Unset, it costs one dictionary
+lookup at start-up.
 """
 
 from __future__ import annotations
 
 import os
 import signal
+import time
 from dataclasses import dataclass
 
 from probes.errors import MeshtopError
 
 FAULT_ENV = "MESHTOP_FAULT"
-KINDS = ("raise", "kill")
+KINDS = ("raise", "oom", "kill", "hang")
 
 
 class FaultSpecError(MeshtopError):
@@ -37,6 +40,15 @@ class Fault:
             return
         if self.kind == "kill":
             os.kill(os.getpid(), signal.SIGKILL)
+        if self.kind == "hang":
+            while True:
+                time.sleep(3600)
+        if self.kind == "oom":
+            import torch
+
+            raise torch.OutOfMemoryError(
+                f"CUDA out of memory. Tried to allocate 2.00 GiB (fault injected by {FAULT_ENV} on rank {rank} "
+                f"at step {step})")
         raise InjectedFault(f"fault injected by {FAULT_ENV} on rank {rank} at step {step}")
 
 

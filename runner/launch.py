@@ -24,10 +24,11 @@ from pathlib import Path
 import psutil
 
 from probes.collector import Collector
-from probes.events import Event, EventsDropped, JobEnded, RankExited, RankStarted
+from probes.events import Event, EventsDropped, HangDetected, JobEnded, RankExited, RankStarted
 from probes.samplers import DEFAULT_GPU_HZ, DEFAULT_PROCESS_HZ, GpuSampler, ProcessSampler
 from probes.stacks import dump_stacks
 from probes.wire import ADDRESS_ENV, NCCL_TIMING_ENV, TOKEN_ENV
+from runner.hangs import HangWatch
 from runner.plan import ResolvedRun
 
 STOP_GRACE_S = 15.0
@@ -67,6 +68,8 @@ class JobResult:
 
     root_cause: int | None = None
     """The rank whose failure brought the job down, when one did."""
+    hang: str | None = None
+    """The hang report, when meshtop stopped the job because no rank made progress."""
 
     @property
     def failed(self) -> tuple[RankExit, ...]:
@@ -164,10 +167,15 @@ class Job:
             _signal(process, signal.SIGKILL)
         psutil.wait_procs(alive, timeout=3.0)
 
-    def result(self, *, interrupted: bool) -> JobResult:
+    def result(self, *, interrupted: bool, hang: HangDetected | None = None) -> JobResult:
         assert self._process is not None, "start() first"
         duration = time.monotonic() - self._started
         world = range(self.run.world_size)
+        if hang is not None:
+            why = f"stopped: no rank made progress for {hang.silent_s:.0f} s (hang)"
+            ranks = tuple(RankExit(rank=r, exit_code=None, signal=None, error=why) for r in world)
+            return JobResult(status="failed", ranks=ranks, duration_s=duration, log_path=self.log_path,
+                             hang=hang.report)
         try:
             status = json.loads(self._status_path.read_text())
         except (FileNotFoundError, json.JSONDecodeError):
@@ -223,7 +231,11 @@ class JobControl:
         self._stacks: set[int] | None = None
         self._stacks_asked = False
         self.stop = threading.Event()
-        """Set to stop every rank; the job then ends ``interrupted``."""
+        """Set to stop every rank; the job then ends ``interrupted`` (``failed`` after a hang report)."""
+        self.stop_on_hang = True
+        """Stop the job when a hang is detected (headless); else report it and keep waiting (the dashboard asks)."""
+        self.hang: HangDetected | None = None
+        """The last hang reported, if any."""
 
     def ask_stacks(self, ranks: Iterable[int] | None = None) -> None:
         """A py-spy dump of ``ranks`` (every rank when ``None``) at the next delivery."""
@@ -257,15 +269,19 @@ def lifecycle_events(result: JobResult) -> list[Event]:
 def run_job(run: ResolvedRun, *, session_dir: Path,
             on_events: Callable[[list[Event]], None] = lambda events: None,
             node_probes: NodeProbes = NodeProbes(),
-            control: JobControl | None = None) -> JobResult:
+            control: JobControl | None = None, hang_timeout_s: float | None = None) -> JobResult:
     """Launch ``run``, pass its events (and the node samplers') to ``on_events``, and wait for the end.
 
     ``control`` carries requests from another thread: py-spy dumps of ranks,
     delivered as events, and a stop. A ``KeyboardInterrupt`` (Ctrl-C, or
     SIGTERM turned into one by the CLI) or ``control.stop`` stops every rank;
-    the result then says ``interrupted``.
+    the result then says ``interrupted``. When no rank makes progress for
+    ``hang_timeout_s`` (default: :func:`runner.hangs.default_timeout_s`), a
+    :class:`HangDetected` report and a stack dump of every rank are delivered;
+    then the job is stopped (``failed``) if ``control.stop_on_hang``.
     """
     control = control if control is not None else JobControl()
+    hangs = HangWatch(run.world_size, timeout_s=hang_timeout_s)
     job = Job(run, session_dir)
     node_events: queue.SimpleQueue[list[Event]] = queue.SimpleQueue()
     processes = ProcessSampler(rate_hz=node_probes.process_hz, emit=node_events.put)
@@ -280,7 +296,16 @@ def run_job(run: ResolvedRun, *, session_dir: Path,
             if isinstance(event, RankStarted):
                 pids[event.rank] = event.pid
                 processes.watch(event.rank, event.pid)
-        if wanted := control.take_stack_request(pids):
+        hangs.observe(events)
+        if not hangs.reported:
+            control.hang = None  # progress again: an earlier report no longer holds
+        if (hang := hangs.check()) is not None:
+            control.hang = hang
+            events.append(hang)
+            events.extend(dump_stacks(pids))
+            if control.stop_on_hang:
+                control.stop.set()
+        elif wanted := control.take_stack_request(pids):
             events.extend(dump_stacks(wanted))
         on_events(events)
 
@@ -301,6 +326,7 @@ def run_job(run: ResolvedRun, *, session_dir: Path,
             sampler.stop()
     deliver()
     job.collector.stop()
-    result = job.result(interrupted=interrupted)
+    hung = control.hang if interrupted and control.hang is not None else None
+    result = job.result(interrupted=interrupted and hung is None, hang=hung)
     on_events(lifecycle_events(result))
     return result

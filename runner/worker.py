@@ -45,6 +45,8 @@ def main(argv: list[str]) -> None:
     dist.init_process_group(backend="nccl" if run.device == "cuda" else "gloo")
     sink = open_sink(rank)
     probes = Instrumentation(rank=rank, sink=sink, device=device, enabled=run.instrument)
+    if isinstance(sink, EventShipper):
+        sink.heartbeat = probes.progress
     try:
         mesh = build_mesh(device_type=run.device, pp=run.pp, dp=run.dp, tp=run.tp)
         probes.install(mesh=mesh, pipeline=run.pp > 1)

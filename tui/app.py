@@ -17,6 +17,7 @@ from textual.screen import ModalScreen, Screen
 from textual.widgets import Footer, Input, Static, TabbedContent, TabPane
 
 from probes.errors import MeshtopError
+from probes.events import HangDetected
 from tui.charts import human_seconds
 from tui.filters import every_rank, parse_rank_filter
 from tui.sources import Playback, Source
@@ -127,6 +128,40 @@ class HelpScreen(ModalScreen[None]):
             yield Static(text)
 
 
+class HangScreen(ModalScreen[bool]):
+    """No rank made progress: where each rank is, and the choice to stop the job or keep waiting."""
+
+    BINDINGS: ClassVar[list[BindingType]] = [
+        Binding("s", "choose(True)", "Stop the job"),
+        Binding("w,escape", "choose(False)", "Keep waiting"),
+    ]
+    DEFAULT_CSS = """
+    HangScreen { align: center middle; }
+    HangScreen > VerticalScroll { width: 90%; height: auto; max-height: 90%; border: round $error; background: $panel; padding: 0 1; }
+    """
+
+    def __init__(self, hang: HangDetected) -> None:
+        super().__init__()
+        self.hang = hang
+
+    def compose(self) -> ComposeResult:
+        text = Text(f"No rank made progress for {self.hang.silent_s:.0f} s (hang timeout {self.hang.timeout_s:.0f} s)\n\n",
+                    style="bold red")
+        lines = self.hang.report.splitlines()
+        text.append(lines[0] + "\n", style="bold")
+        text.append("\n".join(lines[1:]) + "\n\n")
+        text.append("Every rank's stack was dumped with py-spy (view 6, and the recording).\n\n", style="dim")
+        text.append("s", style="bold cyan")
+        text.append(" stop the job (recorded as failed: hang)    ")
+        text.append("w", style="bold cyan")
+        text.append(" keep waiting (asked again after another timeout)")
+        with VerticalScroll():
+            yield Static(text)
+
+    def action_choose(self, stop: bool) -> None:
+        self.dismiss(stop)
+
+
 class PromptScreen(ModalScreen[str | None]):
     """One line of input (the rank filter, a seek target); Enter gives it, Escape cancels."""
 
@@ -202,6 +237,7 @@ class MeshtopApp(App[None]):
         self.messages: deque[str] = deque(maxlen=32)
         """What the app told the user in notifications, newest last."""
         self.quitting = False
+        self._hang_asked: HangDetected | None = None
 
     def notify(self, message: str, **options: object) -> None:  # type: ignore[override]
         self.messages.append(message)
@@ -245,24 +281,44 @@ class MeshtopApp(App[None]):
             self.state.dropped = max(self.state.dropped, self.source.dropped_for_screen)
         self.redraw()
         self.frame_times_s.append(time.perf_counter() - started)
+        self._ask_about_hang()
         error = getattr(self.source, "error", None)
         if error is not None and not self.quitting:
             self.quitting = True
             self.exit(message=f"meshtop: error: {error}" if isinstance(error, MeshtopError) else None)
 
+    def _ask_about_hang(self) -> None:
+        """On a live job, a newly reported hang opens the report with the choice to stop or wait."""
+        hang = self.state.hang
+        if hang is None or hang is self._hang_asked or self.source.playback is not None or self.source.finished:
+            return
+        self._hang_asked = hang
+        if isinstance(self.screen, HangScreen):  # still open on an earlier report of the same hang
+            return
+
+        def decide(stop: bool | None) -> None:
+            if stop:
+                self.source.stop()
+                self.notify("stopping every rank; the recording is kept with the hang report")
+
+        self.push_screen(HangScreen(hang), decide)
+
     def redraw(self) -> None:
-        if not self.screen.is_attached or not self.query(HeaderBar):  # closing: the widgets are going
+        """Draw the dashboard (also under a prompt or a report, which sit on their own screens)."""
+        dashboard = self.screen_stack[0] if self.screen_stack else None
+        if dashboard is None or not dashboard.is_attached or not dashboard.query(HeaderBar):  # closing
             return
         extra = ""
         if self.rank_filter_text:
             extra = f"ranks {self.rank_filter_text}"
-        self.query_one(HeaderBar).show(self.state, self.source.status, extra)
-        self.query_one(ReplayBar).show(self.source)
+        dashboard.query_one(HeaderBar).show(self.state, self.source.status, extra)
+        dashboard.query_one(ReplayBar).show(self.source)
         self.active_panel().show(self.state, self._rank_filter)
 
     def active_panel(self) -> Panel:
-        active = self.query_one(TabbedContent).active or "overview"
-        return self.query_one(f"#{active}-panel", Panel)
+        dashboard = self.screen_stack[0]
+        active = dashboard.query_one(TabbedContent).active or "overview"
+        return dashboard.query_one(f"#{active}-panel", Panel)
 
     def on_tabbed_content_tab_activated(self, event: TabbedContent.TabActivated) -> None:
         self.call_after_refresh(self.redraw)

@@ -59,6 +59,10 @@ def add_plan_options(parser: argparse.ArgumentParser) -> None:
     probes = parser.add_argument_group("probes")
     probes.add_argument("--no-instrument", dest="instrument", action="store_false",
                         help="no worker hooks (step timing stays), to measure their overhead")
+    probes.add_argument("--hang-timeout", type=float, default=None, metavar="S",
+                        help="report a hang (where every rank is, and its stack) after S seconds without progress "
+                             "(default: 20 median steps, at least 30 s; before the first step max(S, 60 s), "
+                             "or 600 s)")
     probes.add_argument("--gpu-sample-hz", type=float, default=DEFAULT_GPU_HZ, metavar="HZ",
                         help=f"NVML samples per second per GPU (default {DEFAULT_GPU_HZ:g})")
     probes.add_argument("--process-sample-hz", type=float, default=DEFAULT_PROCESS_HZ, metavar="HZ",
@@ -72,6 +76,13 @@ def spec_from_args(args: argparse.Namespace) -> RunSpec:
         steps=args.steps, batch_size=args.batch_size, seq_len=args.seq_len, seed=args.seed,
         instrument=args.instrument,
     )
+
+
+def hang_timeout_from_args(args: argparse.Namespace) -> float | None:
+    timeout = args.hang_timeout
+    if timeout is not None and not 0 < timeout <= 86_400:
+        raise PlanError(f"--hang-timeout must be above 0 and at most 86400 seconds, got {timeout:g}")
+    return timeout
 
 
 def node_probes_from_args(args: argparse.Namespace) -> NodeProbes:
@@ -168,6 +179,7 @@ def command_run(args: argparse.Namespace) -> int:
 
     run = resolve_args(args)
     probes = node_probes_from_args(args)
+    hang_timeout = hang_timeout_from_args(args)
     require_terminal("meshtop run", "use `meshtop record OUT` to record a job headless")
     if args.record:
         directory = new_session_path(runs_directory(args), run)
@@ -177,7 +189,8 @@ def command_run(args: argparse.Namespace) -> int:
         write_manifest(directory, manifest)
     else:
         directory, manifest = Path(tempfile.mkdtemp(prefix="meshtop-run-")), None
-    source = LiveSource(run, directory=directory, manifest=manifest, node_probes=probes)
+    source = LiveSource(run, directory=directory, manifest=manifest, node_probes=probes,
+                        hang_timeout_s=hang_timeout)
     app = MeshtopApp(source)
     try:
         app.run()
@@ -233,12 +246,14 @@ def command_record(args: argparse.Namespace) -> int:
 
     run = resolve_args(args)
     probes = node_probes_from_args(args)
+    hang_timeout = hang_timeout_from_args(args)
     out: Path = args.out
     new_recording(out)
     manifest = start_manifest(run.describe(), command_line=sys.argv[1:])
     manifest["node_probes"] = {"gpu_hz": probes.gpu_hz, "process_hz": probes.process_hz}
     write_manifest(out, manifest)
-    result = follow_job(run, session_dir=out, out=sys.stdout, manifest=manifest, node_probes=probes)
+    result = follow_job(run, session_dir=out, out=sys.stdout, manifest=manifest, node_probes=probes,
+                        hang_timeout_s=hang_timeout)
     print("\n".join(summary_lines(summarize(open_recording(out)))[1:]))
     print(f"recording: {out}")
     return exit_code(result.status)

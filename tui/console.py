@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 from typing import Any, TextIO
 
-from probes.events import Event, EventsDropped, StackDump
+from probes.events import Event, EventsDropped, HangDetected, StackDump
 from recordings.steps import JobStep
 from runner.launch import JobControl, JobResult, NodeProbes
 from runner.plan import ResolvedRun
@@ -95,6 +95,9 @@ def verdict(result: JobResult, steps: list[JobStep]) -> list[str]:
                 f"{rate:,.0f} tok/s{final}"]
     if result.status == "interrupted":
         return [f"interrupted after {result.duration_s:.1f} s: every rank stopped"]
+    if result.hang is not None:
+        return [f"failed after {result.duration_s:.1f} s: the job hung and was stopped",
+                *("  " + line for line in result.hang.splitlines())]
     lines = [f"failed after {result.duration_s:.1f} s"]
     for rank in result.failed:
         how = f"signal {rank.signal}" if rank.signal else f"exit code {rank.exit_code}"
@@ -114,7 +117,8 @@ def stack_dump_lines(dump: StackDump) -> list[str]:
 
 
 def follow_job(run: ResolvedRun, *, session_dir: Path, out: TextIO,
-               manifest: dict[str, Any] | None = None, node_probes: NodeProbes = NodeProbes()) -> JobResult:
+               manifest: dict[str, Any] | None = None, node_probes: NodeProbes = NodeProbes(),
+               hang_timeout_s: float | None = None) -> JobResult:
     """Run the job, printing progress to ``out``; record it when a ``manifest`` is given.
 
     SIGUSR1 to meshtop dumps every rank's Python stack (py-spy) to ``out``
@@ -133,6 +137,10 @@ def follow_job(run: ResolvedRun, *, session_dir: Path, out: TextIO,
         for event in events:
             if isinstance(event, StackDump):
                 progress.message("\n".join(stack_dump_lines(event)))
+            elif isinstance(event, HangDetected):
+                progress.message(f"no rank made progress for {event.silent_s:.0f} s (hang timeout "
+                                 f"{event.timeout_s:.0f} s): {event.report}\nstack dumps of every rank follow; "
+                                 "stopping the job")
             elif isinstance(event, EventsDropped):
                 where = f"rank {event.rank}" if event.rank is not None else "the collector"
                 progress.message(f"warning: {event.count} telemetry events dropped by {where} (buffer full)")
@@ -142,7 +150,7 @@ def follow_job(run: ResolvedRun, *, session_dir: Path, out: TextIO,
 
     try:
         result = run_session(run, directory=session_dir, manifest=manifest, on_events=on_events,
-                             node_probes=node_probes, control=control)
+                             node_probes=node_probes, control=control, hang_timeout_s=hang_timeout_s)
     finally:
         progress.finish()
         signal.signal(signal.SIGUSR1, previous_usr1)

@@ -74,6 +74,7 @@ class SessionRecorder:
             ranks=[{"rank": r.rank, "exit_code": r.exit_code, "signal": r.signal, "error": r.error}
                    for r in (result.ranks if result is not None else ())],
             root_cause_rank=result.root_cause if result is not None else None,
+            hang=result.hang if result is not None else None,
             rank_devices={str(rank): device for rank, device in sorted(self._devices.items())},
             nvml=self._nvml,
             gpus=[self._gpus[gpu] for gpu in sorted(self._gpus)],
@@ -84,7 +85,8 @@ class SessionRecorder:
 
 def run_session(run: ResolvedRun, *, directory: Path, manifest: dict[str, Any] | None,
                 on_events: Callable[[list[Event], list[JobStep]], None],
-                node_probes: NodeProbes = NodeProbes(), control: JobControl | None = None) -> JobResult:
+                node_probes: NodeProbes = NodeProbes(), control: JobControl | None = None,
+                hang_timeout_s: float | None = None) -> JobResult:
     """Run the job, recording into ``directory`` when a ``manifest`` is given (else it only holds the logs).
 
     ``on_events`` sees each batch after it is on disk, with the job steps it
@@ -97,7 +99,8 @@ def run_session(run: ResolvedRun, *, directory: Path, manifest: dict[str, Any] |
         on_events(events, recorder.take(events))
 
     try:
-        result = run_job(run, session_dir=directory, on_events=deliver, node_probes=node_probes, control=control)
+        result = run_job(run, session_dir=directory, on_events=deliver, node_probes=node_probes, control=control,
+                         hang_timeout_s=hang_timeout_s)
     except KeyboardInterrupt:
         broken = "interrupted"
         raise

@@ -65,7 +65,8 @@ class LiveSource:
     """A job launched now: runs the session on a background thread and hands its events to the screen."""
 
     def __init__(self, run: ResolvedRun, *, directory: Path, manifest: dict[str, Any] | None,
-                 node_probes: NodeProbes = NodeProbes(), backlog: int = SCREEN_BACKLOG) -> None:
+                 node_probes: NodeProbes = NodeProbes(), backlog: int = SCREEN_BACKLOG,
+                 hang_timeout_s: float | None = None) -> None:
         self.run = run
         self.directory = directory
         self.manifest = manifest
@@ -73,6 +74,8 @@ class LiveSource:
         self.recording = str(directory) if manifest is not None else None
         self.node_probes = node_probes
         self.control = JobControl()
+        self.control.stop_on_hang = False  # the dashboard shows the report and asks
+        self.hang_timeout_s = hang_timeout_s
         self.result: JobResult | None = None
         self.error: BaseException | None = None
         self.dropped_for_screen = 0
@@ -88,7 +91,8 @@ class LiveSource:
     def _run(self) -> None:
         try:
             self.result = run_session(self.run, directory=self.directory, manifest=self.manifest,
-                                      on_events=self._take, node_probes=self.node_probes, control=self.control)
+                                      on_events=self._take, node_probes=self.node_probes, control=self.control,
+                                      hang_timeout_s=self.hang_timeout_s)
         except BaseException as error:  # noqa: BLE001 - handed to the app, which reports it and exits
             self.error = error
 

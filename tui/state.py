@@ -17,8 +17,8 @@ from typing import Any
 
 from probes.bandwidth import bus_factor
 from probes.events import (
-    CollectiveTiming, Event, EventsDropped, GpuSample, JobEnded, MemorySnapshot, NvmlState, ProcessSample,
-    RankExited, RankStarted, SamplerError, StackDump, StageAction, StepTiming,
+    CollectiveTiming, Event, EventsDropped, GpuSample, HangDetected, JobEnded, MemorySnapshot, NvmlState,
+    ProcessSample, RankExited, RankStarted, SamplerError, StackDump, StageAction, StepTiming,
 )
 from recordings.steps import JobStep, StepFolder
 
@@ -218,6 +218,8 @@ class DashboardState:
         self.sampler_errors = 0
         self.last_sampler_error: str | None = None
         self.ended: JobEnded | None = None
+        self.hang: HangDetected | None = None
+        """The hang reported last, until progress resumes."""
         self.stacks_wall_ns: int | None = None
         self._folder = StepFolder(self.info.world_size)
         self._step_fb: dict[int, float] = {}
@@ -291,6 +293,7 @@ class DashboardState:
             self._complete(step)
 
     def _complete(self, step: JobStep) -> None:
+        self.hang = None  # progress again
         self.steps.append(step)
         self.steps_done = max(self.steps_done, step.step + 1)
         for stats in self.collectives.values():
@@ -367,6 +370,9 @@ class DashboardState:
         self.sampler_errors += 1
         self.last_sampler_error = f"{event.sampler}: {event.message}"
 
+    def _on_hang(self, event: HangDetected) -> None:
+        self.hang = event
+
     def _on_stack(self, event: StackDump) -> None:
         self._rank(event.rank).stack = event
         self.stacks_wall_ns = event.wall_ns
@@ -375,7 +381,7 @@ class DashboardState:
         RankStarted: _on_started, CollectiveTiming: _on_collective, StageAction: _on_stage_action,
         StepTiming: _on_step, MemorySnapshot: _on_memory, GpuSample: _on_gpu, NvmlState: _on_nvml,
         ProcessSample: _on_process, RankExited: _on_exited, JobEnded: _on_ended, EventsDropped: _on_dropped,
-        SamplerError: _on_sampler_error, StackDump: _on_stack,
+        SamplerError: _on_sampler_error, StackDump: _on_stack, HangDetected: _on_hang,
     }
 
     # -- views -------------------------------------------------------------------
@@ -464,6 +470,10 @@ class DashboardState:
             if exited is not None and exited.exit_code not in (0, None):
                 why = f": {exited.error}" if exited.error else ""
                 alerts.append(Alert("error", f"rank {view.rank} {view.status}{why}", exited.wall_ns))
+        if self.hang is not None:
+            verdict = self.hang.report.splitlines()[0]
+            alerts.append(Alert("error", f"hang: no progress for {self.hang.silent_s:.0f} s; {verdict}",
+                                self.hang.wall_ns))
         if self.ended is not None and self.ended.status == "failed" and self.ended.root_cause_rank is not None:
             alerts.append(Alert("error", f"job failed; rank {self.ended.root_cause_rank} failed first",
                                 self.ended.wall_ns))

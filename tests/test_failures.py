@@ -1,0 +1,114 @@
+"""Failures: a hung job is reported (where every rank is, their stacks) and stopped; an out-of-memory rank is named."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from probes.events import CollectiveTiming, RankProgress, StepTiming
+from runner.hangs import MIN_TIMEOUT_S, STARTUP_MIN_S, STARTUP_TIMEOUT_S, HangWatch, default_timeout_s
+from tests.jobs import alive
+
+
+def beat(rank: int, *, step: int | None = 3, op: str | None = None, group: str | None = None,
+         peer: int | None = None, start_ns: int | None = None) -> RankProgress:
+    return RankProgress(rank=rank, wall_ns=0, step=step, in_flight=1 if op else 0, oldest_op=op,
+                        oldest_group=group, oldest_peer=peer, oldest_start_ns=start_ns)
+
+
+def step(rank: int, duration_s: float = 0.1) -> StepTiming:
+    return StepTiming(rank=rank, step=0, start_ns=0, duration_s=duration_s, tokens=1, loss=None)
+
+
+def test_default_timeout_is_generous_at_start_then_a_multiple_of_the_median_step() -> None:
+    assert default_timeout_s([]) == STARTUP_TIMEOUT_S
+    assert default_timeout_s([0.01, 0.02, 0.5]) == MIN_TIMEOUT_S
+    assert default_timeout_s([3.0, 3.0, 90.0]) == 60.0
+
+
+def test_hang_report_names_the_rank_outside_the_collective() -> None:
+    now = [0.0]
+    watch = HangWatch(4, timeout_s=5, clock=lambda: now[0])
+    watch.observe([step(0)])  # the first step: the user's timeout now applies as given
+    now[0] = 4.0
+    watch.observe([beat(0, op="all_reduce", group="dp", start_ns=1), beat(1),
+                   beat(2, op="recv", group="pp", peer=3, start_ns=1)])
+    assert watch.check() is None  # 4 s < 5 s
+    now[0] = 5.5
+    hang = watch.check()
+    assert hang is not None and hang.silent_s == 5.5 and hang.timeout_s == 5
+    lines = hang.report.splitlines()
+    assert lines[0] == "ranks 0, 2 wait in a collective; rank 1 is not in one: look there first; rank 3 sent no heartbeat"
+    assert lines[1].startswith("rank 0: inside all_reduce on dp for ")
+    assert lines[2] == "rank 1: not in a collective (step 4)"
+    assert lines[3].startswith("rank 2: inside recv with rank 3 on pp for ")
+    assert lines[4] == "rank 3: no heartbeat received (not started, or hooks unreachable)"
+    assert watch.check() is None  # reported once, not every poll
+    watch.observe([CollectiveTiming(rank=0, step=3, op="all_reduce", group="dp", group_size=2, peer=None,
+                                    bytes=4, dtype=None, start_ns=0, end_ns=1, clock="completion")])
+    assert not watch.reported  # progress again
+
+
+def test_a_rank_whose_heartbeat_stopped_is_called_silent() -> None:
+    now = [0.0]
+    watch = HangWatch(2, timeout_s=5, clock=lambda: now[0])
+    watch.observe([step(0), beat(0, op="all_reduce", group="dp", start_ns=1), beat(1)])
+    now[0] = 10.0
+    watch.observe([beat(0, op="all_reduce", group="dp", start_ns=1)])  # rank 1 froze (SIGSTOP, a debugger...)
+    hang = watch.check()
+    assert hang is not None
+    assert "rank 1: silent for 10 s (frozen, stopped or gone; last in step 4)" in hang.report
+
+
+def test_a_given_timeout_waits_at_least_a_minute_for_the_first_step() -> None:
+    now = [0.0]
+    watch = HangWatch(1, timeout_s=5, clock=lambda: now[0])
+    now[0] = STARTUP_MIN_S - 1
+    assert watch.check() is None
+    now[0] = STARTUP_MIN_S + 1
+    assert watch.check() is not None
+
+
+def record(out: Path, fault: str, *extra: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "tui.cli", "record", str(out), "--device", "cpu", "--steps", "6",
+                           *extra], capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "MESHTOP_FAULT": fault})
+
+
+@pytest.mark.slow
+def test_a_hung_job_is_reported_with_every_rank_stack_then_stopped(tmp_path: Path) -> None:
+    out = tmp_path / "rec"
+    done = record(out, "hang:1:2", "--hang-timeout", "3")
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "rank 0 waits in a collective; rank 1 is not in one: look there first" in done.stdout
+    assert "rank 0: inside all_reduce on dp for " in done.stdout
+    assert "failed after" in done.stdout and "the job hung and was stopped" in done.stdout
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["status"] == "failed"
+    assert manifest["hang"].startswith("rank 0 waits in a collective")
+    stacks = pd.read_parquet(out / "events" / "stack_dump.parquet")
+    assert sorted(stacks["rank"]) == [0, 1]
+    rank1 = stacks[stacks["rank"] == 1].iloc[0]
+    assert rank1["error"] is not None or "maybe_fire" in rank1["text"]  # py-spy may lack ptrace rights
+    hangs = pd.read_parquet(out / "events" / "hang.parquet")
+    assert len(hangs) == 1
+    pids = pd.read_parquet(out / "events" / "rank_started.parquet")["pid"].tolist()
+    assert alive(pids) == []
+
+
+@pytest.mark.slow
+def test_an_out_of_memory_rank_is_named_with_the_allocator_message(tmp_path: Path) -> None:
+    out = tmp_path / "rec"
+    done = record(out, "oom:1:2")
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "rank 1 failed first: exit code 1: OutOfMemoryError: CUDA out of memory." in done.stdout
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["status"] == "failed" and manifest["root_cause_rank"] == 1
+    pids = pd.read_parquet(out / "events" / "rank_started.parquet")["pid"].tolist()
+    assert alive(pids) == []
