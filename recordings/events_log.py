@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import IO
 
 from probes.events import Event, event_from_record
+from recordings.manifest import RecordingError
 
 EVENTS_DIR = "events"
 
@@ -27,20 +28,33 @@ class EventWriter:
         self.written = 0
 
     def write(self, events: list[Event]) -> None:
+        """Append and flush ``events``; a :class:`RecordingError` when the disk refuses (full, folder gone)."""
         touched = set()
-        for event in events:
-            file = self._files.get(event.kind)
-            if file is None:
-                file = self._files[event.kind] = (self.directory / f"{event.kind}.jsonl").open("a", encoding="utf-8")
-            file.write(json.dumps(event.to_record(), separators=(",", ":")) + "\n")
-            touched.add(event.kind)
-        for kind in touched:
-            self._files[kind].flush()
+        try:
+            if not self.directory.is_dir():  # open files would take writes into the void: stop here
+                raise FileNotFoundError(2, "No such file or directory")
+            for event in events:
+                file = self._files.get(event.kind)
+                if file is None:
+                    path = self.directory / f"{event.kind}.jsonl"
+                    file = self._files[event.kind] = path.open("a", encoding="utf-8")
+                file.write(json.dumps(event.to_record(), separators=(",", ":")) + "\n")
+                touched.add(event.kind)
+            for kind in touched:
+                self._files[kind].flush()
+        except OSError as error:
+            gone = "" if self.directory.exists() else " (the folder was removed)"
+            raise RecordingError(f"cannot write the recording in {self.directory.parent}: "
+                                 f"{error.strerror or error}{gone}; the job was stopped, the events written "
+                                 f"so far are kept") from None
         self.written += len(events)
 
     def close(self) -> None:
         for file in self._files.values():
-            file.close()
+            try:
+                file.close()
+            except OSError:  # the last flush failed (disk full): what was flushed before stays
+                pass
         self._files.clear()
 
 

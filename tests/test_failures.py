@@ -4,8 +4,12 @@ from __future__ import annotations
 
 import json
 import os
+import resource
+import shutil
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pandas as pd
@@ -111,4 +115,49 @@ def test_an_out_of_memory_rank_is_named_with_the_allocator_message(tmp_path: Pat
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["status"] == "failed" and manifest["root_cause_rank"] == 1
     pids = pd.read_parquet(out / "events" / "rank_started.parquet")["pid"].tolist()
+    assert alive(pids) == []
+
+
+def _file_size_limit(limit: int) -> None:
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit then fails with EFBIG, as on a full disk
+    resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+
+
+@pytest.mark.slow
+def test_a_full_disk_stops_the_job_with_one_line_and_keeps_what_was_written(tmp_path: Path) -> None:
+    out = tmp_path / "rec"
+    done = subprocess.run([sys.executable, "-m", "tui.cli", "record", str(out), "--device", "cpu", "--steps", "5000"],
+                          capture_output=True, text=True, timeout=300, preexec_fn=lambda: _file_size_limit(150_000))
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert done.stderr.splitlines() == [
+        f"meshtop: error: cannot write the recording in {out}: File too large; the job was stopped, "
+        "the events written so far are kept"]
+    summary = subprocess.run([sys.executable, "-m", "tui.cli", "summary", str(out), "--json"],
+                             capture_output=True, text=True, timeout=120)
+    assert summary.returncode == 0, summary.stderr
+    report = json.loads(summary.stdout)
+    assert report["run"]["status"] == "failed" and report["steps"]["count"] > 10
+    pids = pd.read_parquet(out / "events" / "rank_started.parquet")["pid"].tolist()
+    assert alive(pids) == []
+
+
+@pytest.mark.slow
+def test_a_recording_folder_removed_mid_run_stops_the_job_with_one_line(tmp_path: Path) -> None:
+    out = tmp_path / "rec"
+    process = subprocess.Popen([sys.executable, "-m", "tui.cli", "record", str(out), "--device", "cpu",
+                                "--steps", "5000"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while not (out / "events" / "step.jsonl").exists() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        pids = [json.loads(line)["pid"] for line in (out / "events" / "rank_started.jsonl").read_text().splitlines()]
+        shutil.rmtree(out)
+        _, stderr = process.communicate(timeout=120)
+    finally:
+        if process.poll() is None:
+            process.kill()
+    assert process.returncode == 2
+    assert stderr.splitlines() == [
+        f"meshtop: error: cannot write the recording in {out}: No such file or directory (the folder was removed); "
+        "the job was stopped, the events written so far are kept"]
     assert alive(pids) == []

@@ -65,7 +65,10 @@ class SessionRecorder:
         if self.writer is None or self.manifest is None:
             return
         self.writer.close()
-        compact(self.directory)
+        try:
+            compact(self.directory)
+        except OSError:  # no room for the Parquet copy, or the folder is gone: the JSON lines stay, readable
+            pass
         self.manifest.update(
             status=result.status if result is not None else broken_status,
             ended_at=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
@@ -80,7 +83,10 @@ class SessionRecorder:
             gpus=[self._gpus[gpu] for gpu in sorted(self._gpus)],
             topology=self._topology,
         )
-        write_manifest(self.directory, self.manifest)
+        try:
+            write_manifest(self.directory, self.manifest)
+        except OSError:  # the manifest stays "running": readers take that as interrupted
+            pass
 
 
 def run_session(run: ResolvedRun, *, directory: Path, manifest: dict[str, Any] | None,
