@@ -261,8 +261,9 @@ def test_the_header_keeps_its_step_row_in_a_narrow_terminal(terminal: Callable[.
 
 
 @pytest.mark.slow
-def test_q_during_a_live_job_stops_every_rank_and_keeps_the_recording(
-        terminal: Callable[..., Terminal], tmp_path: Path) -> None:
+@pytest.mark.parametrize("how", ["q", "C-c", "SIGTERM"])
+def test_quitting_a_live_job_stops_every_rank_and_keeps_the_recording(
+        terminal: Callable[..., Terminal], tmp_path: Path, how: str) -> None:
     runs = tmp_path / "runs"
     # Far more steps than the test waits for, so that the job is surely still running when q arrives.
     term = terminal(["run", "--steps", "2000", "--model", "tiny", "--runs-dir", str(runs)],
@@ -278,7 +279,11 @@ def test_q_during_a_live_job_stops_every_rank_and_keeps_the_recording(
     workers = [p for p in job if python_module(p) == "runner.worker"]
     assert len(workers) == 2, [p.cmdline() for p in job]  # dp2: one per rank
 
-    term.press("q")
+    if how == "SIGTERM":
+        [meshtop] = [p for p in job if python_module(p) == "tui.cli"]
+        meshtop.terminate()
+    else:
+        term.press(how)
     assert term.wait_exit() == 130, term.everything()
     assert still_running(job) == []
     after = term.everything()

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import gc
+import signal
 import time
 from collections import deque
 from collections.abc import Iterable
@@ -225,8 +227,11 @@ class MeshtopApp(App[None]):
     ]
     REPLAY_ACTIONS = frozenset({"pause", "step_back", "step_forward", "slower", "faster", "seek"})
 
-    def __init__(self, source: Source, *, frame_hz: float = FRAME_HZ, headroom_alert: float = 0.10) -> None:
+    def __init__(self, source: Source, *, frame_hz: float = FRAME_HZ, headroom_alert: float = 0.10,
+                 quit_on_signals: bool = False) -> None:
         super().__init__()
+        self.quit_on_signals = quit_on_signals
+        """SIGTERM and SIGHUP quit as q does (the CLI's app; tests leave the test runner's handlers alone)."""
         self.source = source
         self.frame_hz = frame_hz
         self.headroom_alert = headroom_alert
@@ -261,6 +266,10 @@ class MeshtopApp(App[None]):
         # of the collector's sight keeps full collections from pausing frames for 100-200 ms.
         gc.collect()
         gc.freeze()
+        if self.quit_on_signals:
+            loop = asyncio.get_running_loop()
+            for signum in (signal.SIGTERM, signal.SIGHUP):
+                loop.add_signal_handler(signum, lambda: asyncio.ensure_future(self.action_quit()))
         self.source.start()
         self.frame()
         self.set_interval(1 / self.frame_hz, self.frame)

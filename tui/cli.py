@@ -191,7 +191,7 @@ def command_run(args: argparse.Namespace) -> int:
         directory, manifest = Path(tempfile.mkdtemp(prefix="meshtop-run-")), None
     source = LiveSource(run, directory=directory, manifest=manifest, node_probes=probes,
                         hang_timeout_s=hang_timeout)
-    app = MeshtopApp(source)
+    app = MeshtopApp(source, quit_on_signals=True)
     try:
         app.run()
     finally:
@@ -231,7 +231,7 @@ def command_replay(args: argparse.Namespace) -> int:
         source.playback.seek_step(args.paused_at - 1)
         source.playback.paused = True
     require_terminal("meshtop replay", "use `meshtop summary REC` for the figures as text")
-    MeshtopApp(source).run()
+    MeshtopApp(source, quit_on_signals=True).run()
     for problem in source.problems:
         print(f"meshtop: warning: {problem}", file=sys.stderr)
     return EXIT_OK
