@@ -161,3 +161,86 @@ def test_a_recording_folder_removed_mid_run_stops_the_job_with_one_line(tmp_path
         f"meshtop: error: cannot write the recording in {out}: No such file or directory (the folder was removed); "
         "the job was stopped, the events written so far are kept"]
     assert alive(pids) == []
+
+
+BAD_COMMAND_LINES = [
+    (["run", "--gpu-sample-hz", "0"], "--gpu-sample-hz must be above 0"),
+    (["run", "--process-sample-hz", "-2"], "--process-sample-hz must be above 0"),
+    (["run", "--process-sample-hz", "fast"], "argument --process-sample-hz: invalid float value: 'fast'"),
+    (["run", "--hang-timeout", "0"], "--hang-timeout must be above 0"),
+    (["run", "--hang-timeout", "-5"], "--hang-timeout must be above 0"),
+    (["record", "OUT", "--hang-timeout", "soon"], "argument --hang-timeout: invalid float value: 'soon'"),
+    (["run", "--microbatches", "0", "--pp", "2"], "--microbatches must be at least 1"),
+    (["run", "--steps", "x"], "argument --steps: invalid int value: 'x'"),
+    (["run", "--no-such-option"], "unrecognized arguments: --no-such-option"),
+    (["replay", "missing-recording"], "missing-recording does not exist"),
+    (["replay", "--speed", "-1"], "--speed must be above 0"),
+    (["replay", "--speed", "fast"], "argument --speed: invalid float value: 'fast'"),
+    (["replay", "--paused-at", "0"], "no step 0 in this recording (it has steps 1 to 40)"),
+    (["summary", "missing-recording"], "missing-recording does not exist"),
+    (["summary"], "the following arguments are required: REC"),
+    (["compare", "missing-a", "missing-b"], "missing-a does not exist"),
+    (["export", "missing-recording", "--format", "csv", "-o", "out"], "missing-recording does not exist"),
+    (["export", "REC", "--format", "pdf", "-o", "out"], "argument --format: invalid choice: 'pdf'"),
+    (["bogus"], "argument command: invalid choice: 'bogus'"),
+]
+
+
+@pytest.mark.parametrize(("argv", "message"), BAD_COMMAND_LINES, ids=[" ".join(a) for a, _ in BAD_COMMAND_LINES])
+def test_every_bad_command_line_is_one_line_and_exit_2(argv: list[str], message: str, tmp_path: Path,
+                                                        capsys: pytest.CaptureFixture[str],
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    from tui.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr("tui.cli.gpus_visible", lambda: 0)
+    try:
+        code = main([str(tmp_path / "rec") if a == "OUT" else a for a in argv])
+    except SystemExit as exit_:  # argparse's own errors
+        code = exit_.code
+    captured = capsys.readouterr()
+    assert code == 2
+    assert captured.out == ""
+    lines = captured.err.strip().splitlines()
+    assert len(lines) == 1, captured.err
+    assert lines[0].startswith("meshtop: error: ") and message in lines[0], lines[0]
+    assert not (tmp_path / "rec").exists()  # nothing was recorded or launched
+
+
+def damaged_copy_of_the_sample(tmp_path: Path) -> Path:
+    from recordings.samples import SAMPLE
+
+    copy = tmp_path / "damaged"
+    shutil.copytree(SAMPLE, copy)
+    step_table = copy / "events" / "step.parquet"
+    step_table.write_bytes(step_table.read_bytes()[: step_table.stat().st_size // 2])  # cut in half
+    return copy
+
+
+def test_a_replay_of_a_damaged_recording_plays_what_it_can_and_says_what_it_could_not(tmp_path: Path) -> None:
+    from recordings.reader import open_recording
+    from tui.sources import ReplaySource
+
+    source = ReplaySource(open_recording(damaged_copy_of_the_sample(tmp_path)))
+    kinds = {event.kind for event in source.timeline.events}
+    assert "step" not in kinds and {"collective", "stage_action", "memory"} <= kinds
+    assert len(source.problems) == 1 and source.problems[0].startswith("step.parquet is damaged")
+
+
+@pytest.mark.parametrize("command", ["replay", "summary", "export"])
+def test_a_newer_or_foreign_recording_is_refused_in_one_line(command: str, tmp_path: Path,
+                                                             capsys: pytest.CaptureFixture[str]) -> None:
+    from tui.cli import main
+
+    newer = tmp_path / "newer"
+    newer.mkdir()
+    (newer / "manifest.json").write_text(json.dumps({"schema_version": 99}))
+    foreign = tmp_path / "foreign"
+    foreign.mkdir()
+    (foreign / "notes.txt").write_text("not a recording")
+    extra = ["--format", "csv", "-o", str(tmp_path / "csv")] if command == "export" else []
+    assert main([command, str(newer), *extra]) == 2
+    assert main([command, str(foreign), *extra]) == 2
+    lines = capsys.readouterr().err.splitlines()
+    assert lines == [f"meshtop: error: {newer} has recording schema version 99; this meshtop reads version 1",
+                     f"meshtop: error: {foreign} is not a meshtop recording: no manifest.json"]

@@ -318,3 +318,26 @@ def test_a_completed_live_job_keeps_the_dashboard_until_q(
     assert re.search(r"^completed in \d", after, re.MULTILINE), after
     assert f"recording: {session}" in after, after
     assert manifest_status(session) == "completed"
+
+
+@pytest.mark.slow
+def test_a_hang_in_a_live_job_shows_the_report_and_s_stops_the_job(
+        terminal: Callable[..., Terminal], tmp_path: Path) -> None:
+    runs = tmp_path / "runs"
+    term = terminal(["run", "--steps", "50", "--model", "tiny", "--runs-dir", str(runs), "--hang-timeout", "3"],
+                    width=110, height=32, env={**live_env(), "MESHTOP_FAULT": "hang:1:3"})
+    screen = term.wait_text("No rank made progress", timeout_s=JOB_S)
+    assert "rank 0 waits in a collective; rank 1 is not in one: look there first" in screen
+    assert "rank 0: inside all_reduce on dp for " in screen
+    job = term.job_processes()
+    term.press("s")
+    term.wait_text("● failed", timeout_s=JOB_S)  # stopped; the dashboard stays open to be read
+    assert still_running([p for p in job if python_module(p) in ("runner.worker", "runner.agent")]) == []
+    term.press("q")
+    assert term.wait_exit() == 1, term.everything()
+    assert still_running(job) == []
+    after = term.everything()
+    assert "the job hung and was stopped" in after, after
+    session = only_session(runs)
+    assert manifest_status(session) == "failed"
+    assert json.loads((session / "manifest.json").read_text())["hang"].startswith("rank 0 waits")
