@@ -42,7 +42,6 @@ from torch._C._distributed_c10d import ProcessGroup, Work
 
 from probes.events import CollectiveTiming, Event
 from probes.patching import Patches
-from probes.wire import NCCL_TIMING_ENV
 
 DEVICE_POLL_S = 0.002
 MAX_UNWAITED = 10_000

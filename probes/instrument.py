@@ -17,11 +17,11 @@ import torch
 from torch import nn
 
 from probes.collectives import CollectiveProbe, GroupDirectory
-from probes.wire import NCCL_TIMING_ENV
 from probes.events import Event, RankProgress, SamplerError
 from probes.memory import MemoryProbe
 from probes.pipeline import StageProbe
 from probes.sink import EventSink
+from probes.wire import NCCL_TIMING_ENV
 
 
 class Instrumentation:

@@ -291,10 +291,9 @@ class MeshtopApp(App[None]):
         self.redraw()
         self.frame_times_s.append(time.perf_counter() - started)
         self._ask_about_hang()
-        error = getattr(self.source, "error", None)
-        if error is not None and not self.quitting:
-            self.quitting = True
-            self.exit(message=f"meshtop: error: {error}" if isinstance(error, MeshtopError) else None)
+        if getattr(self.source, "error", None) is not None and not self.quitting:
+            self.quitting = True  # the session broke (say, the disk is full): the CLI reports why, in one line
+            self.exit()
 
     def _ask_about_hang(self) -> None:
         """On a live job, a newly reported hang opens the report with the choice to stop or wait."""

@@ -6,7 +6,6 @@ Run under torchrun: ``python -m tests.bench.busbw_worker OUT_JSON``.
 from __future__ import annotations
 
 import json
-import os
 import statistics
 import sys
 import time
