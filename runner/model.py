@@ -13,6 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from runner.kv_cache import KVCache, LayerCache
 from runner.presets import ModelShape
 
 
@@ -26,10 +27,14 @@ def rotary_tables(
 
 
 def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate pairs of channels of ``x`` ``[batch, seq, heads, head_dim]`` by position."""
+    """Rotate pairs of channels of ``x`` ``[batch, seq, heads, head_dim]`` by position.
+
+    ``cos`` / ``sin`` are ``[seq, head_dim // 2]`` (positions 0..seq-1 for every row) or
+    ``[batch, seq, head_dim // 2]`` (each token's own position, as in cached generation).
+    """
     pairs = x.float().unflatten(-1, (-1, 2))
     even, odd = pairs[..., 0], pairs[..., 1]
-    cos, sin = cos[None, :, None, :], sin[None, :, None, :]
+    cos, sin = (cos[None, :, None, :], sin[None, :, None, :]) if cos.dim() == 2 else (cos[:, :, None, :], sin[:, :, None, :])
     rotated = torch.stack((even * cos - odd * sin, even * sin + odd * cos), dim=-1)
     return rotated.flatten(-2).type_as(x)
 
@@ -45,19 +50,23 @@ class Attention(nn.Module):
         self.wv = nn.Linear(shape.dim, shape.n_kv_heads * shape.head_dim, bias=False)
         self.wo = nn.Linear(shape.n_heads * shape.head_dim, shape.dim, bias=False)
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                cache: LayerCache | None = None) -> torch.Tensor:
         batch, seq, _ = x.shape
         # -1 heads: under tensor parallelism each rank holds only its own heads.
         q = self.wq(x).view(batch, seq, -1, self.head_dim)
         k = self.wk(x).view(batch, seq, -1, self.head_dim)
         v = self.wv(x).view(batch, seq, -1, self.head_dim)
         q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+        mask = None
+        if cache is not None:  # append this step's keys and values, attend over each row's whole prefix
+            k, v, mask = cache.extend(k, v)
         repeats = q.size(2) // k.size(2)
         if repeats > 1:
             k = k.repeat_interleave(repeats, dim=2)
             v = v.repeat_interleave(repeats, dim=2)
         out = F.scaled_dot_product_attention(
-            q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True
+            q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), attn_mask=mask, is_causal=mask is None
         )
         return self.wo(out.transpose(1, 2).reshape(batch, seq, -1))
 
@@ -85,8 +94,9 @@ class Block(nn.Module):
         self.ffn_norm = nn.RMSNorm(shape.dim, eps=shape.norm_eps)
         self.feed_forward = FeedForward(shape)
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        h = x + self.attention(self.attention_norm(x), cos, sin)
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                cache: LayerCache | None = None) -> torch.Tensor:
+        h = x + self.attention(self.attention_norm(x), cos, sin, cache)
         return h + self.feed_forward(self.ffn_norm(h))
 
 
@@ -105,11 +115,15 @@ class Transformer(nn.Module):
         self.norm: nn.RMSNorm | None = nn.RMSNorm(shape.dim, eps=shape.norm_eps)
         self.output: nn.Linear | None = nn.Linear(shape.dim, shape.vocab_size, bias=False)
 
-    def forward(self, tokens_or_hidden: torch.Tensor) -> torch.Tensor:
+    def forward(self, tokens_or_hidden: torch.Tensor, cache: KVCache | None = None) -> torch.Tensor:
+        """Training and pipeline stages: no ``cache``. Generation: the rows and positions are the cache's."""
         h = self.tok_embeddings(tokens_or_hidden) if self.tok_embeddings is not None else tokens_or_hidden
-        cos, sin = rotary_tables(h.size(1), self.shape.head_dim, self.shape.rope_theta, device=h.device)
-        for layer in self.layers.values():
-            h = layer(h, cos, sin)
+        if cache is None:
+            cos, sin = rotary_tables(h.size(1), self.shape.head_dim, self.shape.rope_theta, device=h.device)
+        else:
+            cos, sin = cache.rotary(h.size(1), self.shape.head_dim, self.shape.rope_theta)
+        for name, layer in self.layers.items():
+            h = layer(h, cos, sin, cache.layer(int(name)) if cache is not None else None)
         if self.norm is not None:
             h = self.norm(h)
         return self.output(h) if self.output is not None else h
