@@ -76,7 +76,7 @@ class HeaderBar(Static):
             second.append(f"  rec {info.recording}", style="dim")
         header = Text("\n").join([first, second])
         header.no_wrap, header.overflow = True, "ellipsis"
-        self.update(header)
+        self.update(header, layout=False)  # two rows always: no need to lay the screen out again
 
 
 class ReplayBar(Static):
@@ -96,7 +96,7 @@ class ReplayBar(Static):
         step = playback.current_step()
         text.append(f" step {step + 1 if step is not None else 0}/{playback.steps}")
         text.append(f"  {(playback.position_ns - playback.start_ns) / 1e9:.1f} s  {playback.speed:g}x")
-        self.update(text)
+        self.update(text, layout=False)  # one row always
 
     def on_click(self, event: events.Click) -> None:
         playback = self.app.source.playback
