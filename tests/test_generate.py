@@ -2,6 +2,13 @@
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
 import torch
 
 from runner.generate import Generator, Request, generate_all
@@ -10,10 +17,13 @@ from runner.presets import PRESETS
 from runner.weights import init_weights
 
 
+SEED = 3
+
+
 def tiny_model() -> Transformer:
     model = Transformer(PRESETS["tiny"])
     with torch.no_grad():
-        init_weights(model, model=PRESETS["tiny"], seed=3, device=torch.device("cpu"))
+        init_weights(model, model=PRESETS["tiny"], seed=SEED, device=torch.device("cpu"))
     return model.eval()
 
 
@@ -50,3 +60,14 @@ def test_continuous_batching_gives_each_request_the_tokens_it_gets_alone() -> No
     batched = generate_all(generator, requests())
     assert batched == alone
     assert generator.cache.nbytes == 2 * 4 * 2 * 64 * 2 * 16 * 4  # K and V, 4 layers, 2 slots x 64 x 2 heads x 16
+
+
+@pytest.mark.slow
+def test_tensor_parallel_generation_gives_the_single_process_tokens(tmp_path: Path) -> None:
+    model = tiny_model()
+    alone = {str(r.id): greedy_without_cache(model, r.prompt, r.output_len) for r in requests()}
+    out = tmp_path / "tokens.json"
+    subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
+                    "-m", "tests.generate_worker", "2", str(out)], check=True, capture_output=True, timeout=300,
+                   env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert json.loads(out.read_text()) == alone
