@@ -231,7 +231,8 @@ class MeshtopApp(App[None]):
                  quit_on_signals: bool = False) -> None:
         super().__init__()
         self.quit_on_signals = quit_on_signals
-        """SIGTERM and SIGHUP quit as q does (the CLI's app; tests leave the test runner's handlers alone)."""
+        """SIGTERM and SIGHUP quit as q does and SIGUSR1 dumps every rank's stack (the CLI's app; tests leave
+        the test runner's handlers alone)."""
         self.source = source
         self.frame_hz = frame_hz
         self.headroom_alert = headroom_alert
@@ -270,6 +271,7 @@ class MeshtopApp(App[None]):
             loop = asyncio.get_running_loop()
             for signum in (signal.SIGTERM, signal.SIGHUP):
                 loop.add_signal_handler(signum, lambda: asyncio.ensure_future(self.action_quit()))
+            loop.add_signal_handler(signal.SIGUSR1, lambda: self.source.ask_stacks(None))  # as in `record`
         self.source.start()
         self.frame()
         self.set_interval(1 / self.frame_hz, self.frame)
