@@ -223,3 +223,24 @@ def test_dashboard_commands_refuse_bad_input_in_one_line(argv: list[str], messag
     captured = capsys.readouterr()
     assert captured.out == ""
     assert captured.err.count("\n") == 1 and message in captured.err
+
+
+@pytest.mark.parametrize("width", [80, 160])
+async def test_devices_view_draws_gpu_samples_with_history_clock_and_temperature(width: int) -> None:
+    from probes.events import GpuSample  # NVML readings as the GPU sampler would send them (no GPU here)
+
+    async with replay(size=(width, 30)) as (app, pilot):
+        app.state.apply(GpuSample(
+            gpu=0, wall_ns=i, name="NVIDIA H200", memory_used_bytes=70 << 30, memory_total_bytes=141 << 30,
+            utilization_pct=float(50 + i), memory_utilization_pct=None, power_w=300.0 + i, sm_clock_mhz=1980.0,
+            temperature_c=61.0, pcie_tx_bytes_per_s=None, pcie_rx_bytes_per_s=None,
+            nvlink_tx_bytes_per_s=2.5e9, nvlink_rx_bytes_per_s=2.5e9) for i in range(40))
+        await press(pilot, "2")
+        app.frame()
+        await pilot.pause()
+        rows = screen_text(app).splitlines()
+        at = next(i for i, row in enumerate(rows) if "GPU 0" in row)
+        first, second = rows[at], rows[at + 1]
+        assert "NVIDIA H200" in first and " 89%" in first and first.rstrip().endswith(" 339 W")
+        assert second.strip() == "1980 MHz  61°C  mem 70.0 GiB/141.0 GiB  NVLink tx 2.5GB/s rx 2.5GB/s"
+        assert "process metrics only" not in screen_text(app)

@@ -223,7 +223,7 @@ class DevicesPanel(Panel):
             why = "no GPU" if state.nvml is None or state.nvml.state != "no_library" else "no NVML library"
             parts.append(Text(f"process metrics only ({why}): memory is the rank's resident set", style="yellow"))
         else:
-            spark = max(8, (width - 50) // 2)
+            spark = max(8, (width - 56) // 2)  # two histories on the first row, the readings on the second
             for gpu in sorted(state.gpus.values(), key=lambda g: g.gpu):
                 s = gpu.sample
                 line = Text()
@@ -232,12 +232,16 @@ class DevicesPanel(Panel):
                 line.append(f"util {sparkline(gpu.utilization, spark, low=0, high=100)} ", style="green")
                 line.append(f"{s.utilization_pct or 0:>3.0f}%  ")
                 line.append(f"power {sparkline(gpu.power_w, spark, low=0)} ", style="yellow")
-                line.append(f"{s.power_w or 0:>4.0f} W  ")
-                line.append(f"{s.sm_clock_mhz or 0:.0f} MHz {s.temperature_c or 0:.0f}°C")
+                line.append(f"{s.power_w or 0:>4.0f} W\n")
+                line.append(f"      {s.sm_clock_mhz or 0:.0f} MHz  {s.temperature_c or 0:.0f}°C")
                 if s.memory_total_bytes:
                     line.append(f"  mem {human_bytes(s.memory_used_bytes)}/{human_bytes(s.memory_total_bytes)}")
                 if s.nvlink_tx_bytes_per_s is not None:
-                    line.append(f"  NVLink tx {human_rate(s.nvlink_tx_bytes_per_s, 'B/s')}")
+                    line.append(f"  NVLink tx {human_rate(s.nvlink_tx_bytes_per_s, 'B/s')} "
+                                f"rx {human_rate(s.nvlink_rx_bytes_per_s, 'B/s')}")
+                if s.pcie_tx_bytes_per_s is not None:
+                    line.append(f"  PCIe tx {human_rate(s.pcie_tx_bytes_per_s, 'B/s')} "
+                                f"rx {human_rate(s.pcie_rx_bytes_per_s, 'B/s')}")
                 parts.append(line)
         parts.append(section("memory per rank (at each step's peak)"))
         parts.append(memory_lines(state, ranks, width, MAX_RANK_ROWS))
