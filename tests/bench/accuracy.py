@@ -29,7 +29,7 @@ MICROBATCHES = (2, 4, 8)
 def measure_bubble(schedule: str, microbatches: int) -> dict[str, object]:
     with tempfile.TemporaryDirectory() as tmp:
         launched = launch(Path(tmp), model="small", pp=2, schedule=schedule, microbatches=microbatches,
-                          batch_size=2 * microbatches, seq_len=128, steps=4)
+                          batch_size=2 * microbatches, seq_len=128, steps=6)
     assert launched.result.status == "completed", launched.result
     tables = frames(launched.events)
     rows = stage_table(tables["stage_action"], tables["step"], tables["rank_started"])
