@@ -17,6 +17,7 @@ import pytest
 
 from probes.events import CollectiveTiming, RankProgress, StepTiming
 from runner.hangs import MIN_TIMEOUT_S, STARTUP_MIN_S, STARTUP_TIMEOUT_S, HangWatch, default_timeout_s
+from tests.cli_errors import one_line_error
 from tests.jobs import alive
 
 
@@ -190,20 +191,10 @@ BAD_COMMAND_LINES = [
 def test_every_bad_command_line_is_one_line_and_exit_2(argv: list[str], message: str, tmp_path: Path,
                                                         capsys: pytest.CaptureFixture[str],
                                                         monkeypatch: pytest.MonkeyPatch) -> None:
-    from tui.cli import main
-
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr("tui.cli.gpus_visible", lambda: 0)
-    try:
-        code = main([str(tmp_path / "rec") if a == "OUT" else a for a in argv])
-    except SystemExit as exit_:  # argparse's own errors
-        code = exit_.code
-    captured = capsys.readouterr()
-    assert code == 2
-    assert captured.out == ""
-    lines = captured.err.strip().splitlines()
-    assert len(lines) == 1, captured.err
-    assert lines[0].startswith("meshtop: error: ") and message in lines[0], lines[0]
+    line = one_line_error([str(tmp_path / "rec") if a == "OUT" else a for a in argv], capsys)
+    assert message in line, line
     assert not (tmp_path / "rec").exists()  # nothing was recorded or launched
 
 

@@ -8,6 +8,7 @@ import sys
 import pytest
 
 from runner.plan import PlanError, RunSpec, resolve, split_layers
+from tests.cli_errors import one_line_error
 from tui.cli import main
 
 # The bad plans tried, and what meshtop answers (exit code 2, one line, no traceback).
@@ -48,17 +49,7 @@ def test_bad_plan_is_one_line_and_exit_2(argv: list[str], message: str,
                                          capsys: pytest.CaptureFixture[str],
                                          monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr("tui.cli.gpus_visible", lambda: 0)
-    try:
-        code = main(["run", *argv])
-    except SystemExit as exit_:  # argparse's own errors
-        code = exit_.code
-    captured = capsys.readouterr()
-    assert code == 2
-    assert captured.out == ""
-    lines = captured.err.strip().splitlines()
-    assert len(lines) == 1, captured.err
-    assert lines[0].startswith("meshtop: error: ")
-    assert message in lines[0]
+    assert message in one_line_error(["run", *argv], capsys)
 
 
 def test_bad_plan_from_the_shell_has_no_traceback() -> None:

@@ -218,14 +218,14 @@ class MeshtopApp(App[None]):
         Binding("S", "stacks(True)", "Stacks of all ranks (Procs view)", show=False),
         Binding("up", "select_rank(-1)", "Previous rank (Procs view)", show=False, priority=True),
         Binding("down", "select_rank(1)", "Next rank (Procs view)", show=False, priority=True),
-        Binding("space", "pause", "Pause", priority=True),
-        Binding("left", "step_back", "Step back", show=False, priority=True),
-        Binding("right", "step_forward", "Step", priority=True),
-        Binding("minus", "slower", "Slower", show=False, priority=True),
-        Binding("plus,equals_sign", "faster", "Faster", show=False, priority=True),
+        Binding("space", "playback('toggle_pause')", "Pause", priority=True),
+        Binding("left", "playback('step_back')", "Step back", show=False, priority=True),
+        Binding("right", "playback('step_forward')", "Step", priority=True),
+        Binding("minus", "playback('slower')", "Slower", show=False, priority=True),
+        Binding("plus,equals_sign", "playback('faster')", "Faster", show=False, priority=True),
         Binding("g", "seek", "Seek", priority=True),
     ]
-    REPLAY_ACTIONS = frozenset({"pause", "step_back", "step_forward", "slower", "faster", "seek"})
+    REPLAY_ACTIONS = frozenset({"playback", "seek"})
 
     def __init__(self, source: Source, *, frame_hz: float = FRAME_HZ, headroom_alert: float = 0.10,
                  quit_on_signals: bool = False) -> None:
@@ -390,29 +390,10 @@ class MeshtopApp(App[None]):
             who = "every rank" if ranks is None else f"rank {selected}"
             self.notify(f"py-spy is dumping {who}; the stack appears below the table")
 
-    def action_pause(self) -> None:
+    def action_playback(self, control: str) -> None:
+        """A replay control (a :class:`Playback` method without arguments), shown at once."""
         if (playback := self.source.playback) is not None:
-            playback.toggle_pause()
-            self.frame()
-
-    def action_step_back(self) -> None:
-        if (playback := self.source.playback) is not None:
-            playback.step_back()
-            self.frame()
-
-    def action_step_forward(self) -> None:
-        if (playback := self.source.playback) is not None:
-            playback.step_forward()
-            self.frame()
-
-    def action_slower(self) -> None:
-        if (playback := self.source.playback) is not None:
-            playback.slower()
-            self.frame()
-
-    def action_faster(self) -> None:
-        if (playback := self.source.playback) is not None:
-            playback.faster()
+            getattr(playback, control)()
             self.frame()
 
     def action_seek(self) -> None:
@@ -457,7 +438,8 @@ class MeshtopApp(App[None]):
         yield SystemCommand("Filter ranks", "show only some ranks", self.action_filter)
         yield SystemCommand("Stack dump: every rank", "py-spy dump of every rank", lambda: self.action_stacks(True))
         if self.source.playback is not None:
-            yield SystemCommand("Replay: pause / resume", "pause or resume the replay", self.action_pause)
+            yield SystemCommand("Replay: pause / resume", "pause or resume the replay",
+                                lambda: self.action_playback("toggle_pause"))
             yield SystemCommand("Replay: seek", "go to a step or a time", self.action_seek)
 
 

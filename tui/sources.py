@@ -39,6 +39,38 @@ class Update:
     """Start the state afresh before applying ``events`` (a replay seeking backwards)."""
 
 
+class ScreenBacklog:
+    """Event batches waiting for the next frame, at most ``limit`` events (safe across threads).
+
+    Beyond the limit the oldest batches are dropped, for the screen only, and counted.
+    """
+
+    def __init__(self, limit: int = SCREEN_BACKLOG) -> None:
+        self.limit = limit
+        self.dropped = 0
+        self.peak = 0
+        """The most events ever waiting at once."""
+        self._batches: deque[list[Event]] = deque()
+        self._count = 0
+        self._lock = threading.Lock()
+
+    def put(self, events: list[Event]) -> None:
+        with self._lock:
+            self._batches.append(events)
+            self._count += len(events)
+            while self._count > self.limit and len(self._batches) > 1:
+                oldest = self._batches.popleft()
+                self._count -= len(oldest)
+                self.dropped += len(oldest)
+            self.peak = max(self.peak, self._count)
+
+    def take(self) -> list[Event]:
+        """Everything waiting, oldest first."""
+        with self._lock:
+            batches, self._batches, self._count = self._batches, deque(), 0
+        return [event for batch in batches for event in batch]
+
+
 class Source(Protocol):
     description: dict[str, Any]
     """The run description (a manifest's fields: plan, model, device, ...)."""
@@ -78,13 +110,9 @@ class LiveSource:
         self.hang_timeout_s = hang_timeout_s
         self.result: JobResult | None = None
         self.error: BaseException | None = None
-        self.dropped_for_screen = 0
+        self.backlog = ScreenBacklog(backlog)
         self.steps: list[JobStep] = []
         """The job's steps as they completed (for the closing verdict)."""
-        self._backlog = backlog
-        self._pending: deque[list[Event]] = deque()
-        self._pending_count = 0
-        self._lock = threading.Lock()
         self._thread = threading.Thread(target=self._run, name="meshtop-session", daemon=True)
         self._started_ns: int | None = None
 
@@ -98,13 +126,11 @@ class LiveSource:
 
     def _take(self, events: list[Event], steps: list[JobStep]) -> None:
         self.steps.extend(steps)
-        with self._lock:
-            self._pending.append(events)
-            self._pending_count += len(events)
-            while self._pending_count > self._backlog and len(self._pending) > 1:
-                dropped = self._pending.popleft()
-                self._pending_count -= len(dropped)
-                self.dropped_for_screen += len(dropped)
+        self.backlog.put(events)
+
+    @property
+    def dropped_for_screen(self) -> int:
+        return self.backlog.dropped
 
     def start(self) -> None:
         self._started_ns = time.time_ns()
@@ -114,10 +140,7 @@ class LiveSource:
         return self._started_ns
 
     def poll(self) -> Update:
-        with self._lock:
-            batches, self._pending = self._pending, deque()
-            self._pending_count = 0
-        return Update([event for batch in batches for event in batch])
+        return Update(self.backlog.take())
 
     def now_ns(self) -> int:
         return time.time_ns()

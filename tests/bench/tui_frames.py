@@ -76,7 +76,6 @@ import random
 import statistics
 import threading
 import time
-from collections import deque
 from collections.abc import Iterable, Iterator
 from itertools import islice
 from pathlib import Path
@@ -89,7 +88,7 @@ from probes.events import (
     CollectiveTiming, Event, GpuSample, MemorySnapshot, ProcessSample, RankStarted, StageAction, StepTiming,
 )
 from tui.app import VIEWS, MeshtopApp
-from tui.sources import SCREEN_BACKLOG, Update
+from tui.sources import SCREEN_BACKLOG, ScreenBacklog, Update
 
 RATE = 10_000.0
 """Events per second offered."""
@@ -178,17 +177,13 @@ class SyntheticSource:
         }
         self.recording: str | None = None
         self.error: BaseException | None = None
-        self.dropped_for_screen = 0
+        self.backlog = ScreenBacklog(backlog)
+        """The same bounded queue as a live job's."""
         self.produced = 0
         """Events handed to the queue (after the warm history)."""
-        self.peak_pending = 0
         self.largest_batch = 0
         self.producer_cpu_s = 0.0
         self._random = random.Random(seed)
-        self._backlog = backlog
-        self._pending: deque[list[Event]] = deque()
-        self._pending_count = 0
-        self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._produce, name="synthetic-producer", daemon=True)
         self._started_ns: int | None = None
@@ -305,16 +300,9 @@ class SyntheticSource:
         self.producer_cpu_s = time.thread_time() - cpu_begun
 
     def _take(self, events: list[Event]) -> None:
-        with self._lock:
-            self.produced += len(events)
-            self.largest_batch = max(self.largest_batch, len(events))
-            self._pending.append(events)
-            self._pending_count += len(events)
-            while self._pending_count > self._backlog and len(self._pending) > 1:
-                dropped = self._pending.popleft()
-                self._pending_count -= len(dropped)
-                self.dropped_for_screen += len(dropped)
-            self.peak_pending = max(self.peak_pending, self._pending_count)
+        self.produced += len(events)  # only the producer thread writes these two
+        self.largest_batch = max(self.largest_batch, len(events))
+        self.backlog.put(events)
 
     # -- the Source protocol ---------------------------------------------------------------
 
@@ -325,11 +313,12 @@ class SyntheticSource:
     def started_ns(self) -> int | None:
         return self._origin_ns
 
+    @property
+    def dropped_for_screen(self) -> int:
+        return self.backlog.dropped
+
     def poll(self) -> Update:
-        with self._lock:
-            batches, self._pending = self._pending, deque()
-            self._pending_count = 0
-        return Update([event for batch in batches for event in batch])
+        return Update(self.backlog.take())
 
     def now_ns(self) -> int:
         return time.time_ns()
@@ -488,7 +477,7 @@ async def measure(ranks: int, size: tuple[int, int], seconds: float, rate: float
         "ranks": ranks, "size": f"{size[0]}x{size[1]}", "seconds": wall, "frames": len(frames),
         "steps_per_s": source.steps_per_s, "warm_events": warm_events,
         "offered_per_s": (produced1 - produced0) / wall, "applied_per_s": (events1 - events0) / wall,
-        "dropped": source.dropped_for_screen, "peak_pending": source.peak_pending,
+        "dropped": source.dropped_for_screen, "peak_pending": source.backlog.peak,
         "largest_batch": source.largest_batch,
         "producer_cpu_share": source.producer_cpu_s / max(wall + WARMUP_S, 1e-9),
         "ui_busy_share": 1 - (idle1 - idle0) / wall,
