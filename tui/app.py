@@ -285,9 +285,7 @@ class MeshtopApp(App[None]):
         if update.reset:
             self.state = self._new_state()
         self.state.apply(update.events)
-        self.state.set_clock(self.source.now_ns())
-        if (origin := self.source.started_ns()) is not None:
-            self.state.first_ns = origin
+        self.state.set_clock(self.source.now_ns(), self.source.started_ns())
         if getattr(self.source, "dropped_for_screen", 0):
             self.state.dropped = max(self.state.dropped, self.source.dropped_for_screen)
         self.redraw()

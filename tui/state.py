@@ -206,6 +206,7 @@ class DashboardState:
         self.headroom_alert = headroom_alert
         self.events = 0
         self.first_ns: int | None = None
+        """Where elapsed time counts from: the session's start live, the recording's start in a replay."""
         self.clock_ns: int | None = None
         """The dashboard's now: wall time live, the playback position in a replay."""
         self.ranks: dict[int, RankView] = {}
@@ -239,12 +240,8 @@ class DashboardState:
             if handler is not None:
                 handler(self, event)
 
-    def set_clock(self, now_ns: int) -> None:
-        self.clock_ns = now_ns
-
-    def _seen(self, wall_ns: int) -> None:
-        if self.first_ns is None or wall_ns < self.first_ns:
-            self.first_ns = wall_ns
+    def set_clock(self, now_ns: int, origin_ns: int | None) -> None:
+        self.clock_ns, self.first_ns = now_ns, origin_ns
 
     def _rank(self, rank: int) -> RankView:
         view = self.ranks.get(rank)
@@ -253,7 +250,6 @@ class DashboardState:
         return view
 
     def _on_started(self, event: RankStarted) -> None:
-        self._seen(event.wall_ns)
         view = self._rank(event.rank)
         view.pid, view.device = event.pid, event.device
         view.pp_rank, view.dp_rank, view.tp_rank = event.pp_rank, event.dp_rank, event.tp_rank
@@ -284,7 +280,6 @@ class DashboardState:
             self._lanes[event.step][event.rank].append(event)
 
     def _on_step(self, event: StepTiming) -> None:
-        self._seen(event.start_ns)
         if event.forward_backward_s is not None:
             self._step_fb[event.step] = max(self._step_fb.get(event.step, 0.0), event.forward_backward_s)
         self._rank_durations[event.step][event.rank] = event.duration_s
@@ -337,7 +332,6 @@ class DashboardState:
         self._rank(event.rank).memory = event
 
     def _on_gpu(self, event: GpuSample) -> None:
-        self._seen(event.wall_ns)
         view = self.gpus.get(event.gpu)
         if view is None:
             view = self.gpus[event.gpu] = GpuView(gpu=event.gpu, sample=event)
