@@ -289,13 +289,45 @@ class HangDetected(Event):
     """One line per rank: inside which collective on which group since when, or not in one."""
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RequestDone(Event):
+    """One request of an inference load, served or failed, as its replica's leader rank saw it.
+
+    Times are wall clock (``time.time_ns``) on the leader (dp replica's first
+    rank): arrival is when the load generator released the request to the
+    replica, each token time when the token's logits reached the leader.
+    """
+
+    kind: ClassVar[str] = "request"
+    rank: int
+    replica: int
+    """The dp index of the replica that served it."""
+    request: int
+    """The request's id in the load (0 .. requests - 1)."""
+    arrival_ns: int
+    first_token_ns: int | None
+    """``None`` when it failed before its first token."""
+    end_ns: int
+    """Its last token, or the moment it failed."""
+    prompt_tokens: int
+    output_tokens: int
+    """Tokens generated (the first comes from the prefill)."""
+    token_ns: tuple[int, ...]
+    """The time of each generated token, the first included (inter-token latency = the gaps)."""
+    output_ids: tuple[int, ...]
+    """The generated token ids (greedy, so the same under every plan)."""
+    status: str
+    """``completed`` or ``failed``."""
+    error: str | None
+
+
 EVENT_TYPES: dict[str, type[Event]] = {
     cls.kind: cls
     for cls in (RankStarted, StepTiming, CollectiveTiming, StageAction, MemorySnapshot, GpuSample, GpuLink,
                 NvmlState, ProcessSample, RankExited, JobEnded, EventsDropped, SamplerError, StackDump, RankProgress,
-                HangDetected)
+                HangDetected, RequestDone)
 }
-TUPLE_FIELDS = {"stages"}
+TUPLE_FIELDS = {"stages", "token_ns", "output_ids"}
 
 
 def event_from_record(record: dict[str, Any]) -> Event:
@@ -305,5 +337,5 @@ def event_from_record(record: dict[str, Any]) -> Event:
     for f in fields(cls):
         if f.name in record:
             value = record[f.name]
-            values[f.name] = tuple(value) if f.name in TUPLE_FIELDS else value
+            values[f.name] = tuple(int(v) for v in value) if f.name in TUPLE_FIELDS else value
     return cls(**values)

@@ -87,6 +87,15 @@ class Instrumentation:
         if self.enabled and self._memory is not None:
             self._memory.step_started()
 
+    def set_step(self, step: int) -> None:
+        """Tag what follows with ``step`` (an inference op), without a step's memory bookkeeping."""
+        self.step = step
+
+    def memory_snapshot(self, step: int, *, kv_cache_bytes: int | None) -> None:
+        """Report memory now (inference: a few times a second rather than after every op)."""
+        if self.enabled and self._memory is not None:
+            self.emit(self._memory.snapshot(step, kv_cache_bytes=kv_cache_bytes))
+
     def step_ended(self, step: int) -> float | None:
         """Close the step; the seconds it spent blocked on pipeline P2P, where that was measured."""
         if self.enabled and self._memory is not None:

@@ -21,19 +21,27 @@ class JobStep:
 
 
 class StepFolder:
-    """Collects :class:`StepTiming` from every rank; yields each step when it is complete."""
+    """Collects :class:`StepTiming` from every rank; yields each step when it is complete.
 
-    def __init__(self, world_size: int) -> None:
+    In training every rank takes part in every step. In inference each of the
+    ``replicas`` (dp) steps on its own (a step is one op of that replica), so a
+    step is complete when the replica's tp x pp ranks have reported it.
+    """
+
+    def __init__(self, world_size: int, *, replicas: int = 1, tp: int = 1) -> None:
         self.world_size = world_size
-        self._pending: dict[int, list[StepTiming]] = defaultdict(list)
+        self.replicas, self.tp = replicas, tp
+        self._needed = world_size // replicas
+        self._pending: dict[tuple[int, int], list[StepTiming]] = defaultdict(list)
 
     def add(self, timing: StepTiming) -> JobStep | None:
-        """Take one rank's timing; the job's step if this was the last rank missing."""
-        reports = self._pending[timing.step]
+        """Take one rank's timing; the job's (or replica's) step if this was the last rank missing."""
+        key = ((timing.rank // self.tp) % self.replicas, timing.step)
+        reports = self._pending[key]
         reports.append(timing)
-        if len(reports) < self.world_size:
+        if len(reports) < self._needed:
             return None
-        del self._pending[timing.step]
+        del self._pending[key]
         losses = [r.loss for r in reports if r.loss is not None]
         duration = max(r.duration_s for r in reports)
         return JobStep(

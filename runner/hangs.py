@@ -15,7 +15,13 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterable
 
-from probes.events import CollectiveTiming, Event, HangDetected, RankProgress, StepTiming
+from probes.events import (
+    CollectiveTiming,
+    Event,
+    HangDetected,
+    RankProgress,
+    StepTiming,
+)
 
 STARTUP_TIMEOUT_S = 600.0
 """Before the first step: building the model, joining the group, first compilations."""
@@ -41,10 +47,13 @@ def default_timeout_s(step_times_s: Iterable[float]) -> float:
 class HangWatch:
     """Folds the job's events; :meth:`check` says when no rank has made progress for the timeout."""
 
-    def __init__(self, world_size: int, *, timeout_s: float | None = None,
+    def __init__(self, world_size: int, *, timeout_s: float | None = None, quiet_s: float = 0.0,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.world_size = world_size
         self.fixed_timeout_s = timeout_s
+        self.quiet_s = quiet_s
+        """The longest quiet time the job's work allows (an inference load's longest gap between
+        arrivals): the default timeout is never shorter than twice it."""
         self._clock = clock
         self._last_progress = clock()
         self._reported_at: float | None = None
@@ -54,7 +63,7 @@ class HangWatch:
     @property
     def timeout_s(self) -> float:
         if self.fixed_timeout_s is None:
-            return default_timeout_s(self._step_times)
+            return max(default_timeout_s(self._step_times), 2 * self.quiet_s)
         return self.fixed_timeout_s if self._step_times else max(self.fixed_timeout_s, STARTUP_MIN_S)
 
     def observe(self, events: Iterable[Event]) -> None:

@@ -24,11 +24,24 @@ from pathlib import Path
 import psutil
 
 from probes.collector import Collector
-from probes.events import Event, EventsDropped, HangDetected, JobEnded, RankExited, RankStarted
-from probes.samplers import DEFAULT_GPU_HZ, DEFAULT_PROCESS_HZ, GpuSampler, ProcessSampler
+from probes.events import (
+    Event,
+    EventsDropped,
+    HangDetected,
+    JobEnded,
+    RankExited,
+    RankStarted,
+)
+from probes.samplers import (
+    DEFAULT_GPU_HZ,
+    DEFAULT_PROCESS_HZ,
+    GpuSampler,
+    ProcessSampler,
+)
 from probes.stacks import dump_stacks
 from probes.wire import ADDRESS_ENV, NCCL_TIMING_ENV, TOKEN_ENV
 from runner.hangs import HangWatch
+from runner.load import longest_gap_s
 from runner.plan import ResolvedRun
 
 STOP_GRACE_S = 15.0
@@ -281,7 +294,8 @@ def run_job(run: ResolvedRun, *, session_dir: Path,
     then the job is stopped (``failed``) if ``control.stop_on_hang``.
     """
     control = control if control is not None else JobControl()
-    hangs = HangWatch(run.world_size, timeout_s=hang_timeout_s)
+    hangs = HangWatch(run.world_size, timeout_s=hang_timeout_s,
+                      quiet_s=longest_gap_s(run.load) if run.load is not None else 0.0)
     job = Job(run, session_dir)
     node_events: queue.SimpleQueue[list[Event]] = queue.SimpleQueue()
     processes = ProcessSampler(rate_hz=node_probes.process_hz, emit=node_events.put)

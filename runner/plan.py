@@ -11,11 +11,23 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 
 from probes.errors import MeshtopError
+from runner.load import (
+    DEFAULT_CONCURRENCY,
+    DEFAULT_MAX_BATCH,
+    DEFAULT_OUTPUT_LEN,
+    DEFAULT_PROMPT_LEN,
+    DEFAULT_REQUESTS,
+    MAX_REQUESTS,
+    MAX_SEQUENCE,
+    InferenceLoad,
+)
 from runner.presets import ModelShape, preset
 
 SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b")
 DTYPES = ("fp32", "bf16")
 DEVICES = ("auto", "cpu", "cuda")
+MODES = ("train", "infer")
+DEFAULT_STEPS = 20
 MAX_CPU_RANKS = 64
 """More gloo ranks than this on one host only measures the scheduler."""
 
@@ -46,8 +58,8 @@ class RunSpec:
     """Parameter and compute dtype: fp32 or bf16 (default fp32 on CPU, bf16 on CUDA)."""
     device: str = "auto"
     """auto (cuda when a GPU is visible), cpu or cuda."""
-    steps: int = 20
-    """Training steps to run."""
+    steps: int | None = None
+    """Training steps to run (default 20; training only)."""
     batch_size: int | None = None
     """Global batch in sequences (default 4 per microbatch per replica)."""
     seq_len: int | None = None
@@ -56,6 +68,32 @@ class RunSpec:
     """Seed of the weights and of the synthetic data."""
     instrument: bool = True
     """Install the worker hooks (collectives, pipeline stages, memory); step timing stays either way."""
+    mode: str = "train"
+    """train, or infer: serve a load of generation requests."""
+    requests: int | None = None
+    """Inference: requests in the load (default 64)."""
+    concurrency: int | None = None
+    """Inference, closed loop: requests in flight at once (default 8 when no --request-rate)."""
+    request_rate: float | None = None
+    """Inference, open loop: Poisson arrivals per second."""
+    prompt_len: str | None = None
+    """Inference: prompt tokens, ``N`` or a range ``LO-HI`` (default 32)."""
+    output_len: str | None = None
+    """Inference: tokens to generate, ``N`` or ``LO-HI`` (default 32)."""
+    max_batch: int | None = None
+    """Inference: requests one replica decodes together, at most (default 16)."""
+    slo_ttft_ms: float | None = None
+    slo_tpot_ms: float | None = None
+
+
+TRAIN_ONLY = ("fsdp", "schedule", "microbatches", "steps", "batch_size", "seq_len")
+INFER_ONLY = ("requests", "concurrency", "request_rate", "prompt_len", "output_len", "max_batch",
+              "slo_ttft_ms", "slo_tpot_ms")
+
+
+def option(name: str) -> str:
+    """The command-line spelling of a ``RunSpec`` field."""
+    return "--" + name.replace("_", "-")
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -81,6 +119,9 @@ class ResolvedRun:
     instrument: bool = True
     stage_layers: tuple[tuple[int, ...], ...] = field(default=())
     """Layer indices of each pipeline stage, stage 0 first."""
+    mode: str = "train"
+    load: InferenceLoad | None = None
+    """The requests to serve (inference only)."""
 
     @property
     def world_size(self) -> int:
@@ -98,7 +139,9 @@ class ResolvedRun:
         """``dp2 x tp2 x pp2 (1f1b, 4 mb)`` style label for headers and logs."""
         dp = f"fsdp{self.dp}" if self.fsdp else f"dp{self.dp}"
         label = f"{dp} x tp{self.tp} x pp{self.pp}"
-        if self.pp > 1:
+        if self.mode == "infer":
+            label += " (serving)"
+        elif self.pp > 1:
             label += f" ({self.schedule}, {self.microbatches} mb)"
         return label
 
@@ -106,6 +149,7 @@ class ResolvedRun:
         fields = asdict(self)
         fields["shape"] = self.shape.name
         fields["stage_layers"] = [list(layers) for layers in self.stage_layers]
+        fields["load"] = self.load.describe() if self.load is not None else None
         return fields
 
     @classmethod
@@ -113,10 +157,20 @@ class ResolvedRun:
         values = dict(fields)
         values["shape"] = preset(str(values["shape"]))
         values["stage_layers"] = tuple(tuple(layers) for layers in values["stage_layers"])  # type: ignore[union-attr]
+        load = values.get("load")
+        values["load"] = InferenceLoad.from_json(load) if isinstance(load, dict) else None
         return cls(**values)  # type: ignore[arg-type]
 
     def describe(self) -> dict[str, object]:
         """The full run description for a manifest."""
+        description = self._describe_plan()
+        if self.load is not None:
+            description["load"] = self.load.describe()
+            for key in ("steps", "batch_size", "microbatch_size", "seq_len"):
+                description[key] = None
+        return description
+
+    def _describe_plan(self) -> dict[str, object]:
         return {
             "plan": {
                 "dp": self.dp, "tp": self.tp, "pp": self.pp, "fsdp": self.fsdp,
@@ -125,7 +179,7 @@ class ResolvedRun:
                 "stage_layers": [list(layers) for layers in self.stage_layers],
                 "label": self.plan_label(),
             },
-            "mode": "train",
+            "mode": self.mode,
             "model": self.shape.describe(),
             "dtype": self.dtype,
             "device": self.device,
@@ -169,6 +223,9 @@ def resolve(spec: RunSpec, *, gpus_visible: int) -> ResolvedRun:
         raise PlanError(f"--seed must be 0 or more, got {spec.seed}")
     if spec.device not in DEVICES:
         raise PlanError(f"unknown --device {spec.device!r}: use one of {', '.join(DEVICES)}")
+    if spec.mode not in MODES:
+        raise PlanError(f"unknown --mode {spec.mode!r}: use one of {', '.join(MODES)}")
+    _check_mode_options(spec)
     if spec.device == "cuda" and gpus_visible == 0:
         raise PlanError("--device cuda asked for but no CUDA GPU is visible: use --device cpu or auto")
     device = "cuda" if spec.device == "cuda" or (spec.device == "auto" and gpus_visible > 0) else "cpu"
@@ -201,6 +258,8 @@ def resolve(spec: RunSpec, *, gpus_visible: int) -> ResolvedRun:
     if dtype not in DTYPES:
         raise PlanError(f"unknown --dtype {dtype!r}: use one of {', '.join(DTYPES)}")
 
+    if spec.mode == "infer":
+        return _resolve_inference(spec, dp=dp, device=device, dtype=dtype, shape=shape)
     schedule, microbatches, virtual = _resolve_pipeline(spec)
     if shape.n_layers < spec.pp * virtual:
         stages = f"{spec.pp * virtual} pipeline stages" + (f" ({virtual} per rank for {schedule})" if virtual > 1 else "")
@@ -213,7 +272,7 @@ def resolve(spec: RunSpec, *, gpus_visible: int) -> ResolvedRun:
     return ResolvedRun(
         dp=dp, tp=spec.tp, pp=spec.pp, fsdp=spec.fsdp, schedule=schedule,
         microbatches=microbatches, virtual_stages=virtual, shape=shape, dtype=dtype,
-        device=device, steps=spec.steps, batch_size=batch,
+        device=device, steps=spec.steps or DEFAULT_STEPS, batch_size=batch,
         seq_len=spec.seq_len or shape.default_seq_len, seed=spec.seed, instrument=spec.instrument,
         stage_layers=split_layers(shape.n_layers, spec.pp * virtual),
     )
@@ -239,3 +298,67 @@ def _resolve_pipeline(spec: RunSpec) -> tuple[str | None, int, int]:
         raise PlanError(f"--schedule interleaved-1f1b needs --microbatches a multiple of --pp {spec.pp}")
     return schedule, microbatches, 2 if schedule == "interleaved-1f1b" else 1
 
+
+
+def _check_mode_options(spec: RunSpec) -> None:
+    """Options of the other mode are refused, not silently ignored."""
+    given = lambda name: getattr(spec, name) not in (None, False)  # noqa: E731
+    if spec.mode == "infer":
+        wrong = [name for name in TRAIN_ONLY if given(name)]
+        if wrong:
+            raise PlanError(f"{option(wrong[0])} is a training option: leave it out with --mode infer")
+    else:
+        wrong = [name for name in INFER_ONLY if given(name)]
+        if wrong:
+            raise PlanError(f"{option(wrong[0])} is an inference option: add --mode infer")
+
+
+def parse_length(name: str, text: str | None, default: tuple[int, int]) -> tuple[int, int]:
+    """``N`` or ``LO-HI`` tokens, each at least 1."""
+    if text is None:
+        return default
+    low, _, high = text.partition("-")
+    try:
+        bounds = (int(low), int(high or low))
+    except ValueError:
+        raise PlanError(f"{name} takes a number of tokens or a range LO-HI, got {text!r}") from None
+    if bounds[0] < 1 or bounds[1] < bounds[0]:
+        raise PlanError(f"{name} {text}: lengths must be at least 1, and LO at most HI")
+    return bounds
+
+
+def _resolve_inference(spec: RunSpec, *, dp: int, device: str, dtype: str, shape: ModelShape) -> ResolvedRun:
+    for name in ("requests", "concurrency", "max_batch"):
+        _positive(option(name), getattr(spec, name))
+    for name in ("request_rate", "slo_ttft_ms", "slo_tpot_ms"):
+        value = getattr(spec, name)
+        if value is not None and not 0 < value < float("inf"):
+            raise PlanError(f"{option(name)} must be above 0, got {value:g}")
+    if spec.concurrency is not None and spec.request_rate is not None:
+        raise PlanError("--concurrency (closed loop) and --request-rate (open loop) exclude each other: give one")
+    requests = spec.requests or DEFAULT_REQUESTS
+    if requests > MAX_REQUESTS:
+        raise PlanError(f"--requests {requests} is more than {MAX_REQUESTS:,}: split the load into several runs")
+    concurrency = spec.concurrency or (None if spec.request_rate is not None else DEFAULT_CONCURRENCY)
+    if concurrency is not None and concurrency < dp:
+        raise PlanError(f"--concurrency {concurrency} leaves some of the {dp} replicas without a client: "
+                        f"use --concurrency {dp} or more, or fewer replicas")
+    load = InferenceLoad(
+        requests=requests, concurrency=concurrency, request_rate_per_s=spec.request_rate,
+        prompt_len=parse_length("--prompt-len", spec.prompt_len, DEFAULT_PROMPT_LEN),
+        output_len=parse_length("--output-len", spec.output_len, DEFAULT_OUTPUT_LEN),
+        max_batch=spec.max_batch or DEFAULT_MAX_BATCH, seed=spec.seed,
+        slo_ttft_ms=spec.slo_ttft_ms, slo_tpot_ms=spec.slo_tpot_ms,
+    )
+    if load.max_sequence > MAX_SEQUENCE:
+        raise PlanError(f"prompt plus output can reach {load.max_sequence} tokens, more than {MAX_SEQUENCE}: "
+                        f"shorten --prompt-len or --output-len")
+    if shape.n_layers < spec.pp:
+        raise PlanError(f"model {shape.name} has {shape.n_layers} layers, fewer than the {spec.pp} pipeline stages: "
+                        f"lower --pp or pick a deeper --model")
+    return ResolvedRun(
+        dp=dp, tp=spec.tp, pp=spec.pp, fsdp=False, schedule=None, microbatches=1, virtual_stages=1, shape=shape,
+        dtype=dtype, device=device, steps=0, batch_size=load.max_batch * dp, seq_len=load.max_sequence,
+        seed=spec.seed, instrument=spec.instrument, stage_layers=split_layers(shape.n_layers, spec.pp),
+        mode="infer", load=load,
+    )

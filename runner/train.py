@@ -8,8 +8,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.tensor import DTensor
 from torch.distributed.pipelining.schedules import _PipelineSchedule
+from torch.distributed.tensor import DTensor
 
 from runner.data import replica_batch, synthetic_tokens
 from runner.data_parallel import apply_ddp, apply_fsdp, apply_replicate

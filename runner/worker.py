@@ -9,23 +9,31 @@ import sys
 import time
 import warnings
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.distributed as dist
 from torch.distributed.elastic.multiprocessing.errors import record
 
-from probes.events import RankStarted, StepTiming
+from probes.events import RankStarted, StageAction, StepTiming
 from probes.instrument import Instrumentation
 from probes.shipper import EventShipper
 from probes.sink import EventSink
 from probes.wire import ADDRESS_ENV, TOKEN_ENV, parse_address
-from runner.faults import fault_from_env
-from runner.mesh import build_mesh, coordinates, local_device
+from runner.faults import Fault, fault_from_env
+from runner.mesh import MeshCoordinates, build_mesh, coordinates, local_device
 from runner.plan import ResolvedRun
+from runner.serve import OP_NAMES, OpTiming, build_serving, serve
 from runner.train import build_training, timed_step
 
 OVERHEAD_BLOCK_ENV = "MESHTOP_OVERHEAD_BLOCK"
 """Benchmarks only: switch the hooks on and off every N steps, to time both in one job."""
+MEMORY_EVERY_NS = 500_000_000
+"""Inference reports memory twice a second, not after each of its many small ops."""
+
+
+def overhead_block() -> int:
+    return int(os.environ.get(OVERHEAD_BLOCK_ENV, "0"))
 
 
 def open_sink(rank: int) -> EventSink:
@@ -34,6 +42,71 @@ def open_sink(rank: int) -> EventSink:
     if not address or not token:
         return EventSink()
     return EventShipper(address=parse_address(address), token=token, rank=rank)
+
+
+def rank_started(coords: MeshCoordinates, device: torch.device, *, stages: tuple[int, ...],
+                 local_parameters: int) -> RankStarted:
+    return RankStarted(rank=coords.rank, pid=os.getpid(), host=socket.gethostname(), device=str(device),
+                       pp_rank=coords.pp, dp_rank=coords.dp, tp_rank=coords.tp, stages=stages,
+                       local_parameters=local_parameters, wall_ns=time.time_ns())
+
+
+def train_rank(run: ResolvedRun, *, mesh: Any, coords: MeshCoordinates, device: torch.device, sink: EventSink,
+               probes: Instrumentation, fault: Fault | None) -> None:
+    rank = coords.rank
+    job = build_training(run, mesh=mesh, coords=coords, device=device)
+    probes.watch_memory(modules=job.modules, optimizer=job.optimizer)
+    sink.emit(rank_started(coords, device, stages=tuple(job.stage_indices) if run.pp > 1 else (),
+                           local_parameters=job.local_parameters()))
+    tokens = run.batch_size * run.seq_len
+    block = overhead_block()
+    for step in range(run.steps):
+        if fault is not None:
+            fault.maybe_fire(rank=rank, step=step)
+        if block and run.instrument and step % block == 0:
+            probes.set_enabled((step // block) % 2 == 0)
+        probes.step_started(step)
+        outcome = timed_step(job, step)
+        pipeline_wait_s = probes.step_ended(step)
+        sink.emit(StepTiming(rank=rank, step=step, start_ns=outcome.start_ns, duration_s=outcome.duration_s,
+                             tokens=tokens, loss=outcome.loss, forward_backward_s=outcome.forward_backward_s,
+                             instrumented=probes.enabled, pipeline_wait_s=pipeline_wait_s))
+
+
+def serve_rank(run: ResolvedRun, *, mesh: Any, coords: MeshCoordinates, device: torch.device, sink: EventSink,
+               probes: Instrumentation, fault: Fault | None) -> None:
+    """Serve the load: each op of the replica is this rank's step (its time since the previous op ended)."""
+    rank = coords.rank
+    job = build_serving(run, mesh=mesh, coords=coords, device=device)
+    probes.watch_memory(modules=[job.model], optimizer=None)
+    sink.emit(rank_started(coords, device, stages=(coords.pp,) if run.pp > 1 else (),
+                           local_parameters=job.local_parameters()))
+    block = overhead_block()
+    dist.barrier()  # the replicas start their loads together
+    step, last_end_ns, memory_at_ns = 0, time.time_ns(), 0
+    probes.set_step(step)
+
+    def on_op(timing: OpTiming) -> None:
+        nonlocal step, last_end_ns, memory_at_ns
+        op = timing.op
+        sink.emit(StepTiming(rank=rank, step=step, start_ns=last_end_ns, duration_s=(timing.end_ns - last_end_ns) / 1e9,
+                             tokens=len(op.slots), loss=None, forward_backward_s=(timing.end_ns - timing.start_ns) / 1e9,
+                             instrumented=probes.enabled, pipeline_wait_s=timing.wait_s if run.pp > 1 else None))
+        if probes.enabled:
+            sink.emit(StageAction(rank=rank, step=step, stage=coords.pp, microbatch=op.id, action=OP_NAMES[op.kind],
+                                  start_ns=timing.start_ns, end_ns=timing.end_ns))
+            if timing.end_ns - memory_at_ns >= MEMORY_EVERY_NS:
+                probes.memory_snapshot(step, kv_cache_bytes=job.cache.nbytes)
+                memory_at_ns = timing.end_ns
+        step, last_end_ns = step + 1, timing.end_ns
+        if fault is not None:
+            fault.maybe_fire(rank=rank, step=step)
+        if block and run.instrument and step % block == 0:
+            probes.set_enabled((step // block) % 2 == 0)
+        probes.set_step(step)
+
+    serve(job, emit=sink.emit, on_op=on_op)
+    probes.memory_snapshot(step, kv_cache_bytes=job.cache.nbytes)
 
 
 @record
@@ -49,27 +122,12 @@ def main(argv: list[str]) -> None:
         sink.heartbeat = probes.progress
     try:
         mesh = build_mesh(device_type=run.device, pp=run.pp, dp=run.dp, tp=run.tp)
-        probes.install(mesh=mesh, pipeline=run.pp > 1)
+        probes.install(mesh=mesh, pipeline=run.pp > 1 and run.mode == "train")
         coords = coordinates(rank, dp=run.dp, tp=run.tp)
-        job = build_training(run, mesh=mesh, coords=coords, device=device)
-        probes.watch_memory(modules=job.modules, optimizer=job.optimizer)
-        sink.emit(RankStarted(rank=rank, pid=os.getpid(), host=socket.gethostname(), device=str(device),
-                              pp_rank=coords.pp, dp_rank=coords.dp, tp_rank=coords.tp,
-                              stages=tuple(job.stage_indices) if run.pp > 1 else (),
-                              local_parameters=job.local_parameters(), wall_ns=time.time_ns()))
-        tokens = run.batch_size * run.seq_len
-        block = int(os.environ.get(OVERHEAD_BLOCK_ENV, "0"))
-        for step in range(run.steps):
-            if fault is not None:
-                fault.maybe_fire(rank=rank, step=step)
-            if block and run.instrument and step % block == 0:
-                probes.set_enabled((step // block) % 2 == 0)
-            probes.step_started(step)
-            outcome = timed_step(job, step)
-            pipeline_wait_s = probes.step_ended(step)
-            sink.emit(StepTiming(rank=rank, step=step, start_ns=outcome.start_ns, duration_s=outcome.duration_s,
-                                 tokens=tokens, loss=outcome.loss, forward_backward_s=outcome.forward_backward_s,
-                                 instrumented=probes.enabled, pipeline_wait_s=pipeline_wait_s))
+        if run.mode == "infer":
+            serve_rank(run, mesh=mesh, coords=coords, device=device, sink=sink, probes=probes, fault=fault)
+        else:
+            train_rank(run, mesh=mesh, coords=coords, device=device, sink=sink, probes=probes, fault=fault)
         dist.barrier()
     finally:
         probes.uninstall()

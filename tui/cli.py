@@ -22,7 +22,23 @@ from typing import Any, NoReturn
 from probes.errors import MeshtopError
 from probes.samplers import DEFAULT_GPU_HZ, DEFAULT_PROCESS_HZ
 from runner.launch import NodeProbes
-from runner.plan import DEVICES, DTYPES, SCHEDULES, PlanError, ResolvedRun, RunSpec, resolve
+from runner.load import (
+    DEFAULT_CONCURRENCY,
+    DEFAULT_MAX_BATCH,
+    DEFAULT_OUTPUT_LEN,
+    DEFAULT_PROMPT_LEN,
+    DEFAULT_REQUESTS,
+)
+from runner.plan import (
+    DEVICES,
+    DTYPES,
+    MODES,
+    SCHEDULES,
+    PlanError,
+    ResolvedRun,
+    RunSpec,
+    resolve,
+)
 from runner.presets import PRESETS
 
 EXIT_OK, EXIT_JOB_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
@@ -51,11 +67,27 @@ def add_plan_options(parser: argparse.ArgumentParser) -> None:
     work.add_argument("--model", default="tiny", metavar="NAME", help=f"model preset: {', '.join(PRESETS)} (default tiny)")
     work.add_argument("--dtype", choices=DTYPES, default=None, help="fp32 or bf16 (default fp32 on CPU, bf16 on CUDA)")
     work.add_argument("--device", choices=DEVICES, default="auto", help="auto: cuda when a GPU is visible")
-    work.add_argument("--steps", type=int, default=20, metavar="N", help="training steps (default 20)")
+    work.add_argument("--mode", choices=MODES, default="train",
+                      help="train (default), or infer: serve a load of generation requests")
+    work.add_argument("--steps", type=int, default=None, metavar="N", help="training steps (default 20)")
     work.add_argument("--batch-size", type=int, default=None, metavar="N",
                       help="global batch in sequences (default 4 per microbatch per replica)")
     work.add_argument("--seq-len", type=int, default=None, metavar="N", help="tokens per sequence (default: the model's)")
     work.add_argument("--seed", type=int, default=0, metavar="N", help="seed of weights and data (default 0)")
+    load = parser.add_argument_group("inference load (--mode infer)")
+    load.add_argument("--requests", type=int, default=None, metavar="N", help=f"requests to serve (default {DEFAULT_REQUESTS})")
+    load.add_argument("--concurrency", type=int, default=None, metavar="C",
+                      help=f"closed loop: requests in flight at once (default {DEFAULT_CONCURRENCY})")
+    load.add_argument("--request-rate", type=float, default=None, metavar="R",
+                      help="open loop: Poisson arrivals, R requests per second")
+    load.add_argument("--prompt-len", default=None, metavar="N|LO-HI",
+                      help=f"prompt tokens, fixed or a range (default {DEFAULT_PROMPT_LEN[0]})")
+    load.add_argument("--output-len", default=None, metavar="N|LO-HI",
+                      help=f"tokens to generate, fixed or a range (default {DEFAULT_OUTPUT_LEN[0]})")
+    load.add_argument("--max-batch", type=int, default=None, metavar="B",
+                      help=f"requests one replica decodes together, at most (default {DEFAULT_MAX_BATCH})")
+    load.add_argument("--slo-ttft-ms", type=float, default=None, metavar="MS", help="goodput: time to first token at most MS")
+    load.add_argument("--slo-tpot-ms", type=float, default=None, metavar="MS", help="goodput: time per output token at most MS")
     probes = parser.add_argument_group("probes")
     probes.add_argument("--no-instrument", dest="instrument", action="store_false",
                         help="no worker hooks (step timing stays), to measure their overhead")
@@ -74,7 +106,9 @@ def spec_from_args(args: argparse.Namespace) -> RunSpec:
         dp=args.dp, tp=args.tp, pp=args.pp, fsdp=args.fsdp, schedule=args.schedule,
         microbatches=args.microbatches, model=args.model, dtype=args.dtype, device=args.device,
         steps=args.steps, batch_size=args.batch_size, seq_len=args.seq_len, seed=args.seed,
-        instrument=args.instrument,
+        instrument=args.instrument, mode=args.mode, requests=args.requests, concurrency=args.concurrency,
+        request_rate=args.request_rate, prompt_len=args.prompt_len, output_len=args.output_len,
+        max_batch=args.max_batch, slo_ttft_ms=args.slo_ttft_ms, slo_tpot_ms=args.slo_tpot_ms,
     )
 
 
@@ -108,7 +142,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser = OneLineParser(prog="meshtop", description="A terminal dashboard and profiler for distributed PyTorch LLM jobs.")
     commands = parser.add_subparsers(dest="command", required=True, parser_class=OneLineParser)
     run = commands.add_parser("run", help="launch a job and watch it in the live dashboard",
-                              description="Launch a training job with the given parallel plan and watch it live; "
+                              description="Launch a training job (or, with --mode infer, a served load of "
+                                          "requests) with the given parallel plan and watch it live; "
                                           "the session is recorded into the runs folder unless --no-record.")
     add_plan_options(run)
     session = run.add_argument_group("session")
@@ -117,7 +152,8 @@ def build_parser() -> argparse.ArgumentParser:
                          help=f"where sessions are recorded (default ${RUNS_DIR_ENV} or ./{DEFAULT_RUNS_DIR})")
     run.set_defaults(handler=command_run)
     record = commands.add_parser("record", help="launch a job headless and record it into OUT",
-                                 description="Launch a training job headless and record it into a new directory.")
+                                 description="Launch a training job (or, with --mode infer, a served load of "
+                                             "requests) headless and record it into a new directory.")
     record.add_argument("out", type=Path, metavar="OUT", help="new directory for the recording")
     add_plan_options(record)
     record.set_defaults(handler=command_record)
@@ -164,6 +200,8 @@ def runs_directory(args: argparse.Namespace) -> Path:
 def new_session_path(runs: Path, run: ResolvedRun) -> Path:
     """``RUNS/20261129-154501-dp2-tp1-pp1``, with a suffix if that exists already."""
     stem = f"{time.strftime('%Y%m%d-%H%M%S')}-{'fsdp' if run.fsdp else 'dp'}{run.dp}-tp{run.tp}-pp{run.pp}"
+    if run.mode == "infer":
+        stem += "-infer"
     path, n = runs / stem, 1
     while path.exists():
         n += 1

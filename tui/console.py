@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 from typing import Any, TextIO
 
-from probes.events import Event, EventsDropped, HangDetected, StackDump
+from probes.events import Event, EventsDropped, HangDetected, RequestDone, StackDump
 from recordings.steps import JobStep
 from runner.launch import JobControl, JobResult, NodeProbes
 from runner.plan import ResolvedRun
@@ -23,8 +23,18 @@ QUIET_LIMIT_S = 5.0
 def headline(run: ResolvedRun) -> str:
     params = run.shape.parameter_count()
     size = f"{params / 1e9:.1f}B" if params >= 1e9 else f"{params / 1e6:.1f}M"
-    return (f"meshtop: {run.plan_label()} · model {run.shape.name} ({size} params) · {run.device} {run.dtype} · "
-            f"{run.world_size} ranks · {run.steps} steps of {run.batch_size} x {run.seq_len} tokens")
+    start = f"meshtop: {run.plan_label()} · model {run.shape.name} ({size} params) · {run.device} {run.dtype} · "
+    if run.load is None:
+        return start + f"{run.world_size} ranks · {run.steps} steps of {run.batch_size} x {run.seq_len} tokens"
+    load = run.load
+    arrivals = (f"{load.concurrency} in flight" if load.concurrency is not None
+                else f"{load.request_rate_per_s:g} req/s Poisson")
+    return start + (f"{run.world_size} ranks · {load.requests} requests ({arrivals}), prompt {span(load.prompt_len)}, "
+                    f"output {span(load.output_len)} tokens, max batch {load.max_batch}")
+
+
+def span(bounds: tuple[int, int]) -> str:
+    return str(bounds[0]) if bounds[0] == bounds[1] else f"{bounds[0]}-{bounds[1]}"
 
 
 def step_line(step: JobStep, total: int) -> str:
@@ -53,23 +63,32 @@ class Progress:
         self._step_s = 0.0
 
     def update(self, step: JobStep, events: int) -> None:
-        now = time.monotonic()
+        """A training step is complete."""
         done, total = step.step + 1, self.run.steps
-        elapsed = now - self.started
         self._step_s += step.duration_s
-        eta = self._step_s / done * (total - done)  # steps to go at the mean step time so far
-        extra = f"  elapsed {clock(elapsed)}  ETA {clock(eta)}  {events:,} events"
+        self.show(done, total, step_line(step, total), events=events,
+                  eta_s=self._step_s / done * (total - done))  # steps to go at the mean step time so far
+
+    def request_done(self, requests: RequestTally, events: int) -> None:
+        """A request of an inference load is answered (or failed)."""
+        done, total = requests.done, requests.total
+        elapsed = time.monotonic() - self.started
+        self.show(done, total, requests.line(), events=events, eta_s=elapsed / done * (total - done))
+
+    def show(self, done: int, total: int, text: str, *, events: int, eta_s: float) -> None:
+        now = time.monotonic()
+        extra = f"  elapsed {clock(now - self.started)}  ETA {clock(eta_s)}  {events:,} events"
         if self.live:
             if now - self._last >= self.REDRAW_S or done == total:
-                filled = self.BAR * done // total
+                filled = self.BAR * done // max(1, total)
                 bar = "#" * filled + "." * (self.BAR - filled)
-                self.out.write(f"\r[{bar}] {step_line(step, total)}{extra}\x1b[K")
+                self.out.write(f"\r[{bar}] {text}{extra}\x1b[K")
                 self.out.flush()
                 self._last, self._drawn = now, True
             return
-        evenly = step.step % max(1, total // PROGRESS_LINES) == 0
+        evenly = (done - 1) % max(1, total // PROGRESS_LINES) == 0
         if evenly or now - self._last >= QUIET_LIMIT_S or done == total:
-            print(step_line(step, total) + extra, file=self.out, flush=True)
+            print(text + extra, file=self.out, flush=True)
             self._last = now
 
     def message(self, text: str) -> None:
@@ -84,8 +103,42 @@ class Progress:
             self._drawn = False
 
 
-def verdict(result: JobResult, steps: list[JobStep]) -> list[str]:
+class RequestTally:
+    """The answered requests of an inference load, for progress lines and the verdict."""
+
+    def __init__(self, total: int) -> None:
+        self.total = total
+        self.completed = self.failed = self.output_tokens = 0
+        self.ttft_s: list[float] = []
+        self.first_arrival_ns: int | None = None
+        self.last_end_ns = 0
+
+    @property
+    def done(self) -> int:
+        return self.completed + self.failed
+
+    def add(self, request: RequestDone) -> None:
+        if request.status != "completed" or request.first_token_ns is None:
+            self.failed += 1
+            return
+        self.completed += 1
+        self.output_tokens += request.output_tokens
+        self.ttft_s.append((request.first_token_ns - request.arrival_ns) / 1e9)
+        self.first_arrival_ns = min(self.first_arrival_ns or request.arrival_ns, request.arrival_ns)
+        self.last_end_ns = max(self.last_end_ns, request.end_ns)
+
+    def line(self) -> str:
+        ttft = f"TTFT p50 {statistics.median(self.ttft_s) * 1e3:.1f} ms" if self.ttft_s else "TTFT -"
+        window = (self.last_end_ns - self.first_arrival_ns) / 1e9 if self.first_arrival_ns is not None else 0.0
+        rate = f"{self.output_tokens / window:,.0f} tok/s" if window > 0 else "- tok/s"
+        failed = f" ({self.failed} failed)" if self.failed else ""
+        return f"requests {self.done:>4}/{self.total}{failed}  {ttft}  {rate}"
+
+
+def verdict(result: JobResult, steps: list[JobStep], requests: RequestTally | None = None) -> list[str]:
     """The closing lines: what happened, and for a failure which rank and why."""
+    if result.status == "completed" and requests is not None:
+        return [f"completed in {result.duration_s:.1f} s: {requests.line().removeprefix('requests').strip()}"]
     if result.status == "completed":
         median = statistics.median(s.duration_s for s in steps) if steps else 0.0
         rate = statistics.median(s.tokens_per_s for s in steps) if steps else 0.0
@@ -130,6 +183,7 @@ def follow_job(run: ResolvedRun, *, session_dir: Path, out: TextIO,
     steps: list[JobStep] = []
     received = 0
     progress = Progress(run, out)
+    requests = RequestTally(run.load.requests) if run.load is not None else None
 
     def on_events(events: list[Event], completed: list[JobStep]) -> None:
         nonlocal received
@@ -141,12 +195,16 @@ def follow_job(run: ResolvedRun, *, session_dir: Path, out: TextIO,
                 progress.message(f"no rank made progress for {event.silent_s:.0f} s (hang timeout "
                                  f"{event.timeout_s:.0f} s): {event.report}\nstack dumps of every rank follow; "
                                  "stopping the job")
+            elif isinstance(event, RequestDone) and requests is not None:
+                requests.add(event)
+                progress.request_done(requests, received)
             elif isinstance(event, EventsDropped):
                 where = f"rank {event.rank}" if event.rank is not None else "the collector"
                 progress.message(f"warning: {event.count} telemetry events dropped by {where} (buffer full)")
         for step in completed:
             steps.append(step)
-            progress.update(step, received)
+            if requests is None:
+                progress.update(step, received)
 
     try:
         result = run_session(run, directory=session_dir, manifest=manifest, on_events=on_events,
@@ -154,6 +212,6 @@ def follow_job(run: ResolvedRun, *, session_dir: Path, out: TextIO,
     finally:
         progress.finish()
         signal.signal(signal.SIGUSR1, previous_usr1)
-    for line in verdict(result, steps):
+    for line in verdict(result, steps, requests):
         print(line, file=out, flush=True)
     return result

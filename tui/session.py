@@ -28,7 +28,7 @@ class SessionRecorder:
         self.directory = directory
         self.manifest = manifest
         self.writer = EventWriter(directory) if manifest is not None else None
-        self.folder = StepFolder(run.world_size)
+        self.folder = StepFolder(run.world_size, replicas=run.dp if run.mode == "infer" else 1, tp=run.tp)
         self.steps: list[JobStep] = []
         self.received = 0
         self._devices: dict[int, str] = {}
