@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections import Counter
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -10,6 +12,10 @@ import pandas as pd
 from probes.bandwidth import bus_factor
 from recordings.pipeline import stage_table
 from recordings.reader import Recording
+from recordings.requests import (
+    COMPLETED, LATENCIES, QUANTILES, RequestLatency, Slo, failure_reason, is_inference, load_of, request_latency,
+    unserved_reason,
+)
 
 
 def _quantiles(values: pd.Series, *names: str) -> dict[str, float | None]:
@@ -17,6 +23,19 @@ def _quantiles(values: pd.Series, *names: str) -> dict[str, float | None]:
     if values.empty:
         return {name: None for name in names}
     return {name: float(values.quantile(points[name])) for name in names}
+
+
+def distribution(values: np.ndarray) -> dict[str, float | None]:
+    """Mean, p50, p90 and p99 (linear interpolation, as :func:`recordings.requests.quantile`)."""
+    if len(values) == 0:
+        return {"mean": None, **{name: None for name in QUANTILES}}
+    points = np.quantile(values, list(QUANTILES.values()))
+    return {"mean": float(values.mean()), **{name: float(v) for name, v in zip(QUANTILES, points)}}
+
+
+def job_status(recording: Recording) -> str:
+    """completed, failed or interrupted (a manifest still saying ``running`` was cut short)."""
+    return recording.status if recording.status != "running" else "interrupted"
 
 
 def run_section(recording: Recording) -> dict[str, Any]:
@@ -27,7 +46,7 @@ def run_section(recording: Recording) -> dict[str, Any]:
         "world_size": plan.get("world_size"), "mode": m.get("mode"), "schedule": plan.get("schedule"),
         "microbatches": plan.get("microbatches"), "model": m.get("model", {}).get("name"),
         "device": m.get("device"), "dtype": m.get("dtype"), "instrumented": m.get("instrumented"),
-        "status": recording.status if recording.status != "running" else "interrupted",
+        "status": job_status(recording),
     }
 
 
@@ -63,7 +82,27 @@ def rank_peaks(memory: pd.DataFrame) -> dict[int, float]:
     return peaks
 
 
-def steps_section(recording: Recording) -> dict[str, Any]:
+def rank0_iterations(recording: Recording) -> pd.DataFrame:
+    """An inference run's engine iterations as rank 0 (replica 0's leader) timed them.
+
+    Iterations of different replicas are unrelated (each replica has its own count), so the
+    train rule of one job step per step number over every rank does not apply.
+    """
+    steps = recording.table("step")
+    return steps[steps["rank"] == 0].sort_values("step")
+
+
+def steps_section(recording: Recording, requests: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Job steps (training), or rank 0's iterations with the requests' output tokens/s (inference)."""
+    if is_inference(recording.manifest):
+        requests = requests if requests is not None else requests_section(recording)
+        times = rank0_iterations(recording)["duration_s"].astype(float)
+        return {
+            "count": len(times),
+            "time_s": {**_quantiles(times, "p50", "p90"), "mean": float(times.mean()) if not times.empty else None},
+            "tokens_per_s": {"p50": requests["output_tokens_per_s"] if requests else None},
+            "loss": {"first": None, "last": None},
+        }
     complete = complete_job_steps(recording)
     times = complete["duration_s"] if not complete.empty else pd.Series(dtype=float)
     rate = (complete.tokens / complete.duration_s) if not complete.empty else pd.Series(dtype=float)
@@ -75,6 +114,93 @@ def steps_section(recording: Recording) -> dict[str, Any]:
         "loss": {"first": float(losses.iloc[0]) if not losses.empty else None,
                  "last": float(losses.iloc[-1]) if not losses.empty else None},
     }
+
+
+@dataclass(frozen=True)
+class ServedRequests:
+    """An inference recording's request table folded into per-request latencies (compare reuses it)."""
+
+    rows: pd.DataFrame
+    """One row per request that reached a worker (the last report if one came twice)."""
+    completed: pd.DataFrame
+    latencies: list[RequestLatency]
+    """Those of ``completed``, in its order."""
+    good: np.ndarray
+    """Per completed request: whether it met every SLO of the load."""
+    window_s: float | None
+    """First arrival to last end of the completed requests: what the rates are over."""
+
+    def values(self, name: str) -> np.ndarray:
+        """Every completed request's ``ttft_s``, ``tpot_s`` or ``e2e_s`` where it applies; ``itl_s``: every gap."""
+        if name == "itl_s":
+            return np.fromiter((gap for latency in self.latencies for gap in latency.gaps_s), dtype=float)
+        found = (getattr(latency, name) for latency in self.latencies)
+        return np.fromiter((value for value in found if value is not None), dtype=float)
+
+    def per_s(self, count: float) -> float | None:
+        return count / self.window_s if self.window_s else None
+
+
+def served_requests(recording: Recording) -> ServedRequests:
+    rows = recording.table("request").drop_duplicates(subset="request", keep="last")
+    completed = rows[rows.status == COMPLETED]
+    latencies = [request_latency(arrival_ns=int(arrival), first_token_ns=None if pd.isna(first) else int(first),
+                                 end_ns=int(end), output_tokens=int(tokens), token_ns=times)
+                 for arrival, first, end, tokens, times in zip(completed.arrival_ns, completed.first_token_ns,
+                                                               completed.end_ns, completed.output_tokens,
+                                                               completed.token_ns)]
+    slo = Slo.of(recording.manifest)
+    window = (int(completed.end_ns.max()) - int(completed.arrival_ns.min())) / 1e9 if not completed.empty else 0.0
+    return ServedRequests(rows=rows, completed=completed, latencies=latencies,
+                          good=np.array([slo.met(latency) for latency in latencies], dtype=bool),
+                          window_s=window if window > 0 else None)
+
+
+def requests_section(recording: Recording, served: ServedRequests | None = None) -> dict[str, Any] | None:
+    """Counts, failures with their reasons, latencies, rates, goodput and each replica (``None`` for training).
+
+    Requests of the load without a row were never served: they count as failed, with the job's end as reason.
+    """
+    manifest = recording.manifest
+    if not is_inference(manifest):
+        return None
+    served = served if served is not None else served_requests(recording)
+    rows, completed = served.rows, served.completed
+    count = max(int(load_of(manifest).get("requests") or 0), len(rows))
+    failures = Counter(failure_reason(None if pd.isna(error) else str(error))
+                       for error in rows.loc[rows.status != COMPLETED, "error"])
+    if count > len(rows):
+        failures[unserved_reason(job_status(recording))] += count - len(rows)
+    slo = Slo.of(manifest)
+    good = int(served.good.sum())
+    return {
+        "count": count, "completed": len(completed), "failed": count - len(completed),
+        "failures": [{"reason": reason, "count": n} for reason, n in failures.most_common()],
+        **{name: distribution(served.values(name)) for name in LATENCIES},
+        "window_s": served.window_s,
+        "request_throughput_per_s": served.per_s(len(completed)),
+        "output_tokens_per_s": served.per_s(int(completed.output_tokens.sum())),
+        "slo": {"ttft_s": slo.ttft_s, "tpot_s": slo.tpot_s} if slo.given else None,
+        "goodput_per_s": served.per_s(good) if slo.given else None,
+        "slo_met": good / count if slo.given and count else None,
+        "per_replica": replica_rows(recording, served),
+    }
+
+
+def replica_rows(recording: Recording, served: ServedRequests) -> list[dict[str, Any]]:
+    """Each dp replica's completed requests, output tokens/s (over the job's window, so the replicas add up
+    to the total) and TTFT p50; a replica that served nothing is listed too."""
+    dp = int(recording.manifest.get("plan", {}).get("dp") or 1)
+    completed = served.completed
+    ttft = pd.Series([latency.ttft_s for latency in served.latencies], index=completed.index, dtype=float)
+    rows = []
+    for replica in sorted(set(range(dp)) | {int(r) for r in served.rows.replica}):
+        mine = completed.replica == replica
+        times = ttft[mine].dropna().to_numpy()
+        rows.append({"replica": replica, "completed": int(mine.sum()),
+                     "output_tokens_per_s": served.per_s(int(completed.output_tokens[mine].sum())),
+                     "ttft_s": {"p50": distribution(times)["p50"]}})
+    return rows
 
 
 def timed_collectives(recording: Recording) -> pd.DataFrame:
@@ -102,7 +228,27 @@ def collectives_section(recording: Recording) -> list[dict[str, Any]]:
     return sorted(rows, key=lambda row: -row["time_s"]["total"])
 
 
+def inference_stage_rows(recording: Recording) -> pd.DataFrame:
+    """An inference run's iterations with their rank's pipeline stage (``pp_rank``), where the
+    pipeline wait was measured: ``busy_s`` is the iteration less that wait."""
+    steps = recording.table("step").dropna(subset=["pipeline_wait_s"])
+    started = recording.table("rank_started")
+    if steps.empty or started.empty:
+        return pd.DataFrame(columns=["rank", "step", "pp_rank", "duration_s", "pipeline_wait_s", "busy_s"])
+    table = steps.merge(started[["rank", "pp_rank"]], on="rank")
+    return table.assign(busy_s=table.duration_s - table.pipeline_wait_s)
+
+
 def stages_section(recording: Recording) -> list[dict[str, Any]]:
+    """Per pipeline stage: mean busy and idle time per step (iteration) and the bubble fraction."""
+    if is_inference(recording.manifest):
+        if int(recording.manifest.get("plan", {}).get("pp") or 1) <= 1:
+            return []
+        table = inference_stage_rows(recording)
+        return [{"stage": int(stage), "busy_s": float(part.busy_s.mean()), "idle_s": float(part.pipeline_wait_s.mean()),
+                 "bubble_fraction": float(part.pipeline_wait_s.sum() / part.duration_s.sum())
+                 if part.duration_s.sum() > 0 else 0.0}
+                for stage, part in table.groupby("pp_rank")]
     table = stage_table(recording.table("stage_action"), recording.table("step"), recording.table("rank_started"))
     if table.empty:
         return []
@@ -139,10 +285,12 @@ def summarize(recording: Recording) -> dict[str, Any]:
     """The whole analysis as plain data (the JSON of ``meshtop summary --json``)."""
     memory = memory_section(recording)
     loaded = max(memory, key=lambda row: row["peak_bytes"] or 0) if memory else None
+    requests = requests_section(recording)
     return {
         "recording": str(recording.path),
         "run": run_section(recording),
-        "steps": steps_section(recording),
+        "steps": steps_section(recording, requests),
+        "requests": requests,
         "collectives": collectives_section(recording),
         "stages": stages_section(recording),
         "memory": memory,

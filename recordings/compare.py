@@ -6,6 +6,11 @@ and the medians differ by more than 1 %; figures with one value per run
 (peak memory) count when they move by more than 2 %. Runs that did different
 work (model, lengths, batch, dtype, mode, load) are compared anyway, with a
 warning, since the comparison is then unfair.
+
+Inference runs are compared per request (TTFT, TPOT, inter-token latency and
+end-to-end latency are distributions over the requests, so the same test
+applies) and by their request and output-token rates (one value per run), in
+place of the training steps; rank 0's iteration time stands for the step time.
 """
 
 from __future__ import annotations
@@ -16,14 +21,17 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from recordings.analysis import complete_job_steps, rank_peaks, timed_collectives
+from recordings.analysis import (
+    complete_job_steps, inference_stage_rows, rank0_iterations, rank_peaks, served_requests, timed_collectives,
+)
 from recordings.pipeline import stage_table
 from recordings.reader import Recording
+from recordings.requests import LATENCIES, LOAD_KEYS, Slo, is_inference, load_of
 
 P_VALUE = 0.01
 MIN_CHANGE = 0.01
 SINGLE_VALUE_CHANGE = 0.02
-SAME_WORK = ("mode", "dtype", "seq_len", "batch_size", "requests")
+SAME_WORK = ("mode", "dtype", "seq_len", "batch_size")
 
 
 def mann_whitney_p(a: np.ndarray, b: np.ndarray) -> float:
@@ -76,6 +84,12 @@ def _busbw(recording: Recording) -> dict[str, np.ndarray]:
 
 
 def _bubbles(recording: Recording) -> dict[int, np.ndarray]:
+    """Each stage's bubble fraction per step (training) or per iteration (inference: wait over duration)."""
+    if is_inference(recording.manifest):
+        rows = inference_stage_rows(recording)
+        rows = rows[rows.duration_s > 0]
+        return {int(stage): (part.pipeline_wait_s / part.duration_s).to_numpy(float)
+                for stage, part in rows.groupby("pp_rank")}
     table = stage_table(recording.table("stage_action"), recording.table("step"), recording.table("rank_started"))
     return {int(stage): part.bubble_fraction.to_numpy() for stage, part in table.groupby("pp_rank")}
 
@@ -92,21 +106,51 @@ def unfair_differences(a: Recording, b: Recording) -> list[str]:
     warnings = []
     model_a, model_b = a.manifest.get("model", {}).get("name"), b.manifest.get("model", {}).get("name")
     if model_a != model_b:
-        warnings.append(f"the runs trained different models ({model_a} vs {model_b})")
+        verb = "served" if is_inference(a.manifest) else "trained"
+        warnings.append(f"the runs {verb} different models ({model_a} vs {model_b})")
     for key in SAME_WORK:
         if a.manifest.get(key) != b.manifest.get(key):
             warnings.append(f"the runs differ in {key} ({a.manifest.get(key)} vs {b.manifest.get(key)})")
+    if is_inference(a.manifest) and is_inference(b.manifest):
+        load_a, load_b = load_of(a.manifest), load_of(b.manifest)
+        for key in LOAD_KEYS:
+            if load_a.get(key) != load_b.get(key):
+                warnings.append(f"the runs differ in load {key} ({load_a.get(key)} vs {load_b.get(key)})")
     return warnings
 
 
-def compare(a: Recording, b: Recording) -> dict[str, Any]:
-    """Every comparable metric of ``a`` (before) and ``b`` (after)."""
+def _step_metrics(a: Recording, b: Recording) -> list[dict[str, Any]]:
+    """Training: the job's step time and throughput per step."""
     steps_a, steps_b = complete_job_steps(a), complete_job_steps(b)
-    metrics = [
+    return [
         metric("step time (s)", steps_a.duration_s.to_numpy(float), steps_b.duration_s.to_numpy(float)),
         metric("throughput (tokens/s)", (steps_a.tokens / steps_a.duration_s).to_numpy(float),
                (steps_b.tokens / steps_b.duration_s).to_numpy(float)),
     ]
+
+
+def _request_metrics(a: Recording, b: Recording) -> list[dict[str, Any]]:
+    """Inference: rank 0's iteration time, each request latency, and the request / output-token rates
+    (goodput too when both runs set the same SLOs, else it measures different things)."""
+    served_a, served_b = served_requests(a), served_requests(b)
+    metrics = [metric("iteration time (s)", rank0_iterations(a).duration_s.to_numpy(float),
+                      rank0_iterations(b).duration_s.to_numpy(float))]
+    metrics += [metric(f"{name} (s)", served_a.values(key), served_b.values(key)) for key, name in LATENCIES.items()]
+    metrics.append(metric("request throughput (requests/s)", served_a.per_s(len(served_a.completed)),
+                          served_b.per_s(len(served_b.completed))))
+    metrics.append(metric("output throughput (tokens/s)", served_a.per_s(int(served_a.completed.output_tokens.sum())),
+                          served_b.per_s(int(served_b.completed.output_tokens.sum()))))
+    slo = Slo.of(a.manifest)
+    if slo.given and slo == Slo.of(b.manifest):
+        metrics.append(metric("goodput (requests/s)", served_a.per_s(int(served_a.good.sum())),
+                              served_b.per_s(int(served_b.good.sum()))))
+    return metrics
+
+
+def compare(a: Recording, b: Recording) -> dict[str, Any]:
+    """Every comparable metric of ``a`` (before) and ``b`` (after)."""
+    inference = is_inference(a.manifest) and is_inference(b.manifest)
+    metrics = _request_metrics(a, b) if inference else _step_metrics(a, b)
     comm_a, comm_b = _comm_per_step(a), _comm_per_step(b)
     for key in sorted(set(comm_a) | set(comm_b)):
         metrics.append(metric(f"{key} time per step (s)", comm_a.get(key, np.array([])), comm_b.get(key, np.array([]))))

@@ -24,8 +24,10 @@ from tui.charts import human_seconds
 from tui.filters import every_rank, parse_rank_filter
 from tui.sources import Playback, Source
 from tui.state import DashboardState
+from tui.summary_text import per_second
 from tui.views import (
     AlertsPanel, CollectivesPanel, DevicesPanel, OverviewPanel, Panel, PipelinePanel, ProcessesPanel, StepsPanel,
+    output_rate,
 )
 
 FRAME_HZ = 8.0
@@ -43,7 +45,8 @@ VIEWS: tuple[tuple[str, str, type[Panel]], ...] = (
 
 
 class HeaderBar(Static):
-    """Plan, model, device, step, step time, tokens/s, MFU, elapsed, status and recording path."""
+    """Plan, model, device, step, step time, tokens/s, MFU (inference: requests, req/s, TTFT p50, output
+    tokens/s), elapsed, status and recording path."""
 
     def show(self, state: DashboardState, status: str, extra: str = "") -> None:
         info = state.info
@@ -58,15 +61,10 @@ class HeaderBar(Static):
         second = Text(no_wrap=True, overflow="ellipsis")
         if extra:
             second.append(f" [{extra}]", style="bold yellow")
-        step = state.last_step
-        total = f"/{info.steps}" if info.steps else ""
-        second.append(f" step {state.steps_done}{total}", style="bold")
-        second.append(f"  {human_seconds(step.duration_s) if step else '-'}")
-        rate = state.tokens_per_s()
-        second.append(f"  {rate:,.0f} tok/s" if rate is not None else "  - tok/s")
-        mfu = state.mfu()
-        if mfu is not None:
-            second.append(f"  MFU {mfu:.1%}")
+        if info.inference:
+            self._requests(second, state)
+        else:
+            self._steps(second, state)
         second.append(f"  elapsed {human_seconds(state.elapsed_s) if state.elapsed_s >= 1 else f'{state.elapsed_s:.1f} s'}")
         alerts = state.alerts()
         if alerts:
@@ -77,6 +75,31 @@ class HeaderBar(Static):
         header = Text("\n").join([first, second])
         header.no_wrap, header.overflow = True, "ellipsis"
         self.update(header, layout=False)  # two rows always: no need to lay the screen out again
+
+    @staticmethod
+    def _steps(line: Text, state: DashboardState) -> None:
+        """Training: the step, its time, tokens/s and MFU."""
+        step = state.last_step
+        total = f"/{state.info.steps}" if state.info.steps else ""
+        line.append(f" step {state.steps_done}{total}", style="bold")
+        line.append(f"  {human_seconds(step.duration_s) if step else '-'}")
+        rate = state.tokens_per_s()
+        line.append(f"  {rate:,.0f} tok/s" if rate is not None else "  - tok/s")
+        mfu = state.mfu()
+        if mfu is not None:
+            line.append(f"  MFU {mfu:.1%}")
+
+    @staticmethod
+    def _requests(line: Text, state: DashboardState) -> None:
+        """Inference: requests done, req/s and TTFT p50 (no loss or MFU: nothing is trained)."""
+        view = state.requests_view()
+        total = f"/{view.total}" if view.total is not None else ""
+        line.append(f" requests {view.completed}{total}", style="bold")
+        if view.failed:
+            line.append(f" ({view.failed} failed)", style="yellow")
+        line.append(f"  {per_second(view.requests_per_s, 'req/s')}")
+        line.append(f"  TTFT p50 {human_seconds(view.latencies['ttft_s'][0])}")
+        line.append(f"  {output_rate(view.output_tokens_per_s)}")
 
 
 class ReplayBar(Static):

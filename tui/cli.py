@@ -238,7 +238,7 @@ def command_run(args: argparse.Namespace) -> int:
     if source.error is not None:
         raise source.error
     assert source.result is not None, "the session thread ended without a result"
-    for line in verdict(source.result, source.steps):
+    for line in verdict(source.result, source.steps, source.requests):
         print(line)
     if manifest is not None:
         print(f"recording: {directory}")

@@ -11,7 +11,7 @@ from textual.widgets import DataTable, Footer, Static
 
 from tui.summary_text import figure
 
-HIGHER_IS_BETTER = ("throughput", "busbw", "headroom")
+HIGHER_IS_BETTER = ("throughput", "goodput", "busbw", "headroom")
 
 
 def verdict(row: dict[str, Any]) -> Text:
@@ -28,13 +28,14 @@ def verdict(row: dict[str, Any]) -> Text:
 
 
 def run_line(label: str, summary: dict[str, Any]) -> Text:
-    run, steps = summary["run"], summary["steps"]
+    run, steps, requests = summary["run"], summary["steps"], summary.get("requests")
     p50 = steps["time_s"]["p50"]
+    work = f"{requests['completed']}/{requests['count']} requests" if requests else f"{steps['count']} steps"
     text = Text()
     text.append(f"{label} ", style="bold reverse")
     text.append(f" {summary['recording']}\n   dp{run['dp']}{' fsdp' if run['fsdp'] else ''} x tp{run['tp']} x pp{run['pp']}"
-                f" · {run['model']} · {run['device']} {run['dtype']} · {run['status']} · {steps['count']} steps"
-                + (f" · p50 step {p50 * 1e3:.2f} ms" if p50 else ""))
+                f" · {run['model']} · {run['device']} {run['dtype']} · {run['status']} · {work}"
+                + (f" · p50 {'iteration' if requests else 'step'} {p50 * 1e3:.2f} ms" if p50 else ""))
     return text
 
 

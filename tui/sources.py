@@ -17,12 +17,13 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from probes.errors import MeshtopError
-from probes.events import Event, StepTiming
+from probes.events import Event, RequestDone, StepTiming
 from recordings.reader import Recording
 from recordings.replay import Timeline, event_time_ns, load_timeline
 from recordings.steps import JobStep
 from runner.launch import JobControl, JobResult, NodeProbes
 from runner.plan import ResolvedRun
+from tui.console import RequestTally
 from tui.session import run_session
 
 SCREEN_BACKLOG = 200_000
@@ -113,6 +114,8 @@ class LiveSource:
         self.backlog = ScreenBacklog(backlog)
         self.steps: list[JobStep] = []
         """The job's steps as they completed (for the closing verdict)."""
+        self.requests = RequestTally(run.load.requests) if run.load is not None else None
+        """An inference load's answered requests (for the closing verdict)."""
         self._thread = threading.Thread(target=self._run, name="meshtop-session", daemon=True)
         self._started_ns: int | None = None
 
@@ -126,6 +129,10 @@ class LiveSource:
 
     def _take(self, events: list[Event], steps: list[JobStep]) -> None:
         self.steps.extend(steps)
+        if self.requests is not None:
+            for event in events:
+                if isinstance(event, RequestDone):
+                    self.requests.add(event)
         self.backlog.put(events)
 
     @property

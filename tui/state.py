@@ -10,7 +10,7 @@ and benchmarks drive it directly.
 from __future__ import annotations
 
 import statistics
-from collections import defaultdict, deque
+from collections import Counter, defaultdict, deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -18,7 +18,10 @@ from typing import Any
 from probes.bandwidth import bus_factor
 from probes.events import (
     CollectiveTiming, Event, EventsDropped, GpuSample, HangDetected, JobEnded, MemorySnapshot, NvmlState,
-    ProcessSample, RankExited, RankStarted, SamplerError, StackDump, StageAction, StepTiming,
+    ProcessSample, RankExited, RankStarted, RequestDone, SamplerError, StackDump, StageAction, StepTiming,
+)
+from recordings.requests import (
+    COMPLETED, LATENCIES, Slo, failure_reason, load_of, quantile, request_latency, unserved_reason,
 )
 from recordings.steps import JobStep, StepFolder
 
@@ -34,6 +37,16 @@ STRAGGLER_MIN_S = 0.002
 STRAGGLER_WINDOW = 5
 DEFAULT_HEADROOM_ALERT = 0.10
 """Alert when a GPU has less than this share of its memory free."""
+REQUESTS_KEPT = 512
+"""Recent completed requests whose TTFT, TPOT and e2e latency the percentiles are over."""
+GAPS_KEPT = 4096
+"""Recent inter-token gaps kept for the ITL percentiles."""
+RATE_WINDOW_S = 10.0
+"""Requests/s, output tokens/s and goodput are over the requests that ended in the last this many seconds."""
+RATE_KEPT = 65_536
+"""Ends of completed requests kept for the rates (beyond it the window shrinks to what is kept)."""
+FAILURE_REASONS_KEPT = 8
+"""Distinct failure reasons counted one by one; the others are counted together."""
 
 PEAK_BF16_FLOPS = {"H200": 989e12, "H100": 989e12, "GH200": 989e12, "B200": 2250e12, "A100": 312e12,
                    "L40S": 362e12, "L4": 121e12, "A10": 125e12}
@@ -57,6 +70,13 @@ class RunInfo:
     microbatches: int | None
     instrumented: bool
     recording: str | None
+    requests: int | None = None
+    """The inference load's request count (``None`` for training, or a load not described)."""
+    slo: Slo = field(default_factory=Slo)
+
+    @property
+    def inference(self) -> bool:
+        return self.mode == "infer"
 
     @classmethod
     def from_description(cls, description: dict[str, Any], recording: str | None) -> RunInfo:
@@ -73,6 +93,8 @@ class RunInfo:
             steps=description.get("steps"), mode=str(description.get("mode", "train")),
             pp=int(plan.get("pp") or 1), microbatches=plan.get("microbatches"),
             instrumented=bool(description.get("instrumented", True)), recording=recording,
+            requests=load_of(description).get("requests"),
+            slo=Slo.of(description),
         )
 
 
@@ -179,6 +201,84 @@ class Alert:
     wall_ns: int
 
 
+@dataclass(frozen=True, slots=True)
+class RequestsView:
+    """What the requests panel and the header show of an inference run."""
+
+    total: int | None
+    completed: int
+    failed: int
+    """Failed in a worker, plus (once the job ended) the requests of the load it never served."""
+    failures: tuple[tuple[str, int], ...]
+    """(reason, count), the most frequent first."""
+    latencies: dict[str, tuple[float | None, float | None]]
+    """(p50, p99) in seconds of ttft_s, tpot_s, itl_s and e2e_s, over the recent requests."""
+    history: dict[str, tuple[float, ...]]
+    """The recent values themselves, oldest first."""
+    requests_per_s: float | None
+    output_tokens_per_s: float | None
+    goodput_per_s: float | None
+    """``None`` unless the load set an SLO."""
+    slo_met: float | None
+    """Share of the recent completed requests that met every SLO (``None`` without one)."""
+
+
+class RequestStats:
+    """Inference requests folded as they finish: counts over the whole run, latencies over the recent
+    requests, rates over the last seconds. The definitions are ``recordings.requests``', as the summary's."""
+
+    def __init__(self, slo: Slo) -> None:
+        self.slo = slo
+        self.completed = 0
+        self.failed = 0
+        self.failures: Counter[str] = Counter()
+        self.recent: dict[str, deque[float]] = {
+            name: deque(maxlen=GAPS_KEPT if name == "itl_s" else REQUESTS_KEPT) for name in LATENCIES}
+        self.good: deque[bool] = deque(maxlen=REQUESTS_KEPT)
+        self.finished: deque[tuple[int, int, bool]] = deque(maxlen=RATE_KEPT)
+        """(end, output tokens, met the SLOs) of the completed requests that ended in the rate window."""
+        self.first_arrival_ns: int | None = None
+        self.last_end_ns: int | None = None
+
+    def add(self, event: RequestDone) -> None:
+        if self.first_arrival_ns is None or event.arrival_ns < self.first_arrival_ns:
+            self.first_arrival_ns = event.arrival_ns
+        if self.last_end_ns is None or event.end_ns > self.last_end_ns:
+            self.last_end_ns = event.end_ns
+        if event.status != COMPLETED:
+            self.failed += 1
+            reason = failure_reason(event.error)
+            known = reason in self.failures or len(self.failures) < FAILURE_REASONS_KEPT
+            self.failures[reason if known else "other reasons"] += 1
+            return
+        self.completed += 1
+        latency = request_latency(arrival_ns=event.arrival_ns, first_token_ns=event.first_token_ns,
+                                  end_ns=event.end_ns, output_tokens=event.output_tokens, token_ns=event.token_ns)
+        for name in ("ttft_s", "tpot_s", "e2e_s"):
+            if (value := getattr(latency, name)) is not None:
+                self.recent[name].append(value)
+        self.recent["itl_s"].extend(latency.gaps_s)
+        good = self.slo.met(latency)
+        self.good.append(good)
+        self.finished.append((event.end_ns, event.output_tokens, good))
+        while self.finished and self.finished[0][0] <= self.last_end_ns - RATE_WINDOW_S * 1e9:
+            self.finished.popleft()
+
+    def rates(self, now_ns: int) -> tuple[float, float, float] | None:
+        """Requests, output tokens and good requests per second over the rate window ending ``now_ns``."""
+        if self.first_arrival_ns is None:
+            return None
+        start = max(now_ns - int(RATE_WINDOW_S * 1e9), self.first_arrival_ns)
+        if len(self.finished) == self.finished.maxlen:
+            start = max(start, self.finished[0][0])
+        span_s = (now_ns - start) / 1e9
+        if span_s <= 0:
+            return None
+        recent = [(tokens, good) for end, tokens, good in self.finished if start < end <= now_ns]
+        return (len(recent) / span_s, sum(tokens for tokens, _ in recent) / span_s,
+                sum(1 for _, good in recent if good) / span_s)
+
+
 def percentile(values: Iterable[float], q: float) -> float | None:
     ordered = sorted(values)
     if not ordered:
@@ -222,7 +322,10 @@ class DashboardState:
         self.hang: HangDetected | None = None
         """The hang reported last, until progress resumes."""
         self.stacks_wall_ns: int | None = None
-        self._folder = StepFolder(self.info.world_size)
+        self.requests = RequestStats(self.info.slo)
+        # Inference: iterations of different replicas are unrelated, so the job's steps are rank 0's (as in
+        # the summary).
+        self._folder = StepFolder(1 if self.info.inference else self.info.world_size)
         self._step_fb: dict[int, float] = {}
         self._busy: dict[int, dict[int, float]] = defaultdict(lambda: defaultdict(float))
         self._lanes: dict[int, dict[int, list[StageAction]]] = defaultdict(lambda: defaultdict(list))
@@ -280,12 +383,28 @@ class DashboardState:
             self._lanes[event.step][event.rank].append(event)
 
     def _on_step(self, event: StepTiming) -> None:
+        if self.info.inference:
+            self._on_iteration(event)
+            return
         if event.forward_backward_s is not None:
             self._step_fb[event.step] = max(self._step_fb.get(event.step, 0.0), event.forward_backward_s)
         self._rank_durations[event.step][event.rank] = event.duration_s
         step = self._folder.add(event)
         if step is not None:
             self._complete(step)
+
+    def _on_iteration(self, event: StepTiming) -> None:
+        """An inference engine iteration: replica 0's ranks give each stage's bubble (the share of the
+        iteration spent waiting for a pipeline neighbour); rank 0's iterations are the job's steps."""
+        view = self.ranks.get(event.rank)
+        if (event.pipeline_wait_s is not None and event.duration_s > 0 and view is not None
+                and view.dp_rank == 0 and view.tp_rank == 0):
+            self._bubble_history[view.pp_rank].append(event.pipeline_wait_s / event.duration_s)
+        if event.rank == 0 and (step := self._folder.add(event)) is not None:
+            self._complete(step)
+
+    def _on_request(self, event: RequestDone) -> None:
+        self.requests.add(event)
 
     def _complete(self, step: JobStep) -> None:
         self.hang = None  # progress again
@@ -375,7 +494,7 @@ class DashboardState:
         RankStarted: _on_started, CollectiveTiming: _on_collective, StageAction: _on_stage_action,
         StepTiming: _on_step, MemorySnapshot: _on_memory, GpuSample: _on_gpu, NvmlState: _on_nvml,
         ProcessSample: _on_process, RankExited: _on_exited, JobEnded: _on_ended, EventsDropped: _on_dropped,
-        SamplerError: _on_sampler_error, StackDump: _on_stack, HangDetected: _on_hang,
+        SamplerError: _on_sampler_error, StackDump: _on_stack, HangDetected: _on_hang, RequestDone: _on_request,
     }
 
     # -- views -------------------------------------------------------------------
@@ -397,6 +516,8 @@ class DashboardState:
     def mfu(self) -> float | None:
         """Model FLOP/s over the GPUs' dense bf16 peak, where the GPU and the model are known."""
         rate, flops = self.tokens_per_s(), self.info.flops_per_token
+        if self.info.inference:  # 6N per token is training's forward and backward
+            return None
         if rate is None or flops is None or self.info.device != "cuda" or self.info.dtype != "bf16" or not self.gpus:
             return None
         name = next(iter(self.gpus.values())).sample.name or ""
@@ -404,6 +525,31 @@ class DashboardState:
         if peak is None:
             return None
         return rate * flops / (peak * min(self.info.world_size, len(self.gpus)))
+
+    def requests_view(self) -> RequestsView:
+        """The inference requests so far; those the load never got served count as failed once the job ended."""
+        stats = self.requests
+        failures = Counter(stats.failures)
+        failed = stats.failed
+        total = self.info.requests
+        if self.ended is not None and total is not None and total > stats.completed + stats.failed:
+            unserved = total - stats.completed - stats.failed
+            failures[unserved_reason(self.ended.status)] += unserved
+            failed += unserved
+        now = self.clock_ns if self.clock_ns is not None else stats.last_end_ns
+        rates = stats.rates(now) if now is not None else None
+        slo_given = self.info.slo.given
+        latencies = {}
+        for name, values in stats.recent.items():
+            ordered = sorted(values)
+            latencies[name] = (quantile(ordered, 0.5), quantile(ordered, 0.99)) if ordered else (None, None)
+        return RequestsView(
+            total=total, completed=stats.completed, failed=failed, failures=tuple(failures.most_common()),
+            latencies=latencies, history={name: tuple(values) for name, values in stats.recent.items()},
+            requests_per_s=rates[0] if rates else None, output_tokens_per_s=rates[1] if rates else None,
+            goodput_per_s=rates[2] if rates and slo_given else None,
+            slo_met=sum(stats.good) / len(stats.good) if slo_given and stats.good else None,
+        )
 
     def collective_rows(self) -> list[CollectiveRow]:
         """Per (group, op), the busiest first."""
@@ -478,6 +624,10 @@ class DashboardState:
             if used is not None and total and 1 - used / total < self.headroom_alert:
                 alerts.append(Alert("warning", f"GPU {gpu.gpu} memory headroom {1 - used / total:.0%} "
                                                f"(below {self.headroom_alert:.0%})", gpu.sample.wall_ns))
+        if self.requests.failed:
+            reason, count = self.requests.failures.most_common(1)[0]
+            text = f"failed requests: {self.requests.failed:,}; most often ({count:,}): {reason}"
+            alerts.append(Alert("warning", text, now))
         if self.dropped:
             alerts.append(Alert("warning", f"{self.dropped:,} telemetry events dropped (buffers full)", now))
         if self.sampler_errors:

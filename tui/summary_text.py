@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from recordings.requests import LATENCIES, Slo
+
 
 def human_bytes(count: float | None) -> str:
     if count is None:
@@ -21,19 +23,60 @@ def seconds(value: float | None) -> str:
     return f"{value * 1e3:.2f} ms" if value < 1 else f"{value:.3f} s"
 
 
+def milliseconds(value: float | None) -> str:
+    return "-" if value is None else f"{value * 1e3:,.2f}"
+
+
+def per_second(value: float | None, unit: str) -> str:
+    return f"- {unit}" if value is None else f"{value:,.2f} {unit}"
+
+
+def request_lines(requests: dict[str, Any]) -> list[str]:
+    """An inference run's requests: counts and failures, latency quantiles in ms, rates, each replica."""
+    lines = [f"requests: {requests['count']}  completed {requests['completed']}  failed {requests['failed']}"]
+    lines += [f"  failed {row['count']}: {row['reason']}" for row in requests["failures"]]
+    lines.append(f"  {'latency (ms)':<14}{'p50':>10}{'p90':>10}{'p99':>10}")
+    for key, label in LATENCIES.items():
+        lines.append(f"  {label:<14}" + "".join(f"{milliseconds(requests[key][q]):>10}" for q in ("p50", "p90", "p99")))
+    rates = (f"  {per_second(requests['request_throughput_per_s'], 'req/s')}"
+             f"  {per_second(requests['output_tokens_per_s'], 'output tok/s')}")
+    if requests["slo"] is not None:
+        slo = Slo(**requests["slo"])
+        rates += (f"  goodput {per_second(requests['goodput_per_s'], 'req/s')}"
+                  f" ({requests['slo_met']:.1%} of requests met {slo.describe()})")
+    lines.append(rates)
+    for row in requests["per_replica"]:
+        lines.append(f"  replica {row['replica']}: {row['completed']} completed"
+                     f"  {per_second(row['output_tokens_per_s'], 'output tok/s')}"
+                     f"  TTFT p50 {milliseconds(row['ttft_s']['p50'])} ms")
+    return lines
+
+
+def steps_line(steps: dict[str, Any], inference: bool) -> str:
+    """Training: the job's steps and tokens/s; inference: rank 0's engine iterations (tokens/s is per request)."""
+    times = (f"p50 {seconds(steps['time_s']['p50'])}  p90 {seconds(steps['time_s']['p90'])}"
+             f"  mean {seconds(steps['time_s']['mean'])}")
+    if inference:
+        return f"iterations (rank 0): {steps['count']}  {times}"
+    return (f"steps: {steps['count']}  {times}"
+            + (f"  {steps['tokens_per_s']['p50']:,.0f} tok/s" if steps["tokens_per_s"]["p50"] else ""))
+
+
 def summary_lines(summary: dict[str, Any]) -> list[str]:
-    run, steps = summary["run"], summary["steps"]
+    run, steps, requests = summary["run"], summary["steps"], summary.get("requests")
     plan = f"dp{run['dp']}{' (fsdp)' if run['fsdp'] else ''} x tp{run['tp']} x pp{run['pp']}"
     if run["schedule"]:
         plan += f" ({run['schedule']}, {run['microbatches']} mb)"
+    if requests is not None:
+        plan += " · inference"
     lines = [
         f"recording {summary['recording']}: {run['status']}",
         f"  {plan} · model {run['model']} · {run['device']} {run['dtype']} · {run['world_size']} ranks"
         + ("" if run["instrumented"] else " · not instrumented"),
-        f"steps: {steps['count']}  p50 {seconds(steps['time_s']['p50'])}  p90 {seconds(steps['time_s']['p90'])}"
-        f"  mean {seconds(steps['time_s']['mean'])}"
-        + (f"  {steps['tokens_per_s']['p50']:,.0f} tok/s" if steps["tokens_per_s"]["p50"] else ""),
+        steps_line(steps, requests is not None),
     ]
+    if requests is not None:
+        lines += request_lines(requests)
     if summary["collectives"]:
         lines.append("collectives (all ranks, in steps):")
         lines.append(f"  {'group':<6}{'op':<16}{'count':>7}{'bytes':>12}{'total':>12}{'p50':>11}{'p99':>11}{'busbw p50':>12}")
@@ -43,7 +86,7 @@ def summary_lines(summary: dict[str, Any]) -> list[str]:
                          f"{seconds(row['time_s']['total']):>12}{seconds(row['time_s']['p50']):>11}"
                          f"{seconds(row['time_s']['p99']):>11}{(f'{busbw:.2f} GB/s' if busbw else '-'):>12}")
     if summary["stages"]:
-        lines.append("pipeline stages (mean per step):")
+        lines.append(f"pipeline stages (mean per {'iteration' if requests is not None else 'step'}):")
         for row in summary["stages"]:
             lines.append(f"  stage {row['stage']}: busy {seconds(row['busy_s'])}  idle {seconds(row['idle_s'])}"
                          f"  bubble {row['bubble_fraction']:.1%}")
@@ -54,7 +97,8 @@ def summary_lines(summary: dict[str, Any]) -> list[str]:
             lines.append(f"  rank {row['rank']}: peak {human_bytes(row['peak_bytes'])}  weights "
                          f"{human_bytes(row['weights_bytes'])}  grads {human_bytes(row['grads_bytes'])}  optimizer "
                          f"{human_bytes(row['optimizer_bytes'])}  activations {human_bytes(row['activations_bytes'])}"
-                         f"{marker}")
+                         + ("" if row["kv_cache_bytes"] is None else f"  kv cache {human_bytes(row['kv_cache_bytes'])}")
+                         + marker)
     failed = [r for r in summary["ranks"] if r["exit_code"] not in (0, None)]
     for rank in failed:
         how = f"signal {rank['signal']}" if rank["signal"] else f"exit code {rank['exit_code']}"

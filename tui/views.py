@@ -15,8 +15,10 @@ from rich.text import Span, Text
 from textual.widgets import Static
 
 from recordings.pipeline import theoretical_bubble
+from recordings.requests import LATENCIES
 from tui.charts import chart, human_bytes, human_rate, human_seconds, legend, memory_bar, sparkline
-from tui.state import DashboardState, RankView
+from tui.state import DashboardState, PipelineStep, RankView, RequestsView
+from tui.summary_text import per_second
 
 RankFilter = Callable[[RankView], bool]
 
@@ -193,8 +195,44 @@ def plain_table(columns: list[tuple[str, str]], rows: list[tuple[list[tuple[str,
     return Text("".join(parts)[:-1], spans=spans, no_wrap=True)
 
 
+def output_rate(value: float | None) -> str:
+    """Output tokens/s as the header and the requests panel write it (``- tok/s`` before the first)."""
+    return "- tok/s" if value is None else human_rate(value, " tok/s")
+
+
+def request_counts(view: RequestsView) -> str:
+    """``60/64 completed · 4 failed · 3.20 req/s · 1.2k tok/s out`` (and goodput with SLOs)."""
+    done = f"{view.completed:,}/{view.total:,}" if view.total is not None else f"{view.completed:,}"
+    parts = [f"{done} completed", f"{view.failed:,} failed", per_second(view.requests_per_s, "req/s"),
+             f"{output_rate(view.output_tokens_per_s)} out"]
+    if view.goodput_per_s is not None:
+        parts.append(f"goodput {per_second(view.goodput_per_s, 'req/s')}")
+    if view.slo_met is not None:
+        parts.append(f"SLO met {view.slo_met:.0%}")
+    return " · ".join(parts)
+
+
+def requests_lines(state: DashboardState, width: int) -> Text:
+    """An inference run's requests: counts and rates, then TTFT / TPOT / ITL / e2e p50 and p99 over the
+    recent requests with their history; the most frequent failure reason, if any failed."""
+    view = state.requests_view()
+    text = Text(no_wrap=True, overflow="ellipsis")
+    text.append("requests", style="bold underline")
+    text.append(f"  {request_counts(view)}\n")
+    if view.failures:
+        reason, count = view.failures[0]
+        text.append(f"  failed {count:,}: {reason}\n", style="yellow")
+    history = max(0, width - 34)
+    text.append(f"  {'latency':<8}{'p50':>10}{'p99':>10}  {'recent' if history else ''}\n", style="bold")
+    for key, label in LATENCIES.items():
+        p50, p99 = view.latencies[key]
+        text.append(f"  {label:<8}{human_seconds(p50):>10}{human_seconds(p99):>10}  ")
+        text.append(sparkline(view.history[key], history, low=0.0) + "\n", style="cyan")
+    return text
+
+
 class OverviewPanel(Panel):
-    """The one-screen summary: step time, memory per rank, top collectives, alerts."""
+    """The one-screen summary: step time (inference: the requests), memory per rank, top collectives, alerts."""
 
     def show(self, state: DashboardState, ranks: RankFilter) -> None:
         width = self.usable_width
@@ -202,8 +240,10 @@ class OverviewPanel(Panel):
         memory_rows = max(1, min(16, (height - 14) // 2))
         chart_rows = max(3, min(12, height - 15 - memory_rows))
         durations = [s.duration_s for s in state.steps]
+        top = (requests_lines(state, width) if state.info.inference
+               else chart("step time", durations, width=width, height=chart_rows, format_value=human_seconds))
         self.paint(Group(
-            chart("step time", durations, width=width, height=chart_rows, format_value=human_seconds),
+            top,
             section("memory per rank"),
             memory_lines(state, ranks, width, memory_rows),
             section("collectives (busiest)"),
@@ -269,14 +309,32 @@ class PipelinePanel(Panel):
             self.paint(Text("no pipeline in this plan (pp 1)", style="dim"))
             return
         steps = state.pipeline_steps()
-        if not steps:
+        if not steps and not (info.inference and state.bubble_history()):
             note = "waiting for the first step" if info.instrumented else "stage timing needs the hooks (run without --no-instrument)"
             self.paint(Text(note, style="dim"))
             return
         width = self.usable_width - 8
+        text = Text()
+        if steps:
+            self._timeline(text, steps, width)
+        if info.inference:
+            title = "bubble per stage (share of each iteration spent waiting, replica 0)"
+        else:
+            m = info.microbatches or 1
+            title = (f"bubble fraction per stage (balanced {info.pp}-stage, {m}-microbatch ideal: "
+                     f"{theoretical_bubble(info.pp, m):.1%})")
+        text.append(title + "\n", style="bold")
+        for stage, history in state.bubble_history().items():
+            latest = history[-1]
+            text.append(f"stage {stage} {latest:6.1%} ")
+            text.append(sparkline(history, max(10, width - 20), low=0.0, high=1.0) + "\n", style="magenta")
+        self.paint(text)
+
+    @staticmethod
+    def _timeline(text: Text, steps: list[PipelineStep], width: int) -> None:
+        """The last steps' stage actions per pipeline rank, each step scaled to its span."""
         per_step = max(10, width // len(steps) - 1)
         stages = sorted({stage for step in steps for stage in step.lanes})
-        text = Text()
         text.append(" " * 8)
         for step in steps:
             text.append(f"step {step.step + 1} ({human_seconds(step.span_s)})"[:per_step].ljust(per_step) + " ", style="bold")
@@ -297,14 +355,6 @@ class PipelinePanel(Panel):
                 text.append(" ")
             text.append("\n")
         text.append("F forward  B backward  W weight grad  dark: idle\n\n", style="dim")
-        m = info.microbatches or 1
-        ideal = theoretical_bubble(info.pp, m)
-        text.append(f"bubble fraction per stage (balanced {info.pp}-stage, {m}-microbatch ideal: {ideal:.1%})\n", style="bold")
-        for stage, history in state.bubble_history().items():
-            latest = history[-1]
-            text.append(f"stage {stage} {latest:6.1%} ")
-            text.append(sparkline(history, max(10, width - 20), low=0.0, high=1.0) + "\n", style="magenta")
-        self.paint(text)
 
 
 class StepsPanel(Panel):
@@ -315,7 +365,8 @@ class StepsPanel(Panel):
         height = max(2, (self.usable_height - 7) // 3)
         steps = list(state.steps)
         self.paint(Group(
-            chart("step time", [s.duration_s for s in steps], width=width, height=height, format_value=human_seconds),
+            chart("iteration time (rank 0)" if state.info.inference else "step time", [s.duration_s for s in steps],
+                  width=width, height=height, format_value=human_seconds),
             chart("throughput", [s.tokens_per_s for s in steps], width=width, height=height,
                   format_value=lambda v: human_rate(v, " tok/s")),
             chart("loss", [s.loss for s in steps if s.loss is not None], width=width, height=height,

@@ -1,0 +1,300 @@
+"""Inference analysis: request metrics in the summary, compare and the dashboard, over hand-built recordings.
+
+The recordings are written the way meshtop writes them (an EventWriter, a manifest, optionally
+compacted to Parquet) with known request times, so every figure below is worked out by hand:
+
+request  replica  arrival  tokens at (ms)     TTFT  TPOT  gaps      e2e  tokens
+0        0        0        20 30 40 50        20    10    10 10 10  50   4
+1        1        0        40 55 70           40    15    15 15     70   3
+2        0        50       110 130            60    20    20        80   2
+3        1        50       80                 30    -     -         30   1
+4        0        100      failed at 120 (out of memory)
+5        -        -        never served (the job failed first)
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from probes.events import Event, JobEnded, MemorySnapshot, RankStarted, RequestDone, StepTiming
+from recordings.analysis import summarize
+from recordings.compare import compare
+from recordings.events_log import EventWriter
+from recordings.manifest import SCHEMA_VERSION, write_manifest
+from recordings.reader import open_recording
+from recordings.replay import load_timeline
+from recordings.samples import SAMPLE
+from recordings.tables import compact
+from tests.screen_text import screen_text
+from tui.app import MeshtopApp
+from tui.filters import every_rank
+from tui.sources import ReplaySource
+from tui.state import DashboardState
+from tui.summary_text import comparison_lines, summary_lines
+from tui.views import memory_lines, memory_parts
+
+BASE_NS = 1_764_000_000_000_000_000
+"""A wall clock of 2025: large enough that float64 would round it (the analysis must not)."""
+MS = 1_000_000
+KV_BYTES = 64 << 20
+OOM = "out of memory: KV cache full"
+WINDOW_S = 0.130
+"""First arrival (0 ms) to last end (130 ms) of the completed requests."""
+
+
+def manifest(*, status: str = "failed", concurrency: int = 2, slo_ttft_ms: float | None = 50,
+             slo_tpot_ms: float | None = 12, requests: int | None = 6) -> dict[str, Any]:
+    """An infer-mode manifest; ``requests=None`` leaves the load section out (and so the SLOs)."""
+    description: dict[str, Any] = {
+        "schema_version": SCHEMA_VERSION, "status": status, "mode": "infer", "dtype": "fp32", "device": "cpu",
+        "instrumented": True, "model": {"name": "tiny", "parameters": 1000, "n_layers": 2, "dim": 8},
+        "plan": {"dp": 2, "tp": 1, "pp": 2, "fsdp": False, "world_size": 4, "schedule": None, "microbatches": 1,
+                 "label": "dp2 x tp1 x pp2"},
+        "load": {"requests": requests, "concurrency": concurrency, "request_rate_per_s": None,
+                 "prompt_len": [8, 8], "output_len": [1, 4], "max_batch": 4, "seed": 0,
+                 "slo_ttft_ms": slo_ttft_ms, "slo_tpot_ms": slo_tpot_ms},
+    }
+    if requests is None:
+        del description["load"]
+    return description
+
+
+def served(request: int, replica: int, arrival_ms: float, tokens_ms: list[float]) -> RequestDone:
+    times = tuple(BASE_NS + int(t * MS) for t in tokens_ms)
+    return RequestDone(rank=replica, replica=replica, request=request, arrival_ns=BASE_NS + int(arrival_ms * MS),
+                       first_token_ns=times[0], end_ns=times[-1], prompt_tokens=8, output_tokens=len(times),
+                       token_ns=times, output_ids=tuple(range(len(times))), status="completed", error=None)
+
+
+def failed(request: int, replica: int, arrival_ms: float, end_ms: float, error: str) -> RequestDone:
+    return RequestDone(rank=replica, replica=replica, request=request, arrival_ns=BASE_NS + int(arrival_ms * MS),
+                       first_token_ns=None, end_ns=BASE_NS + int(end_ms * MS), prompt_tokens=8, output_tokens=0,
+                       token_ns=(), output_ids=(), status="failed", error=error)
+
+
+def the_requests() -> list[RequestDone]:
+    return [served(0, 0, 0, [20, 30, 40, 50]), served(1, 1, 0, [40, 55, 70]), served(2, 0, 50, [110, 130]),
+            served(3, 1, 50, [80]), failed(4, 0, 100, 120, OOM)]
+
+
+def iteration(rank: int, step: int, duration_ms: float, wait_ms: float | None) -> StepTiming:
+    return StepTiming(rank=rank, step=step, start_ns=BASE_NS + step * 10 * MS, duration_s=duration_ms / 1e3,
+                      tokens=2, loss=None, pipeline_wait_s=None if wait_ms is None else wait_ms / 1e3)
+
+
+def engine_events() -> list[Event]:
+    """Ranks (pp, dp): 0 (0, 0), 1 (0, 1), 2 (1, 0), 3 (1, 1); iterations with their pipeline waits; memory."""
+    events: list[Event] = [
+        RankStarted(rank=rank, pid=100 + rank, host="h", device="cpu", pp_rank=rank // 2, dp_rank=rank % 2,
+                    tp_rank=0, stages=(rank // 2,), local_parameters=500, wall_ns=BASE_NS - 10 * MS)
+        for rank in range(4)]
+    events += [iteration(0, step, d, w) for step, (d, w) in enumerate([(10, 2), (10, 2), (20, 4), (10, 2), (30, 6)])]
+    events += [iteration(1, step, 10, 5) for step in range(3)]
+    events += [iteration(2, step, 10, 1) for step in range(5)]
+    events += [iteration(3, step, 10, None) for step in range(3)]
+    events += [MemorySnapshot(rank=rank, step=4, wall_ns=BASE_NS + 60 * MS, weights_bytes=4 << 20, grads_bytes=0,
+                              optimizer_bytes=0, activations_bytes=None, kv_cache_bytes=KV_BYTES,
+                              allocated_bytes=None, reserved_bytes=None, peak_allocated_bytes=None,
+                              device_used_bytes=None, device_total_bytes=None, rss_bytes=300 << 20)
+               for rank in range(4)]
+    return events
+
+
+def write_recording(directory: Path, rows: list[RequestDone], *, parquet: bool = False, ended: bool = True,
+                    **load: Any) -> Path:
+    description = manifest(**load)
+    write_manifest(_made(directory), description)
+    writer = EventWriter(directory)
+    events: list[Event] = [*engine_events(), *rows]
+    if ended:
+        events.append(JobEnded(wall_ns=BASE_NS + 200 * MS, status=description["status"], duration_s=0.2,
+                               root_cause_rank=None))
+    writer.write(events)
+    writer.close()
+    if parquet:
+        compact(directory)
+    return directory
+
+
+def _made(directory: Path) -> Path:
+    directory.mkdir(parents=True)
+    return directory
+
+
+@pytest.fixture
+def recording(tmp_path: Path) -> Path:
+    return write_recording(tmp_path / "infer", the_requests())
+
+
+def ms(*values: float) -> list[Any]:
+    return [pytest.approx(v / 1e3, abs=1e-12) for v in values]
+
+
+@pytest.mark.parametrize("parquet", [False, True], ids=["json-lines", "parquet"])
+def test_request_latencies_rates_goodput_and_failures_are_exact(tmp_path: Path, parquet: bool) -> None:
+    requests = summarize(open_recording(write_recording(tmp_path / "r", the_requests(), parquet=parquet)))["requests"]
+    assert (requests["count"], requests["completed"], requests["failed"]) == (6, 4, 2)
+    assert requests["failures"] == [{"reason": OOM, "count": 1},
+                                    {"reason": "not served: the job ended failed first", "count": 1}]
+    quantiles = ("mean", "p50", "p90", "p99")
+    assert [requests["ttft_s"][q] for q in quantiles] == ms(37.5, 35, 54, 59.4)
+    assert [requests["tpot_s"][q] for q in quantiles] == ms(15, 15, 19, 19.9)  # request 3 has one token: no TPOT
+    assert [requests["itl_s"][q] for q in quantiles] == ms(80 / 6, 12.5, 17.5, 19.75)
+    assert [requests["e2e_s"][q] for q in quantiles] == ms(57.5, 60, 77, 79.7)
+    assert requests["request_throughput_per_s"] == pytest.approx(4 / WINDOW_S)
+    assert requests["output_tokens_per_s"] == pytest.approx(10 / WINDOW_S)
+    # SLO TTFT <= 50 ms and TPOT <= 12 ms: request 1 misses the TPOT, request 2 the TTFT; 0 and 3 are good.
+    assert requests["goodput_per_s"] == pytest.approx(2 / WINDOW_S)
+    assert requests["slo_met"] == pytest.approx(2 / 6)
+    assert requests["per_replica"] == [
+        {"replica": 0, "completed": 2,
+         "output_tokens_per_s": pytest.approx(6 / WINDOW_S), "ttft_s": {"p50": ms(40)[0]}},
+        {"replica": 1, "completed": 2,
+         "output_tokens_per_s": pytest.approx(4 / WINDOW_S), "ttft_s": {"p50": ms(35)[0]}},
+    ]
+
+
+def test_without_slos_goodput_is_null_and_without_a_load_the_rows_are_the_count(tmp_path: Path) -> None:
+    path = write_recording(tmp_path / "r", the_requests(), slo_ttft_ms=None, slo_tpot_ms=None)
+    requests = summarize(open_recording(path))["requests"]
+    assert requests["goodput_per_s"] is None and requests["slo_met"] is None and requests["slo"] is None
+    assert (requests["count"], requests["failed"]) == (6, 2)
+    requests = summarize(open_recording(write_recording(tmp_path / "n", the_requests(), requests=None)))["requests"]
+    assert (requests["count"], requests["completed"], requests["failed"]) == (5, 4, 1)  # no load: the rows count
+    assert summarize(open_recording(SAMPLE))["requests"] is None  # training
+
+
+def test_inference_steps_are_rank_0_iterations_and_stages_come_from_pipeline_waits(recording: Path) -> None:
+    summary = summarize(open_recording(recording))
+    steps = summary["steps"]
+    assert steps["count"] == 5  # rank 0's iterations, not steps numbered alike over the replicas
+    assert steps["time_s"]["p50"] == pytest.approx(0.010) and steps["time_s"]["mean"] == pytest.approx(0.016)
+    assert steps["tokens_per_s"]["p50"] == pytest.approx(10 / WINDOW_S)
+    assert steps["loss"] == {"first": None, "last": None}
+    stage0, stage1 = summary["stages"]
+    assert stage0["busy_s"] == pytest.approx(79 / 8 / 1e3) and stage0["idle_s"] == pytest.approx(31 / 8 / 1e3)
+    assert stage0["bubble_fraction"] == pytest.approx(31 / 110)
+    assert (stage1["busy_s"], stage1["idle_s"], stage1["bubble_fraction"]) == (
+        pytest.approx(0.009), pytest.approx(0.001), pytest.approx(0.1))  # rank 3 measured no wait: left out
+    assert [row["kv_cache_bytes"] for row in summary["memory"]] == [KV_BYTES] * 4
+
+
+def test_summary_text_has_the_request_lines(recording: Path) -> None:
+    lines = summary_lines(summarize(open_recording(recording)))
+    assert lines[1].startswith("  dp2 x tp1 x pp2 · inference · model tiny")
+    assert lines[2] == "iterations (rank 0): 5  p50 10.00 ms  p90 26.00 ms  mean 16.00 ms"
+    expected = [
+        "requests: 6  completed 4  failed 2",
+        f"  failed 1: {OOM}",
+        "  failed 1: not served: the job ended failed first",
+        "  latency (ms)         p50       p90       p99",
+        "  TTFT               35.00     54.00     59.40",
+        "  TPOT               15.00     19.00     19.90",
+        "  ITL                12.50     17.50     19.75",
+        "  e2e                60.00     77.00     79.70",
+        "  30.77 req/s  76.92 output tok/s  goodput 15.38 req/s (33.3% of requests met TTFT <= 50 ms, TPOT <= 12 ms)",
+        "  replica 0: 2 completed  46.15 output tok/s  TTFT p50 40.00 ms",
+        "  replica 1: 2 completed  30.77 output tok/s  TTFT p50 35.00 ms",
+    ]
+    assert lines[3:3 + len(expected)] == expected
+    assert "pipeline stages (mean per iteration):" in lines
+    assert lines[-4].startswith("  rank 0: peak 300.0 MiB") and "  kv cache 64.0 MiB" in lines[-4]
+
+
+def shifted_load(directory: Path, *, ttft_ms: float, concurrency: int = 2) -> Path:
+    """40 requests, one every 10 ms, TTFT around ``ttft_ms`` (spread 0-4 ms), then 4 tokens 5 ms apart."""
+    requests = []
+    for index in range(40):
+        arrival = index * 10.0
+        first = arrival + ttft_ms + index % 5
+        requests.append(served(index, index % 2, arrival, [first + 5 * k for k in range(4)]))
+    return write_recording(directory, requests, status="completed", concurrency=concurrency, requests=40)
+
+
+def test_compare_flags_a_doubled_ttft_and_calls_a_different_concurrency_unfair(tmp_path: Path) -> None:
+    before = open_recording(shifted_load(tmp_path / "a", ttft_ms=20))
+    after = open_recording(shifted_load(tmp_path / "b", ttft_ms=40))
+    comparison = compare(before, after)
+    rows = {row["name"]: row for row in comparison["metrics"]}
+    assert comparison["warnings"] == []
+    assert rows["TTFT (s)"]["ratio"] == pytest.approx(42 / 22) and rows["TTFT (s)"]["significant"]
+    assert not rows["TPOT (s)"]["significant"] and rows["TPOT (s)"]["ratio"] == pytest.approx(1.0)
+    assert not rows["ITL (s)"]["significant"]
+    assert rows["e2e (s)"]["significant"]
+    assert {"request throughput (requests/s)", "output throughput (tokens/s)", "goodput (requests/s)",
+            "iteration time (s)", "stage 0 bubble"} <= set(rows)
+    assert "step time (s)" not in rows
+    [line] = [line for line in comparison_lines(comparison) if line.startswith("  TTFT (s)")]
+    assert line.split()[2:] == ["22.00", "ms", "42.00", "ms", "1.909", "*"]
+
+    other = open_recording(shifted_load(tmp_path / "c", ttft_ms=20, concurrency=4))
+    assert compare(before, other)["warnings"] == ["the runs differ in load concurrency (2 vs 4)"]
+
+
+def test_the_dashboard_folds_requests_as_the_summary_does(recording: Path) -> None:
+    opened = open_recording(recording)
+    summary = summarize(opened)["requests"]
+    state = DashboardState(opened.manifest)
+    state.apply(load_timeline(opened).events)
+    view = state.requests_view()
+    assert (view.total, view.completed, view.failed) == (summary["count"], summary["completed"], summary["failed"])
+    assert dict(view.failures) == {row["reason"]: row["count"] for row in summary["failures"]}
+    for name in ("ttft_s", "tpot_s", "itl_s", "e2e_s"):
+        assert view.latencies[name][0] == summary[name]["p50"]
+        assert view.latencies[name][1] == summary[name]["p99"]
+    # No clock set: the window ends at the last request's end, as the summary's does.
+    assert view.requests_per_s == pytest.approx(summary["request_throughput_per_s"])
+    assert view.output_tokens_per_s == pytest.approx(summary["output_tokens_per_s"])
+    assert view.goodput_per_s == pytest.approx(summary["goodput_per_s"])
+    assert view.slo_met == pytest.approx(2 / 4)  # of the recent completed requests
+    assert state.steps_done == 5 and [s.duration_s for s in state.steps] == [0.01, 0.01, 0.02, 0.01, 0.03]
+    assert state.bubble_history() == {0: pytest.approx((0.2,) * 5), 1: pytest.approx((0.1,) * 5)}  # replica 0's
+    assert state.mfu() is None
+    assert ("warning", f"failed requests: 1; most often (1): {OOM}") in [(a.severity, a.text) for a in state.alerts()]
+    parts, _ = memory_parts(state.ranks[0])  # the devices view's bar has a KV cache part, in its colour
+    assert parts["kv cache"] == KV_BYTES
+    assert any(span.style == "#d7af5f" for span in memory_lines(state, every_rank, 100, None).spans)
+
+
+def test_before_the_job_ends_unserved_requests_are_not_counted_failed_and_windows_stay_bounded() -> None:
+    state = DashboardState(manifest())
+    state.apply(the_requests())
+    assert (state.requests_view().completed, state.requests_view().failed) == (4, 1)
+    for index in range(2000):  # one every 10 ms: 20 s of requests
+        state.apply([served(index, 0, index * 10, [index * 10 + k for k in range(1, 5)])])
+    stats = state.requests
+    assert [len(values) for values in stats.recent.values()] == [512, 512, 4096, 512]
+    assert 990 <= len(stats.finished) <= 1001  # the rate window keeps what ended in the last 10 s
+
+
+async def test_the_dashboard_shows_requests_in_the_header_and_overview(recording: Path) -> None:
+    source = ReplaySource(open_recording(recording), clock=lambda: 0.0)
+    source.playback.seek_fraction(1.0)
+    source.playback.paused = True
+    app = MeshtopApp(source)
+    async with app.run_test(size=(100, 30)) as pilot:
+        await pilot.pause()
+        text = screen_text(app)
+        header = text.splitlines()[1]
+        assert header.startswith(" requests 4/6 (2 failed)  20.00 req/s  TTFT p50 35.0 ms  50 tok/s")
+        assert "MFU" not in header and "step" not in header
+        rows = {line.split()[0]: line.split()[1:] for line in text.splitlines()[4:] if line.split()}
+        assert "4/6 completed · 2 failed · 20.00 req/s · 50 tok/s out" in text
+        assert rows["TTFT"][:4] == ["35.0", "ms", "59.4", "ms"]
+        assert rows["TPOT"][:4] == ["15.0", "ms", "19.9", "ms"]
+        assert f"failed 1: {OOM}" in text
+        await pilot.press("4")
+        await pilot.pause()
+        await pilot.pause()
+        assert "bubble per stage (share of each iteration spent waiting, replica 0)" in screen_text(app)
+
+
+def test_a_train_recording_keeps_its_comparison_rows(tmp_path: Path) -> None:
+    sample = open_recording(SAMPLE)
+    names = [row["name"] for row in compare(sample, sample)["metrics"]][:2]
+    assert names == ["step time (s)", "throughput (tokens/s)"]
+    assert json.dumps(summarize(sample)["requests"]) == "null"
