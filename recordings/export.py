@@ -39,18 +39,42 @@ def trace_events(recording: Recording) -> list[dict[str, Any]]:
                                 "peer": None if row.peer != row.peer else row.peer, "step": row.step}})
     for row in recording.table("memory").itertuples():
         values = {"weights": row.weights_bytes, "grads": row.grads_bytes, "optimizer": row.optimizer_bytes}
-        for name in ("activations_bytes", "allocated_bytes", "rss_bytes"):
+        for name in ("activations_bytes", "kv_cache_bytes", "allocated_bytes", "rss_bytes"):
             value = getattr(row, name)
             if value == value and value is not None:
                 values[name.removesuffix("_bytes")] = value
         events.append({"ph": "C", "name": "memory (bytes)", "pid": int(row.rank), "ts": _us(row.wall_ns),
                        "args": {k: float(v) for k, v in values.items()}})
+    events += request_events(recording)
     for row in recording.table("process").itertuples():
         events.append({"ph": "C", "name": "cpu %", "pid": int(row.rank), "ts": _us(row.wall_ns),
                        "args": {"cpu": float(row.cpu_pct or 0.0)}})
     for row in recording.table("gpu").itertuples():
         events.append({"ph": "C", "name": f"gpu {row.gpu} utilization %", "pid": 10_000 + int(row.gpu),
                        "ts": _us(row.wall_ns), "args": {"gpu": float(row.utilization_pct or 0.0)}})
+    return events
+
+
+REQUESTS_PID = 20_000
+
+
+def request_events(recording: Recording) -> list[dict[str, Any]]:
+    """Inference: each request as an async slice (they overlap) from arrival to its last token, one track
+    per replica, with an instant at its first token."""
+    table = recording.table("request")
+    events: list[dict[str, Any]] = []
+    for replica in sorted({int(r) for r in table.replica}) if not table.empty else []:
+        events.append({"ph": "M", "name": "process_name", "pid": REQUESTS_PID + replica,
+                       "args": {"name": f"requests, replica {replica}"}})
+    for row in table.itertuples():
+        pid, ident = REQUESTS_PID + int(row.replica), int(row.request)
+        common = {"cat": "request", "name": f"request {ident}", "pid": pid, "tid": 0, "id": ident}
+        events.append({**common, "ph": "b", "ts": _us(row.arrival_ns),
+                       "args": {"prompt_tokens": int(row.prompt_tokens), "output_tokens": int(row.output_tokens),
+                                "status": row.status, "error": row.error}})
+        if len(row.token_ns):
+            events.append({**common, "ph": "n", "name": "first token", "ts": _us(int(row.token_ns[0]))})
+        events.append({**common, "ph": "e", "ts": _us(row.end_ns)})
     return events
 
 

@@ -141,7 +141,7 @@ def test_open_loop_requests_arrive_on_their_poisson_schedule(tmp_path: Path) -> 
 
 def test_a_killed_replica_leaves_its_requests_counted_as_not_served(tmp_path: Path) -> None:
     done = record(tmp_path / "killed", "--mode", "infer", "--requests", "40", "--concurrency", "2",
-                  "--output-len", "16", "--dp", "2", "--device", "cpu", env={"MESHTOP_FAULT": "kill:1:30"})
+                  "--output-len", "16", "--dp", "2", "--device", "cpu", env={"MESHTOP_FAULT": "kill:1:200"})
     assert done.returncode == 1, done.stdout + done.stderr
     requests = summary_json(tmp_path / "killed")["requests"]
     assert requests["count"] == 40
@@ -190,3 +190,20 @@ def test_bad_inference_options_are_one_line(argv: list[str], message: str, tmp_p
     line = one_line_error(["record", str(tmp_path / "out"), "--device", "cpu", *argv], capsys)
     assert message in line
     assert not (tmp_path / "out").exists()
+
+
+def test_the_perfetto_trace_shows_each_request_from_arrival_to_its_last_token(recordings: dict[str, Path],
+                                                                              tmp_path: Path) -> None:
+    from recordings.export import export_perfetto
+    from recordings.reader import open_recording
+
+    export_perfetto(open_recording(recordings["dp2"]), tmp_path / "trace.json")
+    events = [e for e in json.loads((tmp_path / "trace.json").read_text())["traceEvents"] if e.get("cat") == "request"]
+    begins = {e["id"]: e for e in events if e["ph"] == "b"}
+    ends = {e["id"]: e for e in events if e["ph"] == "e"}
+    assert sorted(begins) == sorted(ends) == list(range(10))
+    table = served(recordings["dp2"]).set_index("request")
+    for ident, begin in begins.items():
+        assert begin["pid"] - ends[ident]["pid"] == 0 and begin["pid"] % 2 == ident % 2  # its replica's track
+        assert begin["ts"] == pytest.approx(table.arrival_ns[ident] / 1e3)
+        assert ends[ident]["ts"] == pytest.approx(table.end_ns[ident] / 1e3) and ends[ident]["ts"] >= begin["ts"]
