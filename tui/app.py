@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import gc
 import signal
 import time
 from collections import deque
@@ -22,6 +21,7 @@ from probes.errors import MeshtopError
 from probes.events import HangDetected
 from tui.charts import human_seconds
 from tui.filters import every_rank, parse_rank_filter
+from tui.gc_pacing import GcPacer
 from tui.sources import Playback, Source
 from tui.state import DashboardState
 from tui.summary_text import per_second
@@ -31,6 +31,8 @@ from tui.views import (
 )
 
 FRAME_HZ = 8.0
+GC_EVERY_S = 5.0
+"""A full garbage collection this often, between two frames (tui/gc_pacing.py)."""
 """Redraws per second, whatever the event rate."""
 
 VIEWS: tuple[tuple[str, str, type[Panel]], ...] = (
@@ -267,6 +269,10 @@ class MeshtopApp(App[None]):
         """What the app told the user in notifications, newest last."""
         self.quitting = False
         self._hang_asked: HangDetected | None = None
+        self.gc_pacer = GcPacer(every_frames=max(1, round(frame_hz * GC_EVERY_S)))
+
+    def on_unmount(self) -> None:
+        self.gc_pacer.stop()
 
     def notify(self, message: str, **options: object) -> None:  # type: ignore[override]
         self.messages.append(message)
@@ -286,10 +292,7 @@ class MeshtopApp(App[None]):
         yield Footer()
 
     def on_mount(self) -> None:
-        # Everything loaded so far (Textual, and torch for a live job) lives as long as the app: moving it out
-        # of the collector's sight keeps full collections from pausing frames for 100-200 ms.
-        gc.collect()
-        gc.freeze()
+        self.gc_pacer.start()
         if self.quit_on_signals:
             loop = asyncio.get_running_loop()
             for signum in (signal.SIGTERM, signal.SIGHUP):
@@ -313,6 +316,8 @@ class MeshtopApp(App[None]):
             self.state.dropped = max(self.state.dropped, self.source.dropped_for_screen)
         self.redraw()
         self.frame_times_s.append(time.perf_counter() - started)
+        if self.gc_pacer.frame_drawn():
+            self.call_after_refresh(self.gc_pacer.collect)
         self._ask_about_hang()
         if getattr(self.source, "error", None) is not None and not self.quitting:
             self.quitting = True  # the session broke (say, the disk is full): the CLI reports why, in one line
