@@ -10,12 +10,12 @@ A non-loopback bind is allowed only with a token (there always is one).
 from __future__ import annotations
 
 import hmac
-import queue
 import secrets
 import socket
 import socketserver
 import threading
 import time
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -47,13 +47,21 @@ class CollectorCounts:
 
 
 class Collector:
-    """A TCP server that turns worker messages into :class:`Event` objects on a bounded queue."""
+    """A TCP server that turns worker messages into :class:`Event` objects on a bounded queue.
+
+    The queue holds each message's events as one batch (one lock per message, not per event: at
+    hundreds of thousands of events a second the per-event locking of ``queue.Queue`` was a third
+    of the collector's time); its bound counts events.
+    """
 
     def __init__(self, *, host: str = "127.0.0.1", port: int = 0, token: str | None = None,
                  max_queue_events: int = DEFAULT_QUEUE_EVENTS) -> None:
         self.token = token or secrets.token_hex(16)
         self.counts = CollectorCounts()
-        self.events: queue.Queue[Event] = queue.Queue(maxsize=max_queue_events)
+        self.max_queue_events = max_queue_events
+        self._batches: deque[list[Event]] = deque()
+        self._queued = 0
+        self._queue_lock = threading.Lock()
         collector = self
 
         class Handler(socketserver.BaseRequestHandler):
@@ -83,14 +91,28 @@ class Collector:
         self._server.shutdown()
         self._server.server_close()
 
+    @property
+    def queued(self) -> int:
+        """Events received and not yet drained."""
+        return self._queued
+
     def drain(self) -> list[Event]:
-        """Every event received so far (non-blocking)."""
-        drained = []
-        while True:
-            try:
-                drained.append(self.events.get_nowait())
-            except queue.Empty:
-                return drained
+        """Every event received so far (non-blocking), in the order the messages came."""
+        with self._queue_lock:
+            batches = list(self._batches)
+            self._batches.clear()
+            self._queued = 0
+        return [event for batch in batches for event in batch]
+
+    def _enqueue(self, events: list[Event]) -> int:
+        """Queue what fits under the bound; how many events did not."""
+        with self._queue_lock:
+            room = self.max_queue_events - self._queued
+            taken = events if len(events) <= room else events[:max(0, room)]
+            if taken:
+                self._batches.append(taken)
+                self._queued += len(taken)
+        return len(events) - len(taken)
 
     def _serve(self, sock: socket.socket) -> None:
         sock.settimeout(READ_TIMEOUT_S)
@@ -124,10 +146,5 @@ class Collector:
                 bad += 1
         if dropped:
             events.append(EventsDropped(wall_ns=time.time_ns(), rank=rank, where="worker", count=dropped))
-        full = 0
-        for event in events:
-            try:
-                self.events.put_nowait(event)
-            except queue.Full:
-                full += 1
+        full = self._enqueue(events)
         self.counts.add(messages=1, events=len(events) - full, bad_events=bad, queue_full=full)

@@ -87,8 +87,9 @@ class Instrumentation:
         if self.enabled and self._memory is not None:
             self._memory.step_started()
 
-    def set_step(self, step: int) -> None:
-        """Tag what follows with ``step`` (an inference op), without a step's memory bookkeeping."""
+    def set_step(self, step: int | None) -> None:
+        """Tag what follows with ``step`` (an inference op; ``None``: between ops), without a step's memory
+        bookkeeping."""
         self.step = step
 
     def memory_snapshot(self, step: int, *, kv_cache_bytes: int | None) -> None:

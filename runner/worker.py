@@ -107,6 +107,7 @@ def serve_rank(run: ResolvedRun, *, mesh: Any, coords: MeshCoordinates, device: 
 
     serve(job, emit=sink.emit, on_op=on_op)
     probes.memory_snapshot(step, kv_cache_bytes=job.cache.nbytes)
+    probes.set_step(None)  # what follows (the closing barrier) is no op's
 
 
 @record

@@ -124,7 +124,7 @@ def test_collector_queue_is_bounded_and_overflow_is_counted() -> None:
         message = {"token": small.token, "rank": 0, "dropped": 0, "events": [step(0, n).to_record() for n in range(50)]}
         raw_send(small.address, encode(message))
         time.sleep(0.3)
-        assert small.events.qsize() == 10
+        assert small.queued == 10
         assert small.counts.queue_full == 40
     finally:
         small.stop()
