@@ -38,7 +38,8 @@ def measure_bubble(schedule: str, microbatches: int) -> dict[str, object]:
     slowest = int(steady["busy_s"].mean().idxmax())
     return {"schedule": schedule, "microbatches": microbatches, "theory": theoretical_bubble(2, microbatches),
             "measured_by_stage": by_stage, "measured_max": max(by_stage.values()), "slowest_stage": slowest,
-            "measured_slowest": by_stage[slowest]}
+            "measured_slowest": by_stage[slowest],
+            "slowest_by_step": steady.get_group(slowest)["bubble_fraction"].tolist()}
 
 
 def measure_busbw() -> list[dict[str, float]]:

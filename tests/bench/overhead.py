@@ -1,6 +1,6 @@
 """Instrumentation overhead: step time with the worker hooks on / off, in the same job.
 
-``python -m tests.bench.overhead [--json PATH] [--configs ddp,fsdp,...]``
+``python -m tests.bench.overhead [--json PATH] [--configs ddp,fsdp,...] [--steps-scale 1.0]``
 
 Each configuration runs once; the worker switches the hooks on and off every
 BLOCK steps (``MESHTOP_OVERHEAD_BLOCK``), so both halves share processes,
@@ -16,10 +16,12 @@ import argparse
 import json
 import statistics
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 from probes.events import StepTiming
 from runner.worker import OVERHEAD_BLOCK_ENV
+from tests.bench.figures import quantile
 from tests.jobs import launch
 
 BLOCK = 4
@@ -33,9 +35,10 @@ CONFIGS: dict[str, tuple[dict[str, object], int]] = {
 }
 
 
-def quantile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+def measure_config(name: str, steps_scale: float = 1.0) -> dict[str, object]:
+    """One of :data:`CONFIGS`, with ``steps_scale`` of its steps (the suite runs shorter jobs)."""
+    plan, steps = CONFIGS[name]
+    return measure(name, plan, max(4 * BLOCK, round(steps * steps_scale)))
 
 
 def measure(name: str, plan: dict[str, object], steps: int, block: int = BLOCK) -> dict[str, object]:
@@ -43,6 +46,34 @@ def measure(name: str, plan: dict[str, object], steps: int, block: int = BLOCK) 
         launched = launch(Path(tmp), env={OVERHEAD_BLOCK_ENV: str(block)}, steps=steps, batch_size=8, **plan)
     assert launched.result.status == "completed", launched.result
     timings = [e for e in launched.events if isinstance(e, StepTiming)]
+    return {"config": name, "plan": launched.run.plan_label(), **compare_blocks(timings, block)}
+
+
+def measure_inference(plan: dict[str, object], requests: int, block: int = BLOCK) -> dict[str, object]:
+    """The same on a serving job: decode ops (more than one request's token) with the hooks on and off.
+
+    Each op of a replica is a step, timed from the end of the previous op, so a
+    decode op's time is the time per output token its requests saw (TPOT).
+    Prefills and single-request decodes are left out: their time depends on
+    the prompt or the load, not on the hooks.
+    """
+    with tempfile.TemporaryDirectory() as tmp:
+        launched = launch(Path(tmp), env={OVERHEAD_BLOCK_ENV: str(block)}, mode="infer", requests=requests,
+                          concurrency=8, output_len="32", **plan)
+    assert launched.result.status == "completed", launched.result
+    timings = [e for e in launched.events if isinstance(e, StepTiming)]
+    decodes = {t.step for t in timings if t.tokens > 1}
+    return {"config": "infer", "plan": launched.run.plan_label(),
+            **compare_blocks(timings, block, keep=lambda step: step in decodes)}
+
+
+def compare_blocks(timings: list[StepTiming], block: int,
+                   keep: Callable[[int], bool] = lambda step: True) -> dict[str, object]:
+    """median(on) / median(off) over the steps ``keep`` accepts, and the ratios of neighbouring blocks.
+
+    The job's step time is the slowest rank's; the first step of each block
+    (the switch) and the first two blocks (warm-up) are dropped.
+    """
     job_time: dict[int, float] = {}
     on_flag: dict[int, bool] = {}
     for timing in timings:
@@ -50,7 +81,7 @@ def measure(name: str, plan: dict[str, object], steps: int, block: int = BLOCK) 
         on_flag[timing.step] = timing.instrumented
     blocks: dict[int, list[float]] = {}
     for step, duration in job_time.items():
-        if step < 2 * block or step % block == 0:
+        if step < 2 * block or step % block == 0 or not keep(step):
             continue
         blocks.setdefault(step // block, []).append(duration)
     on = [d for b, ds in blocks.items() if on_flag[b * block] for d in ds]
@@ -60,7 +91,7 @@ def measure(name: str, plan: dict[str, object], steps: int, block: int = BLOCK) 
         for b in blocks if on_flag[b * block] and b + 1 in blocks
     ]
     return {
-        "config": name, "plan": launched.run.plan_label(), "steps_on": len(on), "steps_off": len(off),
+        "steps_on": len(on), "steps_off": len(off),
         "median_on_ms": statistics.median(on) * 1e3, "median_off_ms": statistics.median(off) * 1e3,
         "ratio": statistics.median(on) / statistics.median(off),
         "pair_ratio_p25": quantile(pair_ratios, 0.25), "pair_ratio_p75": quantile(pair_ratios, 0.75),
@@ -72,12 +103,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--json", type=Path, help="also write the rows as JSON")
     parser.add_argument("--configs", default=",".join(CONFIGS))
+    parser.add_argument("--steps-scale", type=float, default=1.0, help="run this share of each config's steps")
     args = parser.parse_args()
     rows = []
     print(f"{'config':<6} {'plan':<32} {'on ms':>8} {'off ms':>8} {'ratio':>7}  {'pairs p25..p75':>16}  n")
     for name in args.configs.split(","):
-        plan, steps = CONFIGS[name]
-        row = measure(name, plan, steps)
+        row = measure_config(name, args.steps_scale)
         rows.append(row)
         print(f"{name:<6} {row['plan']:<32} {row['median_on_ms']:>8.2f} {row['median_off_ms']:>8.2f} "
               f"{row['ratio']:>7.3f}  {row['pair_ratio_p25']:>7.3f}..{row['pair_ratio_p75']:<7.3f}  "

@@ -77,7 +77,7 @@ import statistics
 import threading
 import time
 from collections.abc import Iterable, Iterator
-from itertools import islice
+from itertools import chain, islice
 from pathlib import Path
 from typing import Any
 
@@ -193,6 +193,13 @@ class SyntheticSource:
         self.warm_history = list(islice(self._stream, ranks + int(warm_steps * self.step_s * rate)))
         """Events of the job before the app starts (the first ``ranks`` are RankStarted): apply them to the
         state, then let them go (a live source does not keep what it handed over; the collector walks it)."""
+
+    def job_events(self) -> Iterator[Event]:
+        """The job's events from its start, endless: the warm history, then what the producer would ship.
+
+        The benchmark suite writes (recordings) and sends (collector ingest) this same mix.
+        """
+        return chain(self.warm_history, self._stream)
 
     # -- the job -------------------------------------------------------------------
 
