@@ -302,13 +302,13 @@ def _resolve_pipeline(spec: RunSpec) -> tuple[str | None, int, int]:
 
 def _check_mode_options(spec: RunSpec) -> None:
     """Options of the other mode are refused, not silently ignored."""
-    given = lambda name: getattr(spec, name) not in (None, False)  # noqa: E731
+    given = [name for name in TRAIN_ONLY + INFER_ONLY if getattr(spec, name) not in (None, False)]
     if spec.mode == "infer":
-        wrong = [name for name in TRAIN_ONLY if given(name)]
+        wrong = [name for name in given if name in TRAIN_ONLY]
         if wrong:
             raise PlanError(f"{option(wrong[0])} is a training option: leave it out with --mode infer")
     else:
-        wrong = [name for name in INFER_ONLY if given(name)]
+        wrong = [name for name in given if name in INFER_ONLY]
         if wrong:
             raise PlanError(f"{option(wrong[0])} is an inference option: add --mode infer")
 

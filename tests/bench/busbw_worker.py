@@ -12,11 +12,11 @@ import time
 
 import torch
 import torch.distributed as dist
+from torch.distributed.device_mesh import init_device_mesh
 
 from probes.bandwidth import busbw_gbps
 from probes.collectives import CollectiveProbe, GroupDirectory
 from probes.events import CollectiveTiming, Event
-from torch.distributed.device_mesh import init_device_mesh
 
 SIZES_BYTES = (64 * 1024, 1024 * 1024, 8 * 1024 * 1024, 32 * 1024 * 1024)
 WARMUP, REPEATS = 5, 30

@@ -532,7 +532,7 @@ def main() -> None:
     parser.add_argument("--rate", type=float, default=RATE, help="events per second offered")
     parser.add_argument("--backlog", type=int, default=SCREEN_BACKLOG, help="cap on events pending for the screen")
     parser.add_argument("--gc-freeze", action="store_true",
-                        help="gc.freeze() once the state is warm (what the app does not do yet): compare GC pauses")
+                        help="gc.freeze() again once the synthetic history is applied (the app itself freezes at start and paces full collections): compare GC pauses")
     parser.add_argument("--profile", type=int, metavar="N", default=0,
                         help="profile the UI thread (cProfile) over the measured windows; print the top N functions")
     args = parser.parse_args()
