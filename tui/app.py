@@ -228,6 +228,9 @@ class MeshtopApp(App[None]):
     ReplayBar { height: 1; background: $boost; }
     TabbedContent { height: 1fr; }
     TabPane { padding: 0 1; }
+    /* Room for the scrollbar always: a view that grows taller than the screen would otherwise narrow by
+       the bar's width, and every panel would be built and laid out a second time at the new width. */
+    TabPane > VerticalScroll { scrollbar-gutter: stable; }
     """
     # Priority bindings so the focused tab bar or scroller does not take the keys first; check_action
     # turns them off (and lets the key through) where they do not apply, such as in a prompt.
