@@ -95,6 +95,15 @@ class ServingJob:
         return (pp * self.run.dp + self.coords.dp) * self.run.tp + tp
 
     @property
+    def leader_rank(self) -> int:
+        return self.global_rank(pp=0, tp=0)
+
+    @property
+    def previous_stage_rank(self) -> int:
+        """The rank this one receives hidden states from (same tp index, one stage earlier)."""
+        return self.global_rank(pp=self.coords.pp - 1, tp=self.coords.tp)
+
+    @property
     def is_leader(self) -> bool:
         return self.coords.pp == 0 and self.coords.tp == 0
 
@@ -271,10 +280,7 @@ def lead(job: ServingJob, *, emit: Callable[[Event], None], on_op: OnOp) -> None
             continue
         op, inputs = step
         start_ns = time.time_ns()
-        if job.run.tp > 1:
-            dist.broadcast(op.header(job.load.max_batch, job.device), src=job.global_rank(pp=0, tp=0),
-                           group=job.tp_group)
-            dist.broadcast(inputs, src=job.global_rank(pp=0, tp=0), group=job.tp_group)
+        announce(job, op, inputs)
         out = job.forward(op, inputs)
         if job.run.pp > 1:
             outbox.onward(op, out)
@@ -285,12 +291,18 @@ def lead(job: ServingJob, *, emit: Callable[[Event], None], on_op: OnOp) -> None
         on_op(OpTiming(op, start_ns, time.time_ns(), wait_s))
         wait_s = 0.0
     stop = Op(kind=STOP, id=-1, slots=(), tokens_per_row=0)
-    if job.run.tp > 1:
-        dist.broadcast(stop.header(job.load.max_batch, job.device), src=job.global_rank(pp=0, tp=0),
-                       group=job.tp_group)
+    announce(job, stop, None)
     if job.run.pp > 1:
         outbox.onward(stop, None)
     outbox.flush()
+
+
+def announce(job: ServingJob, op: Op, inputs: torch.Tensor | None) -> None:
+    """The leader tells stage 0's other tp ranks the op (header, then its input tokens)."""
+    if job.run.tp > 1:
+        dist.broadcast(op.header(job.load.max_batch, job.device), src=job.leader_rank, group=job.tp_group)
+        if inputs is not None:
+            dist.broadcast(inputs, src=job.leader_rank, group=job.tp_group)
 
 
 def follow(job: ServingJob, *, on_op: OnOp) -> None:
@@ -301,9 +313,9 @@ def follow(job: ServingJob, *, on_op: OnOp) -> None:
     while True:
         waited = time.perf_counter()
         if first:
-            dist.broadcast(header, src=job.global_rank(pp=0, tp=0), group=job.tp_group)
+            dist.broadcast(header, src=job.leader_rank, group=job.tp_group)
         else:
-            dist.recv(header, src=job.global_rank(pp=job.coords.pp - 1, tp=job.coords.tp), group=job.pp_group)
+            dist.recv(header, src=job.previous_stage_rank, group=job.pp_group)
         op = Op.from_header(header)
         if op.kind == STOP:
             if not job.is_last_stage:
@@ -313,18 +325,18 @@ def follow(job: ServingJob, *, on_op: OnOp) -> None:
         rows = len(op.slots)
         if first:
             inputs = torch.empty((rows, op.tokens_per_row), dtype=torch.long, device=job.device)
-            dist.broadcast(inputs, src=job.global_rank(pp=0, tp=0), group=job.tp_group)
+            dist.broadcast(inputs, src=job.leader_rank, group=job.tp_group)
         else:
             inputs = torch.empty((rows, op.tokens_per_row, job.run.shape.dim), dtype=TORCH_DTYPES[job.run.dtype],
                                  device=job.device)
-            dist.recv(inputs, src=job.global_rank(pp=job.coords.pp - 1, tp=job.coords.tp), group=job.pp_group)
+            dist.recv(inputs, src=job.previous_stage_rank, group=job.pp_group)
         wait_s = time.perf_counter() - waited
         start_ns = time.time_ns()
         out = job.forward(op, inputs)
         if not job.is_last_stage:
             outbox.onward(op, out)
         elif job.run.pp > 1 and job.coords.tp == 0:
-            outbox.send(out[:, -1].argmax(dim=-1), dst=job.global_rank(pp=0, tp=0))
+            outbox.send(out[:, -1].argmax(dim=-1), dst=job.leader_rank)
         synchronize(job.device)
         on_op(OpTiming(op, start_ns, time.time_ns(), wait_s if not first else 0.0))
 

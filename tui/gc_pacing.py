@@ -27,7 +27,7 @@ class GcPacer:
         self.every_frames = every_frames
         self.full_collections = 0
         self._frames = 0
-        self._saved: tuple[int, ...] | None = None
+        self._saved: tuple[int, int, int] | None = None
 
     def start(self) -> None:
         # Everything loaded so far (Textual, and torch for a live job) lives as long as the app: frozen,
@@ -35,7 +35,7 @@ class GcPacer:
         gc.collect()
         gc.freeze()
         self._saved = gc.get_threshold()
-        young, middle = self._saved[0], self._saved[1] if len(self._saved) > 1 else 10
+        young, middle, _ = self._saved
         gc.set_threshold(young, middle, NO_AUTOMATIC_FULL)
 
     def frame_drawn(self) -> bool:

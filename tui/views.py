@@ -17,7 +17,8 @@ from textual.widgets import Static
 from recordings.pipeline import theoretical_bubble
 from recordings.requests import LATENCIES
 from tui.charts import chart, human_bytes, human_rate, human_seconds, legend, memory_bar, sparkline
-from tui.state import DashboardState, PipelineStep, RankView, RequestsView
+from tui.request_stats import RequestsView
+from tui.state import DashboardState, PipelineStep, RankView
 from tui.summary_text import per_second
 
 RankFilter = Callable[[RankView], bool]
