@@ -19,9 +19,10 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
+from probes.arrivals import Arrival, EncodedEvents
 from probes.errors import ProbeError
-from probes.events import Event, EventsDropped, event_from_record
-from probes.wire import FrameError, read_frame
+from probes.events import EventsDropped
+from probes.wire import FrameError, read_frame, sections
 
 DEFAULT_QUEUE_EVENTS = 1_000_000
 READ_TIMEOUT_S = 30.0
@@ -36,7 +37,6 @@ class CollectorCounts:
     bad_token: int = 0
     malformed: int = 0
     oversized: int = 0
-    bad_events: int = 0
     queue_full: int = 0
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
@@ -47,11 +47,11 @@ class CollectorCounts:
 
 
 class Collector:
-    """A TCP server that turns worker messages into :class:`Event` objects on a bounded queue.
+    """A TCP server that puts the workers' messages on a bounded queue, as blocks of encoded events.
 
-    The queue holds each message's events as one batch (one lock per message, not per event: at
-    hundreds of thousands of events a second the per-event locking of ``queue.Queue`` was a third
-    of the collector's time); its bound counts events.
+    It checks each frame (token, header, that every section holds its lines) and reads no event:
+    decoding is left to whoever needs an event (:mod:`probes.arrivals`). The queue holds each
+    message's blocks as one batch (one lock per message); its bound counts events.
     """
 
     def __init__(self, *, host: str = "127.0.0.1", port: int = 0, token: str | None = None,
@@ -59,7 +59,7 @@ class Collector:
         self.token = token or secrets.token_hex(16)
         self.counts = CollectorCounts()
         self.max_queue_events = max_queue_events
-        self._batches: deque[list[Event]] = deque()
+        self._batches: deque[list[Arrival]] = deque()
         self._queued = 0
         self._queue_lock = threading.Lock()
         collector = self
@@ -96,23 +96,29 @@ class Collector:
         """Events received and not yet drained."""
         return self._queued
 
-    def drain(self) -> list[Event]:
-        """Every event received so far (non-blocking), in the order the messages came."""
+    def drain(self) -> list[Arrival]:
+        """Every block (and drop report) received so far (non-blocking), in the order the messages came."""
         with self._queue_lock:
             batches = list(self._batches)
             self._batches.clear()
             self._queued = 0
-        return [event for batch in batches for event in batch]
+        return [item for batch in batches for item in batch]
 
-    def _enqueue(self, events: list[Event]) -> int:
-        """Queue what fits under the bound; how many events did not."""
+    def _enqueue(self, items: list[Arrival]) -> int:
+        """Queue the blocks that fit under the bound, whole; how many events did not fit."""
+        refused = 0
         with self._queue_lock:
-            room = self.max_queue_events - self._queued
-            taken = events if len(events) <= room else events[:max(0, room)]
+            taken = []
+            for item in items:
+                size = item.count if isinstance(item, EncodedEvents) else 1
+                if self._queued + size <= self.max_queue_events:
+                    taken.append(item)
+                    self._queued += size
+                else:
+                    refused += size
             if taken:
                 self._batches.append(taken)
-                self._queued += len(taken)
-        return len(events) - len(taken)
+        return refused
 
     def _serve(self, sock: socket.socket) -> None:
         sock.settimeout(READ_TIMEOUT_S)
@@ -126,25 +132,24 @@ class Collector:
                 return
             if message is None:
                 return
-            token = message.get("token")
+            header, body = message
+            token = header.get("token")
             if not isinstance(token, str) or not hmac.compare_digest(token.encode(), self.token.encode()):
                 self.counts.add(bad_token=1)
                 return
-            self._accept(message)
+            self._accept(header, body)
 
-    def _accept(self, message: dict[str, Any]) -> None:
-        rank, dropped, records = message.get("rank"), message.get("dropped", 0), message.get("events")
-        if not isinstance(rank, int) or not isinstance(dropped, int) or not isinstance(records, list):
+    def _accept(self, header: dict[str, Any], body: bytes) -> None:
+        dropped = header.get("dropped", 0)
+        try:
+            if not isinstance(dropped, int):
+                raise FrameError("dropped must be an integer")
+            items: list[Arrival] = list(sections(header, body))
+        except FrameError:
             self.counts.add(malformed=1)
             return
-        events: list[Event] = []
-        bad = 0
-        for record in records:
-            try:
-                events.append(event_from_record(record))
-            except (KeyError, TypeError, ValueError, AttributeError):
-                bad += 1
         if dropped:
-            events.append(EventsDropped(wall_ns=time.time_ns(), rank=rank, where="worker", count=dropped))
-        full = self._enqueue(events)
-        self.counts.add(messages=1, events=len(events) - full, bad_events=bad, queue_full=full)
+            items.append(EventsDropped(wall_ns=time.time_ns(), rank=header["rank"], where="worker", count=dropped))
+        events = sum(item.count if isinstance(item, EncodedEvents) else 1 for item in items)
+        full = self._enqueue(items)
+        self.counts.add(messages=1, events=events - full, queue_full=full)

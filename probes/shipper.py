@@ -15,7 +15,7 @@ from collections.abc import Callable
 
 from probes.events import Event
 from probes.sink import EventSink
-from probes.wire import encode
+from probes.wire import encode_events
 
 DEFAULT_CAPACITY = 200_000
 SHIP_INTERVAL_S = 0.25
@@ -83,8 +83,7 @@ class EventShipper(EventSink):
                 return
 
     def _send(self, batch: list[Event], dropped: int) -> bool:
-        frame = encode({"token": self.token, "rank": self.rank, "dropped": dropped,
-                        "events": [event.to_record() for event in batch]})
+        frame = encode_events(token=self.token, rank=self.rank, dropped=dropped, events=batch)
         for _attempt in range(2):
             try:
                 if self._socket is None:

@@ -9,9 +9,11 @@ the recordings issue replaces this.)
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
 from pathlib import Path
 from typing import IO
 
+from probes.arrivals import Arrival, EncodedEvents, encode_lines
 from probes.events import Event, event_from_record
 from recordings.manifest import RecordingError
 
@@ -19,35 +21,42 @@ EVENTS_DIR = "events"
 
 
 class EventWriter:
-    """Appends events to ``DIR/events/<kind>.jsonl``."""
+    """Appends events to ``DIR/events/<kind>.jsonl``: a worker's encoded blocks as they came, and
+    meshtop's own events encoded the same way."""
 
     def __init__(self, directory: Path) -> None:
         self.directory = directory / EVENTS_DIR
         self.directory.mkdir(parents=True, exist_ok=True)
-        self._files: dict[str, IO[str]] = {}
+        self._files: dict[str, IO[bytes]] = {}
         self.written = 0
 
-    def write(self, events: list[Event]) -> None:
-        """Append and flush ``events``; a :class:`RecordingError` when the disk refuses (full, folder gone)."""
-        touched = set()
+    def write(self, items: Iterable[Arrival]) -> None:
+        """Append and flush ``items`` (events, or blocks of them); a :class:`RecordingError` when the disk
+        refuses (full, folder gone)."""
+        by_kind: dict[str, list[bytes]] = {}
+        written = 0
+        for item in items:
+            if isinstance(item, EncodedEvents):
+                lines, count = item.lines, item.count
+            else:
+                lines, count = encode_lines((item,)), 1
+            by_kind.setdefault(item.kind, []).append(lines)
+            written += count
         try:
             if not self.directory.is_dir():  # open files would take writes into the void: stop here
                 raise FileNotFoundError(2, "No such file or directory")
-            for event in events:
-                file = self._files.get(event.kind)
+            for kind, blocks in by_kind.items():
+                file = self._files.get(kind)
                 if file is None:
-                    path = self.directory / f"{event.kind}.jsonl"
-                    file = self._files[event.kind] = path.open("a", encoding="utf-8")
-                file.write(json.dumps(event.to_record(), separators=(",", ":")) + "\n")
-                touched.add(event.kind)
-            for kind in touched:
-                self._files[kind].flush()
+                    file = self._files[kind] = (self.directory / f"{kind}.jsonl").open("ab")
+                file.write(b"".join(blocks))
+                file.flush()
         except OSError as error:
             gone = "" if self.directory.exists() else " (the folder was removed)"
             raise RecordingError(f"cannot write the recording in {self.directory.parent}: "
                                  f"{error.strerror or error}{gone}; the job was stopped, the events written "
                                  f"so far are kept") from None
-        self.written += len(events)
+        self.written += written
 
     def close(self) -> None:
         for file in self._files.values():

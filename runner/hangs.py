@@ -14,6 +14,7 @@ import statistics
 import time
 from collections import deque
 from collections.abc import Callable, Iterable
+from typing import ClassVar
 
 from probes.events import (
     CollectiveTiming,
@@ -66,8 +67,14 @@ class HangWatch:
             return max(default_timeout_s(self._step_times), 2 * self.quiet_s)
         return self.fixed_timeout_s if self._step_times else max(self.fixed_timeout_s, STARTUP_MIN_S)
 
-    def observe(self, events: Iterable[Event]) -> None:
+    KINDS: ClassVar[tuple[str, ...]] = ("rank_progress", "step")
+    """The kinds it reads; collectives only count as progress, which needs none of them decoded."""
+
+    def observe(self, events: Iterable[Event], *, progressed: bool = False) -> None:
+        """Fold ``events``; ``progressed``: a collective completed too (its events need not be passed)."""
         now = self._clock()
+        if progressed:
+            self._last_progress, self._reported_at = now, None
         for event in events:
             if isinstance(event, RankProgress):
                 self._heartbeats[event.rank] = (event, now)

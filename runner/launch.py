@@ -23,6 +23,7 @@ from pathlib import Path
 
 import psutil
 
+from probes.arrivals import Arrivals
 from probes.collector import Collector
 from probes.events import (
     Event,
@@ -147,15 +148,15 @@ class Job:
             pass
         return self._process.poll() is None
 
-    def read_events(self) -> list[Event]:
-        """Events the ranks sent since the last call, and a count of any the collector had to drop."""
-        events = self.collector.drain()
+    def read_events(self) -> Arrivals:
+        """What the ranks sent since the last call, and a count of any events the collector had to drop."""
+        arrivals = Arrivals(self.collector.drain())
         full = self.collector.counts.queue_full
         if full != self._collector_drops:
-            events.append(EventsDropped(wall_ns=time.time_ns(), rank=None, where="collector",
-                                        count=full - self._collector_drops))
+            arrivals.add([EventsDropped(wall_ns=time.time_ns(), rank=None, where="collector",
+                                        count=full - self._collector_drops)])
             self._collector_drops = full
-        return events
+        return arrivals
 
     def stop(self, grace_s: float = STOP_GRACE_S) -> None:
         """SIGTERM the launcher (which stops the ranks), then SIGKILL whatever is left."""
@@ -280,7 +281,7 @@ def lifecycle_events(result: JobResult) -> list[Event]:
 
 
 def run_job(run: ResolvedRun, *, session_dir: Path,
-            on_events: Callable[[list[Event]], None] = lambda events: None,
+            on_events: Callable[[Arrivals], None] = lambda arrivals: None,
             node_probes: NodeProbes = NodeProbes(),
             control: JobControl | None = None, hang_timeout_s: float | None = None) -> JobResult:
     """Launch ``run``, pass its events (and the node samplers') to ``on_events``, and wait for the end.
@@ -303,25 +304,25 @@ def run_job(run: ResolvedRun, *, session_dir: Path,
     pids: dict[int, int] = {}
 
     def deliver() -> None:
-        events = job.read_events()
+        arrivals = job.read_events()
         while not node_events.empty():
-            events.extend(node_events.get())
-        for event in events:
-            if isinstance(event, RankStarted):
-                pids[event.rank] = event.pid
-                processes.watch(event.rank, event.pid)
-        hangs.observe(events)
+            arrivals.add(node_events.get())
+        for event in arrivals.events(("rank_started",)):
+            assert isinstance(event, RankStarted)
+            pids[event.rank] = event.pid
+            processes.watch(event.rank, event.pid)
+        hangs.observe(arrivals.events(HangWatch.KINDS), progressed=arrivals.has("collective"))
         if not hangs.reported:
             control.hang = None  # progress again: an earlier report no longer holds
         if (hang := hangs.check()) is not None:
             control.hang = hang
-            events.append(hang)
-            events.extend(dump_stacks(pids))
+            arrivals.add([hang])
+            arrivals.add(dump_stacks(pids))
             if control.stop_on_hang:
                 control.stop.set()
         elif wanted := control.take_stack_request(pids):
-            events.extend(dump_stacks(wanted))
-        on_events(events)
+            arrivals.add(dump_stacks(wanted))
+        on_events(arrivals)
 
     for sampler in samplers:
         sampler.start()
@@ -342,5 +343,5 @@ def run_job(run: ResolvedRun, *, session_dir: Path,
     job.collector.stop()
     hung = control.hang if interrupted and control.hang is not None else None
     result = job.result(interrupted=interrupted and hung is None, hang=hung)
-    on_events(lifecycle_events(result))
+    on_events(Arrivals(lifecycle_events(result)))
     return result

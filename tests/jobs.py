@@ -59,7 +59,7 @@ def launch(session_dir: Path, env: dict[str, str] | None = None, **spec: object)
     run = resolve(RunSpec(device="cpu", **spec), gpus_visible=0)  # type: ignore[arg-type]
     events: list[Event] = []
     with environment(**(env or {})):
-        result = run_job(run, session_dir=session_dir / "session", on_events=events.extend)
+        result = run_job(run, session_dir=session_dir / "session", on_events=lambda arrivals: events.extend(arrivals.events()))
     return LaunchedRun(run=run, result=result, events=events)
 
 

@@ -19,7 +19,7 @@ GPUS = torch.cuda.device_count() if torch.cuda.is_available() else 0
 def run_on_gpus(tmp_path: Path, **spec: object) -> list[float]:
     run = resolve(RunSpec(device="cuda", dtype="fp32", steps=3, batch_size=8, **spec), gpus_visible=GPUS)  # type: ignore[arg-type]
     events: list[Event] = []
-    result = run_job(run, session_dir=tmp_path / spec_name(spec), on_events=events.extend)
+    result = run_job(run, session_dir=tmp_path / spec_name(spec), on_events=lambda arrivals: events.extend(arrivals.events()))
     assert result.status == "completed", result
     folder = StepFolder(run.world_size)
     steps = sorted((s for e in events if e.kind == "step" and (s := folder.add(e))), key=lambda s: s.step)
@@ -62,7 +62,7 @@ def test_cuda_memory_accounting_fills_the_allocator_figures(tmp_path: Path) -> N
 
     run = resolve(RunSpec(device="cuda", dp=1, steps=2, model="small"), gpus_visible=GPUS)
     events: list[Event] = []
-    assert run_job(run, session_dir=tmp_path / "mem", on_events=events.extend).status == "completed"
+    assert run_job(run, session_dir=tmp_path / "mem", on_events=lambda arrivals: events.extend(arrivals.events())).status == "completed"
     snapshot = [e for e in events if isinstance(e, MemorySnapshot)][-1]
     assert snapshot.allocated_bytes >= snapshot.weights_bytes + snapshot.optimizer_bytes
     assert snapshot.peak_allocated_bytes >= snapshot.allocated_bytes
@@ -76,6 +76,6 @@ def test_nccl_collectives_are_timed_with_cuda_events(tmp_path: Path) -> None:
 
     run = resolve(RunSpec(device="cuda", dp=2, steps=2), gpus_visible=GPUS)
     events: list[Event] = []
-    assert run_job(run, session_dir=tmp_path / "nccl", on_events=events.extend).status == "completed"
+    assert run_job(run, session_dir=tmp_path / "nccl", on_events=lambda arrivals: events.extend(arrivals.events())).status == "completed"
     timed = [e for e in events if isinstance(e, CollectiveTiming) and e.step is not None]
     assert timed and all(e.clock == "cuda_events" and e.end_ns > e.start_ns for e in timed)

@@ -10,10 +10,11 @@ import time
 
 import pytest
 
+from probes.arrivals import Arrivals, EncodedEvents, encode_lines
 from probes.collector import Collector
 from probes.events import EventsDropped, StepTiming
 from probes.shipper import EventShipper
-from probes.wire import HEADER, MAX_FRAME_BYTES, encode
+from probes.wire import HEADER, MAX_FRAME_BYTES, encode_events, pack, read_frame, sections
 
 
 def step(rank: int, number: int) -> StepTiming:
@@ -21,11 +22,12 @@ def step(rank: int, number: int) -> StepTiming:
 
 
 def wait_for(collector: Collector, count: int, timeout_s: float = 10.0) -> list:
-    received, deadline = [], time.monotonic() + timeout_s
-    while len(received) < count and time.monotonic() < deadline:
-        received.extend(collector.drain())
+    """The events received (decoded) once ``count`` came, or at the timeout."""
+    arrivals, deadline = Arrivals(), time.monotonic() + timeout_s
+    while arrivals.count < count and time.monotonic() < deadline:
+        arrivals.items.extend(collector.drain())
         time.sleep(0.02)
-    return received
+    return arrivals.events()
 
 
 @pytest.fixture
@@ -85,22 +87,52 @@ def raw_send(address: tuple[str, int], data: bytes) -> None:
         time.sleep(0.05)
 
 
+def message(token: str, events: list, **header: object) -> bytes:
+    return encode_events(token=token, rank=0, dropped=0, events=events) if not header else \
+        pack({"token": token, "rank": 0, "dropped": 0, **header})
+
+
 def test_bad_token_malformed_and_oversized_messages_are_rejected_and_counted(collector: Collector) -> None:
-    good = {"token": collector.token, "rank": 0, "dropped": 0, "events": [step(0, 1).to_record()]}
-    raw_send(collector.address, encode({**good, "token": "wrong"}))
-    raw_send(collector.address, encode({**good, "token": None}))
-    raw_send(collector.address, HEADER.pack(12) + b"not json!!!!")
+    good = [step(0, 1)]
+    lines = encode_lines(good)
+    raw_send(collector.address, message("wrong", good))
+    raw_send(collector.address, pack({"token": None, "rank": 0, "sections": []}))
+    raw_send(collector.address, HEADER.pack(12) + b"not json!!!\n")
     raw_send(collector.address, HEADER.pack(MAX_FRAME_BYTES + 1) + b"x" * 100)
-    raw_send(collector.address, encode({**good, "events": "nope"}))
-    raw_send(collector.address, encode({**good, "events": [{"kind": "step", "rank": 0}, {"kind": "martian"}, 7]}))
-    raw_send(collector.address, encode(good))
+    raw_send(collector.address, message(collector.token, good, sections="nope"))
+    raw_send(collector.address, message(collector.token, good, sections=[["martian", 1, 10]]))
+    raw_send(collector.address, pack({"token": collector.token, "rank": 0, "sections": [["step", 2, len(lines)]]},
+                                     lines))  # says 2 events, holds 1
+    raw_send(collector.address, pack({"token": collector.token, "rank": 0, "sections": [["step", 1, len(lines)]]},
+                                     lines + b"trailing"))
+    raw_send(collector.address, message(collector.token, good))
     received = wait_for(collector, 1)
     time.sleep(0.2)
     counts = collector.counts
     assert (counts.bad_token, counts.oversized) == (2, 1)
-    assert counts.malformed == 2
-    assert counts.bad_events == 3
+    assert counts.malformed == 5
     assert [(e.rank, e.step) for e in received] == [(0, 1)]
+
+
+def test_events_that_do_not_decode_are_counted_where_they_are_decoded() -> None:
+    lines = encode_lines([step(0, 1)]) + b'{"kind":"step","rank":0}\n{"kind":"martian"}\n7\nnot json\n' \
+        + encode_lines([step(0, 2)]) + encode_lines([EventsDropped(wall_ns=1, rank=0, where="worker", count=1)])
+    block = EncodedEvents("step", 0, lines, 7)
+    assert [(e.rank, e.step) for e in block.events()] == [(0, 1), (0, 2)]
+    assert block.bad == 5  # missing fields, unknown kind, not an object, not JSON, a kind other than the block's
+
+
+def test_a_message_keeps_each_kind_as_the_recording_lines_it_sent() -> None:
+    events = [step(0, 1), EventsDropped(wall_ns=1, rank=0, where="worker", count=2), step(0, 2)]
+    frame = encode_events(token="t", rank=4, dropped=0, events=events)
+    a, b = socket.socketpair()
+    with a, b:
+        a.sendall(frame)
+        header, body = read_frame(b)
+    blocks = sections(header, body)
+    assert [(block.kind, block.rank, block.count) for block in blocks] == [("step", 4, 2), ("events_dropped", 4, 1)]
+    assert blocks[0].lines == encode_lines([events[0], events[2]])
+    assert [json.loads(line)["step"] for line in blocks[0].lines.splitlines()] == [1, 2]
 
 
 def test_collector_survives_random_garbage_and_keeps_serving(collector: Collector) -> None:
@@ -119,18 +151,22 @@ def test_collector_survives_random_garbage_and_keeps_serving(collector: Collecto
 
 
 def test_collector_queue_is_bounded_and_overflow_is_counted() -> None:
-    small = Collector(max_queue_events=10).start()
+    small = Collector(max_queue_events=60).start()
     try:
-        message = {"token": small.token, "rank": 0, "dropped": 0, "events": [step(0, n).to_record() for n in range(50)]}
-        raw_send(small.address, encode(message))
+        for count in (50, 20, 10):  # a block is queued whole or refused whole
+            raw_send(small.address, encode_events(token=small.token, rank=0, dropped=0,
+                                                  events=[step(0, n) for n in range(count)]))
         time.sleep(0.3)
-        assert small.queued == 10
-        assert small.counts.queue_full == 40
+        assert small.queued == 60
+        assert small.counts.queue_full == 20
+        assert [e.step for e in Arrivals(small.drain()).events()] == [*range(50), *range(10)]
+        assert small.queued == 0
     finally:
         small.stop()
 
 
-def test_wire_frames_are_length_prefixed_json() -> None:
-    frame = encode({"a": 1})
+def test_wire_frames_are_length_prefixed_with_a_json_header_line() -> None:
+    frame = pack({"a": 1}, b"body")
     (length,) = HEADER.unpack(frame[:4])
-    assert json.loads(frame[4:4 + length]) == {"a": 1}
+    head, body = frame[4:4 + length].split(b"\n", 1)
+    assert (json.loads(head), body) == ({"a": 1}, b"body")

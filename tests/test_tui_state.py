@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from probes.arrivals import Arrivals
 from probes.errors import MeshtopError
 from probes.events import (
     CollectiveTiming, EventsDropped, GpuSample, RankExited, RankStarted, StageAction, StepTiming,
@@ -188,7 +189,7 @@ def test_live_backlog_for_the_screen_is_bounded_and_counts_what_it_drops(tmp_pat
     run = resolve(RunSpec(device="cpu"), gpus_visible=0)
     source = LiveSource(run, directory=tmp_path, manifest=None, backlog=100)
     for number in range(30):
-        source._take([step(0, number, 0.01)] * 10, [])  # the session thread's callback
+        source._take(Arrivals([step(0, number, 0.01)] * 10), [])  # the session thread's callback
     update = source.poll()
     assert len(update.events) <= 100
     assert source.dropped_for_screen == 300 - len(update.events)

@@ -8,7 +8,8 @@ import time
 from pathlib import Path
 from typing import Any, TextIO
 
-from probes.events import Event, EventsDropped, HangDetected, RequestDone, StackDump
+from probes.arrivals import Arrivals
+from probes.events import EventsDropped, HangDetected, RequestDone, StackDump
 from recordings.steps import JobStep
 from runner.launch import JobControl, JobResult, NodeProbes
 from runner.plan import ResolvedRun
@@ -18,6 +19,8 @@ PROGRESS_LINES = 20
 """About this many step lines per run, evenly spaced..."""
 QUIET_LIMIT_S = 5.0
 """...but never longer than this without one."""
+CONSOLE_KINDS = ("stack_dump", "hang", "request", "events_dropped")
+"""The kinds ``record`` prints from: the rest of the job's events go to the recording undecoded."""
 
 
 def headline(run: ResolvedRun) -> str:
@@ -185,10 +188,10 @@ def follow_job(run: ResolvedRun, *, session_dir: Path, out: TextIO,
     progress = Progress(run, out)
     requests = RequestTally(run.load.requests) if run.load is not None else None
 
-    def on_events(events: list[Event], completed: list[JobStep]) -> None:
+    def on_events(arrivals: Arrivals, completed: list[JobStep]) -> None:
         nonlocal received
-        received += len(events)
-        for event in events:
+        received += arrivals.count
+        for event in arrivals.events(CONSOLE_KINDS):
             if isinstance(event, StackDump):
                 progress.message("\n".join(stack_dump_lines(event)))
             elif isinstance(event, HangDetected):

@@ -12,7 +12,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from probes.events import Event, GpuLink, GpuSample, NvmlState, RankStarted, StepTiming
+from probes.arrivals import Arrivals
+from probes.events import GpuLink, GpuSample, NvmlState, RankStarted, StepTiming
 from recordings.events_log import EventWriter
 from recordings.manifest import write_manifest
 from recordings.steps import JobStep, StepFolder
@@ -22,7 +23,13 @@ from runner.plan import ResolvedRun
 
 
 class SessionRecorder:
-    """Writes a session's events into its recording and notes what the manifest will need at the end."""
+    """Writes a session's events into its recording and notes what the manifest will need at the end.
+
+    The workers' events go to disk as they came; of them it decodes only steps and rank starts.
+    """
+
+    KINDS = ("step", "rank_started", "nvml_state", "gpu", "gpu_link")
+    """The kinds it reads."""
 
     def __init__(self, run: ResolvedRun, directory: Path, manifest: dict[str, Any] | None) -> None:
         self.directory = directory
@@ -36,13 +43,13 @@ class SessionRecorder:
         self._gpus: dict[int, dict[str, Any]] = {}
         self._topology: list[dict[str, Any]] = []
 
-    def take(self, events: list[Event]) -> list[JobStep]:
-        """Record ``events``; the job steps they completed."""
-        self.received += len(events)
+    def take(self, arrivals: Arrivals) -> list[JobStep]:
+        """Record ``arrivals``; the job steps they completed."""
+        self.received += arrivals.count
         if self.writer is not None:
-            self.writer.write(events)
+            self.writer.write(arrivals.items)
         completed = []
-        for event in events:
+        for event in arrivals.events(self.KINDS):
             if isinstance(event, StepTiming):
                 if (step := self.folder.add(event)) is not None:
                     completed.append(step)
@@ -90,19 +97,20 @@ class SessionRecorder:
 
 
 def run_session(run: ResolvedRun, *, directory: Path, manifest: dict[str, Any] | None,
-                on_events: Callable[[list[Event], list[JobStep]], None],
+                on_events: Callable[[Arrivals, list[JobStep]], None],
                 node_probes: NodeProbes = NodeProbes(), control: JobControl | None = None,
                 hang_timeout_s: float | None = None) -> JobResult:
     """Run the job, recording into ``directory`` when a ``manifest`` is given (else it only holds the logs).
 
     ``on_events`` sees each batch after it is on disk, with the job steps it
-    completed. The recording is closed however the session ends.
+    completed; it decodes the kinds it needs (``Arrivals.events``). The
+    recording is closed however the session ends.
     """
     recorder = SessionRecorder(run, directory, manifest)
     result, broken = None, "failed"
 
-    def deliver(events: list[Event]) -> None:
-        on_events(events, recorder.take(events))
+    def deliver(arrivals: Arrivals) -> None:
+        on_events(arrivals, recorder.take(arrivals))
 
     try:
         result = run_job(run, session_dir=directory, on_events=deliver, node_probes=node_probes, control=control,

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
+from probes.arrivals import Arrivals
 from probes.errors import MeshtopError
 from probes.events import Event, RequestDone, StepTiming
 from recordings.reader import Recording
@@ -127,7 +128,8 @@ class LiveSource:
         except BaseException as error:  # noqa: BLE001 - handed to the app, which reports it and exits
             self.error = error
 
-    def _take(self, events: list[Event], steps: list[JobStep]) -> None:
+    def _take(self, arrivals: Arrivals, steps: list[JobStep]) -> None:
+        events = arrivals.events()  # on this session thread, not in the screen's frames
         self.steps.extend(steps)
         if self.requests is not None:
             for event in events:

@@ -1,16 +1,23 @@
-"""Collector ingest: events / s the collector absorbs from 8 producer processes, and what it dropped.
+"""Collector ingest: events / s that meshtop absorbs from 8 producer processes, and what it dropped.
 
 Each producer is a process that connects to a :class:`probes.collector.Collector`
-in this process and sends length-prefixed frames of the shipper's wire format
-(``probes.wire.encode`` of ``{"token", "rank", "dropped", "events"}``, 5,000
-events a frame: a shipper sending 20,000 events / s in 250 ms batches) as
-fast as the socket takes them. The frames are encoded before the clock
-starts, so the producers' cost is the socket's only and the figure is the
-collector's: parsing, rebuilding events and queueing them, with a consumer
-thread draining the queue as meshtop's session does. The events are a real
-job's mix (``tui_frames.SyntheticSource``, 64 ranks). Rate = events received / (last
-event drained - start). Drops: events the collector refused (its queue
-full, bad frames) or that never arrived.
+in this process and sends frames of the shipper's wire format
+(``probes.wire.encode_events``, 5,000 events a frame: a shipper sending
+20,000 events / s in 250 ms batches) as fast as the socket takes them. The
+frames are encoded before the clock starts, so the producers' cost is the
+socket's only. A consumer thread drains the collector as meshtop's session
+does and does the session's work with what it drains:
+
+- ``record``: what ``meshtop record`` does, the target's figure. A
+  :class:`tui.session.SessionRecorder` appends every event to a recording
+  on disk and folds the steps, and the kinds the console prints are decoded.
+- ``dashboard``: every event decoded as well, as a live dashboard's session
+  thread does (no target: the dashboard's own frame budget is the TUI figure).
+
+The events are a real job's mix (``tui_frames.SyntheticSource``, 64 ranks
+as dp16 x tp2 x pp2). Rate = events received / (last batch consumed -
+start). Drops: events the collector refused (its queue full, bad frames) or
+that never arrived.
 """
 
 from __future__ import annotations
@@ -25,14 +32,18 @@ from dataclasses import dataclass
 from itertools import islice
 from pathlib import Path
 
+from probes.arrivals import Arrivals
 from probes.collector import Collector
-from probes.wire import encode
+from probes.events import Event
+from probes.wire import encode_events
 from tests.bench.figures import NO_TARGET, Row, Spread, Target, median
 
 PRODUCERS = 8
 FRAME_EVENTS = 5_000
+EVENTS_PER_RUN = 800_000
 TARGET = Target(low=200_000)
 DRAIN_TIMEOUT_S = 60.0
+RANKS = 64
 
 
 def produce(address: tuple[str, int], frame: bytes, frames: int) -> None:
@@ -64,29 +75,65 @@ class Ingested:
         return self.events / self.seconds
 
 
-def drain_until(collector: Collector, expected: int, stop: threading.Event) -> tuple[int, float]:
-    """Drain the queue until ``expected`` events came (or ``stop``): how many, and when the last one came."""
+class RecordConsumer:
+    """What ``meshtop record``'s session does with each batch: the recording, the steps, the console's kinds."""
+
+    def __init__(self, directory: Path) -> None:
+        # Imported here: the producer processes import this module and need neither torch nor textual.
+        from runner.plan import RunSpec, resolve
+        from tui.console import CONSOLE_KINDS
+        from tui.session import SessionRecorder
+
+        run = resolve(RunSpec(dp=RANKS // 4, tp=2, pp=2, device="cpu"), gpus_visible=0)
+        self.recorder = SessionRecorder(run, directory, manifest={})
+        self.kinds = CONSOLE_KINDS
+
+    def __call__(self, arrivals: Arrivals) -> None:
+        self.recorder.take(arrivals)
+        arrivals.events(self.kinds)
+
+    def close(self) -> None:
+        assert self.recorder.writer is not None
+        self.recorder.writer.close()
+
+
+class DashboardConsumer(RecordConsumer):
+    """``record``'s work, and every event decoded as the live dashboard's session thread does."""
+
+    def __call__(self, arrivals: Arrivals) -> None:
+        self.recorder.take(arrivals)
+        arrivals.events()
+
+
+CONSUMERS = {"record": RecordConsumer, "dashboard": DashboardConsumer}
+
+
+def drain_until(collector: Collector, consume: RecordConsumer, expected: int,
+                stop: threading.Event) -> tuple[int, float]:
+    """Consume until ``expected`` events came (or ``stop``): how many, and when the last batch was done."""
     received, last = 0, time.perf_counter()
     while received < expected and not stop.is_set():
-        got = len(collector.drain())
-        if got:
-            received, last = received + got, time.perf_counter()
+        arrivals = Arrivals(collector.drain())
+        if arrivals.items:
+            consume(arrivals)
+            received, last = received + arrivals.count, time.perf_counter()
         else:
             time.sleep(0.001)
     return received, last
 
 
-def ingest_once(records: list[dict[str, object]], producers: int, frames: int) -> Ingested:
-    """One run: ``producers`` processes each sending ``frames`` frames of ``records``."""
+def ingest_once(events: list[Event], producers: int, frames: int, consumer: str) -> Ingested:
+    """One run: ``producers`` processes each sending ``frames`` frames of ``events``."""
     collector = Collector().start()
     workers: list[subprocess.Popen[str]] = []
+    tmp = tempfile.TemporaryDirectory()
     try:
-        with tempfile.TemporaryDirectory() as tmp:
-            for rank in range(producers):
-                path = Path(tmp) / f"frame-{rank}"
-                path.write_bytes(encode({"token": collector.token, "rank": rank, "dropped": 0, "events": records}))
-                workers.append(start_producer(collector.address, path, frames))
-        expected = producers * frames * len(records)
+        consume = CONSUMERS[consumer](Path(tmp.name) / "recording")
+        for rank in range(producers):
+            path = Path(tmp.name) / f"frame-{rank}"
+            path.write_bytes(encode_events(token=collector.token, rank=rank, dropped=0, events=events))
+            workers.append(start_producer(collector.address, path, frames))
+        expected = producers * frames * len(events)
         stop = threading.Event()
         timer = threading.Timer(DRAIN_TIMEOUT_S, stop.set)
         timer.start()
@@ -95,50 +142,56 @@ def ingest_once(records: list[dict[str, object]], producers: int, frames: int) -
             assert worker.stdin is not None
             worker.stdin.write("go\n")
             worker.stdin.flush()
-        received, last = drain_until(collector, expected, stop)
+        received, last = drain_until(collector, consume, expected, stop)
         timer.cancel()
         for worker in workers:
             worker.wait(10)
         time.sleep(0.2)  # anything late still counts as received, not as dropped
-        received += len(collector.drain())
+        late = Arrivals(collector.drain())
+        consume(late)
+        received += late.count
+        consume.close()
     finally:
+        tmp.cleanup()
         for worker in workers:
             if worker.poll() is None:
                 worker.kill()
                 worker.wait()
         collector.stop()
     counts = collector.counts
-    refused = counts.queue_full + counts.bad_events + counts.malformed + counts.oversized + counts.bad_token
+    refused = counts.queue_full + counts.malformed + counts.oversized + counts.bad_token
     return Ingested(received, last - started, max(refused, expected - received))
 
 
-def job_records(count: int) -> list[dict[str, object]]:
-    """The first ``count`` events of the synthetic 64-rank job, as the shipper sends them."""
+def job_events(count: int) -> list[Event]:
+    """The first ``count`` events of the synthetic 64-rank job."""
     # Imported here: the producer processes import this module and need no textual.
     from tests.bench.tui_frames import SyntheticSource
 
-    return [event.to_record() for event in islice(SyntheticSource(64, warm_events=0).job_events(), count)]
+    return list(islice(SyntheticSource(RANKS, warm_events=0).job_events(), count))
 
 
-def row(records: list[dict[str, object]], producers: int, reps: int, target: Target) -> Row:
-    """``reps`` runs of ``producers`` processes sending 200,000 events in all."""
-    frames = max(1, 200_000 // (producers * len(records)))
-    runs = [ingest_once(records, producers=producers, frames=frames) for _ in range(reps)]
+def row(events: list[Event], producers: int, reps: int, consumer: str, target: Target) -> Row:
+    """``reps`` runs of ``producers`` processes sending :data:`EVENTS_PER_RUN` events in all."""
+    frames = max(1, EVENTS_PER_RUN // (producers * len(events)))
+    runs = [ingest_once(events, producers=producers, frames=frames, consumer=consumer) for _ in range(reps)]
     rates = [run.rate for run in runs]
     dropped = sum(run.dropped for run in runs)
     rate = median(rates)
     met = target.met(rate)
-    return Row("ingest", f"collector, {producers} producer{'s' * (producers > 1)}", rate, "events/s",
+    return Row("ingest", f"{consumer}, {producers} producer{'s' * (producers > 1)}", rate, "events/s",
                Spread.of(rates), target, met=None if met is None else met and not dropped,
                note=f"{dropped:,} dropped of {sum(run.events for run in runs) + dropped:,}; "
-                    f"{len(records):,}-event frames",
+                    f"{len(events):,}-event frames",
                details={"runs": [{"events": r.events, "seconds": r.seconds, "dropped": r.dropped} for r in runs]})
 
 
 def rows(reps: int = 3) -> list[Row]:
-    """The target, with 8 producers; and 1 producer, to show what the 8 connections' threads cost."""
-    records = job_records(FRAME_EVENTS)
-    return [row(records, PRODUCERS, reps, TARGET), row(records, 1, reps, NO_TARGET)]
+    """The target: ``record``'s session with 8 producers; with 1 producer, to show what the 8 connections'
+    threads cost; and the dashboard's session, which decodes every event."""
+    events = job_events(FRAME_EVENTS)
+    return [row(events, PRODUCERS, reps, "record", TARGET), row(events, 1, reps, "record", NO_TARGET),
+            row(events, PRODUCERS, reps, "dashboard", NO_TARGET)]
 
 if __name__ == "__main__":
     host, port, frame_file, frame_count = sys.argv[1:5]
