@@ -66,10 +66,6 @@ class EncodedEvents:
     """Lines that did not decode to an event of ``kind`` (known once decoded)."""
     _events: list[Event] | None = field(default=None, repr=False)
 
-    @classmethod
-    def of(cls, kind: str, rank: int, events: list[Event]) -> EncodedEvents:
-        return cls(kind, rank, encode_lines(events), len(events))
-
     def events(self) -> list[Event]:
         """The decoded events (decoded on the first call)."""
         if self._events is None:
@@ -110,8 +106,3 @@ class Arrivals:
             else:
                 events.append(item)
         return events
-
-    @property
-    def bad(self) -> int:
-        """Lines found not to be events so far (only decoded blocks are known)."""
-        return sum(item.bad for item in self.items if isinstance(item, EncodedEvents))

@@ -91,7 +91,8 @@ def sections(header: dict[str, Any], body: bytes) -> list[EncodedEvents]:
         raise FrameError("a message needs an integer rank and a list of sections")
     blocks, offset = [], 0
     for section in listed:
-        if not (isinstance(section, list) and len(section) == 3 and section[0] in EVENT_TYPES
+        if not (isinstance(section, list) and len(section) == 3 and isinstance(section[0], str)
+                and section[0] in EVENT_TYPES
                 and all(isinstance(n, int) and n >= 0 for n in section[1:])):
             raise FrameError(f"not a section: {section!r:.80}")
         kind, count, nbytes = section

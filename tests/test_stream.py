@@ -101,6 +101,7 @@ def test_bad_token_malformed_and_oversized_messages_are_rejected_and_counted(col
     raw_send(collector.address, HEADER.pack(MAX_FRAME_BYTES + 1) + b"x" * 100)
     raw_send(collector.address, message(collector.token, good, sections="nope"))
     raw_send(collector.address, message(collector.token, good, sections=[["martian", 1, 10]]))
+    raw_send(collector.address, message(collector.token, good, sections=[[["step"], 1, 10]]))
     raw_send(collector.address, pack({"token": collector.token, "rank": 0, "sections": [["step", 2, len(lines)]]},
                                      lines))  # says 2 events, holds 1
     raw_send(collector.address, pack({"token": collector.token, "rank": 0, "sections": [["step", 1, len(lines)]]},
@@ -110,7 +111,7 @@ def test_bad_token_malformed_and_oversized_messages_are_rejected_and_counted(col
     time.sleep(0.2)
     counts = collector.counts
     assert (counts.bad_token, counts.oversized) == (2, 1)
-    assert counts.malformed == 5
+    assert counts.malformed == 6
     assert [(e.rank, e.step) for e in received] == [(0, 1)]
 
 

@@ -17,7 +17,7 @@ The figures, and where each is measured:
   for DDP, TP, PP and 3D training and for serving (decode ops, the TPOT);
 - efficiency: tokens / s of a one-rank meshtop run / a plain PyTorch loop
   (:mod:`tests.bench.efficiency`);
-- ingest: events / s the collector absorbs from 8 processes (:mod:`tests.bench.ingest`);
+- ingest: events / s that meshtop records from 8 processes (:mod:`tests.bench.ingest`);
 - samplers: CPU share of the NVML and psutil samplers (:mod:`tests.bench.sampler_cost`);
 - tui: dashboard frame time at 8, 64, 512 ranks and 10,000 events / s (:mod:`tests.bench.tui_frames`);
 - recordings: bytes / event, write rate, load and summary time (:mod:`tests.bench.recording_io`);
