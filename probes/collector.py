@@ -22,9 +22,10 @@ from typing import Any
 from probes.arrivals import Arrival, EncodedEvents
 from probes.errors import ProbeError
 from probes.events import EventsDropped
-from probes.wire import FrameError, read_frame, sections
+from probes.wire import FrameError, is_count, read_frame, sections
 
 DEFAULT_QUEUE_EVENTS = 1_000_000
+DEFAULT_QUEUE_BYTES = 512 * 1024 * 1024
 READ_TIMEOUT_S = 30.0
 
 
@@ -55,12 +56,14 @@ class Collector:
     """
 
     def __init__(self, *, host: str = "127.0.0.1", port: int = 0, token: str | None = None,
-                 max_queue_events: int = DEFAULT_QUEUE_EVENTS) -> None:
+                 max_queue_events: int = DEFAULT_QUEUE_EVENTS, max_queue_bytes: int = DEFAULT_QUEUE_BYTES) -> None:
         self.token = token or secrets.token_hex(16)
         self.counts = CollectorCounts()
         self.max_queue_events = max_queue_events
+        self.max_queue_bytes = max_queue_bytes
         self._batches: deque[list[Arrival]] = deque()
         self._queued = 0
+        self._queued_bytes = 0
         self._queue_lock = threading.Lock()
         collector = self
 
@@ -101,19 +104,21 @@ class Collector:
         with self._queue_lock:
             batches = list(self._batches)
             self._batches.clear()
-            self._queued = 0
+            self._queued = self._queued_bytes = 0
         return [item for batch in batches for item in batch]
 
     def _enqueue(self, items: list[Arrival]) -> int:
-        """Queue the blocks that fit under the bound, whole; how many events did not fit."""
+        """Queue the blocks that fit under the bounds (events and bytes), whole; how many events did not fit."""
         refused = 0
         with self._queue_lock:
             taken = []
             for item in items:
-                size = item.count if isinstance(item, EncodedEvents) else 1
-                if self._queued + size <= self.max_queue_events:
+                size, nbytes = (item.count, len(item.lines)) if isinstance(item, EncodedEvents) else (1, 0)
+                if (self._queued + size <= self.max_queue_events
+                        and self._queued_bytes + nbytes <= self.max_queue_bytes):
                     taken.append(item)
                     self._queued += size
+                    self._queued_bytes += nbytes
                 else:
                     refused += size
             if taken:
@@ -122,28 +127,37 @@ class Collector:
 
     def _serve(self, sock: socket.socket) -> None:
         sock.settimeout(READ_TIMEOUT_S)
-        while True:
-            try:
-                message = read_frame(sock)
-            except FrameError as error:
-                self.counts.add(**({"oversized": 1} if "limit" in str(error) else {"malformed": 1}))
-                return
-            except OSError:
-                return
-            if message is None:
-                return
-            header, body = message
-            token = header.get("token")
-            if not isinstance(token, str) or not hmac.compare_digest(token.encode(), self.token.encode()):
-                self.counts.add(bad_token=1)
-                return
-            self._accept(header, body)
+        try:
+            while self._serve_one(sock):
+                pass
+        except OSError:
+            return
+        except Exception:  # noqa: BLE001 - whatever a peer sends, the collector goes on serving the others
+            self.counts.add(malformed=1)
+
+    def _serve_one(self, sock: socket.socket) -> bool:
+        """Take one message; whether to read another from this connection."""
+        try:
+            message = read_frame(sock)
+        except FrameError as error:
+            self.counts.add(**({"oversized": 1} if "limit" in str(error) else {"malformed": 1}))
+            return False
+        if message is None:
+            return False
+        header, body = message
+        token = header.get("token")
+        if not isinstance(token, str) or not hmac.compare_digest(token.encode("utf-8", "surrogatepass"),
+                                                                 self.token.encode()):
+            self.counts.add(bad_token=1)
+            return False
+        self._accept(header, body)
+        return True
 
     def _accept(self, header: dict[str, Any], body: bytes) -> None:
         dropped = header.get("dropped", 0)
         try:
-            if not isinstance(dropped, int):
-                raise FrameError("dropped must be an integer")
+            if not is_count(dropped):
+                raise FrameError("dropped must be a count")
             items: list[Arrival] = list(sections(header, body))
         except FrameError:
             self.counts.add(malformed=1)

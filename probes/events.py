@@ -335,8 +335,8 @@ def event_from_record(record: dict[str, Any]) -> Event:
     """Rebuild an event from :meth:`Event.to_record`'s output; a KeyError names an unknown kind, a
     TypeError a field the kind does not have (or a required one missing).
 
-    The collector calls this for every event a worker sends, so it does the least it can: the
-    record's fields straight into the class.
+    The live dashboard's session calls this for every event a worker sends, so it does the least it
+    can: the record's fields straight into the class.
     """
     values = dict(record)
     cls = EVENT_TYPES[values.pop("kind")]

@@ -7,6 +7,12 @@ then the sections' bytes back to back: each is ``count`` events of ``kind``
 as JSON lines (``nbytes`` in all), exactly the lines the recording keeps, so
 the collector checks a frame's shape without reading its events.
 ``dropped`` counts the events the worker's buffer refused since its last message.
+
+Grouping by kind loses the order between kinds inside a message, so the
+sections go in an order that keeps what consumers rely on: rank starts
+first, and a rank's steps and requests after the collectives, stage actions
+and memory reports they close (the dashboard folds a step's collectives and
+stage actions when the last rank's step arrives).
 """
 
 from __future__ import annotations
@@ -38,12 +44,23 @@ def pack(header: dict[str, Any], body: bytes = b"") -> bytes:
     return HEADER.pack(len(payload)) + payload
 
 
+FIRST_KINDS = frozenset({"rank_started"})
+LAST_KINDS = frozenset({"step", "request"})
+"""Kinds that close what a rank sent before them in the same message."""
+
+
+def section_order(kind: str) -> int:
+    return 0 if kind in FIRST_KINDS else 2 if kind in LAST_KINDS else 1
+
+
 def encode_events(*, token: str, rank: int, dropped: int, events: Iterable[Event]) -> bytes:
-    """A worker's message: ``events`` grouped by kind (each kind in the order it was emitted)."""
+    """A worker's message: ``events`` grouped by kind, each kind in the order it was emitted, the kinds in
+    :func:`section_order` (then in the order they first came)."""
     by_kind: dict[str, list[Event]] = {}
     for event in events:
         by_kind.setdefault(event.kind, []).append(event)
-    blocks = [(kind, len(kind_events), encode_lines(kind_events)) for kind, kind_events in by_kind.items()]
+    kinds = sorted(by_kind, key=section_order)  # stable: first come first among equals
+    blocks = [(kind, len(by_kind[kind]), encode_lines(by_kind[kind])) for kind in kinds]
     header = {"token": token, "rank": rank, "dropped": dropped,
               "sections": [[kind, count, len(lines)] for kind, count, lines in blocks]}
     return pack(header, b"".join(lines for _, _, lines in blocks))
@@ -76,8 +93,8 @@ def read_frame(sock: socket.socket, *, max_bytes: int = MAX_FRAME_BYTES) -> tupl
     head, newline, body = payload.partition(b"\n")
     try:
         header = json.loads(head)
-    except (UnicodeDecodeError, json.JSONDecodeError) as error:
-        raise FrameError(f"header not JSON: {error}") from None
+    except (ValueError, RecursionError) as error:  # not JSON, not UTF-8, too deep, a huge integer
+        raise FrameError(f"header not JSON: {type(error).__name__}") from None
     if not newline or not isinstance(header, dict):
         raise FrameError("a message must start with a JSON object and a newline")
     return header, body
@@ -87,23 +104,28 @@ def sections(header: dict[str, Any], body: bytes) -> list[EncodedEvents]:
     """The blocks of events that ``body`` holds as ``header`` describes them; a :class:`FrameError` when the
     two disagree (an unknown kind, sizes that do not add up, a block without ``count`` whole lines)."""
     rank, listed = header.get("rank"), header.get("sections")
-    if not isinstance(rank, int) or not isinstance(listed, list):
-        raise FrameError("a message needs an integer rank and a list of sections")
+    if not is_count(rank) or not isinstance(listed, list):
+        raise FrameError("a message needs a rank and a list of sections")
     blocks, offset = [], 0
     for section in listed:
         if not (isinstance(section, list) and len(section) == 3 and isinstance(section[0], str)
-                and section[0] in EVENT_TYPES
-                and all(isinstance(n, int) and n >= 0 for n in section[1:])):
+                and section[0] in EVENT_TYPES and is_count(section[1]) and section[1] > 0
+                and is_count(section[2])):
             raise FrameError(f"not a section: {section!r:.80}")
         kind, count, nbytes = section
         lines = body[offset:offset + nbytes]
         offset += nbytes
-        if len(lines) != nbytes or lines.count(b"\n") != count or (count and not lines.endswith(b"\n")):
+        if len(lines) != nbytes or lines.count(b"\n") != count or not lines.endswith(b"\n"):
             raise FrameError(f"section {kind} does not hold {count} lines in {nbytes} bytes")
         blocks.append(EncodedEvents(kind, rank, lines, count))
     if offset != len(body):
         raise FrameError(f"{len(body) - offset} bytes after the last section")
     return blocks
+
+
+def is_count(value: object) -> bool:
+    """A non-negative integer (not a bool), as a header's numbers must be."""
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
 def parse_address(text: str) -> tuple[str, int]:

@@ -8,13 +8,12 @@ the recordings issue replaces this.)
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable
 from pathlib import Path
 from typing import IO
 
-from probes.arrivals import Arrival, EncodedEvents, encode_lines
-from probes.events import Event, event_from_record
+from probes.arrivals import Arrival, EncodedEvents, decode_lines, encode_lines
+from probes.events import Event
 from recordings.manifest import RecordingError
 
 EVENTS_DIR = "events"
@@ -84,5 +83,5 @@ class JsonLinesTail:
             return []
         end = chunk.rfind(b"\n") + 1
         self._offset += end
-        return [event_from_record(json.loads(line)) for line in chunk[:end].splitlines() if line.strip()]
+        return decode_lines(chunk[:end], self.path.stem)[0]
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import dataclass, fields
+from dataclasses import MISSING, dataclass, fields
 from pathlib import Path
 
 import pandas as pd
@@ -32,8 +32,17 @@ def columns_of(kind: str) -> list[str]:
     return [f.name for f in fields(EVENT_TYPES[kind])] if kind in EVENT_TYPES else []
 
 
+def required_of(kind: str) -> frozenset[str]:
+    """The fields an event of ``kind`` cannot be without (those with no default)."""
+    if kind not in EVENT_TYPES:
+        return frozenset()
+    return frozenset(f.name for f in fields(EVENT_TYPES[kind]) if f.default is MISSING and f.default_factory is MISSING)
+
+
 def read_json_lines(path: Path, kind: str) -> LoadedTable:
-    """Every whole, valid line of ``path``; the rest counted as lost."""
+    """Every whole, valid line of ``path``; the rest counted as lost (not JSON, not an object, another
+    kind's, or without a field the kind needs: the workers' lines are written as they came)."""
+    required = required_of(kind)
     records, lost = [], 0
     data = path.read_bytes()
     lines = data.split(b"\n")
@@ -45,11 +54,10 @@ def read_json_lines(path: Path, kind: str) -> LoadedTable:
     for line in lines:
         try:
             record = json.loads(line)
-        except (UnicodeDecodeError, json.JSONDecodeError):
+        except (ValueError, RecursionError):  # not JSON, not UTF-8, too deep, a huge integer
             lost += 1
             continue
-        if isinstance(record, dict):
-            record.pop("kind", None)
+        if isinstance(record, dict) and record.pop("kind", kind) == kind and record.keys() >= required:
             records.append(record)
         else:
             lost += 1

@@ -169,3 +169,25 @@ def test_a_killed_rank_costs_at_most_its_last_second_of_events(tmp_path: Path) -
     assert killed_at - last_of_killed < 1e9
     ranks = {r["rank"]: r for r in recording.manifest["ranks"]}
     assert ranks[1]["signal"] == "SIGKILL"
+
+
+def test_the_writer_keeps_workers_blocks_as_they_came_and_the_reader_drops_what_is_no_event(tmp_path: Path) -> None:
+    from probes.arrivals import EncodedEvents, encode_lines
+    from probes.events import EventsDropped, StepTiming
+    from recordings.events_log import EventWriter
+    from recordings.tables import read_json_lines
+
+    steps = [StepTiming(rank=1, step=n, start_ns=n, duration_s=0.5, tokens=8, loss=2.0) for n in range(3)]
+    foreign = b'{"kind":"collective","rank":1}\n{"kind":"step","rank":1}\n'  # another kind's; a step without fields
+    writer = EventWriter(tmp_path)
+    writer.write([EncodedEvents("step", 1, encode_lines(steps[:2]) + foreign, 4),
+                  EventsDropped(wall_ns=5, rank=None, where="collector", count=3),
+                  EncodedEvents("step", 1, encode_lines(steps[2:]), 1)])
+    writer.close()
+    assert writer.written == 6
+    events = tmp_path / "events"
+    assert (events / "step.jsonl").read_bytes() == encode_lines(steps[:2]) + foreign + encode_lines(steps[2:])
+    table = read_json_lines(events / "step.jsonl", "step")
+    assert (table.frame["step"].tolist(), table.lost_lines) == ([0, 1, 2], 2)
+    dropped = read_json_lines(events / "events_dropped.jsonl", "events_dropped")
+    assert (dropped.frame["count"].tolist(), dropped.lost_lines) == ([3], 0)

@@ -131,9 +131,9 @@ def test_a_message_keeps_each_kind_as_the_recording_lines_it_sent() -> None:
         a.sendall(frame)
         header, body = read_frame(b)
     blocks = sections(header, body)
-    assert [(block.kind, block.rank, block.count) for block in blocks] == [("step", 4, 2), ("events_dropped", 4, 1)]
-    assert blocks[0].lines == encode_lines([events[0], events[2]])
-    assert [json.loads(line)["step"] for line in blocks[0].lines.splitlines()] == [1, 2]
+    assert [(block.kind, block.rank, block.count) for block in blocks] == [("events_dropped", 4, 1), ("step", 4, 2)]
+    assert blocks[1].lines == encode_lines([events[0], events[2]])
+    assert [json.loads(line)["step"] for line in blocks[1].lines.splitlines()] == [1, 2]
 
 
 def test_collector_survives_random_garbage_and_keeps_serving(collector: Collector) -> None:
@@ -171,3 +171,74 @@ def test_wire_frames_are_length_prefixed_with_a_json_header_line() -> None:
     (length,) = HEADER.unpack(frame[:4])
     head, body = frame[4:4 + length].split(b"\n", 1)
     assert (json.loads(head), body) == ({"a": 1}, b"body")
+
+
+def test_sections_put_rank_starts_first_and_the_steps_after_what_they_close() -> None:
+    from probes.events import CollectiveTiming, RankStarted, StageAction
+
+    started = RankStarted(rank=0, pid=1, host="h", device="cpu", pp_rank=0, dp_rank=0, tp_rank=0, stages=(0,),
+                          local_parameters=1, wall_ns=1)
+    send = CollectiveTiming(rank=0, step=1, op="send", group="pp", group_size=2, peer=1, bytes=4, dtype="float32",
+                            start_ns=1, end_ns=2, clock="completion")
+    forward = StageAction(rank=0, step=1, stage=0, microbatch=0, action="forward", start_ns=1, end_ns=2)
+    emitted = [step(0, 0), started, send, step(0, 1), forward, send]  # a message cut between two steps
+    a, b = socket.socketpair()
+    with a, b:
+        a.sendall(encode_events(token="t", rank=0, dropped=0, events=emitted))
+        header, body = read_frame(b)
+    blocks = sections(header, body)
+    assert [block.kind for block in blocks] == ["rank_started", "collective", "stage_action", "step"]
+    assert [getattr(e, "step", None) for e in Arrivals(blocks).events()] == [None, 1, 1, 1, 0, 1]
+
+
+def test_sections_that_are_empty_or_miscounted_and_bad_numbers_are_malformed(collector: Collector) -> None:
+    lines = encode_lines([step(0, 1)])
+    token = collector.token
+    for header, body in (
+        ({"rank": 0, "sections": [["step", 0, 3]]}, b"zzz"),  # no events, yet bytes that would join the next line
+        ({"rank": 0, "sections": [["step", 0, 0]]}, b""),
+        ({"rank": True, "sections": [["step", 1, len(lines)]]}, lines),
+        ({"rank": 0, "dropped": -5, "sections": [["step", 1, len(lines)]]}, lines),
+        ({"rank": 0, "sections": [["step", 1, len(lines) - 1]]}, lines[:-1]),  # no final newline
+    ):
+        raw_send(collector.address, pack({"token": token, **header}, body))
+    raw_send(collector.address, pack({"token": token, "rank": 0, "sections": [["step", 1, len(lines)]]}, lines))
+    assert [(e.rank, e.step) for e in wait_for(collector, 1)] == [(0, 1)]
+    time.sleep(0.2)
+    assert collector.counts.malformed == 5
+
+
+def test_hostile_headers_are_counted_and_the_collector_serves_on(collector: Collector) -> None:
+    deep = b"[" * 100_000
+    huge = b'{"token": "x", "rank": ' + b"9" * 5000 + b"}"
+    for payload in (deep + b"\n", huge + b"\n"):
+        raw_send(collector.address, HEADER.pack(len(payload)) + payload)
+    raw_send(collector.address, pack({"token": "\ud800", "rank": 0, "sections": []}))
+    shipper = EventShipper(address=collector.address, token=collector.token, rank=2)
+    shipper.emit(step(2, 7))
+    shipper.close()
+    assert [(e.rank, e.step) for e in wait_for(collector, 1)] == [(2, 7)]
+    assert (collector.counts.malformed, collector.counts.bad_token) == (2, 1)
+
+
+def test_lines_that_are_not_one_event_each_decode_to_none_without_raising() -> None:
+    good = encode_lines([step(0, 1)])
+    two_on_one_line = good.rstrip(b"\n") + b"," + good
+    split = b'{"kind":"step","rank":0,\n"step":3}\n'
+    for lines, bad in ((two_on_one_line + good, 1), (split + good, 2), (b"9" * 5000 + b"\n" + good, 1),
+                       (b"[" * 100_000 + b"\n" + good, 1)):
+        block = EncodedEvents("step", 0, lines, lines.count(b"\n"))
+        assert [(e.rank, e.step) for e in block.events()] == [(0, 1)]
+        assert block.bad == bad
+
+
+def test_the_queue_is_bounded_in_bytes_too() -> None:
+    small = Collector(max_queue_bytes=12_000).start()
+    try:
+        for _ in range(3):
+            raw_send(small.address, encode_events(token=small.token, rank=0, dropped=0,
+                                                  events=[step(0, n) for n in range(30)]))  # 5,330 bytes each
+        time.sleep(0.3)
+        assert (small.queued, small.counts.queue_full) == (60, 30)
+    finally:
+        small.stop()
