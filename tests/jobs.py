@@ -54,12 +54,18 @@ def environment(**variables: str) -> Iterator[None]:
                 os.environ[name] = value
 
 
-def launch(session_dir: Path, env: dict[str, str] | None = None, **spec: object) -> LaunchedRun:
-    """Resolve ``spec`` for a CPU host and run it to the end under torchrun."""
-    run = resolve(RunSpec(device="cpu", **spec), gpus_visible=0)  # type: ignore[arg-type]
+def launch(session_dir: Path, env: dict[str, str] | None = None, device: str = "cpu", **spec: object) -> LaunchedRun:
+    """Resolve ``spec`` for ``device`` (CPU by default) and run it to the end under torchrun."""
+    gpus = 0
+    if device == "cuda":
+        import torch
+
+        gpus = torch.cuda.device_count()
+    run = resolve(RunSpec(device=device, **spec), gpus_visible=gpus)  # type: ignore[arg-type]
     events: list[Event] = []
     with environment(**(env or {})):
-        result = run_job(run, session_dir=session_dir / "session", on_events=lambda arrivals: events.extend(arrivals.events()))
+        result = run_job(run, session_dir=session_dir / "session",
+                         on_events=lambda arrivals: events.extend(arrivals.events()))
     return LaunchedRun(run=run, result=result, events=events)
 
 

@@ -19,7 +19,8 @@ GPUS = torch.cuda.device_count() if torch.cuda.is_available() else 0
 def run_on_gpus(tmp_path: Path, **spec: object) -> list[float]:
     run = resolve(RunSpec(device="cuda", dtype="fp32", steps=3, batch_size=8, **spec), gpus_visible=GPUS)  # type: ignore[arg-type]
     events: list[Event] = []
-    result = run_job(run, session_dir=tmp_path / spec_name(spec), on_events=lambda arrivals: events.extend(arrivals.events()))
+    result = run_job(run, session_dir=tmp_path / spec_name(spec),
+                     on_events=lambda arrivals: events.extend(arrivals.events()))
     assert result.status == "completed", result
     folder = StepFolder(run.world_size)
     steps = sorted((s for e in events if e.kind == "step" and (s := folder.add(e))), key=lambda s: s.step)
@@ -62,7 +63,8 @@ def test_cuda_memory_accounting_fills_the_allocator_figures(tmp_path: Path) -> N
 
     run = resolve(RunSpec(device="cuda", dp=1, steps=2, model="small"), gpus_visible=GPUS)
     events: list[Event] = []
-    assert run_job(run, session_dir=tmp_path / "mem", on_events=lambda arrivals: events.extend(arrivals.events())).status == "completed"
+    result = run_job(run, session_dir=tmp_path / "mem", on_events=lambda arrivals: events.extend(arrivals.events()))
+    assert result.status == "completed"
     snapshot = [e for e in events if isinstance(e, MemorySnapshot)][-1]
     assert snapshot.allocated_bytes >= snapshot.weights_bytes + snapshot.optimizer_bytes
     assert snapshot.peak_allocated_bytes >= snapshot.allocated_bytes
@@ -76,6 +78,55 @@ def test_nccl_collectives_are_timed_with_cuda_events(tmp_path: Path) -> None:
 
     run = resolve(RunSpec(device="cuda", dp=2, steps=2), gpus_visible=GPUS)
     events: list[Event] = []
-    assert run_job(run, session_dir=tmp_path / "nccl", on_events=lambda arrivals: events.extend(arrivals.events())).status == "completed"
+    result = run_job(run, session_dir=tmp_path / "nccl", on_events=lambda arrivals: events.extend(arrivals.events()))
+    assert result.status == "completed"
     timed = [e for e in events if isinstance(e, CollectiveTiming) and e.step is not None]
     assert timed and all(e.clock == "cuda_events" and e.end_ns > e.start_ns for e in timed)
+
+
+@pytest.mark.skipif(GPUS < 1, reason="needs a CUDA GPU")
+def test_nccl_timing_on_one_gpu_reads_cuda_events_without_blocking_the_host(tmp_path: Path,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """One nccl rank (all a one-GPU machine allows): the probe's device path, end to end.
+
+    A 256 MiB all-reduce queued behind a long matmul on the stream: the call returns to the host long
+    before the GPU runs it, and the event's duration is the all-reduce's own time on the GPU (CUDA
+    events around it), not the time since the call.
+    """
+    import time
+
+    import torch.distributed as dist
+
+    from probes.collectives import CollectiveProbe, GroupDirectory
+    from probes.events import CollectiveTiming
+    from probes.wire import NCCL_TIMING_ENV
+
+    monkeypatch.setenv(NCCL_TIMING_ENV, "1")
+    store = dist.FileStore(str(tmp_path / "store"), 1)
+    dist.init_process_group("nccl", store=store, rank=0, world_size=1, device_id=torch.device("cuda", 0))
+    events: list[Event] = []
+    probe = CollectiveProbe(rank=0, groups=GroupDirectory(), emit=events.append, step=lambda: 1, device_timing=True)
+    probe.install()
+    try:
+        buffer = torch.ones(64 << 20, device="cuda")
+        dist.all_reduce(buffer)  # warm nccl up
+        torch.cuda.synchronize()
+        time.sleep(0.1)
+        events.clear()
+        a = torch.randn(8192, 8192, device="cuda")
+        for _ in range(20):  # about 0.2 s of queued work ahead of the collective
+            a = a @ a / 8192
+        called = time.perf_counter()
+        dist.all_reduce(buffer)
+        returned = time.perf_counter() - called
+        torch.cuda.synchronize()
+        deadline = time.monotonic() + 5
+        while not events and time.monotonic() < deadline:
+            time.sleep(0.01)
+    finally:
+        probe.uninstall()
+        dist.destroy_process_group()
+    timed = [e for e in events if isinstance(e, CollectiveTiming) and e.op == "all_reduce"]
+    assert len(timed) == 1 and timed[0].clock == "cuda_events"
+    assert returned < 0.05  # the host did not wait for the queued matmuls
+    assert 0 <= timed[0].duration_s < 0.05  # the all-reduce alone, not the matmuls queued before it

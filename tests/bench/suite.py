@@ -1,6 +1,6 @@
 """The whole benchmark suite in one command: one table of ratios and rates, each with its target.
 
-``python -m tests.bench.suite [--json PATH] [--full] [--only overhead,ingest,...]``
+``python -m tests.bench.suite [--json PATH] [--full] [--only overhead,ingest,...] [--device cuda]``
 
 Every figure is a ratio or a rate measured side by side in the same run (the
 machine is noisy): hooks on / off inside one job, meshtop / a plain loop in
@@ -22,6 +22,9 @@ The figures, and where each is measured:
 - tui: dashboard frame time at 8, 64, 512 ranks and 10,000 events / s (:mod:`tests.bench.tui_frames`);
 - recordings: bytes / event, write rate, load and summary time (:mod:`tests.bench.recording_io`);
 - accuracy: bubble / (p-1)/(m+p-1), hook busbw / a timing loop (:mod:`tests.bench.accuracy`).
+
+``--device cuda`` runs the GPU figures instead (:mod:`tests.bench.gpu`):
+samplers on real GPUs, overhead on nccl, and MFU.
 """
 
 from __future__ import annotations
@@ -173,8 +176,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", type=Path, help="also write the table (and every figure's details) as JSON")
     parser.add_argument("--full", action="store_true", help="also measure a 10 M-event recording")
     parser.add_argument("--only", help="comma-separated figures to run (default: all)")
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                        help="cuda: the GPU figures (tests/bench/gpu.py) instead of the CPU ones")
     args = parser.parse_args(argv)
-    chosen = figures(args.full)
+    if args.device == "cuda":
+        from tests.bench import gpu
+
+        if gpu.gpu_count() == 0:
+            parser.error("--device cuda: no CUDA GPU is visible")
+        chosen = gpu.figures()
+    else:
+        chosen = figures(args.full)
     names = args.only.split(",") if args.only else list(chosen)
     unknown = set(names) - set(chosen)
     if unknown:
@@ -194,7 +206,10 @@ def main(argv: list[str] | None = None) -> int:
     print(f"\n{sum(bool(row.met) for row in met)} of {len(met)} targets met; {total:.0f} s in all "
           f"({', '.join(f'{name} {s:.0f} s' for name, s in seconds.items())})")
     if args.json:
-        args.json.write_text(json.dumps({"machine": machine(), "full": args.full, "seconds": seconds,
+        described = machine()
+        if args.device == "cuda":
+            described.update(gpu.machine())
+        args.json.write_text(json.dumps({"machine": described, "full": args.full, "seconds": seconds,
                                          "total_s": total, "rows": [row.to_json() for row in rows]}, indent=2) + "\n")
     return 0
 

@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# The GPU checks of issues 3 and 8 in one device call (docs/benchmarks.md, "The GPU suite"):
+# the GPU tests, then the suite's GPU figures. About 6 minutes on one H200.
+#
+# The GPU machine has torch, pandas, pyarrow, psutil, nvidia-ml-py and pytest, not textual or py-spy:
+# their wheels travel in .whl/ (git-ignored; fetched here with tests/bench/device_wheels.sh) and go to
+# /tmp/site there. Writes machine.txt, test_gpu.log, gpu-suite.log and gpu-suite.json under $OUT.
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+OUT=${OUT:-/tmp/meshtop-device}
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+    || { echo "cannot install the carried wheels (.whl/)"; exit 2; }
+export PYTHONPATH="/tmp/site:$PWD"
+{
+    nvidia-smi
+    python3 -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda, torch.cuda.get_device_name(0))'
+} >"$OUT/machine.txt" 2>&1
+python3 -m pytest -q -p no:cacheprovider tests/test_gpu.py 2>&1 | tee "$OUT/test_gpu.log"
+python3 -m tests.bench.suite --device cuda --json "$OUT/gpu-suite.json" 2>&1 | tee "$OUT/gpu-suite.log"

@@ -1,0 +1,127 @@
+"""The suite on a GPU machine: ``python -m tests.bench.suite --device cuda``.
+
+The figures of the issue's GPU part, sized to run in about 4 minutes so that
+they fit one device call:
+
+- samplers: CPU share of the NVML sampler at 10 Hz reading the real GPUs
+  (and psutil), as on CPU (:mod:`tests.bench.sampler_cost`);
+- overhead: step time hooks on / off in one job, every 4 steps
+  (:mod:`tests.bench.overhead`), on nccl: DDP dp2, TP tp2 and PP pp2 where
+  there are 2 GPUs or more, one rank (steps, memory snapshots, the shipper)
+  where there is one, since nccl puts one rank on each GPU; and the TPOT of
+  a serving job;
+- MFU: model FLOP/s of one-rank training of the ``1b`` preset in bf16 over
+  the GPU's dense bf16 peak, with 6N + 12 L d T FLOPs per token (the
+  dashboard's definition, :class:`tui.state.RunInfo`), after warm-up steps;
+  the note gives the allocator's peak against the GPU's memory.
+
+Every job is a real ``meshtop`` job (:func:`tests.jobs.launch`) with the
+hooks and CUDA-event timing of nccl on.
+"""
+
+from __future__ import annotations
+
+import statistics
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from probes.events import MemorySnapshot, StepTiming
+from tests.bench import overhead, sampler_cost
+from tests.bench.figures import NO_TARGET, Row, Spread, Target
+from tests.jobs import launch
+from tui.state import PEAK_BF16_FLOPS, RunInfo
+
+OVERHEAD_TARGET = Target(high=1.02)
+OVERHEAD_MODEL = "125m"
+OVERHEAD_STEPS = 160
+MULTI_GPU_CONFIGS = {"DDP dp2": {"dp": 2}, "TP tp2": {"tp": 2}, "PP pp2 1F1B 4 mb": {"pp": 2, "microbatches": 4}}
+INFER_REQUESTS = 64
+MFU_MODEL = "1b"
+MFU_BATCH = 8
+MFU_STEPS = 30
+MFU_WARMUP = 10
+
+
+def gpu_count() -> int:
+    import torch
+
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+def gpu_name() -> str:
+    import torch
+
+    return torch.cuda.get_device_name(0)
+
+
+def overhead_plans(gpus: int) -> dict[str, dict[str, object]]:
+    """The training jobs whose overhead is measured: one per plan the GPUs allow."""
+    if gpus >= 2:
+        return MULTI_GPU_CONFIGS
+    return {"one rank": {"dp": 1}}
+
+
+def overhead_rows(device: str = "cuda", model: str = OVERHEAD_MODEL, steps: int = OVERHEAD_STEPS,
+                  gpus: int | None = None) -> list[Row]:
+    gpus = gpu_count() if gpus is None else gpus
+    rows = []
+    for label, plan in overhead_plans(gpus).items():
+        result = overhead.measure(label, {**plan, "device": device, "model": model}, steps)
+        rows.append(_overhead_row(f"train {label} {model} {device}", result, "step"))
+    infer = {"dp": 1, "tp": 2} if gpus >= 2 else {"dp": 1}
+    result = overhead.measure_inference({**infer, "device": device, "model": model}, INFER_REQUESTS)
+    rows.append(_overhead_row(f"infer {'tp2' if gpus >= 2 else 'one rank'} {model} TPOT", result, "decode op"))
+    return rows
+
+
+def _overhead_row(case: str, result: dict[str, Any], what: str) -> Row:
+    return Row("overhead", case, float(result["ratio"]), "on/off",
+               Spread(int(result["pairs"]), float(result["pair_ratio_p25"]), float(result["pair_ratio_p75"]),
+                      "block pairs p25-p75"),
+               OVERHEAD_TARGET, note=f"{what} {result['median_off_ms']:.1f} ms, "
+                                     f"{result['steps_on']}+{result['steps_off']}", details=result)
+
+
+def peak_flops(name: str) -> float | None:
+    return next((value for key, value in PEAK_BF16_FLOPS.items() if key in name), None)
+
+
+def mfu_row(device: str = "cuda", model: str = MFU_MODEL, batch_size: int = MFU_BATCH, steps: int = MFU_STEPS,
+            warmup: int = MFU_WARMUP, name: str | None = None) -> Row:
+    """Tokens / s of one rank after ``warmup`` steps, times FLOPs per token, over the GPU's peak."""
+    with tempfile.TemporaryDirectory() as tmp:
+        launched = launch(Path(tmp), device=device, dp=1, model=model, steps=steps, batch_size=batch_size)
+    assert launched.result.status == "completed", launched.result
+    timings = sorted((e for e in launched.events if isinstance(e, StepTiming)), key=lambda e: e.step)[warmup:]
+    step_s = statistics.median(t.duration_s for t in timings)
+    tokens_per_s = timings[0].tokens / step_s
+    flops = RunInfo.from_description(launched.run.describe(), None).flops_per_token
+    name = name if name is not None else gpu_name()
+    peak = peak_flops(name)
+    memory = [e for e in launched.events if isinstance(e, MemorySnapshot)]
+    peak_bytes = max((e.peak_allocated_bytes or 0 for e in memory), default=0)
+    total = next((e.device_total_bytes for e in memory if e.device_total_bytes), None)
+    value = tokens_per_s * flops / peak if flops is not None and peak is not None else float("nan")
+    memory_note = f", allocator peak {peak_bytes / 2**30:.0f} of {total / 2**30:.0f} GiB" if total else ""
+    return Row("mfu", f"train {model} one rank {launched.run.dtype}, {batch_size}x{launched.run.seq_len} tok",
+               value, "of peak", Spread.of([t.tokens / t.duration_s * (flops or 0) / (peak or 1) for t in timings]),
+               NO_TARGET, note=f"{tokens_per_s:,.0f} tok/s, step {step_s * 1e3:.0f} ms, {flops or 0:.3g} FLOP/tok, "
+                               f"peak {peak or 0:.3g} FLOP/s ({name}){memory_note}",
+               details={"step_s": [t.duration_s for t in timings], "flops_per_token": flops, "peak_flops": peak})
+
+
+def figures() -> dict[str, Callable[[], list[Row]]]:
+    return {
+        "samplers": sampler_cost.rows,
+        "overhead": overhead_rows,
+        "mfu": lambda: [mfu_row()],
+    }
+
+
+def machine() -> dict[str, Any]:
+    import torch
+
+    return {"gpus": gpu_count(), "gpu": gpu_name(), "cuda": torch.version.cuda,
+            "nccl": ".".join(map(str, torch.cuda.nccl.version()))}
