@@ -83,6 +83,11 @@ class EncodedEvents:
 Arrival = EncodedEvents | Event
 
 
+def event_count(item: Arrival) -> int:
+    """Events that ``item`` stands for: a block's count, or 1."""
+    return item.count if isinstance(item, EncodedEvents) else 1
+
+
 class Arrivals:
     """What reached meshtop since the last look, in the order it came: encoded blocks and events made here."""
 
@@ -95,12 +100,11 @@ class Arrivals:
     @property
     def count(self) -> int:
         """Events, encoded or not."""
-        return sum(item.count if isinstance(item, EncodedEvents) else 1 for item in self.items)
+        return sum(map(event_count, self.items))
 
     def has(self, kind: str) -> bool:
         """Whether any event of ``kind`` came (without decoding anything)."""
-        return any(item.count > 0 if isinstance(item, EncodedEvents) else True
-                   for item in self.items if item.kind == kind)
+        return any(event_count(item) > 0 for item in self.items if item.kind == kind)
 
     def events(self, kinds: Collection[str] | None = None) -> list[Event]:
         """The events of ``kinds`` (every kind when ``None``), decoded, in arrival order."""

@@ -19,7 +19,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
-from probes.arrivals import Arrival, EncodedEvents
+from probes.arrivals import Arrival, EncodedEvents, event_count
 from probes.errors import ProbeError
 from probes.events import EventsDropped
 from probes.wire import FrameError, is_count, read_frame, sections
@@ -113,7 +113,7 @@ class Collector:
         with self._queue_lock:
             taken = []
             for item in items:
-                size, nbytes = (item.count, len(item.lines)) if isinstance(item, EncodedEvents) else (1, 0)
+                size, nbytes = event_count(item), len(item.lines) if isinstance(item, EncodedEvents) else 0
                 if (self._queued + size <= self.max_queue_events
                         and self._queued_bytes + nbytes <= self.max_queue_bytes):
                     taken.append(item)
@@ -164,6 +164,6 @@ class Collector:
             return
         if dropped:
             items.append(EventsDropped(wall_ns=time.time_ns(), rank=header["rank"], where="worker", count=dropped))
-        events = sum(item.count if isinstance(item, EncodedEvents) else 1 for item in items)
+        events = sum(map(event_count, items))
         full = self._enqueue(items)
         self.counts.add(messages=1, events=events - full, queue_full=full)

@@ -14,11 +14,9 @@ import statistics
 import time
 from collections import deque
 from collections.abc import Callable, Iterable
-from typing import ClassVar
 
+from probes.arrivals import Arrivals
 from probes.events import (
-    CollectiveTiming,
-    Event,
     HangDetected,
     RankProgress,
     StepTiming,
@@ -67,23 +65,19 @@ class HangWatch:
             return max(default_timeout_s(self._step_times), 2 * self.quiet_s)
         return self.fixed_timeout_s if self._step_times else max(self.fixed_timeout_s, STARTUP_MIN_S)
 
-    KINDS: ClassVar[tuple[str, ...]] = ("rank_progress", "step")
-    """The kinds it reads; collectives only count as progress, which needs none of them decoded."""
-
-    def observe(self, events: Iterable[Event], *, progressed: bool = False) -> None:
-        """Fold ``events``; ``progressed``: a collective completed too (its events need not be passed)."""
+    def observe(self, arrivals: Arrivals) -> None:
+        """Fold what arrived: heartbeats and steps decoded; collectives only count as progress, so they
+        are not decoded."""
         now = self._clock()
-        if progressed:
+        if arrivals.has("collective"):
             self._last_progress, self._reported_at = now, None
-        for event in events:
+        for event in arrivals.events(("rank_progress", "step")):
             if isinstance(event, RankProgress):
                 self._heartbeats[event.rank] = (event, now)
             elif isinstance(event, StepTiming):
                 self._last_progress, self._reported_at = now, None
                 if event.rank == 0:
                     self._step_times.append(event.duration_s)
-            elif isinstance(event, CollectiveTiming):
-                self._last_progress, self._reported_at = now, None
 
     @property
     def reported(self) -> bool:

@@ -311,7 +311,7 @@ def run_job(run: ResolvedRun, *, session_dir: Path,
             assert isinstance(event, RankStarted)
             pids[event.rank] = event.pid
             processes.watch(event.rank, event.pid)
-        hangs.observe(arrivals.events(HangWatch.KINDS), progressed=arrivals.has("collective"))
+        hangs.observe(arrivals)
         if not hangs.reported:
             control.hang = None  # progress again: an earlier report no longer holds
         if (hang := hangs.check()) is not None:

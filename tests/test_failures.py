@@ -15,6 +15,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+from probes.arrivals import Arrivals
 from probes.events import CollectiveTiming, RankProgress, StepTiming
 from runner.hangs import MIN_TIMEOUT_S, STARTUP_MIN_S, STARTUP_TIMEOUT_S, HangWatch, default_timeout_s
 from tests.cli_errors import one_line_error
@@ -40,10 +41,10 @@ def test_default_timeout_is_generous_at_start_then_a_multiple_of_the_median_step
 def test_hang_report_names_the_rank_outside_the_collective() -> None:
     now = [0.0]
     watch = HangWatch(4, timeout_s=5, clock=lambda: now[0])
-    watch.observe([step(0)])  # the first step: the user's timeout now applies as given
+    watch.observe(Arrivals([step(0)]))  # the first step: the user's timeout now applies as given
     now[0] = 4.0
-    watch.observe([beat(0, op="all_reduce", group="dp", start_ns=1), beat(1),
-                   beat(2, op="recv", group="pp", peer=3, start_ns=1)])
+    watch.observe(Arrivals([beat(0, op="all_reduce", group="dp", start_ns=1), beat(1),
+                            beat(2, op="recv", group="pp", peer=3, start_ns=1)]))
     assert watch.check() is None  # 4 s < 5 s
     now[0] = 5.5
     hang = watch.check()
@@ -55,17 +56,17 @@ def test_hang_report_names_the_rank_outside_the_collective() -> None:
     assert lines[3].startswith("rank 2: inside recv with rank 3 on pp for ")
     assert lines[4] == "rank 3: no heartbeat received (not started, or hooks unreachable)"
     assert watch.check() is None  # reported once, not every poll
-    watch.observe([CollectiveTiming(rank=0, step=3, op="all_reduce", group="dp", group_size=2, peer=None,
-                                    bytes=4, dtype=None, start_ns=0, end_ns=1, clock="completion")])
+    watch.observe(Arrivals([CollectiveTiming(rank=0, step=3, op="all_reduce", group="dp", group_size=2, peer=None,
+                                             bytes=4, dtype=None, start_ns=0, end_ns=1, clock="completion")]))
     assert not watch.reported  # progress again
 
 
 def test_a_rank_whose_heartbeat_stopped_is_called_silent() -> None:
     now = [0.0]
     watch = HangWatch(2, timeout_s=5, clock=lambda: now[0])
-    watch.observe([step(0), beat(0, op="all_reduce", group="dp", start_ns=1), beat(1)])
+    watch.observe(Arrivals([step(0), beat(0, op="all_reduce", group="dp", start_ns=1), beat(1)]))
     now[0] = 10.0
-    watch.observe([beat(0, op="all_reduce", group="dp", start_ns=1)])  # rank 1 froze (SIGSTOP, a debugger...)
+    watch.observe(Arrivals([beat(0, op="all_reduce", group="dp", start_ns=1)]))  # rank 1 froze (SIGSTOP, a debugger...)
     hang = watch.check()
     assert hang is not None
     assert "rank 1: silent for 10 s (frozen, stopped or gone; last in step 4)" in hang.report
