@@ -19,10 +19,9 @@ from recordings.requests import (
 
 
 def _quantiles(values: pd.Series, *names: str) -> dict[str, float | None]:
-    points = {"p50": 0.5, "p90": 0.9, "p99": 0.99}
     if values.empty:
         return {name: None for name in names}
-    return {name: float(values.quantile(points[name])) for name in names}
+    return {name: float(values.quantile(QUANTILES[name])) for name in names}
 
 
 def distribution(values: np.ndarray) -> dict[str, float | None]:
@@ -92,27 +91,26 @@ def rank0_iterations(recording: Recording) -> pd.DataFrame:
     return steps[steps["rank"] == 0].sort_values("step")
 
 
-def steps_section(recording: Recording, requests: dict[str, Any] | None = None) -> dict[str, Any]:
-    """Job steps (training), or rank 0's iterations with the requests' output tokens/s (inference)."""
+def steps_section(recording: Recording, requests: dict[str, Any] | None) -> dict[str, Any]:
+    """Job steps (training), or rank 0's iterations with the requests' output tokens/s (inference, whose
+    ``requests`` section is given)."""
     if is_inference(recording.manifest):
-        requests = requests if requests is not None else requests_section(recording)
         times = rank0_iterations(recording)["duration_s"].astype(float)
-        return {
-            "count": len(times),
-            "time_s": {**_quantiles(times, "p50", "p90"), "mean": float(times.mean()) if not times.empty else None},
-            "tokens_per_s": {"p50": requests["output_tokens_per_s"] if requests else None},
-            "loss": {"first": None, "last": None},
-        }
-    complete = complete_job_steps(recording)
-    times = complete["duration_s"] if not complete.empty else pd.Series(dtype=float)
-    rate = (complete.tokens / complete.duration_s) if not complete.empty else pd.Series(dtype=float)
-    losses = complete["loss"].dropna() if not complete.empty else pd.Series(dtype=float)
+        tokens_per_s = requests["output_tokens_per_s"] if requests else None
+        first = last = None
+    else:
+        complete = complete_job_steps(recording)
+        times = complete["duration_s"] if not complete.empty else pd.Series(dtype=float)
+        rate = (complete.tokens / complete.duration_s) if not complete.empty else pd.Series(dtype=float)
+        losses = complete["loss"].dropna() if not complete.empty else pd.Series(dtype=float)
+        tokens_per_s = float(rate.median()) if not rate.empty else None
+        first = float(losses.iloc[0]) if not losses.empty else None
+        last = float(losses.iloc[-1]) if not losses.empty else None
     return {
-        "count": int(len(complete)),
+        "count": len(times),
         "time_s": {**_quantiles(times, "p50", "p90"), "mean": float(times.mean()) if not times.empty else None},
-        "tokens_per_s": {"p50": float(rate.median()) if not rate.empty else None},
-        "loss": {"first": float(losses.iloc[0]) if not losses.empty else None,
-                 "last": float(losses.iloc[-1]) if not losses.empty else None},
+        "tokens_per_s": {"p50": tokens_per_s},
+        "loss": {"first": first, "last": last},
     }
 
 
@@ -125,6 +123,7 @@ class ServedRequests:
     completed: pd.DataFrame
     latencies: list[RequestLatency]
     """Those of ``completed``, in its order."""
+    slo: Slo
     good: np.ndarray
     """Per completed request: whether it met every SLO of the load."""
     window_s: float | None
@@ -140,6 +139,19 @@ class ServedRequests:
     def per_s(self, count: float) -> float | None:
         return count / self.window_s if self.window_s else None
 
+    @property
+    def request_rate(self) -> float | None:
+        return self.per_s(len(self.completed))
+
+    @property
+    def output_token_rate(self) -> float | None:
+        return self.per_s(int(self.completed.output_tokens.sum()))
+
+    @property
+    def goodput(self) -> float | None:
+        """Completed requests that met every SLO, per second."""
+        return self.per_s(int(self.good.sum()))
+
 
 def served_requests(recording: Recording) -> ServedRequests:
     rows = recording.table("request").drop_duplicates(subset="request", keep="last")
@@ -151,12 +163,12 @@ def served_requests(recording: Recording) -> ServedRequests:
                                                                completed.token_ns)]
     slo = Slo.of(recording.manifest)
     window = (int(completed.end_ns.max()) - int(completed.arrival_ns.min())) / 1e9 if not completed.empty else 0.0
-    return ServedRequests(rows=rows, completed=completed, latencies=latencies,
+    return ServedRequests(rows=rows, completed=completed, latencies=latencies, slo=slo,
                           good=np.array([slo.met(latency) for latency in latencies], dtype=bool),
                           window_s=window if window > 0 else None)
 
 
-def requests_section(recording: Recording, served: ServedRequests | None = None) -> dict[str, Any] | None:
+def requests_section(recording: Recording) -> dict[str, Any] | None:
     """Counts, failures with their reasons, latencies, rates, goodput and each replica (``None`` for training).
 
     Requests of the load without a row were never served: they count as failed, with the job's end as reason.
@@ -164,24 +176,23 @@ def requests_section(recording: Recording, served: ServedRequests | None = None)
     manifest = recording.manifest
     if not is_inference(manifest):
         return None
-    served = served if served is not None else served_requests(recording)
-    rows, completed = served.rows, served.completed
+    served = served_requests(recording)
+    rows, completed, slo = served.rows, served.completed, served.slo
     count = max(int(load_of(manifest).get("requests") or 0), len(rows))
     failures = Counter(failure_reason(None if pd.isna(error) else str(error))
                        for error in rows.loc[rows.status != COMPLETED, "error"])
     if count > len(rows):
         failures[unserved_reason(job_status(recording))] += count - len(rows)
-    slo = Slo.of(manifest)
     good = int(served.good.sum())
     return {
         "count": count, "completed": len(completed), "failed": count - len(completed),
         "failures": [{"reason": reason, "count": n} for reason, n in failures.most_common()],
         **{name: distribution(served.values(name)) for name in LATENCIES},
         "window_s": served.window_s,
-        "request_throughput_per_s": served.per_s(len(completed)),
-        "output_tokens_per_s": served.per_s(int(completed.output_tokens.sum())),
+        "request_throughput_per_s": served.request_rate,
+        "output_tokens_per_s": served.output_token_rate,
         "slo": {"ttft_s": slo.ttft_s, "tpot_s": slo.tpot_s} if slo.given else None,
-        "goodput_per_s": served.per_s(good) if slo.given else None,
+        "goodput_per_s": served.goodput if slo.given else None,
         "slo_met": good / count if slo.given and count else None,
         "per_replica": replica_rows(recording, served),
     }
@@ -199,7 +210,7 @@ def replica_rows(recording: Recording, served: ServedRequests) -> list[dict[str,
         times = ttft[mine].dropna().to_numpy()
         rows.append({"replica": replica, "completed": int(mine.sum()),
                      "output_tokens_per_s": served.per_s(int(completed.output_tokens[mine].sum())),
-                     "ttft_s": {"p50": distribution(times)["p50"]}})
+                     "ttft_s": {"p50": float(np.median(times)) if len(times) else None}})
     return rows
 
 

@@ -26,7 +26,7 @@ from recordings.analysis import (
 )
 from recordings.pipeline import stage_table
 from recordings.reader import Recording
-from recordings.requests import LATENCIES, LOAD_KEYS, Slo, is_inference, load_of
+from recordings.requests import LATENCIES, LOAD_KEYS, is_inference, load_of
 
 P_VALUE = 0.01
 MIN_CHANGE = 0.01
@@ -136,14 +136,10 @@ def _request_metrics(a: Recording, b: Recording) -> list[dict[str, Any]]:
     metrics = [metric("iteration time (s)", rank0_iterations(a).duration_s.to_numpy(float),
                       rank0_iterations(b).duration_s.to_numpy(float))]
     metrics += [metric(f"{name} (s)", served_a.values(key), served_b.values(key)) for key, name in LATENCIES.items()]
-    metrics.append(metric("request throughput (requests/s)", served_a.per_s(len(served_a.completed)),
-                          served_b.per_s(len(served_b.completed))))
-    metrics.append(metric("output throughput (tokens/s)", served_a.per_s(int(served_a.completed.output_tokens.sum())),
-                          served_b.per_s(int(served_b.completed.output_tokens.sum()))))
-    slo = Slo.of(a.manifest)
-    if slo.given and slo == Slo.of(b.manifest):
-        metrics.append(metric("goodput (requests/s)", served_a.per_s(int(served_a.good.sum())),
-                              served_b.per_s(int(served_b.good.sum()))))
+    metrics.append(metric("request throughput (requests/s)", served_a.request_rate, served_b.request_rate))
+    metrics.append(metric("output throughput (tokens/s)", served_a.output_token_rate, served_b.output_token_rate))
+    if served_a.slo.given and served_a.slo == served_b.slo:
+        metrics.append(metric("goodput (requests/s)", served_a.goodput, served_b.goodput))
     return metrics
 
 

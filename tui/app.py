@@ -31,9 +31,9 @@ from tui.views import (
 )
 
 FRAME_HZ = 8.0
+"""Redraws per second, whatever the event rate."""
 GC_EVERY_S = 5.0
 """A full garbage collection this often, between two frames (tui/gc_pacing.py)."""
-"""Redraws per second, whatever the event rate."""
 
 VIEWS: tuple[tuple[str, str, type[Panel]], ...] = (
     ("overview", "Overview", OverviewPanel),

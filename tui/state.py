@@ -20,7 +20,7 @@ from probes.events import (
     CollectiveTiming, Event, EventsDropped, GpuSample, HangDetected, JobEnded, MemorySnapshot, NvmlState,
     ProcessSample, RankExited, RankStarted, RequestDone, SamplerError, StackDump, StageAction, StepTiming,
 )
-from recordings.requests import Slo, load_of, quantile, unserved_reason
+from recordings.requests import INFER_MODE, Slo, load_of, quantile, unserved_reason
 from recordings.steps import JobStep, StepFolder
 from tui.request_stats import RequestStats, RequestsView
 
@@ -39,6 +39,11 @@ DEFAULT_HEADROOM_ALERT = 0.10
 PEAK_BF16_FLOPS = {"H200": 989e12, "H100": 989e12, "GH200": 989e12, "B200": 2250e12, "A100": 312e12,
                    "L40S": 362e12, "L4": 121e12, "A10": 125e12}
 """Dense bf16 tensor-core peaks by GPU name fragment (vendor datasheets), for MFU."""
+
+
+def peak_bf16_flops(gpu_name: str) -> float | None:
+    """The dense bf16 peak of the GPU called ``gpu_name``, where it is known."""
+    return next((value for key, value in PEAK_BF16_FLOPS.items() if key in gpu_name), None)
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,7 +69,7 @@ class RunInfo:
 
     @property
     def inference(self) -> bool:
-        return self.mode == "infer"
+        return self.mode == INFER_MODE
 
     @classmethod
     def from_description(cls, description: dict[str, Any], recording: str | None) -> RunInfo:
@@ -215,6 +220,7 @@ class DashboardState:
         self.info = RunInfo.from_description(description, recording)
         self.headroom_alert = headroom_alert
         self.events = 0
+        self._requests_view: tuple[tuple[int, int | None], RequestsView] | None = None
         self.first_ns: int | None = None
         """Where elapsed time counts from: the session's start live, the recording's start in a replay."""
         self.clock_ns: int | None = None
@@ -425,19 +431,26 @@ class DashboardState:
 
     def mfu(self) -> float | None:
         """Model FLOP/s over the GPUs' dense bf16 peak, where the GPU and the model are known."""
-        rate, flops = self.tokens_per_s(), self.info.flops_per_token
         if self.info.inference:  # 6N per token is training's forward and backward
             return None
+        rate, flops = self.tokens_per_s(), self.info.flops_per_token
         if rate is None or flops is None or self.info.device != "cuda" or self.info.dtype != "bf16" or not self.gpus:
             return None
-        name = next(iter(self.gpus.values())).sample.name or ""
-        peak = next((value for key, value in PEAK_BF16_FLOPS.items() if key in name), None)
+        peak = peak_bf16_flops(next(iter(self.gpus.values())).sample.name or "")
         if peak is None:
             return None
         return rate * flops / (peak * min(self.info.world_size, len(self.gpus)))
 
     def requests_view(self) -> RequestsView:
-        """The inference requests so far; those the load never got served count as failed once the job ended."""
+        """The inference requests so far; those the load never got served count as failed once the job ended.
+
+        Built once per state of the events and the clock (the header and the overview both show it)."""
+        key = (self.events, self.clock_ns)
+        if self._requests_view is None or self._requests_view[0] != key:
+            self._requests_view = (key, self._fold_requests_view())
+        return self._requests_view[1]
+
+    def _fold_requests_view(self) -> RequestsView:
         stats = self.requests
         failures = Counter(stats.failures)
         failed = stats.failed

@@ -310,7 +310,8 @@ class PipelinePanel(Panel):
             self.paint(Text("no pipeline in this plan (pp 1)", style="dim"))
             return
         steps = state.pipeline_steps()
-        if not steps and not (info.inference and state.bubble_history()):
+        bubbles = state.bubble_history()
+        if not steps and not (info.inference and bubbles):
             note = "waiting for the first step" if info.instrumented else "stage timing needs the hooks (run without --no-instrument)"
             self.paint(Text(note, style="dim"))
             return
@@ -325,7 +326,7 @@ class PipelinePanel(Panel):
             title = (f"bubble fraction per stage (balanced {info.pp}-stage, {m}-microbatch ideal: "
                      f"{theoretical_bubble(info.pp, m):.1%})")
         text.append(title + "\n", style="bold")
-        for stage, history in state.bubble_history().items():
+        for stage, history in bubbles.items():
             latest = history[-1]
             text.append(f"stage {stage} {latest:6.1%} ")
             text.append(sparkline(history, max(10, width - 20), low=0.0, high=1.0) + "\n", style="magenta")
