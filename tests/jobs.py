@@ -14,6 +14,7 @@ from probes.events import Event, RankStarted, StepTiming
 from recordings.steps import JobStep, StepFolder
 from runner.launch import JobResult, run_job
 from runner.plan import ResolvedRun, RunSpec, resolve
+from tui.cli import gpus_visible
 
 
 @dataclass
@@ -56,11 +57,7 @@ def environment(**variables: str) -> Iterator[None]:
 
 def launch(session_dir: Path, env: dict[str, str] | None = None, device: str = "cpu", **spec: object) -> LaunchedRun:
     """Resolve ``spec`` for ``device`` (CPU by default) and run it to the end under torchrun."""
-    gpus = 0
-    if device == "cuda":
-        import torch
-
-        gpus = torch.cuda.device_count()
+    gpus = gpus_visible() if device != "cpu" else 0
     run = resolve(RunSpec(device=device, **spec), gpus_visible=gpus)  # type: ignore[arg-type]
     events: list[Event] = []
     with environment(**(env or {})):

@@ -8,23 +8,16 @@ import pytest
 import torch
 
 from probes.events import Event
-from recordings.steps import StepFolder
-from runner.launch import run_job
-from runner.plan import RunSpec, resolve
+from tests.jobs import launch
 
 pytestmark = pytest.mark.gpu
 GPUS = torch.cuda.device_count() if torch.cuda.is_available() else 0
 
 
 def run_on_gpus(tmp_path: Path, **spec: object) -> list[float]:
-    run = resolve(RunSpec(device="cuda", dtype="fp32", steps=3, batch_size=8, **spec), gpus_visible=GPUS)  # type: ignore[arg-type]
-    events: list[Event] = []
-    result = run_job(run, session_dir=tmp_path / spec_name(spec),
-                     on_events=lambda arrivals: events.extend(arrivals.events()))
-    assert result.status == "completed", result
-    folder = StepFolder(run.world_size)
-    steps = sorted((s for e in events if e.kind == "step" and (s := folder.add(e))), key=lambda s: s.step)
-    return [s.loss for s in steps]
+    launched = launch(tmp_path / spec_name(spec), device="cuda", dtype="fp32", steps=3, batch_size=8, **spec)
+    assert launched.result.status == "completed", launched.result
+    return launched.losses
 
 
 def spec_name(spec: dict[str, object]) -> str:
@@ -61,11 +54,9 @@ def test_nvml_samples_the_real_gpu() -> None:
 def test_cuda_memory_accounting_fills_the_allocator_figures(tmp_path: Path) -> None:
     from probes.events import MemorySnapshot
 
-    run = resolve(RunSpec(device="cuda", dp=1, steps=2, model="small"), gpus_visible=GPUS)
-    events: list[Event] = []
-    result = run_job(run, session_dir=tmp_path / "mem", on_events=lambda arrivals: events.extend(arrivals.events()))
-    assert result.status == "completed"
-    snapshot = [e for e in events if isinstance(e, MemorySnapshot)][-1]
+    launched = launch(tmp_path / "mem", device="cuda", dp=1, steps=2, model="small")
+    assert launched.result.status == "completed"
+    snapshot = [e for e in launched.events if isinstance(e, MemorySnapshot)][-1]
     assert snapshot.allocated_bytes >= snapshot.weights_bytes + snapshot.optimizer_bytes
     assert snapshot.peak_allocated_bytes >= snapshot.allocated_bytes
     assert snapshot.activations_bytes is not None and snapshot.activations_bytes > 0
@@ -76,11 +67,9 @@ def test_cuda_memory_accounting_fills_the_allocator_figures(tmp_path: Path) -> N
 def test_nccl_collectives_are_timed_with_cuda_events(tmp_path: Path) -> None:
     from probes.events import CollectiveTiming
 
-    run = resolve(RunSpec(device="cuda", dp=2, steps=2), gpus_visible=GPUS)
-    events: list[Event] = []
-    result = run_job(run, session_dir=tmp_path / "nccl", on_events=lambda arrivals: events.extend(arrivals.events()))
-    assert result.status == "completed"
-    timed = [e for e in events if isinstance(e, CollectiveTiming) and e.step is not None]
+    launched = launch(tmp_path / "nccl", device="cuda", dp=2, steps=2)
+    assert launched.result.status == "completed"
+    timed = [e for e in launched.events if isinstance(e, CollectiveTiming) and e.step is not None]
     assert timed and all(e.clock == "cuda_events" and e.end_ns > e.start_ns for e in timed)
 
 

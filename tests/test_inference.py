@@ -25,6 +25,7 @@ from runner.model import Transformer
 from runner.presets import PRESETS
 from runner.weights import init_weights
 from tests.cli_errors import one_line_error
+from tests.test_kv_cache import greedy_without_cache
 
 LOAD = ["--mode", "infer", "--requests", "10", "--concurrency", "4", "--max-batch", "3",
         "--prompt-len", "3-20", "--output-len", "1-9", "--seed", "5", "--device", "cpu"]
@@ -60,23 +61,13 @@ def recordings(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     return paths
 
 
-@torch.no_grad()
-def greedy_reference(prompt: tuple[int, ...], count: int, model: Transformer) -> list[int]:
-    """One process, no cache, no batching: run the whole sequence again for every token."""
-    sequence, out = list(prompt), []
-    for _ in range(count):
-        out.append(int(model(torch.tensor([sequence]))[0, -1].argmax()))
-        sequence.append(out[-1])
-    return out
-
-
 def test_every_plan_generates_the_single_process_tokens(recordings: dict[str, Path]) -> None:
     shape = PRESETS["tiny"]
     model = Transformer(shape)
     init_weights(model, model=shape, seed=5, device=torch.device("cpu"))
     load = InferenceLoad(requests=10, concurrency=4, request_rate_per_s=None, prompt_len=(3, 20), output_len=(1, 9),
                          max_batch=3, seed=5)
-    expected = {r.id: greedy_reference(r.prompt, r.output_len, model.eval())
+    expected = {r.id: greedy_without_cache(model.eval(), r.prompt, r.output_len)
                 for r in plan_requests(load, vocab_size=shape.vocab_size)}
     assert len({len(tokens) for tokens in expected.values()}) > 3, "the load mixes output lengths"
     for name, path in recordings.items():

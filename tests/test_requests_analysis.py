@@ -104,24 +104,16 @@ def engine_events() -> list[Event]:
     return events
 
 
-def write_recording(directory: Path, rows: list[RequestDone], *, parquet: bool = False, ended: bool = True,
-                    **load: Any) -> Path:
+def write_recording(directory: Path, rows: list[RequestDone], *, parquet: bool = False, **load: Any) -> Path:
     description = manifest(**load)
-    write_manifest(_made(directory), description)
+    directory.mkdir(parents=True)
+    write_manifest(directory, description)
     writer = EventWriter(directory)
-    events: list[Event] = [*engine_events(), *rows]
-    if ended:
-        events.append(JobEnded(wall_ns=BASE_NS + 200 * MS, status=description["status"], duration_s=0.2,
-                               root_cause_rank=None))
-    writer.write(events)
+    writer.write([*engine_events(), *rows, JobEnded(wall_ns=BASE_NS + 200 * MS, status=description["status"],
+                                                     duration_s=0.2, root_cause_rank=None)])
     writer.close()
     if parquet:
         compact(directory)
-    return directory
-
-
-def _made(directory: Path) -> Path:
-    directory.mkdir(parents=True)
     return directory
 
 

@@ -87,26 +87,21 @@ def raw_send(address: tuple[str, int], data: bytes) -> None:
         time.sleep(0.05)
 
 
-def message(token: str, events: list, **header: object) -> bytes:
-    return encode_events(token=token, rank=0, dropped=0, events=events) if not header else \
-        pack({"token": token, "rank": 0, "dropped": 0, **header})
-
-
 def test_bad_token_malformed_and_oversized_messages_are_rejected_and_counted(collector: Collector) -> None:
     good = [step(0, 1)]
     lines = encode_lines(good)
-    raw_send(collector.address, message("wrong", good))
+    raw_send(collector.address, encode_events(token="wrong", rank=0, dropped=0, events=good))
     raw_send(collector.address, pack({"token": None, "rank": 0, "sections": []}))
     raw_send(collector.address, HEADER.pack(12) + b"not json!!!\n")
     raw_send(collector.address, HEADER.pack(MAX_FRAME_BYTES + 1) + b"x" * 100)
-    raw_send(collector.address, message(collector.token, good, sections="nope"))
-    raw_send(collector.address, message(collector.token, good, sections=[["martian", 1, 10]]))
-    raw_send(collector.address, message(collector.token, good, sections=[[["step"], 1, 10]]))
+    raw_send(collector.address, pack({"token": collector.token, "rank": 0, "sections": "nope"}))
+    raw_send(collector.address, pack({"token": collector.token, "rank": 0, "sections": [["martian", 1, 10]]}))
+    raw_send(collector.address, pack({"token": collector.token, "rank": 0, "sections": [[["step"], 1, 10]]}))
     raw_send(collector.address, pack({"token": collector.token, "rank": 0, "sections": [["step", 2, len(lines)]]},
                                      lines))  # says 2 events, holds 1
     raw_send(collector.address, pack({"token": collector.token, "rank": 0, "sections": [["step", 1, len(lines)]]},
                                      lines + b"trailing"))
-    raw_send(collector.address, message(collector.token, good))
+    raw_send(collector.address, encode_events(token=collector.token, rank=0, dropped=0, events=good))
     received = wait_for(collector, 1)
     time.sleep(0.2)
     counts = collector.counts

@@ -13,6 +13,8 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from recordings.requests import quantile as requests_quantile
+
 
 @dataclass(frozen=True, slots=True)
 class Target:
@@ -88,14 +90,8 @@ class Row:
 
 
 def quantile(values: Sequence[float], q: float) -> float:
-    """The ``q`` quantile by linear interpolation (as numpy's default)."""
-    ordered = sorted(values)
-    if not ordered:
-        return math.nan
-    position = q * (len(ordered) - 1)
-    below = math.floor(position)
-    above = min(below + 1, len(ordered) - 1)
-    return ordered[below] + (ordered[above] - ordered[below]) * (position - below)
+    """The ``q`` quantile by linear interpolation (as numpy's default); NaN for no values."""
+    return requests_quantile(sorted(values), q) if values else math.nan
 
 
 def median(values: Sequence[float]) -> float:

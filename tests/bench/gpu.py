@@ -29,25 +29,19 @@ from typing import Any
 
 from probes.events import MemorySnapshot, StepTiming
 from tests.bench import overhead, sampler_cost
-from tests.bench.figures import NO_TARGET, Row, Spread, Target
+from tests.bench.figures import NO_TARGET, Row, Spread
+from tests.bench.overhead import INFER_REQUESTS, overhead_row
 from tests.jobs import launch
-from tui.state import PEAK_BF16_FLOPS, RunInfo
+from tui.cli import gpus_visible
+from tui.state import RunInfo, peak_bf16_flops
 
-OVERHEAD_TARGET = Target(high=1.02)
 OVERHEAD_MODEL = "125m"
 OVERHEAD_STEPS = 160
 MULTI_GPU_CONFIGS = {"DDP dp2": {"dp": 2}, "TP tp2": {"tp": 2}, "PP pp2 1F1B 4 mb": {"pp": 2, "microbatches": 4}}
-INFER_REQUESTS = 64
 MFU_MODEL = "1b"
 MFU_BATCH = 8
 MFU_STEPS = 30
 MFU_WARMUP = 10
-
-
-def gpu_count() -> int:
-    import torch
-
-    return torch.cuda.device_count() if torch.cuda.is_available() else 0
 
 
 def gpu_name() -> str:
@@ -65,27 +59,15 @@ def overhead_plans(gpus: int) -> dict[str, dict[str, object]]:
 
 def overhead_rows(device: str = "cuda", model: str = OVERHEAD_MODEL, steps: int = OVERHEAD_STEPS,
                   gpus: int | None = None) -> list[Row]:
-    gpus = gpu_count() if gpus is None else gpus
+    gpus = gpus_visible() if gpus is None else gpus
     rows = []
     for label, plan in overhead_plans(gpus).items():
         result = overhead.measure(label, {**plan, "device": device, "model": model}, steps)
-        rows.append(_overhead_row(f"train {label} {model} {device}", result, "step"))
+        rows.append(overhead_row(f"train {label} {model} {device}", result, "step", "steps"))
     infer = {"dp": 1, "tp": 2} if gpus >= 2 else {"dp": 1}
     result = overhead.measure_inference({**infer, "device": device, "model": model}, INFER_REQUESTS)
-    rows.append(_overhead_row(f"infer {'tp2' if gpus >= 2 else 'one rank'} {model} TPOT", result, "decode op"))
+    rows.append(overhead_row(f"infer {'tp2' if gpus >= 2 else 'one rank'} {model} TPOT", result, "decode op", "ops"))
     return rows
-
-
-def _overhead_row(case: str, result: dict[str, Any], what: str) -> Row:
-    return Row("overhead", case, float(result["ratio"]), "on/off",
-               Spread(int(result["pairs"]), float(result["pair_ratio_p25"]), float(result["pair_ratio_p75"]),
-                      "block pairs p25-p75"),
-               OVERHEAD_TARGET, note=f"{what} {result['median_off_ms']:.1f} ms, "
-                                     f"{result['steps_on']}+{result['steps_off']}", details=result)
-
-
-def peak_flops(name: str) -> float | None:
-    return next((value for key, value in PEAK_BF16_FLOPS.items() if key in name), None)
 
 
 def mfu_row(device: str = "cuda", model: str = MFU_MODEL, batch_size: int = MFU_BATCH, steps: int = MFU_STEPS,
@@ -99,7 +81,7 @@ def mfu_row(device: str = "cuda", model: str = MFU_MODEL, batch_size: int = MFU_
     tokens_per_s = timings[0].tokens / step_s
     flops = RunInfo.from_description(launched.run.describe(), None).flops_per_token
     name = name if name is not None else gpu_name()
-    peak = peak_flops(name)
+    peak = peak_bf16_flops(name)
     memory = [e for e in launched.events if isinstance(e, MemorySnapshot)]
     peak_bytes = max((e.peak_allocated_bytes or 0 for e in memory), default=0)
     total = next((e.device_total_bytes for e in memory if e.device_total_bytes), None)
@@ -123,5 +105,5 @@ def figures() -> dict[str, Callable[[], list[Row]]]:
 def machine() -> dict[str, Any]:
     import torch
 
-    return {"gpus": gpu_count(), "gpu": gpu_name(), "cuda": torch.version.cuda,
+    return {"gpus": gpus_visible(), "gpu": gpu_name(), "cuda": torch.version.cuda,
             "nccl": ".".join(map(str, torch.cuda.nccl.version()))}

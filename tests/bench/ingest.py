@@ -75,18 +75,18 @@ class Ingested:
         return self.events / self.seconds
 
 
-class RecordConsumer:
-    """What ``meshtop record``'s session does with each batch: the recording, the steps, the console's kinds."""
+class Consumer:
+    """What a session does with each batch: the recording and the steps (``SessionRecorder``), and the
+    kinds its front end reads decoded (``None``: every kind)."""
 
-    def __init__(self, directory: Path) -> None:
+    def __init__(self, directory: Path, kinds: tuple[str, ...] | None) -> None:
         # Imported here: the producer processes import this module and need neither torch nor textual.
         from runner.plan import RunSpec, resolve
-        from tui.console import CONSOLE_KINDS
         from tui.session import SessionRecorder
 
         run = resolve(RunSpec(dp=RANKS // 4, tp=2, pp=2, device="cpu"), gpus_visible=0)
         self.recorder = SessionRecorder(run, directory, manifest={})
-        self.kinds = CONSOLE_KINDS
+        self.kinds = kinds
 
     def __call__(self, arrivals: Arrivals) -> None:
         self.recorder.take(arrivals)
@@ -97,18 +97,7 @@ class RecordConsumer:
         self.recorder.writer.close()
 
 
-class DashboardConsumer(RecordConsumer):
-    """``record``'s work, and every event decoded as the live dashboard's session thread does."""
-
-    def __call__(self, arrivals: Arrivals) -> None:
-        self.recorder.take(arrivals)
-        arrivals.events()
-
-
-CONSUMERS = {"record": RecordConsumer, "dashboard": DashboardConsumer}
-
-
-def drain_until(collector: Collector, consume: RecordConsumer, expected: int,
+def drain_until(collector: Collector, consume: Consumer, expected: int,
                 stop: threading.Event) -> tuple[int, float]:
     """Consume until ``expected`` events came (or ``stop``): how many, and when the last batch was done."""
     received, last = 0, time.perf_counter()
@@ -128,7 +117,10 @@ def ingest_once(events: list[Event], producers: int, frames: int, consumer: str)
     workers: list[subprocess.Popen[str]] = []
     tmp = tempfile.TemporaryDirectory()
     try:
-        consume = CONSUMERS[consumer](Path(tmp.name) / "recording")
+        from tui.console import CONSOLE_KINDS  # here, as in Consumer
+
+        # record decodes the kinds its console prints; the dashboard decodes every kind
+        consume = Consumer(Path(tmp.name) / "recording", CONSOLE_KINDS if consumer == "record" else None)
         for rank in range(producers):
             path = Path(tmp.name) / f"frame-{rank}"
             path.write_bytes(encode_events(token=collector.token, rank=rank, dropped=0, events=events))

@@ -18,13 +18,16 @@ import statistics
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from probes.events import StepTiming
 from runner.worker import OVERHEAD_BLOCK_ENV
-from tests.bench.figures import quantile
+from tests.bench.figures import Row, Spread, Target, quantile
 from tests.jobs import launch
 
 BLOCK = 4
+TARGET = Target(high=1.02)
+INFER_REQUESTS = 64
 CONFIGS: dict[str, tuple[dict[str, object], int]] = {
     # name: (plan, steps): about a minute each on 2 cores
     "ddp": (dict(dp=2), 2000),
@@ -97,6 +100,15 @@ def compare_blocks(timings: list[StepTiming], block: int,
         "pair_ratio_p25": quantile(pair_ratios, 0.25), "pair_ratio_p75": quantile(pair_ratios, 0.75),
         "pairs": len(pair_ratios),
     }
+
+
+def overhead_row(case: str, result: dict[str, Any], what: str, unit: str) -> Row:
+    """A suite row of :func:`measure` or :func:`measure_inference`'s result: ``what`` is timed, in ``unit``."""
+    return Row("overhead", case, float(result["ratio"]), "on/off",
+               Spread(int(result["pairs"]), float(result["pair_ratio_p25"]), float(result["pair_ratio_p75"]),
+                      "block pairs p25-p75"),
+               TARGET, details=result,
+               note=f"{what} {result['median_off_ms']:.1f} ms, {result['steps_on']}+{result['steps_off']} {unit}")
 
 
 def main() -> None:

@@ -52,12 +52,10 @@ from tests.bench import (
 from tests.bench.figures import NO_TARGET, Row, Spread, Target, median
 from tests.test_pipeline_bubble import BELOW, SLOWEST_ABOVE
 
-OVERHEAD_TARGET = Target(high=1.02)
 OVERHEAD_CONFIGS = {"ddp": "DDP dp2", "tp": "TP tp2", "pp": "PP pp2 1F1B 4 mb", "3d": "3D dp2 x tp2 x pp2"}
 STEPS_SCALE = 0.4
 """The suite's share of each overhead job's steps (the full lengths take about 6 minutes)."""
 INFER_PLAN: dict[str, object] = {"dp": 1, "tp": 2}
-INFER_REQUESTS = 64
 TUI_RANKS = (8, 64, 512)
 TUI_SECONDS = 7.0
 """Measured seconds per rank count and terminal size: 1 s on each of the 7 views."""
@@ -68,22 +66,13 @@ BUSBW_TARGET_FROM = 8 << 20
 """Below this the loop also times the Python call around the collective (docs/probes.md): reported only."""
 
 
-def pair_spread(result: dict[str, Any]) -> Spread:
-    return Spread(int(result["pairs"]), float(result["pair_ratio_p25"]), float(result["pair_ratio_p75"]),
-                  "block pairs p25-p75")
-
-
 def overhead_rows() -> list[Row]:
     rows = []
     for name, label in OVERHEAD_CONFIGS.items():
         result = overhead.measure_config(name, STEPS_SCALE)
-        rows.append(Row("overhead", f"train {label}", float(result["ratio"]), "on/off", pair_spread(result),
-                        OVERHEAD_TARGET, note=f"step {result['median_off_ms']:.1f} ms, "
-                                              f"{result['steps_on']}+{result['steps_off']} steps", details=result))
-    result = overhead.measure_inference(INFER_PLAN, INFER_REQUESTS)
-    rows.append(Row("overhead", "infer tp2 TPOT (decode ops)", float(result["ratio"]), "on/off", pair_spread(result),
-                    OVERHEAD_TARGET, note=f"decode op {result['median_off_ms']:.1f} ms, "
-                                          f"{result['steps_on']}+{result['steps_off']} ops", details=result))
+        rows.append(overhead.overhead_row(f"train {label}", result, "step", "steps"))
+    result = overhead.measure_inference(INFER_PLAN, overhead.INFER_REQUESTS)
+    rows.append(overhead.overhead_row("infer tp2 TPOT (decode ops)", result, "decode op", "ops"))
     return rows
 
 
