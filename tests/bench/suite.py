@@ -171,7 +171,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.device == "cuda":
         from tests.bench import gpu
 
-        if gpu.gpu_count() == 0:
+        if gpu.gpus_visible() == 0:
             parser.error("--device cuda: no CUDA GPU is visible")
         chosen = gpu.figures()
     else:
