@@ -5,12 +5,21 @@ reducer, FSDP2 or DTensor's functional collectives, ends in a dispatcher op
 of the ``c10d`` namespace (``c10d::allreduce_``, ...). The probe registers a
 kernel for those ops alone at the ``ADInplaceOrView`` key, which every
 (non-inference) tensor carries and which comes before the backend's kernel.
-Point-to-point operations are issued from Python in every PyTorch caller
-(``torch.distributed`` and pipelining both call ``ProcessGroup.send`` /
-``recv``), so those two methods are wrapped instead: a Python wrapper costs a
-few microseconds where a dispatcher kernel written in Python costs tens.
-Either way the probe notes the start, lets the operation go, and arranges to
-learn the end:
+The kernel comes in two builds:
+
+- **C++** (``c10d_kernel.cpp``, built by :mod:`probes.native`), used on gloo
+  whenever it could be built: it covers the point-to-point ops too
+  (``c10d::send``, ``c10d::recv_``), stamps the end in a C++ callback on the
+  work's future, and keeps finished operations until :meth:`CollectiveProbe.flush`
+  turns them into events, off the training thread. About 5 us per operation.
+- **Python**, for nccl (whose futures complete when the work is queued, so
+  CUDA events time it) and where no C++ build is possible. Point-to-point
+  operations are issued from Python in every PyTorch caller
+  (``torch.distributed`` and pipelining both call ``ProcessGroup.send`` /
+  ``recv``), so those two methods are wrapped instead of hooked: a Python
+  wrapper costs a few microseconds where a dispatcher kernel written in
+  Python costs tens. Either way the probe notes the start, lets the operation
+  go, and arranges to learn the end:
 
 - gloo collectives: a callback on the work's future, run when it completes
   (on gloo's thread; handing completions to a watcher thread through a
@@ -21,8 +30,9 @@ learn the end:
 - nccl: the work's own CUDA-event timing (``TORCH_NCCL_ENABLE_TIMING=1``),
   read by a watcher thread once the work is done, so the host never blocks.
 
-Nothing is computed per call beyond what is needed to find the end; the
-event is built when the operation completes. Tensors made under
+In C++, works without a future end at Python's ``Work.wait`` too. Nothing is
+computed per call beyond what is needed to find the end; the event is built
+when the operation completes (Python) or is drained (C++). Tensors made under
 ``torch.inference_mode`` carry no ``ADInplaceOrView`` key and are not seen:
 the workloads use ``torch.no_grad`` instead.
 """
@@ -31,9 +41,11 @@ from __future__ import annotations
 
 import threading
 import time
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
+from types import ModuleType
 from typing import Any
 
 import torch
@@ -100,6 +112,12 @@ C10D_OPS: dict[str, OpShape] = {
     "barrier": OpShape("barrier", 1, -1),
 }
 # ProcessGroup methods for P2P: the arguments after ``self`` are (tensors, peer, tag).
+# The c10d ops behind those methods, for the C++ kernel: (tensors, group, peer, tag).
+P2P_OPS: dict[str, OpShape] = {
+    "send": OpShape("send", 1, 0, peer_arg=2),
+    "recv_": OpShape("recv", 1, 0, peer_arg=2),
+    "recv_any_source_": OpShape("recv", 1, 0),
+}
 P2P_METHODS: dict[str, OpShape] = {
     "send": OpShape("send", -1, 0, peer_arg=1),
     "recv": OpShape("recv", -1, 0, peer_arg=1),
@@ -107,12 +125,29 @@ P2P_METHODS: dict[str, OpShape] = {
 }
 
 
+def dtype_names(native: ModuleType) -> dict[int, str]:
+    """torch's dtype names (``float32``, ...) by the integer the C++ kernel reports (c10's ScalarType)."""
+    names = {}
+    with warnings.catch_warnings():  # "experimental" and "deprecated" dtypes: they only need a name here
+        warnings.simplefilter("ignore")
+        for dtype in {value for value in vars(torch).values() if isinstance(value, torch.dtype)}:
+            try:
+                code = native.scalar_type(torch.empty(0, dtype=dtype))
+            except (RuntimeError, TypeError):  # a dtype no tensor can be made of here
+                continue
+            names[code] = str(dtype).removeprefix("torch.")
+    return names
+
+
 @dataclass(frozen=True, slots=True)
 class GroupInfo:
     name: str
     size: int
     ranks: tuple[int, ...]
-    """Global rank of each group rank."""
+    """Global rank of each group rank (empty for a group not named: then ranks are given as they are)."""
+
+    def global_rank(self, group_rank: int) -> int:
+        return self.ranks[group_rank] if self.ranks else group_rank
 
 
 class GroupDirectory:
@@ -141,8 +176,13 @@ class GroupDirectory:
 
     def of_group(self, group: ProcessGroup) -> GroupInfo:
         known = self._by_name.get(group.group_name)
+        return known if known is not None else self.named(group.group_name, group.size())
+
+    def named(self, group_name: str, size: int) -> GroupInfo:
+        """The group of this c10d name (one not added is ``other``)."""
+        known = self._by_name.get(group_name)
         if known is None:
-            known = self._by_name[group.group_name] = GroupInfo("other", group.size(), ())
+            known = self._by_name[group_name] = GroupInfo("other", size, ())
         return known
 
 
@@ -160,17 +200,24 @@ class _Issued:
 
 
 class CollectiveProbe:
-    """Times every c10d operation of this process and emits :class:`CollectiveTiming`."""
+    """Times every c10d operation of this process and emits :class:`CollectiveTiming`.
+
+    With ``native`` (the module :mod:`probes.native` built), the C++ kernel
+    does the timing on gloo; its operations reach ``emit`` at :meth:`flush`.
+    """
 
     def __init__(self, *, rank: int, groups: GroupDirectory, emit: Callable[[Event], None],
                  step: Callable[[], int | None], device_timing: bool,
-                 on_error: Callable[[str], None] = lambda message: None) -> None:
+                 on_error: Callable[[str], None] = lambda message: None, native: ModuleType | None = None) -> None:
         self.rank = rank
         self.groups = groups
         self.emit = emit
         self.step = step
         self.device_timing = device_timing
         self.on_error = on_error
+        self.native = native if not device_timing else None
+        self._native_ops: list[OpShape] = []
+        self._dtype_names: dict[int, str] = dtype_names(self.native) if self.native is not None else {}
         self._library: torch.library.Library | None = None
         self._unwaited: dict[int, tuple[Work, _Issued]] = {}
         self._in_flight: dict[int, _Issued] = {}
@@ -186,6 +233,27 @@ class CollectiveProbe:
     # -- installing -------------------------------------------------------------------------
     def install(self) -> None:
         self._stopping.clear()
+        if self.native is not None:
+            self._install_native()
+        else:
+            self._install_python()
+        self._patch_wait()
+        if self.device_timing and (self._watcher is None or not self._watcher.is_alive()):
+            self._watcher = threading.Thread(target=self._watch_device, name="meshtop-nccl-timing", daemon=True)
+            self._watcher.start()
+
+    def _install_native(self) -> None:
+        assert self.native is not None
+        self._native_ops, rows = [], []
+        for name, shape in {**C10D_OPS, **P2P_OPS}.items():
+            if getattr(torch.ops.c10d, name, None) is None:  # an op this torch release does not have
+                continue
+            rows.append((name, len(self._native_ops), shape.group_arg, shape.buffer_arg,
+                         -1 if shape.peer_arg is None else shape.peer_arg, shape.times_group))
+            self._native_ops.append(shape)
+        self.native.install(rows)
+
+    def _install_python(self) -> None:
         below = torch._C._dispatch_keyset_full_after(torch._C.DispatchKey.ADInplaceOrView)
         library = torch.library.Library("c10d", "IMPL")
         for name, shape in C10D_OPS.items():
@@ -197,17 +265,38 @@ class CollectiveProbe:
         self._library = library
         for method, shape in P2P_METHODS.items():
             self._patches.replace(ProcessGroup, method, self._p2p_wrapper(getattr(ProcessGroup, method), shape))
-        self._patch_wait()
-        if self.device_timing and (self._watcher is None or not self._watcher.is_alive()):
-            self._watcher = threading.Thread(target=self._watch_device, name="meshtop-nccl-timing", daemon=True)
-            self._watcher.start()
 
     def uninstall(self) -> None:
         self._stopping.set()
+        if self.native is not None:
+            self.native.uninstall()
         if self._library is not None:
             self._library._destroy()
             self._library = None
         self._patches.restore()
+
+    def step_changed(self, step: int | None) -> None:
+        """The C++ kernel tags operations with the step it was last told (the Python one asks ``step``)."""
+        if self.native is not None:
+            self.native.set_step(step)
+
+    def flush(self) -> int:
+        """Emit the operations the C++ kernel finished since the last call; how many it had to drop."""
+        if self.native is None:
+            return 0
+        records, dropped, errors = self.native.drain()
+        for message in errors:
+            self.on_error(f"collective probe: {message}")
+        for op, group_name, group_size, peer, nbytes, dtype, step, start_ns, end_ns in records:
+            shape = self._native_ops[op]
+            group = self.groups.named(group_name, group_size)
+            self.emit(CollectiveTiming(
+                rank=self.rank, step=step, op=shape.op, group=group.name, group_size=group.size,
+                peer=None if peer is None else group.global_rank(peer), bytes=nbytes,
+                dtype=None if dtype is None else self._dtype_names.get(dtype), start_ns=start_ns, end_ns=end_ns,
+                clock="completion",
+            ))
+        return dropped
 
     def _kernel(self, handle: Any, name: str, shape: OpShape, below: Any) -> Callable[..., Any]:
         def kernel(keyset: Any, *args: Any) -> Any:
@@ -243,10 +332,7 @@ class CollectiveProbe:
         buffer = args[shape.buffer_arg] if shape.buffer_arg >= 0 else None
         nbytes = _nbytes(buffer) * (group.size if shape.times_group else 1)
         tensor = _first_tensor(buffer)
-        peer = None
-        if shape.peer_arg is not None:
-            group_peer = args[shape.peer_arg]
-            peer = group.ranks[group_peer] if group.ranks else group_peer
+        peer = group.global_rank(args[shape.peer_arg]) if shape.peer_arg is not None else None
         dtype = str(tensor.dtype).removeprefix("torch.") if tensor is not None else None
         issued = _Issued(shape, group, peer, nbytes, dtype, self.step(), start_ns)
         self._in_flight[id(issued)] = issued
@@ -278,12 +364,32 @@ class CollectiveProbe:
     def oldest_in_flight(self) -> tuple[int, _Issued | None]:
         """How many operations are in flight, and the one issued first (from any thread)."""
         pending = list(self._in_flight.values())  # one C-level copy: safe against the callbacks' updates
-        return len(pending), min(pending, key=lambda issued: issued.start_ns, default=None)
+        count = len(pending)
+        if self.native is not None:
+            native_count, oldest = self.native.in_flight()
+            count += native_count
+            if oldest is not None:
+                op, group_name, group_size, peer, nbytes, dtype, step, start_ns, _ = oldest
+                group = self.groups.named(group_name, group_size)
+                pending.append(_Issued(self._native_ops[op], group,
+                                       None if peer is None else group.global_rank(peer), nbytes,
+                                       None if dtype is None else self._dtype_names.get(dtype), step, start_ns))
+        return count, min(pending, key=lambda issued: issued.start_ns, default=None)
 
     def _patch_wait(self) -> None:
         original = Work.wait
         unwaited = self._unwaited
         completed = self._completed
+        if self.native is not None:
+            waited = self.native.waited
+
+            def native_wait(work: Work, *args: Any, **kwargs: Any) -> Any:
+                result = original(work, *args, **kwargs)
+                waited(work)
+                return result
+
+            self._patches.replace(Work, "wait", native_wait)
+            return
 
         def wait(work: Work, *args: Any, **kwargs: Any) -> Any:
             result = original(work, *args, **kwargs)

@@ -5,6 +5,10 @@ and :meth:`step_ended` around each step, and every probe tags its events with
 the current step. With ``enabled=False`` (``--no-instrument``) no hook is
 installed; the worker still reports its step timings, so overhead can be
 measured against an identical run.
+
+The collective hooks use the C++ kernel the launcher built
+(:mod:`probes.native`) where there is one; where there is none, rank 0 says
+why in a :class:`SamplerError`, and the Python kernel does the same work.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from torch import nn
 from probes.collectives import CollectiveProbe, GroupDirectory
 from probes.events import Event, RankProgress, SamplerError
 from probes.memory import MemoryProbe
+from probes.native import from_environment
 from probes.pipeline import StageProbe
 from probes.sink import EventSink
 from probes.wire import NCCL_TIMING_ENV
@@ -30,7 +35,7 @@ class Instrumentation:
         self.sink = sink
         self.device = device
         self.enabled = enabled
-        self.step: int | None = None
+        self._step: int | None = None
         self._collectives: CollectiveProbe | None = None
         self._stages: StageProbe | None = None
         self._memory: MemoryProbe | None = None
@@ -42,8 +47,36 @@ class Instrumentation:
     def report_error(self, message: str) -> None:
         self.sink.emit(SamplerError(wall_ns=time.time_ns(), sampler=f"rank {self.rank}", message=message))
 
+    @property
+    def step(self) -> int | None:
+        """The step (or inference op) the worker is in, which the probes tag their events with."""
+        return self._step
+
+    @step.setter
+    def step(self, step: int | None) -> None:
+        self._step = step
+        if self._collectives is not None:
+            self._collectives.step_changed(step)
+
+    @property
+    def collective_kernel(self) -> str | None:
+        """Which kernel times collectives: ``cpp``, ``python``, or ``None`` before :meth:`install`."""
+        if self._collectives is None:
+            return None
+        return "cpp" if self._collectives.native is not None else "python"
+
     def current_step(self) -> int | None:
-        return self.step
+        return self._step
+
+    def shipment(self) -> list[Event]:
+        """What the shipper sends besides the emitted events: finished collectives, then the heartbeat.
+
+        Called on the shipper thread before each shipment.
+        """
+        if self._collectives is not None:
+            if dropped := self._collectives.flush():
+                self.sink.drop(dropped)
+        return [self.progress()]
 
     def progress(self) -> RankProgress:
         """This rank's heartbeat: its step and the oldest collective it waits on (called off the training thread)."""
@@ -57,9 +90,12 @@ class Instrumentation:
     def install(self, *, mesh: Any, pipeline: bool) -> None:
         """Hook collectives (and pipeline stages) before the job is built, so set-up traffic is seen too."""
         device_timing = self.device.type == "cuda" and os.environ.get(NCCL_TIMING_ENV) == "1"
+        native, why_not = from_environment() if self.device.type == "cpu" else (None, None)
+        if why_not is not None and self.rank == 0:
+            self.report_error(f"{why_not}; the Python kernel times collectives instead (about 60 us more each)")
         self._collectives = CollectiveProbe(rank=self.rank, groups=GroupDirectory.from_mesh(mesh), emit=self.emit,
                                             step=self.current_step, device_timing=device_timing,
-                                            on_error=self.report_error)
+                                            on_error=self.report_error, native=native)
         if pipeline:
             self._stages = StageProbe(rank=self.rank, emit=self.emit, step=self.current_step)
         if self.enabled:
@@ -105,9 +141,12 @@ class Instrumentation:
         return self._stages.take_wait_s() if self.enabled and self._stages is not None else None
 
     def uninstall(self) -> None:
+        """Take the hooks out, and emit what the C++ kernel finished (so a sink that is closed next has it)."""
         if not self._installed:
             return
         for probe in (self._stages, self._collectives):
             if probe is not None:
                 probe.uninstall()
+        if self._collectives is not None and (dropped := self._collectives.flush()):
+            self.sink.drop(dropped)
         self._installed = False

@@ -29,8 +29,9 @@ class EventShipper(EventSink):
 
     def __init__(self, *, address: tuple[str, int], token: str, rank: int,
                  capacity: int = DEFAULT_CAPACITY) -> None:
-        self.heartbeat: Callable[[], Event] | None = None
-        """Called on the shipper thread before each shipment; its event goes out with it (hang reports)."""
+        self.before_shipment: Callable[[], list[Event]] | None = None
+        """Called on the shipper thread before each shipment; its events go out with it (the heartbeat of
+        the hang reports, the C++ probe's collectives)."""
         self.address = address
         self.token = token
         self.rank = rank
@@ -55,6 +56,10 @@ class EventShipper(EventSink):
             return
         self._buffer.append(event)
 
+    def drop(self, count: int) -> None:
+        with self._drop_lock:
+            self._dropped += count
+
     def close(self) -> None:
         self._closing.set()
         self._thread.join(CLOSE_TIMEOUT_S)
@@ -65,10 +70,11 @@ class EventShipper(EventSink):
         reported = 0
         while True:
             closing = self._closing.wait(SHIP_INTERVAL_S)
-            if self.heartbeat is not None and not closing:
+            if self.before_shipment is not None and not closing:
                 try:
-                    self._buffer.append(self.heartbeat())
-                except Exception:  # noqa: BLE001 - a heartbeat must never stop the shipping
+                    for event in self.before_shipment():
+                        self.emit(event)
+                except Exception:  # noqa: BLE001 - a probe must never stop the shipping
                     pass
             while self._buffer or self._dropped != reported:
                 batch = [self._buffer.popleft() for _ in range(min(len(self._buffer), BATCH_MAX))]

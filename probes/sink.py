@@ -11,5 +11,8 @@ class EventSink:
     def emit(self, event: Event) -> None:
         """Take one event; must not block the training thread."""
 
+    def drop(self, count: int) -> None:
+        """Count events lost before they reached the sink (reported with the sink's own drops)."""
+
     def close(self) -> None:
         """Flush and release whatever the sink holds."""

@@ -4,7 +4,9 @@
 ``torch.distributed.run`` with the given arguments (so every torchrun option,
 multi-node rendezvous included, works as documented) and writes, however the
 job ends, a JSON status: ``completed``, ``failed`` with each failed rank's exit
-code, signal and error line, or ``interrupted``.
+code, signal and error line, or ``interrupted``. Before the ranks start, it
+builds the C++ collective probe where needed (:mod:`probes.native`; once per
+torch version) and tells them where it is.
 """
 
 from __future__ import annotations
@@ -21,6 +23,8 @@ from typing import Any
 from torch.distributed import run as torchrun
 from torch.distributed.elastic.multiprocessing.api import SignalException
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+
+from probes.native import NATIVE_ENV, environment_value
 
 PARENT_POLL_S = 0.5
 
@@ -73,6 +77,8 @@ def main(argv: list[str]) -> int:
     status_path, torchrun_args = Path(argv[0]), argv[1:]
     stop_when_orphaned()
     args = torchrun.parse_args(torchrun_args)
+    if NATIVE_ENV not in os.environ:
+        os.environ[NATIVE_ENV] = environment_value()
     try:
         torchrun.run(args)
         status: dict[str, Any] = {"status": "completed", "ranks": {}}

@@ -40,6 +40,7 @@ from probes.samplers import (
     ProcessSampler,
 )
 from probes.stacks import dump_stacks
+from probes.native import NATIVE_ENV
 from probes.wire import ADDRESS_ENV, NCCL_TIMING_ENV, TOKEN_ENV
 from runner.hangs import HangWatch
 from runner.load import longest_gap_s
@@ -99,6 +100,8 @@ def worker_environment(run: ResolvedRun, collector: Collector) -> dict[str, str]
     env[ADDRESS_ENV] = f"{host}:{port}"
     env[TOKEN_ENV] = collector.token
     env.setdefault(NCCL_TIMING_ENV, "1")  # nccl times each operation with CUDA events
+    if run.device != "cpu" or not run.instrument:
+        env[NATIVE_ENV] = "off"  # the C++ collective probe times gloo only; the agent builds it otherwise
     env["PYTHONUNBUFFERED"] = "1"
     env["PYTHONPATH"] = os.pathsep.join(filter(None, (str(PROJECT_ROOT), env.get("PYTHONPATH"))))
     if "OMP_NUM_THREADS" not in env:

@@ -120,7 +120,7 @@ def main(argv: list[str]) -> None:
     sink = open_sink(rank)
     probes = Instrumentation(rank=rank, sink=sink, device=device, enabled=run.instrument)
     if isinstance(sink, EventShipper):
-        sink.heartbeat = probes.progress
+        sink.before_shipment = probes.shipment
     try:
         mesh = build_mesh(device_type=run.device, pp=run.pp, dp=run.dp, tp=run.tp)
         probes.install(mesh=mesh, pipeline=run.pp > 1 and run.mode == "train")

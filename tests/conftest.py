@@ -10,12 +10,27 @@ from pathlib import Path
 
 import pytest
 
+from probes import native
 from tests.jobs import launch
 
 
 @pytest.fixture
 def launch_cpu(tmp_path: Path):
     return lambda **spec: launch(tmp_path, **spec)
+
+
+@pytest.fixture(scope="session")
+def native_probe() -> Path:
+    """The C++ collective probe, built once (the tests need a C++ compiler, as torch's extensions do)."""
+    return native.build()
+
+
+@pytest.fixture(params=["cpp", "python"])
+def collective_kernel(request: pytest.FixtureRequest) -> tuple[str, str]:
+    """Each collective kernel: its name and the ``MESHTOP_NATIVE_PROBE`` value that selects it for a rank."""
+    if request.param == "cpp":
+        return "cpp", str(request.getfixturevalue("native_probe"))
+    return "python", "off"
 
 
 @pytest.fixture(scope="session")

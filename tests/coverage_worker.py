@@ -100,7 +100,8 @@ def main(run_path: str, out_dir: str) -> None:
     reference = Counter()
     for op, count in comm_mode.get_comm_counts().items():
         reference[plain_name(op)] += count
-    Path(out_dir, f"rank-{rank}.json").write_text(json.dumps({"hooks": hooks, "comm_debug_mode": reference}))
+    Path(out_dir, f"rank-{rank}.json").write_text(json.dumps(
+        {"kernel": probes.collective_kernel, "hooks": hooks, "comm_debug_mode": reference}))
     dist.destroy_process_group()
 
 

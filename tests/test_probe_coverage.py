@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from probes.native import NATIVE_ENV
 from runner.plan import RunSpec, resolve
 
 pytestmark = pytest.mark.slow
@@ -26,7 +27,8 @@ PLANS = {
 }
 
 
-def count_both_ways(tmp_path: Path, **spec: object) -> tuple[object, list[dict[str, Counter]]]:
+def count_both_ways(tmp_path: Path, native_env: str, **spec: object) -> tuple[object, list[dict[str, Counter]]]:
+    """Each rank's counts (``hooks``, ``comm_debug_mode``), with the kernel ``native_env`` selects."""
     run = resolve(RunSpec(device="cpu", batch_size=8, **spec), gpus_visible=0)  # type: ignore[arg-type]
     run_path, out = tmp_path / "run.json", tmp_path / "counts"
     run_path.write_text(json.dumps(run.to_json()))
@@ -34,18 +36,23 @@ def count_both_ways(tmp_path: Path, **spec: object) -> tuple[object, list[dict[s
     done = subprocess.run(
         [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={run.world_size}",
          "-m", "tests.coverage_worker", str(run_path), str(out)],
-        capture_output=True, text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"},
+        capture_output=True, text=True, timeout=300,
+        env={**os.environ, "OMP_NUM_THREADS": "1", NATIVE_ENV: native_env},
     )
     assert done.returncode == 0, done.stderr[-3000:]
     ranks = [json.loads((out / f"rank-{r}.json").read_text()) for r in range(run.world_size)]
-    return run, [{name: Counter(counts) for name, counts in rank.items()} for rank in ranks]
+    return run, [{name: Counter(counts) if isinstance(counts, dict) else counts for name, counts in rank.items()}
+                 for rank in ranks]
 
 
 @pytest.mark.parametrize("plan", PLANS, ids=PLANS.keys())
-def test_hooks_count_what_comm_debug_mode_counts(plan: str, tmp_path: Path) -> None:
+def test_hooks_count_what_comm_debug_mode_counts(plan: str, collective_kernel: tuple[str, str],
+                                                 tmp_path: Path) -> None:
     spec, groups = PLANS[plan]
-    run, ranks = count_both_ways(tmp_path, **spec)
+    kernel, native_env = collective_kernel
+    run, ranks = count_both_ways(tmp_path, native_env, **spec)
     for rank, counts in enumerate(ranks):
+        assert counts["kernel"] == kernel
         hooks = counts["hooks"]
         by_op = Counter()
         for key, count in hooks.items():

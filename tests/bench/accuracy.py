@@ -19,6 +19,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+from probes.native import NATIVE_ENV, environment_value
 from recordings.pipeline import frames, stage_table, theoretical_bubble
 from tests.jobs import launch
 
@@ -47,7 +48,7 @@ def measure_busbw() -> list[dict[str, float]]:
         out = Path(tmp) / "busbw.json"
         subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
                         "-m", "tests.bench.busbw_worker", str(out)], check=True, capture_output=True,
-                       env={**os.environ, "OMP_NUM_THREADS": "1"}, timeout=600)
+                       env={**os.environ, "OMP_NUM_THREADS": "1", NATIVE_ENV: environment_value()}, timeout=600)
         return json.loads(out.read_text())
 
 

@@ -14,7 +14,8 @@ the TUI dwells 1 s per view); ``--full`` adds a 10 M-event recording
 The figures, and where each is measured:
 
 - overhead: step time hooks on / off, every 4 steps (:mod:`tests.bench.overhead`),
-  for DDP, TP, PP and 3D training and for serving (decode ops, the TPOT);
+  for DDP, TP, PP and 3D training and for serving (decode ops, the TPOT), and
+  what each collective kernel adds to one operation (:mod:`tests.bench.kernel_cost`);
 - efficiency: tokens / s of a one-rank meshtop run / a plain PyTorch loop
   (:mod:`tests.bench.efficiency`);
 - ingest: events / s that meshtop records from 8 processes (:mod:`tests.bench.ingest`);
@@ -44,6 +45,7 @@ from tests.bench import (
     accuracy,
     efficiency,
     ingest,
+    kernel_cost,
     overhead,
     recording_io,
     sampler_cost,
@@ -67,7 +69,7 @@ BUSBW_TARGET_FROM = 8 << 20
 
 
 def overhead_rows() -> list[Row]:
-    rows = []
+    rows = kernel_cost.rows()
     for name, label in OVERHEAD_CONFIGS.items():
         result = overhead.measure_config(name, STEPS_SCALE)
         rows.append(overhead.overhead_row(f"train {label}", result, "step", "steps"))
