@@ -287,15 +287,8 @@ class CollectiveProbe:
         records, dropped, errors = self.native.drain()
         for message in errors:
             self.on_error(f"collective probe: {message}")
-        for op, group_name, group_size, peer, nbytes, dtype, step, start_ns, end_ns in records:
-            shape = self._native_ops[op]
-            group = self.groups.named(group_name, group_size)
-            self.emit(CollectiveTiming(
-                rank=self.rank, step=step, op=shape.op, group=group.name, group_size=group.size,
-                peer=None if peer is None else group.global_rank(peer), bytes=nbytes,
-                dtype=None if dtype is None else self._dtype_names.get(dtype), start_ns=start_ns, end_ns=end_ns,
-                clock="completion",
-            ))
+        for record in records:
+            self._completed(self._native_issued(record), end_ns=record[-1])
         return dropped
 
     def _kernel(self, handle: Any, name: str, shape: OpShape, below: Any) -> Callable[..., Any]:
@@ -369,12 +362,15 @@ class CollectiveProbe:
             native_count, oldest = self.native.in_flight()
             count += native_count
             if oldest is not None:
-                op, group_name, group_size, peer, nbytes, dtype, step, start_ns, _ = oldest
-                group = self.groups.named(group_name, group_size)
-                pending.append(_Issued(self._native_ops[op], group,
-                                       None if peer is None else group.global_rank(peer), nbytes,
-                                       None if dtype is None else self._dtype_names.get(dtype), step, start_ns))
+                pending.append(self._native_issued(oldest))
         return count, min(pending, key=lambda issued: issued.start_ns, default=None)
+
+    def _native_issued(self, record: tuple[Any, ...]) -> _Issued:
+        """A C++ kernel's record (see ``c10d_kernel.cpp``'s ``as_tuple``) as the Python kernel notes it."""
+        op, group_name, group_size, peer, nbytes, dtype, step, start_ns, _end_ns = record
+        group = self.groups.named(group_name, group_size)
+        return _Issued(self._native_ops[op], group, None if peer is None else group.global_rank(peer), nbytes,
+                       None if dtype is None else self._dtype_names.get(dtype), step, start_ns)
 
     def _patch_wait(self) -> None:
         original = Work.wait
