@@ -92,7 +92,7 @@ class Instrumentation:
         device_timing = self.device.type == "cuda" and os.environ.get(NCCL_TIMING_ENV) == "1"
         native, why_not = from_environment() if self.device.type == "cpu" else (None, None)
         if why_not is not None and self.rank == 0:
-            self.report_error(f"{why_not}; the Python kernel times collectives instead (about 60 us more each)")
+            self.report_error(f"{why_not}; the Python kernel times collectives instead (about 100 us more each)")
         self._collectives = CollectiveProbe(rank=self.rank, groups=GroupDirectory.from_mesh(mesh), emit=self.emit,
                                             step=self.current_step, device_timing=device_timing,
                                             on_error=self.report_error, native=native)

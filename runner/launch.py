@@ -33,6 +33,7 @@ from probes.events import (
     RankExited,
     RankStarted,
 )
+from probes.native import NATIVE_ENV
 from probes.samplers import (
     DEFAULT_GPU_HZ,
     DEFAULT_PROCESS_HZ,
@@ -40,7 +41,6 @@ from probes.samplers import (
     ProcessSampler,
 )
 from probes.stacks import dump_stacks
-from probes.native import NATIVE_ENV
 from probes.wire import ADDRESS_ENV, NCCL_TIMING_ENV, TOKEN_ENV
 from runner.hangs import HangWatch
 from runner.load import longest_gap_s

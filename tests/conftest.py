@@ -19,6 +19,11 @@ def launch_cpu(tmp_path: Path):
     return lambda **spec: launch(tmp_path, **spec)
 
 
+def pytest_sessionstart(session: pytest.Session) -> None:
+    """Build the C++ collective probe before any test runs, so no job's hang timeout waits on the compiler."""
+    native.environment_value()
+
+
 @pytest.fixture(scope="session")
 def native_probe() -> Path:
     """The C++ collective probe, built once (the tests need a C++ compiler, as torch's extensions do)."""
