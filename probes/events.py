@@ -68,6 +68,8 @@ class StepTiming(Event):
     """Whether the worker hooks were on during this step."""
     pipeline_wait_s: float | None = None
     """Time blocked on pipeline P2P during the step (instrumented pipeline ranks only)."""
+    cpu_s: float | None = None
+    """CPU time the rank's process used during the step, all its threads (training, shipper, backend)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -125,12 +125,15 @@ class StepOutcome:
     duration_s: float
     forward_backward_s: float
     loss: float | None
+    cpu_s: float
+    """CPU seconds of the whole process (every thread) during the step."""
 
 
 def timed_step(job: TrainingJob, step: int) -> StepOutcome:
     """Run ``step`` and time it (the device is synchronised at both ends)."""
     synchronize(job.device)
-    start_ns, started = time.time_ns(), time.perf_counter()
+    start_ns, started, cpu_started = time.time_ns(), time.perf_counter(), time.process_time()
     loss, forward_backward_s = train_step(job, step)
     synchronize(job.device)
-    return StepOutcome(start_ns, time.perf_counter() - started, forward_backward_s, loss)
+    return StepOutcome(start_ns, time.perf_counter() - started, forward_backward_s, loss,
+                       time.process_time() - cpu_started)

@@ -70,7 +70,7 @@ def train_rank(run: ResolvedRun, *, mesh: Any, coords: MeshCoordinates, device: 
         pipeline_wait_s = probes.step_ended(step)
         sink.emit(StepTiming(rank=rank, step=step, start_ns=outcome.start_ns, duration_s=outcome.duration_s,
                              tokens=tokens, loss=outcome.loss, forward_backward_s=outcome.forward_backward_s,
-                             instrumented=probes.enabled, pipeline_wait_s=pipeline_wait_s))
+                             instrumented=probes.enabled, pipeline_wait_s=pipeline_wait_s, cpu_s=outcome.cpu_s))
 
 
 def serve_rank(run: ResolvedRun, *, mesh: Any, coords: MeshCoordinates, device: torch.device, sink: EventSink,

@@ -13,7 +13,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from probes.events import RankStarted
+from probes.events import RankStarted, StepTiming
 from recordings.events_log import JsonLinesTail
 from tests.jobs import alive
 
@@ -49,6 +49,10 @@ def test_completed_job_reports_every_rank_exit_zero(launch_cpu) -> None:
     assert launched.result.status == "completed"
     assert [(r.rank, r.exit_code) for r in launched.result.ranks] == [(0, 0), (1, 0)]
     assert alive([s.pid for s in launched.started]) == []
+    steps = [e for e in launched.events if isinstance(e, StepTiming)]
+    assert len(steps) == 4
+    # Each step says the CPU its rank used: some, and no more than its threads could in its wall time.
+    assert all(s.cpu_s is not None and 0 < s.cpu_s < s.duration_s * 8 for s in steps)
 
 
 def meshtop(*argv: str) -> list[str]:

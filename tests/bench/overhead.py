@@ -75,13 +75,30 @@ def compare_blocks(timings: list[StepTiming], block: int,
     """median(on) / median(off) over the steps ``keep`` accepts, and the ratios of neighbouring blocks.
 
     The job's step time is the slowest rank's; the first step of each block
-    (the switch) and the first two blocks (warm-up) are dropped.
+    (the switch) and the first two blocks (warm-up) are dropped. Where the
+    steps carry their CPU time, the same comparison of the job's CPU per step
+    (every rank's process, summed) follows as ``cpu_*``: it leaves out the
+    waiting for a core that makes wall time noisy on a machine with fewer cores
+    than ranks, and keeps everything the probes run, on every thread.
     """
     job_time: dict[int, float] = {}
     on_flag: dict[int, bool] = {}
     for timing in timings:
         job_time[timing.step] = max(job_time.get(timing.step, 0.0), timing.duration_s)
         on_flag[timing.step] = timing.instrumented
+    result = block_ratios(job_time, on_flag, block, keep)
+    if all(timing.cpu_s is not None for timing in timings):
+        job_cpu: dict[int, float] = {}
+        for timing in timings:
+            job_cpu[timing.step] = job_cpu.get(timing.step, 0.0) + (timing.cpu_s or 0.0)
+        cpu = block_ratios(job_cpu, on_flag, block, keep)
+        result.update({f"cpu_{name}": value for name, value in cpu.items() if not name.startswith("steps_")})
+    return result
+
+
+def block_ratios(job_time: dict[int, float], on_flag: dict[int, bool], block: int,
+                 keep: Callable[[int], bool]) -> dict[str, Any]:
+    """:func:`compare_blocks` for one per-step figure of the job."""
     blocks: dict[int, list[float]] = {}
     for step, duration in job_time.items():
         if step < 2 * block or step % block == 0 or not keep(step):
@@ -104,11 +121,13 @@ def compare_blocks(timings: list[StepTiming], block: int,
 
 def overhead_row(case: str, result: dict[str, Any], what: str, unit: str) -> Row:
     """A suite row of :func:`measure` or :func:`measure_inference`'s result: ``what`` is timed, in ``unit``."""
+    cpu = (f"; CPU {result['cpu_ratio']:.3f} ({result['cpu_pair_ratio_p25']:.3f}..{result['cpu_pair_ratio_p75']:.3f})"
+           if "cpu_ratio" in result else "")
     return Row("overhead", case, float(result["ratio"]), "on/off",
                Spread(int(result["pairs"]), float(result["pair_ratio_p25"]), float(result["pair_ratio_p75"]),
                       "block pairs p25-p75"),
                TARGET, details=result,
-               note=f"{what} {result['median_off_ms']:.1f} ms, {result['steps_on']}+{result['steps_off']} {unit}")
+               note=f"{what} {result['median_off_ms']:.1f} ms, {result['steps_on']}+{result['steps_off']} {unit}{cpu}")
 
 
 def main() -> None:
@@ -118,13 +137,15 @@ def main() -> None:
     parser.add_argument("--steps-scale", type=float, default=1.0, help="run this share of each config's steps")
     args = parser.parse_args()
     rows = []
-    print(f"{'config':<6} {'plan':<32} {'on ms':>8} {'off ms':>8} {'ratio':>7}  {'pairs p25..p75':>16}  n")
+    print(f"{'config':<6} {'plan':<32} {'on ms':>8} {'off ms':>8} {'ratio':>7}  {'pairs p25..p75':>16}  n"
+          "  CPU ratio (pairs p25..p75)")
     for name in args.configs.split(","):
         row = measure_config(name, args.steps_scale)
         rows.append(row)
         print(f"{name:<6} {row['plan']:<32} {row['median_on_ms']:>8.2f} {row['median_off_ms']:>8.2f} "
               f"{row['ratio']:>7.3f}  {row['pair_ratio_p25']:>7.3f}..{row['pair_ratio_p75']:<7.3f}  "
-              f"{row['steps_on']}+{row['steps_off']}", flush=True)
+              f"{row['steps_on']}+{row['steps_off']}  CPU {row['cpu_ratio']:.3f} "
+              f"({row['cpu_pair_ratio_p25']:.3f}..{row['cpu_pair_ratio_p75']:.3f})", flush=True)
     if args.json:
         args.json.write_text(json.dumps(rows, indent=2))
 
