@@ -57,7 +57,9 @@ def build() -> Path:
         from torch.utils import cpp_extension
 
         # A pip-installed ninja lives next to this Python, which may not be on PATH.
-        os.environ["PATH"] = os.pathsep.join((str(Path(sys.executable).parent), os.environ.get("PATH", "")))
+        scripts, path = str(Path(sys.executable).parent), os.environ.get("PATH", "")
+        if scripts not in path.split(os.pathsep):
+            os.environ["PATH"] = os.pathsep.join((scripts, path)) if path else scripts
         cpp_extension.load(name=name, sources=[str(SOURCE)], build_directory=str(directory),
                            extra_cflags=["-O2"], verbose=False)
     except Exception as error:  # noqa: BLE001 - a compiler's many ways to fail all mean "no fast path"
