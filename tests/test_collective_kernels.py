@@ -14,6 +14,7 @@ import pytest
 from probes import native
 from probes.errors import ProbeError
 
+
 def run_kernel_worker(tmp_path: Path, native_env: str) -> list[dict]:
     done = subprocess.run(
         [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
