@@ -139,6 +139,18 @@ def dtype_names(native: ModuleType) -> dict[int, str]:
     return names
 
 
+def native_table() -> tuple[list[OpShape], list[tuple[str, int, int, int, int, bool]]]:
+    """The ops the C++ kernel hooks, and its install rows: (name, index, group, buffer, peer or -1, times_group)."""
+    shapes, rows = [], []
+    for name, shape in {**C10D_OPS, **P2P_OPS}.items():
+        if getattr(torch.ops.c10d, name, None) is None:  # an op this torch release does not have
+            continue
+        rows.append((name, len(shapes), shape.group_arg, shape.buffer_arg,
+                     -1 if shape.peer_arg is None else shape.peer_arg, shape.times_group))
+        shapes.append(shape)
+    return shapes, rows
+
+
 @dataclass(frozen=True, slots=True)
 class GroupInfo:
     name: str
@@ -216,7 +228,9 @@ class CollectiveProbe:
         self.device_timing = device_timing
         self.on_error = on_error
         self.native = native if not device_timing else None
-        self._native_ops: list[OpShape] = []
+        self._native_ops, self._native_rows = native_table() if self.native is not None else ([], [])
+        """The C++ kernel's ops (its records name them by index) and what it is told of each, fixed for the
+        probe's life: the shipper thread reads the ops while the training thread reinstalls."""
         self._dtype_names: dict[int, str] = dtype_names(self.native) if self.native is not None else {}
         self._library: torch.library.Library | None = None
         self._unwaited: dict[int, tuple[Work, _Issued]] = {}
@@ -244,14 +258,7 @@ class CollectiveProbe:
 
     def _install_native(self) -> None:
         assert self.native is not None
-        self._native_ops, rows = [], []
-        for name, shape in {**C10D_OPS, **P2P_OPS}.items():
-            if getattr(torch.ops.c10d, name, None) is None:  # an op this torch release does not have
-                continue
-            rows.append((name, len(self._native_ops), shape.group_arg, shape.buffer_arg,
-                         -1 if shape.peer_arg is None else shape.peer_arg, shape.times_group))
-            self._native_ops.append(shape)
-        self.native.install(rows)
+        self.native.install(self._native_rows)
 
     def _install_python(self) -> None:
         below = torch._C._dispatch_keyset_full_after(torch._C.DispatchKey.ADInplaceOrView)

@@ -73,10 +73,13 @@ class Instrumentation:
 
         Called on the shipper thread before each shipment.
         """
-        if self._collectives is not None:
-            if dropped := self._collectives.flush():
-                self.sink.drop(dropped)
+        self._flush_collectives()
         return [self.progress()]
+
+    def _flush_collectives(self) -> None:
+        """Emit what the C++ kernel finished, and count what it had to drop as the sink's drops."""
+        if self._collectives is not None and (dropped := self._collectives.flush()):
+            self.sink.drop(dropped)
 
     def progress(self) -> RankProgress:
         """This rank's heartbeat: its step and the oldest collective it waits on (called off the training thread)."""
@@ -147,6 +150,5 @@ class Instrumentation:
         for probe in (self._stages, self._collectives):
             if probe is not None:
                 probe.uninstall()
-        if self._collectives is not None and (dropped := self._collectives.flush()):
-            self.sink.drop(dropped)
+        self._flush_collectives()
         self._installed = False

@@ -20,20 +20,12 @@ import torch.distributed as dist
 from torch.distributed._functional_collectives import all_reduce as functional_all_reduce
 from torch.distributed._functional_collectives import wait_tensor
 
-from probes.events import CollectiveTiming, Event, SamplerError
+from probes.events import CollectiveTiming, SamplerError
 from probes.instrument import Instrumentation
-from probes.sink import EventSink
 from runner.mesh import build_mesh
+from tests.coverage_worker import ListSink
 
 LATE_S = 0.3
-
-
-class ListSink(EventSink):
-    def __init__(self) -> None:
-        self.events: list[Event] = []
-
-    def emit(self, event: Event) -> None:
-        self.events.append(event)
 
 
 def main(out_dir: str) -> None:
