@@ -8,6 +8,12 @@
 //   - completing: a C++ callback on the work's future stamps the end on the
 //     backend's thread, without the GIL. Works without a future (gloo's send,
 //     recv and reduce-scatter) end when Python's Work.wait returns (waited()).
+//   - waiting: Python's Work.wait calls wait_started() first, which stamps the
+//     start of the first wait on a work still in flight; at completion the
+//     record's waited_ns is the end minus that start (kNone: no wait began).
+//   - overlap: an operation issued while others on the same c10d group are in
+//     flight marks them and itself overlapped (a scan of in_flight, which
+//     holds a handful of operations, under the lock that guards it anyway).
 // Finished operations wait in a buffer that Python drains off the training
 // thread (drain()); in_flight() tells the hang watch what a rank waits on.
 // Built on first use by probes/native.py with torch.utils.cpp_extension.
@@ -39,7 +45,8 @@ namespace {
 
 constexpr int64_t kNone = std::numeric_limits<int64_t>::min();
 constexpr size_t kMaxDone = 1'000'000;  // finished, not yet drained: beyond this, counted as dropped
-constexpr size_t kMaxUnwaited = 10'000;  // futureless works never waited from Python are let go
+constexpr size_t kMaxWaitable = 10'000;  // in-flight works the wait hook can find (Python's MAX_WAITABLE):
+                                         // beyond it, futureless works are not tracked, the rest have no wait
 constexpr size_t kMaxErrors = 16;
 
 struct Shape {
@@ -60,13 +67,27 @@ struct Record {
   int64_t step = kNone;
   int64_t start_ns = 0;
   int64_t end_ns = 0;
+  int64_t wait_start_ns = kNone;  // the first Python wait on it that began while it was in flight
+  int64_t waited_ns = kNone;      // end_ns - wait_start_ns, set at completion
+  bool overlapped = false;        // another operation on its group was in flight with it
+  const c10d::Work* work = nullptr;  // its key in State::waitable, or null where that was full
+};
+
+// An in-flight work the wait hook can find. Works without a future are owned here
+// (their end is the wait's return, so they must outlive the Python object); works
+// with one are not: their entry goes in their future's callback, while the backend
+// still holds them, and dropping the last reference there would free the future
+// that is running the callback.
+struct Waitable {
+  c10::intrusive_ptr<c10d::Work> owned;  // null for works that have a future
+  uint64_t id;
 };
 
 struct State {
   std::mutex mu;
   std::map<uint64_t, Record> in_flight;  // by id, so the first is the oldest
   std::vector<Record> done;
-  std::unordered_map<const c10d::Work*, std::pair<c10::intrusive_ptr<c10d::Work>, uint64_t>> unwaited;
+  std::unordered_map<const c10d::Work*, Waitable> waitable;
   uint64_t next_id = 0;
   int64_t dropped = 0;
   std::vector<std::string> errors;
@@ -122,7 +143,16 @@ Record describe(const Shape& shape, const torch::jit::Stack& stack, size_t first
 void complete_locked(State& s, uint64_t id, int64_t end_ns) {
   auto found = s.in_flight.find(id);
   if (found == s.in_flight.end()) return;
-  found->second.end_ns = end_ns;
+  Record& record = found->second;
+  record.end_ns = end_ns;
+  // A wait stamped just before the end but let in just after it did not block on this operation.
+  if (record.wait_start_ns != kNone && record.wait_start_ns <= end_ns) {
+    record.waited_ns = end_ns - record.wait_start_ns;
+  }
+  if (record.work != nullptr) {
+    auto entry = s.waitable.find(record.work);
+    if (entry != s.waitable.end() && entry->second.id == id) s.waitable.erase(entry);
+  }
   if (s.done.size() < kMaxDone) {
     s.done.push_back(std::move(found->second));
   } else {
@@ -145,10 +175,18 @@ void track(Record record, const c10::IValue& out) {
   uint64_t id = 0;
   {
     std::lock_guard<std::mutex> lock(s.mu);
-    if (!future && s.unwaited.size() >= kMaxUnwaited) return;  // cannot be told apart from a hang: not tracked
+    const bool room = s.waitable.size() < kMaxWaitable;
+    if (!future && !room) return;  // would never be seen to end: cannot be told apart from a hang
     id = s.next_id++;
+    for (auto& entry : s.in_flight) {
+      Record& other = entry.second;
+      if (other.group == record.group) other.overlapped = record.overlapped = true;
+    }
+    if (room) {
+      record.work = work.get();
+      s.waitable.insert_or_assign(work.get(), Waitable{future ? nullptr : work, id});
+    }
     s.in_flight.emplace(id, std::move(record));
-    if (!future) s.unwaited.emplace(work.get(), std::make_pair(work, id));
   }
   if (future) {
     future->addCallback(
@@ -197,9 +235,10 @@ py::object none_or(int64_t value) {
   return value == kNone ? py::none() : py::object(py::int_(value));
 }
 
+// The layout probes/collectives.py's _native_issued and flush unpack.
 py::tuple as_tuple(const Record& r) {
   return py::make_tuple(r.op, r.group, r.group_size, none_or(r.peer), r.nbytes, none_or(r.dtype),
-                        none_or(r.step), r.start_ns, r.end_ns);
+                        none_or(r.step), r.start_ns, none_or(r.waited_ns), r.overlapped, r.end_ns);
 }
 
 // Finished operations since the last call, the count dropped, and probe errors.
@@ -232,15 +271,30 @@ py::tuple in_flight() {
   return py::make_tuple(count, oldest ? py::object(as_tuple(*oldest)) : py::object(py::none()));
 }
 
+// Python's Work.wait is about to block: the start of a wait, where the work is in flight and no
+// earlier wait on it began.
+void wait_started(const c10::intrusive_ptr<c10d::Work>& work) {
+  const int64_t start_ns = wall_ns();
+  State& s = state();
+  std::lock_guard<std::mutex> lock(s.mu);
+  auto found = s.waitable.find(work.get());
+  if (found == s.waitable.end()) return;
+  auto record = s.in_flight.find(found->second.id);
+  if (record != s.in_flight.end() && record->second.wait_start_ns == kNone) {
+    record->second.wait_start_ns = start_ns;
+  }
+}
+
 // Python's Work.wait returned: the end of a work that has no future.
 void waited(const c10::intrusive_ptr<c10d::Work>& work) {
   const int64_t end_ns = wall_ns();
   State& s = state();
   std::lock_guard<std::mutex> lock(s.mu);
-  auto found = s.unwaited.find(work.get());
-  if (found == s.unwaited.end()) return;
-  complete_locked(s, found->second.second, end_ns);
-  s.unwaited.erase(found);
+  auto found = s.waitable.find(work.get());
+  if (found == s.waitable.end() || !found->second.owned) return;  // one with a future ends in its callback
+  const uint64_t id = found->second.id;
+  s.waitable.erase(found);  // drops the entry's reference; the caller's keeps the work alive
+  complete_locked(s, id, end_ns);
 }
 
 }  // namespace
@@ -256,6 +310,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   });
   m.def("drain", &drain);
   m.def("in_flight", &in_flight);
+  m.def("wait_started", &wait_started);
   m.def("waited", &waited);
   m.def("scalar_type", [](const at::Tensor& tensor) { return static_cast<int64_t>(tensor.scalar_type()); });
 }

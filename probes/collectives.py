@@ -35,6 +35,19 @@ computed per call beyond what is needed to find the end; the event is built
 when the operation completes (Python) or is drained (C++). Tensors made under
 ``torch.inference_mode`` carry no ``ADInplaceOrView`` key and are not seen:
 the workloads use ``torch.no_grad`` instead.
+
+Both kernels also say how each operation was waited for, the same way:
+
+- ``waited_ns``: the wrapped ``Work.wait`` notes when a wait on a work still
+  in flight began (the first, where several do); at completion the event
+  carries end minus that start, or ``None`` where no Python wait began first
+  (it completed before anyone waited, or it is waited inside C++: DDP's
+  reducer, functional collectives' ``wait_tensor``). nccl's CUDA-event timing
+  leaves it ``None``: a host-side wait there only orders streams.
+- ``overlapped``: when an operation is issued, every operation in flight on
+  the same c10d process group on this rank is marked, and so is the new one;
+  the mark is read at completion. It is the host's view (issue to seen
+  complete) on every backend.
 """
 
 from __future__ import annotations
@@ -53,10 +66,12 @@ import torch.distributed as dist
 from torch._C._distributed_c10d import ProcessGroup, Work
 
 from probes.events import CollectiveTiming, Event
-from probes.patching import Patches
+from probes.patching import Patches, require
 
 DEVICE_POLL_S = 0.002
-MAX_UNWAITED = 10_000
+MAX_WAITABLE = 10_000
+"""In-flight works the ``Work.wait`` wrapper can find (the C++ kernel's kMaxWaitable): beyond it an operation
+with a future is still timed, without ``waited_ns``, and one without a future is not tracked at all."""
 
 
 def _nbytes(value: Any) -> int:
@@ -157,6 +172,8 @@ class GroupInfo:
     size: int
     ranks: tuple[int, ...]
     """Global rank of each group rank (empty for a group not named: then ranks are given as they are)."""
+    c10d_name: str
+    """c10d's name of the process group: two groups of one mesh dim label are told apart by it."""
 
     def global_rank(self, group_rank: int) -> int:
         return self.ranks[group_rank] if self.ranks else group_rank
@@ -172,7 +189,7 @@ class GroupDirectory:
         """Name ``group``; the first name given to a group wins (mesh dims before world)."""
         key = group.group_name
         if key not in self._by_name:
-            self._by_name[key] = GroupInfo(name, group.size(), tuple(dist.get_process_group_ranks(group)))
+            self._by_name[key] = GroupInfo(name, group.size(), tuple(dist.get_process_group_ranks(group)), key)
 
     @classmethod
     def from_mesh(cls, mesh: Any) -> GroupDirectory:
@@ -194,13 +211,13 @@ class GroupDirectory:
         """The group of this c10d name (one not added is ``other``)."""
         known = self._by_name.get(group_name)
         if known is None:
-            known = self._by_name[group_name] = GroupInfo("other", size, ())
+            known = self._by_name[group_name] = GroupInfo("other", size, (), group_name)
         return known
 
 
 @dataclass(slots=True)
 class _Issued:
-    """What is known of an operation when it is issued."""
+    """What is known of an operation when it is issued, and what is learnt while it is in flight."""
 
     shape: OpShape
     group: GroupInfo
@@ -209,6 +226,14 @@ class _Issued:
     dtype: str | None
     step: int | None
     start_ns: int
+    wait_start_ns: int | None = None
+    """When the first ``Work.wait`` on it began while it was in flight."""
+    overlapped: bool = False
+    """Another operation on its c10d group was in flight with it (final once it completes)."""
+    work_key: int | None = None
+    """``id`` of its work in :attr:`CollectiveProbe._waitable`, where the wait wrapper finds it."""
+    ends_at_wait: bool = False
+    """Its work has no future: it completes when a wait on it returns (gloo's send, recv, reduce-scatter)."""
 
 
 class CollectiveProbe:
@@ -233,9 +258,16 @@ class CollectiveProbe:
         probe's life: the shipper thread reads the ops while the training thread reinstalls."""
         self._dtype_names: dict[int, str] = dtype_names(self.native) if self.native is not None else {}
         self._library: torch.library.Library | None = None
-        self._unwaited: dict[int, tuple[Work, _Issued]] = {}
+        self._lock = threading.Lock()
+        """Guards the two maps below and the in-flight records' wait and overlap marks: completions arrive
+        on the backend's thread, waits on any thread."""
+        self._waitable: dict[int, tuple[Work, _Issued]] = {}
+        """In-flight works by ``id`` (each kept alive here, so the ``id`` is not reused while it is a key),
+        for the ``Work.wait`` wrapper: it stamps a wait's start, and ends works without a future. A work with
+        a future leaves in its completion callback, on gloo's thread, which holds the work until the callback
+        has run: this reference is never the last one there."""
         self._in_flight: dict[int, _Issued] = {}
-        """Issued and not yet complete, by ``id``: where a hung rank is stuck."""
+        """Issued and not yet complete, by ``id``: where a hung rank is stuck, and what a new one overlaps."""
         self._without_future: set[str] = set()
         """c10d ops whose works have no future on this backend."""
         self._device_pending: list[tuple[Work, _Issued]] = []
@@ -246,6 +278,10 @@ class CollectiveProbe:
 
     # -- installing -------------------------------------------------------------------------
     def install(self) -> None:
+        """Hook every c10d op and ``Work.wait``. Raises :class:`~probes.patching.MissingInternal` before any
+        patch where this torch lacks an internal the kernel needs; where anything else fails half-way,
+        :meth:`uninstall` takes out what was put in (the instrumentation calls it)."""
+        self._require_internals()
         self._stopping.clear()
         if self.native is not None:
             self._install_native()
@@ -255,6 +291,18 @@ class CollectiveProbe:
         if self.device_timing and (self._watcher is None or not self._watcher.is_alive()):
             self._watcher = threading.Thread(target=self._watch_device, name="meshtop-nccl-timing", daemon=True)
             self._watcher.start()
+
+    def _require_internals(self) -> None:
+        """Every private torch attribute this kernel uses, looked up before anything is patched."""
+        require(Work, "wait")
+        if self.device_timing:
+            require(Work, "_get_duration")
+        if self.native is None:
+            require(torch._C, "_dispatch_keyset_full_after")
+            require(Work, "unbox")
+            require(ProcessGroup, "unbox")
+            for method in P2P_METHODS:
+                require(ProcessGroup, method)
 
     def _install_native(self) -> None:
         assert self.native is not None
@@ -295,7 +343,8 @@ class CollectiveProbe:
         for message in errors:
             self.on_error(f"collective probe: {message}")
         for record in records:
-            self._completed(self._native_issued(record), end_ns=record[-1])
+            waited_ns, end_ns = record[-3], record[-1]
+            self.emit(self._event(self._native_issued(record), end_ns=end_ns, waited_ns=waited_ns))
         return dropped
 
     def _kernel(self, handle: Any, name: str, shape: OpShape, below: Any) -> Callable[..., Any]:
@@ -328,38 +377,65 @@ class CollectiveProbe:
 
     def _track(self, name: str, shape: OpShape, work: Work, group: GroupInfo, args: tuple[Any, ...],
                start_ns: int) -> None:
-        """Note an issued operation and arrange to learn when it completes."""
+        """Note an issued operation and arrange to learn when it completes (and when it is waited for)."""
         buffer = args[shape.buffer_arg] if shape.buffer_arg >= 0 else None
         nbytes = _nbytes(buffer) * (group.size if shape.times_group else 1)
         tensor = _first_tensor(buffer)
         peer = group.global_rank(args[shape.peer_arg]) if shape.peer_arg is not None else None
         dtype = str(tensor.dtype).removeprefix("torch.") if tensor is not None else None
         issued = _Issued(shape, group, peer, nbytes, dtype, self.step(), start_ns)
-        self._in_flight[id(issued)] = issued
+        future = None
+        if not self.device_timing and name not in self._without_future:
+            try:
+                future = work.get_future()
+            except RuntimeError:  # "Work::getFuture not implemented" (gloo send / recv / reduce-scatter)
+                self._without_future.add(name)
+        issued.ends_at_wait = future is None and not self.device_timing
+        with self._lock:
+            waitable = not self.device_timing and len(self._waitable) < MAX_WAITABLE
+            if issued.ends_at_wait and not waitable:
+                return  # would never be seen to end: it could not be told apart from a hang
+            self._mark_overlaps(issued)
+            self._in_flight[id(issued)] = issued
+            if waitable:
+                issued.work_key = id(work)
+                self._waitable[id(work)] = (work, issued)
         if self.device_timing:
             with self._device_lock:
                 self._device_pending.append((work, issued))
-            return
-        if name not in self._without_future:
-            try:
-                work.get_future().add_done_callback(partial(self._completed, issued))
-                return
-            except RuntimeError:  # "Work::getFuture not implemented" (gloo send / recv / reduce-scatter)
-                self._without_future.add(name)
-        if len(self._unwaited) < MAX_UNWAITED:
-            self._unwaited[id(work)] = (work, issued)
-        else:
-            self._in_flight.pop(id(issued), None)  # never waited for: it cannot be told apart from a hang
+        elif future is not None:
+            # After the maps are filled: a work already complete runs the callback here and now.
+            future.add_done_callback(partial(self._completed, issued))
+
+    def _mark_overlaps(self, issued: _Issued) -> None:
+        """Under the lock: mark ``issued`` and every in-flight operation on its c10d group as overlapped."""
+        group_name = issued.group.c10d_name
+        for other in self._in_flight.values():
+            if other.group.c10d_name == group_name:
+                other.overlapped = issued.overlapped = True
 
     # -- completing -------------------------------------------------------------------------
     def _completed(self, issued: _Issued, _future: Any = None, *, end_ns: int | None = None,
                    clock: str = "completion") -> None:
-        self._in_flight.pop(id(issued), None)
-        self.emit(CollectiveTiming(
+        if end_ns is None:
+            end_ns = time.time_ns()
+        with self._lock:
+            self._in_flight.pop(id(issued), None)
+            if issued.work_key is not None and (entry := self._waitable.get(issued.work_key)) and entry[1] is issued:
+                del self._waitable[issued.work_key]
+            wait_start_ns = issued.wait_start_ns
+        # A wait stamped just before the end but recorded just after it did not block on this operation.
+        waited_ns = end_ns - wait_start_ns if wait_start_ns is not None and wait_start_ns <= end_ns else None
+        self.emit(self._event(issued, end_ns=end_ns, waited_ns=waited_ns, clock=clock))
+
+    def _event(self, issued: _Issued, *, end_ns: int, waited_ns: int | None,
+               clock: str = "completion") -> CollectiveTiming:
+        return CollectiveTiming(
             rank=self.rank, step=issued.step, op=issued.shape.op, group=issued.group.name,
             group_size=issued.group.size, peer=issued.peer, bytes=issued.nbytes, dtype=issued.dtype,
-            start_ns=issued.start_ns, end_ns=end_ns if end_ns is not None else time.time_ns(), clock=clock,
-        ))
+            start_ns=issued.start_ns, end_ns=end_ns, clock=clock,
+            waited_ns=None if clock == "cuda_events" else waited_ns, overlapped=issued.overlapped,
+        )
 
     def oldest_in_flight(self) -> tuple[int, _Issued | None]:
         """How many operations are in flight, and the one issued first (from any thread)."""
@@ -374,19 +450,21 @@ class CollectiveProbe:
 
     def _native_issued(self, record: tuple[Any, ...]) -> _Issued:
         """A C++ kernel's record (see ``c10d_kernel.cpp``'s ``as_tuple``) as the Python kernel notes it."""
-        op, group_name, group_size, peer, nbytes, dtype, step, start_ns, _end_ns = record
+        op, group_name, group_size, peer, nbytes, dtype, step, start_ns, _waited_ns, overlapped, _end_ns = record
         group = self.groups.named(group_name, group_size)
         return _Issued(self._native_ops[op], group, None if peer is None else group.global_rank(peer), nbytes,
-                       None if dtype is None else self._dtype_names.get(dtype), step, start_ns)
+                       None if dtype is None else self._dtype_names.get(dtype), step, start_ns,
+                       overlapped=overlapped)
 
     def _patch_wait(self) -> None:
+        """Wrap ``Work.wait``: its start is a wait on an in-flight operation, its return the end of a work
+        without a future."""
         original = Work.wait
-        unwaited = self._unwaited
-        completed = self._completed
         if self.native is not None:
-            waited = self.native.waited
+            wait_started, waited = self.native.wait_started, self.native.waited
 
             def native_wait(work: Work, *args: Any, **kwargs: Any) -> Any:
+                wait_started(work)
                 result = original(work, *args, **kwargs)
                 waited(work)
                 return result
@@ -394,12 +472,25 @@ class CollectiveProbe:
             self._patches.replace(Work, "wait", native_wait)
             return
 
+        waitable, lock, completed = self._waitable, self._lock, self._completed
+
         def wait(work: Work, *args: Any, **kwargs: Any) -> Any:
+            if waitable:  # nothing in flight (the common case between steps): no clock, no lock
+                started_ns = time.time_ns()
+                with lock:
+                    pending = waitable.get(id(work))
+                    if pending is not None and pending[0] is work and pending[1].wait_start_ns is None:
+                        pending[1].wait_start_ns = started_ns
             result = original(work, *args, **kwargs)
-            if unwaited:
-                pending = unwaited.pop(id(work), None)
-                if pending is not None and pending[0] is work:
-                    completed(pending[1])
+            if waitable:
+                ended: _Issued | None = None
+                with lock:  # taken out under the lock, so two waits on one work do not both end it
+                    pending = waitable.get(id(work))
+                    if pending is not None and pending[0] is work and pending[1].ends_at_wait:
+                        del waitable[id(work)]
+                        ended = pending[1]
+                if ended is not None:
+                    completed(ended)
             return result
 
         self._patches.replace(Work, "wait", wait)

@@ -98,9 +98,19 @@ class CollectiveTiming(Event):
     """Wall clock when it completed (start plus the device-side duration on CUDA)."""
     clock: str
     """How the end was taken: ``completion`` (host saw it finish) or ``cuda_events`` (device timing)."""
+    waited_ns: int | None = None
+    """How long the issuing thread was blocked waiting for it before it completed: from the start of a
+    ``Work.wait`` on it (the ``torch.distributed`` Python API, synchronous calls included, pipelining,
+    FSDP2, a script's ``async_op=True`` code) to its end. ``None`` where no such wait began while it was
+    in flight: it completed before anyone waited, or its waiter is out of the probe's sight (DDP's
+    reducer and functional collectives wait inside C++)."""
+    overlapped: bool | None = None
+    """Whether another operation on the same process group was in flight on this rank during it (its
+    in-flight time then includes queueing behind the other); ``None`` where not known."""
 
     @property
     def duration_s(self) -> float:
+        """In-flight time: issue to completion."""
         return (self.end_ns - self.start_ns) / 1e9
 
 
@@ -261,6 +271,20 @@ class StackDump(Event):
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class ProbeOff(Event):
+    """A worker probe that could not be installed on this rank (a torch internal it needs is missing, or
+    installing it raised): the job runs on without it."""
+
+    kind: ClassVar[str] = "probe_off"
+    rank: int
+    wall_ns: int
+    probe: str
+    """Which probe: ``collectives``, ``pipeline stages`` or ``memory``."""
+    reason: str
+    """Why, in one line (the missing attribute and the torch release, or the error)."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class RankProgress(Event):
     """A rank's heartbeat, sent with every shipment (4 a second): where it is, for hang reports."""
 
@@ -327,7 +351,7 @@ EVENT_TYPES: dict[str, type[Event]] = {
     cls.kind: cls
     for cls in (RankStarted, StepTiming, CollectiveTiming, StageAction, MemorySnapshot, GpuSample, GpuLink,
                 NvmlState, ProcessSample, RankExited, JobEnded, EventsDropped, SamplerError, StackDump, RankProgress,
-                HangDetected, RequestDone)
+                HangDetected, RequestDone, ProbeOff)
 }
 TUPLE_FIELDS = {"stages", "token_ns", "output_ids"}
 _WITH_TUPLES = frozenset(cls for cls in EVENT_TYPES.values() if TUPLE_FIELDS.intersection(_field_names(cls)))

@@ -9,24 +9,61 @@ measured against an identical run.
 The collective hooks use the C++ kernel the launcher built
 (:mod:`probes.native`) where there is one; where there is none, rank 0 says
 why in a :class:`SamplerError`, and the Python kernel does the same work.
+
+The probes hook private torch internals, which a torch release may rename.
+A probe that cannot be installed (a missing internal, or any error while
+installing) is left off, fully restored, and reported once per rank as a
+:class:`ProbeOff`; the job runs on without it.
+
+Benchmarks only: with :data:`OVERHEAD_BLOCK_ENV` set to N, the hooks switch
+on and off every N steps (training) or inference ops, so one job times both
+halves; the worker's loops know nothing of it.
 """
 
 from __future__ import annotations
 
 import os
 import time
-from typing import Any
+from collections.abc import Callable
+from typing import Any, Protocol
 
 import torch
 from torch import nn
 
 from probes.collectives import CollectiveProbe, GroupDirectory
-from probes.events import Event, RankProgress, SamplerError
+from probes.events import Event, ProbeOff, RankProgress, SamplerError
 from probes.memory import MemoryProbe
-from probes.native import from_environment
+from probes.native import first_line, from_environment
+from probes.patching import MissingInternal
 from probes.pipeline import StageProbe
 from probes.sink import EventSink
 from probes.wire import NCCL_TIMING_ENV
+
+OVERHEAD_BLOCK_ENV = "MESHTOP_OVERHEAD_BLOCK"
+"""Benchmarks only (``tests/bench/overhead.py``): switch the hooks on and off every N steps, to time both in one
+job. Read once, when the worker's :class:`Instrumentation` is made."""
+COLLECTIVES, PIPELINE_STAGES, MEMORY = "collectives", "pipeline stages", "memory"
+"""The probes' names in :class:`ProbeOff`."""
+
+
+class HookProbe(Protocol):
+    """A probe that patches torch while the hooks are on."""
+
+    def install(self) -> None: ...
+
+    def uninstall(self) -> None: ...
+
+
+def overhead_block() -> int:
+    """N of :data:`OVERHEAD_BLOCK_ENV`, 0 where the hooks stay as the run asked."""
+    return int(os.environ.get(OVERHEAD_BLOCK_ENV, "0"))
+
+
+def why_off(error: BaseException) -> str:
+    """A probe's failure in one line: a missing internal says itself, anything else its type and message."""
+    if isinstance(error, MissingInternal):
+        return str(error)
+    return f"{type(error).__name__}: {first_line(error)}"
 
 
 class Instrumentation:
@@ -40,6 +77,10 @@ class Instrumentation:
         self._stages: StageProbe | None = None
         self._memory: MemoryProbe | None = None
         self._installed = False
+        self._off: set[str] = set()
+        """Probes that could not be installed: reported once, never tried again in this process."""
+        self._overhead_block = overhead_block() if enabled else 0
+        """N of :data:`OVERHEAD_BLOCK_ENV` (0: off); a run without hooks has nothing to switch."""
 
     def emit(self, event: Event) -> None:
         self.sink.emit(event)
@@ -83,7 +124,8 @@ class Instrumentation:
 
     def progress(self) -> RankProgress:
         """This rank's heartbeat: its step and the oldest collective it waits on (called off the training thread)."""
-        count, oldest = self._collectives.oldest_in_flight() if self._installed and self._collectives else (0, None)
+        collectives = self._collectives if self._installed and COLLECTIVES not in self._off else None
+        count, oldest = collectives.oldest_in_flight() if collectives is not None else (0, None)
         return RankProgress(
             rank=self.rank, wall_ns=time.time_ns(), step=self.step, in_flight=count,
             oldest_op=oldest.shape.op if oldest else None, oldest_group=oldest.group.name if oldest else None,
@@ -105,23 +147,55 @@ class Instrumentation:
             self._hook()
 
     def watch_memory(self, *, modules: list[nn.Module], optimizer: torch.optim.Optimizer | None) -> None:
-        self._memory = MemoryProbe(rank=self.rank, modules=modules, optimizer=optimizer, device=self.device)
+        """Account the memory of ``modules`` and ``optimizer`` from now on (off, and said so, where that fails)."""
+        try:
+            self._memory = MemoryProbe(rank=self.rank, modules=modules, optimizer=optimizer, device=self.device)
+        except Exception as error:  # a probe must never break the job it measures: reported, left off
+            self._probe_off(MEMORY, error)
 
     def set_enabled(self, enabled: bool) -> None:
-        """Turn the hooks on or off between steps (the overhead benchmark alternates them)."""
+        """Turn the hooks on or off between steps."""
         if enabled and not self._installed:
             self._hook()
         elif not enabled and self._installed:
             self.uninstall()
         self.enabled = enabled
 
+    def _hook_probes(self) -> list[tuple[str, HookProbe]]:
+        """The probes that patch torch, by name, in install order, less those left off."""
+        probes: list[tuple[str, HookProbe | None]] = [(COLLECTIVES, self._collectives), (PIPELINE_STAGES, self._stages)]
+        return [(name, probe) for name, probe in probes if probe is not None and name not in self._off]
+
     def _hook(self) -> None:
-        for probe in (self._collectives, self._stages):
-            if probe is not None:
-                probe.install()
+        for name, probe in self._hook_probes():
+            self._install_or_report(name, probe)
         self._installed = True
 
+    def _install_or_report(self, name: str, probe: HookProbe) -> None:
+        """Install ``probe``; where that fails, take out whatever it had put in and report it off."""
+        try:
+            probe.install()
+        except Exception as error:  # a probe must never break the job it measures: reported, left off
+            self._probe_off(name, error, undo=probe.uninstall)
+
+    def _probe_off(self, name: str, error: BaseException, undo: Callable[[], None] | None = None) -> None:
+        """Leave probe ``name`` off for the rest of the run (after ``undo``) and say why, once."""
+        reason = why_off(error)
+        if undo is not None:
+            try:
+                undo()
+            except Exception as undo_error:  # said in the same event: the probe may be left half-installed
+                reason += f"; and undoing it failed: {why_off(undo_error)}"
+        self._off.add(name)
+        self.emit(ProbeOff(rank=self.rank, wall_ns=time.time_ns(), probe=name, reason=reason))
+
+    def _switch_for_benchmark(self, step: int) -> None:
+        """:data:`OVERHEAD_BLOCK_ENV`: hooks on in even blocks of steps, off in odd ones, switched between steps."""
+        if self._overhead_block and step % self._overhead_block == 0:
+            self.set_enabled((step // self._overhead_block) % 2 == 0)
+
     def step_started(self, step: int) -> None:
+        self._switch_for_benchmark(step)
         self.step = step
         if self.enabled and self._memory is not None:
             self._memory.step_started()
@@ -129,6 +203,8 @@ class Instrumentation:
     def set_step(self, step: int | None) -> None:
         """Tag what follows with ``step`` (an inference op; ``None``: between ops), without a step's memory
         bookkeeping."""
+        if step is not None:
+            self._switch_for_benchmark(step)
         self.step = step
 
     def memory_snapshot(self, step: int, *, kv_cache_bytes: int | None) -> None:
@@ -141,14 +217,14 @@ class Instrumentation:
         if self.enabled and self._memory is not None:
             self.emit(self._memory.snapshot(step))
         self.step = None
-        return self._stages.take_wait_s() if self.enabled and self._stages is not None else None
+        stages = self._stages if self.enabled and PIPELINE_STAGES not in self._off else None
+        return stages.take_wait_s() if stages is not None else None
 
     def uninstall(self) -> None:
         """Take the hooks out, and emit what the C++ kernel finished (so a sink that is closed next has it)."""
         if not self._installed:
             return
-        for probe in (self._stages, self._collectives):
-            if probe is not None:
-                probe.uninstall()
+        for _name, probe in reversed(self._hook_probes()):
+            probe.uninstall()
         self._flush_collectives()
         self._installed = False

@@ -2,9 +2,38 @@
 
 from __future__ import annotations
 
+from types import ModuleType
 from typing import Any
 
+from probes.errors import ProbeError
+
 _MISSING = object()
+
+
+class MissingInternal(ProbeError):
+    """A torch internal a probe hooks is not in this torch release: the probe stays off, the job runs."""
+
+
+def qualified_name(owner: Any) -> str:
+    """``module.qualname`` of a module or class, as a user would look it up in torch's source."""
+    if isinstance(owner, ModuleType):
+        return owner.__name__
+    return f"{owner.__module__}.{owner.__qualname__}"
+
+
+def require(owner: Any, name: str) -> Any:
+    """``owner.name``, or :class:`MissingInternal` naming it and the torch release.
+
+    Probes call this for every private torch attribute they patch or use before
+    patching anything, so a torch release that renamed one leaves the probe
+    uninstalled rather than half-installed.
+    """
+    try:
+        return getattr(owner, name)
+    except AttributeError:
+        import torch  # only for the message: every owner checked here is torch's
+
+        raise MissingInternal(f"torch {torch.__version__} has no {qualified_name(owner)}.{name}") from None
 
 
 class Patches:

@@ -6,6 +6,10 @@ microbatch) and blocks on P2P only in ``schedules._wait_batch_p2p``. The probe
 wraps those four places for the life of the worker. Each stage action is an
 event; the waits, many and short, are summed per step
 (:meth:`StageProbe.take_wait_s`) rather than sent one by one.
+
+All four are private to torch: :meth:`StageProbe.install` checks that each is
+there before it patches any (:func:`probes.patching.require`), so a release
+that renamed one leaves the probe off, and the worker reports why.
 """
 
 from __future__ import annotations
@@ -17,7 +21,7 @@ from typing import Any
 from torch.distributed.pipelining import schedules, stage
 
 from probes.events import Event, StageAction
-from probes.patching import Patches
+from probes.patching import Patches, require
 
 STAGE_METHODS = {
     "forward_one_chunk": "forward",
@@ -42,10 +46,14 @@ class StageProbe:
         return wait_ns / 1e9
 
     def install(self) -> None:
+        """Wrap the stage actions and the P2P wait; :class:`~probes.patching.MissingInternal` before any
+        patch where this torch lacks one of them."""
+        stage_base = require(stage, "_PipelineStageBase")
+        originals = {method: require(stage_base, method) for method in STAGE_METHODS}
+        wait_batch_p2p = require(schedules, "_wait_batch_p2p")
         for method, action in STAGE_METHODS.items():
-            original = getattr(stage._PipelineStageBase, method)
-            self._patches.replace(stage._PipelineStageBase, method, self._timed_stage(original, action))
-        self._patches.replace(schedules, "_wait_batch_p2p", self._timed_wait(schedules._wait_batch_p2p))
+            self._patches.replace(stage_base, method, self._timed_stage(originals[method], action))
+        self._patches.replace(schedules, "_wait_batch_p2p", self._timed_wait(wait_batch_p2p))
 
     def uninstall(self) -> None:
         self._patches.restore()

@@ -9,18 +9,21 @@ Replication takes one of two PyTorch implementations:
   ``torch.distributed.pipelining`` microbatches it trips the reducer's bucket
   rebuild or, with ``static_graph``, reduces wrong gradients (both seen on
   torch 2.13 with gloo). torchtitan likewise refuses DDP beyond 1-D.
+
+``replicate_with_fsdp`` is private and recent, so it is imported only where
+it is used: a torch without it fails that plan alone, in one line.
 """
 
 from __future__ import annotations
 
 import torch
 from torch import nn
-from torch.distributed._composable.replicate_with_fsdp import replicate
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import fully_shard
 from torch.nn.parallel import DistributedDataParallel
 
 from runner.model import Transformer
+from runner.plan import PlanError
 
 
 def apply_fsdp(model: Transformer, *, dp_mesh: DeviceMesh) -> None:
@@ -36,6 +39,13 @@ def apply_fsdp(model: Transformer, *, dp_mesh: DeviceMesh) -> None:
 
 def apply_replicate(model: Transformer, *, dp_mesh: DeviceMesh) -> None:
     """Replicate ``model`` over ``dp_mesh`` with FSDP2's ``replicate``: one gradient all-reduce per block."""
+    try:
+        from torch.distributed._composable.replicate_with_fsdp import replicate
+    except ImportError as error:
+        raise PlanError(
+            f"torch {torch.__version__} has no torch.distributed._composable.replicate_with_fsdp, which dp "
+            "composed with tp or pp needs; shard instead (--fsdp) or use a torch release that has it"
+        ) from error
     for block in model.layers.values():
         replicate(block, mesh=dp_mesh)
     replicate(model, mesh=dp_mesh)

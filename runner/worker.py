@@ -26,14 +26,8 @@ from runner.plan import ResolvedRun
 from runner.serve import OP_NAMES, OpTiming, build_serving, serve
 from runner.train import build_training, timed_step
 
-OVERHEAD_BLOCK_ENV = "MESHTOP_OVERHEAD_BLOCK"
-"""Benchmarks only: switch the hooks on and off every N steps, to time both in one job."""
 MEMORY_EVERY_NS = 500_000_000
 """Inference reports memory twice a second, not after each of its many small ops."""
-
-
-def overhead_block() -> int:
-    return int(os.environ.get(OVERHEAD_BLOCK_ENV, "0"))
 
 
 def open_sink(rank: int) -> EventSink:
@@ -59,12 +53,9 @@ def train_rank(run: ResolvedRun, *, mesh: Any, coords: MeshCoordinates, device: 
     sink.emit(rank_started(coords, device, stages=tuple(job.stage_indices) if run.pp > 1 else (),
                            local_parameters=job.local_parameters()))
     tokens = run.batch_size * run.seq_len
-    block = overhead_block()
     for step in range(run.steps):
         if fault is not None:
             fault.maybe_fire(rank=rank, step=step)
-        if block and run.instrument and step % block == 0:
-            probes.set_enabled((step // block) % 2 == 0)
         probes.step_started(step)
         outcome = timed_step(job, step)
         pipeline_wait_s = probes.step_ended(step)
@@ -81,7 +72,6 @@ def serve_rank(run: ResolvedRun, *, mesh: Any, coords: MeshCoordinates, device: 
     probes.watch_memory(modules=[job.model], optimizer=None)
     sink.emit(rank_started(coords, device, stages=(coords.pp,) if run.pp > 1 else (),
                            local_parameters=job.local_parameters()))
-    block = overhead_block()
     dist.barrier()  # the replicas start their loads together
     step, last_end_ns, memory_at_ns = 0, time.time_ns(), 0
     probes.set_step(step)
@@ -101,8 +91,6 @@ def serve_rank(run: ResolvedRun, *, mesh: Any, coords: MeshCoordinates, device: 
         step, last_end_ns = step + 1, timing.end_ns
         if fault is not None:
             fault.maybe_fire(rank=rank, step=step)
-        if block and run.instrument and step % block == 0:
-            probes.set_enabled((step // block) % 2 == 0)
         probes.set_step(step)
 
     serve(job, emit=sink.emit, on_op=on_op)

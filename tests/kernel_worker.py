@@ -5,6 +5,12 @@ The kernel is whichever ``MESHTOP_NATIVE_PROBE`` selects (the C++ one, or
 ``off``: Python), so ``tests/test_collective_kernels.py`` can check that both
 report the same operations the same way. Rank 1 joins the second all-reduce
 late, so rank 0's heartbeat shows it in flight.
+
+Then, after ``scenarios_from_ns``, one step per way of waiting (see
+:data:`SCENARIOS`), separated by untagged barriers. Where rank 1 comes late,
+rank 0's operations are still in flight when it waits or issues the next, so
+rank 0's waits and overlaps are certain; rank 1's are not (its peer is
+already there) and are asserted only where they are.
 """
 
 from __future__ import annotations
@@ -26,6 +32,62 @@ from runner.mesh import build_mesh
 from tests.coverage_worker import ListSink
 
 LATE_S = 0.3
+WORK_BEFORE_WAIT_S = 0.1
+"""Rank 0's time between issuing an async operation and waiting for it."""
+SCENARIOS = {
+    "sync": 10,  # a synchronous all-reduce, rank 1 late: rank 0 waits from issue to end
+    "done_before_wait": 11,  # async, waited only once it has completed: no wait
+    "waited_in_flight": 12,  # async, rank 1 late, rank 0 waits after some work: waited < in flight
+    "same_group": 13,  # two async all-reduces on tp in flight together
+    "two_groups": 14,  # one on tp, one on another group, in flight together
+}
+"""Scenario name: the step its operations are tagged with."""
+
+
+def run_scenarios(rank: int, probes: Instrumentation, tp: dist.ProcessGroup, other: dist.ProcessGroup) -> None:
+    """The ways of waiting that ``waited_ns`` and ``overlapped`` tell apart, each in its own step."""
+    a, b = torch.ones(1000), torch.ones(1000)
+
+    def late() -> None:
+        if rank == 1:
+            time.sleep(LATE_S)
+
+    def step(name: str) -> None:
+        probes.set_step(None)
+        dist.barrier(group=tp)  # the previous scenario has ended on both ranks
+        probes.set_step(SCENARIOS[name])
+
+    step("sync")
+    late()
+    dist.all_reduce(a, group=tp)
+
+    step("done_before_wait")
+    work = dist.all_reduce(a, group=tp, async_op=True)
+    while not work.is_completed():
+        time.sleep(0.001)
+    work.wait()
+
+    step("waited_in_flight")
+    late()
+    work = dist.all_reduce(a, group=tp, async_op=True)
+    if rank == 0:
+        time.sleep(WORK_BEFORE_WAIT_S)
+    work.wait()
+
+    step("same_group")
+    late()
+    first = dist.all_reduce(a, group=tp, async_op=True)
+    second = dist.all_reduce(b, group=tp, async_op=True)
+    first.wait()
+    second.wait()
+
+    step("two_groups")
+    late()
+    first = dist.all_reduce(a, group=tp, async_op=True)
+    second = dist.all_reduce(b, group=other, async_op=True)
+    first.wait()
+    second.wait()
+    probes.set_step(None)
 
 
 def main(out_dir: str) -> None:
@@ -34,8 +96,10 @@ def main(out_dir: str) -> None:
     sink = ListSink()
     probes = Instrumentation(rank=rank, sink=sink, device=torch.device("cpu"), enabled=True)
     mesh = build_mesh(device_type="cpu", pp=1, dp=1, tp=2)
+    other = dist.new_group([0, 1])  # before the hooks: its set-up traffic is not one of the expected operations
     probes.install(mesh=mesh, pipeline=False)
     tp = mesh.get_group("tp")
+    assert other.group_name != tp.group_name
     probes.step_started(3)
     tensor = torch.ones(1000)
     dist.all_reduce(tensor, group=tp)
@@ -54,8 +118,12 @@ def main(out_dir: str) -> None:
     dist.reduce_scatter_tensor(output, torch.ones(1000), group=tp)  # no future on gloo: ends at its wait
     dist.broadcast(torch.ones(10, dtype=torch.int64), src=0, group=tp)
     dist.barrier()
+    scenarios_from_ns = time.time_ns()
+    run_scenarios(rank, probes, tp, other)
+    dist.barrier()
     probes.uninstall()
     report = {
+        "scenarios_from_ns": scenarios_from_ns,
         "kernel": probes.collective_kernel,
         "errors": [e.message for e in sink.events if isinstance(e, SamplerError)],
         "collectives": [dataclasses.asdict(e) for e in sink.events if isinstance(e, CollectiveTiming)],

@@ -1,5 +1,6 @@
-"""The C++ and the Python collective kernels report the same operations the same way, and the C++ one
-is found, built and loaded as the launcher arranges (or its absence said in one line)."""
+"""The C++ and the Python collective kernels report the same operations the same way (what each is, how
+long it was waited for, whether it overlapped another on its group), and the C++ one is found, built and
+loaded as the launcher arranges (or its absence said in one line)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import pytest
 
 from probes import native
 from probes.errors import ProbeError
+from tests.kernel_worker import LATE_S, SCENARIOS, WORK_BEFORE_WAIT_S
 
 
 def run_kernel_worker(tmp_path: Path, native_env: str) -> list[dict]:
@@ -26,10 +28,26 @@ def run_kernel_worker(tmp_path: Path, native_env: str) -> list[dict]:
     return [json.loads((tmp_path / f"rank-{rank}.json").read_text()) for rank in range(2)]
 
 
-@pytest.fixture
-def reports(collective_kernel: tuple[str, str], tmp_path: Path) -> tuple[str, list[dict]]:
-    kernel, native_env = collective_kernel
-    return kernel, run_kernel_worker(tmp_path, native_env)
+@pytest.fixture(scope="module", params=["cpp", "python"])
+def reports(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> tuple[str, list[dict]]:
+    """Each kernel's two rank reports, from one worker run per kernel shared by this module's tests."""
+    kernel = request.param
+    native_env = str(request.getfixturevalue("native_probe")) if kernel == "cpp" else "off"
+    return kernel, run_kernel_worker(tmp_path_factory.mktemp(kernel), native_env)
+
+
+def before_scenarios(report: dict) -> list[dict]:
+    return sorted((e for e in report["collectives"] if e["start_ns"] < report["scenarios_from_ns"]),
+                  key=lambda e: e["start_ns"])
+
+
+def scenario(report: dict, name: str) -> list[dict]:
+    """The operations of one of the worker's waiting scenarios, in issue order."""
+    return sorted((e for e in report["collectives"] if e["step"] == SCENARIOS[name]), key=lambda e: e["start_ns"])
+
+
+def in_flight_ns(event: dict) -> int:
+    return event["end_ns"] - event["start_ns"]
 
 
 def shape(event: dict) -> tuple:
@@ -54,7 +72,7 @@ def test_each_kernel_reports_every_operation_with_its_group_bytes_peer_and_step(
             ("broadcast", "tp", 2, None, 80, "int64", None, "completion"),
             ("barrier", "tp", 2, None, 0, None, None, "completion"),
         ]
-        collectives = sorted(report["collectives"], key=lambda e: e["start_ns"])
+        collectives = before_scenarios(report)
         assert [shape(e) for e in collectives] == expected, f"rank {rank}"
         assert all(e["start_ns"] <= e["end_ns"] for e in collectives)
         if rank == 0:
@@ -65,6 +83,48 @@ def test_each_kernel_reports_every_operation_with_its_group_bytes_peer_and_step(
             assert progress["in_flight"] == 1
             assert (progress["oldest_op"], progress["oldest_group"]) == ("all_reduce", "tp")
             assert progress["oldest_start_ns"] == late["start_ns"]
+
+
+@pytest.mark.slow
+def test_each_kernel_says_how_long_the_caller_waited_for_each_operation(reports: tuple[str, list[dict]]) -> None:
+    _kernel, ranks = reports
+    late_ns, work_ns = LATE_S * 1e9, WORK_BEFORE_WAIT_S * 1e9
+    for rank, report in enumerate(ranks):
+        for event in report["collectives"]:
+            waited = event["waited_ns"]
+            assert waited is None or 0 <= waited <= in_flight_ns(event), (rank, event)
+        collectives = before_scenarios(report)
+        functional, reduce_scatter = collectives[1], collectives[4]
+        assert functional["dtype"] == "bfloat16" and functional["waited_ns"] is None  # wait_tensor waits in C++
+        assert reduce_scatter["op"] == "reduce_scatter" and reduce_scatter["waited_ns"] is not None  # ends at its wait
+        [done_first] = scenario(report, "done_before_wait")
+        assert done_first["waited_ns"] is None, f"rank {rank}: completed before its wait began"
+
+    report = ranks[0]  # rank 1 came late to these: rank 0 surely waited
+    [sync] = scenario(report, "sync")
+    assert in_flight_ns(sync) > 0.7 * late_ns
+    assert sync["waited_ns"] is not None and sync["waited_ns"] > 0.8 * in_flight_ns(sync), sync
+    [later] = scenario(report, "waited_in_flight")
+    assert in_flight_ns(later) > 0.7 * late_ns
+    assert later["waited_ns"] is not None and later["waited_ns"] > 0.2 * in_flight_ns(later), later
+    assert in_flight_ns(later) - later["waited_ns"] > 0.5 * work_ns, "the wait began after the work, not at issue"
+    first_tp, _other = scenario(report, "two_groups")
+    assert first_tp["waited_ns"] is not None
+
+
+@pytest.mark.slow
+def test_each_kernel_says_which_operations_overlapped_another_on_their_group(
+        reports: tuple[str, list[dict]]) -> None:
+    _kernel, ranks = reports
+    for rank, report in enumerate(ranks):
+        assert [e["overlapped"] for e in before_scenarios(report)] == [False] * 7, f"rank {rank}: one at a time"
+        for name in ("sync", "done_before_wait", "waited_in_flight"):
+            assert [e["overlapped"] for e in scenario(report, name)] == [False], f"rank {rank}: {name}"
+        two_groups = scenario(report, "two_groups")
+        assert [(e["group"], e["overlapped"]) for e in two_groups] == [("tp", False), ("other", False)], rank
+    same_group = scenario(ranks[0], "same_group")  # on rank 0 the first was surely in flight at the second
+    assert [(e["group"], e["overlapped"]) for e in same_group] == [("tp", True), ("tp", True)]
+    assert same_group[0]["end_ns"] > same_group[1]["start_ns"]
 
 
 def test_the_environment_says_which_kernel_and_why_there_is_no_cpp_one(

@@ -2,9 +2,10 @@
 
 ``python -m tests.bench.overhead [--json PATH] [--configs ddp,fsdp,...] [--steps-scale 1.0]``
 
-Each configuration runs once; the worker switches the hooks on and off every
-BLOCK steps (``MESHTOP_OVERHEAD_BLOCK``), so both halves share processes,
-caches and the machine's noise. The first step of each block and the first
+Each configuration runs once; the worker's instrumentation switches the hooks
+on and off every BLOCK steps (``MESHTOP_OVERHEAD_BLOCK``, read by
+``probes.instrument``), so both halves share processes, caches and the
+machine's noise. The first step of each block and the first
 two blocks are dropped. The job's step time is the slowest rank's. The ratio
 is median(on) / median(off); the spread is the 25th-75th percentile of the
 ratios of neighbouring on / off blocks.
@@ -21,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from probes.events import StepTiming
-from runner.worker import OVERHEAD_BLOCK_ENV
+from probes.instrument import OVERHEAD_BLOCK_ENV
 from tests.bench.figures import Row, Spread, Target, quantile
 from tests.jobs import launch
 
