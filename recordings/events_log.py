@@ -2,8 +2,8 @@
 
 A simple, append-only format: each batch is written and flushed as it
 arrives, so a crash loses at most the batch in flight, and a reader can
-follow the files while the run goes on. (The crash-safe columnar format of
-the recordings issue replaces this.)
+follow the files while the run goes on. A clean close compacts them to
+Parquet (:mod:`recordings.tables`).
 """
 
 from __future__ import annotations
@@ -12,8 +12,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import IO
 
-from probes.arrivals import Arrival, EncodedEvents, decode_lines, encode_lines
-from probes.events import Event
+from probes.arrivals import Arrival, EncodedEvents, encode_lines
 from recordings.manifest import RecordingError
 
 EVENTS_DIR = "events"
@@ -64,24 +63,3 @@ class EventWriter:
             except OSError:  # the last flush failed (disk full): what was flushed before stays
                 pass
         self._files.clear()
-
-
-class JsonLinesTail:
-    """Reads the events appended to one JSON-lines file since the last call."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        self._offset = 0
-
-    def read_new(self) -> list[Event]:
-        """Complete lines written since the previous call; a half-written last line waits."""
-        try:
-            with self.path.open("rb") as file:
-                file.seek(self._offset)
-                chunk = file.read()
-        except FileNotFoundError:
-            return []
-        end = chunk.rfind(b"\n") + 1
-        self._offset += end
-        return decode_lines(chunk[:end], self.path.stem)[0]
-

@@ -6,10 +6,18 @@ import json
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
+import pyarrow.compute as pc
+
 from recordings.reader import Recording
+from recordings.tables import to_frame
 
 # One process per rank in the trace; inside it, one track per kind of work.
 TRACKS = {"steps": 1, "stages": 2, "collectives": 3}
+REQUESTS_PID = 20_000
+GPU_PID = 10_000
+MEMORY_COUNTERS = ("weights_bytes", "grads_bytes", "optimizer_bytes", "activations_bytes", "kv_cache_bytes",
+                   "allocated_bytes", "rss_bytes")
 
 
 def _us(ns: float) -> float:
@@ -19,62 +27,58 @@ def _us(ns: float) -> float:
 def trace_events(recording: Recording) -> list[dict[str, Any]]:
     """Chrome trace events: steps, stage actions and collectives as slices, memory and load as counters."""
     events: list[dict[str, Any]] = []
-    ranks = sorted(set(recording.table("rank_started")["rank"]) | set(recording.table("step")["rank"]))
+    ranks = sorted(set(recording.arrow("rank_started").column("rank").to_pylist())
+                   | set(recording.arrow("step").column("rank").to_pylist()))
     for rank in ranks:
-        events.append({"ph": "M", "name": "process_name", "pid": int(rank), "args": {"name": f"rank {rank}"}})
+        events.append({"ph": "M", "name": "process_name", "pid": rank, "args": {"name": f"rank {rank}"}})
         for track, tid in TRACKS.items():
-            events.append({"ph": "M", "name": "thread_name", "pid": int(rank), "tid": tid, "args": {"name": track}})
-    for row in recording.table("step").itertuples():
-        events.append({"ph": "X", "name": f"step {row.step}", "cat": "step", "pid": int(row.rank),
-                       "tid": TRACKS["steps"], "ts": _us(row.start_ns), "dur": row.duration_s * 1e6,
-                       "args": {"loss": None if row.loss != row.loss else row.loss, "tokens": int(row.tokens)}})
-    for row in recording.table("stage_action").itertuples():
-        events.append({"ph": "X", "name": f"{row.action} mb{row.microbatch}", "cat": "stage", "pid": int(row.rank),
-                       "tid": TRACKS["stages"], "ts": _us(row.start_ns), "dur": _us(row.end_ns - row.start_ns),
-                       "args": {"stage": int(row.stage), "step": row.step}})
-    for row in recording.table("collective").itertuples():
-        events.append({"ph": "X", "name": f"{row.op} ({row.group})", "cat": "collective", "pid": int(row.rank),
-                       "tid": TRACKS["collectives"], "ts": _us(row.start_ns), "dur": _us(row.end_ns - row.start_ns),
-                       "args": {"bytes": int(row.bytes), "group_size": int(row.group_size), "dtype": row.dtype,
-                                "peer": None if row.peer != row.peer else row.peer, "step": row.step}})
-    for row in recording.table("memory").itertuples():
-        values = {"weights": row.weights_bytes, "grads": row.grads_bytes, "optimizer": row.optimizer_bytes}
-        for name in ("activations_bytes", "kv_cache_bytes", "allocated_bytes", "rss_bytes"):
-            value = getattr(row, name)
-            if value == value and value is not None:
-                values[name.removesuffix("_bytes")] = value
-        events.append({"ph": "C", "name": "memory (bytes)", "pid": int(row.rank), "ts": _us(row.wall_ns),
-                       "args": {k: float(v) for k, v in values.items()}})
+            events.append({"ph": "M", "name": "thread_name", "pid": rank, "tid": tid, "args": {"name": track}})
+    for row in recording.arrow("step").to_pylist():
+        events.append({"ph": "X", "name": f"step {row['step']}", "cat": "step", "pid": row["rank"],
+                       "tid": TRACKS["steps"], "ts": _us(row["start_ns"]), "dur": row["duration_s"] * 1e6,
+                       "args": {"loss": row["loss"], "tokens": row["tokens"]}})
+    for row in recording.arrow("stage_action").to_pylist():
+        events.append({"ph": "X", "name": f"{row['action']} mb{row['microbatch']}", "cat": "stage",
+                       "pid": row["rank"], "tid": TRACKS["stages"], "ts": _us(row["start_ns"]),
+                       "dur": _us(row["end_ns"] - row["start_ns"]), "args": {"stage": row["stage"], "step": row["step"]}})
+    for row in recording.arrow("collective").to_pylist():
+        events.append({"ph": "X", "name": f"{row['op']} ({row['group']})", "cat": "collective", "pid": row["rank"],
+                       "tid": TRACKS["collectives"], "ts": _us(row["start_ns"]),
+                       "dur": _us(row["end_ns"] - row["start_ns"]),
+                       "args": {"bytes": row["bytes"], "group_size": row["group_size"], "dtype": row["dtype"],
+                                "peer": row["peer"], "step": row["step"], "waited_ns": row["waited_ns"],
+                                "overlapped": row["overlapped"]}})
+    for row in recording.arrow("memory").to_pylist():
+        values = {name.removesuffix("_bytes"): float(row[name]) for name in MEMORY_COUNTERS if row[name] is not None}
+        events.append({"ph": "C", "name": "memory (bytes)", "pid": row["rank"], "ts": _us(row["wall_ns"]),
+                       "args": values})
     events += request_events(recording)
-    for row in recording.table("process").itertuples():
-        events.append({"ph": "C", "name": "cpu %", "pid": int(row.rank), "ts": _us(row.wall_ns),
-                       "args": {"cpu": float(row.cpu_pct or 0.0)}})
-    for row in recording.table("gpu").itertuples():
-        events.append({"ph": "C", "name": f"gpu {row.gpu} utilization %", "pid": 10_000 + int(row.gpu),
-                       "ts": _us(row.wall_ns), "args": {"gpu": float(row.utilization_pct or 0.0)}})
+    for row in recording.arrow("process").to_pylist():
+        events.append({"ph": "C", "name": "cpu %", "pid": row["rank"], "ts": _us(row["wall_ns"]),
+                       "args": {"cpu": float(row["cpu_pct"] or 0.0)}})
+    for row in recording.arrow("gpu").to_pylist():
+        events.append({"ph": "C", "name": f"gpu {row['gpu']} utilization %", "pid": GPU_PID + row["gpu"],
+                       "ts": _us(row["wall_ns"]), "args": {"gpu": float(row["utilization_pct"] or 0.0)}})
     return events
-
-
-REQUESTS_PID = 20_000
 
 
 def request_events(recording: Recording) -> list[dict[str, Any]]:
     """Inference: each request as an async slice (they overlap) from arrival to its last token, one track
     per replica, with an instant at its first token."""
-    table = recording.table("request")
+    rows = recording.arrow("request").to_pylist()
     events: list[dict[str, Any]] = []
-    for replica in sorted({int(r) for r in table.replica}) if not table.empty else []:
+    for replica in sorted({row["replica"] for row in rows}):
         events.append({"ph": "M", "name": "process_name", "pid": REQUESTS_PID + replica,
                        "args": {"name": f"requests, replica {replica}"}})
-    for row in table.itertuples():
-        pid, ident = REQUESTS_PID + int(row.replica), int(row.request)
+    for row in rows:
+        pid, ident = REQUESTS_PID + row["replica"], row["request"]
         common = {"cat": "request", "name": f"request {ident}", "pid": pid, "tid": 0, "id": ident}
-        events.append({**common, "ph": "b", "ts": _us(row.arrival_ns),
-                       "args": {"prompt_tokens": int(row.prompt_tokens), "output_tokens": int(row.output_tokens),
-                                "status": row.status, "error": row.error}})
-        if len(row.token_ns):
-            events.append({**common, "ph": "n", "name": "first token", "ts": _us(int(row.token_ns[0]))})
-        events.append({**common, "ph": "e", "ts": _us(row.end_ns)})
+        events.append({**common, "ph": "b", "ts": _us(row["arrival_ns"]),
+                       "args": {"prompt_tokens": row["prompt_tokens"], "output_tokens": row["output_tokens"],
+                                "status": row["status"], "error": row["error"]}})
+        if row["token_ns"]:
+            events.append({**common, "ph": "n", "name": "first token", "ts": _us(row["token_ns"][0])})
+        events.append({**common, "ph": "e", "ts": _us(row["end_ns"])})
     return events
 
 
@@ -86,13 +90,24 @@ def export_perfetto(recording: Recording, path: Path) -> int:
     return len(events)
 
 
+def _csv_ready(table: pa.Table) -> pa.Table:
+    """Lists (a request's token times) as ``1 2 3`` text: CSV has no lists."""
+    columns = []
+    for column in table.columns:
+        if pa.types.is_list(column.type):
+            column = pc.binary_join(pc.cast(column, pa.list_(pa.string())), " ")
+        columns.append(column)
+    return pa.Table.from_arrays(columns, names=table.column_names)
+
+
 def export_csv(recording: Recording, directory: Path) -> list[Path]:
-    """One CSV per event table, and the manifest as JSON, into ``directory``."""
+    """One CSV per event table (integers as integers, a missing value empty), and the manifest as JSON,
+    into ``directory``."""
     directory.mkdir(parents=True, exist_ok=True)
     written = []
     for kind in recording.kinds():
         target = directory / f"{kind}.csv"
-        recording.table(kind).to_csv(target, index=False)
+        to_frame(kind, _csv_ready(recording.arrow(kind))).to_csv(target, index=False)
         written.append(target)
-    (directory / "manifest.json").write_text(json.dumps(recording.manifest, indent=2))
+    (directory / "manifest.json").write_text(json.dumps(recording.manifest.to_json(), indent=2))
     return written

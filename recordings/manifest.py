@@ -1,4 +1,11 @@
-"""The manifest of a recording: its schema version and the full run description."""
+"""The manifest of a recording: its schema version, the full run description, and how the run ended.
+
+Typed: :class:`Manifest` and the dataclasses it holds are what every reader
+uses, and :func:`read_manifest` refuses, in one line, a file with a field it
+does not know, a field of the wrong type or a required field missing, so no
+reader guesses with ``.get(...) or 1``. On disk it is one JSON object; the run
+description's fields sit at its top level beside the manifest's own.
+"""
 
 from __future__ import annotations
 
@@ -8,34 +15,297 @@ import platform
 import socket
 import sys
 import time
+import types
+import typing
+from dataclasses import MISSING, dataclass, field, fields, is_dataclass
 from importlib import metadata
 from pathlib import Path
 from typing import Any
 
 from probes.errors import MeshtopError
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+"""2: collective events carry ``waited_ns`` and ``overlapped``; the manifest is checked field by field."""
+READABLE_VERSIONS = (1, 2)
 MANIFEST_NAME = "manifest.json"
+INFER_MODE = "infer"
 
 
 class RecordingError(MeshtopError):
     """A recording cannot be written or read as asked."""
 
 
-def software_versions() -> dict[str, str | None]:
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Plan:
+    """The parallel plan."""
+
+    dp: int
+    tp: int
+    pp: int
+    fsdp: bool
+    world_size: int
+    schedule: str | None
+    """``None`` without a pipeline."""
+    microbatches: int | None
+    virtual_stages: int = 1
+    stage_layers: tuple[tuple[int, ...], ...] = ()
+    label: str
+    """``dp2 x tp1 x pp2 (1f1b, 4 mb)``."""
+
+    def coordinates(self, rank: int) -> tuple[int, int, int]:
+        """(pp, dp, tp) of ``rank`` in the runner's mesh (tp innermost, then dp, then pp)."""
+        return rank // (self.dp * self.tp), (rank // self.tp) % self.dp, rank % self.tp
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Model:
+    """The model's shape."""
+
+    name: str
+    n_layers: int
+    dim: int
+    n_heads: int
+    n_kv_heads: int
+    ffn_dim: int
+    vocab_size: int
+    default_seq_len: int
+    norm_eps: float = 1e-5
+    rope_theta: float = 10000.0
+    parameters: int
+    """Parameter elements of the whole model."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Load:
+    """An inference run's requests and how they arrive."""
+
+    requests: int
+    concurrency: int | None
+    request_rate_per_s: float | None
+    prompt_len: tuple[int, int]
+    output_len: tuple[int, int]
+    max_batch: int
+    seed: int
+    slo_ttft_ms: float | None = None
+    slo_tpot_ms: float | None = None
+
+
+LOAD_WORK = ("requests", "concurrency", "request_rate_per_s", "prompt_len", "output_len", "max_batch")
+"""What makes two loads the same work (the seed and the SLOs do not change the work done)."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class RunDescription:
+    """What ran: plan, model, lengths, load."""
+
+    plan: Plan
+    mode: str
+    """``train`` or ``infer``."""
+    model: Model
+    dtype: str
+    device: str
+    steps: int | None
+    """Training steps asked for (``None`` for inference)."""
+    batch_size: int | None
+    microbatch_size: int | None
+    seq_len: int | None
+    seed: int
+    instrumented: bool
+    load: Load | None = None
+
+    @property
+    def inference(self) -> bool:
+        return self.mode == INFER_MODE
+
+    @property
+    def world_size(self) -> int:
+        return self.plan.world_size
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> RunDescription:
+        """A run description (``ResolvedRun.describe()``); a :class:`RecordingError` if it is not one."""
+        return _load(cls, data, "")
+
+    def to_json(self) -> dict[str, Any]:
+        return _dump(self)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Software:
+    meshtop: str | None
+    python: str | None
+    torch: str | None
+    cuda: str | None
+    nccl: str | None
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Host:
+    hostname: str
+    platform: str
+    cpu_count: int | None
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class SampleRates:
+    """The node samplers' rates."""
+
+    gpu_hz: float
+    process_hz: float
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class RankEnd:
+    """How one rank ended."""
+
+    rank: int
+    exit_code: int | None
+    signal: str | None
+    error: str | None
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class NvmlInfo:
+    state: str
+    detail: str | None
+    driver_version: str | None
+    gpu_count: int
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class GpuInfo:
+    gpu: int
+    name: str | None
+    memory_total_bytes: int | None
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class GpuPair:
+    gpu_a: int
+    gpu_b: int
+    path: str
+    nvlinks: int | None
+
+
+MANIFEST_OWN = ("schema_version", "status", "started_at", "command_line")
+"""The manifest's own fields that come before the run description on disk."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Manifest:
+    """A recording's manifest: written when the run starts (status ``running``), completed when it ends."""
+
+    schema_version: int = SCHEMA_VERSION
+    status: str = "running"
+    """running, completed, failed or interrupted (``running`` left behind: the session was cut short)."""
+    started_at: str | None = None
+    command_line: tuple[str, ...] = ()
+    run: RunDescription
+    software: Software | None = None
+    host: Host | None = None
+    node_probes: SampleRates | None = None
+    ended_at: str | None = None
+    duration_s: float | None = None
+    steps_completed: int | None = None
+    ranks: tuple[RankEnd, ...] = ()
+    root_cause_rank: int | None = None
+    hang: str | None = None
+    reason: str | None = None
+    """Why the session broke, where it did (a full disk, say)."""
+    rank_devices: dict[str, str] = field(default_factory=dict)
+    nvml: NvmlInfo | None = None
+    gpus: tuple[GpuInfo, ...] = ()
+    topology: tuple[GpuPair, ...] = ()
+
+    def to_json(self) -> dict[str, Any]:
+        """The JSON object on disk: the manifest's first fields, the run description, then the rest."""
+        data = _dump(self)
+        run = data.pop("run")
+        first = {name: data.pop(name) for name in MANIFEST_OWN}
+        return {**first, **run, **data}
+
+    @classmethod
+    def from_json(cls, data: Any, *, where: str = MANIFEST_NAME) -> Manifest:
+        if not isinstance(data, dict):
+            raise RecordingError(f"{where}: not a JSON object")
+        run_names = {f.name for f in fields(RunDescription)}
+        rest = {key: value for key, value in data.items() if key not in run_names and key != "run"}
+        rest["run"] = {key: value for key, value in data.items() if key in run_names}
+        try:
+            return _load(cls, rest, "")
+        except RecordingError as error:
+            raise RecordingError(f"{where}: {error}") from None
+
+
+def _dump(value: Any) -> Any:
+    if is_dataclass(value) and not isinstance(value, type):
+        return {f.name: _dump(getattr(value, f.name)) for f in fields(value)}
+    if isinstance(value, tuple):
+        return [_dump(item) for item in value]
+    if isinstance(value, dict):
+        return {key: _dump(item) for key, item in value.items()}
+    return value
+
+
+def _load(hint: Any, value: Any, where: str) -> Any:
+    """``value`` (parsed JSON) as ``hint``; a :class:`RecordingError` naming the field ``where`` (a dotted
+    path, empty at the top) if it is not one."""
+    origin = typing.get_origin(hint)
+    if isinstance(hint, types.UnionType) or origin is typing.Union:
+        members = typing.get_args(hint)
+        if value is None and type(None) in members:
+            return None
+        (inner,) = [m for m in members if m is not type(None)]
+        return _load(inner, value, where)
+    if is_dataclass(hint):
+        return _load_dataclass(hint, value, where)  # type: ignore[arg-type]
+    if origin is tuple:
+        args = typing.get_args(hint)
+        if not isinstance(value, list) or (args[-1] is not Ellipsis and len(value) != len(args)):
+            raise RecordingError(f"{where} must be a list of {len(args)}" if args[-1] is not Ellipsis
+                                 else f"{where} must be a list")
+        items = args[:1] * len(value) if args[-1] is Ellipsis else args
+        return tuple(_load(item, v, f"{where}[{i}]") for i, (item, v) in enumerate(zip(items, value, strict=True)))
+    if origin is dict:
+        _, item = typing.get_args(hint)
+        if not isinstance(value, dict):
+            raise RecordingError(f"{where} must be an object")
+        return {str(k): _load(item, v, f"{where}.{k}") for k, v in value.items()}
+    if hint is float and isinstance(value, (int, float)) and not isinstance(value, bool):
+        return float(value)
+    if hint in (int, str, bool) and type(value) is hint:
+        return value
+    expected = {int: "an integer", float: "a number", str: "a string", bool: "true or false"}.get(hint, str(hint))
+    raise RecordingError(f"{where} must be {expected}, not {value!r}"[:200])
+
+
+def _load_dataclass(cls: type, value: Any, where: str) -> Any:
+    if not isinstance(value, dict):
+        raise RecordingError(f"{where or 'the manifest'} must be an object")
+    hints = typing.get_type_hints(cls)
+    known = {f.name: f for f in fields(cls)}
+    prefix = f"{where}." if where and where != "run" else ""  # the run description is flat on disk
+    unknown = sorted(set(value) - set(known))
+    if unknown:
+        raise RecordingError(f"unknown field {prefix}{unknown[0]} (written by another meshtop?)")
+    values = {}
+    for name, spec in known.items():
+        if name in value:
+            values[name] = _load(hints[name], value[name], f"{prefix}{name}")
+        elif spec.default is MISSING and spec.default_factory is MISSING:
+            raise RecordingError(f"field {prefix}{name} is missing")
+    return cls(**values)
+
+
+def software_versions() -> Software:
     """Versions of what the run depends on (CUDA / NCCL when torch was built with them)."""
     import torch
 
-    versions: dict[str, str | None] = {
-        "meshtop": _version("meshtop"),
-        "python": platform.python_version(),
-        "torch": torch.__version__,
-        "cuda": torch.version.cuda,
-        "nccl": None,
-    }
+    nccl = None
     if torch.cuda.is_available():
-        versions["nccl"] = ".".join(str(part) for part in torch.cuda.nccl.version())
-    return versions
+        nccl = ".".join(str(part) for part in torch.cuda.nccl.version())
+    return Software(meshtop=_version("meshtop"), python=platform.python_version(), torch=torch.__version__,
+                    cuda=torch.version.cuda, nccl=nccl)
 
 
 def _version(distribution: str) -> str | None:
@@ -45,12 +315,8 @@ def _version(distribution: str) -> str | None:
         return None
 
 
-def host_description() -> dict[str, Any]:
-    return {
-        "hostname": socket.gethostname(),
-        "platform": platform.platform(),
-        "cpu_count": os.cpu_count(),
-    }
+def host_description() -> Host:
+    return Host(hostname=socket.gethostname(), platform=platform.platform(), cpu_count=os.cpu_count())
 
 
 def new_recording(directory: Path) -> None:
@@ -65,39 +331,47 @@ def new_recording(directory: Path) -> None:
         raise RecordingError(f"cannot create {directory}: {error.strerror}") from None
 
 
-def write_manifest(directory: Path, manifest: dict[str, Any]) -> None:
-    """Write (or replace) the manifest atomically: a reader sees the old or the new one whole."""
+def manifest_bytes(manifest: Manifest) -> bytes:
+    return (json.dumps(manifest.to_json(), indent=2) + "\n").encode()
+
+
+def write_manifest(directory: Path, manifest: Manifest) -> None:
+    """Write (or replace) the manifest atomically: a reader sees the old or the new one whole.
+
+    An OSError (no room, the folder gone) leaves the old one in place and is raised to the caller.
+    """
     path = directory / MANIFEST_NAME
     tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(manifest, indent=2, sort_keys=False) + "\n")
-    os.replace(tmp, path)
+    try:
+        tmp.write_bytes(manifest_bytes(manifest))
+        os.replace(tmp, path)
+    except OSError:
+        tmp.unlink(missing_ok=True)
+        raise
 
 
-def start_manifest(description: dict[str, Any], *, command_line: list[str]) -> dict[str, Any]:
+def start_manifest(run: RunDescription, *, command_line: list[str],
+                   node_probes: SampleRates | None = None) -> Manifest:
     """The manifest of a run that is starting: description, software, host, status ``running``."""
-    return {
-        "schema_version": SCHEMA_VERSION,
-        "status": "running",
-        "started_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        "command_line": ["meshtop", *command_line] if command_line else [Path(sys.argv[0]).name],
-        **description,
-        "software": software_versions(),
-        "host": host_description(),
-    }
+    return Manifest(
+        started_at=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        command_line=("meshtop", *command_line) if command_line else (Path(sys.argv[0]).name,),
+        run=run, software=software_versions(), host=host_description(), node_probes=node_probes,
+    )
 
 
-def read_manifest(directory: Path) -> dict[str, Any]:
-    """The manifest of the recording in ``directory``; a :class:`RecordingError` if it is missing or foreign."""
+def read_manifest(directory: Path) -> Manifest:
+    """The manifest of the recording in ``directory``; a :class:`RecordingError` (one line) if it is missing,
+    damaged, of another schema version, or holds what this meshtop does not know."""
     path = directory / MANIFEST_NAME
     try:
-        manifest = json.loads(path.read_text())
+        data = json.loads(path.read_text())
     except FileNotFoundError:
         raise RecordingError(f"{directory} is not a meshtop recording: no {MANIFEST_NAME}") from None
-    except json.JSONDecodeError as error:
-        raise RecordingError(f"{path} is damaged: {error.msg} at line {error.lineno}") from None
-    version = manifest.get("schema_version") if isinstance(manifest, dict) else None
-    if version != SCHEMA_VERSION:
-        raise RecordingError(
-            f"{directory} has recording schema version {version!r}; this meshtop reads version {SCHEMA_VERSION}"
-        )
-    return manifest
+    except (json.JSONDecodeError, UnicodeDecodeError) as error:
+        raise RecordingError(f"{path} is damaged: {getattr(error, 'msg', error)}") from None
+    version = data.get("schema_version") if isinstance(data, dict) else None
+    if version not in READABLE_VERSIONS:
+        raise RecordingError(f"{directory} has recording schema version {version!r}; this meshtop reads "
+                             f"versions {', '.join(map(str, READABLE_VERSIONS))}")
+    return Manifest.from_json(data, where=str(path))

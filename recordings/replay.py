@@ -1,78 +1,117 @@
-"""A recording's events back as event objects, in the order they happened (what a replay plays)."""
+"""A recording's tables in the order things happened: what a replay plays, a slice at a time.
+
+Each table is sorted once by its rows' event time (:func:`event_times_ns`);
+a replay then takes, frame by frame, every kind's rows up to the playback
+position, as typed tables, and folds them into the same state as a live
+job's batches (``DashboardState.apply``). :meth:`Timeline.time_within` bounds
+how many rows one frame folds, so a seek far ahead is spread over frames.
+"""
 
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass, fields
-from typing import Any
+from dataclasses import dataclass
 
-import pandas as pd
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
 
-from probes.events import EVENT_TYPES, Event, StepTiming, event_from_record
 from recordings.reader import Recording
 
+KIND_ORDER = ("rank_started", "nvml_state", "gpu_link", "probe_off", "collective", "stage_action", "memory",
+              "process", "gpu", "request", "rank_progress", "step", "sampler_error", "events_dropped", "stack_dump",
+              "hang", "rank_exited", "job_ended")
+"""The order kinds are folded in within one slice: starts first (a rank's position before its work), a step
+after the work it closes, the end last."""
 
-def event_time_ns(event: Event) -> int:
-    """When an event became known: the end of a timed span, else its sample time (0 for timeless facts)."""
-    if isinstance(event, StepTiming):
-        return event.start_ns + int(event.duration_s * 1e9)
+
+def event_times_ns(kind: str, table: pa.Table) -> np.ndarray:
+    """When each row became known: the end of a timed span, else its sample time (0 for timeless facts)."""
+    names = table.column_names
+    if kind == "step":
+        ends = pc.add(table.column("start_ns"), pc.cast(pc.round(pc.multiply(table.column("duration_s"), 1e9)),
+                                                        pa.int64()))
+        return ends.to_numpy()
     for name in ("end_ns", "wall_ns", "start_ns"):
-        value = getattr(event, name, None)
-        if value is not None:
-            return int(value)
-    return 0
+        if name in names:
+            return pc.fill_null(table.column(name), 0).to_numpy()
+    return np.zeros(len(table), dtype=np.int64)
+
+
+@dataclass(frozen=True, slots=True)
+class KindRows:
+    """One kind's rows, sorted by event time."""
+
+    kind: str
+    table: pa.Table
+    times_ns: np.ndarray
 
 
 @dataclass(frozen=True, slots=True)
 class Timeline:
-    """Every event of a recording, sorted by :func:`event_time_ns`, with those times beside them."""
+    """Every table of a recording, each in time order."""
 
-    events: list[Event]
-    times_ns: list[int]
+    kinds: tuple[KindRows, ...]
+    start_ns: int
+    """The first timed event (timeless facts such as GPU links sort before it at 0)."""
+    end_ns: int
+    rows: int
 
-    @property
-    def start_ns(self) -> int:
-        """The first timed event (timeless facts such as GPU links sort before it at 0)."""
-        return next((t for t in self.times_ns if t > 0), 0)
+    def rows_until(self, time_ns: int) -> int:
+        """Rows whose time is at or before ``time_ns``."""
+        return sum(int(np.searchsorted(k.times_ns, time_ns, side="right")) for k in self.kinds)
 
-    @property
-    def end_ns(self) -> int:
-        return self.times_ns[-1] if self.times_ns else 0
+    def time_within(self, after_ns: int, target_ns: int, budget: int) -> int:
+        """The latest time up to ``target_ns`` whose rows after ``after_ns`` number at most ``budget`` (but at
+        least the next event's time, so playback always moves)."""
+        before = self.rows_until(after_ns)
+        if self.rows_until(target_ns) - before <= budget:
+            return target_ns
+        low, high = after_ns, target_ns
+        while high - low > 1:
+            middle = (low + high) // 2
+            if self.rows_until(middle) - before <= budget:
+                low = middle
+            else:
+                high = middle
+        if low == after_ns:  # even the next instant holds more than the budget: take it whole
+            return min(int(k.times_ns[np.searchsorted(k.times_ns, after_ns, side="right")])
+                       for k in self.kinds if np.searchsorted(k.times_ns, after_ns, side="right") < len(k.times_ns))
+        return low
 
+    def between(self, after_ns: int | None, until_ns: int) -> list[tuple[str, pa.Table]]:
+        """Each kind's rows with a time in (``after_ns``, ``until_ns``] (from the first row for ``None``)."""
+        out = []
+        for k in self.kinds:
+            first = 0 if after_ns is None else int(np.searchsorted(k.times_ns, after_ns, side="right"))
+            last = int(np.searchsorted(k.times_ns, until_ns, side="right"))
+            if last > first:
+                out.append((k.kind, k.table.slice(first, last - first)))
+        return out
 
-def _integer_fields(cls: type[Event]) -> frozenset[str]:
-    return frozenset(f.name for f in fields(cls) if "int" in str(f.type) and "float" not in str(f.type))
-
-
-def _clean(record: dict[str, Any], integers: frozenset[str]) -> dict[str, Any]:
-    """pandas' NaN back to ``None``, and integers stored as floats (beside a missing value) back to int."""
-    for name, value in record.items():
-        if isinstance(value, float):
-            if math.isnan(value):
-                record[name] = None
-            elif name in integers:
-                record[name] = int(value)
-        elif value is pd.NA:
-            record[name] = None
-    return record
+    def step_ends(self) -> list[tuple[int, int]]:
+        """(end time, step) of each step, once its last rank finished it."""
+        for k in self.kinds:
+            if k.kind == "step" and len(k.table):
+                table = pa.table({"step": k.table.column("step"), "end": k.times_ns})
+                grouped = table.group_by("step").aggregate([("end", "max")])
+                return sorted(zip(grouped.column("end_max").to_pylist(), grouped.column("step").to_pylist(),
+                                  strict=True))
+        return []
 
 
 def load_timeline(recording: Recording) -> Timeline:
-    """Every event of every table the recording holds, as event objects in time order."""
-    events: list[Event] = []
-    for kind in recording.kinds():
-        if kind not in EVENT_TYPES:
-            recording.problems.append(f"events/{kind}: not an event kind this meshtop knows; skipped")
+    """Every table the recording holds, each sorted by event time."""
+    kinds = []
+    present = set(recording.kinds())
+    for kind in (k for k in KIND_ORDER if k in present):
+        table = recording.arrow(kind)
+        if not len(table):
             continue
-        table = recording.table(kind)
-        if table.empty:
-            continue
-        integers = _integer_fields(EVENT_TYPES[kind])
-        for record in table.to_dict("records"):
-            record["kind"] = kind
-            try:
-                events.append(event_from_record(_clean(record, integers)))
-            except (TypeError, ValueError):
-                recording.problems.append(f"events/{kind}: a row that is not a {kind} event; skipped")
-    keyed = sorted(((event_time_ns(e), i, e) for i, e in enumerate(events)), key=lambda item: item[:2])
-    return Timeline(events=[e for _, _, e in keyed], times_ns=[t for t, _, _ in keyed])
+        times = event_times_ns(kind, table)
+        order = np.argsort(times, kind="stable")
+        kinds.append(KindRows(kind, table.take(pa.array(order)), times[order]))
+    timed = [k.times_ns[k.times_ns > 0] for k in kinds]
+    starts = [int(t[0]) for t in timed if len(t)]
+    ends = [int(k.times_ns[-1]) for k in kinds if len(k.times_ns)]
+    return Timeline(kinds=tuple(kinds), start_ns=min(starts, default=0), end_ns=max(ends, default=0),
+                    rows=sum(len(k.table) for k in kinds))

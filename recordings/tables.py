@@ -5,64 +5,53 @@ and flushed with every batch (5 times a second), so killing meshtop or a rank
 loses at most the last fraction of a second, and the files can be read while
 they grow. A clean close compacts each table into ``events/<kind>.parquet``
 (written beside, then renamed, then the JSON lines removed), so a crash in the
-middle leaves either form whole.
+middle leaves either form whole. Both forms are read into the typed schema of
+:mod:`recordings.schema`.
 """
 
 from __future__ import annotations
 
-import json
 import os
-from dataclasses import MISSING, dataclass, fields
+from dataclasses import dataclass
 from pathlib import Path
 
 import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
 
-from probes.events import EVENT_TYPES
 from recordings.events_log import EVENTS_DIR
+from recordings.schema import columns, conform, decode_lines
 
 
 @dataclass(frozen=True, slots=True)
 class LoadedTable:
-    frame: pd.DataFrame
+    table: pa.Table
     lost_lines: int
     """Lines that could not be read (a torn last line, or damage)."""
 
 
-def columns_of(kind: str) -> list[str]:
-    return [f.name for f in fields(EVENT_TYPES[kind])] if kind in EVENT_TYPES else []
-
-
-def required_of(kind: str) -> frozenset[str]:
-    """The fields an event of ``kind`` cannot be without (those with no default)."""
-    if kind not in EVENT_TYPES:
-        return frozenset()
-    return frozenset(f.name for f in fields(EVENT_TYPES[kind]) if f.default is MISSING and f.default_factory is MISSING)
-
-
 def read_json_lines(path: Path, kind: str) -> LoadedTable:
-    """Every whole, valid line of ``path``; the rest counted as lost (not JSON, not an object, another
-    kind's, or without a field the kind needs: the workers' lines are written as they came)."""
-    required = required_of(kind)
-    records, lost = [], 0
+    """Every whole line of ``path`` that is an event of ``kind``; the rest counted as lost (a torn last
+    line, or a worker's line that is no such event: workers' lines are written as they came)."""
     data = path.read_bytes()
-    lines = data.split(b"\n")
-    if lines and lines[-1] == b"":
-        lines.pop()
-    elif lines:  # a last line without its newline: cut short by a crash
-        lines.pop()
-        lost += 1
-    for line in lines:
-        try:
-            record = json.loads(line)
-        except (ValueError, RecursionError):  # not JSON, not UTF-8, too deep, a huge integer
-            lost += 1
-            continue
-        if isinstance(record, dict) and record.pop("kind", kind) == kind and record.keys() >= required:
-            records.append(record)
-        else:
-            lost += 1
-    frame = pd.DataFrame.from_records(records, columns=columns_of(kind) or None)
-    return LoadedTable(frame, lost)
+    end = data.rfind(b"\n") + 1
+    torn = 1 if end < len(data) else 0  # a last line without its newline: cut short by a crash
+    decoded = decode_lines(kind, data[:end])
+    return LoadedTable(decoded.table, decoded.bad + torn)
+
+
+def read_parquet(path: Path, kind: str) -> pa.Table:
+    """A compacted table in ``kind``'s current schema (OSError or ArrowException if damaged)."""
+    return conform(kind, pq.read_table(path))
+
+
+def to_frame(kind: str, table: pa.Table) -> pd.DataFrame:
+    """A table as pandas, integers as integers: ``Int64`` where the field may be missing."""
+    frame = table.to_pandas()
+    for column in columns(kind):
+        if column.python is int and column.nullable:
+            frame[column.name] = table.column(column.name).to_pandas(types_mapper={pa.int64(): pd.Int64Dtype()}.get)
+    return frame
 
 
 def compact(directory: Path) -> list[str]:
@@ -71,11 +60,18 @@ def compact(directory: Path) -> list[str]:
     done = []
     for path in sorted(events.glob("*.jsonl")):
         kind = path.stem
-        table = read_json_lines(path, kind)
+        try:
+            table = read_json_lines(path, kind).table
+        except KeyError:  # not a kind this meshtop knows: left as it is
+            continue
         target = events / f"{kind}.parquet"
         tmp = target.with_suffix(".parquet.tmp")
-        table.frame.to_parquet(tmp, index=False, compression="zstd")
-        os.replace(tmp, target)
+        try:
+            pq.write_table(table, tmp, compression="zstd")
+            os.replace(tmp, target)
+        except OSError:
+            tmp.unlink(missing_ok=True)
+            raise
         path.unlink()
         done.append(kind)
     return done

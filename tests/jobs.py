@@ -11,7 +11,7 @@ from pathlib import Path
 import psutil
 
 from probes.events import Event, RankStarted, StepTiming
-from recordings.steps import JobStep, StepFolder
+from recordings.metrics.steps import JobStep, StepFolder
 from runner.launch import JobResult, run_job
 from runner.plan import ResolvedRun, RunSpec, resolve
 from tui.cli import gpus_visible

@@ -11,7 +11,7 @@ import asyncio
 import sys
 from pathlib import Path
 
-from recordings.analysis import summarize
+from recordings.summary import summarize
 from recordings.compare import compare
 from recordings.reader import open_recording
 from tui.app import MeshtopApp

@@ -9,21 +9,18 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from probes.events import StepTiming
 from recordings.compare import mann_whitney_p
+from tests.recording_kit import description, write_recording
 from tui.cli import main
 
 
 def synthetic_recording(directory: Path, *, step_s: float, model: str = "tiny", spread: float = 0.002) -> Path:
     """A finished one-rank recording with 40 steps around ``step_s``."""
-    (directory / "events").mkdir(parents=True)
-    manifest = {"schema_version": 1, "status": "completed", "mode": "train", "dtype": "fp32", "seq_len": 64,
-                "batch_size": 8, "model": {"name": model}, "plan": {"world_size": 1, "dp": 1, "tp": 1, "pp": 1}}
-    (directory / "manifest.json").write_text(json.dumps(manifest))
     generator = np.random.default_rng(0)
-    lines = [json.dumps({"rank": 0, "step": n, "start_ns": n * 10**9, "duration_s": step_s + spread * generator.standard_normal(),
-                         "tokens": 512, "loss": 2.0, "kind": "step"}) for n in range(40)]
-    (directory / "events" / "step.jsonl").write_text("\n".join(lines) + "\n")
-    return directory
+    steps = [StepTiming(rank=0, step=n, start_ns=n * 10**9, duration_s=step_s + spread * generator.standard_normal(),
+                        tokens=512, loss=2.0) for n in range(40)]
+    return write_recording(directory, steps, run=description(dp=1, model=model, seq_len=64, batch_size=8))
 
 
 def run_compare(a: Path, b: Path, capsys: pytest.CaptureFixture[str]) -> dict:
@@ -65,7 +62,7 @@ def test_mann_whitney_separates_shifted_samples_only() -> None:
 def test_a_recording_compared_with_itself_changes_nothing(recorded: Path, capsys) -> None:
     comparison = run_compare(recorded, recorded, capsys)
     names = [m["name"] for m in comparison["metrics"]]
-    assert {"step time (s)", "throughput (tokens/s)", "dp/all_reduce time per step (s)", "stage 0 bubble",
+    assert {"step time (s)", "throughput (tokens/s)", "dp/all_reduce exposed time per step (s)", "stage 0 bubble",
             "rank 3 peak memory (bytes)", "most loaded rank peak memory (bytes)"} <= set(names)
     assert all(m["ratio"] == pytest.approx(1.0) and not m["significant"] for m in comparison["metrics"])
 

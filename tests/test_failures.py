@@ -214,7 +214,7 @@ def test_a_replay_of_a_damaged_recording_plays_what_it_can_and_says_what_it_coul
     from tui.sources import ReplaySource
 
     source = ReplaySource(open_recording(damaged_copy_of_the_sample(tmp_path)))
-    kinds = {event.kind for event in source.timeline.events}
+    kinds = {rows.kind for rows in source.timeline.kinds}
     assert "step" not in kinds and {"collective", "stage_action", "memory"} <= kinds
     assert len(source.problems) == 1 and source.problems[0].startswith("step.parquet is damaged")
 
@@ -234,5 +234,5 @@ def test_a_newer_or_foreign_recording_is_refused_in_one_line(command: str, tmp_p
     assert main([command, str(newer), *extra]) == 2
     assert main([command, str(foreign), *extra]) == 2
     lines = capsys.readouterr().err.splitlines()
-    assert lines == [f"meshtop: error: {newer} has recording schema version 99; this meshtop reads version 1",
+    assert lines == [f"meshtop: error: {newer} has recording schema version 99; this meshtop reads versions 1, 2",
                      f"meshtop: error: {foreign} is not a meshtop recording: no manifest.json"]

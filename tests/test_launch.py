@@ -13,8 +13,8 @@ from pathlib import Path
 import psutil
 import pytest
 
-from probes.events import RankStarted, StepTiming
-from recordings.events_log import JsonLinesTail
+from probes.events import StepTiming
+from recordings.tables import read_json_lines
 from tests.jobs import alive
 
 pytestmark = pytest.mark.slow
@@ -59,16 +59,19 @@ def meshtop(*argv: str) -> list[str]:
     return [sys.executable, "-m", "tui.cli", *argv]
 
 
+def recorded_so_far(events_dir: Path, kind: str) -> list[dict[str, object]]:
+    """The rows of a table being recorded (its JSON lines, a half-written last line left out)."""
+    path = events_dir / f"{kind}.jsonl"
+    return read_json_lines(path, kind).table.to_pylist() if path.exists() else []
+
+
 def wait_for_steps(events_dir: Path, world: int, count: int, timeout_s: float = 120) -> list[int]:
     """Wait until every rank has recorded ``count`` steps; the ranks' pids."""
-    steps, started = JsonLinesTail(events_dir / "step.jsonl"), JsonLinesTail(events_dir / "rank_started.jsonl")
-    seen_steps, seen_started = [], []
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        seen_steps.extend(steps.read_new())
-        seen_started.extend(started.read_new())
-        if all(sum(1 for e in seen_steps if e.rank == r) >= count for r in range(world)):
-            return [e.pid for e in seen_started if isinstance(e, RankStarted)]
+        ranks = [row["rank"] for row in recorded_so_far(events_dir, "step")]
+        if all(ranks.count(r) >= count for r in range(world)):
+            return [row["pid"] for row in recorded_so_far(events_dir, "rank_started")]  # type: ignore[misc]
         time.sleep(0.2)
     raise AssertionError(f"ranks did not reach {count} steps in {timeout_s} s")
 
@@ -122,7 +125,7 @@ def test_record_writes_the_full_run_description(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stdout + done.stderr
     assert f"recording: {out}" in done.stdout
     manifest = json.loads((out / "manifest.json").read_text())
-    assert manifest["schema_version"] == 1
+    assert manifest["schema_version"] == 2
     assert manifest["status"] == "completed"
     assert manifest["plan"] == {
         "dp": 1, "tp": 1, "pp": 2, "fsdp": False, "world_size": 2, "schedule": "gpipe", "microbatches": 4,

@@ -6,7 +6,7 @@ from collections import Counter
 
 import pytest
 
-from probes.bandwidth import bus_factor, busbw_gbps
+from recordings.metrics.bandwidth import bus_factor, busbw_gbps
 from probes.events import CollectiveTiming, MemorySnapshot, StageAction, StepTiming
 
 pytestmark = pytest.mark.slow

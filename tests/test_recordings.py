@@ -10,10 +10,14 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from recordings.analysis import summarize
-from recordings.manifest import RecordingError
+from recordings.manifest import Manifest, RecordingError, write_manifest
 from recordings.reader import open_recording
+from recordings.samples import SAMPLE
+from recordings.summary import summarize
+from tests.recording_kit import description
 from tui.cli import main
+
+SAMPLE_MANIFEST = json.loads((SAMPLE / "manifest.json").read_text())
 
 
 @pytest.mark.slow
@@ -32,11 +36,17 @@ def test_summary_json_has_the_documented_keys(recorded: Path, capsys: pytest.Cap
                               "dtype": "fp32", "instrumented": True, "status": "completed"}
     assert summary["steps"]["count"] == 4
     assert set(summary["steps"]["time_s"]) == {"p50", "p90", "mean"}
+    assert set(summary) == {"recording", "run", "steps", "mfu", "requests", "collectives", "stages", "memory",
+                            "most_loaded_rank", "headroom_bytes", "ranks", "problems"}
+    assert summary["mfu"]["value"] is None and summary["mfu"]["why_not"] == "no peak FLOP/s for a cpu device"
     groups = {(row["group"], row["op"]) for row in summary["collectives"]}
     assert groups == {("pp", "send"), ("pp", "recv"), ("dp", "all_reduce")}
     for row in summary["collectives"]:
-        assert set(row) == {"group", "op", "count", "bytes", "time_s", "busbw_gbps"}
-        assert row["count"] > 0 and row["bytes"] > 0 and row["time_s"]["total"] > 0
+        assert set(row) == {"group", "op", "count", "bytes", "in_flight_s", "busbw_gbps", "exposed_s"}
+        assert set(row["in_flight_s"]) == {"total", "p50", "p99"} and set(row["busbw_gbps"]) == {"p50", "ops"}
+        assert set(row["exposed_s"]) == {"per_step", "share", "measured"}
+        assert row["count"] > 0 and row["bytes"] > 0 and row["in_flight_s"]["total"] > 0
+        assert 0 < row["exposed_s"]["share"] < 1
     assert [row["stage"] for row in summary["stages"]] == [0, 1]
     assert all(0 < row["bubble_fraction"] < 1 for row in summary["stages"])
     assert [row["rank"] for row in summary["memory"]] == [0, 1, 2, 3]
@@ -55,8 +65,7 @@ def test_summary_text_names_plan_steps_and_collectives(recorded: Path, capsys: p
 def write_live_recording(directory: Path, *, torn: bool) -> None:
     """A recording as meshtop leaves it mid-run: manifest 'running', JSON-lines tables."""
     (directory / "events").mkdir(parents=True)
-    (directory / "manifest.json").write_text(json.dumps({"schema_version": 1, "status": "running",
-                                                         "plan": {"world_size": 1}}))
+    write_manifest(directory, Manifest(run=description(dp=1), status="running"))
     lines = [json.dumps({"rank": 0, "step": n, "start_ns": n, "duration_s": 0.5, "tokens": 100, "loss": 2.0,
                          "kind": "step"}) for n in range(3)]
     body = "\n".join(lines) + "\n"
@@ -69,7 +78,7 @@ def test_live_or_killed_recording_loads_what_is_whole(tmp_path: Path) -> None:
     write_live_recording(tmp_path / "rec", torn=True)
     recording = open_recording(tmp_path / "rec")
     steps = recording.table("step")
-    assert list(steps.step) == [0, 1, 2]
+    assert list(steps.step) == [0, 1, 2] and steps.step.dtype == "int64"
     assert recording.problems == ["step.jsonl: 1 line(s) unreadable and skipped"]
     summary = summarize(recording)
     assert summary["run"]["status"] == "interrupted"
@@ -95,7 +104,11 @@ def test_damaged_parquet_is_reported_not_raised(tmp_path: Path) -> None:
     (lambda d: d.mkdir(), "is not a meshtop recording: no manifest.json"),
     (lambda d: (d.mkdir(), (d / "manifest.json").write_text("{not json")), "manifest.json is damaged"),
     (lambda d: (d.mkdir(), (d / "manifest.json").write_text('{"schema_version": 99}')),
-     "has recording schema version 99; this meshtop reads version 1"),
+     "has recording schema version 99; this meshtop reads versions 1, 2"),
+    (lambda d: (d.mkdir(), (d / "manifest.json").write_text(json.dumps({**SAMPLE_MANIFEST, "colour": "red"}))),
+     "unknown field colour"),
+    (lambda d: (d.mkdir(), (d / "manifest.json").write_text(json.dumps(
+        {**SAMPLE_MANIFEST, "plan": {**SAMPLE_MANIFEST["plan"], "dp": "two"}}))), "plan.dp must be an integer"),
     (lambda d: d.write_text("a file"), "is not a recording directory"),
 ])
 def test_unreadable_recordings_are_one_line_and_exit_2(setup, message: str, tmp_path: Path,
@@ -116,7 +129,24 @@ def test_compacted_tables_equal_the_lines_they_came_from(tmp_path: Path) -> None
     before = open_recording(tmp_path / "rec").table("step")
     assert compact(tmp_path / "rec") == ["step"]
     after = open_recording(tmp_path / "rec").table("step")
-    pd.testing.assert_frame_equal(before.reset_index(drop=True), after.reset_index(drop=True), check_dtype=False)
+    pd.testing.assert_frame_equal(before.reset_index(drop=True), after.reset_index(drop=True))
+
+
+@pytest.mark.parametrize("parquet", [False, True], ids=["json-lines", "parquet"])
+def test_integers_that_may_be_missing_stay_exact_integers(tmp_path: Path, parquet: bool) -> None:
+    from probes.events import CollectiveTiming
+    from tests.recording_kit import write_recording
+
+    wall = 1_764_000_000_123_456_789  # float64 would round this to 256 ns
+    ops = [CollectiveTiming(rank=0, step=step, op="send", group="pp", group_size=2, peer=peer, bytes=8,
+                            dtype="float32", start_ns=wall, end_ns=wall + 1, clock="completion", waited_ns=waited)
+           for step, peer, waited in ((None, None, None), (0, 1, 7))]
+    recording = open_recording(write_recording(tmp_path / "r", ops, run=description(dp=1), parquet=parquet))
+    frame = recording.table("collective")
+    assert str(frame.step.dtype) == str(frame.peer.dtype) == str(frame.waited_ns.dtype) == "Int64"
+    assert frame.start_ns.dtype == "int64" and frame.start_ns.tolist() == [wall, wall]
+    assert frame.peer.tolist()[1] == 1 and frame.peer.isna().tolist() == [True, False]
+    assert recording.arrow("collective").column("waited_ns").to_pylist() == [None, 7]
 
 
 @pytest.mark.slow
@@ -167,8 +197,8 @@ def test_a_killed_rank_costs_at_most_its_last_second_of_events(tmp_path: Path) -
     killed_at = ends[(steps["rank"] == 0) & (steps.step == 59)].max()  # rank 1 died as step 60 began
     last_of_killed = ends[steps["rank"] == 1].max()
     assert killed_at - last_of_killed < 1e9
-    ranks = {r["rank"]: r for r in recording.manifest["ranks"]}
-    assert ranks[1]["signal"] == "SIGKILL"
+    ranks = {r.rank: r for r in recording.manifest.ranks}
+    assert ranks[1].signal == "SIGKILL"
 
 
 def test_the_writer_keeps_workers_blocks_as_they_came_and_the_reader_drops_what_is_no_event(tmp_path: Path) -> None:
@@ -188,6 +218,38 @@ def test_the_writer_keeps_workers_blocks_as_they_came_and_the_reader_drops_what_
     events = tmp_path / "events"
     assert (events / "step.jsonl").read_bytes() == encode_lines(steps[:2]) + foreign + encode_lines(steps[2:])
     table = read_json_lines(events / "step.jsonl", "step")
-    assert (table.frame["step"].tolist(), table.lost_lines) == ([0, 1, 2], 2)
+    assert (table.table.column("step").to_pylist(), table.lost_lines) == ([0, 1, 2], 2)
     dropped = read_json_lines(events / "events_dropped.jsonl", "events_dropped")
-    assert (dropped.frame["count"].tolist(), dropped.lost_lines) == ([3], 0)
+    assert (dropped.table.column("count").to_pylist(), dropped.lost_lines) == ([3], 0)
+
+
+GOOD_STEP = b'{"rank":0,"step":1,"start_ns":5,"duration_s":0.5,"tokens":8,"loss":2.0,"kind":"step"}\n'
+
+
+@pytest.mark.parametrize(("line", "why"), [
+    (b'{"rank":true,"step":1,"start_ns":5,"duration_s":0.5,"tokens":8,"loss":2.0}\n', "a bool for an integer"),
+    (b'{"rank":1,"step":"3","start_ns":5,"duration_s":0.5,"tokens":8,"loss":2.0}\n', "a string for an integer"),
+    (b'{"rank":' + b"1" * 5000 + b',"step":3,"start_ns":5,"duration_s":0.5,"tokens":8,"loss":2.0}\n', "huge"),
+    (b'{"rank":99999999999999999999,"step":3,"start_ns":5,"duration_s":0.5,"tokens":8,"loss":2.0}\n', "past int64"),
+    (b"[" * 100_000 + b"\n", "nested too deep"),
+    (b"[1,2]\n", "not an object"),
+    (b'{"rank":1,"step":3,"start_ns":5,"duration_s":0.5,"loss":null}\n', "a required field missing"),
+    (b'{"rank":1,"step":3,"start_ns":5,"duration_s":0.5,"tokens":8,"loss":2.0,"kind":"collective"}\n', "another kind"),
+    (b"\xff\xfe not utf-8\n", "not UTF-8"),
+])
+@pytest.mark.parametrize("clean", [1, 20_000], ids=["small block", "big block"])
+def test_the_decoder_counts_a_line_that_is_no_event_and_keeps_the_rest(line: bytes, why: str, clean: int) -> None:
+    from recordings.schema import decode_lines
+
+    decoded = decode_lines("step", GOOD_STEP * clean + line)
+    assert (decoded.table.num_rows, decoded.bad) == (clean, 1), why
+
+
+def test_a_string_that_utf_8_cannot_hold_is_a_bad_line_not_an_error() -> None:
+    from recordings.schema import decode_lines
+
+    line = b'{"kind":"sampler_error","wall_ns":1,"sampler":"x","message":"\\ud800"}\n'
+    good = b'{"kind":"sampler_error","wall_ns":1,"sampler":"x","message":"ok"}\n'
+    for block in (good + line, good * 20_000 + line):
+        decoded = decode_lines("sampler_error", block)
+        assert decoded.bad == 1 and decoded.table.column("message").to_pylist()[-1] == "ok"

@@ -14,6 +14,7 @@ request  replica  arrival  tokens at (ms)     TTFT  TPOT  gaps      e2e  tokens
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 from typing import Any
@@ -21,14 +22,13 @@ from typing import Any
 import pytest
 
 from probes.events import Event, JobEnded, MemorySnapshot, RankStarted, RequestDone, StepTiming
-from recordings.analysis import summarize
 from recordings.compare import compare
-from recordings.events_log import EventWriter
-from recordings.manifest import SCHEMA_VERSION, write_manifest
+from recordings.manifest import RunDescription
 from recordings.reader import open_recording
-from recordings.replay import load_timeline
 from recordings.samples import SAMPLE
-from recordings.tables import compact
+from recordings.summary import summarize
+from tests.recording_kit import description
+from tests.recording_kit import write_recording as kit_write
 from tests.screen_text import screen_text
 from tui.app import MeshtopApp
 from tui.filters import every_rank
@@ -46,21 +46,12 @@ WINDOW_S = 0.130
 """First arrival (0 ms) to last end (130 ms) of the completed requests."""
 
 
-def manifest(*, status: str = "failed", concurrency: int = 2, slo_ttft_ms: float | None = 50,
-             slo_tpot_ms: float | None = 12, requests: int | None = 6) -> dict[str, Any]:
-    """An infer-mode manifest; ``requests=None`` leaves the load section out (and so the SLOs)."""
-    description: dict[str, Any] = {
-        "schema_version": SCHEMA_VERSION, "status": status, "mode": "infer", "dtype": "fp32", "device": "cpu",
-        "instrumented": True, "model": {"name": "tiny", "parameters": 1000, "n_layers": 2, "dim": 8},
-        "plan": {"dp": 2, "tp": 1, "pp": 2, "fsdp": False, "world_size": 4, "schedule": None, "microbatches": 1,
-                 "label": "dp2 x tp1 x pp2"},
-        "load": {"requests": requests, "concurrency": concurrency, "request_rate_per_s": None,
-                 "prompt_len": [8, 8], "output_len": [1, 4], "max_batch": 4, "seed": 0,
-                 "slo_ttft_ms": slo_ttft_ms, "slo_tpot_ms": slo_tpot_ms},
-    }
-    if requests is None:
-        del description["load"]
-    return description
+def run_description(*, concurrency: int = 2, slo_ttft_ms: float | None = 50, slo_tpot_ms: float | None = 12,
+                    requests: int | None = 6) -> RunDescription:
+    """An infer-mode run, dp2 x pp2; ``requests=None`` leaves the load section out (and so the SLOs)."""
+    run = description(mode="infer", dp=2, pp=2, requests=requests or 6, concurrency=concurrency, prompt_len="8",
+                      output_len="1-4", max_batch=4, slo_ttft_ms=slo_ttft_ms, slo_tpot_ms=slo_tpot_ms)
+    return dataclasses.replace(run, load=None) if requests is None else run
 
 
 def served(request: int, replica: int, arrival_ms: float, tokens_ms: list[float]) -> RequestDone:
@@ -104,17 +95,11 @@ def engine_events() -> list[Event]:
     return events
 
 
-def write_recording(directory: Path, rows: list[RequestDone], *, parquet: bool = False, **load: Any) -> Path:
-    description = manifest(**load)
-    directory.mkdir(parents=True)
-    write_manifest(directory, description)
-    writer = EventWriter(directory)
-    writer.write([*engine_events(), *rows, JobEnded(wall_ns=BASE_NS + 200 * MS, status=description["status"],
-                                                     duration_s=0.2, root_cause_rank=None)])
-    writer.close()
-    if parquet:
-        compact(directory)
-    return directory
+def write_recording(directory: Path, rows: list[RequestDone], *, parquet: bool = False, status: str = "failed",
+                    **load: Any) -> Path:
+    events = [*engine_events(), *rows, JobEnded(wall_ns=BASE_NS + 200 * MS, status=status, duration_s=0.2,
+                                                root_cause_rank=None)]
+    return kit_write(directory, events, run=run_description(**load), status=status, parquet=parquet)
 
 
 @pytest.fixture
@@ -227,40 +212,52 @@ def test_compare_flags_a_doubled_ttft_and_calls_a_different_concurrency_unfair(t
     assert compare(before, other)["warnings"] == ["the runs differ in load concurrency (2 vs 4)"]
 
 
-def test_the_dashboard_folds_requests_as_the_summary_does(recording: Path) -> None:
+def replayed(recording: Path) -> DashboardState:
+    """The dashboard's state after a replay of the whole recording, through the replay source."""
     opened = open_recording(recording)
-    summary = summarize(opened)["requests"]
-    state = DashboardState(opened.manifest)
-    state.apply(load_timeline(opened).events)
+    source = ReplaySource(opened, clock=lambda: 0.0)
+    source.playback.seek_fraction(1.0)
+    state = DashboardState(opened.manifest.run)
+    while not source.caught_up:
+        state = source.poll(state)
+    return state
+
+
+def test_the_dashboard_folds_requests_as_the_summary_does(recording: Path) -> None:
+    summary = summarize(open_recording(recording))["requests"]
+    state = replayed(recording)
     view = state.requests_view()
-    assert (view.total, view.completed, view.failed) == (summary["count"], summary["completed"], summary["failed"])
-    assert dict(view.failures) == {row["reason"]: row["count"] for row in summary["failures"]}
+    assert view is not None
+    figures = view.figures
+    assert (view.total, figures.completed, figures.failed) == (summary["count"], summary["completed"],
+                                                               summary["failed"])
+    assert [{"reason": r, "count": n} for r, n in figures.failures] == summary["failures"]
     for name in ("ttft_s", "tpot_s", "itl_s", "e2e_s"):
-        assert view.latencies[name][0] == summary[name]["p50"]
-        assert view.latencies[name][1] == summary[name]["p99"]
-    # No clock set: the window ends at the last request's end, as the summary's does.
-    assert view.requests_per_s == pytest.approx(summary["request_throughput_per_s"])
-    assert view.output_tokens_per_s == pytest.approx(summary["output_tokens_per_s"])
-    assert view.goodput_per_s == pytest.approx(summary["goodput_per_s"])
-    assert view.slo_met == pytest.approx(2 / 4)  # of the recent completed requests
+        assert figures.latencies[name] == summary[name]
+    assert figures.request_throughput_per_s == summary["request_throughput_per_s"]
+    assert figures.output_tokens_per_s == summary["output_tokens_per_s"]
+    assert figures.goodput_per_s == summary["goodput_per_s"]
+    assert figures.slo_met == summary["slo_met"] == pytest.approx(2 / 6)
     assert state.steps_done == 5 and [s.duration_s for s in state.steps] == [0.01, 0.01, 0.02, 0.01, 0.03]
     assert state.bubble_history() == {0: pytest.approx((0.2,) * 5), 1: pytest.approx((0.1,) * 5)}  # replica 0's
-    assert state.mfu() is None
-    assert ("warning", f"failed requests: 1; most often (1): {OOM}") in [(a.severity, a.text) for a in state.alerts()]
+    assert state.mfu().value is None and "training" in (state.mfu().why_not or "")
+    assert ("warning", f"failed requests: 2; most often (1): {OOM}") in [(a.severity, a.text) for a in state.alerts()]
     parts, _ = memory_parts(state.ranks[0])  # the devices view's bar has a KV cache part, in its colour
     assert parts["kv cache"] == KV_BYTES
     assert any(span.style == "#d7af5f" for span in memory_lines(state, every_rank, 100, None).spans)
 
 
-def test_before_the_job_ends_unserved_requests_are_not_counted_failed_and_windows_stay_bounded() -> None:
-    state = DashboardState(manifest())
-    state.apply(the_requests())
-    assert (state.requests_view().completed, state.requests_view().failed) == (4, 1)
+def test_before_the_job_ends_unserved_requests_are_not_counted_failed_and_latencies_cover_the_run() -> None:
+    state = DashboardState(run_description())
+    state.apply_events(the_requests())
+    view = state.requests_view()
+    assert view is not None and (view.figures.completed, view.figures.failed) == (4, 1)
     for index in range(2000):  # one every 10 ms: 20 s of requests
-        state.apply([served(index, 0, index * 10, [index * 10 + k for k in range(1, 5)])])
-    stats = state.requests
-    assert [len(values) for values in stats.recent.values()] == [512, 512, 4096, 512]
-    assert 990 <= len(stats.finished) <= 1001  # the rate window keeps what ended in the last 10 s
+        state.apply_events([served(100 + index, 0, index * 10, [index * 10 + k for k in range(1, 5)])])
+    view = state.requests_view()
+    assert view is not None and view.figures.completed == 2004
+    assert state.fold.requests is not None and state.fold.requests.latencies["ttft_s"].count == 2004
+    assert [len(values) for values in view.history.values()] == [512, 512, 4096, 512]  # the sparklines' window
 
 
 async def test_the_dashboard_shows_requests_in_the_header_and_overview(recording: Path) -> None:
@@ -272,17 +269,17 @@ async def test_the_dashboard_shows_requests_in_the_header_and_overview(recording
         await pilot.pause()
         text = screen_text(app)
         header = text.splitlines()[1]
-        assert header.startswith(" requests 4/6 (2 failed)  20.00 req/s  TTFT p50 35.0 ms  50 tok/s")
+        assert header.startswith(" requests 4/6 (2 failed)  30.77 req/s  TTFT p50 35.0 ms  77 tok/s")
         assert "MFU" not in header and "step" not in header
         rows = {line.split()[0]: line.split()[1:] for line in text.splitlines()[4:] if line.split()}
-        assert "4/6 completed · 2 failed · 20.00 req/s · 50 tok/s out" in text
+        assert "4/6 completed · 2 failed · 30.77 req/s · 77 tok/s out" in text
         assert rows["TTFT"][:4] == ["35.0", "ms", "59.4", "ms"]
         assert rows["TPOT"][:4] == ["15.0", "ms", "19.9", "ms"]
         assert f"failed 1: {OOM}" in text
         await pilot.press("4")
         await pilot.pause()
         await pilot.pause()
-        assert "bubble per stage (share of each iteration spent waiting, replica 0)" in screen_text(app)
+        assert "bubble per stage (share of iteration time spent waiting; recent: replica 0's)" in screen_text(app)
 
 
 def test_a_train_recording_keeps_its_comparison_rows(tmp_path: Path) -> None:

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from recordings.analysis import summarize
+from recordings.summary import summarize
 from recordings.compare import compare
 from recordings.reader import open_recording
 from tests.screen_text import screen_text
@@ -76,7 +76,7 @@ async def test_the_header_says_plan_model_step_and_throughput() -> None:
     async with replay() as (app, pilot):
         header = screen_text(app).splitlines()[:2]
         assert "● replaying  dp2 x tp1 x pp2 (1f1b, 4 mb) · small 6.6M · 4× cpu fp32" in header[0]
-        assert header[1].startswith(" step 31/40  1.68 s  2,424 tok/s  elapsed 1:00")
+        assert header[1].startswith(" step 31/40  1.62 s  2,599 tok/s  elapsed 57.27 s")  # tok/s: p50 over the run
 
 
 async def test_tab_and_shift_tab_cycle_through_the_views() -> None:
@@ -114,10 +114,10 @@ async def test_seek_to_a_step_and_to_a_time() -> None:
         await press(pilot, "g", *"12", "enter")
         assert "step 12/40" in screen_text(app)
         await press(pilot, "g", *"1:01", "enter")
-        assert "step 31/40" in screen_text(app)
+        assert "step 33/40  61.0 s" in screen_text(app)
         await press(pilot, "g", *"99", "enter")
         assert app.messages[-1] == "no step 99 in this recording (it has steps 1 to 40)"
-        assert "step 31/40" in screen_text(app)  # a bad seek leaves the position alone
+        assert "step 33/40" in screen_text(app)  # a bad seek leaves the position alone
 
 
 async def test_clicking_the_replay_bar_seeks() -> None:
@@ -230,7 +230,7 @@ async def test_devices_view_draws_gpu_samples_with_history_clock_and_temperature
     from probes.events import GpuSample  # NVML readings as the GPU sampler would send them (no GPU here)
 
     async with replay(size=(width, 30)) as (app, pilot):
-        app.state.apply(GpuSample(
+        app.state.apply_events(GpuSample(
             gpu=0, wall_ns=i, name="NVIDIA H200", memory_used_bytes=70 << 30, memory_total_bytes=141 << 30,
             utilization_pct=float(50 + i), memory_utilization_pct=None, power_w=300.0 + i, sm_clock_mhz=1980.0,
             temperature_c=61.0, pcie_tx_bytes_per_s=None, pcie_rx_bytes_per_s=None,

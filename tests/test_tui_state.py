@@ -9,24 +9,21 @@ import pytest
 from probes.arrivals import Arrivals
 from probes.errors import MeshtopError
 from probes.events import (
-    CollectiveTiming, EventsDropped, GpuSample, RankExited, RankStarted, StageAction, StepTiming,
+    CollectiveTiming, EventsDropped, GpuSample, ProbeOff, RankExited, RankStarted, StageAction, StepTiming,
 )
-from recordings.analysis import summarize
+from recordings.metrics.run import CLOSE_AFTER
 from recordings.reader import open_recording
 from recordings.replay import load_timeline
 from recordings.samples import SAMPLE
+from recordings.schema import batches_of
 from runner.plan import RunSpec, resolve
+from tests.recording_kit import description
 from tui.filters import parse_rank_filter
-from tui.sources import LiveSource, Playback, ReplaySource
+from tui.sources import COALESCIBLE, LiveSource, Playback, ReplaySource, ScreenBacklog
 from tui.state import HISTORY, DashboardState, RankView
 
 MS = 1_000_000
-
-
-def description(world: int = 4, pp: int = 1) -> dict[str, object]:
-    return {"plan": {"label": "test", "world_size": world, "pp": pp, "microbatches": 2},
-            "model": {"name": "tiny", "parameters": 1000, "n_layers": 2, "dim": 8},
-            "device": "cpu", "dtype": "fp32", "steps": 10, "seq_len": 4, "mode": "train", "instrumented": True}
+STEP_NS = 10 * MS
 
 
 def started(rank: int, pp_rank: int = 0, dp_rank: int = 0) -> RankStarted:
@@ -34,75 +31,84 @@ def started(rank: int, pp_rank: int = 0, dp_rank: int = 0) -> RankStarted:
                        tp_rank=0, stages=(), local_parameters=10, wall_ns=0)
 
 
-def step(rank: int, number: int, duration_s: float, start_ns: int = 0, fb: float | None = None) -> StepTiming:
-    return StepTiming(rank=rank, step=number, start_ns=start_ns, duration_s=duration_s, tokens=100, loss=1.0,
+def step(rank: int, number: int, duration_s: float, start_ns: int | None = None, fb: float | None = None) -> StepTiming:
+    start = number * STEP_NS if start_ns is None else start_ns
+    return StepTiming(rank=rank, step=number, start_ns=start, duration_s=duration_s, tokens=100, loss=1.0,
                       forward_backward_s=fb)
 
 
-def collective(rank: int, number: int, seconds: float, op: str = "all_reduce") -> CollectiveTiming:
+def collective(rank: int, number: int, seconds: float, op: str = "all_reduce", *, waited: bool = True,
+               offset_ns: int = 0) -> CollectiveTiming:
+    """A synchronous collective of ``seconds`` in step ``number`` (steps are 10 ms apart)."""
+    start = number * STEP_NS + offset_ns
+    end = start + round(seconds * 1e9)
     return CollectiveTiming(rank=rank, step=number, op=op, group="dp", group_size=4, peer=None, bytes=1 << 20,
-                            dtype="float32", start_ns=0, end_ns=int(seconds * 1e9), clock="completion")
+                            dtype="float32", start_ns=start, end_ns=end, clock="completion",
+                            waited_ns=end - start if waited else None, overlapped=False)
 
 
-@pytest.fixture(scope="module")
-def sample_replayed() -> tuple[DashboardState, dict[str, object]]:
-    recording = open_recording(SAMPLE)
-    state = DashboardState(recording.manifest)
-    state.apply(load_timeline(recording).events)
-    return state, summarize(open_recording(SAMPLE))
-
-
-def test_replaying_the_sample_agrees_with_the_recordings_analysis(sample_replayed) -> None:
-    state, summary = sample_replayed
-    assert state.steps_done == summary["steps"]["count"] == 40
-    counts = {(row.group, row.op): row.count for row in state.collective_rows()}
-    assert counts == {(row["group"], row["op"]): row["count"] for row in summary["collectives"]}
-    bubbles = state.bubble_history()
-    for stage in summary["stages"]:  # the same formula, folded live vs computed with pandas
-        live = sum(bubbles[stage["stage"]]) / len(bubbles[stage["stage"]])
-        assert live == pytest.approx(stage["bubble_fraction"], abs=1e-9)
-    assert state.most_loaded_rank() == summary["most_loaded_rank"]
-    assert {view.status for view in state.ranks.values()} == {"exited 0"}
+def dashboard(**spec: object) -> DashboardState:
+    return DashboardState(description(**spec))
 
 
 def test_the_state_stays_bounded_however_long_the_run() -> None:
-    state = DashboardState(description(world=2))
+    state = dashboard(dp=2)
     for number in range(HISTORY * 3):
-        state.apply([collective(0, number, 0.001), collective(1, number, 0.001),
-                     step(0, number, 0.01), step(1, number, 0.01)])
+        state.apply_events([collective(0, number, 0.001), collective(1, number, 0.001),
+                            step(0, number, 0.01), step(1, number, 0.01)])
     assert state.steps_done == HISTORY * 3
-    assert len(state.steps) == HISTORY
-    stats = state.collectives[("dp", "all_reduce")]
-    assert stats.count == HISTORY * 6
-    assert len(stats.durations_s) <= 512 and len(stats.history) == HISTORY
-    assert len(stats.per_step_s) == 0  # folded away as steps complete
+    assert len(state.steps) == HISTORY and len(state.fold.closed) == HISTORY
+    [stats] = state.fold.collectives.stats
+    assert stats.count == HISTORY * 6 and stats.exposed_s.count == HISTORY * 3 - CLOSE_AFTER
+    assert len(state.fold.collectives.open_steps()) <= CLOSE_AFTER  # decided and let go as steps close
+    [line] = state.collective_rows()
+    assert len(line.history) == HISTORY
 
 
-def test_collective_share_of_the_step_is_time_per_rank_over_step_time() -> None:
-    state = DashboardState(description(world=2))
+def test_p50_p99_interpolate_and_the_share_of_the_step_is_the_exposed_time_of_the_slowest_rank() -> None:
+    state = dashboard(dp=2)
     for number in range(5):
-        state.apply([collective(0, number, 0.002), collective(1, number, 0.004),
-                     step(0, number, 0.010), step(1, number, 0.010)])
-    row = state.collective_rows()[0]
-    assert row.step_share == pytest.approx(0.3)  # (2 + 4) / 2 ms of a 10 ms step
-    assert row.p50_s in (0.002, 0.004) and row.p99_s == 0.004
-    assert row.busbw_gbps is not None and row.busbw_gbps > 0
+        state.apply_events([collective(0, number, 0.002), collective(1, number, 0.004),
+                            step(0, number, 0.010), step(1, number, 0.010)])
+    state.finish("completed")
+    [line] = state.collective_rows()
+    row = line.figures
+    assert row.in_flight_p50_s == pytest.approx(0.003)  # [2, 2, 2, 2, 2, 4, 4, 4, 4, 4] ms: between the middle two
+    assert row.in_flight_p99_s == pytest.approx(0.004)
+    assert row.exposed_share == pytest.approx(0.4) and row.exposed_measured  # 4 of a 10 ms step, waits seen
+    assert row.exposed_per_step_s == pytest.approx(0.004)
+    assert row.busbw_p50_gbps is not None and row.busbw_p50_gbps > 0
+    assert line.history == pytest.approx((0.004,) * 5)
+
+
+def test_without_a_seen_wait_the_exposed_time_is_the_in_flight_bound_within_the_step() -> None:
+    state = dashboard(dp=2)
+    for number in range(3):
+        events = [collective(rank, number, 0.004, offset_ns=offset, waited=False)
+                  for rank in (0, 1) for offset in (0, 2 * MS, 8 * MS)]  # 0-4, 2-6 and 8-12 ms: 8 ms in the step
+        state.apply_events([*events, step(0, number, 0.010), step(1, number, 0.010)])
+    state.finish("completed")
+    [row] = state.figures().collectives
+    assert row.in_flight_total_s == pytest.approx(3 * 6 * 0.004)  # 72 ms in flight over 30 ms of steps
+    assert row.exposed_per_step_s == pytest.approx(0.008)  # the union 0-6 and 8-10 ms, clipped to the step
+    assert row.exposed_share == pytest.approx(0.8) and row.exposed_measured is False
 
 
 def test_a_rank_slower_than_its_peers_is_called_a_straggler() -> None:
-    state = DashboardState(description(world=4))
-    state.apply([started(rank, dp_rank=rank) for rank in range(4)])
-    for number in range(5):
+    state = dashboard(dp=4)
+    state.apply_events([started(rank, dp_rank=rank) for rank in range(4)])
+    for number in range(8):
         for rank in range(4):
             compute = 0.020 if rank == 3 else 0.010  # the others wait for rank 3 in their all-reduce
-            state.apply([collective(rank, number, 0.025 - compute), step(rank, number, 0.025)])
+            state.apply_events([collective(rank, number, 0.025 - compute, offset_ns=round(compute * 1e9)),
+                                step(rank, number, 0.025, start_ns=number * 30 * MS)])
     assert [rank for rank, _ in state.stragglers()] == [3]
     assert any("rank 3 is a straggler: 2.00x" in alert.text for alert in state.alerts())
 
 
-def test_alerts_name_a_failed_rank_low_headroom_and_dropped_telemetry() -> None:
-    state = DashboardState(description(world=2))
-    state.apply([
+def test_alerts_name_a_failed_rank_low_headroom_dropped_telemetry_and_a_probe_that_is_off() -> None:
+    state = dashboard(dp=2)
+    state.apply_events([
         started(0), started(1),
         RankExited(rank=1, wall_ns=5, exit_code=-9, signal="SIGKILL", error="killed"),
         GpuSample(gpu=0, wall_ns=1, name="H200", memory_used_bytes=95, memory_total_bytes=100, utilization_pct=99,
@@ -110,22 +116,25 @@ def test_alerts_name_a_failed_rank_low_headroom_and_dropped_telemetry() -> None:
                   pcie_tx_bytes_per_s=None, pcie_rx_bytes_per_s=None, nvlink_tx_bytes_per_s=None,
                   nvlink_rx_bytes_per_s=None),
         EventsDropped(wall_ns=2, rank=0, where="worker", count=7),
+        *(ProbeOff(rank=rank, wall_ns=3, probe="pipeline stages", reason="torch 2.99 has no _wait_batch_p2p")
+          for rank in (0, 1)),
     ])
     texts = [(alert.severity, alert.text) for alert in state.alerts()]
     assert texts[0] == ("error", "rank 1 killed by SIGKILL: killed")
     assert ("warning", "GPU 0 memory headroom 5% (below 10%)") in texts
     assert ("warning", "7 telemetry events dropped (buffers full)") in texts
+    assert ("warning", "probe off: pipeline stages on every rank: torch 2.99 has no _wait_batch_p2p") in texts
 
 
 def test_pipeline_timeline_places_actions_within_their_step() -> None:
-    state = DashboardState(description(world=2, pp=2))
-    state.apply([started(0, pp_rank=0), started(1, pp_rank=1)])
-    state.apply([
+    state = dashboard(dp=1, pp=2)
+    state.apply_events([started(0, pp_rank=0), started(1, pp_rank=1)])
+    state.apply_events([
         StageAction(rank=0, step=0, stage=0, microbatch=0, action="forward", start_ns=0, end_ns=2 * MS),
         StageAction(rank=1, step=0, stage=1, microbatch=0, action="forward", start_ns=2 * MS, end_ns=4 * MS),
         StageAction(rank=1, step=0, stage=1, microbatch=0, action="backward", start_ns=4 * MS, end_ns=8 * MS),
         StageAction(rank=0, step=0, stage=0, microbatch=0, action="backward", start_ns=8 * MS, end_ns=10 * MS),
-        step(0, 0, 0.012, fb=0.010), step(1, 0, 0.012, fb=0.010),
+        step(0, 0, 0.012, start_ns=0, fb=0.010), step(1, 0, 0.012, start_ns=0, fb=0.010),
     ])
     [drawn] = state.pipeline_steps()
     assert drawn.span_s == pytest.approx(0.010)
@@ -149,31 +158,48 @@ def test_a_bad_rank_filter_is_one_clear_error(text: str, message: str) -> None:
         parse_rank_filter(text)
 
 
-def test_playback_steps_seeks_and_rebuilds_when_going_back() -> None:
+def test_playback_steps_seeks_and_goes_back_from_a_snapshot() -> None:
     now = [0.0]
-    source = ReplaySource(open_recording(SAMPLE), clock=lambda: now[0])
+    recording = open_recording(SAMPLE)
+    source = ReplaySource(recording, clock=lambda: now[0], snapshot_rows=500)
     playback = source.playback
+    state = DashboardState(recording.manifest.run)
     source.start()
-    first = source.poll()
-    assert not first.reset
-    assert all(t <= playback.start_ns for t in source.timeline.times_ns[:len(first.events)])
+    state = source.poll(state)
+    assert state.events == source.timeline.rows_until(playback.start_ns)
     now[0] = 5.0  # five seconds of wall time at 2x: ten seconds of recording
     playback.speed = 2.0
-    moved = source.poll()
-    assert source.now_ns() - playback.start_ns == 10_000_000_000 and moved.events
+    state = source.poll(state)
+    assert source.now_ns() - playback.start_ns == 10_000_000_000
     playback.seek_step(20)
-    assert playback.current_step() == 20
+    state = source.poll(state)
+    assert playback.current_step() == 20 and state.steps_done == 21
     playback.step_forward()
     assert playback.current_step() == 21 and playback.paused
-    forward = source.poll()
-    assert not forward.reset
+    forward = source.poll(state)
+    assert forward is state and state.steps_done == 22
     playback.step_back()
     playback.step_back()
     assert playback.current_step() == 19
-    back = source.poll()
-    assert back.reset and len(back.events) == sum(1 for t in source.timeline.times_ns if t <= playback.position_ns)
+    back = source.poll(state)
+    assert back is not state and back.steps_done == 20  # a copy of a snapshot, carried forward to step 20
+    assert back.events == source.timeline.rows_until(playback.position_ns)
     with pytest.raises(MeshtopError, match="no step 41 in this recording"):
         playback.seek_step(40)
+
+
+def test_a_replay_folds_a_bounded_number_of_rows_a_frame_and_catches_up() -> None:
+    recording = open_recording(SAMPLE)
+    source = ReplaySource(recording, clock=lambda: 0.0, rows_per_frame=1000)
+    source.playback.seek_fraction(1.0)
+    state = DashboardState(recording.manifest.run)
+    frames = 0
+    while not source.caught_up:
+        before = state.events
+        state = source.poll(state)
+        assert state.events - before <= 1000 or frames == 0
+        frames += 1
+    assert frames >= source.timeline.rows // 1000 and state.steps_done == 40 and source.status == "completed"
 
 
 def test_playback_speed_moves_through_fixed_steps() -> None:
@@ -185,13 +211,27 @@ def test_playback_speed_moves_through_fixed_steps() -> None:
     assert playback.speed == 0.5
 
 
-def test_live_backlog_for_the_screen_is_bounded_and_counts_what_it_drops(tmp_path: Path) -> None:
-    run = resolve(RunSpec(device="cpu"), gpus_visible=0)
+def test_a_full_screen_backlog_skips_only_high_rate_events_and_never_a_rank_start_or_a_step(tmp_path: Path) -> None:
+    run = resolve(RunSpec(device="cpu", dp=2, pp=2), gpus_visible=0)
     source = LiveSource(run, directory=tmp_path, manifest=None, backlog=100)
+    events = [started(rank, pp_rank=rank // 2, dp_rank=rank % 2) for rank in range(4)]
     for number in range(30):
-        source._take(Arrivals([step(0, number, 0.01)] * 10), [])  # the session thread's callback
-    update = source.poll()
-    assert len(update.events) <= 100
-    assert source.dropped_for_screen == 300 - len(update.events)
-    assert update.events[-1].step == 29  # the newest are kept
-    assert source.poll().events == []
+        events += [collective(rank, number, 0.001) for rank in range(4) for _ in range(10)]
+        events += [step(rank, number, 0.01) for rank in range(4)]
+    source._take(Arrivals(events), [])  # the session thread's callback, with far more than the screen holds
+    state = source.poll(DashboardState(source.description))
+    assert {rank: view.pp_rank for rank, view in state.ranks.items()} == {0: 0, 1: 0, 2: 1, 3: 1}
+    assert state.steps_done == 30 and len(state.steps) == 30
+    assert state.coalesced == source.backlog.skipped > 0
+    assert state.events + state.coalesced == len(events)
+    assert any("skipped by the screen" in alert.text for alert in state.alerts())
+    assert source.poll(state).events == state.events  # nothing twice
+
+
+def test_the_backlog_keeps_order_and_skips_the_oldest_high_rate_batches_first() -> None:
+    backlog = ScreenBacklog(limit=10)
+    batches = batches_of([collective(0, 0, 0.001)] * 8 + [started(0)] + [collective(0, 1, 0.001)] * 8)
+    for batch in batches:
+        backlog.put([batch])
+    kinds = [kind for kind, _ in backlog.take()]
+    assert kinds == ["rank_started", "collective"] and backlog.skipped == 8 and "collective" in COALESCIBLE

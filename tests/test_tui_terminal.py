@@ -257,6 +257,23 @@ def test_the_header_keeps_its_step_row_in_a_narrow_terminal(terminal: Callable[.
     assert rows[1].startswith(" step 10/40 "), rows
 
 
+def test_the_overview_and_summary_print_the_same_collective_p50_and_p99(terminal: Callable[..., Terminal]) -> None:
+    """The same recording in the dashboard's overview (at its end) and in ``meshtop summary``: the same
+    in-flight p50 / p99 per (group, op), as printed."""
+    done = subprocess.run([sys.executable, "-m", "tui.cli", "summary", "recordings/samples/dp2-pp2-1f1b"],
+                          capture_output=True, text=True, cwd=REPO, timeout=120, check=True)
+    row = re.compile(r"^  (\w+)\s+(\w+)\s+[\d,]+\s+\S+ \S+\s+\S+ \S+\s+(\S+ \S+)\s+(\S+ \S+)", re.MULTILINE)
+    printed = {(g, o): (p50, p99) for g, o, p50, p99 in row.findall(done.stdout)}
+    assert len(printed) == 3, done.stdout
+    term = terminal(["replay", "--paused-at", "40"], width=120, height=40)
+    screen = term.wait_text("collectives (busiest)", timeout_s=STARTUP_S)
+    cells = re.compile(r"^  (\w+)\s+(\w+)\s+[\d,]+\s+\S+ \S+\s+(\S+ \S+)\s+(\S+ \S+)", re.MULTILINE)
+    shown = {(g, o): (p50, p99) for g, o, p50, p99 in cells.findall(screen)}
+    assert shown == printed, (screen, done.stdout)
+    term.press("q")
+    assert term.wait_exit() == 0
+
+
 # -- live jobs -----------------------------------------------------------------------------
 
 

@@ -52,14 +52,14 @@ class HeaderBar(Static):
 
     def show(self, state: DashboardState, status: str, extra: str = "") -> None:
         info = state.info
-        params = info.parameters or 0
+        params = info.model.parameters
         size = f"{params / 1e9:.1f}B" if params >= 1e9 else f"{params / 1e6:.1f}M"
         first = Text(no_wrap=True, overflow="ellipsis")
         first.append(" meshtop ", style="bold reverse")
         colour = {"running": "green", "completed": "green", "replaying": "cyan", "failed": "bold red",
                   "interrupted": "yellow", "stopping": "yellow"}.get(status, "white")
         first.append(f" ● {status} ", style=colour)
-        first.append(f" {info.label} · {info.model} {size} · {info.world_size}× {info.device} {info.dtype}")
+        first.append(f" {info.plan.label} · {info.model.name} {size} · {info.world_size}× {info.device} {info.dtype}")
         second = Text(no_wrap=True, overflow="ellipsis")
         if extra:
             second.append(f" [{extra}]", style="bold yellow")
@@ -72,8 +72,8 @@ class HeaderBar(Static):
         if alerts:
             worst = alerts[0]
             second.append(f"  ⚠ {len(alerts)}", style="bold red" if worst.severity == "error" else "yellow")
-        if info.recording:
-            second.append(f"  rec {info.recording}", style="dim")
+        if state.recording:
+            second.append(f"  rec {state.recording}", style="dim")
         header = Text("\n").join([first, second])
         header.no_wrap, header.overflow = True, "ellipsis"
         self.update(header, layout=False)  # two rows always: no need to lay the screen out again
@@ -87,7 +87,7 @@ class HeaderBar(Static):
         line.append(f"  {human_seconds(step.duration_s) if step else '-'}")
         rate = state.tokens_per_s()
         line.append(f"  {rate:,.0f} tok/s" if rate is not None else "  - tok/s")
-        mfu = state.mfu()
+        mfu = state.mfu().value
         if mfu is not None:
             line.append(f"  MFU {mfu:.1%}")
 
@@ -95,13 +95,16 @@ class HeaderBar(Static):
     def _requests(line: Text, state: DashboardState) -> None:
         """Inference: requests done, req/s and TTFT p50 (no loss or MFU: nothing is trained)."""
         view = state.requests_view()
+        if view is None:
+            return
+        figures = view.figures
         total = f"/{view.total}" if view.total is not None else ""
-        line.append(f" requests {view.completed}{total}", style="bold")
-        if view.failed:
-            line.append(f" ({view.failed} failed)", style="yellow")
-        line.append(f"  {per_second(view.requests_per_s, 'req/s')}")
-        line.append(f"  TTFT p50 {human_seconds(view.latencies['ttft_s'][0])}")
-        line.append(f"  {output_rate(view.output_tokens_per_s)}")
+        line.append(f" requests {figures.completed}{total}", style="bold")
+        if figures.failed:
+            line.append(f" ({figures.failed} failed)", style="yellow")
+        line.append(f"  {per_second(figures.request_throughput_per_s, 'req/s')}")
+        line.append(f"  TTFT p50 {human_seconds(view.p50_p99('ttft_s')[0])}")
+        line.append(f"  {output_rate(figures.output_tokens_per_s)}")
 
 
 class ReplayBar(Static):
@@ -310,19 +313,14 @@ class MeshtopApp(App[None]):
     def frame(self) -> None:
         """Fold in what the source has, then redraw the header and the visible view."""
         started = time.perf_counter()
-        update = self.source.poll()
-        if update.reset:
-            self.state = self._new_state()
-        self.state.apply(update.events)
+        self.state = self.source.poll(self.state)
         self.state.set_clock(self.source.now_ns(), self.source.started_ns())
-        if getattr(self.source, "dropped_for_screen", 0):
-            self.state.dropped = max(self.state.dropped, self.source.dropped_for_screen)
         self.redraw()
         self.frame_times_s.append(time.perf_counter() - started)
         if self.gc_pacer.frame_drawn():
             self.call_after_refresh(self.gc_pacer.collect)
         self._ask_about_hang()
-        if getattr(self.source, "error", None) is not None and not self.quitting:
+        if self.source.error is not None and not self.quitting:
             self.quitting = True  # the session broke (say, the disk is full): the CLI reports why, in one line
             self.exit()
 
@@ -455,9 +453,7 @@ class MeshtopApp(App[None]):
         self.run_worker(self._exit_when_stopped, thread=True, name="stop-job")
 
     def _exit_when_stopped(self) -> None:
-        wait = getattr(self.source, "wait", None)
-        if wait is not None:
-            wait()
+        self.source.wait()
         self.call_from_thread(self.exit)
 
     def get_system_commands(self, screen: Screen) -> Iterable[SystemCommand]:  # type: ignore[override]

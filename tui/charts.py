@@ -7,7 +7,7 @@ from itertools import islice
 
 from rich.text import Span, Text
 
-from tui.summary_text import human_bytes
+from tui.summary_text import human_bytes, human_seconds
 
 __all__ = ["human_bytes", "human_seconds", "human_rate", "sparkline", "column_chart", "chart", "memory_bar", "legend"]
 
@@ -22,21 +22,6 @@ MEMORY_PARTS = (
     ("other", "·", "#808080"),
 )
 """Memory categories in bar order: name, legend letter, colour."""
-
-
-def human_seconds(value: float | None) -> str:
-    if value is None:
-        return "-"
-    if value == 0:
-        return "0"
-    if value >= 60:
-        minutes, seconds = divmod(int(value), 60)
-        return f"{minutes}:{seconds:02d}"
-    if value >= 1:
-        return f"{value:.2f} s"
-    if value >= 1e-3:
-        return f"{value * 1e3:.1f} ms"
-    return f"{value * 1e6:.0f} µs"
 
 
 def human_rate(value: float | None, unit: str = "") -> str:

@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import FrameType
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from probes.errors import MeshtopError
 from probes.samplers import DEFAULT_GPU_HZ, DEFAULT_PROCESS_HZ
@@ -40,6 +40,9 @@ from runner.plan import (
     resolve,
 )
 from runner.presets import PRESETS
+
+if TYPE_CHECKING:
+    from recordings.manifest import Manifest
 
 EXIT_OK, EXIT_JOB_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
 RUNS_DIR_ENV = "MESHTOP_RUNS_DIR"
@@ -209,24 +212,37 @@ def new_session_path(runs: Path, run: ResolvedRun) -> Path:
     return path
 
 
+def start_recording(directory: Path, run: ResolvedRun, probes: NodeProbes) -> Manifest:
+    """Make ``directory`` a new recording with its starting manifest (status ``running``)."""
+    from recordings.manifest import (
+        RecordingError, RunDescription, SampleRates, new_recording, start_manifest, write_manifest,
+    )
+
+    new_recording(directory)
+    manifest = start_manifest(RunDescription.from_json(run.describe()), command_line=sys.argv[1:],
+                              node_probes=SampleRates(gpu_hz=probes.gpu_hz, process_hz=probes.process_hz))
+    try:
+        write_manifest(directory, manifest)
+    except OSError as error:
+        raise RecordingError(f"cannot write the manifest in {directory}: {error.strerror or error}") from None
+    return manifest
+
+
 def command_run(args: argparse.Namespace) -> int:
-    from recordings.manifest import new_recording, start_manifest, write_manifest
+    from runner.console import verdict
     from tui.app import MeshtopApp
-    from tui.console import verdict
     from tui.sources import LiveSource
 
     run = resolve_args(args)
     probes = node_probes_from_args(args)
     hang_timeout = hang_timeout_from_args(args)
     require_terminal("meshtop run", "use `meshtop record OUT` to record a job headless")
+    manifest: Manifest | None = None
     if args.record:
         directory = new_session_path(runs_directory(args), run)
-        new_recording(directory)
-        manifest: dict[str, Any] | None = start_manifest(run.describe(), command_line=sys.argv[1:])
-        manifest["node_probes"] = {"gpu_hz": probes.gpu_hz, "process_hz": probes.process_hz}
-        write_manifest(directory, manifest)
+        manifest = start_recording(directory, run, probes)
     else:
-        directory, manifest = Path(tempfile.mkdtemp(prefix="meshtop-run-")), None
+        directory = Path(tempfile.mkdtemp(prefix="meshtop-run-"))
     source = LiveSource(run, directory=directory, manifest=manifest, node_probes=probes,
                         hang_timeout_s=hang_timeout)
     app = MeshtopApp(source, quit_on_signals=True)
@@ -238,7 +254,10 @@ def command_run(args: argparse.Namespace) -> int:
     if source.error is not None:
         raise source.error
     assert source.result is not None, "the session thread ended without a result"
-    for line in verdict(source.result, source.steps, source.requests):
+    state = source.poll(app.state)  # what arrived after the last frame
+    state.finish(source.result.status)
+    figures = state.figures()
+    for line in verdict(source.result, figures.steps, figures.requests):
         print(line)
     if manifest is not None:
         print(f"recording: {directory}")
@@ -276,20 +295,16 @@ def command_replay(args: argparse.Namespace) -> int:
 
 
 def command_record(args: argparse.Namespace) -> int:
-    from recordings.analysis import summarize
-    from recordings.manifest import new_recording, start_manifest, write_manifest
     from recordings.reader import open_recording
-    from tui.console import follow_job
+    from recordings.summary import summarize
+    from runner.console import follow_job
     from tui.summary_text import summary_lines
 
     run = resolve_args(args)
     probes = node_probes_from_args(args)
     hang_timeout = hang_timeout_from_args(args)
     out: Path = args.out
-    new_recording(out)
-    manifest = start_manifest(run.describe(), command_line=sys.argv[1:])
-    manifest["node_probes"] = {"gpu_hz": probes.gpu_hz, "process_hz": probes.process_hz}
-    write_manifest(out, manifest)
+    manifest = start_recording(out, run, probes)
     result = follow_job(run, session_dir=out, out=sys.stdout, manifest=manifest, node_probes=probes,
                         hang_timeout_s=hang_timeout)
     print("\n".join(summary_lines(summarize(open_recording(out)))[1:]))
@@ -306,8 +321,8 @@ def print_report(report: dict[str, Any], *, as_json: bool, lines: Callable[[dict
 
 
 def command_summary(args: argparse.Namespace) -> int:
-    from recordings.analysis import summarize
     from recordings.reader import open_recording
+    from recordings.summary import summarize
     from tui.summary_text import summary_lines
 
     return print_report(summarize(open_recording(args.recording)), as_json=args.json, lines=summary_lines)
@@ -321,7 +336,7 @@ def command_compare(args: argparse.Namespace) -> int:
     before, after = open_recording(args.before), open_recording(args.after)
     comparison = compare(before, after)
     if args.tui:
-        from recordings.analysis import summarize
+        from recordings.summary import summarize
         from tui.compare_app import CompareApp
 
         require_terminal("meshtop compare --tui", "leave out --tui for the comparison as text")

@@ -1,12 +1,16 @@
 """Where the dashboard's events come from: a live job or a recording, behind one interface.
 
-The app calls ``poll()`` once a frame and folds what it gets into its
-state; it cannot tell a live job from a replay, except that a replay also
-offers :class:`Playback` controls.
+Once a frame the app hands its state to ``source.poll(state)``, which folds
+what the source has into it (``DashboardState.apply``, typed tables from
+:mod:`recordings.schema`'s decoder either way) and returns the state to draw:
+the same one, or for a replay that moved back, an earlier snapshot carried
+forward. The app cannot tell a live job from a replay, except that a replay
+also offers :class:`Playback` controls.
 """
 
 from __future__ import annotations
 
+import copy
 import threading
 import time
 from bisect import bisect_right
@@ -14,77 +18,60 @@ from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Protocol
 
-from probes.arrivals import Arrivals
+import pyarrow as pa
+
+from probes.arrivals import Arrivals, EncodedEvents
 from probes.errors import MeshtopError
-from probes.events import Event, RequestDone, StepTiming
+from probes.events import Event
+from recordings.manifest import Manifest, RunDescription
+from recordings.metrics.run import COLUMNAR
+from recordings.metrics.steps import JobStep
 from recordings.reader import Recording
-from recordings.replay import Timeline, event_time_ns, load_timeline
-from recordings.steps import JobStep
+from recordings.replay import Timeline, load_timeline
+from recordings.schema import batches_of, decode_lines
+from recordings.summary import job_status
 from runner.launch import JobControl, JobResult, NodeProbes
 from runner.plan import ResolvedRun
-from tui.console import RequestTally
-from tui.session import run_session
+from runner.session import run_session
+from tui.state import UI_KINDS, DashboardState
 
 SCREEN_BACKLOG = 200_000
-"""Events a live source holds for the screen between two frames; beyond it the oldest are dropped for
-the screen only (the recording keeps every event) and counted."""
+"""Events a live source holds for the screen between two frames; beyond it the oldest high-rate events are
+skipped, for the screen only (the recording keeps every event), and counted."""
+COALESCIBLE = frozenset({"collective", "stage_action", "gpu", "process", "rank_progress"})
+"""High-rate kinds the screen may skip when it falls behind: a newer sample or operation of the same kind
+follows. Lifecycle events (starts, exits, the end), steps, requests and memory are never skipped: a lost
+start would leave a rank on the wrong stage, a lost step a hole in every figure."""
+SCREEN_KINDS = UI_KINDS | COLUMNAR
+"""What the screen decodes of a live job (the rest goes to the recording only)."""
+ROWS_PER_FRAME = 250_000
+"""A replay folds at most this many rows a frame; a longer seek goes on over the next frames."""
+SNAPSHOT_ROWS = 200_000
+"""A replay keeps a copy of its state after about this many rows, to seek back from."""
+MAX_SNAPSHOTS = 32
 
-
-@dataclass(frozen=True, slots=True)
-class Update:
-    """What a source has for the next frame."""
-
-    events: list[Event]
-    reset: bool = False
-    """Start the state afresh before applying ``events`` (a replay seeking backwards)."""
-
-
-class ScreenBacklog:
-    """Event batches waiting for the next frame, at most ``limit`` events (safe across threads).
-
-    Beyond the limit the oldest batches are dropped, for the screen only, and counted.
-    """
-
-    def __init__(self, limit: int = SCREEN_BACKLOG) -> None:
-        self.limit = limit
-        self.dropped = 0
-        self.peak = 0
-        """The most events ever waiting at once."""
-        self._batches: deque[list[Event]] = deque()
-        self._count = 0
-        self._lock = threading.Lock()
-
-    def put(self, events: list[Event]) -> None:
-        with self._lock:
-            self._batches.append(events)
-            self._count += len(events)
-            while self._count > self.limit and len(self._batches) > 1:
-                oldest = self._batches.popleft()
-                self._count -= len(oldest)
-                self.dropped += len(oldest)
-            self.peak = max(self.peak, self._count)
-
-    def take(self) -> list[Event]:
-        """Everything waiting, oldest first."""
-        with self._lock:
-            batches, self._batches, self._count = self._batches, deque(), 0
-        return [event for batch in batches for event in batch]
+Batch = tuple[str, pa.Table]
 
 
 class Source(Protocol):
-    description: dict[str, Any]
-    """The run description (a manifest's fields: plan, model, device, ...)."""
+    description: RunDescription
+    """What runs: plan, model, device, lengths, load."""
     recording: str | None
     """Where the session is recorded, if it is."""
+    error: BaseException | None
+    """What broke the session (a full disk, say), once it did; the app quits and the CLI reports it."""
 
     def start(self) -> None: ...
-    def poll(self) -> Update: ...
+    def poll(self, state: DashboardState) -> DashboardState:
+        """Fold what arrived into ``state``; the state to draw."""
     def now_ns(self) -> int: ...
     def started_ns(self) -> int | None:
         """Where the dashboard's elapsed time counts from (``None`` until known)."""
     def stop(self) -> None: ...
+    def wait(self, timeout_s: float | None = None) -> bool:
+        """Wait until the source is done (a live session's recording closed); whether it is."""
     def ask_stacks(self, ranks: Iterable[int] | None) -> str | None:
         """Ask for py-spy dumps; a reason when this source cannot take them."""
     @property
@@ -95,16 +82,82 @@ class Source(Protocol):
     def playback(self) -> Playback | None: ...
 
 
+class ScreenBacklog:
+    """Batches of events waiting for the next frame, safe across threads.
+
+    Beyond ``limit`` events the oldest batches of :data:`COALESCIBLE` kinds are skipped, for the screen only,
+    and counted; every other batch waits whatever the count, and order is kept.
+    """
+
+    def __init__(self, limit: int = SCREEN_BACKLOG) -> None:
+        self.limit = limit
+        self.skipped = 0
+        self.peak = 0
+        """The most events ever waiting at once."""
+        self._batches: deque[Batch] = deque()
+        self._count = 0
+        self._lock = threading.Lock()
+
+    def put(self, batches: list[Batch]) -> None:
+        with self._lock:
+            self._batches.extend(batches)
+            self._count += sum(len(table) for _, table in batches)
+            if self._count > self.limit:
+                self._coalesce()
+            self.peak = max(self.peak, self._count)
+
+    def _coalesce(self) -> None:
+        """Skip the oldest skippable batches until the backlog is within its limit (or none is left)."""
+        kept: deque[Batch] = deque()
+        while self._batches:
+            kind, table = self._batches.popleft()
+            if self._count > self.limit and kind in COALESCIBLE:
+                self._count -= len(table)
+                self.skipped += len(table)
+            else:
+                kept.append((kind, table))
+        self._batches = kept
+
+    def take(self) -> list[Batch]:
+        """Everything waiting, oldest first."""
+        with self._lock:
+            batches, self._batches, self._count = list(self._batches), deque(), 0
+        return batches
+
+
+def screen_batches(arrivals: Arrivals) -> list[Batch]:
+    """What the screen reads of ``arrivals``: each kind's blocks decoded together, in the order the kinds
+    first came (events made by meshtop itself as they are)."""
+    blocks: dict[str, list[bytes]] = {}
+    made: dict[str, list[Event]] = {}
+    order: list[str] = []
+    for item in arrivals.items:
+        if item.kind not in SCREEN_KINDS:
+            continue
+        if item.kind not in blocks and item.kind not in made:
+            order.append(item.kind)
+        if isinstance(item, EncodedEvents):
+            blocks.setdefault(item.kind, []).append(item.lines)
+        else:
+            made.setdefault(item.kind, []).append(item)
+    batches: list[Batch] = []
+    for kind in order:
+        if kind in blocks:
+            batches.append((kind, decode_lines(kind, b"".join(blocks[kind])).table))
+        batches.extend(batches_of(made.get(kind, [])))
+    return batches
+
+
 class LiveSource:
     """A job launched now: runs the session on a background thread and hands its events to the screen."""
 
-    def __init__(self, run: ResolvedRun, *, directory: Path, manifest: dict[str, Any] | None,
+    def __init__(self, run: ResolvedRun, *, directory: Path, manifest: Manifest | None,
                  node_probes: NodeProbes = NodeProbes(), backlog: int = SCREEN_BACKLOG,
                  hang_timeout_s: float | None = None) -> None:
         self.run = run
         self.directory = directory
         self.manifest = manifest
-        self.description: dict[str, Any] = manifest if manifest is not None else run.describe()
+        self.description = manifest.run if manifest is not None else RunDescription.from_json(run.describe())
         self.recording = str(directory) if manifest is not None else None
         self.node_probes = node_probes
         self.control = JobControl()
@@ -113,10 +166,6 @@ class LiveSource:
         self.result: JobResult | None = None
         self.error: BaseException | None = None
         self.backlog = ScreenBacklog(backlog)
-        self.steps: list[JobStep] = []
-        """The job's steps as they completed (for the closing verdict)."""
-        self.requests = RequestTally(run.load.requests) if run.load is not None else None
-        """An inference load's answered requests (for the closing verdict)."""
         self._thread = threading.Thread(target=self._run, name="meshtop-session", daemon=True)
         self._started_ns: int | None = None
 
@@ -129,17 +178,8 @@ class LiveSource:
             self.error = error
 
     def _take(self, arrivals: Arrivals, steps: list[JobStep]) -> None:
-        events = arrivals.events()  # on this session thread, not in the screen's frames
-        self.steps.extend(steps)
-        if self.requests is not None:
-            for event in events:
-                if isinstance(event, RequestDone):
-                    self.requests.add(event)
-        self.backlog.put(events)
-
-    @property
-    def dropped_for_screen(self) -> int:
-        return self.backlog.dropped
+        """The session thread's callback: decode what the screen reads there, not in the screen's frames."""
+        self.backlog.put(screen_batches(arrivals))
 
     def start(self) -> None:
         self._started_ns = time.time_ns()
@@ -148,8 +188,11 @@ class LiveSource:
     def started_ns(self) -> int | None:
         return self._started_ns
 
-    def poll(self) -> Update:
-        return Update(self.backlog.take())
+    def poll(self, state: DashboardState) -> DashboardState:
+        for kind, table in self.backlog.take():
+            state.apply(kind, table)
+        state.coalesced = self.backlog.skipped
+        return state
 
     def now_ns(self) -> int:
         return time.time_ns()
@@ -158,7 +201,6 @@ class LiveSource:
         self.control.stop.set()
 
     def wait(self, timeout_s: float | None = None) -> bool:
-        """Wait for the session to end (recording closed); whether it has."""
         if self._thread.ident is not None:
             self._thread.join(timeout_s)
         return not self._thread.is_alive()
@@ -199,16 +241,7 @@ class Playback:
         self.paused = False
         self._clock = clock
         self._ticked = clock()
-        self._step_ends = self._job_step_ends(timeline.events)
-
-    @staticmethod
-    def _job_step_ends(events: list[Event]) -> list[tuple[int, int]]:
-        """(end time, step) of each step, once its last rank finished it."""
-        ends: dict[int, int] = {}
-        for event in events:
-            if isinstance(event, StepTiming):
-                ends[event.step] = max(ends.get(event.step, 0), event_time_ns(event))
-        return sorted((end, step) for step, end in ends.items())
+        self._step_ends = timeline.step_ends()
 
     @property
     def steps(self) -> int:
@@ -273,31 +306,73 @@ class Playback:
         self.position_ns = self.start_ns + int(max(0.0, min(1.0, fraction)) * (self.end_ns - self.start_ns))
 
 
-class ReplaySource:
-    """A recording played back through the same door as a live job."""
+@dataclass(frozen=True, slots=True)
+class _Snapshot:
+    folded_ns: int | None
+    """The state holds every row up to this time (``None``: none yet)."""
+    state: DashboardState
 
-    def __init__(self, recording: Recording, *, clock: Callable[[], float] = time.monotonic) -> None:
-        self.description: dict[str, Any] = recording.manifest
+
+class ReplaySource:
+    """A recording played back through the same door as a live job: its tables' rows up to the playback
+    position, folded a bounded number a frame, with snapshots to seek back from."""
+
+    def __init__(self, recording: Recording, *, clock: Callable[[], float] = time.monotonic,
+                 rows_per_frame: int = ROWS_PER_FRAME, snapshot_rows: int = SNAPSHOT_ROWS) -> None:
+        self.description = recording.manifest.run
         self.recording = str(recording.path)
+        self.error: BaseException | None = None
         self.problems = recording.problems
-        timeline = load_timeline(recording)
-        self.timeline = timeline
-        self._playback = Playback(timeline, clock=clock)
-        self._delivered = 0
-        self._recorded_status = recording.status
+        self.timeline = load_timeline(recording)
+        self._playback = Playback(self.timeline, clock=clock)
+        self._recorded_status = job_status(recording)
+        self.rows_per_frame = rows_per_frame
+        self.snapshot_rows = max(snapshot_rows, self.timeline.rows // MAX_SNAPSHOTS)
+        self._folded_ns: int | None = None
+        """The state holds every row up to this time (``None``: none yet)."""
+        self._since_snapshot = 0
+        self._snapshots: list[_Snapshot] = []
 
     def start(self) -> None:
         self._playback.advance()
 
-    def poll(self) -> Update:
+    @property
+    def caught_up(self) -> bool:
+        """Whether the state shows the playback position (a long seek takes a few frames)."""
+        return self._folded_ns is not None and self._folded_ns >= self._playback.position_ns
+
+    def poll(self, state: DashboardState) -> DashboardState:
         self._playback.advance()
-        target = bisect_right(self.timeline.times_ns, self._playback.position_ns)
-        if target < self._delivered:  # moved back: rebuild from the start
-            self._delivered = target
-            return Update(self.timeline.events[:target], reset=True)
-        events = self.timeline.events[self._delivered:target]
-        self._delivered = target
-        return Update(events)
+        target = self._playback.position_ns
+        if not self._snapshots:
+            self._snapshots.append(_Snapshot(None, copy.deepcopy(state)))
+        nearest = [s for s in self._snapshots if s.folded_ns is None or s.folded_ns <= target][-1]
+        behind = self._folded_ns is not None and target < self._folded_ns
+        ahead = nearest.folded_ns is not None and (self._folded_ns is None or nearest.folded_ns > self._folded_ns)
+        if behind or ahead:  # moved back, or far ahead past a snapshot: carry on from the nearest
+            state, self._folded_ns, self._since_snapshot = copy.deepcopy(nearest.state), nearest.folded_ns, 0
+        after = self._folded_ns
+        if after is not None and after >= target:
+            return state
+        until = self.timeline.time_within(after if after is not None else -1, target, self.rows_per_frame)
+        for kind, table in self.timeline.between(after, until):
+            state.apply(kind, table)
+            self._since_snapshot += len(table)
+        self._folded_ns = until
+        if until >= self.timeline.end_ns and state.ended is None:
+            state.finish(self._recorded_status)
+        if self._since_snapshot >= self.snapshot_rows:
+            self._keep(state)
+        return state
+
+    def _keep(self, state: DashboardState) -> None:
+        """Keep a copy of ``state`` to seek to (thinned out past :data:`MAX_SNAPSHOTS`, keeping the first)."""
+        snapshot = _Snapshot(self._folded_ns, copy.deepcopy(state))
+        self._snapshots = sorted([*self._snapshots, snapshot],
+                                 key=lambda s: -1 if s.folded_ns is None else s.folded_ns)
+        if len(self._snapshots) > MAX_SNAPSHOTS:
+            del self._snapshots[1::2]
+        self._since_snapshot = 0
 
     def now_ns(self) -> int:
         return self._playback.position_ns
@@ -308,6 +383,9 @@ class ReplaySource:
     def stop(self) -> None:
         self._playback.paused = True
 
+    def wait(self, timeout_s: float | None = None) -> bool:
+        return True
+
     def ask_stacks(self, ranks: Iterable[int] | None) -> str | None:
         return "a replay shows the stack dumps taken while recording; it cannot take new ones"
 
@@ -317,6 +395,8 @@ class ReplaySource:
 
     @property
     def status(self) -> str:
+        if not self.caught_up:
+            return "seeking"
         return self._recorded_status if self.finished else "replaying"
 
     @property

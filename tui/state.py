@@ -1,94 +1,55 @@
-"""The dashboard's analysis state: plain Python, fed events, read by the screen at its frame rate.
+"""The dashboard's state: the metrics core's figures, and what only a screen needs (histories, the
+pipeline timeline, per-rank and per-GPU views, alerts). Plain Python, fed event tables, read by the
+screen at its frame rate.
 
-Everything here is bounded: per-rank and per-GPU histories are rolling
-windows, collective durations keep the last few hundred, pipeline timelines
-the last few steps. So memory stays flat however long a run goes, and a
-frame costs the same at step 10 and at step 10,000. No Textual here: tests
-and benchmarks drive it directly.
+Every figure (step time, p50 / p99, busbw, exposed share, bubbles, peaks,
+request latencies, MFU) comes from :class:`recordings.metrics.run.RunFold`,
+the same fold ``meshtop summary`` runs; this module only keeps what a screen
+shows beside them, in bounded windows, so memory stays flat however long a
+run goes. No Textual here: tests and benchmarks drive it directly.
 """
 
 from __future__ import annotations
 
 import statistics
-from collections import Counter, defaultdict, deque
+import time
+from collections import defaultdict, deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from probes.bandwidth import bus_factor
+import pyarrow as pa
+
 from probes.events import (
-    CollectiveTiming, Event, EventsDropped, GpuSample, HangDetected, JobEnded, MemorySnapshot, NvmlState,
-    ProcessSample, RankExited, RankStarted, RequestDone, SamplerError, StackDump, StageAction, StepTiming,
+    Event, EventsDropped, GpuSample, HangDetected, JobEnded, MemorySnapshot, NvmlState, ProbeOff, ProcessSample,
+    RankExited, RankStarted, RequestDone, SamplerError, StackDump, StepTiming,
 )
-from recordings.requests import INFER_MODE, Slo, load_of, quantile, unserved_reason
-from recordings.steps import JobStep, StepFolder
-from tui.request_stats import RequestStats, RequestsView
+from recordings.manifest import RunDescription
+from recordings.metrics.collectives import CollectiveRow
+from recordings.metrics.mfu import Mfu
+from recordings.metrics.requests import LATENCIES, RequestFigures
+from recordings.metrics.run import COLUMNAR, RunFigures, RunFold
+from recordings.metrics.steps import JobStep
+from recordings.schema import batches_of, events_of
 
 HISTORY = 240
 """Points kept for each chart (steps, utilisation, power, CPU)."""
-DURATIONS_KEPT = 512
-"""Recent durations kept per collective (group, op) for the percentiles."""
 TIMELINE_STEPS = 3
 """Steps of pipeline timeline kept."""
 STRAGGLER_RATIO = 1.25
-"""A rank is a straggler when its compute time (step minus time in collectives) exceeds its peers' median by this."""
+"""A rank is a straggler when its compute time (step minus exposed communication) exceeds its peers'
+median by this."""
 STRAGGLER_MIN_S = 0.002
 STRAGGLER_WINDOW = 5
 DEFAULT_HEADROOM_ALERT = 0.10
 """Alert when a GPU has less than this share of its memory free."""
-PEAK_BF16_FLOPS = {"H200": 989e12, "H100": 989e12, "GH200": 989e12, "B200": 2250e12, "A100": 312e12,
-                   "L40S": 362e12, "L4": 121e12, "A10": 125e12}
-"""Dense bf16 tensor-core peaks by GPU name fragment (vendor datasheets), for MFU."""
-
-
-def peak_bf16_flops(gpu_name: str) -> float | None:
-    """The dense bf16 peak of the GPU called ``gpu_name``, where it is known."""
-    return next((value for key, value in PEAK_BF16_FLOPS.items() if key in gpu_name), None)
-
-
-@dataclass(frozen=True, slots=True)
-class RunInfo:
-    """What the header says about the run, from its description (the manifest, live or recorded)."""
-
-    label: str
-    model: str
-    parameters: int | None
-    flops_per_token: float | None
-    device: str
-    dtype: str
-    world_size: int
-    steps: int | None
-    mode: str
-    pp: int
-    microbatches: int | None
-    instrumented: bool
-    recording: str | None
-    requests: int | None = None
-    """The inference load's request count (``None`` for training, or a load not described)."""
-    slo: Slo = field(default_factory=Slo)
-
-    @property
-    def inference(self) -> bool:
-        return self.mode == INFER_MODE
-
-    @classmethod
-    def from_description(cls, description: dict[str, Any], recording: str | None) -> RunInfo:
-        plan, model = description.get("plan", {}), description.get("model", {})
-        parameters = model.get("parameters")
-        flops = None
-        if parameters and model.get("n_layers") and model.get("dim") and description.get("seq_len"):
-            # 6N per token for forward + backward, plus attention's 12 L d T (PaLM's appendix B).
-            flops = 6 * parameters + 12 * model["n_layers"] * model["dim"] * description["seq_len"]
-        return cls(
-            label=str(plan.get("label", "?")), model=str(model.get("name", "?")), parameters=parameters,
-            flops_per_token=flops, device=str(description.get("device", "?")),
-            dtype=str(description.get("dtype", "?")), world_size=int(plan.get("world_size") or 1),
-            steps=description.get("steps"), mode=str(description.get("mode", "train")),
-            pp=int(plan.get("pp") or 1), microbatches=plan.get("microbatches"),
-            instrumented=bool(description.get("instrumented", True)), recording=recording,
-            requests=load_of(description).get("requests"),
-            slo=Slo.of(description),
-        )
+FIGURES_BUDGET_S = 0.004
+"""Figures that took longer than this to compute (a long run's distributions) are computed again at most
+every :data:`FIGURES_REFRESH_S` while the run goes on; once it has ended, always."""
+FIGURES_REFRESH_S = 1.0
+UI_KINDS = frozenset({"rank_started", "step", "memory", "gpu", "nvml_state", "process", "rank_exited", "job_ended",
+                      "events_dropped", "sampler_error", "hang", "stack_dump", "request", "probe_off"})
+"""Kinds the screen reads as events, beside the figures."""
 
 
 @dataclass(slots=True)
@@ -109,7 +70,7 @@ class RankView:
     exited: RankExited | None = None
     stack: StackDump | None = None
     compute_s: deque[float] = field(default_factory=lambda: deque(maxlen=STRAGGLER_WINDOW))
-    """Recent steps' time outside collectives: what a straggler has more of."""
+    """Recent steps' time outside exposed communication: what a straggler has more of."""
 
     @property
     def status(self) -> str:
@@ -134,36 +95,13 @@ class GpuView:
     power_w: deque[float] = field(default_factory=lambda: deque(maxlen=HISTORY))
 
 
-@dataclass(slots=True)
-class CollectiveStats:
-    """One (group, op): running totals and recent durations."""
-
-    group: str
-    op: str
-    group_size: int
-    count: int = 0
-    bytes: int = 0
-    total_s: float = 0.0
-    durations_s: deque[float] = field(default_factory=lambda: deque(maxlen=DURATIONS_KEPT))
-    busbw_gbps: deque[float] = field(default_factory=lambda: deque(maxlen=DURATIONS_KEPT))
-    per_step_s: dict[int, float] = field(default_factory=dict)
-    """Seconds summed over ranks, per step (recent steps only)."""
-    history: deque[float] = field(default_factory=lambda: deque(maxlen=HISTORY))
-    """Per completed step: mean seconds per rank."""
-
-
 @dataclass(frozen=True, slots=True)
-class CollectiveRow:
-    group: str
-    op: str
-    count: int
-    bytes: int
-    p50_s: float | None
-    p99_s: float | None
-    busbw_gbps: float | None
-    step_share: float | None
-    """Mean time per rank per step in this op, over the mean step time (recent steps)."""
+class CollectiveLine:
+    """A (group, op) row of the collectives table: the core's figures and the recent exposed times."""
+
+    figures: CollectiveRow
     history: tuple[float, ...]
+    """The job's exposed seconds in this op, per recent closed step."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -183,7 +121,21 @@ class PipelineStep:
     lanes: dict[int, tuple[Segment, ...]]
     """Segments per pipeline rank (its first dp / tp copy)."""
     bubble: dict[int, float]
-    """Idle share of the step per pipeline rank (mean over its copies)."""
+    """Idle share of the step per pipeline stage (its copies' mean busy time)."""
+
+
+@dataclass(frozen=True, slots=True)
+class RequestsView:
+    """What the requests panel and the header show of an inference run."""
+
+    figures: RequestFigures
+    total: int | None
+    history: dict[str, tuple[float, ...]]
+    """Recent values of each latency, oldest first."""
+
+    def p50_p99(self, name: str) -> tuple[float | None, float | None]:
+        latency = self.figures.latencies[name]
+        return latency["p50"], latency["p99"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -192,14 +144,6 @@ class Alert:
     """error, warning or info."""
     text: str
     wall_ns: int
-
-
-def percentile(values: Iterable[float], q: float) -> float | None:
-    ordered = sorted(values)
-    if not ordered:
-        return None
-    index = min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))
-    return ordered[index]
 
 
 def median_without(ordered: list[float], index: int) -> float:
@@ -213,14 +157,17 @@ def median_without(ordered: list[float], index: int) -> float:
 
 
 class DashboardState:
-    """Folds events into what the screen shows. ``apply`` is cheap; the views compute on demand."""
+    """Folds event tables into what the screen shows. ``apply`` is cheap; the views compute on demand."""
 
-    def __init__(self, description: dict[str, Any], *, recording: str | None = None,
+    def __init__(self, run: RunDescription, *, recording: str | None = None,
                  headroom_alert: float = DEFAULT_HEADROOM_ALERT) -> None:
-        self.info = RunInfo.from_description(description, recording)
+        self.info = run
+        """What runs: plan, model, device, lengths, load (the manifest's description, live or recorded)."""
+        self.recording = recording
+        """Where the session is recorded, if it is."""
+        self.fold = RunFold(run)
         self.headroom_alert = headroom_alert
         self.events = 0
-        self._requests_view: tuple[tuple[int, int | None], RequestsView] | None = None
         self.first_ns: int | None = None
         """Where elapsed time counts from: the session's start live, the recording's start in a replay."""
         self.clock_ns: int | None = None
@@ -230,34 +177,60 @@ class DashboardState:
         self.nvml: NvmlState | None = None
         self.steps: deque[JobStep] = deque(maxlen=HISTORY)
         self.steps_done = 0
-        self.collectives: dict[tuple[str, str], CollectiveStats] = {}
         self.dropped = 0
+        """Telemetry events lost before meshtop got them (full worker or collector buffers)."""
+        self.coalesced = 0
+        """Events the screen skipped to keep up (the recording has them)."""
         self.sampler_errors = 0
         self.last_sampler_error: str | None = None
+        self.probes_off: dict[tuple[str, str], set[int]] = {}
+        """(probe, reason) -> the ranks it is off on."""
         self.ended: JobEnded | None = None
         self.hang: HangDetected | None = None
         """The hang reported last, until progress resumes."""
         self.stacks_wall_ns: int | None = None
-        self.requests = RequestStats(self.info.slo)
-        # Inference: iterations of different replicas are unrelated, so the job's steps are rank 0's (as in
-        # the summary).
-        self._folder = StepFolder(1 if self.info.inference else self.info.world_size)
-        self._step_fb: dict[int, float] = {}
-        self._busy: dict[int, dict[int, float]] = defaultdict(lambda: defaultdict(float))
-        self._lanes: dict[int, dict[int, list[StageAction]]] = defaultdict(lambda: defaultdict(list))
-        self._comm_by_rank: dict[int, dict[int, float]] = defaultdict(lambda: defaultdict(float))
+        self._lanes: dict[int, dict[int, list[tuple[int, int, str, int]]]] = defaultdict(lambda: defaultdict(list))
+        """Per open step and pipeline lane rank: (start_ns, end_ns, action, microbatch)."""
         self._timeline: deque[PipelineStep] = deque(maxlen=TIMELINE_STEPS)
-        self._bubble_history: dict[int, deque[float]] = defaultdict(lambda: deque(maxlen=HISTORY))
-        self._rank_durations: dict[int, dict[int, float]] = defaultdict(dict)
+        self._closed_seen = 0
+        self._figures: tuple[int, float, float, RunFigures] | None = None
+        """(fold version, when computed, how long it took, the figures)."""
+        self.final = False
+        """The run is over and every step decided: figures are always fresh."""
 
     # -- input -----------------------------------------------------------------
 
-    def apply(self, events: Iterable[Event]) -> None:
+    def apply(self, kind: str, table: pa.Table) -> None:
+        """Fold a table of ``kind``'s events (live: what arrived since the last frame; replay: a slice)."""
+        if not len(table):
+            return
+        self.events += len(table)
+        if kind in COLUMNAR:
+            self.fold.apply_table(kind, table)
+            if kind == "stage_action" and self.info.plan.pp > 1:
+                self._keep_lanes(table)
+            return
+        if kind not in UI_KINDS:
+            return
+        events = events_of(kind, table)
+        self.fold.apply_events(events)
         for event in events:
-            self.events += 1
             handler = self._HANDLERS.get(type(event))
             if handler is not None:
                 handler(self, event)
+        self._take_steps()
+
+    def apply_events(self, events: Iterable[Event]) -> None:
+        """Fold event objects (tests, and the console's few)."""
+        for kind, table in batches_of(events):
+            self.apply(kind, table)
+
+    def finish(self, status: str) -> None:
+        """The run is over with ``status`` (a replay reached the end of a recording with no end event)."""
+        if self.ended is None:
+            self.fold.finish(status)
+            self._take_steps()
+        self.final = True
 
     def set_clock(self, now_ns: int, origin_ns: int | None) -> None:
         self.clock_ns, self.first_ns = now_ns, origin_ns
@@ -268,100 +241,53 @@ class DashboardState:
             view = self.ranks[rank] = RankView(rank=rank)
         return view
 
+    def _keep_lanes(self, table: pa.Table) -> None:
+        """The stage actions of each pipeline rank's first dp / tp copy, for the timeline."""
+        columns = table.select(["rank", "step", "start_ns", "end_ns", "action", "microbatch"]).to_pydict()
+        for rank, step, start, end, action, microbatch in zip(*columns.values(), strict=True):
+            view = self.ranks.get(rank)
+            if step is not None and (view is None or (view.dp_rank == 0 and view.tp_rank == 0)):
+                self._lanes[step][rank].append((start, end, action, microbatch))
+
     def _on_started(self, event: RankStarted) -> None:
         view = self._rank(event.rank)
         view.pid, view.device = event.pid, event.device
         view.pp_rank, view.dp_rank, view.tp_rank = event.pp_rank, event.dp_rank, event.tp_rank
 
-    def _on_collective(self, event: CollectiveTiming) -> None:
-        if event.step is None:  # set-up and tear-down (barriers, DDP's first broadcast): not the job's steps
-            return
-        key = (event.group, event.op)
-        stats = self.collectives.get(key)
-        if stats is None:
-            stats = self.collectives[key] = CollectiveStats(group=event.group, op=event.op, group_size=event.group_size)
-        seconds = (event.end_ns - event.start_ns) / 1e9
-        stats.count += 1
-        stats.bytes += event.bytes
-        stats.total_s += seconds
-        stats.durations_s.append(seconds)
-        if seconds > 0 and event.bytes > 0:
-            stats.busbw_gbps.append(event.bytes / seconds / 1e9 * bus_factor(event.op, event.group_size))
-        stats.per_step_s[event.step] = stats.per_step_s.get(event.step, 0.0) + seconds
-        self._comm_by_rank[event.step][event.rank] += seconds
-
-    def _on_stage_action(self, event: StageAction) -> None:
-        if event.step is None:
-            return
-        self._busy[event.step][event.rank] += (event.end_ns - event.start_ns) / 1e9
-        view = self.ranks.get(event.rank)
-        if view is None or (view.dp_rank == 0 and view.tp_rank == 0):
-            self._lanes[event.step][event.rank].append(event)
-
-    def _on_step(self, event: StepTiming) -> None:
-        if self.info.inference:
-            self._on_iteration(event)
-            return
-        if event.forward_backward_s is not None:
-            self._step_fb[event.step] = max(self._step_fb.get(event.step, 0.0), event.forward_backward_s)
-        self._rank_durations[event.step][event.rank] = event.duration_s
-        step = self._folder.add(event)
-        if step is not None:
-            self._complete(step)
-
-    def _on_iteration(self, event: StepTiming) -> None:
-        """An inference engine iteration: replica 0's ranks give each stage's bubble (the share of the
-        iteration spent waiting for a pipeline neighbour); rank 0's iterations are the job's steps."""
-        view = self.ranks.get(event.rank)
-        if (event.pipeline_wait_s is not None and event.duration_s > 0 and view is not None
-                and view.dp_rank == 0 and view.tp_rank == 0):
-            self._bubble_history[view.pp_rank].append(event.pipeline_wait_s / event.duration_s)
-        if event.rank == 0 and (step := self._folder.add(event)) is not None:
-            self._complete(step)
-
-    def _on_request(self, event: RequestDone) -> None:
-        self.requests.add(event)
+    def _take_steps(self) -> None:
+        """Take the job steps the fold completed and the steps it closed since the last look."""
+        new = self.fold.new_steps
+        while new:
+            self._complete(new.popleft())
+        closed = self.fold.closed
+        fresh = min(len(closed), self.fold.closed_count - self._closed_seen)
+        for done in list(closed)[len(closed) - fresh:]:
+            for rank, duration in done.rank_durations_s.items():
+                self._rank(rank).compute_s.append(duration - done.exposed_by_rank.get(rank, 0.0))
+        self._closed_seen = self.fold.closed_count
 
     def _complete(self, step: JobStep) -> None:
         self.hang = None  # progress again
         self.steps.append(step)
         self.steps_done = max(self.steps_done, step.step + 1)
-        for stats in self.collectives.values():
-            seconds = stats.per_step_s.pop(step.step, 0.0)
-            stats.history.append(seconds / self.info.world_size)
-            for old in [s for s in stats.per_step_s if s < step.step - 8]:
-                del stats.per_step_s[old]
-        comm = self._comm_by_rank.pop(step.step, {})
-        for rank, duration in self._rank_durations.pop(step.step, {}).items():
-            self._rank(rank).compute_s.append(duration - comm.get(rank, 0.0))
-        self._fold_pipeline(step.step)
-        for old in [s for s in self._rank_durations if s < step.step - 8]:
-            del self._rank_durations[old]
+        if self.info.plan.pp > 1 and not self.info.inference:
+            self._draw_pipeline(step.step)
 
-    def _fold_pipeline(self, step: int) -> None:
-        busy = self._busy.pop(step, None)
+    def _draw_pipeline(self, step: int) -> None:
         lanes = self._lanes.pop(step, {})
-        for old in [s for s in self._busy if s < step - 8]:
-            del self._busy[old]
-            self._lanes.pop(old, None)
-        span = self._step_fb.pop(step, None)
-        if not busy or not span:
+        for old in [s for s in self._lanes if s < step - 8]:
+            del self._lanes[old]
+        span, bubble = self.fold.step_bubbles(step)
+        if not lanes or span <= 0:
             return
-        per_stage: dict[int, list[float]] = defaultdict(list)
-        for rank, seconds in busy.items():
-            per_stage[self._rank(rank).pp_rank].append(seconds)
-        span = max(span, max(busy.values()))
-        bubble = {stage: 1 - statistics.fmean(values) / span for stage, values in sorted(per_stage.items())}
-        for stage, fraction in bubble.items():
-            self._bubble_history[stage].append(fraction)
-        origin = min((a.start_ns for actions in lanes.values() for a in actions), default=0)
-        drawn = {
-            self._rank(rank).pp_rank: tuple(
-                Segment((a.start_ns - origin) / 1e9, (a.end_ns - origin) / 1e9, a.action, a.microbatch)
-                for a in sorted(actions, key=lambda a: a.start_ns))
-            for rank, actions in sorted(lanes.items())
-        }
-        self._timeline.append(PipelineStep(step=step, span_s=span, lanes=drawn, bubble=bubble))
+        origin = min(start for actions in lanes.values() for start, _, _, _ in actions)
+        by_stage: dict[int, tuple[Segment, ...]] = {}
+        for rank, actions in sorted(lanes.items()):
+            stage = self._rank(rank).pp_rank
+            by_stage.setdefault(stage, tuple(
+                Segment(start_s=(start - origin) / 1e9, end_s=(end - origin) / 1e9, action=action, microbatch=mb)
+                for start, end, action, mb in sorted(actions)))
+        self._timeline.append(PipelineStep(step=step, span_s=span, lanes=by_stage, bubble=bubble))
 
     def _on_memory(self, event: MemorySnapshot) -> None:
         self._rank(event.rank).memory = event
@@ -391,6 +317,7 @@ class DashboardState:
 
     def _on_ended(self, event: JobEnded) -> None:
         self.ended = event
+        self.final = True
 
     def _on_dropped(self, event: EventsDropped) -> None:
         self.dropped += event.count
@@ -399,6 +326,9 @@ class DashboardState:
         self.sampler_errors += 1
         self.last_sampler_error = f"{event.sampler}: {event.message}"
 
+    def _on_probe_off(self, event: ProbeOff) -> None:
+        self.probes_off.setdefault((event.probe, event.reason), set()).add(event.rank)
+
     def _on_hang(self, event: HangDetected) -> None:
         self.hang = event
 
@@ -406,14 +336,32 @@ class DashboardState:
         self._rank(event.rank).stack = event
         self.stacks_wall_ns = event.wall_ns
 
+    def _on_step(self, event: StepTiming) -> None:
+        self._rank(event.rank)
+
+    def _on_request(self, event: RequestDone) -> None:
+        pass  # folded by the metrics core
+
     _HANDLERS: dict[type, Any] = {
-        RankStarted: _on_started, CollectiveTiming: _on_collective, StageAction: _on_stage_action,
-        StepTiming: _on_step, MemorySnapshot: _on_memory, GpuSample: _on_gpu, NvmlState: _on_nvml,
+        RankStarted: _on_started, MemorySnapshot: _on_memory, GpuSample: _on_gpu, NvmlState: _on_nvml,
         ProcessSample: _on_process, RankExited: _on_exited, JobEnded: _on_ended, EventsDropped: _on_dropped,
-        SamplerError: _on_sampler_error, StackDump: _on_stack, HangDetected: _on_hang, RequestDone: _on_request,
+        SamplerError: _on_sampler_error, StackDump: _on_stack, HangDetected: _on_hang, ProbeOff: _on_probe_off,
+        StepTiming: _on_step, RequestDone: _on_request,
     }
 
     # -- views -------------------------------------------------------------------
+
+    def figures(self) -> RunFigures:
+        """Every figure of the run so far: the metrics core's, the same as ``meshtop summary``'s (while a long
+        run goes on, up to :data:`FIGURES_REFRESH_S` old)."""
+        cached = self._figures
+        now = time.monotonic()
+        if cached is not None and (cached[0] == self.fold.version or (
+                not self.final and cached[2] > FIGURES_BUDGET_S and now - cached[1] < FIGURES_REFRESH_S)):
+            return cached[3]
+        figures = self.fold.figures()
+        self._figures = (self.fold.version, now, time.monotonic() - now, figures)
+        return figures
 
     @property
     def elapsed_s(self) -> float:
@@ -425,86 +373,41 @@ class DashboardState:
     def last_step(self) -> JobStep | None:
         return self.steps[-1] if self.steps else None
 
-    def tokens_per_s(self, window: int = 10) -> float | None:
-        recent = list(self.steps)[-window:]
-        return statistics.median(s.tokens_per_s for s in recent) if recent else None
+    def tokens_per_s(self) -> float | None:
+        """p50 of the job steps' tokens/s (the summary's figure)."""
+        return self.figures().steps.tokens_per_s
 
-    def mfu(self) -> float | None:
-        """Model FLOP/s over the GPUs' dense bf16 peak, where the GPU and the model are known."""
-        if self.info.inference:  # 6N per token is training's forward and backward
+    def mfu(self) -> Mfu:
+        return self.figures().mfu
+
+    def requests_view(self) -> RequestsView | None:
+        """The inference requests so far (``None`` for training)."""
+        figures = self.figures().requests
+        if figures is None or self.fold.requests is None:
             return None
-        rate, flops = self.tokens_per_s(), self.info.flops_per_token
-        if rate is None or flops is None or self.info.device != "cuda" or self.info.dtype != "bf16" or not self.gpus:
-            return None
-        peak = peak_bf16_flops(next(iter(self.gpus.values())).sample.name or "")
-        if peak is None:
-            return None
-        return rate * flops / (peak * min(self.info.world_size, len(self.gpus)))
+        recent = self.fold.requests.recent
+        return RequestsView(figures=figures, total=self.info.load.requests if self.info.load else None,
+                            history={name: tuple(recent[name]) for name in LATENCIES})
 
-    def requests_view(self) -> RequestsView:
-        """The inference requests so far; those the load never got served count as failed once the job ended.
-
-        Built once per state of the events and the clock (the header and the overview both show it)."""
-        key = (self.events, self.clock_ns)
-        if self._requests_view is None or self._requests_view[0] != key:
-            self._requests_view = (key, self._fold_requests_view())
-        return self._requests_view[1]
-
-    def _fold_requests_view(self) -> RequestsView:
-        stats = self.requests
-        failures = Counter(stats.failures)
-        failed = stats.failed
-        total = self.info.requests
-        if self.ended is not None and total is not None and total > stats.completed + stats.failed:
-            unserved = total - stats.completed - stats.failed
-            failures[unserved_reason(self.ended.status)] += unserved
-            failed += unserved
-        now = self.clock_ns if self.clock_ns is not None else stats.last_end_ns
-        rates = stats.rates(now) if now is not None else None
-        slo_given = self.info.slo.given
-        latencies = {}
-        for name, values in stats.recent.items():
-            ordered = sorted(values)
-            latencies[name] = (quantile(ordered, 0.5), quantile(ordered, 0.99)) if ordered else (None, None)
-        return RequestsView(
-            total=total, completed=stats.completed, failed=failed, failures=tuple(failures.most_common()),
-            latencies=latencies, history={name: tuple(values) for name, values in stats.recent.items()},
-            requests_per_s=rates[0] if rates else None, output_tokens_per_s=rates[1] if rates else None,
-            goodput_per_s=rates[2] if rates and slo_given else None,
-            slo_met=sum(stats.good) / len(stats.good) if slo_given and stats.good else None,
-        )
-
-    def collective_rows(self) -> list[CollectiveRow]:
-        """Per (group, op), the busiest first."""
-        recent_steps = list(self.steps)[-20:]
-        mean_step = statistics.fmean(s.duration_s for s in recent_steps) if recent_steps else None
-        rows = []
-        for stats in sorted(self.collectives.values(), key=lambda s: -s.total_s):
-            recent = list(stats.history)[-20:]
-            share = statistics.fmean(recent) / mean_step if recent and mean_step else None
-            rows.append(CollectiveRow(
-                group=stats.group, op=stats.op, count=stats.count, bytes=stats.bytes,
-                p50_s=percentile(stats.durations_s, 0.5), p99_s=percentile(stats.durations_s, 0.99),
-                busbw_gbps=statistics.median(stats.busbw_gbps) if stats.busbw_gbps else None,
-                step_share=share, history=tuple(stats.history),
-            ))
-        return rows
+    def collective_rows(self) -> list[CollectiveLine]:
+        """Per (group, op), the most in-flight time first, with each one's recent exposed times."""
+        closed = list(self.fold.closed)
+        return [CollectiveLine(row, tuple(step.exposed_by_op.get((row.group, row.op), 0.0) for step in closed))
+                for row in self.figures().collectives]
 
     def pipeline_steps(self) -> list[PipelineStep]:
         return list(self._timeline)
 
     def bubble_history(self) -> dict[int, tuple[float, ...]]:
-        return {stage: tuple(values) for stage, values in sorted(self._bubble_history.items())}
+        """Per stage, its bubble in each recent step (iteration), oldest first."""
+        stages = self.fold.stages.stages
+        return {stage: tuple(stages[stage].recent) for stage in sorted(stages) if stages[stage].recent}
 
     def rank_peak_bytes(self, view: RankView) -> int | None:
-        memory = view.memory
-        if memory is None:
-            return view.rss_bytes
-        return memory.peak_allocated_bytes if memory.peak_allocated_bytes is not None else memory.rss_bytes
+        return self.fold.memory.peak(view.rank)
 
     def most_loaded_rank(self) -> int | None:
-        loads = {rank: peak for rank, view in self.ranks.items() if (peak := self.rank_peak_bytes(view)) is not None}
-        return max(loads, key=loads.__getitem__) if loads else None
+        return self.figures().most_loaded_rank
 
     def stragglers(self) -> list[tuple[int, float]]:
         """(rank, its compute time over its stage peers' median) for ranks that lag their peers."""
@@ -540,6 +443,9 @@ class DashboardState:
         if self.ended is not None and self.ended.status == "failed" and self.ended.root_cause_rank is not None:
             alerts.append(Alert("error", f"job failed; rank {self.ended.root_cause_rank} failed first",
                                 self.ended.wall_ns))
+        for (probe, reason), ranks in sorted(self.probes_off.items()):
+            where = "every rank" if len(ranks) == self.info.world_size else f"ranks {ranks_text(ranks)}"
+            alerts.append(Alert("warning", f"probe off: {probe} on {where}: {reason}", now))
         for rank, ratio in self.stragglers():
             alerts.append(Alert("warning", f"rank {rank} is a straggler: {ratio:.2f}x its peers' compute time", now))
         for gpu in sorted(self.gpus.values(), key=lambda g: g.gpu):
@@ -547,12 +453,29 @@ class DashboardState:
             if used is not None and total and 1 - used / total < self.headroom_alert:
                 alerts.append(Alert("warning", f"GPU {gpu.gpu} memory headroom {1 - used / total:.0%} "
                                                f"(below {self.headroom_alert:.0%})", gpu.sample.wall_ns))
-        if self.requests.failed:
-            reason, count = self.requests.failures.most_common(1)[0]
-            text = f"failed requests: {self.requests.failed:,}; most often ({count:,}): {reason}"
+        requests = self.figures().requests
+        if requests is not None and requests.failed and requests.failures:
+            reason, count = requests.failures[0]
+            text = f"failed requests: {requests.failed:,}; most often ({count:,}): {reason}"
             alerts.append(Alert("warning", text, now))
         if self.dropped:
             alerts.append(Alert("warning", f"{self.dropped:,} telemetry events dropped (buffers full)", now))
+        if self.coalesced:
+            alerts.append(Alert("info", f"{self.coalesced:,} collective and sample events skipped by the screen to "
+                                        "keep up (the recording has them)", now))
         if self.sampler_errors:
             alerts.append(Alert("info", f"{self.sampler_errors} sampler errors; last: {self.last_sampler_error}", now))
         return alerts
+
+
+def ranks_text(ranks: Iterable[int]) -> str:
+    """``0-3,7`` for {0, 1, 2, 3, 7}."""
+    ordered = sorted(ranks)
+    parts, start = [], None
+    for index, rank in enumerate(ordered):
+        if start is None:
+            start = rank
+        if index + 1 == len(ordered) or ordered[index + 1] != rank + 1:
+            parts.append(str(start) if start == rank else f"{start}-{rank}")
+            start = None
+    return ",".join(parts)

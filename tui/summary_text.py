@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from recordings.requests import LATENCIES, Slo
+from recordings.metrics.requests import LATENCIES, Slo
 
 
 def human_bytes(count: float | None) -> str:
@@ -15,6 +15,27 @@ def human_bytes(count: float | None) -> str:
             return f"{count:.0f} {unit}" if unit == "B" else f"{count:.1f} {unit}"
         count /= 1024
     return f"{count:.1f} TiB"
+
+
+def human_seconds(value: float | None) -> str:
+    """A duration as the dashboard and the summary's collectives table print it (``40.3 ms``)."""
+    if value is None:
+        return "-"
+    if value == 0:
+        return "0"
+    if value >= 60:
+        minutes, seconds = divmod(int(value), 60)
+        return f"{minutes}:{seconds:02d}"
+    if value >= 1:
+        return f"{value:.2f} s"
+    if value >= 1e-3:
+        return f"{value * 1e3:.1f} ms"
+    return f"{value * 1e6:.0f} µs"
+
+
+def busbw_text(gbps: float | None) -> str:
+    """Bus bandwidth as the dashboard and the summary print it: three significant digits (``0.00456 GB/s``)."""
+    return "-" if gbps is None else f"{gbps:.3g} GB/s"
 
 
 def seconds(value: float | None) -> str:
@@ -77,14 +98,24 @@ def summary_lines(summary: dict[str, Any]) -> list[str]:
     ]
     if requests is not None:
         lines += request_lines(requests)
+    mfu = summary["mfu"]
+    if mfu["value"] is not None:
+        lines.append(f"MFU {mfu['value']:.1%} ({mfu['tokens_per_s']:,.0f} tok/s x {mfu['flops_per_token']:.3g} FLOP/token "
+                     f"over {mfu['gpus']} x {mfu['peak_flops_per_s'] / 1e12:,.0f} TFLOP/s)")
     if summary["collectives"]:
-        lines.append("collectives (all ranks, in steps):")
-        lines.append(f"  {'group':<6}{'op':<16}{'count':>7}{'bytes':>12}{'total':>12}{'p50':>11}{'p99':>11}{'busbw p50':>12}")
+        lines.append("collectives (all ranks, in steps; in flight: issue to completion; exposed: what the ranks "
+                     "waited, ≤ a bound where no wait was seen):")
+        lines.append(f"  {'group':<6}{'op':<16}{'count':>7}{'bytes':>12}{'in flight':>12}{'p50':>11}{'p99':>11}"
+                     f"{'busbw p50':>13}{'exposed/step':>14}{'% step':>8}")
         for row in summary["collectives"]:
-            busbw = row["busbw_gbps"]["p50"]
+            busbw, flight, exposed = row["busbw_gbps"]["p50"], row["in_flight_s"], row["exposed_s"]
+            bound = "" if exposed["measured"] or exposed["measured"] is None else "≤"
+            per_step = f"{bound}{seconds(exposed['per_step'])}" if exposed["per_step"] is not None else "-"
+            share = f"{bound}{exposed['share']:.0%}" if exposed["share"] is not None else "-"
             lines.append(f"  {row['group']:<6}{row['op']:<16}{row['count']:>7}{human_bytes(row['bytes']):>12}"
-                         f"{seconds(row['time_s']['total']):>12}{seconds(row['time_s']['p50']):>11}"
-                         f"{seconds(row['time_s']['p99']):>11}{(f'{busbw:.2f} GB/s' if busbw else '-'):>12}")
+                         f"{seconds(flight['total']):>12}{human_seconds(flight['p50']):>11}"
+                         f"{human_seconds(flight['p99']):>11}"
+                         f"{busbw_text(busbw):>13}{per_step:>14}{share:>8}")
     if summary["stages"]:
         lines.append(f"pipeline stages (mean per {'iteration' if requests is not None else 'step'}):")
         for row in summary["stages"]:

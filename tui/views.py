@@ -14,12 +14,11 @@ from rich.table import Table
 from rich.text import Span, Text
 from textual.widgets import Static
 
-from recordings.pipeline import theoretical_bubble
-from recordings.requests import LATENCIES
+from recordings.metrics.pipeline import theoretical_bubble
+from recordings.metrics.requests import LATENCIES
 from tui.charts import chart, human_bytes, human_rate, human_seconds, legend, memory_bar, sparkline
-from tui.request_stats import RequestsView
-from tui.state import DashboardState, PipelineStep, RankView
-from tui.summary_text import per_second
+from tui.state import DashboardState, PipelineStep, RankView, RequestsView
+from tui.summary_text import busbw_text, per_second
 
 RankFilter = Callable[[RankView], bool]
 
@@ -116,20 +115,30 @@ def memory_lines(state: DashboardState, ranks: RankFilter, width: int, limit: in
     return text
 
 
+def share(value: float | None, measured: bool | None) -> str:
+    """An exposed share of the step: ``≤`` where some step's figure is the in-flight bound."""
+    if value is None:
+        return "-"
+    return f"{'' if measured else '≤'}{value:.0%}"
+
+
 def collectives_table(state: DashboardState, *, limit: int | None, history_width: int,
                       width: int) -> Table | Text:
+    """Per (group, op): count, bytes, in-flight p50 / p99, busbw, exposed share of the step and its history."""
     columns = [("group", "left"), ("op", "left"), ("count", "right"), ("bytes", "right"), ("p50", "right"),
                ("p99", "right"), ("busbw", "right"), ("% step", "right")]
     if history_width:
-        columns.append(("time per step", "left"))
+        columns.append(("exposed per step", "left"))
     rows = state.collective_rows()
     lines: list[tuple[list[tuple[str, str]], str]] = []
-    for row in rows if limit is None else rows[:limit]:
-        cells = [row.group, row.op, f"{row.count:,}", human_bytes(row.bytes), human_seconds(row.p50_s),
-                 human_seconds(row.p99_s), "-" if row.busbw_gbps is None else f"{row.busbw_gbps:.2f} GB/s",
-                 "-" if row.step_share is None else f"{row.step_share:.0%}"]
+    for line in rows if limit is None else rows[:limit]:
+        row = line.figures
+        cells = [row.group, row.op, f"{row.count:,}", human_bytes(row.bytes), human_seconds(row.in_flight_p50_s),
+                 human_seconds(row.in_flight_p99_s),
+                 busbw_text(row.busbw_p50_gbps),
+                 share(row.exposed_share, row.exposed_measured)]
         if history_width:
-            cells.append(sparkline(row.history, history_width, low=0.0))
+            cells.append(sparkline(line.history, history_width, low=0.0))
         lines.append(([(cell, "") for cell in cells], ""))
     if not rows:
         note = "no collectives recorded yet" if state.info.instrumented else "hooks off (--no-instrument)"
@@ -203,30 +212,33 @@ def output_rate(value: float | None) -> str:
 
 def request_counts(view: RequestsView) -> str:
     """``60/64 completed · 4 failed · 3.20 req/s · 1.2k tok/s out`` (and goodput with SLOs)."""
-    done = f"{view.completed:,}/{view.total:,}" if view.total is not None else f"{view.completed:,}"
-    parts = [f"{done} completed", f"{view.failed:,} failed", per_second(view.requests_per_s, "req/s"),
-             f"{output_rate(view.output_tokens_per_s)} out"]
-    if view.goodput_per_s is not None:
-        parts.append(f"goodput {per_second(view.goodput_per_s, 'req/s')}")
-    if view.slo_met is not None:
-        parts.append(f"SLO met {view.slo_met:.0%}")
+    figures = view.figures
+    done = f"{figures.completed:,}/{view.total:,}" if view.total is not None else f"{figures.completed:,}"
+    parts = [f"{done} completed", f"{figures.failed:,} failed",
+             per_second(figures.request_throughput_per_s, "req/s"), f"{output_rate(figures.output_tokens_per_s)} out"]
+    if figures.goodput_per_s is not None:
+        parts.append(f"goodput {per_second(figures.goodput_per_s, 'req/s')}")
+    if figures.slo_met is not None:
+        parts.append(f"SLO met {figures.slo_met:.0%}")
     return " · ".join(parts)
 
 
 def requests_lines(state: DashboardState, width: int) -> Text:
     """An inference run's requests: counts and rates, then TTFT / TPOT / ITL / e2e p50 and p99 over the
-    recent requests with their history; the most frequent failure reason, if any failed."""
+    run with the recent values; the most frequent failure reason, if any failed."""
     view = state.requests_view()
     text = Text(no_wrap=True, overflow="ellipsis")
+    if view is None:
+        return text
     text.append("requests", style="bold underline")
     text.append(f"  {request_counts(view)}\n")
-    if view.failures:
-        reason, count = view.failures[0]
+    if view.figures.failures:
+        reason, count = view.figures.failures[0]
         text.append(f"  failed {count:,}: {reason}\n", style="yellow")
     history = max(0, width - 34)
     text.append(f"  {'latency':<8}{'p50':>10}{'p99':>10}  {'recent' if history else ''}\n", style="bold")
     for key, label in LATENCIES.items():
-        p50, p99 = view.latencies[key]
+        p50, p99 = view.p50_p99(key)
         text.append(f"  {label:<8}{human_seconds(p50):>10}{human_seconds(p99):>10}  ")
         text.append(sparkline(view.history[key], history, low=0.0) + "\n", style="cyan")
     return text
@@ -294,9 +306,10 @@ class CollectivesPanel(Panel):
     """Per process group and op: count, bytes, p50 / p99, busbw, share of the step, history."""
 
     def show(self, state: DashboardState, ranks: RankFilter) -> None:
-        history = max(0, min(40, self.usable_width - 92))
+        history = max(0, min(40, self.usable_width - 100))
         self.paint(Group(
-            section("collectives by group and op (p50 / p99 over the last 512 of each)"),
+            section("collectives by group and op (in-flight p50 / p99 over the run; % step: exposed time, "
+                    "≤ where no wait was seen)"),
             collectives_table(state, limit=None, history_width=history, width=self.usable_width),
         ))
 
@@ -306,7 +319,8 @@ class PipelinePanel(Panel):
 
     def show(self, state: DashboardState, ranks: RankFilter) -> None:
         info = state.info
-        if info.pp <= 1:
+        pp = info.plan.pp
+        if pp <= 1:
             self.paint(Text("no pipeline in this plan (pp 1)", style="dim"))
             return
         steps = state.pipeline_steps()
@@ -320,16 +334,18 @@ class PipelinePanel(Panel):
         if steps:
             self._timeline(text, steps, width)
         if info.inference:
-            title = "bubble per stage (share of each iteration spent waiting, replica 0)"
+            title = "bubble per stage (share of iteration time spent waiting; recent: replica 0's)"
         else:
-            m = info.microbatches or 1
-            title = (f"bubble fraction per stage (balanced {info.pp}-stage, {m}-microbatch ideal: "
-                     f"{theoretical_bubble(info.pp, m):.1%})")
+            m = info.plan.microbatches or 1
+            title = (f"bubble fraction per stage over the run (balanced {pp}-stage, {m}-microbatch ideal: "
+                     f"{theoretical_bubble(pp, m):.1%}); recent steps")
         text.append(title + "\n", style="bold")
-        for stage, history in bubbles.items():
-            latest = history[-1]
-            text.append(f"stage {stage} {latest:6.1%} ")
-            text.append(sparkline(history, max(10, width - 20), low=0.0, high=1.0) + "\n", style="magenta")
+        run = {row.stage: row.bubble_fraction for row in state.figures().stages}
+        for stage in sorted(set(run) | set(bubbles)):
+            figure = f"{run[stage]:6.1%}" if stage in run else "     -"
+            text.append(f"stage {stage} {figure} ")
+            text.append(sparkline(bubbles.get(stage, ()), max(10, width - 20), low=0.0, high=1.0) + "\n",
+                        style="magenta")
         self.paint(text)
 
     @staticmethod

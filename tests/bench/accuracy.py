@@ -20,7 +20,11 @@ import tempfile
 from pathlib import Path
 
 from probes.native import NATIVE_ENV, environment_value
-from recordings.pipeline import frames, stage_table, theoretical_bubble
+from recordings.manifest import RunDescription
+from recordings.metrics.pipeline import theoretical_bubble
+from recordings.metrics.run import RunFold
+from recordings.replay import KIND_ORDER
+from recordings.schema import batches_of
 from tests.jobs import launch
 
 SCHEDULES = ("gpipe", "1f1b")
@@ -32,15 +36,19 @@ def measure_bubble(schedule: str, microbatches: int) -> dict[str, object]:
         launched = launch(Path(tmp), model="small", pp=2, schedule=schedule, microbatches=microbatches,
                           batch_size=2 * microbatches, seq_len=128, steps=6)
     assert launched.result.status == "completed", launched.result
-    tables = frames(launched.events)
-    rows = stage_table(tables["stage_action"], tables["step"], tables["rank_started"])
-    steady = rows[rows.step >= 1].groupby("pp_rank")
-    by_stage = steady["bubble_fraction"].mean().to_dict()
-    slowest = int(steady["busy_s"].mean().idxmax())
+    fold = RunFold(RunDescription.from_json(launched.run.describe()))
+    for kind, table in batches_of(sorted(launched.events, key=lambda e: KIND_ORDER.index(e.kind))):
+        fold.apply(kind, table)
+    fold.finish("completed")
+    steady = [step for step in fold.closed if step.step >= 1]  # the metrics core's per-step bubbles
+    stages = sorted(steady[0].bubbles)
+    by_stage = {stage: sum(step.bubbles[stage] for step in steady) / len(steady) for stage in stages}
+    busy = {stage: sum(step.span_s * (1 - step.bubbles[stage]) for step in steady) for stage in stages}
+    slowest = max(stages, key=busy.__getitem__)
     return {"schedule": schedule, "microbatches": microbatches, "theory": theoretical_bubble(2, microbatches),
             "measured_by_stage": by_stage, "measured_max": max(by_stage.values()), "slowest_stage": slowest,
             "measured_slowest": by_stage[slowest],
-            "slowest_by_step": steady.get_group(slowest)["bubble_fraction"].tolist()}
+            "slowest_by_step": [step.bubbles[slowest] for step in steady]}
 
 
 def measure_busbw() -> list[dict[str, float]]:

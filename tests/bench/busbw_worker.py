@@ -21,7 +21,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
 
-from probes.bandwidth import busbw_gbps
+from recordings.metrics.bandwidth import busbw_gbps
 from probes.collectives import CollectiveProbe, GroupDirectory
 from probes.events import CollectiveTiming, Event
 from probes.native import from_environment

@@ -13,7 +13,9 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from recordings.requests import quantile as requests_quantile
+import numpy as np
+
+from recordings.metrics.stats import quantile as core_quantile
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,7 +93,8 @@ class Row:
 
 def quantile(values: Sequence[float], q: float) -> float:
     """The ``q`` quantile by linear interpolation (as numpy's default); NaN for no values."""
-    return requests_quantile(sorted(values), q) if values else math.nan
+    found = core_quantile(np.asarray(values, dtype=float), q)
+    return math.nan if found is None else found
 
 
 def median(values: Sequence[float]) -> float:

@@ -12,7 +12,7 @@ they fit one device call:
   a serving job;
 - MFU: model FLOP/s of one-rank training of the ``1b`` preset in bf16 over
   the GPU's dense bf16 peak, with 6N + 12 L d T FLOPs per token (the
-  dashboard's definition, :class:`tui.state.RunInfo`), after warm-up steps;
+  metrics core's definition, :mod:`recordings.metrics.mfu`), after warm-up steps;
   the note gives the allocator's peak against the GPU's memory.
 
 Every job is a real ``meshtop`` job (:func:`tests.jobs.launch`) with the
@@ -32,8 +32,9 @@ from tests.bench import overhead, sampler_cost
 from tests.bench.figures import NO_TARGET, Row, Spread
 from tests.bench.overhead import INFER_REQUESTS, overhead_row
 from tests.jobs import launch
+from recordings.manifest import RunDescription
+from recordings.metrics.mfu import mfu
 from tui.cli import gpus_visible
-from tui.state import RunInfo, peak_bf16_flops
 
 OVERHEAD_MODEL = "125m"
 OVERHEAD_STEPS = 160
@@ -79,13 +80,13 @@ def mfu_row(device: str = "cuda", model: str = MFU_MODEL, batch_size: int = MFU_
     timings = sorted((e for e in launched.events if isinstance(e, StepTiming)), key=lambda e: e.step)[warmup:]
     step_s = statistics.median(t.duration_s for t in timings)
     tokens_per_s = timings[0].tokens / step_s
-    flops = RunInfo.from_description(launched.run.describe(), None).flops_per_token
     name = name if name is not None else gpu_name()
-    peak = peak_bf16_flops(name)
+    figure = mfu(RunDescription.from_json(launched.run.describe()), gpu_names=[name], tokens_per_s=tokens_per_s)
+    flops, peak = figure.flops_per_token, figure.peak_flops_per_s
     memory = [e for e in launched.events if isinstance(e, MemorySnapshot)]
     peak_bytes = max((e.peak_allocated_bytes or 0 for e in memory), default=0)
     total = next((e.device_total_bytes for e in memory if e.device_total_bytes), None)
-    value = tokens_per_s * flops / peak if flops is not None and peak is not None else float("nan")
+    value = figure.value if figure.value is not None else float("nan")
     memory_note = f", allocator peak {peak_bytes / 2**30:.0f} of {total / 2**30:.0f} GiB" if total else ""
     return Row("mfu", f"train {model} one rank {launched.run.dtype}, {batch_size}x{launched.run.seq_len} tok",
                value, "of peak", Spread.of([t.tokens / t.duration_s * (flops or 0) / (peak or 1) for t in timings]),

@@ -9,10 +9,11 @@ socket's only. A consumer thread drains the collector as meshtop's session
 does and does the session's work with what it drains:
 
 - ``record``: what ``meshtop record`` does, the target's figure. A
-  :class:`tui.session.SessionRecorder` appends every event to a recording
+  :class:`recordings.recorder.SessionRecorder` appends every event to a recording
   on disk and folds the steps, and the kinds the console prints are decoded.
-- ``dashboard``: every event decoded as well, as a live dashboard's session
-  thread does (no target: the dashboard's own frame budget is the TUI figure).
+- ``dashboard``: every kind the screen reads decoded into typed tables as
+  well, as a live dashboard's session thread does (``tui.sources.screen_batches``;
+  no target: the dashboard's own frame budget is the TUI figure).
 
 The events are a real job's mix (``tui_frames.SyntheticSource``, 64 ranks
 as dp16 x tp2 x pp2). Rate = events received / (last batch consumed -
@@ -28,6 +29,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from itertools import islice
 from pathlib import Path
@@ -76,21 +78,29 @@ class Ingested:
 
 
 class Consumer:
-    """What a session does with each batch: the recording and the steps (``SessionRecorder``), and the
-    kinds its front end reads decoded (``None``: every kind)."""
+    """What a session does with each batch: the recording and the steps (``SessionRecorder``), and what its
+    front end decodes: ``record`` the kinds its console prints, the dashboard its typed tables."""
 
-    def __init__(self, directory: Path, kinds: tuple[str, ...] | None) -> None:
+    def __init__(self, directory: Path, front_end: str) -> None:
         # Imported here: the producer processes import this module and need neither torch nor textual.
+        from recordings.manifest import Manifest, RunDescription
+        from recordings.recorder import SessionRecorder
         from runner.plan import RunSpec, resolve
-        from tui.session import SessionRecorder
 
-        run = resolve(RunSpec(dp=RANKS // 4, tp=2, pp=2, device="cpu"), gpus_visible=0)
-        self.recorder = SessionRecorder(run, directory, manifest={})
-        self.kinds = kinds
+        run = RunDescription.from_json(resolve(RunSpec(dp=RANKS // 4, tp=2, pp=2, device="cpu"),
+                                               gpus_visible=0).describe())
+        from runner.console import CONSOLE_KINDS
+        from tui.sources import screen_batches
+
+        self.recorder = SessionRecorder(run, directory, Manifest(run=run))
+        if front_end == "record":
+            self.decode: Callable[[Arrivals], object] = lambda arrivals: arrivals.events(CONSOLE_KINDS)
+        else:
+            self.decode = screen_batches
 
     def __call__(self, arrivals: Arrivals) -> None:
         self.recorder.take(arrivals)
-        arrivals.events(self.kinds)
+        self.decode(arrivals)
 
     def close(self) -> None:
         assert self.recorder.writer is not None
@@ -117,10 +127,7 @@ def ingest_once(events: list[Event], producers: int, frames: int, consumer: str)
     workers: list[subprocess.Popen[str]] = []
     tmp = tempfile.TemporaryDirectory()
     try:
-        from tui.console import CONSOLE_KINDS  # here, as in Consumer
-
-        # record decodes the kinds its console prints; the dashboard decodes every kind
-        consume = Consumer(Path(tmp.name) / "recording", CONSOLE_KINDS if consumer == "record" else None)
+        consume = Consumer(Path(tmp.name) / "recording", consumer)
         for rank in range(producers):
             path = Path(tmp.name) / f"frame-{rank}"
             path.write_bytes(encode_events(token=collector.token, rank=rank, dropped=0, events=events))

@@ -26,7 +26,7 @@ from itertools import islice
 from pathlib import Path
 
 from probes.events import Event
-from recordings.analysis import summarize
+from recordings.summary import summarize
 from recordings.events_log import EVENTS_DIR, EventWriter
 from recordings.manifest import start_manifest, write_manifest
 from recordings.reader import open_recording
@@ -78,14 +78,15 @@ def write_recording(directory: Path, count: int) -> list[float]:
         writer.write(batch)
         batch_s.append(time.perf_counter() - started)
     writer.close()
-    write_manifest(directory, {**manifest, "status": "completed"})
+    write_manifest(directory, replace(manifest, status="completed"))
     return batch_s
 
 
 def load_all(directory: Path) -> int:
-    """Open the recording and load every table; the rows loaded."""
+    """Open the recording and load every table in its typed schema (what every reader starts from); the rows
+    loaded."""
     recording = open_recording(directory)
-    return sum(len(recording.table(kind)) for kind in recording.kinds())
+    return sum(len(recording.arrow(kind)) for kind in recording.kinds())
 
 
 def timed(function: Callable[..., object], *args: object) -> float:

@@ -20,7 +20,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from recordings.analysis import summarize
+from recordings.summary import summarize
 from recordings.reader import open_recording
 
 PLANS = {"dp2": ["--dp", "2"], "tp2": ["--dp", "1", "--tp", "2"], "pp2": ["--dp", "1", "--pp", "2"]}

@@ -87,8 +87,12 @@ from textual.widgets import TabbedContent
 from probes.events import (
     CollectiveTiming, Event, GpuSample, MemorySnapshot, ProcessSample, RankStarted, StageAction, StepTiming,
 )
+from probes.arrivals import Arrivals, EncodedEvents, encode_lines
+from recordings.manifest import Model, Plan, RunDescription
 from tui.app import VIEWS, MeshtopApp
-from tui.sources import SCREEN_BACKLOG, ScreenBacklog, Update
+from tui.sources import SCREEN_BACKLOG, ScreenBacklog, screen_batches
+from tests.bench.figures import quantile
+from tui.state import DashboardState
 
 RATE = 10_000.0
 """Events per second offered."""
@@ -153,6 +157,15 @@ def events_per_rank_step(pp: int = PP, microbatches: int = MICROBATCHES) -> int:
     return dp_buckets + tp_per_step + p2p + actions + 2  # + StepTiming + MemorySnapshot
 
 
+def encoded(events: list[Event]) -> Arrivals:
+    """``events`` as they reach meshtop from workers: each kind's lines in one block, in the order kinds first
+    came (what a rank's shipment holds)."""
+    by_kind: dict[str, list[Event]] = {}
+    for event in events:
+        by_kind.setdefault(event.kind, []).append(event)
+    return Arrivals(EncodedEvents(kind, 0, encode_lines(group), len(group)) for kind, group in by_kind.items())
+
+
 class SyntheticSource:
     """A dp x tp2 x pp2 job of ``ranks`` ranks producing ``rate`` events/s, behind the Source protocol."""
 
@@ -168,13 +181,13 @@ class SyntheticSource:
         if self.steps_per_s <= 0:
             raise ValueError(f"{rate} events/s cannot carry {ranks} ranks' samples alone")
         self.step_s = 1.0 / self.steps_per_s
-        self.description: dict[str, Any] = {
-            "plan": {"label": f"dp{self.dp} x tp{TP} x pp{PP} (1f1b, {MICROBATCHES} mb)", "world_size": ranks,
-                     "pp": PP, "microbatches": MICROBATCHES, "dp": self.dp, "tp": TP},
-            "model": {"name": "synthetic", "parameters": int(1e9), "n_layers": 16, "dim": 2048},
-            "device": "cuda", "dtype": "bf16", "steps": 100_000, "seq_len": 2048, "mode": "train",
-            "instrumented": True,
-        }
+        self.description = RunDescription(
+            plan=Plan(dp=self.dp, tp=TP, pp=PP, fsdp=False, world_size=ranks, schedule="1f1b",
+                      microbatches=MICROBATCHES, label=f"dp{self.dp} x tp{TP} x pp{PP} (1f1b, {MICROBATCHES} mb)"),
+            mode="train", model=Model(name="synthetic", n_layers=16, dim=2048, n_heads=16, n_kv_heads=8,
+                                      ffn_dim=8192, vocab_size=32000, default_seq_len=2048, parameters=int(1e9)),
+            dtype="bf16", device="cuda", steps=100_000, batch_size=self.dp * MICROBATCHES, microbatch_size=1,
+            seq_len=2048, seed=0, instrumented=True)
         self.recording: str | None = None
         self.error: BaseException | None = None
         self.backlog = ScreenBacklog(backlog)
@@ -216,7 +229,7 @@ class SyntheticSource:
                               pp_rank=pp, dp_rank=dp, tp_rank=tp, stages=(pp,),
                               local_parameters=int(1e9) // (TP * PP), wall_ns=origin)
         schedule = one_f_one_b(PP, MICROBATCHES)
-        tokens = self.dp * MICROBATCHES * self.description["seq_len"]
+        tokens = self.dp * MICROBATCHES * (self.description.seq_len or 0)
         process_due = gpu_due = 0.0
         next_process = next_gpu = 0
         rng = self._random
@@ -307,9 +320,10 @@ class SyntheticSource:
         self.producer_cpu_s = time.thread_time() - cpu_begun
 
     def _take(self, events: list[Event]) -> None:
+        """What a live session thread does with a shipment: decode what the screen reads, queue it."""
         self.produced += len(events)  # only the producer thread writes these two
         self.largest_batch = max(self.largest_batch, len(events))
-        self.backlog.put(events)
+        self.backlog.put(screen_batches(encoded(events)))
 
     # -- the Source protocol ---------------------------------------------------------------
 
@@ -320,12 +334,14 @@ class SyntheticSource:
     def started_ns(self) -> int | None:
         return self._origin_ns
 
-    @property
-    def dropped_for_screen(self) -> int:
-        return self.backlog.dropped
+    def poll(self, state: DashboardState) -> DashboardState:
+        for kind, table in self.backlog.take():
+            state.apply(kind, table)
+        state.coalesced = self.backlog.skipped
+        return state
 
-    def poll(self) -> Update:
-        return Update(self.backlog.take())
+    def wait(self, timeout_s: float | None = None) -> bool:
+        return True
 
     def now_ns(self) -> int:
         return time.time_ns()
@@ -416,13 +432,10 @@ class BenchApp(MeshtopApp):
         super()._display(screen, renderable)
 
 
-def pct(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, max(0, math.ceil(q * len(ordered)) - 1))] if ordered else float("nan")
-
-
 def summary_ms(values: list[float]) -> dict[str, float]:
-    return {"p50": pct(values, 0.5) * 1e3, "p99": pct(values, 0.99) * 1e3, "max": max(values, default=math.nan) * 1e3}
+    """p50, p99 (the metrics core's quantile) and max of frame times, in ms."""
+    return {"p50": quantile(values, 0.5) * 1e3, "p99": quantile(values, 0.99) * 1e3,
+            "max": max(values, default=math.nan) * 1e3}
 
 
 async def measure(ranks: int, size: tuple[int, int], seconds: float, rate: float, backlog: int,
@@ -432,7 +445,7 @@ async def measure(ranks: int, size: tuple[int, int], seconds: float, rate: float
     presses: list[float] = []
     source = SyntheticSource(ranks, rate=rate, backlog=backlog)
     app = BenchApp(source, meter)
-    app.state.apply(source.warm_history)
+    app.state.apply_events(source.warm_history)
     warm_events, source.warm_history = len(source.warm_history), []
     if gc_freeze:  # what the app could do once started: move what is already there out of the collector's sight
         gc.collect()
@@ -484,7 +497,7 @@ async def measure(ranks: int, size: tuple[int, int], seconds: float, rate: float
         "ranks": ranks, "size": f"{size[0]}x{size[1]}", "seconds": wall, "frames": len(frames),
         "steps_per_s": source.steps_per_s, "warm_events": warm_events,
         "offered_per_s": (produced1 - produced0) / wall, "applied_per_s": (events1 - events0) / wall,
-        "dropped": source.dropped_for_screen, "peak_pending": source.backlog.peak,
+        "dropped": source.backlog.skipped, "peak_pending": source.backlog.peak,
         "largest_batch": source.largest_batch,
         "producer_cpu_share": source.producer_cpu_s / max(wall + WARMUP_S, 1e-9),
         "ui_busy_share": 1 - (idle1 - idle0) / wall,

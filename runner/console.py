@@ -1,25 +1,27 @@
-"""Plain-text following of a job: progress lines while it runs, a verdict at the end."""
+"""Plain-text following of a job (``meshtop record``): progress lines while it runs, a verdict at the end."""
 
 from __future__ import annotations
 
 import signal
-import statistics
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TextIO
+from typing import TextIO
 
 from probes.arrivals import Arrivals
-from probes.events import EventsDropped, HangDetected, RequestDone, StackDump
-from recordings.steps import JobStep
+from probes.events import EventsDropped, HangDetected, ProbeOff, RequestDone, StackDump
+from recordings.manifest import Manifest, RunDescription
+from recordings.metrics.requests import RequestFigures, RequestFold
+from recordings.metrics.steps import JobStep, StepFigures, StepStats
 from runner.launch import JobControl, JobResult, NodeProbes
 from runner.plan import ResolvedRun
-from tui.session import run_session
+from runner.session import run_session
 
 PROGRESS_LINES = 20
 """About this many step lines per run, evenly spaced..."""
 QUIET_LIMIT_S = 5.0
 """...but never longer than this without one."""
-CONSOLE_KINDS = ("stack_dump", "hang", "request", "events_dropped")
+CONSOLE_KINDS = ("stack_dump", "hang", "request", "events_dropped", "probe_off")
 """The kinds ``record`` prints from: the rest of the job's events go to the recording undecoded."""
 
 
@@ -72,26 +74,28 @@ class Progress:
         self.show(done, total, step_line(step, total), events=events,
                   eta_s=self._step_s / done * (total - done))  # steps to go at the mean step time so far
 
-    def request_done(self, requests: RequestTally, events: int) -> None:
+    def request_done(self, requests: RequestFold, events: int) -> None:
         """A request of an inference load is answered (or failed)."""
-        done, total = requests.done, requests.total
+        done, total = requests.reported, requests.total
         elapsed = time.monotonic() - self.started
-        self.show(done, total, requests.line(), events=events, eta_s=elapsed / done * (total - done))
+        self.show(done, total, lambda: requests_line(requests.figures()), events=events,
+                  eta_s=elapsed / done * (total - done))
 
-    def show(self, done: int, total: int, text: str, *, events: int, eta_s: float) -> None:
+    def show(self, done: int, total: int, text: str | Callable[[], str], *, events: int, eta_s: float) -> None:
+        """Draw the progress (``text`` made only if drawn: a request's figures take a fold of the load)."""
         now = time.monotonic()
         extra = f"  elapsed {clock(now - self.started)}  ETA {clock(eta_s)}  {events:,} events"
         if self.live:
             if now - self._last >= self.REDRAW_S or done == total:
                 filled = self.BAR * done // max(1, total)
                 bar = "#" * filled + "." * (self.BAR - filled)
-                self.out.write(f"\r[{bar}] {text}{extra}\x1b[K")
+                self.out.write(f"\r[{bar}] {text if isinstance(text, str) else text()}{extra}\x1b[K")
                 self.out.flush()
                 self._last, self._drawn = now, True
             return
         evenly = (done - 1) % max(1, total // PROGRESS_LINES) == 0
         if evenly or now - self._last >= QUIET_LIMIT_S or done == total:
-            print(text + extra, file=self.out, flush=True)
+            print((text if isinstance(text, str) else text()) + extra, file=self.out, flush=True)
             self._last = now
 
     def message(self, text: str) -> None:
@@ -106,49 +110,27 @@ class Progress:
             self._drawn = False
 
 
-class RequestTally:
-    """The answered requests of an inference load, for progress lines and the verdict."""
-
-    def __init__(self, total: int) -> None:
-        self.total = total
-        self.completed = self.failed = self.output_tokens = 0
-        self.ttft_s: list[float] = []
-        self.first_arrival_ns: int | None = None
-        self.last_end_ns = 0
-
-    @property
-    def done(self) -> int:
-        return self.completed + self.failed
-
-    def add(self, request: RequestDone) -> None:
-        if request.status != "completed" or request.first_token_ns is None:
-            self.failed += 1
-            return
-        self.completed += 1
-        self.output_tokens += request.output_tokens
-        self.ttft_s.append((request.first_token_ns - request.arrival_ns) / 1e9)
-        self.first_arrival_ns = min(self.first_arrival_ns or request.arrival_ns, request.arrival_ns)
-        self.last_end_ns = max(self.last_end_ns, request.end_ns)
-
-    def line(self) -> str:
-        ttft = f"TTFT p50 {statistics.median(self.ttft_s) * 1e3:.1f} ms" if self.ttft_s else "TTFT -"
-        window = (self.last_end_ns - self.first_arrival_ns) / 1e9 if self.first_arrival_ns is not None else 0.0
-        rate = f"{self.output_tokens / window:,.0f} tok/s" if window > 0 else "- tok/s"
-        failed = f" ({self.failed} failed)" if self.failed else ""
-        return f"requests {self.done:>4}/{self.total}{failed}  {ttft}  {rate}"
+def requests_line(figures: RequestFigures) -> str:
+    """``requests   12/64 (1 failed)  TTFT p50 35.2 ms  1,234 tok/s``: the load so far."""
+    ttft = figures.latencies["ttft_s"]["p50"]
+    ttft_text = f"TTFT p50 {ttft * 1e3:.1f} ms" if ttft is not None else "TTFT -"
+    rate = figures.output_tokens_per_s
+    rate_text = f"{rate:,.0f} tok/s" if rate is not None else "- tok/s"
+    failed = f" ({figures.failed} failed)" if figures.failed else ""
+    return f"requests {figures.completed + figures.failed:>4}/{figures.count}{failed}  {ttft_text}  {rate_text}"
 
 
-def verdict(result: JobResult, steps: list[JobStep], requests: RequestTally | None = None) -> list[str]:
+def verdict(result: JobResult, steps: StepFigures | None, requests: RequestFigures | None = None) -> list[str]:
     """The closing lines: what happened, and for a failure which rank and why."""
     if result.status == "completed" and requests is not None:
-        return [f"completed in {result.duration_s:.1f} s: {requests.line().removeprefix('requests').strip()}"]
+        return [f"completed in {result.duration_s:.1f} s: {requests_line(requests).removeprefix('requests').strip()}"]
     if result.status == "completed":
-        median = statistics.median(s.duration_s for s in steps) if steps else 0.0
-        rate = statistics.median(s.tokens_per_s for s in steps) if steps else 0.0
-        loss = steps[-1].loss if steps else None
+        median = (steps.time_s["p50"] if steps else None) or 0.0
+        rate = (steps.tokens_per_s if steps else None) or 0.0
+        loss = steps.last_loss if steps else None
         final = f", final loss {loss:.4f}" if loss is not None else ""
-        return [f"completed in {result.duration_s:.1f} s: {len(steps)} steps, median step {median:.3f} s, "
-                f"{rate:,.0f} tok/s{final}"]
+        return [f"completed in {result.duration_s:.1f} s: {steps.count if steps else 0} steps, median step "
+                f"{median:.3f} s, {rate:,.0f} tok/s{final}"]
     if result.status == "interrupted":
         return [f"interrupted after {result.duration_s:.1f} s: every rank stopped"]
     if result.hang is not None:
@@ -173,7 +155,7 @@ def stack_dump_lines(dump: StackDump) -> list[str]:
 
 
 def follow_job(run: ResolvedRun, *, session_dir: Path, out: TextIO,
-               manifest: dict[str, Any] | None = None, node_probes: NodeProbes = NodeProbes(),
+               manifest: Manifest | None = None, node_probes: NodeProbes = NodeProbes(),
                hang_timeout_s: float | None = None) -> JobResult:
     """Run the job, printing progress to ``out``; record it when a ``manifest`` is given.
 
@@ -183,10 +165,12 @@ def follow_job(run: ResolvedRun, *, session_dir: Path, out: TextIO,
     print(headline(run), file=out, flush=True)
     control = JobControl()
     previous_usr1 = signal.signal(signal.SIGUSR1, lambda signum, frame: control.ask_stacks())
-    steps: list[JobStep] = []
+    steps = StepStats()
     received = 0
     progress = Progress(run, out)
-    requests = RequestTally(run.load.requests) if run.load is not None else None
+    description = manifest.run if manifest is not None else RunDescription.from_json(run.describe())
+    requests = RequestFold(description.load, replicas=run.dp) if description.load is not None else None
+    probes_off: set[tuple[str, str]] = set()
 
     def on_events(arrivals: Arrivals, completed: list[JobStep]) -> None:
         nonlocal received
@@ -204,8 +188,11 @@ def follow_job(run: ResolvedRun, *, session_dir: Path, out: TextIO,
             elif isinstance(event, EventsDropped):
                 where = f"rank {event.rank}" if event.rank is not None else "the collector"
                 progress.message(f"warning: {event.count} telemetry events dropped by {where} (buffer full)")
+            elif isinstance(event, ProbeOff) and (event.probe, event.reason) not in probes_off:
+                probes_off.add((event.probe, event.reason))  # once, not once per rank
+                progress.message(f"warning: probe off: {event.probe}: {event.reason}; the job runs on without it")
         for step in completed:
-            steps.append(step)
+            steps.add(step)
             if requests is None:
                 progress.update(step, received)
 
@@ -215,6 +202,8 @@ def follow_job(run: ResolvedRun, *, session_dir: Path, out: TextIO,
     finally:
         progress.finish()
         signal.signal(signal.SIGUSR1, previous_usr1)
-    for line in verdict(result, steps, requests):
+    if requests is not None:
+        requests.ended_status = result.status
+    for line in verdict(result, steps.figures(), requests.figures() if requests is not None else None):
         print(line, file=out, flush=True)
     return result

@@ -1,0 +1,88 @@
+"""Memory per rank: what holds it, its peak, and the most loaded rank.
+
+- A rank's **peak** is the CUDA allocator's peak over the run where the rank
+  reported one; elsewhere (CPU) the largest resident set seen, from its
+  memory snapshots and from the process sampler.
+- The **most loaded rank** has the highest peak (the lowest rank on a tie):
+  what a plan's headroom depends on is the tightest device, not the sum.
+- The categories (weights, gradients, optimizer state, activations, KV cache)
+  are the rank's last snapshot's.
+- **Headroom** is the device memory the most loaded rank's GPU had left at
+  its peak (CUDA only).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from probes.events import MemorySnapshot, ProcessSample
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class MemoryRow:
+    rank: int
+    peak_bytes: int | None
+    weights_bytes: int | None
+    grads_bytes: int | None
+    optimizer_bytes: int | None
+    activations_bytes: int | None
+    kv_cache_bytes: int | None
+
+    def to_json(self) -> dict[str, object]:
+        return {"rank": self.rank, "peak_bytes": self.peak_bytes, "weights_bytes": self.weights_bytes,
+                "grads_bytes": self.grads_bytes, "optimizer_bytes": self.optimizer_bytes,
+                "activations_bytes": self.activations_bytes, "kv_cache_bytes": self.kv_cache_bytes}
+
+
+class MemoryFold:
+    """Each rank's last snapshot and its peaks."""
+
+    def __init__(self) -> None:
+        self.last: dict[int, MemorySnapshot] = {}
+        self._allocator_peak: dict[int, int] = {}
+        self._rss_peak: dict[int, int] = {}
+
+    def add(self, snapshot: MemorySnapshot) -> None:
+        rank = snapshot.rank
+        last = self.last.get(rank)
+        if last is None or (snapshot.step, snapshot.wall_ns) >= (last.step, last.wall_ns):
+            self.last[rank] = snapshot
+        if snapshot.peak_allocated_bytes is not None:
+            self._allocator_peak[rank] = max(self._allocator_peak.get(rank, 0), snapshot.peak_allocated_bytes)
+        if snapshot.rss_bytes is not None:
+            self._rss_peak[rank] = max(self._rss_peak.get(rank, 0), snapshot.rss_bytes)
+
+    def add_process(self, sample: ProcessSample) -> None:
+        if sample.rss_bytes is not None:
+            self._rss_peak[sample.rank] = max(self._rss_peak.get(sample.rank, 0), sample.rss_bytes)
+
+    def peak(self, rank: int) -> int | None:
+        peak = self._allocator_peak.get(rank)
+        return peak if peak is not None else self._rss_peak.get(rank)
+
+    def peaks(self) -> dict[int, int]:
+        ranks = sorted(set(self._allocator_peak) | set(self._rss_peak))
+        return {rank: peak for rank in ranks if (peak := self.peak(rank)) is not None}
+
+    def most_loaded_rank(self) -> int | None:
+        peaks = self.peaks()
+        return min(peaks, key=lambda rank: (-peaks[rank], rank)) if peaks else None
+
+    def headroom_bytes(self) -> int | None:
+        rank = self.most_loaded_rank()
+        last = self.last.get(rank) if rank is not None else None
+        if last is None or last.device_total_bytes is None or rank not in self._allocator_peak:
+            return None
+        return last.device_total_bytes - self._allocator_peak[rank]
+
+    def rows(self) -> list[MemoryRow]:
+        rows = []
+        for rank, peak in self.peaks().items():
+            last = self.last.get(rank)
+            rows.append(MemoryRow(
+                rank=rank, peak_bytes=peak,
+                weights_bytes=last.weights_bytes if last else None, grads_bytes=last.grads_bytes if last else None,
+                optimizer_bytes=last.optimizer_bytes if last else None,
+                activations_bytes=last.activations_bytes if last else None,
+                kv_cache_bytes=last.kv_cache_bytes if last else None))
+        return rows

@@ -1,0 +1,271 @@
+"""Request metrics of an inference run: each figure once, folded a request at a time.
+
+- TTFT (time to first token) = first token - arrival;
+- TPOT (time per output token) = (end - first token) / (output tokens - 1),
+  for requests with more than one token;
+- ITL (inter-token latency) = each gap between consecutive token times;
+- e2e = end - arrival;
+- each latency's mean, p50, p90 and p99 over the completed requests (ITL over
+  every gap);
+- a request is *good* when it completed and met every SLO the load set (a
+  TPOT SLO does not apply to a one-token answer: it has no decode);
+- the rates (requests/s, output tokens/s, goodput) are over the window from
+  the first arrival to the last end of the completed requests;
+- SLO met = good requests / all requests of the load;
+- a request reported twice counts by its last report; the load's requests
+  that have none count as failed once the job ended ("not served").
+"""
+
+from __future__ import annotations
+
+from collections import Counter, deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from itertools import pairwise
+
+import numpy as np
+
+from probes.events import RequestDone
+from recordings.manifest import Load
+from recordings.metrics.stats import Distribution
+
+COMPLETED = "completed"
+LATENCIES = {"ttft_s": "TTFT", "tpot_s": "TPOT", "itl_s": "ITL", "e2e_s": "e2e"}
+"""Each request latency: its key (in the summary, :class:`RequestLatency` and the dashboard) and its name."""
+RECENT = 512
+"""Recent values of each latency kept for the dashboard's sparklines."""
+
+
+def unserved_reason(status: str) -> str:
+    """Why a request of the load has no report: the job stopped before serving it."""
+    return f"not served: the job ended {status} first"
+
+
+def failure_reason(error: str | None) -> str:
+    return error or "failed (no reason given)"
+
+
+@dataclass(frozen=True, slots=True)
+class RequestLatency:
+    """One request's latencies in seconds (``None`` where a figure does not apply to it)."""
+
+    ttft_s: float | None
+    tpot_s: float | None
+    e2e_s: float
+    gaps_s: tuple[float, ...]
+    """The inter-token latencies."""
+
+
+def request_latency(*, arrival_ns: int, first_token_ns: int | None, end_ns: int, output_tokens: int,
+                    token_ns: Sequence[int]) -> RequestLatency:
+    """The latencies of one request, by the definitions above (the first token's time is ``token_ns[0]``
+    where there is one: the same instant)."""
+    first = token_ns[0] if token_ns else first_token_ns
+    ttft = None if first is None else (first - arrival_ns) / 1e9
+    tpot = None
+    if first is not None and output_tokens > 1:
+        tpot = (end_ns - first) / 1e9 / (output_tokens - 1)
+    gaps = tuple((b - a) / 1e9 for a, b in pairwise(token_ns))
+    return RequestLatency(ttft_s=ttft, tpot_s=tpot, e2e_s=(end_ns - arrival_ns) / 1e9, gaps_s=gaps)
+
+
+@dataclass(frozen=True, slots=True)
+class Slo:
+    """The load's service-level objectives, in seconds; ``None`` where the load set none."""
+
+    ttft_s: float | None = None
+    tpot_s: float | None = None
+
+    @classmethod
+    def of(cls, load: Load | None) -> Slo:
+        if load is None:
+            return cls()
+        return cls(ttft_s=None if load.slo_ttft_ms is None else load.slo_ttft_ms / 1e3,
+                   tpot_s=None if load.slo_tpot_ms is None else load.slo_tpot_ms / 1e3)
+
+    @property
+    def given(self) -> bool:
+        return self.ttft_s is not None or self.tpot_s is not None
+
+    def met(self, latency: RequestLatency) -> bool:
+        """Whether a completed request met every objective given."""
+        if self.ttft_s is not None and (latency.ttft_s is None or latency.ttft_s > self.ttft_s):
+            return False
+        return self.tpot_s is None or latency.tpot_s is None or latency.tpot_s <= self.tpot_s
+
+    def describe(self) -> str:
+        """``TTFT <= 50 ms, TPOT <= 20 ms`` (the objectives given)."""
+        parts = [f"{name} <= {value * 1e3:g} ms" for name, value in (("TTFT", self.ttft_s), ("TPOT", self.tpot_s))
+                 if value is not None]
+        return ", ".join(parts)
+
+
+@dataclass(frozen=True, slots=True)
+class _Report:
+    replica: int
+    arrival_ns: int
+    end_ns: int
+    output_tokens: int
+    latency: RequestLatency | None
+    """``None`` for a failed request."""
+    error: str | None
+    good: bool
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ReplicaRow:
+    replica: int
+    completed: int
+    output_tokens_per_s: float | None
+    """Over the job's window, so the replicas add up to the total."""
+    ttft_p50_s: float | None
+
+    def to_json(self) -> dict[str, object]:
+        return {"replica": self.replica, "completed": self.completed,
+                "output_tokens_per_s": self.output_tokens_per_s, "ttft_s": {"p50": self.ttft_p50_s}}
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RequestFigures:
+    count: int
+    """The load's requests (or the reports, where more came or no load is described)."""
+    completed: int
+    failed: int
+    failures: tuple[tuple[str, int], ...]
+    """(reason, count), the most frequent first."""
+    latencies: dict[str, dict[str, float | None]]
+    """For each of :data:`LATENCIES`: mean, p50, p90, p99 in seconds."""
+    window_s: float | None
+    request_throughput_per_s: float | None
+    output_tokens_per_s: float | None
+    slo: Slo
+    goodput_per_s: float | None
+    """``None`` unless the load set an SLO."""
+    slo_met: float | None
+    per_replica: tuple[ReplicaRow, ...]
+
+    def to_json(self) -> dict[str, object]:
+        return {
+            "count": self.count, "completed": self.completed, "failed": self.failed,
+            "failures": [{"reason": reason, "count": n} for reason, n in self.failures],
+            **self.latencies, "window_s": self.window_s,
+            "request_throughput_per_s": self.request_throughput_per_s,
+            "output_tokens_per_s": self.output_tokens_per_s,
+            "slo": {"ttft_s": self.slo.ttft_s, "tpot_s": self.slo.tpot_s} if self.slo.given else None,
+            "goodput_per_s": self.goodput_per_s, "slo_met": self.slo_met,
+            "per_replica": [row.to_json() for row in self.per_replica],
+        }
+
+
+class RequestFold:
+    """An inference load's requests, folded as their reports arrive."""
+
+    def __init__(self, load: Load | None, *, replicas: int) -> None:
+        self.load = load
+        self.slo = Slo.of(load)
+        self.replicas = replicas
+        self._reports: dict[int, _Report] = {}
+        self._rebuild = False
+        self.ended_status: str | None = None
+        """How the job ended, once it did (the load's requests without a report then count as failed)."""
+        self.recent: dict[str, deque[float]] = {name: deque(maxlen=RECENT * (8 if name == "itl_s" else 1))
+                                                for name in LATENCIES}
+        self._reset_totals()
+
+    def _reset_totals(self) -> None:
+        self.latencies = {name: Distribution() for name in LATENCIES}
+        self.failures: Counter[str] = Counter()
+        self.completed = 0
+        self.good = 0
+        self.output_tokens = 0
+        self.first_arrival_ns: int | None = None
+        self.last_end_ns: int | None = None
+        self._by_replica: dict[int, tuple[int, int, Distribution]] = {}
+
+    def add(self, event: RequestDone) -> None:
+        latency = None
+        if event.status == COMPLETED:
+            latency = request_latency(arrival_ns=event.arrival_ns, first_token_ns=event.first_token_ns,
+                                      end_ns=event.end_ns, output_tokens=event.output_tokens,
+                                      token_ns=event.token_ns)
+        report = _Report(event.replica, event.arrival_ns, event.end_ns, event.output_tokens, latency,
+                         event.error, latency is not None and self.slo.met(latency))
+        if event.request in self._reports:
+            self._rebuild = True  # the last report counts: fold them all again when asked
+        self._reports[event.request] = report
+        if not self._rebuild:
+            self._count(report)
+        if latency is not None:
+            for name in ("ttft_s", "tpot_s", "e2e_s"):
+                if (value := getattr(latency, name)) is not None:
+                    self.recent[name].append(value)
+            self.recent["itl_s"].extend(latency.gaps_s)
+
+    @property
+    def reported(self) -> int:
+        """Requests with a report (completed or failed)."""
+        return len(self._reports)
+
+    @property
+    def total(self) -> int:
+        """The load's requests (or the reports, where more came or no load is described)."""
+        return max(self.load.requests if self.load is not None else 0, len(self._reports))
+
+    def _count(self, report: _Report) -> None:
+        latency = report.latency
+        if latency is None:
+            self.failures[failure_reason(report.error)] += 1
+            return
+        self.completed += 1
+        self.good += report.good
+        self.output_tokens += report.output_tokens
+        for name in ("ttft_s", "tpot_s", "e2e_s"):
+            if (value := getattr(latency, name)) is not None:
+                self.latencies[name].add(value)
+        self.latencies["itl_s"].extend(np.asarray(latency.gaps_s, dtype=float))
+        if self.first_arrival_ns is None or report.arrival_ns < self.first_arrival_ns:
+            self.first_arrival_ns = report.arrival_ns
+        if self.last_end_ns is None or report.end_ns > self.last_end_ns:
+            self.last_end_ns = report.end_ns
+        done, tokens, ttft = self._by_replica.get(report.replica, (0, 0, Distribution()))
+        if latency.ttft_s is not None:
+            ttft.add(latency.ttft_s)
+        self._by_replica[report.replica] = (done + 1, tokens + report.output_tokens, ttft)
+
+    def _fold_again(self) -> None:
+        self._reset_totals()
+        for report in self._reports.values():
+            self._count(report)
+        self._rebuild = False
+
+    def figures(self) -> RequestFigures:
+        if self._rebuild:
+            self._fold_again()
+        reports, count = len(self._reports), self.total
+        failures = Counter(self.failures)
+        if self.ended_status is not None and count > reports:
+            failures[unserved_reason(self.ended_status)] += count - reports
+        failed = sum(failures.values())
+        window = None
+        if self.first_arrival_ns is not None and self.last_end_ns is not None:
+            window = (self.last_end_ns - self.first_arrival_ns) / 1e9 or None
+
+        def per_s(amount: int) -> float | None:
+            return amount / window if window else None
+
+        replicas = sorted(set(range(self.replicas)) | set(self._by_replica))
+        return RequestFigures(
+            count=count,
+            completed=self.completed, failed=failed, failures=tuple(failures.most_common()),
+            latencies={name: {"mean": d.mean(), **d.quantiles("p50", "p90", "p99")}
+                       for name, d in self.latencies.items()},
+            window_s=window, request_throughput_per_s=per_s(self.completed),
+            output_tokens_per_s=per_s(self.output_tokens), slo=self.slo,
+            goodput_per_s=per_s(self.good) if self.slo.given else None,
+            slo_met=self.good / count if self.slo.given and count else None,
+            per_replica=tuple(self._replica_row(r, per_s) for r in replicas))
+
+    def _replica_row(self, replica: int, per_s: Callable[[int], float | None]) -> ReplicaRow:
+        done, tokens, ttft = self._by_replica.get(replica, (0, 0, Distribution()))
+        return ReplicaRow(replica=replica, completed=done, output_tokens_per_s=per_s(tokens),
+                          ttft_p50_s=ttft.quantile(0.5))

@@ -1,0 +1,240 @@
+"""One run's figures, folded from its event tables: what the dashboard, ``summary``, ``compare``, ``export``
+and the metrics endpoint all read.
+
+:class:`RunFold` takes a run's events a table at a time, in any grouping: the
+dashboard gives it what arrived since the last frame, ``summary`` a
+recording's whole tables. Collectives and stage actions, the bulk of a run,
+are folded column-wise; the rest as events. Anything decided per step (exposed
+communication, stage bubbles) is decided when the step closes: two job steps
+after it completes, or when the job ends (:meth:`RunFold.finish`), so
+operations that arrive a little after their step still count, and the result
+does not depend on how the events were grouped.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+import pyarrow as pa
+
+from probes.events import Event, GpuSample, JobEnded, MemorySnapshot, ProcessSample, RankStarted, RequestDone, StepTiming
+from recordings.manifest import RunDescription
+from recordings.metrics.collectives import CollectiveFold, CollectiveRow
+from recordings.metrics.memory import MemoryFold, MemoryRow
+from recordings.metrics.mfu import Mfu, mfu
+from recordings.metrics.pipeline import StageFold, StageRow, step_bubbles
+from recordings.metrics.requests import RequestFigures, RequestFold
+from recordings.metrics.steps import JobStep, RankSpan, StepFigures, StepFolder, StepStats
+from recordings.schema import events_of
+
+HISTORY = 240
+"""Closed steps kept for the dashboard's sparklines and straggler check."""
+CLOSE_AFTER = 2
+"""A job step's per-step figures are decided when the step this many later completes."""
+COLUMNAR = frozenset({"collective", "stage_action"})
+"""Kinds folded column-wise (:meth:`RunFold.apply` with a table)."""
+EVENT_KINDS = frozenset({"step", "rank_started", "memory", "process", "request", "gpu", "job_ended"})
+"""Kinds folded as events; the others do not change a figure."""
+
+
+@dataclass(frozen=True, slots=True)
+class ClosedStep:
+    """A training step whose per-step figures are decided."""
+
+    step: int
+    duration_s: float
+    exposed_by_op: dict[tuple[str, str], float]
+    """The job's exposed communication seconds per (group, op)."""
+    exposed_by_rank: dict[int, float]
+    """Each rank's exposed communication seconds, every op."""
+    rank_durations_s: dict[int, float]
+    span_s: float
+    """The pipeline's step (training with stages): the slowest rank's forward + backward, or the busiest stage."""
+    bubbles: dict[int, float]
+    """Each pipeline stage's idle share of the span."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RunFigures:
+    """Every figure of a run at one moment."""
+
+    steps: StepFigures
+    collectives: tuple[CollectiveRow, ...]
+    stages: tuple[StageRow, ...]
+    memory: tuple[MemoryRow, ...]
+    most_loaded_rank: int | None
+    headroom_bytes: int | None
+    """Device memory left on the most loaded rank's GPU at its peak (CUDA only)."""
+    requests: RequestFigures | None
+    """``None`` for training."""
+    mfu: Mfu
+
+    def to_json(self) -> dict[str, object]:
+        return {
+            "steps": self.steps.to_json(),
+            "mfu": self.mfu.to_json(),
+            "requests": self.requests.to_json() if self.requests is not None else None,
+            "collectives": [row.to_json() for row in self.collectives],
+            "stages": [row.to_json() for row in self.stages],
+            "memory": [row.to_json() for row in self.memory],
+            "most_loaded_rank": self.most_loaded_rank,
+            "headroom_bytes": self.headroom_bytes,
+        }
+
+
+class RunFold:
+    """Folds a run's events into its figures."""
+
+    def __init__(self, run: RunDescription) -> None:
+        self.run = run
+        self.training = not run.inference
+        self.collectives = CollectiveFold(per_step=self.training)
+        self.stages = StageFold(pp=run.plan.pp)
+        self.memory = MemoryFold()
+        self.requests = RequestFold(run.load, replicas=run.plan.dp) if run.inference else None
+        self.steps = StepStats()
+        self.positions: dict[int, tuple[int, int, int]] = {}
+        """(pp, dp, tp) of each rank that reported its start."""
+        self.gpu_names: dict[int, str] = {}
+        self.ended: JobEnded | None = None
+        self.new_steps: deque[JobStep] = deque(maxlen=4096)
+        """Job steps completed since the caller last emptied this (the dashboard's charts take them)."""
+        self.closed: deque[ClosedStep] = deque(maxlen=HISTORY)
+        """The last steps closed, oldest first."""
+        self.closed_count = 0
+        """Steps closed so far."""
+        self.version = 0
+        """Grows with every change, so a caller can tell whether its figures are stale."""
+        self._folder = StepFolder(1 if run.inference else run.world_size)
+        self._spans: dict[int, dict[int, RankSpan]] = {}
+        self._completed: dict[int, JobStep] = {}
+        self._figures: tuple[int, RunFigures] | None = None
+
+    # -- input ---------------------------------------------------------------------------------
+    def apply(self, kind: str, table: pa.Table) -> None:
+        """Fold a table of ``kind``'s events."""
+        if kind in COLUMNAR:
+            self.apply_table(kind, table)
+        elif kind in EVENT_KINDS and len(table):
+            self.apply_events(events_of(kind, table))
+
+    def apply_table(self, kind: str, table: pa.Table) -> None:
+        """Fold a ``collective`` or ``stage_action`` table."""
+        self.version += 1
+        if kind == "collective":
+            self.collectives.add(table)
+        elif self.training:
+            self.stages.add_actions(table)
+
+    def apply_events(self, events: Iterable[Event]) -> None:
+        """Fold events of any kinds (those of :data:`EVENT_KINDS` count)."""
+        self.version += 1
+        for event in events:
+            if isinstance(event, StepTiming):
+                self._on_step(event)
+            elif isinstance(event, RankStarted):
+                self.positions[event.rank] = (event.pp_rank, event.dp_rank, event.tp_rank)
+            elif isinstance(event, MemorySnapshot):
+                self.memory.add(event)
+            elif isinstance(event, ProcessSample):
+                self.memory.add_process(event)
+            elif isinstance(event, RequestDone) and self.requests is not None:
+                self.requests.add(event)
+            elif isinstance(event, GpuSample) and event.name:
+                self.gpu_names.setdefault(event.gpu, event.name)
+            elif isinstance(event, JobEnded):
+                self.ended = event
+                self.finish(event.status)
+
+    def position(self, rank: int) -> tuple[int, int, int]:
+        """(pp, dp, tp) of ``rank``: as it reported, else where the plan puts it."""
+        return self.positions.get(rank) or self.run.plan.coordinates(rank)
+
+    def _on_step(self, timing: StepTiming) -> None:
+        if not self.training:
+            pp, dp, tp = self.position(timing.rank)
+            if timing.pipeline_wait_s is not None and self.run.plan.pp > 1:
+                self.stages.add_iteration(pp, timing.duration_s, timing.pipeline_wait_s, shown=dp == 0 and tp == 0)
+            if timing.rank == 0 and (step := self._folder.add(timing)) is not None:
+                self._complete(step)
+            return
+        end_ns = timing.start_ns + round(timing.duration_s * 1e9)
+        self._spans.setdefault(timing.step, {})[timing.rank] = RankSpan(timing.start_ns, end_ns,
+                                                                         timing.forward_backward_s)
+        if (step := self._folder.add(timing)) is not None:
+            self._complete(step)
+
+    def _complete(self, step: JobStep) -> None:
+        self.steps.add(step)
+        self.new_steps.append(step)
+        if not self.training:
+            return
+        self._completed[step.step] = step
+        for number in sorted(s for s in self._completed if s <= step.step - CLOSE_AFTER):
+            self._close(number)
+
+    def _close(self, number: int) -> None:
+        step = self._completed.pop(number)
+        spans = self._spans.pop(number, {})
+        by_op, by_rank = self.collectives.close(number, step.duration_s, spans)
+        span_s, bubbles = self.stages.close(number, self._forward_backward_s(spans))
+        self.closed_count += 1
+        self.closed.append(ClosedStep(number, step.duration_s, by_op, by_rank,
+                                      {rank: (span.end_ns - span.start_ns) / 1e9 for rank, span in spans.items()},
+                                      span_s, bubbles))
+
+    @staticmethod
+    def _forward_backward_s(spans: dict[int, RankSpan]) -> float | None:
+        """The pipeline's step: the slowest rank's forward + backward."""
+        fb = [span.forward_backward_s for span in spans.values() if span.forward_backward_s is not None]
+        return max(fb) if fb else None
+
+    def step_bubbles(self, number: int) -> tuple[float, dict[int, float]]:
+        """A completed step's span and stage bubbles: as decided if it closed (recently), else as far as its
+        events have come."""
+        for closed in reversed(self.closed):
+            if closed.step == number:
+                return closed.span_s, closed.bubbles
+        return step_bubbles(self.stages.busy_by_stage(number), self._forward_backward_s(self._spans.get(number, {})))
+
+    def finish(self, status: str) -> None:
+        """The job ended (``status``): decide every completed step, forget the steps it never completed, and
+        count the load's requests it never served."""
+        self.version += 1
+        for number in sorted(self._completed):
+            self._close(number)
+        for number in self.collectives.open_steps():
+            self.collectives.drop(number)
+        for number in self.stages.open_steps():
+            self.stages.drop(number)
+        self._spans.clear()
+        if self.requests is not None:
+            self.requests.ended_status = status
+
+    # -- output --------------------------------------------------------------------------------
+    def figures(self) -> RunFigures:
+        """Every figure now (computed again only after a change)."""
+        if self._figures is not None and self._figures[0] == self.version:
+            return self._figures[1]
+        requests = self.requests.figures() if self.requests is not None else None
+        steps = self.steps.figures(tokens_per_s=requests.output_tokens_per_s if requests is not None else None)
+        figures = RunFigures(
+            steps=steps, collectives=tuple(self.collectives.rows()), stages=tuple(self.stages.rows()),
+            memory=tuple(self.memory.rows()), most_loaded_rank=self.memory.most_loaded_rank(),
+            headroom_bytes=self.memory.headroom_bytes(), requests=requests,
+            mfu=mfu(self.run, gpu_names=self.gpu_names.values(), tokens_per_s=steps.tokens_per_s))
+        self._figures = (self.version, figures)
+        return figures
+
+
+def fold_tables(run: RunDescription, tables: Iterable[tuple[str, pa.Table]], *, status: str) -> RunFold:
+    """A whole run's tables folded, the job ended with ``status``."""
+    fold = RunFold(run)
+    order = {"rank_started": 0, "collective": 1, "stage_action": 1, "step": 2, "job_ended": 3}
+    for kind, table in sorted(tables, key=lambda item: order.get(item[0], 1)):
+        if kind != "job_ended":
+            fold.apply(kind, table)
+    fold.finish(status)
+    return fold

@@ -1,0 +1,100 @@
+"""Keep a session: write every event into its recording as it arrives, and close the recording with how
+the session ended (compact tables, final manifest).
+
+The workers' events go to disk as they came; of them the recorder decodes
+only what the manifest and the console need (steps, rank starts, the GPUs).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from probes.arrivals import Arrivals
+from probes.events import GpuLink, GpuSample, NvmlState, RankStarted, StepTiming
+from recordings.events_log import EventWriter
+from recordings.manifest import GpuInfo, GpuPair, Manifest, NvmlInfo, RankEnd, RunDescription, write_manifest
+from recordings.metrics.steps import JobStep, StepFolder
+from recordings.tables import compact
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Ending:
+    """How a session ended, for its manifest."""
+
+    status: str
+    """completed, failed or interrupted."""
+    duration_s: float | None
+    ranks: tuple[RankEnd, ...] = ()
+    root_cause_rank: int | None = None
+    hang: str | None = None
+    reason: str | None = None
+    """Why the session itself broke, where it did."""
+
+
+class SessionRecorder:
+    """Writes a session's events into its recording (when there is a manifest) and folds its job steps."""
+
+    KINDS = ("step", "rank_started", "nvml_state", "gpu", "gpu_link")
+    """The kinds it decodes."""
+
+    def __init__(self, run: RunDescription, directory: Path, manifest: Manifest | None) -> None:
+        self.directory = directory
+        self.manifest = manifest
+        self.writer = EventWriter(directory) if manifest is not None else None
+        self._inference = run.inference
+        self.folder = StepFolder(1 if run.inference else run.world_size)
+        self.steps: list[JobStep] = []
+        self.received = 0
+        self._devices: dict[int, str] = {}
+        self._nvml: NvmlInfo | None = None
+        self._gpus: dict[int, GpuInfo] = {}
+        self._topology: list[GpuPair] = []
+
+    def take(self, arrivals: Arrivals) -> list[JobStep]:
+        """Record ``arrivals``; the job steps they completed (inference: rank 0's iterations)."""
+        self.received += arrivals.count
+        if self.writer is not None:
+            self.writer.write(arrivals.items)
+        completed = []
+        for event in arrivals.events(self.KINDS):
+            if isinstance(event, StepTiming):
+                if (not self._inference or event.rank == 0) and (step := self.folder.add(event)) is not None:
+                    completed.append(step)
+            elif isinstance(event, RankStarted):
+                self._devices[event.rank] = event.device
+            elif isinstance(event, NvmlState):
+                self._nvml = NvmlInfo(state=event.state, detail=event.detail, driver_version=event.driver_version,
+                                      gpu_count=event.gpu_count)
+            elif isinstance(event, GpuSample):
+                self._gpus.setdefault(event.gpu, GpuInfo(gpu=event.gpu, name=event.name,
+                                                         memory_total_bytes=event.memory_total_bytes))
+            elif isinstance(event, GpuLink):
+                self._topology.append(GpuPair(gpu_a=event.gpu_a, gpu_b=event.gpu_b, path=event.path,
+                                              nvlinks=event.nvlinks))
+        self.steps.extend(completed)
+        return completed
+
+    def close(self, ending: Ending) -> None:
+        """Compact the tables and write the final manifest."""
+        if self.writer is None or self.manifest is None:
+            return
+        self.writer.close()
+        try:
+            compact(self.directory)
+        except OSError:  # no room for the Parquet copy, or the folder is gone: the JSON lines stay, readable
+            pass
+        self.manifest = dataclasses.replace(
+            self.manifest, status=ending.status, ended_at=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            duration_s=round(ending.duration_s, 3) if ending.duration_s is not None else None,
+            steps_completed=len(self.steps), ranks=ending.ranks, root_cause_rank=ending.root_cause_rank,
+            hang=ending.hang, reason=ending.reason,
+            rank_devices={str(rank): device for rank, device in sorted(self._devices.items())},
+            nvml=self._nvml, gpus=tuple(self._gpus[gpu] for gpu in sorted(self._gpus)),
+            topology=tuple(self._topology))
+        try:
+            write_manifest(self.directory, self.manifest)
+        except OSError:  # the manifest stays "running": readers take that as interrupted
+            pass

@@ -1,0 +1,259 @@
+"""The typed schema of every event table, derived from the event dataclasses, and the one decoder.
+
+Each event kind's table has one Arrow schema, built from its dataclass's field
+types: ``int`` is int64, ``float`` float64, ``str`` string, ``bool`` bool,
+``tuple[int, ...]`` a list of int64, and ``X | None`` the same type, nullable.
+A nullable integer stays an integer (Arrow keeps a validity mask beside it),
+so nothing downstream repairs floats back into nanoseconds.
+
+Everything that turns bytes into events goes through :func:`decode_lines`: the
+live dashboard's blocks from the wire, a recording's JSON-lines tables, and
+compaction into Parquet. Parquet tables come back through :func:`conform`, so
+every reader sees the same columns and types, whichever form a recording is in.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import types
+import typing
+from collections.abc import Iterable, Sequence
+from dataclasses import MISSING, dataclass, fields
+from functools import cache
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.json as pa_json
+
+from probes.events import EVENT_TYPES, Event, event_from_record
+
+INT64_RANGE = (-(1 << 63), (1 << 63) - 1)
+ARROW_JSON_FROM_BYTES = 256 << 10
+"""Blocks at least this big are parsed by Arrow's JSON reader (fast per line, slow to start); smaller ones
+by Python's ``json`` in one call."""
+ARROW_JSON_BLOCK = 16 << 20
+"""Arrow's JSON reader needs a line to fit in one of its blocks; longer lines take the careful path."""
+
+
+@dataclass(frozen=True, slots=True)
+class Column:
+    """One field of an event kind as a table column."""
+
+    name: str
+    arrow: pa.DataType
+    python: type
+    """``int``, ``float``, ``str``, ``bool`` or ``tuple`` (of ints)."""
+    nullable: bool
+    required: bool
+    """The event cannot be made without it (the field has no default)."""
+    default: Any = None
+    """What a missing value of a field with a default reads as."""
+
+
+def _column(name: str, hint: Any, required: bool, default: Any = None) -> Column:
+    nullable = False
+    if isinstance(hint, types.UnionType) or typing.get_origin(hint) is typing.Union:
+        members = [arg for arg in typing.get_args(hint) if arg is not type(None)]
+        nullable = len(members) < len(typing.get_args(hint))
+        if len(members) != 1:
+            raise TypeError(f"{name}: a union of {members} has no column type")
+        hint = members[0]
+    if typing.get_origin(hint) is tuple:
+        return Column(name, pa.list_(pa.int64()), tuple, nullable, required, default)
+    arrow = {int: pa.int64(), float: pa.float64(), str: pa.string(), bool: pa.bool_()}.get(hint)
+    if arrow is None:
+        raise TypeError(f"{name}: {hint!r} has no column type")
+    return Column(name, arrow, hint, nullable, required, default)
+
+
+@cache
+def columns(kind: str) -> tuple[Column, ...]:
+    """The columns of ``kind``'s table, in field order."""
+    cls = EVENT_TYPES[kind]
+    hints = typing.get_type_hints(cls)
+    return tuple(_column(f.name, hints[f.name], f.default is MISSING and f.default_factory is MISSING,
+                         None if f.default is MISSING else f.default)
+                 for f in fields(cls))
+
+
+@cache
+def schema(kind: str) -> pa.Schema:
+    """The Arrow schema of ``kind``'s table. Every Arrow field may hold nulls: which may not is the
+    dataclass's to say, and the decoder drops (and counts) a row without a value it needs."""
+    return pa.schema([pa.field(c.name, c.arrow) for c in columns(kind)])
+
+
+@cache
+def _with_kind(kind: str) -> pa.Schema:
+    return schema(kind).append(pa.field("kind", pa.string()))
+
+
+def empty(kind: str) -> pa.Table:
+    return schema(kind).empty_table()
+
+
+@dataclass(frozen=True, slots=True)
+class Decoded:
+    """A block of lines as a typed table, and how many lines were not an event of its kind."""
+
+    table: pa.Table
+    bad: int
+
+
+def decode_lines(kind: str, lines: bytes) -> Decoded:
+    """``kind``'s events in ``lines`` (one JSON object per line, as workers send and recordings keep).
+
+    A line counts as one event or as bad: not JSON, not an object, another kind's, a field of the wrong
+    type, or without a field the kind cannot do without. Clean blocks are parsed in one call (Arrow's
+    reader for big ones, Python's ``json`` for small ones); a block that does not parse so is read line
+    by line.
+    """
+    body = lines.rstrip(b"\n")
+    if not body:
+        return Decoded(empty(kind), 0)
+    table = _arrow_json(kind, body) if len(body) >= ARROW_JSON_FROM_BYTES else _python_json(kind, body)
+    if table is None:
+        return _line_by_line(kind, body)
+    return _checked(kind, table)
+
+
+def _arrow_json(kind: str, body: bytes) -> pa.Table | None:
+    options = pa_json.ParseOptions(explicit_schema=_with_kind(kind), unexpected_field_behavior="ignore")
+    try:
+        return pa_json.read_json(io.BytesIO(body), parse_options=options,
+                                 read_options=pa_json.ReadOptions(use_threads=False, block_size=ARROW_JSON_BLOCK))
+    except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError):
+        return None
+
+
+def _python_json(kind: str, body: bytes) -> pa.Table | None:
+    try:
+        records = json.loads(b"[" + body.replace(b"\n", b",") + b"]")
+    except (ValueError, RecursionError):  # not JSON, not UTF-8, too deep, a huge integer
+        return None
+    if len(records) != body.count(b"\n") + 1 or not all(isinstance(r, dict) for r in records):
+        return None
+    try:  # a number converts to its column's type, as Arrow's own reader does
+        return pa.Table.from_pylist(records, schema=_with_kind(kind))
+    except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, OverflowError, UnicodeEncodeError):
+        return None
+
+
+def _checked(kind: str, table: pa.Table) -> Decoded:
+    """Drop the rows of another kind or with a required field missing; the table without ``kind``."""
+    keep = pc.equal(pc.fill_null(table.column("kind"), kind), kind)
+    bad = len(table) - pc.sum(keep).as_py() if len(table) else 0
+    if bad:
+        table = table.filter(keep)
+    completed = _completed(kind, table.drop_columns(["kind"]))
+    return Decoded(completed.table, bad + completed.bad)
+
+
+def _completed(kind: str, table: pa.Table) -> Decoded:
+    """A missing value of a field with a default takes the default; a row missing a value it cannot be
+    without is dropped (and counted)."""
+    keep = None
+    for index, column in enumerate(columns(kind)):
+        if column.nullable or not table.column(index).null_count:
+            continue
+        if not column.required:
+            table = table.set_column(index, column.name, pc.fill_null(table.column(index), column.default))
+            continue
+        valid = pc.is_valid(table.column(index))
+        keep = valid if keep is None else pc.and_(keep, valid)
+    if keep is None:
+        return Decoded(table, 0)
+    return Decoded(table.filter(keep), len(table) - pc.sum(keep).as_py())
+
+
+def _line_by_line(kind: str, body: bytes) -> Decoded:
+    records, bad = [], 0
+    check = _validator(kind)
+    for line in body.split(b"\n"):
+        try:
+            record = json.loads(line)
+        except (ValueError, RecursionError):
+            bad += 1
+            continue
+        if isinstance(record, dict) and record.get("kind", kind) == kind and check(record):
+            records.append(record)
+        else:
+            bad += 1
+    return Decoded(_completed(kind, pa.Table.from_pylist(records, schema=schema(kind))).table, bad)
+
+
+def _validator(kind: str) -> typing.Callable[[dict[str, Any]], bool]:
+    specs = columns(kind)
+
+    def fits(column: Column, value: Any) -> bool:
+        if value is None:
+            return column.nullable or not column.required
+        if column.python is float:
+            return isinstance(value, (int, float)) and not isinstance(value, bool)
+        if column.python is int:
+            return type(value) is int and INT64_RANGE[0] <= value <= INT64_RANGE[1]
+        if column.python is tuple:
+            return isinstance(value, list) and all(type(v) is int and INT64_RANGE[0] <= v <= INT64_RANGE[1]
+                                                   for v in value)
+        if column.python is str:
+            return type(value) is str and _utf8(value)
+        return type(value) is column.python
+
+    def check(record: dict[str, Any]) -> bool:  # a missing field is a null, as in the one-call parsers
+        return all(fits(c, record.get(c.name)) for c in specs)
+
+    return check
+
+
+def _utf8(text: str) -> bool:
+    """Whether ``text`` can be stored (JSON may carry lone surrogates, which UTF-8 cannot)."""
+    try:
+        text.encode()
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def conform(kind: str, table: pa.Table) -> pa.Table:
+    """A table read back from disk in ``kind``'s current schema: a column an older recording lacks is
+    all nulls, extra columns are left out, types are cast."""
+    target = schema(kind)
+    arrays = []
+    for field in target:
+        if field.name in table.column_names:
+            arrays.append(table.column(field.name).cast(field.type))
+        else:
+            arrays.append(pa.nulls(len(table), field.type))
+    return _completed(kind, pa.Table.from_arrays(arrays, schema=target)).table
+
+
+def table_of(events: Sequence[Event]) -> pa.Table:
+    """Events of one kind as their table."""
+    kind = events[0].kind
+    records = [event.to_record() for event in events]
+    return pa.Table.from_pylist(records, schema=schema(kind))
+
+
+def events_of(kind: str, table: pa.Table) -> list[Event]:
+    """The rows of ``kind``'s table as event objects."""
+    events = []
+    for record in table.to_pylist():
+        record["kind"] = kind
+        events.append(event_from_record(record))
+    return events
+
+
+def batches_of(events: Iterable[Event]) -> list[tuple[str, pa.Table]]:
+    """Events as (kind, table) for each run of consecutive events of one kind, in order."""
+    out: list[tuple[str, pa.Table]] = []
+    run: list[Event] = []
+    for event in events:
+        if run and event.kind != run[0].kind:
+            out.append((run[0].kind, table_of(run)))
+            run = []
+        run.append(event)
+    if run:
+        out.append((run[0].kind, table_of(run)))
+    return out

@@ -1,0 +1,50 @@
+"""A recording's summary: its run, how it ended, and every figure of the metrics core, as plain data.
+
+This is the JSON of ``meshtop summary --json``; its keys are listed in
+docs/recordings.md.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from recordings.metrics.run import COLUMNAR, EVENT_KINDS, RunFold, fold_tables
+from recordings.reader import Recording
+
+
+def job_status(recording: Recording) -> str:
+    """completed, failed or interrupted (a manifest still saying ``running`` was cut short)."""
+    return recording.status if recording.status != "running" else "interrupted"
+
+
+def fold_recording(recording: Recording) -> RunFold:
+    """The recording's tables folded by the metrics core (the job taken as ended, as it was recorded)."""
+    kinds = [kind for kind in recording.kinds() if kind in COLUMNAR | EVENT_KINDS]
+    fold = fold_tables(recording.manifest.run, ((kind, recording.arrow(kind)) for kind in kinds),
+                       status=job_status(recording))
+    for gpu in recording.manifest.gpus:  # the GPUs the session saw, if its gpu table is gone
+        if gpu.name:
+            fold.gpu_names.setdefault(gpu.gpu, gpu.name)
+    return fold
+
+
+def run_section(recording: Recording) -> dict[str, Any]:
+    run = recording.manifest.run
+    plan = run.plan
+    return {
+        "dp": plan.dp, "tp": plan.tp, "pp": plan.pp, "fsdp": plan.fsdp, "world_size": plan.world_size,
+        "mode": run.mode, "schedule": plan.schedule, "microbatches": plan.microbatches, "model": run.model.name,
+        "device": run.device, "dtype": run.dtype, "instrumented": run.instrumented, "status": job_status(recording),
+    }
+
+
+def ranks_section(recording: Recording) -> list[dict[str, Any]]:
+    return [{"rank": r.rank, "exit_code": r.exit_code, "signal": r.signal, "error": r.error}
+            for r in recording.manifest.ranks]
+
+
+def summarize(recording: Recording) -> dict[str, Any]:
+    """The whole summary as plain data (the JSON of ``meshtop summary --json``)."""
+    figures = fold_recording(recording).figures()
+    return {"recording": str(recording.path), "run": run_section(recording), **figures.to_json(),
+            "ranks": ranks_section(recording), "problems": list(recording.problems)}
