@@ -9,19 +9,31 @@ how many rows one frame folds, so a seek far ahead is spread over frames.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from probes.events import Event
 from recordings.reader import Recording
+from recordings.schema import table_of
 
 KIND_ORDER = ("rank_started", "nvml_state", "gpu_link", "probe_off", "collective", "stage_action", "memory",
               "process", "gpu", "request", "rank_progress", "step", "sampler_error", "events_dropped", "stack_dump",
               "hang", "rank_exited", "job_ended")
 """The order kinds are folded in within one slice: starts first (a rank's position before its work), a step
 after the work it closes, the end last."""
+
+
+def in_kind_order(events: Iterable[Event]) -> list[tuple[str, pa.Table]]:
+    """Events as one table per kind, in :data:`KIND_ORDER` (as a replay folds a slice of time)."""
+    by_kind: dict[str, list[Event]] = {}
+    for event in events:
+        by_kind.setdefault(event.kind, []).append(event)
+    order = {kind: index for index, kind in enumerate(KIND_ORDER)}
+    return [(kind, table_of(group)) for kind, group in sorted(by_kind.items(), key=lambda item: order.get(item[0], 0))]
 
 
 def event_times_ns(kind: str, table: pa.Table) -> np.ndarray:

@@ -23,7 +23,7 @@ from tui.charts import human_seconds
 from tui.filters import every_rank, parse_rank_filter
 from tui.gc_pacing import GcPacer
 from tui.sources import Playback, Source
-from tui.state import DashboardState
+from tui.state import LIVE_FIGURES_EVERY_S, DashboardState
 from tui.summary_text import per_second
 from tui.views import (
     AlertsPanel, CollectivesPanel, DevicesPanel, OverviewPanel, Panel, PipelinePanel, ProcessesPanel, StepsPanel,
@@ -285,8 +285,9 @@ class MeshtopApp(App[None]):
         super().notify(message, **options)  # type: ignore[arg-type]
 
     def _new_state(self) -> DashboardState:
+        live = self.source.playback is None  # a replay's figures are always those of its position
         return DashboardState(self.source.description, recording=self.source.recording,
-                              headroom_alert=self.headroom_alert)
+                              headroom_alert=self.headroom_alert, figures_every_s=LIVE_FIGURES_EVERY_S if live else 0.0)
 
     def compose(self) -> ComposeResult:
         yield HeaderBar(id="header")

@@ -30,7 +30,8 @@ from recordings.metrics.mfu import Mfu
 from recordings.metrics.requests import LATENCIES, RequestFigures
 from recordings.metrics.run import COLUMNAR, RunFigures, RunFold
 from recordings.metrics.steps import JobStep
-from recordings.schema import batches_of, events_of
+from recordings.replay import in_kind_order
+from recordings.schema import events_of
 
 HISTORY = 240
 """Points kept for each chart (steps, utilisation, power, CPU)."""
@@ -43,10 +44,9 @@ STRAGGLER_MIN_S = 0.002
 STRAGGLER_WINDOW = 5
 DEFAULT_HEADROOM_ALERT = 0.10
 """Alert when a GPU has less than this share of its memory free."""
-FIGURES_BUDGET_S = 0.004
-"""Figures that took longer than this to compute (a long run's distributions) are computed again at most
-every :data:`FIGURES_REFRESH_S` while the run goes on; once it has ended, always."""
-FIGURES_REFRESH_S = 1.0
+LIVE_FIGURES_EVERY_S = 0.25
+"""A live dashboard computes its figures again at most this often while the job runs (the folds take every
+event at once; the quantiles over a long run's values are what costs)."""
 UI_KINDS = frozenset({"rank_started", "step", "memory", "gpu", "nvml_state", "process", "rank_exited", "job_ended",
                       "events_dropped", "sampler_error", "hang", "stack_dump", "request", "probe_off"})
 """Kinds the screen reads as events, beside the figures."""
@@ -160,7 +160,7 @@ class DashboardState:
     """Folds event tables into what the screen shows. ``apply`` is cheap; the views compute on demand."""
 
     def __init__(self, run: RunDescription, *, recording: str | None = None,
-                 headroom_alert: float = DEFAULT_HEADROOM_ALERT) -> None:
+                 headroom_alert: float = DEFAULT_HEADROOM_ALERT, figures_every_s: float = 0.0) -> None:
         self.info = run
         """What runs: plan, model, device, lengths, load (the manifest's description, live or recorded)."""
         self.recording = recording
@@ -193,8 +193,10 @@ class DashboardState:
         """Per open step and pipeline lane rank: (start_ns, end_ns, action, microbatch)."""
         self._timeline: deque[PipelineStep] = deque(maxlen=TIMELINE_STEPS)
         self._closed_seen = 0
-        self._figures: tuple[int, float, float, RunFigures] | None = None
-        """(fold version, when computed, how long it took, the figures)."""
+        self.figures_every_s = figures_every_s
+        """While the run goes on, figures are at most this old (0: always fresh, as a replay's are)."""
+        self._figures: tuple[int, float, RunFigures] | None = None
+        """(fold version, when computed, the figures)."""
         self.final = False
         """The run is over and every step decided: figures are always fresh."""
 
@@ -221,8 +223,8 @@ class DashboardState:
         self._take_steps()
 
     def apply_events(self, events: Iterable[Event]) -> None:
-        """Fold event objects (tests, and the console's few)."""
-        for kind, table in batches_of(events):
+        """Fold event objects (tests, benchmarks' warm-up), one table per kind, as a replay folds a slice."""
+        for kind, table in in_kind_order(events):
             self.apply(kind, table)
 
     def finish(self, status: str) -> None:
@@ -352,15 +354,15 @@ class DashboardState:
     # -- views -------------------------------------------------------------------
 
     def figures(self) -> RunFigures:
-        """Every figure of the run so far: the metrics core's, the same as ``meshtop summary``'s (while a long
-        run goes on, up to :data:`FIGURES_REFRESH_S` old)."""
+        """Every figure of the run so far: the metrics core's, the same as ``meshtop summary``'s (up to
+        :attr:`figures_every_s` old while the run goes on)."""
         cached = self._figures
         now = time.monotonic()
         if cached is not None and (cached[0] == self.fold.version or (
-                not self.final and cached[2] > FIGURES_BUDGET_S and now - cached[1] < FIGURES_REFRESH_S)):
-            return cached[3]
+                not self.final and now - cached[1] < self.figures_every_s)):
+            return cached[2]
         figures = self.fold.figures()
-        self._figures = (self.fold.version, now, time.monotonic() - now, figures)
+        self._figures = (self.fold.version, now, figures)
         return figures
 
     @property

@@ -147,9 +147,7 @@ class CollectiveFold:
         alone = ~pc.fill_null(table.column("overlapped"), False).to_numpy(zero_copy_only=False)
         busbw = busbw_column(nbytes, seconds, self._factors(key, table.column("group_size").to_numpy()))
         usable = alone & (nbytes > 0) & np.isfinite(busbw)
-        order = np.argsort(key, kind="stable")
-        present, first = np.unique(key[order], return_index=True)
-        for index, rows in zip(present.tolist(), np.split(order, first[1:]), strict=True):
+        for index, rows in _groups(key):
             stats = self.stats[index]
             stats.count += len(rows)
             stats.bytes += int(nbytes[rows].sum())
@@ -160,9 +158,15 @@ class CollectiveFold:
             self._keep_for_steps(table, key, start, end)
 
     def _factors(self, key: np.ndarray, sizes: np.ndarray) -> np.ndarray:
-        pairs, inverse = np.unique(np.stack([key, sizes]), axis=1, return_inverse=True)
-        factors = [bus_factor(self.stats[k].op, int(n)) for k, n in pairs.T.tolist()]
-        return np.array([np.nan if f is None else f for f in factors], dtype=float)[inverse.reshape(-1)]
+        """Each operation's bus factor (NaN where bandwidth means nothing), by its op and group size."""
+        code = key * (int(sizes.max()) + 1) + sizes
+        pairs, inverse = np.unique(code, return_inverse=True)
+        factors = []
+        for value in pairs.tolist():
+            index, size = divmod(value, int(sizes.max()) + 1)
+            factor = bus_factor(self.stats[index].op, size)
+            factors.append(np.nan if factor is None else factor)
+        return np.array(factors, dtype=float)[inverse.reshape(-1)]
 
     def _keep_for_steps(self, table: pa.Table, key: np.ndarray, start: np.ndarray, end: np.ndarray) -> None:
         steps = table.column("step").to_numpy()
@@ -170,10 +174,9 @@ class CollectiveFold:
         waited_column = table.column("waited_ns")
         waited = pc.is_valid(waited_column).to_numpy(zero_copy_only=False)
         waited_ns = pc.fill_null(waited_column, 0).to_numpy()
-        for step in np.unique(steps).tolist():
+        for step, rows in _groups(steps):
             if step in self._closed:
                 continue  # late: counted above, but its step's exposed time is decided
-            rows = steps == step
             self._open.setdefault(step, []).append(
                 _Chunk(rank[rows], key[rows], start[rows], end[rows], waited_ns[rows], waited[rows]))
 
@@ -247,6 +250,15 @@ class CollectiveFold:
                 exposed_share=stats.exposed_s.total() / step_total if closed and step_total > 0 else None,
                 exposed_measured=stats.bounded_steps == 0 if closed else None))
         return sorted(rows, key=lambda row: (-row.in_flight_total_s, row.group, row.op))
+
+
+def _groups(values: np.ndarray) -> list[tuple[int, np.ndarray]]:
+    """(value, the rows that hold it) for each distinct value (no sort where there is only one)."""
+    if values.min() == values.max():
+        return [(int(values[0]), np.arange(len(values)))]
+    order = np.argsort(values, kind="stable")
+    present, first = np.unique(values[order], return_index=True)
+    return list(zip(present.tolist(), np.split(order, first[1:]), strict=True))
 
 
 def _union_lengths(cell: np.ndarray, start: np.ndarray, end: np.ndarray, cells: int) -> np.ndarray:

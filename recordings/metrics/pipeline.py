@@ -99,9 +99,11 @@ class StageFold:
         # Busy time is summed in whole nanoseconds, so it is the same however the actions were batched.
         busy_ns = (table.column("end_ns").to_numpy() - table.column("start_ns").to_numpy()).astype(float)
         pipeline_rank = table.column("stage").to_numpy() % self.pp
-        pairs, first, inverse = np.unique(np.stack([step, rank]), axis=1, return_index=True, return_inverse=True)
-        sums = np.bincount(inverse.reshape(-1), weights=busy_ns, minlength=pairs.shape[1])
-        for (s, r), busy, at in zip(pairs.T.tolist(), sums.tolist(), first.tolist(), strict=True):
+        ranks = int(rank.max()) + 1
+        pairs, first, inverse = np.unique(step * ranks + rank, return_index=True, return_inverse=True)
+        sums = np.bincount(inverse.reshape(-1), weights=busy_ns, minlength=len(pairs))
+        for pair, busy, at in zip(pairs.tolist(), sums.tolist(), first.tolist(), strict=True):
+            s, r = divmod(pair, ranks)
             if s in self._closed:
                 continue
             entry = self._busy.setdefault(s, {}).setdefault(r, [0, int(pipeline_rank[at])])

@@ -89,7 +89,7 @@ class Distribution:
             return
         self.count += len(values)
         if self._exact is not None and len(self._exact) + len(values) <= EXACT_LIMIT:
-            self._exact.extend(values.astype(float, copy=False))
+            self._exact.frombytes(np.ascontiguousarray(values, dtype=float).tobytes())
             return
         if self._exact is not None:
             self._to_buckets()

@@ -76,6 +76,7 @@ import random
 import statistics
 import threading
 import time
+from collections import deque
 from collections.abc import Iterable, Iterator
 from itertools import chain, islice
 from pathlib import Path
@@ -90,7 +91,7 @@ from probes.events import (
 from probes.arrivals import Arrivals, EncodedEvents, encode_lines
 from recordings.manifest import Model, Plan, RunDescription
 from tui.app import VIEWS, MeshtopApp
-from tui.sources import SCREEN_BACKLOG, ScreenBacklog, screen_batches
+from tui.sources import SCREEN_BACKLOG, ScreenBacklog, by_kind, screen_batches
 from tests.bench.figures import quantile
 from tui.state import DashboardState
 
@@ -102,6 +103,9 @@ TARGET_MS = 50.0
 TARGET_RANKS = 64
 SHIP_S = 0.05
 """The producer ships a batch this often."""
+ENCODED_S = 20.0
+"""Seconds of the job's events encoded before the app starts: workers encode their events, meshtop does
+not, so the producer ships them encoded (what it sends after that it encodes as it goes)."""
 WARMUP_S = 0.5
 """Run before measuring: mount, first layout."""
 WARM_EVENTS = 250_000
@@ -206,6 +210,8 @@ class SyntheticSource:
         self.warm_history = list(islice(self._stream, ranks + int(warm_steps * self.step_s * rate)))
         """Events of the job before the app starts (the first ``ranks`` are RankStarted): apply them to the
         state, then let them go (a live source does not keep what it handed over; the collector walks it)."""
+        self._shipments: deque[tuple[int, Arrivals]] = deque()
+        """The next shipments as workers send them: (events, their encoded blocks); made in :meth:`start`."""
 
     def job_events(self) -> Iterator[Event]:
         """The job's events from its start, endless: the warm history, then what the producer would ship.
@@ -315,19 +321,26 @@ class SyntheticSource:
         cpu_begun = time.thread_time()
         while not self._stop.wait(SHIP_S):
             owed = int(self.rate * (time.perf_counter() - begun)) - self.produced
-            if owed > 0:
-                self._take(list(islice(self._stream, owed)))
+            while self._shipments and owed >= self._shipments[0][0]:
+                count, arrivals = self._shipments.popleft()
+                self._take(count, arrivals)
+                owed -= count
+            if owed > 0 and not self._shipments:
+                self._take(owed, encoded(list(islice(self._stream, owed))))
         self.producer_cpu_s = time.thread_time() - cpu_begun
 
-    def _take(self, events: list[Event]) -> None:
+    def _take(self, count: int, arrivals: Arrivals) -> None:
         """What a live session thread does with a shipment: decode what the screen reads, queue it."""
-        self.produced += len(events)  # only the producer thread writes these two
-        self.largest_batch = max(self.largest_batch, len(events))
-        self.backlog.put(screen_batches(encoded(events)))
+        self.produced += count  # only the producer thread writes these two
+        self.largest_batch = max(self.largest_batch, count)
+        self.backlog.put(screen_batches(arrivals))
 
     # -- the Source protocol ---------------------------------------------------------------
 
     def start(self) -> None:
+        shipment = max(1, int(self.rate * SHIP_S))
+        self._shipments.extend((shipment, encoded(list(islice(self._stream, shipment))))
+                               for _ in range(int(ENCODED_S / SHIP_S)))
         self._started_ns = time.time_ns()
         self._thread.start()
 
@@ -335,7 +348,7 @@ class SyntheticSource:
         return self._origin_ns
 
     def poll(self, state: DashboardState) -> DashboardState:
-        for kind, table in self.backlog.take():
+        for kind, table in by_kind(self.backlog.take()):
             state.apply(kind, table)
         state.coalesced = self.backlog.skipped
         return state
