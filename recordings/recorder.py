@@ -46,8 +46,7 @@ class SessionRecorder:
         self.writer = EventWriter(directory) if manifest is not None else None
         self._inference = run.inference
         self.folder = StepFolder(1 if run.inference else run.world_size)
-        self.steps: list[JobStep] = []
-        self.received = 0
+        self.steps_completed = 0
         self._devices: dict[int, str] = {}
         self._nvml: NvmlInfo | None = None
         self._gpus: dict[int, GpuInfo] = {}
@@ -55,7 +54,6 @@ class SessionRecorder:
 
     def take(self, arrivals: Arrivals) -> list[JobStep]:
         """Record ``arrivals``; the job steps they completed (inference: rank 0's iterations)."""
-        self.received += arrivals.count
         if self.writer is not None:
             self.writer.write(arrivals.items)
         completed = []
@@ -74,7 +72,7 @@ class SessionRecorder:
             elif isinstance(event, GpuLink):
                 self._topology.append(GpuPair(gpu_a=event.gpu_a, gpu_b=event.gpu_b, path=event.path,
                                               nvlinks=event.nvlinks))
-        self.steps.extend(completed)
+        self.steps_completed += len(completed)
         return completed
 
     def close(self, ending: Ending) -> None:
@@ -89,7 +87,7 @@ class SessionRecorder:
         self.manifest = dataclasses.replace(
             self.manifest, status=ending.status, ended_at=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
             duration_s=round(ending.duration_s, 3) if ending.duration_s is not None else None,
-            steps_completed=len(self.steps), ranks=ending.ranks, root_cause_rank=ending.root_cause_rank,
+            steps_completed=self.steps_completed, ranks=ending.ranks, root_cause_rank=ending.root_cause_rank,
             hang=ending.hang, reason=ending.reason,
             rank_devices={str(rank): device for rank, device in sorted(self._devices.items())},
             nvml=self._nvml, gpus=tuple(self._gpus[gpu] for gpu in sorted(self._gpus)),

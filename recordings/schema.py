@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import io
 import json
+import math
 import types
 import typing
 from collections.abc import Iterable, Sequence
@@ -135,10 +136,28 @@ def _python_json(kind: str, body: bytes) -> pa.Table | None:
         return None
     if len(records) != body.count(b"\n") + 1 or not all(isinstance(r, dict) for r in records):
         return None
-    try:  # a number converts to its column's type, as Arrow's own reader does
+    if not _types_fit(kind, records):  # Arrow would coerce (1.5 into an int column): read line by line
+        return None
+    try:
         return pa.Table.from_pylist(records, schema=_with_kind(kind))
     except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, OverflowError, UnicodeEncodeError):
         return None
+
+
+ALLOWED_TYPES = {int: {int}, float: {int, float}, str: {str}, bool: {bool}, tuple: {list}}
+"""The Python types a JSON value of each column type may have (``type()``, exactly: a bool is no int)."""
+
+
+def _types_fit(kind: str, records: list[dict[str, Any]]) -> bool:
+    """Whether every value of ``records`` has a type its column takes, one set of types a column (as strict
+    as Arrow's own JSON reader, which the line-by-line path matches; ranges are Arrow's to refuse)."""
+    for column in columns(kind):
+        found = {type(record.get(column.name)) for record in records} - {type(None)}
+        if not found <= ALLOWED_TYPES[column.python]:
+            return False
+        if column.python is tuple and not all(type(v) is int for r in records for v in r.get(column.name) or ()):
+            return False
+    return True
 
 
 def _checked(kind: str, table: pa.Table) -> Decoded:
@@ -153,9 +172,13 @@ def _checked(kind: str, table: pa.Table) -> Decoded:
 
 def _completed(kind: str, table: pa.Table) -> Decoded:
     """A missing value of a field with a default takes the default; a row missing a value it cannot be
-    without is dropped (and counted)."""
+    without, or with a number that is not finite (JSON's NaN and Infinity), is dropped (and counted)."""
     keep = None
     for index, column in enumerate(columns(kind)):
+        if column.python is float and len(table):
+            finite = pc.fill_null(pc.is_finite(table.column(index)), True)
+            if not pc.all(finite).as_py():
+                keep = finite if keep is None else pc.and_(keep, finite)
         if column.nullable or not table.column(index).null_count:
             continue
         if not column.required:
@@ -171,6 +194,7 @@ def _completed(kind: str, table: pa.Table) -> Decoded:
 def _line_by_line(kind: str, body: bytes) -> Decoded:
     records, bad = [], 0
     check = _validator(kind)
+    floats = [c.name for c in columns(kind) if c.python is float]
     for line in body.split(b"\n"):
         try:
             record = json.loads(line)
@@ -178,10 +202,17 @@ def _line_by_line(kind: str, body: bytes) -> Decoded:
             bad += 1
             continue
         if isinstance(record, dict) and record.get("kind", kind) == kind and check(record):
+            for name in floats:
+                if type(record.get(name)) is int:
+                    record[name] = float(record[name])
             records.append(record)
         else:
             bad += 1
-    return Decoded(_completed(kind, pa.Table.from_pylist(records, schema=schema(kind))).table, bad)
+    try:
+        completed = _completed(kind, pa.Table.from_pylist(records, schema=schema(kind)))
+    except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, OverflowError, UnicodeEncodeError):
+        return Decoded(empty(kind), bad + len(records))  # the checks above should make this unreachable
+    return Decoded(completed.table, bad + completed.bad)
 
 
 def _validator(kind: str) -> typing.Callable[[dict[str, Any]], bool]:
@@ -190,8 +221,8 @@ def _validator(kind: str) -> typing.Callable[[dict[str, Any]], bool]:
     def fits(column: Column, value: Any) -> bool:
         if value is None:
             return column.nullable or not column.required
-        if column.python is float:
-            return isinstance(value, (int, float)) and not isinstance(value, bool)
+        if column.python is float:  # an integer too, as Arrow's reader takes one (1e400 overflows: not finite)
+            return type(value) in (int, float) and math.isfinite(float(value) if abs(value) < 1e308 else math.inf)
         if column.python is int:
             return type(value) is int and INT64_RANGE[0] <= value <= INT64_RANGE[1]
         if column.python is tuple:

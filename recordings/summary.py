@@ -22,9 +22,7 @@ def fold_recording(recording: Recording) -> RunFold:
     kinds = [kind for kind in recording.kinds() if kind in COLUMNAR | EVENT_KINDS]
     fold = fold_tables(recording.manifest.run, ((kind, recording.arrow(kind)) for kind in kinds),
                        status=job_status(recording))
-    for gpu in recording.manifest.gpus:  # the GPUs the session saw, if its gpu table is gone
-        if gpu.name:
-            fold.gpu_names.setdefault(gpu.gpu, gpu.name)
+    fold.know_gpus(recording.manifest.gpus)
     return fold
 
 
@@ -43,8 +41,18 @@ def ranks_section(recording: Recording) -> list[dict[str, Any]]:
             for r in recording.manifest.ranks]
 
 
+def rejected_problems(fold: RunFold) -> list[str]:
+    """What the fold left out, in words."""
+    problems = [f"events/{kind}: {count} row(s) that cannot be this job's (a rank outside it, a group of no "
+                f"rank, an end before the start) were left out" for kind, count in sorted(fold.rejected.items())]
+    if fold.requests is not None and fold.requests.duplicates:
+        problems.append(f"events/request: {fold.requests.duplicates} second report(s) of a request left out "
+                        "(its first counts)")
+    return problems
+
+
 def summarize(recording: Recording) -> dict[str, Any]:
     """The whole summary as plain data (the JSON of ``meshtop summary --json``)."""
-    figures = fold_recording(recording).figures()
-    return {"recording": str(recording.path), "run": run_section(recording), **figures.to_json(),
-            "ranks": ranks_section(recording), "problems": list(recording.problems)}
+    fold = fold_recording(recording)
+    return {"recording": str(recording.path), "run": run_section(recording), **fold.figures().to_json(),
+            "ranks": ranks_section(recording), "problems": [*recording.problems, *rejected_problems(fold)]}

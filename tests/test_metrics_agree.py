@@ -182,3 +182,25 @@ def test_a_gpipe_pipelines_exposed_communication_never_exceeds_its_step(tmp_path
     assert rows[("pp", "recv")].exposed_measured  # pipelining waits on its receives from Python: seen
     summary = summary_json(out, capsys)
     assert all(0 < row["exposed_s"]["share"] <= 1 for row in summary["collectives"])
+
+
+def test_rows_that_cannot_be_the_jobs_are_left_out_and_said_not_raised(tmp_path: Path,
+                                                                          capsys: pytest.CaptureFixture[str]) -> None:
+    from probes.events import CollectiveTiming
+
+    def op(rank: int, group_size: int, end_ns: int = 2_000) -> CollectiveTiming:
+        return CollectiveTiming(rank=rank, step=0, op="all_reduce", group="dp", group_size=group_size, peer=None,
+                                bytes=8, dtype="float32", start_ns=1_000, end_ns=end_ns, clock="completion")
+
+    events = [op(0, 2), op(-1, 2), op(10**12, 2), op(1, 0), op(1, 2, end_ns=5),
+              StepTiming(rank=0, step=0, start_ns=0, duration_s=0.01, tokens=8, loss=1.0),
+              StepTiming(rank=7, step=0, start_ns=0, duration_s=0.01, tokens=8, loss=1.0)]
+    path = write_recording(tmp_path / "odd", events, run=description(dp=2))
+    summary = summary_json(path, capsys)
+    assert [row["count"] for row in summary["collectives"]] == [1]
+    assert summary["problems"] == [
+        "events/collective: 4 row(s) that cannot be this job's (a rank outside it, a group of no rank, an end "
+        "before the start) were left out",
+        "events/step: 1 row(s) that cannot be this job's (a rank outside it, a group of no rank, an end before "
+        "the start) were left out"]
+    assert_same_figures(replayed(path, rows_per_frame=2), summary)

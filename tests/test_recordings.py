@@ -194,7 +194,9 @@ def test_a_killed_rank_costs_at_most_its_last_second_of_events(tmp_path: Path) -
     assert recording.status == "failed" and recording.problems == []
     steps = recording.table("step")
     ends = steps.start_ns + steps.duration_s * 1e9
-    killed_at = ends[(steps["rank"] == 0) & (steps.step == 59)].max()  # rank 1 died as step 60 began
+    # rank 1 died as step 60 began, once rank 0 had finished step 59; rank 0 is stopped moments later, and on a
+    # loaded machine it can go before it ships that step: its last recorded step end stands for the moment then
+    killed_at = ends[(steps["rank"] == 0) & (steps.step <= 59)].max()
     last_of_killed = ends[steps["rank"] == 1].max()
     assert killed_at - last_of_killed < 1e9
     ranks = {r.rank: r for r in recording.manifest.ranks}
@@ -236,6 +238,10 @@ GOOD_STEP = b'{"rank":0,"step":1,"start_ns":5,"duration_s":0.5,"tokens":8,"loss"
     (b'{"rank":1,"step":3,"start_ns":5,"duration_s":0.5,"loss":null}\n', "a required field missing"),
     (b'{"rank":1,"step":3,"start_ns":5,"duration_s":0.5,"tokens":8,"loss":2.0,"kind":"collective"}\n', "another kind"),
     (b"\xff\xfe not utf-8\n", "not UTF-8"),
+    (b'{"rank":0,"step":1,"start_ns":1.5,"duration_s":0.5,"tokens":8,"loss":2.0}\n', "a fraction for an integer"),
+    (b'{"rank":0,"step":1,"start_ns":5,"duration_s":true,"tokens":8,"loss":2.0}\n', "a bool for a number"),
+    (b'{"rank":0,"step":1,"start_ns":5,"duration_s":NaN,"tokens":8,"loss":2.0}\n', "not a number"),
+    (b'{"rank":0,"step":1,"start_ns":5,"duration_s":0.5,"tokens":8,"loss":Infinity}\n', "infinite"),
 ])
 @pytest.mark.parametrize("clean", [1, 20_000], ids=["small block", "big block"])
 def test_the_decoder_counts_a_line_that_is_no_event_and_keeps_the_rest(line: bytes, why: str, clean: int) -> None:

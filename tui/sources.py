@@ -40,7 +40,7 @@ from tui.state import UI_KINDS, DashboardState
 SCREEN_BACKLOG = 200_000
 """Events a live source holds for the screen between two frames; beyond it the oldest high-rate events are
 skipped, for the screen only (the recording keeps every event), and counted."""
-COALESCIBLE = frozenset({"collective", "stage_action", "gpu", "process", "rank_progress"})
+COALESCIBLE = frozenset({"collective", "stage_action", "gpu", "process"})
 """High-rate kinds the screen may skip when it falls behind: a newer sample or operation of the same kind
 follows. Lifecycle events (starts, exits, the end), steps, requests and memory are never skipped: a lost
 start would leave a rank on the wrong stage, a lost step a hole in every figure."""
@@ -332,6 +332,7 @@ class ReplaySource:
                  rows_per_frame: int = ROWS_PER_FRAME, snapshot_rows: int = SNAPSHOT_ROWS) -> None:
         self.description = recording.manifest.run
         self.recording = str(recording.path)
+        self._gpus = recording.manifest.gpus
         self.error: BaseException | None = None
         self.problems = recording.problems
         self.timeline = load_timeline(recording)
@@ -356,6 +357,7 @@ class ReplaySource:
         self._playback.advance()
         target = self._playback.position_ns
         if not self._snapshots:
+            state.fold.know_gpus(self._gpus)  # as summary does: the GPUs the session saw
             self._snapshots.append(_Snapshot(None, copy.deepcopy(state)))
         nearest = [s for s in self._snapshots if s.folded_ns is None or s.folded_ns <= target][-1]
         behind = self._folded_ns is not None and target < self._folded_ns

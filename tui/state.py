@@ -209,13 +209,12 @@ class DashboardState:
         self.events += len(table)
         if kind in COLUMNAR:
             self.fold.apply_table(kind, table)
-            if kind == "stage_action" and self.info.plan.pp > 1:
+            if kind == "stage_action" and self.info.plan.pp > 1 and not self.info.inference:
                 self._keep_lanes(table)
             return
         if kind not in UI_KINDS:
             return
-        events = events_of(kind, table)
-        self.fold.apply_events(events)
+        events = self.fold.apply_events(events_of(kind, table))  # those that can be this job's
         for event in events:
             handler = self._HANDLERS.get(type(event))
             if handler is not None:
@@ -405,9 +404,6 @@ class DashboardState:
         stages = self.fold.stages.stages
         return {stage: tuple(stages[stage].recent) for stage in sorted(stages) if stages[stage].recent}
 
-    def rank_peak_bytes(self, view: RankView) -> int | None:
-        return self.fold.memory.peak(view.rank)
-
     def most_loaded_rank(self) -> int | None:
         return self.figures().most_loaded_rank
 
@@ -462,6 +458,10 @@ class DashboardState:
             alerts.append(Alert("warning", text, now))
         if self.dropped:
             alerts.append(Alert("warning", f"{self.dropped:,} telemetry events dropped (buffers full)", now))
+        if self.fold.rejected:
+            left_out = sum(self.fold.rejected.values())
+            alerts.append(Alert("warning", f"{left_out:,} events that cannot be this job's left out (a rank outside "
+                                           "it, an end before its start)", now))
         if self.coalesced:
             alerts.append(Alert("info", f"{self.coalesced:,} collective and sample events skipped by the screen to "
                                         "keep up (the recording has them)", now))

@@ -336,9 +336,9 @@ class PipelinePanel(Panel):
         if info.inference:
             title = "bubble per stage (share of iteration time spent waiting; recent: replica 0's)"
         else:
-            m = info.plan.microbatches or 1
+            m, v = info.plan.microbatches or 1, info.plan.virtual_stages
             title = (f"bubble fraction per stage over the run (balanced {pp}-stage, {m}-microbatch ideal: "
-                     f"{theoretical_bubble(pp, m):.1%}); recent steps")
+                     f"{theoretical_bubble(pp, m, v):.1%}); recent steps")
         text.append(title + "\n", style="bold")
         run = {row.stage: row.bubble_fraction for row in state.figures().stages}
         for stage in sorted(set(run) | set(bubbles)):

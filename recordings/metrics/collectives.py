@@ -35,7 +35,7 @@ import pyarrow.compute as pc
 
 from recordings.metrics.bandwidth import bus_factor, busbw_column
 from recordings.metrics.stats import Distribution
-from recordings.metrics.steps import RankSpan
+from recordings.metrics.steps import ClosedSteps, RankSpan
 
 _SEGMENT = 1 << 44
 """Room per cell (about 4.9 hours of ns) when folding intervals of many cells in one pass."""
@@ -115,7 +115,7 @@ class CollectiveFold:
         self.stats: list[OpStats] = []
         self._keys: dict[tuple[str, str], int] = {}
         self._open: dict[int, list[_Chunk]] = {}
-        self._closed: set[int] = set()
+        self._closed = ClosedSteps()
         self.step_time_s = Distribution()
         """The job's time of each closed step: the share's denominator."""
 

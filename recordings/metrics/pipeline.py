@@ -30,6 +30,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from recordings.metrics.stats import Distribution
+from recordings.metrics.steps import ClosedSteps
 
 HISTORY = 240
 """Per-step bubbles kept per stage for the dashboard's sparklines."""
@@ -86,7 +87,7 @@ class StageFold:
         self.stages: dict[int, StageStats] = defaultdict(StageStats)
         self._busy: dict[int, dict[int, list[int]]] = {}
         """Open steps: rank -> [busy nanoseconds, pipeline rank]."""
-        self._closed: set[int] = set()
+        self._closed = ClosedSteps()
 
     def add_actions(self, table: pa.Table) -> None:
         """Fold a ``stage_action`` table (training)."""

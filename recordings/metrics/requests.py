@@ -12,7 +12,8 @@
 - the rates (requests/s, output tokens/s, goodput) are over the window from
   the first arrival to the last end of the completed requests;
 - SLO met = good requests / all requests of the load;
-- a request reported twice counts by its last report; the load's requests
+- a request reported twice counts by its first report (a replica reports each
+  once; a second is counted as a duplicate and left out); the load's requests
   that have none count as failed once the job ended ("not served").
 """
 
@@ -100,18 +101,6 @@ class Slo:
         return ", ".join(parts)
 
 
-@dataclass(frozen=True, slots=True)
-class _Report:
-    replica: int
-    arrival_ns: int
-    end_ns: int
-    output_tokens: int
-    latency: RequestLatency | None
-    """``None`` for a failed request."""
-    error: str | None
-    good: bool
-
-
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ReplicaRow:
     replica: int
@@ -158,21 +147,19 @@ class RequestFigures:
 
 
 class RequestFold:
-    """An inference load's requests, folded as their reports arrive."""
+    """An inference load's requests, folded as their reports arrive (a request id's first report counts)."""
 
     def __init__(self, load: Load | None, *, replicas: int) -> None:
         self.load = load
         self.slo = Slo.of(load)
         self.replicas = replicas
-        self._reports: dict[int, _Report] = {}
-        self._rebuild = False
+        self._seen: set[int] = set()
+        self.duplicates = 0
+        """Reports of a request already reported: left out."""
         self.ended_status: str | None = None
         """How the job ended, once it did (the load's requests without a report then count as failed)."""
         self.recent: dict[str, deque[float]] = {name: deque(maxlen=RECENT * (8 if name == "itl_s" else 1))
                                                 for name in LATENCIES}
-        self._reset_totals()
-
-    def _reset_totals(self) -> None:
         self.latencies = {name: Distribution() for name in LATENCIES}
         self.failures: Counter[str] = Counter()
         self.completed = 0
@@ -183,65 +170,45 @@ class RequestFold:
         self._by_replica: dict[int, tuple[int, int, Distribution]] = {}
 
     def add(self, event: RequestDone) -> None:
-        latency = None
-        if event.status == COMPLETED:
-            latency = request_latency(arrival_ns=event.arrival_ns, first_token_ns=event.first_token_ns,
-                                      end_ns=event.end_ns, output_tokens=event.output_tokens,
-                                      token_ns=event.token_ns)
-        report = _Report(event.replica, event.arrival_ns, event.end_ns, event.output_tokens, latency,
-                         event.error, latency is not None and self.slo.met(latency))
-        if event.request in self._reports:
-            self._rebuild = True  # the last report counts: fold them all again when asked
-        self._reports[event.request] = report
-        if not self._rebuild:
-            self._count(report)
-        if latency is not None:
-            for name in ("ttft_s", "tpot_s", "e2e_s"):
-                if (value := getattr(latency, name)) is not None:
-                    self.recent[name].append(value)
-            self.recent["itl_s"].extend(latency.gaps_s)
+        if event.request in self._seen:
+            self.duplicates += 1
+            return
+        self._seen.add(event.request)
+        if event.status != COMPLETED:
+            self.failures[failure_reason(event.error)] += 1
+            return
+        latency = request_latency(arrival_ns=event.arrival_ns, first_token_ns=event.first_token_ns,
+                                  end_ns=event.end_ns, output_tokens=event.output_tokens, token_ns=event.token_ns)
+        self.completed += 1
+        self.good += self.slo.met(latency)
+        self.output_tokens += event.output_tokens
+        for name in ("ttft_s", "tpot_s", "e2e_s"):
+            if (value := getattr(latency, name)) is not None:
+                self.latencies[name].add(value)
+                self.recent[name].append(value)
+        self.latencies["itl_s"].extend(np.asarray(latency.gaps_s, dtype=float))
+        self.recent["itl_s"].extend(latency.gaps_s)
+        if self.first_arrival_ns is None or event.arrival_ns < self.first_arrival_ns:
+            self.first_arrival_ns = event.arrival_ns
+        if self.last_end_ns is None or event.end_ns > self.last_end_ns:
+            self.last_end_ns = event.end_ns
+        done, tokens, ttft = self._by_replica.get(event.replica, (0, 0, Distribution()))
+        if latency.ttft_s is not None:
+            ttft.add(latency.ttft_s)
+        self._by_replica[event.replica] = (done + 1, tokens + event.output_tokens, ttft)
 
     @property
     def reported(self) -> int:
         """Requests with a report (completed or failed)."""
-        return len(self._reports)
+        return len(self._seen)
 
     @property
     def total(self) -> int:
         """The load's requests (or the reports, where more came or no load is described)."""
-        return max(self.load.requests if self.load is not None else 0, len(self._reports))
-
-    def _count(self, report: _Report) -> None:
-        latency = report.latency
-        if latency is None:
-            self.failures[failure_reason(report.error)] += 1
-            return
-        self.completed += 1
-        self.good += report.good
-        self.output_tokens += report.output_tokens
-        for name in ("ttft_s", "tpot_s", "e2e_s"):
-            if (value := getattr(latency, name)) is not None:
-                self.latencies[name].add(value)
-        self.latencies["itl_s"].extend(np.asarray(latency.gaps_s, dtype=float))
-        if self.first_arrival_ns is None or report.arrival_ns < self.first_arrival_ns:
-            self.first_arrival_ns = report.arrival_ns
-        if self.last_end_ns is None or report.end_ns > self.last_end_ns:
-            self.last_end_ns = report.end_ns
-        done, tokens, ttft = self._by_replica.get(report.replica, (0, 0, Distribution()))
-        if latency.ttft_s is not None:
-            ttft.add(latency.ttft_s)
-        self._by_replica[report.replica] = (done + 1, tokens + report.output_tokens, ttft)
-
-    def _fold_again(self) -> None:
-        self._reset_totals()
-        for report in self._reports.values():
-            self._count(report)
-        self._rebuild = False
+        return max(self.load.requests if self.load is not None else 0, len(self._seen))
 
     def figures(self) -> RequestFigures:
-        if self._rebuild:
-            self._fold_again()
-        reports, count = len(self._reports), self.total
+        reports, count = len(self._seen), self.total
         failures = Counter(self.failures)
         if self.ended_status is not None and count > reports:
             failures[unserved_reason(self.ended_status)] += count - reports

@@ -13,14 +13,15 @@ does not depend on how the events were grouped.
 
 from __future__ import annotations
 
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Iterable
 from dataclasses import dataclass
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from probes.events import Event, GpuSample, JobEnded, MemorySnapshot, ProcessSample, RankStarted, RequestDone, StepTiming
-from recordings.manifest import RunDescription
+from recordings.manifest import GpuInfo, RunDescription
 from recordings.metrics.collectives import CollectiveFold, CollectiveRow
 from recordings.metrics.memory import MemoryFold, MemoryRow
 from recordings.metrics.mfu import Mfu, mfu
@@ -98,7 +99,8 @@ class RunFold:
         self.positions: dict[int, tuple[int, int, int]] = {}
         """(pp, dp, tp) of each rank that reported its start."""
         self.gpu_names: dict[int, str] = {}
-        self.ended: JobEnded | None = None
+        self.rejected: Counter[str] = Counter()
+        """Rows left out by kind: well-formed, but not this job's (a rank outside it, an end before its start)."""
         self.new_steps: deque[JobStep] = deque(maxlen=4096)
         """Job steps completed since the caller last emptied this (the dashboard's charts take them)."""
         self.closed: deque[ClosedStep] = deque(maxlen=HISTORY)
@@ -121,17 +123,44 @@ class RunFold:
             self.apply_events(events_of(kind, table))
 
     def apply_table(self, kind: str, table: pa.Table) -> None:
-        """Fold a ``collective`` or ``stage_action`` table."""
+        """Fold a ``collective`` or ``stage_action`` table (rows that cannot be this job's left out, counted)."""
         self.version += 1
+        table = self._plausible(kind, table)
         if kind == "collective":
             self.collectives.add(table)
         elif self.training:
             self.stages.add_actions(table)
 
-    def apply_events(self, events: Iterable[Event]) -> None:
-        """Fold events of any kinds (those of :data:`EVENT_KINDS` count)."""
+    def _plausible(self, kind: str, table: pa.Table) -> pa.Table:
+        """The rows that can be this job's: a rank of the job, a group of one rank or more, an end no
+        earlier than the start (a line can be well-formed and still not describe the job)."""
+        rank = table.column("rank")
+        keep = pc.and_(pc.greater_equal(rank, 0), pc.less(rank, self.run.world_size))
+        keep = pc.and_(keep, pc.greater_equal(table.column("end_ns"), table.column("start_ns")))
+        if kind == "collective":
+            keep = pc.and_(keep, pc.greater_equal(table.column("group_size"), 1))
+        else:
+            keep = pc.and_(keep, pc.greater_equal(table.column("stage"), 0))
+        kept = pc.sum(keep).as_py() or 0
+        if kept == len(table):
+            return table
+        self.rejected[kind] += len(table) - kept
+        return table.filter(keep)
+
+    def _fits(self, event: Event) -> bool:
+        rank = getattr(event, "rank", 0)
+        if not (rank is None or 0 <= rank < self.run.world_size) or (
+                isinstance(event, StepTiming) and event.duration_s < 0):
+            self.rejected[event.kind] += 1
+            return False
+        return True
+
+    def apply_events(self, events: Iterable[Event]) -> list[Event]:
+        """Fold events of any kinds (those of :data:`EVENT_KINDS` count); those that cannot be this job's are
+        left out and counted. The events kept."""
         self.version += 1
-        for event in events:
+        kept = [event for event in events if self._fits(event)]
+        for event in kept:
             if isinstance(event, StepTiming):
                 self._on_step(event)
             elif isinstance(event, RankStarted):
@@ -145,8 +174,14 @@ class RunFold:
             elif isinstance(event, GpuSample) and event.name:
                 self.gpu_names.setdefault(event.gpu, event.name)
             elif isinstance(event, JobEnded):
-                self.ended = event
                 self.finish(event.status)
+        return kept
+
+    def know_gpus(self, gpus: Iterable[GpuInfo]) -> None:
+        """The GPUs a recording's manifest names (its GPU samples may be gone): what MFU's peak is looked up by."""
+        for gpu in gpus:
+            if gpu.name:
+                self.gpu_names.setdefault(gpu.gpu, gpu.name)
 
     def position(self, rank: int) -> tuple[int, int, int]:
         """(pp, dp, tp) of ``rank``: as it reported, else where the plan puts it."""

@@ -15,7 +15,7 @@ from __future__ import annotations
 import math
 from array import array
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 import numpy as np
 
@@ -28,17 +28,6 @@ SUB_BUCKETS = 128
 def quantile(values: np.ndarray, q: float) -> float | None:
     """The ``q`` quantile of ``values`` by linear interpolation (``None`` for no values)."""
     return float(np.quantile(values, q)) if len(values) else None
-
-
-def sorted_quantile(ordered: np.ndarray, q: float) -> float:
-    """The ``q`` quantile of sorted ``ordered``, computed as numpy's default (linear) method does, without
-    sorting again: between the values at ranks floor and ceil of q (n - 1)."""
-    position = q * (len(ordered) - 1)
-    low = int(position)
-    high = min(low + 1, len(ordered) - 1)
-    weight = position - low
-    a, b = float(ordered[low]), float(ordered[high])
-    return b - (b - a) * (1 - weight) if weight >= 0.5 else a + (b - a) * weight
 
 
 def _bucket(value: float) -> int:
@@ -119,30 +108,64 @@ class Distribution:
         return np.concatenate([np.zeros(self._zeros), np.repeat(middles, [self._buckets[b] for b in ordered])])
 
     def ordered(self) -> np.ndarray:
-        """Every value, sorted (exactly, or the buckets' middles past the limit)."""
-        if self._exact is None:
-            return self.values()
+        """Every value kept exactly, sorted (exact mode only)."""
+        assert self._exact is not None
         if len(self._sorted) < len(self._exact):  # merge the new values in: two sorted runs, one pass
             fresh = np.sort(np.frombuffer(self._exact, dtype=float)[len(self._sorted):])
             self._sorted = np.sort(np.concatenate([self._sorted, fresh]), kind="stable")
         return self._sorted
 
+    def _ranked(self) -> Callable[[int], float]:
+        """The value of each rank (0 = the smallest): exact, or past the limit the middle of its bucket, found
+        from the buckets' running counts (a cost of the buckets, not of the values)."""
+        if self._exact is not None:
+            ordered = self.ordered()
+            return lambda rank: float(ordered[rank])
+        keys = sorted(self._buckets)
+        ends = np.cumsum([self._buckets[key] for key in keys]) + self._zeros
+
+        def value(rank: int) -> float:
+            if rank < self._zeros:
+                return 0.0
+            return _middle(keys[int(np.searchsorted(ends, rank, side="right"))])
+
+        return value
+
     def quantile(self, q: float) -> float | None:
-        return sorted_quantile(self.ordered(), q) if self.count else None
+        return self.quantiles_at(q)[0] if self.count else None
+
+    def quantiles_at(self, *qs: float) -> list[float]:
+        ranked = self._ranked()
+        return [_lerp(ranked, q, self.count) for q in qs]
 
     def mean(self) -> float | None:
-        """The mean (exactly rounded, whatever the order the values came in)."""
+        """The mean (exactly rounded, whatever the order the values came in; past the limit, of the buckets'
+        middles)."""
         if not self.count:
             return None
-        return math.fsum(self.values()) / self.count
+        return self.total() / self.count
 
     def total(self) -> float:
-        """The sum (exactly rounded)."""
-        return math.fsum(self.values()) if self.count else 0.0
+        """The sum (exactly rounded; past the limit, of the buckets' middles)."""
+        if not self.count:
+            return 0.0
+        if self._exact is not None:
+            return math.fsum(np.frombuffer(self._exact, dtype=float))
+        return math.fsum(_middle(key) * count for key, count in self._buckets.items())
 
     def quantiles(self, *names: str) -> dict[str, float | None]:
         """``{"p50": ..., "p99": ...}`` for the names of :data:`QUANTILES` given."""
         if not self.count:
             return {name: None for name in names}
-        ordered = self.ordered()
-        return {name: sorted_quantile(ordered, QUANTILES[name]) for name in names}
+        return dict(zip(names, self.quantiles_at(*(QUANTILES[name] for name in names)), strict=True))
+
+
+def _lerp(ranked: Callable[[int], float], q: float, count: int) -> float:
+    """The ``q`` quantile of ``count`` ranked values as numpy's default (linear) method computes it: between
+    the values at ranks floor and ceil of q (n - 1), without sorting again."""
+    position = q * (count - 1)
+    low = int(position)
+    high = min(low + 1, count - 1)
+    weight = position - low
+    a, b = ranked(low), ranked(high)
+    return b - (b - a) * (1 - weight) if weight >= 0.5 else a + (b - a) * weight

@@ -31,6 +31,28 @@ class JobStep:
     tokens_per_s: float
 
 
+class ClosedSteps:
+    """The steps whose per-step figures are decided, so an operation arriving after its step closed is not
+    folded into it: the latest :data:`KEPT` by number, and everything older than those taken as closed
+    too (a run of any length keeps a bounded set)."""
+
+    KEPT = 4096
+
+    def __init__(self) -> None:
+        self._numbers: set[int] = set()
+        self._below = -1
+        """Every step below this is closed."""
+
+    def add(self, step: int) -> None:
+        self._numbers.add(step)
+        if len(self._numbers) > 2 * self.KEPT:
+            self._below = sorted(self._numbers)[-self.KEPT]
+            self._numbers = {n for n in self._numbers if n >= self._below}
+
+    def __contains__(self, step: object) -> bool:
+        return isinstance(step, int) and (step < self._below or step in self._numbers)
+
+
 @dataclass(frozen=True, slots=True)
 class RankSpan:
     """One rank's part of a step: when it started and ended (wall clock), and its forward + backward time."""
