@@ -16,9 +16,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from probes.events import Event
 from recordings.reader import Recording
-from recordings.schema import table_of
 
 KIND_ORDER = ("rank_started", "nvml_state", "gpu_link", "probe_off", "collective", "stage_action", "memory",
               "process", "gpu", "request", "rank_progress", "step", "sampler_error", "events_dropped", "stack_dump",
@@ -27,13 +25,17 @@ KIND_ORDER = ("rank_started", "nvml_state", "gpu_link", "probe_off", "collective
 after the work it closes, the end last."""
 
 
-def in_kind_order(events: Iterable[Event]) -> list[tuple[str, pa.Table]]:
-    """Events as one table per kind, in :data:`KIND_ORDER` (as a replay folds a slice of time)."""
-    by_kind: dict[str, list[Event]] = {}
-    for event in events:
-        by_kind.setdefault(event.kind, []).append(event)
-    order = {kind: index for index, kind in enumerate(KIND_ORDER)}
-    return [(kind, table_of(group)) for kind, group in sorted(by_kind.items(), key=lambda item: order.get(item[0], 0))]
+KIND_RANK = {kind: index for index, kind in enumerate(KIND_ORDER)}
+
+
+def in_kind_order(batches: Iterable[tuple[str, pa.Table]]) -> list[tuple[str, pa.Table]]:
+    """(kind, table) batches as one table per kind, in :data:`KIND_ORDER`: a slice of time (a replay's, or a
+    live frame's) folded kind by kind, each fold called once per kind."""
+    tables: dict[str, list[pa.Table]] = {}
+    for kind, table in batches:
+        tables.setdefault(kind, []).append(table)
+    return [(kind, parts[0] if len(parts) == 1 else pa.concat_tables(parts))
+            for kind, parts in sorted(tables.items(), key=lambda item: KIND_RANK.get(item[0], 0))]
 
 
 def event_times_ns(kind: str, table: pa.Table) -> np.ndarray:

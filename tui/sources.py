@@ -29,7 +29,7 @@ from recordings.manifest import Manifest, RunDescription
 from recordings.metrics.run import COLUMNAR
 from recordings.metrics.steps import JobStep
 from recordings.reader import Recording
-from recordings.replay import KIND_ORDER, Timeline, load_timeline
+from recordings.replay import Timeline, in_kind_order, load_timeline
 from recordings.schema import batches_of, decode_lines
 from recordings.summary import job_status
 from runner.launch import JobControl, JobResult, NodeProbes
@@ -148,17 +148,6 @@ def screen_batches(arrivals: Arrivals) -> list[Batch]:
     return batches
 
 
-def by_kind(batches: list[Batch]) -> list[Batch]:
-    """A frame's batches as one table per kind, in :data:`~recordings.replay.KIND_ORDER`: the frame folded
-    as a replay folds a slice of time (and each fold called once per kind, not per shipment)."""
-    tables: dict[str, list[pa.Table]] = {}
-    for kind, table in batches:
-        tables.setdefault(kind, []).append(table)
-    order = {kind: index for index, kind in enumerate(KIND_ORDER)}
-    return [(kind, parts[0] if len(parts) == 1 else pa.concat_tables(parts))
-            for kind, parts in sorted(tables.items(), key=lambda item: order.get(item[0], 0))]
-
-
 class LiveSource:
     """A job launched now: runs the session on a background thread and hands its events to the screen."""
 
@@ -200,7 +189,7 @@ class LiveSource:
         return self._started_ns
 
     def poll(self, state: DashboardState) -> DashboardState:
-        for kind, table in by_kind(self.backlog.take()):
+        for kind, table in in_kind_order(self.backlog.take()):
             state.apply(kind, table)
         state.coalesced = self.backlog.skipped
         return state

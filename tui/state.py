@@ -31,7 +31,7 @@ from recordings.metrics.requests import LATENCIES, RequestFigures
 from recordings.metrics.run import COLUMNAR, RunFigures, RunFold
 from recordings.metrics.steps import JobStep
 from recordings.replay import in_kind_order
-from recordings.schema import events_of
+from recordings.schema import batches_of, events_of
 
 HISTORY = 240
 """Points kept for each chart (steps, utilisation, power, CPU)."""
@@ -223,7 +223,7 @@ class DashboardState:
 
     def apply_events(self, events: Iterable[Event]) -> None:
         """Fold event objects (tests, benchmarks' warm-up), one table per kind, as a replay folds a slice."""
-        for kind, table in in_kind_order(events):
+        for kind, table in in_kind_order(batches_of(events)):
             self.apply(kind, table)
 
     def finish(self, status: str) -> None:

@@ -28,11 +28,6 @@ class MemoryRow:
     activations_bytes: int | None
     kv_cache_bytes: int | None
 
-    def to_json(self) -> dict[str, object]:
-        return {"rank": self.rank, "peak_bytes": self.peak_bytes, "weights_bytes": self.weights_bytes,
-                "grads_bytes": self.grads_bytes, "optimizer_bytes": self.optimizer_bytes,
-                "activations_bytes": self.activations_bytes, "kv_cache_bytes": self.kv_cache_bytes}
-
 
 class MemoryFold:
     """Each rank's last snapshot and its peaks."""

@@ -49,11 +49,6 @@ class Mfu:
     """Per GPU."""
     gpus: int | None = None
 
-    def to_json(self) -> dict[str, object]:
-        return {"value": self.value, "why_not": self.why_not, "tokens_per_s": self.tokens_per_s,
-                "flops_per_token": self.flops_per_token, "peak_flops_per_s": self.peak_flops_per_s,
-                "gpus": self.gpus}
-
 
 def mfu(run: RunDescription, *, gpu_names: Iterable[str], tokens_per_s: float | None) -> Mfu:
     """The run's MFU, or why it has none."""

@@ -57,10 +57,6 @@ class StageRow:
     idle_s: float
     bubble_fraction: float
 
-    def to_json(self) -> dict[str, object]:
-        return {"stage": self.stage, "busy_s": self.busy_s, "idle_s": self.idle_s,
-                "bubble_fraction": self.bubble_fraction}
-
 
 @dataclass(slots=True)
 class StageStats:

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections import Counter, deque
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -75,11 +75,11 @@ class RunFigures:
     def to_json(self) -> dict[str, object]:
         return {
             "steps": self.steps.to_json(),
-            "mfu": self.mfu.to_json(),
+            "mfu": asdict(self.mfu),
             "requests": self.requests.to_json() if self.requests is not None else None,
             "collectives": [row.to_json() for row in self.collectives],
-            "stages": [row.to_json() for row in self.stages],
-            "memory": [row.to_json() for row in self.memory],
+            "stages": [asdict(row) for row in self.stages],
+            "memory": [asdict(row) for row in self.memory],
             "most_loaded_rank": self.most_loaded_rank,
             "headroom_bytes": self.headroom_bytes,
         }

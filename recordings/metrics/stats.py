@@ -94,11 +94,6 @@ class Distribution:
         found, counts = np.unique(_buckets(positive), return_counts=True)
         self._buckets.update(dict(zip(found.tolist(), counts.tolist(), strict=True)))
 
-    @property
-    def exact(self) -> bool:
-        """Whether every value is kept as it is (quantiles exact)."""
-        return self._exact is not None
-
     def values(self) -> np.ndarray:
         """Every value: exactly, or (past the limit) each bucket's middle as many times as it was hit."""
         if self._exact is not None:

@@ -90,8 +90,9 @@ from probes.events import (
 )
 from probes.arrivals import Arrivals, EncodedEvents, encode_lines
 from recordings.manifest import Model, Plan, RunDescription
+from recordings.replay import in_kind_order
 from tui.app import VIEWS, MeshtopApp
-from tui.sources import SCREEN_BACKLOG, ScreenBacklog, by_kind, screen_batches
+from tui.sources import SCREEN_BACKLOG, ScreenBacklog, screen_batches
 from tests.bench.figures import quantile
 from tui.state import DashboardState
 
@@ -348,7 +349,7 @@ class SyntheticSource:
         return self._origin_ns
 
     def poll(self, state: DashboardState) -> DashboardState:
-        for kind, table in by_kind(self.backlog.take()):
+        for kind, table in in_kind_order(self.backlog.take()):
             state.apply(kind, table)
         state.coalesced = self.backlog.skipped
         return state
