@@ -63,6 +63,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+import torch.distributed.distributed_c10d as c10d
 from torch._C._distributed_c10d import ProcessGroup, Work
 
 from probes.events import CollectiveTiming, Event
@@ -180,22 +181,32 @@ class GroupInfo:
 
 
 class GroupDirectory:
-    """Names process groups by the mesh dim they span (dp, tp, pp), else world or other."""
+    """Names process groups: by the DeviceMesh dim they span (dp, tp, pp, or the user's own dim names),
+    else ``world``, else by their ranks (``ranks 0,2``).
+
+    Groups are named when first seen, from any thread: a group nobody added is
+    looked up in c10d's registry by its name, and ``other`` only where c10d no
+    longer knows it (destroyed before its operations were read).
+    """
 
     def __init__(self) -> None:
         self._by_name: dict[str, GroupInfo] = {}
 
-    def add(self, name: str, group: dist.ProcessGroup) -> None:
-        """Name ``group``; the first name given to a group wins (mesh dims before world)."""
+    def add(self, name: str, group: dist.ProcessGroup, *, replace: bool = False) -> None:
+        """Name ``group``; the first name given to a group wins (mesh dims before world), unless ``replace``."""
         key = group.group_name
-        if key not in self._by_name:
+        if replace or key not in self._by_name:
             self._by_name[key] = GroupInfo(name, group.size(), tuple(dist.get_process_group_ranks(group)), key)
+
+    def add_mesh(self, mesh: Any, *, replace: bool = False) -> None:
+        """Name each group of ``mesh`` by its dim (a mesh without dim names adds nothing)."""
+        for dim in mesh.mesh_dim_names or ():
+            self.add(dim, mesh.get_group(dim), replace=replace)
 
     @classmethod
     def from_mesh(cls, mesh: Any) -> GroupDirectory:
         directory = cls()
-        for dim in mesh.mesh_dim_names:
-            directory.add(dim, mesh.get_group(dim))
+        directory.add_mesh(mesh)
         directory.add("world", dist.group.WORLD)
         return directory
 
@@ -208,11 +219,25 @@ class GroupDirectory:
         return known if known is not None else self.named(group.group_name, group.size())
 
     def named(self, group_name: str, size: int) -> GroupInfo:
-        """The group of this c10d name (one not added is ``other``)."""
+        """The group of this c10d name, named on first sight where nobody added it."""
         known = self._by_name.get(group_name)
         if known is None:
-            known = self._by_name[group_name] = GroupInfo("other", size, (), group_name)
+            known = self._by_name[group_name] = _unnamed_group(group_name, size)
         return known
+
+
+def _unnamed_group(group_name: str, size: int) -> GroupInfo:
+    """A group nobody named: ``world``, or its global ranks, as c10d's registry has them (``other`` where it
+    no longer does)."""
+    try:
+        group = c10d._resolve_process_group(group_name)
+        ranks = tuple(dist.get_process_group_ranks(group))
+    except Exception:  # a private registry, or a group already destroyed: the figures still have its size
+        return GroupInfo("other", size, (), group_name)
+    world = dist.group.WORLD
+    name = "world" if world is not None and world.group_name == group_name else \
+        "ranks " + ",".join(map(str, ranks))
+    return GroupInfo(name, size, ranks, group_name)
 
 
 @dataclass(slots=True)

@@ -31,7 +31,9 @@ def _field_names(cls: type[Event]) -> tuple[str, ...]:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class RankStarted(Event):
-    """A worker joined the job: where it sits in the mesh and what it runs on."""
+    """A worker joined the job: where it sits in the mesh and what it runs on.
+
+    A rank of a user's script sends it again when it first runs a pipeline stage (its place is known then)."""
 
     kind: ClassVar[str] = "rank_started"
     rank: int
@@ -59,7 +61,8 @@ class StepTiming(Event):
     """Wall-clock time (``time.time_ns``) at the start of the step."""
     duration_s: float
     tokens: int
-    """Tokens of the global batch consumed by this step."""
+    """Tokens of the global batch consumed by this step; 0 where not known (a script run without
+    ``--tokens-per-step``)."""
     loss: float | None
     """This rank's mean loss over its data; ``None`` where the rank computes no loss."""
     forward_backward_s: float | None = None
@@ -86,7 +89,8 @@ class CollectiveTiming(Event):
     op: str
     """all_reduce, all_gather, reduce_scatter, broadcast, reduce, gather, scatter, all_to_all, send, recv or barrier."""
     group: str
-    """The mesh dim the process group spans (dp, tp, pp), or world, or other."""
+    """The mesh dim the process group spans (dp, tp, pp, or a script's own dim names), or ``world``, or its
+    global ranks (``ranks 0,2``), or ``other`` (a group c10d no longer knew when the operation was read)."""
     group_size: int
     peer: int | None
     """Global rank at the other end of a send or recv."""

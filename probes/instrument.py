@@ -25,10 +25,9 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Protocol
 
 import torch
-from torch import nn
 
 from probes.collectives import CollectiveProbe, GroupDirectory
 from probes.events import Event, ProbeOff, RankProgress, SamplerError
@@ -114,10 +113,10 @@ class Instrumentation:
 
         Called on the shipper thread before each shipment.
         """
-        self._flush_collectives()
+        self.flush()
         return [self.progress()]
 
-    def _flush_collectives(self) -> None:
+    def flush(self) -> None:
         """Emit what the C++ kernel finished, and count what it had to drop as the sink's drops."""
         if self._collectives is not None and (dropped := self._collectives.flush()):
             self.sink.drop(dropped)
@@ -132,13 +131,15 @@ class Instrumentation:
             oldest_peer=oldest.peer if oldest else None, oldest_start_ns=oldest.start_ns if oldest else None,
         )
 
-    def install(self, *, mesh: Any, pipeline: bool) -> None:
-        """Hook collectives (and pipeline stages) before the job is built, so set-up traffic is seen too."""
+    def install(self, *, groups: GroupDirectory, pipeline: bool) -> None:
+        """Hook collectives (and pipeline stages) before the job is built, so set-up traffic is seen too.
+
+        ``groups`` names the process groups (it may learn more of them later: a user's DeviceMesh)."""
         device_timing = self.device.type == "cuda" and os.environ.get(NCCL_TIMING_ENV) == "1"
         native, why_not = from_environment() if self.device.type == "cpu" else (None, None)
         if why_not is not None and self.rank == 0:
             self.report_error(f"{why_not}; the Python kernel times collectives instead (about 100 us more each)")
-        self._collectives = CollectiveProbe(rank=self.rank, groups=GroupDirectory.from_mesh(mesh), emit=self.emit,
+        self._collectives = CollectiveProbe(rank=self.rank, groups=groups, emit=self.emit,
                                             step=self.current_step, device_timing=device_timing,
                                             on_error=self.report_error, native=native)
         if pipeline:
@@ -146,10 +147,25 @@ class Instrumentation:
         if self.enabled:
             self._hook()
 
-    def watch_memory(self, *, modules: list[nn.Module], optimizer: torch.optim.Optimizer | None) -> None:
-        """Account the memory of ``modules`` and ``optimizer`` from now on (off, and said so, where that fails)."""
+    def add_stage_probe(self, on_stage: Callable[[tuple[int, ...]], None]) -> None:
+        """Time pipeline stages from now on (a user's script imports ``torch.distributed.pipelining`` after
+        :meth:`install`); ``on_stage`` learns this rank's stages as it first runs each."""
+        if self._stages is not None:
+            return
+        self._stages = StageProbe(rank=self.rank, emit=self.emit, step=self.current_step, on_stage=on_stage)
+        if self._installed:
+            self._install_or_report(PIPELINE_STAGES, self._stages)
+
+    def pipeline_wait_s(self) -> float | None:
+        """Seconds blocked on pipeline P2P since the last call, where that is measured."""
+        stages = self._stages if self.enabled and PIPELINE_STAGES not in self._off else None
+        return stages.take_wait_s() if stages is not None else None
+
+    def watch_memory(self, *, parameters: list[torch.Tensor], optimizer: torch.optim.Optimizer | None) -> None:
+        """Account the memory of ``parameters`` and ``optimizer`` from now on (off, and said so, where that
+        fails)."""
         try:
-            self._memory = MemoryProbe(rank=self.rank, modules=modules, optimizer=optimizer, device=self.device)
+            self._memory = MemoryProbe(rank=self.rank, parameters=parameters, optimizer=optimizer, device=self.device)
         except Exception as error:  # a probe must never break the job it measures: reported, left off
             self._probe_off(MEMORY, error)
 
@@ -217,8 +233,7 @@ class Instrumentation:
         if self.enabled and self._memory is not None:
             self.emit(self._memory.snapshot(step))
         self.step = None
-        stages = self._stages if self.enabled and PIPELINE_STAGES not in self._off else None
-        return stages.take_wait_s() if stages is not None else None
+        return self.pipeline_wait_s()
 
     def uninstall(self) -> None:
         """Take the hooks out, and emit what the C++ kernel finished (so a sink that is closed next has it)."""
@@ -226,5 +241,5 @@ class Instrumentation:
             return
         for _name, probe in reversed(self._hook_probes()):
             probe.uninstall()
-        self._flush_collectives()
+        self.flush()
         self._installed = False

@@ -1,5 +1,8 @@
 """Memory accounting of one rank: what its weights, gradients and optimizer state take.
 
+The weights are a list of parameters: the built-in runner's modules', or the
+parameters a user's optimizer holds (:mod:`runner.attach`).
+
 Counted from the tensors themselves (the local shard of a DTensor), so the
 figures are the same on CPU and CUDA. Weights are counted once; gradients
 and optimizer state on the first steps and then every ``RECOUNT_EVERY``
@@ -29,12 +32,16 @@ def tensor_bytes(tensor: torch.Tensor) -> int:
     return local.numel() * local.element_size()
 
 
-def parameters_bytes(modules: Iterable[nn.Module]) -> int:
-    return sum(tensor_bytes(p) for module in modules for p in module.parameters())
+def parameters_of(modules: Iterable[nn.Module]) -> list[torch.Tensor]:
+    return [p for module in modules for p in module.parameters()]
 
 
-def gradients_bytes(modules: Iterable[nn.Module]) -> int:
-    return sum(tensor_bytes(p.grad) for module in modules for p in module.parameters() if p.grad is not None)
+def parameters_bytes(parameters: Iterable[torch.Tensor]) -> int:
+    return sum(tensor_bytes(p) for p in parameters)
+
+
+def gradients_bytes(parameters: Iterable[torch.Tensor]) -> int:
+    return sum(tensor_bytes(p.grad) for p in parameters if p.grad is not None)
 
 
 def optimizer_bytes(optimizer: torch.optim.Optimizer) -> int:
@@ -45,13 +52,13 @@ def optimizer_bytes(optimizer: torch.optim.Optimizer) -> int:
 class MemoryProbe:
     """Takes a :class:`MemorySnapshot` at the end of each step."""
 
-    def __init__(self, *, rank: int, modules: list[nn.Module], optimizer: torch.optim.Optimizer | None,
+    def __init__(self, *, rank: int, parameters: list[torch.Tensor], optimizer: torch.optim.Optimizer | None,
                  device: torch.device) -> None:
         self.rank = rank
-        self.modules = modules
+        self.parameters = parameters
         self.optimizer = optimizer
         self.device = device
-        self.weights_bytes = parameters_bytes(modules)  # parameters do not change size
+        self.weights_bytes = parameters_bytes(parameters)  # parameters do not change size
         self._process = psutil.Process()
         self._static: tuple[int, int] | None = None
         self._snapshots = 0
@@ -63,7 +70,7 @@ class MemoryProbe:
     def snapshot(self, step: int, *, kv_cache_bytes: int | None = None) -> MemorySnapshot:
         if self._static is None or self._snapshots < 2 or self._snapshots % RECOUNT_EVERY == 0:
             optimizer_state = optimizer_bytes(self.optimizer) if self.optimizer is not None else 0
-            self._static = (gradients_bytes(self.modules), optimizer_state)
+            self._static = (gradients_bytes(self.parameters), optimizer_state)
         self._snapshots += 1
         grads, optimizer = self._static
         allocated = reserved = peak = used = total = activations = rss = None

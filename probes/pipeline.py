@@ -33,10 +33,14 @@ STAGE_METHODS = {
 class StageProbe:
     """Emits a :class:`StageAction` for every stage action of this rank and sums its P2P waits."""
 
-    def __init__(self, *, rank: int, emit: Callable[[Event], None], step: Callable[[], int | None]) -> None:
+    def __init__(self, *, rank: int, emit: Callable[[Event], None], step: Callable[[], int | None],
+                 on_stage: Callable[[tuple[int, ...]], None] | None = None) -> None:
         self.rank = rank
         self.emit = emit
         self.step = step
+        self.on_stage = on_stage
+        """Called with this rank's stages (sorted) each time it runs a stage it had not run before."""
+        self._stages: set[int] = set()
         self._patches = Patches()
         self._wait_ns = 0
 
@@ -62,6 +66,9 @@ class StageProbe:
         probe = self
 
         def timed(stage_self: Any, chunk_id: int, *args: Any, **kwargs: Any) -> Any:
+            if probe.on_stage is not None and stage_self.stage_index not in probe._stages:
+                probe._stages.add(stage_self.stage_index)
+                probe.on_stage(tuple(sorted(probe._stages)))
             start_ns = time.time_ns()
             try:
                 return original(stage_self, chunk_id, *args, **kwargs)

@@ -15,11 +15,12 @@ import torch
 import torch.distributed as dist
 from torch.distributed.elastic.multiprocessing.errors import record
 
+from probes.collectives import GroupDirectory
 from probes.events import RankStarted, StageAction, StepTiming
 from probes.instrument import Instrumentation
-from probes.shipper import EventShipper
+from probes.memory import parameters_of
+from probes.shipper import EventShipper, open_sink
 from probes.sink import EventSink
-from probes.wire import ADDRESS_ENV, TOKEN_ENV, parse_address
 from runner.faults import Fault, fault_from_env
 from runner.mesh import MeshCoordinates, build_mesh, coordinates, local_device
 from runner.plan import ResolvedRun
@@ -28,14 +29,6 @@ from runner.train import build_training, timed_step
 
 MEMORY_EVERY_NS = 500_000_000
 """Inference reports memory twice a second, not after each of its many small ops."""
-
-
-def open_sink(rank: int) -> EventSink:
-    """The collector named by the launcher's environment; a do-nothing sink without one."""
-    address, token = os.environ.get(ADDRESS_ENV), os.environ.get(TOKEN_ENV)
-    if not address or not token:
-        return EventSink()
-    return EventShipper(address=parse_address(address), token=token, rank=rank)
 
 
 def rank_started(coords: MeshCoordinates, device: torch.device, *, stages: tuple[int, ...],
@@ -49,7 +42,7 @@ def train_rank(run: ResolvedRun, *, mesh: Any, coords: MeshCoordinates, device: 
                probes: Instrumentation, fault: Fault | None) -> None:
     rank = coords.rank
     job = build_training(run, mesh=mesh, coords=coords, device=device)
-    probes.watch_memory(modules=job.modules, optimizer=job.optimizer)
+    probes.watch_memory(parameters=parameters_of(job.modules), optimizer=job.optimizer)
     sink.emit(rank_started(coords, device, stages=tuple(job.stage_indices) if run.pp > 1 else (),
                            local_parameters=job.local_parameters()))
     tokens = run.batch_size * run.seq_len
@@ -69,7 +62,7 @@ def serve_rank(run: ResolvedRun, *, mesh: Any, coords: MeshCoordinates, device: 
     """Serve the load: each op of the replica is this rank's step (its time since the previous op ended)."""
     rank = coords.rank
     job = build_serving(run, mesh=mesh, coords=coords, device=device)
-    probes.watch_memory(modules=[job.model], optimizer=None)
+    probes.watch_memory(parameters=parameters_of([job.model]), optimizer=None)
     sink.emit(rank_started(coords, device, stages=(coords.pp,) if run.pp > 1 else (),
                            local_parameters=job.local_parameters()))
     dist.barrier()  # the replicas start their loads together
@@ -111,7 +104,7 @@ def main(argv: list[str]) -> None:
         sink.before_shipment = probes.shipment
     try:
         mesh = build_mesh(device_type=run.device, pp=run.pp, dp=run.dp, tp=run.tp)
-        probes.install(mesh=mesh, pipeline=run.pp > 1 and run.mode == "train")
+        probes.install(groups=GroupDirectory.from_mesh(mesh), pipeline=run.pp > 1 and run.mode == "train")
         coords = coordinates(rank, dp=run.dp, tp=run.tp)
         if run.mode == "infer":
             serve_rank(run, mesh=mesh, coords=coords, device=device, sink=sink, probes=probes, fault=fault)

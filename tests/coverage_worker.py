@@ -21,7 +21,7 @@ import torch.distributed as dist
 from torch.distributed.tensor.debug import CommDebugMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from probes.collectives import C10D_OPS
+from probes.collectives import C10D_OPS, GroupDirectory
 from probes.events import CollectiveTiming, Event
 from probes.instrument import Instrumentation
 from probes.sink import EventSink
@@ -84,7 +84,7 @@ def main(run_path: str, out_dir: str) -> None:
     sink = ListSink()
     probes = Instrumentation(rank=rank, sink=sink, device=device, enabled=True)
     mesh = build_mesh(device_type=run.device, pp=run.pp, dp=run.dp, tp=run.tp)
-    probes.install(mesh=mesh, pipeline=run.pp > 1)
+    probes.install(groups=GroupDirectory.from_mesh(mesh), pipeline=run.pp > 1)
     job = build_training(run, mesh=mesh, coords=coordinates(rank, dp=run.dp, tp=run.tp), device=device)
     for step in range(4):
         probes.step_started(step)

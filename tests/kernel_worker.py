@@ -26,6 +26,7 @@ import torch.distributed as dist
 from torch.distributed._functional_collectives import all_reduce as functional_all_reduce
 from torch.distributed._functional_collectives import wait_tensor
 
+from probes.collectives import GroupDirectory
 from probes.events import CollectiveTiming, SamplerError
 from probes.instrument import Instrumentation
 from runner.mesh import build_mesh
@@ -97,7 +98,7 @@ def main(out_dir: str) -> None:
     probes = Instrumentation(rank=rank, sink=sink, device=torch.device("cpu"), enabled=True)
     mesh = build_mesh(device_type="cpu", pp=1, dp=1, tp=2)
     other = dist.new_group([0, 1])  # before the hooks: its set-up traffic is not one of the expected operations
-    probes.install(mesh=mesh, pipeline=False)
+    probes.install(groups=GroupDirectory.from_mesh(mesh), pipeline=False)
     tp = mesh.get_group("tp")
     assert other.group_name != tp.group_name
     probes.step_started(3)

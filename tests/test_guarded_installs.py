@@ -18,6 +18,7 @@ import torch.distributed as dist
 from torch._C._distributed_c10d import Work
 from torch.distributed.pipelining import schedules, stage
 
+from probes.collectives import GroupDirectory
 from probes.events import CollectiveTiming, ProbeOff, StageAction, StepTiming
 from probes.instrument import OVERHEAD_BLOCK_ENV, Instrumentation
 from probes.patching import MissingInternal, require
@@ -82,7 +83,7 @@ def test_a_probe_that_fails_half_way_is_put_back_reported_once_and_the_others_st
     before = stage_hooks()
     sink = ListSink()
     probes = Instrumentation(rank=0, sink=sink, device=CPU, enabled=True)
-    probes.install(mesh=build_mesh(device_type="cpu", pp=1, dp=1, tp=1), pipeline=True)
+    probes.install(groups=GroupDirectory.from_mesh(build_mesh(device_type="cpu", pp=1, dp=1, tp=1)), pipeline=True)
     assert probes_offs(sink) == [(0, "pipeline stages", "RuntimeError: cannot time the wait")]
     assert stage_hooks() == before
     probes.step_started(0)
@@ -102,7 +103,7 @@ def test_the_python_collective_kernel_is_left_off_where_torch_lacks_its_dispatch
     wait = vars(Work)["wait"]
     sink = ListSink()
     probes = Instrumentation(rank=0, sink=sink, device=CPU, enabled=True)
-    probes.install(mesh=build_mesh(device_type="cpu", pp=1, dp=1, tp=1), pipeline=False)
+    probes.install(groups=GroupDirectory.from_mesh(build_mesh(device_type="cpu", pp=1, dp=1, tp=1)), pipeline=False)
     assert probes_offs(sink) == [
         (0, "collectives", f"torch {torch.__version__} has no torch._C._dispatch_keyset_full_after")]
     assert vars(Work)["wait"] is wait
@@ -117,7 +118,7 @@ def test_the_benchmark_switch_turns_the_hooks_on_and_off_every_block_of_steps_an
     monkeypatch.setenv(OVERHEAD_BLOCK_ENV, "2")
     wait = vars(Work)["wait"]
     probes = Instrumentation(rank=0, sink=ListSink(), device=CPU, enabled=True)
-    probes.install(mesh=build_mesh(device_type="cpu", pp=1, dp=1, tp=1), pipeline=False)
+    probes.install(groups=GroupDirectory.from_mesh(build_mesh(device_type="cpu", pp=1, dp=1, tp=1)), pipeline=False)
     on_in_step = []
     for step in range(6):
         probes.step_started(step)
@@ -133,7 +134,7 @@ def test_the_benchmark_switch_turns_the_hooks_on_and_off_every_block_of_steps_an
     probes.uninstall()
 
     off = Instrumentation(rank=0, sink=ListSink(), device=CPU, enabled=False)  # --no-instrument: nothing to switch
-    off.install(mesh=build_mesh(device_type="cpu", pp=1, dp=1, tp=1), pipeline=False)
+    off.install(groups=GroupDirectory.from_mesh(build_mesh(device_type="cpu", pp=1, dp=1, tp=1)), pipeline=False)
     off.step_started(0)
     assert not off.enabled and vars(Work)["wait"] is wait
 
