@@ -18,7 +18,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import psutil
@@ -93,28 +93,69 @@ class JobResult:
         return tuple(sorted(failed, key=lambda r: (r.rank != self.root_cause, r.rank)))
 
 
-def worker_environment(run: ResolvedRun, collector: Collector) -> dict[str, str]:
-    """The environment of the launcher and its ranks."""
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Launch:
+    """What :class:`Job` starts: torchrun's arguments and what the ranks' environment adds.
+
+    The built-in runner's is :func:`builtin_launch`; a user's script's is
+    :func:`runner.script.script_launch`.
+    """
+
+    launcher_args: tuple[str, ...]
+    """torchrun's arguments, the program and its arguments included."""
+    world_size: int
+    native_kernel: bool
+    """Time gloo's collectives with the C++ kernel (the launcher builds it); off for nccl and unhooked runs."""
+    quiet_s: float = 0.0
+    """The longest quiet time the work allows (an inference load's longest gap): hang detection waits longer."""
+    env: dict[str, str] = field(default_factory=dict)
+    """Set in the ranks' environment (over the user's)."""
+    pythonpath: tuple[str, ...] = ()
+    """Put first on the ranks' ``PYTHONPATH``, before meshtop's own root."""
+
+
+def builtin_launch(run: ResolvedRun, session_dir: Path) -> Launch:
+    """The built-in runner's launch: ``runner.worker`` on every rank, reading the run from ``run.json``."""
+    session_dir.mkdir(parents=True, exist_ok=True)
+    run_path = session_dir / "run.json"
+    run_path.write_text(json.dumps(run.to_json(), indent=2))
+    return Launch(
+        launcher_args=("--standalone", "--nnodes=1", f"--nproc-per-node={run.world_size}", "--max-restarts=0",
+                       "-m", "runner.worker", str(run_path)),
+        world_size=run.world_size, native_kernel=run.device == "cpu" and run.instrument,
+        quiet_s=longest_gap_s(run.load) if run.load is not None else 0.0,
+    )
+
+
+def rank_environment(launch: Launch) -> dict[str, str]:
+    """The environment of the launcher and its ranks, less the collector's address and token."""
     env = dict(os.environ)
+    env.setdefault(NCCL_TIMING_ENV, "1")  # nccl times each operation with CUDA events
+    if not launch.native_kernel:
+        env[NATIVE_ENV] = "off"  # the C++ collective probe times gloo only; the agent builds it otherwise
+    env["PYTHONUNBUFFERED"] = "1"
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, (*launch.pythonpath, str(PROJECT_ROOT), env.get("PYTHONPATH"))))
+    if "OMP_NUM_THREADS" not in env:
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+        env["OMP_NUM_THREADS"] = str(max(1, cores // launch.world_size))
+    env.update(launch.env)
+    return env
+
+
+def worker_environment(launch: Launch, collector: Collector) -> dict[str, str]:
+    """The environment of the launcher and its ranks."""
+    env = rank_environment(launch)
     host, port = collector.address
     env[ADDRESS_ENV] = f"{host}:{port}"
     env[TOKEN_ENV] = collector.token
-    env.setdefault(NCCL_TIMING_ENV, "1")  # nccl times each operation with CUDA events
-    if run.device != "cpu" or not run.instrument:
-        env[NATIVE_ENV] = "off"  # the C++ collective probe times gloo only; the agent builds it otherwise
-    env["PYTHONUNBUFFERED"] = "1"
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, (str(PROJECT_ROOT), env.get("PYTHONPATH"))))
-    if "OMP_NUM_THREADS" not in env:
-        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-        env["OMP_NUM_THREADS"] = str(max(1, cores // run.world_size))
     return env
 
 
 class Job:
-    """One launched run: its launcher process, the ranks it spawned, their event files."""
+    """One launched job: its launcher process, the ranks it spawned, their event files."""
 
-    def __init__(self, run: ResolvedRun, session_dir: Path) -> None:
-        self.run = run
+    def __init__(self, launch: Launch, session_dir: Path) -> None:
+        self.launch = launch
         self.session_dir = session_dir
         self.log_path = session_dir / "launcher.log"
         self._status_path = session_dir / "status.json"
@@ -126,18 +167,12 @@ class Job:
 
     def start(self) -> None:
         self.session_dir.mkdir(parents=True, exist_ok=True)
-        run_path = self.session_dir / "run.json"
-        run_path.write_text(json.dumps(self.run.to_json(), indent=2))
         self.collector.start()
-        command = [
-            sys.executable, "-m", "runner.agent", str(self._status_path),
-            "--standalone", "--nnodes=1", f"--nproc-per-node={self.run.world_size}", "--max-restarts=0",
-            "-m", "runner.worker", str(run_path),
-        ]
+        command = [sys.executable, "-m", "runner.agent", str(self._status_path), *self.launch.launcher_args]
         with self.log_path.open("ab") as log:
             self._process = subprocess.Popen(
                 command, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                env=worker_environment(self.run, self.collector), start_new_session=True,
+                env=worker_environment(self.launch, self.collector), start_new_session=True,
             )
         self._started = time.monotonic()
 
@@ -187,7 +222,7 @@ class Job:
     def result(self, *, interrupted: bool, hang: HangDetected | None = None) -> JobResult:
         assert self._process is not None, "start() first"
         duration = time.monotonic() - self._started
-        world = range(self.run.world_size)
+        world = range(self.launch.world_size)
         if hang is not None:
             why = f"stopped: no rank made progress for {hang.silent_s:.0f} s (hang)"
             ranks = tuple(RankExit(rank=r, exit_code=None, signal=None, error=why) for r in world)
@@ -283,11 +318,11 @@ def lifecycle_events(result: JobResult) -> list[Event]:
     return events
 
 
-def run_job(run: ResolvedRun, *, session_dir: Path,
+def run_job(launch: Launch, *, session_dir: Path,
             on_events: Callable[[Arrivals], None] = lambda arrivals: None,
             node_probes: NodeProbes = NodeProbes(),
             control: JobControl | None = None, hang_timeout_s: float | None = None) -> JobResult:
-    """Launch ``run``, pass its events (and the node samplers') to ``on_events``, and wait for the end.
+    """Start ``launch``, pass its events (and the node samplers') to ``on_events``, and wait for the end.
 
     ``control`` carries requests from another thread: py-spy dumps of ranks,
     delivered as events, and a stop. A ``KeyboardInterrupt`` (Ctrl-C, or
@@ -298,9 +333,8 @@ def run_job(run: ResolvedRun, *, session_dir: Path,
     then the job is stopped (``failed``) if ``control.stop_on_hang``.
     """
     control = control if control is not None else JobControl()
-    hangs = HangWatch(run.world_size, timeout_s=hang_timeout_s,
-                      quiet_s=longest_gap_s(run.load) if run.load is not None else 0.0)
-    job = Job(run, session_dir)
+    hangs = HangWatch(launch.world_size, timeout_s=hang_timeout_s, quiet_s=launch.quiet_s)
+    job = Job(launch, session_dir)
     node_events: queue.SimpleQueue[list[Event]] = queue.SimpleQueue()
     processes = ProcessSampler(rate_hz=node_probes.process_hz, emit=node_events.put)
     samplers = (GpuSampler(rate_hz=node_probes.gpu_hz, emit=node_events.put), processes)

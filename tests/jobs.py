@@ -12,7 +12,7 @@ import psutil
 
 from probes.events import Event, RankStarted, StepTiming
 from recordings.metrics.steps import JobStep, StepFolder
-from runner.launch import JobResult, run_job
+from runner.launch import JobResult, builtin_launch, run_job
 from runner.plan import ResolvedRun, RunSpec, resolve
 from tui.cli import gpus_visible
 
@@ -61,7 +61,7 @@ def launch(session_dir: Path, env: dict[str, str] | None = None, device: str = "
     run = resolve(RunSpec(device=device, **spec), gpus_visible=gpus)  # type: ignore[arg-type]
     events: list[Event] = []
     with environment(**(env or {})):
-        result = run_job(run, session_dir=session_dir / "session",
+        result = run_job(builtin_launch(run, session_dir / "session"), session_dir=session_dir / "session",
                          on_events=lambda arrivals: events.extend(arrivals.events()))
     return LaunchedRun(run=run, result=result, events=events)
 
