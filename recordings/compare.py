@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 from scipy.stats import mannwhitneyu
 
-from recordings.manifest import LOAD_WORK
+from recordings.manifest import LOAD_WORK, Script
 from recordings.metrics.requests import LATENCIES
 from recordings.metrics.run import RunFold
 from recordings.reader import Recording
@@ -56,9 +56,11 @@ def unfair_differences(a: Recording, b: Recording) -> list[str]:
     """Why the two runs did not do the same work, if they did not."""
     run_a, run_b = a.manifest.run, b.manifest.run
     warnings = []
-    if run_a.model.name != run_b.model.name:
+    if run_a.name != run_b.name:
         verb = "served" if run_a.inference else "trained"
-        warnings.append(f"the runs {verb} different models ({run_a.model.name} vs {run_b.model.name})")
+        warnings.append(f"the runs {verb} different models ({run_a.name} vs {run_b.name})")
+    if run_a.script is not None and run_b.script is not None:
+        warnings.extend(script_differences(run_a.script, run_b.script))
     for key in SAME_WORK:
         if getattr(run_a, key) != getattr(run_b, key):
             warnings.append(f"the runs differ in {key} ({getattr(run_a, key)} vs {getattr(run_b, key)})")
@@ -68,6 +70,18 @@ def unfair_differences(a: Recording, b: Recording) -> list[str]:
                 warnings.append(f"the runs differ in load {key} ({getattr(run_a.load, key)} vs "
                                 f"{getattr(run_b.load, key)})")
     return warnings
+
+
+def script_differences(a: Script, b: Script) -> list[str]:
+    """Why two runs of scripts may not have done the same work: other code, arguments or launch."""
+    differences = []
+    if a.sha256 != b.sha256:
+        differences.append(f"the scripts differ (sha256 {(a.sha256 or '-')[:12]} vs {(b.sha256 or '-')[:12]})")
+    for what, value_a, value_b in (("script arguments", a.args, b.args), ("tokens per step", a.tokens_per_step,
+                                                                           b.tokens_per_step)):
+        if value_a != value_b:
+            differences.append(f"the runs differ in {what} ({value_a} vs {value_b})")
+    return differences
 
 
 def _step_metrics(a: RunFold, b: RunFold) -> list[dict[str, Any]]:

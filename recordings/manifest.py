@@ -90,32 +90,81 @@ class Load:
     slo_tpot_ms: float | None = None
 
 
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Script:
+    """A user's own script that meshtop launched under torchrun: enough to run it again, and to tell two
+    runs of different code apart."""
+
+    command: tuple[str, ...]
+    """What followed ``--`` on meshtop's command line."""
+    launcher_args: tuple[str, ...]
+    """torchrun's arguments as meshtop passed them on (its own ``--standalone --nproc-per-node`` where the
+    command gave none), the script and its arguments included."""
+    path: str | None
+    """Absolute path of the script (``None`` for ``-m MODULE``)."""
+    module: str | None
+    args: tuple[str, ...]
+    sha256: str | None
+    """Of the script file when it was launched."""
+    working_dir: str
+    environment: dict[str, str] = field(default_factory=dict)
+    """The ranks' ``*_NUM_THREADS``, ``NCCL_*``, ``TORCH_*``, ``PYTORCH_*`` and ``CUDA_VISIBLE_DEVICES``."""
+    tokens_per_step: int | None = None
+
+    @property
+    def name(self) -> str:
+        """``train.py`` or ``-m pkg.train``."""
+        return Path(self.path).name if self.path is not None else f"-m {self.module}"
+
+
 LOAD_WORK = ("requests", "concurrency", "request_rate_per_s", "prompt_len", "output_len", "max_batch")
 """What makes two loads the same work (the seed and the SLOs do not change the work done)."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class RunDescription:
-    """What ran: plan, model, lengths, load."""
+    """What ran: plan, model, lengths, load; or a user's script (then the plan is its world size alone,
+    and the model, lengths and dtype are the script's own, not known here)."""
 
     plan: Plan
     mode: str
     """``train`` or ``infer``."""
-    model: Model
-    dtype: str
+    model: Model | None
+    """``None`` for a script."""
+    dtype: str | None
+    """``None`` for a script."""
     device: str
     steps: int | None
     """Training steps asked for (``None`` for inference)."""
     batch_size: int | None
     microbatch_size: int | None
     seq_len: int | None
-    seed: int
+    seed: int | None
     instrumented: bool
     load: Load | None = None
+    script: Script | None = None
+
+    @property
+    def name(self) -> str:
+        """What ran, in a word: the model preset, or the script."""
+        if self.script is not None:
+            return self.script.name
+        return self.model.name if self.model is not None else "?"
 
     @property
     def inference(self) -> bool:
         return self.mode == INFER_MODE
+
+    @property
+    def may_pipeline(self) -> bool:
+        """Whether stage actions can come: a training pipeline plan, or a script (it may use pipelining)."""
+        return not self.inference and (self.plan.pp > 1 or self.script is not None)
+
+    @property
+    def stage_period(self) -> int | None:
+        """A stage's pipeline rank is its index modulo this (the runner's interleaved stages); ``None`` for
+        a script, whose stages' places meshtop does not know: each stage index is then its own."""
+        return self.plan.pp if self.script is None else None
 
     @property
     def world_size(self) -> int:

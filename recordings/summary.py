@@ -6,6 +6,7 @@ docs/recordings.md.
 
 from __future__ import annotations
 
+from dataclasses import asdict
 from typing import Any
 
 from recordings.metrics.run import COLUMNAR, EVENT_KINDS, RunFold, fold_tables
@@ -30,9 +31,11 @@ def run_section(recording: Recording) -> dict[str, Any]:
     run = recording.manifest.run
     plan = run.plan
     return {
-        "dp": plan.dp, "tp": plan.tp, "pp": plan.pp, "fsdp": plan.fsdp, "world_size": plan.world_size,
-        "mode": run.mode, "schedule": plan.schedule, "microbatches": plan.microbatches, "model": run.model.name,
+        "label": plan.label, "dp": plan.dp, "tp": plan.tp, "pp": plan.pp, "fsdp": plan.fsdp,
+        "world_size": plan.world_size, "mode": run.mode, "schedule": plan.schedule, "microbatches": plan.microbatches,
+        "model": run.model.name if run.model is not None else None,
         "device": run.device, "dtype": run.dtype, "instrumented": run.instrumented, "status": job_status(recording),
+        "script": asdict(run.script) if run.script is not None else None,
     }
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shlex
 import signal
 import time
 from collections.abc import Callable
@@ -10,12 +11,13 @@ from typing import TextIO
 
 from probes.arrivals import Arrivals
 from probes.events import EventsDropped, HangDetected, ProbeOff, RequestDone, StackDump
-from recordings.manifest import Manifest, RunDescription
+from recordings.manifest import Manifest
 from recordings.metrics.requests import RequestFigures, RequestFold
 from recordings.metrics.steps import JobStep, StepFigures, StepStats
 from runner.launch import JobControl, JobResult, NodeProbes
 from runner.plan import ResolvedRun
-from runner.session import run_session
+from runner.script import ScriptRun
+from runner.session import Work, describe, run_session
 
 PROGRESS_LINES = 20
 """About this many step lines per run, evenly spaced..."""
@@ -25,7 +27,9 @@ CONSOLE_KINDS = ("stack_dump", "hang", "request", "events_dropped", "probe_off")
 """The kinds ``record`` prints from: the rest of the job's events go to the recording undecoded."""
 
 
-def headline(run: ResolvedRun) -> str:
+def headline(run: Work) -> str:
+    if isinstance(run, ScriptRun):
+        return f"meshtop: {run.plan_label()} · {run.device} · {shlex.join(run.command)}"
     params = run.shape.parameter_count()
     size = f"{params / 1e9:.1f}B" if params >= 1e9 else f"{params / 1e6:.1f}M"
     start = f"meshtop: {run.plan_label()} · model {run.shape.name} ({size} params) · {run.device} {run.dtype} · "
@@ -42,9 +46,10 @@ def span(bounds: tuple[int, int]) -> str:
     return str(bounds[0]) if bounds[0] == bounds[1] else f"{bounds[0]}-{bounds[1]}"
 
 
-def step_line(step: JobStep, total: int) -> str:
+def step_line(step: JobStep, total: int | None) -> str:
     loss = f"loss {step.loss:.4f}" if step.loss is not None else "loss -"
-    return f"step {step.step + 1:>4}/{total}  {loss}  {step.duration_s:.3f} s  {step.tokens_per_s:,.0f} tok/s"
+    rate = f"{step.tokens_per_s:,.0f} tok/s" if step.tokens else "- tok/s"
+    return f"step {step.step + 1:>4}/{total or '?'}  {loss}  {step.duration_s:.3f} s  {rate}"
 
 
 def clock(seconds: float) -> str:
@@ -58,8 +63,9 @@ class Progress:
     BAR = 24
     REDRAW_S = 0.1
 
-    def __init__(self, run: ResolvedRun, out: TextIO) -> None:
-        self.run = run
+    def __init__(self, total_steps: int | None, out: TextIO) -> None:
+        self.total_steps = total_steps
+        """``None`` where the job does not say (a user's script)."""
         self.out = out
         self.live = out.isatty()
         self.started = time.monotonic()
@@ -69,10 +75,10 @@ class Progress:
 
     def update(self, step: JobStep, events: int) -> None:
         """A training step is complete."""
-        done, total = step.step + 1, self.run.steps
+        done, total = step.step + 1, self.total_steps
         self._step_s += step.duration_s
-        self.show(done, total, step_line(step, total), events=events,
-                  eta_s=self._step_s / done * (total - done))  # steps to go at the mean step time so far
+        eta_s = self._step_s / done * (total - done) if total else None  # steps to go at the mean step time so far
+        self.show(done, total, step_line(step, total), events=events, eta_s=eta_s)
 
     def request_done(self, requests: RequestFold, events: int) -> None:
         """A request of an inference load is answered (or failed)."""
@@ -81,19 +87,22 @@ class Progress:
         self.show(done, total, lambda: requests_line(requests.figures()), events=events,
                   eta_s=elapsed / done * (total - done))
 
-    def show(self, done: int, total: int, text: str | Callable[[], str], *, events: int, eta_s: float) -> None:
-        """Draw the progress (``text`` made only if drawn: a request's figures take a fold of the load)."""
+    def show(self, done: int, total: int | None, text: str | Callable[[], str], *, events: int,
+             eta_s: float | None) -> None:
+        """Draw the progress (``text`` made only if drawn: a request's figures take a fold of the load);
+        without a ``total``, no bar and no ETA."""
         now = time.monotonic()
-        extra = f"  elapsed {clock(now - self.started)}  ETA {clock(eta_s)}  {events:,} events"
+        eta = f"  ETA {clock(eta_s)}" if eta_s is not None else ""
+        extra = f"  elapsed {clock(now - self.started)}{eta}  {events:,} events"
         if self.live:
             if now - self._last >= self.REDRAW_S or done == total:
-                filled = self.BAR * done // max(1, total)
-                bar = "#" * filled + "." * (self.BAR - filled)
-                self.out.write(f"\r[{bar}] {text if isinstance(text, str) else text()}{extra}\x1b[K")
+                filled = self.BAR * done // max(1, total or 1)
+                bar = f"[{'#' * filled + '.' * (self.BAR - filled)}] " if total else ""
+                self.out.write(f"\r{bar}{text if isinstance(text, str) else text()}{extra}\x1b[K")
                 self.out.flush()
                 self._last, self._drawn = now, True
             return
-        evenly = (done - 1) % max(1, total // PROGRESS_LINES) == 0
+        evenly = (done - 1) % max(1, (total or 1) // PROGRESS_LINES) == 0
         if evenly or now - self._last >= QUIET_LIMIT_S or done == total:
             print((text if isinstance(text, str) else text()) + extra, file=self.out, flush=True)
             self._last = now
@@ -126,11 +135,12 @@ def verdict(result: JobResult, steps: StepFigures | None, requests: RequestFigur
         return [f"completed in {result.duration_s:.1f} s: {requests_line(requests).removeprefix('requests').strip()}"]
     if result.status == "completed":
         median = (steps.time_s["p50"] if steps else None) or 0.0
-        rate = (steps.tokens_per_s if steps else None) or 0.0
+        rate = steps.tokens_per_s if steps else None
         loss = steps.last_loss if steps else None
         final = f", final loss {loss:.4f}" if loss is not None else ""
+        throughput = f", {rate:,.0f} tok/s" if rate is not None else ""
         return [f"completed in {result.duration_s:.1f} s: {steps.count if steps else 0} steps, median step "
-                f"{median:.3f} s, {rate:,.0f} tok/s{final}"]
+                f"{median:.3f} s{throughput}{final}"]
     if result.status == "interrupted":
         return [f"interrupted after {result.duration_s:.1f} s: every rank stopped"]
     if result.hang is not None:
@@ -154,7 +164,7 @@ def stack_dump_lines(dump: StackDump) -> list[str]:
     return [f"stack of rank {dump.rank} (pid {dump.pid}):", *("  " + line for line in (dump.text or "").splitlines())]
 
 
-def follow_job(run: ResolvedRun, *, session_dir: Path, out: TextIO,
+def follow_job(run: Work, *, session_dir: Path, out: TextIO,
                manifest: Manifest | None = None, node_probes: NodeProbes = NodeProbes(),
                hang_timeout_s: float | None = None) -> JobResult:
     """Run the job, printing progress to ``out``; record it when a ``manifest`` is given.
@@ -167,9 +177,9 @@ def follow_job(run: ResolvedRun, *, session_dir: Path, out: TextIO,
     previous_usr1 = signal.signal(signal.SIGUSR1, lambda signum, frame: control.ask_stacks())
     steps = StepStats()
     received = 0
-    progress = Progress(run, out)
-    description = manifest.run if manifest is not None else RunDescription.from_json(run.describe())
-    requests = RequestFold(description.load, replicas=run.dp) if description.load is not None else None
+    progress = Progress(run.steps if isinstance(run, ResolvedRun) else None, out)
+    description = manifest.run if manifest is not None else describe(run)
+    requests = RequestFold(description.load, replicas=description.plan.dp) if description.load is not None else None
     probes_off: set[tuple[str, str]] = set()
 
     def on_events(arrivals: Arrivals, completed: list[JobStep]) -> None:

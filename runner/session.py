@@ -7,15 +7,28 @@ front end watches it.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from pathlib import Path
 
 from probes.arrivals import Arrivals
-from recordings.manifest import Manifest, RankEnd, RunDescription
+from recordings.manifest import Manifest, Plan, RankEnd, RunDescription, Script
 from recordings.metrics.steps import JobStep
 from recordings.recorder import Ending, SessionRecorder
-from runner.launch import JobControl, JobResult, NodeProbes, run_job
+from runner.launch import JobControl, JobResult, Launch, NodeProbes, builtin_launch, rank_environment, run_job
 from runner.plan import ResolvedRun
+from runner.script import (
+    ATTACH_ENV,
+    BOOTSTRAP_DIR,
+    DEVICE_ENV,
+    INSTRUMENT_ENV,
+    TOKENS_ENV,
+    ScriptRun,
+    environment_that_matters,
+)
+
+Work = ResolvedRun | ScriptRun
+"""What a session runs: the built-in runner's plan, or a user's own script."""
 
 
 def ending_of(result: JobResult) -> Ending:
@@ -25,7 +38,43 @@ def ending_of(result: JobResult) -> Ending:
                   root_cause_rank=result.root_cause, hang=result.hang)
 
 
-def run_session(run: ResolvedRun, *, directory: Path, manifest: Manifest | None,
+def script_launch(script: ScriptRun) -> Launch:
+    """The script under torchrun, with meshtop's bootstrap first on its path."""
+    env = {ATTACH_ENV: "1", DEVICE_ENV: script.device, INSTRUMENT_ENV: "1" if script.instrument else "0"}
+    if script.tokens_per_step is not None:
+        env[TOKENS_ENV] = str(script.tokens_per_step)
+    return Launch(launcher_args=script.launcher_args, world_size=script.world_size,
+                  native_kernel=script.device == "cpu" and script.instrument, env=env,
+                  pythonpath=(str(BOOTSTRAP_DIR),))
+
+
+def launch_of(work: Work, directory: Path) -> Launch:
+    return builtin_launch(work, directory) if isinstance(work, ResolvedRun) else script_launch(work)
+
+
+def describe(work: Work) -> RunDescription:
+    """The run description a recording of ``work`` holds."""
+    if isinstance(work, ResolvedRun):
+        return RunDescription.from_json(work.describe())
+    environment = environment_that_matters(rank_environment(script_launch(work)))
+    return script_description(work, environment)
+
+
+def script_description(script: ScriptRun, environment: dict[str, str]) -> RunDescription:
+    """The run description of ``script``: its world size as the plan, the rest its own."""
+    n = script.world_size
+    plan = Plan(dp=n, tp=1, pp=1, fsdp=False, world_size=n, schedule=None, microbatches=None,
+                label=script.plan_label())
+    section = Script(command=script.command, launcher_args=script.launcher_args,
+                     path=str(script.script) if script.script is not None else None, module=script.module,
+                     args=script.script_args, sha256=script.sha256, working_dir=os.getcwd(),
+                     environment=environment, tokens_per_step=script.tokens_per_step)
+    return RunDescription(plan=plan, mode="train", model=None, dtype=None, device=script.device, steps=None,
+                          batch_size=None, microbatch_size=None, seq_len=None, seed=None,
+                          instrumented=script.instrument, script=section)
+
+
+def run_session(work: Work, *, directory: Path, manifest: Manifest | None,
                 on_events: Callable[[Arrivals, list[JobStep]], None],
                 node_probes: NodeProbes = NodeProbes(), control: JobControl | None = None,
                 hang_timeout_s: float | None = None) -> JobResult:
@@ -35,7 +84,7 @@ def run_session(run: ResolvedRun, *, directory: Path, manifest: Manifest | None,
     completed; it decodes the kinds it needs. The recording is closed however
     the session ends.
     """
-    description = manifest.run if manifest is not None else RunDescription.from_json(run.describe())
+    description = manifest.run if manifest is not None else describe(work)
     recorder = SessionRecorder(description, directory, manifest)
     result = None
     broken = Ending(status="failed", duration_s=None)
@@ -44,8 +93,8 @@ def run_session(run: ResolvedRun, *, directory: Path, manifest: Manifest | None,
         on_events(arrivals, recorder.take(arrivals))
 
     try:
-        result = run_job(run, session_dir=directory, on_events=deliver, node_probes=node_probes, control=control,
-                         hang_timeout_s=hang_timeout_s)
+        result = run_job(launch_of(work, directory), session_dir=directory, on_events=deliver,
+                         node_probes=node_probes, control=control, hang_timeout_s=hang_timeout_s)
     except KeyboardInterrupt:
         broken = Ending(status="interrupted", duration_s=None)
         raise

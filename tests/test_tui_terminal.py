@@ -337,6 +337,25 @@ def test_a_completed_live_job_keeps_the_dashboard_until_q(
     assert manifest_status(session) == "completed"
 
 
+def test_a_users_own_script_runs_live_with_its_collectives_and_steps(
+        terminal: Callable[..., Terminal], tmp_path: Path) -> None:
+    runs = tmp_path / "runs"
+    term = terminal(["run", "--runs-dir", str(runs), "--", "torchrun", "--standalone", "--nproc-per-node=2",
+                     str(REPO / "examples" / "ddp.py"), "--steps", "6"], width=120, height=32, env=live_env())
+    screen = term.wait_text("● completed", timeout_s=JOB_S)
+    first, second = header_rows(screen)
+    assert "torchrun ddp.py (2 ranks) · 2× cpu" in first, screen
+    assert second.startswith(" step 6 "), screen  # no total: the script alone knows how many it takes
+    term.press("3")
+    comms = term.wait_text("all_reduce")
+    assert re.search(r"world\s+all_reduce", comms), comms
+    term.press("q")
+    assert term.wait_exit() == 0, term.everything()
+    sessions = [path for path in runs.iterdir() if path.is_dir()]
+    assert len(sessions) == 1 and sessions[0].name.endswith("-ddp"), sessions
+    assert manifest_status(sessions[0]) == "completed"
+
+
 @pytest.mark.slow
 def test_a_hang_in_a_live_job_shows_the_report_and_s_stops_the_job(
         terminal: Callable[..., Terminal], tmp_path: Path) -> None:

@@ -52,14 +52,18 @@ class HeaderBar(Static):
 
     def show(self, state: DashboardState, status: str, extra: str = "") -> None:
         info = state.info
-        params = info.model.parameters
-        size = f"{params / 1e9:.1f}B" if params >= 1e9 else f"{params / 1e6:.1f}M"
+        if info.model is not None:
+            params = info.model.parameters
+            size = f"{params / 1e9:.1f}B" if params >= 1e9 else f"{params / 1e6:.1f}M"
+            what = f"{info.model.name} {size} · {info.world_size}× {info.device} {info.dtype}"
+        else:
+            what = f"{info.world_size}× {info.device}"
         first = Text(no_wrap=True, overflow="ellipsis")
         first.append(" meshtop ", style="bold reverse")
         colour = {"running": "green", "completed": "green", "replaying": "cyan", "failed": "bold red",
                   "interrupted": "yellow", "stopping": "yellow"}.get(status, "white")
         first.append(f" ● {status} ", style=colour)
-        first.append(f" {info.plan.label} · {info.model.name} {size} · {info.world_size}× {info.device} {info.dtype}")
+        first.append(f" {info.plan.label} · {what}")
         second = Text(no_wrap=True, overflow="ellipsis")
         if extra:
             second.append(f" [{extra}]", style="bold yellow")

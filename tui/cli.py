@@ -35,14 +35,16 @@ from runner.plan import (
     MODES,
     SCHEDULES,
     PlanError,
-    ResolvedRun,
     RunSpec,
+    option,
     resolve,
 )
 from runner.presets import PRESETS
+from runner.script import ScriptRun, resolve_script
 
 if TYPE_CHECKING:
     from recordings.manifest import Manifest
+    from runner.session import Work
 
 EXIT_OK, EXIT_JOB_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
 RUNS_DIR_ENV = "MESHTOP_RUNS_DIR"
@@ -91,6 +93,11 @@ def add_plan_options(parser: argparse.ArgumentParser) -> None:
                       help=f"requests one replica decodes together, at most (default {DEFAULT_MAX_BATCH})")
     load.add_argument("--slo-ttft-ms", type=float, default=None, metavar="MS", help="goodput: time to first token at most MS")
     load.add_argument("--slo-tpot-ms", type=float, default=None, metavar="MS", help="goodput: time per output token at most MS")
+    builtin = [action for group in (plan, work, load) for action in group._group_actions if action.dest != "device"]
+    parser.set_defaults(builtin_defaults={action.dest: action.default for action in builtin})
+    script = parser.add_argument_group("your own script (after --)")
+    script.add_argument("--tokens-per-step", type=int, default=None, metavar="N",
+                        help="tokens the script's global batch holds per optimizer step: gives tokens/s")
     probes = parser.add_argument_group("probes")
     probes.add_argument("--no-instrument", dest="instrument", action="store_false",
                         help="no worker hooks (step timing stays), to measure their overhead")
@@ -123,9 +130,9 @@ def hang_timeout_from_args(args: argparse.Namespace) -> float | None:
 
 
 def node_probes_from_args(args: argparse.Namespace) -> NodeProbes:
-    for option, rate in (("--gpu-sample-hz", args.gpu_sample_hz), ("--process-sample-hz", args.process_sample_hz)):
+    for flag, rate in (("--gpu-sample-hz", args.gpu_sample_hz), ("--process-sample-hz", args.process_sample_hz)):
         if not rate > 0 or rate > 1000:
-            raise PlanError(f"{option} must be above 0 and at most 1000, got {rate:g}")
+            raise PlanError(f"{flag} must be above 0 and at most 1000, got {rate:g}")
     return NodeProbes(gpu_hz=args.gpu_sample_hz, process_hz=args.process_sample_hz)
 
 
@@ -135,19 +142,33 @@ def gpus_visible() -> int:
     return torch.cuda.device_count() if torch.cuda.is_available() else 0
 
 
-def resolve_args(args: argparse.Namespace) -> ResolvedRun:
-    spec = spec_from_args(args)
-    wants_gpu = spec.device != "cpu"
-    return resolve(spec, gpus_visible=gpus_visible() if wants_gpu else 0)
+def resolve_args(args: argparse.Namespace) -> Work:
+    """The built-in runner's plan, or the user's script given after ``--``."""
+    wants_gpu = args.device != "cpu"
+    if args.script is None:
+        if args.tokens_per_step is not None:
+            raise PlanError("--tokens-per-step is for a script given after -- (the built-in model counts its own)")
+        return resolve(spec_from_args(args), gpus_visible=gpus_visible() if wants_gpu else 0)
+    given = [dest for dest, default in args.builtin_defaults.items() if getattr(args, dest) != default]
+    if given:
+        raise PlanError(f"{option(given[0])} sets up the built-in model; a script given after -- runs its own "
+                        "(leave it out, or pass it to the script)")
+    if args.device == "cuda" and not gpus_visible():
+        raise PlanError("--device cuda: no CUDA GPU is visible")
+    return resolve_script(args.script, gpus_visible=gpus_visible() if wants_gpu else 0,
+                          instrument=args.instrument, tokens_per_step=args.tokens_per_step)
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = OneLineParser(prog="meshtop", description="A terminal dashboard and profiler for distributed PyTorch LLM jobs.")
     commands = parser.add_subparsers(dest="command", required=True, parser_class=OneLineParser)
     run = commands.add_parser("run", help="launch a job and watch it in the live dashboard",
+                              usage="meshtop run [options] [-- torchrun [torchrun options] SCRIPT [ARGS...]]",
                               description="Launch a training job (or, with --mode infer, a served load of "
                                           "requests) with the given parallel plan and watch it live; "
-                                          "the session is recorded into the runs folder unless --no-record.")
+                                          "the session is recorded into the runs folder unless --no-record. "
+                                          "After --, your own script instead: `torchrun [options] SCRIPT`, "
+                                          "`python -m torch.distributed.run ...`, `SCRIPT.py` or `-m MODULE`.")
     add_plan_options(run)
     session = run.add_argument_group("session")
     session.add_argument("--no-record", dest="record", action="store_false", help="do not keep a recording")
@@ -155,8 +176,11 @@ def build_parser() -> argparse.ArgumentParser:
                          help=f"where sessions are recorded (default ${RUNS_DIR_ENV} or ./{DEFAULT_RUNS_DIR})")
     run.set_defaults(handler=command_run)
     record = commands.add_parser("record", help="launch a job headless and record it into OUT",
+                                 usage="meshtop record OUT [options] [-- torchrun [torchrun options] SCRIPT [ARGS...]]",
                                  description="Launch a training job (or, with --mode infer, a served load of "
-                                             "requests) headless and record it into a new directory.")
+                                             "requests) headless and record it into a new directory. "
+                                             "After --, your own script instead: `torchrun [options] SCRIPT`, "
+                                             "`python -m torch.distributed.run ...`, `SCRIPT.py` or `-m MODULE`.")
     record.add_argument("out", type=Path, metavar="OUT", help="new directory for the recording")
     add_plan_options(record)
     record.set_defaults(handler=command_record)
@@ -200,11 +224,15 @@ def runs_directory(args: argparse.Namespace) -> Path:
     return args.runs_dir or Path(os.environ.get(RUNS_DIR_ENV) or DEFAULT_RUNS_DIR)
 
 
-def new_session_path(runs: Path, run: ResolvedRun) -> Path:
-    """``RUNS/20261129-154501-dp2-tp1-pp1``, with a suffix if that exists already."""
-    stem = f"{time.strftime('%Y%m%d-%H%M%S')}-{'fsdp' if run.fsdp else 'dp'}{run.dp}-tp{run.tp}-pp{run.pp}"
-    if run.mode == "infer":
-        stem += "-infer"
+def new_session_path(runs: Path, run: Work) -> Path:
+    """``RUNS/20261129-154501-dp2-tp1-pp1`` (a script: ``RUNS/20261129-154501-train``), with a suffix if
+    that exists already."""
+    if isinstance(run, ScriptRun):
+        stem = f"{time.strftime('%Y%m%d-%H%M%S')}-{run.script.stem if run.script else run.module}"
+    else:
+        stem = f"{time.strftime('%Y%m%d-%H%M%S')}-{'fsdp' if run.fsdp else 'dp'}{run.dp}-tp{run.tp}-pp{run.pp}"
+        if run.mode == "infer":
+            stem += "-infer"
     path, n = runs / stem, 1
     while path.exists():
         n += 1
@@ -212,14 +240,13 @@ def new_session_path(runs: Path, run: ResolvedRun) -> Path:
     return path
 
 
-def start_recording(directory: Path, run: ResolvedRun, probes: NodeProbes) -> Manifest:
+def start_recording(directory: Path, run: Work, probes: NodeProbes, command_line: list[str]) -> Manifest:
     """Make ``directory`` a new recording with its starting manifest (status ``running``)."""
-    from recordings.manifest import (
-        RecordingError, RunDescription, SampleRates, new_recording, start_manifest, write_manifest,
-    )
+    from recordings.manifest import RecordingError, SampleRates, new_recording, start_manifest, write_manifest
+    from runner.session import describe
 
     new_recording(directory)
-    manifest = start_manifest(RunDescription.from_json(run.describe()), command_line=sys.argv[1:],
+    manifest = start_manifest(describe(run), command_line=command_line,
                               node_probes=SampleRates(gpu_hz=probes.gpu_hz, process_hz=probes.process_hz))
     try:
         write_manifest(directory, manifest)
@@ -240,7 +267,7 @@ def command_run(args: argparse.Namespace) -> int:
     manifest: Manifest | None = None
     if args.record:
         directory = new_session_path(runs_directory(args), run)
-        manifest = start_recording(directory, run, probes)
+        manifest = start_recording(directory, run, probes, args.argv)
     else:
         directory = Path(tempfile.mkdtemp(prefix="meshtop-run-"))
     source = LiveSource(run, directory=directory, manifest=manifest, node_probes=probes,
@@ -304,7 +331,7 @@ def command_record(args: argparse.Namespace) -> int:
     probes = node_probes_from_args(args)
     hang_timeout = hang_timeout_from_args(args)
     out: Path = args.out
-    manifest = start_recording(out, run, probes)
+    manifest = start_recording(out, run, probes, args.argv)
     result = follow_job(run, session_dir=out, out=sys.stdout, manifest=manifest, node_probes=probes,
                         hang_timeout_s=hang_timeout)
     print("\n".join(summary_lines(summarize(open_recording(out)))[1:]))
@@ -371,8 +398,22 @@ def _interrupt_on_sigterm(signum: int, frame: FrameType | None) -> None:
     raise KeyboardInterrupt
 
 
+def split_script(argv: list[str]) -> tuple[list[str], list[str] | None]:
+    """meshtop's own arguments, and the script command after the first ``--`` (``None`` without one)."""
+    if "--" not in argv:
+        return argv, None
+    at = argv.index("--")
+    return argv[:at], argv[at + 1:]
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    every = list(sys.argv[1:] if argv is None else argv)
+    own, script = split_script(every)
+    parser = build_parser()
+    args = parser.parse_args(own)
+    if script is not None and args.command not in ("run", "record"):
+        parser.error(f"only run and record take a command after -- ({args.command} does not)")
+    args.script, args.argv = script, every
     signal.signal(signal.SIGTERM, _interrupt_on_sigterm)
     try:
         return int(args.handler(args))

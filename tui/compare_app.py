@@ -9,7 +9,7 @@ from textual.app import App, ComposeResult
 from textual.binding import Binding, BindingType
 from textual.widgets import DataTable, Footer, Static
 
-from tui.summary_text import figure
+from tui.summary_text import figure, run_words
 
 HIGHER_IS_BETTER = ("throughput", "goodput", "busbw", "headroom")
 
@@ -33,8 +33,7 @@ def run_line(label: str, summary: dict[str, Any]) -> Text:
     work = f"{requests['completed']}/{requests['count']} requests" if requests else f"{steps['count']} steps"
     text = Text()
     text.append(f"{label} ", style="bold reverse")
-    text.append(f" {summary['recording']}\n   dp{run['dp']}{' fsdp' if run['fsdp'] else ''} x tp{run['tp']} x pp{run['pp']}"
-                f" · {run['model']} · {run['device']} {run['dtype']} · {run['status']} · {work}"
+    text.append(f" {summary['recording']}\n   {run_words(run)} · {run['status']} · {work}"
                 + (f" · p50 {'iteration' if requests else 'step'} {p50 * 1e3:.2f} ms" if p50 else ""))
     return text
 

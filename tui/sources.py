@@ -33,8 +33,7 @@ from recordings.replay import Timeline, in_kind_order, load_timeline
 from recordings.schema import batches_of, decode_lines
 from recordings.summary import job_status
 from runner.launch import JobControl, JobResult, NodeProbes
-from runner.plan import ResolvedRun
-from runner.session import run_session
+from runner.session import Work, describe, run_session
 from tui.state import UI_KINDS, DashboardState
 
 SCREEN_BACKLOG = 200_000
@@ -151,13 +150,13 @@ def screen_batches(arrivals: Arrivals) -> list[Batch]:
 class LiveSource:
     """A job launched now: runs the session on a background thread and hands its events to the screen."""
 
-    def __init__(self, run: ResolvedRun, *, directory: Path, manifest: Manifest | None,
+    def __init__(self, run: Work, *, directory: Path, manifest: Manifest | None,
                  node_probes: NodeProbes = NodeProbes(), backlog: int = SCREEN_BACKLOG,
                  hang_timeout_s: float | None = None) -> None:
         self.run = run
         self.directory = directory
         self.manifest = manifest
-        self.description = manifest.run if manifest is not None else RunDescription.from_json(run.describe())
+        self.description = manifest.run if manifest is not None else describe(run)
         self.recording = str(directory) if manifest is not None else None
         self.node_probes = node_probes
         self.control = JobControl()

@@ -209,7 +209,7 @@ class DashboardState:
         self.events += len(table)
         if kind in COLUMNAR:
             self.fold.apply_table(kind, table)
-            if kind == "stage_action" and self.info.plan.pp > 1 and not self.info.inference:
+            if kind == "stage_action" and self.info.may_pipeline:
                 self._keep_lanes(table)
             return
         if kind not in UI_KINDS:
@@ -271,7 +271,7 @@ class DashboardState:
         self.hang = None  # progress again
         self.steps.append(step)
         self.steps_done = max(self.steps_done, step.step + 1)
-        if self.info.plan.pp > 1 and not self.info.inference:
+        if self.info.may_pipeline:
             self._draw_pipeline(step.step)
 
     def _draw_pipeline(self, step: int) -> None:

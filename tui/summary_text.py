@@ -73,8 +73,10 @@ def request_lines(requests: dict[str, Any]) -> list[str]:
     return lines
 
 
-def steps_line(steps: dict[str, Any], inference: bool) -> str:
+def steps_line(steps: dict[str, Any], inference: bool, script: bool = False) -> str:
     """Training: the job's steps and tokens/s; inference: rank 0's engine iterations (tokens/s is per request)."""
+    if script and not steps["count"]:
+        return "steps: none (the script stepped no torch.optim optimizer)"
     times = (f"p50 {seconds(steps['time_s']['p50'])}  p90 {seconds(steps['time_s']['p90'])}"
              f"  mean {seconds(steps['time_s']['mean'])}")
     if inference:
@@ -83,18 +85,24 @@ def steps_line(steps: dict[str, Any], inference: bool) -> str:
             + (f"  {steps['tokens_per_s']['p50']:,.0f} tok/s" if steps["tokens_per_s"]["p50"] else ""))
 
 
-def summary_lines(summary: dict[str, Any]) -> list[str]:
-    run, steps, requests = summary["run"], summary["steps"], summary.get("requests")
+def run_words(run: dict[str, Any]) -> str:
+    """``dp2 x tp1 x pp1 · model tiny · cpu fp32``, or ``torchrun train.py (2 ranks) · cpu`` for a script."""
+    if run["script"] is not None:
+        return f"{run['label']} · {run['device']}"
     plan = f"dp{run['dp']}{' (fsdp)' if run['fsdp'] else ''} x tp{run['tp']} x pp{run['pp']}"
     if run["schedule"]:
         plan += f" ({run['schedule']}, {run['microbatches']} mb)"
-    if requests is not None:
+    if run["mode"] == "infer":
         plan += " · inference"
+    return f"{plan} · model {run['model']} · {run['device']} {run['dtype']}"
+
+
+def summary_lines(summary: dict[str, Any]) -> list[str]:
+    run, steps, requests = summary["run"], summary["steps"], summary.get("requests")
     lines = [
         f"recording {summary['recording']}: {run['status']}",
-        f"  {plan} · model {run['model']} · {run['device']} {run['dtype']} · {run['world_size']} ranks"
-        + ("" if run["instrumented"] else " · not instrumented"),
-        steps_line(steps, requests is not None),
+        f"  {run_words(run)} · {run['world_size']} ranks" + ("" if run["instrumented"] else " · not instrumented"),
+        steps_line(steps, requests is not None, script=run["script"] is not None),
     ]
     if requests is not None:
         lines += request_lines(requests)

@@ -320,11 +320,15 @@ class PipelinePanel(Panel):
     def show(self, state: DashboardState, ranks: RankFilter) -> None:
         info = state.info
         pp = info.plan.pp
-        if pp <= 1:
-            self.paint(Text("no pipeline in this plan (pp 1)", style="dim"))
-            return
         steps = state.pipeline_steps()
         bubbles = state.bubble_history()
+        if info.script is not None and not steps:
+            self.paint(Text("no pipeline stage seen (the script has run no torch.distributed.pipelining stage)",
+                            style="dim"))
+            return
+        if pp <= 1 and info.script is None:
+            self.paint(Text("no pipeline in this plan (pp 1)", style="dim"))
+            return
         if not steps and not (info.inference and bubbles):
             note = "waiting for the first step" if info.instrumented else "stage timing needs the hooks (run without --no-instrument)"
             self.paint(Text(note, style="dim"))
@@ -335,6 +339,8 @@ class PipelinePanel(Panel):
             self._timeline(text, steps, width)
         if info.inference:
             title = "bubble per stage (share of iteration time spent waiting; recent: replica 0's)"
+        elif info.script is not None:
+            title = "bubble fraction per stage over the run; recent steps"
         else:
             m, v = info.plan.microbatches or 1, info.plan.virtual_stages
             title = (f"bubble fraction per stage over the run (balanced {pp}-stage, {m}-microbatch ideal: "

@@ -56,8 +56,8 @@ def mfu(run: RunDescription, *, gpu_names: Iterable[str], tokens_per_s: float | 
         return Mfu(value=None, why_not="MFU is a training figure (6N FLOPs per token is forward and backward)")
     if run.device != "cuda":
         return Mfu(value=None, why_not=f"no peak FLOP/s for a {run.device} device")
-    if run.seq_len is None:
-        return Mfu(value=None, why_not="the run description has no sequence length")
+    if run.model is None or run.dtype is None or run.seq_len is None:
+        return Mfu(value=None, why_not="the model's shape is not known (a script's own model)")
     per_token = flops_per_token(parameters=run.model.parameters, n_layers=run.model.n_layers, dim=run.model.dim,
                                 seq_len=run.seq_len)
     names = sorted(set(gpu_names))

@@ -78,8 +78,9 @@ class StageStats:
 class StageFold:
     """Folds stage actions (training) or iterations' pipeline waits (inference) into :class:`StageStats`."""
 
-    def __init__(self, *, pp: int) -> None:
-        self.pp = max(1, pp)
+    def __init__(self, *, pp: int | None) -> None:
+        self.pp = max(1, pp) if pp is not None else None
+        """A stage's pipeline rank is its index modulo this; ``None``: the index itself."""
         self.stages: dict[int, StageStats] = defaultdict(StageStats)
         self._busy: dict[int, dict[int, list[int]]] = {}
         """Open steps: rank -> [busy nanoseconds, pipeline rank]."""
@@ -95,7 +96,8 @@ class StageFold:
         rank = table.column("rank").to_numpy()
         # Busy time is summed in whole nanoseconds, so it is the same however the actions were batched.
         busy_ns = (table.column("end_ns").to_numpy() - table.column("start_ns").to_numpy()).astype(float)
-        pipeline_rank = table.column("stage").to_numpy() % self.pp
+        stage = table.column("stage").to_numpy()
+        pipeline_rank = stage % self.pp if self.pp is not None else stage
         ranks = int(rank.max()) + 1
         pairs, first, inverse = np.unique(step * ranks + rank, return_index=True, return_inverse=True)
         sums = np.bincount(inverse.reshape(-1), weights=busy_ns, minlength=len(pairs))

@@ -92,7 +92,7 @@ class RunFold:
         self.run = run
         self.training = not run.inference
         self.collectives = CollectiveFold(per_step=self.training)
-        self.stages = StageFold(pp=run.plan.pp)
+        self.stages = StageFold(pp=run.stage_period)
         self.memory = MemoryFold()
         self.requests = RequestFold(run.load, replicas=run.plan.dp) if run.inference else None
         self.steps = StepStats()

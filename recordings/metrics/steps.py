@@ -110,7 +110,7 @@ class StepStats:
     def add(self, step: JobStep) -> None:
         self.count += 1
         self.durations_s.add(step.duration_s)
-        if step.duration_s > 0:
+        if step.duration_s > 0 and step.tokens > 0:  # 0 tokens: not known (a script without --tokens-per-step)
             self.tokens_per_s.add(step.tokens_per_s)
         if step.loss is not None:
             if self._first is None or step.step < self._first[0]:

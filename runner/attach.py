@@ -1,0 +1,246 @@
+"""meshtop inside each rank of a user's own script: the built-in runner's probes, attached without touching it.
+
+The bootstrap (``runner/bootstrap/sitecustomize.py``) calls :func:`attach` in
+every rank torchrun starts, before the script's first line. From then on:
+
+- **collectives**: the collective probe is hooked at once. Its kernels sit on
+  the c10d dispatcher ops, so DDP, FSDP2, DTensor, functional collectives and
+  direct calls are all seen. Groups are named by the dims of the meshes the
+  script makes with ``init_device_mesh(..., mesh_dim_names=...)``, else
+  ``world``, else by their ranks (``ranks 0,2``).
+- **steps**: one per ``step()`` of the first optimizer the script steps (torch's
+  global optimizer step hooks). Step 0 begins at the first module forward,
+  step k + 1 where step k's optimizer step ended, so a step is the script's
+  whole iteration (data, forward, backward, optimizer, logging);
+  ``forward_backward_s`` runs to the optimizer step's start. A script without
+  an optimizer has collectives and samples and no steps.
+- **memory**: at each step's end, weights, gradients and optimizer state from
+  that optimizer's parameters and state (DTensor shards by their local size).
+- **pipelines**: the stage probe is installed when the script imports
+  ``torch.distributed.pipelining`` (a post-import hook: importing it costs
+  about 0.9 s, which a script that does not use it should not pay here).
+- **failures**: an exception that ends the script is written to torchrun's
+  error file, as ``@record`` would, so meshtop names the rank with its error.
+
+Before the script destroys a process group, the finished collectives are read
+(the C++ kernel's are read in batches), while c10d still knows the group's
+name; at exit what the probes hold is flushed and the sink closed.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import socket
+import sys
+import time
+import weakref
+from collections.abc import Callable
+from functools import wraps
+from importlib.abc import MetaPathFinder
+from importlib.machinery import ModuleSpec
+from types import ModuleType, TracebackType
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch.distributed import device_mesh
+from torch.nn.modules.module import register_module_forward_pre_hook
+from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
+
+from probes.collectives import GroupDirectory
+from probes.events import RankStarted, StepTiming
+from probes.instrument import Instrumentation
+from probes.patching import Patches
+from probes.shipper import EventShipper, open_sink
+from probes.sink import EventSink
+from runner.script import DEVICE_ENV, INSTRUMENT_ENV, TOKENS_ENV
+
+PIPELINING = "torch.distributed.pipelining"
+
+
+class ScriptSteps:
+    """The steps of a user's script: one per optimizer step of the first optimizer it steps."""
+
+    def __init__(self, *, rank: int, probes: Instrumentation, sink: EventSink, tokens: int) -> None:
+        self.rank = rank
+        self.probes = probes
+        self.sink = sink
+        self.tokens = tokens
+        self.step = 0
+        self._optimizer: weakref.ref[torch.optim.Optimizer] | None = None
+        self._start_ns: int | None = None
+        self._cpu_start_s = 0.0
+        self._optimizer_start_ns: int | None = None
+        self._first_forward = register_module_forward_pre_hook(self._on_first_forward)
+        self._hooks = [register_optimizer_step_pre_hook(self._before_optimizer),
+                       register_optimizer_step_post_hook(self._after_optimizer)]
+
+    def _begin(self, start_ns: int) -> None:
+        self._start_ns, self._cpu_start_s = start_ns, time.process_time()
+        self.probes.step_started(self.step)
+
+    def _on_first_forward(self, module: torch.nn.Module, args: Any) -> None:
+        self._first_forward.remove()  # the hooks are copied before they run: removing it here is safe
+        if self._start_ns is None:
+            self._begin(time.time_ns())
+
+    def _ours(self, optimizer: torch.optim.Optimizer) -> bool:
+        """Whether ``optimizer`` is the one whose steps count (the first one stepped)."""
+        if self._optimizer is None:
+            self._optimizer = weakref.ref(optimizer)
+            parameters = [p for group in optimizer.param_groups for p in group["params"]]
+            self.probes.watch_memory(parameters=parameters, optimizer=optimizer)
+        return self._optimizer() is optimizer
+
+    def _before_optimizer(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+        if not self._ours(optimizer):
+            return
+        if self._start_ns is None:  # no module forward came first (a hand-written model of plain tensors)
+            self._begin(time.time_ns())
+        self._optimizer_start_ns = time.time_ns()
+
+    def _after_optimizer(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+        if not self._ours(optimizer) or self._start_ns is None:
+            return
+        end_ns = time.time_ns()
+        cpu_s = time.process_time() - self._cpu_start_s
+        pipeline_wait_s = self.probes.step_ended(self.step)
+        forward_backward_ns = (self._optimizer_start_ns or end_ns) - self._start_ns
+        self.sink.emit(StepTiming(rank=self.rank, step=self.step, start_ns=self._start_ns,
+                                  duration_s=(end_ns - self._start_ns) / 1e9, tokens=self.tokens, loss=None,
+                                  forward_backward_s=forward_backward_ns / 1e9, instrumented=self.probes.enabled,
+                                  pipeline_wait_s=pipeline_wait_s, cpu_s=cpu_s))
+        self.step += 1
+        self._begin(end_ns)
+
+    def remove(self) -> None:
+        self._first_forward.remove()
+        for hook in self._hooks:
+            hook.remove()
+
+
+class _AfterImport(MetaPathFinder):
+    """Runs ``then`` once the module ``name`` has been imported (Python has no post-import hook of its own)."""
+
+    def __init__(self, name: str, then: Callable[[], None]) -> None:
+        self.name = name
+        self.then = then
+
+    def find_spec(self, fullname: str, path: Any, target: ModuleType | None = None) -> ModuleSpec | None:
+        if fullname != self.name:
+            return None
+        sys.meta_path.remove(self)
+        for finder in sys.meta_path:
+            spec = finder.find_spec(fullname, path, target) if hasattr(finder, "find_spec") else None
+            if spec is not None:
+                break
+        else:
+            return None
+        loader = spec.loader
+        if loader is not None and hasattr(loader, "exec_module"):
+            run_module = loader.exec_module
+            then = self.then
+
+            def exec_module(module: ModuleType) -> None:
+                run_module(module)
+                then()
+
+            loader.exec_module = exec_module  # type: ignore[method-assign]  # this module's own loader
+        return spec
+
+
+def after_import(name: str, then: Callable[[], None]) -> None:
+    """``then()`` now if ``name`` is imported already, else right after it is."""
+    if name in sys.modules:
+        then()
+    else:
+        sys.meta_path.insert(0, _AfterImport(name, then))
+
+
+class Attachment:
+    """What :func:`attach` put into this rank, taken out again at exit."""
+
+    def __init__(self, *, rank: int, device: torch.device, sink: EventSink, tokens: int, hooks: bool) -> None:
+        self.rank = rank
+        self.sink = sink
+        self.probes = Instrumentation(rank=rank, sink=sink, device=device, enabled=hooks)
+        if isinstance(sink, EventShipper):
+            sink.before_shipment = self.probes.shipment
+        self.groups = GroupDirectory()
+        self._patches = Patches()
+        self.probes.install(groups=self.groups, pipeline=False)
+        self.device = device
+        self._started(pp_rank=0, dp_rank=rank, stages=())
+        self._name_meshes()
+        self._read_before_destroy()
+        after_import(PIPELINING, lambda: self.probes.add_stage_probe(on_stage=self._on_stages))
+        self.steps = ScriptSteps(rank=rank, probes=self.probes, sink=sink, tokens=tokens)
+        self._previous_excepthook = sys.excepthook
+        sys.excepthook = self._excepthook
+
+    def _started(self, *, pp_rank: int, dp_rank: int, stages: tuple[int, ...]) -> None:
+        self.sink.emit(RankStarted(rank=self.rank, pid=os.getpid(), host=socket.gethostname(), device=str(self.device),
+                                   pp_rank=pp_rank, dp_rank=dp_rank, tp_rank=0, stages=stages, local_parameters=0,
+                                   wall_ns=time.time_ns()))
+
+    def _on_stages(self, stages: tuple[int, ...]) -> None:
+        """The rank runs pipeline stages: say again where it sits, its first stage as its pipeline rank."""
+        self._started(pp_rank=stages[0], dp_rank=0, stages=stages)
+
+    def _name_meshes(self) -> None:
+        """Name the groups of every mesh ``init_device_mesh`` makes by its dims."""
+        original = device_mesh.init_device_mesh
+        groups = self.groups
+
+        @wraps(original)
+        def init_device_mesh(*args: Any, **kwargs: Any) -> Any:
+            mesh = original(*args, **kwargs)
+            try:
+                groups.add_mesh(mesh, replace=True)
+            except Exception:  # noqa: BLE001 - a probe never breaks the job: the groups keep their rank names
+                pass
+            return mesh
+
+        self._patches.replace(device_mesh, "init_device_mesh", init_device_mesh)
+        if getattr(dist, "init_device_mesh", None) is original:
+            self._patches.replace(dist, "init_device_mesh", init_device_mesh)
+
+    def _read_before_destroy(self) -> None:
+        original = dist.destroy_process_group
+        probes = self.probes
+
+        @wraps(original)
+        def destroy_process_group(*args: Any, **kwargs: Any) -> Any:
+            probes.flush()
+            return original(*args, **kwargs)
+
+        self._patches.replace(dist, "destroy_process_group", destroy_process_group)
+
+    def _excepthook(self, kind: type[BaseException], error: BaseException, trace: TracebackType | None) -> None:
+        """Write the error for torchrun (what ``@record`` does), then report it as before."""
+        try:
+            from torch.distributed.elastic.multiprocessing.errors import ErrorHandler
+
+            ErrorHandler().record_exception(error)
+        except Exception:  # noqa: BLE001 - the traceback below still says it
+            pass
+        self._previous_excepthook(kind, error, trace)
+
+    def detach(self) -> None:
+        """At exit: the hooks out, what the probes hold sent, the sink closed."""
+        self.steps.remove()
+        self.probes.uninstall()
+        self._patches.restore()
+        self.sink.close()
+
+
+def attach() -> Attachment:
+    """Attach meshtop to this rank (torchrun's ``RANK`` and ``LOCAL_RANK`` say which)."""
+    rank = int(os.environ["RANK"])
+    cuda = os.environ.get(DEVICE_ENV) == "cuda" and torch.cuda.is_available()
+    device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0"))) if cuda else torch.device("cpu")
+    attachment = Attachment(rank=rank, device=device, sink=open_sink(rank),
+                            tokens=int(os.environ.get(TOKENS_ENV, "0")), hooks=os.environ.get(INSTRUMENT_ENV, "1") == "1")
+    atexit.register(attachment.detach)
+    return attachment
