@@ -1,6 +1,10 @@
 """Instrumentation overhead: step time with the worker hooks on / off, in the same job.
 
-``python -m tests.bench.overhead [--json PATH] [--configs ddp,fsdp,...] [--steps-scale 1.0]``
+``python -m tests.bench.overhead [--json PATH] [--configs ddp,fsdp,...] [--steps-scale 1.0] [--scripts ddp,...]``
+
+``--scripts`` measures the scripts of ``examples/`` the same way, each
+unmodified under ``meshtop record OUT -- torchrun ...`` (the attachment's
+instrumentation switches its hooks as the worker's does).
 
 Each configuration runs once; the worker's instrumentation switches the hooks
 on and off every BLOCK steps (``MESHTOP_OVERHEAD_BLOCK``, read by
@@ -15,7 +19,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
+import subprocess
+import sys
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
@@ -23,6 +30,8 @@ from typing import Any
 
 from probes.events import StepTiming
 from probes.instrument import OVERHEAD_BLOCK_ENV
+from recordings.reader import open_recording
+from recordings.schema import events_of
 from tests.bench.figures import Row, Spread, Target, quantile
 from tests.jobs import launch
 
@@ -37,6 +46,32 @@ CONFIGS: dict[str, tuple[dict[str, object], int]] = {
     "pp": (dict(pp=2, microbatches=4), 600),
     "3d": (dict(dp=2, tp=2, pp=2, microbatches=2), 160),
 }
+
+
+SCRIPTS: dict[str, tuple[int, int, tuple[str, ...]]] = {
+    # example: (ranks, steps, its arguments): about a minute each on 2 cores
+    "ddp": (2, 1200, ("--dim", "256")),
+    "fsdp2": (2, 600, ("--dim", "256")),
+    "tp": (2, 600, ("--dim", "256")),
+}
+REPO = Path(__file__).resolve().parents[2]
+
+
+def measure_script(name: str, steps_scale: float = 1.0, block: int = BLOCK) -> dict[str, object]:
+    """One of :data:`SCRIPTS`, recorded by meshtop with the hooks switched every ``block`` optimizer steps."""
+    ranks, steps, arguments = SCRIPTS[name]
+    steps = max(4 * block, round(steps * steps_scale))
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "rec"
+        done = subprocess.run(
+            [sys.executable, "-m", "tui.cli", "record", str(out), "--", "torchrun", "--standalone",
+             f"--nproc-per-node={ranks}", str(REPO / "examples" / f"{name}.py"), "--steps", str(steps), *arguments],
+            capture_output=True, text=True, cwd=REPO,
+            env={**os.environ, OVERHEAD_BLOCK_ENV: str(block), "CUDA_VISIBLE_DEVICES": ""})
+        assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+        timings = [e for e in events_of("step", open_recording(out).arrow("step")) if isinstance(e, StepTiming)]
+    return {"config": f"script {name}", "plan": f"torchrun {name}.py ({ranks} ranks) {' '.join(arguments)}",
+            **compare_blocks(timings, block)}
 
 
 def measure_config(name: str, steps_scale: float = 1.0) -> dict[str, object]:
@@ -136,12 +171,17 @@ def main() -> None:
     parser.add_argument("--json", type=Path, help="also write the rows as JSON")
     parser.add_argument("--configs", default=",".join(CONFIGS))
     parser.add_argument("--steps-scale", type=float, default=1.0, help="run this share of each config's steps")
+    parser.add_argument("--scripts", default="", help=f"examples/ scripts to measure too: {','.join(SCRIPTS)}")
     args = parser.parse_args()
     rows = []
+    jobs: list[tuple[str, Callable[[], dict[str, Any]]]] = [
+        *((name, lambda name=name: measure_config(name, args.steps_scale)) for name in args.configs.split(",") if name),
+        *((f"s:{name}", lambda name=name: measure_script(name, args.steps_scale))
+          for name in args.scripts.split(",") if name)]
     print(f"{'config':<6} {'plan':<32} {'on ms':>8} {'off ms':>8} {'ratio':>7}  {'pairs p25..p75':>16}  n"
           "  CPU ratio (pairs p25..p75)")
-    for name in args.configs.split(","):
-        row = measure_config(name, args.steps_scale)
+    for name, measured in jobs:
+        row = measured()
         rows.append(row)
         print(f"{name:<6} {row['plan']:<32} {row['median_on_ms']:>8.2f} {row['median_off_ms']:>8.2f} "
               f"{row['ratio']:>7.3f}  {row['pair_ratio_p25']:>7.3f}..{row['pair_ratio_p75']:<7.3f}  "
