@@ -131,8 +131,10 @@ def test_open_loop_requests_arrive_on_their_poisson_schedule(tmp_path: Path) -> 
 
 
 def test_a_killed_replica_leaves_its_requests_counted_as_not_served(tmp_path: Path) -> None:
+    # Killed at its 400th op (of about 960): late enough that both replicas have shipped finished requests
+    # (a rank killed within its first shipment interval, 0.25 s, leaves nothing; at op 200 it could be).
     done = record(tmp_path / "killed", "--mode", "infer", "--requests", "40", "--concurrency", "2",
-                  "--output-len", "16", "--dp", "2", "--device", "cpu", env={"MESHTOP_FAULT": "kill:1:200"})
+                  "--output-len", "48", "--dp", "2", "--device", "cpu", env={"MESHTOP_FAULT": "kill:1:400"})
     assert done.returncode == 1, done.stdout + done.stderr
     requests = summary_json(tmp_path / "killed")["requests"]
     assert requests["count"] == 40
