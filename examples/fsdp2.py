@@ -44,7 +44,7 @@ def main() -> None:
         optimizer.step()
         if dist.get_rank() == 0:
             print(f"step {step} loss {loss.item():.4f}", flush=True)
-    dist.barrier()  # every rank done before any tears its group down (see docs/runner.md, "Known")
+    dist.barrier()  # every rank done before any tears its group down
     dist.destroy_process_group()
 
 

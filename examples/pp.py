@@ -48,7 +48,7 @@ def main() -> None:
         else:
             schedule.step()
         optimizer.step()
-    dist.barrier()  # every rank done before any tears its group down (see docs/runner.md, "Known")
+    dist.barrier()  # every rank done before any tears its group down
     dist.destroy_process_group()
 
 

@@ -40,7 +40,7 @@ def main() -> None:
         optimizer.step()
         if mesh.get_rank() == 0:
             print(f"step {step} loss {loss.item():.4f}", flush=True)
-    torch.distributed.barrier()  # every rank done before any tears its group down (docs/runner.md, "Known")
+    torch.distributed.barrier()  # every rank done before any tears its group down
     torch.distributed.destroy_process_group()
 
 

@@ -48,6 +48,10 @@ class RankStarted(Event):
     local_parameters: int
     """Parameter elements this rank stores (its shards only)."""
     wall_ns: int
+    model_parameters: int | None = None
+    """A script's rank, from its first optimizer step on: parameter elements its optimizer trains, DTensors at
+    their global size (the whole model on a data or tensor parallel rank, a stage's part on a pipeline rank);
+    ``None`` for the built-in runner, whose model is in the manifest."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

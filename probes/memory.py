@@ -32,6 +32,11 @@ def tensor_bytes(tensor: torch.Tensor) -> int:
     return local.numel() * local.element_size()
 
 
+def local_numel(tensor: torch.Tensor) -> int:
+    """Elements this rank holds of ``tensor`` (a DTensor's local shard)."""
+    return (tensor.to_local() if isinstance(tensor, DTensor) else tensor).numel()
+
+
 def parameters_of(modules: Iterable[nn.Module]) -> list[torch.Tensor]:
     return [p for module in modules for p in module.parameters()]
 

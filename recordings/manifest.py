@@ -132,7 +132,7 @@ class RunDescription:
     model: Model | None
     """``None`` for a script."""
     dtype: str | None
-    """``None`` for a script."""
+    """A script's: the compute dtype the user named for MFU, else ``None``."""
     device: str
     steps: int | None
     """Training steps asked for (``None`` for inference)."""

@@ -51,22 +51,28 @@ from torch.optim.optimizer import register_optimizer_step_post_hook, register_op
 from probes.collectives import GroupDirectory
 from probes.events import RankStarted, StepTiming
 from probes.instrument import Instrumentation
+from probes.memory import local_numel
 from probes.patching import Patches
 from probes.shipper import EventShipper, open_sink
 from probes.sink import EventSink
 from runner.script import DEVICE_ENV, INSTRUMENT_ENV, TOKENS_ENV
 
 PIPELINING = "torch.distributed.pipelining"
+GIL_HANDOFF_S = 0.2
+"""How long ``destroy_process_group`` leaves the GIL to gloo's threads (see :meth:`Attachment._read_before_destroy`)."""
 
 
 class ScriptSteps:
     """The steps of a user's script: one per optimizer step of the first optimizer it steps."""
 
-    def __init__(self, *, rank: int, probes: Instrumentation, sink: EventSink, tokens: int) -> None:
+    def __init__(self, *, rank: int, probes: Instrumentation, sink: EventSink, tokens: int,
+                 on_parameters: Callable[[list[torch.Tensor]], None]) -> None:
         self.rank = rank
         self.probes = probes
         self.sink = sink
         self.tokens = tokens
+        self.on_parameters = on_parameters
+        """Called with the counted optimizer's parameters when it is first stepped."""
         self.step = 0
         self._optimizer: weakref.ref[torch.optim.Optimizer] | None = None
         self._start_ns: int | None = None
@@ -91,6 +97,7 @@ class ScriptSteps:
             self._optimizer = weakref.ref(optimizer)
             parameters = [p for group in optimizer.param_groups for p in group["params"]]
             self.probes.watch_memory(parameters=parameters, optimizer=optimizer)
+            self.on_parameters(parameters)
         return self._optimizer() is optimizer
 
     def _before_optimizer(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
@@ -171,22 +178,34 @@ class Attachment:
         self._patches = Patches()
         self.probes.install(groups=self.groups, pipeline=False)
         self.device = device
-        self._started(pp_rank=0, dp_rank=rank, stages=())
+        self._place: tuple[int, int, tuple[int, ...]] = (0, rank, ())
+        """(pp rank, dp rank, stages) as :class:`RankStarted` says them."""
+        self._parameters: tuple[int, int | None] = (0, None)
+        """(local, model) parameter elements, once the first optimizer step says them."""
+        self._started()
         self._name_meshes()
         self._read_before_destroy()
         after_import(PIPELINING, lambda: self.probes.add_stage_probe(on_stage=self._on_stages))
-        self.steps = ScriptSteps(rank=rank, probes=self.probes, sink=sink, tokens=tokens)
+        self.steps = ScriptSteps(rank=rank, probes=self.probes, sink=sink, tokens=tokens,
+                                 on_parameters=self._on_parameters)
         self._previous_excepthook = sys.excepthook
         sys.excepthook = self._excepthook
 
-    def _started(self, *, pp_rank: int, dp_rank: int, stages: tuple[int, ...]) -> None:
+    def _started(self) -> None:
+        (pp_rank, dp_rank, stages), (local, model) = self._place, self._parameters
         self.sink.emit(RankStarted(rank=self.rank, pid=os.getpid(), host=socket.gethostname(), device=str(self.device),
-                                   pp_rank=pp_rank, dp_rank=dp_rank, tp_rank=0, stages=stages, local_parameters=0,
-                                   wall_ns=time.time_ns()))
+                                   pp_rank=pp_rank, dp_rank=dp_rank, tp_rank=0, stages=stages, local_parameters=local,
+                                   model_parameters=model, wall_ns=time.time_ns()))
 
     def _on_stages(self, stages: tuple[int, ...]) -> None:
         """The rank runs pipeline stages: say again where it sits, its first stage as its pipeline rank."""
-        self._started(pp_rank=stages[0], dp_rank=0, stages=stages)
+        self._place = (stages[0], 0, stages)
+        self._started()
+
+    def _on_parameters(self, parameters: list[torch.Tensor]) -> None:
+        """The first optimizer step: say again what the rank trains, locally and in the whole model."""
+        self._parameters = (sum(local_numel(p) for p in parameters), sum(p.numel() for p in parameters))
+        self._started()
 
     def _name_meshes(self) -> None:
         """Name the groups of every mesh ``init_device_mesh`` makes by its dims."""
@@ -213,7 +232,16 @@ class Attachment:
         @wraps(original)
         def destroy_process_group(*args: Any, **kwargs: Any) -> Any:
             probes.flush()
-            return original(*args, **kwargs)
+            try:
+                return original(*args, **kwargs)
+            finally:
+                # Let gloo's worker threads finish destroying their last works before the script goes on.
+                # A work made in backward holds a Python object in its thread-local state, and the thread
+                # that drops the work last needs the GIL to free it; if that is a gloo thread at the moment
+                # the script frees its DDP model (whose reducer's process group joins those threads while
+                # holding the GIL), the rank deadlocks at exit (pytorch/pytorch#56297). Sleeping releases
+                # the GIL to them; without it, 2 runs in 12 of examples/ddp.py hung under a loaded CPU.
+                time.sleep(GIL_HANDOFF_S)
 
         self._patches.replace(dist, "destroy_process_group", destroy_process_group)
 

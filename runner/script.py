@@ -63,6 +63,8 @@ class ScriptRun:
     """``cuda`` where GPUs are visible (the script is expected to use nccl), else ``cpu`` (gloo)."""
     instrument: bool = True
     tokens_per_step: int | None = None
+    dtype: str | None = None
+    """The compute dtype the user names (``--dtype``), for MFU's peak FLOP/s."""
 
     @property
     def name(self) -> str:
@@ -107,7 +109,7 @@ def split_command(command: list[str]) -> tuple[list[str], bool]:
 
 
 def resolve_script(command: list[str], *, gpus_visible: int, instrument: bool = True,
-                   tokens_per_step: int | None = None) -> ScriptRun:
+                   tokens_per_step: int | None = None, dtype: str | None = None) -> ScriptRun:
     """The :class:`ScriptRun` of ``command``, or a :class:`PlanError` that says what to fix."""
     args_given, own = split_command(command)
     launcher_args = list(args_given)
@@ -125,7 +127,7 @@ def resolve_script(command: list[str], *, gpus_visible: int, instrument: bool = 
     return ScriptRun(command=tuple(command), launcher_args=tuple(launcher_args), script=script, module=module,
                      script_args=tuple(args.training_script_args), sha256=sha256, world_size=world_size,
                      device="cuda" if gpus_visible else "cpu", instrument=instrument,
-                     tokens_per_step=tokens_per_step)
+                     tokens_per_step=tokens_per_step, dtype=dtype)
 
 
 def _check_one_node(nnodes: str) -> None:

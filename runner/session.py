@@ -69,7 +69,7 @@ def script_description(script: ScriptRun, environment: dict[str, str]) -> RunDes
                      path=str(script.script) if script.script is not None else None, module=script.module,
                      args=script.script_args, sha256=script.sha256, working_dir=os.getcwd(),
                      environment=environment, tokens_per_step=script.tokens_per_step)
-    return RunDescription(plan=plan, mode="train", model=None, dtype=None, device=script.device, steps=None,
+    return RunDescription(plan=plan, mode="train", model=None, dtype=script.dtype, device=script.device, steps=None,
                           batch_size=None, microbatch_size=None, seq_len=None, seed=None,
                           instrumented=script.instrument, script=section)
 

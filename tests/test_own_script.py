@@ -23,9 +23,14 @@ import pytest
 import torch
 from torch import nn
 
+from probes.events import GpuSample, RankStarted, StepTiming
+from recordings.metrics.run import fold_tables
 from runner.plan import PlanError
 from runner.script import resolve_script
+from runner.session import script_description
 from tests.cli_errors import one_line_error
+from tests.recording_kit import write_recording
+from tui.cli import main
 
 REPO = Path(__file__).resolve().parent.parent
 EXAMPLES = REPO / "examples"
@@ -187,6 +192,32 @@ def test_every_form_of_the_command_gives_torchrun_the_same_script(monkeypatch: p
         resolve_script(["examples/ddp.py"], gpus_visible=0, tokens_per_step=0)
 
 
+def test_a_scripts_mfu_is_6n_from_its_optimizers_over_the_gpus_peak(tmp_path: Path,
+                                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    script = resolve_script(["examples/pp.py"], gpus_visible=4, tokens_per_step=8192, dtype="bf16")
+    run = script_description(script, environment={})
+    events: list[Any] = []
+    for rank in range(4):  # two pipeline stages of 300 M and 200 M parameters, each on two replicas
+        pipeline_rank = rank // 2
+        events.append(RankStarted(rank=rank, pid=100 + rank, host="h", device=f"cuda:{rank}", pp_rank=pipeline_rank,
+                                  dp_rank=rank % 2, tp_rank=0, stages=(pipeline_rank,), local_parameters=1,
+                                  model_parameters=(300, 200)[pipeline_rank] * 10**6, wall_ns=0))
+        for step in range(5):
+            events.append(StepTiming(rank=rank, step=step, start_ns=step * 10**9, duration_s=0.25, tokens=8192,
+                                     loss=None))
+    events.append(GpuSample(gpu=0, wall_ns=1, name="NVIDIA H100 80GB HBM3", memory_used_bytes=None,
+                            memory_total_bytes=None, utilization_pct=None, memory_utilization_pct=None, power_w=None,
+                            sm_clock_mhz=None, temperature_c=None, pcie_tx_bytes_per_s=None, pcie_rx_bytes_per_s=None,
+                            nvlink_tx_bytes_per_s=None, nvlink_rx_bytes_per_s=None))
+    path = write_recording(tmp_path / "rec", events, run=run, parquet=True)
+    assert main(["summary", "--json", str(path)]) == 0
+    mfu = json.loads(capsys.readouterr().out)["mfu"]
+    assert mfu["value"] == pytest.approx(8192 / 0.25 * 6 * 500e6 / (989e12 * 4))
+    without = script_description(resolve_script(["examples/pp.py"], gpus_visible=4), environment={})
+    assert "needs --tokens-per-step and --dtype" in (fold_tables(without, [], status="completed").figures()
+                                                     .mfu.why_not or "")
+
+
 # --- the examples, recorded ----------------------------------------------------------------------------------
 
 
@@ -212,6 +243,8 @@ def test_ddp_script_steps_collectives_and_memory_are_the_scripts_own(
         assert last[rank]["grads_bytes"] == gradient_bytes
         assert last[rank]["optimizer_bytes"] == adamw_state_bytes(model)
         assert last[rank]["rss_bytes"] > 0
+    trained = {row["model_parameters"] for row in table(recording, "rank_started") if row["model_parameters"]}
+    assert trained == {sum(p.numel() for p in model.parameters())}
     report = summary(recording)
     assert report["run"]["script"]["path"] == str(EXAMPLES / "ddp.py")
     assert report["run"]["script"]["args"] == ["--steps", str(STEPS)]
@@ -246,6 +279,11 @@ def test_sharded_scripts_collectives_match_comm_debug_mode_and_memory_is_the_loc
         assert row["grads_bytes"] == row["weights_bytes"]
         assert row["optimizer_bytes"] >= 2 * row["weights_bytes"]  # AdamW: two moments per weight, plus steps
     assert len([row for row in table(recording, "step") if row["rank"] == 0]) == STEPS
+    started = [row for row in table(recording, "rank_started") if row["model_parameters"] is not None]
+    assert {row["rank"] for row in started} == set(range(ranks))
+    assert {row["model_parameters"] for row in started} == {sum(p.numel() for p in mlp_shapes().parameters()) * layers}
+    # ...while each holds its shard: DTensors count at their global size there, at their local size here
+    assert all(row["local_parameters"] < row["model_parameters"] for row in started)
 
 
 @pytest.mark.slow
@@ -290,6 +328,17 @@ def test_a_users_sitecustomize_still_runs_and_tokens_per_step_gives_tokens_per_s
     assert report["steps"]["tokens_per_s"]["p50"] == pytest.approx(2048 / report["steps"]["time_s"]["p50"],
                                                                    rel=0.5)
     assert report["run"]["script"]["tokens_per_step"] == 2048
+
+
+@pytest.mark.slow
+def test_no_instrument_keeps_a_scripts_steps_and_takes_every_hook_out(tmp_path: Path) -> None:
+    out = tmp_path / "rec"
+    done = meshtop("record", str(out), "--no-instrument", "--", *torchrun(2, "examples/ddp.py"))
+    assert done.returncode == 0, done.stdout + done.stderr
+    steps = table(out, "step")
+    assert len(steps) == 2 * STEPS and not any(row["instrumented"] for row in steps)
+    assert not (out / "events" / "collective.parquet").exists()
+    assert json.loads((out / "manifest.json").read_text())["instrumented"] is False
 
 
 @pytest.mark.slow

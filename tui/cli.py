@@ -93,11 +93,13 @@ def add_plan_options(parser: argparse.ArgumentParser) -> None:
                       help=f"requests one replica decodes together, at most (default {DEFAULT_MAX_BATCH})")
     load.add_argument("--slo-ttft-ms", type=float, default=None, metavar="MS", help="goodput: time to first token at most MS")
     load.add_argument("--slo-tpot-ms", type=float, default=None, metavar="MS", help="goodput: time per output token at most MS")
-    builtin = [action for group in (plan, work, load) for action in group._group_actions if action.dest != "device"]
+    builtin = [action for group in (plan, work, load) for action in group._group_actions
+               if action.dest not in ("device", "dtype")]  # a script's device, and its dtype for MFU
     parser.set_defaults(builtin_defaults={action.dest: action.default for action in builtin})
     script = parser.add_argument_group("your own script (after --)")
     script.add_argument("--tokens-per-step", type=int, default=None, metavar="N",
-                        help="tokens the script's global batch holds per optimizer step: gives tokens/s")
+                        help="tokens the script's global batch holds per optimizer step: gives tokens/s (and, "
+                             "with --dtype, its compute dtype, MFU on a GPU)")
     probes = parser.add_argument_group("probes")
     probes.add_argument("--no-instrument", dest="instrument", action="store_false",
                         help="no worker hooks (step timing stays), to measure their overhead")
@@ -156,7 +158,7 @@ def resolve_args(args: argparse.Namespace) -> Work:
     if args.device == "cuda" and not gpus_visible():
         raise PlanError("--device cuda: no CUDA GPU is visible")
     return resolve_script(args.script, gpus_visible=gpus_visible() if wants_gpu else 0,
-                          instrument=args.instrument, tokens_per_step=args.tokens_per_step)
+                          instrument=args.instrument, tokens_per_step=args.tokens_per_step, dtype=args.dtype)
 
 
 def build_parser() -> argparse.ArgumentParser:

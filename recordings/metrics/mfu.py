@@ -6,6 +6,12 @@
 - MFU = tokens/s (the p50 over the job's steps) x FLOPs per token /
   (the GPU's dense peak for the run's dtype x the ranks' GPUs).
 
+A user's script gives its tokens per step (``--tokens-per-step``) and its
+compute dtype (``--dtype``); N is what its optimizers train
+(:func:`script_parameters`), and the attention term is left out, since the
+script's layers and context are not known: its MFU is a lower bound by
+12 L d T / (6 N + 12 L d T).
+
 Peaks are the vendors' datasheet figures for dense tensor-core math (SXM
 parts). A GPU or a dtype not in the table has no MFU, and the reason says so:
 a guess would be worse than none.
@@ -50,16 +56,34 @@ class Mfu:
     gpus: int | None = None
 
 
-def mfu(run: RunDescription, *, gpu_names: Iterable[str], tokens_per_s: float | None) -> Mfu:
-    """The run's MFU, or why it has none."""
+def script_parameters(trained: Iterable[tuple[int, int]]) -> int | None:
+    """A script's model size N from what each rank's optimizer trains, as (pipeline rank, elements at their
+    global size): the most any rank of a pipeline rank trains (its replicas and tensor-parallel peers train
+    the same parameters), summed over the pipeline ranks; ``None`` before any rank said it."""
+    most: dict[int, int] = {}
+    for pipeline_rank, parameters in trained:
+        most[pipeline_rank] = max(parameters, most.get(pipeline_rank, 0))
+    return sum(most.values()) if most else None
+
+
+def mfu(run: RunDescription, *, gpu_names: Iterable[str], tokens_per_s: float | None,
+        script_parameters: int | None = None) -> Mfu:
+    """The run's MFU, or why it has none (``script_parameters``: a script's N, :func:`script_parameters`)."""
     if run.inference:
         return Mfu(value=None, why_not="MFU is a training figure (6N FLOPs per token is forward and backward)")
     if run.device != "cuda":
         return Mfu(value=None, why_not=f"no peak FLOP/s for a {run.device} device")
-    if run.model is None or run.dtype is None or run.seq_len is None:
-        return Mfu(value=None, why_not="the model's shape is not known (a script's own model)")
-    per_token = flops_per_token(parameters=run.model.parameters, n_layers=run.model.n_layers, dim=run.model.dim,
-                                seq_len=run.seq_len)
+    if run.script is not None:
+        if run.script.tokens_per_step is None or run.dtype is None:
+            return Mfu(value=None, why_not="a script's MFU needs --tokens-per-step and --dtype (its compute dtype)")
+        if script_parameters is None:
+            return Mfu(value=None, why_not="the script's parameter count comes with its first optimizer step")
+        per_token = 6.0 * script_parameters
+    elif run.model is None or run.dtype is None or run.seq_len is None:
+        return Mfu(value=None, why_not="the run description has no model shape or sequence length")
+    else:
+        per_token = flops_per_token(parameters=run.model.parameters, n_layers=run.model.n_layers,
+                                    dim=run.model.dim, seq_len=run.seq_len)
     names = sorted(set(gpu_names))
     if not names:
         return Mfu(value=None, why_not="no GPU seen yet", flops_per_token=per_token)

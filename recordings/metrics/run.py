@@ -24,7 +24,7 @@ from probes.events import Event, GpuSample, JobEnded, MemorySnapshot, ProcessSam
 from recordings.manifest import GpuInfo, RunDescription
 from recordings.metrics.collectives import CollectiveFold, CollectiveRow
 from recordings.metrics.memory import MemoryFold, MemoryRow
-from recordings.metrics.mfu import Mfu, mfu
+from recordings.metrics.mfu import Mfu, mfu, script_parameters
 from recordings.metrics.pipeline import StageFold, StageRow, step_bubbles
 from recordings.metrics.requests import RequestFigures, RequestFold
 from recordings.metrics.steps import JobStep, RankSpan, StepFigures, StepFolder, StepStats
@@ -97,6 +97,8 @@ class RunFold:
         self.requests = RequestFold(run.load, replicas=run.plan.dp) if run.inference else None
         self.steps = StepStats()
         self.positions: dict[int, tuple[int, int, int]] = {}
+        self.trained: dict[int, tuple[int, int]] = {}
+        """A script's ranks: (pipeline rank, parameter elements its optimizer trains at their global size)."""
         """(pp, dp, tp) of each rank that reported its start."""
         self.gpu_names: dict[int, str] = {}
         self.rejected: Counter[str] = Counter()
@@ -165,6 +167,8 @@ class RunFold:
                 self._on_step(event)
             elif isinstance(event, RankStarted):
                 self.positions[event.rank] = (event.pp_rank, event.dp_rank, event.tp_rank)
+                if event.model_parameters is not None:
+                    self.trained[event.rank] = (event.pp_rank, event.model_parameters)
             elif isinstance(event, MemorySnapshot):
                 self.memory.add(event)
             elif isinstance(event, ProcessSample):
@@ -259,7 +263,8 @@ class RunFold:
             steps=steps, collectives=tuple(self.collectives.rows()), stages=tuple(self.stages.rows()),
             memory=tuple(self.memory.rows()), most_loaded_rank=self.memory.most_loaded_rank(),
             headroom_bytes=self.memory.headroom_bytes(), requests=requests,
-            mfu=mfu(self.run, gpu_names=self.gpu_names.values(), tokens_per_s=steps.tokens_per_s))
+            mfu=mfu(self.run, gpu_names=self.gpu_names.values(), tokens_per_s=steps.tokens_per_s,
+                    script_parameters=script_parameters(self.trained.values())))
         self._figures = (self.version, figures)
         return figures
 
