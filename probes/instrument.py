@@ -29,6 +29,7 @@ from typing import Protocol
 
 import torch
 
+from probes.activations import SavedActivations
 from probes.collectives import CollectiveProbe, GroupDirectory
 from probes.events import Event, ProbeOff, RankProgress, SamplerError
 from probes.memory import MemoryProbe
@@ -75,6 +76,7 @@ class Instrumentation:
         self._collectives: CollectiveProbe | None = None
         self._stages: StageProbe | None = None
         self._memory: MemoryProbe | None = None
+        self._activations: SavedActivations | None = None
         self._installed = False
         self._off: set[str] = set()
         """Probes that could not be installed: reported once, never tried again in this process."""
@@ -169,6 +171,10 @@ class Instrumentation:
         except Exception as error:  # a probe must never break the job it measures: reported, left off
             self._probe_off(MEMORY, error)
 
+    def watch_activations(self, activations: SavedActivations) -> None:
+        """Report ``activations``' peak per step as the step's activations (measured, CPU and CUDA)."""
+        self._activations = activations
+
     def set_enabled(self, enabled: bool) -> None:
         """Turn the hooks on or off between steps."""
         if enabled and not self._installed:
@@ -231,7 +237,8 @@ class Instrumentation:
     def step_ended(self, step: int) -> float | None:
         """Close the step; the seconds it spent blocked on pipeline P2P, where that was measured."""
         if self.enabled and self._memory is not None:
-            self.emit(self._memory.snapshot(step))
+            saved = self._activations.take_peak() if self._activations is not None else None
+            self.emit(self._memory.snapshot(step, saved_activations_bytes=saved))
         self.step = None
         return self.pipeline_wait_s()
 

@@ -72,7 +72,10 @@ class MemoryProbe:
         if self.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(self.device)
 
-    def snapshot(self, step: int, *, kv_cache_bytes: int | None = None) -> MemorySnapshot:
+    def snapshot(self, step: int, *, kv_cache_bytes: int | None = None,
+                 saved_activations_bytes: int | None = None) -> MemorySnapshot:
+        """Memory now; ``saved_activations_bytes`` (measured, :mod:`probes.activations`) stands in for the
+        allocator's estimate of activations where given."""
         if self._static is None or self._snapshots < 2 or self._snapshots % RECOUNT_EVERY == 0:
             optimizer_state = optimizer_bytes(self.optimizer) if self.optimizer is not None else 0
             self._static = (gradients_bytes(self.parameters), optimizer_state)
@@ -89,6 +92,8 @@ class MemoryProbe:
             activations = max(0, peak - static)
         else:
             rss = self._process.memory_info().rss
+        if saved_activations_bytes is not None:
+            activations = saved_activations_bytes
         return MemorySnapshot(
             rank=self.rank, step=step, wall_ns=time.time_ns(), weights_bytes=self.weights_bytes,
             grads_bytes=grads, optimizer_bytes=optimizer, activations_bytes=activations,

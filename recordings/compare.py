@@ -77,8 +77,9 @@ def script_differences(a: Script, b: Script) -> list[str]:
     differences = []
     if a.sha256 != b.sha256:
         differences.append(f"the scripts differ (sha256 {(a.sha256 or '-')[:12]} vs {(b.sha256 or '-')[:12]})")
-    for what, value_a, value_b in (("script arguments", a.args, b.args), ("tokens per step", a.tokens_per_step,
-                                                                           b.tokens_per_step)):
+    for what, value_a, value_b in (("script arguments", a.args, b.args),
+                                   ("tokens per step", a.tokens_per_step, b.tokens_per_step),
+                                   ("activation measurement", a.activations, b.activations)):
         if value_a != value_b:
             differences.append(f"the runs differ in {what} ({value_a} vs {value_b})")
     return differences

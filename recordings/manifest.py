@@ -24,9 +24,11 @@ from typing import Any
 
 from probes.errors import MeshtopError
 
-SCHEMA_VERSION = 2
-"""2: collective events carry ``waited_ns`` and ``overlapped``; the manifest is checked field by field."""
-READABLE_VERSIONS = (1, 2)
+SCHEMA_VERSION = 3
+"""2: collective events carry ``waited_ns`` and ``overlapped``; the manifest is checked field by field.
+3: a user's script (``script``; ``model``, ``dtype`` and ``seed`` may be null), ``model_parameters`` on
+``rank_started``."""
+READABLE_VERSIONS = (1, 2, 3)
 MANIFEST_NAME = "manifest.json"
 INFER_MODE = "infer"
 
@@ -110,6 +112,8 @@ class Script:
     environment: dict[str, str] = field(default_factory=dict)
     """The ranks' ``*_NUM_THREADS``, ``NCCL_*``, ``TORCH_*``, ``PYTORCH_*`` and ``CUDA_VISIBLE_DEVICES``."""
     tokens_per_step: int | None = None
+    activations: bool = False
+    """Whether the activations saved for backward were measured (a hook on every saved tensor)."""
 
     @property
     def name(self) -> str:

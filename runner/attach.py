@@ -15,7 +15,10 @@ every rank torchrun starts, before the script's first line. From then on:
   ``forward_backward_s`` runs to the optimizer step's start. A script without
   an optimizer has collectives and samples and no steps.
 - **memory**: at each step's end, weights, gradients and optimizer state from
-  that optimizer's parameters and state (DTensor shards by their local size).
+  that optimizer's parameters and state (DTensor shards by their local size);
+  with ``--activations``, the peak bytes saved for backward in the step
+  (:mod:`probes.activations`; the first module called and the optimizer's
+  parameters are the weights left out).
 - **pipelines**: the stage probe is installed when the script imports
   ``torch.distributed.pipelining`` (a post-import hook: importing it costs
   about 0.9 s, which a script that does not use it should not pay here).
@@ -48,6 +51,7 @@ from torch.distributed import device_mesh
 from torch.nn.modules.module import register_module_forward_pre_hook
 from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 
+from probes.activations import SavedActivations
 from probes.collectives import GroupDirectory
 from probes.events import RankStarted, StepTiming
 from probes.instrument import Instrumentation
@@ -55,7 +59,7 @@ from probes.memory import local_numel
 from probes.patching import Patches
 from probes.shipper import EventShipper, open_sink
 from probes.sink import EventSink
-from runner.script import DEVICE_ENV, INSTRUMENT_ENV, TOKENS_ENV
+from runner.script import ACTIVATIONS_ENV, DEVICE_ENV, INSTRUMENT_ENV, TOKENS_ENV
 
 PIPELINING = "torch.distributed.pipelining"
 GIL_HANDOFF_S = 0.2
@@ -66,13 +70,16 @@ class ScriptSteps:
     """The steps of a user's script: one per optimizer step of the first optimizer it steps."""
 
     def __init__(self, *, rank: int, probes: Instrumentation, sink: EventSink, tokens: int,
-                 on_parameters: Callable[[list[torch.Tensor]], None]) -> None:
+                 on_parameters: Callable[[list[torch.Tensor]], None],
+                 on_first_forward: Callable[[torch.nn.Module], None]) -> None:
         self.rank = rank
         self.probes = probes
         self.sink = sink
         self.tokens = tokens
         self.on_parameters = on_parameters
         """Called with the counted optimizer's parameters when it is first stepped."""
+        self.on_first_forward = on_first_forward
+        """Called with the first module the script calls."""
         self.step = 0
         self._optimizer: weakref.ref[torch.optim.Optimizer] | None = None
         self._start_ns: int | None = None
@@ -88,6 +95,7 @@ class ScriptSteps:
 
     def _on_first_forward(self, module: torch.nn.Module, args: Any) -> None:
         self._first_forward.remove()  # the hooks are copied before they run: removing it here is safe
+        self.on_first_forward(module)
         if self._start_ns is None:
             self._begin(time.time_ns())
 
@@ -168,7 +176,8 @@ def after_import(name: str, then: Callable[[], None]) -> None:
 class Attachment:
     """What :func:`attach` put into this rank, taken out again at exit."""
 
-    def __init__(self, *, rank: int, device: torch.device, sink: EventSink, tokens: int, hooks: bool) -> None:
+    def __init__(self, *, rank: int, device: torch.device, sink: EventSink, tokens: int, hooks: bool,
+                 activations: bool = False) -> None:
         self.rank = rank
         self.sink = sink
         self.probes = Instrumentation(rank=rank, sink=sink, device=device, enabled=hooks)
@@ -186,8 +195,12 @@ class Attachment:
         self._name_meshes()
         self._read_before_destroy()
         after_import(PIPELINING, lambda: self.probes.add_stage_probe(on_stage=self._on_stages))
+        self.activations = SavedActivations() if activations and hooks else None
+        if self.activations is not None:
+            self.activations.install()  # on the main thread, which runs the script's forward passes
+            self.probes.watch_activations(self.activations)
         self.steps = ScriptSteps(rank=rank, probes=self.probes, sink=sink, tokens=tokens,
-                                 on_parameters=self._on_parameters)
+                                 on_parameters=self._on_parameters, on_first_forward=self._on_first_forward)
         self._previous_excepthook = sys.excepthook
         sys.excepthook = self._excepthook
 
@@ -205,7 +218,14 @@ class Attachment:
     def _on_parameters(self, parameters: list[torch.Tensor]) -> None:
         """The first optimizer step: say again what the rank trains, locally and in the whole model."""
         self._parameters = (sum(local_numel(p) for p in parameters), sum(p.numel() for p in parameters))
+        if self.activations is not None:
+            self.activations.leave_out(parameters)
         self._started()
+
+    def _on_first_forward(self, module: torch.nn.Module) -> None:
+        """The first module the script calls holds (or is) its model: its weights are not activations."""
+        if self.activations is not None:
+            self.activations.leave_out(module.parameters())
 
     def _name_meshes(self) -> None:
         """Name the groups of every mesh ``init_device_mesh`` makes by its dims."""
@@ -258,8 +278,12 @@ class Attachment:
     def detach(self) -> None:
         """At exit: the hooks out, what the probes hold sent, the sink closed."""
         self.steps.remove()
+        if self.activations is not None:
+            self.activations.uninstall()
         self.probes.uninstall()
         self._patches.restore()
+        if sys.excepthook == self._excepthook:
+            sys.excepthook = self._previous_excepthook
         self.sink.close()
 
 
@@ -268,7 +292,8 @@ def attach() -> Attachment:
     rank = int(os.environ["RANK"])
     cuda = os.environ.get(DEVICE_ENV) == "cuda" and torch.cuda.is_available()
     device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0"))) if cuda else torch.device("cpu")
-    attachment = Attachment(rank=rank, device=device, sink=open_sink(rank),
-                            tokens=int(os.environ.get(TOKENS_ENV, "0")), hooks=os.environ.get(INSTRUMENT_ENV, "1") == "1")
+    attachment = Attachment(rank=rank, device=device, sink=open_sink(rank), tokens=int(os.environ.get(TOKENS_ENV, "0")),
+                            hooks=os.environ.get(INSTRUMENT_ENV, "1") == "1",
+                            activations=os.environ.get(ACTIVATIONS_ENV) == "1")
     atexit.register(attachment.detach)
     return attachment

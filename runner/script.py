@@ -34,6 +34,8 @@ ATTACH_ENV = "MESHTOP_ATTACH"
 DEVICE_ENV = "MESHTOP_DEVICE"
 """``cuda`` or ``cpu``: what the ranks are expected to run on (which collective kernel to use)."""
 TOKENS_ENV = "MESHTOP_TOKENS_PER_STEP"
+ACTIVATIONS_ENV = "MESHTOP_ACTIVATIONS"
+"""``1`` with ``--activations``: measure the tensors saved for backward (:mod:`probes.activations`)."""
 INSTRUMENT_ENV = "MESHTOP_INSTRUMENT"
 """``0`` with ``--no-instrument``: the ranks report their steps and heartbeats, with no collective or stage hooks."""
 BOOTSTRAP_DIR = Path(__file__).resolve().parent / "bootstrap"
@@ -65,6 +67,8 @@ class ScriptRun:
     tokens_per_step: int | None = None
     dtype: str | None = None
     """The compute dtype the user names (``--dtype``), for MFU's peak FLOP/s."""
+    activations: bool = False
+    """Measure activations saved for backward (``--activations``)."""
 
     @property
     def name(self) -> str:
@@ -109,7 +113,8 @@ def split_command(command: list[str]) -> tuple[list[str], bool]:
 
 
 def resolve_script(command: list[str], *, gpus_visible: int, instrument: bool = True,
-                   tokens_per_step: int | None = None, dtype: str | None = None) -> ScriptRun:
+                   tokens_per_step: int | None = None, dtype: str | None = None,
+                   activations: bool = False) -> ScriptRun:
     """The :class:`ScriptRun` of ``command``, or a :class:`PlanError` that says what to fix."""
     args_given, own = split_command(command)
     launcher_args = list(args_given)
@@ -127,7 +132,7 @@ def resolve_script(command: list[str], *, gpus_visible: int, instrument: bool = 
     return ScriptRun(command=tuple(command), launcher_args=tuple(launcher_args), script=script, module=module,
                      script_args=tuple(args.training_script_args), sha256=sha256, world_size=world_size,
                      device="cuda" if gpus_visible else "cpu", instrument=instrument,
-                     tokens_per_step=tokens_per_step, dtype=dtype)
+                     tokens_per_step=tokens_per_step, dtype=dtype, activations=activations)
 
 
 def _check_one_node(nnodes: str) -> None:

@@ -18,6 +18,7 @@ from recordings.recorder import Ending, SessionRecorder
 from runner.launch import JobControl, JobResult, Launch, NodeProbes, builtin_launch, rank_environment, run_job
 from runner.plan import ResolvedRun
 from runner.script import (
+    ACTIVATIONS_ENV,
     ATTACH_ENV,
     BOOTSTRAP_DIR,
     DEVICE_ENV,
@@ -43,6 +44,8 @@ def script_launch(script: ScriptRun) -> Launch:
     env = {ATTACH_ENV: "1", DEVICE_ENV: script.device, INSTRUMENT_ENV: "1" if script.instrument else "0"}
     if script.tokens_per_step is not None:
         env[TOKENS_ENV] = str(script.tokens_per_step)
+    if script.activations:
+        env[ACTIVATIONS_ENV] = "1"
     return Launch(launcher_args=script.launcher_args, world_size=script.world_size,
                   native_kernel=script.device == "cpu" and script.instrument, env=env,
                   pythonpath=(str(BOOTSTRAP_DIR),))
@@ -68,7 +71,8 @@ def script_description(script: ScriptRun, environment: dict[str, str]) -> RunDes
     section = Script(command=script.command, launcher_args=script.launcher_args,
                      path=str(script.script) if script.script is not None else None, module=script.module,
                      args=script.script_args, sha256=script.sha256, working_dir=os.getcwd(),
-                     environment=environment, tokens_per_step=script.tokens_per_step)
+                     environment=environment, tokens_per_step=script.tokens_per_step,
+                     activations=script.activations)
     return RunDescription(plan=plan, mode="train", model=None, dtype=script.dtype, device=script.device, steps=None,
                           batch_size=None, microbatch_size=None, seq_len=None, seed=None,
                           instrumented=script.instrument, script=section)

@@ -234,5 +234,6 @@ def test_a_newer_or_foreign_recording_is_refused_in_one_line(command: str, tmp_p
     assert main([command, str(newer), *extra]) == 2
     assert main([command, str(foreign), *extra]) == 2
     lines = capsys.readouterr().err.splitlines()
-    assert lines == [f"meshtop: error: {newer} has recording schema version 99; this meshtop reads versions 1, 2",
+    assert lines == [f"meshtop: error: {newer} has recording schema version 99; this meshtop reads versions "
+                     "1, 2, 3",
                      f"meshtop: error: {foreign} is not a meshtop recording: no manifest.json"]

@@ -125,7 +125,7 @@ def test_record_writes_the_full_run_description(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stdout + done.stderr
     assert f"recording: {out}" in done.stdout
     manifest = json.loads((out / "manifest.json").read_text())
-    assert manifest["schema_version"] == 2
+    assert manifest["schema_version"] == 3
     assert manifest["status"] == "completed"
     assert manifest["plan"] == {
         "dp": 1, "tp": 1, "pp": 2, "fsdp": False, "world_size": 2, "schedule": "gpipe", "microbatches": 4,

@@ -164,6 +164,11 @@ def test_built_in_options_with_a_script_and_a_script_after_summary_are_refused(
     assert "--tp sets up the built-in model; a script given after -- runs its own" in line
     line = one_line_error(["record", str(tmp_path / "b"), "--tokens-per-step", "64"], capsys)
     assert "--tokens-per-step is for a script given after --" in line
+    line = one_line_error(["record", str(tmp_path / "c"), "--activations"], capsys)
+    assert "--activations is for a script given after --" in line
+    line = one_line_error(["record", str(tmp_path / "d"), "--activations", "--no-instrument", "--",
+                           "examples/ddp.py"], capsys)
+    assert "--activations needs the hooks: leave out --no-instrument" in line
     line = one_line_error(["summary", str(tmp_path), "--", "examples/ddp.py"], capsys)
     assert "only run and record take a command after --" in line
     assert list(tmp_path.iterdir()) == []
@@ -243,6 +248,7 @@ def test_ddp_script_steps_collectives_and_memory_are_the_scripts_own(
         assert last[rank]["grads_bytes"] == gradient_bytes
         assert last[rank]["optimizer_bytes"] == adamw_state_bytes(model)
         assert last[rank]["rss_bytes"] > 0
+        assert last[rank]["activations_bytes"] is None  # CPU, without --activations: not measured
     trained = {row["model_parameters"] for row in table(recording, "rank_started") if row["model_parameters"]}
     assert trained == {sum(p.numel() for p in model.parameters())}
     report = summary(recording)
@@ -328,6 +334,42 @@ def test_a_users_sitecustomize_still_runs_and_tokens_per_step_gives_tokens_per_s
     assert report["steps"]["tokens_per_s"]["p50"] == pytest.approx(2048 / report["steps"]["time_s"]["p50"],
                                                                    rel=0.5)
     assert report["run"]["script"]["tokens_per_step"] == 2048
+
+
+@pytest.mark.slow
+def test_activations_saved_for_backward_are_measured_when_asked(tmp_path: Path) -> None:
+    out = tmp_path / "rec"
+    done = meshtop("record", str(out), "--activations", "--", *torchrun(2, "examples/ddp.py"))
+    assert done.returncode == 0, done.stdout + done.stderr
+    # ddp.py's step saves, per rank and in fp32: its batch x (32 x 64) for the first linear, that linear's
+    # output (32 x 256) for GELU, GELU's output (32 x 256) for the second linear, and out - x (32 x 64) for
+    # the square; the weights (and their transposed views) are not activations.
+    batch = 32
+    expected = 4 * batch * (DIM + 4 * DIM + 4 * DIM + DIM)
+    rows = table(out, "memory")
+    assert len(rows) == 2 * STEPS
+    assert {row["activations_bytes"] for row in rows} == {expected}
+
+
+@pytest.mark.slow
+def test_a_script_without_an_optimizer_has_collectives_memory_and_says_it_has_no_steps(tmp_path: Path) -> None:
+    script = tmp_path / "evaluate.py"
+    script.write_text("import torch, torch.distributed as dist\n"
+                      "dist.init_process_group('gloo')\n"
+                      "with torch.no_grad():\n"
+                      "    for _ in range(5):\n"
+                      "        dist.all_reduce(torch.ones(1000))\n"
+                      "dist.destroy_process_group()\n")
+    out = tmp_path / "rec"
+    done = meshtop("record", str(out), "--process-sample-hz", "20", "--", "torchrun", "--standalone",
+                   "--nproc-per-node=2", str(script))
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "steps: none (the script stepped no torch.optim optimizer)" in done.stdout
+    report = summary(out)
+    assert report["steps"]["count"] == 0
+    counts = Counter(row["op"] for row in table(out, "collective") if row["bytes"] == 4000)
+    assert counts == {"all_reduce": 10}  # 5 per rank, on the world group
+    assert {row["rank"] for row in report["memory"]} == {0, 1}  # each rank's RSS, from the process samples
 
 
 @pytest.mark.slow

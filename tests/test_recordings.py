@@ -31,9 +31,10 @@ def test_clean_close_leaves_parquet_tables_only(recorded: Path) -> None:
 def test_summary_json_has_the_documented_keys(recorded: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["summary", str(recorded), "--json"]) == 0
     summary = json.loads(capsys.readouterr().out)
-    assert summary["run"] == {"dp": 2, "tp": 1, "pp": 2, "fsdp": False, "world_size": 4, "mode": "train",
-                              "schedule": "1f1b", "microbatches": 4, "model": "tiny", "device": "cpu",
-                              "dtype": "fp32", "instrumented": True, "status": "completed"}
+    assert summary["run"] == {"label": "dp2 x tp1 x pp2 (1f1b, 4 mb)", "dp": 2, "tp": 1, "pp": 2, "fsdp": False,
+                              "world_size": 4, "mode": "train", "schedule": "1f1b", "microbatches": 4,
+                              "model": "tiny", "device": "cpu", "dtype": "fp32", "instrumented": True,
+                              "status": "completed", "script": None}
     assert summary["steps"]["count"] == 4
     assert set(summary["steps"]["time_s"]) == {"p50", "p90", "mean"}
     assert set(summary) == {"recording", "run", "steps", "mfu", "requests", "collectives", "stages", "memory",
@@ -104,7 +105,7 @@ def test_damaged_parquet_is_reported_not_raised(tmp_path: Path) -> None:
     (lambda d: d.mkdir(), "is not a meshtop recording: no manifest.json"),
     (lambda d: (d.mkdir(), (d / "manifest.json").write_text("{not json")), "manifest.json is damaged"),
     (lambda d: (d.mkdir(), (d / "manifest.json").write_text('{"schema_version": 99}')),
-     "has recording schema version 99; this meshtop reads versions 1, 2"),
+     "has recording schema version 99; this meshtop reads versions 1, 2, 3"),
     (lambda d: (d.mkdir(), (d / "manifest.json").write_text(json.dumps({**SAMPLE_MANIFEST, "colour": "red"}))),
      "unknown field colour"),
     (lambda d: (d.mkdir(), (d / "manifest.json").write_text(json.dumps(

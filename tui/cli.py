@@ -100,6 +100,9 @@ def add_plan_options(parser: argparse.ArgumentParser) -> None:
     script.add_argument("--tokens-per-step", type=int, default=None, metavar="N",
                         help="tokens the script's global batch holds per optimizer step: gives tokens/s (and, "
                              "with --dtype, its compute dtype, MFU on a GPU)")
+    script.add_argument("--activations", action="store_true",
+                        help="measure the activations the script saves for backward (a hook on every saved "
+                             "tensor; not traced by torch.compile)")
     probes = parser.add_argument_group("probes")
     probes.add_argument("--no-instrument", dest="instrument", action="store_false",
                         help="no worker hooks (step timing stays), to measure their overhead")
@@ -148,17 +151,21 @@ def resolve_args(args: argparse.Namespace) -> Work:
     """The built-in runner's plan, or the user's script given after ``--``."""
     wants_gpu = args.device != "cpu"
     if args.script is None:
-        if args.tokens_per_step is not None:
-            raise PlanError("--tokens-per-step is for a script given after -- (the built-in model counts its own)")
+        if args.tokens_per_step is not None or args.activations:
+            flag = "--tokens-per-step" if args.tokens_per_step is not None else "--activations"
+            raise PlanError(f"{flag} is for a script given after -- (the built-in model counts its own)")
         return resolve(spec_from_args(args), gpus_visible=gpus_visible() if wants_gpu else 0)
     given = [dest for dest, default in args.builtin_defaults.items() if getattr(args, dest) != default]
     if given:
         raise PlanError(f"{option(given[0])} sets up the built-in model; a script given after -- runs its own "
                         "(leave it out, or pass it to the script)")
+    if args.activations and not args.instrument:
+        raise PlanError("--activations needs the hooks: leave out --no-instrument")
     if args.device == "cuda" and not gpus_visible():
         raise PlanError("--device cuda: no CUDA GPU is visible")
     return resolve_script(args.script, gpus_visible=gpus_visible() if wants_gpu else 0,
-                          instrument=args.instrument, tokens_per_step=args.tokens_per_step, dtype=args.dtype)
+                          instrument=args.instrument, tokens_per_step=args.tokens_per_step, dtype=args.dtype,
+                          activations=args.activations)
 
 
 def build_parser() -> argparse.ArgumentParser:
