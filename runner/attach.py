@@ -63,7 +63,7 @@ from runner.script import ACTIVATIONS_ENV, DEVICE_ENV, INSTRUMENT_ENV, TOKENS_EN
 
 PIPELINING = "torch.distributed.pipelining"
 GIL_HANDOFF_S = 0.2
-"""How long ``destroy_process_group`` leaves the GIL to gloo's threads (see :meth:`Attachment._read_before_destroy`)."""
+"""How long ``destroy_process_group`` leaves the GIL to gloo's threads (:meth:`Attachment._read_before_destroy`)."""
 
 
 class ScriptSteps:
