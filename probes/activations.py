@@ -11,7 +11,8 @@ with a pipeline schedule's microbatches in flight.
 Why it is not on by default: the hooks are Python objects in every op's
 thread-local state (so every collective's work holds one, and whichever
 thread frees it last needs the GIL), each saved tensor costs a Python call,
-and ``torch.compile`` does not trace through default saved-tensor hooks.
+``torch.compile`` does not trace through default saved-tensor hooks, and
+``torch.func`` transforms (``grad``, ``vjp``, ``jacrev``) refuse to run under them.
 FSDP's unsharded parameters that ops save are counted as activations.
 """
 
@@ -37,8 +38,9 @@ class SavedActivations:
     """The live bytes of tensors saved for backward, and their peak since :meth:`take_peak`."""
 
     def __init__(self) -> None:
-        self._lock = threading.Lock()
-        """Finalizers run on whichever thread drops a saved tensor last (an autograd device thread, say)."""
+        self._lock = threading.RLock()
+        """Finalizers run on whichever thread drops a saved tensor last (an autograd device thread, say), or
+        inside :meth:`_pack` itself when a collection there frees one: re-entrant."""
         self._live: dict[int, list[int]] = {}
         """Storage address -> [bytes, saved tensors alive on it]."""
         self._parameters: set[int] = set()
@@ -47,8 +49,12 @@ class SavedActivations:
         self._hooks: saved_tensors_hooks | None = None
 
     def leave_out(self, parameters: Iterable[torch.Tensor]) -> None:
-        """Do not count the storages of ``parameters`` (the model's weights)."""
-        self._parameters.update(storage_key(p) for p in parameters)
+        """Do not count the storages of ``parameters`` (the model's weights; uninitialised lazy ones have none)."""
+        for parameter in parameters:
+            try:
+                self._parameters.add(storage_key(parameter))
+            except (RuntimeError, ValueError):
+                continue
 
     def install(self) -> None:
         """Hook the calling thread's saves (the training thread)."""
@@ -71,7 +77,7 @@ class SavedActivations:
             return tensor
         try:
             key = storage_key(tensor)
-        except RuntimeError:  # a tensor without storage (a subclass of another kind): nothing to count
+        except (RuntimeError, ValueError):  # a tensor without storage (a subclass of another kind): nothing to count
             return tensor
         if key == 0 or key in self._parameters:
             return tensor

@@ -191,12 +191,21 @@ class GroupDirectory:
 
     def __init__(self) -> None:
         self._by_name: dict[str, GroupInfo] = {}
+        self._lock = threading.Lock()
+        """The training thread adds meshes while the shipper thread names what the C++ kernel finished."""
 
     def add(self, name: str, group: dist.ProcessGroup, *, replace: bool = False) -> None:
         """Name ``group``; the first name given to a group wins (mesh dims before world), unless ``replace``."""
         key = group.group_name
-        if replace or key not in self._by_name:
-            self._by_name[key] = GroupInfo(name, group.size(), tuple(dist.get_process_group_ranks(group)), key)
+        info = GroupInfo(name, group.size(), tuple(dist.get_process_group_ranks(group)), key)
+        with self._lock:
+            if replace or key not in self._by_name:
+                self._by_name[key] = info
+
+    def forget(self) -> None:
+        """Forget every name: c10d reuses group names once its groups are destroyed."""
+        with self._lock:
+            self._by_name.clear()
 
     def add_mesh(self, mesh: Any, *, replace: bool = False) -> None:
         """Name each group of ``mesh`` by its dim (a mesh without dim names adds nothing)."""
@@ -219,11 +228,16 @@ class GroupDirectory:
         return known if known is not None else self.named(group.group_name, group.size())
 
     def named(self, group_name: str, size: int) -> GroupInfo:
-        """The group of this c10d name, named on first sight where nobody added it."""
+        """The group of this c10d name, named on first sight where nobody added it (``other`` is not kept:
+        c10d may know the group later)."""
         known = self._by_name.get(group_name)
-        if known is None:
-            known = self._by_name[group_name] = _unnamed_group(group_name, size)
-        return known
+        if known is not None:
+            return known
+        found = _unnamed_group(group_name, size)
+        if found.name == "other":
+            return found
+        with self._lock:
+            return self._by_name.setdefault(group_name, found)
 
 
 def _unnamed_group(group_name: str, size: int) -> GroupInfo:

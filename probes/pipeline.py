@@ -18,8 +18,6 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from torch.distributed.pipelining import schedules, stage
-
 from probes.events import Event, StageAction
 from probes.patching import Patches, require
 
@@ -51,7 +49,10 @@ class StageProbe:
 
     def install(self) -> None:
         """Wrap the stage actions and the P2P wait; :class:`~probes.patching.MissingInternal` before any
-        patch where this torch lacks one of them."""
+        patch where this torch lacks one of them. Imports pipelining here, not before: it costs about 0.9 s,
+        which a user's script that does not pipeline should not pay (:mod:`runner.attach`)."""
+        from torch.distributed.pipelining import schedules, stage
+
         stage_base = require(stage, "_PipelineStageBase")
         originals = {method: require(stage_base, method) for method in STAGE_METHODS}
         wait_batch_p2p = require(schedules, "_wait_batch_p2p")

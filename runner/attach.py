@@ -33,14 +33,17 @@ name; at exit what the probes hold is flushed and the sink closed.
 from __future__ import annotations
 
 import atexit
+import json
 import os
 import socket
 import sys
 import time
+import traceback
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from functools import wraps
-from importlib.abc import MetaPathFinder
+from importlib.abc import Loader, MetaPathFinder
 from importlib.machinery import ModuleSpec
 from types import ModuleType, TracebackType
 from typing import Any
@@ -62,8 +65,20 @@ from probes.sink import EventSink
 from runner.script import ACTIVATIONS_ENV, DEVICE_ENV, INSTRUMENT_ENV, TOKENS_ENV
 
 PIPELINING = "torch.distributed.pipelining"
+ERROR_FILE_ENV = "TORCHELASTIC_ERROR_FILE"
+"""Where torchrun reads a rank's error (``torch.distributed.elastic.multiprocessing.errors``)."""
 GIL_HANDOFF_S = 0.2
 """How long ``destroy_process_group`` leaves the GIL to gloo's threads (:meth:`Attachment._read_before_destroy`)."""
+
+
+@contextmanager
+def never_raises(where: str) -> Iterator[None]:
+    """A hook in the user's forward or optimizer step: an error of meshtop's is said on stderr, never raised
+    into the script."""
+    try:
+        yield
+    except Exception as error:  # noqa: BLE001 - a probe never breaks the job it measures
+        print(f"meshtop: probe error in {where}, ignored: {type(error).__name__}: {error}", file=sys.stderr)
 
 
 class ScriptSteps:
@@ -95,9 +110,10 @@ class ScriptSteps:
 
     def _on_first_forward(self, module: torch.nn.Module, args: Any) -> None:
         self._first_forward.remove()  # the hooks are copied before they run: removing it here is safe
-        self.on_first_forward(module)
-        if self._start_ns is None:
-            self._begin(time.time_ns())
+        with never_raises("the first forward"):
+            self.on_first_forward(module)
+            if self._start_ns is None:
+                self._begin(time.time_ns())
 
     def _ours(self, optimizer: torch.optim.Optimizer) -> bool:
         """Whether ``optimizer`` is the one whose steps count (the first one stepped)."""
@@ -109,13 +125,18 @@ class ScriptSteps:
         return self._optimizer() is optimizer
 
     def _before_optimizer(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
-        if not self._ours(optimizer):
-            return
-        if self._start_ns is None:  # no module forward came first (a hand-written model of plain tensors)
-            self._begin(time.time_ns())
-        self._optimizer_start_ns = time.time_ns()
+        with never_raises("an optimizer step"):
+            if not self._ours(optimizer):
+                return
+            if self._start_ns is None:  # no module forward came first (a hand-written model of plain tensors)
+                self._begin(time.time_ns())
+            self._optimizer_start_ns = time.time_ns()
 
     def _after_optimizer(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+        with never_raises("an optimizer step"):
+            self._close_step(optimizer)
+
+    def _close_step(self, optimizer: torch.optim.Optimizer) -> None:
         if not self._ours(optimizer) or self._start_ns is None:
             return
         end_ns = time.time_ns()
@@ -135,8 +156,31 @@ class ScriptSteps:
             hook.remove()
 
 
+class _ThenLoader(Loader):
+    """``loader``, then ``then()`` once the module has run (a wrapper: another module may share ``loader``)."""
+
+    def __init__(self, loader: Any, then: Callable[[], None]) -> None:
+        self._loader = loader
+        self._then = then
+
+    def create_module(self, spec: ModuleSpec) -> ModuleType | None:
+        return self._loader.create_module(spec)
+
+    def exec_module(self, module: ModuleType) -> None:
+        self._loader.exec_module(module)
+        with never_raises(f"after importing {module.__name__}"):
+            self._then()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._loader, name)
+
+
 class _AfterImport(MetaPathFinder):
-    """Runs ``then`` once the module ``name`` has been imported (Python has no post-import hook of its own)."""
+    """Runs ``then`` once the module ``name`` has been imported (Python has no post-import hook of its own).
+
+    It stays on ``sys.meta_path`` until the module has run: a ``find_spec`` probe that imports nothing does not
+    use it up.
+    """
 
     def __init__(self, name: str, then: Callable[[], None]) -> None:
         self.name = name
@@ -145,24 +189,22 @@ class _AfterImport(MetaPathFinder):
     def find_spec(self, fullname: str, path: Any, target: ModuleType | None = None) -> ModuleSpec | None:
         if fullname != self.name:
             return None
-        sys.meta_path.remove(self)
         for finder in sys.meta_path:
-            spec = finder.find_spec(fullname, path, target) if hasattr(finder, "find_spec") else None
+            if finder is self or not hasattr(finder, "find_spec"):
+                continue
+            spec = finder.find_spec(fullname, path, target)
             if spec is not None:
                 break
         else:
             return None
-        loader = spec.loader
-        if loader is not None and hasattr(loader, "exec_module"):
-            run_module = loader.exec_module
-            then = self.then
-
-            def exec_module(module: ModuleType) -> None:
-                run_module(module)
-                then()
-
-            loader.exec_module = exec_module  # type: ignore[method-assign]  # this module's own loader
+        if spec.loader is not None and hasattr(spec.loader, "exec_module"):
+            spec.loader = _ThenLoader(spec.loader, self._ran)
         return spec
+
+    def _ran(self) -> None:
+        if self in sys.meta_path:
+            sys.meta_path.remove(self)
+        self.then()
 
 
 def after_import(name: str, then: Callable[[], None]) -> None:
@@ -247,14 +289,16 @@ class Attachment:
 
     def _read_before_destroy(self) -> None:
         original = dist.destroy_process_group
-        probes = self.probes
+        probes, groups = self.probes, self.groups
 
         @wraps(original)
         def destroy_process_group(*args: Any, **kwargs: Any) -> Any:
-            probes.flush()
+            with never_raises("destroy_process_group"):
+                probes.flush()
             try:
                 return original(*args, **kwargs)
             finally:
+                groups.forget()  # c10d reuses group names after a destroy: learn them again
                 # Let gloo's worker threads finish destroying their last works before the script goes on.
                 # A work made in backward holds a Python object in its thread-local state, and the thread
                 # that drops the work last needs the GIL to free it; if that is a gloo thread at the moment
@@ -266,13 +310,18 @@ class Attachment:
         self._patches.replace(dist, "destroy_process_group", destroy_process_group)
 
     def _excepthook(self, kind: type[BaseException], error: BaseException, trace: TracebackType | None) -> None:
-        """Write the error for torchrun (what ``@record`` does), then report it as before."""
-        try:
-            from torch.distributed.elastic.multiprocessing.errors import ErrorHandler
-
-            ErrorHandler().record_exception(error)
-        except Exception:  # noqa: BLE001 - the traceback below still says it
-            pass
+        """Write the error for torchrun as ``@record`` does (unless the script's own ``@record`` did), then
+        report it as before."""
+        path = os.environ.get(ERROR_FILE_ENV)
+        if path and not os.path.exists(path):
+            record = {"message": {"message": f"{kind.__name__}: {error}", "extraInfo": {
+                "py_callstack": "".join(traceback.format_exception(kind, error, trace)),
+                "timestamp": str(int(time.time()))}}}
+            try:
+                with open(path, "w") as file:
+                    json.dump(record, file)
+            except OSError:  # the traceback below still says it
+                pass
         self._previous_excepthook(kind, error, trace)
 
     def detach(self) -> None:
@@ -290,7 +339,9 @@ class Attachment:
 def attach() -> Attachment:
     """Attach meshtop to this rank (torchrun's ``RANK`` and ``LOCAL_RANK`` say which)."""
     rank = int(os.environ["RANK"])
-    cuda = os.environ.get(DEVICE_ENV) == "cuda" and torch.cuda.is_available()
+    # Not torch.cuda.is_available(): it would initialise CUDA before a script that sets CUDA_VISIBLE_DEVICES
+    # from LOCAL_RANK; the launcher says cuda only where it saw GPUs.
+    cuda = os.environ.get(DEVICE_ENV) == "cuda"
     device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0"))) if cuda else torch.device("cpu")
     attachment = Attachment(rank=rank, device=device, sink=open_sink(rank), tokens=int(os.environ.get(TOKENS_ENV, "0")),
                             hooks=os.environ.get(INSTRUMENT_ENV, "1") == "1",

@@ -127,9 +127,17 @@ def builtin_launch(run: ResolvedRun, session_dir: Path) -> Launch:
     )
 
 
+ATTACHED_ENV = "MESHTOP_ATTACHED_PID"
+"""Set by the bootstrap in a process it attached to (``runner/bootstrap/sitecustomize.py``)."""
+
+
 def rank_environment(launch: Launch) -> dict[str, str]:
-    """The environment of the launcher and its ranks, less the collector's address and token."""
-    env = dict(os.environ)
+    """The environment of the launcher and its ranks, less the collector's address and token.
+
+    Without ``RANK`` (torchrun gives each rank its own: one exported by a cluster's pod would make the
+    launcher look like a rank to the bootstrap) and without a parent's attachment mark.
+    """
+    env = {key: value for key, value in os.environ.items() if key not in ("RANK", ATTACHED_ENV)}
     env.setdefault(NCCL_TIMING_ENV, "1")  # nccl times each operation with CUDA events
     if not launch.native_kernel:
         env[NATIVE_ENV] = "off"  # the C++ collective probe times gloo only; the agent builds it otherwise

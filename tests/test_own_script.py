@@ -9,6 +9,8 @@ own tables.
 
 from __future__ import annotations
 
+import importlib
+import importlib.util
 import json
 import os
 import subprocess
@@ -25,6 +27,7 @@ from torch import nn
 
 from probes.events import GpuSample, RankStarted, StepTiming
 from recordings.metrics.run import fold_tables
+from runner.attach import after_import
 from runner.plan import PlanError
 from runner.script import resolve_script
 from runner.session import script_description
@@ -221,6 +224,36 @@ def test_a_scripts_mfu_is_6n_from_its_optimizers_over_the_gpus_peak(tmp_path: Pa
     without = script_description(resolve_script(["examples/pp.py"], gpus_visible=4), environment={})
     assert "needs --tokens-per-step and --dtype" in (fold_tables(without, [], status="completed").figures()
                                                      .mfu.why_not or "")
+
+
+def test_the_attachment_does_not_import_pipelining_for_a_script_that_does_not() -> None:
+    done = subprocess.run([sys.executable, "-c", "import sys, runner.attach; "
+                           "print('torch.distributed.pipelining' in sys.modules)"],
+                          capture_output=True, text=True, timeout=120, cwd=REPO)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "False"  # about 0.9 s a rank, paid only by scripts that pipeline
+
+
+def test_the_post_import_hook_survives_a_probe_and_never_breaks_the_import(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in ("probed_module", "failing_then"):
+        (tmp_path / f"{name}.py").write_text("VALUE = 42\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    calls: list[str] = []
+    after_import("probed_module", lambda: calls.append("ran"))
+    assert importlib.util.find_spec("probed_module") is not None and calls == []  # a probe imports nothing
+    module = importlib.import_module("probed_module")
+    assert module.VALUE == 42 and calls == ["ran"]
+    importlib.reload(module)
+    assert calls == ["ran"]  # once
+
+    def fails() -> None:
+        raise RuntimeError("a probe's own error")
+
+    after_import("failing_then", fails)
+    assert importlib.import_module("failing_then").VALUE == 42  # the user's import still works
+    for name in ("probed_module", "failing_then"):
+        sys.modules.pop(name, None)
 
 
 # --- the examples, recorded ----------------------------------------------------------------------------------

@@ -25,8 +25,8 @@ ATTACHED_ENV = "MESHTOP_ATTACHED_PID"
 
 def run_users_sitecustomize() -> None:
     """Import the ``sitecustomize`` that this one hides, if there is one, as Python would have."""
-    here = os.path.dirname(os.path.abspath(__file__))
-    path = [entry for entry in sys.path if os.path.abspath(entry or os.curdir) != here]
+    here = os.path.dirname(os.path.realpath(__file__))
+    path = [entry for entry in sys.path if os.path.realpath(entry or os.curdir) != here]  # this folder by any name
     spec = PathFinder.find_spec("sitecustomize", path)
     if spec is None or spec.loader is None:
         return
