@@ -25,13 +25,13 @@ from typing import Any
 
 import torch
 from torch.autograd.graph import saved_tensors_hooks
-from torch.distributed.tensor import DTensor
+
+from probes.memory import local_shard
 
 
 def storage_key(tensor: torch.Tensor) -> int:
     """The address of the storage ``tensor`` (a DTensor's local shard) views."""
-    local = tensor.to_local() if isinstance(tensor, DTensor) else tensor
-    return local.untyped_storage().data_ptr()
+    return local_shard(tensor).untyped_storage().data_ptr()
 
 
 class SavedActivations:
@@ -84,8 +84,7 @@ class SavedActivations:
         with self._lock:
             entry = self._live.get(key)
             if entry is None:
-                local = tensor.to_local() if isinstance(tensor, DTensor) else tensor
-                entry = self._live[key] = [local.untyped_storage().nbytes(), 0]
+                entry = self._live[key] = [local_shard(tensor).untyped_storage().nbytes(), 0]
                 self.live_bytes += entry[0]
                 self._peak = max(self._peak, self.live_bytes)
             entry[1] += 1

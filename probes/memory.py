@@ -27,14 +27,19 @@ from probes.events import MemorySnapshot
 RECOUNT_EVERY = 50
 
 
+def local_shard(tensor: torch.Tensor) -> torch.Tensor:
+    """What this rank holds of ``tensor``: a DTensor's local shard, any other tensor itself."""
+    return tensor.to_local() if isinstance(tensor, DTensor) else tensor
+
+
 def tensor_bytes(tensor: torch.Tensor) -> int:
-    local = tensor.to_local() if isinstance(tensor, DTensor) else tensor
+    local = local_shard(tensor)
     return local.numel() * local.element_size()
 
 
 def local_numel(tensor: torch.Tensor) -> int:
-    """Elements this rank holds of ``tensor`` (a DTensor's local shard)."""
-    return (tensor.to_local() if isinstance(tensor, DTensor) else tensor).numel()
+    """Elements this rank holds of ``tensor``."""
+    return local_shard(tensor).numel()
 
 
 def parameters_of(modules: Iterable[nn.Module]) -> list[torch.Tensor]:

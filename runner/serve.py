@@ -31,9 +31,9 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.tensor import DTensor
 
 from probes.events import Event, RequestDone
+from probes.memory import local_numel
 from runner.kv_cache import KVCache
 from runner.load import (
     InferenceLoad,
@@ -112,7 +112,7 @@ class ServingJob:
         return self.coords.pp == self.run.pp - 1
 
     def local_parameters(self) -> int:
-        return sum((p.to_local() if isinstance(p, DTensor) else p).numel() for p in self.model.parameters())
+        return sum(local_numel(p) for p in self.model.parameters())
 
     @torch.no_grad()
     def forward(self, op: Op, inputs: torch.Tensor) -> torch.Tensor:

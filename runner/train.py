@@ -9,8 +9,8 @@ import torch
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.pipelining.schedules import _PipelineSchedule
-from torch.distributed.tensor import DTensor
 
+from probes.memory import local_numel
 from runner.data import replica_batch, synthetic_tokens
 from runner.data_parallel import apply_ddp, apply_fsdp, apply_replicate
 from runner.mesh import MeshCoordinates
@@ -38,10 +38,7 @@ class TrainingJob:
 
     def local_parameters(self) -> int:
         """Parameter elements stored on this rank (the local shard of each DTensor)."""
-        return sum(
-            (p.to_local() if isinstance(p, DTensor) else p).numel()
-            for module in self.modules for p in module.parameters()
-        )
+        return sum(local_numel(p) for module in self.modules for p in module.parameters())
 
     @property
     def holds_first_stage(self) -> bool:
