@@ -1,5 +1,5 @@
 """The activations probe in this process: what a forward pass saves for backward, counted once per storage
-while it is alive, the model's weights left out."""
+while autograd holds it, the model's weights left out."""
 
 from __future__ import annotations
 
@@ -29,14 +29,27 @@ def test_saved_tensors_are_counted_once_while_alive_and_weights_are_not() -> Non
     assert probe.live_bytes == saved
     assert probe.take_peak() == saved
     loss.backward()
-    del out, loss
-    gc.collect()
-    assert probe.live_bytes == 4 * 8 * 16  # only x: the caller still holds it
-    del x
+    # Backward released every saved slot: nothing is saved any more, although the caller still holds x
+    # (a pipeline's receive buffer is held the same way) and out.
+    assert probe.live_bytes == 0
+    assert probe.take_peak() == 0  # the period since saved nothing
+    assert x.shape == (8, 16) and out.shape == (8, 16)
+
+
+def test_a_graph_dropped_without_backward_releases_its_saved_bytes() -> None:
+    model = nn.Linear(16, 16)
+    probe = SavedActivations()
+    probe.leave_out(model.parameters())
+    probe.install()
+    try:
+        x = torch.randn(4, 16)
+        loss = model(x).pow(2).sum()
+    finally:
+        probe.uninstall()
+    assert probe.live_bytes == 4 * 4 * (16 + 16)  # x for the linear, its output for the square
+    del loss
     gc.collect()
     assert probe.live_bytes == 0
-    assert probe.take_peak() == saved  # this period began with all of it live
-    assert probe.take_peak() == 0  # ...and the next with none
 
 
 def test_outside_the_hooks_nothing_is_counted() -> None:
@@ -46,3 +59,22 @@ def test_outside_the_hooks_nothing_is_counted() -> None:
     model = nn.Linear(4, 4)
     model(torch.randn(2, 4)).sum().backward()
     assert probe.live_bytes == 0 and probe.take_peak() == 0
+
+
+def test_what_an_earlier_step_left_saved_is_not_the_next_steps() -> None:
+    model = nn.Linear(16, 16)
+    probe = SavedActivations()
+    probe.leave_out(model.parameters())
+    probe.install()
+    try:
+        kept = model(torch.randn(4, 16)).pow(2).sum()  # a graph no backward will run on
+        assert probe.take_peak() == 4 * 4 * 32
+        loss = model(torch.randn(2, 16)).pow(2).sum()
+    finally:
+        probe.uninstall()
+    assert probe.live_bytes == 4 * (4 + 2) * 32  # both graphs are held...
+    assert probe.take_peak() == 4 * 2 * 32  # ...but this period saved only the second
+    loss.backward()
+    del kept
+    gc.collect()
+    assert probe.live_bytes == 0
