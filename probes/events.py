@@ -93,7 +93,8 @@ class CollectiveTiming(Event):
     op: str
     """all_reduce, all_gather, reduce_scatter, broadcast, reduce, gather, scatter, all_to_all, send, recv or barrier."""
     group: str
-    """The mesh dim the process group spans (dp, tp, pp, or a script's own dim names), or ``world``, or its
+    """The mesh dim the process group spans (dp, tp, pp, or a script's own dim names), or ``embedding`` (a
+    pipeline's tied-embedding ends, :mod:`runner.pipeline`), or ``world``, or its
     global ranks (``ranks 0,2``), or ``other`` (a group c10d no longer knew when the operation was read)."""
     group_size: int
     peer: int | None

@@ -73,6 +73,8 @@ class Model:
     default_seq_len: int
     norm_eps: float = 1e-5
     rope_theta: float = 10000.0
+    tie_embeddings: bool = False
+    """The output projection shares the token embedding's matrix."""
     parameters: int
     """Parameter elements of the whole model."""
 

@@ -105,6 +105,15 @@ class Transformer(nn.Module):
 
     A stage keeps ``tok_embeddings`` only if it is the first, ``norm`` and
     ``output`` only if it is the last (the others are set to ``None``).
+
+    With ``shape.tie_embeddings`` the output projection's weight is the
+    embedding's Parameter (both are ``[vocab, dim]``). ``to_empty`` of plain
+    parameters off the meta device and tensor parallelism's
+    ``parallelize_module`` give each module a parameter of its own again:
+    :meth:`tie_weights` ties them back (DTensor parameters, as FSDP2 and
+    replicate make, are swapped in place by ``to_empty`` and stay tied).
+    Pipeline stages hold the two ends apart, each its own copy
+    (:mod:`runner.pipeline`).
     """
 
     def __init__(self, shape: ModelShape) -> None:
@@ -114,6 +123,13 @@ class Transformer(nn.Module):
         self.layers = nn.ModuleDict({str(i): Block(shape) for i in range(shape.n_layers)})
         self.norm: nn.RMSNorm | None = nn.RMSNorm(shape.dim, eps=shape.norm_eps)
         self.output: nn.Linear | None = nn.Linear(shape.dim, shape.vocab_size, bias=False)
+        self.tie_weights()
+
+    def tie_weights(self) -> None:
+        """Make the output projection use the embedding's Parameter, where the shape ties them and this
+        model (or pipeline stage) holds both; a no-op otherwise."""
+        if self.shape.tie_embeddings and self.tok_embeddings is not None and self.output is not None:
+            self.output.weight = self.tok_embeddings.weight
 
     def forward(self, tokens_or_hidden: torch.Tensor, cache: KVCache | None = None) -> torch.Tensor:
         """Training and pipeline stages: no ``cache``. Generation: the rows and positions are the cache's."""

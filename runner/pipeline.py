@@ -3,6 +3,14 @@
 The model is cut into ``pp x v`` stages of consecutive layers. A pp rank owns
 one stage (GPipe, 1F1B) or ``v`` stages looped round the ranks
 (interleaved 1F1B: rank r holds stages r, r + pp, ...).
+
+Tied embeddings: the first stage (on pp rank 0) holds the token embedding
+and the last (on pp rank pp - 1) the output projection, the same matrix in a
+single process. As Megatron-LM does, each end keeps its own copy, both
+initialised alike (:mod:`runner.weights`), and after each step's backward the
+two copies' gradients are summed by an all-reduce over the pair of ranks that
+holds them (one group per (dp, tp) position), so both take the same optimizer
+step as the single tied parameter would.
 """
 
 from __future__ import annotations
@@ -11,6 +19,7 @@ import copy
 from collections.abc import Callable
 
 import torch
+import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.pipelining import (
     PipelineStage,
@@ -19,16 +28,12 @@ from torch.distributed.pipelining import (
     ScheduleInterleaved1F1B,
 )
 from torch.distributed.pipelining.schedules import _PipelineSchedule
+from torch.distributed.tensor import DTensor
 
 from runner.model import Transformer
 from runner.plan import ResolvedRun
 
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
-
-
-def stages_of_rank(run: ResolvedRun, pp_rank: int) -> list[int]:
-    """Stage indices held by pipeline rank ``pp_rank``, in execution order."""
-    return [pp_rank + loop * run.pp for loop in range(run.virtual_stages)]
 
 
 def cut_stage(model: Transformer, *, run: ResolvedRun, stage_index: int) -> Transformer:
@@ -65,3 +70,52 @@ def build_schedule(
         return ScheduleInterleaved1F1B(stages, n_microbatches=run.microbatches, loss_fn=loss_fn)
     single = Schedule1F1B if run.schedule == "1f1b" else ScheduleGPipe
     return single(stages[0], n_microbatches=run.microbatches, loss_fn=loss_fn)
+
+
+def embedding_group(run: ResolvedRun, *, mesh: DeviceMesh) -> dist.ProcessGroup | None:
+    """This rank's group of {first-stage rank, last-stage rank} at its (dp, tp) position, where the model
+    ties its embeddings and this rank holds an end; ``None`` otherwise.
+
+    Every rank must call this, as every rank creates every group (in the same order, as c10d requires).
+    """
+    if not run.shape.tie_embeddings or run.pp == 1:
+        return None
+    ranks = mesh.mesh  # [pp, dp, tp] -> global rank
+    mine = None
+    for dp in range(run.dp):
+        for tp in range(run.tp):
+            ends = [int(ranks[0, dp, tp]), int(ranks[run.pp - 1, dp, tp])]
+            group = dist.new_group(ends)
+            if dist.get_rank() in ends:
+                mine = group
+    return mine
+
+
+def tied_ends(modules: list[torch.nn.Module]) -> list[torch.nn.Parameter]:
+    """The tied embedding copies this rank's stages hold: the embedding of the first, the output of the last."""
+    ends = []
+    for module in modules:
+        assert isinstance(module, Transformer), "pipeline stages are Transformer chunks"
+        if module.tok_embeddings is not None:
+            ends.append(module.tok_embeddings.weight)
+        if module.output is not None:
+            ends.append(module.output.weight)
+    return ends
+
+
+@torch.no_grad()
+def sum_tied_gradients(ends: list[torch.nn.Parameter], *, group: dist.ProcessGroup) -> None:
+    """Add the other end's gradient to each of this rank's tied copies.
+
+    A DTensor gradient is summed by its local shard: both ends' parameters have the same placements, and
+    their gradients are laid out as their parameters (FSDP2 / replicate reduce them so, and without dp
+    :func:`runner.tensor_parallel.keep_gradients_sharded` does)."""
+    for param in ends:
+        grad = param.grad
+        assert grad is not None, "a tied end has a gradient after backward"
+        if isinstance(grad, DTensor):
+            assert isinstance(param, DTensor) and grad.placements == param.placements, \
+                "a gradient is laid out as its parameter"
+            dist.all_reduce(grad.to_local(), group=group)
+        else:
+            dist.all_reduce(grad, group=group)

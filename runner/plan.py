@@ -54,6 +54,8 @@ class RunSpec:
     """Microbatches per step for the pipeline (default 2 x pp)."""
     model: str = "tiny"
     """Model preset name."""
+    model_config: str | None = None
+    """A Hugging Face style ``config.json`` of a Llama-family decoder: its shape instead of a preset's."""
     dtype: str | None = None
     """Parameter and compute dtype: fp32 or bf16 (default fp32 on CPU, bf16 on CUDA)."""
     device: str = "auto"
@@ -68,6 +70,8 @@ class RunSpec:
     """Seed of the weights and of the synthetic data."""
     instrument: bool = True
     """Install the worker hooks (collectives, pipeline stages, memory); step timing stays either way."""
+    activations: bool = False
+    """Measure the bytes each step saves for backward (:mod:`probes.activations`)."""
     mode: str = "train"
     """train, or infer: serve a load of generation requests."""
     requests: int | None = None
@@ -86,7 +90,7 @@ class RunSpec:
     slo_tpot_ms: float | None = None
 
 
-TRAIN_ONLY = ("fsdp", "schedule", "microbatches", "steps", "batch_size", "seq_len")
+TRAIN_ONLY = ("fsdp", "schedule", "microbatches", "steps", "batch_size", "seq_len", "activations")
 INFER_ONLY = ("requests", "concurrency", "request_rate", "prompt_len", "output_len", "max_batch",
               "slo_ttft_ms", "slo_tpot_ms")
 
@@ -117,6 +121,8 @@ class ResolvedRun:
     seq_len: int
     seed: int
     instrument: bool = True
+    activations: bool = False
+    """Measure the bytes saved for backward per step (training)."""
     stage_layers: tuple[tuple[int, ...], ...] = field(default=())
     """Layer indices of each pipeline stage, stage 0 first."""
     mode: str = "train"
@@ -135,6 +141,10 @@ class ResolvedRun:
     def microbatch_size(self) -> int:
         return self.batch_size // (self.dp * self.microbatches)
 
+    def stages_of(self, pp_rank: int) -> list[int]:
+        """Stage indices held by pipeline rank ``pp_rank``, in execution order (looped for interleaved 1F1B)."""
+        return [pp_rank + loop * self.pp for loop in range(self.virtual_stages)]
+
     def plan_label(self) -> str:
         """``dp2 x tp2 x pp2 (1f1b, 4 mb)`` style label for headers and logs."""
         dp = f"fsdp{self.dp}" if self.fsdp else f"dp{self.dp}"
@@ -147,7 +157,7 @@ class ResolvedRun:
 
     def to_json(self) -> dict[str, object]:
         fields = asdict(self)
-        fields["shape"] = self.shape.name
+        fields["shape"] = asdict(self.shape)
         fields["stage_layers"] = [list(layers) for layers in self.stage_layers]
         fields["load"] = self.load.describe() if self.load is not None else None
         return fields
@@ -155,7 +165,8 @@ class ResolvedRun:
     @classmethod
     def from_json(cls, fields: dict[str, object]) -> ResolvedRun:
         values = dict(fields)
-        values["shape"] = preset(str(values["shape"]))
+        shape = values["shape"]
+        values["shape"] = ModelShape(**shape) if isinstance(shape, dict) else preset(str(shape))
         values["stage_layers"] = tuple(tuple(layers) for layers in values["stage_layers"])  # type: ignore[union-attr]
         load = values.get("load")
         values["load"] = InferenceLoad.from_json(load) if isinstance(load, dict) else None
@@ -213,6 +224,15 @@ def split_layers(n_layers: int, n_stages: int) -> tuple[tuple[int, ...], ...]:
     return tuple(stages)
 
 
+def model_shape(model: str, model_config: str | None) -> ModelShape:
+    """The shape of preset ``model``, or the one a ``config.json`` at ``model_config`` describes."""
+    if model_config is None:
+        return preset(model)
+    from runner.model_config import load_model_config
+
+    return load_model_config(model_config)
+
+
 def resolve(spec: RunSpec, *, gpus_visible: int) -> ResolvedRun:
     """Fill in defaults and check that the run can be launched on this host."""
     for name, value in (("--dp", spec.dp), ("--tp", spec.tp), ("--pp", spec.pp),
@@ -225,11 +245,11 @@ def resolve(spec: RunSpec, *, gpus_visible: int) -> ResolvedRun:
         raise PlanError(f"unknown --device {spec.device!r}: use one of {', '.join(DEVICES)}")
     if spec.mode not in MODES:
         raise PlanError(f"unknown --mode {spec.mode!r}: use one of {', '.join(MODES)}")
-    _check_mode_options(spec)
+    check_mode_options(spec)
     if spec.device == "cuda" and gpus_visible == 0:
         raise PlanError("--device cuda asked for but no CUDA GPU is visible: use --device cpu or auto")
     device = "cuda" if spec.device == "cuda" or (spec.device == "auto" and gpus_visible > 0) else "cpu"
-    shape = preset(spec.model)
+    shape = model_shape(spec.model, spec.model_config)
 
     if spec.dp is not None:
         dp = spec.dp
@@ -274,7 +294,7 @@ def resolve(spec: RunSpec, *, gpus_visible: int) -> ResolvedRun:
         microbatches=microbatches, virtual_stages=virtual, shape=shape, dtype=dtype,
         device=device, steps=spec.steps or DEFAULT_STEPS, batch_size=batch,
         seq_len=spec.seq_len or shape.default_seq_len, seed=spec.seed, instrument=spec.instrument,
-        stage_layers=split_layers(shape.n_layers, spec.pp * virtual),
+        activations=spec.activations, stage_layers=split_layers(shape.n_layers, spec.pp * virtual),
     )
 
 
@@ -300,7 +320,7 @@ def _resolve_pipeline(spec: RunSpec) -> tuple[str | None, int, int]:
 
 
 
-def _check_mode_options(spec: RunSpec) -> None:
+def check_mode_options(spec: RunSpec) -> None:
     """Options of the other mode are refused, not silently ignored."""
     given = [name for name in TRAIN_ONLY + INFER_ONLY if getattr(spec, name) not in (None, False)]
     if spec.mode == "infer":

@@ -35,18 +35,21 @@ class ModelShape:
     """Epsilon of every RMSNorm."""
     rope_theta: float = 10000.0
     """Base of the rotary position embedding."""
+    tie_embeddings: bool = False
+    """The output projection is the token embedding's matrix (one parameter, as ``tie_word_embeddings``)."""
 
     @property
     def head_dim(self) -> int:
         return self.dim // self.n_heads
 
     def parameter_count(self) -> int:
-        """Parameters of the whole model (embedding and output counted apart)."""
+        """Parameters of the whole model (embedding and output counted apart unless tied)."""
         attention = self.dim * self.head_dim * (2 * self.n_heads + 2 * self.n_kv_heads)
         mlp = 3 * self.dim * self.ffn_dim
         norms = 2 * self.dim
         per_layer = attention + mlp + norms
-        return self.n_layers * per_layer + 2 * self.vocab_size * self.dim + self.dim
+        ends = (1 if self.tie_embeddings else 2) * self.vocab_size * self.dim
+        return self.n_layers * per_layer + ends + self.dim
 
     def describe(self) -> dict[str, object]:
         """Plain fields for manifests, plus the parameter count."""

@@ -136,6 +136,8 @@ def build_serving(run: ResolvedRun, *, mesh: DeviceMesh, coords: MeshCoordinates
     if run.tp > 1:
         apply_tensor_parallel(model, tp_mesh=mesh["tp"])
     model.to_empty(device=device)
+    model.tie_weights()  # to_empty gives a plain tied parameter a new one in each module; a last stage's own
+    # copy of a tied output starts as the embedding (runner.weights), and inference never changes it
     init_weights(model, model=run.shape, seed=run.seed, device=device)
     model.eval()
     cache = KVCache(slots=run.load.max_batch, max_len=run.load.max_sequence, dtype=TORCH_DTYPES[run.dtype],

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
+import torch.distributed as dist
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.pipelining.schedules import _PipelineSchedule
@@ -15,9 +16,9 @@ from runner.data import replica_batch, synthetic_tokens
 from runner.data_parallel import apply_ddp, apply_fsdp, apply_replicate
 from runner.mesh import MeshCoordinates
 from runner.model import Transformer, next_token_loss
-from runner.pipeline import build_schedule, cut_stage, stages_of_rank
+from runner.pipeline import build_schedule, cut_stage, embedding_group, sum_tied_gradients, tied_ends
 from runner.plan import ResolvedRun
-from runner.tensor_parallel import apply_tensor_parallel
+from runner.tensor_parallel import apply_tensor_parallel, keep_gradients_sharded
 from runner.weights import init_weights
 
 TORCH_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
@@ -35,6 +36,10 @@ class TrainingJob:
     stage_indices: list[int]
     optimizer: torch.optim.Optimizer
     schedule: _PipelineSchedule | None
+    embedding_group: dist.ProcessGroup | None = None
+    """Pipelines of a tied model: the ranks of the two ends, whose gradients are summed each step."""
+    tied_ends: list[nn.Parameter] = field(default_factory=list)
+    """This rank's copies of the tied embedding (none unless it holds the first or the last stage)."""
 
     def local_parameters(self) -> int:
         """Parameter elements stored on this rank (the local shard of each DTensor)."""
@@ -54,7 +59,7 @@ def build_training(run: ResolvedRun, *, mesh: DeviceMesh, coords: MeshCoordinate
     """Build the model on the meta device, parallelise it, then materialise and initialise it."""
     with torch.device("meta"):
         whole = Transformer(run.shape).to(TORCH_DTYPES[run.dtype])
-    stage_indices = stages_of_rank(run, coords.pp) if run.pp > 1 else [0]
+    stage_indices = run.stages_of(coords.pp) if run.pp > 1 else [0]
     chunks = [cut_stage(whole, run=run, stage_index=s) for s in stage_indices] if run.pp > 1 else [whole]
     classic_ddp = run.dp > 1 and not run.fsdp and run.tp == 1 and run.pp == 1
     for chunk in chunks:
@@ -65,7 +70,10 @@ def build_training(run: ResolvedRun, *, mesh: DeviceMesh, coords: MeshCoordinate
         elif run.dp > 1 and not classic_ddp:
             apply_replicate(chunk, dp_mesh=mesh["dp"])
         chunk.to_empty(device=device)
+        chunk.tie_weights()  # to_empty gives a plain tied parameter a new one in each module
         init_weights(chunk, model=run.shape, seed=run.seed, device=device)
+        if run.tp > 1 and run.dp == 1:  # with dp, FSDP2 / replicate reduce gradients to each shard already
+            keep_gradients_sharded(chunk)
     modules: list[nn.Module] = list(chunks)
     if classic_ddp:
         modules = [apply_ddp(chunks[0], dp_mesh=mesh["dp"], device=device)]
@@ -75,8 +83,10 @@ def build_training(run: ResolvedRun, *, mesh: DeviceMesh, coords: MeshCoordinate
     if run.pp > 1:
         schedule = build_schedule(modules, run=run, stage_indices=stage_indices, pp_mesh=mesh["pp"],
                                   device=device, loss_fn=next_token_loss)
+    group = embedding_group(run, mesh=mesh)
     return TrainingJob(run=run, coords=coords, device=device, modules=modules,
-                       stage_indices=stage_indices, optimizer=optimizer, schedule=schedule)
+                       stage_indices=stage_indices, optimizer=optimizer, schedule=schedule,
+                       embedding_group=group, tied_ends=tied_ends(chunks) if group is not None else [])
 
 
 def train_step(job: TrainingJob, step: int) -> tuple[float | None, float]:
@@ -104,6 +114,8 @@ def train_step(job: TrainingJob, step: int) -> tuple[float | None, float]:
         job.schedule.step(*args, target=targets if last else None, losses=losses if last else None)
         if last:
             loss = torch.stack([l.detach().float() for l in losses]).mean().item()
+        if job.embedding_group is not None:
+            sum_tied_gradients(job.tied_ends, group=job.embedding_group)
     synchronize(job.device)
     forward_backward_s = time.perf_counter() - started
     job.optimizer.step()

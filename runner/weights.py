@@ -4,6 +4,10 @@ Every parameter is drawn whole from a generator seeded by the run's seed and
 the parameter's name in the full model, then the rank keeps its own shard. So
 a tp=2 or fsdp=2 rank holds exactly the slice that a single process would hold
 of the same tensor, which is what lets parallel losses match one process.
+
+A tied output projection is the embedding's Parameter, listed once under
+``tok_embeddings.weight``; a pipeline's last stage holds its own copy of it
+as ``output.weight``, drawn under the embedding's name so both copies start equal.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ from torch.distributed.tensor import DTensor, distribute_tensor
 from runner.presets import ModelShape
 
 INIT_STD = 0.02
+TIED_OUTPUT, EMBEDDING = "output.weight", "tok_embeddings.weight"
 
 
 def initial_value(name: str, shape_of_param: torch.Size, *, model: ModelShape, seed: int,
@@ -37,6 +42,8 @@ def initial_value(name: str, shape_of_param: torch.Size, *, model: ModelShape, s
 def init_weights(module: nn.Module, *, model: ModelShape, seed: int, device: torch.device) -> None:
     """Fill every parameter of ``module`` (plain or DTensor) with its share of the full value."""
     for name, param in module.named_parameters():
+        if model.tie_embeddings and name == TIED_OUTPUT:
+            name = EMBEDDING
         full = initial_value(name, param.shape, model=model, seed=seed, device=device)
         if isinstance(param, DTensor):
             shard = distribute_tensor(full, param.device_mesh, param.placements, src_data_rank=None)

@@ -15,6 +15,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.elastic.multiprocessing.errors import record
 
+from probes.activations import SavedActivations
 from probes.collectives import GroupDirectory
 from probes.events import RankStarted, StageAction, StepTiming
 from probes.instrument import Instrumentation
@@ -39,10 +40,17 @@ def rank_started(coords: MeshCoordinates, device: torch.device, *, stages: tuple
 
 
 def train_rank(run: ResolvedRun, *, mesh: Any, coords: MeshCoordinates, device: torch.device, sink: EventSink,
-               probes: Instrumentation, fault: Fault | None) -> None:
+               probes: Instrumentation, fault: Fault | None, groups: GroupDirectory) -> None:
     rank = coords.rank
     job = build_training(run, mesh=mesh, coords=coords, device=device)
+    if job.embedding_group is not None:  # a pipeline's tied-embedding ends (Megatron-LM's "embedding group")
+        groups.add("embedding", job.embedding_group)
     probes.watch_memory(parameters=parameters_of(job.modules), optimizer=job.optimizer)
+    if run.activations and probes.enabled:
+        activations = SavedActivations()
+        activations.leave_out(parameters_of(job.modules))
+        activations.install()  # this thread runs every forward, the pipeline schedule's too
+        probes.watch_activations(activations)
     sink.emit(rank_started(coords, device, stages=tuple(job.stage_indices) if run.pp > 1 else (),
                            local_parameters=job.local_parameters()))
     tokens = run.batch_size * run.seq_len
@@ -104,12 +112,14 @@ def main(argv: list[str]) -> None:
         sink.before_shipment = probes.shipment
     try:
         mesh = build_mesh(device_type=run.device, pp=run.pp, dp=run.dp, tp=run.tp)
-        probes.install(groups=GroupDirectory.from_mesh(mesh), pipeline=run.pp > 1 and run.mode == "train")
+        groups = GroupDirectory.from_mesh(mesh)
+        probes.install(groups=groups, pipeline=run.pp > 1 and run.mode == "train")
         coords = coordinates(rank, dp=run.dp, tp=run.tp)
         if run.mode == "infer":
             serve_rank(run, mesh=mesh, coords=coords, device=device, sink=sink, probes=probes, fault=fault)
         else:
-            train_rank(run, mesh=mesh, coords=coords, device=device, sink=sink, probes=probes, fault=fault)
+            train_rank(run, mesh=mesh, coords=coords, device=device, sink=sink, probes=probes, fault=fault,
+                       groups=groups)
         dist.barrier()
     finally:
         probes.uninstall()
