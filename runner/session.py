@@ -12,7 +12,18 @@ from collections.abc import Callable
 from pathlib import Path
 
 from probes.arrivals import Arrivals
-from recordings.manifest import Manifest, Plan, RankEnd, RunDescription, Script
+from recordings.manifest import (
+    Manifest,
+    Plan,
+    RankEnd,
+    RecordingError,
+    RunDescription,
+    SampleRates,
+    Script,
+    new_recording,
+    start_manifest,
+    write_manifest,
+)
 from recordings.metrics.steps import JobStep
 from recordings.recorder import Ending, SessionRecorder
 from runner.launch import JobControl, JobResult, Launch, NodeProbes, builtin_launch, rank_environment, run_job
@@ -76,6 +87,18 @@ def script_description(script: ScriptRun, environment: dict[str, str]) -> RunDes
     return RunDescription(plan=plan, mode="train", model=None, dtype=script.dtype, device=script.device, steps=None,
                           batch_size=None, microbatch_size=None, seq_len=None, seed=None,
                           instrumented=script.instrument, script=section)
+
+
+def start_recording(directory: Path, run: Work, probes: NodeProbes, command_line: list[str]) -> Manifest:
+    """Make ``directory`` a new recording with its starting manifest (status ``running``)."""
+    new_recording(directory)
+    manifest = start_manifest(describe(run), command_line=command_line,
+                              node_probes=SampleRates(gpu_hz=probes.gpu_hz, process_hz=probes.process_hz))
+    try:
+        write_manifest(directory, manifest)
+    except OSError as error:
+        raise RecordingError(f"cannot write the manifest in {directory}: {error.strerror or error}") from None
+    return manifest
 
 
 def run_session(work: Work, *, directory: Path, manifest: Manifest | None,

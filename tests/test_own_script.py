@@ -167,8 +167,8 @@ def test_built_in_options_with_a_script_and_a_script_after_summary_are_refused(
     assert "--tp sets up the built-in model; a script given after -- runs its own" in line
     line = one_line_error(["record", str(tmp_path / "b"), "--tokens-per-step", "64"], capsys)
     assert "--tokens-per-step is for a script given after --" in line
-    line = one_line_error(["record", str(tmp_path / "c"), "--activations"], capsys)
-    assert "--activations is for a script given after --" in line
+    line = one_line_error(["record", str(tmp_path / "c"), "--activations", "--mode", "infer"], capsys)
+    assert "--activations is a training option: leave it out with --mode infer" in line
     line = one_line_error(["record", str(tmp_path / "d"), "--activations", "--no-instrument", "--",
                            "examples/ddp.py"], capsys)
     assert "--activations needs the hooks: leave out --no-instrument" in line

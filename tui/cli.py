@@ -15,6 +15,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING, Any, NoReturn
@@ -30,6 +31,7 @@ from runner.load import (
     DEFAULT_REQUESTS,
 )
 from runner.plan import (
+    DEFAULT_STEPS,
     DEVICES,
     DTYPES,
     MODES,
@@ -39,6 +41,7 @@ from runner.plan import (
     option,
     resolve,
 )
+from runner.planner import SWEEP_STEPS, Budget, Question, candidates, parse_size, report
 from runner.presets import PRESETS
 from runner.script import ScriptRun, resolve_script
 
@@ -58,27 +61,41 @@ class OneLineParser(argparse.ArgumentParser):
         self.exit(EXIT_USAGE, f"meshtop: error: {message} (see {self.prog} --help)\n")
 
 
-def add_plan_options(parser: argparse.ArgumentParser) -> None:
-    """The plan options shared by ``run`` and ``record``, defined once."""
+def add_plan_options(parser: argparse.ArgumentParser, *, command: str = "run") -> None:
+    """The plan options shared by ``run`` and ``record``, defined once; ``plan`` and ``sweep`` choose the
+    degrees themselves (``sweep`` launches, ``plan`` only computes)."""
     plan = parser.add_argument_group("parallel plan")
-    plan.add_argument("--dp", type=int, default=None, metavar="N",
-                      help="data-parallel degree (default: every GPU, or 2 CPU ranks, when no other degree is given)")
-    plan.add_argument("--tp", type=int, default=1, metavar="N", help="tensor-parallel degree (default 1)")
-    plan.add_argument("--pp", type=int, default=1, metavar="N", help="pipeline-parallel degree (default 1)")
-    plan.add_argument("--fsdp", action="store_true", help="shard over dp with FSDP2 instead of replicating")
+    if command == "run":
+        plan.add_argument("--dp", type=int, default=None, metavar="N",
+                          help="data-parallel degree (default: every GPU, or 2 CPU ranks, when no other degree is "
+                               "given)")
+        plan.add_argument("--tp", type=int, default=1, metavar="N", help="tensor-parallel degree (default 1)")
+        plan.add_argument("--pp", type=int, default=1, metavar="N", help="pipeline-parallel degree (default 1)")
+        plan.add_argument("--fsdp", action="store_true", help="shard over dp with FSDP2 instead of replicating")
+    else:
+        plan.add_argument("--fsdp", action="store_true",
+                          help="also each plan with dp 2 or more sharded by FSDP2 (fsdp2xtp2 beside dp2xtp2)")
     plan.add_argument("--schedule", choices=SCHEDULES, default=None, help="pipeline schedule (default 1f1b)")
     plan.add_argument("--microbatches", type=int, default=None, metavar="M", help="pipeline microbatches per step (default 2 x pp)")
     work = parser.add_argument_group("model and data")
     work.add_argument("--model", default="tiny", metavar="NAME", help=f"model preset: {', '.join(PRESETS)} (default tiny)")
+    work.add_argument("--model-config", default=None, metavar="PATH",
+                      help="a Hugging Face style config.json of a Llama-family decoder: plan and run that shape "
+                           "with random weights (instead of --model)")
     work.add_argument("--dtype", choices=DTYPES, default=None, help="fp32 or bf16 (default fp32 on CPU, bf16 on CUDA)")
-    work.add_argument("--device", choices=DEVICES, default="auto", help="auto: cuda when a GPU is visible")
+    if command != "plan":
+        work.add_argument("--device", choices=DEVICES, default="auto", help="auto: cuda when a GPU is visible")
     work.add_argument("--mode", choices=MODES, default="train",
                       help="train (default), or infer: serve a load of generation requests")
-    work.add_argument("--steps", type=int, default=None, metavar="N", help="training steps (default 20)")
+    if command != "plan":
+        work.add_argument("--steps", type=int, default=None, metavar="N",
+                          help=f"training steps (default {DEFAULT_STEPS if command == 'run' else SWEEP_STEPS})")
+    batch = "4 per microbatch per replica" if command == "run" else "4 per rank, the same for every plan"
     work.add_argument("--batch-size", type=int, default=None, metavar="N",
-                      help="global batch in sequences (default 4 per microbatch per replica)")
+                      help=f"global batch in sequences (default {batch})")
     work.add_argument("--seq-len", type=int, default=None, metavar="N", help="tokens per sequence (default: the model's)")
-    work.add_argument("--seed", type=int, default=0, metavar="N", help="seed of weights and data (default 0)")
+    if command != "plan":
+        work.add_argument("--seed", type=int, default=0, metavar="N", help="seed of weights and data (default 0)")
     load = parser.add_argument_group("inference load (--mode infer)")
     load.add_argument("--requests", type=int, default=None, metavar="N", help=f"requests to serve (default {DEFAULT_REQUESTS})")
     load.add_argument("--concurrency", type=int, default=None, metavar="C",
@@ -96,14 +113,18 @@ def add_plan_options(parser: argparse.ArgumentParser) -> None:
     builtin = [action for group in (plan, work, load) for action in group._group_actions
                if action.dest not in ("device", "dtype")]  # a script's device, and its dtype for MFU
     parser.set_defaults(builtin_defaults={action.dest: action.default for action in builtin})
-    script = parser.add_argument_group("your own script (after --)")
-    script.add_argument("--tokens-per-step", type=int, default=None, metavar="N",
-                        help="tokens the script's global batch holds per optimizer step: gives tokens/s (and, "
-                             "with --dtype, its compute dtype, MFU on a GPU)")
-    script.add_argument("--activations", action="store_true",
-                        help="measure the activations the script saves for backward (a hook on every saved "
-                             "tensor; not traced by torch.compile)")
+    if command == "plan":
+        return
+    if command == "run":
+        script = parser.add_argument_group("your own script (after --)")
+        script.add_argument("--tokens-per-step", type=int, default=None, metavar="N",
+                            help="tokens the script's global batch holds per optimizer step: gives tokens/s (and, "
+                                 "with --dtype, its compute dtype, MFU on a GPU)")
     probes = parser.add_argument_group("probes")
+    if command == "run":
+        probes.add_argument("--activations", action="store_true",
+                            help="measure the activations each step saves for backward (a hook on every saved "
+                                 "tensor; not traced by torch.compile)")
     probes.add_argument("--no-instrument", dest="instrument", action="store_false",
                         help="no worker hooks (step timing stays), to measure their overhead")
     probes.add_argument("--hang-timeout", type=float, default=None, metavar="S",
@@ -117,11 +138,16 @@ def add_plan_options(parser: argparse.ArgumentParser) -> None:
 
 
 def spec_from_args(args: argparse.Namespace) -> RunSpec:
+    if args.model_config is not None and args.model != "tiny":
+        raise PlanError(f"--model {args.model} and --model-config {args.model_config} each name the model: "
+                        "give one of them")
     return RunSpec(
         dp=args.dp, tp=args.tp, pp=args.pp, fsdp=args.fsdp, schedule=args.schedule,
-        microbatches=args.microbatches, model=args.model, dtype=args.dtype, device=args.device,
+        microbatches=args.microbatches, model=args.model, model_config=args.model_config, dtype=args.dtype,
+        device=args.device,
         steps=args.steps, batch_size=args.batch_size, seq_len=args.seq_len, seed=args.seed,
-        instrument=args.instrument, mode=args.mode, requests=args.requests, concurrency=args.concurrency,
+        instrument=args.instrument, activations=getattr(args, "activations", False), mode=args.mode,
+        requests=args.requests, concurrency=args.concurrency,
         request_rate=args.request_rate, prompt_len=args.prompt_len, output_len=args.output_len,
         max_batch=args.max_batch, slo_ttft_ms=args.slo_ttft_ms, slo_tpot_ms=args.slo_tpot_ms,
     )
@@ -150,17 +176,16 @@ def gpus_visible() -> int:
 def resolve_args(args: argparse.Namespace) -> Work:
     """The built-in runner's plan, or the user's script given after ``--``."""
     wants_gpu = args.device != "cpu"
+    if args.activations and not args.instrument:
+        raise PlanError("--activations needs the hooks: leave out --no-instrument")
     if args.script is None:
-        if args.tokens_per_step is not None or args.activations:
-            flag = "--tokens-per-step" if args.tokens_per_step is not None else "--activations"
-            raise PlanError(f"{flag} is for a script given after -- (the built-in model counts its own)")
+        if args.tokens_per_step is not None:
+            raise PlanError("--tokens-per-step is for a script given after -- (the built-in model counts its own)")
         return resolve(spec_from_args(args), gpus_visible=gpus_visible() if wants_gpu else 0)
     given = [dest for dest, default in args.builtin_defaults.items() if getattr(args, dest) != default]
     if given:
         raise PlanError(f"{option(given[0])} sets up the built-in model; a script given after -- runs its own "
                         "(leave it out, or pass it to the script)")
-    if args.activations and not args.instrument:
-        raise PlanError("--activations needs the hooks: leave out --no-instrument")
     if args.device == "cuda" and not gpus_visible():
         raise PlanError("--device cuda: no CUDA GPU is visible")
     return resolve_script(args.script, gpus_visible=gpus_visible() if wants_gpu else 0,
@@ -193,9 +218,10 @@ def build_parser() -> argparse.ArgumentParser:
     record.add_argument("out", type=Path, metavar="OUT", help="new directory for the recording")
     add_plan_options(record)
     record.set_defaults(handler=command_record)
-    replay = commands.add_parser("replay", help="replay a recording in the dashboard",
+    replay = commands.add_parser("replay", help="replay a recording (or browse a sweep) in the dashboard",
                                  description="Open a recording in the dashboard and play it back "
-                                             "(with no REC, a sample recording shipped with meshtop).")
+                                             "(with no REC, a sample recording shipped with meshtop); a sweep's "
+                                             "folder opens its ranked plans, each replayed with Enter.")
     replay.add_argument("recording", type=Path, nargs="?", default=None, metavar="REC",
                         help="a recording directory (default: the shipped sample)")
     replay.add_argument("--speed", type=float, default=1.0, metavar="X", help="playback speed (default 1)")
@@ -221,7 +247,52 @@ def build_parser() -> argparse.ArgumentParser:
     export.add_argument("-o", "--output", type=Path, required=True, metavar="PATH",
                         help="the trace file (perfetto) or a new directory (csv)")
     export.set_defaults(handler=command_export)
+    add_plan_commands(commands)
     return parser
+
+
+def add_plan_commands(commands: Any) -> None:
+    """``plan`` (arithmetic only) and ``sweep`` (runs the plans): the same question, the same options."""
+    plan = commands.add_parser("plan", help="predict every parallel plan's memory and traffic (no launch)",
+                               usage="meshtop plan [--model NAME | --model-config PATH] [--gpus N | --ranks N] "
+                                     "[options]",
+                               description="List every dp x tp x pp plan of N GPUs (or CPU ranks) with the "
+                                           "predicted memory of its most loaded rank by category, whether it "
+                                           "fits, and the bytes each group's collectives move per step. Nothing "
+                                           "is launched; docs/planner.md gives the formulas.")
+    sweep = commands.add_parser("sweep", help="run each plan that fits, record each, rank them",
+                                usage="meshtop sweep OUT [--model NAME | --model-config PATH] [--gpus N | --ranks N] "
+                                      "[--plans dp2,tp2,...] [options]",
+                                description="Run each plan that fits (or those --plans names) for a short window "
+                                            "with the same load, one recording per plan under OUT, then print "
+                                            "the plans ranked by tokens/s (training) or goodput (serving), with "
+                                            "each prediction's error. `meshtop replay OUT` browses them.")
+    sweep.add_argument("out", type=Path, metavar="OUT", help="new directory for the sweep")
+    for parser, command in ((plan, "plan"), (sweep, "sweep")):
+        where = parser.add_argument_group("where")
+        devices = where.add_mutually_exclusive_group()
+        devices.add_argument("--gpus", type=int, default=None, metavar="N",
+                             help="plan for N GPUs (default: the visible ones)")
+        devices.add_argument("--ranks", type=int, default=None, metavar="N", help="plan for N CPU ranks (gloo)")
+        where.add_argument("--device-memory", default=None, metavar="SIZE",
+                           help="memory of one device, e.g. 80GiB (default: the visible GPU's, else none)")
+        where.add_argument("--gpus-per-node", type=int, default=None, metavar="N",
+                           help="GPUs of one node, to place groups across nodes (default: all on one)")
+        where.add_argument("--plans", default=None, metavar="LIST",
+                           help="only these plans, comma-separated: dp4,fsdp4,tp2xpp2,dp2xtp2 ...")
+        add_plan_options(parser, command=command)
+        parser.set_defaults(dp=None, tp=1, pp=1, device="auto", steps=None, seed=0, instrument=True,
+                            activations=False, tokens_per_step=None)
+    plan.add_argument("--busbw", type=float, default=None, metavar="GB/S",
+                      help="bus bandwidth of the links, for each plan's communication seconds per step")
+    plan.add_argument("--tflops", type=float, default=None, metavar="TFLOP/S",
+                      help="achieved TFLOP/s of one device, for the step-time share of communication")
+    plan.add_argument("--from", dest="from_recording", type=Path, default=None, metavar="REC",
+                      help="take --busbw (the median busbw of its collectives) and --tflops (its tokens/s x FLOPs "
+                           "per token per rank) from a recording of these devices")
+    plan.add_argument("--json", action="store_true", help="print the report as JSON")
+    plan.set_defaults(handler=command_plan)
+    sweep.set_defaults(handler=command_sweep)
 
 
 def require_terminal(what: str, instead: str) -> None:
@@ -249,23 +320,9 @@ def new_session_path(runs: Path, run: Work) -> Path:
     return path
 
 
-def start_recording(directory: Path, run: Work, probes: NodeProbes, command_line: list[str]) -> Manifest:
-    """Make ``directory`` a new recording with its starting manifest (status ``running``)."""
-    from recordings.manifest import RecordingError, SampleRates, new_recording, start_manifest, write_manifest
-    from runner.session import describe
-
-    new_recording(directory)
-    manifest = start_manifest(describe(run), command_line=command_line,
-                              node_probes=SampleRates(gpu_hz=probes.gpu_hz, process_hz=probes.process_hz))
-    try:
-        write_manifest(directory, manifest)
-    except OSError as error:
-        raise RecordingError(f"cannot write the manifest in {directory}: {error.strerror or error}") from None
-    return manifest
-
-
 def command_run(args: argparse.Namespace) -> int:
     from runner.console import verdict
+    from runner.session import start_recording
     from tui.app import MeshtopApp
     from tui.sources import LiveSource
 
@@ -317,6 +374,8 @@ def command_replay(args: argparse.Namespace) -> int:
 
     if not 0 < args.speed <= 1000:
         raise PlanError(f"--speed must be above 0 and at most 1000, got {args.speed:g}")
+    if args.recording is not None and is_sweep(args.recording):
+        return replay_sweep(args)
     recording = open_recording(args.recording or sample_recording())
     source = ReplaySource(recording)
     source.playback.speed = args.speed
@@ -330,10 +389,41 @@ def command_replay(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def is_sweep(path: Path) -> bool:
+    from recordings.sweep import is_sweep as holds_sweep
+
+    return holds_sweep(path)
+
+
+def replay_sweep(args: argparse.Namespace) -> int:
+    """The sweep's ranked plans; Enter replays one in the dashboard, and closing it comes back to the list."""
+    from recordings.reader import open_recording
+    from recordings.sweep import ranking
+    from tui.app import MeshtopApp
+    from tui.sources import ReplaySource
+    from tui.sweep_app import SweepApp
+
+    ranked = ranking(args.recording)
+    require_terminal("meshtop replay", f"the sweep's table is in {args.recording / 'ranking.txt'}")
+    cursor = 0
+    while True:
+        app = SweepApp(ranked, cursor=cursor)
+        chosen = app.run()
+        if chosen is None:
+            return EXIT_OK
+        cursor = next((i for i, row in enumerate(app.openable) if args.recording / row["recording"] == chosen), 0)
+        source = ReplaySource(open_recording(chosen))
+        source.playback.speed = args.speed
+        MeshtopApp(source, quit_on_signals=True).run()
+        for problem in source.problems:
+            print(f"meshtop: warning: {problem}", file=sys.stderr)
+
+
 def command_record(args: argparse.Namespace) -> int:
     from recordings.reader import open_recording
     from recordings.summary import summarize
     from runner.console import follow_job
+    from runner.session import start_recording
     from tui.summary_text import summary_lines
 
     run = resolve_args(args)
@@ -397,6 +487,100 @@ def command_export(args: argparse.Namespace) -> int:
         written = export_csv(recording, output)
         print(f"{output}: {len(written)} CSV tables and manifest.json")
     return EXIT_OK
+
+
+def plan_question(args: argparse.Namespace, *, launching: bool) -> tuple[Question, Budget]:
+    """What ``plan`` and ``sweep`` are asked, and the device budget the plans are held to."""
+    from probes.nvml import Nvml
+
+    for flag, value in (("--gpus", args.gpus), ("--ranks", args.ranks), ("--gpus-per-node", args.gpus_per_node)):
+        if value is not None and value < 1:
+            raise PlanError(f"{flag} must be at least 1, got {value}")
+    nvml = Nvml() if args.ranks is None else None
+    visible = len(nvml.handles) if nvml is not None and nvml.state == "ok" else 0
+    if launching and args.gpus is not None:
+        visible = gpus_visible()
+        if args.gpus > visible:
+            raise PlanError(f"--gpus {args.gpus}: {visible} GPU(s) are visible here; a sweep runs its plans, "
+                            f"so use --gpus {visible} or fewer (or `meshtop plan` to predict without them)")
+    gpus = args.gpus if args.gpus is not None else (None if args.ranks is not None else visible or None)
+    if gpus is None and args.ranks is None:
+        raise PlanError("no GPU is visible: give --ranks N to plan for CPU ranks, or --gpus N to plan for N GPUs")
+    ranks = gpus if gpus is not None else args.ranks
+    memory = parse_size(args.device_memory) if args.device_memory is not None else None
+    slow: tuple[tuple[int, int], ...] = ()
+    if gpus is not None and nvml is not None and visible:
+        if memory is None:
+            memory = nvml.sample(0).memory_total_bytes
+        slow = tuple((link.gpu_a, link.gpu_b) for link in nvml.topology() if link.path != "NVLink")
+    if nvml is not None:
+        nvml.close()
+    base = replace(spec_from_args(args), device="cuda" if gpus is not None else "cpu")
+    plans = tuple(key for key in (args.plans or "").split(",") if key.strip())
+    question = Question(base=base, ranks=ranks, gpus=gpus is not None, with_fsdp=args.fsdp, plans=plans)
+    busbw = getattr(args, "busbw", None)
+    flops = getattr(args, "tflops", None) and args.tflops * 1e12
+    if getattr(args, "from_recording", None) is not None:
+        measured_busbw, measured_flops = rates_of(args.from_recording)
+        busbw, flops = busbw or measured_busbw, flops or measured_flops
+    budget = Budget(device_memory_bytes=memory, ranks_per_node=args.gpus_per_node, slow_pairs=slow,
+                    busbw_bytes_per_s=busbw and busbw * 1e9, flops_per_s=flops)
+    for flag, value in (("--busbw", budget.busbw_bytes_per_s), ("--tflops", budget.flops_per_s)):
+        if value is not None and not 0 < value < float("inf"):
+            raise PlanError(f"{flag} must be above 0")
+    return question, budget
+
+
+def rates_of(path: Path) -> tuple[float | None, float | None]:
+    """A recording's bus bandwidth (GB/s: the median of its collectives' p50) and achieved FLOP/s per rank."""
+    import numpy as np
+
+    from recordings.metrics.mfu import achieved_flops_per_rank
+    from recordings.metrics.stats import quantile
+    from recordings.reader import open_recording
+    from recordings.summary import fold_recording
+
+    recording = open_recording(path)
+    figures = fold_recording(recording).figures()
+    rates = [row.busbw_p50_gbps for row in figures.collectives if row.busbw_p50_gbps is not None]
+    busbw = quantile(np.asarray(rates), 0.5)
+    return busbw, achieved_flops_per_rank(recording.manifest.run, figures.steps.tokens_per_s)
+
+
+def command_plan(args: argparse.Namespace) -> int:
+    from tui.plan_text import plan_lines
+
+    question, budget = plan_question(args, launching=False)
+    found = candidates(question)
+    result = report(question, found, budget)
+    print(json.dumps(result, indent=1) if args.json else "\n".join(plan_lines(result)))
+    return EXIT_OK
+
+
+def command_sweep(args: argparse.Namespace) -> int:
+    from recordings.sweep import ranking
+    from runner.sweep import run_sweep, sweep_question
+    from tui.plan_text import sweep_lines
+
+    question, budget = plan_question(args, launching=True)
+    question = sweep_question(question, steps=args.steps)
+    found = candidates(question)
+    probes = node_probes_from_args(args)
+    hang_timeout = hang_timeout_from_args(args)
+    out: Path = args.out
+    status = "interrupted"
+    try:
+        status = run_sweep(question, found, budget, out=out, stream=sys.stdout, command_line=args.argv,
+                           node_probes=probes, hang_timeout_s=hang_timeout)
+    finally:
+        if (out / "sweep.json").exists():
+            ranked = ranking(out)
+            lines = sweep_lines(ranked)
+            (out / "ranking.json").write_text(json.dumps(ranked, indent=1))
+            (out / "ranking.txt").write_text("\n".join(lines) + "\n")
+            print("\n" + "\n".join(lines), flush=True)
+            print(f"sweep: {out} (meshtop replay {out} to browse the plans)", flush=True)
+    return exit_code(status)
 
 
 def exit_code(status: str) -> int:

@@ -97,3 +97,13 @@ def mfu(run: RunDescription, *, gpu_names: Iterable[str], tokens_per_s: float | 
     gpus = run.world_size
     return Mfu(value=tokens_per_s * per_token / (peak * gpus), why_not=None, tokens_per_s=tokens_per_s,
                flops_per_token=per_token, peak_flops_per_s=peak, gpus=gpus)
+
+
+def achieved_flops_per_rank(run: RunDescription, tokens_per_s: float | None) -> float | None:
+    """FLOP/s one rank achieved: tokens/s x FLOPs per token / ranks (built-in training runs; else ``None``).
+    The planner takes it from a recording to put a step-time share on its predicted communication."""
+    if run.inference or run.model is None or run.seq_len is None or tokens_per_s is None:
+        return None
+    per_token = flops_per_token(parameters=run.model.parameters, n_layers=run.model.n_layers, dim=run.model.dim,
+                                seq_len=run.seq_len)
+    return tokens_per_s * per_token / run.world_size

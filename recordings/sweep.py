@@ -1,0 +1,188 @@
+"""A sweep: one ordinary recording per plan under one folder, the planner's predictions beside them, and the
+table that ranks the plans on what was measured and says how far each prediction was.
+
+On disk: ``OUT/sweep.json`` (what was asked, the planner's report with every prediction, and each plan's
+status and recording) and ``OUT/<plan>/``, a recording ``summary``, ``compare`` and ``replay`` read as any
+other. The ranking is computed from those files whenever it is asked for, so an interrupted sweep ranks the
+plans that finished.
+
+The figures, each defined here once:
+- **model state**: weights + gradients + optimizer bytes of a rank, from its last memory snapshot;
+- **accounted peak** of a rank: model state + activations saved for backward + KV cache. On CUDA a plan's
+  peak memory is the allocator's peak of its most loaded rank; on CPU, where the resident set is mostly the
+  interpreter and torch, it is the largest accounted peak;
+- **traffic**: the bytes of each (rank, group, op) in the last step every rank completed;
+- **communication share**: the exposed communication per step over the step time, summed over
+  (group, op) rows and capped at 1 (:mod:`recordings.metrics.collectives`);
+- **bubble**: the mean over stages of the stage bubble fraction (:mod:`recordings.metrics.pipeline`),
+  predicted as (p - 1) / (v m + p - 1);
+- **prediction error**: (measured - predicted) / predicted of a plan's figure.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from recordings.manifest import RecordingError
+from recordings.metrics.pipeline import theoretical_bubble
+from recordings.reader import open_recording
+from recordings.summary import fold_recording, job_status
+
+SWEEP_FILE = "sweep.json"
+SWEEP_VERSION = 1
+CATEGORIES = ("weights_bytes", "grads_bytes", "optimizer_bytes", "activations_bytes", "kv_cache_bytes")
+
+
+def is_sweep(path: Path) -> bool:
+    return (path / SWEEP_FILE).is_file()
+
+
+def write_sweep(out: Path, sweep: dict[str, Any]) -> None:
+    """Replace ``OUT/sweep.json`` whole (a reader sees the old file or the new one, never half of one)."""
+    temporary = out / f".{SWEEP_FILE}.tmp"
+    temporary.write_text(json.dumps(sweep, indent=1))
+    os.replace(temporary, out / SWEEP_FILE)
+
+
+def read_sweep(out: Path) -> dict[str, Any]:
+    try:
+        sweep = json.loads((out / SWEEP_FILE).read_text())
+    except FileNotFoundError:
+        raise RecordingError(f"{out} is not a sweep (no {SWEEP_FILE})") from None
+    except (OSError, ValueError) as error:
+        raise RecordingError(f"{out / SWEEP_FILE} cannot be read: {error}") from None
+    if not isinstance(sweep, dict) or sweep.get("version") != SWEEP_VERSION or not isinstance(sweep.get("plans"), list):
+        raise RecordingError(f"{out / SWEEP_FILE} is not a sweep file this meshtop reads (version {SWEEP_VERSION})")
+    return sweep
+
+
+def step_traffic(table: pa.Table, step: int) -> dict[tuple[int, str, str], int]:
+    """Bytes per (rank, group, op) of the collectives issued in ``step``."""
+    rows = table.filter(pc.equal(table["step"], step)).group_by(["rank", "group", "op"]).aggregate([("bytes", "sum")])
+    return {(rank, group, op): total for rank, group, op, total in
+            zip(*(rows[name].to_pylist() for name in ("rank", "group", "op", "bytes_sum")), strict=True)}
+
+
+def accounted(row: dict[str, Any]) -> int | None:
+    values = [row.get(key) for key in CATEGORIES]
+    return None if values[0] is None else sum(v or 0 for v in values)
+
+
+def measure(directory: Path) -> dict[str, Any]:
+    """The measured figures of one plan's recording."""
+    recording = open_recording(directory)
+    fold = fold_recording(recording)
+    figures = fold.figures()
+    memory = {row.rank: {key: getattr(row, key) for key in CATEGORIES} | {"peak_bytes": row.peak_bytes}
+              for row in figures.memory}
+    for row in memory.values():
+        row["accounted_bytes"] = accounted(row)
+    cuda = recording.manifest.run.device == "cuda"
+    peak_key = "peak_bytes" if cuda else "accounted_bytes"
+    peaks = {rank: row[peak_key] for rank, row in memory.items() if row[peak_key] is not None}
+    peak_rank = min(peaks, key=lambda rank: (-peaks[rank], rank)) if peaks else None
+    shares = [row.exposed_share for row in figures.collectives if row.exposed_share is not None]
+    traffic: dict[tuple[int, str, str], int] = {}
+    step = figures.steps.count - 1
+    if step >= 0 and "collective" in recording.kinds():
+        traffic = step_traffic(recording.arrow("collective"), step)
+    requests = figures.requests
+    return {
+        "status": job_status(recording),
+        "tokens_per_s": figures.steps.tokens_per_s,
+        "step_s": figures.steps.time_s.get("p50"),
+        "steps": figures.steps.count,
+        "last_loss": figures.steps.last_loss,
+        "memory": {str(rank): row for rank, row in sorted(memory.items())},
+        "peak_rank": peak_rank, "peak_bytes": peaks.get(peak_rank) if peak_rank is not None else None,
+        "peak_kind": "allocator" if cuda else "accounted",
+        "comm_share": min(1.0, sum(shares)) if shares else None,
+        "bubble": (sum(row.bubble_fraction for row in figures.stages) / len(figures.stages)
+                   if figures.stages else None),
+        "traffic_step": step if traffic else None,
+        "traffic": [{"rank": rank, "group": group, "op": op, "bytes": nbytes}
+                    for (rank, group, op), nbytes in sorted(traffic.items())],
+        "ttft_p50_s": requests.latencies["ttft_s"]["p50"] if requests is not None else None,
+        "tpot_p50_s": requests.latencies["tpot_s"]["p50"] if requests is not None else None,
+        "requests_per_s": requests.request_throughput_per_s if requests is not None else None,
+        "goodput_per_s": (requests.goodput_per_s if requests is not None and requests.goodput_per_s is not None
+                          else requests.request_throughput_per_s if requests is not None else None),
+        "problems": recording.problems,
+    }
+
+
+def error(measured: float | None, predicted: float | None) -> float | None:
+    """(measured - predicted) / predicted; ``None`` where either is missing or the prediction is 0."""
+    if measured is None or predicted is None or predicted == 0:
+        return None
+    return (measured - predicted) / predicted
+
+
+def compare_prediction(predicted: dict[str, Any], measured: dict[str, Any]) -> dict[str, Any]:
+    """Each predicted figure beside its measurement: the most loaded rank's categories, the step's traffic
+    summed over ranks (and whether every (rank, group, op) matched exactly), the bubble."""
+    rank = measured["peak_rank"]
+    predicted_rank = next((row for row in predicted["ranks"] if row["rank"] == rank), predicted["peak"])
+    measured_rank = measured["memory"].get(str(rank), {})
+    errors: dict[str, Any] = {}
+    for key in ("weights_bytes", "grads_bytes", "optimizer_bytes", "activations_bytes", "kv_cache_bytes"):
+        errors[key] = error(measured_rank.get(key), predicted_rank[key])
+    errors["peak_bytes"] = error(measured["peak_bytes"], predicted["peak"]["total_bytes"])
+    if measured["traffic_step"] is not None:
+        want = {(t["rank"], t["group"], t["op"]): t["bytes"] for t in predicted["traffic"]}
+        got = {(t["rank"], t["group"], t["op"]): t["bytes"] for t in measured["traffic"]}
+        errors["traffic_bytes"] = error(sum(got.values()), sum(want.values()))
+        errors["traffic_exact"] = want == got
+    else:
+        errors["traffic_bytes"], errors["traffic_exact"] = None, None
+    bubble = (theoretical_bubble(predicted["pp"], predicted["microbatches"], 2 if predicted["schedule"] ==
+                                 "interleaved-1f1b" else 1) if predicted["pp"] > 1 else None)
+    errors["bubble_predicted"] = bubble
+    errors["bubble"] = (measured["bubble"] - bubble) if bubble is not None and measured["bubble"] is not None else None
+    return errors
+
+
+def ranking(out: Path) -> dict[str, Any]:
+    """Every plan of the sweep at ``out`` with its measured figures and prediction errors, best first:
+    training by tokens/s, serving by goodput (completed requests/s within the SLOs; every completed request
+    where no SLO was given). Plans that failed, did not run or were left out follow, with the reason."""
+    sweep = read_sweep(out)
+    predictions = {row["key"]: row for row in sweep["report"]["plans"]}
+    rows = []
+    for entry in sweep["plans"]:
+        row: dict[str, Any] = {"key": entry["key"], "status": entry["status"], "reason": entry.get("reason"),
+                               "recording": entry.get("recording"), "predicted": None, "measured": None,
+                               "errors": None}
+        predicted = predictions.get(entry["key"])
+        if predicted is not None and predicted["runs"]:
+            row["predicted"] = {"peak_bytes": predicted["peak"]["total_bytes"], "peak_rank": predicted["peak_rank"],
+                                "label": predicted["label"]}
+        directory = out / entry["recording"] if entry.get("recording") else None
+        if directory is not None and directory.is_dir() and entry["status"] in ("completed", "failed", "interrupted"):
+            try:
+                row["measured"] = measure(directory)
+            except RecordingError as problem:
+                row["reason"] = row["reason"] or str(problem)
+            else:
+                if predicted is not None and predicted["runs"]:
+                    row["errors"] = compare_prediction(predicted, row["measured"])
+        rows.append(row)
+    infer = sweep["report"]["mode"] == "infer"
+    key = "goodput_per_s" if infer else "tokens_per_s"
+
+    def score(row: dict[str, Any]) -> tuple[int, float]:
+        measured = row["measured"]
+        value = measured.get(key) if measured is not None and row["status"] == "completed" else None
+        return (0, -value) if value is not None else (1, 0.0)
+
+    ranked = sorted(rows, key=score)
+    for place, row in enumerate(ranked, 1):
+        row["rank"] = place if score(row)[0] == 0 else None
+    return {"sweep": str(out), "mode": sweep["report"]["mode"], "ranked_by": key, "model": sweep["report"]["model"],
+            "ranks": sweep["report"]["ranks"], "device": sweep["report"]["device"], "plans": ranked}

@@ -1,0 +1,608 @@
+"""The planner: every way to spread a model over N ranks, with each rank's memory and each step's traffic.
+
+Pure arithmetic over the model's shape and the plan: nothing here imports
+torch, so ``meshtop plan`` answers an 8-billion-parameter question in
+milliseconds. Each prediction mirrors what the built-in runner does
+(:mod:`runner.train`, :mod:`runner.serve`), not an idealised framework, so a
+sweep can check every figure against its recording; docs/planner.md gives
+the formulas, their sources and the assumptions they make.
+
+Plans are enumerated as :class:`runner.plan.RunSpec` and resolved by the same
+:func:`runner.plan.resolve` that guards a launch, so a plan the runner would
+refuse is listed with the runner's own reason.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field, replace
+
+from runner.plan import PlanError, ResolvedRun, RunSpec, check_mode_options, resolve
+from runner.presets import ModelShape
+
+ELEMENT_BYTES = {"fp32": 4, "bf16": 2}
+FLOAT32 = 4
+INDEX = 8
+"""Token ids are int64."""
+STEP_COUNTER = 4
+"""AdamW keeps one float32 ``step`` scalar per parameter tensor."""
+SWEEP_STEPS = 10
+"""Steps a sweep runs of each plan unless told otherwise: a short measured window."""
+
+
+@dataclass(frozen=True, slots=True)
+class Matrix:
+    """One parameter tensor as a rank holds it after tensor parallelism: ``rows x cols`` elements."""
+
+    rows: int
+    cols: int = 1
+
+
+def chunk_rows(rows: int, parts: int, index: int) -> int:
+    """Rows of part ``index`` when ``rows`` are cut as ``torch.chunk`` cuts them (FSDP2's dim-0 shards)."""
+    size = -(-rows // parts)
+    return max(0, min(size, rows - index * size))
+
+
+def padded_rows(rows: int, parts: int) -> int:
+    """Rows of every FSDP2 shard once padded to equal size (what its all-gather moves per rank)."""
+    return -(-rows // parts)
+
+
+def layer_matrices(shape: ModelShape, tp: int) -> list[Matrix]:
+    """One block's parameters on a rank: q / k / v and w1 / w3 split by output row, wo and w2 by input column."""
+    h, d = shape.dim, shape.head_dim
+    return [
+        Matrix(h), Matrix(h),  # attention_norm, ffn_norm: replicated
+        Matrix(shape.n_heads * d // tp, h),
+        Matrix(shape.n_kv_heads * d // tp, h), Matrix(shape.n_kv_heads * d // tp, h),
+        Matrix(h, shape.n_heads * d // tp),
+        Matrix(shape.ffn_dim // tp, h), Matrix(shape.ffn_dim // tp, h), Matrix(h, shape.ffn_dim // tp),
+    ]
+
+
+@dataclass(frozen=True, slots=True)
+class Unit:
+    """A group of parameters that FSDP2 gathers and reduces together: one block, or a chunk's root (its ends)."""
+
+    kind: str
+    """``block`` or ``root``."""
+    matrices: tuple[Matrix, ...]
+
+
+def chunk_units(run: ResolvedRun, stage: int) -> list[Unit]:
+    """The FSDP units of pipeline stage ``stage`` (the whole model without a pipeline), root first."""
+    shape, tp = run.shape, run.tp
+    first, last = stage == 0, stage == run.num_stages - 1
+    ends: list[Matrix] = []
+    if first:
+        ends.append(Matrix(shape.vocab_size // tp, shape.dim))
+    if last:
+        ends.append(Matrix(shape.dim))
+        if not (first and shape.tie_embeddings):  # a tied output is the embedding itself
+            ends.append(Matrix(shape.vocab_size // tp, shape.dim))
+    layers = run.stage_layers[stage] if run.pp > 1 else range(shape.n_layers)
+    return [Unit("root", tuple(ends))] + [Unit("block", tuple(layer_matrices(shape, tp))) for _ in layers]
+
+
+def stages(run: ResolvedRun, pp_rank: int) -> list[int]:
+    return run.stages_of(pp_rank) if run.pp > 1 else [0]
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class RankMemory:
+    """Predicted bytes one rank holds at its peak, by category."""
+
+    rank: int
+    weights_bytes: int
+    grads_bytes: int
+    optimizer_bytes: int
+    activations_bytes: int
+    """Training: the peak bytes saved for backward. Serving: ``0`` (nothing is kept between ops but the cache)."""
+    kv_cache_bytes: int
+
+    @property
+    def total_bytes(self) -> int:
+        return (self.weights_bytes + self.grads_bytes + self.optimizer_bytes + self.activations_bytes
+                + self.kv_cache_bytes)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Traffic:
+    """Predicted collective traffic of one rank in one step (training) or one decode op (serving)."""
+
+    rank: int
+    op: str
+    """The probes' op names: all_reduce, all_gather, reduce_scatter, send, recv."""
+    group: str
+    """dp, tp, pp, or embedding (the first and last stage's tied embedding copies)."""
+    group_size: int
+    bytes: int
+    """S summed over the step's operations (for gathers and scatters, the whole buffer)."""
+    count: int
+    """Operations in the step."""
+
+
+def rank_memory(run: ResolvedRun, rank: int) -> RankMemory:
+    """What ``rank`` holds: its parameters (tp split, fsdp sharded), their gradients, AdamW's state, the
+    activations saved for backward at the step's peak, and the KV cache when serving."""
+    pp_rank, dp_rank, _ = coordinates(run, rank)
+    e = ELEMENT_BYTES[run.dtype]
+    matrices = [m for stage in stages(run, pp_rank) for unit in chunk_units(run, stage) for m in unit.matrices]
+    shard = run.dp if run.fsdp else 1
+    elements = sum(chunk_rows(m.rows, shard, dp_rank if run.fsdp else 0) * m.cols for m in matrices)
+    weights = elements * e
+    if run.mode == "infer":
+        return RankMemory(rank=rank, weights_bytes=weights, grads_bytes=0, optimizer_bytes=0,
+                          activations_bytes=0, kv_cache_bytes=kv_cache_bytes(run, pp_rank))
+    return RankMemory(rank=rank, weights_bytes=weights, grads_bytes=weights,
+                      optimizer_bytes=2 * weights + STEP_COUNTER * len(matrices),
+                      activations_bytes=activation_bytes(run, pp_rank), kv_cache_bytes=0)
+
+
+def coordinates(run: ResolvedRun, rank: int) -> tuple[int, int, int]:
+    """(pp, dp, tp) of ``rank``: tp innermost, then dp, then pp (as :mod:`runner.mesh` builds the mesh)."""
+    return rank // (run.dp * run.tp), (rank // run.tp) % run.dp, rank % run.tp
+
+
+def kv_cache_bytes(run: ResolvedRun, pp_rank: int) -> int:
+    """Keys and values of every slot at the longest sequence, for the rank's layers and kv heads:
+    ``2 x slots x max_sequence x kv_heads / tp x head_dim x bytes`` per layer."""
+    assert run.load is not None
+    shape = run.shape
+    layers = len(run.stage_layers[pp_rank]) if run.pp > 1 else shape.n_layers
+    per_layer = 2 * run.load.max_batch * run.load.max_sequence * (shape.n_kv_heads // run.tp) * shape.head_dim
+    return per_layer * layers * ELEMENT_BYTES[run.dtype]
+
+
+def layer_activation_bytes(run: ResolvedRun, sequences: int) -> int:
+    """Bytes one block saves for backward for ``sequences`` sequences (docs/planner.md derives each term).
+
+    Per token: both RMSNorms keep their input, normalised and scaled outputs (6 h) and a float32 rstd;
+    attention keeps q, k and v (repeated to the query heads), its output (4 a d / t) and a float32
+    log-sum-exp per head; the SwiGLU MLP keeps w1's and w3's outputs, silu's output and the product (4 f / t).
+    """
+    shape, t = run.shape, run.tp
+    tokens = sequences * run.seq_len
+    local_heads = shape.n_heads // t
+    per_token = ELEMENT_BYTES[run.dtype] * (6 * shape.dim + 4 * local_heads * shape.head_dim + 4 * shape.ffn_dim // t)
+    return tokens * (per_token + 2 * FLOAT32 + local_heads * FLOAT32)
+
+
+def stage_activation_bytes(run: ResolvedRun, stage: int, sequences: int) -> int:
+    """One forward of stage ``stage`` over ``sequences`` sequences: its blocks, the rotary tables, and the
+    ends (token ids in, the final norm and the float32 log-softmax of the logits out)."""
+    shape = run.shape
+    tokens = sequences * run.seq_len
+    layers = len(run.stage_layers[stage]) if run.pp > 1 else shape.n_layers
+    total = layers * layer_activation_bytes(run, sequences) + 2 * run.seq_len * (shape.head_dim // 2) * FLOAT32
+    if stage == 0:
+        total += tokens * INDEX  # the ids (under tp, the vocabulary shard's masked copy of them)
+    if stage == run.num_stages - 1:
+        total += tokens * (3 * shape.dim * ELEMENT_BYTES[run.dtype] + FLOAT32)  # the final RMSNorm
+        total += tokens * shape.vocab_size * FLOAT32 + tokens * INDEX  # log-softmax of the logits, the targets
+    return total
+
+
+def in_flight(run: ResolvedRun, pp_rank: int) -> list[int]:
+    """The stage of each forward whose activations are alive at the rank's peak (one entry per microbatch).
+
+    No pipeline: the one forward. GPipe: every microbatch. 1F1B (torch's 1B1F steady state): the
+    ``min(m, p - stage)`` warm-up forwards. Interleaved 1F1B: torch's warm-up ops
+    ``min((v - 1) x m_round + 2 (p - 1 - rank), v m)`` plus the steady state's first forward, each
+    run on local stage ``(op // m_round) mod v``.
+    """
+    if run.pp == 1:
+        return [0]
+    m, p, v = run.microbatches, run.pp, run.virtual_stages
+    if run.schedule == "gpipe":
+        return [pp_rank] * m
+    if run.schedule == "1f1b":
+        return [pp_rank] * min(m, p - pp_rank)
+    per_round = m // max(1, m // p)
+    warmup = min((v - 1) * per_round + 2 * (p - 1 - pp_rank), v * m)
+    local = run.stages_of(pp_rank)
+    return [local[(op // per_round) % v] for op in range(min(warmup + 1, v * m))]
+
+
+def activation_bytes(run: ResolvedRun, pp_rank: int) -> int:
+    """Peak bytes saved for backward on a rank of pipeline rank ``pp_rank``."""
+    sequences = run.microbatch_size
+    return sum(stage_activation_bytes(run, stage, sequences) for stage in in_flight(run, pp_rank))
+
+
+def rank_traffic(run: ResolvedRun, rank: int) -> list[Traffic]:
+    """The collectives ``rank`` issues in one training step, summed per op and group."""
+    pp_rank, dp_rank, _ = coordinates(run, rank)
+    e = ELEMENT_BYTES[run.dtype]
+    totals: dict[tuple[str, str], list[int]] = {}
+    sizes = {"dp": run.dp, "tp": run.tp, "pp": run.pp, "embedding": 2}
+
+    def add(op: str, group: str, nbytes: int, count: int = 1) -> None:
+        if count and sizes[group] > 1:
+            entry = totals.setdefault((op, group), [0, 0])
+            entry[0] += nbytes * count
+            entry[1] += count
+
+    local_stages = stages(run, pp_rank)
+    forwards = _chunk_actions(run, pp_rank)
+    activation = run.microbatch_size * run.seq_len * run.shape.dim * e
+    for stage in local_stages:
+        passes = sum(1 for action in forwards if action == ("F", stage))
+        layers = len(run.stage_layers[stage]) if run.pp > 1 else run.shape.n_layers
+        # Megatron-style tp as DTensor runs it: wo and w2 reduce their output in forward; q, k, v, w1 and w3
+        # each reduce their input's gradient in backward (five, not two: they are separate column linears).
+        add("all_reduce", "tp", activation, passes * layers * (2 + 5))
+        if stage == 0:
+            add("all_reduce", "tp", activation, passes)  # the vocabulary-split embedding's output
+        if stage == run.num_stages - 1:
+            logits = run.microbatch_size * run.seq_len * run.shape.vocab_size * e
+            add("all_gather", "tp", logits, passes)  # the whole logits for the loss
+            add("all_reduce", "tp", activation, passes)  # the output projection's input gradient
+        if run.pp > 1:
+            if stage > 0:
+                add("recv", "pp", activation, passes)
+                add("send", "pp", activation, passes)
+            if stage < run.num_stages - 1:
+                add("send", "pp", activation, passes)
+                add("recv", "pp", activation, passes)
+    if run.dp > 1:
+        for stage in local_stages:
+            units = [unit for unit in chunk_units(run, stage) if unit.matrices]
+            if run.fsdp:
+                for unit, (gathers, scatters) in zip(units, _fsdp_collectives(run, pp_rank, stage, units), strict=True):
+                    flat = sum(padded_rows(m.rows, run.dp) * m.cols for m in unit.matrices) * run.dp * e
+                    add("all_gather", "dp", flat, gathers)
+                    add("reduce_scatter", "dp", flat, scatters)
+            else:  # DDP's buckets, or replicate's one all-reduce per unit: every gradient once
+                for unit in units:
+                    add("all_reduce", "dp", sum(m.rows * m.cols for m in unit.matrices) * e)
+    if run.pp > 1 and run.shape.tie_embeddings and (pp_rank == 0 or pp_rank == run.pp - 1):
+        rows = run.shape.vocab_size // run.tp
+        local = chunk_rows(rows, run.dp, dp_rank) if run.fsdp else rows
+        add("all_reduce", "embedding", local * run.shape.dim * e)
+    if run.dp > 1 and not run.fsdp and run.tp == 1 and run.pp == 1:  # classic DDP: one op per bucket, not unit
+        entry = totals.pop(("all_reduce", "dp"))
+        totals[("all_reduce", "dp")] = [entry[0], ddp_buckets(entry[0])]
+    return [Traffic(rank=rank, op=op, group=group, group_size=sizes[group], bytes=nbytes, count=count)
+            for (op, group), (nbytes, count) in sorted(totals.items(), key=lambda item: (item[0][1], item[0][0]))]
+
+
+DDP_FIRST_BUCKET = 1 << 20
+DDP_BUCKET = 25 << 20
+
+
+def ddp_buckets(gradient_bytes: int) -> int:
+    """Buckets DDP fills (its first 1 MiB, then 25 MiB each), approximately: parameters are not split."""
+    if gradient_bytes <= DDP_FIRST_BUCKET:
+        return 1
+    return 1 + math.ceil((gradient_bytes - DDP_FIRST_BUCKET) / DDP_BUCKET)
+
+
+def _chunk_actions(run: ResolvedRun, pp_rank: int) -> list[tuple[str, int]]:
+    """This rank's forwards (``F``) and backwards (``B``) in the order its schedule runs them, by stage."""
+    if run.pp == 1:
+        return [("F", 0), ("B", 0)]
+    m, p, v = run.microbatches, run.pp, run.virtual_stages
+    stage = pp_rank
+    if run.schedule == "gpipe":
+        return [("F", stage)] * m + [("B", stage)] * m
+    if run.schedule == "1f1b":
+        warmup = min(m, p - pp_rank)
+        actions = [("F", stage)] * warmup
+        for _ in range(m - warmup):
+            actions += [("B", stage), ("F", stage)]
+        return actions + [("B", stage)] * warmup
+    per_round = m // max(1, m // p)
+    warmup = min((v - 1) * per_round + 2 * (p - 1 - pp_rank), v * m)
+    local = run.stages_of(pp_rank)
+    actions = [("F", local[(op // per_round) % v]) for op in range(warmup)]
+    for op in range(warmup, v * m):
+        actions.append(("F", local[(op // per_round) % v]))
+        actions.append(("B", local[v - 1 - ((op - warmup) // per_round) % v]))
+    for op in range(v * m, v * m + warmup):
+        actions.append(("B", local[v - 1 - ((op - warmup) // per_round) % v]))
+    return actions
+
+
+def _fsdp_collectives(run: ResolvedRun, pp_rank: int, stage: int, units: list[Unit]) -> Iterator[tuple[int, int]]:
+    """All-gathers and reduce-scatters per step of each FSDP2 unit of ``stage``, by following its state.
+
+    A unit starts sharded. Forward all-gathers a sharded unit; a block reshards after forward, the root
+    does not (FSDP2's default). Backward all-gathers a sharded unit; without a pipeline it then reshards
+    and reduce-scatters its gradients; under torch's pipelining it stays unsharded and keeps its gradients
+    until the step's last backward, when each unit reduce-scatters once.
+    """
+    actions = [kind for kind, at in _chunk_actions(run, pp_rank) if at == stage]
+    for unit in units:
+        sharded, gathers, scatters = True, 0, 0
+        for kind in actions:
+            if sharded:
+                gathers += 1
+                sharded = False
+            if kind == "F" and unit.kind == "block":
+                sharded = True
+            elif kind == "B" and run.pp == 1:
+                sharded = True
+                scatters += 1
+        if run.pp > 1:
+            scatters += 1
+        yield gathers, scatters
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Prediction:
+    """Everything the planner says of one resolved plan."""
+
+    run: ResolvedRun
+    memory: tuple[RankMemory, ...]
+    traffic: tuple[Traffic, ...]
+    """Training: per rank and step. Serving: empty (the ops' shapes depend on the load's batching)."""
+
+    @property
+    def peak(self) -> RankMemory:
+        """The most loaded rank (the first of equals)."""
+        return max(self.memory, key=lambda memory: (memory.total_bytes, -memory.rank))
+
+    def step_bytes(self) -> dict[tuple[str, str], int]:
+        """Bytes per (group, op) in one step, summed over ranks."""
+        totals: dict[tuple[str, str], int] = {}
+        for traffic in self.traffic:
+            totals[(traffic.group, traffic.op)] = totals.get((traffic.group, traffic.op), 0) + traffic.bytes
+        return totals
+
+
+def predict(run: ResolvedRun) -> Prediction:
+    memory = tuple(rank_memory(run, rank) for rank in range(run.world_size))
+    traffic = () if run.mode == "infer" else tuple(t for rank in range(run.world_size)
+                                                    for t in rank_traffic(run, rank))
+    return Prediction(run=run, memory=memory, traffic=traffic)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Candidate:
+    """One plan: resolved with its prediction, or refused with the runner's reason."""
+
+    label: str
+    """``dp2 x tp2 x pp1`` style; the key ``--plans`` uses."""
+    spec: RunSpec
+    prediction: Prediction | None
+    reason: str | None = None
+
+
+def factorizations(n: int) -> Iterator[tuple[int, int, int]]:
+    """Every (dp, tp, pp) whose product is ``n``, dp-heavy first."""
+    for tp in range(1, n + 1):
+        if n % tp:
+            continue
+        for pp in range(1, n // tp + 1):
+            if (n // tp) % pp == 0:
+                yield n // (tp * pp), tp, pp
+
+
+def plan_key(dp: int, tp: int, pp: int, fsdp: bool) -> str:
+    """``dp2``, ``fsdp2xtp2``, ``tp2xpp2``...: the degrees above 1, as ``--plans`` spells them."""
+    parts = [f"{'fsdp' if fsdp else 'dp'}{dp}"] if dp > 1 or (dp == 1 and tp == 1 and pp == 1) else []
+    parts += [f"tp{tp}"] if tp > 1 else []
+    parts += [f"pp{pp}"] if pp > 1 else []
+    return "x".join(parts)
+
+
+def parse_plan_key(text: str) -> tuple[int, int, int, bool]:
+    """(dp, tp, pp, fsdp) of a ``--plans`` entry such as ``dp2xtp2`` or ``fsdp4``."""
+    dp, tp, pp, fsdp = 1, 1, 1, False
+    for part in text.strip().lower().split("x"):
+        for prefix in ("fsdp", "dp", "tp", "pp"):
+            if part.startswith(prefix) and part[len(prefix):].isdigit() and int(part[len(prefix):]) >= 1:
+                degree = int(part[len(prefix):])
+                if prefix in ("fsdp", "dp"):
+                    dp, fsdp = degree, prefix == "fsdp"
+                elif prefix == "tp":
+                    tp = degree
+                else:
+                    pp = degree
+                break
+        else:
+            raise PlanError(f"--plans entry {text!r}: write degrees as dp2, fsdp2, tp2, pp2 joined by x (dp2xtp2)")
+    return dp, tp, pp, fsdp
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Question:
+    """What ``meshtop plan`` and ``sweep`` are asked: a base spec (model, lengths, batch, load) and ranks."""
+
+    base: RunSpec
+    ranks: int
+    gpus: bool
+    """Plan for GPUs (nccl, one per rank) rather than CPU ranks."""
+    with_fsdp: bool = False
+    """Also list each plan with dp >= 2 sharded by FSDP2."""
+    plans: tuple[str, ...] = field(default=())
+    """Only these plans (``--plans``), in this order."""
+
+
+def default_batch(ranks: int) -> int:
+    """The global batch every plan of a question shares unless one is given: 4 sequences per rank, which
+    dp x microbatches (default 2 x pp) divides for every factorization."""
+    return 4 * ranks
+
+
+def candidates(question: Question) -> list[Candidate]:
+    """Every plan of the question (or those ``--plans`` names), each resolved by the runner's own checks."""
+    if question.plans:
+        wanted = [parse_plan_key(key) for key in question.plans]
+        for dp, tp, pp, _ in wanted:
+            if dp * tp * pp != question.ranks:
+                raise PlanError(f"--plans {plan_key(dp, tp, pp, False)}: dp x tp x pp = {dp * tp * pp}, "
+                                f"not the {question.ranks} ranks asked for")
+    else:
+        wanted = []
+        for dp, tp, pp in factorizations(question.ranks):
+            wanted.append((dp, tp, pp, False))
+            if question.with_fsdp and dp > 1 and question.base.mode == "train":
+                wanted.append((dp, tp, pp, True))
+    base = question.base
+    check_mode_options(base)
+    if base.mode == "train" and base.batch_size is None:
+        base = replace(base, batch_size=default_batch(question.ranks))
+    found = []
+    for dp, tp, pp, fsdp in wanted:
+        spec = replace(base, dp=dp, tp=tp, pp=pp, fsdp=fsdp,
+                       schedule=base.schedule if pp > 1 else None,
+                       microbatches=base.microbatches if pp > 1 else None)
+        key = plan_key(dp, tp, pp, fsdp)
+        try:
+            run = resolve(spec, gpus_visible=question.ranks if question.gpus else 0)
+        except PlanError as error:
+            found.append(Candidate(label=key, spec=spec, prediction=None, reason=str(error)))
+            continue
+        found.append(Candidate(label=key, spec=spec, prediction=predict(run)))
+    reasons = {candidate.reason for candidate in found}
+    if len(reasons) == 1 and None not in reasons and len(found) > 1:  # the question, not a plan, is wrong
+        raise PlanError(str(reasons.pop()))
+    return found
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Placement:
+    """Which ranks each group of one dim spans, and the warnings about where they sit."""
+
+    groups: dict[str, list[list[int]]]
+    warnings: list[str]
+
+
+def placement(run: ResolvedRun, *, ranks_per_node: int, slow_pairs: Iterable[tuple[int, int]] = ()) -> Placement:
+    """The dp / tp / pp groups of ``run`` as rank lists; a warning where a tp group crosses a node boundary
+    or a GPU pair without NVLink (``slow_pairs``, local GPU indices), since tp all-reduces every layer."""
+    spans: dict[str, dict[tuple[int, int], list[int]]] = {"pp": {}, "dp": {}, "tp": {}}
+    for rank in range(run.world_size):
+        pp, dp, tp = coordinates(run, rank)
+        spans["tp"].setdefault((pp, dp), []).append(rank)
+        spans["dp"].setdefault((pp, tp), []).append(rank)
+        spans["pp"].setdefault((dp, tp), []).append(rank)
+    groups = {dim: list(found.values()) for dim, found in spans.items() if len(next(iter(found.values()))) > 1}
+    warnings = []
+    slow = {tuple(sorted(pair)) for pair in slow_pairs}
+    for ranks in groups.get("tp", []):
+        nodes = sorted({rank // ranks_per_node for rank in ranks})
+        if len(nodes) > 1:
+            warnings.append(f"tp group {_ranks(ranks)} spans nodes {', '.join(map(str, nodes))}: keep tp within a node")
+            continue
+        local = [rank % ranks_per_node for rank in ranks]
+        crossing = [(a, b) for i, a in enumerate(local) for b in local[i + 1:] if (min(a, b), max(a, b)) in slow]
+        if crossing:
+            a, b = crossing[0]
+            warnings.append(f"tp group {_ranks(ranks)}: GPUs {a} and {b} have no NVLink between them")
+    return Placement(groups=groups, warnings=warnings)
+
+
+def _ranks(ranks: list[int]) -> str:
+    return "{" + ",".join(map(str, ranks)) + "}"
+
+
+def comm_seconds(prediction: Prediction, busbw_bytes_per_s: float) -> float:
+    """Predicted seconds of collectives per step on the busiest rank: each op's bytes over the bus bandwidth,
+    times nccl-tests' bus factor (``t = S x factor / busbw``)."""
+    from recordings.metrics.bandwidth import bus_factor
+
+    per_rank: dict[int, float] = {}
+    for traffic in prediction.traffic:
+        factor = bus_factor(traffic.op, traffic.group_size) or 1.0
+        per_rank[traffic.rank] = per_rank.get(traffic.rank, 0.0) + traffic.bytes * factor / busbw_bytes_per_s
+    return max(per_rank.values(), default=0.0)
+
+
+def compute_seconds(run: ResolvedRun, flops_per_s: float) -> float:
+    """Predicted compute seconds per step of one rank at ``flops_per_s`` achieved: the step's training FLOPs
+    (6 N per token plus attention, :func:`recordings.metrics.mfu.flops_per_token`) shared by every rank."""
+    from recordings.metrics.mfu import flops_per_token
+
+    per_token = flops_per_token(parameters=run.shape.parameter_count(), n_layers=run.shape.n_layers,
+                                dim=run.shape.dim, seq_len=run.seq_len)
+    return per_token * run.batch_size * run.seq_len / run.world_size / flops_per_s
+
+
+SIZE_UNITS = {"": 1, "b": 1, "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "tib": 1 << 40,
+              "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30,
+              "t": 1 << 40}
+
+
+def parse_size(text: str, *, flag: str = "--device-memory") -> int:
+    """``80GiB``, ``80GB``, ``80G`` (binary), ``1.5TiB`` or plain bytes."""
+    stripped = text.strip().lower().replace(" ", "")
+    number = stripped.rstrip("kmgtib")
+    unit = stripped[len(number):]
+    try:
+        value = float(number)
+    except ValueError:
+        value = -1.0
+    if unit not in SIZE_UNITS or not 0 < value < float("inf"):
+        raise PlanError(f"{flag} {text!r}: give a size such as 80GiB, 80GB or 85899345920")
+    return int(value * SIZE_UNITS[unit])
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Budget:
+    """What the report measures plans against."""
+
+    device_memory_bytes: int | None = None
+    busbw_bytes_per_s: float | None = None
+    flops_per_s: float | None = None
+    """Achieved FLOP/s per device, for the step-time share of communication."""
+    ranks_per_node: int | None = None
+    slow_pairs: tuple[tuple[int, int], ...] = ()
+
+
+def report(question: Question, found: list[Candidate], budget: Budget) -> dict[str, object]:
+    """The plan report as plain data: ``meshtop plan --json`` prints it, the text view and the sweep read it."""
+    first = next((c.prediction.run for c in found if c.prediction is not None), None)
+    plans = []
+    for candidate in found:
+        row: dict[str, object] = {"key": candidate.label, "runs": candidate.prediction is not None,
+                                  "reason": candidate.reason}
+        if candidate.prediction is not None:
+            row.update(plan_figures(candidate.prediction, budget))
+        plans.append(row)
+    return {
+        "model": first.shape.describe() if first is not None else None,
+        "ranks": question.ranks, "device": "cuda" if question.gpus else "cpu", "mode": question.base.mode,
+        "dtype": first.dtype if first is not None else question.base.dtype,
+        "batch_size": first.batch_size if first is not None and first.mode == "train" else None,
+        "seq_len": first.seq_len if first is not None else None,
+        "device_memory_bytes": budget.device_memory_bytes, "busbw_bytes_per_s": budget.busbw_bytes_per_s,
+        "flops_per_s": budget.flops_per_s,
+        "plans": plans,
+    }
+
+
+def plan_figures(prediction: Prediction, budget: Budget) -> dict[str, object]:
+    run, peak = prediction.run, prediction.peak
+    memory_cap = budget.device_memory_bytes
+    where = placement(run, ranks_per_node=budget.ranks_per_node or run.world_size, slow_pairs=budget.slow_pairs)
+    figures: dict[str, object] = {
+        "label": run.plan_label(), "dp": run.dp, "tp": run.tp, "pp": run.pp, "fsdp": run.fsdp,
+        "schedule": run.schedule, "microbatches": run.microbatches if run.pp > 1 else None,
+        "peak_rank": peak.rank, "peak": memory_json(peak), "ranks": [memory_json(m) for m in prediction.memory],
+        "fits": None if memory_cap is None else peak.total_bytes <= memory_cap,
+        "headroom_bytes": None if memory_cap is None else memory_cap - peak.total_bytes,
+        "traffic": [{"rank": t.rank, "op": t.op, "group": t.group, "group_size": t.group_size, "bytes": t.bytes,
+                     "count": t.count} for t in prediction.traffic],
+        "step_bytes": {f"{group} {op}": nbytes for (group, op), nbytes in sorted(prediction.step_bytes().items())},
+        "groups": where.groups, "warnings": where.warnings,
+        "comm_s": None, "compute_s": None, "comm_share": None,
+    }
+    if budget.busbw_bytes_per_s and run.mode == "train":
+        comm = comm_seconds(prediction, budget.busbw_bytes_per_s)
+        figures["comm_s"] = comm
+        if budget.flops_per_s:
+            compute = compute_seconds(run, budget.flops_per_s)
+            figures["compute_s"] = compute
+            figures["comm_share"] = comm / (comm + compute) if comm + compute > 0 else None
+    return figures
+
+
+def memory_json(memory: RankMemory) -> dict[str, int]:
+    return {"rank": memory.rank, "weights_bytes": memory.weights_bytes, "grads_bytes": memory.grads_bytes,
+            "optimizer_bytes": memory.optimizer_bytes, "activations_bytes": memory.activations_bytes,
+            "kv_cache_bytes": memory.kv_cache_bytes, "total_bytes": memory.total_bytes}

@@ -1,0 +1,104 @@
+"""``meshtop sweep OUT``: run each plan that fits for a short window with the same load, one recording each.
+
+The loop is ordinary ``record`` sessions under one folder, with ``OUT/sweep.json``
+(:mod:`recordings.sweep`) rewritten after every plan: a plan that fails is a row with its error and the
+sweep goes on; an interrupt keeps the finished plans, marks the one it cut and those that did not run.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import replace
+from pathlib import Path
+from typing import Any, TextIO
+
+from probes.errors import MeshtopError
+from recordings.manifest import RecordingError
+from recordings.sweep import SWEEP_VERSION, write_sweep
+from runner.console import follow_job, verdict
+from runner.launch import NodeProbes
+from runner.planner import SWEEP_STEPS, Budget, Candidate, Question, report
+from runner.session import start_recording
+
+
+def entries(question: Question, found: list[Candidate], budget: Budget) -> list[dict[str, Any]]:
+    """What the sweep will do with each plan: run it, or say why not (cannot run, or predicted not to fit)."""
+    rows = []
+    for candidate in found:
+        row: dict[str, Any] = {"key": candidate.label, "status": "pending", "reason": None, "recording": None}
+        prediction = candidate.prediction
+        if prediction is None:
+            row.update(status="cannot run", reason=candidate.reason)
+        elif (not question.plans and budget.device_memory_bytes is not None
+              and prediction.peak.total_bytes > budget.device_memory_bytes):
+            row.update(status="skipped", reason=f"predicted peak {prediction.peak.total_bytes / 2**30:.1f} GiB on "
+                                                f"rank {prediction.peak.rank} exceeds the "
+                                                f"{budget.device_memory_bytes / 2**30:.1f} GiB of device memory")
+        rows.append(row)
+    return rows
+
+
+def new_sweep_directory(out: Path) -> None:
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise RecordingError(f"{out} exists and is not empty: give sweep a new directory (nothing was overwritten)")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise RecordingError(f"cannot create {out}: {error.strerror or error}") from None
+
+
+def run_sweep(question: Question, found: list[Candidate], budget: Budget, *, out: Path, stream: TextIO,
+              command_line: list[str], node_probes: NodeProbes = NodeProbes(),
+              hang_timeout_s: float | None = None,
+              on_plan: Callable[[int, int, str], None] | None = None) -> str:
+    """Run the sweep into ``out``; its status: completed (every plan that was to run completed), failed (one
+    or more failed) or interrupted (re-raised as ``KeyboardInterrupt`` once ``sweep.json`` says so)."""
+    new_sweep_directory(out)
+    plans = entries(question, found, budget)
+    sweep = {"version": SWEEP_VERSION, "started_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+             "command_line": command_line, "report": report(question, found, budget), "plans": plans}
+    write_sweep(out, sweep)
+    runs = {candidate.label: candidate.prediction.run for candidate in found if candidate.prediction is not None}
+    todo = [row for row in plans if row["status"] == "pending"]
+    failed = False
+    for index, row in enumerate(todo, 1):
+        run = runs[row["key"]]
+        print(f"\n[{index}/{len(todo)}] {row['key']}: {run.plan_label()}", file=stream, flush=True)
+        if on_plan is not None:
+            on_plan(index, len(todo), row["key"])
+        row.update(status="running", recording=row["key"])
+        write_sweep(out, sweep)
+        try:
+            directory = out / row["key"]
+            manifest = start_recording(directory, run, node_probes, command_line)
+            result = follow_job(run, session_dir=directory, out=stream, manifest=manifest,
+                                node_probes=node_probes, hang_timeout_s=hang_timeout_s)
+            if result.status == "interrupted":  # Ctrl-C (or SIGTERM) reached meshtop while the job ran
+                raise KeyboardInterrupt
+        except KeyboardInterrupt:
+            row.update(status="interrupted", reason="the sweep was interrupted during this plan")
+            for later in todo[index:]:
+                later.update(status="not run", reason="the sweep was interrupted before this plan")
+            write_sweep(out, sweep)
+            raise
+        except MeshtopError as error:
+            row.update(status="failed", reason=str(error))
+            failed = True
+        else:
+            row["status"] = result.status
+            if result.status != "completed":
+                failed = True
+                lines = verdict(result, None)
+                row["reason"] = "; ".join(line.strip() for line in lines)
+        write_sweep(out, sweep)
+    return "failed" if failed else "completed"
+
+
+def sweep_question(question: Question, *, steps: int | None) -> Question:
+    """The question with the sweep's window: ``steps`` (default :data:`SWEEP_STEPS`), and training's
+    activations measured so that each prediction is checked."""
+    base = question.base
+    if base.mode == "train":
+        base = replace(base, steps=steps or SWEEP_STEPS, activations=base.instrument)
+    return replace(question, base=base)

@@ -1,0 +1,149 @@
+"""``meshtop plan``'s report as readable text: one row per plan, its most loaded rank, and why a plan cannot run."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tui.summary_text import human_bytes, human_seconds
+
+MEMORY_COLUMNS = (("weights", "weights_bytes"), ("grads", "grads_bytes"), ("optim", "optimizer_bytes"),
+                  ("activ", "activations_bytes"), ("kv", "kv_cache_bytes"), ("total", "total_bytes"))
+
+
+def short_bytes(count: float | None) -> str:
+    """``1.5G``, ``312M``: a table cell's width."""
+    if count is None:
+        return "-"
+    if count == 0:
+        return "0"
+    for unit in ("B", "K", "M", "G", "T"):
+        if abs(count) < 1024 or unit == "T":
+            return f"{count:.0f}{unit}" if unit == "B" or count >= 100 else f"{count:.1f}{unit}"
+        count /= 1024
+    return f"{count:.1f}T"
+
+
+def traffic_cell(step_bytes: dict[str, int], group: str) -> str:
+    total = sum(nbytes for key, nbytes in step_bytes.items() if key.split()[0] == group)
+    return short_bytes(total) if total else "-"
+
+
+def plan_lines(report: dict[str, Any]) -> list[str]:
+    model = report["model"]
+    head = f"{report['ranks']} {'GPUs' if report['device'] == 'cuda' else 'CPU ranks'}"
+    if model is not None:
+        count = model["parameters"]
+        size = f"{count / 1e9:.2f} B" if count >= 1e9 else f"{count / 1e6:.1f} M"
+        head = (f"model {model['name']} ({size} parameters, {model['n_layers']} layers), "
+                f"{report['mode']}, {report['dtype']}, " + head)
+    if report["batch_size"] is not None:
+        head += f", global batch {report['batch_size']} x {report['seq_len']} tokens"
+    memory = report["device_memory_bytes"]
+    head += f", device memory {human_bytes(memory)}" if memory is not None else ", no device memory given"
+    lines = [head, "", "per most loaded rank (bytes); traffic per step summed over ranks"]
+    header = f"{'plan':<14}{'schedule':<13}" + "".join(f"{label:>8}" for label, _ in MEMORY_COLUMNS)
+    header += f"{'fits':>6}{'headroom':>10}{'dp':>8}{'tp':>8}{'pp':>8}"
+    timed = any(row.get("comm_s") is not None for row in report["plans"])
+    if timed:
+        header += f"{'comm':>10}{'share':>7}"
+    lines.append(header)
+    notes: list[str] = []
+    for row in report["plans"]:
+        if not row["runs"]:
+            notes.append(f"  {row['key']}: {row['reason']}")
+            continue
+        schedule = f"{row['schedule']} {row['microbatches']}mb" if row["schedule"] else "-"
+        cells = "".join(f"{short_bytes(row['peak'][key]):>8}" for _, key in MEMORY_COLUMNS)
+        fits = "-" if row["fits"] is None else ("yes" if row["fits"] else "NO")
+        headroom = short_bytes(row["headroom_bytes"]) if row["headroom_bytes"] is not None else "-"
+        line = f"{row['key']:<14}{schedule:<13}{cells}{fits:>6}{headroom:>10}"
+        line += "".join(f"{traffic_cell(row['step_bytes'], group):>8}" for group in ("dp", "tp", "pp"))
+        if timed:
+            share = row.get("comm_share")
+            line += f"{human_seconds(row.get('comm_s')):>10}{'-' if share is None else f'{share:.0%}':>7}"
+        lines.append(line)
+        notes += [f"  {row['key']}: warning: {warning}" for warning in row["warnings"]]
+    if notes:
+        lines += ["", "plans that cannot run, and warnings:"] + notes
+    return lines
+
+
+def percent_error(value: float | None) -> str:
+    return "-" if value is None else f"{value:+.0%}" if abs(value) >= 0.005 else "0%"
+
+
+SWEEP_COLUMNS = {
+    "train": (("#", 2), ("plan", -14), ("tok/s", 10), ("step p50", 10), ("comm", 6), ("bubble", 8)),
+    "infer": (("#", 2), ("plan", -14), ("goodput/s", 10), ("req/s", 8), ("TTFT p50", 10), ("TPOT p50", 10)),
+}
+ERROR_COLUMNS = (("peak", 8), ("pred", 8), ("err", 6), ("state", 7), ("activ", 7), ("traffic", 9), ("bubble", 8))
+"""The prediction side: measured and predicted peak, then the error of each predicted figure."""
+
+
+def sweep_columns(mode: str) -> tuple[tuple[str, int], ...]:
+    """(title, width) of each column of the ranked table; a negative width aligns left."""
+    return SWEEP_COLUMNS[mode] + ERROR_COLUMNS
+
+
+def _milliseconds(value: float | None) -> str:
+    return "-" if value is None else f"{value * 1e3:.1f}ms"
+
+
+def _share(value: float | None) -> str:
+    return "-" if value is None else f"{value:.0%}"
+
+
+def sweep_cells(row: dict[str, Any], mode: str) -> list[str]:
+    """One ranked plan's cells, in :func:`sweep_columns` order."""
+    measured, errors, predicted = row["measured"], row["errors"] or {}, row["predicted"] or {}
+    assert measured is not None, "only ranked plans have cells"
+    if mode == "infer":
+        cells = [f"{measured['goodput_per_s'] or 0:.2f}", f"{measured['requests_per_s'] or 0:.2f}",
+                 _milliseconds(measured["ttft_p50_s"]), _milliseconds(measured["tpot_p50_s"])]
+    else:
+        cells = [f"{measured['tokens_per_s'] or 0:,.0f}", human_seconds(measured["step_s"]),
+                 _share(measured["comm_share"]), _share(measured["bubble"])]
+    state_keys = ("weights_bytes", "grads_bytes", "optimizer_bytes")
+    state = (max((errors[key] for key in state_keys), key=abs)
+             if errors and all(errors.get(key) is not None for key in state_keys) else None)
+    traffic = errors.get("traffic_bytes")
+    traffic_text = "-" if traffic is None else percent_error(traffic) + ("=" if errors.get("traffic_exact") else "")
+    bubble = errors.get("bubble")
+    cells += [short_bytes(measured["peak_bytes"]), short_bytes(predicted.get("peak_bytes")),
+              percent_error(errors.get("peak_bytes")), percent_error(state),
+              percent_error(errors.get("activations_bytes")), traffic_text,
+              "-" if bubble is None else f"{bubble * 100:+.0f}pt"]
+    return [str(row["rank"]), row["key"], *cells]
+
+
+def sweep_lines(ranking: dict[str, Any]) -> list[str]:
+    """The sweep's ranked table: measured figures, then each prediction's error, then what did not run."""
+    mode = ranking["mode"]
+    model = ranking["model"]
+    what = f"model {model['name']}, " if model else ""
+    devices = "GPUs" if ranking["device"] == "cuda" else "CPU ranks"
+    lines = [f"sweep {ranking['sweep']}: {what}{ranking['ranks']} {devices}, ranked by "
+             f"{'goodput' if mode == 'infer' else 'tokens/s'}", ""]
+    columns = sweep_columns(mode)
+
+    def line(cells: list[str]) -> str:
+        return " ".join(f"{cell:<{-width}}" if width < 0 else f"{cell:>{width}}"
+                        for cell, (_, width) in zip(cells, columns, strict=True))
+
+    lines.append(line([title for title, _ in columns]))
+    left: list[str] = []
+    for row in ranking["plans"]:
+        if row["rank"] is None:
+            left.append(f"  {row['key']}: {row['status']}" + (f": {row['reason']}" if row["reason"] else ""))
+        else:
+            lines.append(line(sweep_cells(row, mode)))
+    lines += ["", "err: (measured - predicted) / predicted of the most loaded rank's peak; state: its weights, "
+                  "gradients and optimizer state; activ: its activations saved for backward; traffic: the step's "
+                  "collective bytes ('=': every rank's bytes per group and op exactly as predicted); bubble: "
+                  "measured minus (p - 1) / (v m + p - 1)"]
+    if any(row["measured"] and row["measured"]["peak_kind"] == "accounted" for row in ranking["plans"]):
+        lines.append("peak on CPU: weights + gradients + optimizer state + activations saved for backward (the "
+                     "resident set is mostly torch itself)")
+    if left:
+        lines += ["", "not ranked:"] + left
+    return lines
