@@ -142,10 +142,22 @@ class Nvml:
                 if count:
                     links.append(GpuLink(gpu_a=a, gpu_b=b, path="NVLink", nvlinks=count))
                     continue
+                if self._nvlink_peers(a, b):  # through an NVSwitch: each link's far end is the switch, not b
+                    links.append(GpuLink(gpu_a=a, gpu_b=b, path="NVLink", nvlinks=None))
+                    continue
                 level = self.call(nv.nvmlDeviceGetTopologyCommonAncestor, self.handles[a], self.handles[b])
                 links.append(GpuLink(gpu_a=a, gpu_b=b, path=PATHS.get(level, "unknown") if level is not None
                                      else "unknown", nvlinks=0))
         return links
+
+    def _nvlink_peers(self, a: int, b: int) -> bool:
+        """Whether NVML says GPUs ``a`` and ``b`` reach each other over NVLink (directly or switched)."""
+        nv = self.nv
+        index = getattr(nv, "NVML_P2P_CAPS_INDEX_NVLINK", None)
+        if nv is None or index is None or not hasattr(nv, "nvmlDeviceGetP2PStatus"):
+            return False
+        status = self.call(nv.nvmlDeviceGetP2PStatus, self.handles[a], self.handles[b], index)
+        return status is not None and status == getattr(nv, "NVML_P2P_STATUS_OK", 0)
 
     def close(self) -> None:
         if self.nv is not None and self.state != "no_library" and self.state != "error":

@@ -9,7 +9,11 @@ from __future__ import annotations
 from dataclasses import asdict
 from typing import Any
 
+import numpy as np
+
+from recordings.metrics.mfu import achieved_flops_per_rank
 from recordings.metrics.run import COLUMNAR, EVENT_KINDS, RunFold, fold_tables
+from recordings.metrics.stats import quantile
 from recordings.reader import Recording
 
 
@@ -59,3 +63,11 @@ def summarize(recording: Recording) -> dict[str, Any]:
     fold = fold_recording(recording)
     return {"recording": str(recording.path), "run": run_section(recording), **fold.figures().to_json(),
             "ranks": ranks_section(recording), "problems": [*recording.problems, *rejected_problems(fold)]}
+
+
+def measured_rates(recording: Recording) -> tuple[float | None, float | None]:
+    """What ``meshtop plan --from REC`` takes from a recording: its bus bandwidth in GB/s (the median of its
+    collectives' p50, of the operations that ran alone) and the FLOP/s one rank achieved."""
+    figures = fold_recording(recording).figures()
+    rates = [row.busbw_p50_gbps for row in figures.collectives if row.busbw_p50_gbps is not None]
+    return quantile(np.asarray(rates), 0.5), achieved_flops_per_rank(recording.manifest.run, figures.steps.tokens_per_s)

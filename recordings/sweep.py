@@ -12,8 +12,9 @@ The figures, each defined here once:
   peak memory is the allocator's peak of its most loaded rank; on CPU, where the resident set is mostly the
   interpreter and torch, it is the largest accounted peak;
 - **traffic**: the bytes of each (rank, group, op) in the last step every rank completed;
-- **communication share**: the exposed communication per step over the step time, summed over
-  (group, op) rows and capped at 1 (:mod:`recordings.metrics.collectives`);
+- **communication share**: each (group, op) row's exposed share of the step time
+  (:mod:`recordings.metrics.collectives`), summed and capped at 1 (operations of different groups that
+  overlap count in each, so it is an upper bound);
 - **bubble**: the mean over stages of the stage bubble fraction (:mod:`recordings.metrics.pipeline`),
   predicted as (p - 1) / (v m + p - 1);
 - **prediction error**: (measured - predicted) / predicted of a plan's figure.
@@ -30,6 +31,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from recordings.manifest import RecordingError
+from recordings.metrics.memory import most_loaded
 from recordings.metrics.pipeline import theoretical_bubble
 from recordings.reader import open_recording
 from recordings.summary import fold_recording, job_status
@@ -50,14 +52,24 @@ def write_sweep(out: Path, sweep: dict[str, Any]) -> None:
     os.replace(temporary, out / SWEEP_FILE)
 
 
+REPORT_KEYS = ("plans", "mode", "model", "ranks", "device")
+ENTRY_KEYS = ("key", "status", "reason", "recording")
+
+
 def read_sweep(out: Path) -> dict[str, Any]:
+    """``OUT/sweep.json``; a :class:`RecordingError` (one line) where it is missing, unreadable or not whole."""
     try:
         sweep = json.loads((out / SWEEP_FILE).read_text())
     except FileNotFoundError:
         raise RecordingError(f"{out} is not a sweep (no {SWEEP_FILE})") from None
     except (OSError, ValueError) as error:
         raise RecordingError(f"{out / SWEEP_FILE} cannot be read: {error}") from None
-    if not isinstance(sweep, dict) or sweep.get("version") != SWEEP_VERSION or not isinstance(sweep.get("plans"), list):
+    report = sweep.get("report") if isinstance(sweep, dict) else None
+    whole = (isinstance(sweep, dict) and sweep.get("version") == SWEEP_VERSION and isinstance(sweep.get("plans"), list)
+             and isinstance(report, dict) and all(key in report for key in REPORT_KEYS)
+             and isinstance(report["plans"], list)
+             and all(isinstance(entry, dict) and all(key in entry for key in ENTRY_KEYS) for entry in sweep["plans"]))
+    if not whole:
         raise RecordingError(f"{out / SWEEP_FILE} is not a sweep file this meshtop reads (version {SWEEP_VERSION})")
     return sweep
 
@@ -86,7 +98,7 @@ def measure(directory: Path) -> dict[str, Any]:
     cuda = recording.manifest.run.device == "cuda"
     peak_key = "peak_bytes" if cuda else "accounted_bytes"
     peaks = {rank: row[peak_key] for rank, row in memory.items() if row[peak_key] is not None}
-    peak_rank = min(peaks, key=lambda rank: (-peaks[rank], rank)) if peaks else None
+    peak_rank = most_loaded(peaks)
     shares = [row.exposed_share for row in figures.collectives if row.exposed_share is not None]
     traffic: dict[tuple[int, str, str], int] = {}
     step = figures.steps.count - 1
@@ -131,7 +143,7 @@ def compare_prediction(predicted: dict[str, Any], measured: dict[str, Any]) -> d
     predicted_rank = next((row for row in predicted["ranks"] if row["rank"] == rank), predicted["peak"])
     measured_rank = measured["memory"].get(str(rank), {})
     errors: dict[str, Any] = {}
-    for key in ("weights_bytes", "grads_bytes", "optimizer_bytes", "activations_bytes", "kv_cache_bytes"):
+    for key in CATEGORIES:
         errors[key] = error(measured_rank.get(key), predicted_rank[key])
     errors["peak_bytes"] = error(measured["peak_bytes"], predicted["peak"]["total_bytes"])
     if measured["traffic_step"] is not None:
@@ -141,8 +153,8 @@ def compare_prediction(predicted: dict[str, Any], measured: dict[str, Any]) -> d
         errors["traffic_exact"] = want == got
     else:
         errors["traffic_bytes"], errors["traffic_exact"] = None, None
-    bubble = (theoretical_bubble(predicted["pp"], predicted["microbatches"], 2 if predicted["schedule"] ==
-                                 "interleaved-1f1b" else 1) if predicted["pp"] > 1 else None)
+    bubble = (theoretical_bubble(predicted["pp"], predicted["microbatches"], predicted["virtual_stages"])
+              if predicted["pp"] > 1 and predicted["schedule"] is not None else None)  # training pipelines
     errors["bubble_predicted"] = bubble
     errors["bubble"] = (measured["bubble"] - bubble) if bubble is not None and measured["bubble"] is not None else None
     return errors

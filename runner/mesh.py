@@ -7,6 +7,8 @@ from dataclasses import dataclass
 import torch
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
+from runner.plan import ResolvedRun
+
 MESH_DIMS = ("pp", "dp", "tp")
 """Outermost first: tp ranks are neighbours, so they share the fastest links."""
 
@@ -21,9 +23,10 @@ class MeshCoordinates:
     tp: int
 
 
-def coordinates(rank: int, *, dp: int, tp: int) -> MeshCoordinates:
-    """The mesh position of global ``rank`` (rank = (pp * dp + dp_index) * tp + tp_index)."""
-    return MeshCoordinates(rank=rank, pp=rank // (dp * tp), dp=(rank // tp) % dp, tp=rank % tp)
+def coordinates(run: ResolvedRun, rank: int) -> MeshCoordinates:
+    """The mesh position of global ``rank`` (:meth:`ResolvedRun.position`)."""
+    pp, dp, tp = run.position(rank)
+    return MeshCoordinates(rank=rank, pp=pp, dp=dp, tp=tp)
 
 
 def build_mesh(*, device_type: str, pp: int, dp: int, tp: int) -> DeviceMesh:

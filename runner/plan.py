@@ -141,6 +141,11 @@ class ResolvedRun:
     def microbatch_size(self) -> int:
         return self.batch_size // (self.dp * self.microbatches)
 
+    def position(self, rank: int) -> tuple[int, int, int]:
+        """(pp, dp, tp) of global ``rank`` in the mesh: tp innermost, then dp, then pp
+        (rank = (pp x dp_degree + dp) x tp_degree + tp)."""
+        return rank // (self.dp * self.tp), (rank // self.tp) % self.dp, rank % self.tp
+
     def stages_of(self, pp_rank: int) -> list[int]:
         """Stage indices held by pipeline rank ``pp_rank``, in execution order (looped for interleaved 1F1B)."""
         return [pp_rank + loop * self.pp for loop in range(self.virtual_stages)]

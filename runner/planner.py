@@ -18,7 +18,7 @@ import math
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field, replace
 
-from runner.plan import PlanError, ResolvedRun, RunSpec, check_mode_options, resolve
+from runner.plan import PlanError, ResolvedRun, RunSpec, check_mode_options, model_shape, resolve
 from runner.presets import ModelShape
 
 ELEMENT_BYTES = {"fp32": 4, "bf16": 2}
@@ -110,7 +110,7 @@ class RankMemory:
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Traffic:
-    """Predicted collective traffic of one rank in one step (training) or one decode op (serving)."""
+    """Predicted collective traffic of one rank in one training step."""
 
     rank: int
     op: str
@@ -127,7 +127,7 @@ class Traffic:
 def rank_memory(run: ResolvedRun, rank: int) -> RankMemory:
     """What ``rank`` holds: its parameters (tp split, fsdp sharded), their gradients, AdamW's state, the
     activations saved for backward at the step's peak, and the KV cache when serving."""
-    pp_rank, dp_rank, _ = coordinates(run, rank)
+    pp_rank, dp_rank, _ = run.position(rank)
     e = ELEMENT_BYTES[run.dtype]
     matrices = [m for stage in stages(run, pp_rank) for unit in chunk_units(run, stage) for m in unit.matrices]
     shard = run.dp if run.fsdp else 1
@@ -139,11 +139,6 @@ def rank_memory(run: ResolvedRun, rank: int) -> RankMemory:
     return RankMemory(rank=rank, weights_bytes=weights, grads_bytes=weights,
                       optimizer_bytes=2 * weights + STEP_COUNTER * len(matrices),
                       activations_bytes=activation_bytes(run, pp_rank), kv_cache_bytes=0)
-
-
-def coordinates(run: ResolvedRun, rank: int) -> tuple[int, int, int]:
-    """(pp, dp, tp) of ``rank``: tp innermost, then dp, then pp (as :mod:`runner.mesh` builds the mesh)."""
-    return rank // (run.dp * run.tp), (rank // run.tp) % run.dp, rank % run.tp
 
 
 def kv_cache_bytes(run: ResolvedRun, pp_rank: int) -> int:
@@ -186,24 +181,23 @@ def stage_activation_bytes(run: ResolvedRun, stage: int, sequences: int) -> int:
 
 
 def in_flight(run: ResolvedRun, pp_rank: int) -> list[int]:
-    """The stage of each forward whose activations are alive at the rank's peak (one entry per microbatch).
+    """The stage of each forward whose activations are alive at the rank's peak (one entry per microbatch):
+    the most forwards not yet undone by their backward while the rank's schedule runs (:func:`_chunk_actions`).
 
     No pipeline: the one forward. GPipe: every microbatch. 1F1B (torch's 1B1F steady state): the
-    ``min(m, p - stage)`` warm-up forwards. Interleaved 1F1B: torch's warm-up ops
-    ``min((v - 1) x m_round + 2 (p - 1 - rank), v m)`` plus the steady state's first forward, each
-    run on local stage ``(op // m_round) mod v``.
+    ``min(m, p - stage)`` warm-up forwards. Interleaved 1F1B: torch's warm-up forwards plus the steady state's
+    first forward (it runs a forward before each backward), at most ``v m``.
     """
-    if run.pp == 1:
-        return [0]
-    m, p, v = run.microbatches, run.pp, run.virtual_stages
-    if run.schedule == "gpipe":
-        return [pp_rank] * m
-    if run.schedule == "1f1b":
-        return [pp_rank] * min(m, p - pp_rank)
-    per_round = m // max(1, m // p)
-    warmup = min((v - 1) * per_round + 2 * (p - 1 - pp_rank), v * m)
-    local = run.stages_of(pp_rank)
-    return [local[(op // per_round) % v] for op in range(min(warmup + 1, v * m))]
+    alive: list[int] = []
+    peak: list[int] = []
+    for kind, stage in _chunk_actions(run, pp_rank):
+        if kind == "F":
+            alive.append(stage)
+            if len(alive) > len(peak):
+                peak = list(alive)
+        else:
+            alive.remove(stage)  # the oldest forward of that stage: microbatches go back in order
+    return peak
 
 
 def activation_bytes(run: ResolvedRun, pp_rank: int) -> int:
@@ -214,7 +208,7 @@ def activation_bytes(run: ResolvedRun, pp_rank: int) -> int:
 
 def rank_traffic(run: ResolvedRun, rank: int) -> list[Traffic]:
     """The collectives ``rank`` issues in one training step, summed per op and group."""
-    pp_rank, dp_rank, _ = coordinates(run, rank)
+    pp_rank, dp_rank, _ = run.position(rank)
     e = ELEMENT_BYTES[run.dtype]
     totals: dict[tuple[str, str], list[int]] = {}
     sizes = {"dp": run.dp, "tp": run.tp, "pp": run.pp, "embedding": 2}
@@ -338,7 +332,7 @@ class Prediction:
     run: ResolvedRun
     memory: tuple[RankMemory, ...]
     traffic: tuple[Traffic, ...]
-    """Training: per rank and step. Serving: empty (the ops' shapes depend on the load's batching)."""
+    """Training: per rank and step. Serving: none predicted (each op's rows depend on how the load batches)."""
 
     @property
     def peak(self) -> RankMemory:
@@ -391,21 +385,20 @@ def plan_key(dp: int, tp: int, pp: int, fsdp: bool) -> str:
 
 def parse_plan_key(text: str) -> tuple[int, int, int, bool]:
     """(dp, tp, pp, fsdp) of a ``--plans`` entry such as ``dp2xtp2`` or ``fsdp4``."""
-    dp, tp, pp, fsdp = 1, 1, 1, False
+    degrees: dict[str, int] = {}
+    fsdp = False
     for part in text.strip().lower().split("x"):
-        for prefix in ("fsdp", "dp", "tp", "pp"):
-            if part.startswith(prefix) and part[len(prefix):].isdigit() and int(part[len(prefix):]) >= 1:
-                degree = int(part[len(prefix):])
-                if prefix in ("fsdp", "dp"):
-                    dp, fsdp = degree, prefix == "fsdp"
-                elif prefix == "tp":
-                    tp = degree
-                else:
-                    pp = degree
-                break
-        else:
-            raise PlanError(f"--plans entry {text!r}: write degrees as dp2, fsdp2, tp2, pp2 joined by x (dp2xtp2)")
-    return dp, tp, pp, fsdp
+        prefix = next((p for p in ("fsdp", "dp", "tp", "pp") if part.startswith(p)), None)
+        number = part[len(prefix):] if prefix is not None else ""
+        dim = "dp" if prefix == "fsdp" else prefix
+        if prefix is None or not number.isdigit() or int(number) < 1 or dim in degrees:
+            raise PlanError(f"--plans entry {text!r}: write each degree once, as dp2 (or fsdp2), tp2, pp2, "
+                            "joined by x (dp2xtp2)")
+        degrees[str(dim)] = int(number)
+        fsdp = fsdp or prefix == "fsdp"
+    if fsdp and degrees["dp"] < 2:
+        raise PlanError(f"--plans entry {text!r}: fsdp shards over dp ranks, so it needs a degree of 2 or more")
+    return degrees.get("dp", 1), degrees.get("tp", 1), degrees.get("pp", 1), fsdp
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -432,10 +425,12 @@ def candidates(question: Question) -> list[Candidate]:
     """Every plan of the question (or those ``--plans`` names), each resolved by the runner's own checks."""
     if question.plans:
         wanted = [parse_plan_key(key) for key in question.plans]
-        for dp, tp, pp, _ in wanted:
+        for key, (dp, tp, pp, fsdp) in zip(question.plans, wanted, strict=True):
             if dp * tp * pp != question.ranks:
-                raise PlanError(f"--plans {plan_key(dp, tp, pp, False)}: dp x tp x pp = {dp * tp * pp}, "
-                                f"not the {question.ranks} ranks asked for")
+                raise PlanError(f"--plans {key}: dp x tp x pp = {dp * tp * pp}, not the {question.ranks} ranks "
+                                "asked for")
+            if wanted.count((dp, tp, pp, fsdp)) > 1:
+                raise PlanError(f"--plans names {plan_key(dp, tp, pp, fsdp)} twice: give each plan once")
     else:
         wanted = []
         for dp, tp, pp in factorizations(question.ranks):
@@ -444,6 +439,7 @@ def candidates(question: Question) -> list[Candidate]:
                 wanted.append((dp, tp, pp, True))
     base = question.base
     check_mode_options(base)
+    model_shape(base.model, base.model_config)  # a bad --model-config is the question's error, not each plan's
     if base.mode == "train" and base.batch_size is None:
         base = replace(base, batch_size=default_batch(question.ranks))
     found = []
@@ -477,7 +473,7 @@ def placement(run: ResolvedRun, *, ranks_per_node: int, slow_pairs: Iterable[tup
     or a GPU pair without NVLink (``slow_pairs``, local GPU indices), since tp all-reduces every layer."""
     spans: dict[str, dict[tuple[int, int], list[int]]] = {"pp": {}, "dp": {}, "tp": {}}
     for rank in range(run.world_size):
-        pp, dp, tp = coordinates(run, rank)
+        pp, dp, tp = run.position(rank)
         spans["tp"].setdefault((pp, dp), []).append(rank)
         spans["dp"].setdefault((pp, tp), []).append(rank)
         spans["pp"].setdefault((dp, tp), []).append(rank)
@@ -537,7 +533,7 @@ def parse_size(text: str, *, flag: str = "--device-memory") -> int:
         value = float(number)
     except ValueError:
         value = -1.0
-    if unit not in SIZE_UNITS or not 0 < value < float("inf"):
+    if unit not in SIZE_UNITS or not 1 <= value * SIZE_UNITS.get(unit, 0) < float("inf"):
         raise PlanError(f"{flag} {text!r}: give a size such as 80GiB, 80GB or 85899345920")
     return int(value * SIZE_UNITS[unit])
 
@@ -583,6 +579,8 @@ def plan_figures(prediction: Prediction, budget: Budget) -> dict[str, object]:
     figures: dict[str, object] = {
         "label": run.plan_label(), "dp": run.dp, "tp": run.tp, "pp": run.pp, "fsdp": run.fsdp,
         "schedule": run.schedule, "microbatches": run.microbatches if run.pp > 1 else None,
+        "virtual_stages": run.virtual_stages,
+        "in_flight": [len(in_flight(run, pp_rank)) for pp_rank in range(run.pp)] if run.mode == "train" else None,
         "peak_rank": peak.rank, "peak": memory_json(peak), "ranks": [memory_json(m) for m in prediction.memory],
         "fits": None if memory_cap is None else peak.total_bytes <= memory_cap,
         "headroom_bytes": None if memory_cap is None else memory_cap - peak.total_bytes,
@@ -590,6 +588,8 @@ def plan_figures(prediction: Prediction, budget: Budget) -> dict[str, object]:
                      "count": t.count} for t in prediction.traffic],
         "step_bytes": {f"{group} {op}": nbytes for (group, op), nbytes in sorted(prediction.step_bytes().items())},
         "groups": where.groups, "warnings": where.warnings,
+        "group_nodes": {dim: [sorted({rank // (budget.ranks_per_node or run.world_size) for rank in ranks})
+                              for ranks in spans] for dim, spans in where.groups.items()},
         "comm_s": None, "compute_s": None, "comm_share": None,
     }
     if budget.busbw_bytes_per_s and run.mode == "train":

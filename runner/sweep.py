@@ -8,7 +8,6 @@ sweep goes on; an interrupt keeps the finished plans, marks the one it cut and t
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, TextIO
@@ -18,6 +17,7 @@ from recordings.manifest import RecordingError
 from recordings.sweep import SWEEP_VERSION, write_sweep
 from runner.console import follow_job, verdict
 from runner.launch import NodeProbes
+from runner.plan import PlanError
 from runner.planner import SWEEP_STEPS, Budget, Candidate, Question, report
 from runner.session import start_recording
 
@@ -32,9 +32,10 @@ def entries(question: Question, found: list[Candidate], budget: Budget) -> list[
             row.update(status="cannot run", reason=candidate.reason)
         elif (not question.plans and budget.device_memory_bytes is not None
               and prediction.peak.total_bytes > budget.device_memory_bytes):
-            row.update(status="skipped", reason=f"predicted peak {prediction.peak.total_bytes / 2**30:.1f} GiB on "
-                                                f"rank {prediction.peak.rank} exceeds the "
-                                                f"{budget.device_memory_bytes / 2**30:.1f} GiB of device memory")
+            gib = 2**30
+            row.update(status="skipped", reason=f"predicted peak {prediction.peak.total_bytes / gib:.1f} GiB on rank "
+                                                f"{prediction.peak.rank} exceeds the "
+                                                f"{budget.device_memory_bytes / gib:.1f} GiB of device memory")
         rows.append(row)
     return rows
 
@@ -50,32 +51,37 @@ def new_sweep_directory(out: Path) -> None:
 
 def run_sweep(question: Question, found: list[Candidate], budget: Budget, *, out: Path, stream: TextIO,
               command_line: list[str], node_probes: NodeProbes = NodeProbes(),
-              hang_timeout_s: float | None = None,
-              on_plan: Callable[[int, int, str], None] | None = None) -> str:
-    """Run the sweep into ``out``; its status: completed (every plan that was to run completed), failed (one
-    or more failed) or interrupted (re-raised as ``KeyboardInterrupt`` once ``sweep.json`` says so)."""
-    new_sweep_directory(out)
+              hang_timeout_s: float | None = None) -> str:
+    """Run the sweep into the new directory ``out``; its status: completed (every plan that was to run
+    completed) or failed (one or more failed). An interrupt is re-raised as ``KeyboardInterrupt`` once
+    ``sweep.json`` says which plan it cut and which did not run."""
     plans = entries(question, found, budget)
+    todo = [row for row in plans if row["status"] == "pending"]
+    if not todo:
+        reasons = "; ".join(f"{row['key']}: {row['reason']}" for row in plans)
+        raise PlanError(f"no plan to run ({reasons})")
+    new_sweep_directory(out)
     sweep = {"version": SWEEP_VERSION, "started_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
              "command_line": command_line, "report": report(question, found, budget), "plans": plans}
     write_sweep(out, sweep)
     runs = {candidate.label: candidate.prediction.run for candidate in found if candidate.prediction is not None}
-    todo = [row for row in plans if row["status"] == "pending"]
     failed = False
     for index, row in enumerate(todo, 1):
-        run = runs[row["key"]]
-        print(f"\n[{index}/{len(todo)}] {row['key']}: {run.plan_label()}", file=stream, flush=True)
-        if on_plan is not None:
-            on_plan(index, len(todo), row["key"])
-        row.update(status="running", recording=row["key"])
-        write_sweep(out, sweep)
         try:
+            run = runs[row["key"]]
+            print(f"\n[{index}/{len(todo)}] {row['key']}: {run.plan_label()}", file=stream, flush=True)
+            row.update(status="running", recording=row["key"])
+            write_sweep(out, sweep)
             directory = out / row["key"]
             manifest = start_recording(directory, run, node_probes, command_line)
             result = follow_job(run, session_dir=directory, out=stream, manifest=manifest,
                                 node_probes=node_probes, hang_timeout_s=hang_timeout_s)
             if result.status == "interrupted":  # Ctrl-C (or SIGTERM) reached meshtop while the job ran
                 raise KeyboardInterrupt
+            row["status"] = result.status
+            if result.status != "completed":
+                failed = True
+                row["reason"] = "; ".join(line.strip() for line in verdict(result, None))
         except KeyboardInterrupt:
             row.update(status="interrupted", reason="the sweep was interrupted during this plan")
             for later in todo[index:]:
@@ -85,12 +91,6 @@ def run_sweep(question: Question, found: list[Candidate], budget: Budget, *, out
         except MeshtopError as error:
             row.update(status="failed", reason=str(error))
             failed = True
-        else:
-            row["status"] = result.status
-            if result.status != "completed":
-                failed = True
-                lines = verdict(result, None)
-                row["reason"] = "; ".join(line.strip() for line in lines)
         write_sweep(out, sweep)
     return "failed" if failed else "completed"
 

@@ -114,7 +114,7 @@ def main(argv: list[str]) -> None:
         mesh = build_mesh(device_type=run.device, pp=run.pp, dp=run.dp, tp=run.tp)
         groups = GroupDirectory.from_mesh(mesh)
         probes.install(groups=groups, pipeline=run.pp > 1 and run.mode == "train")
-        coords = coordinates(rank, dp=run.dp, tp=run.tp)
+        coords = coordinates(run, rank)
         if run.mode == "infer":
             serve_rank(run, mesh=mesh, coords=coords, device=device, sink=sink, probes=probes, fault=fault)
         else:

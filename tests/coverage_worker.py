@@ -85,7 +85,7 @@ def main(run_path: str, out_dir: str) -> None:
     probes = Instrumentation(rank=rank, sink=sink, device=device, enabled=True)
     mesh = build_mesh(device_type=run.device, pp=run.pp, dp=run.dp, tp=run.tp)
     probes.install(groups=GroupDirectory.from_mesh(mesh), pipeline=run.pp > 1)
-    job = build_training(run, mesh=mesh, coords=coordinates(rank, dp=run.dp, tp=run.tp), device=device)
+    job = build_training(run, mesh=mesh, coords=coordinates(run, rank), device=device)
     for step in range(4):
         probes.step_started(step)
         if step == 3:

@@ -82,6 +82,17 @@ def test_gpu_readings_with_unsupported_fields_as_none() -> None:
     assert second.nvlink_tx_bytes_per_s > 0 and second.nvlink_rx_bytes_per_s > second.nvlink_tx_bytes_per_s
 
 
+def test_gpus_behind_an_nvswitch_are_nvlink_peers() -> None:
+    """On an HGX board every NVLink ends at a switch, so no link's far end is a GPU: P2P status says it."""
+    nv = fake_pynvml(nvlink_pairs=2)
+    nv.nvmlDeviceGetNvLinkRemotePciInfo = lambda h, link: SimpleNamespace(busId=b"0000:ff:00.0")  # the switch
+    nv.NVML_P2P_CAPS_INDEX_NVLINK, nv.NVML_P2P_STATUS_OK = 3, 0
+    nv.nvmlDeviceGetP2PStatus = lambda a, b, index: 0 if index == 3 else 1
+    assert Nvml(nv).topology() == [GpuLink(gpu_a=0, gpu_b=1, path="NVLink", nvlinks=None)]
+    nv.nvmlDeviceGetP2PStatus = lambda a, b, index: 4  # not supported: the PCIe path, as before
+    assert Nvml(nv).topology()[0].path == "PCIe host bridge"
+
+
 def test_topology_names_nvlink_or_the_pcie_path() -> None:
     assert Nvml(fake_pynvml(nvlink_pairs=2)).topology() == [GpuLink(gpu_a=0, gpu_b=1, path="NVLink", nvlinks=2)]
     assert Nvml(fake_pynvml(nvlink_pairs=0)).topology() == [GpuLink(gpu_a=0, gpu_b=1, path="PCIe host bridge",

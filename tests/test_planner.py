@@ -4,13 +4,14 @@ parameter shards adding up to the model, placement warnings, and a plan of an 8B
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from runner.plan import RunSpec
+from runner.plan import PlanError, RunSpec
 from runner.planner import (
     Budget,
     Question,
@@ -92,8 +93,9 @@ def test_a_tied_model_in_a_pipeline_sums_its_two_embedding_copies() -> None:
 def test_plan_keys_round_trip_and_bad_ones_are_refused() -> None:
     for dp, tp, pp, fsdp in [(4, 1, 1, False), (2, 2, 1, True), (1, 2, 2, False), (1, 1, 1, False)]:
         assert parse_plan_key(plan_key(dp, tp, pp, fsdp)) == (dp, tp, pp, fsdp)
-    with pytest.raises(Exception, match="write degrees as"):
-        parse_plan_key("dp2+tp2")
+    for bad in ("dp2+tp2", "dp2xdp2", "tp0", "fsdp1xtp4"):
+        with pytest.raises(PlanError, match=f"--plans entry '{re.escape(bad)}'"):
+            parse_plan_key(bad)
     assert parse_size("80GiB") == 80 << 30 and parse_size("80GB") == 80 * 10**9 and parse_size("1024") == 1024
 
 
@@ -158,7 +160,10 @@ def test_plan_json_holds_every_rank_and_collective() -> None:
     (["plan", "--ranks", "4", "--device-memory", "lots"], "--device-memory 'lots': give a size such as 80GiB"),
     (["plan", "--ranks", "0"], "--ranks must be at least 1"),
     (["plan", "--ranks", "4", "--plans", "dp2"], "--plans dp2: dp x tp x pp = 2, not the 4 ranks asked for"),
-    (["plan", "--ranks", "4", "--plans", "dp2*tp2"], "write degrees as dp2, fsdp2, tp2, pp2 joined by x"),
+    (["plan", "--ranks", "4", "--plans", "dp2*tp2"], "write each degree once, as dp2 (or fsdp2), tp2, pp2"),
+    (["plan", "--ranks", "4", "--plans", "dp4,dp4"], "--plans names dp4 twice: give each plan once"),
+    (["plan", "--ranks", "1", "--model-config", "/no/such/config.json"], "/no/such/config.json"),
+    (["plan", "--ranks", "2", "--device-memory", "0.5"], "give a size such as 80GiB"),
     (["plan", "--ranks", "4", "--model", "huge"], "unknown model preset 'huge'"),
     (["plan", "--gpus", "2", "--ranks", "2"], "not allowed with argument"),
     (["plan", "--ranks", "2", "--mode", "infer", "--microbatches", "2"], "--microbatches is a training option"),

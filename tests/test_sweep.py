@@ -64,7 +64,8 @@ def test_every_prediction_of_every_four_rank_plan_matches_its_recording(model: s
     assert by_measurement == by_prediction
     # the printed table: every plan ranked, each traffic prediction marked exact
     table = (out / "ranking.txt").read_text()
-    assert table.count("0%=") == len(predicted) and "not ranked" in table if model == "tiny" else True
+    assert table.count("0%=") == len(predicted)
+    assert ("tp4: cannot run: --tp 4 does not divide the 2 key/value heads" in table) == (model == "tiny")
 
 
 def test_the_sweep_of_the_readme_prints_the_ranked_table_and_each_plan_is_a_recording(tmp_path: Path) -> None:
@@ -155,3 +156,19 @@ def test_the_sweep_view_lists_the_plans_and_enter_opens_one(tmp_path: Path) -> N
     rows, chosen = asyncio.run(drive())
     assert rows == 2
     assert chosen == out / ranked["plans"][1]["recording"]
+
+
+def test_a_sweep_never_writes_into_an_existing_one_and_a_question_without_a_plan_to_run_is_refused(
+        tmp_path: Path) -> None:
+    out = tmp_path / "sweep"
+    out.mkdir()
+    (out / "sweep.json").write_text('{"version": 1, "plans": []}')  # partial: no report
+    done = sweep(out, "--ranks", "2", "--plans", "dp2")
+    assert done.returncode == 2 and "exists and is not empty" in done.stderr and "Traceback" not in done.stderr
+    assert sorted(p.name for p in out.iterdir()) == ["sweep.json"]  # no ranking written over it
+    replay = subprocess.run([sys.executable, "-m", "tui.cli", "replay", str(out)], cwd=REPO, text=True,
+                            capture_output=True, timeout=60)
+    assert replay.returncode == 2 and "is not a sweep file this meshtop reads" in replay.stderr
+    empty = sweep(tmp_path / "none", "--ranks", "4", "--model", "tiny", "--plans", "tp4")
+    assert empty.returncode == 2 and "no plan to run (tp4: --tp 4 does not divide" in empty.stderr
+    assert not (tmp_path / "none").exists()

@@ -83,7 +83,7 @@ def add_plan_options(parser: argparse.ArgumentParser, *, command: str = "run") -
                       help="a Hugging Face style config.json of a Llama-family decoder: plan and run that shape "
                            "with random weights (instead of --model)")
     work.add_argument("--dtype", choices=DTYPES, default=None, help="fp32 or bf16 (default fp32 on CPU, bf16 on CUDA)")
-    if command != "plan":
+    if command == "run":  # plan and sweep: --gpus or --ranks
         work.add_argument("--device", choices=DEVICES, default="auto", help="auto: cuda when a GPU is visible")
     work.add_argument("--mode", choices=MODES, default="train",
                       help="train (default), or infer: serve a load of generation requests")
@@ -512,7 +512,7 @@ def plan_question(args: argparse.Namespace, *, launching: bool) -> tuple[Questio
     if gpus is not None and nvml is not None and visible:
         if memory is None:
             memory = nvml.sample(0).memory_total_bytes
-        slow = tuple((link.gpu_a, link.gpu_b) for link in nvml.topology() if link.path != "NVLink")
+        slow = tuple((link.gpu_a, link.gpu_b) for link in nvml.topology() if link.path not in ("NVLink", "unknown"))
     if nvml is not None:
         nvml.close()
     base = replace(spec_from_args(args), device="cuda" if gpus is not None else "cpu")
@@ -521,30 +521,24 @@ def plan_question(args: argparse.Namespace, *, launching: bool) -> tuple[Questio
     busbw = getattr(args, "busbw", None)
     flops = getattr(args, "tflops", None) and args.tflops * 1e12
     if getattr(args, "from_recording", None) is not None:
-        measured_busbw, measured_flops = rates_of(args.from_recording)
+        from recordings.reader import open_recording
+        from recordings.summary import measured_rates
+
+        measured_busbw, measured_flops = measured_rates(open_recording(args.from_recording))
         busbw, flops = busbw or measured_busbw, flops or measured_flops
     budget = Budget(device_memory_bytes=memory, ranks_per_node=args.gpus_per_node, slow_pairs=slow,
                     busbw_bytes_per_s=busbw and busbw * 1e9, flops_per_s=flops)
     for flag, value in (("--busbw", budget.busbw_bytes_per_s), ("--tflops", budget.flops_per_s)):
         if value is not None and not 0 < value < float("inf"):
             raise PlanError(f"{flag} must be above 0")
+    if budget.busbw_bytes_per_s is not None or budget.flops_per_s is not None:
+        if question.base.mode == "infer":
+            raise PlanError("--busbw, --tflops and --from time a training step's collectives: leave them out with "
+                            "--mode infer")
+        if budget.busbw_bytes_per_s is None:
+            raise PlanError("--tflops gives the step-time share of the communication that --busbw times: give "
+                            "--busbw too (or --from REC, a recording with collectives)")
     return question, budget
-
-
-def rates_of(path: Path) -> tuple[float | None, float | None]:
-    """A recording's bus bandwidth (GB/s: the median of its collectives' p50) and achieved FLOP/s per rank."""
-    import numpy as np
-
-    from recordings.metrics.mfu import achieved_flops_per_rank
-    from recordings.metrics.stats import quantile
-    from recordings.reader import open_recording
-    from recordings.summary import fold_recording
-
-    recording = open_recording(path)
-    figures = fold_recording(recording).figures()
-    rates = [row.busbw_p50_gbps for row in figures.collectives if row.busbw_p50_gbps is not None]
-    busbw = quantile(np.asarray(rates), 0.5)
-    return busbw, achieved_flops_per_rank(recording.manifest.run, figures.steps.tokens_per_s)
 
 
 def command_plan(args: argparse.Namespace) -> int:
@@ -558,7 +552,7 @@ def command_plan(args: argparse.Namespace) -> int:
 
 
 def command_sweep(args: argparse.Namespace) -> int:
-    from recordings.sweep import ranking
+    from recordings.sweep import SWEEP_FILE, ranking
     from runner.sweep import run_sweep, sweep_question
     from tui.plan_text import sweep_lines
 
@@ -568,12 +562,13 @@ def command_sweep(args: argparse.Namespace) -> int:
     probes = node_probes_from_args(args)
     hang_timeout = hang_timeout_from_args(args)
     out: Path = args.out
+    ours = not (out / SWEEP_FILE).exists()  # never rank (and rewrite the tables of) a sweep that was there
     status = "interrupted"
     try:
         status = run_sweep(question, found, budget, out=out, stream=sys.stdout, command_line=args.argv,
                            node_probes=probes, hang_timeout_s=hang_timeout)
     finally:
-        if (out / "sweep.json").exists():
+        if ours and (out / SWEEP_FILE).exists():
             ranked = ranking(out)
             lines = sweep_lines(ranked)
             (out / "ranking.json").write_text(json.dumps(ranked, indent=1))

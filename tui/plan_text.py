@@ -42,7 +42,10 @@ def plan_lines(report: dict[str, Any]) -> list[str]:
     head += f", device memory {human_bytes(memory)}" if memory is not None else ", no device memory given"
     lines = [head, "", "per most loaded rank (bytes); traffic per step summed over ranks"]
     header = f"{'plan':<14}{'schedule':<13}" + "".join(f"{label:>8}" for label, _ in MEMORY_COLUMNS)
-    header += f"{'fits':>6}{'headroom':>10}{'dp':>8}{'tp':>8}{'pp':>8}"
+    groups = ["dp", "tp", "pp"]
+    if any(key.split()[0] == "embedding" for row in report["plans"] if row["runs"] for key in row["step_bytes"]):
+        groups.append("embedding")  # a tied model's two pipeline ends
+    header += f"{'fits':>6}{'headroom':>10}" + "".join(f"{group[:5]:>8}" for group in groups)
     timed = any(row.get("comm_s") is not None for row in report["plans"])
     if timed:
         header += f"{'comm':>10}{'share':>7}"
@@ -57,7 +60,7 @@ def plan_lines(report: dict[str, Any]) -> list[str]:
         fits = "-" if row["fits"] is None else ("yes" if row["fits"] else "NO")
         headroom = short_bytes(row["headroom_bytes"]) if row["headroom_bytes"] is not None else "-"
         line = f"{row['key']:<14}{schedule:<13}{cells}{fits:>6}{headroom:>10}"
-        line += "".join(f"{traffic_cell(row['step_bytes'], group):>8}" for group in ("dp", "tp", "pp"))
+        line += "".join(f"{traffic_cell(row['step_bytes'], group):>8}" for group in groups)
         if timed:
             share = row.get("comm_share")
             line += f"{human_seconds(row.get('comm_s')):>10}{'-' if share is None else f'{share:.0%}':>7}"
@@ -89,6 +92,10 @@ def _milliseconds(value: float | None) -> str:
     return "-" if value is None else f"{value * 1e3:.1f}ms"
 
 
+def _rate(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}"
+
+
 def _share(value: float | None) -> str:
     return "-" if value is None else f"{value:.0%}"
 
@@ -98,10 +105,11 @@ def sweep_cells(row: dict[str, Any], mode: str) -> list[str]:
     measured, errors, predicted = row["measured"], row["errors"] or {}, row["predicted"] or {}
     assert measured is not None, "only ranked plans have cells"
     if mode == "infer":
-        cells = [f"{measured['goodput_per_s'] or 0:.2f}", f"{measured['requests_per_s'] or 0:.2f}",
+        cells = [_rate(measured["goodput_per_s"]), _rate(measured["requests_per_s"]),
                  _milliseconds(measured["ttft_p50_s"]), _milliseconds(measured["tpot_p50_s"])]
     else:
-        cells = [f"{measured['tokens_per_s'] or 0:,.0f}", human_seconds(measured["step_s"]),
+        tokens = measured["tokens_per_s"]
+        cells = ["-" if tokens is None else f"{tokens:,.0f}", human_seconds(measured["step_s"]),
                  _share(measured["comm_share"]), _share(measured["bubble"])]
     state_keys = ("weights_bytes", "grads_bytes", "optimizer_bytes")
     state = (max((errors[key] for key in state_keys), key=abs)

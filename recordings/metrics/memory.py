@@ -29,6 +29,11 @@ class MemoryRow:
     kv_cache_bytes: int | None
 
 
+def most_loaded(peaks: dict[int, int]) -> int | None:
+    """The rank of the highest peak, the lowest rank on a tie (``None`` for no peaks)."""
+    return min(peaks, key=lambda rank: (-peaks[rank], rank)) if peaks else None
+
+
 class MemoryFold:
     """Each rank's last snapshot and its peaks."""
 
@@ -60,8 +65,7 @@ class MemoryFold:
         return {rank: peak for rank in ranks if (peak := self.peak(rank)) is not None}
 
     def most_loaded_rank(self) -> int | None:
-        peaks = self.peaks()
-        return min(peaks, key=lambda rank: (-peaks[rank], rank)) if peaks else None
+        return most_loaded(self.peaks())
 
     def headroom_bytes(self) -> int | None:
         rank = self.most_loaded_rank()
