@@ -11,7 +11,9 @@ The figures, each defined here once:
 - **accounted peak** of a rank: model state + activations saved for backward + KV cache. On CUDA a plan's
   peak memory is the allocator's peak of its most loaded rank; on CPU, where the resident set is mostly the
   interpreter and torch, it is the largest accounted peak;
-- **traffic**: the bytes of each (rank, group, op) in the last step every rank completed;
+- **traffic**: the bytes of each (rank, group, op) in the last step every rank completed (a steady step: a
+  sweep runs 3 or more, since step 0 holds FSDP's lazy initialisation and step 1 DDP's bucket rebuild, two
+  broadcasts of its new bucket order);
 - **communication share**: each (group, op) row's exposed share of the step time
   (:mod:`recordings.metrics.collectives`), summed and capped at 1 (operations of different groups that
   overlap count in each, so it is an upper bound);

@@ -21,6 +21,8 @@ from runner.plan import PlanError
 from runner.planner import SWEEP_STEPS, Budget, Candidate, Question, report
 from runner.session import start_recording
 
+MIN_SWEEP_STEPS = 3
+
 
 def entries(question: Question, found: list[Candidate], budget: Budget) -> list[dict[str, Any]]:
     """What the sweep will do with each plan: run it, or say why not (cannot run, or predicted not to fit)."""
@@ -99,6 +101,10 @@ def sweep_question(question: Question, *, steps: int | None) -> Question:
     """The question with the sweep's window: ``steps`` (default :data:`SWEEP_STEPS`), and training's
     activations measured so that each prediction is checked."""
     base = question.base
+    if steps is not None and steps < MIN_SWEEP_STEPS:
+        raise PlanError(f"--steps {steps}: a sweep checks each plan on its last step, and steps 0 and 1 hold "
+                        f"one-off work (FSDP's lazy initialisation, DDP's bucket rebuild): give --steps "
+                        f"{MIN_SWEEP_STEPS} or more")
     if base.mode == "train":
         base = replace(base, steps=steps or SWEEP_STEPS, activations=base.instrument)
     return replace(question, base=base)

@@ -140,7 +140,7 @@ def test_the_sweep_view_lists_the_plans_and_enter_opens_one(tmp_path: Path) -> N
     import asyncio
 
     out = tmp_path / "sweep"
-    done = sweep(out, "--ranks", "2", "--plans", "dp2,pp2", "--steps", "2")
+    done = sweep(out, "--ranks", "2", "--plans", "dp2,pp2", "--steps", "3")
     assert done.returncode == 0, done.stderr[-3000:]
     ranked: dict[str, Any] = ranking(out)
 
@@ -169,6 +169,8 @@ def test_a_sweep_never_writes_into_an_existing_one_and_a_question_without_a_plan
     replay = subprocess.run([sys.executable, "-m", "tui.cli", "replay", str(out)], cwd=REPO, text=True,
                             capture_output=True, timeout=60)
     assert replay.returncode == 2 and "is not a sweep file this meshtop reads" in replay.stderr
+    short = sweep(tmp_path / "short", "--ranks", "2", "--steps", "2")
+    assert short.returncode == 2 and "give --steps 3 or more" in short.stderr
     empty = sweep(tmp_path / "none", "--ranks", "4", "--model", "tiny", "--plans", "tp4")
     assert empty.returncode == 2 and "no plan to run (tp4: --tp 4 does not divide" in empty.stderr
     assert not (tmp_path / "none").exists()
