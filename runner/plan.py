@@ -147,7 +147,8 @@ class ResolvedRun:
         return rank // (self.dp * self.tp), (rank // self.tp) % self.dp, rank % self.tp
 
     def stages_of(self, pp_rank: int) -> list[int]:
-        """Stage indices held by pipeline rank ``pp_rank``, in execution order (looped for interleaved 1F1B)."""
+        """Stage indices held by pipeline rank ``pp_rank``, in execution order (looped for interleaved 1F1B;
+        ``[0]`` without a pipeline, whose one stage is the whole model)."""
         return [pp_rank + loop * self.pp for loop in range(self.virtual_stages)]
 
     def plan_label(self) -> str:

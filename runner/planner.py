@@ -15,7 +15,7 @@ refuse is listed with the runner's own reason.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 
 from runner.plan import PlanError, ResolvedRun, RunSpec, check_mode_options, model_shape, resolve
@@ -82,12 +82,8 @@ def chunk_units(run: ResolvedRun, stage: int) -> list[Unit]:
         ends.append(Matrix(shape.dim))
         if not (first and shape.tie_embeddings):  # a tied output is the embedding itself
             ends.append(Matrix(shape.vocab_size // tp, shape.dim))
-    layers = run.stage_layers[stage] if run.pp > 1 else range(shape.n_layers)
-    return [Unit("root", tuple(ends))] + [Unit("block", tuple(layer_matrices(shape, tp))) for _ in layers]
-
-
-def stages(run: ResolvedRun, pp_rank: int) -> list[int]:
-    return run.stages_of(pp_rank) if run.pp > 1 else [0]
+    blocks = [Unit("block", tuple(layer_matrices(shape, tp))) for _ in run.stage_layers[stage]]
+    return [Unit("root", tuple(ends)), *blocks]
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -129,7 +125,7 @@ def rank_memory(run: ResolvedRun, rank: int) -> RankMemory:
     activations saved for backward at the step's peak, and the KV cache when serving."""
     pp_rank, dp_rank, _ = run.position(rank)
     e = ELEMENT_BYTES[run.dtype]
-    matrices = [m for stage in stages(run, pp_rank) for unit in chunk_units(run, stage) for m in unit.matrices]
+    matrices = [m for stage in run.stages_of(pp_rank) for unit in chunk_units(run, stage) for m in unit.matrices]
     shard = run.dp if run.fsdp else 1
     elements = sum(chunk_rows(m.rows, shard, dp_rank if run.fsdp else 0) * m.cols for m in matrices)
     weights = elements * e
@@ -146,7 +142,7 @@ def kv_cache_bytes(run: ResolvedRun, pp_rank: int) -> int:
     ``2 x slots x max_sequence x kv_heads / tp x head_dim x bytes`` per layer."""
     assert run.load is not None
     shape = run.shape
-    layers = len(run.stage_layers[pp_rank]) if run.pp > 1 else shape.n_layers
+    layers = len(run.stage_layers[pp_rank])
     per_layer = 2 * run.load.max_batch * run.load.max_sequence * (shape.n_kv_heads // run.tp) * shape.head_dim
     return per_layer * layers * ELEMENT_BYTES[run.dtype]
 
@@ -170,7 +166,7 @@ def stage_activation_bytes(run: ResolvedRun, stage: int, sequences: int) -> int:
     ends (token ids in, the final norm and the float32 log-softmax of the logits out)."""
     shape = run.shape
     tokens = sequences * run.seq_len
-    layers = len(run.stage_layers[stage]) if run.pp > 1 else shape.n_layers
+    layers = len(run.stage_layers[stage])
     total = layers * layer_activation_bytes(run, sequences) + 2 * run.seq_len * (shape.head_dim // 2) * FLOAT32
     if stage == 0:
         total += tokens * INDEX  # the ids (under tp, the vocabulary shard's masked copy of them)
@@ -219,12 +215,12 @@ def rank_traffic(run: ResolvedRun, rank: int) -> list[Traffic]:
             entry[0] += nbytes * count
             entry[1] += count
 
-    local_stages = stages(run, pp_rank)
+    local_stages = run.stages_of(pp_rank)
     forwards = _chunk_actions(run, pp_rank)
     activation = run.microbatch_size * run.seq_len * run.shape.dim * e
     for stage in local_stages:
         passes = sum(1 for action in forwards if action == ("F", stage))
-        layers = len(run.stage_layers[stage]) if run.pp > 1 else run.shape.n_layers
+        layers = len(run.stage_layers[stage])
         # Megatron-style tp as DTensor runs it: wo and w2 reduce their output in forward; q, k, v, w1 and w3
         # each reduce their input's gradient in backward (five, not two: they are separate column linears).
         add("all_reduce", "tp", activation, passes * layers * (2 + 5))
@@ -458,151 +454,3 @@ def candidates(question: Question) -> list[Candidate]:
     if len(reasons) == 1 and None not in reasons and len(found) > 1:  # the question, not a plan, is wrong
         raise PlanError(str(reasons.pop()))
     return found
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class Placement:
-    """Which ranks each group of one dim spans, and the warnings about where they sit."""
-
-    groups: dict[str, list[list[int]]]
-    warnings: list[str]
-
-
-def placement(run: ResolvedRun, *, ranks_per_node: int, slow_pairs: Iterable[tuple[int, int]] = ()) -> Placement:
-    """The dp / tp / pp groups of ``run`` as rank lists; a warning where a tp group crosses a node boundary
-    or a GPU pair without NVLink (``slow_pairs``, local GPU indices), since tp all-reduces every layer."""
-    spans: dict[str, dict[tuple[int, int], list[int]]] = {"pp": {}, "dp": {}, "tp": {}}
-    for rank in range(run.world_size):
-        pp, dp, tp = run.position(rank)
-        spans["tp"].setdefault((pp, dp), []).append(rank)
-        spans["dp"].setdefault((pp, tp), []).append(rank)
-        spans["pp"].setdefault((dp, tp), []).append(rank)
-    groups = {dim: list(found.values()) for dim, found in spans.items() if len(next(iter(found.values()))) > 1}
-    warnings = []
-    slow = {tuple(sorted(pair)) for pair in slow_pairs}
-    for ranks in groups.get("tp", []):
-        nodes = sorted({rank // ranks_per_node for rank in ranks})
-        if len(nodes) > 1:
-            warnings.append(f"tp group {_ranks(ranks)} spans nodes {', '.join(map(str, nodes))}: keep tp within a node")
-            continue
-        local = [rank % ranks_per_node for rank in ranks]
-        crossing = [(a, b) for i, a in enumerate(local) for b in local[i + 1:] if (min(a, b), max(a, b)) in slow]
-        if crossing:
-            a, b = crossing[0]
-            warnings.append(f"tp group {_ranks(ranks)}: GPUs {a} and {b} have no NVLink between them")
-    return Placement(groups=groups, warnings=warnings)
-
-
-def _ranks(ranks: list[int]) -> str:
-    return "{" + ",".join(map(str, ranks)) + "}"
-
-
-def comm_seconds(prediction: Prediction, busbw_bytes_per_s: float) -> float:
-    """Predicted seconds of collectives per step on the busiest rank: each op's bytes over the bus bandwidth,
-    times nccl-tests' bus factor (``t = S x factor / busbw``)."""
-    from recordings.metrics.bandwidth import bus_factor
-
-    per_rank: dict[int, float] = {}
-    for traffic in prediction.traffic:
-        factor = bus_factor(traffic.op, traffic.group_size) or 1.0
-        per_rank[traffic.rank] = per_rank.get(traffic.rank, 0.0) + traffic.bytes * factor / busbw_bytes_per_s
-    return max(per_rank.values(), default=0.0)
-
-
-def compute_seconds(run: ResolvedRun, flops_per_s: float) -> float:
-    """Predicted compute seconds per step of one rank at ``flops_per_s`` achieved: the step's training FLOPs
-    (6 N per token plus attention, :func:`recordings.metrics.mfu.flops_per_token`) shared by every rank."""
-    from recordings.metrics.mfu import flops_per_token
-
-    per_token = flops_per_token(parameters=run.shape.parameter_count(), n_layers=run.shape.n_layers,
-                                dim=run.shape.dim, seq_len=run.seq_len)
-    return per_token * run.batch_size * run.seq_len / run.world_size / flops_per_s
-
-
-SIZE_UNITS = {"": 1, "b": 1, "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "tib": 1 << 40,
-              "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30,
-              "t": 1 << 40}
-
-
-def parse_size(text: str, *, flag: str = "--device-memory") -> int:
-    """``80GiB``, ``80GB``, ``80G`` (binary), ``1.5TiB`` or plain bytes."""
-    stripped = text.strip().lower().replace(" ", "")
-    number = stripped.rstrip("kmgtib")
-    unit = stripped[len(number):]
-    try:
-        value = float(number)
-    except ValueError:
-        value = -1.0
-    if unit not in SIZE_UNITS or not 1 <= value * SIZE_UNITS.get(unit, 0) < float("inf"):
-        raise PlanError(f"{flag} {text!r}: give a size such as 80GiB, 80GB or 85899345920")
-    return int(value * SIZE_UNITS[unit])
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class Budget:
-    """What the report measures plans against."""
-
-    device_memory_bytes: int | None = None
-    busbw_bytes_per_s: float | None = None
-    flops_per_s: float | None = None
-    """Achieved FLOP/s per device, for the step-time share of communication."""
-    ranks_per_node: int | None = None
-    slow_pairs: tuple[tuple[int, int], ...] = ()
-
-
-def report(question: Question, found: list[Candidate], budget: Budget) -> dict[str, object]:
-    """The plan report as plain data: ``meshtop plan --json`` prints it, the text view and the sweep read it."""
-    first = next((c.prediction.run for c in found if c.prediction is not None), None)
-    plans = []
-    for candidate in found:
-        row: dict[str, object] = {"key": candidate.label, "runs": candidate.prediction is not None,
-                                  "reason": candidate.reason}
-        if candidate.prediction is not None:
-            row.update(plan_figures(candidate.prediction, budget))
-        plans.append(row)
-    return {
-        "model": first.shape.describe() if first is not None else None,
-        "ranks": question.ranks, "device": "cuda" if question.gpus else "cpu", "mode": question.base.mode,
-        "dtype": first.dtype if first is not None else question.base.dtype,
-        "batch_size": first.batch_size if first is not None and first.mode == "train" else None,
-        "seq_len": first.seq_len if first is not None else None,
-        "device_memory_bytes": budget.device_memory_bytes, "busbw_bytes_per_s": budget.busbw_bytes_per_s,
-        "flops_per_s": budget.flops_per_s,
-        "plans": plans,
-    }
-
-
-def plan_figures(prediction: Prediction, budget: Budget) -> dict[str, object]:
-    run, peak = prediction.run, prediction.peak
-    memory_cap = budget.device_memory_bytes
-    where = placement(run, ranks_per_node=budget.ranks_per_node or run.world_size, slow_pairs=budget.slow_pairs)
-    figures: dict[str, object] = {
-        "label": run.plan_label(), "dp": run.dp, "tp": run.tp, "pp": run.pp, "fsdp": run.fsdp,
-        "schedule": run.schedule, "microbatches": run.microbatches if run.pp > 1 else None,
-        "virtual_stages": run.virtual_stages,
-        "in_flight": [len(in_flight(run, pp_rank)) for pp_rank in range(run.pp)] if run.mode == "train" else None,
-        "peak_rank": peak.rank, "peak": memory_json(peak), "ranks": [memory_json(m) for m in prediction.memory],
-        "fits": None if memory_cap is None else peak.total_bytes <= memory_cap,
-        "headroom_bytes": None if memory_cap is None else memory_cap - peak.total_bytes,
-        "traffic": [{"rank": t.rank, "op": t.op, "group": t.group, "group_size": t.group_size, "bytes": t.bytes,
-                     "count": t.count} for t in prediction.traffic],
-        "step_bytes": {f"{group} {op}": nbytes for (group, op), nbytes in sorted(prediction.step_bytes().items())},
-        "groups": where.groups, "warnings": where.warnings,
-        "group_nodes": {dim: [sorted({rank // (budget.ranks_per_node or run.world_size) for rank in ranks})
-                              for ranks in spans] for dim, spans in where.groups.items()},
-        "comm_s": None, "compute_s": None, "comm_share": None,
-    }
-    if budget.busbw_bytes_per_s and run.mode == "train":
-        comm = comm_seconds(prediction, budget.busbw_bytes_per_s)
-        figures["comm_s"] = comm
-        if budget.flops_per_s:
-            compute = compute_seconds(run, budget.flops_per_s)
-            figures["compute_s"] = compute
-            figures["comm_share"] = comm / (comm + compute) if comm + compute > 0 else None
-    return figures
-
-
-def memory_json(memory: RankMemory) -> dict[str, int]:
-    return {"rank": memory.rank, "weights_bytes": memory.weights_bytes, "grads_bytes": memory.grads_bytes,
-            "optimizer_bytes": memory.optimizer_bytes, "activations_bytes": memory.activations_bytes,
-            "kv_cache_bytes": memory.kv_cache_bytes, "total_bytes": memory.total_bytes}

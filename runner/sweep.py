@@ -18,7 +18,8 @@ from recordings.sweep import SWEEP_VERSION, write_sweep
 from runner.console import follow_job, verdict
 from runner.launch import NodeProbes
 from runner.plan import PlanError
-from runner.planner import SWEEP_STEPS, Budget, Candidate, Question, report
+from runner.plan_report import Budget, report
+from runner.planner import SWEEP_STEPS, Candidate, Question
 from runner.session import start_recording
 
 MIN_SWEEP_STEPS = 3

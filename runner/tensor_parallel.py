@@ -48,16 +48,16 @@ def apply_tensor_parallel(model: Transformer, *, tp_mesh: DeviceMesh) -> None:
 
 
 def keep_gradients_sharded(model: Transformer) -> None:
-    """Bring each tp-sharded parameter's gradient back to the parameter's own placement after it accumulates.
+    """Bring the vocabulary-split embedding's gradient back to its weight's placement after it accumulates.
 
-    DTensor's embedding backward gives the vocabulary-split embedding a *replicated* gradient: the whole
-    ``[vocab, dim]`` matrix on every tp rank (measured on torch 2.13: 2x the shard's bytes at tp 2). Only
-    this rank's rows are used by its optimizer, so the rest is memory for nothing; taking the local rows is
-    a slice, no communication. FSDP2 and replicate already reduce gradients to the parameter's placement.
+    DTensor's embedding backward gives it a *replicated* gradient: the whole ``[vocab, dim]`` matrix on every
+    tp rank (measured on torch 2.13: 2x the shard's bytes at tp 2; every other tp gradient comes back laid
+    out as its weight, so only this one is hooked: the hook runs on each backward). Only this rank's rows
+    are used by its optimizer, so the rest is memory for nothing; taking the local rows is a slice, no
+    communication. FSDP2 and replicate already reduce gradients to the parameter's placement.
     """
-    for parameter in model.parameters():
-        if isinstance(parameter, DTensor) and any(not p.is_replicate() for p in parameter.placements):
-            parameter.register_post_accumulate_grad_hook(_to_own_placement)
+    if model.tok_embeddings is not None and isinstance(model.tok_embeddings.weight, DTensor):
+        model.tok_embeddings.weight.register_post_accumulate_grad_hook(_to_own_placement)
 
 
 def _to_own_placement(parameter: torch.Tensor) -> None:

@@ -59,7 +59,7 @@ def build_training(run: ResolvedRun, *, mesh: DeviceMesh, coords: MeshCoordinate
     """Build the model on the meta device, parallelise it, then materialise and initialise it."""
     with torch.device("meta"):
         whole = Transformer(run.shape).to(TORCH_DTYPES[run.dtype])
-    stage_indices = run.stages_of(coords.pp) if run.pp > 1 else [0]
+    stage_indices = run.stages_of(coords.pp)  # [0] without a pipeline
     chunks = [cut_stage(whole, run=run, stage_index=s) for s in stage_indices] if run.pp > 1 else [whole]
     classic_ddp = run.dp > 1 and not run.fsdp and run.tp == 1 and run.pp == 1
     for chunk in chunks:

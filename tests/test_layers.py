@@ -1,7 +1,7 @@
 """The import direction of the design: tui -> runner -> recordings -> probes, tui -> recordings.
 
 Of the runner, only the session (which records what it runs), the console (``record``'s output), the sweep
-(a loop of recordings) and the planner (the bus factors and FLOPs per token the metrics core defines) read
+(a loop of recordings) and the plan report (the bus factors and FLOPs per token the metrics core defines) read
 recordings: the modules a rank imports stay free of pandas and pyarrow."""
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ MAY_IMPORT = {
     "recordings": {"recordings", "probes"},
     "tui": {"tui", "recordings", "runner", "probes"},
 }
-SESSION_MODULES = {"runner/session.py", "runner/console.py", "runner/sweep.py", "runner/planner.py"}
+SESSION_MODULES = {"runner/session.py", "runner/console.py", "runner/sweep.py", "runner/plan_report.py"}
 """The runner's modules that run in meshtop's own process and keep a recording."""
 PROJECT = set(MAY_IMPORT)
 UI_LIBRARIES = {"textual", "rich"}

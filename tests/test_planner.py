@@ -12,18 +12,15 @@ from pathlib import Path
 import pytest
 
 from runner.plan import PlanError, RunSpec
+from runner.plan_report import Budget, parse_size, placement, report
 from runner.planner import (
-    Budget,
     Question,
     candidates,
     chunk_rows,
     factorizations,
     in_flight,
     parse_plan_key,
-    parse_size,
-    placement,
     plan_key,
-    report,
 )
 from runner.presets import PRESETS
 from tests.cli_errors import one_line_error

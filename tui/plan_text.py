@@ -124,34 +124,36 @@ def sweep_cells(row: dict[str, Any], mode: str) -> list[str]:
     return [str(row["rank"]), row["key"], *cells]
 
 
-def sweep_lines(ranking: dict[str, Any]) -> list[str]:
-    """The sweep's ranked table: measured figures, then each prediction's error, then what did not run."""
-    mode = ranking["mode"]
+def sweep_title(ranking: dict[str, Any]) -> str:
     model = ranking["model"]
     what = f"model {model['name']}, " if model else ""
     devices = "GPUs" if ranking["device"] == "cuda" else "CPU ranks"
-    lines = [f"sweep {ranking['sweep']}: {what}{ranking['ranks']} {devices}, ranked by "
-             f"{'goodput' if mode == 'infer' else 'tokens/s'}", ""]
+    ranked_by = "goodput" if ranking["mode"] == "infer" else "tokens/s"
+    return f"sweep {ranking['sweep']}: {what}{ranking['ranks']} {devices}, ranked by {ranked_by}"
+
+
+def sweep_notes(ranking: dict[str, Any]) -> list[str]:
+    """What the columns mean, then the plans that are not ranked and why."""
+    notes = ["err: (measured - predicted) / predicted of the most loaded rank's peak; state: its weights, "
+             "gradients and optimizer state; activ: its activations saved for backward; traffic: the step's "
+             "collective bytes ('=': every rank's bytes per group and op exactly as predicted); bubble: "
+             "measured minus (p - 1) / (v m + p - 1)"]
+    if any(row["measured"] and row["measured"]["peak_kind"] == "accounted" for row in ranking["plans"]):
+        notes.append("peak on CPU: weights + gradients + optimizer state + activations saved for backward (the "
+                     "resident set is mostly torch itself)")
+    left = [f"  {row['key']}: {row['status']}" + (f": {row['reason']}" if row["reason"] else "")
+            for row in ranking["plans"] if row["rank"] is None]
+    return notes + (["", "not ranked:", *left] if left else [])
+
+
+def sweep_lines(ranking: dict[str, Any]) -> list[str]:
+    """The sweep's ranked table: measured figures, then each prediction's error, then what did not run."""
+    mode = ranking["mode"]
     columns = sweep_columns(mode)
 
     def line(cells: list[str]) -> str:
         return " ".join(f"{cell:<{-width}}" if width < 0 else f"{cell:>{width}}"
                         for cell, (_, width) in zip(cells, columns, strict=True))
 
-    lines.append(line([title for title, _ in columns]))
-    left: list[str] = []
-    for row in ranking["plans"]:
-        if row["rank"] is None:
-            left.append(f"  {row['key']}: {row['status']}" + (f": {row['reason']}" if row["reason"] else ""))
-        else:
-            lines.append(line(sweep_cells(row, mode)))
-    lines += ["", "err: (measured - predicted) / predicted of the most loaded rank's peak; state: its weights, "
-                  "gradients and optimizer state; activ: its activations saved for backward; traffic: the step's "
-                  "collective bytes ('=': every rank's bytes per group and op exactly as predicted); bubble: "
-                  "measured minus (p - 1) / (v m + p - 1)"]
-    if any(row["measured"] and row["measured"]["peak_kind"] == "accounted" for row in ranking["plans"]):
-        lines.append("peak on CPU: weights + gradients + optimizer state + activations saved for backward (the "
-                     "resident set is mostly torch itself)")
-    if left:
-        lines += ["", "not ranked:"] + left
-    return lines
+    ranked = [line(sweep_cells(row, mode)) for row in ranking["plans"] if row["rank"] is not None]
+    return [sweep_title(ranking), "", line([title for title, _ in columns]), *ranked, "", *sweep_notes(ranking)]

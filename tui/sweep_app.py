@@ -14,7 +14,7 @@ from textual.app import App, ComposeResult
 from textual.binding import Binding, BindingType
 from textual.widgets import DataTable, Footer, Static
 
-from tui.plan_text import sweep_cells, sweep_columns, sweep_lines
+from tui.plan_text import sweep_cells, sweep_columns, sweep_notes, sweep_title
 
 
 class SweepApp(App[Path | None]):
@@ -38,11 +38,9 @@ class SweepApp(App[Path | None]):
         self.openable = [row for row in ranking["plans"] if row.get("recording") and row["measured"] is not None]
 
     def compose(self) -> ComposeResult:
-        lines = sweep_lines(self.ranking)
-        yield Static(Text(lines[0], style="bold"), id="head")
+        yield Static(Text(sweep_title(self.ranking), style="bold"), id="head")
         yield DataTable(zebra_stripes=True, cursor_type="row")
-        blank = [i for i, line in enumerate(lines) if not line]
-        yield Static("\n".join(lines[blank[1] + 1:]) if len(blank) > 1 else "", id="notes")
+        yield Static("\n".join(sweep_notes(self.ranking)), id="notes")
         yield Footer()
 
     def on_mount(self) -> None:
