@@ -5,24 +5,36 @@ token; a message without it, a malformed or oversized frame, or a connection
 that sends faster than the consumer drains (the queue is bounded) is
 rejected and counted, never fatal: the collector keeps serving the others.
 A non-loopback bind is allowed only with a token (there always is one).
+
+On the head of a multi-node job it also takes the other nodes' streams
+(:mod:`runner.relay`): their messages name their ``node``, which must be one
+of the job's (else refused and counted), and a message with a ``control``
+field is handed to the ``on_control`` callback, whose answer goes back on
+the same connection (the ping exchange that measures a node's clock, a
+node's last word). The callback also hears of a node's event messages
+(``{"control": "data", "node": N}``: it is alive; no answer is sent) and of
+its connection closing (``{"control": "closed", "node": N}``); with each, the
+connection's number, so a node that reconnects is told from one that is gone.
 """
 
 from __future__ import annotations
 
 import hmac
+import itertools
 import secrets
 import socket
 import socketserver
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from probes.arrivals import Arrival, EncodedEvents, event_count
 from probes.errors import ProbeError
 from probes.events import EventsDropped
-from probes.wire import FrameError, is_count, read_frame, sections
+from probes.wire import FrameError, is_count, pack, read_frame, sections
 
 DEFAULT_QUEUE_EVENTS = 1_000_000
 DEFAULT_QUEUE_BYTES = 512 * 1024 * 1024
@@ -39,6 +51,7 @@ class CollectorCounts:
     malformed: int = 0
     oversized: int = 0
     queue_full: int = 0
+    unknown_node: int = 0
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def add(self, **counts: int) -> None:
@@ -56,8 +69,14 @@ class Collector:
     """
 
     def __init__(self, *, host: str = "127.0.0.1", port: int = 0, token: str | None = None,
-                 max_queue_events: int = DEFAULT_QUEUE_EVENTS, max_queue_bytes: int = DEFAULT_QUEUE_BYTES) -> None:
+                 max_queue_events: int = DEFAULT_QUEUE_EVENTS, max_queue_bytes: int = DEFAULT_QUEUE_BYTES,
+                 nodes: int = 1,
+                 on_control: Callable[[dict[str, Any], int], dict[str, Any]] | None = None) -> None:
         self.token = token or secrets.token_hex(16)
+        self.nodes = nodes
+        """Nodes of the job: a message may name node 1 to ``nodes - 1`` (node 0, the head's own, names none)."""
+        self.on_control = on_control
+        self._connections = itertools.count(1)
         self.counts = CollectorCounts()
         self.max_queue_events = max_queue_events
         self.max_queue_bytes = max_queue_bytes
@@ -127,15 +146,19 @@ class Collector:
 
     def _serve(self, sock: socket.socket) -> None:
         sock.settimeout(READ_TIMEOUT_S)
+        node: list[int] = []  # the node this connection speaks for, once it said so
+        connection = next(self._connections)
         try:
-            while self._serve_one(sock):
+            while self._serve_one(sock, node, connection):
                 pass
         except OSError:
-            return
+            pass
         except Exception:  # noqa: BLE001 - whatever a peer sends, the collector goes on serving the others
             self.counts.add(malformed=1)
+        if node and self.on_control is not None:
+            self.on_control({"control": "closed", "node": node[0]}, connection)
 
-    def _serve_one(self, sock: socket.socket) -> bool:
+    def _serve_one(self, sock: socket.socket, node: list[int], connection: int) -> bool:
         """Take one message; whether to read another from this connection."""
         try:
             message = read_frame(sock)
@@ -150,7 +173,21 @@ class Collector:
                                                                  self.token.encode()):
             self.counts.add(bad_token=1)
             return False
+        if "node" in header:
+            sender = header["node"]
+            if not is_count(sender) or not 0 < sender < self.nodes or (node and node[0] != sender):
+                self.counts.add(unknown_node=1)
+                return False
+            node[:] = [sender]
+        if "control" in header:
+            if self.on_control is None or not node or header["control"] in ("data", "closed"):
+                self.counts.add(malformed=1)
+                return False
+            sock.sendall(pack(self.on_control(header, connection)))
+            return True
         self._accept(header, body)
+        if node and self.on_control is not None:
+            self.on_control({"control": "data", "node": node[0]}, connection)
         return True
 
     def _accept(self, header: dict[str, Any], body: bytes) -> None:
@@ -162,7 +199,10 @@ class Collector:
         except FrameError:
             self.counts.add(malformed=1)
             return
-        if dropped:
+        if dropped and "node" in header:  # lost on another node, on its way here
+            items.append(EventsDropped(wall_ns=time.time_ns(), rank=None, where=f"node {header['node']}",
+                                       count=dropped))
+        elif dropped:
             items.append(EventsDropped(wall_ns=time.time_ns(), rank=header["rank"], where="worker", count=dropped))
         events = sum(map(event_count, items))
         full = self._enqueue(items)

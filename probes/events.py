@@ -6,9 +6,9 @@ not known is ``None``, never a sentinel.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from functools import cache
-from typing import Any, ClassVar
+from typing import Any, ClassVar, TypeVar
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -48,6 +48,8 @@ class RankStarted(Event):
     local_parameters: int
     """Parameter elements this rank stores (its shards only)."""
     wall_ns: int
+    node: int = 0
+    """The meshtop node the rank runs on (its ``--node-rank``; 0 on one machine): ``host`` may repeat."""
     model_parameters: int | None = None
     """A script's rank, from its first optimizer step on: parameter elements its optimizer trains, DTensors at
     their global size (the whole model on a data or tensor parallel rank, a stage's part on a pipeline rank);
@@ -179,6 +181,10 @@ class GpuSample(Event):
     pcie_rx_bytes_per_s: float | None
     nvlink_tx_bytes_per_s: float | None
     nvlink_rx_bytes_per_s: float | None
+    node: int = 0
+    """The node whose GPU it is (GPU indexes repeat from one node to the next)."""
+    uuid: str | None = None
+    """NVML's ``GPU-...`` identifier: the ``UUID`` label of the DCGM exporter's series."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -192,6 +198,7 @@ class GpuLink(Event):
     """NVLink, or the PCIe path: same board, switch, host bridge, CPU or system."""
     nvlinks: int | None
     """NVLink connections between the two, where known."""
+    node: int = 0
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -205,6 +212,7 @@ class NvmlState(Event):
     gpu_count: int
     detail: str | None
     driver_version: str | None
+    node: int = 0
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -325,6 +333,26 @@ class HangDetected(Event):
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class NodeClock(Event):
+    """One measurement of a node's clock against the head's, by a ping exchange over the stream.
+
+    The node sends its time ``t0``, the head answers with its own ``t1``, the answer arrives at the node's
+    ``t2``; of a round of exchanges the one with the shortest round trip ``rtt = t2 - t0`` gives
+    ``offset = t1 - (t0 + t2) / 2``, what the head's clock reads minus what the node's reads at one instant,
+    wrong by at most ``rtt / 2``. The node adds it to every time it streams, so the recording holds the
+    head's clock only.
+    """
+
+    kind: ClassVar[str] = "node_clock"
+    node: int
+    host: str
+    wall_ns: int
+    """When the node measured it, on the head's clock."""
+    offset_ns: int
+    rtt_ns: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class RequestDone(Event):
     """One request of an inference load, served or failed, as its replica's leader rank saw it.
 
@@ -360,7 +388,7 @@ EVENT_TYPES: dict[str, type[Event]] = {
     cls.kind: cls
     for cls in (RankStarted, StepTiming, CollectiveTiming, StageAction, MemorySnapshot, GpuSample, GpuLink,
                 NvmlState, ProcessSample, RankExited, JobEnded, EventsDropped, SamplerError, StackDump, RankProgress,
-                HangDetected, RequestDone, ProbeOff)
+                HangDetected, RequestDone, ProbeOff, NodeClock)
 }
 TUPLE_FIELDS = {"stages", "token_ns", "output_ids"}
 _WITH_TUPLES = frozenset(cls for cls in EVENT_TYPES.values() if TUPLE_FIELDS.intersection(_field_names(cls)))
@@ -379,3 +407,31 @@ def event_from_record(record: dict[str, Any]) -> Event:
         for name in TUPLE_FIELDS.intersection(values):
             values[name] = tuple(int(v) for v in values[name])
     return cls(**values)
+
+
+DURATION_FIELDS = frozenset({"waited_ns", "offset_ns", "rtt_ns"})
+"""Fields in nanoseconds that hold a length of time, not a time on a clock."""
+E = TypeVar("E", bound=Event)
+
+
+@cache
+def _clock_fields(cls: type[Event]) -> tuple[tuple[str, ...], tuple[str, ...], bool]:
+    """(times, tuples of times, whether the kind names a node) of ``cls``."""
+    names = [name for name in _field_names(cls) if name.endswith("_ns") and name not in DURATION_FIELDS]
+    return (tuple(n for n in names if n not in TUPLE_FIELDS), tuple(n for n in names if n in TUPLE_FIELDS),
+            "node" in _field_names(cls))
+
+
+def on_node(event: E, *, offset_ns: int, node: int) -> E:
+    """``event`` as the head records it: every time it holds moved by ``offset_ns`` onto the head's clock
+    (:class:`NodeClock`), and ``node`` set where the kind has one."""
+    times, tuples, has_node = _clock_fields(type(event))
+    changes: dict[str, Any] = {}
+    for name in times:
+        if (value := getattr(event, name)) is not None:
+            changes[name] = value + offset_ns
+    for name in tuples:
+        changes[name] = tuple(value + offset_ns for value in getattr(event, name))
+    if has_node:
+        changes["node"] = node
+    return replace(event, **changes)

@@ -52,6 +52,7 @@ class Nvml:
         self.state, self.detail, self.driver_version = "ok", None, None
         self.handles: list[Any] = []
         self._nvlink_last: dict[int, tuple[float, int | None, int | None]] = {}
+        self._uuids: dict[int, str | None] = {}
         if self.nv is None:
             self.state, self.detail = "no_library", "the nvidia-ml-py package is not installed"
             return
@@ -100,7 +101,15 @@ class Nvml:
             pcie_tx_bytes_per_s=tx * KIB if tx is not None else None,
             pcie_rx_bytes_per_s=rx * KIB if rx is not None else None,
             nvlink_tx_bytes_per_s=nvlink_tx, nvlink_rx_bytes_per_s=nvlink_rx,
+            uuid=self._uuid(gpu),
         )
+
+    def _uuid(self, gpu: int) -> str | None:
+        """The GPU's UUID, read once (it never changes)."""
+        if gpu not in self._uuids:
+            assert self.nv is not None
+            self._uuids[gpu] = _text(self.call(self.nv.nvmlDeviceGetUUID, self.handles[gpu]))
+        return self._uuids[gpu]
 
     def _nvlink_rates(self, gpu: int) -> tuple[float | None, float | None]:
         """NVLink data throughput from the cumulative KiB counters; ``None`` without NVLink."""

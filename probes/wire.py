@@ -2,7 +2,8 @@
 
 A frame is a 4-byte big-endian length and that many bytes of payload. The
 payload is a header, one line of JSON,
-``{"token": str, "rank": int, "dropped": int, "sections": [[kind, count, nbytes], ...]}``,
+``{"token": str, "rank": int, "dropped": int, "sections": [[kind, count, nbytes], ...]}``
+(and ``"node": int`` from another node of a multi-node job, :mod:`runner.relay`),
 then the sections' bytes back to back: each is ``count`` events of ``kind``
 as JSON lines (``nbytes`` in all), exactly the lines the recording keeps, so
 the collector checks a frame's shape without reading its events.
@@ -53,17 +54,21 @@ def section_order(kind: str) -> int:
     return 0 if kind in FIRST_KINDS else 2 if kind in LAST_KINDS else 1
 
 
-def encode_events(*, token: str, rank: int, dropped: int, events: Iterable[Event]) -> bytes:
-    """A worker's message: ``events`` grouped by kind, each kind in the order it was emitted, the kinds in
-    :func:`section_order` (then in the order they first came)."""
+def event_sections(events: Iterable[Event]) -> tuple[list[list[Any]], bytes]:
+    """The ``sections`` of a message holding ``events``, and its body: grouped by kind, each kind in the order
+    it was emitted, the kinds in :func:`section_order` (then in the order they first came)."""
     by_kind: dict[str, list[Event]] = {}
     for event in events:
         by_kind.setdefault(event.kind, []).append(event)
     kinds = sorted(by_kind, key=section_order)  # stable: first come first among equals
     blocks = [(kind, len(by_kind[kind]), encode_lines(by_kind[kind])) for kind in kinds]
-    header = {"token": token, "rank": rank, "dropped": dropped,
-              "sections": [[kind, count, len(lines)] for kind, count, lines in blocks]}
-    return pack(header, b"".join(lines for _, _, lines in blocks))
+    return [[kind, count, len(lines)] for kind, count, lines in blocks], b"".join(lines for _, _, lines in blocks)
+
+
+def encode_events(*, token: str, rank: int, dropped: int, events: Iterable[Event]) -> bytes:
+    """A worker's message: ``events`` in :func:`event_sections`."""
+    listed, body = event_sections(events)
+    return pack({"token": token, "rank": rank, "dropped": dropped, "sections": listed}, body)
 
 
 def read_exactly(sock: socket.socket, count: int) -> bytes | None:

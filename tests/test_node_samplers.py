@@ -53,6 +53,7 @@ def fake_pynvml(gpus: int = 2, *, init_error: Exception | None = None, nvlink_pa
         nvmlSystemGetDriverVersion=lambda: "580.1",
         nvmlDeviceGetHandleByIndex=lambda i: i,
         nvmlDeviceGetName=lambda h: b"Fake H200",
+        nvmlDeviceGetUUID=lambda h: f"GPU-0000000{h}-fake",
         nvmlDeviceGetMemoryInfo=lambda h: SimpleNamespace(used=(h + 1) * 2**30, total=141 * 2**30),
         nvmlDeviceGetUtilizationRates=lambda h: SimpleNamespace(gpu=90, memory=40),
         nvmlDeviceGetPowerUsage=lambda h: 350_000,
@@ -73,6 +74,7 @@ def test_gpu_readings_with_unsupported_fields_as_none() -> None:
     sample = nvml.sample(1)
     assert isinstance(sample, GpuSample)
     assert (sample.name, sample.memory_used_bytes, sample.memory_total_bytes) == ("Fake H200", 2 * 2**30, 141 * 2**30)
+    assert sample.uuid == "GPU-00000001-fake"  # the DCGM exporter's UUID label
     assert (sample.utilization_pct, sample.power_w, sample.sm_clock_mhz) == (90.0, 350.0, 1980.0)
     assert sample.temperature_c is None  # "Not Supported" is a missing value, not an error
     assert (sample.pcie_tx_bytes_per_s, sample.pcie_rx_bytes_per_s) == (100 * 1024, 200 * 1024)
