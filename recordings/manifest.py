@@ -232,6 +232,7 @@ class GpuInfo:
     gpu: int
     name: str | None
     memory_total_bytes: int | None
+    node: int = 0
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -240,6 +241,22 @@ class GpuPair:
     gpu_b: int
     path: str
     nvlinks: int | None
+    node: int = 0
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class NodeInfo:
+    """One machine of the job: its host, the ranks and GPUs it ran, and how its clock stood to the head's."""
+
+    node: int
+    host: str | None
+    ranks: tuple[int, ...]
+    gpus: tuple[int, ...]
+    clock_offset_ns: int | None
+    """The head's clock minus this node's (0 on the head), as last measured; every time in the recording is
+    on the head's clock."""
+    clock_rtt_ns: int | None
+    """The round trip of that measurement: the offset is right within half of it."""
 
 
 MANIFEST_OWN = ("schema_version", "status", "started_at", "command_line")
@@ -271,6 +288,8 @@ class Manifest:
     nvml: NvmlInfo | None = None
     gpus: tuple[GpuInfo, ...] = ()
     topology: tuple[GpuPair, ...] = ()
+    nodes: tuple[NodeInfo, ...] = ()
+    """The machines of the job (one entry on one machine)."""
 
     def to_json(self) -> dict[str, Any]:
         """The JSON object on disk: the manifest's first fields, the run description, then the rest."""

@@ -13,9 +13,18 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from probes.arrivals import Arrivals
-from probes.events import GpuLink, GpuSample, NvmlState, RankStarted, StepTiming
+from probes.events import GpuLink, GpuSample, NodeClock, NvmlState, RankStarted, StepTiming
 from recordings.events_log import EventWriter
-from recordings.manifest import GpuInfo, GpuPair, Manifest, NvmlInfo, RankEnd, RunDescription, write_manifest
+from recordings.manifest import (
+    GpuInfo,
+    GpuPair,
+    Manifest,
+    NodeInfo,
+    NvmlInfo,
+    RankEnd,
+    RunDescription,
+    write_manifest,
+)
 from recordings.metrics.steps import JobStep, StepFolder
 from recordings.tables import compact
 
@@ -37,7 +46,7 @@ class Ending:
 class SessionRecorder:
     """Writes a session's events into its recording (when there is a manifest) and folds its job steps."""
 
-    KINDS = ("step", "rank_started", "nvml_state", "gpu", "gpu_link")
+    KINDS = ("step", "rank_started", "nvml_state", "gpu", "gpu_link", "node_clock")
     """The kinds it decodes."""
 
     def __init__(self, run: RunDescription, directory: Path, manifest: Manifest | None) -> None:
@@ -49,7 +58,10 @@ class SessionRecorder:
         self.steps_completed = 0
         self._devices: dict[int, str] = {}
         self._nvml: NvmlInfo | None = None
-        self._gpus: dict[int, GpuInfo] = {}
+        self._gpus: dict[tuple[int, int], GpuInfo] = {}
+        self._hosts: dict[int, str] = {}
+        self._node_ranks: dict[int, set[int]] = {}
+        self._clocks: dict[int, NodeClock] = {}
         self._topology: list[GpuPair] = []
 
     def take(self, arrivals: Arrivals) -> list[JobStep]:
@@ -63,17 +75,32 @@ class SessionRecorder:
                     completed.append(step)
             elif isinstance(event, RankStarted):
                 self._devices[event.rank] = event.device
+                self._hosts.setdefault(event.node, event.host)
+                self._node_ranks.setdefault(event.node, set()).add(event.rank)
             elif isinstance(event, NvmlState):
                 self._nvml = NvmlInfo(state=event.state, detail=event.detail, driver_version=event.driver_version,
                                       gpu_count=event.gpu_count)
             elif isinstance(event, GpuSample):
-                self._gpus.setdefault(event.gpu, GpuInfo(gpu=event.gpu, name=event.name,
-                                                         memory_total_bytes=event.memory_total_bytes))
+                self._gpus.setdefault((event.node, event.gpu), GpuInfo(
+                    gpu=event.gpu, name=event.name, memory_total_bytes=event.memory_total_bytes, node=event.node))
             elif isinstance(event, GpuLink):
                 self._topology.append(GpuPair(gpu_a=event.gpu_a, gpu_b=event.gpu_b, path=event.path,
-                                              nvlinks=event.nvlinks))
+                                              nvlinks=event.nvlinks, node=event.node))
+            elif isinstance(event, NodeClock):
+                self._clocks[event.node] = event
         self.steps_completed += len(completed)
         return completed
+
+    def nodes(self) -> tuple[NodeInfo, ...]:
+        """Every node that reported: its host, ranks and GPUs, and its clock against the head's."""
+        found = sorted(set(self._hosts) | set(self._clocks) | {node for node, _ in self._gpus})
+        return tuple(NodeInfo(
+            node=node, host=self._hosts.get(node) or (self._clocks[node].host if node in self._clocks else None),
+            ranks=tuple(sorted(self._node_ranks.get(node, ()))),
+            gpus=tuple(sorted(gpu for owner, gpu in self._gpus if owner == node)),
+            clock_offset_ns=0 if node == 0 else (self._clocks[node].offset_ns if node in self._clocks else None),
+            clock_rtt_ns=0 if node == 0 else (self._clocks[node].rtt_ns if node in self._clocks else None))
+            for node in found)
 
     def close(self, ending: Ending) -> None:
         """Compact the tables and write the final manifest."""
@@ -91,7 +118,7 @@ class SessionRecorder:
             hang=ending.hang, reason=ending.reason,
             rank_devices={str(rank): device for rank, device in sorted(self._devices.items())},
             nvml=self._nvml, gpus=tuple(self._gpus[gpu] for gpu in sorted(self._gpus)),
-            topology=tuple(self._topology))
+            topology=tuple(self._topology), nodes=self.nodes())
         try:
             write_manifest(self.directory, self.manifest)
         except OSError:  # the manifest stays "running": readers take that as interrupted

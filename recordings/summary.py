@@ -44,8 +44,21 @@ def run_section(recording: Recording) -> dict[str, Any]:
 
 
 def ranks_section(recording: Recording) -> list[dict[str, Any]]:
-    return [{"rank": r.rank, "exit_code": r.exit_code, "signal": r.signal, "error": r.error}
+    where = {rank: node for node in recording.manifest.nodes for rank in node.ranks}
+    return [{"rank": r.rank, "node": where[r.rank].node if r.rank in where else None,
+             "host": where[r.rank].host if r.rank in where else None,
+             "exit_code": r.exit_code, "signal": r.signal, "error": r.error}
             for r in recording.manifest.ranks]
+
+
+def hosts_section(recording: Recording, memory: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per node: its host, ranks and GPUs, its clock against the head's, and the highest memory peak of its
+    ranks (``memory``: the figures' per-rank rows)."""
+    peaks = {row["rank"]: row["peak_bytes"] for row in memory if row.get("peak_bytes") is not None}
+    return [{"node": node.node, "host": node.host, "ranks": list(node.ranks), "gpus": list(node.gpus),
+             "clock_offset_ns": node.clock_offset_ns, "clock_rtt_ns": node.clock_rtt_ns,
+             "peak_bytes": max((peaks[r] for r in node.ranks if r in peaks), default=None)}
+            for node in recording.manifest.nodes]
 
 
 def rejected_problems(fold: RunFold) -> list[str]:
@@ -61,8 +74,10 @@ def rejected_problems(fold: RunFold) -> list[str]:
 def summarize(recording: Recording) -> dict[str, Any]:
     """The whole summary as plain data (the JSON of ``meshtop summary --json``)."""
     fold = fold_recording(recording)
-    return {"recording": str(recording.path), "run": run_section(recording), **fold.figures().to_json(),
-            "ranks": ranks_section(recording), "problems": [*recording.problems, *rejected_problems(fold)]}
+    figures = fold.figures().to_json()
+    return {"recording": str(recording.path), "run": run_section(recording), **figures,
+            "ranks": ranks_section(recording), "hosts": hosts_section(recording, figures["memory"]),
+            "problems": [*recording.problems, *rejected_problems(fold)]}
 
 
 def measured_rates(recording: Recording) -> tuple[float | None, float | None]:

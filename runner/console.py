@@ -14,7 +14,9 @@ from probes.events import EventsDropped, HangDetected, ProbeOff, RequestDone, St
 from recordings.manifest import Manifest
 from recordings.metrics.requests import RequestFigures, RequestFold
 from recordings.metrics.steps import JobStep, StepFigures, StepStats
+from recordings.prometheus import RunMetrics
 from runner.launch import JobControl, JobResult, NodeProbes
+from runner.nodes import Nodes
 from runner.plan import ResolvedRun
 from runner.script import ScriptRun
 from runner.session import Work, describe, run_session
@@ -143,6 +145,8 @@ def verdict(result: JobResult, steps: StepFigures | None, requests: RequestFigur
                 f"{median:.3f} s{throughput}{final}"]
     if result.status == "interrupted":
         return [f"interrupted after {result.duration_s:.1f} s: every rank stopped"]
+    if result.node_lost is not None:
+        return [f"failed after {result.duration_s:.1f} s: {result.node_lost}; the job was stopped"]
     if result.hang is not None:
         return [f"failed after {result.duration_s:.1f} s: the job hung and was stopped",
                 *("  " + line for line in result.hang.splitlines())]
@@ -166,7 +170,8 @@ def stack_dump_lines(dump: StackDump) -> list[str]:
 
 def follow_job(run: Work, *, session_dir: Path, out: TextIO,
                manifest: Manifest | None = None, node_probes: NodeProbes = NodeProbes(),
-               hang_timeout_s: float | None = None) -> JobResult:
+               hang_timeout_s: float | None = None, nodes: Nodes | None = None,
+               metrics: RunMetrics | None = None) -> JobResult:
     """Run the job, printing progress to ``out``; record it when a ``manifest`` is given.
 
     SIGUSR1 to meshtop dumps every rank's Python stack (py-spy) to ``out``
@@ -208,7 +213,8 @@ def follow_job(run: Work, *, session_dir: Path, out: TextIO,
 
     try:
         result = run_session(run, directory=session_dir, manifest=manifest, on_events=on_events,
-                             node_probes=node_probes, control=control, hang_timeout_s=hang_timeout_s)
+                             node_probes=node_probes, control=control, hang_timeout_s=hang_timeout_s, nodes=nodes,
+                             metrics=metrics)
     finally:
         progress.finish()
         signal.signal(signal.SIGUSR1, previous_usr1)

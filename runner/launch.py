@@ -10,9 +10,11 @@ behind even if the launcher itself is gone.
 from __future__ import annotations
 
 import json
+import math
 import os
 import queue
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -20,6 +22,7 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import psutil
 
@@ -46,7 +49,13 @@ from runner.hangs import HangWatch
 from runner.load import longest_gap_s
 from runner.plan import ResolvedRun
 
+if TYPE_CHECKING:
+    from runner.fleet import Fleet
+    from runner.nodes import Nodes
+
 STOP_GRACE_S = 15.0
+REMOTE_STACKS_S = 15.0
+"""On a hang, how long the head waits for the other nodes' stack dumps before it stops the job."""
 POLL_S = 0.2
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 
@@ -85,6 +94,10 @@ class JobResult:
     """The rank whose failure brought the job down, when one did."""
     hang: str | None = None
     """The hang report, when meshtop stopped the job because no rank made progress."""
+    node_lost: str | None = None
+    """Which node of a multi-node job was lost, its ranks and why, when that ended the job."""
+    failure_times: dict[int, float] = field(default_factory=dict)
+    """When each failed rank failed (torchrun's timestamp, seconds), to find the first across nodes."""
 
     @property
     def failed(self) -> tuple[RankExit, ...]:
@@ -112,18 +125,27 @@ class Launch:
     """Set in the ranks' environment (over the user's)."""
     pythonpath: tuple[str, ...] = ()
     """Put first on the ranks' ``PYTHONPATH``, before meshtop's own root."""
+    nodes: Nodes | None = None
+    """The job's nodes, when it runs on many; ``world_size`` counts the ranks of all of them."""
+
+    @property
+    def local_world_size(self) -> int:
+        """The ranks this node runs."""
+        return self.world_size // (self.nodes.count if self.nodes is not None else 1)
 
 
-def builtin_launch(run: ResolvedRun, session_dir: Path) -> Launch:
-    """The built-in runner's launch: ``runner.worker`` on every rank, reading the run from ``run.json``."""
+def builtin_launch(run: ResolvedRun, session_dir: Path, nodes: Nodes | None = None) -> Launch:
+    """The built-in runner's launch: ``runner.worker`` on every rank, reading the run from ``run.json``; on
+    many ``nodes``, this node's share of the ranks, joining torchrun's c10d rendezvous."""
     session_dir.mkdir(parents=True, exist_ok=True)
     run_path = session_dir / "run.json"
     run_path.write_text(json.dumps(run.to_json(), indent=2))
+    where = (("--standalone", "--nnodes=1", f"--nproc-per-node={run.world_size}") if nodes is None
+             else nodes.launcher_args(run.world_size // nodes.count))
     return Launch(
-        launcher_args=("--standalone", "--nnodes=1", f"--nproc-per-node={run.world_size}", "--max-restarts=0",
-                       "-m", "runner.worker", str(run_path)),
+        launcher_args=(*where, "--max-restarts=0", "-m", "runner.worker", str(run_path)),
         world_size=run.world_size, native_kernel=run.device == "cpu" and run.instrument,
-        quiet_s=longest_gap_s(run.load) if run.load is not None else 0.0,
+        quiet_s=longest_gap_s(run.load) if run.load is not None else 0.0, nodes=nodes,
     )
 
 
@@ -145,7 +167,7 @@ def rank_environment(launch: Launch) -> dict[str, str]:
     env["PYTHONPATH"] = os.pathsep.join(filter(None, (*launch.pythonpath, str(PROJECT_ROOT), env.get("PYTHONPATH"))))
     if "OMP_NUM_THREADS" not in env:
         cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-        env["OMP_NUM_THREADS"] = str(max(1, cores // launch.world_size))
+        env["OMP_NUM_THREADS"] = str(max(1, cores // launch.local_world_size))
     env.update(launch.env)
     return env
 
@@ -162,12 +184,12 @@ def worker_environment(launch: Launch, collector: Collector) -> dict[str, str]:
 class Job:
     """One launched job: its launcher process, the ranks it spawned, their event files."""
 
-    def __init__(self, launch: Launch, session_dir: Path) -> None:
+    def __init__(self, launch: Launch, session_dir: Path, collector: Collector | None = None) -> None:
         self.launch = launch
         self.session_dir = session_dir
         self.log_path = session_dir / "launcher.log"
         self._status_path = session_dir / "status.json"
-        self.collector = Collector()
+        self.collector = collector or Collector()
         self._collector_drops = 0
         self._seen: dict[int, psutil.Process] = {}
         self._process: subprocess.Popen[bytes] | None = None
@@ -227,44 +249,58 @@ class Job:
             _signal(process, signal.SIGKILL)
         psutil.wait_procs(alive, timeout=3.0)
 
-    def result(self, *, interrupted: bool, hang: HangDetected | None = None) -> JobResult:
+    def result(self, *, interrupted: bool, hang: HangDetected | None = None,
+               ranks: Iterable[int] | None = None) -> JobResult:
+        """How the job ended, for ``ranks`` (default: every rank; on many nodes, this node's)."""
         assert self._process is not None, "start() first"
         duration = time.monotonic() - self._started
-        world = range(self.launch.world_size)
-        if hang is not None:
-            why = f"stopped: no rank made progress for {hang.silent_s:.0f} s (hang)"
-            ranks = tuple(RankExit(rank=r, exit_code=None, signal=None, error=why) for r in world)
-            return JobResult(status="failed", ranks=ranks, duration_s=duration, log_path=self.log_path,
-                             hang=hang.report)
         try:
             status = json.loads(self._status_path.read_text())
         except (FileNotFoundError, json.JSONDecodeError):
             status = None
-        if interrupted or (status is not None and status["status"] == "interrupted"):
-            ranks = tuple(RankExit(rank=r, exit_code=None, signal=None, error="stopped on request") for r in world)
-            return JobResult(status="interrupted", ranks=ranks, duration_s=duration, log_path=self.log_path)
-        if status is not None and status["status"] == "completed":
-            ranks = tuple(RankExit(rank=r, exit_code=0, signal=None, error=None) for r in world)
-            return JobResult(status="completed", ranks=ranks, duration_s=duration, log_path=self.log_path)
         failures = status["ranks"] if status is not None else {}
+        # on many nodes: the ranks that reported, and those that failed before they could (torchrun names them)
+        world = (sorted(set(ranks) | {int(rank) for rank in failures}) if ranks is not None
+                 else range(self.launch.world_size))
+        if hang is not None:
+            why = f"stopped: no rank made progress for {hang.silent_s:.0f} s (hang)"
+            exits = tuple(RankExit(rank=r, exit_code=None, signal=None, error=why) for r in world)
+            return JobResult(status="failed", ranks=exits, duration_s=duration, log_path=self.log_path,
+                             hang=hang.report)
+        if interrupted or (status is not None and status["status"] == "interrupted"):
+            exits = tuple(RankExit(rank=r, exit_code=None, signal=None, error="stopped on request") for r in world)
+            return JobResult(status="interrupted", ranks=exits, duration_s=duration, log_path=self.log_path)
+        if status is not None and status["status"] == "completed":
+            exits = tuple(RankExit(rank=r, exit_code=0, signal=None, error=None) for r in world)
+            return JobResult(status="completed", ranks=exits, duration_s=duration, log_path=self.log_path)
         first = root_cause(failures)
         why = f"stopped after rank {first} failed" if first is not None else (
             f"launcher exited with code {self._process.returncode} before reporting")
-        ranks = tuple(
+        exits = tuple(
             RankExit(rank=r, exit_code=failures[str(r)]["exit_code"], signal=failures[str(r)]["signal"],
                      error=failures[str(r)]["error"])
             if str(r) in failures else RankExit(rank=r, exit_code=None, signal=None, error=why)
             for r in world
         )
-        return JobResult(status="failed", ranks=ranks, duration_s=duration, log_path=self.log_path, root_cause=first)
+        return JobResult(status="failed", ranks=exits, duration_s=duration, log_path=self.log_path, root_cause=first,
+                         failure_times={int(rank): float(failure.get("timestamp") or 0)
+                                        for rank, failure in failures.items()})
 
 
 def root_cause(failures: dict[str, dict[str, object]]) -> int | None:
-    """The first rank to fail by itself; ranks the launcher then stopped with SIGTERM come last."""
-    def order(rank: str) -> tuple[bool, float, int]:
+    """The first rank to fail by itself; ranks the launcher then stopped with SIGTERM come last.
+
+    A rank that a signal ended (SIGKILL, SIGSEGV, SIGABRT) comes before ranks that exited with an error: a
+    rank dies by a signal from outside or from its own fault, never because a peer failed, while a peer's
+    death makes the others raise (gloo's "connection reset by peer", nccl's aborted communicator). Across
+    nodes this is what tells the cause from its effects: torchrun's timestamps are whole seconds (compared as
+    such: another node's carry a fraction, its clock offset), and each launcher notices a death in its own
+    time."""
+    def order(rank: str) -> tuple[bool, bool, float, int]:
         failure = failures[rank]
-        stopped = failure["signal"] == "SIGTERM"
-        return stopped, float(failure.get("timestamp") or 0), int(rank)  # type: ignore[arg-type]
+        stopped = failure.get("signal") == "SIGTERM"
+        seconds = math.floor(float(failure.get("timestamp") or 0))  # type: ignore[arg-type]
+        return stopped, not failure.get("signal"), seconds, int(rank)
 
     return int(min(failures, key=order)) if failures else None
 
@@ -306,13 +342,19 @@ class JobControl:
                 self._stacks = (self._stacks or set()) | set(ranks)
             self._stacks_asked = True
 
-    def take_stack_request(self, pids: dict[int, int]) -> dict[int, int]:
-        """The ``{rank: pid}`` to dump now (empty when nothing was asked)."""
+    @property
+    def stacks_asked(self) -> bool:
+        """A stack dump is asked for and not yet taken."""
+        with self._lock:
+            return self._stacks_asked
+
+    def take_stack_request(self, pids: dict[int, int]) -> dict[int, int] | None:
+        """The ``{rank: pid}`` to dump now, of those in ``pids`` (this node's); ``None`` when nothing was asked."""
         with self._lock:
             asked, ranks = self._stacks_asked, self._stacks
             self._stacks_asked, self._stacks = False, None
         if not asked:
-            return {}
+            return None
         return dict(pids) if ranks is None else {rank: pid for rank, pid in pids.items() if rank in ranks}
 
 
@@ -329,24 +371,36 @@ def lifecycle_events(result: JobResult) -> list[Event]:
 def run_job(launch: Launch, *, session_dir: Path,
             on_events: Callable[[Arrivals], None] = lambda arrivals: None,
             node_probes: NodeProbes = NodeProbes(),
-            control: JobControl | None = None, hang_timeout_s: float | None = None) -> JobResult:
+            control: JobControl | None = None, hang_timeout_s: float | None = None,
+            fleet: Fleet | None = None) -> JobResult:
     """Start ``launch``, pass its events (and the node samplers') to ``on_events``, and wait for the end.
 
     ``control`` carries requests from another thread: py-spy dumps of ranks,
     delivered as events, and a stop. A ``KeyboardInterrupt`` (Ctrl-C, or
     SIGTERM turned into one by the CLI) or ``control.stop`` stops every rank;
     the result then says ``interrupted``. When no rank makes progress for
-    ``hang_timeout_s`` (default: :func:`runner.hangs.default_timeout_s`), a
-    :class:`HangDetected` report and a stack dump of every rank are delivered;
-    then the job is stopped (``failed``) if ``control.stop_on_hang``.
+    ``hang_timeout_s`` (default: :func:`runner.hangs.default_timeout_s`;
+    ``math.inf``: never), a :class:`HangDetected` report and a stack dump of
+    every rank are delivered; then the job is stopped (``failed``) if
+    ``control.stop_on_hang``.
+
+    On the head of a job on many nodes, ``fleet`` holds the other nodes: the
+    collector listens where they reach it, its address goes into the
+    rendezvous store, a node lost stops the job, and the result is the whole
+    job's, once every node said how it ended (:mod:`runner.fleet`).
     """
     control = control if control is not None else JobControl()
     hangs = HangWatch(launch.world_size, timeout_s=hang_timeout_s, quiet_s=launch.quiet_s)
-    job = Job(launch, session_dir)
+    collector = None
+    if fleet is not None and launch.nodes is not None:
+        host, port = launch.nodes.bind_address()
+        collector = Collector(host=host, port=port, nodes=launch.nodes.count, on_control=fleet.on_control)
+    job = Job(launch, session_dir, collector)
     node_events: queue.SimpleQueue[list[Event]] = queue.SimpleQueue()
     processes = ProcessSampler(rate_hz=node_probes.process_hz, emit=node_events.put)
     samplers = (GpuSampler(rate_hz=node_probes.gpu_hz, emit=node_events.put), processes)
     pids: dict[int, int] = {}
+    lost: list[int] = []
 
     def deliver() -> None:
         arrivals = job.read_events()
@@ -354,8 +408,20 @@ def run_job(launch: Launch, *, session_dir: Path,
             arrivals.add(node_events.get())
         for event in arrivals.events(("rank_started",)):
             assert isinstance(event, RankStarted)
+            if event.node != 0 and fleet is not None:  # another node's: its own meshtop samples and dumps it
+                fleet.note_ranks(event.node, event.rank)
+                continue
             pids[event.rank] = event.pid
             processes.watch(event.rank, event.pid)
+        if fleet is not None:
+            arrivals.add(fleet.take_events())
+            for dump in arrivals.events(("stack_dump",)):
+                fleet.note_stack(dump.rank)  # type: ignore[attr-defined]
+            if not lost and (gone := fleet.lost()) is not None:
+                lost.append(gone.node)
+                control.stop.set()
+            elif fleet.failed() is not None:  # its ranks failed: the head's would wait on them
+                control.stop.set()
         hangs.observe(arrivals)
         if not hangs.reported:
             control.hang = None  # progress again: an earlier report no longer holds
@@ -363,30 +429,65 @@ def run_job(launch: Launch, *, session_dir: Path,
             control.hang = hang
             arrivals.add([hang])
             arrivals.add(dump_stacks(pids))
+            if fleet is not None:
+                fleet.ask_stacks()
             if control.stop_on_hang:
                 control.stop.set()
-        elif wanted := control.take_stack_request(pids):
+        elif (wanted := control.take_stack_request(pids)) is not None:
             arrivals.add(dump_stacks(wanted))
+            if fleet is not None:  # the other nodes dump their own ranks (every one of them)
+                fleet.ask_stacks()
         on_events(arrivals)
 
     for sampler in samplers:
         sampler.start()
     job.start()
+    if fleet is not None and launch.nodes is not None:
+        publish(launch.nodes, job.collector, going=job.poll)
     interrupted = False
     try:
         while job.poll() and not control.stop.is_set():
             deliver()
             control.stop.wait(POLL_S)
         interrupted = control.stop.is_set() and job.poll()  # a job that ended by itself is not interrupted
+        if control.stacks_asked and job.poll():  # asked with the stop: dump the ranks before they are stopped
+            deliver()
+        if fleet is not None and control.hang is not None and not lost:  # the other nodes' dumps, first
+            deadline = time.monotonic() + REMOTE_STACKS_S
+            while not fleet.stacks_in() and time.monotonic() < deadline:
+                control.stop.wait(POLL_S)
+                deliver()
     except KeyboardInterrupt:
         interrupted = True
     finally:
+        if fleet is not None and (interrupted or control.stop.is_set()):  # the other nodes stop theirs too
+            failed_elsewhere = lost or control.hang is not None or fleet.failed() is not None
+            fleet.stop("failed" if failed_elsewhere else "interrupted")
         job.stop()
         for sampler in samplers:
             sampler.stop()
+    if fleet is not None:
+        if job.result(interrupted=False).status == "failed":
+            fleet.stop("failed")
+        fleet.settle()
     deliver()
     job.collector.stop()
     hung = control.hang if interrupted and control.hang is not None else None
-    result = job.result(interrupted=interrupted and hung is None, hang=hung)
+    local_ranks = set(pids) if launch.nodes is not None else None
+    interrupted_here = interrupted and hung is None and not lost and (fleet is None or fleet.failed() is None)
+    result = job.result(interrupted=interrupted_here, hang=hung, ranks=local_ranks)
+    if fleet is not None:
+        result = fleet.merge(result, {rank.rank for rank in result.ranks}, launch.world_size)
     on_events(Arrivals(lifecycle_events(result)))
     return result
+
+
+def publish(nodes: Nodes, collector: Collector, *, going: Callable[[], bool]) -> None:
+    """Put the head's collector address and token into the rendezvous store, from a thread (the store is up
+    once a launcher joined the rendezvous)."""
+    from runner.nodes import HeadAddress, publish_head
+
+    head = HeadAddress(address=nodes.advertised(collector.address), token=collector.token,
+                       host=socket.gethostname())
+    threading.Thread(target=publish_head, args=(nodes, head), kwargs={"going": going},
+                     name="meshtop-publish-head", daemon=True).start()

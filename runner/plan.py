@@ -239,8 +239,9 @@ def model_shape(model: str, model_config: str | None) -> ModelShape:
     return load_model_config(model_config)
 
 
-def resolve(spec: RunSpec, *, gpus_visible: int) -> ResolvedRun:
-    """Fill in defaults and check that the run can be launched on this host."""
+def resolve(spec: RunSpec, *, gpus_visible: int, nodes: int = 1) -> ResolvedRun:
+    """Fill in defaults and check that the run can be launched on this host (on each of ``nodes`` hosts, each
+    with ``gpus_visible`` GPUs, running an equal share of the ranks)."""
     for name, value in (("--dp", spec.dp), ("--tp", spec.tp), ("--pp", spec.pp),
                         ("--microbatches", spec.microbatches), ("--steps", spec.steps),
                         ("--batch-size", spec.batch_size), ("--seq-len", spec.seq_len)):
@@ -260,17 +261,23 @@ def resolve(spec: RunSpec, *, gpus_visible: int) -> ResolvedRun:
     if spec.dp is not None:
         dp = spec.dp
     elif spec.tp == 1 and spec.pp == 1:
-        dp = gpus_visible if device == "cuda" else 2
+        dp = (gpus_visible if device == "cuda" else 2) * nodes
     else:
         dp = 1
     world = dp * spec.tp * spec.pp
-    if device == "cuda" and world > gpus_visible:
+    if world % nodes:
+        raise PlanError(f"dp {dp} x tp {spec.tp} x pp {spec.pp} = {world} ranks do not split evenly over "
+                        f"{nodes} nodes: make the product a multiple of {nodes}")
+    if device == "cuda" and world > gpus_visible * nodes:
+        where = "are visible" if nodes == 1 else f"are visible on this node ({world // nodes} ranks each)"
         raise PlanError(
-            f"dp {dp} x tp {spec.tp} x pp {spec.pp} = {world} ranks but {gpus_visible} GPU(s) are visible: "
-            f"lower the degrees so their product is at most {gpus_visible} (nccl needs one GPU per rank)"
+            f"dp {dp} x tp {spec.tp} x pp {spec.pp} = {world} ranks but {gpus_visible} GPU(s) {where}: "
+            f"lower the degrees so their product is at most {gpus_visible * nodes} (nccl needs one GPU per rank)"
         )
-    if device == "cpu" and world > MAX_CPU_RANKS:
-        raise PlanError(f"dp {dp} x tp {spec.tp} x pp {spec.pp} = {world} CPU ranks: lower the degrees to at most {MAX_CPU_RANKS} ranks")
+    if device == "cpu" and world // nodes > MAX_CPU_RANKS:
+        each = "" if nodes == 1 else f" ({world // nodes} on each of {nodes} nodes)"
+        raise PlanError(f"dp {dp} x tp {spec.tp} x pp {spec.pp} = {world} CPU ranks{each}: lower the degrees to at "
+                        f"most {MAX_CPU_RANKS * nodes} ranks")
     if spec.fsdp and dp < 2:
         raise PlanError("--fsdp shards over the data-parallel ranks: give --dp 2 or more")
 

@@ -12,7 +12,8 @@ already passes keeps its meaning, and they go to ``torch.distributed.run``
 unchanged in meshtop's launcher child (:mod:`runner.agent`). What cannot run
 is refused here, in one line that names the fix: a missing script, a file
 that is not Python, an unknown module, an option torchrun does not know,
-more than one node (for now), ``--no-python`` (meshtop's probes live in Python).
+an elastic node range, a multi-node job without c10d rendezvous or without ``--node-rank``
+(:mod:`runner.nodes`), ``--no-python`` (meshtop's probes live in Python).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from importlib.machinery import PathFinder
 from pathlib import Path
 from typing import NoReturn
 
+from runner.nodes import Nodes, nodes_from_options
 from runner.plan import PlanError
 
 ATTACH_ENV = "MESHTOP_ATTACH"
@@ -61,6 +63,7 @@ class ScriptRun:
     sha256: str | None
     """Of the script file (``None`` for a module)."""
     world_size: int
+    """Ranks of the whole job, every node's."""
     device: str
     """``cuda`` where GPUs are visible (the script is expected to use nccl), else ``cpu`` (gloo)."""
     instrument: bool = True
@@ -69,6 +72,8 @@ class ScriptRun:
     """The compute dtype the user names (``--dtype``), for MFU's peak FLOP/s."""
     activations: bool = False
     """Measure activations saved for backward (``--activations``)."""
+    nodes: Nodes | None = None
+    """The job's nodes, from torchrun's options, when it runs on many."""
 
     @property
     def name(self) -> str:
@@ -114,7 +119,7 @@ def split_command(command: list[str]) -> tuple[list[str], bool]:
 
 def resolve_script(command: list[str], *, gpus_visible: int, instrument: bool = True,
                    tokens_per_step: int | None = None, dtype: str | None = None,
-                   activations: bool = False) -> ScriptRun:
+                   activations: bool = False, collector_bind: str | None = None) -> ScriptRun:
     """The :class:`ScriptRun` of ``command``, or a :class:`PlanError` that says what to fix."""
     args_given, own = split_command(command)
     launcher_args = list(args_given)
@@ -124,26 +129,18 @@ def resolve_script(command: list[str], *, gpus_visible: int, instrument: bool = 
     args = torchrun_parser().parse_args(launcher_args)
     if args.no_python:
         raise PlanError("--no-python runs a program that is not Python; meshtop's probes run inside Python ranks")
-    _check_one_node(args.nnodes)
-    world_size = _local_world_size(args.nproc_per_node)
+    rank_given = any(arg.split("=")[0] in ("--node-rank", "--node_rank") for arg in launcher_args)
+    nodes = nodes_from_options(nnodes=args.nnodes, node_rank=args.node_rank if rank_given else None,
+                               endpoint=args.rdzv_endpoint or None, run_id=args.rdzv_id,
+                               backend=args.rdzv_backend, collector_bind=collector_bind)
+    world_size = _local_world_size(args.nproc_per_node) * (nodes.count if nodes is not None else 1)
     if tokens_per_step is not None and tokens_per_step <= 0:
         raise PlanError(f"--tokens-per-step must be a positive number of tokens, got {tokens_per_step}")
     script, module, sha256 = _check_target(args.training_script, module=args.module)
     return ScriptRun(command=tuple(command), launcher_args=tuple(launcher_args), script=script, module=module,
                      script_args=tuple(args.training_script_args), sha256=sha256, world_size=world_size,
                      device="cuda" if gpus_visible else "cpu", instrument=instrument,
-                     tokens_per_step=tokens_per_step, dtype=dtype, activations=activations)
-
-
-def _check_one_node(nnodes: str) -> None:
-    from torch.distributed import run as torchrun
-
-    try:
-        _, most = torchrun.parse_min_max_nnodes(nnodes)
-    except (ValueError, RuntimeError):
-        raise PlanError(f"torchrun option: --nnodes {nnodes!r} is not N or MIN:MAX") from None
-    if most != 1:
-        raise PlanError(f"--nnodes {nnodes}: meshtop follows a job on one node for now; run it with --nnodes 1")
+                     tokens_per_step=tokens_per_step, dtype=dtype, activations=activations, nodes=nodes)
 
 
 def _local_world_size(nproc_per_node: str) -> int:

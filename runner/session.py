@@ -25,8 +25,11 @@ from recordings.manifest import (
     write_manifest,
 )
 from recordings.metrics.steps import JobStep
+from recordings.prometheus import RunMetrics
 from recordings.recorder import Ending, SessionRecorder
+from runner.fleet import Fleet
 from runner.launch import JobControl, JobResult, Launch, NodeProbes, builtin_launch, rank_environment, run_job
+from runner.nodes import Nodes
 from runner.plan import ResolvedRun
 from runner.script import (
     ACTIVATIONS_ENV,
@@ -47,7 +50,7 @@ def ending_of(result: JobResult) -> Ending:
     return Ending(status=result.status, duration_s=result.duration_s,
                   ranks=tuple(RankEnd(rank=r.rank, exit_code=r.exit_code, signal=r.signal, error=r.error)
                               for r in result.ranks),
-                  root_cause_rank=result.root_cause, hang=result.hang)
+                  root_cause_rank=result.root_cause, hang=result.hang, reason=result.node_lost)
 
 
 def script_launch(script: ScriptRun) -> Launch:
@@ -59,11 +62,16 @@ def script_launch(script: ScriptRun) -> Launch:
         env[ACTIVATIONS_ENV] = "1"
     return Launch(launcher_args=script.launcher_args, world_size=script.world_size,
                   native_kernel=script.device == "cpu" and script.instrument, env=env,
-                  pythonpath=(str(BOOTSTRAP_DIR),))
+                  pythonpath=(str(BOOTSTRAP_DIR),), nodes=script.nodes)
 
 
-def launch_of(work: Work, directory: Path) -> Launch:
-    return builtin_launch(work, directory) if isinstance(work, ResolvedRun) else script_launch(work)
+def launch_of(work: Work, directory: Path, nodes: Nodes | None = None) -> Launch:
+    """How ``work`` is launched on this node (a script's nodes are its own torchrun options)."""
+    return builtin_launch(work, directory, nodes) if isinstance(work, ResolvedRun) else script_launch(work)
+
+
+def nodes_of(work: Work, nodes: Nodes | None) -> Nodes | None:
+    return work.nodes if isinstance(work, ScriptRun) else nodes
 
 
 def describe(work: Work) -> RunDescription:
@@ -104,8 +112,12 @@ def start_recording(directory: Path, run: Work, probes: NodeProbes, command_line
 def run_session(work: Work, *, directory: Path, manifest: Manifest | None,
                 on_events: Callable[[Arrivals, list[JobStep]], None],
                 node_probes: NodeProbes = NodeProbes(), control: JobControl | None = None,
-                hang_timeout_s: float | None = None) -> JobResult:
+                hang_timeout_s: float | None = None, nodes: Nodes | None = None,
+                metrics: RunMetrics | None = None) -> JobResult:
     """Run the job, recording into ``directory`` when a ``manifest`` is given (else it only holds the logs).
+
+    ``metrics`` (``--metrics-port``) is fed every batch too. On many nodes this is the head's session
+    (``nodes.rank`` 0): the other nodes' events come to it too (:mod:`runner.relay`).
 
     ``on_events`` sees each batch after it is on disk, with the job steps it
     completed; it decodes the kinds it needs. The recording is closed however
@@ -117,11 +129,16 @@ def run_session(work: Work, *, directory: Path, manifest: Manifest | None,
     broken = Ending(status="failed", duration_s=None)
 
     def deliver(arrivals: Arrivals) -> None:
-        on_events(arrivals, recorder.take(arrivals))
+        completed = recorder.take(arrivals)
+        if metrics is not None:
+            metrics.take(arrivals)
+        on_events(arrivals, completed)
 
     try:
-        result = run_job(launch_of(work, directory), session_dir=directory, on_events=deliver,
-                         node_probes=node_probes, control=control, hang_timeout_s=hang_timeout_s)
+        nodes = nodes_of(work, nodes)
+        result = run_job(launch_of(work, directory, nodes), session_dir=directory, on_events=deliver,
+                         node_probes=node_probes, control=control, hang_timeout_s=hang_timeout_s,
+                         fleet=Fleet(nodes.count) if nodes is not None else None)
     except KeyboardInterrupt:
         broken = Ending(status="interrupted", duration_s=None)
         raise

@@ -144,12 +144,15 @@ def groups_by_op(recording: Path) -> dict[str, set[str]]:
 @pytest.mark.parametrize(("command", "message"), [
     (["torchrun", "--standalone", "missing.py"], "missing.py: no such script"),
     (["torchrun", "--bogus", "examples/ddp.py"], "torchrun option: unrecognized arguments: --bogus"),
-    (["torchrun", "--nnodes", "2", "examples/ddp.py"], "--nnodes 2: meshtop follows a job on one node for now"),
+    (["torchrun", "--nnodes", "2", "examples/ddp.py"], "--nnodes 2 needs --node-rank I on every node"),
+    (["torchrun", "--nnodes", "2", "--node-rank", "1", "examples/ddp.py"],
+     "--rdzv-backend static: meshtop follows a job on many nodes through torchrun's c10d"),
+    (["torchrun", "--nnodes", "1:2", "examples/ddp.py"], "--nnodes 1:2: meshtop follows a fixed set of nodes"),
     (["torchrun", "--no-python", "examples/ddp.py"], "--no-python runs a program that is not Python"),
     (["-m", "no_such_module_here"], "no module named 'no_such_module_here' here"),
     (["README.md"], "README.md is not a Python script: line "),
     ([], "nothing after --: give a script"),
-], ids=["missing", "bad-option", "two-nodes", "no-python", "no-module", "not-python", "empty"])
+], ids=["missing", "bad-option", "two-nodes", "static-rendezvous", "elastic", "no-python", "no-module", "not-python", "empty"])
 def test_a_command_that_cannot_run_is_one_line_and_nothing_is_recorded(
         command: list[str], message: str, tmp_path: Path, capsys: pytest.CaptureFixture[str],
         monkeypatch: pytest.MonkeyPatch) -> None:

@@ -29,6 +29,7 @@ from runner.load import (
     DEFAULT_PROMPT_LEN,
     DEFAULT_REQUESTS,
 )
+from runner.nodes import Nodes, nodes_from_options
 from runner.plan import (
     DEFAULT_STEPS,
     DEVICES,
@@ -46,6 +47,7 @@ from runner.script import ScriptRun, resolve_script
 
 if TYPE_CHECKING:
     from recordings.manifest import Manifest
+    from recordings.prometheus import MetricsServer, RunMetrics
     from runner.session import Work
 
 EXIT_OK, EXIT_JOB_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
@@ -136,6 +138,58 @@ def add_plan_options(parser: argparse.ArgumentParser, *, command: str = "run") -
                         help=f"psutil samples per second per rank (default {DEFAULT_PROCESS_HZ:g})")
 
 
+NODE_OPTIONS = ("nnodes", "node_rank", "rdzv_endpoint", "rdzv_id")
+"""torchrun's own node options: a script's go to torchrun, after --."""
+
+
+def add_node_options(parser: argparse.ArgumentParser) -> None:
+    """torchrun's multi-node options, for the built-in runner (a script gives them to torchrun after --)."""
+    nodes = parser.add_argument_group("many nodes (torchrun's options: the same command on every node)")
+    nodes.add_argument("--nnodes", default=None, metavar="N", help="nodes of the job (default 1)")
+    nodes.add_argument("--node-rank", type=int, default=None, metavar="I",
+                       help="this node: 0 is the head, which records and shows the dashboard; the others run "
+                            "their ranks and stream to it")
+    nodes.add_argument("--rdzv-endpoint", default=None, metavar="HOST:PORT",
+                       help="torchrun's c10d rendezvous endpoint, the same on every node (the head's address, say)")
+    nodes.add_argument("--rdzv-id", default=None, metavar="ID", help="the job's rendezvous id (default none)")
+    nodes.add_argument("--collector-bind", default=None, metavar="ADDR[:PORT]",
+                       help="where the head listens for the other nodes (only with the session's token); default: "
+                            "the address it reaches the rendezvous endpoint from, on a free port")
+
+
+def add_metrics_options(parser: argparse.ArgumentParser) -> None:
+    metrics = parser.add_argument_group("Prometheus")
+    metrics.add_argument("--metrics-port", type=int, default=None, metavar="PORT",
+                         help="serve /metrics (Prometheus / OpenMetrics) on PORT while meshtop runs (0: a free port)")
+    metrics.add_argument("--metrics-bind", default=None, metavar="ADDR",
+                         help="the address /metrics listens on (default 127.0.0.1)")
+
+
+def serve_metrics(args: argparse.Namespace, metrics: Callable[[], RunMetrics] | None) -> MetricsServer | None:
+    """The ``/metrics`` server that ``--metrics-port`` asks for, started; ``None`` without one."""
+    from recordings.prometheus import DEFAULT_BIND, MetricsServer
+
+    if args.metrics_port is None:
+        if args.metrics_bind is not None:
+            raise PlanError("--metrics-bind needs --metrics-port PORT")
+        return None
+    if not 0 <= args.metrics_port <= 65535:
+        raise PlanError(f"--metrics-port must be a port from 0 to 65535, got {args.metrics_port}")
+    assert metrics is not None
+    return MetricsServer(metrics, port=args.metrics_port, bind=args.metrics_bind or DEFAULT_BIND).start()
+
+
+def metrics_line(server: MetricsServer) -> str:
+    host, port = server.address
+    return f"metrics: http://{host}:{port}/metrics"
+
+
+def nodes_from_args(args: argparse.Namespace) -> Nodes | None:
+    """The built-in runner's nodes, from meshtop's own node options."""
+    return nodes_from_options(nnodes=args.nnodes, node_rank=args.node_rank, endpoint=args.rdzv_endpoint,
+                              run_id=args.rdzv_id, collector_bind=args.collector_bind)
+
+
 def spec_from_args(args: argparse.Namespace) -> RunSpec:
     if args.model_config is not None and args.model != "tiny":
         raise PlanError(f"--model {args.model} and --model-config {args.model_config} each name the model: "
@@ -180,7 +234,12 @@ def resolve_args(args: argparse.Namespace) -> Work:
     if args.script is None:
         if args.tokens_per_step is not None:
             raise PlanError("--tokens-per-step is for a script given after -- (the built-in model counts its own)")
-        return resolve(spec_from_args(args), gpus_visible=gpus_visible() if wants_gpu else 0)
+        nodes = nodes_from_args(args)
+        return resolve(spec_from_args(args), gpus_visible=gpus_visible() if wants_gpu else 0,
+                       nodes=nodes.count if nodes is not None else 1)
+    if given := [name for name in NODE_OPTIONS if getattr(args, name) is not None]:
+        raise PlanError(f"{option(given[0])} is torchrun's: give it to torchrun after -- "
+                        "(`-- torchrun --nnodes 2 --node-rank I --rdzv-backend c10d --rdzv-endpoint HOST:PORT ...`)")
     given = [dest for dest, default in args.builtin_defaults.items() if getattr(args, dest) != default]
     if given:
         raise PlanError(f"{option(given[0])} sets up the built-in model; a script given after -- runs its own "
@@ -189,7 +248,12 @@ def resolve_args(args: argparse.Namespace) -> Work:
         raise PlanError("--device cuda: no CUDA GPU is visible")
     return resolve_script(args.script, gpus_visible=gpus_visible() if wants_gpu else 0,
                           instrument=args.instrument, tokens_per_step=args.tokens_per_step, dtype=args.dtype,
-                          activations=args.activations)
+                          activations=args.activations, collector_bind=args.collector_bind)
+
+
+def work_nodes(args: argparse.Namespace, work: Work) -> Nodes | None:
+    """The nodes ``work`` runs on (a script's from its torchrun options)."""
+    return work.nodes if isinstance(work, ScriptRun) else nodes_from_args(args)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -203,6 +267,8 @@ def build_parser() -> argparse.ArgumentParser:
                                           "After --, your own script instead: `torchrun [options] SCRIPT`, "
                                           "`python -m torch.distributed.run ...`, `SCRIPT.py` or `-m MODULE`.")
     add_plan_options(run)
+    add_node_options(run)
+    add_metrics_options(run)
     session = run.add_argument_group("session")
     session.add_argument("--no-record", dest="record", action="store_false", help="do not keep a recording")
     session.add_argument("--runs-dir", type=Path, default=None, metavar="DIR",
@@ -216,6 +282,8 @@ def build_parser() -> argparse.ArgumentParser:
                                              "`python -m torch.distributed.run ...`, `SCRIPT.py` or `-m MODULE`.")
     record.add_argument("out", type=Path, metavar="OUT", help="new directory for the recording")
     add_plan_options(record)
+    add_node_options(record)
+    add_metrics_options(record)
     record.set_defaults(handler=command_record)
     replay = commands.add_parser("replay", help="replay a recording (or browse a sweep) in the dashboard",
                                  description="Open a recording in the dashboard and play it back "
@@ -225,6 +293,7 @@ def build_parser() -> argparse.ArgumentParser:
                         help="a recording directory (default: the shipped sample)")
     replay.add_argument("--speed", type=float, default=1.0, metavar="X", help="playback speed (default 1)")
     replay.add_argument("--paused-at", type=int, default=None, metavar="STEP", help="open paused at the end of STEP")
+    add_metrics_options(replay)
     replay.set_defaults(handler=command_replay)
     summary = commands.add_parser("summary", help="summarise a recording",
                                   description="Summarise a recording: steps, collectives, stages, memory, ranks.")
@@ -286,7 +355,15 @@ def command_run(args: argparse.Namespace) -> int:
     run = resolve_args(args)
     probes = node_probes_from_args(args)
     hang_timeout = hang_timeout_from_args(args)
+    nodes = work_nodes(args, run)
+    if nodes is not None and not nodes.head:
+        return command_node(run, nodes, probes)
     require_terminal("meshtop run", "use `meshtop record OUT` to record a job headless")
+    from recordings.prometheus import RunMetrics
+    from runner.session import describe
+
+    metrics = RunMetrics(describe(run)) if args.metrics_port is not None else None
+    server = serve_metrics(args, (lambda: metrics) if metrics is not None else None)  # type: ignore[return-value]
     manifest: Manifest | None = None
     if args.record:
         directory = new_session_path(runs_directory(args), run)
@@ -294,13 +371,15 @@ def command_run(args: argparse.Namespace) -> int:
     else:
         directory = Path(tempfile.mkdtemp(prefix="meshtop-run-"))
     source = LiveSource(run, directory=directory, manifest=manifest, node_probes=probes,
-                        hang_timeout_s=hang_timeout)
+                        hang_timeout_s=hang_timeout, nodes=nodes, metrics=metrics)
     app = MeshtopApp(source, quit_on_signals=True)
     try:
         app.run()
     finally:
         source.stop()
         source.wait()
+        if server is not None:
+            server.stop()
     if source.error is not None:
         raise source.error
     assert source.result is not None, "the session thread ended without a result"
@@ -309,6 +388,8 @@ def command_run(args: argparse.Namespace) -> int:
     figures = state.figures()
     for line in verdict(source.result, figures.steps, figures.requests):
         print(line)
+    if server is not None:
+        print(metrics_line(server).replace("metrics:", "metrics were served at"))
     if manifest is not None:
         print(f"recording: {directory}")
     elif source.result.status == "completed":
@@ -316,6 +397,23 @@ def command_run(args: argparse.Namespace) -> int:
     if source.result.status == "failed":
         print(f"launcher log kept in {source.result.log_path}", file=sys.stderr)
     return exit_code(source.result.status)
+
+
+def command_node(run: Work, nodes: Nodes, probes: NodeProbes) -> int:
+    """A node other than the head: run its ranks and stream to the head, which records and shows the job;
+    exit as the whole job ended. Its launcher log stays in a temporary folder where the job did not complete
+    (the head's recording folder may be shared with this node: it is never written here)."""
+    from runner.relay import serve_as_node
+    from runner.session import launch_of
+
+    directory = Path(tempfile.mkdtemp(prefix=f"meshtop-node{nodes.rank}-"))
+    status = serve_as_node(launch_of(run, directory, nodes), nodes, session_dir=directory, out=sys.stdout,
+                           node_probes=probes)
+    if status == "completed":
+        shutil.rmtree(directory, ignore_errors=True)
+    else:
+        print(f"launcher log of node {nodes.rank} kept in {directory / 'launcher.log'}", file=sys.stderr)
+    return exit_code(status)
 
 
 def sample_recording() -> Path:
@@ -338,13 +436,18 @@ def command_replay(args: argparse.Namespace) -> int:
 
         return replay_sweep(args)
     recording = open_recording(args.recording or sample_recording())
-    source = ReplaySource(recording)
+    source = ReplaySource(recording, metrics=args.metrics_port is not None)
+    server = serve_metrics(args, lambda: source.metrics)  # type: ignore[arg-type,return-value]
     source.playback.speed = args.speed
     if args.paused_at is not None:
         source.playback.seek_step(args.paused_at - 1)
         source.playback.paused = True
-    require_terminal("meshtop replay", "use `meshtop summary REC` for the figures as text")
-    MeshtopApp(source, quit_on_signals=True).run()
+    try:
+        require_terminal("meshtop replay", "use `meshtop summary REC` for the figures as text")
+        MeshtopApp(source, quit_on_signals=True).run()
+    finally:
+        if server is not None:
+            server.stop()
     for problem in source.problems:
         print(f"meshtop: warning: {problem}", file=sys.stderr)
     return EXIT_OK
@@ -360,10 +463,24 @@ def command_record(args: argparse.Namespace) -> int:
     run = resolve_args(args)
     probes = node_probes_from_args(args)
     hang_timeout = hang_timeout_from_args(args)
+    nodes = work_nodes(args, run)
+    if nodes is not None and not nodes.head:
+        return command_node(run, nodes, probes)
     out: Path = args.out
-    manifest = start_recording(out, run, probes, args.argv)
-    result = follow_job(run, session_dir=out, out=sys.stdout, manifest=manifest, node_probes=probes,
-                        hang_timeout_s=hang_timeout)
+    from recordings.prometheus import RunMetrics
+    from runner.session import describe
+
+    metrics = RunMetrics(describe(run)) if args.metrics_port is not None else None
+    server = serve_metrics(args, (lambda: metrics) if metrics is not None else None)  # type: ignore[return-value]
+    if server is not None:
+        print(metrics_line(server), flush=True)
+    try:
+        manifest = start_recording(out, run, probes, args.argv)
+        result = follow_job(run, session_dir=out, out=sys.stdout, manifest=manifest, node_probes=probes,
+                            hang_timeout_s=hang_timeout, nodes=nodes, metrics=metrics)
+    finally:
+        if server is not None:
+            server.stop()
     print("\n".join(summary_lines(summarize(open_recording(out)))[1:]))
     print(f"recording: {out}")
     return exit_code(result.status)

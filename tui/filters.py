@@ -1,4 +1,5 @@
-"""The rank filter typed after ``/``: ``0-3,7``, ``pp=1``, ``dp=0 tp=1``, or nothing for every rank."""
+"""The rank filter typed after ``/``: ``0-3,7``, ``pp=1``, ``dp=0 tp=1``, ``node=1``, ``host=gpu-b``, or nothing
+for every rank."""
 
 from __future__ import annotations
 
@@ -8,7 +9,8 @@ from collections.abc import Callable
 from probes.errors import MeshtopError
 from tui.state import RankView
 
-COORDINATE = re.compile(r"^(pp|dp|tp)=(\d+)$")
+COORDINATE = re.compile(r"^(pp|dp|tp|node)=(\d+)$")
+HOST = re.compile(r"^host=(\S+)$")
 RANGE = re.compile(r"^(\d+)(?:-(\d+))?$")
 
 
@@ -20,11 +22,14 @@ def parse_rank_filter(text: str) -> Callable[[RankView], bool]:
     """A predicate on ranks: ranks and ranges by number (``0-3,7``) and / or mesh coordinates (``pp=1``)."""
     ranks: set[int] = set()
     coordinates: dict[str, int] = {}
+    hosts: set[str] = set()
     for word in re.split(r"[,\s]+", text.strip()):
         if not word:
             continue
         if match := COORDINATE.match(word):
             coordinates[match.group(1)] = int(match.group(2))
+        elif match := HOST.match(word):
+            hosts.add(match.group(1))
         elif match := RANGE.match(word):
             first = int(match.group(1))
             last = int(match.group(2)) if match.group(2) else first
@@ -32,12 +37,16 @@ def parse_rank_filter(text: str) -> Callable[[RankView], bool]:
                 raise FilterError(f"rank range {word} runs backwards: write {last}-{first}")
             ranks.update(range(first, last + 1))
         else:
-            raise FilterError(f"{word!r} is not a rank filter: use ranks (0-3,7) or mesh positions (pp=1 dp=0)")
+            raise FilterError(f"{word!r} is not a rank filter: use ranks (0-3,7), mesh positions (pp=1 dp=0), "
+                              "a node (node=1) or a host (host=NAME)")
 
     def keep(view: RankView) -> bool:
         if ranks and view.rank not in ranks:
             return False
-        return all(getattr(view, f"{dim}_rank") == value for dim, value in coordinates.items())
+        if hosts and view.host not in hosts:
+            return False
+        return all(getattr(view, "node" if dim == "node" else f"{dim}_rank") == value
+                   for dim, value in coordinates.items())
 
     return keep
 

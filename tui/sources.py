@@ -28,11 +28,13 @@ from probes.events import Event
 from recordings.manifest import Manifest, RunDescription
 from recordings.metrics.run import COLUMNAR
 from recordings.metrics.steps import JobStep
+from recordings.prometheus import RunMetrics
 from recordings.reader import Recording
 from recordings.replay import Timeline, in_kind_order, load_timeline
 from recordings.schema import batches_of, decode_lines
 from recordings.summary import job_status
 from runner.launch import JobControl, JobResult, NodeProbes
+from runner.nodes import Nodes
 from runner.session import Work, describe, run_session
 from tui.state import UI_KINDS, DashboardState
 
@@ -152,8 +154,11 @@ class LiveSource:
 
     def __init__(self, run: Work, *, directory: Path, manifest: Manifest | None,
                  node_probes: NodeProbes = NodeProbes(), backlog: int = SCREEN_BACKLOG,
-                 hang_timeout_s: float | None = None) -> None:
+                 hang_timeout_s: float | None = None, nodes: Nodes | None = None,
+                 metrics: RunMetrics | None = None) -> None:
         self.run = run
+        self.nodes = nodes
+        self.metrics = metrics
         self.directory = directory
         self.manifest = manifest
         self.description = manifest.run if manifest is not None else describe(run)
@@ -172,7 +177,8 @@ class LiveSource:
         try:
             self.result = run_session(self.run, directory=self.directory, manifest=self.manifest,
                                       on_events=self._take, node_probes=self.node_probes, control=self.control,
-                                      hang_timeout_s=self.hang_timeout_s)
+                                      hang_timeout_s=self.hang_timeout_s, nodes=self.nodes,
+                                      metrics=self.metrics)
         except BaseException as error:  # noqa: BLE001 - handed to the app, which reports it and exits
             self.error = error
 
@@ -317,8 +323,11 @@ class ReplaySource:
     position, folded a bounded number a frame, with snapshots to seek back from."""
 
     def __init__(self, recording: Recording, *, clock: Callable[[], float] = time.monotonic,
-                 rows_per_frame: int = ROWS_PER_FRAME, snapshot_rows: int = SNAPSHOT_ROWS) -> None:
+                 rows_per_frame: int = ROWS_PER_FRAME, snapshot_rows: int = SNAPSHOT_ROWS,
+                 metrics: bool = False) -> None:
         self.description = recording.manifest.run
+        self.metrics = RunMetrics(self.description) if metrics else None
+        """The Prometheus series of what has been played (``--metrics-port``), started anew at each jump."""
         self.recording = str(recording.path)
         self._gpus = recording.manifest.gpus
         self.error: BaseException | None = None
@@ -352,13 +361,20 @@ class ReplaySource:
         ahead = nearest.folded_ns is not None and (self._folded_ns is None or nearest.folded_ns > self._folded_ns)
         if behind or ahead:  # moved back, or far ahead past a snapshot: carry on from the nearest
             state, self._folded_ns, self._since_snapshot = copy.deepcopy(nearest.state), nearest.folded_ns, 0
+            if self.metrics is not None:  # counters only grow: the series start again, up to the snapshot
+                self.metrics = RunMetrics(self.description)
+                if nearest.folded_ns is not None:
+                    self.metrics.apply_tables(self.timeline.between(None, nearest.folded_ns))
         after = self._folded_ns
         if after is not None and after >= target:
             return state
         until = self.timeline.time_within(after if after is not None else -1, target, self.rows_per_frame)
-        for kind, table in self.timeline.between(after, until):
+        played = self.timeline.between(after, until)
+        for kind, table in played:
             state.apply(kind, table)
             self._since_snapshot += len(table)
+        if self.metrics is not None:
+            self.metrics.apply_tables(played)
         self._folded_ns = until
         if until >= self.timeline.end_ns and state.ended is None:
             state.finish(self._recorded_status)

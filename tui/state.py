@@ -59,6 +59,9 @@ class RankView:
     rank: int
     pid: int | None = None
     device: str | None = None
+    host: str | None = None
+    node: int = 0
+    """The node of a multi-node job it runs on (0, the head, on one machine)."""
     pp_rank: int = 0
     dp_rank: int = 0
     tp_rank: int = 0
@@ -91,6 +94,7 @@ class GpuView:
 
     gpu: int
     sample: GpuSample
+    node: int = 0
     utilization: deque[float] = field(default_factory=lambda: deque(maxlen=HISTORY))
     power_w: deque[float] = field(default_factory=lambda: deque(maxlen=HISTORY))
 
@@ -173,7 +177,8 @@ class DashboardState:
         self.clock_ns: int | None = None
         """The dashboard's now: wall time live, the playback position in a replay."""
         self.ranks: dict[int, RankView] = {}
-        self.gpus: dict[int, GpuView] = {}
+        self.gpus: dict[tuple[int, int], GpuView] = {}
+        """By (node, GPU index): a GPU's index repeats from one node to the next."""
         self.nvml: NvmlState | None = None
         self.steps: deque[JobStep] = deque(maxlen=HISTORY)
         self.steps_done = 0
@@ -252,7 +257,7 @@ class DashboardState:
 
     def _on_started(self, event: RankStarted) -> None:
         view = self._rank(event.rank)
-        view.pid, view.device = event.pid, event.device
+        view.pid, view.device, view.host, view.node = event.pid, event.device, event.host, event.node
         view.pp_rank, view.dp_rank, view.tp_rank = event.pp_rank, event.dp_rank, event.tp_rank
 
     def _take_steps(self) -> None:
@@ -294,9 +299,9 @@ class DashboardState:
         self._rank(event.rank).memory = event
 
     def _on_gpu(self, event: GpuSample) -> None:
-        view = self.gpus.get(event.gpu)
+        view = self.gpus.get((event.node, event.gpu))
         if view is None:
-            view = self.gpus[event.gpu] = GpuView(gpu=event.gpu, sample=event)
+            view = self.gpus[event.node, event.gpu] = GpuView(gpu=event.gpu, sample=event, node=event.node)
         view.sample = event
         if event.utilization_pct is not None:
             view.utilization.append(event.utilization_pct)
@@ -404,6 +409,18 @@ class DashboardState:
         stages = self.fold.stages.stages
         return {stage: tuple(stages[stage].recent) for stage in sorted(stages) if stages[stage].recent}
 
+    def hosts(self) -> dict[int, str]:
+        """The host of each node the ranks reported from (one entry on one machine)."""
+        return {view.node: view.host or "?" for view in sorted(self.ranks.values(), key=lambda v: v.rank)}
+
+    def host_label(self, node: int) -> str:
+        """``vm`` on one machine; ``n1 vm`` on many (two nodes may share a host name)."""
+        hosts = self.hosts()
+        return hosts.get(node, "?") if len(hosts) <= 1 else f"n{node} {hosts.get(node, '?')}"
+
+    def gpu_label(self, gpu: GpuView) -> str:
+        return f"GPU {gpu.gpu}" if len(self.hosts()) <= 1 else f"GPU {gpu.gpu} of {self.host_label(gpu.node)}"
+
     def most_loaded_rank(self) -> int | None:
         return self.figures().most_loaded_rank
 
@@ -446,10 +463,10 @@ class DashboardState:
             alerts.append(Alert("warning", f"probe off: {probe} on {where}: {reason}", now))
         for rank, ratio in self.stragglers():
             alerts.append(Alert("warning", f"rank {rank} is a straggler: {ratio:.2f}x its peers' compute time", now))
-        for gpu in sorted(self.gpus.values(), key=lambda g: g.gpu):
+        for gpu in sorted(self.gpus.values(), key=lambda g: (g.node, g.gpu)):
             used, total = gpu.sample.memory_used_bytes, gpu.sample.memory_total_bytes
             if used is not None and total and 1 - used / total < self.headroom_alert:
-                alerts.append(Alert("warning", f"GPU {gpu.gpu} memory headroom {1 - used / total:.0%} "
+                alerts.append(Alert("warning", f"{self.gpu_label(gpu)} memory headroom {1 - used / total:.0%} "
                                                f"(below {self.headroom_alert:.0%})", gpu.sample.wall_ns))
         requests = self.figures().requests
         if requests is not None and requests.failed and requests.failures:

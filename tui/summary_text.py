@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from recordings.metrics.requests import LATENCIES, Slo
+from tui.state import ranks_text
 
 
 def human_bytes(count: float | None) -> str:
@@ -129,11 +130,21 @@ def summary_lines(summary: dict[str, Any]) -> list[str]:
         for row in summary["stages"]:
             lines.append(f"  stage {row['stage']}: busy {seconds(row['busy_s'])}  idle {seconds(row['idle_s'])}"
                          f"  bubble {row['bubble_fraction']:.1%}")
+    hosts = summary.get("hosts") or []
+    if len(hosts) > 1:
+        lines.append("hosts (clock: the head's minus the node's, within half the round trip):")
+        for host in hosts:
+            offset, rtt = host["clock_offset_ns"], host["clock_rtt_ns"]
+            clock = f"{offset / 1e6:+.3f} ms ± {rtt / 2e6:.3f} ms" if offset is not None and rtt is not None else "-"
+            lines.append(f"  node {host['node']} {host['host'] or '?'}: ranks {ranks_text(host['ranks'])}  "
+                         f"GPUs {len(host['gpus'])}  clock {clock}  peak {human_bytes(host['peak_bytes'])}")
+    node_of = {rank["rank"]: rank["node"] for rank in summary["ranks"]} if len(hosts) > 1 else {}
     if summary["memory"]:
         lines.append("memory (last step; peak over the run):")
         for row in summary["memory"]:
             marker = "  <- most loaded" if row["rank"] == summary["most_loaded_rank"] else ""
-            lines.append(f"  rank {row['rank']}: peak {human_bytes(row['peak_bytes'])}  weights "
+            where = f" (node {node_of[row['rank']]})" if node_of.get(row["rank"]) is not None else ""
+            lines.append(f"  rank {row['rank']}{where}: peak {human_bytes(row['peak_bytes'])}  weights "
                          f"{human_bytes(row['weights_bytes'])}  grads {human_bytes(row['grads_bytes'])}  optimizer "
                          f"{human_bytes(row['optimizer_bytes'])}  activations {human_bytes(row['activations_bytes'])}"
                          + ("" if row["kv_cache_bytes"] is None else f"  kv cache {human_bytes(row['kv_cache_bytes'])}")
@@ -141,7 +152,8 @@ def summary_lines(summary: dict[str, Any]) -> list[str]:
     failed = [r for r in summary["ranks"] if r["exit_code"] not in (0, None)]
     for rank in failed:
         how = f"signal {rank['signal']}" if rank["signal"] else f"exit code {rank['exit_code']}"
-        lines.append(f"rank {rank['rank']}: {how}: {rank['error'] or ''}".rstrip(": "))
+        where = f" (node {rank['node']}, {rank['host']})" if len(hosts) > 1 and rank.get("node") is not None else ""
+        lines.append(f"rank {rank['rank']}{where}: {how}: {rank['error'] or ''}".rstrip(": "))
     return lines
 
 

@@ -277,7 +277,12 @@ class DevicesPanel(Panel):
             parts.append(Text(f"process metrics only ({why}): memory is the rank's resident set", style="yellow"))
         else:
             spark = max(8, (width - 56) // 2)  # two histories on the first row, the readings on the second
-            for gpu in sorted(state.gpus.values(), key=lambda g: g.gpu):
+            hosts = state.hosts()
+            node = None
+            for gpu in sorted(state.gpus.values(), key=lambda g: (g.node, g.gpu)):
+                if len(hosts) > 1 and gpu.node != node:
+                    node = gpu.node
+                    parts.append(section(f"node {node} · {hosts.get(node, '?')}"))
                 s = gpu.sample
                 line = Text()
                 line.append(f"GPU {gpu.gpu} ", style="bold")
@@ -399,16 +404,20 @@ class StepsPanel(Panel):
 
 
 class ProcessesPanel(Panel):
-    """Per rank: pid, device, mesh position, CPU, RSS, threads, exit status; the last stack dump."""
+    """Per rank: host (on many nodes), pid, device, mesh position, CPU, RSS, threads, exit status; the last stack
+    dump."""
 
     selected: int | None = None
 
-    COLUMNS = (("rank", "right"), ("pid", "right"), ("device", "left"), ("pp/dp/tp", "left"), ("cpu", "right"),
+    COLUMNS = (("rank", "right"), ("host", "left"), ("pid", "right"), ("device", "left"), ("pp/dp/tp", "left"),
+               ("cpu", "right"),
                ("cpu history", "left"), ("rss", "right"), ("thr", "right"), ("status", "left"))
 
     def show(self, state: DashboardState, ranks: RankFilter) -> None:
         history = max(0, min(32, self.usable_width - 66))
-        columns = [(name, justify) for name, justify in self.COLUMNS if history or name != "cpu history"]
+        many_hosts = len(state.hosts()) > 1  # on one machine the host is the same on every row: no column
+        columns = [(name, justify) for name, justify in self.COLUMNS
+                   if (history or name != "cpu history") and (many_hosts or name != "host")]
         views = [v for v in sorted(state.ranks.values(), key=lambda v: v.rank) if ranks(v)]
         if self.selected is None and views:
             self.selected = views[0].rank
@@ -421,7 +430,8 @@ class ProcessesPanel(Panel):
             status_style = "green" if view.status in ("running", "exited 0") else "bold red"
             if view.status in ("stopped", "starting"):
                 status_style = "yellow"
-            cells = [str(view.rank), str(view.pid or "-"), view.device or "-",
+            cells = [str(view.rank), *([state.host_label(view.node)] if many_hosts else []), str(view.pid or "-"),
+                     view.device or "-",
                      f"{view.pp_rank}/{view.dp_rank}/{view.tp_rank}",
                      "-" if view.cpu_pct is None else f"{view.cpu_pct:.0f}%"]
             if history:

@@ -1,0 +1,282 @@
+"""A Prometheus / OpenMetrics endpoint: ``/metrics`` with what the metrics core knows of a run, live or replayed.
+
+Two kinds of series, each value defined where the rest of meshtop defines it:
+
+- counted as events arrive (counters and histograms, which need every observation once): steps and their
+  time (:class:`recordings.metrics.steps.JobStep`), each collective's in-flight seconds and bytes per op,
+  group and rank (:class:`probes.events.CollectiveTiming`; those inside a step, as the core counts them),
+  each request's TTFT / TPOT / E2E (:func:`recordings.metrics.requests.request_latency`), GPU samples and
+  dropped events;
+- read from the metrics core at each scrape (gauges): tokens/s, busbw p50 per group and op, exposed
+  share, bubble per stage, MFU, memory by category per rank (:class:`recordings.metrics.run.RunFigures`),
+  the latest GPU readings, and each rank's state.
+
+Base units (seconds, bytes, ratios 0-1), ``_total`` counters, and labels bounded by the job's shape
+(ranks, groups, ops, stages, GPUs). GPU series carry ``gpu``, ``UUID`` and ``Hostname``, the labels the
+DCGM exporter puts on its own, so the two join in a query.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterable, Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+import prometheus_client
+import pyarrow as pa
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from probes.arrivals import Arrivals
+from probes.errors import MeshtopError
+from probes.events import (
+    CollectiveTiming,
+    Event,
+    EventsDropped,
+    GpuSample,
+    RankExited,
+    RankStarted,
+    RequestDone,
+)
+from recordings.manifest import RunDescription
+from recordings.metrics.requests import COMPLETED, request_latency
+from recordings.metrics.run import COLUMNAR, EVENT_KINDS, RunFold
+from recordings.replay import in_kind_order
+from recordings.schema import batches_of, events_of
+
+DEFAULT_BIND = "127.0.0.1"
+COLLECTIVE_BUCKETS = (1e-5, 3e-5, 1e-4, 3e-4, 1e-3, 3e-3, 0.01, 0.03, 0.1, 0.3, 1.0, 3.0, 10.0, 30.0, 120.0)
+STEP_BUCKETS = (0.01, 0.03, 0.1, 0.3, 1.0, 3.0, 10.0, 30.0, 100.0, 300.0)
+REQUEST_BUCKETS = (0.001, 0.003, 0.01, 0.03, 0.1, 0.3, 1.0, 3.0, 10.0, 30.0, 120.0)
+PROMETHEUS_KINDS = frozenset({"collective", "step", "request", "gpu", "events_dropped", "rank_started",
+                              "rank_exited"})
+"""The kinds counted as they arrive (the metrics core folds its own)."""
+
+
+prometheus_client.disable_created_metrics()  # no `_created` series: a scrape holds the figures and nothing else
+
+
+class MetricsError(MeshtopError):
+    """The metrics endpoint cannot be served as asked."""
+
+
+class RunMetrics:
+    """The series of one run, fed its events in arrival order (thread-safe: fed by the session, read by
+    the HTTP server's threads)."""
+
+    def __init__(self, run: RunDescription) -> None:
+        self.run = run
+        self.fold = RunFold(run)
+        self.registry = CollectorRegistry(auto_describe=False)
+        self._lock = threading.Lock()
+        self._ranks: dict[int, RankStarted] = {}
+        self._exits: dict[int, RankExited] = {}
+        self._gpus: dict[tuple[int, int], GpuSample] = {}
+        self._hosts: dict[int, str] = {}
+        registry = self.registry
+        self.steps = Counter("meshtop_steps", "Job steps completed (inference: rank 0's iterations)",
+                             registry=registry)
+        self.step_seconds = Histogram("meshtop_step_seconds", "Job step time: the slowest rank's step",
+                                      buckets=STEP_BUCKETS, registry=registry)
+        self.collective_seconds = Histogram(
+            "meshtop_collective_seconds", "Collective in-flight time, issue to completion",
+            ["op", "group", "rank"], buckets=COLLECTIVE_BUCKETS, registry=registry)
+        self.collective_bytes = Counter("meshtop_collective_bytes", "Bytes each rank's collectives moved",
+                                        ["op", "group", "rank"], registry=registry)
+        self.requests = Counter("meshtop_requests", "Requests answered or failed", ["status"], registry=registry)
+        self.ttft = Histogram("meshtop_request_ttft_seconds", "Time to first token", buckets=REQUEST_BUCKETS,
+                              registry=registry)
+        self.tpot = Histogram("meshtop_request_tpot_seconds", "Time per output token after the first",
+                              buckets=REQUEST_BUCKETS, registry=registry)
+        self.e2e = Histogram("meshtop_request_e2e_seconds", "Request latency, arrival to last token",
+                             buckets=REQUEST_BUCKETS, registry=registry)
+        self.gpu_samples = Counter("meshtop_gpu_samples", "NVML readings taken", ["gpu", "UUID", "Hostname"],
+                                   registry=registry)
+        self.dropped = Counter("meshtop_events_dropped", "Telemetry events lost to a full buffer", ["where"],
+                               registry=registry)
+        registry.register(_Figures(self))
+
+    # -- input ------------------------------------------------------------------------------------
+
+    def take(self, arrivals: Arrivals) -> None:
+        """What a live session delivered."""
+        self.apply_tables(in_kind_order(batches_of(arrivals.events())))
+
+    def apply_tables(self, tables: Iterable[tuple[str, pa.Table]]) -> None:
+        """Tables of events, in the order a replay or a session folds them."""
+        with self._lock:
+            for kind, table in tables:
+                if kind in COLUMNAR or kind in EVENT_KINDS:
+                    self.fold.apply(kind, table)
+                if kind in PROMETHEUS_KINDS:
+                    for event in events_of(kind, table):
+                        self._count(event)
+            self._count_steps()
+
+    def _count(self, event: Event) -> None:
+        if isinstance(event, CollectiveTiming):
+            if event.step is None:  # set-up and tear-down: outside every step, as the metrics core counts
+                return
+            labels = (event.op, event.group, str(event.rank))
+            self.collective_seconds.labels(*labels).observe(event.duration_s)
+            self.collective_bytes.labels(*labels).inc(event.bytes)
+        elif isinstance(event, RequestDone):
+            self.requests.labels(event.status).inc()
+            if event.status == COMPLETED:
+                latency = request_latency(arrival_ns=event.arrival_ns, first_token_ns=event.first_token_ns,
+                                          end_ns=event.end_ns, output_tokens=event.output_tokens,
+                                          token_ns=event.token_ns)
+                self.e2e.observe(latency.e2e_s)
+                if latency.ttft_s is not None:
+                    self.ttft.observe(latency.ttft_s)
+                if latency.tpot_s is not None:
+                    self.tpot.observe(latency.tpot_s)
+        elif isinstance(event, GpuSample):
+            self._gpus[event.node, event.gpu] = event
+            self.gpu_samples.labels(*self._gpu_labels(event)).inc()
+        elif isinstance(event, EventsDropped):
+            self.dropped.labels(event.where).inc(event.count)
+        elif isinstance(event, RankStarted):
+            self._ranks[event.rank] = event
+            self._hosts.setdefault(event.node, event.host)
+        elif isinstance(event, RankExited):
+            self._exits[event.rank] = event
+
+    def _count_steps(self) -> None:
+        """The job steps the fold completed since the last look (this fold is the endpoint's own)."""
+        while self.fold.new_steps:
+            step = self.fold.new_steps.popleft()
+            self.steps.inc()
+            self.step_seconds.observe(step.duration_s)
+
+    def _gpu_labels(self, sample: GpuSample) -> tuple[str, str, str]:
+        return str(sample.gpu), sample.uuid or "", self._hosts.get(sample.node, "")
+
+    # -- read at each scrape ----------------------------------------------------------------------
+
+    def gauges(self) -> Iterator[GaugeMetricFamily]:
+        with self._lock:
+            figures = self.fold.figures()
+            ranks, exits, gpus = dict(self._ranks), dict(self._exits), dict(self._gpus)
+        rate = GaugeMetricFamily("meshtop_tokens_per_second", "Tokens per second, p50 of the steps")
+        if figures.steps.tokens_per_s is not None:
+            rate.add_metric([], figures.steps.tokens_per_s)
+        yield rate
+        mfu = GaugeMetricFamily("meshtop_mfu_ratio", "Model FLOPs utilisation (GPU runs with a known peak)")
+        if figures.mfu.value is not None:
+            mfu.add_metric([], figures.mfu.value)
+        yield mfu
+        busbw = GaugeMetricFamily("meshtop_collective_busbw_bytes_per_second",
+                                  "Bus bandwidth, p50 of the operations that ran alone", labels=["op", "group"])
+        share = GaugeMetricFamily("meshtop_collective_exposed_ratio",
+                                  "Share of the step the ranks waited in this op (an upper bound where no wait "
+                                  "was seen)", labels=["op", "group"])
+        for row in figures.collectives:
+            if row.busbw_p50_gbps is not None:
+                busbw.add_metric([row.op, row.group], row.busbw_p50_gbps * 1e9)
+            if row.exposed_share is not None:
+                share.add_metric([row.op, row.group], row.exposed_share)
+        yield busbw
+        yield share
+        bubble = GaugeMetricFamily("meshtop_stage_bubble_ratio", "Pipeline stage idle share of the step",
+                                   labels=["stage"])
+        for stage in figures.stages:
+            bubble.add_metric([str(stage.stage)], stage.bubble_fraction)
+        yield bubble
+        memory = GaugeMetricFamily("meshtop_memory_bytes",
+                                   "Memory per rank: its peak over the run, and each category at the last step",
+                                   labels=["rank", "category"])
+        for row in figures.memory:
+            for category in ("peak", "weights", "grads", "optimizer", "activations", "kv_cache"):
+                value = getattr(row, f"{category}_bytes")
+                if value is not None:
+                    memory.add_metric([str(row.rank), category], value)
+        yield memory
+        yield from self._gpu_gauges(gpus)
+        state = GaugeMetricFamily("meshtop_rank_up", "1 while the rank runs, 0 once it exited",
+                                  labels=["rank", "Hostname", "node"])
+        code = GaugeMetricFamily("meshtop_rank_exit_code", "How an exited rank ended (negative: a signal)",
+                                 labels=["rank", "Hostname", "node"])
+        for rank, started in sorted(ranks.items()):
+            labels = [str(rank), started.host, str(started.node)]
+            state.add_metric(labels, 0 if rank in exits else 1)
+            if rank in exits and exits[rank].exit_code is not None:
+                code.add_metric(labels, exits[rank].exit_code)  # type: ignore[arg-type]
+        yield state
+        yield code
+
+    def _gpu_gauges(self, gpus: dict[tuple[int, int], GpuSample]) -> Iterator[GaugeMetricFamily]:
+        series = (("meshtop_gpu_utilization_ratio", "GPU busy share (NVML)", "utilization_pct", 0.01),
+                  ("meshtop_gpu_memory_used_bytes", "GPU memory in use (NVML)", "memory_used_bytes", 1.0),
+                  ("meshtop_gpu_power_watts", "GPU power draw (NVML)", "power_w", 1.0),
+                  ("meshtop_gpu_temperature_celsius", "GPU temperature (NVML)", "temperature_c", 1.0),
+                  ("meshtop_gpu_sm_clock_hertz", "GPU SM clock (NVML)", "sm_clock_mhz", 1e6))
+        for name, documentation, field, scale in series:
+            family = GaugeMetricFamily(name, documentation, labels=["gpu", "UUID", "Hostname"])
+            for sample in gpus.values():
+                value = getattr(sample, field)
+                if value is not None:
+                    family.add_metric(list(self._gpu_labels(sample)), value * scale)
+            yield family
+
+    def exposition(self) -> bytes:
+        return generate_latest(self.registry)
+
+
+class _Figures(Collector):
+    def __init__(self, metrics: RunMetrics) -> None:
+        self.metrics = metrics
+
+    def collect(self) -> Iterator[Any]:
+        return self.metrics.gauges()
+
+
+class MetricsServer:
+    """``GET /metrics`` over HTTP (anything else: 404), on a thread of its own; ``metrics`` gives the series
+    to serve at each scrape (a replay starts them anew when it seeks back)."""
+
+    def __init__(self, metrics: Callable[[], RunMetrics], *, port: int, bind: str = DEFAULT_BIND) -> None:
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:  # noqa: N802 - the name http.server calls
+                if self.path.split("?")[0] != "/metrics":
+                    self.send_error(404, "only /metrics is served here")
+                    return
+                try:
+                    body = metrics().exposition()
+                except Exception as error:  # noqa: BLE001 - a scrape never takes the session down
+                    self.send_error(500, f"{type(error).__name__}")
+                    return
+                self.send_response(200)
+                self.send_header("Content-Type", CONTENT_TYPE_LATEST)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - quiet: the TUI owns the terminal
+                pass
+
+        class Server(ThreadingHTTPServer):
+            daemon_threads = True
+
+        try:
+            self._server = Server((bind, port), Handler)
+        except (OSError, OverflowError) as error:
+            why = getattr(error, "strerror", None) or str(error)
+            raise MetricsError(f"cannot serve metrics on {bind}:{port}: {why}") from None
+        self._thread = threading.Thread(target=self._server.serve_forever, name="meshtop-metrics", daemon=True)
+
+    @property
+    def address(self) -> tuple[str, int]:
+        host, port = self._server.server_address[:2]
+        return str(host), int(port)
+
+    def start(self) -> MetricsServer:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()

@@ -1,0 +1,231 @@
+"""The head's view of the other nodes of a multi-node job: who is there, their clocks, how they ended.
+
+Each node's relay (:mod:`runner.relay`) speaks to the head's collector in
+control messages, answered on the same connection:
+
+- ``ping`` (twice a second): the node's time ``t0``, its host, and its last clock measurement; the answer holds
+  the head's time ``t1`` and what the head asks of the node: stop the job (and how it ended), dump stacks.
+- ``bye``: how the node's part of the job ended, its ranks' exit codes and errors (times on the head's clock).
+
+and the collector says when a node's events came (``data``) and when its
+connection closed (``closed``), each with the connection's number.
+
+A node whose connection closed and did not come back on a new one within
+:data:`RECONNECT_S`, without its ``bye``, or that says nothing for
+:data:`NODE_SILENT_S`, is lost: the head stops the job and names the node and
+its ranks. A node whose ranks failed stops the job too.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from probes.events import Event, NodeClock
+from probes.wire import is_count
+from runner.launch import JobResult, RankExit, root_cause
+
+NODE_SILENT_S = 10.0
+"""A node that said nothing (its pings come twice a second) for this long is lost."""
+RECONNECT_S = 2.0
+"""A node whose connection closed has this long to come back on another (a relay reconnects at once)."""
+SETTLE_S = 20.0
+"""After the head's own ranks ended, how long it waits for every other node's last word."""
+
+
+@dataclass
+class NodeState:
+    """One node as the head knows it."""
+
+    node: int
+    host: str | None = None
+    last_seen: float = 0.0
+    """``time.monotonic()`` of its last message (0: none yet)."""
+    connection: int = 0
+    """The number of the connection it last spoke on."""
+    closed_at: float | None = None
+    """When that connection closed, if it did."""
+    offset_ns: int | None = None
+    rtt_ns: int | None = None
+    bye: dict[str, Any] | None = None
+    lost: str | None = None
+    """Why the node is lost, once it is."""
+    ranks: set[int] = field(default_factory=set)
+    stacks: bool = False
+    """A stack dump of its ranks is asked for and not yet passed on."""
+
+
+class Fleet:
+    """The other nodes, as their control messages tell the head; thread-safe (the collector's threads call
+    :meth:`on_control`, the session's loop the rest)."""
+
+    def __init__(self, count: int, *, silent_s: float = NODE_SILENT_S, reconnect_s: float = RECONNECT_S) -> None:
+        self.count = count
+        self.silent_s = silent_s
+        self.reconnect_s = reconnect_s
+        self._lock = threading.Lock()
+        self._nodes = {node: NodeState(node) for node in range(1, count)}
+        self._events: list[Event] = []
+        self._stop: str | None = None
+        self._stacks_from: set[int] = set()
+
+    # -- the collector's side
+
+    def on_control(self, header: dict[str, Any], connection: int) -> dict[str, Any]:
+        now = time.monotonic()
+        with self._lock:
+            state = self._nodes[header["node"]]  # the collector checked it is one of the job's
+            what = header.get("control")
+            if what == "closed":
+                if connection == state.connection:
+                    state.closed_at = now
+                return {}
+            if connection > state.connection:  # a new connection: a reconnect, not a loss
+                state.connection, state.closed_at = connection, None
+            state.last_seen = now
+            if what == "data":
+                return {}
+            if what == "bye":
+                state.bye = header
+                return {"t1": time.time_ns()}
+            host, offset, rtt = header.get("host"), header.get("offset_ns"), header.get("rtt_ns")
+            if isinstance(host, str):
+                state.host = host[:255]
+            if isinstance(offset, int) and is_count(rtt) and (offset, rtt) != (state.offset_ns, state.rtt_ns):
+                state.offset_ns, state.rtt_ns = offset, rtt
+                self._events.append(NodeClock(node=state.node, host=state.host or "?", wall_ns=time.time_ns(),
+                                              offset_ns=offset, rtt_ns=rtt))
+            stacks, state.stacks = state.stacks, False
+            return {"t1": time.time_ns(), "stop": self._stop, "stacks": stacks}
+
+    # -- the session's side
+
+    def take_events(self) -> list[Event]:
+        """The clock measurements that came since the last call."""
+        with self._lock:
+            events, self._events = self._events, []
+        return events
+
+    def note_ranks(self, node: int, rank: int) -> None:
+        """Rank ``rank`` runs on ``node`` (from its :class:`RankStarted`)."""
+        with self._lock:
+            if node in self._nodes:
+                self._nodes[node].ranks.add(rank)
+
+    def lost(self) -> NodeState | None:
+        """The first node lost (its stream closed without a last word, or silent too long), if any."""
+        now = time.monotonic()
+        with self._lock:
+            for state in self._nodes.values():
+                if state.lost is not None or state.bye is not None or not state.last_seen:
+                    continue
+                if state.closed_at is not None and now - state.closed_at > self.reconnect_s:
+                    state.lost = "its stream to the head closed before it said how its ranks ended"
+                elif now - state.last_seen > self.silent_s:
+                    state.lost = f"nothing from it for {now - state.last_seen:.0f} s (network, or the node is down)"
+            return next((replace(state) for state in self._nodes.values() if state.lost is not None), None)
+
+    def failed(self) -> NodeState | None:
+        """The first node that said its ranks failed, if any."""
+        with self._lock:
+            return next((replace(state) for state in self._nodes.values()
+                         if state.bye is not None and state.bye.get("status") == "failed"), None)
+
+    def stop(self, status: str) -> None:
+        """Ask every node to stop its ranks; the job ends ``status`` (what they exit with)."""
+        with self._lock:
+            self._stop = self._stop or status
+
+    def ask_stacks(self) -> None:
+        """A py-spy dump of every rank of every node (each node dumps its own)."""
+        with self._lock:
+            self._stacks_from.clear()
+            for state in self._nodes.values():
+                state.stacks = True
+
+    def note_stack(self, rank: int) -> None:
+        with self._lock:
+            self._stacks_from.add(rank)
+
+    def stacks_in(self) -> bool:
+        """Whether every rank of the other nodes sent the stack dump last asked for (or its node is gone)."""
+        with self._lock:
+            return all(state.ranks <= self._stacks_from for state in self._nodes.values()
+                       if state.lost is None and state.bye is None)
+
+    def settle(self, timeout_s: float = SETTLE_S) -> None:
+        """Wait until every node said how it ended or is lost; one still silent then is lost, and told to stop
+        (a node that never came is not waited for)."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            self.lost()
+            with self._lock:
+                if all(s.bye is not None or s.lost is not None or not s.last_seen for s in self._nodes.values()):
+                    return
+            time.sleep(0.1)
+        with self._lock:
+            self._stop = self._stop or "failed"
+            for state in self._nodes.values():
+                if state.bye is None and state.lost is None and state.last_seen:
+                    state.lost = f"it did not say how its ranks ended within {timeout_s:.0f} s of the head's end"
+
+    def nodes(self) -> list[NodeState]:
+        with self._lock:
+            return [replace(state, ranks=set(state.ranks)) for state in self._nodes.values()]
+
+    def merge(self, local: JobResult, local_ranks: set[int], world_size: int) -> JobResult:
+        """The whole job's result: the head's own ranks' from ``local``, the others' from their nodes.
+
+        A node lost ends the job ``failed``, naming it; a stop the head asked for (the user's, or a hang)
+        keeps the head's status, whatever the other nodes' ranks did once their peers were gone; else the
+        first failure over every node is the root cause."""
+        ranks: dict[int, RankExit] = {r.rank: r for r in local.ranks if r.rank in local_ranks}
+        failures: dict[str, dict[str, object]] = {}
+        statuses = {local.status}
+        lost = None
+        for state in self.nodes():
+            if state.lost is not None and lost is None:
+                lost = state
+            bye = state.bye or {}
+            statuses.add(str(bye.get("status", "failed")))
+            for rank, end in (bye.get("ranks") or {}).items():
+                if str(rank).isdigit() and isinstance(end, dict):
+                    ranks[int(rank)] = RankExit(rank=int(rank), exit_code=end.get("exit_code"),
+                                                signal=end.get("signal"), error=end.get("error"))
+                    if end.get("exit_code") not in (0, None):
+                        failures[str(rank)] = end
+        for rank in local.failed:
+            failures.setdefault(str(rank.rank), {"signal": rank.signal,
+                                                 "timestamp": local.failure_times.get(rank.rank)})
+        with self._lock:
+            asked = self._stop
+        if lost is not None and asked != "interrupted":
+            what = node_line(lost)
+            for rank in range(world_size):
+                ranks.setdefault(rank, RankExit(rank=rank, exit_code=None, signal=None,
+                                                error=f"on the lost node {lost.node}" if rank in lost.ranks
+                                                else f"stopped: {what}"))
+            return JobResult(status="failed", ranks=tuple(ranks[r] for r in sorted(ranks)),
+                             duration_s=local.duration_s, log_path=local.log_path,
+                             root_cause=min(lost.ranks) if lost.ranks else None, node_lost=what)
+        if local.hang is not None or asked == "interrupted":
+            status, first = local.status, local.root_cause
+        else:
+            status = ("failed" if "failed" in statuses else "interrupted" if "interrupted" in statuses
+                      else "completed")
+            first = root_cause(failures) if status == "failed" else None
+        why = "stopped on request" if status == "interrupted" else (
+            f"stopped after rank {first} failed" if first is not None else local.hang and "stopped: hang")
+        for rank in range(world_size):
+            ranks.setdefault(rank, RankExit(rank=rank, exit_code=0 if status == "completed" else None,
+                                            signal=None, error=why or None))
+        return JobResult(status=status, ranks=tuple(ranks[r] for r in sorted(ranks)), duration_s=local.duration_s,
+                         log_path=local.log_path, root_cause=first, hang=local.hang)
+
+
+def node_line(state: NodeState) -> str:
+    """``node 1 (host b, ranks 2, 3) lost: ...``."""
+    ranks = ", ".join(map(str, sorted(state.ranks))) or "none started"
+    return f"node {state.node} (host {state.host or '?'}, ranks {ranks}) lost: {state.lost}"

@@ -1,0 +1,252 @@
+"""A node other than the head: its ranks and samplers run here, their events go to the head.
+
+The node runs its share of the job as a single machine would (its own
+launcher, a collector on loopback, the NVML and psutil samplers, py-spy), and
+a relay thread streams what they report to the head's collector, found in
+the rendezvous store (:func:`runner.nodes.find_head`). Before it forwards an
+event it puts the event's times on the head's clock, with the offset that a
+ping exchange over the same connection measured (:class:`probes.events.NodeClock`;
+at start and every :data:`CLOCK_EVERY_S`), and tags it with the node.
+
+The pings (twice a second) are also how the two sides watch each other: the
+head answers each with whether to stop the job (it failed elsewhere, or the
+user stopped it) and whether to dump the ranks' stacks; a head that does not
+answer for :data:`HEAD_SILENT_S` is lost and this node stops its ranks. At
+the end the node says how its ranks ended (``bye``) and exits as the whole
+job did.
+"""
+
+from __future__ import annotations
+
+import math
+import socket
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TextIO
+
+from probes.arrivals import Arrivals
+from probes.events import Event, on_node
+from probes.wire import FrameError, event_sections, pack, read_frame
+from runner.launch import JobControl, JobResult, Launch, NodeProbes, run_job
+from runner.nodes import HeadAddress, Nodes, find_head
+
+PING_S = 0.5
+CLOCK_EVERY_S = 10.0
+CLOCK_ROUND = 5
+"""Ping exchanges per clock measurement; the one with the shortest round trip counts."""
+HEAD_SILENT_S = 10.0
+"""A head that has not answered for this long is lost."""
+FRAME_EVENTS = 5_000
+"""Events per forwarded message (well under the wire's frame limit)."""
+MAX_QUEUED = 1_000_000
+"""Events held for the head at most; more are counted as dropped."""
+CONNECT_S = 5.0
+NOT_FORWARDED = frozenset({"rank_exited", "job_ended"})
+"""This node's own view of how its ranks ended: the ``bye`` carries it, and the head records the job's."""
+
+
+class HeadLost(Exception):
+    """The head stopped answering."""
+
+
+class Relay:
+    """Streams this node's events to the head and carries the head's requests back (see the module)."""
+
+    def __init__(self, nodes: Nodes, control: JobControl, *,
+                 on_head: Callable[[HeadAddress], None] = lambda head: None) -> None:
+        self.nodes = nodes
+        self.control = control
+        self.on_head = on_head
+        """Called (on the relay's thread) once the head is found."""
+        self.host = socket.gethostname()
+        self.head: HeadAddress | None = None
+        self.offset_ns: int | None = None
+        self.rtt_ns: int | None = None
+        self.head_status: str | None = None
+        """How the head said the job ended, when it asked this node to stop."""
+        self.head_lost: str | None = None
+        self.dropped = 0
+        self._drop_lock = threading.Lock()
+        self._queue: deque[Event] = deque()
+        self._result: JobResult | None = None
+        self._closing = threading.Event()
+        self._socket: socket.socket | None = None
+        self._last_answer = 0.0
+        self._thread = threading.Thread(target=self._run, name="meshtop-relay", daemon=True)
+
+    def start(self) -> Relay:
+        self._thread.start()
+        return self
+
+    def forward(self, arrivals: Arrivals) -> None:
+        """Queue what this node's ranks and samplers reported (``run_job``'s ``on_events``); how its ranks
+        ended goes in the last word instead (the head decides how the job ended)."""
+        events = [event for event in arrivals.events() if event.kind not in NOT_FORWARDED]
+        room = max(0, MAX_QUEUED - len(self._queue))
+        self._queue.extend(events[:room])
+        if len(events) > room:
+            with self._drop_lock:
+                self.dropped += len(events) - room
+
+    def finish(self, result: JobResult | None) -> None:
+        """Send what is left and how this node's ranks ended (``None``: meshtop itself broke), then stop.
+
+        Waits while the head takes the events still queued (each message refreshes the head's view of this
+        node) and at most :data:`HEAD_SILENT_S` once the head stops answering."""
+        self._result = result
+        self._closing.set()
+        self._thread.join()
+
+    # -- the relay's thread
+
+    def _run(self) -> None:
+        head = find_head(self.nodes, going=lambda: not self._closing.is_set())
+        if head is None:
+            return
+        self.head = head
+        self._last_answer = time.monotonic()  # from here the head has HEAD_SILENT_S to answer
+        self.on_head(head)
+        try:
+            self._connect()
+            self._measure_clock()
+            next_ping = next_clock = time.monotonic()
+            while not self._closing.is_set():
+                now = time.monotonic()
+                if now >= next_clock:
+                    self._measure_clock()
+                    next_clock = now + CLOCK_EVERY_S
+                elif now >= next_ping:
+                    self._ping()
+                    next_ping = now + PING_S
+                if not self._send_frame():  # one message a pass, so the pings keep their pace
+                    self._closing.wait(0.05)
+            while self._send_frame():
+                pass
+            self._bye()
+        except HeadLost as error:
+            self.head_lost = str(error)
+            self.control.stop.set()
+        finally:
+            if self._socket is not None:
+                self._socket.close()
+
+    def _connect(self) -> None:
+        """(Re)connect to the head, for as long as it may still come back."""
+        assert self.head is not None
+        deadline = self._last_answer + HEAD_SILENT_S
+        while True:
+            try:
+                self._socket = socket.create_connection(self.head.address, timeout=CONNECT_S)
+                self._socket.settimeout(CONNECT_S)
+                return
+            except OSError as error:
+                if time.monotonic() > deadline:
+                    raise HeadLost(f"cannot reach the head at {self.head.address[0]}:{self.head.address[1]}: "
+                                   f"{error.strerror or error}") from None
+                time.sleep(0.5)
+
+    def _exchange(self, header: dict[str, Any], body: bytes = b"", *, answer: bool) -> dict[str, Any] | None:
+        """Send one message (and read the head's answer), reconnecting where the connection broke."""
+        assert self.head is not None
+        header = {"token": self.head.token, "rank": 0, "node": self.nodes.rank, **header}
+        frame = pack(header, body)
+        while True:
+            try:
+                if self._socket is None:
+                    self._connect()
+                assert self._socket is not None
+                self._socket.sendall(frame)
+                if not answer:
+                    return None
+                reply = read_frame(self._socket)
+                if reply is None:
+                    raise OSError("the head closed the connection")
+                self._last_answer = time.monotonic()
+                return reply[0]
+            except (OSError, FrameError) as error:
+                if self._socket is not None:
+                    self._socket.close()
+                self._socket = None
+                if time.monotonic() - self._last_answer > HEAD_SILENT_S:
+                    raise HeadLost(f"the head stopped answering ({error})") from None
+
+    def _ping(self) -> tuple[int, int, int]:
+        """One exchange: (t0, the head's t1, t2); acts on what the head asks."""
+        t0 = time.time_ns()
+        reply = self._exchange({"control": "ping", "t0": t0, "host": self.host, "offset_ns": self.offset_ns,
+                                "rtt_ns": self.rtt_ns}, answer=True) or {}
+        t2 = time.time_ns()
+        if isinstance(reply.get("stop"), str) and self.head_status is None:
+            self.head_status = reply["stop"]
+            self.control.stop.set()
+        if reply.get("stacks") is True:
+            self.control.ask_stacks()
+        t1 = reply.get("t1")
+        return t0, t1 if isinstance(t1, int) else t0, t2
+
+    def _measure_clock(self) -> None:
+        """A round of pings; the shortest round trip gives the offset (:class:`probes.events.NodeClock`)."""
+        t0, t1, t2 = min((self._ping() for _ in range(CLOCK_ROUND)), key=lambda t: t[2] - t[0])
+        self.offset_ns, self.rtt_ns = t1 - (t0 + t2) // 2, t2 - t0
+
+    def _send_frame(self) -> bool:
+        """Forward up to :data:`FRAME_EVENTS` queued events, on the head's clock; whether there were any."""
+        assert self.offset_ns is not None, "the clock is measured before anything is forwarded"
+        with self._drop_lock:
+            dropped, self.dropped = self.dropped, 0
+        if not self._queue and not dropped:
+            return False
+        batch = [self._queue.popleft() for _ in range(min(len(self._queue), FRAME_EVENTS))]
+        moved = [on_node(event, offset_ns=self.offset_ns, node=self.nodes.rank) for event in batch]
+        listed, body = event_sections(moved)
+        self._exchange({"dropped": dropped, "sections": listed}, body, answer=False)
+        return True
+
+    def _bye(self) -> None:
+        result = self._result
+        if result is None:
+            return
+        offset_s = (self.offset_ns or 0) / 1e9
+        ranks = {str(r.rank): {"exit_code": r.exit_code, "signal": r.signal, "error": r.error,
+                               "timestamp": result.failure_times[r.rank] + offset_s
+                               if r.rank in result.failure_times else None}
+                 for r in result.ranks}
+        self._exchange({"control": "bye", "status": result.status, "ranks": ranks}, answer=True)
+
+
+
+def serve_as_node(launch: Launch, nodes: Nodes, *, session_dir: Path, out: TextIO,
+                  node_probes: NodeProbes = NodeProbes()) -> str:
+    """Run this node's ranks, stream them to the head, and say in a line or two how it went; the whole job's
+    status as the head gave it (this node's own where the head could not say)."""
+    control = JobControl()
+    control.stop_on_hang = False  # the head watches for hangs, over every node's ranks
+    where = f"meshtop: node {nodes.rank} of {nodes.count}"
+
+    def found(head: HeadAddress) -> None:
+        print(f"{where}: {launch.local_world_size} ranks here, streaming to the head at "
+              f"{head.address[0]}:{head.address[1]} (host {head.host})", file=out, flush=True)
+
+    print(f"{where}: waiting for the head (node 0) through the rendezvous at {nodes.endpoint}", file=out, flush=True)
+    relay = Relay(nodes, control, on_head=found).start()
+    result = None
+    try:
+        result = run_job(launch, session_dir=session_dir, on_events=relay.forward, node_probes=node_probes,
+                         control=control, hang_timeout_s=math.inf)
+    finally:
+        relay.finish(result)
+    status = relay.head_status or ("failed" if relay.head_lost else result.status)
+    if relay.head_lost:
+        print(f"{where}: lost the head: {relay.head_lost}; this node's ranks were stopped", file=out, flush=True)
+    elif relay.head is None:
+        print(f"{where}: the head never published its address; this node's job {result.status}", file=out,
+              flush=True)
+    else:
+        print(f"{where}: the job {status} (the head holds the recording)", file=out, flush=True)
+    for rank in result.failed:
+        how = f"signal {rank.signal}" if rank.signal else f"exit code {rank.exit_code}"
+        print(f"  rank {rank.rank}: {how}: {rank.error or 'no error message'}", file=out, flush=True)
+    return status

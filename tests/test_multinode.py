@@ -1,0 +1,219 @@
+"""Two nodes on one machine: two ``meshtop record`` processes joined by torchrun's c10d rendezvous on loopback.
+
+Each node runs two CPU ranks; node 0 (the head) records all four. The job
+computes what the same plan computes on one node, every event is on the
+head's clock even when node 1's clock is 5 s off, and a node or a rank that
+dies ends the job with the head naming it and no process left behind.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from probes.events import StageAction, StepTiming
+from recordings.metrics.steps import StepFolder
+from recordings.reader import open_recording
+from recordings.schema import events_of
+from tests.jobs import alive, launch
+
+pytestmark = pytest.mark.slow
+
+ROOT = Path(__file__).resolve().parent.parent
+SITE_HOOKS = Path(__file__).resolve().parent / "site_hooks"
+STEPS = 4
+BATCH = 8
+RTOL = 2e-5
+SHIFT_S = 5.0
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def start_node(out: Path, node: int, port: int, *options: str, env: dict[str, str] | None = None,
+               log: Path) -> subprocess.Popen[str]:
+    command = [sys.executable, "-m", "tui.cli", "record", str(out), "--device", "cpu", "--nnodes", "2",
+               "--node-rank", str(node), "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", f"test{port}",
+               *options]
+    with log.open("w") as sink:
+        return subprocess.Popen(command, cwd=ROOT, stdout=sink, stderr=subprocess.STDOUT, text=True,
+                                env={**os.environ, **(env or {})}, start_new_session=True)
+
+
+def two_nodes(tmp_path: Path, *options: str, node1_env: dict[str, str] | None = None,
+              timeout_s: float = 300) -> tuple[int, int, str, str]:
+    """Run the pair to the end: (head's exit code, node 1's, head's output, node 1's)."""
+    port = free_port()
+    logs = tmp_path / "head.log", tmp_path / "node1.log"
+    head = start_node(tmp_path / "rec", 0, port, *options, log=logs[0])
+    node1 = start_node(tmp_path / "rec", 1, port, *options, env=node1_env, log=logs[1])
+    try:
+        codes = head.wait(timeout=timeout_s), node1.wait(timeout=timeout_s)
+    finally:
+        for process in (head, node1):
+            if process.poll() is None:
+                os.killpg(process.pid, signal.SIGKILL)
+    return codes[0], codes[1], logs[0].read_text(), logs[1].read_text()
+
+
+def job_losses(steps: list[StepTiming], world: int) -> list[float]:
+    folder = StepFolder(world)
+    done = sorted((s for e in steps if (s := folder.add(e)) is not None), key=lambda s: s.step)
+    return [s.loss for s in done if s.loss is not None]
+
+
+def shifted_clock_env() -> dict[str, str]:
+    path = os.pathsep.join(filter(None, (str(SITE_HOOKS), os.environ.get("PYTHONPATH"))))
+    return {"PYTHONPATH": path, "MESHTOP_TEST_CLOCK_SHIFT_S": str(SHIFT_S)}
+
+
+@pytest.mark.parametrize(("plan", "options"), [
+    ("dp4", ("--dp", "4")),
+    ("dp2xpp2", ("--dp", "2", "--pp", "2", "--microbatches", "2")),
+])
+def test_two_nodes_record_one_job(plan: str, options: tuple[str, ...], tmp_path: Path) -> None:
+    """dp2 x pp2 runs with node 1's clock 5 s ahead: its events still land inside the head's steps."""
+    shifted = plan == "dp2xpp2"
+    head_code, node1_code, head_out, node1_out = two_nodes(
+        tmp_path, *options, "--steps", str(STEPS), "--batch-size", str(BATCH),
+        node1_env=shifted_clock_env() if shifted else None)
+    assert (head_code, node1_code) == (0, 0), head_out[-3000:] + node1_out[-3000:]
+    assert "streaming to the head at 127.0.0.1:" in node1_out
+    assert "the job completed" in node1_out
+
+    recording = open_recording(tmp_path / "rec")
+    manifest = recording.manifest
+    assert manifest.status == "completed"
+    assert [node.node for node in manifest.nodes] == [0, 1]
+    assert sorted(r for node in manifest.nodes for r in node.ranks) == [0, 1, 2, 3]
+    assert all(len(node.ranks) == 2 and node.host == socket.gethostname() for node in manifest.nodes)
+    started = events_of("rank_started", recording.arrow("rank_started"))
+    assert {(e.rank, e.node) for e in started} == {(r, n.node) for n in manifest.nodes for r in n.ranks}
+    steps = [e for e in events_of("step", recording.arrow("step")) if isinstance(e, StepTiming)]
+    assert {e.rank for e in steps} == {0, 1, 2, 3}
+    assert {e.rank for e in events_of("collective", recording.arrow("collective"))} == {0, 1, 2, 3}
+
+    spec = {"dp": 4} if plan == "dp4" else {"dp": 2, "pp": 2, "microbatches": 2}
+    one_node = launch(tmp_path / "one", steps=STEPS, batch_size=BATCH, **spec)
+    assert one_node.result.status == "completed"
+    assert job_losses(steps, 4) == pytest.approx(one_node.losses, rel=RTOL)
+
+    offset = manifest.nodes[1].clock_offset_ns
+    assert offset is not None
+    if not shifted:
+        assert abs(offset) < 0.05e9
+        return
+    assert abs(offset + SHIFT_S * 1e9) < 0.05e9, offset  # the head's clock minus node 1's
+    windows: dict[int, tuple[int, int]] = {}
+    for step in steps:
+        start, end = step.start_ns, step.start_ns + int(step.duration_s * 1e9)
+        low, high = windows.get(step.step, (start, end))
+        windows[step.step] = (min(low, start), max(high, end))
+    actions = [e for e in events_of("stage_action", recording.arrow("stage_action")) if isinstance(e, StageAction)]
+    assert {e.rank for e in actions} == {0, 1, 2, 3}
+    slack = 50_000_000  # 50 ms: the offset's error, and a step's edges as each rank timed them
+    for action in actions:
+        low, high = windows[action.step]
+        assert low - slack <= action.start_ns and action.end_ns <= high + slack, (action, windows[action.step])
+
+
+def wait_for_steps(recording: Path, rank: int, count: int, timeout_s: float = 180) -> None:
+    """Until the head has ``count`` steps of ``rank`` on disk."""
+    deadline = time.monotonic() + timeout_s
+    path = recording / "events" / "step.jsonl"
+    while time.monotonic() < deadline:
+        if path.exists() and sum(json.loads(line)["rank"] == rank for line in path.read_text().splitlines()
+                                 if line.strip()) >= count:
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"rank {rank} made no {count} steps in {timeout_s} s")
+
+
+def processes_of(*roots: subprocess.Popen[str]) -> list[int]:
+    pids = []
+    for root in roots:
+        try:
+            pids += [root.pid, *(child.pid for child in psutil.Process(root.pid).children(recursive=True))]
+        except psutil.NoSuchProcess:
+            pass
+    return pids
+
+
+@pytest.mark.parametrize("victim", ["node 1's meshtop", "a rank of node 1", "the head's meshtop"])
+def test_a_node_or_rank_that_dies_ends_the_job(victim: str, tmp_path: Path) -> None:
+    port = free_port()
+    out = tmp_path / "rec"
+    head = start_node(out, 0, port, "--dp", "4", "--steps", "100000", log=tmp_path / "head.log")
+    node1 = start_node(out, 1, port, "--dp", "4", "--steps", "100000", log=tmp_path / "node1.log")
+    try:
+        wait_for_steps(out, rank=0, count=3)
+        everything = processes_of(head, node1)
+        started = [json.loads(line) for line in (out / "events" / "rank_started.jsonl").read_text().splitlines()
+                   if line.strip()]
+        ranks = {event["rank"]: event["pid"] for event in started}
+        on_node1 = sorted(event["rank"] for event in started if event["node"] == 1)
+        assert len(on_node1) == 2  # torchrun numbers the nodes its own way: node 1 may hold ranks 0 and 1
+        if victim == "node 1's meshtop":
+            node1.send_signal(signal.SIGKILL)
+        elif victim == "the head's meshtop":
+            head.send_signal(signal.SIGKILL)
+        else:
+            os.kill(ranks[on_node1[0]], signal.SIGKILL)
+        head_code = head.wait(timeout=120)
+        node1_code = node1.wait(timeout=60)
+    finally:
+        for process in (head, node1):
+            if process.poll() is None:
+                os.killpg(process.pid, signal.SIGKILL)
+    head_out, node1_out = (tmp_path / "head.log").read_text(), (tmp_path / "node1.log").read_text()
+    if victim == "the head's meshtop":
+        assert (head_code, node1_code) == (-signal.SIGKILL, 1), node1_out[-3000:]
+        assert "meshtop: node 1 of 2: lost the head" in node1_out, node1_out[-3000:]
+    elif victim == "node 1's meshtop":
+        assert (head_code, node1_code) == (1, -signal.SIGKILL), head_out[-3000:]
+        assert f"node 1 (host {socket.gethostname()}, ranks {on_node1[0]}, {on_node1[1]}) lost" in head_out, \
+            head_out[-3000:]
+    else:
+        assert (head_code, node1_code) == (1, 1), head_out[-3000:] + node1_out[-3000:]
+        assert f"rank {on_node1[0]} failed first: signal SIGKILL" in head_out, head_out[-3000:]
+    deadline = time.monotonic() + 30
+    while alive(everything + list(ranks.values())) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert alive(everything + list(ranks.values())) == []
+    recording = open_recording(out)
+    assert recording.manifest.status == ("running" if victim == "the head's meshtop" else "failed")
+    summary = subprocess.run([sys.executable, "-m", "tui.cli", "summary", str(out)], cwd=ROOT,
+                             capture_output=True, text=True, timeout=120)
+    assert summary.returncode == 0, summary.stderr
+    if victim != "the head's meshtop":  # the head writes the nodes into the manifest when it closes it
+        assert "node 1" in summary.stdout
+
+
+def test_a_users_torchrun_script_on_two_nodes(tmp_path: Path) -> None:
+    """The node options are torchrun's own, after --: the same command on both nodes but the node rank."""
+    port = free_port()
+    commands = [[sys.executable, "-m", "tui.cli", "record", str(tmp_path / "rec"), "--device", "cpu", "--",
+                 "torchrun", "--nnodes", "2", "--node-rank", str(node), "--nproc-per-node", "2",
+                 "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", "script",
+                 "examples/ddp.py"] for node in (0, 1)]
+    processes = [subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                 for command in commands]
+    outputs = [process.communicate(timeout=300)[0] for process in processes]
+    assert [process.returncode for process in processes] == [0, 0], outputs
+    manifest = open_recording(tmp_path / "rec").manifest
+    assert manifest.status == "completed" and manifest.run.plan.world_size == 4
+    assert [len(node.ranks) for node in manifest.nodes] == [2, 2]
+    steps = events_of("step", open_recording(tmp_path / "rec").arrow("step"))
+    assert {e.rank for e in steps} == {0, 1, 2, 3}

@@ -1,0 +1,217 @@
+"""Many nodes without launching any: the options, the clock shift, the head's collector and its fleet."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from probes.collector import Collector
+from probes.events import CollectiveTiming, GpuSample, NodeClock, RequestDone, StepTiming, on_node
+from probes.wire import event_sections, pack, read_frame
+from runner.fleet import Fleet
+from runner.launch import JobResult, RankExit
+from runner.nodes import nodes_from_options, split_endpoint
+from runner.plan import PlanError, RunSpec, resolve
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_a_node_joins_torchruns_c10d_rendezvous() -> None:
+    nodes = nodes_from_options(nnodes="2", node_rank=1, endpoint="10.0.0.5:29500", run_id="job7")
+    assert nodes is not None and not nodes.head
+    assert nodes.launcher_args(4) == ("--nnodes=2", "--node-rank=1", "--nproc-per-node=4", "--rdzv-backend=c10d",
+                                      "--rdzv-endpoint=10.0.0.5:29500", "--rdzv-id=job7")
+    assert nodes.store_key == "meshtop/job7/head"
+    assert nodes_from_options(nnodes="2:2", node_rank=1, endpoint="h", run_id=None).endpoint == "h:29400"
+    assert nodes_from_options(nnodes=None, node_rank=None, endpoint=None, run_id=None) is None
+    assert nodes_from_options(nnodes="1", node_rank=0, endpoint=None, run_id=None) is None
+
+
+def test_the_head_listens_where_the_others_reach_the_rendezvous() -> None:
+    loopback = nodes_from_options(nnodes="2", node_rank=0, endpoint="127.0.0.1:29500", run_id=None)
+    assert loopback is not None and loopback.bind_address() == ("127.0.0.1", 0)
+    chosen = nodes_from_options(nnodes="2", node_rank=0, endpoint="127.0.0.1:29500", run_id=None,
+                                collector_bind="0.0.0.0:7000")
+    assert chosen is not None and chosen.bind_address() == ("0.0.0.0", 7000)
+
+
+@pytest.mark.parametrize(("options", "message"), [
+    (dict(nnodes="2", node_rank=None, endpoint="h:1"), "--nnodes 2 needs --node-rank I"),
+    (dict(nnodes="2", node_rank=2, endpoint="h:1"), "--node-rank 2: give a node rank from 0 to 1"),
+    (dict(nnodes="2", node_rank=0, endpoint=None), "--nnodes 2 needs --rdzv-endpoint HOST:PORT"),
+    (dict(nnodes="1:4", node_rank=0, endpoint="h:1"), "meshtop follows a fixed set of nodes"),
+    (dict(nnodes="two", node_rank=0, endpoint="h:1"), "--nnodes 'two' is not N or MIN:MAX"),
+    (dict(nnodes="2", node_rank=0, endpoint="h:99999"), "is not HOST:PORT"),
+    (dict(nnodes="2", node_rank=0, endpoint="h:1", backend="static"), "--rdzv-backend static"),
+    (dict(nnodes=None, node_rank=1, endpoint=None), "--node-rank is for a job on many nodes"),
+    (dict(nnodes="2", node_rank=0, endpoint="h:1", collector_bind=":x"), "--collector-bind ':x' is not"),
+])
+def test_node_options_that_cannot_work_name_the_fix(options: dict[str, object], message: str) -> None:
+    with pytest.raises(PlanError, match=message):
+        nodes_from_options(run_id=None, **options)  # type: ignore[arg-type]
+
+
+def test_endpoints() -> None:
+    assert split_endpoint("node0:29500") == ("node0", 29500)
+    assert split_endpoint("[::1]:29500") == ("::1", 29500)
+    assert split_endpoint("node0") == ("node0", 29400)
+
+
+def test_a_plan_splits_evenly_over_the_nodes() -> None:
+    run = resolve(RunSpec(device="cpu"), gpus_visible=0, nodes=2)
+    assert run.world_size == 4  # two CPU ranks on each node by default
+    with pytest.raises(PlanError, match="do not split evenly over 2 nodes"):
+        resolve(RunSpec(device="cpu", dp=3), gpus_visible=0, nodes=2)
+
+
+def test_an_event_moves_onto_the_heads_clock() -> None:
+    offset = -5_000_000_000
+    op = CollectiveTiming(rank=2, op="all_reduce", group="dp", group_size=4, peer=None, bytes=8, dtype="float32",
+                          step=1, start_ns=10_000_000_000, end_ns=10_000_500_000, clock="completion",
+                          waited_ns=300_000)
+    moved = on_node(op, offset_ns=offset, node=1)
+    assert (moved.start_ns, moved.end_ns, moved.waited_ns) == (5_000_000_000, 5_000_500_000, 300_000)
+    request = RequestDone(request=1, replica=0, rank=0, prompt_tokens=3, output_tokens=2, arrival_ns=100,
+                          first_token_ns=None, end_ns=300, token_ns=(200, 300), status="ok", error=None,
+                          output_ids=(1, 2))
+    moved_request = on_node(request, offset_ns=1000, node=1)
+    assert (moved_request.arrival_ns, moved_request.first_token_ns, moved_request.token_ns) == (1100, None,
+                                                                                                  (1200, 1300))
+    gpu = GpuSample(gpu=0, wall_ns=7, name=None, memory_used_bytes=None, memory_total_bytes=None,
+                    utilization_pct=None, memory_utilization_pct=None, power_w=None, sm_clock_mhz=None,
+                    temperature_c=None, pcie_tx_bytes_per_s=None, pcie_rx_bytes_per_s=None,
+                    nvlink_tx_bytes_per_s=None, nvlink_rx_bytes_per_s=None)
+    assert (on_node(gpu, offset_ns=3, node=1).node, on_node(gpu, offset_ns=3, node=1).wall_ns) == (1, 10)
+
+
+def step_event(rank: int) -> StepTiming:
+    return StepTiming(rank=rank, step=0, start_ns=1, duration_s=0.1, tokens=8, loss=1.0)
+
+
+def test_the_heads_collector_takes_its_nodes_and_refuses_others() -> None:
+    asked: list[dict[str, object]] = []
+
+    def answer(header: dict[str, object], connection: int) -> dict[str, object]:
+        asked.append({**header, "connection": connection})
+        return {"t1": 42}
+
+    collector = Collector(nodes=2, on_control=answer).start()
+    try:
+        with socket.create_connection(collector.address, timeout=5) as sock:
+            sock.sendall(pack({"token": collector.token, "rank": 0, "node": 1, "control": "ping", "t0": 1}))
+            reply = read_frame(sock)
+            assert reply is not None and reply[0] == {"t1": 42}
+            listed, body = event_sections([step_event(2)])
+            sock.sendall(pack({"token": collector.token, "rank": 0, "dropped": 0, "node": 1, "sections": listed},
+                              body))
+        with socket.create_connection(collector.address, timeout=5) as sock:
+            sock.sendall(pack({"token": collector.token, "rank": 0, "node": 2, "control": "ping", "t0": 1}))
+            assert read_frame(sock) is None  # node 2 is not one of a two-node job's
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline and not (collector.counts.unknown_node and len(asked) >= 3):
+            time.sleep(0.02)
+        assert collector.counts.unknown_node == 1
+        # its events said it is alive, its connection closed: said once, with the connection's number
+        assert [(h["control"], h["connection"]) for h in asked] == [("ping", 1), ("data", 1), ("closed", 1)]
+        assert [e.rank for item in collector.drain() for e in item.events()] == [2]  # type: ignore[union-attr]
+    finally:
+        collector.stop()
+
+
+def test_the_fleet_names_a_lost_node_and_merges_how_each_node_ended(tmp_path: Path) -> None:
+    fleet = Fleet(3, silent_s=0.2)
+    for node in (1, 2):
+        reply = fleet.on_control({"node": node, "control": "ping", "t0": 0, "host": f"h{node}",
+                                  "offset_ns": -5_000_000_000, "rtt_ns": 40_000}, 1)
+        assert reply["stop"] is None and reply["stacks"] is False
+    clocks = fleet.take_events()
+    assert [(e.node, e.offset_ns) for e in clocks if isinstance(e, NodeClock)] == [(1, -5_000_000_000),
+                                                                                    (2, -5_000_000_000)]
+    fleet.note_ranks(1, 2)
+    fleet.note_ranks(1, 3)
+    fleet.on_control({"node": 2, "control": "bye", "status": "failed",
+                      "ranks": {"4": {"exit_code": -9, "signal": "SIGKILL", "error": None, "timestamp": 101.0},
+                                "5": {"exit_code": 1, "signal": None, "error": "peer", "timestamp": 100.0}}}, 1)
+    assert fleet.failed() is not None and fleet.failed().node == 2  # type: ignore[union-attr]
+    local = JobResult(status="failed", ranks=(RankExit(rank=0, exit_code=1, signal=None, error="peer"),
+                                              RankExit(rank=1, exit_code=1, signal=None, error="peer")),
+                      duration_s=1.0, log_path=tmp_path, root_cause=0, failure_times={0: 100.0, 1: 100.0})
+    fleet.on_control({"node": 1, "control": "bye", "status": "failed", "ranks": {}}, 1)
+    merged = fleet.merge(local, {0, 1}, 6)
+    # a rank a signal killed, not its peers' errors, though its launcher noticed it a second after they raised
+    assert merged.status == "failed" and merged.root_cause == 4
+    assert [r.rank for r in merged.ranks] == [0, 1, 2, 3, 4, 5]
+
+    fleet = Fleet(2, silent_s=0.2)
+    fleet.on_control({"node": 1, "control": "ping", "t0": 0, "host": "b"}, 1)
+    fleet.note_ranks(1, 2)
+    assert fleet.lost() is None
+    time.sleep(0.3)
+    lost = fleet.lost()
+    assert lost is not None and lost.node == 1
+    merged = fleet.merge(JobResult(status="interrupted", ranks=(), duration_s=1.0, log_path=tmp_path), {0, 1}, 3)
+    assert merged.status == "failed" and merged.root_cause == 2
+    assert merged.node_lost is not None and merged.node_lost.startswith("node 1 (host b, ranks 2) lost: nothing")
+    fleet.stop("failed")
+    assert fleet.on_control({"node": 1, "control": "ping", "t0": 0}, 1)["stop"] == "failed"
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["record", "OUT", "--nnodes", "2", "--node-rank", "0", "--rdzv-endpoint", "h:1", "--", "torchrun",
+      "examples/ddp.py"], "--nnodes is torchrun's: give it to torchrun after --"),
+    (["record", "OUT", "--node-rank", "1"], "--node-rank is for a job on many nodes"),
+    (["record", "OUT", "--nnodes", "2", "--node-rank", "0", "--rdzv-endpoint", "127.0.0.1:1", "--dp", "3"],
+     "do not split evenly over 2 nodes"),
+])
+def test_bad_node_options_are_one_line(argv: list[str], message: str, tmp_path: Path) -> None:
+    done = subprocess.run([sys.executable, "-m", "tui.cli", *argv], cwd=ROOT, capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 2
+    assert message in done.stderr and len(done.stderr.strip().splitlines()) == 1, done.stderr
+    assert not (ROOT / "OUT").exists()
+
+
+def test_a_node_that_reconnects_is_not_lost_and_one_that_does_not_is() -> None:
+    fleet = Fleet(2, reconnect_s=0.2)
+    fleet.on_control({"node": 1, "control": "ping", "t0": 0, "host": "b"}, 1)
+    fleet.on_control({"node": 1, "control": "closed"}, 1)
+    fleet.on_control({"node": 1, "control": "data"}, 2)  # back on a new connection at once
+    time.sleep(0.3)
+    assert fleet.lost() is None
+    fleet.on_control({"node": 1, "control": "closed"}, 1)  # the old one closing late says nothing
+    time.sleep(0.3)
+    assert fleet.lost() is None
+    fleet.on_control({"node": 1, "control": "closed"}, 2)
+    assert fleet.lost() is None  # not yet: it may come back
+    time.sleep(0.3)
+    lost = fleet.lost()
+    assert lost is not None and lost.lost == "its stream to the head closed before it said how its ranks ended"
+
+
+def test_a_stop_the_head_asked_for_keeps_the_heads_status(tmp_path: Path) -> None:
+    """Ctrl-C on the head: the other nodes' ranks then fail against their stopped peers; the job was
+    interrupted all the same."""
+    fleet = Fleet(2)
+    fleet.on_control({"node": 1, "control": "ping", "t0": 0, "host": "b"}, 1)
+    fleet.stop("interrupted")
+    fleet.on_control({"node": 1, "control": "bye", "status": "failed",
+                      "ranks": {"1": {"exit_code": 1, "signal": None, "error": "peer", "timestamp": 5.0}}}, 1)
+    local = JobResult(status="interrupted", ranks=(RankExit(rank=0, exit_code=None, signal=None, error="stopped"),),
+                      duration_s=1.0, log_path=tmp_path)
+    merged = fleet.merge(local, {0}, 2)
+    assert (merged.status, merged.root_cause) == ("interrupted", None)
+    assert [r.exit_code for r in merged.ranks] == [None, 1]
+
+
+def test_a_node_silent_at_the_end_is_lost_and_told_to_stop() -> None:
+    fleet = Fleet(2)
+    fleet.on_control({"node": 1, "control": "ping", "t0": 0, "host": "b"}, 1)
+    fleet.settle(timeout_s=0.3)
+    lost = fleet.lost()
+    assert lost is not None and "did not say how its ranks ended" in (lost.lost or "")
+    assert fleet.on_control({"node": 1, "control": "ping", "t0": 0}, 1)["stop"] == "failed"

@@ -1,0 +1,145 @@
+"""``/metrics``: a live run scraped while it trains, a replay's series, and what a bad request gets."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from probes.events import GpuSample, RankStarted, RequestDone
+from recordings.prometheus import MetricsServer, RunMetrics
+from recordings.reader import open_recording
+from recordings.samples import SAMPLE
+from recordings.summary import summarize
+from tests.recording_kit import description
+from tui.sources import ReplaySource
+from tui.state import DashboardState
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def scrape(url: str) -> dict[str, list[tuple[dict[str, str], float]]]:
+    """Every sample of the exposition at ``url``, by sample name, as prometheus_client's parser reads it."""
+    with urllib.request.urlopen(url, timeout=10) as response:
+        assert response.headers["Content-Type"].startswith("text/plain; version=")
+        text = response.read().decode()
+    samples: dict[str, list[tuple[dict[str, str], float]]] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            samples.setdefault(sample.name, []).append((sample.labels, sample.value))
+    return samples
+
+
+def test_a_replay_serves_the_recordings_figures() -> None:
+    recording = open_recording(SAMPLE)
+    source = ReplaySource(recording, clock=lambda: 0.0, metrics=True)
+    source.playback.seek_fraction(1.0)
+    state = DashboardState(recording.manifest.run)
+    while not source.caught_up:
+        state = source.poll(state)
+    assert source.metrics is not None
+    server = MetricsServer(lambda: source.metrics, port=0).start()  # type: ignore[arg-type,return-value]
+    try:
+        host, port = server.address
+        samples = scrape(f"http://{host}:{port}/metrics")
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            urllib.request.urlopen(f"http://{host}:{port}/other", timeout=10)
+        assert refused.value.code == 404
+        assert scrape(f"http://{host}:{port}/metrics?x=1")  # the server is still there after a 404
+    finally:
+        server.stop()
+    summary = summarize(recording)
+    assert samples["meshtop_steps_total"][0][1] == summary["steps"]["count"]
+    assert samples["meshtop_step_seconds_count"][0][1] == summary["steps"]["count"]
+    collectives = {(labels["op"], labels["group"]): 0.0 for labels, _ in samples["meshtop_collective_bytes_total"]}
+    for labels, value in samples["meshtop_collective_bytes_total"]:
+        collectives[labels["op"], labels["group"]] += value
+    assert collectives == {(row["op"], row["group"]): row["bytes"] for row in summary["collectives"]}
+    busbw = {(labels["op"], labels["group"]): value
+             for labels, value in samples["meshtop_collective_busbw_bytes_per_second"]}
+    assert busbw == {(row["op"], row["group"]): pytest.approx(row["busbw_gbps"]["p50"] * 1e9)
+                     for row in summary["collectives"] if row["busbw_gbps"]["p50"] is not None}
+    bubbles = {labels["stage"]: value for labels, value in samples["meshtop_stage_bubble_ratio"]}
+    assert bubbles == {str(row["stage"]): pytest.approx(row["bubble_fraction"]) for row in summary["stages"]}
+    assert {labels["rank"] for labels, _ in samples["meshtop_memory_bytes"]} == {"0", "1", "2", "3"}
+    assert {labels["rank"] for labels, _ in samples["meshtop_rank_up"]} == {"0", "1", "2", "3"}
+
+
+def test_requests_and_gpus_in_base_units_with_the_dcgm_labels() -> None:
+    metrics = RunMetrics(description(mode="infer"))
+    from probes.arrivals import Arrivals
+
+    started = RankStarted(rank=0, pid=1, host="gpu-a", device="cuda:0", pp_rank=0, dp_rank=0, tp_rank=0, stages=(),
+                          local_parameters=1, wall_ns=0)
+    request = RequestDone(rank=0, replica=0, request=0, arrival_ns=0, first_token_ns=None, end_ns=400_000_000,
+                          prompt_tokens=4, output_tokens=4, token_ns=(100_000_000, 200_000_000, 300_000_000,
+                                                                      400_000_000),
+                          output_ids=(1, 2, 3, 4), status="completed", error=None)
+    gpu = GpuSample(gpu=0, wall_ns=1, name="H200", memory_used_bytes=2**30, memory_total_bytes=2**37,
+                    utilization_pct=75.0, memory_utilization_pct=None, power_w=500.0, sm_clock_mhz=1980.0,
+                    temperature_c=None, pcie_tx_bytes_per_s=None, pcie_rx_bytes_per_s=None,
+                    nvlink_tx_bytes_per_s=None, nvlink_rx_bytes_per_s=None, uuid="GPU-1234")
+    metrics.take(Arrivals([started, request, gpu]))
+    samples = {}
+    for family in text_string_to_metric_families(metrics.exposition().decode()):
+        for sample in family.samples:
+            samples.setdefault(sample.name, []).append((sample.labels, sample.value))
+    assert samples["meshtop_requests_total"] == [({"status": "completed"}, 1.0)]
+    assert samples["meshtop_request_ttft_seconds_sum"][0][1] == pytest.approx(0.1)
+    assert samples["meshtop_request_tpot_seconds_sum"][0][1] == pytest.approx(0.1)  # (0.4 - 0.1) / 3
+    assert samples["meshtop_request_e2e_seconds_sum"][0][1] == pytest.approx(0.4)
+    assert samples["meshtop_gpu_utilization_ratio"] == [({"gpu": "0", "UUID": "GPU-1234", "Hostname": "gpu-a"},
+                                                         0.75)]
+    assert samples["meshtop_gpu_sm_clock_hertz"][0][1] == 1.98e9
+
+
+@pytest.mark.slow
+def test_a_live_run_is_scraped_while_it_trains(tmp_path: Path) -> None:
+    process = subprocess.Popen([sys.executable, "-m", "tui.cli", "record", str(tmp_path / "rec"), "--device", "cpu",
+                                "--steps", "100000", "--metrics-port", "0"], cwd=ROOT, stdout=subprocess.PIPE,
+                               stderr=subprocess.STDOUT, text=True)
+    try:
+        assert process.stdout is not None
+        url = None
+        while url is None:
+            line = process.stdout.readline()
+            assert line, "meshtop ended without saying where /metrics is"
+            if match := re.match(r"metrics: (http://\S+)", line):
+                url = match.group(1)
+        deadline = time.monotonic() + 180
+        samples = scrape(url)
+        while time.monotonic() < deadline and samples.get("meshtop_steps_total", [({}, 0)])[0][1] < 3:
+            time.sleep(0.5)
+            samples = scrape(url)
+        assert samples["meshtop_steps_total"][0][1] >= 3
+        ops = {(labels["op"], labels["group"], labels["rank"]) for labels, _ in
+               samples["meshtop_collective_seconds_count"]}
+        assert {("all_reduce", "dp", "0"), ("all_reduce", "dp", "1")} <= ops
+        assert samples["meshtop_tokens_per_second"][0][1] > 0
+        assert {labels["rank"] for labels, value in samples["meshtop_rank_up"] if value == 1} == {"0", "1"}
+        assert {labels["category"] for labels, _ in samples["meshtop_memory_bytes"]} >= {"weights", "optimizer"}
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            urllib.request.urlopen(url.replace("/metrics", "/"), timeout=10)
+        assert refused.value.code == 404
+        assert process.poll() is None  # a bad request did not take the session down
+    finally:
+        process.terminate()
+        process.wait(timeout=60)
+
+
+def test_the_grafana_dashboard_asks_only_for_series_meshtop_serves() -> None:
+    dashboard = json.loads((ROOT / "docs" / "grafana" / "meshtop.json").read_text())
+    asked = {re.sub(r"_(bucket|count|sum|total)$", "", name) for panel in dashboard["panels"]
+             for target in panel["targets"] for name in re.findall(r"meshtop_[a-z0-9_]+", target["expr"])}
+    served = {family.name for family in
+              text_string_to_metric_families(RunMetrics(description()).exposition().decode())}
+    assert asked and asked <= served, asked - served
+    assert len(dashboard["panels"]) == len({panel["id"] for panel in dashboard["panels"]})
