@@ -70,11 +70,11 @@ class Collector:
 
     def __init__(self, *, host: str = "127.0.0.1", port: int = 0, token: str | None = None,
                  max_queue_events: int = DEFAULT_QUEUE_EVENTS, max_queue_bytes: int = DEFAULT_QUEUE_BYTES,
-                 nodes: int = 1,
+                 nodes: tuple[int, ...] = (),
                  on_control: Callable[[dict[str, Any], int], dict[str, Any]] | None = None) -> None:
         self.token = token or secrets.token_hex(16)
-        self.nodes = nodes
-        """Nodes of the job: a message may name node 1 to ``nodes - 1`` (node 0, the head's own, names none)."""
+        self.nodes = frozenset(nodes)
+        """The other nodes of a multi-node job: a message may name one of them (the head's own name none)."""
         self.on_control = on_control
         self._connections = itertools.count(1)
         self.counts = CollectorCounts()
@@ -175,7 +175,7 @@ class Collector:
             return False
         if "node" in header:
             sender = header["node"]
-            if not is_count(sender) or not 0 < sender < self.nodes or (node and node[0] != sender):
+            if not is_count(sender) or sender not in self.nodes or (node and node[0] != sender):
                 self.counts.add(unknown_node=1)
                 return False
             node[:] = [sender]

@@ -19,6 +19,7 @@ stage actions when the last rank's step arrives).
 from __future__ import annotations
 
 import json
+import os
 import socket
 import struct
 from collections.abc import Iterable
@@ -33,6 +34,14 @@ TOKEN_ENV = "MESHTOP_TOKEN"
 NCCL_TIMING_ENV = "TORCH_NCCL_ENABLE_TIMING"
 """Set to 1 by the launcher: nccl then times each operation with CUDA events, which the probes read."""
 ADDRESS_ENV = "MESHTOP_COLLECTOR"
+NODE_ENV = "MESHTOP_NODE"
+"""The rank's node in a multi-node job (its meshtop's ``--node-rank``), for :class:`probes.events.RankStarted`."""
+
+
+def node_of_this_rank() -> int:
+    """The node the launcher said this rank runs on (0 on one machine)."""
+    value = os.environ.get(NODE_ENV, "0")
+    return int(value) if value.isdigit() else 0
 
 
 class FrameError(Exception):

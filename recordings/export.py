@@ -14,8 +14,11 @@ from recordings.tables import to_frame
 
 # One process per rank in the trace; inside it, one track per kind of work.
 TRACKS = {"steps": 1, "stages": 2, "collectives": 3}
-REQUESTS_PID = 20_000
-GPU_PID = 10_000
+REQUESTS_PID = 2_000_000
+GPU_PID = 1_000_000
+"""Trace process ids past every rank's (a rank's is its number): GPUs, then the request replicas."""
+GPUS_PER_NODE = 64
+"""GPU tracks each node's GPUs may take (node n's GPU g is ``GPU_PID + 64 n + g``)."""
 MEMORY_COUNTERS = ("weights_bytes", "grads_bytes", "optimizer_bytes", "activations_bytes", "kv_cache_bytes",
                    "allocated_bytes", "rss_bytes")
 
@@ -29,8 +32,12 @@ def trace_events(recording: Recording) -> list[dict[str, Any]]:
     events: list[dict[str, Any]] = []
     ranks = sorted(set(recording.arrow("rank_started").column("rank").to_pylist())
                    | set(recording.arrow("step").column("rank").to_pylist()))
+    nodes = recording.manifest.nodes
+    where = {rank: f" · node {node.node} {node.host or '?'}" for node in nodes for rank in node.ranks
+             if len(nodes) > 1}  # on many nodes each rank's process says where it ran
     for rank in ranks:
-        events.append({"ph": "M", "name": "process_name", "pid": rank, "args": {"name": f"rank {rank}"}})
+        events.append({"ph": "M", "name": "process_name", "pid": rank,
+                       "args": {"name": f"rank {rank}{where.get(rank, '')}"}})
         for track, tid in TRACKS.items():
             events.append({"ph": "M", "name": "thread_name", "pid": rank, "tid": tid, "args": {"name": track}})
     for row in recording.arrow("step").to_pylist():
@@ -57,7 +64,9 @@ def trace_events(recording: Recording) -> list[dict[str, Any]]:
         events.append({"ph": "C", "name": "cpu %", "pid": row["rank"], "ts": _us(row["wall_ns"]),
                        "args": {"cpu": float(row["cpu_pct"] or 0.0)}})
     for row in recording.arrow("gpu").to_pylist():
-        events.append({"ph": "C", "name": f"gpu {row['gpu']} utilization %", "pid": GPU_PID + row["gpu"],
+        node = f"node {row['node']} " if len(nodes) > 1 else ""
+        events.append({"ph": "C", "name": f"{node}gpu {row['gpu']} utilization %",
+                       "pid": GPU_PID + GPUS_PER_NODE * row["node"] + row["gpu"],
                        "ts": _us(row["wall_ns"]), "args": {"gpu": float(row["utilization_pct"] or 0.0)}})
     return events
 

@@ -98,8 +98,9 @@ class SessionRecorder:
             node=node, host=self._hosts.get(node) or (self._clocks[node].host if node in self._clocks else None),
             ranks=tuple(sorted(self._node_ranks.get(node, ()))),
             gpus=tuple(sorted(gpu for owner, gpu in self._gpus if owner == node)),
-            clock_offset_ns=0 if node == 0 else (self._clocks[node].offset_ns if node in self._clocks else None),
-            clock_rtt_ns=0 if node == 0 else (self._clocks[node].rtt_ns if node in self._clocks else None))
+            # a node measures its clock before it forwards anything: one without a measurement is the head
+            clock_offset_ns=self._clocks[node].offset_ns if node in self._clocks else 0,
+            clock_rtt_ns=self._clocks[node].rtt_ns if node in self._clocks else 0)
             for node in found)
 
     def close(self, ending: Ending) -> None:

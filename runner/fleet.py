@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -61,12 +62,12 @@ class Fleet:
     """The other nodes, as their control messages tell the head; thread-safe (the collector's threads call
     :meth:`on_control`, the session's loop the rest)."""
 
-    def __init__(self, count: int, *, silent_s: float = NODE_SILENT_S, reconnect_s: float = RECONNECT_S) -> None:
-        self.count = count
+    def __init__(self, others: Iterable[int], *, silent_s: float = NODE_SILENT_S,
+                 reconnect_s: float = RECONNECT_S) -> None:
         self.silent_s = silent_s
         self.reconnect_s = reconnect_s
         self._lock = threading.Lock()
-        self._nodes = {node: NodeState(node) for node in range(1, count)}
+        self._nodes = {node: NodeState(node) for node in others}
         self._events: list[Event] = []
         self._stop: str | None = None
         self._stacks_from: set[int] = set()

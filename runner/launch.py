@@ -35,6 +35,7 @@ from probes.events import (
     JobEnded,
     RankExited,
     RankStarted,
+    on_node,
 )
 from probes.native import NATIVE_ENV
 from probes.samplers import (
@@ -44,7 +45,7 @@ from probes.samplers import (
     ProcessSampler,
 )
 from probes.stacks import dump_stacks
-from probes.wire import ADDRESS_ENV, NCCL_TIMING_ENV, TOKEN_ENV
+from probes.wire import ADDRESS_ENV, NCCL_TIMING_ENV, NODE_ENV, TOKEN_ENV
 from runner.hangs import HangWatch
 from runner.load import longest_gap_s
 from runner.plan import ResolvedRun
@@ -164,6 +165,8 @@ def rank_environment(launch: Launch) -> dict[str, str]:
     if not launch.native_kernel:
         env[NATIVE_ENV] = "off"  # the C++ collective probe times gloo only; the agent builds it otherwise
     env["PYTHONUNBUFFERED"] = "1"
+    if launch.nodes is not None:
+        env[NODE_ENV] = str(launch.nodes.rank)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, (*launch.pythonpath, str(PROJECT_ROOT), env.get("PYTHONPATH"))))
     if "OMP_NUM_THREADS" not in env:
         cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
@@ -394,7 +397,7 @@ def run_job(launch: Launch, *, session_dir: Path,
     collector = None
     if fleet is not None and launch.nodes is not None:
         host, port = launch.nodes.bind_address()
-        collector = Collector(host=host, port=port, nodes=launch.nodes.count, on_control=fleet.on_control)
+        collector = Collector(host=host, port=port, nodes=launch.nodes.others, on_control=fleet.on_control)
     job = Job(launch, session_dir, collector)
     node_events: queue.SimpleQueue[list[Event]] = queue.SimpleQueue()
     processes = ProcessSampler(rate_hz=node_probes.process_hz, emit=node_events.put)
@@ -402,13 +405,15 @@ def run_job(launch: Launch, *, session_dir: Path,
     pids: dict[int, int] = {}
     lost: list[int] = []
 
+    here = launch.nodes.rank if launch.nodes is not None else 0
+
     def deliver() -> None:
         arrivals = job.read_events()
-        while not node_events.empty():
-            arrivals.add(node_events.get())
+        while not node_events.empty():  # this node's samplers: their events name this node
+            arrivals.add([on_node(e, offset_ns=0, node=here) if here else e for e in node_events.get()])
         for event in arrivals.events(("rank_started",)):
             assert isinstance(event, RankStarted)
-            if event.node != 0 and fleet is not None:  # another node's: its own meshtop samples and dumps it
+            if event.node != here and fleet is not None:  # another node's: its own meshtop samples and dumps it
                 fleet.note_ranks(event.node, event.rank)
                 continue
             pids[event.rank] = event.pid

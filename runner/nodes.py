@@ -5,9 +5,10 @@ meshtop follows torchrun onto many machines. The user runs the same
 meshtop for the built-in runner (``--nnodes N --node-rank I --rdzv-endpoint
 HOST:PORT --rdzv-id ID``) or to torchrun after ``--``. Every node's launcher
 joins torchrun's c10d rendezvous, and meshtop adds one key to the same
-store: node 0, the head, publishes where its collector listens and the
-session's token; every other node reads them there (:mod:`runner.relay`) and
-streams its ranks' and samplers' events to it. Nothing else is configured.
+store: the head (node 0, or the node ``--head-node`` names) publishes where
+its collector listens and the session's token; every other node reads them
+there (:mod:`runner.relay`) and streams its ranks' and samplers' events to it.
+Nothing else is configured.
 
 torchrun numbers the nodes by the order the rendezvous sorts them in, not by
 ``--node-rank``, so a node's global ranks are whatever its launcher was
@@ -44,17 +45,24 @@ class Nodes:
 
     count: int
     rank: int
-    """meshtop's node number, the ``--node-rank`` given here; 0 is the head."""
+    """meshtop's node number, the ``--node-rank`` given here."""
     endpoint: str
     """The c10d rendezvous endpoint, ``HOST:PORT``."""
     run_id: str
+    head_rank: int = 0
+    """The node that records and shows the job (``--head-node``, the same on every node)."""
     collector_bind: tuple[str, int] | None = None
     """Where the head's collector listens (``--collector-bind``); ``None``: on the address this node reaches
     the rendezvous endpoint from (loopback for a loopback endpoint), on a free port."""
 
     @property
     def head(self) -> bool:
-        return self.rank == 0
+        return self.rank == self.head_rank
+
+    @property
+    def others(self) -> tuple[int, ...]:
+        """The nodes that stream to the head."""
+        return tuple(node for node in range(self.count) if node != self.head_rank)
 
     def launcher_args(self, nproc_per_node: int) -> tuple[str, ...]:
         """torchrun's options for this node (the built-in runner's)."""
@@ -124,11 +132,13 @@ def route_address(host: str) -> str:
 
 
 def nodes_from_options(*, nnodes: str | None, node_rank: int | None, endpoint: str | None, run_id: str | None,
-                       backend: str = "c10d", collector_bind: str | None = None) -> Nodes | None:
+                       backend: str = "c10d", collector_bind: str | None = None,
+                       head_node: int | None = None) -> Nodes | None:
     """The :class:`Nodes` of a job on many nodes, ``None`` on one, or a :class:`PlanError` naming the fix."""
     if nnodes is None or nnodes in ("1", "1:1"):
         given = [flag for flag, value in (("--node-rank", node_rank), ("--rdzv-endpoint", endpoint),
-                                          ("--collector-bind", collector_bind)) if value not in (None, 0)]
+                                          ("--collector-bind", collector_bind), ("--head-node", head_node))
+                 if value not in (None, 0)]
         if given:
             raise PlanError(f"{given[0]} is for a job on many nodes: add --nnodes N (or leave it out)")
         return None
@@ -140,6 +150,9 @@ def nodes_from_options(*, nnodes: str | None, node_rank: int | None, endpoint: s
                         "and shows the dashboard; the others stream to it)")
     if not 0 <= node_rank < count:
         raise PlanError(f"--node-rank {node_rank}: give a node rank from 0 to {count - 1}")
+    head = head_node if head_node is not None else 0
+    if not 0 <= head < count:
+        raise PlanError(f"--head-node {head}: give a node rank from 0 to {count - 1}, the same on every node")
     if backend != "c10d":
         raise PlanError(f"--rdzv-backend {backend}: meshtop follows a job on many nodes through torchrun's c10d "
                         "rendezvous: give --rdzv-backend c10d --rdzv-endpoint HOST:PORT")
@@ -147,7 +160,7 @@ def nodes_from_options(*, nnodes: str | None, node_rank: int | None, endpoint: s
         raise PlanError(f"--nnodes {nnodes} needs --rdzv-endpoint HOST:PORT, the same on every node (the head's "
                         "address, say)")
     host, port = split_endpoint(endpoint)
-    if node_rank == 0 and collector_bind is None:
+    if node_rank == head and collector_bind is None:
         reachable_address(host)  # the head listens where the others reach it: that must be known now
     bind = None
     if collector_bind is not None:
@@ -158,7 +171,7 @@ def nodes_from_options(*, nnodes: str | None, node_rank: int | None, endpoint: s
             raise PlanError(f"--collector-bind {collector_bind!r} is not ADDRESS or ADDRESS:PORT")
         bind = (bind_host.strip("[]"), int(bind_port))
     return Nodes(count=count, rank=node_rank, endpoint=f"{host}:{port}", run_id=run_id or DEFAULT_RDZV_ID,
-                 collector_bind=bind)
+                 head_rank=head, collector_bind=bind)
 
 
 def node_count(nnodes: str) -> int:

@@ -230,7 +230,8 @@ def serve_as_node(launch: Launch, nodes: Nodes, *, session_dir: Path, out: TextI
         print(f"{where}: {launch.local_world_size} ranks here, streaming to the head at "
               f"{head.address[0]}:{head.address[1]} (host {head.host})", file=out, flush=True)
 
-    print(f"{where}: waiting for the head (node 0) through the rendezvous at {nodes.endpoint}", file=out, flush=True)
+    print(f"{where}: waiting for the head (node {nodes.head_rank}) through the rendezvous at {nodes.endpoint}",
+          file=out, flush=True)
     relay = Relay(nodes, control, on_head=found).start()
     result = None
     try:

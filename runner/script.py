@@ -119,7 +119,8 @@ def split_command(command: list[str]) -> tuple[list[str], bool]:
 
 def resolve_script(command: list[str], *, gpus_visible: int, instrument: bool = True,
                    tokens_per_step: int | None = None, dtype: str | None = None,
-                   activations: bool = False, collector_bind: str | None = None) -> ScriptRun:
+                   activations: bool = False, collector_bind: str | None = None,
+                   head_node: int | None = None) -> ScriptRun:
     """The :class:`ScriptRun` of ``command``, or a :class:`PlanError` that says what to fix."""
     args_given, own = split_command(command)
     launcher_args = list(args_given)
@@ -132,7 +133,7 @@ def resolve_script(command: list[str], *, gpus_visible: int, instrument: bool = 
     rank_given = any(arg.split("=")[0] in ("--node-rank", "--node_rank") for arg in launcher_args)
     nodes = nodes_from_options(nnodes=args.nnodes, node_rank=args.node_rank if rank_given else None,
                                endpoint=args.rdzv_endpoint or None, run_id=args.rdzv_id,
-                               backend=args.rdzv_backend, collector_bind=collector_bind)
+                               backend=args.rdzv_backend, collector_bind=collector_bind, head_node=head_node)
     world_size = _local_world_size(args.nproc_per_node) * (nodes.count if nodes is not None else 1)
     if tokens_per_step is not None and tokens_per_step <= 0:
         raise PlanError(f"--tokens-per-step must be a positive number of tokens, got {tokens_per_step}")

@@ -138,7 +138,7 @@ def run_session(work: Work, *, directory: Path, manifest: Manifest | None,
         nodes = nodes_of(work, nodes)
         result = run_job(launch_of(work, directory, nodes), session_dir=directory, on_events=deliver,
                          node_probes=node_probes, control=control, hang_timeout_s=hang_timeout_s,
-                         fleet=Fleet(nodes.count) if nodes is not None else None)
+                         fleet=Fleet(nodes.others) if nodes is not None else None)
     except KeyboardInterrupt:
         broken = Ending(status="interrupted", duration_s=None)
         raise

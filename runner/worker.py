@@ -22,6 +22,7 @@ from probes.instrument import Instrumentation
 from probes.memory import parameters_of
 from probes.shipper import EventShipper, open_sink
 from probes.sink import EventSink
+from probes.wire import node_of_this_rank
 from runner.faults import Fault, fault_from_env
 from runner.mesh import MeshCoordinates, build_mesh, coordinates, local_device
 from runner.plan import ResolvedRun
@@ -36,7 +37,7 @@ def rank_started(coords: MeshCoordinates, device: torch.device, *, stages: tuple
                  local_parameters: int) -> RankStarted:
     return RankStarted(rank=coords.rank, pid=os.getpid(), host=socket.gethostname(), device=str(device),
                        pp_rank=coords.pp, dp_rank=coords.dp, tp_rank=coords.tp, stages=stages,
-                       local_parameters=local_parameters, wall_ns=time.time_ns())
+                       local_parameters=local_parameters, wall_ns=time.time_ns(), node=node_of_this_rank())
 
 
 def train_rank(run: ResolvedRun, *, mesh: Any, coords: MeshCoordinates, device: torch.device, sink: EventSink,

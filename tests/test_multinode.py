@@ -54,7 +54,7 @@ def start_node(out: Path, node: int, port: int, *options: str, env: dict[str, st
 
 def two_nodes(tmp_path: Path, *options: str, node1_env: dict[str, str] | None = None,
               timeout_s: float = 300) -> tuple[int, int, str, str]:
-    """Run the pair to the end: (head's exit code, node 1's, head's output, node 1's)."""
+    """Run the pair to the end: (node 0's exit code, node 1's, node 0's output, node 1's)."""
     port = free_port()
     logs = tmp_path / "head.log", tmp_path / "node1.log"
     head = start_node(tmp_path / "rec", 0, port, *options, log=logs[0])
@@ -82,16 +82,21 @@ def shifted_clock_env() -> dict[str, str]:
 @pytest.mark.parametrize(("plan", "options"), [
     ("dp4", ("--dp", "4")),
     ("dp2xpp2", ("--dp", "2", "--pp", "2", "--microbatches", "2")),
+    ("dp4-head1", ("--dp", "4", "--head-node", "1")),
 ])
 def test_two_nodes_record_one_job(plan: str, options: tuple[str, ...], tmp_path: Path) -> None:
-    """dp2 x pp2 runs with node 1's clock 5 s ahead: its events still land inside the head's steps."""
+    """dp2 x pp2 runs with node 1's clock 5 s ahead: its events still land inside the head's steps; with
+    --head-node 1, node 1 records and node 0 streams to it."""
     shifted = plan == "dp2xpp2"
-    head_code, node1_code, head_out, node1_out = two_nodes(
+    streamer = 0 if plan.endswith("head1") else 1
+    node0_code, node1_code, node0_out, node1_out = two_nodes(
         tmp_path, *options, "--steps", str(STEPS), "--batch-size", str(BATCH),
         node1_env=shifted_clock_env() if shifted else None)
-    assert (head_code, node1_code) == (0, 0), head_out[-3000:] + node1_out[-3000:]
-    assert "streaming to the head at 127.0.0.1:" in node1_out
-    assert "the job completed" in node1_out
+    assert (node0_code, node1_code) == (0, 0), node0_out[-3000:] + node1_out[-3000:]
+    streamer_out = node1_out if streamer == 1 else node0_out
+    assert "streaming to the head at 127.0.0.1:" in streamer_out
+    assert "the job completed" in streamer_out
+    assert "recording:" in (node0_out if streamer == 1 else node1_out)
 
     recording = open_recording(tmp_path / "rec")
     manifest = recording.manifest
@@ -110,8 +115,8 @@ def test_two_nodes_record_one_job(plan: str, options: tuple[str, ...], tmp_path:
     assert one_node.result.status == "completed"
     assert job_losses(steps, 4) == pytest.approx(one_node.losses, rel=RTOL)
 
-    offset = manifest.nodes[1].clock_offset_ns
-    assert offset is not None
+    offset = manifest.nodes[streamer].clock_offset_ns
+    assert offset is not None and manifest.nodes[1 - streamer].clock_offset_ns == 0
     if not shifted:
         assert abs(offset) < 0.05e9
         return

@@ -27,6 +27,9 @@ def test_a_node_joins_torchruns_c10d_rendezvous() -> None:
     assert nodes.launcher_args(4) == ("--nnodes=2", "--node-rank=1", "--nproc-per-node=4", "--rdzv-backend=c10d",
                                       "--rdzv-endpoint=10.0.0.5:29500", "--rdzv-id=job7")
     assert nodes.store_key == "meshtop/job7/head"
+    assert nodes.others == (1,)
+    named = nodes_from_options(nnodes="3", node_rank=1, endpoint="127.0.0.1:1", run_id=None, head_node=1)
+    assert named is not None and named.head and named.others == (0, 2)
     assert nodes_from_options(nnodes="2:2", node_rank=1, endpoint="h", run_id=None).endpoint == "h:29400"
     assert nodes_from_options(nnodes=None, node_rank=None, endpoint=None, run_id=None) is None
     assert nodes_from_options(nnodes="1", node_rank=0, endpoint=None, run_id=None) is None
@@ -50,6 +53,8 @@ def test_the_head_listens_where_the_others_reach_the_rendezvous() -> None:
     (dict(nnodes="2", node_rank=0, endpoint="h:1", backend="static"), "--rdzv-backend static"),
     (dict(nnodes=None, node_rank=1, endpoint=None), "--node-rank is for a job on many nodes"),
     (dict(nnodes="2", node_rank=0, endpoint="h:1", collector_bind=":x"), "--collector-bind ':x' is not"),
+    (dict(nnodes="2", node_rank=0, endpoint="h:1", head_node=2), "--head-node 2: give a node rank from 0 to 1"),
+    (dict(nnodes=None, node_rank=None, endpoint=None, head_node=1), "--head-node is for a job on many nodes"),
 ])
 def test_node_options_that_cannot_work_name_the_fix(options: dict[str, object], message: str) -> None:
     with pytest.raises(PlanError, match=message):
@@ -100,7 +105,7 @@ def test_the_heads_collector_takes_its_nodes_and_refuses_others() -> None:
         asked.append({**header, "connection": connection})
         return {"t1": 42}
 
-    collector = Collector(nodes=2, on_control=answer).start()
+    collector = Collector(nodes=(1,), on_control=answer).start()
     try:
         with socket.create_connection(collector.address, timeout=5) as sock:
             sock.sendall(pack({"token": collector.token, "rank": 0, "node": 1, "control": "ping", "t0": 1}))
@@ -124,7 +129,7 @@ def test_the_heads_collector_takes_its_nodes_and_refuses_others() -> None:
 
 
 def test_the_fleet_names_a_lost_node_and_merges_how_each_node_ended(tmp_path: Path) -> None:
-    fleet = Fleet(3, silent_s=0.2)
+    fleet = Fleet((1, 2), silent_s=0.2)
     for node in (1, 2):
         reply = fleet.on_control({"node": node, "control": "ping", "t0": 0, "host": f"h{node}",
                                   "offset_ns": -5_000_000_000, "rtt_ns": 40_000}, 1)
@@ -147,7 +152,7 @@ def test_the_fleet_names_a_lost_node_and_merges_how_each_node_ended(tmp_path: Pa
     assert merged.status == "failed" and merged.root_cause == 4
     assert [r.rank for r in merged.ranks] == [0, 1, 2, 3, 4, 5]
 
-    fleet = Fleet(2, silent_s=0.2)
+    fleet = Fleet((1,), silent_s=0.2)
     fleet.on_control({"node": 1, "control": "ping", "t0": 0, "host": "b"}, 1)
     fleet.note_ranks(1, 2)
     assert fleet.lost() is None
@@ -177,7 +182,7 @@ def test_bad_node_options_are_one_line(argv: list[str], message: str, tmp_path: 
 
 
 def test_a_node_that_reconnects_is_not_lost_and_one_that_does_not_is() -> None:
-    fleet = Fleet(2, reconnect_s=0.2)
+    fleet = Fleet((1,), reconnect_s=0.2)
     fleet.on_control({"node": 1, "control": "ping", "t0": 0, "host": "b"}, 1)
     fleet.on_control({"node": 1, "control": "closed"}, 1)
     fleet.on_control({"node": 1, "control": "data"}, 2)  # back on a new connection at once
@@ -196,7 +201,7 @@ def test_a_node_that_reconnects_is_not_lost_and_one_that_does_not_is() -> None:
 def test_a_stop_the_head_asked_for_keeps_the_heads_status(tmp_path: Path) -> None:
     """Ctrl-C on the head: the other nodes' ranks then fail against their stopped peers; the job was
     interrupted all the same."""
-    fleet = Fleet(2)
+    fleet = Fleet((1,))
     fleet.on_control({"node": 1, "control": "ping", "t0": 0, "host": "b"}, 1)
     fleet.stop("interrupted")
     fleet.on_control({"node": 1, "control": "bye", "status": "failed",
@@ -209,7 +214,7 @@ def test_a_stop_the_head_asked_for_keeps_the_heads_status(tmp_path: Path) -> Non
 
 
 def test_a_node_silent_at_the_end_is_lost_and_told_to_stop() -> None:
-    fleet = Fleet(2)
+    fleet = Fleet((1,))
     fleet.on_control({"node": 1, "control": "ping", "t0": 0, "host": "b"}, 1)
     fleet.settle(timeout_s=0.3)
     lost = fleet.lost()

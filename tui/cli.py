@@ -152,6 +152,9 @@ def add_node_options(parser: argparse.ArgumentParser) -> None:
     nodes.add_argument("--rdzv-endpoint", default=None, metavar="HOST:PORT",
                        help="torchrun's c10d rendezvous endpoint, the same on every node (the head's address, say)")
     nodes.add_argument("--rdzv-id", default=None, metavar="ID", help="the job's rendezvous id (default none)")
+    nodes.add_argument("--head-node", type=int, default=None, metavar="I",
+                       help="the node that records and shows the job (default 0), the same on every node; with a "
+                            "script too")
     nodes.add_argument("--collector-bind", default=None, metavar="ADDR[:PORT]",
                        help="where the head listens for the other nodes (only with the session's token); default: "
                             "the address it reaches the rendezvous endpoint from, on a free port")
@@ -187,7 +190,7 @@ def metrics_line(server: MetricsServer) -> str:
 def nodes_from_args(args: argparse.Namespace) -> Nodes | None:
     """The built-in runner's nodes, from meshtop's own node options."""
     return nodes_from_options(nnodes=args.nnodes, node_rank=args.node_rank, endpoint=args.rdzv_endpoint,
-                              run_id=args.rdzv_id, collector_bind=args.collector_bind)
+                              run_id=args.rdzv_id, collector_bind=args.collector_bind, head_node=args.head_node)
 
 
 def spec_from_args(args: argparse.Namespace) -> RunSpec:
@@ -248,7 +251,8 @@ def resolve_args(args: argparse.Namespace) -> Work:
         raise PlanError("--device cuda: no CUDA GPU is visible")
     return resolve_script(args.script, gpus_visible=gpus_visible() if wants_gpu else 0,
                           instrument=args.instrument, tokens_per_step=args.tokens_per_step, dtype=args.dtype,
-                          activations=args.activations, collector_bind=args.collector_bind)
+                          activations=args.activations, collector_bind=args.collector_bind,
+                          head_node=args.head_node)
 
 
 def work_nodes(args: argparse.Namespace, work: Work) -> Nodes | None:
