@@ -17,10 +17,18 @@ pytestmark = pytest.mark.slow
 # the slower one (stage 1 carries the output projection and the loss, ~5% more
 # work), which adds up to ~0.04 more. On the 2-core CI VM single runs of 3
 # steady steps strayed further (-0.034 for the slowest stage, +0.113 for a
-# faster one, 2026-11-29), so the steady part is now 5 steps and the bounds
+# faster one, 2026-11-29), so the steady part became 5 steps and the bounds
 # allow for that VM: +0.08 for the slowest stage, +0.12 for any, -0.04 below.
-# The trend (falling with m) is checked on top.
-SLOWEST_ABOVE, ANY_ABOVE, BELOW = 0.08, 0.12, 0.04
+# On 2026-12-01 the same VM and this one measured up to +0.15 for a stage
+# (gpipe m=2, stage 0, CI) and +0.09 for the slowest (1f1b m=8) while nothing
+# else ran, with the code of the last run that passed too: each stage's figure
+# is now the median of 9 steady steps (preemption moves a step's bubble either
+# way: busy time stretched, or time waited on the other stage) and the bounds
+# are +0.12 for the slowest stage and +0.2 for any, -0.06 below (a stretched
+# busy time: -0.041 seen once in 5 runs here). A bubble
+# computed wrongly (idle not counted, the wrong span) is off by more, and the
+# trend (the slowest stage's bubble falling with m) is checked on top.
+SLOWEST_ABOVE, ANY_ABOVE, BELOW = 0.12, 0.2, 0.06
 
 
 @pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
@@ -31,5 +39,5 @@ def test_bubble_follows_theory_as_microbatches_grow(schedule: str) -> None:
         assert theory - BELOW <= row["measured_slowest"] <= theory + SLOWEST_ABOVE, (schedule, m)
         for stage, measured in row["measured_by_stage"].items():
             assert theory - BELOW <= measured <= theory + ANY_ABOVE, (schedule, m, stage)
-    worst = [row["measured_max"] for row in rows]
-    assert worst[0] > worst[1] > worst[2]
+    slowest = [row["measured_slowest"] for row in rows]  # the bottleneck's: a faster stage's idle is imbalance too
+    assert slowest[0] > slowest[1] > slowest[2], slowest

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -38,7 +39,11 @@ def test_summary_json_has_the_documented_keys(recorded: Path, capsys: pytest.Cap
     assert summary["steps"]["count"] == 4
     assert set(summary["steps"]["time_s"]) == {"p50", "p90", "mean"}
     assert set(summary) == {"recording", "run", "steps", "mfu", "requests", "collectives", "stages", "memory",
-                            "most_loaded_rank", "headroom_bytes", "ranks", "problems"}
+                            "most_loaded_rank", "headroom_bytes", "ranks", "hosts", "problems"}
+    peak = max(row["peak_bytes"] for row in summary["memory"])
+    assert summary["hosts"] == [{"node": 0, "host": socket.gethostname(), "ranks": [0, 1, 2, 3], "gpus": [],
+                                 "clock_offset_ns": 0, "clock_rtt_ns": 0, "peak_bytes": peak}]
+    assert {(r["node"], r["host"]) for r in summary["ranks"]} == {(0, socket.gethostname())}
     assert summary["mfu"]["value"] is None and summary["mfu"]["why_not"] == "no peak FLOP/s for a cpu device"
     groups = {(row["group"], row["op"]) for row in summary["collectives"]}
     assert groups == {("pp", "send"), ("pp", "recv"), ("dp", "all_reduce")}

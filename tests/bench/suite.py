@@ -100,7 +100,7 @@ def bubble_row(schedule: str, microbatches: int) -> Row:
     return Row("accuracy", f"bubble {schedule} pp2 m={microbatches} / theory {theory:.3f}",
                float(result["measured_slowest"]) / theory, "ratio", Spread.of(ratios),
                Target((theory - BELOW) / theory, (theory + SLOWEST_ABOVE) / theory),  # the test's bounds
-               note=f"slowest stage {result['slowest_stage']}, mean of steps 1-5", details=result)
+               note=f"slowest stage {result['slowest_stage']}, median of steps 1-9", details=result)
 
 
 def busbw_rows() -> list[Row]:
