@@ -13,6 +13,7 @@ import json
 import math
 import os
 import queue
+import re
 import signal
 import socket
 import subprocess
@@ -290,20 +291,28 @@ class Job:
                                         for rank, failure in failures.items()})
 
 
+OWN_DEATHS = frozenset({"SIGKILL", "SIGSEGV", "SIGBUS", "SIGILL", "SIGFPE"})
+"""Signals that end a rank from outside or for its own fault, never because a peer failed (SIGABRT can: an
+uncaught error of a communication thread aborts the process)."""
+PEER_GONE = re.compile(r"(closed|reset) by peer|broken pipe|remote process exited|communicator was aborted",
+                       re.IGNORECASE)
+"""What gloo and nccl raise in a rank whose peer went away: the effect of another rank's failure."""
+
+
 def root_cause(failures: dict[str, dict[str, object]]) -> int | None:
     """The first rank to fail by itself; ranks the launcher then stopped with SIGTERM come last.
 
-    A rank that a signal ended (SIGKILL, SIGSEGV, SIGABRT) comes before ranks that exited with an error: a
-    rank dies by a signal from outside or from its own fault, never because a peer failed, while a peer's
-    death makes the others raise (gloo's "connection reset by peer", nccl's aborted communicator). Across
-    nodes this is what tells the cause from its effects: torchrun's timestamps are whole seconds (compared as
-    such: another node's carry a fraction, its clock offset), and each launcher notices a death in its own
-    time."""
-    def order(rank: str) -> tuple[bool, bool, float, int]:
+    torchrun's timestamps are whole seconds (compared as such: another node's carry a fraction, its clock
+    offset), and each launcher notices a death in its own time, so within one job's failure the effects are
+    told from the cause first: a rank killed from outside or by its own fault (:data:`OWN_DEATHS`) comes
+    first, and a rank whose error says a peer went away (:data:`PEER_GONE`) comes after every other."""
+    def order(rank: str) -> tuple[bool, bool, bool, float, int]:
         failure = failures[rank]
         stopped = failure.get("signal") == "SIGTERM"
+        died = failure.get("signal") in OWN_DEATHS
+        peer_gone = PEER_GONE.search(str(failure.get("error") or "")) is not None
         seconds = math.floor(float(failure.get("timestamp") or 0))  # type: ignore[arg-type]
-        return stopped, not failure.get("signal"), seconds, int(rank)
+        return stopped, not died, peer_gone, seconds, int(rank)
 
     return int(min(failures, key=order)) if failures else None
 

@@ -14,7 +14,7 @@ from probes.collector import Collector
 from probes.events import CollectiveTiming, GpuSample, NodeClock, RequestDone, StepTiming, on_node
 from probes.wire import event_sections, pack, read_frame
 from runner.fleet import Fleet
-from runner.launch import JobResult, RankExit
+from runner.launch import JobResult, RankExit, root_cause
 from runner.nodes import nodes_from_options, split_endpoint
 from runner.plan import PlanError, RunSpec, resolve
 
@@ -220,3 +220,15 @@ def test_a_node_silent_at_the_end_is_lost_and_told_to_stop() -> None:
     lost = fleet.lost()
     assert lost is not None and "did not say how its ranks ended" in (lost.lost or "")
     assert fleet.on_control({"node": 1, "control": "ping", "t0": 0}, 1)["stop"] == "failed"
+
+
+def test_the_root_cause_is_told_from_its_effects_within_a_second() -> None:
+    """torchrun's timestamps are whole seconds: rank 0's peer error and rank 1's own come in the same one."""
+    peer = "RuntimeError: [gloo/transport/tcp/pair.cc:553] Connection closed by peer [127.0.0.1]:23426"
+    failures = {"0": {"exit_code": 1, "signal": None, "error": peer, "timestamp": 100.0},
+                "1": {"exit_code": 1, "signal": None, "error": "InjectedFault: on rank 1", "timestamp": 100.0}}
+    assert root_cause(failures) == 1
+    failures["2"] = {"exit_code": -9, "signal": "SIGKILL", "error": None, "timestamp": 101.0}
+    assert root_cause(failures) == 2  # killed from outside: its peers' errors follow from it
+    failures["3"] = {"exit_code": -15, "signal": "SIGTERM", "error": None, "timestamp": 99.0}
+    assert root_cause(failures) == 2  # stopped by the launcher: never the cause
