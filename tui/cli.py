@@ -182,6 +182,15 @@ def serve_metrics(args: argparse.Namespace, metrics: Callable[[], RunMetrics] | 
     return MetricsServer(metrics, port=args.metrics_port, bind=args.metrics_bind or DEFAULT_BIND).start()
 
 
+def live_metrics(args: argparse.Namespace, run: Work) -> tuple[RunMetrics | None, MetricsServer | None]:
+    """The series a live session feeds and the server of ``--metrics-port``, started (``None`` without)."""
+    from recordings.prometheus import RunMetrics
+    from runner.session import describe
+
+    metrics = RunMetrics(describe(run)) if args.metrics_port is not None else None
+    return metrics, serve_metrics(args, (lambda: metrics) if metrics is not None else None)  # type: ignore[return-value]
+
+
 def metrics_line(server: MetricsServer) -> str:
     host, port = server.address
     return f"metrics: http://{host}:{port}/metrics"
@@ -363,11 +372,7 @@ def command_run(args: argparse.Namespace) -> int:
     if nodes is not None and not nodes.head:
         return command_node(run, nodes, probes)
     require_terminal("meshtop run", "use `meshtop record OUT` to record a job headless")
-    from recordings.prometheus import RunMetrics
-    from runner.session import describe
-
-    metrics = RunMetrics(describe(run)) if args.metrics_port is not None else None
-    server = serve_metrics(args, (lambda: metrics) if metrics is not None else None)  # type: ignore[return-value]
+    metrics, server = live_metrics(args, run)
     manifest: Manifest | None = None
     if args.record:
         directory = new_session_path(runs_directory(args), run)
@@ -471,11 +476,7 @@ def command_record(args: argparse.Namespace) -> int:
     if nodes is not None and not nodes.head:
         return command_node(run, nodes, probes)
     out: Path = args.out
-    from recordings.prometheus import RunMetrics
-    from runner.session import describe
-
-    metrics = RunMetrics(describe(run)) if args.metrics_port is not None else None
-    server = serve_metrics(args, (lambda: metrics) if metrics is not None else None)  # type: ignore[return-value]
+    metrics, server = live_metrics(args, run)
     if server is not None:
         print(metrics_line(server), flush=True)
     try:
