@@ -187,12 +187,13 @@ class RunMetrics:
         yield bubble
         memory = GaugeMetricFamily("meshtop_memory_bytes",
                                    "Memory per rank: its peak over the run, and each category at the last step",
-                                   labels=["rank", "category"])
+                                   labels=["rank", "Hostname", "node", "category"])
         for row in figures.memory:
+            where = [ranks[row.rank].host, str(ranks[row.rank].node)] if row.rank in ranks else ["", ""]
             for category in ("peak", "weights", "grads", "optimizer", "activations", "kv_cache"):
                 value = getattr(row, f"{category}_bytes")
                 if value is not None:
-                    memory.add_metric([str(row.rank), category], value)
+                    memory.add_metric([str(row.rank), *where, category], value)
         yield memory
         yield from self._gpu_gauges(gpus)
         state = GaugeMetricFamily("meshtop_rank_up", "1 while the rank runs, 0 once it exited",

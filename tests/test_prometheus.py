@@ -18,6 +18,7 @@ from probes.events import GpuSample, RankStarted, RequestDone
 from recordings.prometheus import MetricsServer, RunMetrics
 from recordings.reader import open_recording
 from recordings.samples import SAMPLE
+from recordings.schema import events_of
 from recordings.summary import summarize
 from tests.recording_kit import description
 from tui.sources import ReplaySource
@@ -70,6 +71,8 @@ def test_a_replay_serves_the_recordings_figures() -> None:
     bubbles = {labels["stage"]: value for labels, value in samples["meshtop_stage_bubble_ratio"]}
     assert bubbles == {str(row["stage"]): pytest.approx(row["bubble_fraction"]) for row in summary["stages"]}
     assert {labels["rank"] for labels, _ in samples["meshtop_memory_bytes"]} == {"0", "1", "2", "3"}
+    hosts = {(e.host, str(e.node)) for e in events_of("rank_started", recording.arrow("rank_started"))}
+    assert {(labels["Hostname"], labels["node"]) for labels, _ in samples["meshtop_memory_bytes"]} == hosts
     assert {labels["rank"] for labels, _ in samples["meshtop_rank_up"]} == {"0", "1", "2", "3"}
 
 
