@@ -50,6 +50,15 @@ class RankStarted(Event):
     wall_ns: int
     node: int = 0
     """The meshtop node the rank runs on (its ``--node-rank``; 0 on one machine): ``host`` may repeat."""
+    world_size: int = 0
+    """Ranks in the job as torchrun started it (its ``WORLD_SIZE``): what an elastic job (``--nnodes MIN:MAX``)
+    settled on; 0 in recordings made before 2026-12."""
+    restart: int = 0
+    """torchrun's count of restarts of the ranks before this start (``TORCHELASTIC_RESTART_COUNT``): after a
+    failure (``--max-restarts``), or when an elastic job's nodes changed."""
+    first_step: int = 0
+    """The recording's number of this start's first step: a later start's ranks count their steps from 0 again,
+    and the head numbers them on after the steps before (:mod:`runner.rounds`)."""
     model_parameters: int | None = None
     """A script's rank, from its first optimizer step on: parameter elements its optimizer trains, DTensors at
     their global size (the whole model on a data or tensor parallel rank, a stage's part on a pipeline rank);

@@ -44,6 +44,12 @@ def node_of_this_rank() -> int:
     return int(value) if value.isdigit() else 0
 
 
+def start_of_this_rank() -> tuple[int, int]:
+    """``(world size, restart count)`` as torchrun set them for this rank (``(0, 0)`` outside torchrun)."""
+    world, restart = os.environ.get("WORLD_SIZE", "0"), os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    return int(world) if world.isdigit() else 0, int(restart) if restart.isdigit() else 0
+
+
 class FrameError(Exception):
     """A frame that is too large or not a message."""
 

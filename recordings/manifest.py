@@ -17,7 +17,7 @@ import sys
 import time
 import types
 import typing
-from dataclasses import MISSING, dataclass, field, fields, is_dataclass
+from dataclasses import MISSING, dataclass, field, fields, is_dataclass, replace
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -127,6 +127,12 @@ LOAD_WORK = ("requests", "concurrency", "request_rate_per_s", "prompt_len", "out
 """What makes two loads the same work (the seed and the SLOs do not change the work done)."""
 
 
+def script_plan(name: str, world_size: int) -> Plan:
+    """A script's plan: its world size alone (meshtop does not know how the script splits it)."""
+    return Plan(dp=world_size, tp=1, pp=1, fsdp=False, world_size=world_size, schedule=None, microbatches=None,
+                label=f"torchrun {name} ({world_size} ranks)")
+
+
 @dataclass(frozen=True, kw_only=True, slots=True)
 class RunDescription:
     """What ran: plan, model, lengths, load; or a user's script (then the plan is its world size alone,
@@ -175,6 +181,14 @@ class RunDescription:
     @property
     def world_size(self) -> int:
         return self.plan.world_size
+
+    def started_with(self, world_size: int) -> RunDescription:
+        """This run as torchrun started its ranks with ``world_size`` (a :class:`RankStarted`'s): an elastic
+        script's (``--nnodes MIN:MAX``) ranks are known only then, and were counted for MAX nodes until
+        then; the built-in runner's plan fixes its own. ``self`` where nothing changes."""
+        if self.script is None or world_size <= 0 or world_size == self.plan.world_size:
+            return self
+        return replace(self, plan=script_plan(self.script.name, world_size))
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> RunDescription:

@@ -53,7 +53,7 @@ class SessionRecorder:
         self.directory = directory
         self.manifest = manifest
         self.writer = EventWriter(directory) if manifest is not None else None
-        self._inference = run.inference
+        self.run = run
         self.folder = StepFolder(1 if run.inference else run.world_size)
         self.steps_completed = 0
         self._devices: dict[int, str] = {}
@@ -61,6 +61,8 @@ class SessionRecorder:
         self._gpus: dict[tuple[int, int], GpuInfo] = {}
         self._hosts: dict[int, str] = {}
         self._node_ranks: dict[int, set[int]] = {}
+        """Each node's ranks, in the latest start of the job's ranks."""
+        self._restart = 0
         self._clocks: dict[int, NodeClock] = {}
         self._topology: list[GpuPair] = []
 
@@ -71,9 +73,10 @@ class SessionRecorder:
         completed = []
         for event in arrivals.events(self.KINDS):
             if isinstance(event, StepTiming):
-                if (not self._inference or event.rank == 0) and (step := self.folder.add(event)) is not None:
+                if (not self.run.inference or event.rank == 0) and (step := self.folder.add(event)) is not None:
                     completed.append(step)
             elif isinstance(event, RankStarted):
+                completed.extend(self._started(event))
                 self._devices[event.rank] = event.device
                 self._hosts.setdefault(event.node, event.host)
                 self._node_ranks.setdefault(event.node, set()).add(event.rank)
@@ -90,6 +93,23 @@ class SessionRecorder:
                 self._clocks[event.node] = event
         self.steps_completed += len(completed)
         return completed
+
+    def _started(self, event: RankStarted) -> list[JobStep]:
+        """The ranks say how many they are (an elastic script's were counted for MAX nodes, a restart's may be
+        another number): the manifest says so at once, and the steps count them; the steps that completes."""
+        if event.restart > self._restart:  # torchrun started every rank again: the nodes hold other ranks
+            self._restart = event.restart
+            self._node_ranks.clear()
+        run = self.run.started_with(event.world_size)
+        if run is not self.run:
+            self.run = run
+            if self.manifest is not None:
+                self.manifest = dataclasses.replace(self.manifest, run=run)
+                try:
+                    write_manifest(self.directory, self.manifest)
+                except OSError:  # the final manifest says it, if it can be written
+                    pass
+        return self.folder.started(event.world_size, event.first_step) if not run.inference else []
 
     def nodes(self) -> tuple[NodeInfo, ...]:
         """Every node that reported: its host, ranks and GPUs, and its clock against the head's."""

@@ -77,6 +77,8 @@ def summarize(recording: Recording) -> dict[str, Any]:
     figures = fold.figures().to_json()
     return {"recording": str(recording.path), "run": run_section(recording), **figures,
             "ranks": ranks_section(recording), "hosts": hosts_section(recording, figures["memory"]),
+            "starts": [{"restart": restart, "world_size": world, "first_step": first}
+                       for restart, (world, first) in sorted(fold.starts.items())],
             "problems": [*recording.problems, *rejected_problems(fold)]}
 
 

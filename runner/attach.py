@@ -62,7 +62,7 @@ from probes.memory import local_numel
 from probes.patching import Patches
 from probes.shipper import EventShipper, open_sink
 from probes.sink import EventSink
-from probes.wire import node_of_this_rank
+from probes.wire import node_of_this_rank, start_of_this_rank
 from runner.script import ACTIVATIONS_ENV, DEVICE_ENV, INSTRUMENT_ENV, TOKENS_ENV
 
 PIPELINING = "torch.distributed.pipelining"
@@ -249,9 +249,11 @@ class Attachment:
 
     def _started(self) -> None:
         (pp_rank, dp_rank, stages), (local, model) = self._place, self._parameters
+        world_size, restart = start_of_this_rank()
         self.sink.emit(RankStarted(rank=self.rank, pid=os.getpid(), host=socket.gethostname(), device=str(self.device),
                                    pp_rank=pp_rank, dp_rank=dp_rank, tp_rank=0, stages=stages, local_parameters=local,
-                                   model_parameters=model, wall_ns=time.time_ns(), node=node_of_this_rank()))
+                                   model_parameters=model, wall_ns=time.time_ns(), node=node_of_this_rank(),
+                                   world_size=world_size, restart=restart))
 
     def _on_stages(self, stages: tuple[int, ...]) -> None:
         """The rank runs pipeline stages: say again where it sits, its first stage as its pipeline rank."""

@@ -11,7 +11,7 @@ from typing import TextIO
 
 from probes.arrivals import Arrivals
 from probes.events import EventsDropped, HangDetected, ProbeOff, RequestDone, StackDump
-from recordings.manifest import Manifest
+from recordings.manifest import Manifest, script_plan
 from recordings.metrics.requests import RequestFigures, RequestFold
 from recordings.metrics.steps import JobStep, StepFigures, StepStats
 from recordings.prometheus import RunMetrics
@@ -31,7 +31,7 @@ CONSOLE_KINDS = ("stack_dump", "hang", "request", "events_dropped", "probe_off")
 
 def headline(run: Work) -> str:
     if isinstance(run, ScriptRun):
-        return f"meshtop: {run.plan_label()} · {run.device} · {shlex.join(run.command)}"
+        return f"meshtop: {script_plan(run.name, run.world_size).label} · {run.device} · {shlex.join(run.command)}"
     params = run.shape.parameter_count()
     size = f"{params / 1e9:.1f}B" if params >= 1e9 else f"{params / 1e6:.1f}M"
     start = f"meshtop: {run.plan_label()} · model {run.shape.name} ({size} params) · {run.device} {run.dtype} · "

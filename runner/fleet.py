@@ -115,6 +115,12 @@ class Fleet:
             if node in self._nodes:
                 self._nodes[node].ranks.add(rank)
 
+    def restarted(self) -> None:
+        """torchrun started every rank again: each node's ranks are told anew by their starts."""
+        with self._lock:
+            for state in self._nodes.values():
+                state.ranks.clear()
+
     def lost(self) -> NodeState | None:
         """The first node lost (its stream closed without a last word, or silent too long), if any."""
         now = time.monotonic()
@@ -187,6 +193,8 @@ class Fleet:
         statuses = {local.status}
         lost = None
         for state in self.nodes():
+            if not state.last_seen:  # never came: an elastic job ran without it
+                continue
             if state.lost is not None and lost is None:
                 lost = state
             bye = state.bye or {}

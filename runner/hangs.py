@@ -59,6 +59,15 @@ class HangWatch:
         self._step_times: deque[float] = deque(maxlen=50)
         self._heartbeats: dict[int, tuple[RankProgress, float]] = {}
 
+    def ranks_started(self, world_size: int, *, restart: int) -> None:
+        """The job's ranks started, ``world_size`` of them, after ``restart`` restarts: a restart begins
+        afresh, on the startup timeout (its ranks load and join again) and with no heartbeat yet."""
+        self.world_size = world_size
+        if restart:
+            self._last_progress, self._reported_at = self._clock(), None
+            self._step_times.clear()
+            self._heartbeats.clear()
+
     @property
     def timeout_s(self) -> float:
         if self.fixed_timeout_s is None:

@@ -50,6 +50,7 @@ from probes.wire import ADDRESS_ENV, NCCL_TIMING_ENV, NODE_ENV, TOKEN_ENV
 from runner.hangs import HangWatch
 from runner.load import longest_gap_s
 from runner.plan import ResolvedRun
+from runner.rounds import Rounds
 
 if TYPE_CHECKING:
     from runner.fleet import Fleet
@@ -413,6 +414,7 @@ def run_job(launch: Launch, *, session_dir: Path,
     samplers = (GpuSampler(rate_hz=node_probes.gpu_hz, emit=node_events.put), processes)
     pids: dict[int, int] = {}
     lost: list[int] = []
+    rounds = Rounds() if launch.nodes is None or fleet is not None else None  # the head numbers the steps
 
     here = launch.nodes.rank if launch.nodes is not None else 0
 
@@ -420,6 +422,13 @@ def run_job(launch: Launch, *, session_dir: Path,
         arrivals = job.read_events()
         while not node_events.empty():  # this node's samplers: their events name this node
             arrivals.add([on_node(e, offset_ns=0, node=here) if here else e for e in node_events.get()])
+        if rounds is not None:
+            for start in rounds.admit(arrivals):  # the ranks started: an elastic job's say how many they are
+                hangs.ranks_started(start.world_size or launch.world_size, restart=start.restart)
+                if start.restart:  # torchrun started every rank again: other processes, maybe other nodes
+                    pids.clear()
+                    if fleet is not None:
+                        fleet.restarted()
         for event in arrivals.events(("rank_started",)):
             assert isinstance(event, RankStarted)
             if event.node != here and fleet is not None:  # another node's: its own meshtop samples and dumps it
@@ -491,7 +500,7 @@ def run_job(launch: Launch, *, session_dir: Path,
     interrupted_here = interrupted and hung is None and not lost and (fleet is None or fleet.failed() is None)
     result = job.result(interrupted=interrupted_here, hang=hung, ranks=local_ranks)
     if fleet is not None:
-        result = fleet.merge(result, {rank.rank for rank in result.ranks}, launch.world_size)
+        result = fleet.merge(result, {rank.rank for rank in result.ranks}, hangs.world_size)
     on_events(Arrivals(lifecycle_events(result)))
     return result
 

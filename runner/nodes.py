@@ -13,6 +13,12 @@ Nothing else is configured.
 torchrun numbers the nodes by the order the rendezvous sorts them in, not by
 ``--node-rank``, so a node's global ranks are whatever its launcher was
 given; meshtop's node number is its ``--node-rank``, the one the user chose.
+
+An elastic script (``--nnodes MIN:MAX``) runs on the nodes that joined the
+rendezvous, from MIN to MAX of them. A node that comes later makes torchrun
+start every rank again with it, and meshtop follows each start (:mod:`runner.rounds`):
+the ranks say how many they are (:class:`probes.events.RankStarted`). A node
+lost stops the job, as on N nodes.
 """
 
 from __future__ import annotations
@@ -41,7 +47,7 @@ LOOK_EVERY_S = 0.2
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Nodes:
-    """A job on ``count`` nodes, seen from node ``rank``."""
+    """A job on ``count`` nodes (from ``min_count`` to ``count`` for an elastic one), seen from node ``rank``."""
 
     count: int
     rank: int
@@ -54,6 +60,12 @@ class Nodes:
     collector_bind: tuple[str, int] | None = None
     """Where the head's collector listens (``--collector-bind``); ``None``: on the address this node reaches
     the rendezvous endpoint from (loopback for a loopback endpoint), on a free port."""
+    min_count: int | None = None
+    """The MIN of ``--nnodes MIN:MAX`` (``count`` is MAX); ``None`` for ``--nnodes N``."""
+
+    @property
+    def elastic(self) -> bool:
+        return self.min_count is not None and self.min_count < self.count
 
     @property
     def head(self) -> bool:
@@ -66,7 +78,8 @@ class Nodes:
 
     def launcher_args(self, nproc_per_node: int) -> tuple[str, ...]:
         """torchrun's options for this node (the built-in runner's)."""
-        return (f"--nnodes={self.count}", f"--node-rank={self.rank}", f"--nproc-per-node={nproc_per_node}",
+        nnodes = f"{self.min_count}:{self.count}" if self.elastic else str(self.count)
+        return (f"--nnodes={nnodes}", f"--node-rank={self.rank}", f"--nproc-per-node={nproc_per_node}",
                 "--rdzv-backend=c10d", f"--rdzv-endpoint={self.endpoint}", f"--rdzv-id={self.run_id}")
 
     def bind_address(self) -> tuple[str, int]:
@@ -133,8 +146,9 @@ def route_address(host: str) -> str:
 
 def nodes_from_options(*, nnodes: str | None, node_rank: int | None, endpoint: str | None, run_id: str | None,
                        backend: str = "c10d", collector_bind: str | None = None,
-                       head_node: int | None = None) -> Nodes | None:
-    """The :class:`Nodes` of a job on many nodes, ``None`` on one, or a :class:`PlanError` naming the fix."""
+                       head_node: int | None = None, elastic: bool = False) -> Nodes | None:
+    """The :class:`Nodes` of a job on many nodes, ``None`` on one, or a :class:`PlanError` naming the fix;
+    ``elastic``: a node range (``MIN:MAX``) may be given (a script's, not the built-in runner's)."""
     if nnodes is None or nnodes in ("1", "1:1"):
         given = [flag for flag, value in (("--node-rank", node_rank), ("--rdzv-endpoint", endpoint),
                                           ("--collector-bind", collector_bind), ("--head-node", head_node))
@@ -142,7 +156,10 @@ def nodes_from_options(*, nnodes: str | None, node_rank: int | None, endpoint: s
         if given:
             raise PlanError(f"{given[0]} is for a job on many nodes: add --nnodes N (or leave it out)")
         return None
-    count = node_count(nnodes)
+    least, count = node_range(nnodes)
+    if least != count and not elastic:
+        raise PlanError(f"--nnodes {nnodes}: the built-in runner's plan fixes its ranks (dp x tp x pp): give "
+                        f"--nnodes N; a script of yours takes a range (`-- torchrun --nnodes {nnodes} ...`)")
     if count == 1:
         return None
     if node_rank is None:
@@ -171,18 +188,17 @@ def nodes_from_options(*, nnodes: str | None, node_rank: int | None, endpoint: s
             raise PlanError(f"--collector-bind {collector_bind!r} is not ADDRESS or ADDRESS:PORT")
         bind = (bind_host.strip("[]"), int(bind_port))
     return Nodes(count=count, rank=node_rank, endpoint=f"{host}:{port}", run_id=run_id or DEFAULT_RDZV_ID,
-                 head_rank=head, collector_bind=bind)
+                 head_rank=head, collector_bind=bind, min_count=least if least != count else None)
 
 
-def node_count(nnodes: str) -> int:
-    """The N of ``--nnodes N`` (or ``N:N``); a range is refused: meshtop follows a fixed set of nodes."""
+def node_range(nnodes: str) -> tuple[int, int]:
+    """``(MIN, MAX)`` of ``--nnodes N`` (``(N, N)``) or ``MIN:MAX``."""
     low, colon, high = nnodes.partition(":")
     if not low.isdigit() or (colon and not high.isdigit()) or int(low) < 1:
         raise PlanError(f"--nnodes {nnodes!r} is not N or MIN:MAX")
-    if colon and int(high) != int(low):
-        raise PlanError(f"--nnodes {nnodes}: meshtop follows a fixed set of nodes (an elastic job's ranks come "
-                        f"and go): give --nnodes N")
-    return int(low)
+    if colon and int(high) < int(low):
+        raise PlanError(f"--nnodes {nnodes}: MIN is above MAX: give MIN:MAX with MIN <= MAX")
+    return int(low), int(high) if colon else int(low)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

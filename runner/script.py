@@ -12,7 +12,7 @@ already passes keeps its meaning, and they go to ``torch.distributed.run``
 unchanged in meshtop's launcher child (:mod:`runner.agent`). What cannot run
 is refused here, in one line that names the fix: a missing script, a file
 that is not Python, an unknown module, an option torchrun does not know,
-an elastic node range, a multi-node job without c10d rendezvous or without ``--node-rank``
+a multi-node job without c10d rendezvous or without ``--node-rank``
 (:mod:`runner.nodes`), ``--no-python`` (meshtop's probes live in Python).
 """
 
@@ -63,7 +63,7 @@ class ScriptRun:
     sha256: str | None
     """Of the script file (``None`` for a module)."""
     world_size: int
-    """Ranks of the whole job, every node's."""
+    """Ranks of the whole job, every node's (an elastic job's: at MAX nodes, until its ranks say)."""
     device: str
     """``cuda`` where GPUs are visible (the script is expected to use nccl), else ``cpu`` (gloo)."""
     instrument: bool = True
@@ -79,9 +79,6 @@ class ScriptRun:
     def name(self) -> str:
         """``train.py`` or ``-m pkg.train``."""
         return self.script.name if self.script is not None else f"-m {self.module}"
-
-    def plan_label(self) -> str:
-        return f"torchrun {self.name} ({self.world_size} ranks)"
 
 
 class _TorchrunParser(argparse.ArgumentParser):
@@ -133,7 +130,9 @@ def resolve_script(command: list[str], *, gpus_visible: int, instrument: bool = 
     rank_given = any(arg.split("=")[0] in ("--node-rank", "--node_rank") for arg in launcher_args)
     nodes = nodes_from_options(nnodes=args.nnodes, node_rank=args.node_rank if rank_given else None,
                                endpoint=args.rdzv_endpoint or None, run_id=args.rdzv_id,
-                               backend=args.rdzv_backend, collector_bind=collector_bind, head_node=head_node)
+                               backend=args.rdzv_backend, collector_bind=collector_bind, head_node=head_node,
+                               elastic=True)
+    # an elastic job's ranks are counted for MAX nodes until they say how many they are
     world_size = _local_world_size(args.nproc_per_node) * (nodes.count if nodes is not None else 1)
     if tokens_per_step is not None and tokens_per_step <= 0:
         raise PlanError(f"--tokens-per-step must be a positive number of tokens, got {tokens_per_step}")

@@ -14,13 +14,13 @@ from pathlib import Path
 from probes.arrivals import Arrivals
 from recordings.manifest import (
     Manifest,
-    Plan,
     RankEnd,
     RecordingError,
     RunDescription,
     SampleRates,
     Script,
     new_recording,
+    script_plan,
     start_manifest,
     write_manifest,
 )
@@ -84,9 +84,7 @@ def describe(work: Work) -> RunDescription:
 
 def script_description(script: ScriptRun, environment: dict[str, str]) -> RunDescription:
     """The run description of ``script``: its world size as the plan, the rest its own."""
-    n = script.world_size
-    plan = Plan(dp=n, tp=1, pp=1, fsdp=False, world_size=n, schedule=None, microbatches=None,
-                label=script.plan_label())
+    plan = script_plan(script.name, script.world_size)
     section = Script(command=script.command, launcher_args=script.launcher_args,
                      path=str(script.script) if script.script is not None else None, module=script.module,
                      args=script.script_args, sha256=script.sha256, working_dir=os.getcwd(),

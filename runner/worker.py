@@ -22,7 +22,7 @@ from probes.instrument import Instrumentation
 from probes.memory import parameters_of
 from probes.shipper import EventShipper, open_sink
 from probes.sink import EventSink
-from probes.wire import node_of_this_rank
+from probes.wire import node_of_this_rank, start_of_this_rank
 from runner.faults import Fault, fault_from_env
 from runner.mesh import MeshCoordinates, build_mesh, coordinates, local_device
 from runner.plan import ResolvedRun
@@ -35,9 +35,11 @@ MEMORY_EVERY_NS = 500_000_000
 
 def rank_started(coords: MeshCoordinates, device: torch.device, *, stages: tuple[int, ...],
                  local_parameters: int) -> RankStarted:
+    world_size, restart = start_of_this_rank()
     return RankStarted(rank=coords.rank, pid=os.getpid(), host=socket.gethostname(), device=str(device),
                        pp_rank=coords.pp, dp_rank=coords.dp, tp_rank=coords.tp, stages=stages,
-                       local_parameters=local_parameters, wall_ns=time.time_ns(), node=node_of_this_rank())
+                       local_parameters=local_parameters, wall_ns=time.time_ns(), node=node_of_this_rank(),
+                       world_size=world_size, restart=restart)
 
 
 def train_rank(run: ResolvedRun, *, mesh: Any, coords: MeshCoordinates, device: torch.device, sink: EventSink,

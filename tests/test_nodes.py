@@ -10,13 +10,18 @@ from pathlib import Path
 
 import pytest
 
+from probes.arrivals import Arrivals
 from probes.collector import Collector
-from probes.events import CollectiveTiming, GpuSample, NodeClock, RequestDone, StepTiming, on_node
+from probes.events import CollectiveTiming, GpuSample, NodeClock, RankStarted, RequestDone, StepTiming, on_node
 from probes.wire import event_sections, pack, read_frame
+from recordings.manifest import RunDescription, Script, read_manifest, script_plan, start_manifest
+from recordings.metrics.steps import StepFolder
+from recordings.recorder import Ending, SessionRecorder
 from runner.fleet import Fleet
 from runner.launch import JobResult, RankExit, root_cause
 from runner.nodes import nodes_from_options, split_endpoint
 from runner.plan import PlanError, RunSpec, resolve
+from tui.state import DashboardState
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -35,6 +40,15 @@ def test_a_node_joins_torchruns_c10d_rendezvous() -> None:
     assert nodes_from_options(nnodes="1", node_rank=0, endpoint=None, run_id=None) is None
 
 
+def test_an_elastic_script_joins_with_its_node_range() -> None:
+    nodes = nodes_from_options(nnodes="1:3", node_rank=2, endpoint="127.0.0.1:29500", run_id="e", elastic=True)
+    assert nodes is not None and nodes.elastic and (nodes.min_count, nodes.count) == (1, 3)
+    assert nodes.launcher_args(2)[:2] == ("--nnodes=1:3", "--node-rank=2")
+    assert nodes.others == (1, 2)
+    fixed = nodes_from_options(nnodes="2:2", node_rank=1, endpoint="h:1", run_id=None, elastic=True)
+    assert fixed is not None and not fixed.elastic and fixed.launcher_args(1)[0] == "--nnodes=2"
+
+
 def test_the_head_listens_where_the_others_reach_the_rendezvous() -> None:
     loopback = nodes_from_options(nnodes="2", node_rank=0, endpoint="127.0.0.1:29500", run_id=None)
     assert loopback is not None and loopback.bind_address() == ("127.0.0.1", 0)
@@ -47,7 +61,9 @@ def test_the_head_listens_where_the_others_reach_the_rendezvous() -> None:
     (dict(nnodes="2", node_rank=None, endpoint="h:1"), "--nnodes 2 needs --node-rank I"),
     (dict(nnodes="2", node_rank=2, endpoint="h:1"), "--node-rank 2: give a node rank from 0 to 1"),
     (dict(nnodes="2", node_rank=0, endpoint=None), "--nnodes 2 needs --rdzv-endpoint HOST:PORT"),
-    (dict(nnodes="1:4", node_rank=0, endpoint="h:1"), "meshtop follows a fixed set of nodes"),
+    (dict(nnodes="1:4", node_rank=0, endpoint="h:1"), "the built-in runner's plan fixes its ranks"),
+    (dict(nnodes="3:2", node_rank=0, endpoint="h:1", elastic=True), "MIN is above MAX"),
+    (dict(nnodes="1:2", node_rank=2, endpoint="h:1", elastic=True), "give a node rank from 0 to 1"),
     (dict(nnodes="two", node_rank=0, endpoint="h:1"), "--nnodes 'two' is not N or MIN:MAX"),
     (dict(nnodes="2", node_rank=0, endpoint="h:99999"), "is not HOST:PORT"),
     (dict(nnodes="2", node_rank=0, endpoint="h:1", backend="static"), "--rdzv-backend static"),
@@ -232,3 +248,59 @@ def test_the_root_cause_is_told_from_its_effects_within_a_second() -> None:
     assert root_cause(failures) == 2  # killed from outside: its peers' errors follow from it
     failures["3"] = {"exit_code": -15, "signal": "SIGTERM", "error": None, "timestamp": 99.0}
     assert root_cause(failures) == 2  # stopped by the launcher: never the cause
+
+
+def elastic_script(world_size: int) -> RunDescription:
+    script = Script(command=("torchrun", "train.py"), launcher_args=("train.py",), path="/w/train.py", module=None,
+                    args=(), sha256=None, working_dir="/w")
+    return RunDescription(plan=script_plan("train.py", world_size), mode="train", model=None, dtype=None,
+                          device="cpu", steps=None, batch_size=None, microbatch_size=None, seq_len=None, seed=None,
+                          instrumented=True, script=script)
+
+
+def started(rank: int, world_size: int) -> RankStarted:
+    return RankStarted(rank=rank, pid=100 + rank, host="a", device="cpu", pp_rank=0, dp_rank=rank, tp_rank=0,
+                       stages=(), local_parameters=10, wall_ns=1, world_size=world_size)
+
+
+def step(rank: int, number: int) -> StepTiming:
+    return StepTiming(rank=rank, step=number, start_ns=number * 10**9,
+                      duration_s=0.1, loss=1.0 + rank, tokens=64)
+
+
+def test_a_step_folder_counts_the_ranks_of_each_start() -> None:
+    """Told of 2 ranks, it completes the steps they finished; a later start of 3 ranks from step 5 on waits for 3
+    there and for 2 before."""
+    folder = StepFolder(4)
+    assert folder.add(step(0, 0)) is None and folder.add(step(1, 0)) is None and folder.add(step(0, 1)) is None
+    done = folder.started(2)
+    assert [s.step for s in done] == [0] and done[0].loss == 1.5 and list(folder.pending) == [1]
+    assert folder.started(2) == [] and folder.started(0) == []
+    assert folder.add(step(1, 1)) is not None
+    assert folder.started(3, first_step=5) == []
+    assert folder.add(step(0, 5)) is None and folder.add(step(1, 5)) is None and folder.add(step(2, 5)) is not None
+    assert folder.add(step(0, 4)) is None and folder.add(step(1, 4)) is not None
+
+
+def test_an_elastic_scripts_world_is_what_its_ranks_say(tmp_path: Path) -> None:
+    """Counted for MAX nodes (4 ranks) until the ranks say they are 2: the dashboard, the figures and the
+    manifest on disk all follow, and the steps of 2 ranks complete; the built-in runner's plan never moves."""
+    run = elastic_script(4)
+    state = DashboardState(run)
+    manifest = start_manifest(run, command_line=[], node_probes=None)
+    recorder = SessionRecorder(run, tmp_path, manifest)
+    early = [step(0, 0), step(1, 0)]
+    assert recorder.take(Arrivals(early)) == []
+    completed = recorder.take(Arrivals([started(0, 2), started(1, 2)]))
+    assert [s.step for s in completed] == [0]
+    assert read_manifest(tmp_path).run.plan.world_size == 2  # at once: a crash keeps it
+    assert read_manifest(tmp_path).run.plan.label == "torchrun train.py (2 ranks)"
+    state.fold.apply_events([*early, started(0, 2), started(1, 2), step(0, 1), step(1, 1)])
+    assert state.info.world_size == 2
+    state.fold.finish("completed")
+    assert state.fold.steps.count == 2
+    recorder.close(Ending(status="completed", duration_s=1.0))
+    assert read_manifest(tmp_path).run.plan.world_size == 2
+    builtin = resolve(RunSpec(device="cpu", dp=2), gpus_visible=0)
+    described = RunDescription.from_json(builtin.describe())
+    assert described.started_with(4) is described and elastic_script(2).started_with(0).world_size == 2

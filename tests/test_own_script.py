@@ -147,7 +147,7 @@ def groups_by_op(recording: Path) -> dict[str, set[str]]:
     (["torchrun", "--nnodes", "2", "examples/ddp.py"], "--nnodes 2 needs --node-rank I on every node"),
     (["torchrun", "--nnodes", "2", "--node-rank", "1", "examples/ddp.py"],
      "--rdzv-backend static: meshtop follows a job on many nodes through torchrun's c10d"),
-    (["torchrun", "--nnodes", "1:2", "examples/ddp.py"], "--nnodes 1:2: meshtop follows a fixed set of nodes"),
+    (["torchrun", "--nnodes", "1:2", "examples/ddp.py"], "--nnodes 1:2 needs --node-rank I on every node"),
     (["torchrun", "--no-python", "examples/ddp.py"], "--no-python runs a program that is not Python"),
     (["-m", "no_such_module_here"], "no module named 'no_such_module_here' here"),
     (["README.md"], "README.md is not a Python script: line "),

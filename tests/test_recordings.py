@@ -39,7 +39,8 @@ def test_summary_json_has_the_documented_keys(recorded: Path, capsys: pytest.Cap
     assert summary["steps"]["count"] == 4
     assert set(summary["steps"]["time_s"]) == {"p50", "p90", "mean"}
     assert set(summary) == {"recording", "run", "steps", "mfu", "requests", "collectives", "stages", "memory",
-                            "most_loaded_rank", "headroom_bytes", "ranks", "hosts", "problems"}
+                            "most_loaded_rank", "headroom_bytes", "ranks", "hosts", "starts", "problems"}
+    assert summary["starts"] == [{"restart": 0, "world_size": 4, "first_step": 0}]
     peak = max(row["peak_bytes"] for row in summary["memory"])
     assert summary["hosts"] == [{"node": 0, "host": socket.gethostname(), "ranks": [0, 1, 2, 3], "gpus": [],
                                  "clock_offset_ns": 0, "clock_rtt_ns": 0, "peak_bytes": peak}]

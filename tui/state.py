@@ -165,8 +165,6 @@ class DashboardState:
 
     def __init__(self, run: RunDescription, *, recording: str | None = None,
                  headroom_alert: float = DEFAULT_HEADROOM_ALERT, figures_every_s: float = 0.0) -> None:
-        self.info = run
-        """What runs: plan, model, device, lengths, load (the manifest's description, live or recorded)."""
         self.recording = recording
         """Where the session is recorded, if it is."""
         self.fold = RunFold(run)
@@ -207,6 +205,12 @@ class DashboardState:
 
     # -- input -----------------------------------------------------------------
 
+
+    @property
+    def info(self) -> RunDescription:
+        """What runs: plan, model, device, lengths, load (the manifest's description, live or recorded; an
+        elastic script's world size once its ranks started)."""
+        return self.fold.run
     def apply(self, kind: str, table: pa.Table) -> None:
         """Fold a table of ``kind``'s events (live: what arrived since the last frame; replay: a slice)."""
         if not len(table):

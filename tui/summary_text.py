@@ -130,6 +130,10 @@ def summary_lines(summary: dict[str, Any]) -> list[str]:
         for row in summary["stages"]:
             lines.append(f"  stage {row['stage']}: busy {seconds(row['busy_s'])}  idle {seconds(row['idle_s'])}"
                          f"  bubble {row['bubble_fraction']:.1%}")
+    starts = summary.get("starts") or []
+    if len(starts) > 1:
+        lines.append(f"torchrun started the ranks {len(starts)} times: " + ", ".join(
+            f"{start['world_size']} ranks from step {start['first_step']}" for start in starts))
     hosts = summary.get("hosts") or []
     if len(hosts) > 1:
         lines.append("hosts (clock: the head's minus the node's, within half the round trip):")

@@ -112,6 +112,10 @@ class RunFold:
         self.version = 0
         """Grows with every change, so a caller can tell whether its figures are stale."""
         self._folder = StepFolder(1 if run.inference else run.world_size)
+        self._rank_limit = run.world_size
+        """Ranks of the job are below this: its world size, or the largest a start of its ranks said."""
+        self.starts: dict[int, tuple[int, int]] = {}
+        """Each start of the job's ranks, by torchrun's restart count: (its ranks, its first step)."""
         self._spans: dict[int, dict[int, RankSpan]] = {}
         self._completed: dict[int, JobStep] = {}
         self._figures: tuple[int, RunFigures] | None = None
@@ -137,7 +141,7 @@ class RunFold:
         """The rows that can be this job's: a rank of the job, a group of one rank or more, an end no
         earlier than the start (a line can be well-formed and still not describe the job)."""
         rank = table.column("rank")
-        keep = pc.and_(pc.greater_equal(rank, 0), pc.less(rank, self.run.world_size))
+        keep = pc.and_(pc.greater_equal(rank, 0), pc.less(rank, self._rank_limit))
         keep = pc.and_(keep, pc.greater_equal(table.column("end_ns"), table.column("start_ns")))
         if kind == "collective":
             keep = pc.and_(keep, pc.greater_equal(table.column("group_size"), 1))
@@ -151,7 +155,7 @@ class RunFold:
 
     def _fits(self, event: Event) -> bool:
         rank = getattr(event, "rank", 0)
-        if not (rank is None or 0 <= rank < self.run.world_size) or (
+        if not (rank is None or 0 <= rank < self._rank_limit) or (
                 isinstance(event, StepTiming) and event.duration_s < 0):
             self.rejected[event.kind] += 1
             return False
@@ -161,7 +165,12 @@ class RunFold:
         """Fold events of any kinds (those of :data:`EVENT_KINDS` count); those that cannot be this job's are
         left out and counted. The events kept."""
         self.version += 1
-        kept = [event for event in events if self._fits(event)]
+        kept = []
+        for event in events:
+            if isinstance(event, RankStarted):  # how many ranks there are: before a rank is checked against it
+                self._started(event)
+            if self._fits(event):
+                kept.append(event)
         for event in kept:
             if isinstance(event, StepTiming):
                 self._on_step(event)
@@ -180,6 +189,16 @@ class RunFold:
             elif isinstance(event, JobEnded):
                 self.finish(event.status)
         return kept
+
+    def _started(self, event: RankStarted) -> None:
+        """The ranks say how many they are: an elastic script's were counted for MAX nodes until then, and a
+        start after a restart may have another number of them from its first step on."""
+        self.run = self.run.started_with(event.world_size)
+        self._rank_limit = max(self._rank_limit, event.world_size)
+        self.starts.setdefault(event.restart, (event.world_size or self.run.world_size, event.first_step))
+        if self.training:
+            for step in self._folder.started(event.world_size, event.first_step):
+                self._complete(step)
 
     def know_gpus(self, gpus: Iterable[GpuInfo]) -> None:
         """The GPUs a recording's manifest names (its GPU samples may be gone): what MFU's peak is looked up by."""

@@ -63,23 +63,51 @@ class RankSpan:
 
 
 class StepFolder:
-    """Collects :class:`StepTiming` of ``ranks`` ranks; yields each step when the last of them reports it."""
+    """Collects :class:`StepTiming` of ``ranks`` ranks; yields each step when the last of them reports it.
+
+    A job whose ranks started again (:mod:`runner.rounds`) may have another number of them from the step
+    its new start's steps are numbered from: :meth:`started` says so."""
 
     def __init__(self, ranks: int) -> None:
         self.ranks = ranks
         self.pending: dict[int, dict[int, StepTiming]] = {}
+        self._starts: list[tuple[int, int]] = []
+        """(first step, ranks) of each start, by first step."""
+
+    def expected(self, step: int) -> int:
+        """The ranks that report ``step``: those of the latest start at or before it."""
+        ranks = self.ranks
+        for first, count in self._starts:
+            if first > step:
+                break
+            ranks = count
+        return ranks
 
     def add(self, timing: StepTiming) -> JobStep | None:
         """Take one rank's timing; the job's step if this was the last rank missing."""
         reports = self.pending.setdefault(timing.step, {})
         reports[timing.rank] = timing
-        if len(reports) < self.ranks:
+        if len(reports) < self.expected(timing.step):
             return None
-        del self.pending[timing.step]
+        return self._fold(timing.step)
+
+    def started(self, world_size: int, first_step: int = 0) -> list[JobStep]:
+        """The ranks started, ``world_size`` of them (an elastic job's), their steps numbered from
+        ``first_step``: the steps that completes (0 ranks: not said)."""
+        if world_size <= 0 or (first_step, world_size) in self._starts:
+            return []
+        self._starts = sorted({(first, count) for first, count in self._starts if first != first_step}
+                              | {(first_step, world_size)})
+        return [self._fold(step) for step in sorted(self.pending)
+                if len(self.pending[step]) >= self.expected(step)]
+
+    def _fold(self, step: int) -> JobStep:
+        reports = self.pending.pop(step)
         losses = [r.loss for r in reports.values() if r.loss is not None]
         duration = max(r.duration_s for r in reports.values())
-        return JobStep(step=timing.step, loss=sum(losses) / len(losses) if losses else None, duration_s=duration,
-                       tokens=timing.tokens, tokens_per_s=timing.tokens / duration if duration > 0 else 0.0)
+        tokens = next(reversed(reports.values())).tokens  # the last report's, as it came
+        return JobStep(step=step, loss=sum(losses) / len(losses) if losses else None, duration_s=duration,
+                       tokens=tokens, tokens_per_s=tokens / duration if duration > 0 else 0.0)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
