@@ -68,3 +68,26 @@ def test_each_rank_stores_only_its_share(plan: dict[str, object], shards: str, t
         assert sum(local) == total + norms
     else:
         assert sum(local) == total
+
+
+@pytest.mark.parametrize("plan", [PLANS["fsdp2-tp2"], PLANS["dp2-tp2-pp2"]], ids=["fsdp2-tp2", "dp2-tp2-pp2"])
+def test_a_composed_plan_splits_the_model_over_each_of_its_dimensions(plan: dict[str, object],
+                                                                      tmp_path: Path) -> None:
+    """fsdp2 x tp2: the four ranks' parts add up to the model once (RMSNorm weights once per tensor-parallel
+    rank), a quarter each; dp2 x tp2 x pp2: each data-parallel replica's four parts add up so, and the two
+    replicas hold the same."""
+    run = launch(tmp_path, steps=1, **plan)
+    assert run.result.status == "completed", run.result
+    shape = run.run.shape
+    total, norms = shape.parameter_count(), (2 * shape.n_layers + 1) * shape.dim
+    held = {(s.dp_rank, s.pp_rank, s.tp_rank): s.local_parameters for s in run.started}
+    assert len(held) == len(run.started) == 2 * 2 * (2 if plan.get("pp") else 1)
+    if plan.get("fsdp"):
+        assert sum(held.values()) == total + norms
+        assert all(abs(count - (total + norms) / 4) <= 0.02 * total for count in held.values()), held
+    else:
+        replicas = [{place[1:]: count for place, count in held.items() if place[0] == dp} for dp in (0, 1)]
+        assert replicas[0] == replicas[1]
+        assert sum(replicas[0].values()) == total + norms
+        assert all(count < total / 2 for count in replicas[0].values()), replicas[0]
+
