@@ -304,6 +304,9 @@ class Manifest:
     topology: tuple[GpuPair, ...] = ()
     nodes: tuple[NodeInfo, ...] = ()
     """The machines of the job (one entry on one machine)."""
+    terminal_lost: str | None = None
+    """When and how the dashboard's terminal went away (``2026-12-01T15:02:11+0000: SIGHUP``), where it did:
+    the session went on headless from then."""
 
     def to_json(self) -> dict[str, Any]:
         """The JSON object on disk: the manifest's first fields, the run description, then the rest."""
@@ -417,6 +420,33 @@ def new_recording(directory: Path) -> None:
         directory.mkdir(parents=True, exist_ok=True)
     except OSError as error:
         raise RecordingError(f"cannot create {directory}: {error.strerror}") from None
+
+
+ROOM_NAME = ".manifest-room"
+ROOM_BYTES = 256 * 1024
+"""Kept free, in the recording, for its last manifest (a few KiB; a thousand ranks' fit): a disk that fills
+during the run still takes the manifest that says it failed, and why."""
+
+
+def keep_room(directory: Path) -> None:
+    """Set :data:`ROOM_BYTES` aside in ``directory`` (blocks really taken, not a sparse file); best effort: a
+    disk too full for it has no room to give back either."""
+    path = directory / ROOM_NAME
+    try:
+        with path.open("wb") as room:
+            room.write(bytes(ROOM_BYTES))
+            room.flush()
+            os.fsync(room.fileno())
+    except OSError:
+        path.unlink(missing_ok=True)
+
+
+def release_room(directory: Path) -> None:
+    """Give the room back, for the last manifest."""
+    try:
+        (directory / ROOM_NAME).unlink(missing_ok=True)
+    except OSError:
+        pass
 
 
 def manifest_bytes(manifest: Manifest) -> bytes:

@@ -23,6 +23,7 @@ from recordings.manifest import (
     NvmlInfo,
     RankEnd,
     RunDescription,
+    release_room,
     write_manifest,
 )
 from recordings.metrics.steps import JobStep, StepFolder
@@ -124,14 +125,11 @@ class SessionRecorder:
             for node in found)
 
     def close(self, ending: Ending) -> None:
-        """Compact the tables and write the final manifest."""
+        """Write the final manifest, into the room kept for it, then compact the tables."""
         if self.writer is None or self.manifest is None:
             return
         self.writer.close()
-        try:
-            compact(self.directory)
-        except OSError:  # no room for the Parquet copy, or the folder is gone: the JSON lines stay, readable
-            pass
+        release_room(self.directory)
         self.manifest = dataclasses.replace(
             self.manifest, status=ending.status, ended_at=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
             duration_s=round(ending.duration_s, 3) if ending.duration_s is not None else None,
@@ -142,5 +140,9 @@ class SessionRecorder:
             topology=tuple(self._topology), nodes=self.nodes())
         try:
             write_manifest(self.directory, self.manifest)
-        except OSError:  # the manifest stays "running": readers take that as interrupted
+        except OSError:  # the folder is gone or read-only: the manifest stays "running", read as interrupted
+            pass
+        try:
+            compact(self.directory)
+        except OSError:  # no room for the Parquet copy, or the folder is gone: the JSON lines stay, readable
             pass

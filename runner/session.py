@@ -19,6 +19,7 @@ from recordings.manifest import (
     RunDescription,
     SampleRates,
     Script,
+    keep_room,
     new_recording,
     script_plan,
     start_manifest,
@@ -104,6 +105,7 @@ def start_recording(directory: Path, run: Work, probes: NodeProbes, command_line
         write_manifest(directory, manifest)
     except OSError as error:
         raise RecordingError(f"cannot write the manifest in {directory}: {error.strerror or error}") from None
+    keep_room(directory)
     return manifest
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import resource
+import shlex
 import shutil
 import signal
 import subprocess
@@ -17,6 +18,7 @@ import pytest
 
 from probes.arrivals import Arrivals
 from probes.events import CollectiveTiming, RankProgress, StepTiming
+from probes.stacks import py_spy_executable
 from runner.hangs import MIN_TIMEOUT_S, STARTUP_MIN_S, STARTUP_TIMEOUT_S, HangWatch, default_timeout_s
 from tests.cli_errors import one_line_error
 from tests.jobs import alive
@@ -87,6 +89,22 @@ def record(out: Path, fault: str, *extra: str) -> subprocess.CompletedProcess[st
                           env={**os.environ, "MESHTOP_FAULT": fault})
 
 
+def py_spy_dumps_here() -> bool:
+    """Whether py-spy can dump a Python process of this user here, tried on one that sleeps."""
+    executable = py_spy_executable()
+    if executable is None:
+        return False
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        time.sleep(0.5)
+        done = subprocess.run([executable, "dump", "--pid", str(sleeper.pid)], capture_output=True,
+                              text=True, timeout=60)
+        return done.returncode == 0 and "<module>" in done.stdout
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+
+
 @pytest.mark.slow
 def test_a_hung_job_is_reported_with_every_rank_stack_then_stopped(tmp_path: Path) -> None:
     out = tmp_path / "rec"
@@ -101,7 +119,10 @@ def test_a_hung_job_is_reported_with_every_rank_stack_then_stopped(tmp_path: Pat
     stacks = pd.read_parquet(out / "events" / "stack_dump.parquet")
     assert sorted(stacks["rank"]) == [0, 1]
     rank1 = stacks[stacks["rank"] == 1].iloc[0]
-    assert rank1["error"] is not None or "maybe_fire" in rank1["text"]  # py-spy may lack ptrace rights
+    if py_spy_dumps_here():
+        assert pd.isna(rank1["error"]) and "Fault.maybe_fire" in rank1["text"], rank1["error"]  # the fault's frame
+    else:  # no ptrace rights (a container's default): the dump says why instead
+        assert isinstance(rank1["error"], str) and "ptrace" in rank1["error"] and pd.isna(rank1["text"])
     hangs = pd.read_parquet(out / "events" / "hang.parquet")
     assert len(hangs) == 1
     pids = pd.read_parquet(out / "events" / "rank_started.parquet")["pid"].tolist()
@@ -141,6 +162,49 @@ def test_a_full_disk_stops_the_job_with_one_line_and_keeps_what_was_written(tmp_
     assert report["run"]["status"] == "failed" and report["steps"]["count"] > 10
     pids = pd.read_parquet(out / "events" / "rank_started.parquet")["pid"].tolist()
     assert alive(pids) == []
+
+
+ROOT = Path(__file__).resolve().parent.parent
+SMALL_DISK = "1536k"
+"""A tmpfs that a tiny dp2 run fills in a few hundred steps; the recording keeps 256 KiB of it for its manifest."""
+
+
+def can_mount_in_a_namespace() -> str | None:
+    """Why a tmpfs cannot be mounted in a user and mount namespace here, or ``None`` when it can."""
+    unshare = shutil.which("unshare")
+    if unshare is None:
+        return "unshare (util-linux) is not installed"
+    done = subprocess.run([unshare, "--user", "--map-root-user", "--mount", "sh", "-c",
+                           "mount -t tmpfs -o size=64k tmpfs /mnt"], capture_output=True, text=True, timeout=60)
+    return None if done.returncode == 0 else f"no tmpfs in a user namespace here: {done.stderr.strip()}"
+
+
+@pytest.mark.slow
+def test_a_really_full_disk_stops_the_job_and_the_manifest_says_why(tmp_path: Path) -> None:
+    """record into a real small filesystem (a tmpfs of 1.5 MiB, mounted in a namespace of the test's own) until
+    it fills: ENOSPC, not a file size limit. The job is stopped, exit 2, one line; the manifest is whole and
+    says failed with the reason (it had room kept for it); summary reads what was written."""
+    if (why := can_mount_in_a_namespace()) is not None:
+        pytest.skip(why)
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    meshtop = f"{shlex.quote(sys.executable)} -m tui.cli"
+    script = (f"mount -t tmpfs -o size={SMALL_DISK} tmpfs {disk} || exit 99; "
+              f"{meshtop} record {disk}/rec --device cpu --steps 100000 >{tmp_path}/out 2>{tmp_path}/err; "
+              f"echo $? >{tmp_path}/code; df -k {disk} >{tmp_path}/df; "
+              f"{meshtop} summary {disk}/rec --json >{tmp_path}/summary.json 2>{tmp_path}/summary.err; "
+              f"cp {disk}/rec/manifest.json {tmp_path}/manifest.json; ls -a {disk}/rec >{tmp_path}/files")
+    subprocess.run(["unshare", "--user", "--map-root-user", "--mount", "sh", "-c", script], cwd=ROOT,
+                   timeout=600, check=True)
+    code, err = int((tmp_path / "code").read_text()), (tmp_path / "err").read_text()
+    assert code == 2, (tmp_path / "out").read_text()[-2000:] + err
+    assert err.splitlines() == [f"meshtop: error: cannot write the recording in {disk}/rec: No space left on "
+                                "device; the job was stopped, the events written so far are kept"]
+    manifest = json.loads((tmp_path / "manifest.json").read_text())
+    assert manifest["status"] == "failed" and "No space left on device" in manifest["reason"]
+    assert ".manifest-room" not in (tmp_path / "files").read_text().split()
+    report = json.loads((tmp_path / "summary.json").read_text())
+    assert report["run"]["status"] == "failed" and report["steps"]["count"] > 10
 
 
 @pytest.mark.slow

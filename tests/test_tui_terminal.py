@@ -311,6 +311,95 @@ def test_quitting_a_live_job_stops_every_rank_and_keeps_the_recording(
     assert manifest_status(session) == "interrupted"
 
 
+def meshtop_process(term: Terminal) -> psutil.Process:
+    [meshtop] = [p for p in term.job_processes() if python_module(p) == "tui.cli"]
+    return meshtop
+
+
+def lose_the_terminal(term: Terminal) -> None:
+    """Close the terminal as a dropped SSH connection does: the tmux server goes, and with it the pty. What
+    meshtop leaves is killed when the test ends, whatever it asserted (the terminal's own cleanup finds the
+    processes through the pane, which is gone)."""
+    left = term.job_processes()
+    term.tmux("kill-server", check=False)
+    term.job_processes = lambda: left  # type: ignore[method-assign]
+
+
+def terminal_lost(manifest: dict[str, object]) -> bool:
+    """The manifest says when the terminal went, and how: its hangup, or the first write that failed."""
+    note = str(manifest.get("terminal_lost"))
+    return re.fullmatch(r"\d{4}-\d\d-\d\dT[\d:]+[+-]\d{4}: (SIGHUP|a write to the terminal failed .*)", note) is not None
+
+
+def cpu_share(process: psutil.Process, seconds: float = 3.0) -> float:
+    """The share of one core ``process`` and its threads used over ``seconds``."""
+    return float(process.cpu_percent(interval=seconds)) / 100
+
+
+def test_a_lost_terminal_mid_run_leaves_the_job_running_headless_until_sigterm(
+        terminal: Callable[..., Terminal], tmp_path: Path) -> None:
+    """The terminal of `meshtop run` closes mid-run: meshtop neither spins nor hangs, the job goes on and is
+    recorded, SIGTERM ends it within seconds, and the manifest says when the terminal was lost."""
+    runs = tmp_path / "runs"
+    term = terminal(["run", "--steps", "100000", "--model", "tiny", "--runs-dir", str(runs)],
+                    width=100, height=30, env=live_env())
+    term.wait_for(lambda screen: "● running" in screen and re.search(r" step [1-9]\d*/100000", screen),
+                  "a running step", JOB_S)
+    meshtop = meshtop_process(term)
+    job = [meshtop, *meshtop.children(recursive=True)]
+    lose_the_terminal(term)
+    session = only_session(runs)
+    steps = session / "events" / "step.jsonl"
+    time.sleep(2.0)
+    assert meshtop.is_running() and meshtop.status() != psutil.STATUS_ZOMBIE, "meshtop died with its terminal"
+    assert cpu_share(meshtop) < 0.5, "meshtop spins on the lost terminal"
+    before = steps.stat().st_size
+    time.sleep(2.0)
+    assert steps.stat().st_size > before, "the job stopped, or is no longer recorded"
+    meshtop.terminate()
+    started = time.monotonic()
+    meshtop.wait(timeout=30)
+    assert time.monotonic() - started < 30
+    psutil.wait_procs(job, timeout=30)
+    assert still_running(job) == []
+    manifest = json.loads((session / "manifest.json").read_text())
+    assert manifest["status"] == "interrupted"
+    assert terminal_lost(manifest)
+    assert manifest["steps_completed"] > 0
+
+
+@pytest.mark.slow
+def test_a_terminal_lost_as_the_job_completes_never_leaves_meshtop_behind(
+        terminal: Callable[..., Terminal], tmp_path: Path) -> None:
+    """The race seen after completion, tried again and again: the terminal closes just as the job completes,
+    and each time meshtop exits by itself, at rest, the recording complete; without a recording (--no-record)
+    a job whose terminal closes mid-run is stopped."""
+    for attempt in range(4):
+        runs = tmp_path / f"runs{attempt}"
+        term = terminal(["run", "--steps", "3", "--model", "tiny", "--runs-dir", str(runs)],
+                        width=100, height=30, env=live_env())
+        term.wait_text("● completed", timeout_s=JOB_S)
+        meshtop = meshtop_process(term)
+        job = [meshtop, *meshtop.children(recursive=True)]
+        time.sleep(0.3 * attempt)  # the dashboard mid-frame, or at rest
+        lose_the_terminal(term)
+        meshtop.wait(timeout=30)
+        assert still_running(job) == []
+        manifest = json.loads((only_session(runs) / "manifest.json").read_text())
+        assert manifest["status"] == "completed" and terminal_lost(manifest)
+
+    term = terminal(["run", "--steps", "100000", "--model", "tiny", "--no-record"], width=100, height=30,
+                    env=live_env())
+    term.wait_for(lambda screen: "● running" in screen and re.search(r" step [1-9]\d*/100000", screen),
+                  "a running step", JOB_S)
+    meshtop = meshtop_process(term)
+    job = [meshtop, *meshtop.children(recursive=True)]
+    lose_the_terminal(term)
+    meshtop.wait(timeout=60)
+    psutil.wait_procs(job, timeout=30)
+    assert still_running(job) == []
+
+
 @pytest.mark.slow
 def test_a_completed_live_job_keeps_the_dashboard_until_q(
         terminal: Callable[..., Terminal], tmp_path: Path) -> None:

@@ -7,7 +7,7 @@ import signal
 import time
 from collections import deque
 from collections.abc import Iterable
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from rich.text import Text
 from textual import events
@@ -25,6 +25,7 @@ from tui.gc_pacing import GcPacer
 from tui.sources import Playback, Source
 from tui.state import LIVE_FIGURES_EVERY_S, DashboardState
 from tui.summary_text import per_second
+from tui.terminal import TerminalGuard
 from tui.views import (
     AlertsPanel, CollectivesPanel, DevicesPanel, OverviewPanel, Panel, PipelinePanel, ProcessesPanel, StepsPanel,
     output_rate,
@@ -263,11 +264,13 @@ class MeshtopApp(App[None]):
     REPLAY_ACTIONS = frozenset({"playback", "seek"})
 
     def __init__(self, source: Source, *, frame_hz: float = FRAME_HZ, headroom_alert: float = 0.10,
-                 quit_on_signals: bool = False) -> None:
+                 quit_on_signals: bool = False, terminal: TerminalGuard | None = None) -> None:
         super().__init__()
         self.quit_on_signals = quit_on_signals
-        """SIGTERM and SIGHUP quit as q does and SIGUSR1 dumps every rank's stack (the CLI's app; tests leave
-        the test runner's handlers alone)."""
+        """SIGTERM quits as q does, SIGHUP loses the terminal and SIGUSR1 dumps every rank's stack (the CLI's
+        app; tests leave the test runner's handlers alone)."""
+        self.terminal = terminal
+        """The guard of the terminal (the CLI's): once it is lost, the app exits and leaves the job running."""
         self.source = source
         self.frame_hz = frame_hz
         self.headroom_alert = headroom_alert
@@ -280,6 +283,16 @@ class MeshtopApp(App[None]):
         self.quitting = False
         self._hang_asked: HangDetected | None = None
         self.gc_pacer = GcPacer(every_frames=max(1, round(frame_hz * GC_EVERY_S)))
+
+    def run(self, *args: Any, **kwargs: Any) -> Any:
+        """Textual's run, its terminal guarded where the CLI gave a guard (:mod:`tui.terminal`)."""
+        if self.terminal is None:
+            return super().run(*args, **kwargs)
+        self.terminal.install()
+        try:
+            return super().run(*args, **kwargs)
+        finally:
+            self.terminal.uninstall()
 
     def on_unmount(self) -> None:
         self.gc_pacer.stop()
@@ -304,11 +317,19 @@ class MeshtopApp(App[None]):
 
     def on_mount(self) -> None:
         self.gc_pacer.start()
+        loop = asyncio.get_running_loop()
         if self.quit_on_signals:
-            loop = asyncio.get_running_loop()
-            for signum in (signal.SIGTERM, signal.SIGHUP):
-                loop.add_signal_handler(signum, lambda: asyncio.ensure_future(self.action_quit()))
+            loop.add_signal_handler(signal.SIGTERM, lambda: asyncio.ensure_future(self.action_quit()))
             loop.add_signal_handler(signal.SIGUSR1, lambda: self.source.ask_stacks(None))  # as in `record`
+        if self.terminal is not None:
+            terminal = self.terminal
+            terminal.on_lost = lambda: loop.call_soon_threadsafe(self._terminal_lost)
+            if self.quit_on_signals:
+                loop.add_signal_handler(signal.SIGHUP, lambda: terminal.lose("SIGHUP"))
+            if terminal.lost:  # before the app could hear of it
+                self._terminal_lost()
+        elif self.quit_on_signals:
+            loop.add_signal_handler(signal.SIGHUP, lambda: asyncio.ensure_future(self.action_quit()))
         self.source.start()
         self.frame()
         self.set_interval(1 / self.frame_hz, self.frame)
@@ -456,6 +477,13 @@ class MeshtopApp(App[None]):
         source.stop()
         self.notify("stopping every rank and closing the recording…", timeout=30)
         self.run_worker(self._exit_when_stopped, thread=True, name="stop-job")
+
+    def _terminal_lost(self) -> None:
+        """The terminal went away: leave the screen (the guard put a silent terminal in its place) and the job
+        to the CLI, which goes on headless; a quit already asked for goes on."""
+        if not self.quitting:
+            self.quitting = True
+            self.exit()
 
     def _exit_when_stopped(self) -> None:
         self.source.wait()

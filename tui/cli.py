@@ -7,6 +7,7 @@ whose rank failed exits 1 naming the rank; an interrupted job exits 130.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import shutil
@@ -44,11 +45,13 @@ from runner.plan import (
 from runner.planner import SWEEP_STEPS
 from runner.presets import PRESETS
 from runner.script import ScriptRun, resolve_script
+from tui.terminal import TerminalGuard
 
 if TYPE_CHECKING:
     from recordings.manifest import Manifest
     from recordings.prometheus import MetricsServer, RunMetrics
     from runner.session import Work
+    from tui.sources import LiveSource
 
 EXIT_OK, EXIT_JOB_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
 RUNS_DIR_ENV = "MESHTOP_RUNS_DIR"
@@ -381,14 +384,18 @@ def command_run(args: argparse.Namespace) -> int:
         directory = Path(tempfile.mkdtemp(prefix="meshtop-run-"))
     source = LiveSource(run, directory=directory, manifest=manifest, node_probes=probes,
                         hang_timeout_s=hang_timeout, nodes=nodes, metrics=metrics)
-    app = MeshtopApp(source, quit_on_signals=True)
+    app = MeshtopApp(source, quit_on_signals=True, terminal=TerminalGuard())
     try:
         app.run()
+        if app.terminal is not None and app.terminal.lost:
+            go_on_headless(source, recording=manifest is not None)
     finally:
         source.stop()
         source.wait()
         if server is not None:
             server.stop()
+    if app.terminal is not None and app.terminal.lost and manifest is not None:
+        note_terminal_lost(directory, app.terminal)
     if source.error is not None:
         raise source.error
     assert source.result is not None, "the session thread ended without a result"
@@ -406,6 +413,32 @@ def command_run(args: argparse.Namespace) -> int:
     if source.result.status == "failed":
         print(f"launcher log kept in {source.result.log_path}", file=sys.stderr)
     return exit_code(source.result.status)
+
+
+def go_on_headless(source: LiveSource, *, recording: bool) -> None:
+    """The dashboard's terminal went away (:mod:`tui.terminal`): a recorded job goes on, headless, until it
+    ends or SIGTERM / Ctrl-C stops it, as ``record`` would; one not recorded is stopped (by the caller)."""
+    source.headless()
+    signal.signal(signal.SIGTERM, _interrupt_on_sigterm)  # the app's event loop had it
+    if not recording:
+        return
+    try:
+        while not source.wait(0.5):
+            pass
+    except KeyboardInterrupt:
+        pass
+
+
+def note_terminal_lost(directory: Path, terminal: TerminalGuard) -> None:
+    """Say in the recording's manifest when the terminal was lost and how (best effort: the recording is
+    whole without it)."""
+    from recordings.manifest import read_manifest, write_manifest
+
+    try:
+        manifest = read_manifest(directory)
+        write_manifest(directory, dataclasses.replace(manifest, terminal_lost=terminal.note()))
+    except (MeshtopError, OSError):
+        pass
 
 
 def command_node(run: Work, nodes: Nodes, probes: NodeProbes) -> int:
@@ -453,7 +486,7 @@ def command_replay(args: argparse.Namespace) -> int:
         source.playback.paused = True
     try:
         require_terminal("meshtop replay", "use `meshtop summary REC` for the figures as text")
-        MeshtopApp(source, quit_on_signals=True).run()
+        MeshtopApp(source, quit_on_signals=True, terminal=TerminalGuard()).run()
     finally:
         if server is not None:
             server.stop()

@@ -165,6 +165,7 @@ def replay_sweep(args: argparse.Namespace) -> int:
     from tui.app import MeshtopApp
     from tui.sources import ReplaySource
     from tui.sweep_app import SweepApp
+    from tui.terminal import TerminalGuard
 
     ranked = ranking(args.recording)
     require_terminal("meshtop replay", f"the sweep's table is in {args.recording / 'ranking.txt'}")
@@ -177,6 +178,9 @@ def replay_sweep(args: argparse.Namespace) -> int:
         cursor = next((i for i, row in enumerate(app.openable) if args.recording / row["recording"] == chosen), 0)
         source = ReplaySource(open_recording(chosen))
         source.playback.speed = args.speed
-        MeshtopApp(source, quit_on_signals=True).run()
+        dashboard = MeshtopApp(source, quit_on_signals=True, terminal=TerminalGuard())
+        dashboard.run()
         for problem in source.problems:
             print(f"meshtop: warning: {problem}", file=sys.stderr)
+        if dashboard.terminal is not None and dashboard.terminal.lost:
+            return EXIT_OK

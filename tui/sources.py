@@ -172,8 +172,18 @@ class LiveSource:
         self.backlog = ScreenBacklog(backlog)
         self._thread = threading.Thread(target=self._run, name="meshtop-session", daemon=True)
         self._started_ns: int | None = None
+        self._screen = True
+        self._ended = threading.Event()
+        """Set when the session thread has ended: waited on instead of ``Thread.join``, which a signal's
+        exception (SIGTERM, Ctrl-C) can leave believing a running thread has ended (CPython 3.11)."""
 
     def _run(self) -> None:
+        try:
+            self._run_session()
+        finally:
+            self._ended.set()
+
+    def _run_session(self) -> None:
         try:
             self.result = run_session(self.run, directory=self.directory, manifest=self.manifest,
                                       on_events=self._take, node_probes=self.node_probes, control=self.control,
@@ -184,7 +194,12 @@ class LiveSource:
 
     def _take(self, arrivals: Arrivals, steps: list[JobStep]) -> None:
         """The session thread's callback: decode what the screen reads there, not in the screen's frames."""
-        self.backlog.put(screen_batches(arrivals))
+        if self._screen:
+            self.backlog.put(screen_batches(arrivals))
+
+    def headless(self) -> None:
+        """No screen reads the events any more (its terminal went away): the session only records them."""
+        self._screen = False
 
     def start(self) -> None:
         self._started_ns = time.time_ns()
@@ -206,9 +221,8 @@ class LiveSource:
         self.control.stop.set()
 
     def wait(self, timeout_s: float | None = None) -> bool:
-        if self._thread.ident is not None:
-            self._thread.join(timeout_s)
-        return not self._thread.is_alive()
+        """Whether the session ended, waiting up to ``timeout_s`` for it (one never started has nothing to end)."""
+        return self._thread.ident is None or self._ended.wait(timeout_s)
 
     def ask_stacks(self, ranks: Iterable[int] | None) -> str | None:
         if self.finished:
@@ -218,7 +232,7 @@ class LiveSource:
 
     @property
     def finished(self) -> bool:
-        return self._thread.ident is not None and not self._thread.is_alive()
+        return self._ended.is_set()
 
     @property
     def status(self) -> str:
