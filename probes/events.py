@@ -194,6 +194,8 @@ class GpuSample(Event):
     """The node whose GPU it is (GPU indexes repeat from one node to the next)."""
     uuid: str | None = None
     """NVML's ``GPU-...`` identifier: the ``UUID`` label of the DCGM exporter's series."""
+    power_limit_w: float | None = None
+    """The GPU's default power limit: tells an SXM module from a PCIe card of the same name (its peak FLOP/s)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

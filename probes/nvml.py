@@ -53,6 +53,7 @@ class Nvml:
         self.handles: list[Any] = []
         self._nvlink_last: dict[int, tuple[float, int | None, int | None]] = {}
         self._uuids: dict[int, str | None] = {}
+        self._power_limits: dict[int, float | None] = {}
         if self.nv is None:
             self.state, self.detail = "no_library", "the nvidia-ml-py package is not installed"
             return
@@ -101,8 +102,16 @@ class Nvml:
             pcie_tx_bytes_per_s=tx * KIB if tx is not None else None,
             pcie_rx_bytes_per_s=rx * KIB if rx is not None else None,
             nvlink_tx_bytes_per_s=nvlink_tx, nvlink_rx_bytes_per_s=nvlink_rx,
-            uuid=self._uuid(gpu),
+            uuid=self._uuid(gpu), power_limit_w=self._power_limit_w(gpu),
         )
+
+    def _power_limit_w(self, gpu: int) -> float | None:
+        """The GPU's default power limit in W, read once (a board property)."""
+        if gpu not in self._power_limits:
+            assert self.nv is not None
+            limit_mw = self.call(self.nv.nvmlDeviceGetPowerManagementDefaultLimit, self.handles[gpu])
+            self._power_limits[gpu] = limit_mw / 1000 if isinstance(limit_mw, int | float) else None
+        return self._power_limits[gpu]
 
     def _uuid(self, gpu: int) -> str | None:
         """The GPU's UUID, read once (it never changes)."""

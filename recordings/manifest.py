@@ -247,6 +247,8 @@ class GpuInfo:
     name: str | None
     memory_total_bytes: int | None
     node: int = 0
+    power_limit_w: float | None = None
+    """The default power limit (W), which tells an SXM module from a PCIe card of the same name."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

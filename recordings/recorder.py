@@ -86,7 +86,8 @@ class SessionRecorder:
                                       gpu_count=event.gpu_count)
             elif isinstance(event, GpuSample):
                 self._gpus.setdefault((event.node, event.gpu), GpuInfo(
-                    gpu=event.gpu, name=event.name, memory_total_bytes=event.memory_total_bytes, node=event.node))
+                    gpu=event.gpu, name=event.name, memory_total_bytes=event.memory_total_bytes, node=event.node,
+                    power_limit_w=event.power_limit_w))
             elif isinstance(event, GpuLink):
                 self._topology.append(GpuPair(gpu_a=event.gpu_a, gpu_b=event.gpu_b, path=event.path,
                                               nvlinks=event.nvlinks, node=event.node))

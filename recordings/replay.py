@@ -102,6 +102,16 @@ class Timeline:
                 out.append((k.kind, k.table.slice(first, last - first)))
         return out
 
+    def data_start_ns(self) -> int:
+        """Where the job's own data starts: its first rank's start (the samplers run from the launch, seconds
+        before any rank has imported torch); the first timed event where no rank started."""
+        for k in self.kinds:
+            if k.kind == "rank_started" and len(k.times_ns):
+                first = int(k.times_ns.min())
+                if first > 0:
+                    return max(self.start_ns, first)
+        return self.start_ns
+
     def step_ends(self) -> list[tuple[int, int]]:
         """(end time, step) of each step, once its last rank finished it."""
         for k in self.kinds:

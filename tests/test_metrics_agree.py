@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from probes.events import GpuSample, MemorySnapshot, StepTiming
+from recordings.metrics.mfu import GpuModel, peak_flops
 from recordings.metrics.run import RunFold
 from recordings.reader import open_recording
 from recordings.replay import KIND_ORDER
@@ -95,7 +96,8 @@ def test_an_inference_recording_replayed_agrees_with_its_summary(tmp_path: Path,
     assert_same_figures(replayed(path, rows_per_frame=3), summary)
 
 
-def cuda_run_recording(directory: Path, gpu_name: str = "NVIDIA H100 80GB HBM3") -> Path:
+def cuda_run_recording(directory: Path, gpu_name: str = "NVIDIA H100 80GB HBM3",
+                       power_limit_w: float | None = 700.0) -> Path:
     """A one-GPU training run described on ``gpu_name``: 12 steps of 4,096 tokens, about 0.5 s each."""
     run = with_model(description(dp=1, steps=12, batch_size=4, seq_len=1024, device="cuda", dtype="bf16"),
                      parameters=1_000_000_000)
@@ -113,7 +115,8 @@ def cuda_run_recording(directory: Path, gpu_name: str = "NVIDIA H100 80GB HBM3")
         events.append(GpuSample(gpu=0, wall_ns=step * 10**9, name=gpu_name, memory_used_bytes=42 << 30,
                                 memory_total_bytes=80 << 30, utilization_pct=99.0, memory_utilization_pct=50.0,
                                 power_w=600.0, sm_clock_mhz=1980.0, temperature_c=60.0, pcie_tx_bytes_per_s=None,
-                                pcie_rx_bytes_per_s=None, nvlink_tx_bytes_per_s=None, nvlink_rx_bytes_per_s=None))
+                                pcie_rx_bytes_per_s=None, nvlink_tx_bytes_per_s=None, nvlink_rx_bytes_per_s=None,
+                                power_limit_w=power_limit_w))
     return write_recording(directory, events, run=run, parquet=True)
 
 
@@ -140,6 +143,33 @@ def test_a_gpu_missing_from_the_peak_table_says_so_instead_of_guessing(tmp_path:
     assert summary["mfu"]["why_not"] == "no bf16 peak known for Mystery GPU 9000"
     assert main(["summary", str(tmp_path / "unknown")]) == 0
     assert "MFU" not in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(("name", "power_limit_w", "peak"), [
+    ("NVIDIA H200", 700.0, 989e12),  # SXM
+    ("NVIDIA H200", 600.0, 835e12),  # the NVL card, where its name does not say so
+    ("NVIDIA H200 NVL", None, 835e12),
+    ("NVIDIA H200", None, 989e12),  # NVIDIA names the cards: without a limit, the name's own part
+    ("NVIDIA H100 80GB HBM3", 700.0, 989e12),
+    ("NVIDIA H100 PCIe", None, 756e12),
+    ("NVIDIA H100 NVL", 400.0, 835e12),
+    ("NVIDIA A100-SXM4-80GB", 400.0, 312e12),
+    ("NVIDIA A10", 150.0, 125e12),
+    ("NVIDIA L40S", 350.0, 362e12),
+    ("NVIDIA GeForce RTX 4090", 450.0, 165.2e12),
+    ("NVIDIA GH200 480GB", 900.0, 989e12),
+    ("Mystery GPU 9000", 300.0, None),
+])
+def test_the_peak_of_each_gpu_is_told_by_its_name_and_where_needed_its_power_limit(
+        name: str, power_limit_w: float | None, peak: float | None) -> None:
+    assert peak_flops(GpuModel(name, power_limit_w), "bf16") == peak
+    assert peak_flops(GpuModel(name, power_limit_w), "fp16") == peak
+    assert peak_flops(GpuModel(name, power_limit_w), "fp32") is None  # no tensor-core rate in the table
+
+
+def test_an_h200_nvl_card_has_the_cards_peak_in_mfu(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    summary = summary_json(cuda_run_recording(tmp_path / "nvl", gpu_name="NVIDIA H200", power_limit_w=600.0), capsys)
+    assert summary["mfu"]["peak_flops_per_s"] == 835e12 and summary["mfu"]["value"] is not None
 
 
 def test_the_fold_gives_the_same_figures_however_the_tables_are_cut(capsys: pytest.CaptureFixture[str]) -> None:

@@ -59,6 +59,7 @@ def fake_pynvml(gpus: int = 2, *, init_error: Exception | None = None, nvlink_pa
         nvmlDeviceGetMemoryInfo=lambda h: SimpleNamespace(used=(h + 1) * 2**30, total=141 * 2**30),
         nvmlDeviceGetUtilizationRates=lambda h: SimpleNamespace(gpu=90, memory=40),
         nvmlDeviceGetPowerUsage=lambda h: 350_000,
+        nvmlDeviceGetPowerManagementDefaultLimit=lambda h: 700_000,
         nvmlDeviceGetClockInfo=lambda h, clock: 1980,
         nvmlDeviceGetTemperature=not_supported,
         nvmlDeviceGetPcieThroughput=lambda h, which: 100 if which == 0 else 200,
@@ -78,6 +79,7 @@ def test_gpu_readings_with_unsupported_fields_as_none() -> None:
     assert (sample.name, sample.memory_used_bytes, sample.memory_total_bytes) == ("Fake H200", 2 * 2**30, 141 * 2**30)
     assert sample.uuid == "GPU-00000001-fake"  # the DCGM exporter's UUID label
     assert (sample.utilization_pct, sample.power_w, sample.sm_clock_mhz) == (90.0, 350.0, 1980.0)
+    assert sample.power_limit_w == 700.0  # an SXM module's: what tells it from an NVL card for MFU's peak
     assert sample.temperature_c is None  # "Not Supported" is a missing value, not an error
     assert (sample.pcie_tx_bytes_per_s, sample.pcie_rx_bytes_per_s) == (100 * 1024, 200 * 1024)
     assert sample.nvlink_tx_bytes_per_s is None  # a rate needs two readings

@@ -280,6 +280,12 @@ async def test_the_dashboard_shows_requests_in_the_header_and_overview(recording
         await pilot.pause()
         await pilot.pause()
         assert "bubble per stage (share of iteration time spent waiting; recent: replica 0's)" in screen_text(app)
+        await pilot.press("5")
+        await pilot.pause()
+        await pilot.pause()
+        steps = screen_text(app)
+        assert "iteration time (rank 0)" in steps and "throughput" in steps
+        assert "loss" not in steps  # nothing is trained: no empty loss chart
 
 
 def test_a_train_recording_keeps_its_comparison_rows(tmp_path: Path) -> None:

@@ -166,11 +166,13 @@ def test_playback_steps_seeks_and_goes_back_from_a_snapshot() -> None:
     state = DashboardState(recording.manifest.run)
     source.start()
     state = source.poll(state)
-    assert state.events == source.timeline.rows_until(playback.start_ns)
+    opened = playback.position_ns  # where the data starts: the first rank's start, after the launch
+    assert opened == source.timeline.data_start_ns() > playback.start_ns
+    assert state.events == source.timeline.rows_until(opened)
     now[0] = 5.0  # five seconds of wall time at 2x: ten seconds of recording
     playback.speed = 2.0
     state = source.poll(state)
-    assert source.now_ns() - playback.start_ns == 10_000_000_000
+    assert source.now_ns() - opened == 10_000_000_000
     playback.seek_step(20)
     state = source.poll(state)
     assert playback.current_step() == 20 and state.steps_done == 21
@@ -186,6 +188,11 @@ def test_playback_steps_seeks_and_goes_back_from_a_snapshot() -> None:
     assert back.events == source.timeline.rows_until(playback.position_ns)
     with pytest.raises(MeshtopError, match="no step 41 in this recording"):
         playback.seek_step(40)
+    playback.to_end()
+    assert playback.at_end and source.poll(state).steps_done == 40
+    playback.to_start()
+    assert playback.position_ns == playback.start_ns and playback.paused
+    assert source.poll(state).steps_done == 0
 
 
 def test_a_replay_folds_a_bounded_number_of_rows_a_frame_and_catches_up() -> None:

@@ -412,8 +412,10 @@ def test_a_completed_live_job_keeps_the_dashboard_until_q(
     assert second.startswith(" step 5/5 "), screen
     job = term.job_processes()
     assert not [p for p in job if python_module(p) == "runner.worker"], "the ranks outlived the job"
-    time.sleep(1.0)  # completed is not an exit: the dashboard stays open
+    elapsed = re.search(r"elapsed (\S+ s)", header_rows(term.screen())[1])
+    time.sleep(1.5)  # completed is not an exit: the dashboard stays open, its clock stopped with the job
     assert term.exit_code() is None and "● completed" in term.screen()
+    assert elapsed is not None and f"elapsed {elapsed.group(1)}" in header_rows(term.screen())[1]
 
     term.press("q")
     assert term.wait_exit() == 0, term.everything()

@@ -260,6 +260,8 @@ class MeshtopApp(App[None]):
         Binding("minus", "playback('slower')", "Slower", show=False, priority=True),
         Binding("plus,equals_sign", "playback('faster')", "Faster", show=False, priority=True),
         Binding("g", "seek", "Seek", priority=True),
+        Binding("home", "playback('to_start')", "Start", show=False, priority=True),
+        Binding("end", "playback('to_end')", "End", show=False, priority=True),
     ]
     REPLAY_ACTIONS = frozenset({"playback", "seek"})
 

@@ -173,6 +173,7 @@ class LiveSource:
         self._thread = threading.Thread(target=self._run, name="meshtop-session", daemon=True)
         self._started_ns: int | None = None
         self._screen = True
+        self._ended_ns: int | None = None
         self._ended = threading.Event()
         """Set when the session thread has ended: waited on instead of ``Thread.join``, which a signal's
         exception (SIGTERM, Ctrl-C) can leave believing a running thread has ended (CPython 3.11)."""
@@ -181,6 +182,7 @@ class LiveSource:
         try:
             self._run_session()
         finally:
+            self._ended_ns = time.time_ns()
             self._ended.set()
 
     def _run_session(self) -> None:
@@ -215,7 +217,8 @@ class LiveSource:
         return state
 
     def now_ns(self) -> int:
-        return time.time_ns()
+        """Wall time, until the session ended: its end from then (the elapsed clock stops with the job)."""
+        return self._ended_ns if self._ended_ns is not None else time.time_ns()
 
     def stop(self) -> None:
         self.control.stop.set()
@@ -255,7 +258,8 @@ class Playback:
     def __init__(self, timeline: Timeline, *, clock: Callable[[], float] = time.monotonic) -> None:
         self.timeline = timeline
         self.start_ns, self.end_ns = timeline.start_ns, timeline.end_ns
-        self.position_ns = self.start_ns
+        self.position_ns = timeline.data_start_ns()
+        """Opens where the job's data starts, not at the launch (Home goes there)."""
         self.speed = 1.0
         self.paused = False
         self._clock = clock
@@ -295,6 +299,15 @@ class Playback:
         """The last step finished at the position."""
         index = bisect_right(self._step_ends, (self.position_ns, 1 << 62)) - 1
         return self._step_ends[index][1] if index >= 0 else None
+
+    def to_start(self) -> None:
+        """Pause at the recording's first event (the launch)."""
+        self.paused = True
+        self.position_ns = self.start_ns
+
+    def to_end(self) -> None:
+        """Jump to the end: everything recorded, shown at once."""
+        self.position_ns = self.end_ns
 
     def step_forward(self) -> None:
         """Pause at the end of the next step."""

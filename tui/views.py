@@ -387,20 +387,24 @@ class PipelinePanel(Panel):
 
 
 class StepsPanel(Panel):
-    """Step time, throughput and loss over the run, as charts."""
+    """Step time, throughput and loss over the run, as charts (inference: iteration time and throughput; nothing
+    is trained, so there is no loss to chart)."""
 
     def show(self, state: DashboardState, ranks: RankFilter) -> None:
         width = self.usable_width
-        height = max(2, (self.usable_height - 7) // 3)
+        charts = 2 if state.info.inference else 3
+        height = max(2, (self.usable_height - 7) // charts)
         steps = list(state.steps)
-        self.paint(Group(
+        shown = [
             chart("iteration time (rank 0)" if state.info.inference else "step time", [s.duration_s for s in steps],
                   width=width, height=height, format_value=human_seconds),
             chart("throughput", [s.tokens_per_s for s in steps], width=width, height=height,
                   format_value=lambda v: human_rate(v, " tok/s")),
-            chart("loss", [s.loss for s in steps if s.loss is not None], width=width, height=height,
-                  format_value=lambda v: f"{v:.4f}", from_zero=False),
-        ))
+        ]
+        if not state.info.inference:
+            shown.append(chart("loss", [s.loss for s in steps if s.loss is not None], width=width, height=height,
+                               format_value=lambda v: f"{v:.4f}", from_zero=False))
+        self.paint(Group(*shown))
 
 
 class ProcessesPanel(Panel):

@@ -12,9 +12,11 @@ compute dtype (``--dtype``); N is what its optimizers train
 script's layers and context are not known: its MFU is a lower bound by
 12 L d T / (6 N + 12 L d T).
 
-Peaks are the vendors' datasheet figures for dense tensor-core math (SXM
-parts). A GPU or a dtype not in the table has no MFU, and the reason says so:
-a guess would be worse than none.
+Peaks are the vendors' datasheet figures for dense tensor-core math
+(:data:`PEAKS`), told apart by NVML's name and the default power limit (an
+H200 or H100 whose name does not say NVL or PCIe but whose limit is a card's
+is the card). A GPU or a dtype not in the table has no MFU, and the reason
+says so: a guess would be worse than none.
 """
 
 from __future__ import annotations
@@ -24,19 +26,59 @@ from dataclasses import dataclass
 
 from recordings.manifest import RunDescription
 
-PEAK_FLOPS: dict[str, dict[str, float]] = {
-    "bf16": {"B200": 2250e12, "H200": 989e12, "H100": 989e12, "GH200": 989e12, "A100": 312e12,
-             "L40S": 362e12, "L4": 121e12, "A10": 125e12},
-}
-"""Dense peak FLOP/s by dtype and GPU name fragment."""
+@dataclass(frozen=True, slots=True)
+class GpuModel:
+    """What a GPU is, for its peak: NVML's name, and its default power limit (one name can cover a chip's SXM
+    module and its PCIe card, whose peaks differ)."""
+
+    name: str
+    power_limit_w: float | None = None
 
 
-def peak_flops(gpu_name: str, dtype: str) -> float | None:
-    """The dense peak of the GPU called ``gpu_name`` in ``dtype``, where known (the longest matching name
-    fragment wins: "A100" over "A10")."""
-    table = PEAK_FLOPS.get(dtype, {})
-    matches = [fragment for fragment in table if fragment in gpu_name]
-    return table[max(matches, key=len)] if matches else None
+@dataclass(frozen=True, slots=True)
+class Peak:
+    """A GPU's dense tensor-core peak in bf16 (fp16 runs at the same rate on each of these)."""
+
+    fragment: str
+    """Part of NVML's name (the longest that matches wins: "A100" over "A10", "H200 NVL" over "H200")."""
+    flops_per_s: float
+    max_power_w: float | None = None
+    """Where a name is ambiguous: this row is the part whose default power limit is at most this."""
+
+
+PEAKS: tuple[Peak, ...] = (
+    Peak("B200", 2250e12),
+    Peak("GH200", 989e12),
+    Peak("H200 NVL", 835e12),
+    Peak("H200", 835e12, max_power_w=650),  # the NVL card (600 W) where its name does not say so
+    Peak("H200", 989e12),  # SXM (700 W)
+    Peak("H100 NVL", 835e12),
+    Peak("H100 PCIe", 756e12),
+    Peak("H100", 756e12, max_power_w=450),  # a PCIe card (350 W) where its name does not say so
+    Peak("H100", 989e12),  # SXM (700 W)
+    Peak("A100", 312e12),
+    Peak("L40S", 362e12),
+    Peak("L4", 121e12),
+    Peak("A10", 125e12),
+    Peak("RTX 4090", 165.2e12),  # with fp32 accumulation, as training runs
+)
+"""Datasheet dense peaks (no sparsity)."""
+TENSOR_DTYPES = frozenset({"bf16", "fp16"})
+
+
+def peak_flops(gpu: GpuModel | str, dtype: str) -> float | None:
+    """The dense peak of ``gpu`` in ``dtype``, where known (``None`` for a dtype without a tensor-core rate
+    here, or a GPU not in :data:`PEAKS`). NVIDIA names the PCIe and NVL parts so (``NVIDIA H200 NVL``); a
+    name that does not is the SXM module unless its default power limit says it is a card."""
+    model = gpu if isinstance(gpu, GpuModel) else GpuModel(gpu)
+    matching = [peak for peak in PEAKS if peak.fragment in model.name]
+    if dtype not in TENSOR_DTYPES or not matching:
+        return None
+    longest = max(len(peak.fragment) for peak in matching)
+    rows = [peak for peak in matching if len(peak.fragment) == longest]
+    limit = model.power_limit_w
+    return next((peak.flops_per_s for peak in sorted(rows, key=lambda peak: peak.max_power_w or float("inf"))
+                 if peak.max_power_w is None or (limit is not None and limit <= peak.max_power_w)), None)
 
 
 def flops_per_token(*, parameters: int, n_layers: int, dim: int, seq_len: int) -> float:
@@ -66,7 +108,7 @@ def script_parameters(trained: Iterable[tuple[int, int]]) -> int | None:
     return sum(most.values()) if most else None
 
 
-def mfu(run: RunDescription, *, gpu_names: Iterable[str], tokens_per_s: float | None,
+def mfu(run: RunDescription, *, gpus: Iterable[GpuModel], tokens_per_s: float | None,
         script_parameters: int | None = None) -> Mfu:
     """The run's MFU, or why it has none (``script_parameters``: a script's N, :func:`script_parameters`)."""
     if run.inference:
@@ -84,13 +126,13 @@ def mfu(run: RunDescription, *, gpu_names: Iterable[str], tokens_per_s: float | 
     else:
         per_token = flops_per_token(parameters=run.model.parameters, n_layers=run.model.n_layers,
                                     dim=run.model.dim, seq_len=run.seq_len)
-    names = sorted(set(gpu_names))
-    if not names:
+    models = sorted(set(gpus), key=lambda model: (model.name, model.power_limit_w or 0.0))
+    if not models:
         return Mfu(value=None, why_not="no GPU seen yet", flops_per_token=per_token)
-    peaks = {name: peak_flops(name, run.dtype) for name in names}
-    unknown = [name for name, peak in peaks.items() if peak is None]
+    peaks = {model: peak_flops(model, run.dtype) for model in models}
+    unknown = [model for model, peak in peaks.items() if peak is None]
     if unknown:
-        return Mfu(value=None, why_not=f"no {run.dtype} peak known for {unknown[0]}", flops_per_token=per_token)
+        return Mfu(value=None, why_not=f"no {run.dtype} peak known for {unknown[0].name}", flops_per_token=per_token)
     peak = min(p for p in peaks.values() if p is not None)
     if tokens_per_s is None:
         return Mfu(value=None, why_not="no complete step yet", flops_per_token=per_token, peak_flops_per_s=peak)

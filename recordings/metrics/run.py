@@ -24,7 +24,7 @@ from probes.events import Event, GpuSample, JobEnded, MemorySnapshot, ProcessSam
 from recordings.manifest import GpuInfo, RunDescription
 from recordings.metrics.collectives import CollectiveFold, CollectiveRow
 from recordings.metrics.memory import MemoryFold, MemoryRow
-from recordings.metrics.mfu import Mfu, mfu, script_parameters
+from recordings.metrics.mfu import GpuModel, Mfu, mfu, script_parameters
 from recordings.metrics.pipeline import StageFold, StageRow, step_bubbles
 from recordings.metrics.requests import RequestFigures, RequestFold
 from recordings.metrics.steps import JobStep, RankSpan, StepFigures, StepFolder, StepStats
@@ -100,7 +100,8 @@ class RunFold:
         self.trained: dict[int, tuple[int, int]] = {}
         """A script's ranks: (pipeline rank, parameter elements its optimizer trains at their global size)."""
         """(pp, dp, tp) of each rank that reported its start."""
-        self.gpu_names: dict[int, str] = {}
+        self.gpu_models: dict[tuple[int, int], GpuModel] = {}
+        """Each GPU's model by (node, index), for MFU's peak."""
         self.rejected: Counter[str] = Counter()
         """Rows left out by kind: well-formed, but not this job's (a rank outside it, an end before its start)."""
         self.new_steps: deque[JobStep] = deque(maxlen=4096)
@@ -185,7 +186,7 @@ class RunFold:
             elif isinstance(event, RequestDone) and self.requests is not None:
                 self.requests.add(event)
             elif isinstance(event, GpuSample) and event.name:
-                self.gpu_names.setdefault(event.gpu, event.name)
+                self.gpu_models.setdefault((event.node, event.gpu), GpuModel(event.name, event.power_limit_w))
             elif isinstance(event, JobEnded):
                 self.finish(event.status)
         return kept
@@ -204,7 +205,7 @@ class RunFold:
         """The GPUs a recording's manifest names (its GPU samples may be gone): what MFU's peak is looked up by."""
         for gpu in gpus:
             if gpu.name:
-                self.gpu_names.setdefault(gpu.gpu, gpu.name)
+                self.gpu_models.setdefault((gpu.node, gpu.gpu), GpuModel(gpu.name, gpu.power_limit_w))
 
     def position(self, rank: int) -> tuple[int, int, int]:
         """(pp, dp, tp) of ``rank``: as it reported, else where the plan puts it."""
@@ -282,7 +283,7 @@ class RunFold:
             steps=steps, collectives=tuple(self.collectives.rows()), stages=tuple(self.stages.rows()),
             memory=tuple(self.memory.rows()), most_loaded_rank=self.memory.most_loaded_rank(),
             headroom_bytes=self.memory.headroom_bytes(), requests=requests,
-            mfu=mfu(self.run, gpu_names=self.gpu_names.values(), tokens_per_s=steps.tokens_per_s,
+            mfu=mfu(self.run, gpus=self.gpu_models.values(), tokens_per_s=steps.tokens_per_s,
                     script_parameters=script_parameters(self.trained.values())))
         self._figures = (self.version, figures)
         return figures

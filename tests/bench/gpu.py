@@ -27,13 +27,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from probes.events import MemorySnapshot, StepTiming
+from probes.events import GpuSample, MemorySnapshot, StepTiming
 from tests.bench import overhead, sampler_cost
 from tests.bench.figures import NO_TARGET, Row, Spread
 from tests.bench.overhead import INFER_REQUESTS, overhead_row
 from tests.jobs import launch
 from recordings.manifest import RunDescription
-from recordings.metrics.mfu import mfu
+from recordings.metrics.mfu import GpuModel, mfu
 from tui.cli import gpus_visible
 
 OVERHEAD_MODEL = "125m"
@@ -81,7 +81,12 @@ def mfu_row(device: str = "cuda", model: str = MFU_MODEL, batch_size: int = MFU_
     step_s = statistics.median(t.duration_s for t in timings)
     tokens_per_s = timings[0].tokens / step_s
     name = name if name is not None else gpu_name()
-    figure = mfu(RunDescription.from_json(launched.run.describe()), gpu_names=[name], tokens_per_s=tokens_per_s)
+    gpu_model = GpuModel(name)
+    for event in launched.events:  # NVML's name and power limit, where the sampler read them
+        if isinstance(event, GpuSample) and event.name:
+            gpu_model = GpuModel(event.name, event.power_limit_w)
+            break
+    figure = mfu(RunDescription.from_json(launched.run.describe()), gpus=[gpu_model], tokens_per_s=tokens_per_s)
     flops, peak = figure.flops_per_token, figure.peak_flops_per_s
     memory = [e for e in launched.events if isinstance(e, MemorySnapshot)]
     peak_bytes = max((e.peak_allocated_bytes or 0 for e in memory), default=0)
