@@ -202,7 +202,11 @@ for tp in (True, False):
             assert model.output.weight is model.tok_embeddings.weight, (tp, wrap)
             assert sum(p.numel() for p in model.parameters()) == shape.parameter_count()
         if wrap is not None:  # the root manages the shared matrix once, beside the final norm
-            assert [len(g.fsdp_params) for g in model._get_fsdp_state()._fsdp_param_groups] == [2]
+            state = model._get_fsdp_state()
+            groups = getattr(state, "_fsdp_param_groups", None)  # torch 2.13; 2.11 holds one group or none
+            if groups is None:
+                groups = [state._fsdp_param_group] if state._fsdp_param_group is not None else []
+            assert [len(g.fsdp_params) for g in groups] == [2]
 dist.destroy_process_group()
 print("tied")
 """

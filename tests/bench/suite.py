@@ -185,23 +185,34 @@ def main(argv: list[str] | None = None) -> int:
     rows: list[Row] = []
     seconds: dict[str, float] = {}
     started = time.perf_counter()
+    described = machine()
+    if args.device == "cuda":
+        described.update(gpu.machine())
+
+    def write_json(complete: bool) -> None:
+        """The figures so far, written after each one: a run cut short (a device call's time limit) keeps them."""
+        if args.json:
+            tmp = args.json.with_suffix(".tmp")
+            tmp.write_text(json.dumps({"machine": described, "full": args.full, "complete": complete,
+                                       "seconds": seconds, "total_s": time.perf_counter() - started,
+                                       "rows": [row.to_json() for row in rows]}, indent=2) + "\n")
+            tmp.replace(args.json)
+
     for name in names:
         print(f"suite: {name} ...", file=sys.stderr, flush=True)
         began = time.perf_counter()
-        rows.extend(chosen[name]())
+        measured = chosen[name]()
+        rows.extend(measured)
         seconds[name] = time.perf_counter() - began
+        print(table(measured), file=sys.stderr, flush=True)
         print(f"suite: {name} done in {seconds[name]:.0f} s", file=sys.stderr, flush=True)
+        write_json(complete=False)
     total = time.perf_counter() - started
     print(table(rows))
     met = [row for row in rows if row.met is not None]
     print(f"\n{sum(bool(row.met) for row in met)} of {len(met)} targets met; {total:.0f} s in all "
           f"({', '.join(f'{name} {s:.0f} s' for name, s in seconds.items())})")
-    if args.json:
-        described = machine()
-        if args.device == "cuda":
-            described.update(gpu.machine())
-        args.json.write_text(json.dumps({"machine": described, "full": args.full, "seconds": seconds,
-                                         "total_s": total, "rows": [row.to_json() for row in rows]}, indent=2) + "\n")
+    write_json(complete=True)
     return 0
 
 
