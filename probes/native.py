@@ -45,6 +45,12 @@ def cache_dir() -> Path:
     return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "meshtop"
 
 
+def built() -> bool:
+    """Whether the module for this torch is built already (a build takes about 30 s, once per torch)."""
+    directory = cache_dir() / "native" / module_name()
+    return (directory / f"{module_name()}.so").exists() and not (directory / "lock").exists()
+
+
 def build() -> Path:
     """The built module's path, compiling it first where needed; :class:`ProbeError` says why it cannot be."""
     name = module_name()

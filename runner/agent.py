@@ -24,7 +24,8 @@ from torch.distributed import run as torchrun
 from torch.distributed.elastic.multiprocessing.api import SignalException
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 
-from probes.native import NATIVE_ENV, environment_value
+from probes.native import NATIVE_ENV, built, environment_value
+from runner.launch import PHASE_NAME
 
 PARENT_POLL_S = 0.5
 
@@ -73,12 +74,23 @@ def stop_when_orphaned() -> None:
     threading.Thread(target=watch, name="meshtop-orphan-watch", daemon=True).start()
 
 
+def say_phase(status_path: Path, phase: str) -> None:
+    """Write what the launcher does now (best effort: the job does not depend on it)."""
+    try:
+        (status_path.parent / PHASE_NAME).write_text(phase)
+    except OSError:
+        pass
+
+
 def main(argv: list[str]) -> int:
     status_path, torchrun_args = Path(argv[0]), argv[1:]
     stop_when_orphaned()
     args = torchrun.parse_args(torchrun_args)
     if NATIVE_ENV not in os.environ:
+        if not built():
+            say_phase(status_path, "building the C++ collective probe (the first run with this torch only, ~30 s)")
         os.environ[NATIVE_ENV] = environment_value()
+    say_phase(status_path, "starting the ranks (torchrun's rendezvous, then each rank imports torch)")
     try:
         torchrun.run(args)
         status: dict[str, Any] = {"status": "completed", "ranks": {}}

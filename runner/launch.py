@@ -152,6 +152,9 @@ def builtin_launch(run: ResolvedRun, session_dir: Path, nodes: Nodes | None = No
     )
 
 
+PHASE_NAME = "phase.txt"
+"""In the session folder, beside ``status.json``: what the launcher (:mod:`runner.agent`) does before the
+ranks report, in words (the dashboard shows it while it waits)."""
 ATTACHED_ENV = "MESHTOP_ATTACHED_PID"
 """Set by the bootstrap in a process it attached to (``runner/bootstrap/sitecustomize.py``)."""
 

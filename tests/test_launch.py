@@ -15,6 +15,7 @@ import pytest
 
 from probes.events import StepTiming
 from recordings.tables import read_json_lines
+from runner.launch import PHASE_NAME
 from tests.jobs import alive
 
 pytestmark = pytest.mark.slow
@@ -44,9 +45,11 @@ def test_killed_rank_reports_its_signal(launch_cpu, monkeypatch: pytest.MonkeyPa
     assert alive([s.pid for s in launched.started]) == []
 
 
-def test_completed_job_reports_every_rank_exit_zero(launch_cpu) -> None:
+def test_completed_job_reports_every_rank_exit_zero(launch_cpu, tmp_path: Path) -> None:
     launched = launch_cpu(dp=2, steps=2)
     assert launched.result.status == "completed"
+    # the launcher said what it did before the ranks reported (the probe was built before the tests began)
+    assert (tmp_path / "session" / PHASE_NAME).read_text().startswith("starting the ranks")
     assert [(r.rank, r.exit_code) for r in launched.result.ranks] == [(0, 0), (1, 0)]
     assert alive([s.pid for s in launched.started]) == []
     steps = [e for e in launched.events if isinstance(e, StepTiming)]

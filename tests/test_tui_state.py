@@ -242,3 +242,18 @@ def test_the_backlog_keeps_order_and_skips_the_oldest_high_rate_batches_first() 
         backlog.put([batch])
     kinds = [kind for kind, _ in backlog.take()]
     assert kinds == ["rank_started", "collective"] and backlog.skipped == 8 and "collective" in COALESCIBLE
+
+
+def test_a_live_job_says_what_it_does_before_its_first_step() -> None:
+    """The launcher's phase until a rank reports, then how many have, until the first step; nothing after it,
+    and nothing in a replay (no launcher phase)."""
+    state = DashboardState(description(dp=2))
+    assert state.startup() is None  # a replay: no launcher
+    state.launcher_phase = "building the C++ collective probe (the first run with this torch only, ~30 s)"
+    assert state.startup() == state.launcher_phase
+    state.apply_events([started(0)])
+    assert state.startup() == "1 of 2 ranks started"
+    state.apply_events([started(1)])
+    assert state.startup() == "every rank started, waiting for the first step"
+    state.apply_events([step(0, 0, 0.005), step(1, 0, 0.005)])
+    assert state.steps_done == 1 and state.startup() is None

@@ -343,6 +343,9 @@ def test_a_lost_terminal_mid_run_leaves_the_job_running_headless_until_sigterm(
     runs = tmp_path / "runs"
     term = terminal(["run", "--steps", "100000", "--model", "tiny", "--runs-dir", str(runs)],
                     width=100, height=30, env=live_env())
+    # before the first step, the header says what the job does (the launcher's phase, then the ranks' starts)
+    term.wait_for(lambda screen: re.search(r"starting the ranks|ranks? started", header_rows(screen)[1]),
+                  "the startup phase in the header", STARTUP_S)
     term.wait_for(lambda screen: "● running" in screen and re.search(r" step [1-9]\d*/100000", screen),
                   "a running step", JOB_S)
     meshtop = meshtop_process(term)

@@ -68,7 +68,9 @@ class HeaderBar(Static):
         second = Text(no_wrap=True, overflow="ellipsis")
         if extra:
             second.append(f" [{extra}]", style="bold yellow")
-        if info.inference:
+        if (phase := state.startup()) is not None:
+            second.append(f" {phase}…", style="bold")
+        elif info.inference:
             self._requests(second, state)
         else:
             self._steps(second, state)
@@ -343,6 +345,8 @@ class MeshtopApp(App[None]):
         started = time.perf_counter()
         self.state = self.source.poll(self.state)
         self.state.set_clock(self.source.now_ns(), self.source.started_ns())
+        if not self.state.steps_done:  # the launcher's phase, read until the first step
+            self.state.launcher_phase = self.source.launcher_phase()
         self.redraw()
         self.frame_times_s.append(time.perf_counter() - started)
         if self.gc_pacer.frame_drawn():

@@ -33,7 +33,7 @@ from recordings.reader import Recording
 from recordings.replay import Timeline, in_kind_order, load_timeline
 from recordings.schema import batches_of, decode_lines
 from recordings.summary import job_status
-from runner.launch import JobControl, JobResult, NodeProbes
+from runner.launch import PHASE_NAME, JobControl, JobResult, NodeProbes
 from runner.nodes import Nodes
 from runner.session import Work, describe, run_session
 from tui.state import UI_KINDS, DashboardState
@@ -75,6 +75,8 @@ class Source(Protocol):
         """Wait until the source is done (a live session's recording closed); whether it is."""
     def ask_stacks(self, ranks: Iterable[int] | None) -> str | None:
         """Ask for py-spy dumps; a reason when this source cannot take them."""
+    def launcher_phase(self) -> str | None:
+        """What a live job's launcher does before the ranks report (``None``: nothing to say)."""
     @property
     def finished(self) -> bool: ...
     @property
@@ -215,6 +217,12 @@ class LiveSource:
             state.apply(kind, table)
         state.coalesced = self.backlog.skipped
         return state
+
+    def launcher_phase(self) -> str | None:
+        try:
+            return (self.directory / PHASE_NAME).read_text()[:200] or None
+        except OSError:  # not written yet
+            return None
 
     def now_ns(self) -> int:
         """Wall time, until the session ended: its end from then (the elapsed clock stops with the job)."""
@@ -429,6 +437,9 @@ class ReplaySource:
 
     def wait(self, timeout_s: float | None = None) -> bool:
         return True
+
+    def launcher_phase(self) -> None:
+        return None
 
     def ask_stacks(self, ranks: Iterable[int] | None) -> str | None:
         return "a replay shows the stack dumps taken while recording; it cannot take new ones"

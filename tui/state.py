@@ -180,6 +180,8 @@ class DashboardState:
         self.nvml: NvmlState | None = None
         self.steps: deque[JobStep] = deque(maxlen=HISTORY)
         self.steps_done = 0
+        self.launcher_phase: str | None = None
+        """A live job's launcher's phase, until its first step (the app sets it from the source)."""
         self.dropped = 0
         """Telemetry events lost before meshtop got them (full worker or collector buffers)."""
         self.coalesced = 0
@@ -378,6 +380,19 @@ class DashboardState:
         if self.first_ns is None or self.clock_ns is None:
             return 0.0
         return max(0.0, (self.clock_ns - self.first_ns) / 1e9)
+
+    def startup(self) -> str | None:
+        """What a live job does before its first step, in words: the launcher's phase (building the C++ probe,
+        starting the ranks), then how many ranks reported; ``None`` once a step is done, or in a replay."""
+        if self.steps_done or self.final or self.launcher_phase is None:
+            return None
+        started = sum(1 for rank in self.ranks.values() if rank.pid is not None)
+        if not started:
+            return self.launcher_phase
+        world = self.info.world_size
+        if started < world:
+            return f"{started} of {world} ranks started"
+        return "every rank started, waiting for the first " + ("iteration" if self.info.inference else "step")
 
     @property
     def last_step(self) -> JobStep | None:
