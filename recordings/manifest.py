@@ -470,6 +470,15 @@ def write_manifest(directory: Path, manifest: Manifest) -> None:
         raise
 
 
+def note_terminal_lost(directory: Path, note: str | None) -> None:
+    """Say in the closed recording's manifest when and how the dashboard's terminal went away (best effort:
+    the recording is whole without it)."""
+    try:
+        write_manifest(directory, replace(read_manifest(directory), terminal_lost=note))
+    except (RecordingError, OSError):
+        pass
+
+
 def start_manifest(run: RunDescription, *, command_line: list[str],
                    node_probes: SampleRates | None = None) -> Manifest:
     """The manifest of a run that is starting: description, software, host, status ``running``."""

@@ -345,8 +345,8 @@ class MeshtopApp(App[None]):
         started = time.perf_counter()
         self.state = self.source.poll(self.state)
         self.state.set_clock(self.source.now_ns(), self.source.started_ns())
-        if not self.state.steps_done:  # the launcher's phase, read until the first step
-            self.state.launcher_phase = self.source.launcher_phase()
+        if not self.state.steps_done and not self.state.ranks_started():  # the launcher's phase: read until a
+            self.state.launcher_phase = self.source.launcher_phase()      # rank reports (then the ranks say)
         self.redraw()
         self.frame_times_s.append(time.perf_counter() - started)
         if self.gc_pacer.frame_drawn():

@@ -7,7 +7,6 @@ whose rank failed exits 1 naming the rank; an interrupted job exits 130.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import os
 import shutil
@@ -45,13 +44,12 @@ from runner.plan import (
 from runner.planner import SWEEP_STEPS
 from runner.presets import PRESETS
 from runner.script import ScriptRun, resolve_script
-from tui.terminal import TerminalGuard
+from tui.terminal import TerminalGuard, go_on_headless
 
 if TYPE_CHECKING:
     from recordings.manifest import Manifest
     from recordings.prometheus import MetricsServer, RunMetrics
     from runner.session import Work
-    from tui.sources import LiveSource
 
 EXIT_OK, EXIT_JOB_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
 RUNS_DIR_ENV = "MESHTOP_RUNS_DIR"
@@ -363,6 +361,7 @@ def new_session_path(runs: Path, run: Work) -> Path:
 
 
 def command_run(args: argparse.Namespace) -> int:
+    from recordings.manifest import note_terminal_lost
     from runner.console import verdict
     from runner.session import start_recording
     from tui.app import MeshtopApp
@@ -395,7 +394,7 @@ def command_run(args: argparse.Namespace) -> int:
         if server is not None:
             server.stop()
     if app.terminal is not None and app.terminal.lost and manifest is not None:
-        note_terminal_lost(directory, app.terminal)
+        note_terminal_lost(directory, app.terminal.note())
     if source.error is not None:
         raise source.error
     assert source.result is not None, "the session thread ended without a result"
@@ -413,32 +412,6 @@ def command_run(args: argparse.Namespace) -> int:
     if source.result.status == "failed":
         print(f"launcher log kept in {source.result.log_path}", file=sys.stderr)
     return exit_code(source.result.status)
-
-
-def go_on_headless(source: LiveSource, *, recording: bool) -> None:
-    """The dashboard's terminal went away (:mod:`tui.terminal`): a recorded job goes on, headless, until it
-    ends or SIGTERM / Ctrl-C stops it, as ``record`` would; one not recorded is stopped (by the caller)."""
-    source.headless()
-    signal.signal(signal.SIGTERM, _interrupt_on_sigterm)  # the app's event loop had it
-    if not recording:
-        return
-    try:
-        while not source.wait(0.5):
-            pass
-    except KeyboardInterrupt:
-        pass
-
-
-def note_terminal_lost(directory: Path, terminal: TerminalGuard) -> None:
-    """Say in the recording's manifest when the terminal was lost and how (best effort: the recording is
-    whole without it)."""
-    from recordings.manifest import read_manifest, write_manifest
-
-    try:
-        manifest = read_manifest(directory)
-        write_manifest(directory, dataclasses.replace(manifest, terminal_lost=terminal.note()))
-    except (MeshtopError, OSError):
-        pass
 
 
 def command_node(run: Work, nodes: Nodes, probes: NodeProbes) -> int:

@@ -381,12 +381,16 @@ class DashboardState:
             return 0.0
         return max(0.0, (self.clock_ns - self.first_ns) / 1e9)
 
+    def ranks_started(self) -> int:
+        """Ranks that reported their start."""
+        return sum(1 for rank in self.ranks.values() if rank.pid is not None)
+
     def startup(self) -> str | None:
         """What a live job does before its first step, in words: the launcher's phase (building the C++ probe,
         starting the ranks), then how many ranks reported; ``None`` once a step is done, or in a replay."""
         if self.steps_done or self.final or self.launcher_phase is None:
             return None
-        started = sum(1 for rank in self.ranks.values() if rank.pid is not None)
+        started = self.ranks_started()
         if not started:
             return self.launcher_phase
         world = self.info.world_size

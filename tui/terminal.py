@@ -27,7 +27,10 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
+
+if TYPE_CHECKING:
+    from tui.sources import LiveSource
 
 
 class TerminalGuard:
@@ -104,3 +107,17 @@ class GuardedOutput:
 
     def __getattr__(self, name: str) -> Any:  # fileno, isatty, encoding: the real file's
         return getattr(self._real, name)
+
+
+def go_on_headless(source: LiveSource, *, recording: bool) -> None:
+    """After the dashboard's terminal went away: a recorded job goes on, headless, until it ends or SIGTERM /
+    Ctrl-C stops it, as ``record`` would; one not recorded is stopped (by the caller)."""
+    source.headless()
+    signal.signal(signal.SIGTERM, signal.default_int_handler)  # the app's event loop had it: a KeyboardInterrupt
+    if not recording:
+        return
+    try:
+        while not source.wait(0.5):
+            pass
+    except KeyboardInterrupt:
+        pass
