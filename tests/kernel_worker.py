@@ -30,7 +30,7 @@ from probes.collectives import GroupDirectory
 from probes.events import CollectiveTiming, SamplerError
 from probes.instrument import Instrumentation
 from runner.mesh import build_mesh
-from tests.coverage_worker import ListSink
+from tests.witness_worker import ListSink
 
 LATE_S = 0.3
 WORK_BEFORE_WAIT_S = 0.1

@@ -23,12 +23,12 @@ from probes.events import CollectiveTiming, ProbeOff, StageAction, StepTiming
 from probes.instrument import OVERHEAD_BLOCK_ENV, Instrumentation
 from probes.patching import MissingInternal, require
 from probes.pipeline import STAGE_METHODS, StageProbe
+from recordings.manifest import RunDescription
 from runner.data_parallel import apply_replicate
 from runner.mesh import build_mesh
 from runner.plan import PlanError
-from tests.coverage_worker import ListSink
-from recordings.manifest import RunDescription
 from tests.jobs import launch
+from tests.witness_worker import ListSink
 from tui.state import DashboardState
 
 SITE_HOOKS = Path(__file__).with_name("site_hooks")
