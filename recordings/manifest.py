@@ -147,7 +147,7 @@ class RunDescription:
     """A script's: the compute dtype the user named for MFU, else ``None``."""
     device: str
     steps: int | None
-    """Training steps asked for (``None`` for inference)."""
+    """Training steps asked for (``None`` for inference, a script, and a run until stopped)."""
     batch_size: int | None
     microbatch_size: int | None
     seq_len: int | None
@@ -166,6 +166,12 @@ class RunDescription:
     @property
     def inference(self) -> bool:
         return self.mode == INFER_MODE
+
+    @property
+    def until_stopped(self) -> bool:
+        """The built-in model trained with no fixed number of steps: until q (``meshtop run`` without
+        ``--steps``, :mod:`runner.until`)."""
+        return self.mode == "train" and self.script is None and self.steps is None
 
     @property
     def may_pipeline(self) -> bool:

@@ -36,7 +36,9 @@ def headline(run: Work) -> str:
     size = f"{params / 1e9:.1f}B" if params >= 1e9 else f"{params / 1e6:.1f}M"
     start = f"meshtop: {run.plan_label()} · model {run.shape.name} ({size} params) · {run.device} {run.dtype} · "
     if run.load is None:
-        return start + f"{run.world_size} ranks · {run.steps} steps of {run.batch_size} x {run.seq_len} tokens"
+        length = (f"{run.steps} steps" if run.steps is not None
+                  else f"steps until stopped ({run.time_limit_s or 0:g} s at most)")
+        return start + f"{run.world_size} ranks · {length} of {run.batch_size} x {run.seq_len} tokens"
     load = run.load
     arrivals = (f"{load.concurrency} in flight" if load.concurrency is not None
                 else f"{load.request_rate_per_s:g} req/s Poisson")

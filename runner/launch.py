@@ -51,6 +51,7 @@ from runner.hangs import HangWatch
 from runner.load import longest_gap_s
 from runner.plan import ResolvedRun
 from runner.rounds import Rounds
+from runner.until import STOP_ENV, STOP_NAME, FinishRequest
 
 if TYPE_CHECKING:
     from runner.fleet import Fleet
@@ -130,6 +131,8 @@ class Launch:
     """Put first on the ranks' ``PYTHONPATH``, before meshtop's own root."""
     nodes: Nodes | None = None
     """The job's nodes, when it runs on many; ``world_size`` counts the ranks of all of them."""
+    stop_file: Path | None = None
+    """A run until stopped (:mod:`runner.until`): the file that asks its ranks to end it."""
 
     @property
     def local_world_size(self) -> int:
@@ -145,10 +148,14 @@ def builtin_launch(run: ResolvedRun, session_dir: Path, nodes: Nodes | None = No
     run_path.write_text(json.dumps(run.to_json(), indent=2))
     where = (("--standalone", "--nnodes=1", f"--nproc-per-node={run.world_size}") if nodes is None
              else nodes.launcher_args(run.world_size // nodes.count))
+    stop_file = session_dir / STOP_NAME if run.steps is None and run.mode == "train" else None
+    if stop_file is not None:
+        stop_file.unlink(missing_ok=True)
     return Launch(
         launcher_args=(*where, "--max-restarts=0", "-m", "runner.worker", str(run_path)),
         world_size=run.world_size, native_kernel=run.device == "cpu" and run.instrument,
         quiet_s=longest_gap_s(run.load) if run.load is not None else 0.0, nodes=nodes,
+        env={STOP_ENV: str(stop_file)} if stop_file is not None else {}, stop_file=stop_file,
     )
 
 
@@ -344,6 +351,10 @@ class JobControl:
         self._stacks_asked = False
         self.stop = threading.Event()
         """Set to stop every rank; the job then ends ``interrupted`` (``failed`` after a hang report)."""
+        self.finish = threading.Event()
+        """Set to end a run until stopped after a step, as one with a fixed number of steps ends (it then
+        completes; stopped as by ``stop`` where the ranks do not end it in time, or before its first step:
+        :class:`runner.until.FinishRequest`). Other jobs are stopped."""
         self.stop_on_hang = True
         """Stop the job when a hang is detected (headless); else report it and keep waiting (the dashboard asks)."""
         self.hang: HangDetected | None = None
@@ -418,6 +429,7 @@ def run_job(launch: Launch, *, session_dir: Path,
     pids: dict[int, int] = {}
     lost: list[int] = []
     rounds = Rounds() if launch.nodes is None or fleet is not None else None  # the head numbers the steps
+    finishing = FinishRequest(launch.stop_file)
 
     here = launch.nodes.rank if launch.nodes is not None else 0
 
@@ -449,6 +461,7 @@ def run_job(launch: Launch, *, session_dir: Path,
             elif fleet.failed() is not None:  # its ranks failed: the head's would wait on them
                 control.stop.set()
         hangs.observe(arrivals)
+        finishing.observe(arrivals)
         if not hangs.reported:
             control.hang = None  # progress again: an earlier report no longer holds
         if (hang := hangs.check()) is not None:
@@ -474,6 +487,8 @@ def run_job(launch: Launch, *, session_dir: Path,
     try:
         while job.poll() and not control.stop.is_set():
             deliver()
+            if control.finish.is_set() and finishing.stop_now():
+                control.stop.set()
             control.stop.wait(POLL_S)
         interrupted = control.stop.is_set() and job.poll()  # a job that ended by itself is not interrupted
         if control.stacks_asked and job.poll():  # asked with the stop: dump the ranks before they are stopped

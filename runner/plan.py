@@ -28,6 +28,10 @@ DTYPES = ("fp32", "bf16")
 DEVICES = ("auto", "cpu", "cuda")
 MODES = ("train", "infer")
 DEFAULT_STEPS = 20
+"""Training steps of ``meshtop record`` (and of any spec) without ``--steps``."""
+WATCH_LIMIT_S = 300.0
+"""``meshtop run`` without ``--steps`` trains until q, this long at most: a run worth watching, that ends by
+itself where nobody watches it (a lost terminal's session goes on headless)."""
 MAX_CPU_RANKS = 64
 """More gloo ranks than this on one host only measures the scheduler."""
 
@@ -62,6 +66,9 @@ class RunSpec:
     """auto (cuda when a GPU is visible), cpu or cuda."""
     steps: int | None = None
     """Training steps to run (default 20; training only)."""
+    time_limit_s: float | None = None
+    """Train with no fixed number of steps: until asked to stop (the dashboard's q), this long at most
+    (``meshtop run`` without ``--steps``: :data:`WATCH_LIMIT_S`)."""
     batch_size: int | None = None
     """Global batch in sequences (default 4 per microbatch per replica)."""
     seq_len: int | None = None
@@ -90,7 +97,7 @@ class RunSpec:
     slo_tpot_ms: float | None = None
 
 
-TRAIN_ONLY = ("fsdp", "schedule", "microbatches", "steps", "batch_size", "seq_len", "activations")
+TRAIN_ONLY = ("fsdp", "schedule", "microbatches", "steps", "time_limit_s", "batch_size", "seq_len", "activations")
 INFER_ONLY = ("requests", "concurrency", "request_rate", "prompt_len", "output_len", "max_batch",
               "slo_ttft_ms", "slo_tpot_ms")
 
@@ -116,10 +123,12 @@ class ResolvedRun:
     shape: ModelShape
     dtype: str
     device: str
-    steps: int
+    steps: int | None
+    """``None``: until asked to stop, ``time_limit_s`` at most (:mod:`runner.until`)."""
     batch_size: int
     seq_len: int
     seed: int
+    time_limit_s: float | None = None
     instrument: bool = True
     activations: bool = False
     """Measure the bytes saved for backward per step (training)."""
@@ -248,6 +257,8 @@ def resolve(spec: RunSpec, *, gpus_visible: int, nodes: int = 1) -> ResolvedRun:
         _positive(name, value)
     if spec.seed < 0:
         raise PlanError(f"--seed must be 0 or more, got {spec.seed}")
+    if spec.time_limit_s is not None and (spec.steps is not None or not 0 < spec.time_limit_s < float("inf")):
+        raise PlanError("a run until stopped has no --steps and a time limit above 0")
     if spec.device not in DEVICES:
         raise PlanError(f"unknown --device {spec.device!r}: use one of {', '.join(DEVICES)}")
     if spec.mode not in MODES:
@@ -305,7 +316,8 @@ def resolve(spec: RunSpec, *, gpus_visible: int, nodes: int = 1) -> ResolvedRun:
     return ResolvedRun(
         dp=dp, tp=spec.tp, pp=spec.pp, fsdp=spec.fsdp, schedule=schedule,
         microbatches=microbatches, virtual_stages=virtual, shape=shape, dtype=dtype,
-        device=device, steps=spec.steps or DEFAULT_STEPS, batch_size=batch,
+        device=device, steps=None if spec.time_limit_s is not None else spec.steps or DEFAULT_STEPS,
+        time_limit_s=spec.time_limit_s, batch_size=batch,
         seq_len=spec.seq_len or shape.default_seq_len, seed=spec.seed, instrument=spec.instrument,
         activations=spec.activations, stage_layers=split_layers(shape.n_layers, spec.pp * virtual),
     )

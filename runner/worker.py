@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import socket
@@ -28,6 +29,7 @@ from runner.mesh import MeshCoordinates, build_mesh, coordinates, local_device
 from runner.plan import ResolvedRun
 from runner.serve import OP_NAMES, OpTiming, build_serving, serve
 from runner.train import build_training, timed_step
+from runner.until import RunUntilStopped
 
 MEMORY_EVERY_NS = 500_000_000
 """Inference reports memory twice a second, not after each of its many small ops."""
@@ -57,7 +59,11 @@ def train_rank(run: ResolvedRun, *, mesh: Any, coords: MeshCoordinates, device: 
     sink.emit(rank_started(coords, device, stages=tuple(job.stage_indices) if run.pp > 1 else (),
                            local_parameters=job.local_parameters()))
     tokens = run.batch_size * run.seq_len
-    for step in range(run.steps):
+    until = None
+    if run.steps is None:
+        assert run.time_limit_s is not None, "a run until stopped has a time limit"
+        until = RunUntilStopped.for_this_rank(rank, run.time_limit_s)
+    for step in range(run.steps) if run.steps is not None else itertools.count():
         if fault is not None:
             fault.maybe_fire(rank=rank, step=step)
         probes.step_started(step)
@@ -66,6 +72,8 @@ def train_rank(run: ResolvedRun, *, mesh: Any, coords: MeshCoordinates, device: 
         sink.emit(StepTiming(rank=rank, step=step, start_ns=outcome.start_ns, duration_s=outcome.duration_s,
                              tokens=tokens, loss=outcome.loss, forward_backward_s=outcome.forward_backward_s,
                              instrumented=probes.enabled, pipeline_wait_s=pipeline_wait_s, cpu_s=outcome.cpu_s))
+        if until is not None and until.ends_after(step):
+            break
 
 
 def serve_rank(run: ResolvedRun, *, mesh: Any, coords: MeshCoordinates, device: torch.device, sink: EventSink,

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -12,7 +12,7 @@ import psutil
 
 from probes.events import Event, RankStarted, StepTiming
 from recordings.metrics.steps import JobStep, StepFolder
-from runner.launch import JobResult, builtin_launch, run_job
+from runner.launch import JobControl, JobResult, builtin_launch, run_job
 from runner.plan import ResolvedRun, RunSpec, resolve
 from tui.cli import gpus_visible
 
@@ -55,14 +55,23 @@ def environment(**variables: str) -> Iterator[None]:
                 os.environ[name] = value
 
 
-def launch(session_dir: Path, env: dict[str, str] | None = None, device: str = "cpu", **spec: object) -> LaunchedRun:
-    """Resolve ``spec`` for ``device`` (CPU by default) and run it to the end under torchrun."""
+def launch(session_dir: Path, env: dict[str, str] | None = None, device: str = "cpu",
+           control: JobControl | None = None, on_events: Callable[[list[Event]], None] | None = None,
+           **spec: object) -> LaunchedRun:
+    """Resolve ``spec`` for ``device`` (CPU by default) and run it to the end under torchrun (``control``: the
+    requests a dashboard would make while it runs, ``on_events``: told of each delivery as it comes)."""
     gpus = gpus_visible() if device != "cpu" else 0
     run = resolve(RunSpec(device=device, **spec), gpus_visible=gpus)  # type: ignore[arg-type]
     events: list[Event] = []
+
+    def deliver(delivered: list[Event]) -> None:
+        events.extend(delivered)
+        if on_events is not None:
+            on_events(delivered)
+
     with environment(**(env or {})):
         result = run_job(builtin_launch(run, session_dir / "session"), session_dir=session_dir / "session",
-                         on_events=lambda arrivals: events.extend(arrivals.events()))
+                         on_events=lambda arrivals: deliver(arrivals.events()), control=control)
     return LaunchedRun(run=run, result=result, events=events)
 
 

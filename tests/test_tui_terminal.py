@@ -23,6 +23,8 @@ from typing import TypeVar
 import psutil
 import pytest
 
+from runner.plan import DEFAULT_STEPS
+
 TMUX = shutil.which("tmux")
 if TMUX is None:
     pytest.skip("tmux is not installed: the real-terminal tests need it (apt-get install tmux)",
@@ -429,6 +431,32 @@ def test_a_completed_live_job_keeps_the_dashboard_until_q(
     assert re.search(r"^completed in \d", after, re.MULTILINE), after
     assert f"recording: {session}" in after, after
     assert manifest_status(session) == "completed"
+
+
+def test_the_default_run_trains_until_q_and_then_completes_on_every_rank(
+        terminal: Callable[..., Terminal], tmp_path: Path) -> None:
+    runs = tmp_path / "runs"
+    term = terminal(["run", "--model", "tiny", "--runs-dir", str(runs)], width=100, height=30, env=live_env())
+
+    def running_step(screen: str) -> int | None:
+        first, second = header_rows(screen)
+        found = re.match(r" step (\d+) ", second)  # no "/N": the run has no fixed length
+        return int(found.group(1)) if "● running" in first and found else None
+
+    term.wait_for(lambda screen: (running_step(screen) or 0) > DEFAULT_STEPS, f"a step past {DEFAULT_STEPS}", JOB_S)
+    assert "q ends the run" in header_rows(term.screen())[1], term.screen()
+    job = term.job_processes()
+    term.press("q")
+    assert term.wait_exit() == 0, term.everything()
+    assert still_running(job) == []
+    after = term.everything()
+    assert "Traceback" not in after, after
+    session = only_session(runs)
+    assert re.search(r"^completed in \d", after, re.MULTILINE), after
+    assert manifest_status(session) == "completed"
+    summary = json.loads(subprocess.run([sys.executable, "-m", "tui.cli", "summary", str(session), "--json"],
+                                        capture_output=True, text=True, timeout=120, check=True).stdout)
+    assert summary["steps"]["count"] > DEFAULT_STEPS  # every rank reported each of them (folded steps)
 
 
 def test_a_users_own_script_runs_live_with_its_collectives_and_steps(

@@ -75,6 +75,8 @@ class HeaderBar(Static):
         else:
             self._steps(second, state)
         second.append(f"  elapsed {human_seconds(state.elapsed_s) if state.elapsed_s >= 1 else f'{state.elapsed_s:.1f} s'}")
+        if info.until_stopped and status == "running":
+            second.append("  q ends the run", style="bold")
         alerts = state.alerts()
         if alerts:
             worst = alerts[0]
@@ -323,7 +325,7 @@ class MeshtopApp(App[None]):
         self.gc_pacer.start()
         loop = asyncio.get_running_loop()
         if self.quit_on_signals:
-            loop.add_signal_handler(signal.SIGTERM, lambda: asyncio.ensure_future(self.action_quit()))
+            loop.add_signal_handler(signal.SIGTERM, self.stop_now)
             loop.add_signal_handler(signal.SIGUSR1, lambda: self.source.ask_stacks(None))  # as in `record`
         if self.terminal is not None:
             terminal = self.terminal
@@ -473,15 +475,29 @@ class MeshtopApp(App[None]):
         self.push_screen(PromptScreen("Seek to a step (e.g. 12) or a time (30s, 1:20):"), go)
 
     async def action_quit(self) -> None:
+        """q: a live run until stopped ends after its next steps and completes; any other job is stopped."""
+        self._quit(finish=True)
+
+    def stop_now(self) -> None:
+        """SIGTERM: stop the job at once, even after a q whose run is still ending."""
+        self._quit(finish=False)
+
+    def _quit(self, *, finish: bool) -> None:
+        source = self.source
         if self.quitting:
+            if not finish and source.playback is None and not source.finished:
+                source.stop()
             return
         self.quitting = True
-        source = self.source
         if source.playback is not None or source.finished:
             self.exit()
             return
-        source.stop()
-        self.notify("stopping every rank and closing the recording…", timeout=30)
+        if finish and self.state.info.until_stopped:
+            source.finish()
+            self.notify("ending the run after its next steps, then closing the recording…", timeout=30)
+        else:
+            source.stop()
+            self.notify("stopping every rank and closing the recording…", timeout=30)
         self.run_worker(self._exit_when_stopped, thread=True, name="stop-job")
 
     def _terminal_lost(self) -> None:

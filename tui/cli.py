@@ -36,6 +36,7 @@ from runner.plan import (
     DTYPES,
     MODES,
     SCHEDULES,
+    WATCH_LIMIT_S,
     PlanError,
     RunSpec,
     option,
@@ -91,7 +92,9 @@ def add_plan_options(parser: argparse.ArgumentParser, *, command: str = "run") -
                       help="train (default), or infer: serve a load of generation requests")
     if command != "plan":
         work.add_argument("--steps", type=int, default=None, metavar="N",
-                          help=f"training steps (default {DEFAULT_STEPS if command == 'run' else SWEEP_STEPS})")
+                          help=(f"training steps (default: until q, {WATCH_LIMIT_S / 60:g} minutes at most; "
+                                f"record: {DEFAULT_STEPS})" if command == "run" else
+                                f"training steps (default {SWEEP_STEPS})"))
     batch = "4 per microbatch per replica" if command == "run" else "4 per rank, the same for every plan"
     work.add_argument("--batch-size", type=int, default=None, metavar="N",
                       help=f"global batch in sequences (default {batch})")
@@ -211,12 +214,17 @@ def spec_from_args(args: argparse.Namespace) -> RunSpec:
         dp=args.dp, tp=args.tp, pp=args.pp, fsdp=args.fsdp, schedule=args.schedule,
         microbatches=args.microbatches, model=args.model, model_config=args.model_config, dtype=args.dtype,
         device=args.device,
-        steps=args.steps, batch_size=args.batch_size, seq_len=args.seq_len, seed=args.seed,
+        steps=args.steps, time_limit_s=WATCH_LIMIT_S if watching(args) else None, batch_size=args.batch_size, seq_len=args.seq_len, seed=args.seed,
         instrument=args.instrument, activations=getattr(args, "activations", False), mode=args.mode,
         requests=args.requests, concurrency=args.concurrency,
         request_rate=args.request_rate, prompt_len=args.prompt_len, output_len=args.output_len,
         max_batch=args.max_batch, slo_ttft_ms=args.slo_ttft_ms, slo_tpot_ms=args.slo_tpot_ms,
     )
+
+
+def watching(args: argparse.Namespace) -> bool:
+    """``meshtop run`` training the built-in model without ``--steps``: until q, ``WATCH_LIMIT_S`` at most."""
+    return args.command == "run" and args.mode == "train" and args.steps is None
 
 
 def hang_timeout_from_args(args: argparse.Namespace) -> float | None:

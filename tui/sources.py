@@ -71,6 +71,9 @@ class Source(Protocol):
     def started_ns(self) -> int | None:
         """Where the dashboard's elapsed time counts from (``None`` until known)."""
     def stop(self) -> None: ...
+    def finish(self) -> None:
+        """End the work as it ends by itself where it can (a live run until stopped ends after its next steps
+        and completes, :mod:`runner.until`); else stop it."""
     def wait(self, timeout_s: float | None = None) -> bool:
         """Wait until the source is done (a live session's recording closed); whether it is."""
     def ask_stacks(self, ranks: Iterable[int] | None) -> str | None:
@@ -231,6 +234,9 @@ class LiveSource:
     def stop(self) -> None:
         self.control.stop.set()
 
+    def finish(self) -> None:
+        self.control.finish.set()
+
     def wait(self, timeout_s: float | None = None) -> bool:
         """Whether the session ended, waiting up to ``timeout_s`` for it (one never started has nothing to end)."""
         return self._thread.ident is None or self._ended.wait(timeout_s)
@@ -251,7 +257,7 @@ class LiveSource:
             return self.result.status
         if self.error is not None:
             return "failed"
-        return "stopping" if self.control.stop.is_set() else "running"
+        return "stopping" if self.control.stop.is_set() or self.control.finish.is_set() else "running"
 
     @property
     def playback(self) -> None:
@@ -434,6 +440,9 @@ class ReplaySource:
 
     def stop(self) -> None:
         self._playback.paused = True
+
+    def finish(self) -> None:
+        self.stop()
 
     def wait(self, timeout_s: float | None = None) -> bool:
         return True

@@ -365,6 +365,9 @@ class SyntheticSource:
         if self._thread.ident is not None:
             self._thread.join()
 
+    def finish(self) -> None:
+        self.stop()
+
     def ask_stacks(self, ranks: Iterable[int] | None) -> str | None:
         return "a synthetic job has no processes to dump"
 
