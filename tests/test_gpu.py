@@ -63,6 +63,20 @@ def test_cuda_memory_accounting_fills_the_allocator_figures(tmp_path: Path) -> N
     assert 0 < snapshot.device_used_bytes <= snapshot.device_total_bytes
 
 
+@pytest.mark.skipif(GPUS < 1, reason="needs a CUDA GPU")
+def test_a_real_cuda_out_of_memory_fails_the_rank_with_the_allocators_message(tmp_path: Path) -> None:
+    """A batch far too large for any GPU: 4096 x 1024 tokens of the 125m model need terabytes of
+    activations (the logits alone are 268 GB in bf16), so the caching allocator refuses within the first
+    forward. Not the injected fault (``oom:R:S``, which raises the same error type on CPU)."""
+    launched = launch(tmp_path / "oom", device="cuda", dp=1, steps=2, model="125m", batch_size=4096, seq_len=1024)
+    result = launched.result
+    assert result.status == "failed" and result.root_cause == 0, result
+    error = result.ranks[0].error or ""
+    assert "OutOfMemoryError" in error and "CUDA out of memory" in error, error
+    assert "fault injected" not in error
+    assert launched.steps == []
+
+
 @pytest.mark.skipif(GPUS < 2, reason="needs two CUDA GPUs")
 def test_nccl_collectives_are_timed_with_cuda_events(tmp_path: Path) -> None:
     from probes.events import CollectiveTiming

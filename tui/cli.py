@@ -93,7 +93,7 @@ def add_plan_options(parser: argparse.ArgumentParser, *, command: str = "run") -
     if command != "plan":
         work.add_argument("--steps", type=int, default=None, metavar="N",
                           help=(f"training steps (default: until q, {WATCH_LIMIT_S / 60:g} minutes at most; "
-                                f"record: {DEFAULT_STEPS})" if command == "run" else
+                                f"record, or on many nodes: {DEFAULT_STEPS})" if command == "run" else
                                 f"training steps (default {SWEEP_STEPS})"))
     batch = "4 per microbatch per replica" if command == "run" else "4 per rank, the same for every plan"
     work.add_argument("--batch-size", type=int, default=None, metavar="N",
@@ -223,8 +223,9 @@ def spec_from_args(args: argparse.Namespace) -> RunSpec:
 
 
 def watching(args: argparse.Namespace) -> bool:
-    """``meshtop run`` training the built-in model without ``--steps``: until q, ``WATCH_LIMIT_S`` at most."""
-    return args.command == "run" and args.mode == "train" and args.steps is None
+    """``meshtop run`` training the built-in model on one node without ``--steps``: until q, ``WATCH_LIMIT_S``
+    at most. On many nodes every node must run the same steps, whichever command each was given: 20."""
+    return args.command == "run" and args.mode == "train" and args.steps is None and args.nnodes is None
 
 
 def hang_timeout_from_args(args: argparse.Namespace) -> float | None:

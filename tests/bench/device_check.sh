@@ -4,7 +4,13 @@
 # yet). Each part has its own time limit (4 + 5 minutes, inside a device call's 10), and each result is on
 # disk as soon as it is measured (the logs line by line, gpu-suite.json after each figure, with
 # "complete": false until the last), so a limit reached keeps what was taken. nccl runs build no C++
-# probe (the launcher sets MESHTOP_NATIVE_PROBE=off for them), so nothing is compiled here.
+# probe (the launcher sets MESHTOP_NATIVE_PROBE=off for them, and so does this script for the tests'
+# session start), so nothing is compiled here.
+#
+# Its length outside the GPU parts, measured on the 2-core CPU machine on 2026-12-01 with those parts
+# stubbed out by the machine itself (pytest skips every GPU test, the suite refuses --device cuda):
+# 11.4 s (installing the carried wheels about 7 s, imports, the skips). With the GPU parts at their limits
+# the call ends within 11 s + 240 s + 300 s = 9.2 minutes: inside the 10 of a device call.
 #
 # The GPU machine has torch, pandas, pyarrow, psutil, nvidia-ml-py and pytest, not textual or py-spy:
 # their wheels travel in .whl/ (git-ignored; fetched here with tests/bench/device_wheels.sh) and go to
@@ -14,6 +20,7 @@ cd "$(dirname "$0")/../.."
 OUT=${OUT:-/tmp/meshtop-device}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
+export MESHTOP_NATIVE_PROBE=off  # nccl only: the tests' session start builds no C++ probe either
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
     || { echo "cannot install the carried wheels (.whl/)"; exit 2; }
 export PYTHONPATH="/tmp/site:$PWD"
