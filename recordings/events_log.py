@@ -50,10 +50,10 @@ class EventWriter:
                 file.write(b"".join(blocks))
                 file.flush()
         except OSError as error:
-            gone = "" if self.directory.exists() else " (the folder was removed)"
+            kept = ("the events written so far are kept" if self.directory.exists()
+                    else "the folder was removed, and what it held with it")
             raise RecordingError(f"cannot write the recording in {self.directory.parent}: "
-                                 f"{error.strerror or error}{gone}; the job was stopped, the events written "
-                                 f"so far are kept") from None
+                                 f"{error.strerror or error}; the job was stopped, {kept}") from None
         self.written += written
 
     def close(self) -> None:

@@ -125,10 +125,11 @@ class SessionRecorder:
             clock_rtt_ns=self._clocks[node].rtt_ns if node in self._clocks else 0)
             for node in found)
 
-    def close(self, ending: Ending) -> None:
-        """Write the final manifest, into the room kept for it, then compact the tables."""
+    def close(self, ending: Ending) -> str | None:
+        """Write the final manifest, into the room kept for it, then compact the tables; why the manifest
+        could not be written (the folder turned read-only: it still says ``running``), if it could not."""
         if self.writer is None or self.manifest is None:
-            return
+            return None
         self.writer.close()
         release_room(self.directory)
         self.manifest = dataclasses.replace(
@@ -139,11 +140,13 @@ class SessionRecorder:
             rank_devices={str(rank): device for rank, device in sorted(self._devices.items())},
             nvml=self._nvml, gpus=tuple(self._gpus[gpu] for gpu in sorted(self._gpus)),
             topology=tuple(self._topology), nodes=self.nodes())
+        unwritten = None
         try:
             write_manifest(self.directory, self.manifest)
-        except OSError:  # the folder is gone or read-only: the manifest stays "running", read as interrupted
-            pass
+        except OSError as error:  # the folder is gone or read-only: the manifest stays "running"
+            unwritten = error.strerror or str(error)
         try:
             compact(self.directory)
         except OSError:  # no room for the Parquet copy, or the folder is gone: the JSON lines stay, readable
             pass
+        return unwritten

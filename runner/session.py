@@ -146,5 +146,11 @@ def run_session(work: Work, *, directory: Path, manifest: Manifest | None,
         broken = Ending(status="failed", duration_s=None, reason=str(error).splitlines()[0] if str(error) else None)
         raise
     finally:
-        recorder.close(ending_of(result) if result is not None else broken)
+        unwritten = recorder.close(ending_of(result) if result is not None else broken)
+        if unwritten is not None and directory.is_dir():  # the folder turned read-only: say what it holds
+            what = (f"the job {result.status}, but the manifest in {directory}" if result is not None
+                    else f"{broken.reason}; the manifest" if broken.reason
+                    else f"the session was {broken.status}, and the manifest in {directory}")
+            raise RecordingError(f"{what} could not be updated ({unwritten}): it still says running "
+                                 "(`meshtop summary` reads it as interrupted)") from None
     return result

@@ -207,6 +207,71 @@ def test_a_really_full_disk_stops_the_job_and_the_manifest_says_why(tmp_path: Pa
     assert report["run"]["status"] == "failed" and report["steps"]["count"] > 10
 
 
+def ext4_that_can_fail(image: Path, mount_point: Path) -> str:
+    """Mount a fresh 64 MiB ext4 image at ``mount_point`` with ``errors=remount-ro``; its sysfs name (ext4's
+    ``trigger_fs_error`` there turns it read-only as a real error would). Skips where that cannot be done."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root: a loop-mounted ext4 image (a user namespace cannot mount one)")
+    for tool in ("mkfs.ext4", "mount", "umount", "findmnt"):
+        if shutil.which(tool) is None:
+            pytest.skip(f"{tool} is not installed")
+    with image.open("wb") as file:
+        file.truncate(64 << 20)
+    subprocess.run(["mkfs.ext4", "-q", str(image)], check=True, timeout=60)
+    mount_point.mkdir()
+    mounted = subprocess.run(["mount", "-o", "loop,errors=remount-ro", str(image), str(mount_point)],
+                             capture_output=True, text=True, timeout=60)
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot loop-mount an ext4 image here: {mounted.stderr.strip()}")
+    device = Path(subprocess.run(["findmnt", "-no", "SOURCE", str(mount_point)], capture_output=True, text=True,
+                                 check=True, timeout=30).stdout.strip()).name
+    if not Path(f"/sys/fs/ext4/{device}/trigger_fs_error").exists():
+        subprocess.run(["umount", str(mount_point)], timeout=60)
+        pytest.skip("this kernel's ext4 has no trigger_fs_error")
+    return device
+
+
+@pytest.mark.slow
+def test_a_recording_folder_turned_read_only_mid_run_stops_the_job_and_says_the_manifest_could_not_follow(
+        tmp_path: Path) -> None:
+    """The recording's filesystem turns read-only under a running job, as ext4 does on an error with
+    ``errors=remount-ro`` (here the real thing, set off by ext4's own ``trigger_fs_error``): writes fail with
+    EROFS. The job is stopped, exit 2, one line that also says the manifest could not be updated; what was
+    written before stays readable by ``summary``."""
+    disk = tmp_path / "disk"
+    device = ext4_that_can_fail(tmp_path / "disk.img", disk)
+    out = disk / "rec"
+    try:
+        process = subprocess.Popen([sys.executable, "-m", "tui.cli", "record", str(out), "--device", "cpu",
+                                    "--steps", "100000"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        try:
+            deadline = time.monotonic() + 120
+            while not (out / "events" / "step.jsonl").exists() and time.monotonic() < deadline:
+                time.sleep(0.2)
+            time.sleep(1)
+            started = (out / "events" / "rank_started.jsonl").read_text().splitlines()
+            pids = [json.loads(line)["pid"] for line in started]
+            Path(f"/sys/fs/ext4/{device}/trigger_fs_error").write_text("1")
+            _, stderr = process.communicate(timeout=120)
+        finally:
+            if process.poll() is None:
+                process.kill()
+        assert process.returncode == 2, stderr
+        assert stderr.splitlines() == [
+            f"meshtop: error: cannot write the recording in {out}: Read-only file system; the job was stopped, "
+            "the events written so far are kept; the manifest could not be updated (Read-only file system): it "
+            "still says running (`meshtop summary` reads it as interrupted)"]
+        assert alive(pids) == []
+        assert json.loads((out / "manifest.json").read_text())["status"] == "running"  # whole, as it was
+        summary = subprocess.run([sys.executable, "-m", "tui.cli", "summary", str(out), "--json"],
+                                 capture_output=True, text=True, timeout=120)
+        assert summary.returncode == 0, summary.stderr
+        report = json.loads(summary.stdout)
+        assert report["run"]["status"] == "interrupted" and report["steps"]["count"] > 0
+    finally:
+        subprocess.run(["umount", str(disk)], timeout=60)
+
+
 @pytest.mark.slow
 def test_a_recording_folder_removed_mid_run_stops_the_job_with_one_line(tmp_path: Path) -> None:
     out = tmp_path / "rec"
@@ -224,8 +289,8 @@ def test_a_recording_folder_removed_mid_run_stops_the_job_with_one_line(tmp_path
             process.kill()
     assert process.returncode == 2
     assert stderr.splitlines() == [
-        f"meshtop: error: cannot write the recording in {out}: No such file or directory (the folder was removed); "
-        "the job was stopped, the events written so far are kept"]
+        f"meshtop: error: cannot write the recording in {out}: No such file or directory; the job was stopped, "
+        "the folder was removed, and what it held with it"]
     assert alive(pids) == []
 
 
