@@ -343,6 +343,10 @@ def follow(job: ServingJob, *, on_op: OnOp) -> None:
         on_op(OpTiming(op, start_ns, time.time_ns(), wait_s if not first else 0.0))
 
 
+MAX_SENDS_IN_FLIGHT = 4
+"""Sends a stage leaves unwaited: two ops' headers and hidden states."""
+
+
 class Outbox:
     """Sends that do not wait: the leader must be free to take tokens back while its last op is on its way
     (a blocking send could wait on a stage that is itself sending tokens to the leader)."""
@@ -355,7 +359,10 @@ class Outbox:
         work = dist.isend(tensor, dst=dst, group=self.job.pp_group)
         assert work is not None, "isend returns a handle"
         self._pending.append((work, tensor))  # the tensor must outlive its send
-        while self._pending and self._pending[0][0].is_completed():
+        # gloo's send works say they are completed only once waited on: beyond a few in flight, the oldest
+        # is waited for (long written by then). Without that they piled up until the load ended, holding
+        # their tensors, and the probe saw each send end only then.
+        while self._pending and (len(self._pending) > MAX_SENDS_IN_FLIGHT or self._pending[0][0].is_completed()):
             self._pending.popleft()[0].wait()
 
     def onward(self, op: Op, hidden: torch.Tensor | None) -> None:
