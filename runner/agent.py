@@ -88,9 +88,9 @@ def main(argv: list[str]) -> int:
     args = torchrun.parse_args(torchrun_args)
     if NATIVE_ENV not in os.environ:
         if not built():
-            say_phase(status_path, "building the C++ collective probe (the first run with this torch only, ~30 s)")
+            say_phase(status_path, "building the C++ probe (first run only, ~30 s)")
         os.environ[NATIVE_ENV] = environment_value()
-    say_phase(status_path, "starting the ranks (torchrun's rendezvous, then each rank imports torch)")
+    say_phase(status_path, "starting the ranks (rendezvous, import torch)")
     try:
         torchrun.run(args)
         status: dict[str, Any] = {"status": "completed", "ranks": {}}

@@ -26,6 +26,7 @@ from tui.sources import ReplaySource
 
 ROOT = Path(__file__).resolve().parent.parent
 SAMPLE = Path("recordings/samples/dp2-pp2-1f1b")  # relative, so the header reads the same on every machine
+INFER_SAMPLE = Path("recordings/samples/tp2-infer")
 SNAPSHOTS = Path(__file__).resolve().parent / "snapshots"
 
 
@@ -35,9 +36,14 @@ def _from_the_repository(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 @asynccontextmanager
-async def replay(size: tuple[int, int] = (80, 24), at_step: int | None = 31) -> AsyncIterator[tuple[MeshtopApp, object]]:
-    source = ReplaySource(open_recording(SAMPLE), clock=lambda: 0.0)
-    if at_step is not None:
+async def replay(size: tuple[int, int] = (80, 24), at_step: int | None = 31,
+                 sample: Path = SAMPLE) -> AsyncIterator[tuple[MeshtopApp, object]]:
+    """The sample replayed, paused at the end of ``at_step`` (``-1``: at its end; ``None``: at its start)."""
+    source = ReplaySource(open_recording(sample), clock=lambda: 0.0)
+    if at_step == -1:
+        source.playback.to_end()
+        source.playback.paused = True
+    elif at_step is not None:
         source.playback.seek_step(at_step - 1)
         source.playback.paused = True
     app = MeshtopApp(source)
@@ -54,9 +60,9 @@ async def press(pilot, *keys: str) -> None:  # type: ignore[no-untyped-def]
 
 VIEW_MARKS = {
     "1": ["step time", "memory per rank", "collectives (busiest)", "alerts"],
-    "2": ["process metrics only", "memory per rank (at each step's peak)", "headroom"],
+    "2": ["process metrics only", "memory per rank (resident set)", "weights"],
     "3": ["collectives by group and op", "all_reduce", "recv", "send"],
-    "4": ["stage 0", "stage 1", "bubble fraction per stage", "ideal: 20.0%"],
+    "4": ["stage 0", "stage 1", "bubble per stage", "ideal 20.0% at 2 stages x 4 mb"],
     "5": ["step time", "throughput", "loss"],
     "6": ["pid", "pp/dp/tp", "running"],
     "7": ["no alerts"],
@@ -76,7 +82,7 @@ async def test_the_header_says_plan_model_step_and_throughput() -> None:
     async with replay() as (app, pilot):
         header = screen_text(app).splitlines()[:2]
         assert "● replaying  dp2 x tp1 x pp2 (1f1b, 4 mb) · small 6.6M · 4× cpu fp32" in header[0]
-        assert header[1].startswith(" step 31/40  1.62 s  2,599 tok/s  elapsed 57.27 s")  # tok/s: p50 over the run
+        assert header[1].startswith(" step 31/40  1.62 s  p50 2,599 tok/s  elapsed 57.27 s")  # tok/s: over the run
 
 
 async def test_tab_and_shift_tab_cycle_through_the_views() -> None:
@@ -153,11 +159,22 @@ async def test_help_lists_every_key() -> None:
     async with replay(size=(80, 50)) as (app, pilot):
         await press(pilot, "question_mark")
         text = screen_text(app)
-        for description in ("Quit", "Help", "View: Overview", "View: Alerts", "Next view", "Filter",
-                            "Stack of rank", "Pause", "Step back", "Slower", "Faster", "Seek", "command palette"):
+        for description in ("Quit", "Help", "1-7               Views", "Next view", "Filter",
+                            "Stack of rank", "Pause", "Step back", "Slower", "+, =              Faster", "Seek",
+                            "command palette", "the replay bar"):
             assert description in text, description
         await press(pilot, "escape")
         assert "Keys" not in screen_text(app)
+
+
+async def test_a_live_jobs_help_leaves_out_the_replays_keys(monkeypatch: pytest.MonkeyPatch) -> None:
+    async with replay(size=(80, 50)) as (app, pilot):
+        monkeypatch.setattr(ReplaySource, "playback", property(lambda self: None))  # as a live source says
+        await press(pilot, "question_mark")
+        text = screen_text(app)
+    assert "Next view" in text and "Filter" in text
+    for replay_only in ("Pause", "Step back", "Slower", "Faster", "Seek", "the replay bar"):
+        assert replay_only not in text, replay_only
 
 
 async def test_command_palette_switches_views() -> None:
@@ -165,7 +182,7 @@ async def test_command_palette_switches_views() -> None:
         await press(pilot, "ctrl+p", *"View: Pipeline")
         await pilot.pause(0.3)
         await press(pilot, "enter")
-        assert "bubble fraction per stage" in screen_text(app)
+        assert "bubble per stage" in screen_text(app)
 
 
 async def test_q_quits_a_replay() -> None:
@@ -190,16 +207,21 @@ async def test_compare_view_marks_real_changes() -> None:
         assert "+100.0% worse" in text and "(noise)" not in text
 
 
-SNAPSHOT_VIEWS = {"overview": "1", "devices": "2", "comms": "3", "pipeline": "4", "steps": "5", "procs": "6"}
+SNAPSHOT_VIEWS = {"overview": "1", "devices": "2", "comms": "3", "pipeline": "4", "steps": "5", "procs": "6",
+                  "alerts": "7"}
+SNAPSHOT_SAMPLES = {"train": (SAMPLE, 31), "infer": (INFER_SAMPLE, -1)}
+"""The training sample at its step 31, the inference sample at its end."""
 
 
-@pytest.mark.parametrize("size", [(80, 24), (160, 48)], ids=["80x24", "160x48"])
+@pytest.mark.parametrize("size", [(80, 24), (200, 60)], ids=["80x24", "200x60"])
 @pytest.mark.parametrize("view", sorted(SNAPSHOT_VIEWS))
-async def test_screen_snapshot(view: str, size: tuple[int, int]) -> None:
-    async with replay(size=size) as (app, pilot):
+@pytest.mark.parametrize("sample", sorted(SNAPSHOT_SAMPLES))
+async def test_screen_snapshot(sample: str, view: str, size: tuple[int, int]) -> None:
+    recording, at_step = SNAPSHOT_SAMPLES[sample]
+    async with replay(size=size, at_step=at_step, sample=recording) as (app, pilot):
         await press(pilot, SNAPSHOT_VIEWS[view])
         text = screen_text(app) + "\n"
-    path = SNAPSHOTS / f"{view}-{size[0]}x{size[1]}.txt"
+    path = SNAPSHOTS / f"{'' if sample == 'train' else sample + '-'}{view}-{size[0]}x{size[1]}.txt"
     if os.environ.get("MESHTOP_UPDATE_SNAPSHOTS") or not path.exists():
         path.parent.mkdir(exist_ok=True)
         path.write_text(text)

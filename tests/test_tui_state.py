@@ -249,7 +249,7 @@ def test_a_live_job_says_what_it_does_before_its_first_step() -> None:
     and nothing in a replay (no launcher phase)."""
     state = DashboardState(description(dp=2))
     assert state.startup() is None  # a replay: no launcher
-    state.launcher_phase = "building the C++ collective probe (the first run with this torch only, ~30 s)"
+    state.launcher_phase = "building the C++ probe (first run only, ~30 s)"
     assert state.startup() == state.launcher_phase
     state.apply_events([started(0)])
     assert state.startup() == "1 of 2 ranks started"

@@ -459,6 +459,64 @@ def test_the_default_run_trains_until_q_and_then_completes_on_every_rank(
     assert summary["steps"]["count"] > DEFAULT_STEPS  # every rank reported each of them (folded steps)
 
 
+LIVE_VIEWS = {
+    "train": (["run", "--model", "tiny", "--dp", "2", "--pp", "2", "--no-record"], {
+        "1": ["step time", "memory per rank", "collectives (busiest)"],
+        "2": ["memory per rank (resident set)", "█ weights"],
+        "3": ["collectives by group and op", "all_reduce", "send", "recv"],
+        "4": ["stage 0", "stage 1", "bubble per stage over the run (ideal"],
+        "5": ["step time", "throughput", "loss"],
+        "6": ["pp/dp/tp", "running"],
+        "7": ["alerts"],
+    }),
+    "infer": (["run", "--mode", "infer", "--pp", "2", "--requests", "2000", "--no-record"], {
+        "1": ["requests", "TTFT", "TPOT", "memory per rank", "collectives (busiest)"],
+        "2": ["memory per rank (resident set)", "█ kv cache"],
+        "3": ["collectives by group and op", "send", "recv"],
+        "4": ["stage 0", "stage 1", "bubble per stage"],
+        "5": ["iteration time (rank 0)", "throughput (rank 0)"],
+        "6": ["pp/dp/tp", "running"],
+        "7": ["alerts"],
+    }),
+}
+COLLECTIVE_ROW = re.compile(r"^  (dp|tp|pp) +\w+ +[\d,]+ +[\d.]+ [KMG]?i?B +\S+ \S+ +\S+ \S+ "
+                            r"+([\d.]+ [kMGT]?B/s|-) +(≤?\d+%|-)( +[ ▁▂▃▄▅▆▇█]+)?$")
+"""A collectives row with every cell whole: count, bytes, p50, p99, busbw with its unit (``-`` where no
+operation ran alone on its group), % step (and the history of a wide screen)."""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("size", [(80, 24), (200, 60)], ids=["80x24", "200x60"])
+@pytest.mark.parametrize("work", sorted(LIVE_VIEWS))
+def test_every_view_of_a_live_job_reads_whole_at_80x24_and_200x60(
+        terminal: Callable[..., Terminal], work: str, size: tuple[int, int]) -> None:
+    """A live training job (dp2 x pp2) and a live inference load (pp2) in a real terminal: every view shows
+    what it is for, the header keeps its two rows and the tab row, numbers keep their units, and nothing
+    reads None or nan."""
+    args, marks = LIVE_VIEWS[work]
+    term = terminal(args, width=size[0], height=size[1], env=live_env())
+    progress = re.compile(r" step [1-9]\d* " if work == "train" else r" requests [1-9][\d,]*/2,000 ")
+    term.wait_for(lambda screen: "● running" in screen and progress.match(header_rows(screen)[1]),
+                  "the job running with progress in the header", JOB_S)
+    for key, wanted in marks.items():
+        term.press(key)
+        screen = term.wait_for(lambda screen: screen if all(mark in screen for mark in wanted) else None,
+                               f"view {key} showing {wanted}", 15)
+        rows = screen.splitlines()
+        assert len(rows) <= size[1] and all(len(row) <= size[0] for row in rows), screen
+        first, second = header_rows(screen)
+        assert first.startswith(" meshtop  ● running ") and progress.match(second), screen
+        assert any(TAB_ROW in row for row in rows[:4]), screen
+        assert not re.search(r"\b(None|nan|inf)\b", screen), screen
+        if key == "3":
+            table = [row for row in rows if re.match(r"^  (dp|tp|pp) ", row)]
+            assert table and all(COLLECTIVE_ROW.match(row) for row in table), screen
+    job = term.job_processes()
+    term.press("q")
+    assert term.wait_exit() == (0 if work == "train" else 130), term.everything()  # train: until q
+    assert still_running(job) == []
+
+
 def test_a_users_own_script_runs_live_with_its_collectives_and_steps(
         terminal: Callable[..., Terminal], tmp_path: Path) -> None:
     runs = tmp_path / "runs"

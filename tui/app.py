@@ -95,7 +95,7 @@ class HeaderBar(Static):
         line.append(f" step {state.steps_done}{total}", style="bold")
         line.append(f"  {human_seconds(step.duration_s) if step else '-'}")
         rate = state.tokens_per_s()
-        line.append(f"  {rate:,.0f} tok/s" if rate is not None else "  - tok/s")
+        line.append(f"  p50 {rate:,.0f} tok/s" if rate is not None else "  - tok/s")  # the summary's figure
         mfu = state.mfu().value
         if mfu is not None:
             line.append(f"  MFU {mfu:.1%}")
@@ -107,8 +107,8 @@ class HeaderBar(Static):
         if view is None:
             return
         figures = view.figures
-        total = f"/{view.total}" if view.total is not None else ""
-        line.append(f" requests {figures.completed}{total}", style="bold")
+        total = f"/{view.total:,}" if view.total is not None else ""
+        line.append(f" requests {figures.completed:,}{total}", style="bold")
         if figures.failed:
             line.append(f" ({figures.failed} failed)", style="yellow")
         line.append(f"  {per_second(figures.request_throughput_per_s, 'req/s')}")
@@ -151,18 +151,27 @@ class HelpScreen(ModalScreen[None]):
     HelpScreen > VerticalScroll { width: 64; height: auto; max-height: 90%; border: round $accent; background: $panel; padding: 0 1; }
     """
 
-    def __init__(self, bindings: Iterable[Binding]) -> None:
+    def __init__(self, bindings: Iterable[Binding], *, replay: bool) -> None:
         super().__init__()
         self.keys = list(bindings)
+        self.replay = replay
 
     def compose(self) -> ComposeResult:
-        text = Text("Keys\n\n", style="bold")
+        text = Text("Keys", style="bold")
+        text.append("  (q, ? or escape closes this help)\n\n", style="dim")
+        views = [binding for binding in self.keys if binding.action.startswith("view(")]
         for binding in self.keys:
+            if binding in views:  # one row for them all, where the first one was
+                if binding is views[0]:
+                    text.append(f"{views[0].key + '-' + views[-1].key:<18}", style="bold cyan")
+                    text.append("Views, as the tabs number them\n")
+                continue
             keys = ", ".join(display_key(key) for key in binding.key.split(","))
             text.append(f"{keys:<18}", style="bold cyan")
             text.append(f"{binding.description}\n")
         text.append("\nctrl+p            command palette (every action by name)\n", style="dim")
-        text.append("mouse             click tabs, the replay bar, footer keys; scroll views", style="dim")
+        text.append(f"mouse             tabs, {'the replay bar, ' if self.replay else ''}footer keys; scroll",
+                    style="dim")
         with VerticalScroll():
             yield Static(text)
 
@@ -228,7 +237,8 @@ class PromptScreen(ModalScreen[str | None]):
 
 def display_key(key: str) -> str:
     return {"question_mark": "?", "slash": "/", "space": "space", "plus": "+", "minus": "-", "left": "←",
-            "right": "→", "up": "↑", "down": "↓", "shift+tab": "shift+tab", "ctrl+c": "ctrl+c"}.get(key, key)
+            "right": "→", "up": "↑", "down": "↓", "shift+tab": "shift+tab", "ctrl+c": "ctrl+c",
+            "equals_sign": "="}.get(key, key)
 
 
 class MeshtopApp(App[None]):
@@ -260,7 +270,7 @@ class MeshtopApp(App[None]):
         Binding("down", "select_rank(1)", "Next rank (Procs view)", show=False, priority=True),
         Binding("space", "playback('toggle_pause')", "Pause", priority=True),
         Binding("left", "playback('step_back')", "Step back", show=False, priority=True),
-        Binding("right", "playback('step_forward')", "Step", priority=True),
+        Binding("right", "playback('step_forward')", "Step", show=False, priority=True),
         Binding("minus", "playback('slower')", "Slower", show=False, priority=True),
         Binding("plus,equals_sign", "playback('faster')", "Faster", show=False, priority=True),
         Binding("g", "seek", "Seek", priority=True),
@@ -419,7 +429,11 @@ class MeshtopApp(App[None]):
         self.action_view(names[(current + delta) % len(names)])
 
     def action_help(self) -> None:
-        self.push_screen(HelpScreen(b for b in self.BINDINGS if isinstance(b, Binding)))
+        """Every key that does something here: a live job's help leaves out the replay's keys."""
+        replay = self.source.playback is not None
+        self.push_screen(HelpScreen((b for b in self.BINDINGS if isinstance(b, Binding)
+                                     and (replay or b.action.split("(")[0] not in self.REPLAY_ACTIONS)),
+                                    replay=replay))
 
     def action_filter(self) -> None:
         def apply(text: str | None) -> None:

@@ -12,6 +12,8 @@ from tui.summary_text import human_bytes, human_seconds
 __all__ = ["human_bytes", "human_seconds", "human_rate", "sparkline", "column_chart", "chart", "memory_bar", "legend"]
 
 BLOCKS = " ▁▂▃▄▅▆▇█"
+MAX_COLUMNS_PER_VALUE = 8
+"""A chart widens each value to at most this many columns (a short history on a wide screen)."""
 
 MEMORY_PARTS = (
     ("weights", "W", "#5f87d7"),
@@ -65,30 +67,41 @@ def column_chart(values: Sequence[float], width: int, height: int, *, low: float
 
 def chart(title: str, values: Sequence[float], *, width: int, height: int,
           format_value: Callable[[float], str], from_zero: bool = True) -> Text:
-    """A titled column chart: the latest value by the title, the axis from zero (or the smallest) to the largest."""
-    label_width = 9
-    plot_width = max(4, width - label_width - 1)
+    """A titled column chart: the latest value by the title, the axis from zero (or the smallest) to the largest.
+
+    Fewer values than columns are widened, up to :data:`MAX_COLUMNS_PER_VALUE` columns each, so that a short
+    history fills a wide screen.
+    """
     text = Text()
     latest = format_value(values[-1]) if values else "-"
     text.append(f"{title} ", style="bold")
     text.append(f"{latest}\n", style="bold cyan")
     if not values:
-        text.append(" " * label_width + " (no data yet)\n", style="dim")
+        text.append(" " * 9 + " (no data yet)\n", style="dim")
         return text
-    shown = list(values)[-plot_width:]
-    low = 0.0 if from_zero else min(shown) - (max(shown) - min(shown)) / (height * 8)
-    rows = column_chart(shown, plot_width, height, low=low)
+    shown = list(values)[-max(4, width - 10):]
+    low = 0.0 if from_zero else min(shown)
+    top_label, low_label = format_value(max(shown)), ("0" if from_zero else format_value(low))
+    label_width = max(9, len(top_label), len(low_label))
+    plot_width = max(4, width - label_width - 1)
+    shown = shown[-plot_width:]
+    repeat = max(1, min(MAX_COLUMNS_PER_VALUE, plot_width // len(shown)))
+    widened = [value for value in shown for _ in range(repeat)]
+    floor = low if from_zero else low - (max(shown) - low) / (height * 8)  # the smallest keeps a sliver
+    rows = column_chart(widened, plot_width, height, low=floor)
     for index, row in enumerate(rows):
-        label = format_value(max(shown)) if index == 0 else (format_value(low) if index == height - 1 else "")
+        label = top_label if index == 0 else (low_label if index == height - 1 else "")
         text.append(label.rjust(label_width) + " ", style="dim")
         text.append(row + "\n", style="cyan")
     return text
 
 
-def memory_bar(parts: dict[str, int | None], capacity: int | None, width: int) -> Text:
-    """Memory as one bar: a run of cells per category (MEMORY_PARTS), then the headroom left."""
+def memory_bar(parts: dict[str, int | None], capacity: int | None, width: int, *, largest: int | None = None) -> Text:
+    """Memory as one bar: a run of cells per category (MEMORY_PARTS), then the headroom left. Without a
+    ``capacity`` (a CPU rank) the bar is drawn against ``largest``, the most any rank shown uses, so that
+    the bars compare."""
     total = sum(v for v in parts.values() if v)
-    scale = capacity if capacity and capacity >= total else total
+    scale = capacity if capacity and capacity >= total else max(total, largest or 0)
     if width <= 0:
         return Text()
     if not scale:
@@ -100,16 +113,20 @@ def memory_bar(parts: dict[str, int | None], capacity: int | None, width: int) -
         if cells:
             spans.append(Span(used_cells, used_cells + cells, colour))
             used_cells += cells
-    if used_cells < width:
-        spans.append(Span(used_cells, width, "#303030" if capacity else "dim"))
-    return Text("█" * used_cells + "░" * (width - used_cells), spans=spans)
+    if used_cells < width and capacity:  # headroom; a CPU rank's bar just ends where it uses less
+        spans.append(Span(used_cells, width, "#303030"))
+    return Text("█" * used_cells + ("░" if capacity else " ") * (width - used_cells), spans=spans)
 
 
-def legend() -> Text:
+def legend(present: set[str] | None = None, *, headroom: bool = True) -> Text:
+    """The memory bars' key: the categories ``present`` (every one when ``None``), and the headroom where
+    the bars have a capacity."""
     text = Text()
     for name, _, colour in MEMORY_PARTS:
-        text.append("█", style=colour)
-        text.append(f" {name} ")
-    text.append("░", style="#606060")
-    text.append(" headroom")
+        if present is None or name in present:
+            text.append("█", style=colour)
+            text.append(f" {name} ")
+    if headroom:
+        text.append("░", style="#606060")
+        text.append(" headroom")
     return text

@@ -35,8 +35,14 @@ def human_seconds(value: float | None) -> str:
 
 
 def busbw_text(gbps: float | None) -> str:
-    """Bus bandwidth as the dashboard and the summary print it: three significant digits (``0.00456 GB/s``)."""
-    return "-" if gbps is None else f"{gbps:.3g} GB/s"
+    """Bus bandwidth as the dashboard and the summary print it: three significant digits in the unit that keeps
+    them before the point (``4.56 MB/s``, ``12.3 GB/s``)."""
+    if gbps is None:
+        return "-"
+    for unit, scale in (("TB/s", 1e3), ("GB/s", 1.0), ("MB/s", 1e-3), ("kB/s", 1e-6)):
+        if gbps >= scale:
+            return f"{gbps / scale:.3g} {unit}"
+    return f"{gbps / 1e-9:.3g} B/s"
 
 
 def seconds(value: float | None) -> str:

@@ -100,13 +100,14 @@ def memory_lines(state: DashboardState, ranks: RankFilter, width: int, limit: in
     if loaded is not None and limit is not None and loaded not in {v.rank for v in shown}:
         shown = [*shown[:-1], state.ranks[loaded]] if shown else [state.ranks[loaded]]
     bar_width = max(8, width - 30)
-    for view in shown:
-        parts, capacity = memory_parts(view)
+    drawn = [(view, *memory_parts(view)) for view in shown]
+    largest = max((sum(v for v in parts.values() if v) for _, parts, _ in drawn), default=0)
+    for view, parts, capacity in drawn:
         used = sum(v for v in parts.values() if v)
         marker = "▶" if view.rank == loaded and len(views) > 1 else " "
         text.append(marker, style="bold magenta")
         text.append(f"{rank_label(view)} ", style="bold magenta" if marker != " " else "")
-        text.append_text(memory_bar(parts, capacity, bar_width))
+        text.append_text(memory_bar(parts, capacity, bar_width, largest=largest))
         size = f" {human_bytes(used)}" + (f"/{human_bytes(capacity)}" if capacity else "")
         text.append(size[:20] + "\n")
     if limit is not None and len(views) > len(shown):
@@ -140,9 +141,9 @@ def collectives_table(state: DashboardState, *, limit: int | None, history_width
         if history_width:
             cells.append(sparkline(line.history, history_width, low=0.0))
         lines.append(([(cell, "") for cell in cells], ""))
-    if not rows:
-        note = "no collectives recorded yet" if state.info.instrumented else "hooks off (--no-instrument)"
-        lines.append(([(note, "dim")] + [("", "")] * (len(columns) - 1), ""))
+    if not rows:  # no header over nothing
+        return Text("no collectives recorded" if state.info.instrumented else "hooks off (--no-instrument)",
+                    style="dim")
     text = plain_table(columns, lines, width)
     if text is not None:
         return text
@@ -301,9 +302,14 @@ class DevicesPanel(Panel):
                     line.append(f"  PCIe tx {human_rate(s.pcie_tx_bytes_per_s, 'B/s')} "
                                 f"rx {human_rate(s.pcie_rx_bytes_per_s, 'B/s')}")
                 parts.append(line)
-        parts.append(section("memory per rank (at each step's peak)"))
+        shown = [memory_parts(view) for view in state.ranks.values() if ranks(view)]
+        peaks = any(view.memory is not None and view.memory.peak_allocated_bytes is not None
+                    for view in state.ranks.values())
+        measure = "at each step's peak" if peaks else "resident set"
+        parts.append(section(f"memory per rank ({measure})"))
         parts.append(memory_lines(state, ranks, width, MAX_RANK_ROWS))
-        parts.append(legend())
+        parts.append(legend({name for split, _ in shown for name, value in split.items() if value},
+                            headroom=any(capacity for _, capacity in shown)))
         self.paint(Group(*parts))
 
 
@@ -313,8 +319,8 @@ class CollectivesPanel(Panel):
     def show(self, state: DashboardState, ranks: RankFilter) -> None:
         history = max(0, min(40, self.usable_width - 100))
         self.paint(Group(
-            section("collectives by group and op (in-flight p50 / p99 over the run; % step: exposed time, "
-                    "≤ where no wait was seen)"),
+            section("collectives by group and op"),
+            Text("p50/p99: in flight, over the run · % step: exposed (≤: no wait seen)", style="dim"),
             collectives_table(state, limit=None, history_width=history, width=self.usable_width),
         ))
 
@@ -348,8 +354,8 @@ class PipelinePanel(Panel):
             title = "bubble fraction per stage over the run; recent steps"
         else:
             m, v = info.plan.microbatches or 1, info.plan.virtual_stages
-            title = (f"bubble fraction per stage over the run (balanced {pp}-stage, {m}-microbatch ideal: "
-                     f"{theoretical_bubble(pp, m, v):.1%}); recent steps")
+            title = (f"bubble per stage over the run (ideal {theoretical_bubble(pp, m, v):.1%} at {pp} stages "
+                     f"x {m} mb); recent")
         text.append(title + "\n", style="bold")
         run = {row.stage: row.bubble_fraction for row in state.figures().stages}
         for stage in sorted(set(run) | set(bubbles)):
@@ -366,7 +372,8 @@ class PipelinePanel(Panel):
         stages = sorted({stage for step in steps for stage in step.lanes})
         text.append(" " * 8)
         for step in steps:
-            text.append(f"step {step.step + 1} ({human_seconds(step.span_s)})"[:per_step].ljust(per_step) + " ", style="bold")
+            label = f"step {step.step + 1} span {human_seconds(step.span_s)}"  # first action to last: not the step time
+            text.append(label[:per_step].ljust(per_step) + " ", style="bold")
         text.append("\n")
         for stage in stages:
             text.append(f"stage {stage} ", style="bold")
@@ -398,7 +405,8 @@ class StepsPanel(Panel):
         shown = [
             chart("iteration time (rank 0)" if state.info.inference else "step time", [s.duration_s for s in steps],
                   width=width, height=height, format_value=human_seconds),
-            chart("throughput", [s.tokens_per_s for s in steps], width=width, height=height,
+            chart("throughput (rank 0)" if state.info.inference else "throughput", [s.tokens_per_s for s in steps],
+                  width=width, height=height,
                   format_value=lambda v: human_rate(v, " tok/s")),
         ]
         if not state.info.inference:
@@ -434,13 +442,14 @@ class ProcessesPanel(Panel):
             status_style = "green" if view.status in ("running", "exited 0") else "bold red"
             if view.status in ("stopped", "starting"):
                 status_style = "yellow"
+            gone = view.exited is not None  # its last samples are no reading of now
             cells = [str(view.rank), *([state.host_label(view.node)] if many_hosts else []), str(view.pid or "-"),
                      view.device or "-",
                      f"{view.pp_rank}/{view.dp_rank}/{view.tp_rank}",
-                     "-" if view.cpu_pct is None else f"{view.cpu_pct:.0f}%"]
+                     "-" if view.cpu_pct is None or gone else f"{view.cpu_pct:.0f}%"]
             if history:
                 cells.append(sparkline(view.cpu_history, history, low=0.0))
-            cells += [human_bytes(view.rss_bytes), str(view.threads or "-")]
+            cells += ["-" if gone else human_bytes(view.rss_bytes), "-" if gone else str(view.threads or "-")]
             rows.append(([(cell, "") for cell in cells] + [(view.status, status_style)],
                          "reverse" if view.rank == self.selected else ""))
         table: Text | Table | None = plain_table(columns, rows, self.usable_width)
@@ -450,7 +459,7 @@ class ProcessesPanel(Panel):
                 table.add_column(name, justify=justify, no_wrap=True)  # type: ignore[arg-type]
             for cells, style in rows:
                 table.add_row(*(Text(value, style=cell_style) for value, cell_style in cells), style=style)
-        hint = "↑/↓ choose a rank · s: its stack (py-spy) · S: every rank's"
+        hint = "↑/↓ rank · s: its stack (py-spy) · S: every rank's stack"
         if len(window) < len(views):
             hint = f"ranks {window[0].rank}-{window[-1].rank} of {len(views)} · " + hint
         parts: list[Text | Table] = [table, Text(hint, style="dim")]
