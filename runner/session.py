@@ -148,9 +148,12 @@ def run_session(work: Work, *, directory: Path, manifest: Manifest | None,
     finally:
         unwritten = recorder.close(ending_of(result) if result is not None else broken)
         if unwritten is not None and directory.is_dir():  # the folder turned read-only: say what it holds
-            what = (f"the job {result.status}, but the manifest in {directory}" if result is not None
-                    else f"{broken.reason}; the manifest" if broken.reason
-                    else f"the session was {broken.status}, and the manifest in {directory}")
+            if result is not None:
+                what = f"the job {result.status}, but the manifest in {directory}"
+            elif broken.reason:  # the error that stopped the session already names the folder
+                what = f"{broken.reason}; the manifest"
+            else:
+                what = f"the session was {broken.status}, and the manifest in {directory}"
             raise RecordingError(f"{what} could not be updated ({unwritten}): it still says running "
                                  "(`meshtop summary` reads it as interrupted)") from None
     return result

@@ -90,6 +90,8 @@ class FinishRequest:
         self.deadline: float | None = None
 
     def observe(self, arrivals: Arrivals) -> None:
+        if self.stop_file is None:  # nothing to time: a request stops the job at once
+            return
         for step in arrivals.events(("step",)):
             self.stepped = True
             self.longest_step_s = max(self.longest_step_s, step.duration_s)  # type: ignore[attr-defined]

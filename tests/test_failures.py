@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pandas as pd
@@ -207,6 +208,26 @@ def test_a_really_full_disk_stops_the_job_and_the_manifest_says_why(tmp_path: Pa
     assert report["run"]["status"] == "failed" and report["steps"]["count"] > 10
 
 
+def record_then(out: Path, steps: int, action: Callable[[], object], *,
+                settle_s: float = 0.0) -> tuple[int, str, list[int]]:
+    """``meshtop record OUT`` until its first step is on disk (and ``settle_s`` more), then ``action``; its
+    exit code, standard error and the ranks' pids."""
+    process = subprocess.Popen([sys.executable, "-m", "tui.cli", "record", str(out), "--device", "cpu",
+                                "--steps", str(steps)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while not (out / "events" / "step.jsonl").exists() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        time.sleep(settle_s)
+        pids = [json.loads(line)["pid"] for line in (out / "events" / "rank_started.jsonl").read_text().splitlines()]
+        action()
+        _, stderr = process.communicate(timeout=120)
+    finally:
+        if process.poll() is None:
+            process.kill()
+    return process.returncode, stderr, pids
+
+
 def ext4_that_can_fail(image: Path, mount_point: Path) -> str:
     """Mount a fresh 64 MiB ext4 image at ``mount_point`` with ``errors=remount-ro``; its sysfs name (ext4's
     ``trigger_fs_error`` there turns it read-only as a real error would). Skips where that cannot be done."""
@@ -242,21 +263,9 @@ def test_a_recording_folder_turned_read_only_mid_run_stops_the_job_and_says_the_
     device = ext4_that_can_fail(tmp_path / "disk.img", disk)
     out = disk / "rec"
     try:
-        process = subprocess.Popen([sys.executable, "-m", "tui.cli", "record", str(out), "--device", "cpu",
-                                    "--steps", "100000"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        try:
-            deadline = time.monotonic() + 120
-            while not (out / "events" / "step.jsonl").exists() and time.monotonic() < deadline:
-                time.sleep(0.2)
-            time.sleep(1)
-            started = (out / "events" / "rank_started.jsonl").read_text().splitlines()
-            pids = [json.loads(line)["pid"] for line in started]
-            Path(f"/sys/fs/ext4/{device}/trigger_fs_error").write_text("1")
-            _, stderr = process.communicate(timeout=120)
-        finally:
-            if process.poll() is None:
-                process.kill()
-        assert process.returncode == 2, stderr
+        code, stderr, pids = record_then(out, 100_000, lambda: Path(f"/sys/fs/ext4/{device}/trigger_fs_error")
+                                         .write_text("1"), settle_s=1.0)
+        assert code == 2, stderr
         assert stderr.splitlines() == [
             f"meshtop: error: cannot write the recording in {out}: Read-only file system; the job was stopped, "
             "the events written so far are kept; the manifest could not be updated (Read-only file system): it "
@@ -275,19 +284,8 @@ def test_a_recording_folder_turned_read_only_mid_run_stops_the_job_and_says_the_
 @pytest.mark.slow
 def test_a_recording_folder_removed_mid_run_stops_the_job_with_one_line(tmp_path: Path) -> None:
     out = tmp_path / "rec"
-    process = subprocess.Popen([sys.executable, "-m", "tui.cli", "record", str(out), "--device", "cpu",
-                                "--steps", "5000"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
-        deadline = time.monotonic() + 120
-        while not (out / "events" / "step.jsonl").exists() and time.monotonic() < deadline:
-            time.sleep(0.2)
-        pids = [json.loads(line)["pid"] for line in (out / "events" / "rank_started.jsonl").read_text().splitlines()]
-        shutil.rmtree(out)
-        _, stderr = process.communicate(timeout=120)
-    finally:
-        if process.poll() is None:
-            process.kill()
-    assert process.returncode == 2
+    code, stderr, pids = record_then(out, 5000, lambda: shutil.rmtree(out))
+    assert code == 2
     assert stderr.splitlines() == [
         f"meshtop: error: cannot write the recording in {out}: No such file or directory; the job was stopped, "
         "the folder was removed, and what it held with it"]

@@ -422,6 +422,13 @@ def test_a_completed_live_job_keeps_the_dashboard_until_q(
     assert term.exit_code() is None and "● completed" in term.screen()
     assert elapsed is not None and f"elapsed {elapsed.group(1)}" in header_rows(term.screen())[1]
 
+    after, session = quit_completed(term, job, runs)
+    assert f"recording: {session}" in after, after
+
+
+def quit_completed(term: Terminal, job: list[psutil.Process], runs: Path) -> tuple[str, Path]:
+    """q on a job that completes: exit 0, no process of the job left, no traceback, ``completed in`` said and
+    the one recorded session's manifest ``completed``; what the terminal shows after, and the session."""
     term.press("q")
     assert term.wait_exit() == 0, term.everything()
     assert still_running(job) == []
@@ -429,8 +436,8 @@ def test_a_completed_live_job_keeps_the_dashboard_until_q(
     assert "Traceback" not in after, after
     session = only_session(runs)
     assert re.search(r"^completed in \d", after, re.MULTILINE), after
-    assert f"recording: {session}" in after, after
     assert manifest_status(session) == "completed"
+    return after, session
 
 
 def test_the_default_run_trains_until_q_and_then_completes_on_every_rank(
@@ -445,15 +452,7 @@ def test_the_default_run_trains_until_q_and_then_completes_on_every_rank(
 
     term.wait_for(lambda screen: (running_step(screen) or 0) > DEFAULT_STEPS, f"a step past {DEFAULT_STEPS}", JOB_S)
     assert "q ends the run" in header_rows(term.screen())[1], term.screen()
-    job = term.job_processes()
-    term.press("q")
-    assert term.wait_exit() == 0, term.everything()
-    assert still_running(job) == []
-    after = term.everything()
-    assert "Traceback" not in after, after
-    session = only_session(runs)
-    assert re.search(r"^completed in \d", after, re.MULTILINE), after
-    assert manifest_status(session) == "completed"
+    _, session = quit_completed(term, term.job_processes(), runs)
     summary = json.loads(subprocess.run([sys.executable, "-m", "tui.cli", "summary", str(session), "--json"],
                                         capture_output=True, text=True, timeout=120, check=True).stdout)
     assert summary["steps"]["count"] > DEFAULT_STEPS  # every rank reported each of them (folded steps)

@@ -92,7 +92,10 @@ class Panel(Static):
         return max(10, container.size.height if container is not None else self.size.height)
 
 
-def memory_lines(state: DashboardState, ranks: RankFilter, width: int, limit: int | None) -> Text:
+def memory_lines(state: DashboardState, ranks: RankFilter, width: int, limit: int | None, *,
+                 with_legend: bool = False) -> Text:
+    """A memory bar per rank shown (at most ``limit``, the most loaded among them), and ``with_legend`` the
+    key of the parts those bars hold."""
     loaded = state.most_loaded_rank()
     views = [v for v in sorted(state.ranks.values(), key=lambda v: v.rank) if ranks(v)]
     text = Text()
@@ -113,6 +116,10 @@ def memory_lines(state: DashboardState, ranks: RankFilter, width: int, limit: in
     if limit is not None and len(views) > len(shown):
         hint = "view 2" if limit < MAX_RANK_ROWS else "/ to filter"
         text.append(f"  … {len(views) - len(shown)} more ranks ({hint})\n", style="dim")
+    if with_legend:
+        text.append("\n")
+        text.append_text(legend({name for _, parts, _ in drawn for name, value in parts.items() if value},
+                                headroom=any(capacity for _, _, capacity in drawn)))
     return text
 
 
@@ -302,14 +309,9 @@ class DevicesPanel(Panel):
                     line.append(f"  PCIe tx {human_rate(s.pcie_tx_bytes_per_s, 'B/s')} "
                                 f"rx {human_rate(s.pcie_rx_bytes_per_s, 'B/s')}")
                 parts.append(line)
-        shown = [memory_parts(view) for view in state.ranks.values() if ranks(view)]
-        peaks = any(view.memory is not None and view.memory.peak_allocated_bytes is not None
-                    for view in state.ranks.values())
-        measure = "at each step's peak" if peaks else "resident set"
+        measure = "at each step's peak" if state.info.device == "cuda" else "resident set"  # CUDA's allocator
         parts.append(section(f"memory per rank ({measure})"))
-        parts.append(memory_lines(state, ranks, width, MAX_RANK_ROWS))
-        parts.append(legend({name for split, _ in shown for name, value in split.items() if value},
-                            headroom=any(capacity for _, capacity in shown)))
+        parts.append(memory_lines(state, ranks, width, MAX_RANK_ROWS, with_legend=True))
         self.paint(Group(*parts))
 
 
