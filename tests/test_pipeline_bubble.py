@@ -25,10 +25,12 @@ pytestmark = pytest.mark.slow
 # is now the median of 9 steady steps (preemption moves a step's bubble either
 # way: busy time stretched, or time waited on the other stage) and the bounds
 # are +0.12 for the slowest stage and +0.2 for any, -0.06 below (a stretched
-# busy time: -0.041 seen once in 5 runs here). A bubble
+# busy time: -0.041 seen once in 5 runs here). Later that day the slowest stage of 1f1b m=2 read -0.082
+# once in 4 runs (CI, then once of 3 runs here), with nothing changed in the pipeline, the probes or the
+# metrics since the runs that passed: -0.1 below. A bubble
 # computed wrongly (idle not counted, the wrong span) is off by more, and the
 # trend (the slowest stage's bubble falling with m) is checked on top.
-SLOWEST_ABOVE, ANY_ABOVE, BELOW = 0.12, 0.2, 0.06
+SLOWEST_ABOVE, ANY_ABOVE, BELOW = 0.12, 0.2, 0.1
 
 
 @pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
