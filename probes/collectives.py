@@ -11,7 +11,10 @@ The kernel comes in two builds:
   whenever it could be built: it covers the point-to-point ops too
   (``c10d::send``, ``c10d::recv_``), stamps the end in a C++ callback on the
   work's future, and keeps finished operations until :meth:`CollectiveProbe.flush`
-  turns them into events, off the training thread. About 5 us per operation.
+  takes them, off the training thread, already written as the wire's JSON
+  lines (Python names each process group for it once, from its first
+  operation). About 1-2 us per operation on the calling thread, and as much
+  per event on the shipper's.
 - **Python**, for nccl (whose futures complete when the work is queued, so
   CUDA events time it) and where no C++ build is possible. Point-to-point
   operations are issued from Python in every PyTorch caller
@@ -66,10 +69,13 @@ import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
 from torch._C._distributed_c10d import ProcessGroup, Work
 
+from probes.arrivals import decode_lines
 from probes.events import CollectiveTiming, Event
 from probes.patching import Patches, require
 
 DEVICE_POLL_S = 0.002
+NATIVE_BLOCK = 10_000
+"""Finished operations the C++ kernel writes into one block of JSON lines (about 2 MB: well inside a frame)."""
 MAX_WAITABLE = 10_000
 """In-flight works the ``Work.wait`` wrapper can find (the C++ kernel's kMaxWaitable): beyond it an operation
 with a future is still timed, without ``waited_ns``, and one without a future is not tracked at all."""
@@ -193,19 +199,30 @@ class GroupDirectory:
         self._by_name: dict[str, GroupInfo] = {}
         self._lock = threading.Lock()
         """The training thread adds meshes while the shipper thread names what the C++ kernel finished."""
+        self.generation = 0
+        """Counts the times a name was replaced or forgotten (the C++ kernel's copy of the names is then stale)."""
 
     def add(self, name: str, group: dist.ProcessGroup, *, replace: bool = False) -> None:
         """Name ``group``; the first name given to a group wins (mesh dims before world), unless ``replace``."""
         key = group.group_name
         info = GroupInfo(name, group.size(), tuple(dist.get_process_group_ranks(group)), key)
         with self._lock:
-            if replace or key not in self._by_name:
+            if key not in self._by_name:
                 self._by_name[key] = info
+            elif replace and self._by_name[key] != info:
+                self._by_name[key] = info
+                self.generation += 1
+
+    def known(self) -> list[GroupInfo]:
+        """Every group named so far."""
+        with self._lock:
+            return list(self._by_name.values())
 
     def forget(self) -> None:
         """Forget every name: c10d reuses group names once its groups are destroyed."""
         with self._lock:
             self._by_name.clear()
+            self.generation += 1
 
     def add_mesh(self, mesh: Any, *, replace: bool = False) -> None:
         """Name each group of ``mesh`` by its dim (a mesh without dim names adds nothing)."""
@@ -284,10 +301,14 @@ class CollectiveProbe:
 
     def __init__(self, *, rank: int, groups: GroupDirectory, emit: Callable[[Event], None],
                  step: Callable[[], int | None], device_timing: bool,
-                 on_error: Callable[[str], None] = lambda message: None, native: ModuleType | None = None) -> None:
+                 on_error: Callable[[str], None] = lambda message: None, native: ModuleType | None = None,
+                 emit_lines: Callable[[str, bytes, int], None] | None = None) -> None:
         self.rank = rank
         self.groups = groups
         self.emit = emit
+        self.emit_lines = emit_lines
+        """Takes the C++ kernel's events as the JSON lines it wrote (kind, lines, count); without it they are
+        decoded here and go to ``emit``."""
         self.step = step
         self.device_timing = device_timing
         self.on_error = on_error
@@ -296,6 +317,11 @@ class CollectiveProbe:
         """The C++ kernel's ops (its records name them by index) and what it is told of each, fixed for the
         probe's life: the shipper thread reads the ops while the training thread reinstalls."""
         self._dtype_names: dict[int, str] = dtype_names(self.native) if self.native is not None else {}
+        self._named: set[str] = set()
+        """c10d groups the C++ kernel can name itself, as of the directory's ``generation`` below."""
+        self._named_generation = -1
+        self._naming = threading.Lock()
+        """The shipper thread and the training thread (at uninstall) both flush."""
         self._library: torch.library.Library | None = None
         self._lock = threading.Lock()
         """Guards the two maps below and the in-flight records' wait and overlap marks: completions arrive
@@ -345,6 +371,7 @@ class CollectiveProbe:
 
     def _install_native(self) -> None:
         assert self.native is not None
+        self.native.set_names(self.rank, [shape.op for shape in self._native_ops], self._dtype_names)
         self.native.install(self._native_rows)
 
     def _install_python(self) -> None:
@@ -378,13 +405,54 @@ class CollectiveProbe:
         """Emit the operations the C++ kernel finished since the last call; how many it had to drop."""
         if self.native is None:
             return 0
-        records, dropped, errors = self.native.drain()
-        for message in errors:
-            self.on_error(f"collective probe: {message}")
-        for record in records:
-            waited_ns, end_ns = record[-3], record[-1]
-            self.emit(self._event(self._native_issued(record), end_ns=end_ns, waited_ns=waited_ns))
-        return dropped
+        dropped = 0
+        with self._naming:
+            self._forget_stale_names()
+            for group in self.groups.known():
+                self._teach(group)
+            while True:
+                lines, count, unnamed, dropped_now, errors = self.native.drain_lines(NATIVE_BLOCK)
+                dropped += dropped_now
+                for message in errors:
+                    self.on_error(f"collective probe: {message}")
+                if count:
+                    self._emit_lines(lines, count)
+                for record in unnamed:
+                    issued = self._native_issued(record)
+                    self._teach(issued.group)
+                    waited_ns, end_ns = record[-3], record[-1]
+                    self.emit(self._event(issued, end_ns=end_ns, waited_ns=waited_ns))
+                if count + len(unnamed) < NATIVE_BLOCK:
+                    return dropped
+
+    def _emit_lines(self, lines: bytes, count: int) -> None:
+        if self.emit_lines is not None:
+            self.emit_lines(CollectiveTiming.kind, lines, count)
+            return
+        events, _bad = decode_lines(lines, CollectiveTiming.kind)
+        for event in events:
+            self.emit(event)
+
+    def _forget_stale_names(self) -> None:
+        """Under ``_naming``: the directory renamed or forgot groups since the C++ kernel learnt its names."""
+        if self._named_generation != self.groups.generation:
+            assert self.native is not None
+            self.native.forget_groups()
+            self._named.clear()
+            self._named_generation = self.groups.generation
+
+    def _teach(self, group: GroupInfo) -> None:
+        """Under ``_naming``: let the C++ kernel name ``group``'s operations itself from now on (not ``other``:
+        c10d may still come to know it). The directory's groups are taught before each drain; one it names
+        from c10d's registry, after the drain that brought its first operations."""
+        if group.name == "other" or group.c10d_name in self._named:
+            return
+        assert self.native is not None
+        try:
+            self.native.name_group(group.c10d_name, group.name, list(group.ranks))
+        except (TypeError, UnicodeError, RuntimeError):  # a name C++ cannot take: Python keeps naming it
+            return
+        self._named.add(group.c10d_name)
 
     def _kernel(self, handle: Any, name: str, shape: OpShape, below: Any) -> Callable[..., Any]:
         def kernel(keyset: Any, *args: Any) -> Any:
@@ -500,15 +568,7 @@ class CollectiveProbe:
         without a future."""
         original = Work.wait
         if self.native is not None:
-            wait_started, waited = self.native.wait_started, self.native.waited
-
-            def native_wait(work: Work, *args: Any, **kwargs: Any) -> Any:
-                wait_started(work)
-                result = original(work, *args, **kwargs)
-                waited(work)
-                return result
-
-            self._patches.replace(Work, "wait", native_wait)
+            self._patches.replace(Work, "wait", self.native.make_wait(original))
             return
 
         waitable, lock, completed = self._waitable, self._lock, self._completed

@@ -143,7 +143,8 @@ class Instrumentation:
             self.report_error(f"{why_not}; the Python kernel times collectives instead (about 100 us more each)")
         self._collectives = CollectiveProbe(rank=self.rank, groups=groups, emit=self.emit,
                                             step=self.current_step, device_timing=device_timing,
-                                            on_error=self.report_error, native=native)
+                                            on_error=self.report_error, native=native,
+                                            emit_lines=self.sink.emit_lines)
         if pipeline:
             self._stages = StageProbe(rank=self.rank, emit=self.emit, step=self.current_step)
         if self.enabled:

@@ -2,7 +2,9 @@
 
 The training thread only appends to a deque (or counts a drop when it is
 full); serialising and sending happen on the shipper thread, so a slow or
-absent collector never stalls training.
+absent collector never stalls training. Events that come already written as
+JSON lines (the C++ collective probe's, :meth:`EventShipper.emit_lines`) go
+into the frame as they are.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 
+from probes.arrivals import EncodedEvents
 from probes.events import Event
 from probes.sink import EventSink
 from probes.wire import ADDRESS_ENV, TOKEN_ENV, encode_events, parse_address
@@ -38,6 +41,8 @@ class EventShipper(EventSink):
         self.rank = rank
         self.capacity = capacity
         self._buffer: deque[Event] = deque()
+        self._blocks: deque[EncodedEvents] = deque()
+        """Events already encoded, a block per :meth:`emit_lines` (bounded by ``capacity`` events too)."""
         self._dropped = 0
         self._drop_lock = threading.Lock()
         self._socket: socket.socket | None = None
@@ -56,6 +61,12 @@ class EventShipper(EventSink):
                 self._dropped += 1
             return
         self._buffer.append(event)
+
+    def emit_lines(self, kind: str, lines: bytes, count: int) -> None:
+        if sum(block.count for block in self._blocks) + count > self.capacity:
+            self.drop(count)
+            return
+        self._blocks.append(EncodedEvents(kind, self.rank, lines, count))
 
     def drop(self, count: int) -> None:
         with self._drop_lock:
@@ -77,20 +88,29 @@ class EventShipper(EventSink):
                         self.emit(event)
                 except Exception:  # noqa: BLE001 - a probe must never stop the shipping
                     pass
-            while self._buffer or self._dropped != reported:
-                batch = [self._buffer.popleft() for _ in range(min(len(self._buffer), BATCH_MAX))]
+            while self._buffer or self._blocks or self._dropped != reported:
+                batch, blocks = self._next_batch()
                 dropped_now = self._dropped
-                if self._send(batch, dropped_now - reported):
+                if self._send(batch, blocks, dropped_now - reported):
                     reported = dropped_now
                 else:
-                    with self._drop_lock:
-                        self._dropped += len(batch)
+                    self.drop(len(batch) + sum(block.count for block in blocks))
                     break
             if closing:
                 return
 
-    def _send(self, batch: list[Event], dropped: int) -> bool:
-        frame = encode_events(token=self.token, rank=self.rank, dropped=dropped, events=batch)
+    def _next_batch(self) -> tuple[list[Event], list[EncodedEvents]]:
+        """At most BATCH_MAX events (or one larger block), the buffer's first, then whole encoded blocks."""
+        batch = [self._buffer.popleft() for _ in range(min(len(self._buffer), BATCH_MAX))]
+        blocks: list[EncodedEvents] = []
+        room = BATCH_MAX - len(batch)
+        while self._blocks and (self._blocks[0].count <= room or not (batch or blocks)):
+            blocks.append(self._blocks.popleft())
+            room -= blocks[-1].count
+        return batch, blocks
+
+    def _send(self, batch: list[Event], blocks: list[EncodedEvents], dropped: int) -> bool:
+        frame = encode_events(token=self.token, rank=self.rank, dropped=dropped, events=batch, blocks=blocks)
         for _attempt in range(2):
             try:
                 if self._socket is None:

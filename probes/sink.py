@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from probes.arrivals import decode_lines
 from probes.events import Event
 
 
@@ -10,6 +11,15 @@ class EventSink:
 
     def emit(self, event: Event) -> None:
         """Take one event; must not block the training thread."""
+
+    def emit_lines(self, kind: str, lines: bytes, count: int) -> None:
+        """Take ``count`` events of ``kind`` already written as the wire's JSON lines (the C++ collective
+        probe's); the base class decodes them for :meth:`emit`, a shipper sends them as they are."""
+        if type(self).emit is EventSink.emit:  # dropped anyway: no need to decode
+            return
+        events, _bad = decode_lines(lines, kind)
+        for event in events:
+            self.emit(event)
 
     def drop(self, count: int) -> None:
         """Count events lost before they reached the sink (reported with the sink's own drops)."""

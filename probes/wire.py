@@ -69,20 +69,28 @@ def section_order(kind: str) -> int:
     return 0 if kind in FIRST_KINDS else 2 if kind in LAST_KINDS else 1
 
 
-def event_sections(events: Iterable[Event]) -> tuple[list[list[Any]], bytes]:
-    """The ``sections`` of a message holding ``events``, and its body: grouped by kind, each kind in the order
-    it was emitted, the kinds in :func:`section_order` (then in the order they first came)."""
+def event_sections(events: Iterable[Event],
+                   encoded: Iterable[EncodedEvents] = ()) -> tuple[list[list[Any]], bytes]:
+    """The ``sections`` of a message holding ``events`` and the ``encoded`` blocks, and its body: grouped by
+    kind, each kind in the order it was emitted (the events before the blocks), the kinds in
+    :func:`section_order` (then in the order they first came)."""
     by_kind: dict[str, list[Event]] = {}
     for event in events:
         by_kind.setdefault(event.kind, []).append(event)
-    kinds = sorted(by_kind, key=section_order)  # stable: first come first among equals
-    blocks = [(kind, len(by_kind[kind]), encode_lines(by_kind[kind])) for kind in kinds]
-    return [[kind, count, len(lines)] for kind, count, lines in blocks], b"".join(lines for _, _, lines in blocks)
+    lines_of: dict[str, list[bytes]] = {kind: [encode_lines(listed)] for kind, listed in by_kind.items()}
+    counts = {kind: len(listed) for kind, listed in by_kind.items()}
+    for block in encoded:
+        lines_of.setdefault(block.kind, []).append(block.lines)
+        counts[block.kind] = counts.get(block.kind, 0) + block.count
+    kinds = sorted(lines_of, key=section_order)  # stable: first come first among equals
+    bodies = [b"".join(lines_of[kind]) for kind in kinds]
+    return [[kind, counts[kind], len(body)] for kind, body in zip(kinds, bodies, strict=True)], b"".join(bodies)
 
 
-def encode_events(*, token: str, rank: int, dropped: int, events: Iterable[Event]) -> bytes:
-    """A worker's message: ``events`` in :func:`event_sections`."""
-    listed, body = event_sections(events)
+def encode_events(*, token: str, rank: int, dropped: int, events: Iterable[Event],
+                  blocks: Iterable[EncodedEvents] = ()) -> bytes:
+    """A worker's message: ``events`` and the encoded ``blocks`` in :func:`event_sections`."""
+    listed, body = event_sections(events, blocks)
     return pack({"token": token, "rank": rank, "dropped": dropped, "sections": listed}, body)
 
 

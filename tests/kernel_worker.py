@@ -42,6 +42,9 @@ SCENARIOS = {
     "same_group": 13,  # two async all-reduces on tp in flight together
     "two_groups": 14,  # one on tp, one on another group, in flight together
 }
+NAMING_STEPS = {"first": 20, "named": 21, "renamed": 22}
+ODD_NAMES = ('mesh "odd" \\ dim\t\u2713', "renamed")
+"""A group named as no JSON writer may take for granted (quotes, a backslash, a tab, non-ASCII), then renamed."""
 """Scenario name: the step its operations are tagged with."""
 
 
@@ -91,6 +94,20 @@ def run_scenarios(rank: int, probes: Instrumentation, tp: dist.ProcessGroup, oth
     probes.set_step(None)
 
 
+def run_naming(probes: Instrumentation, groups: GroupDirectory, odd: dist.ProcessGroup) -> None:
+    """An all-reduce on ``odd`` before the C++ kernel can name it (Python does, and teaches it), one after it
+    can, and one after the directory renamed the group: each drained before the next."""
+    tensor = torch.ones(10)
+    groups.add(ODD_NAMES[0], odd)
+    for name, step in NAMING_STEPS.items():
+        if name == "renamed":
+            groups.add(ODD_NAMES[1], odd, replace=True)
+        probes.set_step(step)
+        dist.all_reduce(tensor, group=odd)
+        probes.set_step(None)
+        probes.flush()
+
+
 def main(out_dir: str) -> None:
     dist.init_process_group("gloo")
     rank = dist.get_rank()
@@ -98,7 +115,9 @@ def main(out_dir: str) -> None:
     probes = Instrumentation(rank=rank, sink=sink, device=torch.device("cpu"), enabled=True)
     mesh = build_mesh(device_type="cpu", pp=1, dp=1, tp=2)
     other = dist.new_group([0, 1])  # before the hooks: its set-up traffic is not one of the expected operations
-    probes.install(groups=GroupDirectory.from_mesh(mesh), pipeline=False)
+    odd = dist.new_group([0, 1])
+    groups = GroupDirectory.from_mesh(mesh)
+    probes.install(groups=groups, pipeline=False)
     tp = mesh.get_group("tp")
     assert other.group_name != tp.group_name
     probes.step_started(3)
@@ -122,6 +141,11 @@ def main(out_dir: str) -> None:
     scenarios_from_ns = time.time_ns()
     run_scenarios(rank, probes, tp, other)
     dist.barrier()
+    probes.flush()
+    lines_before_naming = sink.from_lines
+    run_naming(probes, groups, odd)
+    naming_from_lines = sink.from_lines - lines_before_naming
+    dist.barrier()
     probes.uninstall()
     report = {
         "scenarios_from_ns": scenarios_from_ns,
@@ -129,6 +153,8 @@ def main(out_dir: str) -> None:
         "errors": [e.message for e in sink.events if isinstance(e, SamplerError)],
         "collectives": [dataclasses.asdict(e) for e in sink.events if isinstance(e, CollectiveTiming)],
         "progress": dataclasses.asdict(progress) if progress is not None else None,
+        "from_lines": sink.from_lines,
+        "naming_from_lines": naming_from_lines,
     }
     Path(out_dir, f"rank-{rank}.json").write_text(json.dumps(report))
     dist.destroy_process_group()

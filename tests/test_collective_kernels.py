@@ -14,7 +14,7 @@ import pytest
 
 from probes import native
 from probes.errors import ProbeError
-from tests.kernel_worker import LATE_S, SCENARIOS, WORK_BEFORE_WAIT_S
+from tests.kernel_worker import LATE_S, NAMING_STEPS, ODD_NAMES, SCENARIOS, WORK_BEFORE_WAIT_S
 
 
 def run_kernel_worker(tmp_path: Path, native_env: str) -> list[dict]:
@@ -125,6 +125,25 @@ def test_each_kernel_says_which_operations_overlapped_another_on_their_group(
     same_group = scenario(ranks[0], "same_group")  # on rank 0 the first was surely in flight at the second
     assert [(e["group"], e["overlapped"]) for e in same_group] == [("tp", True), ("tp", True)]
     assert same_group[0]["end_ns"] > same_group[1]["start_ns"]
+
+
+@pytest.mark.slow
+def test_the_cpp_kernel_writes_each_event_as_its_json_line_once_python_named_the_group(
+        reports: tuple[str, list[dict]]) -> None:
+    kernel, ranks = reports
+    for rank, report in enumerate(ranks):
+        naming = {e["step"]: e for e in report["collectives"] if e["step"] in NAMING_STEPS.values()}
+        assert [(naming[step]["op"], naming[step]["group"], naming[step]["bytes"], naming[step]["peer"])
+                for step in NAMING_STEPS.values()] == [
+            ("all_reduce", ODD_NAMES[0], 40, None), ("all_reduce", ODD_NAMES[0], 40, None),
+            ("all_reduce", ODD_NAMES[1], 40, None)], f"rank {rank}"
+        if kernel == "cpp":
+            # Every group the directory named is the C++ kernel's to name, renamed or not; the one group it
+            # does not know (two_groups' other) is named in Python from c10d's registry, once.
+            assert report["naming_from_lines"] == 3, f"rank {rank}"
+            assert report["from_lines"] == len(report["collectives"]) - 1, f"rank {rank}"
+        else:
+            assert report["from_lines"] == 0
 
 
 def test_the_environment_says_which_kernel_and_why_there_is_no_cpp_one(

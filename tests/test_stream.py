@@ -12,7 +12,7 @@ import pytest
 
 from probes.arrivals import Arrivals, EncodedEvents, encode_lines
 from probes.collector import Collector
-from probes.events import EventsDropped, StepTiming
+from probes.events import CollectiveTiming, EventsDropped, StepTiming
 from probes.shipper import EventShipper
 from probes.wire import HEADER, MAX_FRAME_BYTES, encode_events, pack, read_frame, sections
 
@@ -66,6 +66,30 @@ def test_full_worker_buffer_drops_are_counted_and_reported(collector: Collector)
     assert len(steps) + sum(d.count for d in drops) == 1000
     assert len(steps) >= 100
     assert all(d.rank == 3 and d.where == "worker" for d in drops)
+
+
+def collective(rank: int, number: int) -> CollectiveTiming:
+    return CollectiveTiming(rank=rank, step=number, op="all_reduce", group="dp", group_size=2, peer=None, bytes=4096,
+                            dtype="float32", start_ns=number, end_ns=number + 10, clock="completion")
+
+
+def test_events_already_written_as_lines_are_shipped_as_they_are_beside_the_others(collector: Collector) -> None:
+    # The C++ collective probe hands the shipper blocks of JSON lines: more of them than one frame holds,
+    # and one the buffer has no room for (counted as dropped, not sent).
+    blocks = [[collective(5, 1_000 * b + n) for n in range(count)] for b, count in enumerate((12_000, 9_000, 9_000))]
+    lines = [encode_lines(block) for block in blocks]
+    one_too_many = encode_lines(blocks[0][:5_000])
+    shipper = EventShipper(address=collector.address, token=collector.token, rank=5, capacity=30_000)
+    for number in range(3):
+        shipper.emit(step(5, number))
+    for block, encoded in zip(blocks, lines, strict=True):  # well within one shipping period
+        shipper.emit_lines("collective", encoded, len(block))
+    shipper.emit_lines("collective", one_too_many, 5_000)  # 35,000 queued > capacity
+    shipper.close()
+    received = wait_for(collector, 30_003 + 1)
+    assert sorted(e.step for e in received if isinstance(e, StepTiming)) == [0, 1, 2]
+    assert [e for e in received if isinstance(e, CollectiveTiming)] == [e for block in blocks for e in block]
+    assert sum(e.count for e in received if isinstance(e, EventsDropped)) == 5_000
 
 
 def test_shipper_without_collector_never_blocks_the_caller() -> None:

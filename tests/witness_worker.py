@@ -58,9 +58,15 @@ BACKEND_NAMES = {"reduce_scatter": {"reduce_scatter", "all_reduce"}}
 class ListSink(EventSink):
     def __init__(self) -> None:
         self.events: list[Event] = []
+        self.from_lines = 0
+        """How many of the events came written as JSON lines (the C++ kernel's, for groups it names itself)."""
 
     def emit(self, event: Event) -> None:
         self.events.append(event)
+
+    def emit_lines(self, kind: str, lines: bytes, count: int) -> None:
+        self.from_lines += count
+        super().emit_lines(kind, lines, count)
 
 
 C_TYPES = {"long int": "long", "short int": "short", "unsigned char": "uint8", "signed char": "int8"}
