@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -40,30 +41,40 @@ class Recording:
                 self.problems.append(note)
         return sorted(found & set(EVENT_TYPES))
 
-    def arrow(self, kind: str) -> pa.Table:
-        """The events of ``kind`` in its typed schema (empty, with its columns, if there are none)."""
+    def arrow(self, kind: str, columns: Sequence[str] | None = None) -> pa.Table:
+        """The events of ``kind`` in its typed schema (empty, with its columns, if there are none); only
+        ``columns``, where given (read alone if the whole table is not loaded yet: the same rows)."""
+        if columns is not None and kind not in self._tables:
+            return self._load(kind, columns)
         if kind not in self._tables:
             self._tables[kind] = self._load(kind)
-        return self._tables[kind]
+        return self._tables[kind] if columns is None else self._tables[kind].select(list(columns))
 
     def table(self, kind: str) -> pd.DataFrame:
         """The events of ``kind`` as pandas (integers stay integers; ``Int64`` where one may be missing)."""
         return to_frame(kind, self.arrow(kind))
 
-    def _load(self, kind: str) -> pa.Table:
+    def _load(self, kind: str, columns: Sequence[str] | None = None) -> pa.Table:
         events = self.path / EVENTS_DIR
         parquet, lines = events / f"{kind}.parquet", events / f"{kind}.jsonl"
         if parquet.exists():
             try:
-                return read_parquet(parquet, kind)
+                return read_parquet(parquet, kind, columns)
             except (OSError, pa.ArrowException) as error:
-                self.problems.append(f"{parquet.name} is damaged ({error}); its events were not loaded")
+                self._note(f"{parquet.name} is damaged ({error}); its events were not loaded")
         if lines.exists():
             loaded = read_json_lines(lines, kind)
             if loaded.lost_lines:
-                self.problems.append(f"{lines.name}: {loaded.lost_lines} line(s) unreadable and skipped")
-            return loaded.table
-        return empty(kind)
+                self._note(f"{lines.name}: {loaded.lost_lines} line(s) unreadable and skipped")
+            table = loaded.table
+        else:
+            table = empty(kind)
+        return table if columns is None else table.select(list(columns))
+
+    def _note(self, problem: str) -> None:
+        """Say a problem once (a table may be read more than once: some of its columns, then all)."""
+        if problem not in self.problems:
+            self.problems.append(problem)
 
 
 def open_recording(path: Path) -> Recording:

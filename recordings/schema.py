@@ -174,7 +174,10 @@ def _completed(kind: str, table: pa.Table) -> Decoded:
     """A missing value of a field with a default takes the default; a row missing a value it cannot be
     without, or with a number that is not finite (JSON's NaN and Infinity), is dropped (and counted)."""
     keep = None
-    for index, column in enumerate(columns(kind)):
+    for column in columns(kind):
+        index = table.schema.get_field_index(column.name)
+        if index < 0:  # a table of some of the kind's columns
+            continue
         if column.python is float and len(table):
             finite = pc.fill_null(pc.is_finite(table.column(index)), True)
             if not pc.all(finite).as_py():
@@ -247,10 +250,10 @@ def _utf8(text: str) -> bool:
     return True
 
 
-def conform(kind: str, table: pa.Table) -> pa.Table:
-    """A table read back from disk in ``kind``'s current schema: a column an older recording lacks is
-    all nulls, extra columns are left out, types are cast."""
-    target = schema(kind)
+def conform(kind: str, table: pa.Table, names: Sequence[str] | None = None) -> pa.Table:
+    """A table read back from disk in ``kind``'s current schema (its columns ``names`` only, where given): a
+    column an older recording lacks is all nulls, extra columns are left out, types are cast."""
+    target = schema(kind) if names is None else pa.schema([schema(kind).field(name) for name in names])
     arrays = []
     for field in target:
         if field.name in table.column_names:

@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 
 from recordings.metrics.mfu import achieved_flops_per_rank
-from recordings.metrics.run import COLUMNAR, EVENT_KINDS, RunFold, fold_tables
+from recordings.metrics.run import COLUMNAR, COLUMNS_READ, EVENT_KINDS, RunFold, fold_tables
 from recordings.metrics.stats import quantile
 from recordings.reader import Recording
 
@@ -25,7 +25,8 @@ def job_status(recording: Recording) -> str:
 def fold_recording(recording: Recording) -> RunFold:
     """The recording's tables folded by the metrics core (the job taken as ended, as it was recorded)."""
     kinds = [kind for kind in recording.kinds() if kind in COLUMNAR | EVENT_KINDS]
-    fold = fold_tables(recording.manifest.run, ((kind, recording.arrow(kind)) for kind in kinds),
+    fold = fold_tables(recording.manifest.run,
+                       ((kind, recording.arrow(kind, COLUMNS_READ.get(kind))) for kind in kinds),
                        status=job_status(recording))
     fold.know_gpus(recording.manifest.gpus)
     return fold

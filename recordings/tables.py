@@ -12,6 +12,7 @@ middle leaves either form whole. Both forms are read into the typed schema of
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -40,9 +41,40 @@ def read_json_lines(path: Path, kind: str) -> LoadedTable:
     return LoadedTable(decoded.table, decoded.bad + torn)
 
 
-def read_parquet(path: Path, kind: str) -> pa.Table:
-    """A compacted table in ``kind``'s current schema (OSError or ArrowException if damaged)."""
-    return conform(kind, pq.read_table(path))
+def read_parquet(path: Path, kind: str, names: Sequence[str] | None = None) -> pa.Table:
+    """A compacted table in ``kind``'s current schema (OSError or ArrowException if damaged); its columns
+    ``names`` only, where given: read alone, unless a column left out could drop a row of the whole table
+    (then the whole table is read, so the rows are the same)."""
+    if names is None:
+        return conform(kind, pq.read_table(path))
+    file = pq.ParquetFile(path)
+    if _may_drop_rows(kind, file, names):
+        return conform(kind, pq.read_table(path)).select(list(names))
+    stored = set(file.schema_arrow.names)
+    return conform(kind, pq.read_table(path, columns=[name for name in names if name in stored]), names)
+
+
+def _may_drop_rows(kind: str, file: pq.ParquetFile, names: Sequence[str]) -> bool:
+    """Whether a column of ``kind`` not in ``names`` could make :func:`conform` drop a row: a float (it may
+    not be finite), or a value an event needs that the file lacks or whose statistics do not show it in
+    every row."""
+    groups = [file.metadata.row_group(index) for index in range(file.metadata.num_row_groups)]
+    stored = [{group.column(i).path_in_schema: group.column(i) for i in range(group.num_columns)}
+              for group in groups]
+    for column in columns(kind):
+        if column.name in names:
+            continue
+        if column.python is float:
+            return True
+        if column.nullable or not column.required:
+            continue
+        if column.name not in file.schema_arrow.names:
+            return True
+        for chunks in stored:
+            statistics = chunks[column.name].statistics if column.name in chunks else None
+            if statistics is None or not statistics.has_null_count or statistics.null_count:
+                return True
+    return False
 
 
 def to_frame(kind: str, table: pa.Table) -> pd.DataFrame:

@@ -23,22 +23,28 @@ Of the operations issued inside a step (set-up and tear-down traffic, step
 Exposed time is decided when a step closes (two job steps after it completes,
 or at the end), so operations that arrive a little after their step still
 count; an operation of an already closed step counts in the totals only.
+Steps closing together are decided in one pass (a whole recording's, for
+``summary``); each step's figure is the same as if it closed alone.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from itertools import chain, pairwise
 
 import numpy as np
+import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from recordings.metrics.bandwidth import bus_factor, busbw_column
 from recordings.metrics.stats import Distribution
-from recordings.metrics.steps import ClosedSteps, RankSpan
+from recordings.metrics.steps import ClosedSteps, StepSpans
 
-_SEGMENT = 1 << 44
-"""Room per cell (about 4.9 hours of ns) when folding intervals of many cells in one pass."""
+_NO_SPAN = (np.iinfo(np.int64).min, np.iinfo(np.int64).max)
+"""The span of a rank whose step time is not known: its operations are not clipped."""
+CELLS_AT_ONCE = 1 << 20
+"""Cells (step, op, rank) decided in one pass at most: bounds the memory of closing a long run at once."""
 
 
 @dataclass(slots=True)
@@ -94,6 +100,8 @@ class CollectiveRow:
 
 Exposure = tuple[dict[tuple[str, str], float], dict[int, float]]
 """A closed step's exposed seconds per (group, op) (the job's: the most any rank had) and per rank (all ops)."""
+Closing = tuple[int, float, StepSpans]
+"""A job step to close: its number, its time, and each rank's span."""
 
 
 @dataclass(slots=True)
@@ -135,11 +143,7 @@ class CollectiveFold:
             table = table.filter(in_step)
             if not len(table):
                 return
-        joined = pc.binary_join_element_wise(table.column("group"), table.column("op"), "\x00")
-        encoded = pc.dictionary_encode(joined).combine_chunks()
-        names = [value.split("\x00", 1) for value in encoded.dictionary.to_pylist()]
-        mapping = np.array([self._key(group, op) for group, op in names], dtype=np.int64)
-        key = mapping[encoded.indices.to_numpy(zero_copy_only=False)]
+        key = self._keys_of(table)
         start = table.column("start_ns").to_numpy()
         end = table.column("end_ns").to_numpy()
         nbytes = table.column("bytes").to_numpy()
@@ -157,16 +161,27 @@ class CollectiveFold:
         if self.per_step:
             self._keep_for_steps(table, key, start, end)
 
+    def _keys_of(self, table: pa.Table) -> np.ndarray:
+        """Each row's (group, op) index (a pair not seen before gets the next one, in the order they come)."""
+        groups = pc.dictionary_encode(table.column("group")).combine_chunks()
+        ops = pc.dictionary_encode(table.column("op")).combine_chunks()
+        width = len(ops.dictionary)
+        rows, pairs = pd.factorize(groups.indices.to_numpy(zero_copy_only=False).astype(np.int64) * width
+                                   + ops.indices.to_numpy(zero_copy_only=False))
+        group_names, op_names = groups.dictionary.to_pylist(), ops.dictionary.to_pylist()
+        mapping = [self._key(group_names[pair // width], op_names[pair % width]) for pair in pairs.tolist()]
+        return np.array(mapping, dtype=np.int64)[rows]
+
     def _factors(self, key: np.ndarray, sizes: np.ndarray) -> np.ndarray:
         """Each operation's bus factor (NaN where bandwidth means nothing), by its op and group size."""
-        code = key * (int(sizes.max()) + 1) + sizes
-        pairs, inverse = np.unique(code, return_inverse=True)
+        width = int(sizes.max()) + 1
+        rows, pairs = pd.factorize(key * width + sizes)
         factors = []
         for value in pairs.tolist():
-            index, size = divmod(value, int(sizes.max()) + 1)
+            index, size = divmod(value, width)
             factor = bus_factor(self.stats[index].op, size)
             factors.append(np.nan if factor is None else factor)
-        return np.array(factors, dtype=float)[inverse.reshape(-1)]
+        return np.array(factors, dtype=float)[rows]
 
     def _keep_for_steps(self, table: pa.Table, key: np.ndarray, start: np.ndarray, end: np.ndarray) -> None:
         steps = table.column("step").to_numpy()
@@ -174,18 +189,36 @@ class CollectiveFold:
         waited_column = table.column("waited_ns")
         waited = pc.is_valid(waited_column).to_numpy(zero_copy_only=False)
         waited_ns = pc.fill_null(waited_column, 0).to_numpy()
-        for step, rows in _groups(steps):
+        order, runs = _sorted_runs(steps)
+        columns = [column[order] for column in (rank, key, start, end, waited_ns, waited)]
+        for step, rows in runs:
             if step in self._closed:
                 continue  # late: counted above, but its step's exposed time is decided
-            self._open.setdefault(step, []).append(
-                _Chunk(rank[rows], key[rows], start[rows], end[rows], waited_ns[rows], waited[rows]))
+            self._open.setdefault(step, []).append(_Chunk(*(column[rows] for column in columns)))
 
-    def close(self, step: int, duration_s: float, spans: dict[int, RankSpan]) -> Exposure:
+    def close(self, step: int, duration_s: float, spans: StepSpans) -> Exposure:
         """Decide the exposed time of job step ``step`` (``duration_s`` long; each rank's span)."""
-        self._closed.add(step)
-        chunks = self._open.pop(step, [])
-        self.step_time_s.add(duration_s)
-        return self._exposed(chunks, spans) if chunks else ({}, {})
+        return self.close_steps([(step, duration_s, spans)])[0]
+
+    def close_steps(self, closing: list[Closing]) -> list[Exposure]:
+        """Decide the exposed time of job steps at once, in order: each one's exposure."""
+        chunks = []
+        for step, duration_s, _ in closing:
+            self._closed.add(step)
+            self.step_time_s.add(duration_s)
+            chunks.append(self._open.pop(step, []))
+        with_ops = [index for index, found in enumerate(chunks) if found]
+        exposures: list[Exposure] = [({}, {}) for _ in closing]
+        if not with_ops:
+            return exposures
+        ranks = max(int(chunk.rank.max()) for index in with_ops for chunk in chunks[index]) + 1
+        at_once = max(1, CELLS_AT_ONCE // (len(self.stats) * ranks))
+        for first in range(0, len(with_ops), at_once):
+            batch = with_ops[first:first + at_once]
+            decided = self._exposed([chunks[i] for i in batch], [closing[i][2] for i in batch], ranks)
+            for index, exposure in zip(batch, decided, strict=True):
+                exposures[index] = exposure
+        return exposures
 
     def drop(self, step: int) -> None:
         """Forget an open step that will never complete (the job ended first)."""
@@ -194,45 +227,50 @@ class CollectiveFold:
     def open_steps(self) -> list[int]:
         return sorted(self._open)
 
-    def _exposed(self, chunks: list[_Chunk], spans: dict[int, RankSpan]) -> Exposure:
-        rank = np.concatenate([c.rank for c in chunks])
-        key = np.concatenate([c.key for c in chunks])
-        start = np.concatenate([c.start_ns for c in chunks])
-        end = np.concatenate([c.end_ns for c in chunks])
-        waited_ns = np.concatenate([c.waited_ns for c in chunks]).astype(float)
-        waited = np.concatenate([c.waited for c in chunks])
-        ranks = int(rank.max()) + 1
+    def _exposed(self, chunks: list[list[_Chunk]], spans: list[StepSpans], ranks: int) -> list[Exposure]:
+        """Each step's exposure (``chunks``: its operations, of ranks below ``ranks``; ``spans``: its ranks'
+        spans). A cell is one (step, op, rank): a rank's operations of one (group, op) in one step."""
+        rows = [chunk for step in chunks for chunk in step]
+        step = np.repeat(np.arange(len(chunks)), [sum(len(c.rank) for c in step) for step in chunks])
+        rank = np.concatenate([c.rank for c in rows])
+        key = np.concatenate([c.key for c in rows])
+        waited_ns = np.concatenate([c.waited_ns for c in rows]).astype(float)
+        waited = np.concatenate([c.waited for c in rows])
+        steps, ops = len(chunks), len(self.stats)
         # Each rank's step: clip the intervals to it, and the waits to its length.
-        span_start = np.full(ranks, np.iinfo(np.int64).min, dtype=np.int64)
-        span_end = np.full(ranks, np.iinfo(np.int64).max, dtype=np.int64)
-        for r, span in spans.items():
-            if r < ranks:
-                span_start[r], span_end[r] = span.start_ns, span.end_ns
-        start = np.maximum(start, span_start[rank])
-        end = np.maximum(np.minimum(end, span_end[rank]), start)
-        cell = key * ranks + rank
-        cells = len(self.stats) * ranks
+        span_start, span_end = _span_grid(spans, ranks)
+        at = step * ranks + rank
+        start = np.maximum(np.concatenate([c.start_ns for c in rows]), span_start.ravel()[at])
+        end = np.maximum(np.minimum(np.concatenate([c.end_ns for c in rows]), span_end.ravel()[at]), start)
+        cell = (step * ops + key) * ranks + rank
+        cells = steps * ops * ranks
         waited_sum = np.bincount(cell, weights=np.where(waited, waited_ns, 0.0), minlength=cells)
         seen = np.bincount(cell, weights=waited.astype(float), minlength=cells) > 0
         present = np.bincount(cell, minlength=cells) > 0
         union = _union_lengths(cell, start, end, cells)
-        step_ns = np.where(span_end < np.iinfo(np.int64).max, span_end - span_start, np.inf).astype(float)
-        limit = np.tile(step_ns, len(self.stats))
-        exposed_ns = np.where(seen, np.minimum(waited_sum, limit), union)
-        by_op, by_rank = {}, {}
-        for index, stats in enumerate(self.stats):
-            part = slice(index * ranks, (index + 1) * ranks)
-            if not present[part].any():
-                continue
-            value = float(exposed_ns[part][present[part]].max()) / 1e9
-            stats.exposed_s.add(value)
-            if not seen[part][present[part]].all():
-                stats.bounded_steps += 1
-            by_op[(stats.group, stats.op)] = value
-        per_rank = exposed_ns.reshape(len(self.stats), ranks).sum(axis=0, where=present.reshape(len(self.stats), ranks))
-        for r in np.flatnonzero(present.reshape(len(self.stats), ranks).any(axis=0)).tolist():
-            by_rank[r] = float(per_rank[r]) / 1e9
-        return by_op, by_rank
+        step_ns = np.where(span_end < _NO_SPAN[1], span_end - span_start, np.inf).astype(float)
+        limit = np.broadcast_to(step_ns[:, None, :], (steps, ops, ranks)).ravel()
+        exposed_ns = np.where(seen, np.minimum(waited_sum, limit), union).reshape(steps, ops, ranks)
+        present, seen = present.reshape(steps, ops, ranks), seen.reshape(steps, ops, ranks)
+        most = exposed_ns.max(axis=2, where=present, initial=-np.inf).tolist()
+        has_op = present.any(axis=2).tolist()
+        bounded = (present & ~seen).any(axis=2).tolist()
+        per_rank = exposed_ns.sum(axis=1, where=present).tolist()
+        has_rank = present.any(axis=1)
+        exposures = []
+        for index in range(steps):
+            by_op = {}
+            for op, stats in enumerate(self.stats):
+                if not has_op[index][op]:
+                    continue
+                value = most[index][op] / 1e9
+                stats.exposed_s.add(value)
+                if bounded[index][op]:
+                    stats.bounded_steps += 1
+                by_op[(stats.group, stats.op)] = value
+            by_rank = {r: per_rank[index][r] / 1e9 for r in np.flatnonzero(has_rank[index]).tolist()}
+            exposures.append((by_op, by_rank))
+        return exposures
 
     def rows(self) -> list[CollectiveRow]:
         """Per (group, op), the most in-flight time first."""
@@ -253,26 +291,56 @@ class CollectiveFold:
 
 
 def _groups(values: np.ndarray) -> list[tuple[int, np.ndarray]]:
-    """(value, the rows that hold it) for each distinct value (no sort where there is only one)."""
-    if values.min() == values.max():
-        return [(int(values[0]), np.arange(len(values)))]
-    order = np.argsort(values, kind="stable")
-    present, first = np.unique(values[order], return_index=True)
-    return list(zip(present.tolist(), np.split(order, first[1:]), strict=True))
+    """(value, the rows that hold it) for each distinct value."""
+    order, runs = _sorted_runs(values)
+    return [(value, order[rows]) for value, rows in runs]
+
+
+def _sorted_runs(values: np.ndarray) -> tuple[np.ndarray, list[tuple[int, slice]]]:
+    """The order that sorts ``values`` (stably), and each distinct value with its run in that order."""
+    low, high = int(values.min()), int(values.max())
+    if low == high:
+        return np.arange(len(values)), [(low, slice(0, len(values)))]
+    # numpy sorts 16-bit integers by radix, in linear time: (group, op) indexes and a table's steps fit
+    keys = (values - low).astype(np.uint16) if high - low < 1 << 16 else values
+    order = np.argsort(keys, kind="stable")
+    ordered = values[order]
+    edges = [*np.flatnonzero(np.r_[True, ordered[1:] != ordered[:-1]]).tolist(), len(values)]
+    return order, [(int(ordered[first]), slice(first, after)) for first, after in pairwise(edges)]
+
+
+def _span_grid(spans: list[StepSpans], ranks: int) -> tuple[np.ndarray, np.ndarray]:
+    """(start, end) of each step's (row) ranks' spans (column), :data:`_NO_SPAN` where not known."""
+    start = np.full((len(spans), ranks), _NO_SPAN[0], dtype=np.int64)
+    end = np.full((len(spans), ranks), _NO_SPAN[1], dtype=np.int64)
+    counts = [len(step.ranks) for step in spans]
+
+    def column(name: str) -> np.ndarray:
+        values = chain.from_iterable(getattr(step, name) for step in spans)
+        return np.fromiter(values, dtype=np.int64, count=sum(counts))
+
+    row, rank = np.repeat(np.arange(len(spans)), counts), column("ranks")
+    known = rank < ranks
+    start[row[known], rank[known]] = column("start_ns")[known]
+    end[row[known], rank[known]] = column("end_ns")[known]
+    return start, end
 
 
 def _union_lengths(cell: np.ndarray, start: np.ndarray, end: np.ndarray, cells: int) -> np.ndarray:
-    """Per cell, the length (ns) of the union of its intervals [start, end)."""
+    """Per cell, the length (ns) of the union of its intervals [start, end) (``end`` no earlier than ``start``)."""
     if not len(cell):
         return np.zeros(cells)
-    order = np.lexsort((start, cell))
-    cell, start, end = cell[order], start[order], end[order]
-    origin = start.min()
-    start_rel, end_rel = start - origin, end - origin
-    segment = np.cumsum(np.r_[True, cell[1:] != cell[:-1]]).astype(np.int64)
-    # A running maximum of the ends that starts afresh at each cell: later cells sit _SEGMENT higher.
-    reach = np.maximum.accumulate(end_rel + segment * _SEGMENT) - segment * _SEGMENT
-    before = np.r_[np.int64(-1), reach[:-1]]
-    before[np.r_[True, cell[1:] != cell[:-1]]] = -1
-    covered = np.maximum(0, end_rel - np.maximum(start_rel, before))
-    return np.bincount(cell, weights=covered.astype(float), minlength=cells)
+    # Lay the cells one after another on one line, each just past the one before it ends: then sorting the
+    # starts sorts by (cell, start), and one running maximum of the ends tells how far each row's own cell
+    # was covered before it.
+    origin = np.full(cells, np.iinfo(np.int64).max)
+    np.minimum.at(origin, cell, start)
+    reach = np.full(cells, np.iinfo(np.int64).min)
+    np.maximum.at(reach, cell, end)
+    extent = np.where(reach >= origin, reach - origin, 0) + 1
+    shift = (np.cumsum(extent) - extent - origin)[cell]
+    order = np.argsort(start + shift)
+    start, end = start[order] + shift[order], end[order] + shift[order]
+    before = np.r_[np.iinfo(np.int64).min, np.maximum.accumulate(end)[:-1]]
+    covered = np.maximum(0, end - np.maximum(start, before))
+    return np.bincount(cell[order], weights=covered.astype(float), minlength=cells)

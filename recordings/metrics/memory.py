@@ -6,7 +6,8 @@
 - The **most loaded rank** has the highest peak (the lowest rank on a tie):
   what a plan's headroom depends on is the tightest device, not the sum.
 - The categories (weights, gradients, optimizer state, activations, KV cache)
-  are the rank's last snapshot's.
+  are the rank's last snapshot's: the one of the greatest (step, wall clock),
+  the later to arrive on a tie.
 - **Headroom** is the device memory the most loaded rank's GPU had left at
   its peak (CUDA only).
 """
@@ -14,6 +15,9 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+import numpy as np
+import pyarrow as pa
 
 from probes.events import MemorySnapshot, ProcessSample
 
@@ -43,18 +47,28 @@ class MemoryFold:
         self._rss_peak: dict[int, int] = {}
 
     def add(self, snapshot: MemorySnapshot) -> None:
-        rank = snapshot.rank
-        last = self.last.get(rank)
-        if last is None or (snapshot.step, snapshot.wall_ns) >= (last.step, last.wall_ns):
-            self.last[rank] = snapshot
-        if snapshot.peak_allocated_bytes is not None:
-            self._allocator_peak[rank] = max(self._allocator_peak.get(rank, 0), snapshot.peak_allocated_bytes)
-        if snapshot.rss_bytes is not None:
-            self._rss_peak[rank] = max(self._rss_peak.get(rank, 0), snapshot.rss_bytes)
+        self._keep_last(snapshot)
+        _raise(self._allocator_peak, snapshot.rank, snapshot.peak_allocated_bytes)
+        _raise(self._rss_peak, snapshot.rank, snapshot.rss_bytes)
 
     def add_process(self, sample: ProcessSample) -> None:
-        if sample.rss_bytes is not None:
-            self._rss_peak[sample.rank] = max(self._rss_peak.get(sample.rank, 0), sample.rss_bytes)
+        _raise(self._rss_peak, sample.rank, sample.rss_bytes)
+
+    def add_table(self, table: pa.Table) -> None:
+        """Fold a ``memory`` table at once: as :meth:`add` of each row in order."""
+        for index in _last_rows(table):
+            self._keep_last(MemorySnapshot(**table.slice(index, 1).to_pylist()[0]))
+        _raise_all(self._allocator_peak, table, "peak_allocated_bytes")
+        _raise_all(self._rss_peak, table, "rss_bytes")
+
+    def add_process_table(self, table: pa.Table) -> None:
+        """Fold a ``process`` table at once: as :meth:`add_process` of each row."""
+        _raise_all(self._rss_peak, table, "rss_bytes")
+
+    def _keep_last(self, snapshot: MemorySnapshot) -> None:
+        last = self.last.get(snapshot.rank)
+        if last is None or (snapshot.step, snapshot.wall_ns) >= (last.step, last.wall_ns):
+            self.last[snapshot.rank] = snapshot
 
     def peak(self, rank: int) -> int | None:
         peak = self._allocator_peak.get(rank)
@@ -85,3 +99,28 @@ class MemoryFold:
                 activations_bytes=last.activations_bytes if last else None,
                 kv_cache_bytes=last.kv_cache_bytes if last else None))
         return rows
+
+
+def _raise(peaks: dict[int, int], rank: int, value: int | None) -> None:
+    """A rank's peak is the most it was seen to hold (a reading of nothing leaves it as it was)."""
+    if value is not None:
+        peaks[rank] = max(peaks.get(rank, 0), value)
+
+
+def _raise_all(peaks: dict[int, int], table: pa.Table, column: str) -> None:
+    """:func:`_raise` with each rank's largest reading of ``column`` in ``table``."""
+    most = table.group_by("rank").aggregate([(column, "max")])
+    for rank, value in zip(most.column("rank").to_pylist(), most.column(f"{column}_max").to_pylist(), strict=True):
+        _raise(peaks, rank, value)
+
+
+def _last_rows(table: pa.Table) -> list[int]:
+    """Each rank's last snapshot in ``table``: the row of the greatest (step, wall clock), the later row on a
+    tie (what taking the rows one by one with :meth:`MemoryFold.add` keeps)."""
+    if not len(table):
+        return []
+    rank = table.column("rank").to_numpy()
+    order = np.lexsort((np.arange(len(table)), table.column("wall_ns").to_numpy(), table.column("step").to_numpy(),
+                        rank))
+    ends = np.r_[rank[order][1:] != rank[order][:-1], True]
+    return order[ends].tolist()

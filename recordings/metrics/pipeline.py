@@ -26,6 +26,7 @@ from collections import defaultdict, deque
 from dataclasses import dataclass, field
 
 import numpy as np
+import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -82,8 +83,8 @@ class StageFold:
         self.pp = max(1, pp) if pp is not None else None
         """A stage's pipeline rank is its index modulo this; ``None``: the index itself."""
         self.stages: dict[int, StageStats] = defaultdict(StageStats)
-        self._busy: dict[int, dict[int, list[int]]] = {}
-        """Open steps: rank -> [busy nanoseconds, pipeline rank]."""
+        self._busy: dict[int, dict[int, tuple[int, int]]] = {}
+        """Open steps: rank -> (busy nanoseconds, pipeline rank)."""
         self._closed = ClosedSteps()
 
     def add_actions(self, table: pa.Table) -> None:
@@ -99,14 +100,16 @@ class StageFold:
         stage = table.column("stage").to_numpy()
         pipeline_rank = stage % self.pp if self.pp is not None else stage
         ranks = int(rank.max()) + 1
-        pairs, first, inverse = np.unique(step * ranks + rank, return_index=True, return_inverse=True)
-        sums = np.bincount(inverse.reshape(-1), weights=busy_ns, minlength=len(pairs))
-        for pair, busy, at in zip(pairs.tolist(), sums.tolist(), first.tolist(), strict=True):
+        inverse, pairs = pd.factorize(step * ranks + rank)  # pairs in the order they first come
+        first = np.flatnonzero(np.r_[True, inverse[1:] > np.maximum.accumulate(inverse)[:-1]])
+        sums = np.bincount(inverse, weights=busy_ns, minlength=len(pairs))
+        for pair, busy, first_stage in zip(pairs.tolist(), sums.tolist(), pipeline_rank[first].tolist(), strict=True):
             s, r = divmod(pair, ranks)
             if s in self._closed:
                 continue
-            entry = self._busy.setdefault(s, {}).setdefault(r, [0, int(pipeline_rank[at])])
-            entry[0] += int(busy)
+            step_busy = self._busy.setdefault(s, {})
+            before, kept_stage = step_busy.get(r, (0, first_stage))  # a rank's stage: its first action's
+            step_busy[r] = (before + int(busy), kept_stage)
 
     def busy_by_stage(self, step: int) -> dict[int, float]:
         """Each stage's busy seconds in ``step`` so far (mean over its copies)."""

@@ -4,7 +4,12 @@ and the metrics endpoint all read.
 :class:`RunFold` takes a run's events a table at a time, in any grouping: the
 dashboard gives it what arrived since the last frame, ``summary`` a
 recording's whole tables. Collectives and stage actions, the bulk of a run,
-are folded column-wise; the rest as events. Anything decided per step (exposed
+are folded column-wise. Steps and memory, process and GPU samples are folded
+column-wise too when they come as tables (:meth:`RunFold.apply`: ``summary``),
+or as events (:meth:`RunFold.apply_events`: the dashboard); both ways meet in
+the same functions per job step and per rank (:func:`~recordings.metrics.steps.job_step`,
+:class:`~recordings.metrics.steps.StepSpans`, :class:`~recordings.metrics.memory.MemoryFold`),
+so they give the same figures. Anything decided per step (exposed
 communication, stage bubbles) is decided when the step closes: two job steps
 after it completes, or when the job ends (:meth:`RunFold.finish`), so
 operations that arrive a little after their step still count, and the result
@@ -20,14 +25,23 @@ from dataclasses import asdict, dataclass
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from probes.events import Event, GpuSample, JobEnded, MemorySnapshot, ProcessSample, RankStarted, RequestDone, StepTiming
+from probes.events import (
+    Event,
+    GpuSample,
+    JobEnded,
+    MemorySnapshot,
+    ProcessSample,
+    RankStarted,
+    RequestDone,
+    StepTiming,
+)
 from recordings.manifest import GpuInfo, RunDescription
 from recordings.metrics.collectives import CollectiveFold, CollectiveRow
 from recordings.metrics.memory import MemoryFold, MemoryRow
 from recordings.metrics.mfu import GpuModel, Mfu, mfu, script_parameters
 from recordings.metrics.pipeline import StageFold, StageRow, step_bubbles
 from recordings.metrics.requests import RequestFigures, RequestFold
-from recordings.metrics.steps import JobStep, RankSpan, StepFigures, StepFolder, StepStats
+from recordings.metrics.steps import JobStep, StepFigures, StepFolder, StepRows, StepSpans, StepStats
 from recordings.schema import events_of
 
 HISTORY = 240
@@ -36,8 +50,18 @@ CLOSE_AFTER = 2
 """A job step's per-step figures are decided when the step this many later completes."""
 COLUMNAR = frozenset({"collective", "stage_action"})
 """Kinds folded column-wise (:meth:`RunFold.apply` with a table)."""
+COLUMNS_READ = {
+    "collective": ("rank", "step", "op", "group", "group_size", "bytes", "start_ns", "end_ns", "waited_ns",
+                   "overlapped"),
+    "stage_action": ("rank", "step", "stage", "start_ns", "end_ns"),
+}
+"""The columns the fold reads of the :data:`COLUMNAR` kinds (a reader of a whole recording may load only
+these); the other kinds' tables are taken whole."""
 EVENT_KINDS = frozenset({"step", "rank_started", "memory", "process", "request", "gpu", "job_ended"})
 """Kinds folded as events; the others do not change a figure."""
+TABLE_KINDS = frozenset({"step", "memory", "process", "gpu"})
+"""Kinds of :data:`EVENT_KINDS` that :meth:`RunFold.apply` folds column-wise (steps falling back to events
+where a table is not plain: see :meth:`StepFolder.add_rows`)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,7 +141,7 @@ class RunFold:
         """Ranks of the job are below this: its world size, or the largest a start of its ranks said."""
         self.starts: dict[int, tuple[int, int]] = {}
         """Each start of the job's ranks, by torchrun's restart count: (its ranks, its first step)."""
-        self._spans: dict[int, dict[int, RankSpan]] = {}
+        self._spans: dict[int, StepSpans] = {}
         self._completed: dict[int, JobStep] = {}
         self._figures: tuple[int, RunFigures] | None = None
 
@@ -126,8 +150,58 @@ class RunFold:
         """Fold a table of ``kind``'s events."""
         if kind in COLUMNAR:
             self.apply_table(kind, table)
+        elif kind in TABLE_KINDS and len(table):
+            self._apply_samples(kind, table)
         elif kind in EVENT_KINDS and len(table):
             self.apply_events(events_of(kind, table))
+
+    def _apply_samples(self, kind: str, table: pa.Table) -> None:
+        """Fold a ``step``, ``memory``, ``process`` or ``gpu`` table column-wise: as :meth:`apply_events` of
+        its rows would."""
+        self.version += 1
+        if kind == "gpu":
+            self._know_gpu_samples(table)
+            return
+        table = self._of_the_job(kind, table)
+        if kind == "memory":
+            self.memory.add_table(table)
+        elif kind == "process":
+            self.memory.add_process_table(table)
+        elif not self._add_step_rows(StepRows.of(table)):
+            self.apply_events(events_of(kind, table))
+
+    def _of_the_job(self, kind: str, table: pa.Table) -> pa.Table:
+        """The rows :meth:`_fits` keeps: a rank of the job, a step time no less than 0 (the rest counted)."""
+        rank = table.column("rank")
+        keep = pc.and_(pc.greater_equal(rank, 0), pc.less(rank, self._rank_limit))
+        if kind == "step":
+            keep = pc.and_(keep, pc.greater_equal(table.column("duration_s"), 0))
+        kept = pc.sum(keep).as_py() or 0
+        if kept == len(table):
+            return table
+        self.rejected[kind] += len(table) - kept
+        return table.filter(keep)
+
+    def _add_step_rows(self, rows: StepRows) -> bool:
+        """Fold a training run's step table as :meth:`_on_step` of each row would; False (nothing folded)
+        where it cannot be done a table at a time."""
+        if not self.training or not self._completed.keys().isdisjoint(rows.step):
+            return False  # inference, or a late report of a step completed but not yet closed
+        completed = self._folder.add_rows(rows)
+        if completed is None:
+            return False
+        for step, indexes in rows.by_step.items():
+            rows.add_spans(self._spans.setdefault(step, StepSpans()), indexes)
+        self._complete_steps(completed)
+        return True
+
+    def _know_gpu_samples(self, table: pa.Table) -> None:
+        """Each GPU's model from its first sample that names it (as :meth:`apply_events` takes them)."""
+        named = table.filter(pc.fill_null(pc.not_equal(table.column("name"), ""), False))
+        columns = named.select(["node", "gpu", "name", "power_limit_w"]).to_pydict()
+        for node, gpu, name, power_limit_w in zip(*columns.values(), strict=True):
+            if (node, gpu) not in self.gpu_models:
+                self.gpu_models[(node, gpu)] = GpuModel(name, power_limit_w)
 
     def apply_table(self, kind: str, table: pa.Table) -> None:
         """Fold a ``collective`` or ``stage_action`` table (rows that cannot be this job's left out, counted)."""
@@ -219,36 +293,36 @@ class RunFold:
             if timing.rank == 0 and (step := self._folder.add(timing)) is not None:
                 self._complete(step)
             return
-        end_ns = timing.start_ns + round(timing.duration_s * 1e9)
-        self._spans.setdefault(timing.step, {})[timing.rank] = RankSpan(timing.start_ns, end_ns,
-                                                                         timing.forward_backward_s)
+        self._spans.setdefault(timing.step, StepSpans()).add(timing.rank, timing.start_ns, timing.duration_s,
+                                                             timing.forward_backward_s)
         if (step := self._folder.add(timing)) is not None:
             self._complete(step)
 
     def _complete(self, step: JobStep) -> None:
-        self.steps.add(step)
-        self.new_steps.append(step)
-        if not self.training:
-            return
-        self._completed[step.step] = step
-        for number in sorted(s for s in self._completed if s <= step.step - CLOSE_AFTER):
-            self._close(number)
+        self._complete_steps([step])
 
-    def _close(self, number: int) -> None:
-        step = self._completed.pop(number)
-        spans = self._spans.pop(number, {})
-        by_op, by_rank = self.collectives.close(number, step.duration_s, spans)
-        span_s, bubbles = self.stages.close(number, self._forward_backward_s(spans))
-        self.closed_count += 1
-        self.closed.append(ClosedStep(number, step.duration_s, by_op, by_rank,
-                                      {rank: (span.end_ns - span.start_ns) / 1e9 for rank, span in spans.items()},
-                                      span_s, bubbles))
+    def _complete_steps(self, steps: list[JobStep]) -> None:
+        """Take job steps as they completed, in order, and close each step :data:`CLOSE_AFTER` behind one."""
+        closing = []
+        for step in steps:
+            self.steps.add(step)
+            self.new_steps.append(step)
+            if self.training:
+                self._completed[step.step] = step
+                closing += [self._completed.pop(number) for number in sorted(self._completed)
+                            if number <= step.step - CLOSE_AFTER]
+        self._close(closing)
 
-    @staticmethod
-    def _forward_backward_s(spans: dict[int, RankSpan]) -> float | None:
-        """The pipeline's step: the slowest rank's forward + backward."""
-        fb = [span.forward_backward_s for span in spans.values() if span.forward_backward_s is not None]
-        return max(fb) if fb else None
+    def _close(self, steps: list[JobStep]) -> None:
+        """Decide the per-step figures of completed job steps (together: one pass over their collectives)."""
+        spans = [self._spans.pop(step.step, StepSpans()) for step in steps]
+        exposures = self.collectives.close_steps([(step.step, step.duration_s, ranks)
+                                                  for step, ranks in zip(steps, spans, strict=True)])
+        for step, ranks, (by_op, by_rank) in zip(steps, spans, exposures, strict=True):
+            span_s, bubbles = self.stages.close(step.step, ranks.forward_backward_max_s())
+            self.closed_count += 1
+            self.closed.append(ClosedStep(step.step, step.duration_s, by_op, by_rank, ranks.durations_s(),
+                                          span_s, bubbles))
 
     def step_bubbles(self, number: int) -> tuple[float, dict[int, float]]:
         """A completed step's span and stage bubbles: as decided if it closed (recently), else as far as its
@@ -256,14 +330,14 @@ class RunFold:
         for closed in reversed(self.closed):
             if closed.step == number:
                 return closed.span_s, closed.bubbles
-        return step_bubbles(self.stages.busy_by_stage(number), self._forward_backward_s(self._spans.get(number, {})))
+        return step_bubbles(self.stages.busy_by_stage(number),
+                            self._spans.get(number, StepSpans()).forward_backward_max_s())
 
     def finish(self, status: str) -> None:
         """The job ended (``status``): decide every completed step, forget the steps it never completed, and
         count the load's requests it never served."""
         self.version += 1
-        for number in sorted(self._completed):
-            self._close(number)
+        self._close([self._completed.pop(number) for number in sorted(self._completed)])
         for number in self.collectives.open_steps():
             self.collectives.drop(number)
         for number in self.stages.open_steps():

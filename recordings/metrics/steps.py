@@ -12,7 +12,10 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
+
+import pyarrow as pa
 
 from probes.events import StepTiming
 from recordings.metrics.stats import Distribution
@@ -29,6 +32,16 @@ class JobStep:
     """The slowest rank's step time: the job's step time."""
     tokens: int
     tokens_per_s: float
+
+
+def job_step(step: int, *, durations_s: Sequence[float], losses: Sequence[float | None], tokens: int) -> JobStep:
+    """The job's step from its ranks' reports, in the order they came: time = max(durations), loss =
+    sum(losses) / count over the ranks that have one (summed in that order), tokens the last report's,
+    tokens/s = tokens / time (0 for a step of no time)."""
+    duration = max(durations_s)
+    present = [loss for loss in losses if loss is not None]
+    return JobStep(step=step, loss=sum(present) / len(present) if present else None, duration_s=duration,
+                   tokens=tokens, tokens_per_s=tokens / duration if duration > 0 else 0.0)
 
 
 class ClosedSteps:
@@ -53,13 +66,94 @@ class ClosedSteps:
         return isinstance(step, int) and (step < self._below or step in self._numbers)
 
 
-@dataclass(frozen=True, slots=True)
-class RankSpan:
-    """One rank's part of a step: when it started and ended (wall clock), and its forward + backward time."""
+def step_end_ns(start_ns: int, duration_s: float) -> int:
+    """When a rank's step that started at ``start_ns`` and took ``duration_s`` ended: start + duration,
+    rounded to the nanosecond."""
+    return start_ns + round(duration_s * 1e9)
 
-    start_ns: int
-    end_ns: int
-    forward_backward_s: float | None
+
+class StepSpans:
+    """Each rank's part of one step: when it started and ended (wall clock), and its forward + backward time;
+    a rank's later report replaces its earlier one. Kept as columns: a recording's whole step table makes
+    lists of numbers, not an object a row for the garbage collector to walk."""
+
+    __slots__ = ("_at", "end_ns", "forward_backward_s", "ranks", "start_ns")
+
+    def __init__(self) -> None:
+        self.ranks: list[int] = []
+        self.start_ns: list[int] = []
+        self.end_ns: list[int] = []
+        self.forward_backward_s: list[float | None] = []
+        self._at: dict[int, int] = {}
+        """Each rank's position in the columns."""
+
+    def add(self, rank: int, start_ns: int, duration_s: float, forward_backward_s: float | None) -> None:
+        """One rank's report of the step."""
+        end_ns, at = step_end_ns(start_ns, duration_s), self._at.get(rank)
+        if at is None:
+            self._at[rank] = len(self.ranks)
+            self.ranks.append(rank)
+            self.start_ns.append(start_ns)
+            self.end_ns.append(end_ns)
+            self.forward_backward_s.append(forward_backward_s)
+        else:
+            self.start_ns[at], self.end_ns[at], self.forward_backward_s[at] = start_ns, end_ns, forward_backward_s
+
+    def extend(self, ranks: list[int], start_ns: list[int], durations_s: list[float],
+               forward_backward_s: list[float | None]) -> None:
+        """Reports of several ranks, as :meth:`add` of each in order."""
+        if len(set(ranks)) < len(ranks) or not self._at.keys().isdisjoint(ranks):
+            for report in zip(ranks, start_ns, durations_s, forward_backward_s, strict=True):
+                self.add(*report)
+            return
+        self._at.update(zip(ranks, range(len(self.ranks), len(self.ranks) + len(ranks))))
+        self.ranks += ranks
+        self.start_ns += start_ns
+        self.end_ns += map(step_end_ns, start_ns, durations_s)
+        self.forward_backward_s += forward_backward_s
+
+    def forward_backward_max_s(self) -> float | None:
+        """The pipeline's step: the slowest rank's forward + backward (``None`` where no rank measured one)."""
+        return max((seconds for seconds in self.forward_backward_s if seconds is not None), default=None)
+
+    def durations_s(self) -> dict[int, float]:
+        """Each rank's step time."""
+        return {rank: (end - start) / 1e9 for rank, start, end in zip(self.ranks, self.start_ns, self.end_ns,
+                                                                        strict=True)}
+
+
+@dataclass(frozen=True, slots=True)
+class StepRows:
+    """A ``step`` table and the columns the fold reads, as Python lists (one conversion a table, no event
+    object a row)."""
+
+    table: pa.Table
+    rank: list[int]
+    step: list[int]
+    start_ns: list[int]
+    duration_s: list[float]
+    tokens: list[int]
+    loss: list[float | None]
+    forward_backward_s: list[float | None]
+    by_step: dict[int, list[int]]
+    """Each step's rows, in the order they came (steps in the order they first came)."""
+
+    @classmethod
+    def of(cls, table: pa.Table) -> StepRows:
+        columns = table.select(["rank", "step", "start_ns", "duration_s", "tokens", "loss",
+                                "forward_backward_s"]).to_pydict()
+        by_step: dict[int, list[int]] = {}
+        for index, step in enumerate(columns["step"]):
+            by_step.setdefault(step, []).append(index)
+        return cls(table, **columns, by_step=by_step)
+
+    def timings(self, indexes: list[int]) -> list[StepTiming]:
+        return [StepTiming(**record) for record in self.table.take(indexes).to_pylist()]
+
+    def add_spans(self, spans: StepSpans, indexes: list[int]) -> None:
+        """The reports of rows ``indexes`` (of one step) into its spans."""
+        spans.extend([self.rank[i] for i in indexes], [self.start_ns[i] for i in indexes],
+                     [self.duration_s[i] for i in indexes], [self.forward_backward_s[i] for i in indexes])
 
 
 class StepFolder:
@@ -102,12 +196,38 @@ class StepFolder:
                 if len(self.pending[step]) >= self.expected(step)]
 
     def _fold(self, step: int) -> JobStep:
-        reports = self.pending.pop(step)
-        losses = [r.loss for r in reports.values() if r.loss is not None]
-        duration = max(r.duration_s for r in reports.values())
-        tokens = next(reversed(reports.values())).tokens  # the last report's, as it came
-        return JobStep(step=step, loss=sum(losses) / len(losses) if losses else None, duration_s=duration,
-                       tokens=tokens, tokens_per_s=tokens / duration if duration > 0 else 0.0)
+        reports = list(self.pending.pop(step).values())
+        return job_step(step, durations_s=[r.duration_s for r in reports], losses=[r.loss for r in reports],
+                        tokens=reports[-1].tokens)
+
+    def add_rows(self, rows: StepRows) -> list[JobStep] | None:
+        """Take a whole table of timings: the job steps it completes, in the order :meth:`add` would complete
+        them row by row. Only where each rank reports a step once and no step gets more reports than its
+        ranks (so a step completes at its last report); otherwise ``None``, nothing is taken, and the caller
+        adds the rows one by one."""
+        completing = []
+        for step, indexes in rows.by_step.items():
+            earlier, expected = self.pending.get(step, {}), self.expected(step)
+            ranks = {rows.rank[i] for i in indexes} | earlier.keys()
+            if len(ranks) < len(indexes) + len(earlier) or len(ranks) > expected:  # a rank twice, or too many
+                return None
+            if len(ranks) == expected:
+                completing.append((indexes[-1], step))
+        done = []
+        for _, step in sorted(completing):  # in the order their last reports came
+            earlier = list(self.pending.pop(step, {}).values())
+            indexes = rows.by_step[step]
+            done.append(job_step(step, durations_s=[*(r.duration_s for r in earlier),
+                                                    *(rows.duration_s[i] for i in indexes)],
+                                 losses=[*(r.loss for r in earlier), *(rows.loss[i] for i in indexes)],
+                                 tokens=rows.tokens[indexes[-1]]))
+        completed = {job.step for job in done}
+        for step, indexes in rows.by_step.items():  # still waiting for ranks: kept as the row-by-row path keeps them
+            if step not in completed:
+                reports = self.pending.setdefault(step, {})
+                for timing in rows.timings(indexes):
+                    reports[timing.rank] = timing
+        return done
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
