@@ -16,9 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from recordings.summary import summarize
 from recordings.compare import compare
 from recordings.reader import open_recording
+from recordings.summary import summarize
 from tests.screen_text import screen_text
 from tui.app import MeshtopApp, ReplayBar
 from tui.compare_app import CompareApp
@@ -153,6 +153,29 @@ async def test_processes_view_selects_a_rank_and_a_replay_refuses_new_stack_dump
         assert app.query_one(ProcessesPanel).selected == 2
         await press(pilot, "s")
         assert app.messages[-1].startswith("a replay shows the stack dumps taken while recording")
+
+
+async def test_a_panel_redraws_only_the_rows_that_changed() -> None:
+    from textual.geometry import Region
+
+    from tui.views import ProcessesPanel
+
+    async with replay(size=(120, 30)) as (app, pilot):
+        await press(pilot, "6")
+        panel = app.query_one(ProcessesPanel)
+        asked: list[tuple[tuple[Region, ...], bool]] = []
+        refresh = panel.refresh
+
+        def spy(*regions: Region, layout: bool = False, **options: bool) -> ProcessesPanel:
+            asked.append((regions, layout))
+            return refresh(*regions, layout=layout, **options)
+
+        panel.refresh = spy  # type: ignore[method-assign]
+        app.redraw()  # a paused replay: nothing changed, nothing to draw
+        assert [call for call in asked if call[0] or call[1]] == []
+        await press(pilot, "down")  # the highlight moves from rank 0 to rank 1: the table's rows 1 and 2
+        assert [call for call in asked if call[0] or call[1]] == [((Region(0, 1, panel.size.width, 2),), False)]
+        assert app.query_one(ProcessesPanel).selected == 1
 
 
 async def test_help_lists_every_key() -> None:

@@ -43,11 +43,11 @@ def sparkline(values: Sequence[float], width: int, *, low: float | None = None, 
     low = min(recent) if low is None else low
     high = max(recent) if high is None else high
     span = high - low
-    cells = []
-    for value in recent:
-        level = 8 if span <= 0 else round((value - low) / span * 8)
-        cells.append(BLOCKS[max(1, min(8, level))])
-    return "".join(cells).rjust(width)
+    if span <= 0:
+        return (BLOCKS[8] * len(recent)).rjust(width)
+    # one comprehension, no calls per cell: a view draws a sparkline per rank every frame
+    levels = [round((value - low) / span * 8) for value in recent]
+    return "".join([BLOCKS[1 if level < 1 else 8 if level > 8 else level] for level in levels]).rjust(width)
 
 
 def column_chart(values: Sequence[float], width: int, height: int, *, low: float = 0.0) -> list[str]:

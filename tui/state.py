@@ -204,6 +204,10 @@ class DashboardState:
         """(fold version, when computed, the figures)."""
         self.final = False
         """The run is over and every step decided: figures are always fresh."""
+        self._rank_starts = 0
+        """Ranks' starts folded so far: a start may move a rank to another stage."""
+        self._stragglers: tuple[tuple[int, int], list[tuple[int, float]]] | None = None
+        """(closed steps and rank starts seen, the stragglers then): they change only with those."""
 
     # -- input -----------------------------------------------------------------
 
@@ -262,6 +266,7 @@ class DashboardState:
                 self._lanes[step][rank].append((start, end, action, microbatch))
 
     def _on_started(self, event: RankStarted) -> None:
+        self._rank_starts += 1
         view = self._rank(event.rank)
         view.pid, view.device, view.host, view.node = event.pid, event.device, event.host, event.node
         view.pp_rank, view.dp_rank, view.tp_rank = event.pp_rank, event.dp_rank, event.tp_rank
@@ -449,6 +454,12 @@ class DashboardState:
 
     def stragglers(self) -> list[tuple[int, float]]:
         """(rank, its compute time over its stage peers' median) for ranks that lag their peers."""
+        seen = (self._closed_seen, self._rank_starts)  # read every frame (the header counts the alerts)
+        if self._stragglers is None or self._stragglers[0] != seen:
+            self._stragglers = (seen, self._find_stragglers())
+        return list(self._stragglers[1])
+
+    def _find_stragglers(self) -> list[tuple[int, float]]:
         peers: dict[int, list[RankView]] = defaultdict(list)
         for view in self.ranks.values():
             if len(view.compute_s) >= 3:

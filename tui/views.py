@@ -12,11 +12,11 @@ from rich.cells import cell_len
 from rich.console import Group
 from rich.table import Table
 from rich.text import Span, Text
-from textual.widgets import Static
 
 from recordings.metrics.pipeline import theoretical_bubble
 from recordings.metrics.requests import LATENCIES
 from tui.charts import chart, human_bytes, human_rate, human_seconds, legend, memory_bar, sparkline
+from tui.line_view import LineView
 from tui.state import DashboardState, PipelineStep, RankView, RequestsView
 from tui.summary_text import busbw_text, per_second
 
@@ -49,37 +49,11 @@ def rank_label(view: RankView) -> str:
     return f"rank {view.rank:<3}"
 
 
-def unwrapped_rows(content: Text | Table | Group) -> int:
-    """Cut every text of ``content`` at the panel's edge instead of wrapping it; the rows it then takes.
-
-    With nothing wrapping, the row count follows from the content alone (tables here have no box).
-    """
-    if isinstance(content, Text):
-        content.no_wrap, content.overflow = True, "ellipsis"
-        return content.plain.count("\n") + 1
-    if isinstance(content, Table):
-        return content.row_count + (1 if content.show_header else 0)
-    return sum(unwrapped_rows(part) for part in content.renderables)  # type: ignore[arg-type]
-
-
-class Panel(Static):
-    """A view of the dashboard; ``show`` redraws it from the state."""
-
-    _shape: tuple[int, int] | None = None
+class Panel(LineView):
+    """A view of the dashboard; ``show`` redraws it from the state (``paint``: only the rows that changed)."""
 
     def show(self, state: DashboardState, ranks: RankFilter) -> None:
         raise NotImplementedError
-
-    def paint(self, content: Text | Table | Group) -> None:
-        """Draw ``content``; lay the screen out again only when its height or width changed.
-
-        A layout renders the panel twice (to measure, then to draw): at hundreds of ranks
-        that is most of a frame, and nothing moves while the panel keeps its shape.
-        """
-        shape = (unwrapped_rows(content), self.size.width)
-        relayout = shape != self._shape
-        self._shape = shape
-        self.update(content, layout=relayout)
 
     @property
     def usable_width(self) -> int:

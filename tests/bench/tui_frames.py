@@ -52,6 +52,13 @@ effect the worst frame. Pauses of Python's garbage collector in the window
 (any thread) are counted too (JSON: ``gc_*``); ``--gc-freeze`` calls
 ``gc.freeze()`` once the state is warm, to show what that does to them.
 ``--profile N`` runs cProfile on the UI thread over the measured windows.
+Without a profiler's overhead, a stopwatch also says where each full frame's
+time goes (JSON: ``parts_ms``, mean ms per steady frame): ``poll`` (the
+source's poll: the fold, where the UI thread does it), ``draw`` (the app
+builds the header's and the visible panel's content), ``layout`` and
+``render`` (Textual's: the screen laid out; what changed drawn to strips and
+composited), ``encode`` (escape codes) and ``other`` (the rest: messages,
+timers, the garbage collector).
 
 Also reported: events/s offered and applied (``state.events`` over the
 measured window), events dropped for the screen, the peak of pending events
@@ -85,15 +92,15 @@ from typing import Any
 from textual._compositor import CompositorUpdate
 from textual.widgets import TabbedContent
 
+from probes.arrivals import Arrivals, EncodedEvents, encode_lines
 from probes.events import (
     CollectiveTiming, Event, GpuSample, MemorySnapshot, ProcessSample, RankStarted, StageAction, StepTiming,
 )
-from probes.arrivals import Arrivals, EncodedEvents, encode_lines
 from recordings.manifest import Model, Plan, RunDescription
 from recordings.replay import in_kind_order
+from tests.bench.figures import quantile
 from tui.app import VIEWS, MeshtopApp
 from tui.sources import SCREEN_BACKLOG, ScreenBacklog, screen_batches
-from tests.bench.figures import quantile
 from tui.state import DashboardState
 
 RATE = 10_000.0
@@ -426,26 +433,69 @@ class GcMeter:
         gc.callbacks.remove(self._callback)
 
 
+class Stopwatch:
+    """Seconds spent in a few of the UI thread's parts, summed since the start: read at each frame's start, the
+    differences say where each frame's time went."""
+
+    PARTS = ("poll", "draw", "layout", "render", "encode")
+    """poll: the source's poll (the fold, where the UI thread does it); draw: the app's redraw (header and the
+    visible panel's content); layout: Textual's layout of the screen; render: the compositor's update of what
+    changed (widgets rendered to strips, compositing), less encode: turning it into escape codes."""
+
+    def __init__(self) -> None:
+        self.spent = dict.fromkeys(self.PARTS, 0.0)
+        self._running: list[str] = []
+        """The timed parts now running, innermost last."""
+
+    def timer(self, part: str, function: Any) -> Any:
+        """``function`` timed into ``part``; a timed part that it calls is taken out of ``part``'s time."""
+        spent, running = self.spent, self._running
+
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            started = time.perf_counter()
+            running.append(part)
+            try:
+                return function(*args, **kwargs)
+            finally:
+                running.pop()
+                took = time.perf_counter() - started
+                spent[part] += took
+                if running:
+                    spent[running[-1]] -= took
+        return timed
+
+
 class BenchApp(MeshtopApp):
-    """The dashboard, noting when each frame began, the loop's idle time then, frame()'s time and the view."""
+    """The dashboard, noting when each frame began, the loop's idle time then, frame()'s time, the view and
+    the stopwatch's parts."""
 
     def __init__(self, source: SyntheticSource, meter: IdleMeter) -> None:
         super().__init__(source)  # type: ignore[arg-type]
         self.meter = meter
-        self.frames: list[tuple[float, float, float, str]] = []
+        self.frames: list[tuple[float, float, float, str, dict[str, float]]] = []
+        self.stopwatch = Stopwatch()
+        source.poll = self.stopwatch.timer("poll", source.poll)  # type: ignore[method-assign]
+        self.redraw = self.stopwatch.timer("draw", self.redraw)  # type: ignore[method-assign]
+
+    def on_mount(self) -> None:  # Textual calls MeshtopApp's on_mount as well, after this one
+        screen = self.screen  # the dashboard's: Textual calls these on the instance
+        screen._refresh_layout = self.stopwatch.timer("layout", screen._refresh_layout)  # type: ignore[method-assign]
+        screen._compositor_refresh = self.stopwatch.timer(  # type: ignore[method-assign]
+            "render", screen._compositor_refresh)
 
     def frame(self) -> None:
         began, idle = time.perf_counter(), self.meter.idle_s
+        spent = dict(self.stopwatch.spent)
         super().frame()
         try:
             view = self.query_one(TabbedContent).active or "overview"
         except Exception:  # noqa: BLE001 - closing
             view = "?"
-        self.frames.append((began, idle, self.frame_times_s[-1], view))
+        self.frames.append((began, idle, self.frame_times_s[-1], view, spent))
 
     def _display(self, screen: Any, renderable: Any) -> None:
         if isinstance(renderable, CompositorUpdate):  # what a real terminal pays and headless skips
-            renderable.render_segments(self.console)
+            self.stopwatch.timer("encode", renderable.render_segments)(self.console)
         super()._display(screen, renderable)
 
 
@@ -498,17 +548,22 @@ async def measure(ranks: int, size: tuple[int, int], seconds: float, rate: float
     full_s: list[float] = []
     switch_s: list[float] = []
     per_view: dict[str, dict[str, list[float]]] = {}
-    for (t0, i0, own, view), (t1, i1, _, _) in zip(frames, frames[1:]):
+    parts_s: list[dict[str, float]] = []
+    for (t0, i0, own, view, spent0), (t1, i1, _, _, spent1) in zip(frames, frames[1:]):
         full = (t1 - t0) - (i1 - i0)
         if any(t0 <= pressed < t1 for pressed in presses[1:]):  # a view switch: the new pane's first layout
             switch_s.append(full)
             continue
         full_s.append(full)
+        parts = {part: spent1[part] - spent0[part] for part in Stopwatch.PARTS}
+        parts_s.append({**parts, "other": full - sum(parts.values())})
         bucket = per_view.setdefault(view, {"frame": [], "full": []})
         bucket["frame"].append(own)
         bucket["full"].append(full)
     views = {name: {"frames": len(v["frame"]), "frame_ms": summary_ms(v["frame"]), "full_ms": summary_ms(v["full"])}
              for name, v in per_view.items()}
+    parts_ms = {part: statistics.fmean(p[part] for p in parts_s) * 1e3 if parts_s else math.nan
+                for part in (*Stopwatch.PARTS, "other")}
     worst = max(views, key=lambda name: views[name]["full_ms"]["p99"]) if views else "-"
     return {
         "ranks": ranks, "size": f"{size[0]}x{size[1]}", "seconds": wall, "frames": len(frames),
@@ -523,7 +578,7 @@ async def measure(ranks: int, size: tuple[int, int], seconds: float, rate: float
         "gc_pauses": len(gc_pauses), "gc_total_ms": sum(p for _, p in gc_pauses) * 1e3,
         "gc_max_ms": max((p for _, p in gc_pauses), default=0.0) * 1e3,
         "gc_gen2": sum(1 for g, _ in gc_pauses if g == 2),
-        "views_seen": sorted(views), "worst_view": worst, "views": views,
+        "views_seen": sorted(views), "worst_view": worst, "views": views, "parts_ms": parts_ms,
     }
 
 
@@ -539,6 +594,12 @@ def table_row(row: dict[str, Any]) -> str:
 HEADER = (f"{'ranks':>5} {'size':>7} {'offer/s':>8} {'apply/s':>8} {'dropped':>7} {'peakq':>6}  "
           f"{'frame() ms p50/p99/max':^20}  {'full frame ms p50/p99/max':^20}  {'switch':>7} {'busy':>5}  "
           f"{'worst view':<11} <50ms")
+
+
+def parts_row(row: dict[str, Any]) -> str:
+    """Where the UI thread's time went: mean ms per steady frame by part (:class:`Stopwatch`)."""
+    parts = "  ".join(f"{part} {ms:5.1f}" for part, ms in row["parts_ms"].items())
+    return f"{row['ranks']:>5} {row['size']:>7}  {parts}"
 
 
 async def run_all(ranks: list[int], sizes: list[tuple[int, int]], seconds: float, rate: float, backlog: int,
@@ -587,6 +648,10 @@ def main() -> None:
     missing = [f"{r['ranks']} {r['size']}" for r in rows if len(r["views_seen"]) < len(VIEWS)]
     print(f"every view measured in every row: {'yes' if not missing else 'NO: ' + ', '.join(missing)} "
           f"(per view: --json)")
+    print("mean ms per full frame, by part (poll: the fold on the UI thread; draw: the app builds the header "
+          "and panel; layout, render: Textual's; encode: escape codes; other: the rest, GC included):")
+    for row in rows:
+        print(parts_row(row))
     producer = statistics.fmean(r["producer_cpu_share"] for r in rows)
     print(f"{platform.python_implementation()} {platform.python_version()}, {os.cpu_count()} CPUs; "
           f"producer thread CPU {producer:.0%} of a core; {time.perf_counter() - started:.0f} s in all")

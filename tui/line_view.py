@@ -1,0 +1,153 @@
+"""A widget drawn line by line (Textual's line API) that redraws only the lines whose content changed.
+
+A ``Static`` given new content renders all of it again, every line, to strips,
+and the compositor redraws its whole region: at the frame rate, on a
+200 x 60 screen, that was most of a frame. A :class:`LineView` keeps the
+lines of what it was last given; ``paint`` compares the new lines with them,
+renders only the changed ones (when Textual asks for them) and marks only
+their rows dirty, so the compositor and the terminal see those rows alone.
+It lays the screen out again only when its number of lines changes.
+
+Each line is rendered as a ``Static`` renders Rich content (``RichVisual``:
+the console renders it under the widget's base style, cut to the width), so
+the screen reads and looks the same.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Iterator
+from dataclasses import dataclass
+from itertools import islice
+
+from rich.console import Group, RenderableType
+from rich.segment import Segment
+from rich.text import Text
+from textual.geometry import Region
+from textual.strip import Strip
+from textual.widget import Widget
+
+
+@dataclass(frozen=True, slots=True)
+class Line:
+    """One row of a :class:`LineView`: what identifies its look, and how to draw it."""
+
+    key: Hashable
+    """Equal keys draw equal rows: a text's characters, spans and styles; a table row's segments."""
+    text: Text | None = None
+    """A row of text, drawn when first shown."""
+    strip: Strip | None = None
+    """A row drawn already (a row of a table, which is drawn whole)."""
+
+
+def text_key(text: Text) -> Hashable:
+    """What a row of text looks like (``Text.__eq__`` leaves out its base style)."""
+    return (text.plain, tuple(text.spans), text.style, text.justify, text.overflow)
+
+
+class LineView(Widget):
+    """Rich content drawn line by line; ``paint`` redraws only the lines that changed."""
+
+    DEFAULT_CSS = """
+    LineView { height: auto; }
+    """
+
+    def __init__(self, *, id: str | None = None) -> None:  # noqa: A002 - Textual's name
+        super().__init__(id=id)
+        self._content: list[RenderableType] = []
+        """The parts of the content last painted (a ``Group``'s renderables), to draw again at a new width."""
+        self._lines: list[Line] = []
+        self._strips: dict[Hashable, Strip] = {}
+        """The rows drawn for :attr:`_look`, by key: a row that moved up or down is not drawn again."""
+        self._look: tuple[int, object] | None = None
+        """The width and the widget's style the rows were drawn for."""
+        self._laid_out_rows = -1
+        """The height the screen was last laid out for (Textual asked :meth:`get_content_height`)."""
+
+    @property
+    def line_count(self) -> int:
+        return len(self._lines)
+
+    def paint(self, content: RenderableType) -> None:
+        """Show ``content`` (texts are cut at the edge, not wrapped); refresh the rows that changed, and lay
+        the screen out again only when the number of rows did."""
+        width = self.size.width
+        self._content = list(parts_of(content))
+        lines = list(self._lines_of(self._content, width))
+        old, self._lines = self._lines, lines
+        if not self._same_look(width) or len(lines) != self._laid_out_rows:
+            self.refresh(layout=len(lines) != self._laid_out_rows)
+            return
+        changed = [y for y, (new, was) in enumerate(zip(lines, old)) if new.key != was.key]
+        if changed:
+            shown = {line.key for line in lines}
+            self._strips = {key: strip for key, strip in self._strips.items() if key in shown}
+            self.refresh(*rows_regions(changed, width))
+
+    def _same_look(self, width: int) -> bool:
+        """Whether the rows drawn are for ``width`` and the widget's style now; if not, forget them."""
+        look = (width, self.visual_style)
+        if look == self._look:
+            return True
+        self._look, self._strips = look, {}
+        return False
+
+    def _lines_of(self, parts: list[RenderableType], width: int) -> Iterator[Line]:
+        for part in parts:
+            if isinstance(part, Text):
+                for line in part.split("\n", allow_blank=True):
+                    line.no_wrap, line.overflow = True, "ellipsis"  # what split keeps of the whole is not these
+                    yield Line(key=text_key(line), text=line)
+            else:  # a table: drawn whole now, each row a line
+                for strip in self._render(part, width, height=None):
+                    yield Line(key=tuple(strip), strip=strip)
+
+    def get_content_height(self, container: object, viewport: object, width: int) -> int:
+        self._laid_out_rows = len(self._lines)
+        return self._laid_out_rows
+
+    def render_line(self, y: int) -> Strip:
+        width = self.size.width
+        if not self._same_look(width):  # resized (or restyled) since the last paint: tables drawn again
+            self._lines = list(self._lines_of(self._content, width))
+            if len(self._lines) != self._laid_out_rows:  # a table drawn at another width may take other rows
+                self.refresh(layout=True)
+        if y >= len(self._lines):
+            return Strip.blank(width, self.visual_style.rich_style)
+        line = self._lines[y]
+        strip = self._strips.get(line.key)
+        if strip is None:
+            strip = self._strips[line.key] = line.strip if line.text is None else self._draw_text(line.text, width)
+        return strip
+
+    def _draw_text(self, text: Text, width: int) -> Strip:
+        drawn = self._render(text, width, height=1)
+        return drawn[0] if drawn else Strip([], 0)
+
+    def _render(self, renderable: RenderableType, width: int, height: int | None) -> list[Strip]:
+        """What a ``Static`` draws of ``renderable`` at ``width`` (textual.visual.RichVisual.render_strips)."""
+        app = self.app
+        options = app.console_options.update(highlight=False, width=width, height=height)
+        styled = self.post_render(renderable, self.visual_style.rich_style)
+        segments = app.console.render(styled, options.update_width(width))
+        lines = Segment.split_and_crop_lines(segments, width, include_new_lines=False, pad=False)
+        return [Strip(line) for line in islice(lines, None, height)]
+
+
+def parts_of(content: RenderableType) -> Iterator[RenderableType]:
+    """The renderables of ``content`` one after the other, groups opened."""
+    if isinstance(content, Group):
+        for part in content.renderables:
+            yield from parts_of(part)
+    else:
+        yield content
+
+
+def rows_regions(rows: list[int], width: int) -> Iterator[Region]:
+    """One region for each run of consecutive ``rows``."""
+    start = previous = rows[0]
+    for row in rows[1:]:
+        if row != previous + 1:
+            yield Region(0, start, width, previous - start + 1)
+            start = row
+        previous = row
+    yield Region(0, start, width, previous - start + 1)
