@@ -14,6 +14,7 @@ are the step's peak minus the static part; on CPU the process RSS.
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Iterable
 
@@ -59,6 +60,44 @@ def optimizer_bytes(optimizer: torch.optim.Optimizer) -> int:
                if isinstance(value, torch.Tensor))
 
 
+class ResidentSize:
+    """This process's resident set size, as psutil reads it on Linux (``/proc/<pid>/statm``'s second field
+    times the page size), but from a file kept open: psutil opens the file on every call, which after a
+    training step (cold caches) took about 170 us of the step; one ``pread`` of an open file about 25 us.
+    Elsewhere, or if the file cannot be read, psutil."""
+
+    def __init__(self) -> None:
+        self._page_bytes = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+        self._pid = -1
+        self._fd: int | None = None
+
+    def read(self) -> int:
+        if self._pid != os.getpid():  # first call, or a forked child: /proc/self was the parent's at open
+            self._reopen()
+        if self._fd is not None:
+            try:
+                return int(os.pread(self._fd, 128, 0).split()[1]) * self._page_bytes
+            except (OSError, ValueError, IndexError):
+                pass
+        return psutil.Process().memory_info().rss
+
+    def _reopen(self) -> None:
+        self.close()
+        self._pid = os.getpid()
+        try:
+            self._fd = os.open(f"/proc/{self._pid}/statm", os.O_RDONLY)
+        except OSError:
+            self._fd = None
+
+    def close(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+    def __del__(self) -> None:
+        self.close()
+
+
 class MemoryProbe:
     """Takes a :class:`MemorySnapshot` at the end of each step."""
 
@@ -69,7 +108,7 @@ class MemoryProbe:
         self.optimizer = optimizer
         self.device = device
         self.weights_bytes = parameters_bytes(parameters)  # parameters do not change size
-        self._process = psutil.Process()
+        self._resident = ResidentSize()
         self._static: tuple[int, int] | None = None
         self._snapshots = 0
 
@@ -96,7 +135,7 @@ class MemoryProbe:
             static = self.weights_bytes + grads + optimizer + (kv_cache_bytes or 0)
             activations = max(0, peak - static)
         else:
-            rss = self._process.memory_info().rss
+            rss = self._resident.read()
         if saved_activations_bytes is not None:
             activations = saved_activations_bytes
         return MemorySnapshot(

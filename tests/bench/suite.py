@@ -86,7 +86,8 @@ def tui_row(ranks: int, size: tuple[int, int]) -> Row:
     result = asyncio.run(tui_frames.measure(ranks, size, TUI_SECONDS, tui_frames.RATE,
                                             tui_frames.SCREEN_BACKLOG, None))
     full = result["full_ms"]
-    target = Target(high=tui_frames.TARGET_MS) if ranks == tui_frames.TARGET_RANKS else NO_TARGET
+    limit = tui_frames.TARGETS_MS.get((ranks, size))
+    target = Target(high=limit) if limit is not None else NO_TARGET
     return Row("tui", f"frame p99, {ranks} ranks {result['size']}", full["p99"], "ms",
                Spread(int(result["frames"]), full["p50"], full["max"], "frames p50-max"), target,
                note=f"applied {result['applied_per_s']:,.0f}/s, dropped {result['dropped']:,}, "
