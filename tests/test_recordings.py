@@ -266,3 +266,17 @@ def test_a_string_that_utf_8_cannot_hold_is_a_bad_line_not_an_error() -> None:
     for block in (good + line, good * 20_000 + line):
         decoded = decode_lines("sampler_error", block)
         assert decoded.bad == 1 and decoded.table.column("message").to_pylist()[-1] == "ok"
+
+
+def test_a_big_block_with_a_line_longer_than_arrows_block_decodes_whole_and_in_order() -> None:
+    from recordings.schema import ARROW_JSON_BLOCK, decode_lines
+
+    def line(number: int, message: str) -> bytes:
+        return b'{"kind":"sampler_error","wall_ns":%d,"sampler":"x","message":"%s"}\n' % (number, message.encode())
+
+    long = "m" * (2 * ARROW_JSON_BLOCK)  # parsed in threads a block at a time, it straddles two: read again
+    block = b"".join(line(n, long if n == 7_000 else "ok") for n in range(20_000))
+    decoded = decode_lines("sampler_error", block)
+    assert decoded.bad == 0
+    assert decoded.table.column("wall_ns").to_pylist() == list(range(20_000))
+    assert decoded.table.column("message").to_pylist()[7_000] == long

@@ -31,7 +31,7 @@ from recordings.metrics.requests import LATENCIES, RequestFigures
 from recordings.metrics.run import COLUMNAR, RunFigures, RunFold
 from recordings.metrics.steps import JobStep
 from recordings.replay import in_kind_order
-from recordings.schema import batches_of, events_of
+from recordings.schema import events_of, table_of
 
 HISTORY = 240
 """Points kept for each chart (steps, utilisation, power, CPU)."""
@@ -238,7 +238,10 @@ class DashboardState:
 
     def apply_events(self, events: Iterable[Event]) -> None:
         """Fold event objects (tests, benchmarks' warm-up), one table per kind, as a replay folds a slice."""
-        for kind, table in in_kind_order(batches_of(events)):
+        by_kind: dict[str, list[Event]] = {}
+        for event in events:  # one table a kind, not one a run of a kind: a job's kinds interleave
+            by_kind.setdefault(event.kind, []).append(event)
+        for kind, table in in_kind_order((kind, table_of(listed)) for kind, listed in by_kind.items()):
             self.apply(kind, table)
 
     def finish(self, status: str) -> None:
