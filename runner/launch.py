@@ -305,9 +305,10 @@ class Job:
 OWN_DEATHS = frozenset({"SIGKILL", "SIGSEGV", "SIGBUS", "SIGILL", "SIGFPE"})
 """Signals that end a rank from outside or for its own fault, never because a peer failed (SIGABRT can: an
 uncaught error of a communication thread aborts the process)."""
-PEER_GONE = re.compile(r"(closed|reset) by peer|broken pipe|remote process exited|communicator was aborted",
-                       re.IGNORECASE)
-"""What gloo and nccl raise in a rank whose peer went away: the effect of another rank's failure."""
+PEER_GONE = re.compile(r"(closed|reset) by peer|broken pipe|remote process exited|communicator was aborted|"
+                       r"caused by a remote worker", re.IGNORECASE)
+"""What gloo and nccl raise in a rank whose peer went away: the effect of another rank's failure (gloo's
+transport errors end in "This is typically caused by a remote worker crashing", or "hanging")."""
 
 
 def root_cause(failures: dict[str, dict[str, object]]) -> int | None:

@@ -250,6 +250,14 @@ def test_the_root_cause_is_told_from_its_effects_within_a_second() -> None:
     assert root_cause(failures) == 2  # stopped by the launcher: never the cause
 
 
+def test_a_gloo_error_that_blames_a_remote_worker_is_an_effect_even_a_second_earlier() -> None:
+    gloo = ("RuntimeError: [gloo/transport/tcp/pair.cc:598] Read error [127.0.0.1]:48151. This is typically "
+            "caused by a remote worker crashing. Check the logs of the remote worker before reporting an error.")
+    failures = {"0": {"exit_code": 1, "signal": None, "error": gloo, "timestamp": 100.0},
+                "1": {"exit_code": 1, "signal": None, "error": "InjectedFault: on rank 1", "timestamp": 101.0}}
+    assert root_cause(failures) == 1
+
+
 def elastic_script(world_size: int) -> RunDescription:
     script = Script(command=("torchrun", "train.py"), launcher_args=("train.py",), path="/w/train.py", module=None,
                     args=(), sha256=None, working_dir="/w")
