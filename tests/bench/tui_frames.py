@@ -53,7 +53,9 @@ effect the worst frame. Pauses of Python's garbage collector in the window
 ``gc.freeze()`` once the state is warm, to show what that does to them.
 ``--profile N`` runs cProfile on the UI thread over the measured windows.
 Without a profiler's overhead, a stopwatch also says where each full frame's
-time goes (JSON: ``parts_ms``, mean ms per steady frame): ``poll`` (the
+time goes (JSON: ``parts_ms``, mean ms per steady frame, and ``worst_frames``:
+the slowest frames part by part, with their view, how many frames after the
+switch to it, and the collector's pauses that began in them): ``poll`` (the
 source's poll: the fold, where the UI thread does it), ``draw`` (the app
 builds the header's and the visible panel's content), ``layout`` and
 ``render`` (Textual's: the screen laid out; what changed drawn to strips and
@@ -111,6 +113,8 @@ TARGET_MS = 50.0
 TARGET_RANKS = 64
 TARGETS_MS = {(64, (80, 24)): 50.0, (64, (200, 60)): 33.0, (512, (200, 60)): 50.0}
 """The suite's targets on the full frame's p99, by (ranks, terminal size): issue 20's at 200 x 60."""
+WORST_FRAMES = 4
+"""The slowest steady frames a row's JSON details, part by part (``worst_frames``)."""
 SHIP_S = 0.05
 """The producer ships a batch this often."""
 ENCODED_S = 20.0
@@ -422,6 +426,8 @@ class GcMeter:
 
     def __init__(self) -> None:
         self.pauses: list[tuple[int, float]] = []
+        self.started_at: list[float] = []
+        """When each pause began (``perf_counter``), beside :attr:`pauses`."""
         self._started = 0.0
         gc.callbacks.append(self._callback)
 
@@ -430,6 +436,7 @@ class GcMeter:
             self._started = time.perf_counter()
         else:
             self.pauses.append((info["generation"], time.perf_counter() - self._started))
+            self.started_at.append(self._started)
 
     def close(self) -> None:
         gc.callbacks.remove(self._callback)
@@ -535,6 +542,7 @@ async def measure(ranks: int, size: tuple[int, int], seconds: float, rate: float
             ended, idle1 = time.perf_counter(), meter.idle_s
             events1, produced1, last_frame = app.state.events, source.produced, len(app.frames)
             gc_pauses = gc_meter.pauses[gc0:]
+            gc_started = gc_meter.started_at[gc0:]
             if profile is not None:
                 profile.disable()
             source.stop()
@@ -551,14 +559,22 @@ async def measure(ranks: int, size: tuple[int, int], seconds: float, rate: float
     switch_s: list[float] = []
     per_view: dict[str, dict[str, list[float]]] = {}
     parts_s: list[dict[str, float]] = []
+    steady: list[dict[str, Any]] = []
+    since_switch = 0
     for (t0, i0, own, view, spent0), (t1, i1, _, _, spent1) in zip(frames, frames[1:]):
         full = (t1 - t0) - (i1 - i0)
         if any(t0 <= pressed < t1 for pressed in presses[1:]):  # a view switch: the new pane's first layout
             switch_s.append(full)
+            since_switch = 0
             continue
+        since_switch += 1
         full_s.append(full)
         parts = {part: spent1[part] - spent0[part] for part in Stopwatch.PARTS}
         parts_s.append({**parts, "other": full - sum(parts.values())})
+        gc_in = [(g, pause) for (g, pause), at in zip(gc_pauses, gc_started, strict=True) if t0 <= at < t1]
+        steady.append({"full_ms": full * 1e3, "view": view, "after_switch": since_switch,
+                       "parts_ms": {part: ms * 1e3 for part, ms in parts_s[-1].items()},
+                       "gc_ms": [round(pause * 1e3, 1) for _, pause in gc_in], "gc_gen2": sum(g == 2 for g, _ in gc_in)})
         bucket = per_view.setdefault(view, {"frame": [], "full": []})
         bucket["frame"].append(own)
         bucket["full"].append(full)
@@ -581,6 +597,7 @@ async def measure(ranks: int, size: tuple[int, int], seconds: float, rate: float
         "gc_max_ms": max((p for _, p in gc_pauses), default=0.0) * 1e3,
         "gc_gen2": sum(1 for g, _ in gc_pauses if g == 2),
         "views_seen": sorted(views), "worst_view": worst, "views": views, "parts_ms": parts_ms,
+        "worst_frames": sorted(steady, key=lambda frame: -frame["full_ms"])[:WORST_FRAMES],
     }
 
 
