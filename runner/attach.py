@@ -55,8 +55,8 @@ from torch.nn.modules.module import register_module_forward_pre_hook
 from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 
 from probes.activations import SavedActivations
-from probes.collectives import GroupDirectory
 from probes.events import RankStarted, StepTiming
+from probes.groups import GroupDirectory
 from probes.instrument import Instrumentation
 from probes.memory import local_numel
 from probes.patching import Patches

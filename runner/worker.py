@@ -17,8 +17,8 @@ import torch.distributed as dist
 from torch.distributed.elastic.multiprocessing.errors import record
 
 from probes.activations import SavedActivations
-from probes.collectives import GroupDirectory
 from probes.events import RankStarted, StageAction, StepTiming
+from probes.groups import GroupDirectory
 from probes.instrument import Instrumentation
 from probes.memory import parameters_of
 from probes.shipper import EventShipper, open_sink

@@ -26,8 +26,8 @@ import torch.distributed as dist
 from torch.distributed._functional_collectives import all_reduce as functional_all_reduce
 from torch.distributed._functional_collectives import wait_tensor
 
-from probes.collectives import GroupDirectory
 from probes.events import CollectiveTiming, SamplerError
+from probes.groups import GroupDirectory
 from probes.instrument import Instrumentation
 from runner.mesh import build_mesh
 from tests.witness_worker import ListSink

@@ -18,8 +18,8 @@ import torch.distributed as dist
 from torch._C._distributed_c10d import Work
 from torch.distributed.pipelining import schedules, stage
 
-from probes.collectives import GroupDirectory
 from probes.events import CollectiveTiming, ProbeOff, StageAction, StepTiming
+from probes.groups import GroupDirectory
 from probes.instrument import OVERHEAD_BLOCK_ENV, Instrumentation
 from probes.patching import MissingInternal, require
 from probes.pipeline import STAGE_METHODS, StageProbe

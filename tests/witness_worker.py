@@ -29,8 +29,8 @@ import torch.distributed as dist
 from torch.distributed.distributed_c10d import _resolve_process_group
 from torch.profiler import ProfilerActivity, profile
 
-from probes.collectives import GroupDirectory
 from probes.events import CollectiveTiming, Event
+from probes.groups import GroupDirectory
 from probes.instrument import Instrumentation
 from probes.sink import EventSink
 from runner.mesh import MESH_DIMS, build_mesh, coordinates, local_device

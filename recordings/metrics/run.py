@@ -172,10 +172,17 @@ class RunFold:
 
     def _of_the_job(self, kind: str, table: pa.Table) -> pa.Table:
         """The rows :meth:`_fits` keeps: a rank of the job, a step time no less than 0 (the rest counted)."""
-        rank = table.column("rank")
-        keep = pc.and_(pc.greater_equal(rank, 0), pc.less(rank, self._rank_limit))
+        keep = self._of_a_rank(table)
         if kind == "step":
             keep = pc.and_(keep, pc.greater_equal(table.column("duration_s"), 0))
+        return self._kept(kind, table, keep)
+
+    def _of_a_rank(self, table: pa.Table) -> pa.ChunkedArray:
+        rank = table.column("rank")
+        return pc.and_(pc.greater_equal(rank, 0), pc.less(rank, self._rank_limit))
+
+    def _kept(self, kind: str, table: pa.Table, keep: pa.ChunkedArray) -> pa.Table:
+        """``table``'s rows where ``keep``; the others counted as rejected."""
         kept = pc.sum(keep).as_py() or 0
         if kept == len(table):
             return table
@@ -215,18 +222,12 @@ class RunFold:
     def _plausible(self, kind: str, table: pa.Table) -> pa.Table:
         """The rows that can be this job's: a rank of the job, a group of one rank or more, an end no
         earlier than the start (a line can be well-formed and still not describe the job)."""
-        rank = table.column("rank")
-        keep = pc.and_(pc.greater_equal(rank, 0), pc.less(rank, self._rank_limit))
-        keep = pc.and_(keep, pc.greater_equal(table.column("end_ns"), table.column("start_ns")))
+        keep = pc.and_(self._of_a_rank(table), pc.greater_equal(table.column("end_ns"), table.column("start_ns")))
         if kind == "collective":
             keep = pc.and_(keep, pc.greater_equal(table.column("group_size"), 1))
         else:
             keep = pc.and_(keep, pc.greater_equal(table.column("stage"), 0))
-        kept = pc.sum(keep).as_py() or 0
-        if kept == len(table):
-            return table
-        self.rejected[kind] += len(table) - kept
-        return table.filter(keep)
+        return self._kept(kind, table, keep)
 
     def _fits(self, event: Event) -> bool:
         rank = getattr(event, "rank", 0)
