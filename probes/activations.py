@@ -29,7 +29,7 @@ from typing import Any
 import torch
 from torch.autograd.graph import saved_tensors_hooks
 
-from probes.memory import local_shard
+from meshtop.probes.memory import local_shard
 
 
 def holder(tensor: torch.Tensor) -> torch.Tensor:

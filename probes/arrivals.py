@@ -15,7 +15,7 @@ import json
 from collections.abc import Collection, Iterable
 from dataclasses import dataclass, field
 
-from probes.events import Event, event_from_record
+from meshtop.probes.events import Event, event_from_record
 
 _ENCODER = json.JSONEncoder(separators=(",", ":"), check_circular=False)
 

@@ -7,7 +7,7 @@ kernel for those ops alone at the ``ADInplaceOrView`` key, which every
 (non-inference) tensor carries and which comes before the backend's kernel.
 The kernel comes in two builds:
 
-- **C++** (``c10d_kernel.cpp``, built by :mod:`probes.native`), used on gloo
+- **C++** (``c10d_kernel.cpp``, built by :mod:`meshtop.probes.native`), used on gloo
   whenever it could be built: it covers the point-to-point ops too
   (``c10d::send``, ``c10d::recv_``), stamps the end in a C++ callback on the
   work's future, and keeps finished operations until :meth:`CollectiveProbe.flush`
@@ -67,10 +67,10 @@ from typing import Any
 import torch
 from torch._C._distributed_c10d import ProcessGroup, Work
 
-from probes.arrivals import decode_lines
-from probes.events import CollectiveTiming, Event
-from probes.groups import GroupDirectory, GroupInfo
-from probes.patching import Patches, require
+from meshtop.probes.arrivals import decode_lines
+from meshtop.probes.events import CollectiveTiming, Event
+from meshtop.probes.groups import GroupDirectory, GroupInfo
+from meshtop.probes.patching import Patches, require
 
 DEVICE_POLL_S = 0.002
 NATIVE_BLOCK = 10_000
@@ -196,7 +196,7 @@ class _Issued:
 class CollectiveProbe:
     """Times every c10d operation of this process and emits :class:`CollectiveTiming`.
 
-    With ``native`` (the module :mod:`probes.native` built), the C++ kernel
+    With ``native`` (the module :mod:`meshtop.probes.native` built), the C++ kernel
     does the timing on gloo; its operations reach ``emit`` at :meth:`flush`.
     """
 
@@ -244,7 +244,7 @@ class CollectiveProbe:
 
     # -- installing -------------------------------------------------------------------------
     def install(self) -> None:
-        """Hook every c10d op and ``Work.wait``. Raises :class:`~probes.patching.MissingInternal` before any
+        """Hook every c10d op and ``Work.wait``. Raises :class:`~meshtop.probes.patching.MissingInternal` before any
         patch where this torch lacks an internal the kernel needs; where anything else fails half-way,
         :meth:`uninstall` takes out what was put in (the instrumentation calls it)."""
         self._require_internals()

@@ -7,7 +7,7 @@ rejected and counted, never fatal: the collector keeps serving the others.
 A non-loopback bind is allowed only with a token (there always is one).
 
 On the head of a multi-node job it also takes the other nodes' streams
-(:mod:`runner.relay`): their messages name their ``node``, which must be one
+(:mod:`meshtop.runner.relay`): their messages name their ``node``, which must be one
 of the job's (else refused and counted), and a message with a ``control``
 field is handed to the ``on_control`` callback, whose answer goes back on
 the same connection (the ping exchange that measures a node's clock, a
@@ -31,10 +31,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from probes.arrivals import Arrival, EncodedEvents, event_count
-from probes.errors import ProbeError
-from probes.events import EventsDropped
-from probes.wire import FrameError, is_count, pack, read_frame, sections
+from meshtop.probes.arrivals import Arrival, EncodedEvents, event_count
+from meshtop.probes.errors import ProbeError
+from meshtop.probes.events import EventsDropped
+from meshtop.probes.wire import FrameError, is_count, pack, read_frame, sections
 
 DEFAULT_QUEUE_EVENTS = 1_000_000
 DEFAULT_QUEUE_BYTES = 512 * 1024 * 1024
@@ -64,7 +64,7 @@ class Collector:
     """A TCP server that puts the workers' messages on a bounded queue, as blocks of encoded events.
 
     It checks each frame (token, header, that every section holds its lines) and reads no event:
-    decoding is left to whoever needs an event (:mod:`probes.arrivals`). The queue holds each
+    decoding is left to whoever needs an event (:mod:`meshtop.probes.arrivals`). The queue holds each
     message's blocks as one batch (one lock per message); its bound counts events.
     """
 

@@ -1,7 +1,7 @@
 """Process groups by the names events carry: the DeviceMesh dim they span, ``world``, or their ranks.
 
 The collective probe names each operation's group through a :class:`GroupDirectory` (the C++ kernel through
-the names the directory taught it, :meth:`probes.collectives.CollectiveProbe.flush`).
+the names the directory taught it, :meth:`meshtop.probes.collectives.CollectiveProbe.flush`).
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ installed; the worker still reports its step timings, so overhead can be
 measured against an identical run.
 
 The collective hooks use the C++ kernel the launcher built
-(:mod:`probes.native`) where there is one; where there is none, rank 0 says
+(:mod:`meshtop.probes.native`) where there is one; where there is none, rank 0 says
 why in a :class:`SamplerError`, and the Python kernel does the same work.
 
 The probes hook private torch internals, which a torch release may rename.
@@ -29,15 +29,15 @@ from typing import Protocol
 
 import torch
 
-from probes.activations import SavedActivations
-from probes.collectives import CollectiveProbe, GroupDirectory
-from probes.events import Event, ProbeOff, RankProgress, SamplerError
-from probes.memory import MemoryProbe
-from probes.native import first_line, from_environment
-from probes.patching import MissingInternal
-from probes.pipeline import StageProbe
-from probes.sink import EventSink
-from probes.wire import NCCL_TIMING_ENV
+from meshtop.probes.activations import SavedActivations
+from meshtop.probes.collectives import CollectiveProbe, GroupDirectory
+from meshtop.probes.events import Event, ProbeOff, RankProgress, SamplerError
+from meshtop.probes.memory import MemoryProbe
+from meshtop.probes.native import first_line, from_environment
+from meshtop.probes.patching import MissingInternal
+from meshtop.probes.pipeline import StageProbe
+from meshtop.probes.sink import EventSink
+from meshtop.probes.wire import NCCL_TIMING_ENV
 
 OVERHEAD_BLOCK_ENV = "MESHTOP_OVERHEAD_BLOCK"
 """Benchmarks only (``tests/bench/overhead.py``): switch the hooks on and off every N steps, to time both in one

@@ -1,7 +1,7 @@
 """Memory accounting of one rank: what its weights, gradients and optimizer state take.
 
 The weights are a list of parameters: the built-in runner's modules', or the
-parameters a user's optimizer holds (:mod:`runner.attach`).
+parameters a user's optimizer holds (:mod:`meshtop.runner.attach`).
 
 Counted from the tensors themselves (the local shard of a DTensor), so the
 figures are the same on CPU and CUDA. Weights are counted once; gradients
@@ -23,7 +23,7 @@ import torch
 from torch import nn
 from torch.distributed.tensor import DTensor
 
-from probes.events import MemorySnapshot
+from meshtop.probes.events import MemorySnapshot
 
 RECOUNT_EVERY = 50
 
@@ -118,7 +118,7 @@ class MemoryProbe:
 
     def snapshot(self, step: int, *, kv_cache_bytes: int | None = None,
                  saved_activations_bytes: int | None = None) -> MemorySnapshot:
-        """Memory now; ``saved_activations_bytes`` (measured, :mod:`probes.activations`) stands in for the
+        """Memory now; ``saved_activations_bytes`` (measured, :mod:`meshtop.probes.activations`) stands in for the
         allocator's estimate of activations where given."""
         if self._static is None or self._snapshots < 2 or self._snapshots % RECOUNT_EVERY == 0:
             optimizer_state = optimizer_bytes(self.optimizer) if self.optimizer is not None else 0

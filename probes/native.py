@@ -1,6 +1,6 @@
 """Build and load the C++ collective probe (``c10d_kernel.cpp``), the fast path of the collective hooks.
 
-The Python kernel of :mod:`probes.collectives` costs 30-60 us of the calling
+The Python kernel of :mod:`meshtop.probes.collectives` costs 30-60 us of the calling
 thread per collective on the 2-core test machine, and more in wall time,
 most of it in running a Python completion callback on gloo's thread (the GIL
 hand-over). The C++ kernel does the same work for about 1-2 us, with no
@@ -24,7 +24,7 @@ import sys
 from pathlib import Path
 from types import ModuleType
 
-from probes.errors import ProbeError
+from meshtop.probes.errors import ProbeError
 
 NATIVE_ENV = "MESHTOP_NATIVE_PROBE"
 """For the ranks: the built module's path, ``off``, or ``unavailable: <why>``."""
@@ -120,5 +120,5 @@ def from_environment() -> tuple[ModuleType | None, str | None]:
         return None, str(error)
 
 
-if __name__ == "__main__":  # python -m probes.native: build now (CI does, so no test waits for it)
+if __name__ == "__main__":  # python -m meshtop.probes.native: build now (CI does, so no test waits for it)
     print(environment_value())

@@ -12,7 +12,7 @@ from collections.abc import Callable
 from types import ModuleType
 from typing import Any, TypeVar
 
-from probes.events import GpuLink, GpuSample, NvmlState
+from meshtop.probes.events import GpuLink, GpuSample, NvmlState
 
 T = TypeVar("T")
 KIB = 1024

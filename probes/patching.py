@@ -5,7 +5,7 @@ from __future__ import annotations
 from types import ModuleType
 from typing import Any
 
-from probes.errors import ProbeError
+from meshtop.probes.errors import ProbeError
 
 _MISSING = object()
 

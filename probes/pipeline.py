@@ -8,7 +8,7 @@ event; the waits, many and short, are summed per step
 (:meth:`StageProbe.take_wait_s`) rather than sent one by one.
 
 All four are private to torch: :meth:`StageProbe.install` checks that each is
-there before it patches any (:func:`probes.patching.require`), so a release
+there before it patches any (:func:`meshtop.probes.patching.require`), so a release
 that renamed one leaves the probe off, and the worker reports why.
 """
 
@@ -18,8 +18,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from probes.events import Event, StageAction
-from probes.patching import Patches, require
+from meshtop.probes.events import Event, StageAction
+from meshtop.probes.patching import Patches, require
 
 STAGE_METHODS = {
     "forward_one_chunk": "forward",
@@ -48,9 +48,9 @@ class StageProbe:
         return wait_ns / 1e9
 
     def install(self) -> None:
-        """Wrap the stage actions and the P2P wait; :class:`~probes.patching.MissingInternal` before any
+        """Wrap the stage actions and the P2P wait; :class:`~meshtop.probes.patching.MissingInternal` before any
         patch where this torch lacks one of them. Imports pipelining here, not before: it costs about 0.9 s,
-        which a user's script that does not pipeline should not pay (:mod:`runner.attach`)."""
+        which a user's script that does not pipeline should not pay (:mod:`meshtop.runner.attach`)."""
         from torch.distributed.pipelining import schedules, stage
 
         stage_base = require(stage, "_PipelineStageBase")

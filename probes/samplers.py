@@ -14,8 +14,8 @@ from collections.abc import Callable
 
 import psutil
 
-from probes.events import Event, ProcessSample, SamplerError
-from probes.nvml import Nvml
+from meshtop.probes.events import Event, ProcessSample, SamplerError
+from meshtop.probes.nvml import Nvml
 
 DEFAULT_GPU_HZ = 10.0
 DEFAULT_PROCESS_HZ = 2.0

@@ -16,10 +16,10 @@ import time
 from collections import deque
 from collections.abc import Callable
 
-from probes.arrivals import EncodedEvents
-from probes.events import Event
-from probes.sink import EventSink
-from probes.wire import ADDRESS_ENV, TOKEN_ENV, encode_events, parse_address
+from meshtop.probes.arrivals import EncodedEvents
+from meshtop.probes.events import Event
+from meshtop.probes.sink import EventSink
+from meshtop.probes.wire import ADDRESS_ENV, TOKEN_ENV, encode_events, parse_address
 
 DEFAULT_CAPACITY = 200_000
 SHIP_INTERVAL_S = 0.25

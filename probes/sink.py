@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from probes.arrivals import decode_lines
-from probes.events import Event
+from meshtop.probes.arrivals import decode_lines
+from meshtop.probes.events import Event
 
 
 class EventSink:

@@ -9,7 +9,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from probes.events import StackDump
+from meshtop.probes.events import StackDump
 
 DUMP_TIMEOUT_S = 20.0
 PTRACE_HINT = ("ptrace is not permitted here: run meshtop as root, or allow it with "

@@ -3,7 +3,7 @@
 A frame is a 4-byte big-endian length and that many bytes of payload. The
 payload is a header, one line of JSON,
 ``{"token": str, "rank": int, "dropped": int, "sections": [[kind, count, nbytes], ...]}``
-(and ``"node": int`` from another node of a multi-node job, :mod:`runner.relay`),
+(and ``"node": int`` from another node of a multi-node job, :mod:`meshtop.runner.relay`),
 then the sections' bytes back to back: each is ``count`` events of ``kind``
 as JSON lines (``nbytes`` in all), exactly the lines the recording keeps, so
 the collector checks a frame's shape without reading its events.
@@ -25,8 +25,8 @@ import struct
 from collections.abc import Iterable
 from typing import Any
 
-from probes.arrivals import EncodedEvents, encode_lines
-from probes.events import EVENT_TYPES, Event
+from meshtop.probes.arrivals import EncodedEvents, encode_lines
+from meshtop.probes.events import EVENT_TYPES, Event
 
 HEADER = struct.Struct(">I")
 MAX_FRAME_BYTES = 8 * 1024 * 1024
@@ -35,7 +35,7 @@ NCCL_TIMING_ENV = "TORCH_NCCL_ENABLE_TIMING"
 """Set to 1 by the launcher: nccl then times each operation with CUDA events, which the probes read."""
 ADDRESS_ENV = "MESHTOP_COLLECTOR"
 NODE_ENV = "MESHTOP_NODE"
-"""The rank's node in a multi-node job (its meshtop's ``--node-rank``), for :class:`probes.events.RankStarted`."""
+"""The rank's node in a multi-node job (its meshtop's ``--node-rank``), for :class:`meshtop.probes.events.RankStarted`."""
 
 
 def node_of_this_rank() -> int:

@@ -20,11 +20,11 @@ from typing import Any
 import numpy as np
 from scipy.stats import mannwhitneyu
 
-from recordings.manifest import LOAD_WORK, Script
-from recordings.metrics.requests import LATENCIES
-from recordings.metrics.run import RunFold
-from recordings.reader import Recording
-from recordings.summary import fold_recording
+from meshtop.recordings.manifest import LOAD_WORK, Script
+from meshtop.recordings.metrics.requests import LATENCIES
+from meshtop.recordings.metrics.run import RunFold
+from meshtop.recordings.reader import Recording
+from meshtop.recordings.summary import fold_recording
 
 P_VALUE = 0.01
 MIN_CHANGE = 0.01

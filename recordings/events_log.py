@@ -3,7 +3,7 @@
 A simple, append-only format: each batch is written and flushed as it
 arrives, so a crash loses at most the batch in flight, and a reader can
 follow the files while the run goes on. A clean close compacts them to
-Parquet (:mod:`recordings.tables`).
+Parquet (:mod:`meshtop.recordings.tables`).
 """
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import IO
 
-from probes.arrivals import Arrival, EncodedEvents, encode_lines
-from recordings.manifest import RecordingError
+from meshtop.probes.arrivals import Arrival, EncodedEvents, encode_lines
+from meshtop.recordings.manifest import RecordingError
 
 EVENTS_DIR = "events"
 

@@ -9,8 +9,8 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from recordings.reader import Recording
-from recordings.tables import to_frame
+from meshtop.recordings.reader import Recording
+from meshtop.recordings.tables import to_frame
 
 # One process per rank in the trace; inside it, one track per kind of work.
 TRACKS = {"steps": 1, "stages": 2, "collectives": 3}

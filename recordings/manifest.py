@@ -22,7 +22,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from probes.errors import MeshtopError
+from meshtop.probes.errors import MeshtopError
 
 SCHEMA_VERSION = 3
 """2: collective events carry ``waited_ns`` and ``overlapped``; the manifest is checked field by field.
@@ -170,7 +170,7 @@ class RunDescription:
     @property
     def until_stopped(self) -> bool:
         """The built-in model trained with no fixed number of steps: until q (``meshtop run`` without
-        ``--steps``, :mod:`runner.until`)."""
+        ``--steps``, :mod:`meshtop.runner.until`)."""
         return self.mode == "train" and self.script is None and self.steps is None
 
     @property

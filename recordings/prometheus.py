@@ -3,12 +3,12 @@
 Two kinds of series, each value defined where the rest of meshtop defines it:
 
 - counted as events arrive (counters and histograms, which need every observation once): steps and their
-  time (:class:`recordings.metrics.steps.JobStep`), each collective's in-flight seconds and bytes per op,
-  group and rank (:class:`probes.events.CollectiveTiming`; those inside a step, as the core counts them),
-  each request's TTFT / TPOT / E2E (:func:`recordings.metrics.requests.request_latency`), GPU samples and
+  time (:class:`meshtop.recordings.metrics.steps.JobStep`), each collective's in-flight seconds and bytes per op,
+  group and rank (:class:`meshtop.probes.events.CollectiveTiming`; those inside a step, as the core counts them),
+  each request's TTFT / TPOT / E2E (:func:`meshtop.recordings.metrics.requests.request_latency`), GPU samples and
   dropped events;
 - read from the metrics core at each scrape (gauges): tokens/s, busbw p50 per group and op, exposed
-  share, bubble per stage, MFU, memory by category per rank (:class:`recordings.metrics.run.RunFigures`),
+  share, bubble per stage, MFU, memory by category per rank (:class:`meshtop.recordings.metrics.run.RunFigures`),
   the latest GPU readings, and each rank's state.
 
 Base units (seconds, bytes, ratios 0-1), ``_total`` counters, and labels bounded by the job's shape
@@ -29,9 +29,9 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, H
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from probes.arrivals import Arrivals
-from probes.errors import MeshtopError
-from probes.events import (
+from meshtop.probes.arrivals import Arrivals
+from meshtop.probes.errors import MeshtopError
+from meshtop.probes.events import (
     CollectiveTiming,
     Event,
     EventsDropped,
@@ -40,11 +40,11 @@ from probes.events import (
     RankStarted,
     RequestDone,
 )
-from recordings.manifest import RunDescription
-from recordings.metrics.requests import COMPLETED, request_latency
-from recordings.metrics.run import COLUMNAR, EVENT_KINDS, RunFold
-from recordings.replay import in_kind_order
-from recordings.schema import batches_of, events_of
+from meshtop.recordings.manifest import RunDescription
+from meshtop.recordings.metrics.requests import COMPLETED, request_latency
+from meshtop.recordings.metrics.run import COLUMNAR, EVENT_KINDS, RunFold
+from meshtop.recordings.replay import in_kind_order
+from meshtop.recordings.schema import batches_of, events_of
 
 DEFAULT_BIND = "127.0.0.1"
 COLLECTIVE_BUCKETS = (1e-5, 3e-5, 1e-4, 3e-4, 1e-3, 3e-3, 0.01, 0.03, 0.1, 0.3, 1.0, 3.0, 10.0, 30.0, 120.0)

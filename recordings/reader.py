@@ -9,11 +9,11 @@ from pathlib import Path
 import pandas as pd
 import pyarrow as pa
 
-from probes.events import EVENT_TYPES
-from recordings.events_log import EVENTS_DIR
-from recordings.manifest import Manifest, RecordingError, read_manifest
-from recordings.schema import empty
-from recordings.tables import read_json_lines, read_parquet, to_frame
+from meshtop.probes.events import EVENT_TYPES
+from meshtop.recordings.events_log import EVENTS_DIR
+from meshtop.recordings.manifest import Manifest, RecordingError, read_manifest
+from meshtop.recordings.schema import empty
+from meshtop.recordings.tables import read_json_lines, read_parquet, to_frame
 
 
 @dataclass

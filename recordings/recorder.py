@@ -12,10 +12,10 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from probes.arrivals import Arrivals
-from probes.events import GpuLink, GpuSample, NodeClock, NvmlState, RankStarted, StepTiming
-from recordings.events_log import EventWriter
-from recordings.manifest import (
+from meshtop.probes.arrivals import Arrivals
+from meshtop.probes.events import GpuLink, GpuSample, NodeClock, NvmlState, RankStarted, StepTiming
+from meshtop.recordings.events_log import EventWriter
+from meshtop.recordings.manifest import (
     GpuInfo,
     GpuPair,
     Manifest,
@@ -26,8 +26,8 @@ from recordings.manifest import (
     release_room,
     write_manifest,
 )
-from recordings.metrics.steps import JobStep, StepFolder
-from recordings.tables import compact
+from meshtop.recordings.metrics.steps import JobStep, StepFolder
+from meshtop.recordings.tables import compact
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -16,7 +16,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from recordings.reader import Recording
+from meshtop.recordings.reader import Recording
 
 KIND_ORDER = ("rank_started", "nvml_state", "gpu_link", "probe_off", "collective", "stage_action", "memory",
               "process", "gpu", "request", "rank_progress", "step", "sampler_error", "events_dropped", "stack_dump",

@@ -28,7 +28,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.json as pa_json
 
-from probes.events import EVENT_TYPES, Event, event_from_record
+from meshtop.probes.events import EVENT_TYPES, Event, event_from_record
 
 INT64_RANGE = (-(1 << 63), (1 << 63) - 1)
 ARROW_JSON_FROM_BYTES = 256 << 10

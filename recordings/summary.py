@@ -11,10 +11,10 @@ from typing import Any
 
 import numpy as np
 
-from recordings.metrics.mfu import achieved_flops_per_rank
-from recordings.metrics.run import COLUMNAR, COLUMNS_READ, EVENT_KINDS, RunFold, fold_tables
-from recordings.metrics.stats import quantile
-from recordings.reader import Recording
+from meshtop.recordings.metrics.mfu import achieved_flops_per_rank
+from meshtop.recordings.metrics.run import COLUMNAR, COLUMNS_READ, EVENT_KINDS, RunFold, fold_tables
+from meshtop.recordings.metrics.stats import quantile
+from meshtop.recordings.reader import Recording
 
 
 def job_status(recording: Recording) -> str:

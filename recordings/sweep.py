@@ -15,9 +15,9 @@ The figures, each defined here once:
   sweep runs 3 or more, since step 0 holds FSDP's lazy initialisation and step 1 DDP's bucket rebuild, two
   broadcasts of its new bucket order);
 - **communication share**: each (group, op) row's exposed share of the step time
-  (:mod:`recordings.metrics.collectives`), summed and capped at 1 (operations of different groups that
+  (:mod:`meshtop.recordings.metrics.collectives`), summed and capped at 1 (operations of different groups that
   overlap count in each, so it is an upper bound);
-- **bubble**: the mean over stages of the stage bubble fraction (:mod:`recordings.metrics.pipeline`),
+- **bubble**: the mean over stages of the stage bubble fraction (:mod:`meshtop.recordings.metrics.pipeline`),
   predicted as (p - 1) / (v m + p - 1);
 - **prediction error**: (measured - predicted) / predicted of a plan's figure.
 """
@@ -32,11 +32,11 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from recordings.manifest import RecordingError
-from recordings.metrics.memory import most_loaded
-from recordings.metrics.pipeline import theoretical_bubble
-from recordings.reader import open_recording
-from recordings.summary import fold_recording, job_status
+from meshtop.recordings.manifest import RecordingError
+from meshtop.recordings.metrics.memory import most_loaded
+from meshtop.recordings.metrics.pipeline import theoretical_bubble
+from meshtop.recordings.reader import open_recording
+from meshtop.recordings.summary import fold_recording, job_status
 
 SWEEP_FILE = "sweep.json"
 SWEEP_VERSION = 1

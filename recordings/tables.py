@@ -6,7 +6,7 @@ loses at most the last fraction of a second, and the files can be read while
 they grow. A clean close compacts each table into ``events/<kind>.parquet``
 (written beside, then renamed, then the JSON lines removed), so a crash in the
 middle leaves either form whole. Both forms are read into the typed schema of
-:mod:`recordings.schema`.
+:mod:`meshtop.recordings.schema`.
 """
 
 from __future__ import annotations
@@ -20,8 +20,8 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from recordings.events_log import EVENTS_DIR
-from recordings.schema import columns, conform, decode_lines
+from meshtop.recordings.events_log import EVENTS_DIR
+from meshtop.recordings.schema import columns, conform, decode_lines
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,11 +1,11 @@
 """The launcher child: torchrun itself, plus a file that says how each rank ended.
 
-``python -m runner.agent STATUS_JSON [torchrun arguments...]`` runs
+``python -m meshtop.runner.agent STATUS_JSON [torchrun arguments...]`` runs
 ``torch.distributed.run`` with the given arguments (so every torchrun option,
 multi-node rendezvous included, works as documented) and writes, however the
 job ends, a JSON status: ``completed``, ``failed`` with each failed rank's exit
 code, signal and error line, or ``interrupted``. Before the ranks start, it
-builds the C++ collective probe where needed (:mod:`probes.native`; once per
+builds the C++ collective probe where needed (:mod:`meshtop.probes.native`; once per
 torch version) and tells them where it is.
 """
 
@@ -24,8 +24,8 @@ from torch.distributed import run as torchrun
 from torch.distributed.elastic.multiprocessing.api import SignalException
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 
-from probes.native import NATIVE_ENV, built, environment_value
-from runner.launch import PHASE_NAME
+from meshtop.probes.native import NATIVE_ENV, built, environment_value
+from meshtop.runner.launch import PHASE_NAME
 
 PARENT_POLL_S = 0.5
 

@@ -17,7 +17,7 @@ every rank torchrun starts, before the script's first line. From then on:
 - **memory**: at each step's end, weights, gradients and optimizer state from
   that optimizer's parameters and state (DTensor shards by their local size);
   with ``--activations``, the peak bytes saved for backward in the step
-  (:mod:`probes.activations`; the first module called and the optimizer's
+  (:mod:`meshtop.probes.activations`; the first module called and the optimizer's
   parameters are the weights left out).
 - **pipelines**: the stage probe is installed when the script imports
   ``torch.distributed.pipelining`` (a post-import hook: importing it costs
@@ -54,16 +54,16 @@ from torch.distributed import device_mesh
 from torch.nn.modules.module import register_module_forward_pre_hook
 from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 
-from probes.activations import SavedActivations
-from probes.events import RankStarted, StepTiming
-from probes.groups import GroupDirectory
-from probes.instrument import Instrumentation
-from probes.memory import local_numel
-from probes.patching import Patches
-from probes.shipper import EventShipper, open_sink
-from probes.sink import EventSink
-from probes.wire import node_of_this_rank, start_of_this_rank
-from runner.script import ACTIVATIONS_ENV, DEVICE_ENV, INSTRUMENT_ENV, TOKENS_ENV
+from meshtop.probes.activations import SavedActivations
+from meshtop.probes.events import RankStarted, StepTiming
+from meshtop.probes.groups import GroupDirectory
+from meshtop.probes.instrument import Instrumentation
+from meshtop.probes.memory import local_numel
+from meshtop.probes.patching import Patches
+from meshtop.probes.shipper import EventShipper, open_sink
+from meshtop.probes.sink import EventSink
+from meshtop.probes.wire import node_of_this_rank, start_of_this_rank
+from meshtop.runner.script import ACTIVATIONS_ENV, DEVICE_ENV, INSTRUMENT_ENV, TOKENS_ENV
 
 PIPELINING = "torch.distributed.pipelining"
 ERROR_FILE_ENV = "TORCHELASTIC_ERROR_FILE"

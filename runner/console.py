@@ -9,17 +9,17 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TextIO
 
-from probes.arrivals import Arrivals
-from probes.events import EventsDropped, HangDetected, ProbeOff, RequestDone, StackDump
-from recordings.manifest import Manifest, script_plan
-from recordings.metrics.requests import RequestFigures, RequestFold
-from recordings.metrics.steps import JobStep, StepFigures, StepStats
-from recordings.prometheus import RunMetrics
-from runner.launch import JobControl, JobResult, NodeProbes
-from runner.nodes import Nodes
-from runner.plan import ResolvedRun
-from runner.script import ScriptRun
-from runner.session import Work, describe, run_session
+from meshtop.probes.arrivals import Arrivals
+from meshtop.probes.events import EventsDropped, HangDetected, ProbeOff, RequestDone, StackDump
+from meshtop.recordings.manifest import Manifest, script_plan
+from meshtop.recordings.metrics.requests import RequestFigures, RequestFold
+from meshtop.recordings.metrics.steps import JobStep, StepFigures, StepStats
+from meshtop.recordings.prometheus import RunMetrics
+from meshtop.runner.launch import JobControl, JobResult, NodeProbes
+from meshtop.runner.nodes import Nodes
+from meshtop.runner.plan import ResolvedRun
+from meshtop.runner.script import ScriptRun
+from meshtop.runner.session import Work, describe, run_session
 
 PROGRESS_LINES = 20
 """About this many step lines per run, evenly spaced..."""

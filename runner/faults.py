@@ -14,7 +14,7 @@ import signal
 import time
 from dataclasses import dataclass
 
-from probes.errors import MeshtopError
+from meshtop.probes.errors import MeshtopError
 
 FAULT_ENV = "MESHTOP_FAULT"
 KINDS = ("raise", "oom", "kill", "hang")

@@ -15,8 +15,8 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterable
 
-from probes.arrivals import Arrivals
-from probes.events import (
+from meshtop.probes.arrivals import Arrivals
+from meshtop.probes.events import (
     HangDetected,
     RankProgress,
     StepTiming,

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import torch
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
-from runner.plan import ResolvedRun
+from meshtop.runner.plan import ResolvedRun
 
 MESH_DIMS = ("pp", "dp", "tp")
 """Outermost first: tp ranks are neighbours, so they share the fastest links."""

@@ -13,8 +13,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from runner.kv_cache import KVCache, LayerCache
-from runner.presets import ModelShape
+from meshtop.runner.kv_cache import KVCache, LayerCache
+from meshtop.runner.presets import ModelShape
 
 
 def rotary_tables(
@@ -113,7 +113,7 @@ class Transformer(nn.Module):
     :meth:`tie_weights` ties them back (DTensor parameters, as FSDP2 and
     replicate make, are swapped in place by ``to_empty`` and stay tied).
     Pipeline stages hold the two ends apart, each its own copy
-    (:mod:`runner.pipeline`).
+    (:mod:`meshtop.runner.pipeline`).
     """
 
     def __init__(self, shape: ModelShape) -> None:

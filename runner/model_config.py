@@ -39,8 +39,8 @@ from __future__ import annotations
 import json
 from pathlib import Path, PurePosixPath
 
-from runner.plan import PlanError
-from runner.presets import ModelShape
+from meshtop.runner.plan import PlanError
+from meshtop.runner.presets import ModelShape
 
 MODEL_TYPES = ("llama", "mistral")
 ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM")

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
-from probes.errors import MeshtopError
-from runner.load import (
+from meshtop.probes.errors import MeshtopError
+from meshtop.runner.load import (
     DEFAULT_CONCURRENCY,
     DEFAULT_MAX_BATCH,
     DEFAULT_OUTPUT_LEN,
@@ -21,7 +21,7 @@ from runner.load import (
     MAX_SEQUENCE,
     InferenceLoad,
 )
-from runner.presets import ModelShape, preset
+from meshtop.runner.presets import ModelShape, preset
 
 SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b")
 DTYPES = ("fp32", "bf16")
@@ -78,7 +78,7 @@ class RunSpec:
     instrument: bool = True
     """Install the worker hooks (collectives, pipeline stages, memory); step timing stays either way."""
     activations: bool = False
-    """Measure the bytes each step saves for backward (:mod:`probes.activations`)."""
+    """Measure the bytes each step saves for backward (:mod:`meshtop.probes.activations`)."""
     mode: str = "train"
     """train, or infer: serve a load of generation requests."""
     requests: int | None = None
@@ -124,7 +124,7 @@ class ResolvedRun:
     dtype: str
     device: str
     steps: int | None
-    """``None``: until asked to stop, ``time_limit_s`` at most (:mod:`runner.until`)."""
+    """``None``: until asked to stop, ``time_limit_s`` at most (:mod:`meshtop.runner.until`)."""
     batch_size: int
     seq_len: int
     seed: int
@@ -243,7 +243,7 @@ def model_shape(model: str, model_config: str | None) -> ModelShape:
     """The shape of preset ``model``, or the one a ``config.json`` at ``model_config`` describes."""
     if model_config is None:
         return preset(model)
-    from runner.model_config import load_model_config
+    from meshtop.runner.model_config import load_model_config
 
     return load_model_config(model_config)
 

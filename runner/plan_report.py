@@ -1,6 +1,6 @@
 """A plan report: the planner's predictions held against the devices (memory that fits, links, bandwidth).
 
-:mod:`runner.planner` predicts what each plan holds and moves; this module says what that means on the
+:mod:`meshtop.runner.planner` predicts what each plan holds and moves; this module says what that means on the
 machines at hand: whether the most loaded rank fits in ``--device-memory`` and its headroom, where each
 group's ranks sit and which tp group crosses a slow link, and how long the predicted collectives take at a
 bus bandwidth. :func:`report` is the plain data ``meshtop plan --json`` prints and a sweep keeps.
@@ -11,8 +11,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from runner.plan import PlanError, ResolvedRun
-from runner.planner import Candidate, Prediction, Question, RankMemory, in_flight
+from meshtop.runner.plan import PlanError, ResolvedRun
+from meshtop.runner.planner import Candidate, Prediction, Question, RankMemory, in_flight
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -55,7 +55,7 @@ def _ranks(ranks: list[int]) -> str:
 def comm_seconds(prediction: Prediction, busbw_bytes_per_s: float) -> float:
     """Predicted seconds of collectives per step on the busiest rank: each op's bytes over the bus bandwidth,
     times nccl-tests' bus factor (``t = S x factor / busbw``)."""
-    from recordings.metrics.bandwidth import bus_factor
+    from meshtop.recordings.metrics.bandwidth import bus_factor
 
     per_rank: dict[int, float] = {}
     for traffic in prediction.traffic:
@@ -66,8 +66,8 @@ def comm_seconds(prediction: Prediction, busbw_bytes_per_s: float) -> float:
 
 def compute_seconds(run: ResolvedRun, flops_per_s: float) -> float:
     """Predicted compute seconds per step of one rank at ``flops_per_s`` achieved: the step's training FLOPs
-    (6 N per token plus attention, :func:`recordings.metrics.mfu.flops_per_token`) shared by every rank."""
-    from recordings.metrics.mfu import flops_per_token
+    (6 N per token plus attention, :func:`meshtop.recordings.metrics.mfu.flops_per_token`) shared by every rank."""
+    from meshtop.recordings.metrics.mfu import flops_per_token
 
     per_token = flops_per_token(parameters=run.shape.parameter_count(), n_layers=run.shape.n_layers,
                                 dim=run.shape.dim, seq_len=run.seq_len)

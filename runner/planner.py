@@ -3,12 +3,12 @@
 Pure arithmetic over the model's shape and the plan: nothing here imports
 torch, so ``meshtop plan`` answers an 8-billion-parameter question in
 milliseconds. Each prediction mirrors what the built-in runner does
-(:mod:`runner.train`, :mod:`runner.serve`), not an idealised framework, so a
+(:mod:`meshtop.runner.train`, :mod:`meshtop.runner.serve`), not an idealised framework, so a
 sweep can check every figure against its recording; docs/planner.md gives
 the formulas, their sources and the assumptions they make.
 
-Plans are enumerated as :class:`runner.plan.RunSpec` and resolved by the same
-:func:`runner.plan.resolve` that guards a launch, so a plan the runner would
+Plans are enumerated as :class:`meshtop.runner.plan.RunSpec` and resolved by the same
+:func:`meshtop.runner.plan.resolve` that guards a launch, so a plan the runner would
 refuse is listed with the runner's own reason.
 """
 
@@ -18,8 +18,8 @@ import math
 from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 
-from runner.plan import PlanError, ResolvedRun, RunSpec, check_mode_options, model_shape, resolve
-from runner.presets import ModelShape
+from meshtop.runner.plan import PlanError, ResolvedRun, RunSpec, check_mode_options, model_shape, resolve
+from meshtop.runner.presets import ModelShape
 
 ELEMENT_BYTES = {"fp32": 4, "bf16": 2}
 FLOAT32 = 4

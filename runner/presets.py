@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-from probes.errors import MeshtopError
+from meshtop.probes.errors import MeshtopError
 
 
 class PresetError(MeshtopError):

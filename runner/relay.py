@@ -3,9 +3,9 @@
 The node runs its share of the job as a single machine would (its own
 launcher, a collector on loopback, the NVML and psutil samplers, py-spy), and
 a relay thread streams what they report to the head's collector, found in
-the rendezvous store (:func:`runner.nodes.find_head`). Before it forwards an
+the rendezvous store (:func:`meshtop.runner.nodes.find_head`). Before it forwards an
 event it puts the event's times on the head's clock, with the offset that a
-ping exchange over the same connection measured (:class:`probes.events.NodeClock`;
+ping exchange over the same connection measured (:class:`meshtop.probes.events.NodeClock`;
 at start and every :data:`CLOCK_EVERY_S`), and tags it with the node.
 
 The pings (twice a second) are also how the two sides watch each other: the
@@ -27,11 +27,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TextIO
 
-from probes.arrivals import Arrivals
-from probes.events import Event, on_node
-from probes.wire import FrameError, event_sections, pack, read_frame
-from runner.launch import JobControl, JobResult, Launch, NodeProbes, run_job
-from runner.nodes import HeadAddress, Nodes, find_head
+from meshtop.probes.arrivals import Arrivals
+from meshtop.probes.events import Event, on_node
+from meshtop.probes.wire import FrameError, event_sections, pack, read_frame
+from meshtop.runner.launch import JobControl, JobResult, Launch, NodeProbes, run_job
+from meshtop.runner.nodes import HeadAddress, Nodes, find_head
 
 PING_S = 0.5
 CLOCK_EVERY_S = 10.0
@@ -188,7 +188,7 @@ class Relay:
         return t0, t1 if isinstance(t1, int) else t0, t2
 
     def _measure_clock(self) -> None:
-        """A round of pings; the shortest round trip gives the offset (:class:`probes.events.NodeClock`)."""
+        """A round of pings; the shortest round trip gives the offset (:class:`meshtop.probes.events.NodeClock`)."""
         t0, t1, t2 = min((self._ping() for _ in range(CLOCK_ROUND)), key=lambda t: t[2] - t[0])
         self.offset_ns, self.rtt_ns = t1 - (t0 + t2) // 2, t2 - t0
 

@@ -25,8 +25,8 @@ from __future__ import annotations
 
 import dataclasses
 
-from probes.arrivals import Arrivals, EncodedEvents, encode_lines
-from probes.events import Event, RankStarted, StepTiming
+from meshtop.probes.arrivals import Arrivals, EncodedEvents, encode_lines
+from meshtop.probes.events import Event, RankStarted, StepTiming
 
 STEPPED = frozenset({"step", "collective", "stage_action", "memory", "rank_progress"})
 """Kinds whose events name a step (a field ``step``)."""

@@ -11,8 +11,8 @@ import os
 from collections.abc import Callable
 from pathlib import Path
 
-from probes.arrivals import Arrivals
-from recordings.manifest import (
+from meshtop.probes.arrivals import Arrivals
+from meshtop.recordings.manifest import (
     Manifest,
     RankEnd,
     RecordingError,
@@ -25,14 +25,14 @@ from recordings.manifest import (
     start_manifest,
     write_manifest,
 )
-from recordings.metrics.steps import JobStep
-from recordings.prometheus import RunMetrics
-from recordings.recorder import Ending, SessionRecorder
-from runner.fleet import Fleet
-from runner.launch import JobControl, JobResult, Launch, NodeProbes, builtin_launch, rank_environment, run_job
-from runner.nodes import Nodes
-from runner.plan import ResolvedRun
-from runner.script import (
+from meshtop.recordings.metrics.steps import JobStep
+from meshtop.recordings.prometheus import RunMetrics
+from meshtop.recordings.recorder import Ending, SessionRecorder
+from meshtop.runner.fleet import Fleet
+from meshtop.runner.launch import JobControl, JobResult, Launch, NodeProbes, builtin_launch, rank_environment, run_job
+from meshtop.runner.nodes import Nodes
+from meshtop.runner.plan import ResolvedRun
+from meshtop.runner.script import (
     ACTIVATIONS_ENV,
     ATTACH_ENV,
     BOOTSTRAP_DIR,
@@ -117,7 +117,7 @@ def run_session(work: Work, *, directory: Path, manifest: Manifest | None,
     """Run the job, recording into ``directory`` when a ``manifest`` is given (else it only holds the logs).
 
     ``metrics`` (``--metrics-port``) is fed every batch too. On many nodes this is the head's session
-    (``nodes.rank`` 0): the other nodes' events come to it too (:mod:`runner.relay`).
+    (``nodes.rank`` 0): the other nodes' events come to it too (:mod:`meshtop.runner.relay`).
 
     ``on_events`` sees each batch after it is on disk, with the job steps it
     completed; it decodes the kinds it needs. The recording is closed however

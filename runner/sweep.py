@@ -1,7 +1,7 @@
 """``meshtop sweep OUT``: run each plan that fits for a short window with the same load, one recording each.
 
 The loop is ordinary ``record`` sessions under one folder, with ``OUT/sweep.json``
-(:mod:`recordings.sweep`) rewritten after every plan: a plan that fails is a row with its error and the
+(:mod:`meshtop.recordings.sweep`) rewritten after every plan: a plan that fails is a row with its error and the
 sweep goes on; an interrupt keeps the finished plans, marks the one it cut and those that did not run.
 """
 
@@ -12,15 +12,15 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, TextIO
 
-from probes.errors import MeshtopError
-from recordings.manifest import RecordingError
-from recordings.sweep import SWEEP_VERSION, write_sweep
-from runner.console import follow_job, verdict
-from runner.launch import NodeProbes
-from runner.plan import PlanError
-from runner.plan_report import Budget, report
-from runner.planner import SWEEP_STEPS, Candidate, Question
-from runner.session import start_recording
+from meshtop.probes.errors import MeshtopError
+from meshtop.recordings.manifest import RecordingError
+from meshtop.recordings.sweep import SWEEP_VERSION, write_sweep
+from meshtop.runner.console import follow_job, verdict
+from meshtop.runner.launch import NodeProbes
+from meshtop.runner.plan import PlanError
+from meshtop.runner.plan_report import Budget, report
+from meshtop.runner.planner import SWEEP_STEPS, Candidate, Question
+from meshtop.runner.session import start_recording
 
 MIN_SWEEP_STEPS = 3
 

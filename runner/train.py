@@ -11,15 +11,15 @@ from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.pipelining.schedules import _PipelineSchedule
 
-from probes.memory import local_numel
-from runner.data import replica_batch, synthetic_tokens
-from runner.data_parallel import apply_ddp, apply_fsdp, apply_replicate
-from runner.mesh import MeshCoordinates
-from runner.model import Transformer, next_token_loss
-from runner.pipeline import build_schedule, cut_stage, embedding_group, sum_tied_gradients, tied_ends
-from runner.plan import ResolvedRun
-from runner.tensor_parallel import apply_tensor_parallel, keep_gradients_sharded
-from runner.weights import init_weights
+from meshtop.probes.memory import local_numel
+from meshtop.runner.data import replica_batch, synthetic_tokens
+from meshtop.runner.data_parallel import apply_ddp, apply_fsdp, apply_replicate
+from meshtop.runner.mesh import MeshCoordinates
+from meshtop.runner.model import Transformer, next_token_loss
+from meshtop.runner.pipeline import build_schedule, cut_stage, embedding_group, sum_tied_gradients, tied_ends
+from meshtop.runner.plan import ResolvedRun
+from meshtop.runner.tensor_parallel import apply_tensor_parallel, keep_gradients_sharded
+from meshtop.runner.weights import init_weights
 
 TORCH_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 

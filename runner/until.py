@@ -1,6 +1,6 @@
 """A training run with no fixed number of steps: every rank ends it after the same step.
 
-``meshtop run`` without ``--steps`` trains until the user presses q, :data:`runner.plan.WATCH_LIMIT_S` at
+``meshtop run`` without ``--steps`` trains until the user presses q, :data:`meshtop.runner.plan.WATCH_LIMIT_S` at
 most. The ranks must agree on the last step: one that left early would leave the others waiting in a
 collective for it. So one rank decides and the store carries the decision:
 
@@ -27,10 +27,10 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:  # the launcher imports this module without torch
     import torch.distributed as dist
 
-    from probes.arrivals import Arrivals
+    from meshtop.probes.arrivals import Arrivals
 
 STOP_ENV = "MESHTOP_STOP_FILE"
-"""The file whose existence asks a run until stopped to end (set by :func:`runner.launch.builtin_launch`)."""
+"""The file whose existence asks a run until stopped to end (set by :func:`meshtop.runner.launch.builtin_launch`)."""
 STOP_NAME = "stop"
 """Its name in the session folder."""
 FINISH_GRACE_S = 20.0

@@ -19,7 +19,7 @@ import torch
 from torch import nn
 from torch.distributed.tensor import DTensor, distribute_tensor
 
-from runner.presets import ModelShape
+from meshtop.runner.presets import ModelShape
 
 INIT_STD = 0.02
 TIED_OUTPUT, EMBEDDING = "output.weight", "tok_embeddings.weight"

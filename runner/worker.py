@@ -1,4 +1,4 @@
-"""Entry point of each rank, started by torchrun: ``python -m runner.worker RUN_JSON``."""
+"""Entry point of each rank, started by torchrun: ``python -m meshtop.runner.worker RUN_JSON``."""
 
 from __future__ import annotations
 
@@ -16,20 +16,20 @@ import torch
 import torch.distributed as dist
 from torch.distributed.elastic.multiprocessing.errors import record
 
-from probes.activations import SavedActivations
-from probes.events import RankStarted, StageAction, StepTiming
-from probes.groups import GroupDirectory
-from probes.instrument import Instrumentation
-from probes.memory import parameters_of
-from probes.shipper import EventShipper, open_sink
-from probes.sink import EventSink
-from probes.wire import node_of_this_rank, start_of_this_rank
-from runner.faults import Fault, fault_from_env
-from runner.mesh import MeshCoordinates, build_mesh, coordinates, local_device
-from runner.plan import ResolvedRun
-from runner.serve import OP_NAMES, OpTiming, build_serving, serve
-from runner.train import build_training, timed_step
-from runner.until import RunUntilStopped
+from meshtop.probes.activations import SavedActivations
+from meshtop.probes.events import RankStarted, StageAction, StepTiming
+from meshtop.probes.groups import GroupDirectory
+from meshtop.probes.instrument import Instrumentation
+from meshtop.probes.memory import parameters_of
+from meshtop.probes.shipper import EventShipper, open_sink
+from meshtop.probes.sink import EventSink
+from meshtop.probes.wire import node_of_this_rank, start_of_this_rank
+from meshtop.runner.faults import Fault, fault_from_env
+from meshtop.runner.mesh import MeshCoordinates, build_mesh, coordinates, local_device
+from meshtop.runner.plan import ResolvedRun
+from meshtop.runner.serve import OP_NAMES, OpTiming, build_serving, serve
+from meshtop.runner.train import build_training, timed_step
+from meshtop.runner.until import RunUntilStopped
 
 MEMORY_EVERY_NS = 500_000_000
 """Inference reports memory twice a second, not after each of its many small ops."""

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tui.cli import main
+from meshtop.tui.cli import main
 
 
 def one_line_error(argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:

@@ -10,11 +10,11 @@ from pathlib import Path
 
 import psutil
 
-from probes.events import Event, RankStarted, StepTiming
-from recordings.metrics.steps import JobStep, StepFolder
-from runner.launch import JobControl, JobResult, builtin_launch, run_job
-from runner.plan import ResolvedRun, RunSpec, resolve
-from tui.cli import gpus_visible
+from meshtop.probes.events import Event, RankStarted, StepTiming
+from meshtop.recordings.metrics.steps import JobStep, StepFolder
+from meshtop.runner.launch import JobControl, JobResult, builtin_launch, run_job
+from meshtop.runner.plan import ResolvedRun, RunSpec, resolve
+from meshtop.tui.cli import gpus_visible
 
 
 @dataclass

@@ -26,10 +26,10 @@ import torch.distributed as dist
 from torch.distributed._functional_collectives import all_reduce as functional_all_reduce
 from torch.distributed._functional_collectives import wait_tensor
 
-from probes.events import CollectiveTiming, SamplerError
-from probes.groups import GroupDirectory
-from probes.instrument import Instrumentation
-from runner.mesh import build_mesh
+from meshtop.probes.events import CollectiveTiming, SamplerError
+from meshtop.probes.groups import GroupDirectory
+from meshtop.probes.instrument import Instrumentation
+from meshtop.runner.mesh import build_mesh
 from tests.witness_worker import ListSink
 
 LATE_S = 0.3

@@ -7,11 +7,11 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from probes.events import Event
-from recordings.events_log import EventWriter
-from recordings.manifest import Manifest, RunDescription, write_manifest
-from recordings.tables import compact
-from runner.plan import RunSpec, resolve
+from meshtop.probes.events import Event
+from meshtop.recordings.events_log import EventWriter
+from meshtop.recordings.manifest import Manifest, RunDescription, write_manifest
+from meshtop.recordings.tables import compact
+from meshtop.runner.plan import RunSpec, resolve
 
 
 def description(*, device: str | None = None, dtype: str | None = None, **spec: Any) -> RunDescription:

@@ -11,12 +11,12 @@ import asyncio
 import sys
 from pathlib import Path
 
-from recordings.summary import summarize
-from recordings.compare import compare
-from recordings.reader import open_recording
-from tui.app import MeshtopApp
-from tui.compare_app import CompareApp
-from tui.sources import ReplaySource
+from meshtop.recordings.summary import summarize
+from meshtop.recordings.compare import compare
+from meshtop.recordings.reader import open_recording
+from meshtop.tui.app import MeshtopApp
+from meshtop.tui.compare_app import CompareApp
+from meshtop.tui.sources import ReplaySource
 
 ROOT = Path(__file__).resolve().parent.parent
 SAMPLE = Path("recordings/samples/dp2-pp2-1f1b")

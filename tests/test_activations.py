@@ -8,7 +8,7 @@ import gc
 import torch
 from torch import nn
 
-from probes.activations import SavedActivations
+from meshtop.probes.activations import SavedActivations
 
 
 def test_saved_tensors_are_counted_once_while_alive_and_weights_are_not() -> None:

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from probes import native
-from probes.errors import ProbeError
+from meshtop.probes import native
+from meshtop.probes.errors import ProbeError
 from tests.kernel_worker import LATE_S, NAMING_STEPS, ODD_NAMES, SCENARIOS, WORK_BEFORE_WAIT_S
 
 

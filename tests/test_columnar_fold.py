@@ -13,7 +13,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from probes.events import (
+from meshtop.probes.events import (
     CollectiveTiming,
     Event,
     GpuSample,
@@ -23,14 +23,14 @@ from probes.events import (
     StageAction,
     StepTiming,
 )
-from recordings.manifest import RunDescription
-from recordings.metrics import run as run_module
-from recordings.metrics.run import COLUMNS_READ, TABLE_KINDS, RunFold
-from recordings.reader import open_recording
-from recordings.replay import KIND_ORDER
-from recordings.samples import SAMPLE
-from recordings.schema import batches_of, events_of
-from recordings.summary import fold_recording, summarize
+from meshtop.recordings.manifest import RunDescription
+from meshtop.recordings.metrics import run as run_module
+from meshtop.recordings.metrics.run import COLUMNS_READ, TABLE_KINDS, RunFold
+from meshtop.recordings.reader import open_recording
+from meshtop.recordings.replay import KIND_ORDER
+from meshtop.recordings.samples import SAMPLE
+from meshtop.recordings.schema import batches_of, events_of
+from meshtop.recordings.summary import fold_recording, summarize
 from tests.recording_kit import description, write_recording
 
 STEP_NS = 20_000_000

@@ -9,10 +9,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from probes.events import StepTiming
-from recordings.compare import mann_whitney_p
+from meshtop.probes.events import StepTiming
+from meshtop.recordings.compare import mann_whitney_p
 from tests.recording_kit import description, write_recording
-from tui.cli import main
+from meshtop.tui.cli import main
 
 
 def synthetic_recording(directory: Path, *, step_s: float, model: str = "tiny", spread: float = 0.002) -> Path:

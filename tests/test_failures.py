@@ -17,10 +17,10 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from probes.arrivals import Arrivals
-from probes.events import CollectiveTiming, RankProgress, StepTiming
-from probes.stacks import py_spy_executable
-from runner.hangs import MIN_TIMEOUT_S, STARTUP_MIN_S, STARTUP_TIMEOUT_S, HangWatch, default_timeout_s
+from meshtop.probes.arrivals import Arrivals
+from meshtop.probes.events import CollectiveTiming, RankProgress, StepTiming
+from meshtop.probes.stacks import py_spy_executable
+from meshtop.runner.hangs import MIN_TIMEOUT_S, STARTUP_MIN_S, STARTUP_TIMEOUT_S, HangWatch, default_timeout_s
 from tests.cli_errors import one_line_error
 from tests.jobs import alive
 
@@ -85,7 +85,7 @@ def test_a_given_timeout_waits_at_least_a_minute_for_the_first_step() -> None:
 
 
 def record(out: Path, fault: str, *extra: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "tui.cli", "record", str(out), "--device", "cpu", "--steps", "6",
+    return subprocess.run([sys.executable, "-m", "meshtop.tui.cli", "record", str(out), "--device", "cpu", "--steps", "6",
                            *extra], capture_output=True, text=True, timeout=300,
                           env={**os.environ, "MESHTOP_FAULT": fault})
 
@@ -150,13 +150,13 @@ def _file_size_limit(limit: int) -> None:
 @pytest.mark.slow
 def test_a_full_disk_stops_the_job_with_one_line_and_keeps_what_was_written(tmp_path: Path) -> None:
     out = tmp_path / "rec"
-    done = subprocess.run([sys.executable, "-m", "tui.cli", "record", str(out), "--device", "cpu", "--steps", "5000"],
+    done = subprocess.run([sys.executable, "-m", "meshtop.tui.cli", "record", str(out), "--device", "cpu", "--steps", "5000"],
                           capture_output=True, text=True, timeout=300, preexec_fn=lambda: _file_size_limit(150_000))
     assert done.returncode == 2, done.stdout + done.stderr
     assert done.stderr.splitlines() == [
         f"meshtop: error: cannot write the recording in {out}: File too large; the job was stopped, "
         "the events written so far are kept"]
-    summary = subprocess.run([sys.executable, "-m", "tui.cli", "summary", str(out), "--json"],
+    summary = subprocess.run([sys.executable, "-m", "meshtop.tui.cli", "summary", str(out), "--json"],
                              capture_output=True, text=True, timeout=120)
     assert summary.returncode == 0, summary.stderr
     report = json.loads(summary.stdout)
@@ -189,7 +189,7 @@ def test_a_really_full_disk_stops_the_job_and_the_manifest_says_why(tmp_path: Pa
         pytest.skip(why)
     disk = tmp_path / "disk"
     disk.mkdir()
-    meshtop = f"{shlex.quote(sys.executable)} -m tui.cli"
+    meshtop = f"{shlex.quote(sys.executable)} -m meshtop.tui.cli"
     script = (f"mount -t tmpfs -o size={SMALL_DISK} tmpfs {disk} || exit 99; "
               f"{meshtop} record {disk}/rec --device cpu --steps 100000 >{tmp_path}/out 2>{tmp_path}/err; "
               f"echo $? >{tmp_path}/code; df -k {disk} >{tmp_path}/df; "
@@ -212,7 +212,7 @@ def record_then(out: Path, steps: int, action: Callable[[], object], *,
                 settle_s: float = 0.0) -> tuple[int, str, list[int]]:
     """``meshtop record OUT`` until its first step is on disk (and ``settle_s`` more), then ``action``; its
     exit code, standard error and the ranks' pids."""
-    process = subprocess.Popen([sys.executable, "-m", "tui.cli", "record", str(out), "--device", "cpu",
+    process = subprocess.Popen([sys.executable, "-m", "meshtop.tui.cli", "record", str(out), "--device", "cpu",
                                 "--steps", str(steps)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.monotonic() + 120
@@ -272,7 +272,7 @@ def test_a_recording_folder_turned_read_only_mid_run_stops_the_job_and_says_the_
             "still says running (`meshtop summary` reads it as interrupted)"]
         assert alive(pids) == []
         assert json.loads((out / "manifest.json").read_text())["status"] == "running"  # whole, as it was
-        summary = subprocess.run([sys.executable, "-m", "tui.cli", "summary", str(out), "--json"],
+        summary = subprocess.run([sys.executable, "-m", "meshtop.tui.cli", "summary", str(out), "--json"],
                                  capture_output=True, text=True, timeout=120)
         assert summary.returncode == 0, summary.stderr
         report = json.loads(summary.stdout)
@@ -320,14 +320,14 @@ def test_every_bad_command_line_is_one_line_and_exit_2(argv: list[str], message:
                                                         capsys: pytest.CaptureFixture[str],
                                                         monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(tmp_path)
-    monkeypatch.setattr("tui.cli.gpus_visible", lambda: 0)
+    monkeypatch.setattr("meshtop.tui.cli.gpus_visible", lambda: 0)
     line = one_line_error([str(tmp_path / "rec") if a == "OUT" else a for a in argv], capsys)
     assert message in line, line
     assert not (tmp_path / "rec").exists()  # nothing was recorded or launched
 
 
 def damaged_copy_of_the_sample(tmp_path: Path) -> Path:
-    from recordings.samples import SAMPLE
+    from meshtop.recordings.samples import SAMPLE
 
     copy = tmp_path / "damaged"
     shutil.copytree(SAMPLE, copy)
@@ -337,8 +337,8 @@ def damaged_copy_of_the_sample(tmp_path: Path) -> Path:
 
 
 def test_a_replay_of_a_damaged_recording_plays_what_it_can_and_says_what_it_could_not(tmp_path: Path) -> None:
-    from recordings.reader import open_recording
-    from tui.sources import ReplaySource
+    from meshtop.recordings.reader import open_recording
+    from meshtop.tui.sources import ReplaySource
 
     source = ReplaySource(open_recording(damaged_copy_of_the_sample(tmp_path)))
     kinds = {rows.kind for rows in source.timeline.kinds}
@@ -349,7 +349,7 @@ def test_a_replay_of_a_damaged_recording_plays_what_it_can_and_says_what_it_coul
 @pytest.mark.parametrize("command", ["replay", "summary", "export"])
 def test_a_newer_or_foreign_recording_is_refused_in_one_line(command: str, tmp_path: Path,
                                                              capsys: pytest.CaptureFixture[str]) -> None:
-    from tui.cli import main
+    from meshtop.tui.cli import main
 
     newer = tmp_path / "newer"
     newer.mkdir()

@@ -5,11 +5,11 @@ from __future__ import annotations
 import asyncio
 import gc
 
-from recordings.reader import open_recording
-from recordings.samples import SAMPLE
-from tui.app import MeshtopApp
-from tui.gc_pacing import NO_AUTOMATIC_FULL, GcPacer
-from tui.sources import ReplaySource
+from meshtop.recordings.reader import open_recording
+from meshtop.recordings.samples import SAMPLE
+from meshtop.tui.app import MeshtopApp
+from meshtop.tui.gc_pacing import NO_AUTOMATIC_FULL, GcPacer
+from meshtop.tui.sources import ReplaySource
 
 
 def test_the_pacer_stops_automatic_full_collections_and_restores_the_setting() -> None:

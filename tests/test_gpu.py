@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from probes.events import Event
+from meshtop.probes.events import Event
 from tests.jobs import launch
 
 pytestmark = pytest.mark.gpu
@@ -40,7 +40,7 @@ def test_two_gpu_plans_match_one_gpu(plan: dict[str, object], tmp_path: Path) ->
 
 @pytest.mark.skipif(GPUS < 1, reason="needs a CUDA GPU")
 def test_nvml_samples_the_real_gpu() -> None:
-    from probes.nvml import Nvml
+    from meshtop.probes.nvml import Nvml
 
     nvml = Nvml()
     assert nvml.state == "ok"
@@ -52,7 +52,7 @@ def test_nvml_samples_the_real_gpu() -> None:
 
 @pytest.mark.skipif(GPUS < 1, reason="needs a CUDA GPU")
 def test_cuda_memory_accounting_fills_the_allocator_figures(tmp_path: Path) -> None:
-    from probes.events import MemorySnapshot
+    from meshtop.probes.events import MemorySnapshot
 
     launched = launch(tmp_path / "mem", device="cuda", dp=1, steps=2, model="small")
     assert launched.result.status == "completed"
@@ -79,7 +79,7 @@ def test_a_real_cuda_out_of_memory_fails_the_rank_with_the_allocators_message(tm
 
 @pytest.mark.skipif(GPUS < 2, reason="needs two CUDA GPUs")
 def test_nccl_collectives_are_timed_with_cuda_events(tmp_path: Path) -> None:
-    from probes.events import CollectiveTiming
+    from meshtop.probes.events import CollectiveTiming
 
     launched = launch(tmp_path / "nccl", device="cuda", dp=2, steps=2)
     assert launched.result.status == "completed"
@@ -100,9 +100,9 @@ def test_nccl_timing_on_one_gpu_reads_cuda_events_without_blocking_the_host(tmp_
 
     import torch.distributed as dist
 
-    from probes.collectives import CollectiveProbe, GroupDirectory
-    from probes.events import CollectiveTiming
-    from probes.wire import NCCL_TIMING_ENV
+    from meshtop.probes.collectives import CollectiveProbe, GroupDirectory
+    from meshtop.probes.events import CollectiveTiming
+    from meshtop.probes.wire import NCCL_TIMING_ENV
 
     monkeypatch.setenv(NCCL_TIMING_ENV, "1")
     store = dist.FileStore(str(tmp_path / "store"), 1)

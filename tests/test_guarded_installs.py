@@ -18,18 +18,18 @@ import torch.distributed as dist
 from torch._C._distributed_c10d import Work
 from torch.distributed.pipelining import schedules, stage
 
-from probes.events import CollectiveTiming, ProbeOff, StageAction, StepTiming
-from probes.groups import GroupDirectory
-from probes.instrument import OVERHEAD_BLOCK_ENV, Instrumentation
-from probes.patching import MissingInternal, require
-from probes.pipeline import STAGE_METHODS, StageProbe
-from recordings.manifest import RunDescription
-from runner.data_parallel import apply_replicate
-from runner.mesh import build_mesh
-from runner.plan import PlanError
+from meshtop.probes.events import CollectiveTiming, ProbeOff, StageAction, StepTiming
+from meshtop.probes.groups import GroupDirectory
+from meshtop.probes.instrument import OVERHEAD_BLOCK_ENV, Instrumentation
+from meshtop.probes.patching import MissingInternal, require
+from meshtop.probes.pipeline import STAGE_METHODS, StageProbe
+from meshtop.recordings.manifest import RunDescription
+from meshtop.runner.data_parallel import apply_replicate
+from meshtop.runner.mesh import build_mesh
+from meshtop.runner.plan import PlanError
 from tests.jobs import launch
 from tests.witness_worker import ListSink
-from tui.state import DashboardState
+from meshtop.tui.state import DashboardState
 
 SITE_HOOKS = Path(__file__).with_name("site_hooks")
 CPU = torch.device("cpu")

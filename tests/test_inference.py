@@ -14,16 +14,16 @@ import pandas as pd
 import pytest
 import torch
 
-from runner.load import (
+from meshtop.runner.load import (
     InferenceLoad,
     arrival_times_s,
     plan_requests,
     replica_concurrency,
     replica_share,
 )
-from runner.model import Transformer
-from runner.presets import PRESETS
-from runner.weights import init_weights
+from meshtop.runner.model import Transformer
+from meshtop.runner.presets import PRESETS
+from meshtop.runner.weights import init_weights
 from tests.cli_errors import one_line_error
 from tests.test_kv_cache import greedy_without_cache
 
@@ -35,12 +35,12 @@ PLANS = {"single": ["--dp", "1"], "tp2": ["--dp", "1", "--tp", "2"], "pp2": ["--
 
 
 def record(out: Path, *argv: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "tui.cli", "record", str(out), *argv], capture_output=True,
+    return subprocess.run([sys.executable, "-m", "meshtop.tui.cli", "record", str(out), *argv], capture_output=True,
                           text=True, timeout=300, env={**os.environ, **(env or {})})
 
 
 def summary_json(recording: Path) -> dict:
-    done = subprocess.run([sys.executable, "-m", "tui.cli", "summary", str(recording), "--json"],
+    done = subprocess.run([sys.executable, "-m", "meshtop.tui.cli", "summary", str(recording), "--json"],
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     return json.loads(done.stdout)
@@ -187,8 +187,8 @@ def test_bad_inference_options_are_one_line(argv: list[str], message: str, tmp_p
 
 def test_the_perfetto_trace_shows_each_request_from_arrival_to_its_last_token(recordings: dict[str, Path],
                                                                               tmp_path: Path) -> None:
-    from recordings.export import export_perfetto
-    from recordings.reader import open_recording
+    from meshtop.recordings.export import export_perfetto
+    from meshtop.recordings.reader import open_recording
 
     export_perfetto(open_recording(recordings["dp2"]), tmp_path / "trace.json")
     events = [e for e in json.loads((tmp_path / "trace.json").read_text())["traceEvents"] if e.get("cat") == "request"]

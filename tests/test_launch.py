@@ -13,9 +13,9 @@ from pathlib import Path
 import psutil
 import pytest
 
-from probes.events import StepTiming
-from recordings.tables import read_json_lines
-from runner.launch import PHASE_NAME
+from meshtop.probes.events import StepTiming
+from meshtop.recordings.tables import read_json_lines
+from meshtop.runner.launch import PHASE_NAME
 from tests.jobs import alive
 
 pytestmark = pytest.mark.slow
@@ -59,7 +59,7 @@ def test_completed_job_reports_every_rank_exit_zero(launch_cpu, tmp_path: Path) 
 
 
 def meshtop(*argv: str) -> list[str]:
-    return [sys.executable, "-m", "tui.cli", *argv]
+    return [sys.executable, "-m", "meshtop.tui.cli", *argv]
 
 
 def recorded_so_far(events_dir: Path, kind: str) -> list[dict[str, object]]:

@@ -11,19 +11,19 @@ from typing import Any
 import numpy as np
 import pytest
 
-from probes.events import GpuSample, MemorySnapshot, StepTiming
-from recordings.metrics.mfu import GpuModel, peak_flops
-from recordings.metrics.run import RunFold
-from recordings.reader import open_recording
-from recordings.replay import KIND_ORDER
-from recordings.samples import SAMPLE
-from recordings.summary import fold_recording
+from meshtop.probes.events import GpuSample, MemorySnapshot, StepTiming
+from meshtop.recordings.metrics.mfu import GpuModel, peak_flops
+from meshtop.recordings.metrics.run import RunFold
+from meshtop.recordings.reader import open_recording
+from meshtop.recordings.replay import KIND_ORDER
+from meshtop.recordings.samples import SAMPLE
+from meshtop.recordings.summary import fold_recording
 from tests.recording_kit import description, with_model, write_recording
 from tests.test_requests_analysis import write_recording as write_inference_recording
 from tests.test_requests_analysis import the_requests
-from tui.cli import main
-from tui.sources import ReplaySource
-from tui.state import DashboardState
+from meshtop.tui.cli import main
+from meshtop.tui.sources import ReplaySource
+from meshtop.tui.state import DashboardState
 
 SAMPLES = [SAMPLE]
 """Every recording meshtop ships."""
@@ -198,7 +198,7 @@ def test_a_gpipe_pipelines_exposed_communication_never_exceeds_its_step(tmp_path
     import sys
 
     out = tmp_path / "gpipe"
-    done = subprocess.run([sys.executable, "-m", "tui.cli", "record", str(out), "--pp", "2", "--dp", "1",
+    done = subprocess.run([sys.executable, "-m", "meshtop.tui.cli", "record", str(out), "--pp", "2", "--dp", "1",
                            "--schedule", "gpipe", "--microbatches", "8", "--batch-size", "16", "--steps", "5",
                            "--device", "cpu"], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout + done.stderr
@@ -216,7 +216,7 @@ def test_a_gpipe_pipelines_exposed_communication_never_exceeds_its_step(tmp_path
 
 def test_rows_that_cannot_be_the_jobs_are_left_out_and_said_not_raised(tmp_path: Path,
                                                                           capsys: pytest.CaptureFixture[str]) -> None:
-    from probes.events import CollectiveTiming
+    from meshtop.probes.events import CollectiveTiming
 
     def op(rank: int, group_size: int, end_ns: int = 2_000) -> CollectiveTiming:
         return CollectiveTiming(rank=rank, step=0, op="all_reduce", group="dp", group_size=group_size, peer=None,

@@ -13,16 +13,16 @@ import pandas as pd
 import pytest
 import torch
 
-from probes.events import CollectiveTiming
-from recordings.reader import open_recording
-from runner.data import synthetic_tokens
-from runner.load import InferenceLoad, plan_requests
-from runner.model import Transformer, next_token_loss
-from runner.model_config import ModelConfigError, load_model_config
-from runner.pipeline import cut_stage
-from runner.plan import PlanError, ResolvedRun, RunSpec, resolve
-from runner.presets import preset
-from runner.weights import init_weights
+from meshtop.probes.events import CollectiveTiming
+from meshtop.recordings.reader import open_recording
+from meshtop.runner.data import synthetic_tokens
+from meshtop.runner.load import InferenceLoad, plan_requests
+from meshtop.runner.model import Transformer, next_token_loss
+from meshtop.runner.model_config import ModelConfigError, load_model_config
+from meshtop.runner.pipeline import cut_stage
+from meshtop.runner.plan import PlanError, ResolvedRun, RunSpec, resolve
+from meshtop.runner.presets import preset
+from meshtop.runner.weights import init_weights
 from tests.cli_errors import one_line_error
 from tests.jobs import LaunchedRun, launch
 from tests.test_kv_cache import greedy_without_cache
@@ -181,10 +181,10 @@ TIE_THROUGH_WRAPPERS = """
 from dataclasses import replace
 import torch, torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
-from runner.data_parallel import apply_fsdp, apply_replicate
-from runner.model import Transformer
-from runner.presets import preset
-from runner.tensor_parallel import apply_tensor_parallel
+from meshtop.runner.data_parallel import apply_fsdp, apply_replicate
+from meshtop.runner.model import Transformer
+from meshtop.runner.presets import preset
+from meshtop.runner.tensor_parallel import apply_tensor_parallel
 
 dist.init_process_group("gloo", rank=0, world_size=1, store=dist.HashStore())
 mesh = init_device_mesh("cpu", (1, 1), mesh_dim_names=("dp", "tp"))
@@ -262,7 +262,7 @@ def test_tying_moves_the_losses_beyond_the_parity_tolerance() -> None:
 def test_record_writes_the_configs_shape_into_the_manifest(tmp_path: Path) -> None:
     config = write_config(tmp_path / "tied-tiny", TINY_TIED)
     out = tmp_path / "rec"
-    done = subprocess.run([sys.executable, "-m", "tui.cli", "record", str(out), "--model-config", str(config),
+    done = subprocess.run([sys.executable, "-m", "meshtop.tui.cli", "record", str(out), "--model-config", str(config),
                            "--dp", "1", "--steps", "1", "--device", "cpu"], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout + done.stderr
     assert "model tied-tiny (0.2M params)" in done.stdout
@@ -329,7 +329,7 @@ def test_tied_inference_generates_the_single_process_tokens(plan: list[str], tie
     """Serving ties too: a pipeline's last stage starts its output as the embedding, tensor parallelism
     shares the DTensor."""
     out = tmp_path / "rec"
-    done = subprocess.run([sys.executable, "-m", "tui.cli", "record", str(out), "--model-config", str(tied_config),
+    done = subprocess.run([sys.executable, "-m", "meshtop.tui.cli", "record", str(out), "--model-config", str(tied_config),
                            "--dp", "1", *INFER, *plan], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout + done.stderr
     model = tied_tiny()

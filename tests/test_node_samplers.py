@@ -12,10 +12,10 @@ from types import SimpleNamespace
 
 import pytest
 
-from probes.events import GpuLink, GpuSample, NvmlState, ProcessSample
-from probes.nvml import Nvml, visible_indices
-from probes.samplers import GpuSampler, ProcessSampler
-from probes.stacks import dump_stack, py_spy_executable
+from meshtop.probes.events import GpuLink, GpuSample, NvmlState, ProcessSample
+from meshtop.probes.nvml import Nvml, visible_indices
+from meshtop.probes.samplers import GpuSampler, ProcessSampler
+from meshtop.probes.stacks import dump_stack, py_spy_executable
 
 
 class FakeNvmlError(Exception):

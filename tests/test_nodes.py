@@ -10,18 +10,18 @@ from pathlib import Path
 
 import pytest
 
-from probes.arrivals import Arrivals
-from probes.collector import Collector
-from probes.events import CollectiveTiming, GpuSample, NodeClock, RankStarted, RequestDone, StepTiming, on_node
-from probes.wire import event_sections, pack, read_frame
-from recordings.manifest import RunDescription, Script, read_manifest, script_plan, start_manifest
-from recordings.metrics.steps import StepFolder
-from recordings.recorder import Ending, SessionRecorder
-from runner.fleet import Fleet
-from runner.launch import JobResult, RankExit, root_cause
-from runner.nodes import nodes_from_options, split_endpoint
-from runner.plan import PlanError, RunSpec, resolve
-from tui.state import DashboardState
+from meshtop.probes.arrivals import Arrivals
+from meshtop.probes.collector import Collector
+from meshtop.probes.events import CollectiveTiming, GpuSample, NodeClock, RankStarted, RequestDone, StepTiming, on_node
+from meshtop.probes.wire import event_sections, pack, read_frame
+from meshtop.recordings.manifest import RunDescription, Script, read_manifest, script_plan, start_manifest
+from meshtop.recordings.metrics.steps import StepFolder
+from meshtop.recordings.recorder import Ending, SessionRecorder
+from meshtop.runner.fleet import Fleet
+from meshtop.runner.launch import JobResult, RankExit, root_cause
+from meshtop.runner.nodes import nodes_from_options, split_endpoint
+from meshtop.runner.plan import PlanError, RunSpec, resolve
+from meshtop.tui.state import DashboardState
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -190,7 +190,7 @@ def test_the_fleet_names_a_lost_node_and_merges_how_each_node_ended(tmp_path: Pa
      "do not split evenly over 2 nodes"),
 ])
 def test_bad_node_options_are_one_line(argv: list[str], message: str, tmp_path: Path) -> None:
-    done = subprocess.run([sys.executable, "-m", "tui.cli", *argv], cwd=ROOT, capture_output=True, text=True,
+    done = subprocess.run([sys.executable, "-m", "meshtop.tui.cli", *argv], cwd=ROOT, capture_output=True, text=True,
                           timeout=120)
     assert done.returncode == 2
     assert message in done.stderr and len(done.stderr.strip().splitlines()) == 1, done.stderr

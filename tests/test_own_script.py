@@ -25,15 +25,15 @@ import pytest
 import torch
 from torch import nn
 
-from probes.events import GpuSample, RankStarted, StepTiming
-from recordings.metrics.run import fold_tables
-from runner.attach import after_import
-from runner.plan import PlanError
-from runner.script import resolve_script
-from runner.session import script_description
+from meshtop.probes.events import GpuSample, RankStarted, StepTiming
+from meshtop.recordings.metrics.run import fold_tables
+from meshtop.runner.attach import after_import
+from meshtop.runner.plan import PlanError
+from meshtop.runner.script import resolve_script
+from meshtop.runner.session import script_description
 from tests.cli_errors import one_line_error
 from tests.recording_kit import write_recording
-from tui.cli import main
+from meshtop.tui.cli import main
 
 REPO = Path(__file__).resolve().parent.parent
 EXAMPLES = REPO / "examples"
@@ -51,7 +51,7 @@ CPU_ONLY = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}
 
 
 def meshtop(*argv: str, env: dict[str, str] | None = None, cwd: Path = REPO) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "tui.cli", *argv], capture_output=True, text=True, timeout=300,
+    return subprocess.run([sys.executable, "-m", "meshtop.tui.cli", *argv], capture_output=True, text=True, timeout=300,
                           env=env or CPU_ONLY, cwd=cwd)
 
 
@@ -230,7 +230,7 @@ def test_a_scripts_mfu_is_6n_from_its_optimizers_over_the_gpus_peak(tmp_path: Pa
 
 
 def test_the_attachment_does_not_import_pipelining_for_a_script_that_does_not() -> None:
-    done = subprocess.run([sys.executable, "-c", "import sys, runner.attach; "
+    done = subprocess.run([sys.executable, "-c", "import sys, meshtop.runner.attach; "
                            "print('torch.distributed.pipelining' in sys.modules)"],
                           capture_output=True, text=True, timeout=120, cwd=REPO)
     assert done.returncode == 0, done.stderr

@@ -7,9 +7,9 @@ import sys
 
 import pytest
 
-from runner.plan import PlanError, RunSpec, resolve, split_layers
+from meshtop.runner.plan import PlanError, RunSpec, resolve, split_layers
 from tests.cli_errors import one_line_error
-from tui.cli import main
+from meshtop.tui.cli import main
 
 # The bad plans tried, and what meshtop answers (exit code 2, one line, no traceback).
 BAD_PLANS = [
@@ -48,12 +48,12 @@ BAD_PLANS = [
 def test_bad_plan_is_one_line_and_exit_2(argv: list[str], message: str,
                                          capsys: pytest.CaptureFixture[str],
                                          monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("tui.cli.gpus_visible", lambda: 0)
+    monkeypatch.setattr("meshtop.tui.cli.gpus_visible", lambda: 0)
     assert message in one_line_error(["run", *argv], capsys)
 
 
 def test_bad_plan_from_the_shell_has_no_traceback() -> None:
-    done = subprocess.run([sys.executable, "-m", "tui.cli", "run", "--tp", "3"],
+    done = subprocess.run([sys.executable, "-m", "meshtop.tui.cli", "run", "--tp", "3"],
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 2
     assert "Traceback" not in done.stderr
@@ -100,7 +100,7 @@ def test_split_layers_is_contiguous_and_even() -> None:
 
 
 def test_resolved_run_survives_json() -> None:
-    from runner.plan import ResolvedRun
+    from meshtop.runner.plan import ResolvedRun
 
     run = resolve(RunSpec(dp=2, tp=2, pp=2, schedule="gpipe", seed=7), gpus_visible=0)
     assert ResolvedRun.from_json(run.to_json()) == run

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from runner.plan import PlanError, RunSpec
-from runner.plan_report import Budget, parse_size, placement, report
-from runner.planner import (
+from meshtop.runner.plan import PlanError, RunSpec
+from meshtop.runner.plan_report import Budget, parse_size, placement, report
+from meshtop.runner.planner import (
     Question,
     candidates,
     chunk_rows,
@@ -22,7 +22,7 @@ from runner.planner import (
     parse_plan_key,
     plan_key,
 )
-from runner.presets import PRESETS
+from meshtop.runner.presets import PRESETS
 from tests.cli_errors import one_line_error
 
 REPO = Path(__file__).resolve().parent.parent
@@ -75,7 +75,7 @@ def test_pipeline_stages_hold_the_microbatches_their_schedule_keeps_in_flight() 
 def test_a_tied_model_in_a_pipeline_sums_its_two_embedding_copies() -> None:
     from dataclasses import replace as change
 
-    from runner.planner import rank_traffic
+    from meshtop.runner.planner import rank_traffic
 
     tied = change(PRESETS["tiny"], tie_embeddings=True)
     found = candidates(question(plans=("dp2xpp2",)))
@@ -132,7 +132,7 @@ def test_serving_plans_hold_the_kv_cache_of_their_layers() -> None:
 
 
 def test_plan_of_an_8b_model_on_8_gpus_prints_a_table_without_torch() -> None:
-    code = ("import sys; from tui.cli import main; code = main(['plan', '--model', '8b', '--gpus', '8', "
+    code = ("import sys; from meshtop.tui.cli import main; code = main(['plan', '--model', '8b', '--gpus', '8', "
             "'--device-memory', '80GiB']); assert 'torch' not in sys.modules, 'torch was imported'; sys.exit(code)")
     done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
@@ -143,7 +143,7 @@ def test_plan_of_an_8b_model_on_8_gpus_prints_a_table_without_torch() -> None:
 
 
 def test_plan_json_holds_every_rank_and_collective() -> None:
-    done = subprocess.run([sys.executable, "-m", "tui.cli", "plan", "--ranks", "4", "--model", "tiny", "--json"],
+    done = subprocess.run([sys.executable, "-m", "meshtop.tui.cli", "plan", "--ranks", "4", "--model", "tiny", "--json"],
                           cwd=REPO, capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     result = json.loads(done.stdout)

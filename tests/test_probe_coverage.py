@@ -17,8 +17,8 @@ from typing import Any
 
 import pytest
 
-from probes.native import NATIVE_ENV
-from runner.plan import RunSpec, resolve
+from meshtop.probes.native import NATIVE_ENV
+from meshtop.runner.plan import RunSpec, resolve
 
 pytestmark = pytest.mark.slow
 POINT_TO_POINT = {"send", "recv"}

@@ -6,8 +6,8 @@ from collections import Counter
 
 import pytest
 
-from recordings.metrics.bandwidth import bus_factor, busbw_gbps
-from probes.events import CollectiveTiming, MemorySnapshot, StageAction, StepTiming
+from meshtop.recordings.metrics.bandwidth import bus_factor, busbw_gbps
+from meshtop.probes.events import CollectiveTiming, MemorySnapshot, StageAction, StepTiming
 
 pytestmark = pytest.mark.slow
 

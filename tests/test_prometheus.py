@@ -14,15 +14,15 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from probes.events import GpuSample, RankStarted, RequestDone
-from recordings.prometheus import MetricsServer, RunMetrics
-from recordings.reader import open_recording
-from recordings.samples import SAMPLE
-from recordings.schema import events_of
-from recordings.summary import summarize
+from meshtop.probes.events import GpuSample, RankStarted, RequestDone
+from meshtop.recordings.prometheus import MetricsServer, RunMetrics
+from meshtop.recordings.reader import open_recording
+from meshtop.recordings.samples import SAMPLE
+from meshtop.recordings.schema import events_of
+from meshtop.recordings.summary import summarize
 from tests.recording_kit import description
-from tui.sources import ReplaySource
-from tui.state import DashboardState
+from meshtop.tui.sources import ReplaySource
+from meshtop.tui.state import DashboardState
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -78,7 +78,7 @@ def test_a_replay_serves_the_recordings_figures() -> None:
 
 def test_requests_and_gpus_in_base_units_with_the_dcgm_labels() -> None:
     metrics = RunMetrics(description(mode="infer"))
-    from probes.arrivals import Arrivals
+    from meshtop.probes.arrivals import Arrivals
 
     started = RankStarted(rank=0, pid=1, host="gpu-a", device="cuda:0", pp_rank=0, dp_rank=0, tp_rank=0, stages=(),
                           local_parameters=1, wall_ns=0)
@@ -106,7 +106,7 @@ def test_requests_and_gpus_in_base_units_with_the_dcgm_labels() -> None:
 
 @pytest.mark.slow
 def test_a_live_run_is_scraped_while_it_trains(tmp_path: Path) -> None:
-    process = subprocess.Popen([sys.executable, "-m", "tui.cli", "record", str(tmp_path / "rec"), "--device", "cpu",
+    process = subprocess.Popen([sys.executable, "-m", "meshtop.tui.cli", "record", str(tmp_path / "rec"), "--device", "cpu",
                                 "--steps", "100000", "--metrics-port", "0"], cwd=ROOT, stdout=subprocess.PIPE,
                                stderr=subprocess.STDOUT, text=True)
     try:

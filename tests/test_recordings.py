@@ -11,12 +11,12 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from recordings.manifest import Manifest, RecordingError, write_manifest
-from recordings.reader import open_recording
-from recordings.samples import SAMPLE
-from recordings.summary import summarize
+from meshtop.recordings.manifest import Manifest, RecordingError, write_manifest
+from meshtop.recordings.reader import open_recording
+from meshtop.recordings.samples import SAMPLE
+from meshtop.recordings.summary import summarize
 from tests.recording_kit import description
-from tui.cli import main
+from meshtop.tui.cli import main
 
 SAMPLE_MANIFEST = json.loads((SAMPLE / "manifest.json").read_text())
 
@@ -130,7 +130,7 @@ def test_unreadable_recordings_are_one_line_and_exit_2(setup, message: str, tmp_
 
 
 def test_compacted_tables_equal_the_lines_they_came_from(tmp_path: Path) -> None:
-    from recordings.tables import compact
+    from meshtop.recordings.tables import compact
 
     write_live_recording(tmp_path / "rec", torn=False)
     before = open_recording(tmp_path / "rec").table("step")
@@ -141,7 +141,7 @@ def test_compacted_tables_equal_the_lines_they_came_from(tmp_path: Path) -> None
 
 @pytest.mark.parametrize("parquet", [False, True], ids=["json-lines", "parquet"])
 def test_integers_that_may_be_missing_stay_exact_integers(tmp_path: Path, parquet: bool) -> None:
-    from probes.events import CollectiveTiming
+    from meshtop.probes.events import CollectiveTiming
     from tests.recording_kit import write_recording
 
     wall = 1_764_000_000_123_456_789  # float64 would round this to 256 ns
@@ -167,7 +167,7 @@ def test_sigkilled_meshtop_leaves_a_readable_recording_and_no_ranks(tmp_path: Pa
     from tests.test_launch import wait_for_steps
 
     out = tmp_path / "killed"
-    process = subprocess.Popen([sys.executable, "-m", "tui.cli", "record", str(out), "--dp", "2", "--steps", "100000",
+    process = subprocess.Popen([sys.executable, "-m", "meshtop.tui.cli", "record", str(out), "--dp", "2", "--steps", "100000",
                                 "--device", "cpu"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         wait_for_steps(out / "events", world=2, count=3)
@@ -193,7 +193,7 @@ def test_a_killed_rank_costs_at_most_its_last_second_of_events(tmp_path: Path) -
     import os
 
     out = tmp_path / "rank-killed"
-    done = subprocess.run([sys.executable, "-m", "tui.cli", "record", str(out), "--dp", "2", "--steps", "500",
+    done = subprocess.run([sys.executable, "-m", "meshtop.tui.cli", "record", str(out), "--dp", "2", "--steps", "500",
                            "--device", "cpu"], capture_output=True, text=True, timeout=300,
                           env={**os.environ, "MESHTOP_FAULT": "kill:1:60"})
     assert done.returncode == 1
@@ -211,10 +211,10 @@ def test_a_killed_rank_costs_at_most_its_last_second_of_events(tmp_path: Path) -
 
 
 def test_the_writer_keeps_workers_blocks_as_they_came_and_the_reader_drops_what_is_no_event(tmp_path: Path) -> None:
-    from probes.arrivals import EncodedEvents, encode_lines
-    from probes.events import EventsDropped, StepTiming
-    from recordings.events_log import EventWriter
-    from recordings.tables import read_json_lines
+    from meshtop.probes.arrivals import EncodedEvents, encode_lines
+    from meshtop.probes.events import EventsDropped, StepTiming
+    from meshtop.recordings.events_log import EventWriter
+    from meshtop.recordings.tables import read_json_lines
 
     steps = [StepTiming(rank=1, step=n, start_ns=n, duration_s=0.5, tokens=8, loss=2.0) for n in range(3)]
     foreign = b'{"kind":"collective","rank":1}\n{"kind":"step","rank":1}\n'  # another kind's; a step without fields
@@ -252,14 +252,14 @@ GOOD_STEP = b'{"rank":0,"step":1,"start_ns":5,"duration_s":0.5,"tokens":8,"loss"
 ])
 @pytest.mark.parametrize("clean", [1, 20_000], ids=["small block", "big block"])
 def test_the_decoder_counts_a_line_that_is_no_event_and_keeps_the_rest(line: bytes, why: str, clean: int) -> None:
-    from recordings.schema import decode_lines
+    from meshtop.recordings.schema import decode_lines
 
     decoded = decode_lines("step", GOOD_STEP * clean + line)
     assert (decoded.table.num_rows, decoded.bad) == (clean, 1), why
 
 
 def test_a_string_that_utf_8_cannot_hold_is_a_bad_line_not_an_error() -> None:
-    from recordings.schema import decode_lines
+    from meshtop.recordings.schema import decode_lines
 
     line = b'{"kind":"sampler_error","wall_ns":1,"sampler":"x","message":"\\ud800"}\n'
     good = b'{"kind":"sampler_error","wall_ns":1,"sampler":"x","message":"ok"}\n'
@@ -269,7 +269,7 @@ def test_a_string_that_utf_8_cannot_hold_is_a_bad_line_not_an_error() -> None:
 
 
 def test_a_big_block_with_a_line_longer_than_arrows_block_decodes_whole_and_in_order() -> None:
-    from recordings.schema import ARROW_JSON_BLOCK, decode_lines
+    from meshtop.recordings.schema import ARROW_JSON_BLOCK, decode_lines
 
     def line(number: int, message: str) -> bytes:
         return b'{"kind":"sampler_error","wall_ns":%d,"sampler":"x","message":"%s"}\n' % (number, message.encode())

@@ -21,21 +21,21 @@ from typing import Any
 
 import pytest
 
-from probes.events import Event, JobEnded, MemorySnapshot, RankStarted, RequestDone, StepTiming
-from recordings.compare import compare
-from recordings.manifest import RunDescription
-from recordings.reader import open_recording
-from recordings.samples import SAMPLE
-from recordings.summary import summarize
+from meshtop.probes.events import Event, JobEnded, MemorySnapshot, RankStarted, RequestDone, StepTiming
+from meshtop.recordings.compare import compare
+from meshtop.recordings.manifest import RunDescription
+from meshtop.recordings.reader import open_recording
+from meshtop.recordings.samples import SAMPLE
+from meshtop.recordings.summary import summarize
 from tests.recording_kit import description
 from tests.recording_kit import write_recording as kit_write
 from tests.screen_text import screen_text
-from tui.app import MeshtopApp
-from tui.filters import every_rank
-from tui.sources import ReplaySource
-from tui.state import DashboardState
-from tui.summary_text import comparison_lines, summary_lines
-from tui.views import memory_lines, memory_parts
+from meshtop.tui.app import MeshtopApp
+from meshtop.tui.filters import every_rank
+from meshtop.tui.sources import ReplaySource
+from meshtop.tui.state import DashboardState
+from meshtop.tui.summary_text import comparison_lines, summary_lines
+from meshtop.tui.views import memory_lines, memory_parts
 
 BASE_NS = 1_764_000_000_000_000_000
 """A wall clock of 2025: large enough that float64 would round it (the analysis must not)."""

@@ -10,11 +10,11 @@ import time
 
 import pytest
 
-from probes.arrivals import Arrivals, EncodedEvents, encode_lines
-from probes.collector import Collector
-from probes.events import CollectiveTiming, EventsDropped, StepTiming
-from probes.shipper import EventShipper
-from probes.wire import HEADER, MAX_FRAME_BYTES, encode_events, pack, read_frame, sections
+from meshtop.probes.arrivals import Arrivals, EncodedEvents, encode_lines
+from meshtop.probes.collector import Collector
+from meshtop.probes.events import CollectiveTiming, EventsDropped, StepTiming
+from meshtop.probes.shipper import EventShipper
+from meshtop.probes.wire import HEADER, MAX_FRAME_BYTES, encode_events, pack, read_frame, sections
 
 
 def step(rank: int, number: int) -> StepTiming:
@@ -193,7 +193,7 @@ def test_wire_frames_are_length_prefixed_with_a_json_header_line() -> None:
 
 
 def test_sections_put_rank_starts_first_and_the_steps_after_what_they_close() -> None:
-    from probes.events import CollectiveTiming, RankStarted, StageAction
+    from meshtop.probes.events import CollectiveTiming, RankStarted, StageAction
 
     started = RankStarted(rank=0, pid=1, host="h", device="cpu", pp_rank=0, dp_rank=0, tp_rank=0, stages=(0,),
                           local_parameters=1, wall_ns=1)

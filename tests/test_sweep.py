@@ -20,9 +20,9 @@ from typing import Any
 
 import pytest
 
-from recordings.reader import open_recording
-from recordings.sweep import ranking, read_sweep
-from tui.sweep_app import SweepApp
+from meshtop.recordings.reader import open_recording
+from meshtop.recordings.sweep import ranking, read_sweep
+from meshtop.tui.sweep_app import SweepApp
 
 pytestmark = pytest.mark.slow  # each test runs real multi-rank jobs, several plans each
 
@@ -32,7 +32,7 @@ ACTIVATION_TOLERANCE = 0.15
 
 def sweep(out: Path, *argv: str, env: dict[str, str] | None = None,
           timeout: float = 900) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "tui.cli", "sweep", str(out), *argv], cwd=REPO, text=True,
+    return subprocess.run([sys.executable, "-m", "meshtop.tui.cli", "sweep", str(out), *argv], cwd=REPO, text=True,
                           capture_output=True, timeout=timeout, env={**os.environ, **(env or {})})
 
 
@@ -111,7 +111,7 @@ def test_a_plan_that_fails_is_a_row_with_its_error_and_the_sweep_goes_on(tmp_pat
 
 def test_an_interrupted_sweep_keeps_the_finished_plans_and_names_those_that_did_not_run(tmp_path: Path) -> None:
     out = tmp_path / "sweep"
-    process = subprocess.Popen([sys.executable, "-m", "tui.cli", "sweep", str(out), "--ranks", "2", "--plans",
+    process = subprocess.Popen([sys.executable, "-m", "meshtop.tui.cli", "sweep", str(out), "--ranks", "2", "--plans",
                                 "dp2,pp2,tp2", "--steps", "1000"], cwd=REPO, text=True,
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
     try:
@@ -182,7 +182,7 @@ def test_a_sweep_never_writes_into_an_existing_one_and_a_question_without_a_plan
     done = sweep(out, "--ranks", "2", "--plans", "dp2")
     assert done.returncode == 2 and "exists and is not empty" in done.stderr and "Traceback" not in done.stderr
     assert sorted(p.name for p in out.iterdir()) == ["sweep.json"]  # no ranking written over it
-    replay = subprocess.run([sys.executable, "-m", "tui.cli", "replay", str(out)], cwd=REPO, text=True,
+    replay = subprocess.run([sys.executable, "-m", "meshtop.tui.cli", "replay", str(out)], cwd=REPO, text=True,
                             capture_output=True, timeout=60)
     assert replay.returncode == 2 and "is not a sweep file this meshtop reads" in replay.stderr
     short = sweep(tmp_path / "short", "--ranks", "2", "--steps", "2")

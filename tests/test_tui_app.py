@@ -16,13 +16,13 @@ from pathlib import Path
 
 import pytest
 
-from recordings.compare import compare
-from recordings.reader import open_recording
-from recordings.summary import summarize
+from meshtop.recordings.compare import compare
+from meshtop.recordings.reader import open_recording
+from meshtop.recordings.summary import summarize
 from tests.screen_text import screen_text
-from tui.app import MeshtopApp, ReplayBar
-from tui.compare_app import CompareApp
-from tui.sources import ReplaySource
+from meshtop.tui.app import MeshtopApp, ReplayBar
+from meshtop.tui.compare_app import CompareApp
+from meshtop.tui.sources import ReplaySource
 
 ROOT = Path(__file__).resolve().parent.parent
 SAMPLE = Path("recordings/samples/dp2-pp2-1f1b")  # relative, so the header reads the same on every machine
@@ -149,7 +149,7 @@ async def test_rank_filter_limits_the_per_rank_views() -> None:
 async def test_processes_view_selects_a_rank_and_a_replay_refuses_new_stack_dumps() -> None:
     async with replay() as (app, pilot):
         await press(pilot, "6", "down", "down")
-        from tui.views import ProcessesPanel
+        from meshtop.tui.views import ProcessesPanel
         assert app.query_one(ProcessesPanel).selected == 2
         await press(pilot, "s")
         assert app.messages[-1].startswith("a replay shows the stack dumps taken while recording")
@@ -158,7 +158,7 @@ async def test_processes_view_selects_a_rank_and_a_replay_refuses_new_stack_dump
 async def test_a_panel_redraws_only_the_rows_that_changed() -> None:
     from textual.geometry import Region
 
-    from tui.views import ProcessesPanel
+    from meshtop.tui.views import ProcessesPanel
 
     async with replay(size=(120, 30)) as (app, pilot):
         await press(pilot, "6")
@@ -262,7 +262,7 @@ async def test_screen_snapshot(sample: str, view: str, size: tuple[int, int]) ->
 ])
 def test_dashboard_commands_refuse_bad_input_in_one_line(argv: list[str], message: str,
                                                          capsys: pytest.CaptureFixture[str]) -> None:
-    from tui.cli import main
+    from meshtop.tui.cli import main
 
     assert main(argv) == 2
     captured = capsys.readouterr()
@@ -272,7 +272,7 @@ def test_dashboard_commands_refuse_bad_input_in_one_line(argv: list[str], messag
 
 @pytest.mark.parametrize("width", [80, 160])
 async def test_devices_view_draws_gpu_samples_with_history_clock_and_temperature(width: int) -> None:
-    from probes.events import GpuSample  # NVML readings as the GPU sampler would send them (no GPU here)
+    from meshtop.probes.events import GpuSample  # NVML readings as the GPU sampler would send them (no GPU here)
 
     async with replay(size=(width, 30)) as (app, pilot):
         app.state.apply_events(GpuSample(

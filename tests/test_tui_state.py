@@ -6,21 +6,21 @@ from pathlib import Path
 
 import pytest
 
-from probes.arrivals import Arrivals
-from probes.errors import MeshtopError
-from probes.events import (
+from meshtop.probes.arrivals import Arrivals
+from meshtop.probes.errors import MeshtopError
+from meshtop.probes.events import (
     CollectiveTiming, EventsDropped, GpuSample, ProbeOff, RankExited, RankStarted, StageAction, StepTiming,
 )
-from recordings.metrics.run import CLOSE_AFTER
-from recordings.reader import open_recording
-from recordings.replay import load_timeline
-from recordings.samples import SAMPLE
-from recordings.schema import batches_of
-from runner.plan import RunSpec, resolve
+from meshtop.recordings.metrics.run import CLOSE_AFTER
+from meshtop.recordings.reader import open_recording
+from meshtop.recordings.replay import load_timeline
+from meshtop.recordings.samples import SAMPLE
+from meshtop.recordings.schema import batches_of
+from meshtop.runner.plan import RunSpec, resolve
 from tests.recording_kit import description
-from tui.filters import parse_rank_filter
-from tui.sources import COALESCIBLE, LiveSource, Playback, ReplaySource, ScreenBacklog
-from tui.state import HISTORY, DashboardState, RankView
+from meshtop.tui.filters import parse_rank_filter
+from meshtop.tui.sources import COALESCIBLE, LiveSource, Playback, ReplaySource, ScreenBacklog
+from meshtop.tui.state import HISTORY, DashboardState, RankView
 
 MS = 1_000_000
 STEP_NS = 10 * MS

@@ -23,7 +23,7 @@ from typing import TypeVar
 import psutil
 import pytest
 
-from runner.plan import DEFAULT_STEPS
+from meshtop.runner.plan import DEFAULT_STEPS
 
 TMUX = shutil.which("tmux")
 if TMUX is None:
@@ -78,7 +78,7 @@ class Terminal:
         config.write_text("set -g remain-on-exit on\nset -g status off\nset -g history-limit 10000\n"
                           "set -g default-shell /bin/sh\n")
         exports = " ".join(f"{name}={shlex.quote(value)}" for name, value in self._pane_env.items())
-        meshtop = " ".join(shlex.quote(part) for part in [sys.executable, "-m", "tui.cli", *self.args])
+        meshtop = " ".join(shlex.quote(part) for part in [sys.executable, "-m", "meshtop.tui.cli", *self.args])
         script = (f"export {exports}; cd {shlex.quote(str(REPO))} && {meshtop}; "
                   f"echo EXIT=$? > {shlex.quote(str(self.exit_file))}")
         self.tmux("-f", str(config), "new-session", "-d", "-s", self.session,
@@ -262,7 +262,7 @@ def test_the_header_keeps_its_step_row_in_a_narrow_terminal(terminal: Callable[.
 def test_the_overview_and_summary_print_the_same_collective_p50_and_p99(terminal: Callable[..., Terminal]) -> None:
     """The same recording in the dashboard's overview (at its end) and in ``meshtop summary``: the same
     in-flight p50 / p99 per (group, op), as printed."""
-    done = subprocess.run([sys.executable, "-m", "tui.cli", "summary", "recordings/samples/dp2-pp2-1f1b"],
+    done = subprocess.run([sys.executable, "-m", "meshtop.tui.cli", "summary", "recordings/samples/dp2-pp2-1f1b"],
                           capture_output=True, text=True, cwd=REPO, timeout=120, check=True)
     row = re.compile(r"^  (\w+)\s+(\w+)\s+[\d,]+\s+\S+ \S+\s+\S+ \S+\s+(\S+ \S+)\s+(\S+ \S+)", re.MULTILINE)
     printed = {(g, o): (p50, p99) for g, o, p50, p99 in row.findall(done.stdout)}
@@ -301,11 +301,11 @@ def test_quitting_a_live_job_stops_every_rank_and_keeps_the_recording(
 
     term.wait_for(running_step, "'● running' with a step above 0", JOB_S)
     job = term.job_processes()
-    workers = [p for p in job if python_module(p) == "runner.worker"]
+    workers = [p for p in job if python_module(p) == "meshtop.runner.worker"]
     assert len(workers) == 2, [p.cmdline() for p in job]  # dp2: one per rank
 
     if how == "SIGTERM":
-        [meshtop] = [p for p in job if python_module(p) == "tui.cli"]
+        [meshtop] = [p for p in job if python_module(p) == "meshtop.tui.cli"]
         meshtop.terminate()
     else:
         term.press(how)
@@ -320,7 +320,7 @@ def test_quitting_a_live_job_stops_every_rank_and_keeps_the_recording(
 
 
 def meshtop_process(term: Terminal) -> psutil.Process:
-    [meshtop] = [p for p in term.job_processes() if python_module(p) == "tui.cli"]
+    [meshtop] = [p for p in term.job_processes() if python_module(p) == "meshtop.tui.cli"]
     return meshtop
 
 
@@ -422,7 +422,7 @@ def test_a_completed_live_job_keeps_the_dashboard_until_q(
     assert first.startswith(" meshtop  ● completed"), screen
     assert second.startswith(" step 5/5 "), screen
     job = term.job_processes()
-    assert not [p for p in job if python_module(p) == "runner.worker"], "the ranks outlived the job"
+    assert not [p for p in job if python_module(p) == "meshtop.runner.worker"], "the ranks outlived the job"
     elapsed = re.search(r"elapsed (\S+ s)", header_rows(term.screen())[1])
     time.sleep(1.5)  # completed is not an exit: the dashboard stays open, its clock stopped with the job
     assert term.exit_code() is None and "● completed" in term.screen()
@@ -459,7 +459,7 @@ def test_the_default_run_trains_until_q_and_then_completes_on_every_rank(
     term.wait_for(lambda screen: (running_step(screen) or 0) > DEFAULT_STEPS, f"a step past {DEFAULT_STEPS}", JOB_S)
     assert "q ends the run" in header_rows(term.screen())[1], term.screen()
     _, session = quit_completed(term, term.job_processes(), runs)
-    summary = json.loads(subprocess.run([sys.executable, "-m", "tui.cli", "summary", str(session), "--json"],
+    summary = json.loads(subprocess.run([sys.executable, "-m", "meshtop.tui.cli", "summary", str(session), "--json"],
                                         capture_output=True, text=True, timeout=120, check=True).stdout)
     assert summary["steps"]["count"] > DEFAULT_STEPS  # every rank reported each of them (folded steps)
 
@@ -553,7 +553,7 @@ def test_a_hang_in_a_live_job_shows_the_report_and_s_stops_the_job(
     job = term.job_processes()
     term.press("s")
     term.wait_text("● failed", timeout_s=JOB_S)  # stopped; the dashboard stays open to be read
-    assert still_running([p for p in job if python_module(p) in ("runner.worker", "runner.agent")]) == []
+    assert still_running([p for p in job if python_module(p) in ("meshtop.runner.worker", "meshtop.runner.agent")]) == []
     term.press("q")
     assert term.wait_exit() == 1, term.everything()
     assert still_running(job) == []

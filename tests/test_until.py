@@ -8,10 +8,10 @@ from pathlib import Path
 import pytest
 import torch.distributed as dist
 
-from probes.events import Event, StepTiming
-from runner.launch import JobControl
-from runner.plan import PlanError, RunSpec, resolve
-from runner.until import MARGIN_STEPS, RunUntilStopped
+from meshtop.probes.events import Event, StepTiming
+from meshtop.runner.launch import JobControl
+from meshtop.runner.plan import PlanError, RunSpec, resolve
+from meshtop.runner.until import MARGIN_STEPS, RunUntilStopped
 from tests.jobs import launch
 
 

@@ -29,14 +29,14 @@ import torch.distributed as dist
 from torch.distributed.distributed_c10d import _resolve_process_group
 from torch.profiler import ProfilerActivity, profile
 
-from probes.events import CollectiveTiming, Event
-from probes.groups import GroupDirectory
-from probes.instrument import Instrumentation
-from probes.sink import EventSink
-from runner.mesh import MESH_DIMS, build_mesh, coordinates, local_device
-from runner.pipeline import embedding_group
-from runner.plan import ResolvedRun
-from runner.train import build_training, train_step
+from meshtop.probes.events import CollectiveTiming, Event
+from meshtop.probes.groups import GroupDirectory
+from meshtop.probes.instrument import Instrumentation
+from meshtop.probes.sink import EventSink
+from meshtop.runner.mesh import MESH_DIMS, build_mesh, coordinates, local_device
+from meshtop.runner.pipeline import embedding_group
+from meshtop.runner.plan import ResolvedRun
+from meshtop.runner.train import build_training, train_step
 
 WATCHED_STEP = 2
 # The dispatcher's c10d ops by the names meshtop gives them (this test's own table).

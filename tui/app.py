@@ -17,16 +17,16 @@ from textual.containers import Vertical, VerticalScroll
 from textual.screen import ModalScreen, Screen
 from textual.widgets import Footer, Input, Static, TabbedContent, TabPane
 
-from probes.errors import MeshtopError
-from probes.events import HangDetected
-from tui.charts import human_seconds
-from tui.filters import every_rank, parse_rank_filter
-from tui.gc_pacing import GcPacer
-from tui.sources import Playback, Source
-from tui.state import LIVE_FIGURES_EVERY_S, DashboardState
-from tui.summary_text import per_second
-from tui.terminal import TerminalGuard
-from tui.views import (
+from meshtop.probes.errors import MeshtopError
+from meshtop.probes.events import HangDetected
+from meshtop.tui.charts import human_seconds
+from meshtop.tui.filters import every_rank, parse_rank_filter
+from meshtop.tui.gc_pacing import GcPacer
+from meshtop.tui.sources import Playback, Source
+from meshtop.tui.state import LIVE_FIGURES_EVERY_S, DashboardState
+from meshtop.tui.summary_text import per_second
+from meshtop.tui.terminal import TerminalGuard
+from meshtop.tui.views import (
     AlertsPanel, CollectivesPanel, DevicesPanel, OverviewPanel, Panel, PipelinePanel, ProcessesPanel, StepsPanel,
     output_rate,
 )
@@ -301,7 +301,7 @@ class MeshtopApp(App[None]):
         self.gc_pacer = GcPacer(every_frames=max(1, round(frame_hz * GC_EVERY_S)))
 
     def run(self, *args: Any, **kwargs: Any) -> Any:
-        """Textual's run, its terminal guarded where the CLI gave a guard (:mod:`tui.terminal`)."""
+        """Textual's run, its terminal guarded where the CLI gave a guard (:mod:`meshtop.tui.terminal`)."""
         if self.terminal is None:
             return super().run(*args, **kwargs)
         self.terminal.install()

@@ -7,7 +7,7 @@ from itertools import islice
 
 from rich.text import Span, Text
 
-from tui.summary_text import human_bytes, human_seconds
+from meshtop.tui.summary_text import human_bytes, human_seconds
 
 __all__ = ["human_bytes", "human_seconds", "human_rate", "sparkline", "column_chart", "chart", "memory_bar", "legend"]
 

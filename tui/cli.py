@@ -19,18 +19,18 @@ from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING, Any, NoReturn
 
-from probes.errors import MeshtopError
-from probes.samplers import DEFAULT_GPU_HZ, DEFAULT_PROCESS_HZ
-from runner.launch import NodeProbes
-from runner.load import (
+from meshtop.probes.errors import MeshtopError
+from meshtop.probes.samplers import DEFAULT_GPU_HZ, DEFAULT_PROCESS_HZ
+from meshtop.runner.launch import NodeProbes
+from meshtop.runner.load import (
     DEFAULT_CONCURRENCY,
     DEFAULT_MAX_BATCH,
     DEFAULT_OUTPUT_LEN,
     DEFAULT_PROMPT_LEN,
     DEFAULT_REQUESTS,
 )
-from runner.nodes import Nodes, nodes_from_options
-from runner.plan import (
+from meshtop.runner.nodes import Nodes, nodes_from_options
+from meshtop.runner.plan import (
     DEFAULT_STEPS,
     DEVICES,
     DTYPES,
@@ -42,15 +42,15 @@ from runner.plan import (
     option,
     resolve,
 )
-from runner.planner import SWEEP_STEPS
-from runner.presets import PRESETS
-from runner.script import ScriptRun, resolve_script
-from tui.terminal import TerminalGuard, go_on_headless
+from meshtop.runner.planner import SWEEP_STEPS
+from meshtop.runner.presets import PRESETS
+from meshtop.runner.script import ScriptRun, resolve_script
+from meshtop.tui.terminal import TerminalGuard, go_on_headless
 
 if TYPE_CHECKING:
-    from recordings.manifest import Manifest
-    from recordings.prometheus import MetricsServer, RunMetrics
-    from runner.session import Work
+    from meshtop.recordings.manifest import Manifest
+    from meshtop.recordings.prometheus import MetricsServer, RunMetrics
+    from meshtop.runner.session import Work
 
 EXIT_OK, EXIT_JOB_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
 RUNS_DIR_ENV = "MESHTOP_RUNS_DIR"
@@ -174,7 +174,7 @@ def add_metrics_options(parser: argparse.ArgumentParser) -> None:
 
 def serve_metrics(args: argparse.Namespace, metrics: Callable[[], RunMetrics] | None) -> MetricsServer | None:
     """The ``/metrics`` server that ``--metrics-port`` asks for, started; ``None`` without one."""
-    from recordings.prometheus import DEFAULT_BIND, MetricsServer
+    from meshtop.recordings.prometheus import DEFAULT_BIND, MetricsServer
 
     if args.metrics_port is None:
         if args.metrics_bind is not None:
@@ -188,8 +188,8 @@ def serve_metrics(args: argparse.Namespace, metrics: Callable[[], RunMetrics] | 
 
 def live_metrics(args: argparse.Namespace, run: Work) -> tuple[RunMetrics | None, MetricsServer | None]:
     """The series a live session feeds and the server of ``--metrics-port``, started (``None`` without)."""
-    from recordings.prometheus import RunMetrics
-    from runner.session import describe
+    from meshtop.recordings.prometheus import RunMetrics
+    from meshtop.runner.session import describe
 
     metrics = RunMetrics(describe(run)) if args.metrics_port is not None else None
     return metrics, serve_metrics(args, (lambda: metrics) if metrics is not None else None)  # type: ignore[return-value]
@@ -338,7 +338,7 @@ def build_parser() -> argparse.ArgumentParser:
     export.add_argument("-o", "--output", type=Path, required=True, metavar="PATH",
                         help="the trace file (perfetto) or a new directory (csv)")
     export.set_defaults(handler=command_export)
-    from tui.plan_commands import add_plan_commands  # they use this module's option groups
+    from meshtop.tui.plan_commands import add_plan_commands  # they use this module's option groups
 
     add_plan_commands(commands)
     return parser
@@ -370,11 +370,11 @@ def new_session_path(runs: Path, run: Work) -> Path:
 
 
 def command_run(args: argparse.Namespace) -> int:
-    from recordings.manifest import note_terminal_lost
-    from runner.console import verdict
-    from runner.session import start_recording
-    from tui.app import MeshtopApp
-    from tui.sources import LiveSource
+    from meshtop.recordings.manifest import note_terminal_lost
+    from meshtop.runner.console import verdict
+    from meshtop.runner.session import start_recording
+    from meshtop.tui.app import MeshtopApp
+    from meshtop.tui.sources import LiveSource
 
     run = resolve_args(args)
     probes = node_probes_from_args(args)
@@ -427,8 +427,8 @@ def command_node(run: Work, nodes: Nodes, probes: NodeProbes) -> int:
     """A node other than the head: run its ranks and stream to the head, which records and shows the job;
     exit as the whole job ended. Its launcher log stays in a temporary folder where the job did not complete
     (the head's recording folder may be shared with this node: it is never written here)."""
-    from runner.relay import serve_as_node
-    from runner.session import launch_of
+    from meshtop.runner.relay import serve_as_node
+    from meshtop.runner.session import launch_of
 
     directory = Path(tempfile.mkdtemp(prefix=f"meshtop-node{nodes.rank}-"))
     status = serve_as_node(launch_of(run, directory, nodes), nodes, session_dir=directory, out=sys.stdout,
@@ -441,22 +441,22 @@ def command_node(run: Work, nodes: Nodes, probes: NodeProbes) -> int:
 
 
 def sample_recording() -> Path:
-    from recordings.samples import SAMPLE
+    from meshtop.recordings.samples import SAMPLE
 
     return SAMPLE
 
 
 def command_replay(args: argparse.Namespace) -> int:
-    from recordings.reader import open_recording
-    from tui.app import MeshtopApp
-    from tui.sources import ReplaySource
+    from meshtop.recordings.reader import open_recording
+    from meshtop.tui.app import MeshtopApp
+    from meshtop.tui.sources import ReplaySource
 
     if not 0 < args.speed <= 1000:
         raise PlanError(f"--speed must be above 0 and at most 1000, got {args.speed:g}")
-    from recordings.sweep import is_sweep
+    from meshtop.recordings.sweep import is_sweep
 
     if args.recording is not None and is_sweep(args.recording):
-        from tui.plan_commands import replay_sweep
+        from meshtop.tui.plan_commands import replay_sweep
 
         return replay_sweep(args)
     recording = open_recording(args.recording or sample_recording())
@@ -478,11 +478,11 @@ def command_replay(args: argparse.Namespace) -> int:
 
 
 def command_record(args: argparse.Namespace) -> int:
-    from recordings.reader import open_recording
-    from recordings.summary import summarize
-    from runner.console import follow_job
-    from runner.session import start_recording
-    from tui.summary_text import summary_lines
+    from meshtop.recordings.reader import open_recording
+    from meshtop.recordings.summary import summarize
+    from meshtop.runner.console import follow_job
+    from meshtop.runner.session import start_recording
+    from meshtop.tui.summary_text import summary_lines
 
     run = resolve_args(args)
     probes = node_probes_from_args(args)
@@ -515,23 +515,23 @@ def print_report(report: dict[str, Any], *, as_json: bool, lines: Callable[[dict
 
 
 def command_summary(args: argparse.Namespace) -> int:
-    from recordings.reader import open_recording
-    from recordings.summary import summarize
-    from tui.summary_text import summary_lines
+    from meshtop.recordings.reader import open_recording
+    from meshtop.recordings.summary import summarize
+    from meshtop.tui.summary_text import summary_lines
 
     return print_report(summarize(open_recording(args.recording)), as_json=args.json, lines=summary_lines)
 
 
 def command_compare(args: argparse.Namespace) -> int:
-    from recordings.compare import compare
-    from recordings.reader import open_recording
-    from tui.summary_text import comparison_lines
+    from meshtop.recordings.compare import compare
+    from meshtop.recordings.reader import open_recording
+    from meshtop.tui.summary_text import comparison_lines
 
     before, after = open_recording(args.before), open_recording(args.after)
     comparison = compare(before, after)
     if args.tui:
-        from recordings.summary import summarize
-        from tui.compare_app import CompareApp
+        from meshtop.recordings.summary import summarize
+        from meshtop.tui.compare_app import CompareApp
 
         require_terminal("meshtop compare --tui", "leave out --tui for the comparison as text")
         CompareApp(comparison, summarize(before), summarize(after)).run()
@@ -540,9 +540,9 @@ def command_compare(args: argparse.Namespace) -> int:
 
 
 def command_export(args: argparse.Namespace) -> int:
-    from recordings.export import export_csv, export_perfetto
-    from recordings.manifest import RecordingError
-    from recordings.reader import open_recording
+    from meshtop.recordings.export import export_csv, export_perfetto
+    from meshtop.recordings.manifest import RecordingError
+    from meshtop.recordings.reader import open_recording
 
     recording = open_recording(args.recording)
     output: Path = args.output

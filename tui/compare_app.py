@@ -9,7 +9,7 @@ from textual.app import App, ComposeResult
 from textual.binding import Binding, BindingType
 from textual.widgets import DataTable, Footer, Static
 
-from tui.summary_text import figure, run_words
+from meshtop.tui.summary_text import figure, run_words
 
 HIGHER_IS_BETTER = ("throughput", "goodput", "busbw", "headroom")
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 
-from probes.errors import MeshtopError
-from tui.state import RankView
+from meshtop.probes.errors import MeshtopError
+from meshtop.tui.state import RankView
 
 COORDINATE = re.compile(r"^(pp|dp|tp|node)=(\d+)$")
 HOST = re.compile(r"^host=(\S+)$")

@@ -1,5 +1,5 @@
 """``meshtop plan`` and ``meshtop sweep`` on the command line, and ``replay`` of a sweep: which plan for this
-model on these devices (:mod:`runner.planner`, :mod:`runner.plan_report`, :mod:`runner.sweep`)."""
+model on these devices (:mod:`meshtop.runner.planner`, :mod:`meshtop.runner.plan_report`, :mod:`meshtop.runner.sweep`)."""
 
 from __future__ import annotations
 
@@ -10,10 +10,10 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from runner.plan import PlanError
-from runner.plan_report import Budget, parse_size, report
-from runner.planner import Question, candidates
-from tui.cli import (
+from meshtop.runner.plan import PlanError
+from meshtop.runner.plan_report import Budget, parse_size, report
+from meshtop.runner.planner import Question, candidates
+from meshtop.tui.cli import (
     EXIT_OK,
     add_plan_options,
     exit_code,
@@ -71,7 +71,7 @@ def add_plan_commands(commands: Any) -> None:
 
 def plan_question(args: argparse.Namespace, *, launching: bool) -> tuple[Question, Budget]:
     """What ``plan`` and ``sweep`` are asked, and the device budget the plans are held to."""
-    from probes.nvml import Nvml
+    from meshtop.probes.nvml import Nvml
 
     for flag, value in (("--gpus", args.gpus), ("--ranks", args.ranks), ("--gpus-per-node", args.gpus_per_node)):
         if value is not None and value < 1:
@@ -101,8 +101,8 @@ def plan_question(args: argparse.Namespace, *, launching: bool) -> tuple[Questio
     busbw = getattr(args, "busbw", None)
     flops = getattr(args, "tflops", None) and args.tflops * 1e12
     if getattr(args, "from_recording", None) is not None:
-        from recordings.reader import open_recording
-        from recordings.summary import measured_rates
+        from meshtop.recordings.reader import open_recording
+        from meshtop.recordings.summary import measured_rates
 
         measured_busbw, measured_flops = measured_rates(open_recording(args.from_recording))
         busbw, flops = busbw or measured_busbw, flops or measured_flops
@@ -122,7 +122,7 @@ def plan_question(args: argparse.Namespace, *, launching: bool) -> tuple[Questio
 
 
 def command_plan(args: argparse.Namespace) -> int:
-    from tui.plan_text import plan_lines
+    from meshtop.tui.plan_text import plan_lines
 
     question, budget = plan_question(args, launching=False)
     found = candidates(question)
@@ -132,9 +132,9 @@ def command_plan(args: argparse.Namespace) -> int:
 
 
 def command_sweep(args: argparse.Namespace) -> int:
-    from recordings.sweep import SWEEP_FILE, ranking
-    from runner.sweep import run_sweep, sweep_question
-    from tui.plan_text import sweep_lines
+    from meshtop.recordings.sweep import SWEEP_FILE, ranking
+    from meshtop.runner.sweep import run_sweep, sweep_question
+    from meshtop.tui.plan_text import sweep_lines
 
     question, budget = plan_question(args, launching=True)
     question = sweep_question(question, steps=args.steps)
@@ -160,12 +160,12 @@ def command_sweep(args: argparse.Namespace) -> int:
 
 def replay_sweep(args: argparse.Namespace) -> int:
     """The sweep's ranked plans; Enter replays one in the dashboard, and closing it comes back to the list."""
-    from recordings.reader import open_recording
-    from recordings.sweep import ranking
-    from tui.app import MeshtopApp
-    from tui.sources import ReplaySource
-    from tui.sweep_app import SweepApp
-    from tui.terminal import TerminalGuard
+    from meshtop.recordings.reader import open_recording
+    from meshtop.recordings.sweep import ranking
+    from meshtop.tui.app import MeshtopApp
+    from meshtop.tui.sources import ReplaySource
+    from meshtop.tui.sweep_app import SweepApp
+    from meshtop.tui.terminal import TerminalGuard
 
     ranked = ranking(args.recording)
     require_terminal("meshtop replay", f"the sweep's table is in {args.recording / 'ranking.txt'}")

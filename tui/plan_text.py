@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from tui.summary_text import human_bytes, human_seconds
+from meshtop.tui.summary_text import human_bytes, human_seconds
 
 MEMORY_COLUMNS = (("weights", "weights_bytes"), ("grads", "grads_bytes"), ("optim", "optimizer_bytes"),
                   ("activ", "activations_bytes"), ("kv", "kv_cache_bytes"), ("total", "total_bytes"))

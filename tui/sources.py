@@ -2,7 +2,7 @@
 
 Once a frame the app hands its state to ``source.poll(state)``, which folds
 what the source has into it (``DashboardState.apply``, typed tables from
-:mod:`recordings.schema`'s decoder either way) and returns the state to draw:
+:mod:`meshtop.recordings.schema`'s decoder either way) and returns the state to draw:
 the same one, or for a replay that moved back, an earlier snapshot carried
 forward. The app cannot tell a live job from a replay, except that a replay
 also offers :class:`Playback` controls.
@@ -22,21 +22,21 @@ from typing import Protocol
 
 import pyarrow as pa
 
-from probes.arrivals import Arrivals, EncodedEvents
-from probes.errors import MeshtopError
-from probes.events import Event
-from recordings.manifest import Manifest, RunDescription
-from recordings.metrics.run import COLUMNAR
-from recordings.metrics.steps import JobStep
-from recordings.prometheus import RunMetrics
-from recordings.reader import Recording
-from recordings.replay import Timeline, in_kind_order, load_timeline
-from recordings.schema import batches_of, decode_lines
-from recordings.summary import job_status
-from runner.launch import PHASE_NAME, JobControl, JobResult, NodeProbes
-from runner.nodes import Nodes
-from runner.session import Work, describe, run_session
-from tui.state import UI_KINDS, DashboardState
+from meshtop.probes.arrivals import Arrivals, EncodedEvents
+from meshtop.probes.errors import MeshtopError
+from meshtop.probes.events import Event
+from meshtop.recordings.manifest import Manifest, RunDescription
+from meshtop.recordings.metrics.run import COLUMNAR
+from meshtop.recordings.metrics.steps import JobStep
+from meshtop.recordings.prometheus import RunMetrics
+from meshtop.recordings.reader import Recording
+from meshtop.recordings.replay import Timeline, in_kind_order, load_timeline
+from meshtop.recordings.schema import batches_of, decode_lines
+from meshtop.recordings.summary import job_status
+from meshtop.runner.launch import PHASE_NAME, JobControl, JobResult, NodeProbes
+from meshtop.runner.nodes import Nodes
+from meshtop.runner.session import Work, describe, run_session
+from meshtop.tui.state import UI_KINDS, DashboardState
 
 SCREEN_BACKLOG = 200_000
 """Events a live source holds for the screen between two frames; beyond it the oldest high-rate events are
@@ -73,7 +73,7 @@ class Source(Protocol):
     def stop(self) -> None: ...
     def finish(self) -> None:
         """End the work as it ends by itself where it can (a live run until stopped ends after its next steps
-        and completes, :mod:`runner.until`); else stop it."""
+        and completes, :mod:`meshtop.runner.until`); else stop it."""
     def wait(self, timeout_s: float | None = None) -> bool:
         """Wait until the source is done (a live session's recording closed); whether it is."""
     def ask_stacks(self, ranks: Iterable[int] | None) -> str | None:

@@ -3,7 +3,7 @@ pipeline timeline, per-rank and per-GPU views, alerts). Plain Python, fed event 
 screen at its frame rate.
 
 Every figure (step time, p50 / p99, busbw, exposed share, bubbles, peaks,
-request latencies, MFU) comes from :class:`recordings.metrics.run.RunFold`,
+request latencies, MFU) comes from :class:`meshtop.recordings.metrics.run.RunFold`,
 the same fold ``meshtop summary`` runs; this module only keeps what a screen
 shows beside them, in bounded windows, so memory stays flat however long a
 run goes. No Textual here: tests and benchmarks drive it directly.
@@ -20,18 +20,18 @@ from typing import Any
 
 import pyarrow as pa
 
-from probes.events import (
+from meshtop.probes.events import (
     Event, EventsDropped, GpuSample, HangDetected, JobEnded, MemorySnapshot, NvmlState, ProbeOff, ProcessSample,
     RankExited, RankStarted, RequestDone, SamplerError, StackDump, StepTiming,
 )
-from recordings.manifest import RunDescription
-from recordings.metrics.collectives import CollectiveRow
-from recordings.metrics.mfu import Mfu
-from recordings.metrics.requests import LATENCIES, RequestFigures
-from recordings.metrics.run import COLUMNAR, RunFigures, RunFold
-from recordings.metrics.steps import JobStep
-from recordings.replay import in_kind_order
-from recordings.schema import events_of, table_of
+from meshtop.recordings.manifest import RunDescription
+from meshtop.recordings.metrics.collectives import CollectiveRow
+from meshtop.recordings.metrics.mfu import Mfu
+from meshtop.recordings.metrics.requests import LATENCIES, RequestFigures
+from meshtop.recordings.metrics.run import COLUMNAR, RunFigures, RunFold
+from meshtop.recordings.metrics.steps import JobStep
+from meshtop.recordings.replay import in_kind_order
+from meshtop.recordings.schema import events_of, table_of
 
 HISTORY = 240
 """Points kept for each chart (steps, utilisation, power, CPU)."""

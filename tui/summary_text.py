@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from recordings.metrics.requests import LATENCIES, Slo
-from tui.state import ranks_text
+from meshtop.recordings.metrics.requests import LATENCIES, Slo
+from meshtop.tui.state import ranks_text
 
 
 def human_bytes(count: float | None) -> str:

@@ -14,7 +14,7 @@ from textual.app import App, ComposeResult
 from textual.binding import Binding, BindingType
 from textual.widgets import DataTable, Footer, Static
 
-from tui.plan_text import sweep_cells, sweep_columns, sweep_notes, sweep_title
+from meshtop.tui.plan_text import sweep_cells, sweep_columns, sweep_notes, sweep_title
 
 
 class SweepApp(App[Path | None]):

@@ -16,7 +16,7 @@ pipe would do for input, but Textual's input thread may have been told the
 terminal is readable just before the swap, and would then wait on the pipe for
 ever, keeping the process from exiting). The dashboard exits at once, which
 stops its input thread, and the session goes on headless
-(:func:`tui.cli.go_on_headless`).
+(:func:`meshtop.tui.cli.go_on_headless`).
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TextIO
 
 if TYPE_CHECKING:
-    from tui.sources import LiveSource
+    from meshtop.tui.sources import LiveSource
 
 
 class TerminalGuard:

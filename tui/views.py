@@ -13,12 +13,12 @@ from rich.console import Group
 from rich.table import Table
 from rich.text import Span, Text
 
-from recordings.metrics.pipeline import theoretical_bubble
-from recordings.metrics.requests import LATENCIES
-from tui.charts import chart, human_bytes, human_rate, human_seconds, legend, memory_bar, sparkline
-from tui.line_view import LineView
-from tui.state import DashboardState, PipelineStep, RankView, RequestsView
-from tui.summary_text import busbw_text, per_second
+from meshtop.recordings.metrics.pipeline import theoretical_bubble
+from meshtop.recordings.metrics.requests import LATENCIES
+from meshtop.tui.charts import chart, human_bytes, human_rate, human_seconds, legend, memory_bar, sparkline
+from meshtop.tui.line_view import LineView
+from meshtop.tui.state import DashboardState, PipelineStep, RankView, RequestsView
+from meshtop.tui.summary_text import busbw_text, per_second
 
 RankFilter = Callable[[RankView], bool]
 

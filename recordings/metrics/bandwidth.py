@@ -6,7 +6,7 @@ all-reduce, (n-1)/n for all-gather, reduce-scatter and all-to-all, 1 for
 broadcast, reduce and point-to-point. S is the whole buffer; n is the size of
 the collective's own process group. t is the operation's in-flight time, and
 busbw is only taken of operations that ran alone on their group
-(:mod:`recordings.metrics.collectives`): one queued behind another would count
+(:mod:`meshtop.recordings.metrics.collectives`): one queued behind another would count
 the wait as transfer.
 """
 

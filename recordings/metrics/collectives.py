@@ -7,7 +7,7 @@ Of the operations issued inside a step (set-up and tear-down traffic, step
 - **in-flight time**: issue to completion (``end_ns - start_ns``); its total,
   p50 and p99. An asynchronous operation is in flight while the rank does
   other work, so in-flight times of one step can add up to more than the step;
-- **busbw**: p50 of :func:`~recordings.metrics.bandwidth.busbw_gbps` over the
+- **busbw**: p50 of :func:`~meshtop.recordings.metrics.bandwidth.busbw_gbps` over the
   operations that ran alone on their group (``overlapped`` not true): one
   queued behind another would count its wait as transfer;
 - **exposed time**: what the rank's thread waited. Per rank, step and (group,
@@ -37,9 +37,9 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from recordings.metrics.bandwidth import bus_factor, busbw_column
-from recordings.metrics.stats import Distribution
-from recordings.metrics.steps import ClosedSteps, StepSpans
+from meshtop.recordings.metrics.bandwidth import bus_factor, busbw_column
+from meshtop.recordings.metrics.stats import Distribution
+from meshtop.recordings.metrics.steps import ClosedSteps, StepSpans
 
 _NO_SPAN = (np.iinfo(np.int64).min, np.iinfo(np.int64).max)
 """The span of a rank whose step time is not known: its operations are not clipped."""

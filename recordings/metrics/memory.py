@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 import pyarrow as pa
 
-from probes.events import MemorySnapshot, ProcessSample
+from meshtop.probes.events import MemorySnapshot, ProcessSample
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -24,7 +24,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from recordings.manifest import RunDescription
+from meshtop.recordings.manifest import RunDescription
 
 @dataclass(frozen=True, slots=True)
 class GpuModel:

@@ -30,8 +30,8 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from recordings.metrics.stats import Distribution
-from recordings.metrics.steps import ClosedSteps
+from meshtop.recordings.metrics.stats import Distribution
+from meshtop.recordings.metrics.steps import ClosedSteps
 
 HISTORY = 240
 """Per-step bubbles kept per stage for the dashboard's sparklines."""

@@ -26,9 +26,9 @@ from itertools import pairwise
 
 import numpy as np
 
-from probes.events import RequestDone
-from recordings.manifest import Load
-from recordings.metrics.stats import Distribution
+from meshtop.probes.events import RequestDone
+from meshtop.recordings.manifest import Load
+from meshtop.recordings.metrics.stats import Distribution
 
 COMPLETED = "completed"
 LATENCIES = {"ttft_s": "TTFT", "tpot_s": "TPOT", "itl_s": "ITL", "e2e_s": "e2e"}

@@ -7,8 +7,8 @@ recording's whole tables. Collectives and stage actions, the bulk of a run,
 are folded column-wise. Steps and memory, process and GPU samples are folded
 column-wise too when they come as tables (:meth:`RunFold.apply`: ``summary``),
 or as events (:meth:`RunFold.apply_events`: the dashboard); both ways meet in
-the same functions per job step and per rank (:func:`~recordings.metrics.steps.job_step`,
-:class:`~recordings.metrics.steps.StepSpans`, :class:`~recordings.metrics.memory.MemoryFold`),
+the same functions per job step and per rank (:func:`~meshtop.recordings.metrics.steps.job_step`,
+:class:`~meshtop.recordings.metrics.steps.StepSpans`, :class:`~meshtop.recordings.metrics.memory.MemoryFold`),
 so they give the same figures. Anything decided per step (exposed
 communication, stage bubbles) is decided when the step closes: two job steps
 after it completes, or when the job ends (:meth:`RunFold.finish`), so
@@ -25,7 +25,7 @@ from dataclasses import asdict, dataclass
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from probes.events import (
+from meshtop.probes.events import (
     Event,
     GpuSample,
     JobEnded,
@@ -35,14 +35,14 @@ from probes.events import (
     RequestDone,
     StepTiming,
 )
-from recordings.manifest import GpuInfo, RunDescription
-from recordings.metrics.collectives import CollectiveFold, CollectiveRow
-from recordings.metrics.memory import MemoryFold, MemoryRow
-from recordings.metrics.mfu import GpuModel, Mfu, mfu, script_parameters
-from recordings.metrics.pipeline import StageFold, StageRow, step_bubbles
-from recordings.metrics.requests import RequestFigures, RequestFold
-from recordings.metrics.steps import JobStep, StepFigures, StepFolder, StepRows, StepSpans, StepStats
-from recordings.schema import events_of
+from meshtop.recordings.manifest import GpuInfo, RunDescription
+from meshtop.recordings.metrics.collectives import CollectiveFold, CollectiveRow
+from meshtop.recordings.metrics.memory import MemoryFold, MemoryRow
+from meshtop.recordings.metrics.mfu import GpuModel, Mfu, mfu, script_parameters
+from meshtop.recordings.metrics.pipeline import StageFold, StageRow, step_bubbles
+from meshtop.recordings.metrics.requests import RequestFigures, RequestFold
+from meshtop.recordings.metrics.steps import JobStep, StepFigures, StepFolder, StepRows, StepSpans, StepStats
+from meshtop.recordings.schema import events_of
 
 HISTORY = 240
 """Closed steps kept for the dashboard's sparklines and straggler check."""

@@ -17,8 +17,8 @@ from dataclasses import dataclass
 
 import pyarrow as pa
 
-from probes.events import StepTiming
-from recordings.metrics.stats import Distribution
+from meshtop.probes.events import StepTiming
+from meshtop.recordings.metrics.stats import Distribution
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -159,7 +159,7 @@ class StepRows:
 class StepFolder:
     """Collects :class:`StepTiming` of ``ranks`` ranks; yields each step when the last of them reports it.
 
-    A job whose ranks started again (:mod:`runner.rounds`) may have another number of them from the step
+    A job whose ranks started again (:mod:`meshtop.runner.rounds`) may have another number of them from the step
     its new start's steps are numbered from: :meth:`started` says so."""
 
     def __init__(self, ranks: int) -> None:

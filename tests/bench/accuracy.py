@@ -20,12 +20,12 @@ import sys
 import tempfile
 from pathlib import Path
 
-from probes.native import NATIVE_ENV, environment_value
-from recordings.manifest import RunDescription
-from recordings.metrics.pipeline import theoretical_bubble
-from recordings.metrics.run import RunFold
-from recordings.replay import KIND_ORDER
-from recordings.schema import batches_of
+from meshtop.probes.native import NATIVE_ENV, environment_value
+from meshtop.recordings.manifest import RunDescription
+from meshtop.recordings.metrics.pipeline import theoretical_bubble
+from meshtop.recordings.metrics.run import RunFold
+from meshtop.recordings.replay import KIND_ORDER
+from meshtop.recordings.schema import batches_of
 from tests.jobs import launch
 
 SCHEDULES = ("gpipe", "1f1b")

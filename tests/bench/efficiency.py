@@ -57,9 +57,9 @@ from pathlib import Path
 import numpy as np
 from scipy import stats
 
-from probes.events import Event, RankStarted, StepTiming
-from runner.launch import JobControl
-from runner.plan import ResolvedRun, RunSpec, resolve
+from meshtop.probes.events import Event, RankStarted, StepTiming
+from meshtop.runner.launch import JobControl
+from meshtop.runner.plan import ResolvedRun, RunSpec, resolve
 from tests.bench.figures import Row, Spread, Target, median, quantile
 from tests.jobs import LaunchedRun, launch
 
@@ -137,9 +137,9 @@ def plain_loop(run: ResolvedRun, *, going: Callable[[], bool], warm: Callable[[]
     ``warm`` is called once, after :data:`WARMUP_STEPS` steps."""
     import torch
 
-    from runner.data import synthetic_tokens
-    from runner.model import Transformer, next_token_loss
-    from runner.weights import init_weights
+    from meshtop.runner.data import synthetic_tokens
+    from meshtop.runner.model import Transformer, next_token_loss
+    from meshtop.runner.weights import init_weights
 
     torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))  # as runner/worker.py does
     device = torch.device("cpu")

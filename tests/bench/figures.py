@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from recordings.metrics.stats import quantile as core_quantile
+from meshtop.recordings.metrics.stats import quantile as core_quantile
 
 
 @dataclass(frozen=True, slots=True)

@@ -12,7 +12,7 @@ they fit one device call:
   a serving job;
 - MFU: model FLOP/s of one-rank training of the ``1b`` preset in bf16 over
   the GPU's dense bf16 peak, with 6N + 12 L d T FLOPs per token (the
-  metrics core's definition, :mod:`recordings.metrics.mfu`), after warm-up steps;
+  metrics core's definition, :mod:`meshtop.recordings.metrics.mfu`), after warm-up steps;
   the note gives the allocator's peak against the GPU's memory.
 
 Every job is a real ``meshtop`` job (:func:`tests.jobs.launch`) with the
@@ -27,14 +27,14 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from probes.events import GpuSample, MemorySnapshot, StepTiming
+from meshtop.probes.events import GpuSample, MemorySnapshot, StepTiming
 from tests.bench import overhead, sampler_cost
 from tests.bench.figures import NO_TARGET, Row, Spread
 from tests.bench.overhead import INFER_REQUESTS, overhead_row
 from tests.jobs import launch
-from recordings.manifest import RunDescription
-from recordings.metrics.mfu import GpuModel, mfu
-from tui.cli import gpus_visible
+from meshtop.recordings.manifest import RunDescription
+from meshtop.recordings.metrics.mfu import GpuModel, mfu
+from meshtop.tui.cli import gpus_visible
 
 OVERHEAD_MODEL = "125m"
 OVERHEAD_STEPS = 160

@@ -1,18 +1,18 @@
 """Collector ingest: events / s that meshtop absorbs from 8 producer processes, and what it dropped.
 
-Each producer is a process that connects to a :class:`probes.collector.Collector`
+Each producer is a process that connects to a :class:`meshtop.probes.collector.Collector`
 in this process and sends frames of the shipper's wire format
-(``probes.wire.encode_events``, 5,000 events a frame: a shipper sending
+(``meshtop.probes.wire.encode_events``, 5,000 events a frame: a shipper sending
 20,000 events / s in 250 ms batches) as fast as the socket takes them. The
 frames are encoded before the clock starts, so the producers' cost is the
 socket's only. A consumer thread drains the collector as meshtop's session
 does and does the session's work with what it drains:
 
 - ``record``: what ``meshtop record`` does, the target's figure. A
-  :class:`recordings.recorder.SessionRecorder` appends every event to a recording
+  :class:`meshtop.recordings.recorder.SessionRecorder` appends every event to a recording
   on disk and folds the steps, and the kinds the console prints are decoded.
 - ``dashboard``: every kind the screen reads decoded into typed tables as
-  well, as a live dashboard's session thread does (``tui.sources.screen_batches``;
+  well, as a live dashboard's session thread does (``meshtop.tui.sources.screen_batches``;
   no target: the dashboard's own frame budget is the TUI figure).
 
 The events are a real job's mix (``tui_frames.SyntheticSource``, 64 ranks
@@ -34,10 +34,10 @@ from dataclasses import dataclass
 from itertools import islice
 from pathlib import Path
 
-from probes.arrivals import Arrivals
-from probes.collector import Collector
-from probes.events import Event
-from probes.wire import encode_events
+from meshtop.probes.arrivals import Arrivals
+from meshtop.probes.collector import Collector
+from meshtop.probes.events import Event
+from meshtop.probes.wire import encode_events
 from tests.bench.figures import NO_TARGET, Row, Spread, Target, median
 
 PRODUCERS = 8
@@ -85,14 +85,14 @@ class Consumer:
 
     def __init__(self, directory: Path, front_end: str) -> None:
         # Imported here: the producer processes import this module and need neither torch nor textual.
-        from recordings.manifest import Manifest, RunDescription
-        from recordings.recorder import SessionRecorder
-        from runner.plan import RunSpec, resolve
+        from meshtop.recordings.manifest import Manifest, RunDescription
+        from meshtop.recordings.recorder import SessionRecorder
+        from meshtop.runner.plan import RunSpec, resolve
 
         run = RunDescription.from_json(resolve(RunSpec(dp=RANKS // 4, tp=2, pp=2, device="cpu"),
                                                gpus_visible=0).describe())
-        from runner.console import CONSOLE_KINDS
-        from tui.sources import screen_batches
+        from meshtop.runner.console import CONSOLE_KINDS
+        from meshtop.tui.sources import screen_batches
 
         self.recorder = SessionRecorder(run, directory, Manifest(run=run))
         if front_end == "record":

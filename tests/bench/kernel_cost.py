@@ -21,7 +21,7 @@ without hooks; the spread is the p25-p75 of the paired differences.
 
 The shipper row: the C++ kernel's finished operations of a 20,000-operation
 round, taken by ``CollectiveProbe.flush`` (the kernel writes the wire's JSON
-lines) and put into a frame (``probes.wire.encode_events``), in the shipper
+lines) and put into a frame (``meshtop.probes.wire.encode_events``), in the shipper
 thread's CPU time per event; beside it, the same for the same operations as
 Python events (what every event cost before the kernel wrote them).
 """
@@ -39,7 +39,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from probes.arrivals import EncodedEvents, decode_lines
+from meshtop.probes.arrivals import EncodedEvents, decode_lines
 from tests.bench.figures import Row, Spread, Target
 
 ROUND_OPS, ROUNDS = 200, 30
@@ -55,10 +55,10 @@ def worker(out_path: str) -> None:
     import torch
     import torch.distributed as dist
 
-    from probes.collectives import CollectiveProbe, GroupDirectory
-    from probes.events import Event
-    from probes.native import build, load
-    from probes.wire import encode_events
+    from meshtop.probes.collectives import CollectiveProbe, GroupDirectory
+    from meshtop.probes.events import Event
+    from meshtop.probes.native import build, load
+    from meshtop.probes.wire import encode_events
 
     dist.init_process_group("gloo")
     torch.set_num_threads(1)

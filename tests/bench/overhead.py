@@ -8,7 +8,7 @@ instrumentation switches its hooks as the worker's does).
 
 Each configuration runs once; the worker's instrumentation switches the hooks
 on and off every BLOCK steps (``MESHTOP_OVERHEAD_BLOCK``, read by
-``probes.instrument``), so both halves share processes, caches and the
+``meshtop.probes.instrument``), so both halves share processes, caches and the
 machine's noise. The first step of each block and the first
 two blocks are dropped. The job's step time is the slowest rank's. The ratio
 is median(on) / median(off); the spread is the 25th-75th percentile of the
@@ -28,10 +28,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from probes.events import StepTiming
-from probes.instrument import OVERHEAD_BLOCK_ENV
-from recordings.reader import open_recording
-from recordings.schema import events_of
+from meshtop.probes.events import StepTiming
+from meshtop.probes.instrument import OVERHEAD_BLOCK_ENV
+from meshtop.recordings.reader import open_recording
+from meshtop.recordings.schema import events_of
 from tests.bench.figures import Row, Spread, Target, quantile
 from tests.jobs import launch
 
@@ -64,7 +64,7 @@ def measure_script(name: str, steps_scale: float = 1.0, block: int = BLOCK) -> d
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "rec"
         done = subprocess.run(
-            [sys.executable, "-m", "tui.cli", "record", str(out), "--", "torchrun", "--standalone",
+            [sys.executable, "-m", "meshtop.tui.cli", "record", str(out), "--", "torchrun", "--standalone",
              f"--nproc-per-node={ranks}", str(REPO / "examples" / f"{name}.py"), "--steps", str(steps), *arguments],
             capture_output=True, text=True, cwd=REPO,
             env={**os.environ, OVERHEAD_BLOCK_ENV: str(block), "CUDA_VISIBLE_DEVICES": ""})

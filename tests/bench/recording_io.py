@@ -7,8 +7,8 @@ to 50 us / 2 %, as real clocks have: without it Parquet stores the
 synthetic job's perfectly regular times in about 1 byte per event) is
 written the way meshtop writes one: batches of 2,000
 events (a 10,000 events / s job's batch every 200 ms) through
-:class:`recordings.events_log.EventWriter`, then compacted to Parquet
-(:func:`recordings.tables.compact`). Generating the events is not timed.
+:class:`meshtop.recordings.events_log.EventWriter`, then compacted to Parquet
+(:func:`meshtop.recordings.tables.compact`). Generating the events is not timed.
 Then, repeated: open it and load every table (``open_recording`` +
 ``table``), and ``summarize`` a freshly opened recording (what
 ``meshtop summary`` costs, its load included).
@@ -25,12 +25,12 @@ from functools import cache
 from itertools import islice
 from pathlib import Path
 
-from probes.events import Event
-from recordings.summary import summarize
-from recordings.events_log import EVENTS_DIR, EventWriter
-from recordings.manifest import start_manifest, write_manifest
-from recordings.reader import open_recording
-from recordings.tables import compact
+from meshtop.probes.events import Event
+from meshtop.recordings.summary import summarize
+from meshtop.recordings.events_log import EVENTS_DIR, EventWriter
+from meshtop.recordings.manifest import start_manifest, write_manifest
+from meshtop.recordings.reader import open_recording
+from meshtop.recordings.tables import compact
 from tests.bench.figures import NO_TARGET, Row, Spread, Target, median
 from tests.bench.tui_frames import SyntheticSource
 

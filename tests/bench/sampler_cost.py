@@ -17,8 +17,8 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from probes.nvml import Nvml
-from probes.samplers import (
+from meshtop.probes.nvml import Nvml
+from meshtop.probes.samplers import (
     DEFAULT_GPU_HZ,
     DEFAULT_PROCESS_HZ,
     GpuSampler,

@@ -20,8 +20,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from recordings.summary import summarize
-from recordings.reader import open_recording
+from meshtop.recordings.summary import summarize
+from meshtop.recordings.reader import open_recording
 
 PLANS = {"dp2": ["--dp", "2"], "tp2": ["--dp", "1", "--tp", "2"], "pp2": ["--dp", "1", "--pp", "2"]}
 CONCURRENCY = (2, 16)
@@ -30,7 +30,7 @@ METRICS = ("ttft_p50_ms", "tpot_p50_ms", "e2e_p50_ms", "output_tokens_per_s")
 
 def serve_once(out: Path, plan: list[str], *, model: str, requests: int, concurrency: int, prompt_len: int,
                output_len: int, device: str) -> dict[str, float]:
-    argv = [sys.executable, "-m", "tui.cli", "record", str(out), "--mode", "infer", "--device", device,
+    argv = [sys.executable, "-m", "meshtop.tui.cli", "record", str(out), "--mode", "infer", "--device", device,
             "--model", model, "--requests", str(requests), "--concurrency", str(concurrency),
             "--prompt-len", str(prompt_len), "--output-len", str(output_len), "--max-batch", "16", *plan]
     done = subprocess.run(argv, capture_output=True, text=True, timeout=900)

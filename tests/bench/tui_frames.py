@@ -7,7 +7,7 @@ About 50 s with the defaults on 2 cores.
 
 A :class:`SyntheticSource` (the app's Source protocol) runs a producer thread
 that ships a realistic event mix every 50 ms through a bounded queue, like
-:class:`tui.sources.LiveSource` (a cap on pending events; beyond it the oldest
+:class:`meshtop.tui.sources.LiveSource` (a cap on pending events; beyond it the oldest
 batches are dropped for the screen and counted). The mix, per step and rank
 of a dp x tp2 x pp2 1F1B job with 8 microbatches: 2 dp all_reduce, 8 tp
 all_reduce, 16 pp send / recv, 16 stage actions, a StepTiming and a
@@ -94,16 +94,16 @@ from typing import Any
 from textual._compositor import CompositorUpdate
 from textual.widgets import TabbedContent
 
-from probes.arrivals import Arrivals, EncodedEvents, encode_lines
-from probes.events import (
+from meshtop.probes.arrivals import Arrivals, EncodedEvents, encode_lines
+from meshtop.probes.events import (
     CollectiveTiming, Event, GpuSample, MemorySnapshot, ProcessSample, RankStarted, StageAction, StepTiming,
 )
-from recordings.manifest import Model, Plan, RunDescription
-from recordings.replay import in_kind_order
+from meshtop.recordings.manifest import Model, Plan, RunDescription
+from meshtop.recordings.replay import in_kind_order
 from tests.bench.figures import quantile
-from tui.app import VIEWS, MeshtopApp
-from tui.sources import SCREEN_BACKLOG, ScreenBacklog, screen_batches
-from tui.state import DashboardState
+from meshtop.tui.app import VIEWS, MeshtopApp
+from meshtop.tui.sources import SCREEN_BACKLOG, ScreenBacklog, screen_batches
+from meshtop.tui.state import DashboardState
 
 RATE = 10_000.0
 """Events per second offered."""
