@@ -58,7 +58,7 @@ class RankStarted(Event):
     failure (``--max-restarts``), or when an elastic job's nodes changed."""
     first_step: int = 0
     """The recording's number of this start's first step: a later start's ranks count their steps from 0 again,
-    and the head numbers them on after the steps before (:mod:`meshtop.runner.rounds`)."""
+    and the head numbers them on after the steps before (:mod:`meshtop.runner.job.rounds`)."""
     model_parameters: int | None = None
     """A script's rank, from its first optimizer step on: parameter elements its optimizer trains, DTensors at
     their global size (the whole model on a data or tensor parallel rank, a stage's part on a pipeline rank);
@@ -105,7 +105,7 @@ class CollectiveTiming(Event):
     """all_reduce, all_gather, reduce_scatter, broadcast, reduce, gather, scatter, all_to_all, send, recv or barrier."""
     group: str
     """The mesh dim the process group spans (dp, tp, pp, or a script's own dim names), or ``embedding`` (a
-    pipeline's tied-embedding ends, :mod:`meshtop.runner.pipeline`), or ``world``, or its
+    pipeline's tied-embedding ends, :mod:`meshtop.runner.rank.pipeline`), or ``world``, or its
     global ranks (``ranks 0,2``), or ``other`` (a group c10d no longer knew when the operation was read)."""
     group_size: int
     peer: int | None

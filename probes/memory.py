@@ -1,7 +1,7 @@
 """Memory accounting of one rank: what its weights, gradients and optimizer state take.
 
 The weights are a list of parameters: the built-in runner's modules', or the
-parameters a user's optimizer holds (:mod:`meshtop.runner.attach`).
+parameters a user's optimizer holds (:mod:`meshtop.runner.script.attach`).
 
 Counted from the tensors themselves (the local shard of a DTensor), so the
 figures are the same on CPU and CUDA. Weights are counted once; gradients

@@ -50,7 +50,7 @@ class StageProbe:
     def install(self) -> None:
         """Wrap the stage actions and the P2P wait; :class:`~meshtop.probes.patching.MissingInternal` before any
         patch where this torch lacks one of them. Imports pipelining here, not before: it costs about 0.9 s,
-        which a user's script that does not pipeline should not pay (:mod:`meshtop.runner.attach`)."""
+        which a user's script that does not pipeline should not pay (:mod:`meshtop.runner.script.attach`)."""
         from torch.distributed.pipelining import schedules, stage
 
         stage_base = require(stage, "_PipelineStageBase")

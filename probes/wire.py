@@ -3,7 +3,7 @@
 A frame is a 4-byte big-endian length and that many bytes of payload. The
 payload is a header, one line of JSON,
 ``{"token": str, "rank": int, "dropped": int, "sections": [[kind, count, nbytes], ...]}``
-(and ``"node": int`` from another node of a multi-node job, :mod:`meshtop.runner.relay`),
+(and ``"node": int`` from another node of a multi-node job, :mod:`meshtop.runner.multinode.relay`),
 then the sections' bytes back to back: each is ``count`` events of ``kind``
 as JSON lines (``nbytes`` in all), exactly the lines the recording keeps, so
 the collector checks a frame's shape without reading its events.

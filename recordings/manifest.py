@@ -170,7 +170,7 @@ class RunDescription:
     @property
     def until_stopped(self) -> bool:
         """The built-in model trained with no fixed number of steps: until q (``meshtop run`` without
-        ``--steps``, :mod:`meshtop.runner.until`)."""
+        ``--steps``, :mod:`meshtop.runner.rank.until`)."""
         return self.mode == "train" and self.script is None and self.steps is None
 
     @property

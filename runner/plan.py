@@ -124,7 +124,7 @@ class ResolvedRun:
     dtype: str
     device: str
     steps: int | None
-    """``None``: until asked to stop, ``time_limit_s`` at most (:mod:`meshtop.runner.until`)."""
+    """``None``: until asked to stop, ``time_limit_s`` at most (:mod:`meshtop.runner.rank.until`)."""
     batch_size: int
     seq_len: int
     seed: int

@@ -12,7 +12,7 @@ import psutil
 
 from meshtop.probes.events import Event, RankStarted, StepTiming
 from meshtop.recordings.metrics.steps import JobStep, StepFolder
-from meshtop.runner.launch import JobControl, JobResult, builtin_launch, run_job
+from meshtop.runner.job.launch import JobControl, JobResult, builtin_launch, run_job
 from meshtop.runner.plan import ResolvedRun, RunSpec, resolve
 from meshtop.tui.cli import gpus_visible
 

@@ -29,7 +29,7 @@ from torch.distributed._functional_collectives import wait_tensor
 from meshtop.probes.events import CollectiveTiming, SamplerError
 from meshtop.probes.groups import GroupDirectory
 from meshtop.probes.instrument import Instrumentation
-from meshtop.runner.mesh import build_mesh
+from meshtop.runner.rank.mesh import build_mesh
 from tests.witness_worker import ListSink
 
 LATE_S = 0.3

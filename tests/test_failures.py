@@ -20,7 +20,7 @@ import pytest
 from meshtop.probes.arrivals import Arrivals
 from meshtop.probes.events import CollectiveTiming, RankProgress, StepTiming
 from meshtop.probes.stacks import py_spy_executable
-from meshtop.runner.hangs import MIN_TIMEOUT_S, STARTUP_MIN_S, STARTUP_TIMEOUT_S, HangWatch, default_timeout_s
+from meshtop.runner.job.hangs import MIN_TIMEOUT_S, STARTUP_MIN_S, STARTUP_TIMEOUT_S, HangWatch, default_timeout_s
 from tests.cli_errors import one_line_error
 from tests.jobs import alive
 

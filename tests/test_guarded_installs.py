@@ -24,8 +24,8 @@ from meshtop.probes.instrument import OVERHEAD_BLOCK_ENV, Instrumentation
 from meshtop.probes.patching import MissingInternal, require
 from meshtop.probes.pipeline import STAGE_METHODS, StageProbe
 from meshtop.recordings.manifest import RunDescription
-from meshtop.runner.data_parallel import apply_replicate
-from meshtop.runner.mesh import build_mesh
+from meshtop.runner.rank.data_parallel import apply_replicate
+from meshtop.runner.rank.mesh import build_mesh
 from meshtop.runner.plan import PlanError
 from tests.jobs import launch
 from tests.witness_worker import ListSink

@@ -21,9 +21,9 @@ from meshtop.runner.load import (
     replica_concurrency,
     replica_share,
 )
-from meshtop.runner.model import Transformer
+from meshtop.runner.rank.model import Transformer
 from meshtop.runner.presets import PRESETS
-from meshtop.runner.weights import init_weights
+from meshtop.runner.rank.weights import init_weights
 from tests.cli_errors import one_line_error
 from tests.test_kv_cache import greedy_without_cache
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import torch
 
-from meshtop.runner.kv_cache import KVCache
-from meshtop.runner.model import Transformer
+from meshtop.runner.rank.kv_cache import KVCache
+from meshtop.runner.rank.model import Transformer
 from meshtop.runner.presets import PRESETS
-from meshtop.runner.weights import init_weights
+from meshtop.runner.rank.weights import init_weights
 
 SEED = 3
 PROMPTS = {0: (5, 9), 1: (17, 4), 2: (2, 12), 3: (11, 1), 4: (8, 7), 5: (30, 5)}

@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from meshtop.runner.data import replica_batch, synthetic_tokens
-from meshtop.runner.model import Transformer, apply_rotary, next_token_loss, rotary_tables
+from meshtop.runner.rank.data import replica_batch, synthetic_tokens
+from meshtop.runner.rank.model import Transformer, apply_rotary, next_token_loss, rotary_tables
 from meshtop.runner.presets import PRESETS, PresetError, preset
-from meshtop.runner.weights import init_weights
+from meshtop.runner.rank.weights import init_weights
 
 
 def tiny_model(seed: int = 0) -> Transformer:

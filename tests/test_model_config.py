@@ -15,14 +15,14 @@ import torch
 
 from meshtop.probes.events import CollectiveTiming
 from meshtop.recordings.reader import open_recording
-from meshtop.runner.data import synthetic_tokens
+from meshtop.runner.rank.data import synthetic_tokens
 from meshtop.runner.load import InferenceLoad, plan_requests
-from meshtop.runner.model import Transformer, next_token_loss
+from meshtop.runner.rank.model import Transformer, next_token_loss
 from meshtop.runner.model_config import ModelConfigError, load_model_config
-from meshtop.runner.pipeline import cut_stage
+from meshtop.runner.rank.pipeline import cut_stage
 from meshtop.runner.plan import PlanError, ResolvedRun, RunSpec, resolve
 from meshtop.runner.presets import preset
-from meshtop.runner.weights import init_weights
+from meshtop.runner.rank.weights import init_weights
 from tests.cli_errors import one_line_error
 from tests.jobs import LaunchedRun, launch
 from tests.test_kv_cache import greedy_without_cache
@@ -181,10 +181,10 @@ TIE_THROUGH_WRAPPERS = """
 from dataclasses import replace
 import torch, torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
-from meshtop.runner.data_parallel import apply_fsdp, apply_replicate
-from meshtop.runner.model import Transformer
+from meshtop.runner.rank.data_parallel import apply_fsdp, apply_replicate
+from meshtop.runner.rank.model import Transformer
 from meshtop.runner.presets import preset
-from meshtop.runner.tensor_parallel import apply_tensor_parallel
+from meshtop.runner.rank.tensor_parallel import apply_tensor_parallel
 
 dist.init_process_group("gloo", rank=0, world_size=1, store=dist.HashStore())
 mesh = init_device_mesh("cpu", (1, 1), mesh_dim_names=("dp", "tp"))

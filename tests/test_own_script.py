@@ -27,10 +27,10 @@ from torch import nn
 
 from meshtop.probes.events import GpuSample, RankStarted, StepTiming
 from meshtop.recordings.metrics.run import fold_tables
-from meshtop.runner.attach import after_import
+from meshtop.runner.script.attach import after_import
 from meshtop.runner.plan import PlanError
-from meshtop.runner.script import resolve_script
-from meshtop.runner.session import script_description
+from meshtop.runner.script.command import resolve_script
+from meshtop.runner.job.session import script_description
 from tests.cli_errors import one_line_error
 from tests.recording_kit import write_recording
 from meshtop.tui.cli import main
@@ -230,7 +230,7 @@ def test_a_scripts_mfu_is_6n_from_its_optimizers_over_the_gpus_peak(tmp_path: Pa
 
 
 def test_the_attachment_does_not_import_pipelining_for_a_script_that_does_not() -> None:
-    done = subprocess.run([sys.executable, "-c", "import sys, meshtop.runner.attach; "
+    done = subprocess.run([sys.executable, "-c", "import sys, meshtop.runner.script.attach; "
                            "print('torch.distributed.pipelining' in sys.modules)"],
                           capture_output=True, text=True, timeout=120, cwd=REPO)
     assert done.returncode == 0, done.stderr

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from meshtop.runner.plan import PlanError, RunSpec
-from meshtop.runner.plan_report import Budget, parse_size, placement, report
-from meshtop.runner.planner import (
+from meshtop.runner.planner.report import Budget, parse_size, placement, report
+from meshtop.runner.planner.plans import (
     Question,
     candidates,
     chunk_rows,
@@ -75,7 +75,7 @@ def test_pipeline_stages_hold_the_microbatches_their_schedule_keeps_in_flight() 
 def test_a_tied_model_in_a_pipeline_sums_its_two_embedding_copies() -> None:
     from dataclasses import replace as change
 
-    from meshtop.runner.planner import rank_traffic
+    from meshtop.runner.planner.plans import rank_traffic
 
     tied = change(PRESETS["tiny"], tie_embeddings=True)
     found = candidates(question(plans=("dp2xpp2",)))

@@ -1,12 +1,12 @@
 """torchrun's restarts at the head: a later start's steps are numbered on after the earlier ones', and the
-figures count each start's ranks (:mod:`meshtop.runner.rounds`)."""
+figures count each start's ranks (:mod:`meshtop.runner.job.rounds`)."""
 
 from __future__ import annotations
 
 from meshtop.probes.arrivals import Arrivals, EncodedEvents, decode_lines, encode_lines
 from meshtop.probes.events import CollectiveTiming, Event, RankStarted, StepTiming
 from meshtop.recordings.metrics.run import RunFold
-from meshtop.runner.rounds import Rounds
+from meshtop.runner.job.rounds import Rounds
 from tests.test_nodes import elastic_script
 
 

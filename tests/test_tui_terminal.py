@@ -301,7 +301,7 @@ def test_quitting_a_live_job_stops_every_rank_and_keeps_the_recording(
 
     term.wait_for(running_step, "'● running' with a step above 0", JOB_S)
     job = term.job_processes()
-    workers = [p for p in job if python_module(p) == "meshtop.runner.worker"]
+    workers = [p for p in job if python_module(p) == "meshtop.runner.rank.worker"]
     assert len(workers) == 2, [p.cmdline() for p in job]  # dp2: one per rank
 
     if how == "SIGTERM":
@@ -422,7 +422,7 @@ def test_a_completed_live_job_keeps_the_dashboard_until_q(
     assert first.startswith(" meshtop  ● completed"), screen
     assert second.startswith(" step 5/5 "), screen
     job = term.job_processes()
-    assert not [p for p in job if python_module(p) == "meshtop.runner.worker"], "the ranks outlived the job"
+    assert not [p for p in job if python_module(p) == "meshtop.runner.rank.worker"], "the ranks outlived the job"
     elapsed = re.search(r"elapsed (\S+ s)", header_rows(term.screen())[1])
     time.sleep(1.5)  # completed is not an exit: the dashboard stays open, its clock stopped with the job
     assert term.exit_code() is None and "● completed" in term.screen()
@@ -553,7 +553,7 @@ def test_a_hang_in_a_live_job_shows_the_report_and_s_stops_the_job(
     job = term.job_processes()
     term.press("s")
     term.wait_text("● failed", timeout_s=JOB_S)  # stopped; the dashboard stays open to be read
-    assert still_running([p for p in job if python_module(p) in ("meshtop.runner.worker", "meshtop.runner.agent")]) == []
+    assert still_running([p for p in job if python_module(p) in ("meshtop.runner.rank.worker", "meshtop.runner.job.agent")]) == []
     term.press("q")
     assert term.wait_exit() == 1, term.everything()
     assert still_running(job) == []

@@ -9,9 +9,9 @@ import pytest
 import torch.distributed as dist
 
 from meshtop.probes.events import Event, StepTiming
-from meshtop.runner.launch import JobControl
+from meshtop.runner.job.launch import JobControl
 from meshtop.runner.plan import PlanError, RunSpec, resolve
-from meshtop.runner.until import MARGIN_STEPS, RunUntilStopped
+from meshtop.runner.rank.until import MARGIN_STEPS, RunUntilStopped
 from tests.jobs import launch
 
 

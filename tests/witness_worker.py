@@ -33,10 +33,10 @@ from meshtop.probes.events import CollectiveTiming, Event
 from meshtop.probes.groups import GroupDirectory
 from meshtop.probes.instrument import Instrumentation
 from meshtop.probes.sink import EventSink
-from meshtop.runner.mesh import MESH_DIMS, build_mesh, coordinates, local_device
-from meshtop.runner.pipeline import embedding_group
+from meshtop.runner.rank.mesh import MESH_DIMS, build_mesh, coordinates, local_device
+from meshtop.runner.rank.pipeline import embedding_group
 from meshtop.runner.plan import ResolvedRun
-from meshtop.runner.train import build_training, train_step
+from meshtop.runner.rank.train import build_training, train_step
 
 WATCHED_STEP = 2
 # The dispatcher's c10d ops by the names meshtop gives them (this test's own table).

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 
 from meshtop.probes.errors import MeshtopError
 from meshtop.probes.samplers import DEFAULT_GPU_HZ, DEFAULT_PROCESS_HZ
-from meshtop.runner.launch import NodeProbes
+from meshtop.runner.job.launch import NodeProbes
 from meshtop.runner.load import (
     DEFAULT_CONCURRENCY,
     DEFAULT_MAX_BATCH,
@@ -29,7 +29,7 @@ from meshtop.runner.load import (
     DEFAULT_PROMPT_LEN,
     DEFAULT_REQUESTS,
 )
-from meshtop.runner.nodes import Nodes, nodes_from_options
+from meshtop.runner.multinode.nodes import Nodes, nodes_from_options
 from meshtop.runner.plan import (
     DEFAULT_STEPS,
     DEVICES,
@@ -42,15 +42,15 @@ from meshtop.runner.plan import (
     option,
     resolve,
 )
-from meshtop.runner.planner import SWEEP_STEPS
+from meshtop.runner.planner.plans import SWEEP_STEPS
 from meshtop.runner.presets import PRESETS
-from meshtop.runner.script import ScriptRun, resolve_script
+from meshtop.runner.script.command import ScriptRun, resolve_script
 from meshtop.tui.terminal import TerminalGuard, go_on_headless
 
 if TYPE_CHECKING:
     from meshtop.recordings.manifest import Manifest
     from meshtop.recordings.prometheus import MetricsServer, RunMetrics
-    from meshtop.runner.session import Work
+    from meshtop.runner.job.session import Work
 
 EXIT_OK, EXIT_JOB_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
 RUNS_DIR_ENV = "MESHTOP_RUNS_DIR"
@@ -189,7 +189,7 @@ def serve_metrics(args: argparse.Namespace, metrics: Callable[[], RunMetrics] | 
 def live_metrics(args: argparse.Namespace, run: Work) -> tuple[RunMetrics | None, MetricsServer | None]:
     """The series a live session feeds and the server of ``--metrics-port``, started (``None`` without)."""
     from meshtop.recordings.prometheus import RunMetrics
-    from meshtop.runner.session import describe
+    from meshtop.runner.job.session import describe
 
     metrics = RunMetrics(describe(run)) if args.metrics_port is not None else None
     return metrics, serve_metrics(args, (lambda: metrics) if metrics is not None else None)  # type: ignore[return-value]
@@ -371,8 +371,8 @@ def new_session_path(runs: Path, run: Work) -> Path:
 
 def command_run(args: argparse.Namespace) -> int:
     from meshtop.recordings.manifest import note_terminal_lost
-    from meshtop.runner.console import verdict
-    from meshtop.runner.session import start_recording
+    from meshtop.runner.job.console import verdict
+    from meshtop.runner.job.session import start_recording
     from meshtop.tui.app import MeshtopApp
     from meshtop.tui.sources import LiveSource
 
@@ -427,8 +427,8 @@ def command_node(run: Work, nodes: Nodes, probes: NodeProbes) -> int:
     """A node other than the head: run its ranks and stream to the head, which records and shows the job;
     exit as the whole job ended. Its launcher log stays in a temporary folder where the job did not complete
     (the head's recording folder may be shared with this node: it is never written here)."""
-    from meshtop.runner.relay import serve_as_node
-    from meshtop.runner.session import launch_of
+    from meshtop.runner.multinode.relay import serve_as_node
+    from meshtop.runner.job.session import launch_of
 
     directory = Path(tempfile.mkdtemp(prefix=f"meshtop-node{nodes.rank}-"))
     status = serve_as_node(launch_of(run, directory, nodes), nodes, session_dir=directory, out=sys.stdout,
@@ -480,8 +480,8 @@ def command_replay(args: argparse.Namespace) -> int:
 def command_record(args: argparse.Namespace) -> int:
     from meshtop.recordings.reader import open_recording
     from meshtop.recordings.summary import summarize
-    from meshtop.runner.console import follow_job
-    from meshtop.runner.session import start_recording
+    from meshtop.runner.job.console import follow_job
+    from meshtop.runner.job.session import start_recording
     from meshtop.tui.summary_text import summary_lines
 
     run = resolve_args(args)

@@ -1,5 +1,5 @@
 """``meshtop plan`` and ``meshtop sweep`` on the command line, and ``replay`` of a sweep: which plan for this
-model on these devices (:mod:`meshtop.runner.planner`, :mod:`meshtop.runner.plan_report`, :mod:`meshtop.runner.sweep`)."""
+model on these devices (:mod:`meshtop.runner.planner.plans`, :mod:`meshtop.runner.planner.report`, :mod:`meshtop.runner.planner.sweep`)."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ from pathlib import Path
 from typing import Any
 
 from meshtop.runner.plan import PlanError
-from meshtop.runner.plan_report import Budget, parse_size, report
-from meshtop.runner.planner import Question, candidates
+from meshtop.runner.planner.report import Budget, parse_size, report
+from meshtop.runner.planner.plans import Question, candidates
 from meshtop.tui.cli import (
     EXIT_OK,
     add_plan_options,
@@ -133,7 +133,7 @@ def command_plan(args: argparse.Namespace) -> int:
 
 def command_sweep(args: argparse.Namespace) -> int:
     from meshtop.recordings.sweep import SWEEP_FILE, ranking
-    from meshtop.runner.sweep import run_sweep, sweep_question
+    from meshtop.runner.planner.sweep import run_sweep, sweep_question
     from meshtop.tui.plan_text import sweep_lines
 
     question, budget = plan_question(args, launching=True)

@@ -33,9 +33,9 @@ from meshtop.recordings.reader import Recording
 from meshtop.recordings.replay import Timeline, in_kind_order, load_timeline
 from meshtop.recordings.schema import batches_of, decode_lines
 from meshtop.recordings.summary import job_status
-from meshtop.runner.launch import PHASE_NAME, JobControl, JobResult, NodeProbes
-from meshtop.runner.nodes import Nodes
-from meshtop.runner.session import Work, describe, run_session
+from meshtop.runner.job.launch import PHASE_NAME, JobControl, JobResult, NodeProbes
+from meshtop.runner.multinode.nodes import Nodes
+from meshtop.runner.job.session import Work, describe, run_session
 from meshtop.tui.state import UI_KINDS, DashboardState
 
 SCREEN_BACKLOG = 200_000
@@ -73,7 +73,7 @@ class Source(Protocol):
     def stop(self) -> None: ...
     def finish(self) -> None:
         """End the work as it ends by itself where it can (a live run until stopped ends after its next steps
-        and completes, :mod:`meshtop.runner.until`); else stop it."""
+        and completes, :mod:`meshtop.runner.rank.until`); else stop it."""
     def wait(self, timeout_s: float | None = None) -> bool:
         """Wait until the source is done (a live session's recording closed); whether it is."""
     def ask_stacks(self, ranks: Iterable[int] | None) -> str | None:

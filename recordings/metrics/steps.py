@@ -159,7 +159,7 @@ class StepRows:
 class StepFolder:
     """Collects :class:`StepTiming` of ``ranks`` ranks; yields each step when the last of them reports it.
 
-    A job whose ranks started again (:mod:`meshtop.runner.rounds`) may have another number of them from the step
+    A job whose ranks started again (:mod:`meshtop.runner.job.rounds`) may have another number of them from the step
     its new start's steps are numbered from: :meth:`started` says so."""
 
     def __init__(self, ranks: int) -> None:

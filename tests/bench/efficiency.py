@@ -1,7 +1,7 @@
 """Runner efficiency: tokens / s of a meshtop single-rank training run against a plain PyTorch loop.
 
 The loop below is the reference: the same model, weights, data, optimizer,
-batch and sequence length as ``runner/train.py`` (resolved from the same
+batch and sequence length as ``runner/rank/train.py`` (resolved from the same
 ``RunSpec``), written without meshtop, run in its own process. Both sides
 are timed the same way: the period between the starts of consecutive
 steps, so whatever meshtop does between steps (events, memory snapshots,
@@ -58,7 +58,7 @@ import numpy as np
 from scipy import stats
 
 from meshtop.probes.events import Event, RankStarted, StepTiming
-from meshtop.runner.launch import JobControl
+from meshtop.runner.job.launch import JobControl
 from meshtop.runner.plan import ResolvedRun, RunSpec, resolve
 from tests.bench.figures import Row, Spread, Target, median, quantile
 from tests.jobs import LaunchedRun, launch
@@ -137,11 +137,11 @@ def plain_loop(run: ResolvedRun, *, going: Callable[[], bool], warm: Callable[[]
     ``warm`` is called once, after :data:`WARMUP_STEPS` steps."""
     import torch
 
-    from meshtop.runner.data import synthetic_tokens
-    from meshtop.runner.model import Transformer, next_token_loss
-    from meshtop.runner.weights import init_weights
+    from meshtop.runner.rank.data import synthetic_tokens
+    from meshtop.runner.rank.model import Transformer, next_token_loss
+    from meshtop.runner.rank.weights import init_weights
 
-    torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))  # as runner/worker.py does
+    torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))  # as runner/rank/worker.py does
     device = torch.device("cpu")
     model = Transformer(run.shape)
     init_weights(model, model=run.shape, seed=run.seed, device=device)

@@ -91,7 +91,7 @@ class Consumer:
 
         run = RunDescription.from_json(resolve(RunSpec(dp=RANKS // 4, tp=2, pp=2, device="cpu"),
                                                gpus_visible=0).describe())
-        from meshtop.runner.console import CONSOLE_KINDS
+        from meshtop.runner.job.console import CONSOLE_KINDS
         from meshtop.tui.sources import screen_batches
 
         self.recorder = SessionRecorder(run, directory, Manifest(run=run))

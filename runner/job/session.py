@@ -28,11 +28,11 @@ from meshtop.recordings.manifest import (
 from meshtop.recordings.metrics.steps import JobStep
 from meshtop.recordings.prometheus import RunMetrics
 from meshtop.recordings.recorder import Ending, SessionRecorder
-from meshtop.runner.fleet import Fleet
-from meshtop.runner.launch import JobControl, JobResult, Launch, NodeProbes, builtin_launch, rank_environment, run_job
-from meshtop.runner.nodes import Nodes
+from meshtop.runner.multinode.fleet import Fleet
+from meshtop.runner.job.launch import JobControl, JobResult, Launch, NodeProbes, builtin_launch, rank_environment, run_job
+from meshtop.runner.multinode.nodes import Nodes
 from meshtop.runner.plan import ResolvedRun
-from meshtop.runner.script import (
+from meshtop.runner.script.command import (
     ACTIVATIONS_ENV,
     ATTACH_ENV,
     BOOTSTRAP_DIR,
@@ -117,7 +117,7 @@ def run_session(work: Work, *, directory: Path, manifest: Manifest | None,
     """Run the job, recording into ``directory`` when a ``manifest`` is given (else it only holds the logs).
 
     ``metrics`` (``--metrics-port``) is fed every batch too. On many nodes this is the head's session
-    (``nodes.rank`` 0): the other nodes' events come to it too (:mod:`meshtop.runner.relay`).
+    (``nodes.rank`` 0): the other nodes' events come to it too (:mod:`meshtop.runner.multinode.relay`).
 
     ``on_events`` sees each batch after it is on disk, with the job steps it
     completed; it decodes the kinds it needs. The recording is closed however

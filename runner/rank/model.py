@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from meshtop.runner.kv_cache import KVCache, LayerCache
+from meshtop.runner.rank.kv_cache import KVCache, LayerCache
 from meshtop.runner.presets import ModelShape
 
 
@@ -113,7 +113,7 @@ class Transformer(nn.Module):
     :meth:`tie_weights` ties them back (DTensor parameters, as FSDP2 and
     replicate make, are swapped in place by ``to_empty`` and stay tied).
     Pipeline stages hold the two ends apart, each its own copy
-    (:mod:`meshtop.runner.pipeline`).
+    (:mod:`meshtop.runner.rank.pipeline`).
     """
 
     def __init__(self, shape: ModelShape) -> None:

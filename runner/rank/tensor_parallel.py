@@ -11,7 +11,7 @@ from torch.distributed.tensor.parallel import (
     parallelize_module,
 )
 
-from meshtop.runner.model import Transformer
+from meshtop.runner.rank.model import Transformer
 
 
 def apply_tensor_parallel(model: Transformer, *, tp_mesh: DeviceMesh) -> None:

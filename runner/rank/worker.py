@@ -1,4 +1,4 @@
-"""Entry point of each rank, started by torchrun: ``python -m meshtop.runner.worker RUN_JSON``."""
+"""Entry point of each rank, started by torchrun: ``python -m meshtop.runner.rank.worker RUN_JSON``."""
 
 from __future__ import annotations
 
@@ -24,12 +24,12 @@ from meshtop.probes.memory import parameters_of
 from meshtop.probes.shipper import EventShipper, open_sink
 from meshtop.probes.sink import EventSink
 from meshtop.probes.wire import node_of_this_rank, start_of_this_rank
-from meshtop.runner.faults import Fault, fault_from_env
-from meshtop.runner.mesh import MeshCoordinates, build_mesh, coordinates, local_device
+from meshtop.runner.rank.faults import Fault, fault_from_env
+from meshtop.runner.rank.mesh import MeshCoordinates, build_mesh, coordinates, local_device
 from meshtop.runner.plan import ResolvedRun
-from meshtop.runner.serve import OP_NAMES, OpTiming, build_serving, serve
-from meshtop.runner.train import build_training, timed_step
-from meshtop.runner.until import RunUntilStopped
+from meshtop.runner.rank.serve import OP_NAMES, OpTiming, build_serving, serve
+from meshtop.runner.rank.train import build_training, timed_step
+from meshtop.runner.rank.until import RunUntilStopped
 
 MEMORY_EVERY_NS = 500_000_000
 """Inference reports memory twice a second, not after each of its many small ops."""

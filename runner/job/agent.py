@@ -1,6 +1,6 @@
 """The launcher child: torchrun itself, plus a file that says how each rank ended.
 
-``python -m meshtop.runner.agent STATUS_JSON [torchrun arguments...]`` runs
+``python -m meshtop.runner.job.agent STATUS_JSON [torchrun arguments...]`` runs
 ``torch.distributed.run`` with the given arguments (so every torchrun option,
 multi-node rendezvous included, works as documented) and writes, however the
 job ends, a JSON status: ``completed``, ``failed`` with each failed rank's exit
@@ -25,7 +25,7 @@ from torch.distributed.elastic.multiprocessing.api import SignalException
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 
 from meshtop.probes.native import NATIVE_ENV, built, environment_value
-from meshtop.runner.launch import PHASE_NAME
+from meshtop.runner.job.launch import PHASE_NAME
 
 PARENT_POLL_S = 0.5
 

@@ -1,6 +1,6 @@
 """Start a run under torchrun in a child process, follow it, and stop it cleanly.
 
-The child (:mod:`meshtop.runner.agent`) runs in its own session, so a Ctrl-C in the
+The child (:mod:`meshtop.runner.job.agent`) runs in its own session, so a Ctrl-C in the
 terminal reaches meshtop alone, which then stops the whole job: SIGTERM to the
 launcher (torchrun forwards it to every rank), and after a grace period
 SIGKILL to every process of the job that meshtop has seen, so none is left
@@ -47,15 +47,15 @@ from meshtop.probes.samplers import (
 )
 from meshtop.probes.stacks import dump_stacks
 from meshtop.probes.wire import ADDRESS_ENV, NCCL_TIMING_ENV, NODE_ENV, TOKEN_ENV
-from meshtop.runner.hangs import HangWatch
+from meshtop.runner.job.hangs import HangWatch
 from meshtop.runner.load import longest_gap_s
 from meshtop.runner.plan import ResolvedRun
-from meshtop.runner.rounds import Rounds
-from meshtop.runner.until import STOP_ENV, STOP_NAME, FinishRequest
+from meshtop.runner.job.rounds import Rounds
+from meshtop.runner.rank.until import STOP_ENV, STOP_NAME, FinishRequest
 
 if TYPE_CHECKING:
-    from meshtop.runner.fleet import Fleet
-    from meshtop.runner.nodes import Nodes
+    from meshtop.runner.multinode.fleet import Fleet
+    from meshtop.runner.multinode.nodes import Nodes
 
 STOP_GRACE_S = 15.0
 REMOTE_STACKS_S = 15.0
@@ -114,7 +114,7 @@ class Launch:
     """What :class:`Job` starts: torchrun's arguments and what the ranks' environment adds.
 
     The built-in runner's is :func:`builtin_launch`; a user's script's is
-    :func:`meshtop.runner.script.script_launch`.
+    :func:`meshtop.runner.script.command.script_launch`.
     """
 
     launcher_args: tuple[str, ...]
@@ -131,7 +131,7 @@ class Launch:
     nodes: Nodes | None = None
     """The job's nodes, when it runs on many; ``world_size`` counts the ranks of all of them."""
     stop_file: Path | None = None
-    """A run until stopped (:mod:`meshtop.runner.until`): the file that asks its ranks to end it."""
+    """A run until stopped (:mod:`meshtop.runner.rank.until`): the file that asks its ranks to end it."""
 
     @property
     def local_world_size(self) -> int:
@@ -140,7 +140,7 @@ class Launch:
 
 
 def builtin_launch(run: ResolvedRun, session_dir: Path, nodes: Nodes | None = None) -> Launch:
-    """The built-in runner's launch: ``meshtop.runner.worker`` on every rank, reading the run from ``run.json``; on
+    """The built-in runner's launch: ``meshtop.runner.rank.worker`` on every rank, reading the run from ``run.json``; on
     many ``nodes``, this node's share of the ranks, joining torchrun's c10d rendezvous."""
     session_dir.mkdir(parents=True, exist_ok=True)
     run_path = session_dir / "run.json"
@@ -151,7 +151,7 @@ def builtin_launch(run: ResolvedRun, session_dir: Path, nodes: Nodes | None = No
     if stop_file is not None:
         stop_file.unlink(missing_ok=True)
     return Launch(
-        launcher_args=(*where, "--max-restarts=0", "-m", "meshtop.runner.worker", str(run_path)),
+        launcher_args=(*where, "--max-restarts=0", "-m", "meshtop.runner.rank.worker", str(run_path)),
         world_size=run.world_size, native_kernel=run.device == "cpu" and run.instrument,
         quiet_s=longest_gap_s(run.load) if run.load is not None else 0.0, nodes=nodes,
         env={STOP_ENV: str(stop_file)} if stop_file is not None else {}, stop_file=stop_file,
@@ -159,10 +159,10 @@ def builtin_launch(run: ResolvedRun, session_dir: Path, nodes: Nodes | None = No
 
 
 PHASE_NAME = "phase.txt"
-"""In the session folder, beside ``status.json``: what the launcher (:mod:`meshtop.runner.agent`) does before the
+"""In the session folder, beside ``status.json``: what the launcher (:mod:`meshtop.runner.job.agent`) does before the
 ranks report, in words (the dashboard shows it while it waits)."""
 ATTACHED_ENV = "MESHTOP_ATTACHED_PID"
-"""Set by the bootstrap in a process it attached to (``runner/bootstrap/sitecustomize.py``)."""
+"""Set by the bootstrap in a process it attached to (``runner/script/bootstrap/sitecustomize.py``)."""
 
 
 def rank_environment(launch: Launch) -> dict[str, str]:
@@ -214,7 +214,7 @@ class Job:
     def start(self) -> None:
         self.session_dir.mkdir(parents=True, exist_ok=True)
         self.collector.start()
-        command = [sys.executable, "-m", "meshtop.runner.agent", str(self._status_path), *self.launch.launcher_args]
+        command = [sys.executable, "-m", "meshtop.runner.job.agent", str(self._status_path), *self.launch.launcher_args]
         with self.log_path.open("ab") as log:
             self._process = subprocess.Popen(
                 command, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
@@ -356,7 +356,7 @@ class JobControl:
         self.finish = threading.Event()
         """Set to end a run until stopped after a step, as one with a fixed number of steps ends (it then
         completes; stopped as by ``stop`` where the ranks do not end it in time, or before its first step:
-        :class:`meshtop.runner.until.FinishRequest`). Other jobs are stopped."""
+        :class:`meshtop.runner.rank.until.FinishRequest`). Other jobs are stopped."""
         self.stop_on_hang = True
         """Stop the job when a hang is detected (headless); else report it and keep waiting (the dashboard asks)."""
         self.hang: HangDetected | None = None
@@ -408,7 +408,7 @@ def run_job(launch: Launch, *, session_dir: Path,
     delivered as events, and a stop. A ``KeyboardInterrupt`` (Ctrl-C, or
     SIGTERM turned into one by the CLI) or ``control.stop`` stops every rank;
     the result then says ``interrupted``. When no rank makes progress for
-    ``hang_timeout_s`` (default: :func:`meshtop.runner.hangs.default_timeout_s`;
+    ``hang_timeout_s`` (default: :func:`meshtop.runner.job.hangs.default_timeout_s`;
     ``math.inf``: never), a :class:`HangDetected` report and a stack dump of
     every rank are delivered; then the job is stopped (``failed``) if
     ``control.stop_on_hang``.
@@ -416,7 +416,7 @@ def run_job(launch: Launch, *, session_dir: Path,
     On the head of a job on many nodes, ``fleet`` holds the other nodes: the
     collector listens where they reach it, its address goes into the
     rendezvous store, a node lost stops the job, and the result is the whole
-    job's, once every node said how it ended (:mod:`meshtop.runner.fleet`).
+    job's, once every node said how it ended (:mod:`meshtop.runner.multinode.fleet`).
     """
     control = control if control is not None else JobControl()
     hangs = HangWatch(launch.world_size, timeout_s=hang_timeout_s, quiet_s=launch.quiet_s)
@@ -528,7 +528,7 @@ def run_job(launch: Launch, *, session_dir: Path,
 def publish(nodes: Nodes, collector: Collector, *, going: Callable[[], bool]) -> None:
     """Put the head's collector address and token into the rendezvous store, from a thread (the store is up
     once a launcher joined the rendezvous)."""
-    from meshtop.runner.nodes import HeadAddress, publish_head
+    from meshtop.runner.multinode.nodes import HeadAddress, publish_head
 
     head = HeadAddress(address=nodes.advertised(collector.address), token=collector.token,
                        host=socket.gethostname())

@@ -12,14 +12,14 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.pipelining.schedules import _PipelineSchedule
 
 from meshtop.probes.memory import local_numel
-from meshtop.runner.data import replica_batch, synthetic_tokens
-from meshtop.runner.data_parallel import apply_ddp, apply_fsdp, apply_replicate
-from meshtop.runner.mesh import MeshCoordinates
-from meshtop.runner.model import Transformer, next_token_loss
-from meshtop.runner.pipeline import build_schedule, cut_stage, embedding_group, sum_tied_gradients, tied_ends
+from meshtop.runner.rank.data import replica_batch, synthetic_tokens
+from meshtop.runner.rank.data_parallel import apply_ddp, apply_fsdp, apply_replicate
+from meshtop.runner.rank.mesh import MeshCoordinates
+from meshtop.runner.rank.model import Transformer, next_token_loss
+from meshtop.runner.rank.pipeline import build_schedule, cut_stage, embedding_group, sum_tied_gradients, tied_ends
 from meshtop.runner.plan import ResolvedRun
-from meshtop.runner.tensor_parallel import apply_tensor_parallel, keep_gradients_sharded
-from meshtop.runner.weights import init_weights
+from meshtop.runner.rank.tensor_parallel import apply_tensor_parallel, keep_gradients_sharded
+from meshtop.runner.rank.weights import init_weights
 
 TORCH_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 

@@ -1,6 +1,6 @@
 """meshtop inside each rank of a user's own script: the built-in runner's probes, attached without touching it.
 
-The bootstrap (``runner/bootstrap/sitecustomize.py``) calls :func:`attach` in
+The bootstrap (``runner/script/bootstrap/sitecustomize.py``) calls :func:`attach` in
 every rank torchrun starts, before the script's first line. From then on:
 
 - **collectives**: the collective probe is hooked at once. Its kernels sit on
@@ -63,7 +63,7 @@ from meshtop.probes.patching import Patches
 from meshtop.probes.shipper import EventShipper, open_sink
 from meshtop.probes.sink import EventSink
 from meshtop.probes.wire import node_of_this_rank, start_of_this_rank
-from meshtop.runner.script import ACTIVATIONS_ENV, DEVICE_ENV, INSTRUMENT_ENV, TOKENS_ENV
+from meshtop.runner.script.command import ACTIVATIONS_ENV, DEVICE_ENV, INSTRUMENT_ENV, TOKENS_ENV
 
 PIPELINING = "torch.distributed.pipelining"
 ERROR_FILE_ENV = "TORCHELASTIC_ERROR_FILE"

@@ -7,7 +7,7 @@ HOST:PORT --rdzv-id ID``) or to torchrun after ``--``. Every node's launcher
 joins torchrun's c10d rendezvous, and meshtop adds one key to the same
 store: the head (node 0, or the node ``--head-node`` names) publishes where
 its collector listens and the session's token; every other node reads them
-there (:mod:`meshtop.runner.relay`) and streams its ranks' and samplers' events to it.
+there (:mod:`meshtop.runner.multinode.relay`) and streams its ranks' and samplers' events to it.
 Nothing else is configured.
 
 torchrun numbers the nodes by the order the rendezvous sorts them in, not by
@@ -16,7 +16,7 @@ given; meshtop's node number is its ``--node-rank``, the one the user chose.
 
 An elastic script (``--nnodes MIN:MAX``) runs on the nodes that joined the
 rendezvous, from MIN to MAX of them. A node that comes later makes torchrun
-start every rank again with it, and meshtop follows each start (:mod:`meshtop.runner.rounds`):
+start every rank again with it, and meshtop follows each start (:mod:`meshtop.runner.job.rounds`):
 the ranks say how many they are (:class:`meshtop.probes.events.RankStarted`). A node
 lost stops the job, as on N nodes.
 """

@@ -3,7 +3,7 @@
 The node runs its share of the job as a single machine would (its own
 launcher, a collector on loopback, the NVML and psutil samplers, py-spy), and
 a relay thread streams what they report to the head's collector, found in
-the rendezvous store (:func:`meshtop.runner.nodes.find_head`). Before it forwards an
+the rendezvous store (:func:`meshtop.runner.multinode.nodes.find_head`). Before it forwards an
 event it puts the event's times on the head's clock, with the offset that a
 ping exchange over the same connection measured (:class:`meshtop.probes.events.NodeClock`;
 at start and every :data:`CLOCK_EVERY_S`), and tags it with the node.
@@ -30,8 +30,8 @@ from typing import Any, TextIO
 from meshtop.probes.arrivals import Arrivals
 from meshtop.probes.events import Event, on_node
 from meshtop.probes.wire import FrameError, event_sections, pack, read_frame
-from meshtop.runner.launch import JobControl, JobResult, Launch, NodeProbes, run_job
-from meshtop.runner.nodes import HeadAddress, Nodes, find_head
+from meshtop.runner.job.launch import JobControl, JobResult, Launch, NodeProbes, run_job
+from meshtop.runner.multinode.nodes import HeadAddress, Nodes, find_head
 
 PING_S = 0.5
 CLOCK_EVERY_S = 10.0

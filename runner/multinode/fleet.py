@@ -1,6 +1,6 @@
 """The head's view of the other nodes of a multi-node job: who is there, their clocks, how they ended.
 
-Each node's relay (:mod:`meshtop.runner.relay`) speaks to the head's collector in
+Each node's relay (:mod:`meshtop.runner.multinode.relay`) speaks to the head's collector in
 control messages, answered on the same connection:
 
 - ``ping`` (twice a second): the node's time ``t0``, its host, and its last clock measurement; the answer holds
@@ -26,7 +26,7 @@ from typing import Any
 
 from meshtop.probes.events import Event, NodeClock
 from meshtop.probes.wire import is_count
-from meshtop.runner.launch import JobResult, RankExit, root_cause
+from meshtop.runner.job.launch import JobResult, RankExit, root_cause
 
 NODE_SILENT_S = 10.0
 """A node that said nothing (its pings come twice a second) for this long is lost."""

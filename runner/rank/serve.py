@@ -34,7 +34,7 @@ from torch.distributed.device_mesh import DeviceMesh
 
 from meshtop.probes.events import Event, RequestDone
 from meshtop.probes.memory import local_numel
-from meshtop.runner.kv_cache import KVCache
+from meshtop.runner.rank.kv_cache import KVCache
 from meshtop.runner.load import (
     InferenceLoad,
     PlannedRequest,
@@ -42,13 +42,13 @@ from meshtop.runner.load import (
     replica_concurrency,
     replica_share,
 )
-from meshtop.runner.mesh import MeshCoordinates
-from meshtop.runner.model import Transformer
-from meshtop.runner.pipeline import cut_stage
+from meshtop.runner.rank.mesh import MeshCoordinates
+from meshtop.runner.rank.model import Transformer
+from meshtop.runner.rank.pipeline import cut_stage
 from meshtop.runner.plan import ResolvedRun
-from meshtop.runner.tensor_parallel import apply_tensor_parallel
-from meshtop.runner.train import TORCH_DTYPES, synchronize
-from meshtop.runner.weights import init_weights
+from meshtop.runner.rank.tensor_parallel import apply_tensor_parallel
+from meshtop.runner.rank.train import TORCH_DTYPES, synchronize
+from meshtop.runner.rank.weights import init_weights
 
 STOP, PREFILL, DECODE = 0, 1, 2
 OP_NAMES = {PREFILL: "prefill", DECODE: "decode"}
@@ -137,7 +137,7 @@ def build_serving(run: ResolvedRun, *, mesh: DeviceMesh, coords: MeshCoordinates
         apply_tensor_parallel(model, tp_mesh=mesh["tp"])
     model.to_empty(device=device)
     model.tie_weights()  # to_empty gives a plain tied parameter a new one in each module; a last stage's own
-    # copy of a tied output starts as the embedding (meshtop.runner.weights), and inference never changes it
+    # copy of a tied output starts as the embedding (meshtop.runner.rank.weights), and inference never changes it
     init_weights(model, model=run.shape, seed=run.seed, device=device)
     model.eval()
     cache = KVCache(slots=run.load.max_batch, max_len=run.load.max_sequence, dtype=TORCH_DTYPES[run.dtype],

@@ -15,12 +15,12 @@ from typing import Any, TextIO
 from meshtop.probes.errors import MeshtopError
 from meshtop.recordings.manifest import RecordingError
 from meshtop.recordings.sweep import SWEEP_VERSION, write_sweep
-from meshtop.runner.console import follow_job, verdict
-from meshtop.runner.launch import NodeProbes
+from meshtop.runner.job.console import follow_job, verdict
+from meshtop.runner.job.launch import NodeProbes
 from meshtop.runner.plan import PlanError
-from meshtop.runner.plan_report import Budget, report
-from meshtop.runner.planner import SWEEP_STEPS, Candidate, Question
-from meshtop.runner.session import start_recording
+from meshtop.runner.planner.report import Budget, report
+from meshtop.runner.planner.plans import SWEEP_STEPS, Candidate, Question
+from meshtop.runner.job.session import start_recording
 
 MIN_SWEEP_STEPS = 3
 

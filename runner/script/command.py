@@ -9,11 +9,11 @@
 
 torchrun's options are read with torchrun's own parser, so every option a user
 already passes keeps its meaning, and they go to ``torch.distributed.run``
-unchanged in meshtop's launcher child (:mod:`meshtop.runner.agent`). What cannot run
+unchanged in meshtop's launcher child (:mod:`meshtop.runner.job.agent`). What cannot run
 is refused here, in one line that names the fix: a missing script, a file
 that is not Python, an unknown module, an option torchrun does not know,
 a multi-node job without c10d rendezvous or without ``--node-rank``
-(:mod:`meshtop.runner.nodes`), ``--no-python`` (meshtop's probes live in Python).
+(:mod:`meshtop.runner.multinode.nodes`), ``--no-python`` (meshtop's probes live in Python).
 """
 
 from __future__ import annotations
@@ -28,11 +28,11 @@ from importlib.machinery import PathFinder
 from pathlib import Path
 from typing import NoReturn
 
-from meshtop.runner.nodes import Nodes, nodes_from_options
+from meshtop.runner.multinode.nodes import Nodes, nodes_from_options
 from meshtop.runner.plan import PlanError
 
 ATTACH_ENV = "MESHTOP_ATTACH"
-"""Set (to ``1``) in a script's ranks: meshtop's bootstrap attaches its probes (:mod:`meshtop.runner.attach`)."""
+"""Set (to ``1``) in a script's ranks: meshtop's bootstrap attaches its probes (:mod:`meshtop.runner.script.attach`)."""
 DEVICE_ENV = "MESHTOP_DEVICE"
 """``cuda`` or ``cpu``: what the ranks are expected to run on (which collective kernel to use)."""
 TOKENS_ENV = "MESHTOP_TOKENS_PER_STEP"

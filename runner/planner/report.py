@@ -1,6 +1,6 @@
 """A plan report: the planner's predictions held against the devices (memory that fits, links, bandwidth).
 
-:mod:`meshtop.runner.planner` predicts what each plan holds and moves; this module says what that means on the
+:mod:`meshtop.runner.planner.plans` predicts what each plan holds and moves; this module says what that means on the
 machines at hand: whether the most loaded rank fits in ``--device-memory`` and its headroom, where each
 group's ranks sit and which tp group crosses a slow link, and how long the predicted collectives take at a
 bus bandwidth. :func:`report` is the plain data ``meshtop plan --json`` prints and a sweep keeps.
@@ -12,7 +12,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from meshtop.runner.plan import PlanError, ResolvedRun
-from meshtop.runner.planner import Candidate, Prediction, Question, RankMemory, in_flight
+from meshtop.runner.planner.plans import Candidate, Prediction, Question, RankMemory, in_flight
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

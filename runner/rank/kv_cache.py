@@ -44,7 +44,7 @@ class KVCache:
 
     def rotary(self, seq: int, head_dim: int, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
         """Cosine and sine at each token's own position: ``[rows, seq, head_dim // 2]``."""
-        from meshtop.runner.model import rotary_tables
+        from meshtop.runner.rank.model import rotary_tables
 
         if self._tables is None:
             self._tables = rotary_tables(self.max_len, head_dim, theta, device=self.device)

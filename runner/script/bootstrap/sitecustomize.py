@@ -1,10 +1,10 @@
 """meshtop's bootstrap: attach meshtop's probes to a rank of a user's script before the script runs.
 
 meshtop puts this folder first on the ``PYTHONPATH`` of a script it launches
-(:func:`meshtop.runner.session.script_launch`), so every Python process of the job
+(:func:`meshtop.runner.job.session.script_launch`), so every Python process of the job
 imports this module at start-up. It does nothing but hand over to the user's
 own ``sitecustomize`` (there may be one further down the path, and it must
-still run) unless :data:`meshtop.runner.script.ATTACH_ENV` is set and the process is a
+still run) unless :data:`meshtop.runner.script.command.ATTACH_ENV` is set and the process is a
 rank torchrun started (``RANK`` set) that no parent attached: torchrun's
 launcher, and processes the ranks start themselves (data loader workers,
 compile workers), which inherit the environment, are left alone. Nothing is
@@ -42,7 +42,7 @@ def run_users_sitecustomize() -> None:
 
 
 def should_attach() -> bool:
-    """Whether this process is a rank to attach to. ``MESHTOP_ATTACH`` is :data:`meshtop.runner.script.ATTACH_ENV`,
+    """Whether this process is a rank to attach to. ``MESHTOP_ATTACH`` is :data:`meshtop.runner.script.command.ATTACH_ENV`,
     spelled out: this module runs in every Python process of the job and imports nothing of meshtop's
     until it attaches."""
     return (os.environ.get("MESHTOP_ATTACH") == "1" and "RANK" in os.environ
@@ -52,7 +52,7 @@ def should_attach() -> bool:
 def attach_or_say_why() -> None:
     os.environ[ATTACHED_ENV] = str(os.getpid())
     try:
-        from meshtop.runner.attach import attach
+        from meshtop.runner.script.attach import attach
 
         attach()
     except Exception as error:  # the script runs on unwatched: a probe never stops the job it measures

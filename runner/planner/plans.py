@@ -3,7 +3,7 @@
 Pure arithmetic over the model's shape and the plan: nothing here imports
 torch, so ``meshtop plan`` answers an 8-billion-parameter question in
 milliseconds. Each prediction mirrors what the built-in runner does
-(:mod:`meshtop.runner.train`, :mod:`meshtop.runner.serve`), not an idealised framework, so a
+(:mod:`meshtop.runner.rank.train`, :mod:`meshtop.runner.rank.serve`), not an idealised framework, so a
 sweep can check every figure against its recording; docs/planner.md gives
 the formulas, their sources and the assumptions they make.
 

@@ -7,7 +7,7 @@ one stage (GPipe, 1F1B) or ``v`` stages looped round the ranks
 Tied embeddings: the first stage (on pp rank 0) holds the token embedding
 and the last (on pp rank pp - 1) the output projection, the same matrix in a
 single process. As Megatron-LM does, each end keeps its own copy, both
-initialised alike (:mod:`meshtop.runner.weights`), and after each step's backward the
+initialised alike (:mod:`meshtop.runner.rank.weights`), and after each step's backward the
 two copies' gradients are summed by an all-reduce over the pair of ranks that
 holds them (one group per (dp, tp) position), so both take the same optimizer
 step as the single tied parameter would.
@@ -30,7 +30,7 @@ from torch.distributed.pipelining import (
 from torch.distributed.pipelining.schedules import _PipelineSchedule
 from torch.distributed.tensor import DTensor
 
-from meshtop.runner.model import Transformer
+from meshtop.runner.rank.model import Transformer
 from meshtop.runner.plan import ResolvedRun
 
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
@@ -109,7 +109,7 @@ def sum_tied_gradients(ends: list[torch.nn.Parameter], *, group: dist.ProcessGro
 
     A DTensor gradient is summed by its local shard: both ends' parameters have the same placements, and
     their gradients are laid out as their parameters (FSDP2 / replicate reduce them so, and without dp
-    :func:`meshtop.runner.tensor_parallel.keep_gradients_sharded` does)."""
+    :func:`meshtop.runner.rank.tensor_parallel.keep_gradients_sharded` does)."""
     for param in ends:
         grad = param.grad
         assert grad is not None, "a tied end has a gradient after backward"
