@@ -29,8 +29,12 @@ def main() -> None:
         torch.cuda.set_device(device)
     dist.init_process_group("nccl" if cuda else "gloo")
     torch.manual_seed(0)
-    model = nn.Sequential(*(nn.Sequential(nn.Linear(args.dim, 4 * args.dim), nn.GELU(),
-                                          nn.Linear(4 * args.dim, args.dim)) for _ in range(args.layers))).to(device)
+    model = nn.Sequential(
+        *(
+            nn.Sequential(nn.Linear(args.dim, 4 * args.dim), nn.GELU(), nn.Linear(4 * args.dim, args.dim))
+            for _ in range(args.layers)
+        )
+    ).to(device)
     for block in model:
         fully_shard(block)
     fully_shard(model)

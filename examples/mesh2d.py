@@ -32,8 +32,7 @@ def main() -> None:
     mesh = init_device_mesh("cuda" if cuda else "cpu", (world // args.tp, args.tp), mesh_dim_names=("dp", "tp"))
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(args.dim, 4 * args.dim), nn.GELU(), nn.Linear(4 * args.dim, args.dim))
-    model = parallelize_module(model.to(mesh.device_type), mesh["tp"],
-                               {"0": ColwiseParallel(), "2": RowwiseParallel()})
+    model = parallelize_module(model.to(mesh.device_type), mesh["tp"], {"0": ColwiseParallel(), "2": RowwiseParallel()})
     fully_shard(model, mesh=mesh["dp"])
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, foreach=False)
     data = torch.Generator().manual_seed(1 + mesh.get_coordinate()[0])  # one batch per dp replica

@@ -166,8 +166,16 @@ def native_table() -> tuple[list[OpShape], list[tuple[str, int, int, int, int, b
     for name, shape in {**C10D_OPS, **P2P_OPS}.items():
         if getattr(torch.ops.c10d, name, None) is None:  # an op this torch release does not have
             continue
-        rows.append((name, len(shapes), shape.group_arg, shape.buffer_arg,
-                     -1 if shape.peer_arg is None else shape.peer_arg, shape.times_group))
+        rows.append(
+            (
+                name,
+                len(shapes),
+                shape.group_arg,
+                shape.buffer_arg,
+                -1 if shape.peer_arg is None else shape.peer_arg,
+                shape.times_group,
+            )
+        )
         shapes.append(shape)
     return shapes, rows
 
@@ -200,10 +208,18 @@ class CollectiveProbe:
     does the timing on gloo; its operations reach ``emit`` at :meth:`flush`.
     """
 
-    def __init__(self, *, rank: int, groups: GroupDirectory, emit: Callable[[Event], None],
-                 step: Callable[[], int | None], device_timing: bool,
-                 on_error: Callable[[str], None] = lambda message: None, native: ModuleType | None = None,
-                 emit_lines: Callable[[str, bytes, int], None] | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        rank: int,
+        groups: GroupDirectory,
+        emit: Callable[[Event], None],
+        step: Callable[[], int | None],
+        device_timing: bool,
+        on_error: Callable[[str], None] = lambda message: None,
+        native: ModuleType | None = None,
+        emit_lines: Callable[[str, bytes, int], None] | None = None,
+    ) -> None:
         self.rank = rank
         self.groups = groups
         self.emit = emit
@@ -282,8 +298,9 @@ class CollectiveProbe:
             packet = getattr(torch.ops.c10d, name, None)
             if packet is None:  # an op this torch release does not have
                 continue
-            library.impl(name, self._kernel(packet.default._handle, name, shape, below), "ADInplaceOrView",
-                         with_keyset=True)
+            library.impl(
+                name, self._kernel(packet.default._handle, name, shape, below), "ADInplaceOrView", with_keyset=True
+            )
         self._library = library
         for method, shape in P2P_METHODS.items():
             self._patches.replace(ProcessGroup, method, self._p2p_wrapper(getattr(ProcessGroup, method), shape))
@@ -383,8 +400,9 @@ class CollectiveProbe:
         work = Work.unbox(out[-1] if isinstance(out, tuple) else out)
         self._track(name, shape, work, self.groups.lookup(args[shape.group_arg]), args, start_ns)
 
-    def _track(self, name: str, shape: OpShape, work: Work, group: GroupInfo, args: tuple[Any, ...],
-               start_ns: int) -> None:
+    def _track(
+        self, name: str, shape: OpShape, work: Work, group: GroupInfo, args: tuple[Any, ...], start_ns: int
+    ) -> None:
         """Note an issued operation and arrange to learn when it completes (and when it is waited for)."""
         buffer = args[shape.buffer_arg] if shape.buffer_arg >= 0 else None
         nbytes = _nbytes(buffer) * (group.size if shape.times_group else 1)
@@ -423,8 +441,9 @@ class CollectiveProbe:
                 other.overlapped = issued.overlapped = True
 
     # -- completing -------------------------------------------------------------------------
-    def _completed(self, issued: _Issued, _future: Any = None, *, end_ns: int | None = None,
-                   clock: str = "completion") -> None:
+    def _completed(
+        self, issued: _Issued, _future: Any = None, *, end_ns: int | None = None, clock: str = "completion"
+    ) -> None:
         if end_ns is None:
             end_ns = time.time_ns()
         with self._lock:
@@ -436,13 +455,23 @@ class CollectiveProbe:
         waited_ns = end_ns - wait_start_ns if wait_start_ns is not None and wait_start_ns <= end_ns else None
         self.emit(self._event(issued, end_ns=end_ns, waited_ns=waited_ns, clock=clock))
 
-    def _event(self, issued: _Issued, *, end_ns: int, waited_ns: int | None,
-               clock: str = "completion") -> CollectiveTiming:
+    def _event(
+        self, issued: _Issued, *, end_ns: int, waited_ns: int | None, clock: str = "completion"
+    ) -> CollectiveTiming:
         return CollectiveTiming(
-            rank=self.rank, step=issued.step, op=issued.shape.op, group=issued.group.name,
-            group_size=issued.group.size, peer=issued.peer, bytes=issued.nbytes, dtype=issued.dtype,
-            start_ns=issued.start_ns, end_ns=end_ns, clock=clock,
-            waited_ns=None if clock == "cuda_events" else waited_ns, overlapped=issued.overlapped,
+            rank=self.rank,
+            step=issued.step,
+            op=issued.shape.op,
+            group=issued.group.name,
+            group_size=issued.group.size,
+            peer=issued.peer,
+            bytes=issued.nbytes,
+            dtype=issued.dtype,
+            start_ns=issued.start_ns,
+            end_ns=end_ns,
+            clock=clock,
+            waited_ns=None if clock == "cuda_events" else waited_ns,
+            overlapped=issued.overlapped,
         )
 
     def oldest_in_flight(self) -> tuple[int, _Issued | None]:
@@ -460,9 +489,16 @@ class CollectiveProbe:
         """A C++ kernel's record (see ``c10d_kernel.cpp``'s ``as_tuple``) as the Python kernel notes it."""
         op, group_name, group_size, peer, nbytes, dtype, step, start_ns, _waited_ns, overlapped, _end_ns = record
         group = self.groups.named(group_name, group_size)
-        return _Issued(self._native_ops[op], group, None if peer is None else group.global_rank(peer), nbytes,
-                       None if dtype is None else self._dtype_names.get(dtype), step, start_ns,
-                       overlapped=overlapped)
+        return _Issued(
+            self._native_ops[op],
+            group,
+            None if peer is None else group.global_rank(peer),
+            nbytes,
+            None if dtype is None else self._dtype_names.get(dtype),
+            step,
+            start_ns,
+            overlapped=overlapped,
+        )
 
     def _patch_wait(self) -> None:
         """Wrap ``Work.wait``: its start is a wait on an in-flight operation, its return the end of a work

@@ -68,10 +68,17 @@ class Collector:
     message's blocks as one batch (one lock per message); its bound counts events.
     """
 
-    def __init__(self, *, host: str = "127.0.0.1", port: int = 0, token: str | None = None,
-                 max_queue_events: int = DEFAULT_QUEUE_EVENTS, max_queue_bytes: int = DEFAULT_QUEUE_BYTES,
-                 nodes: tuple[int, ...] = (),
-                 on_control: Callable[[dict[str, Any], int], dict[str, Any]] | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        token: str | None = None,
+        max_queue_events: int = DEFAULT_QUEUE_EVENTS,
+        max_queue_bytes: int = DEFAULT_QUEUE_BYTES,
+        nodes: tuple[int, ...] = (),
+        on_control: Callable[[dict[str, Any], int], dict[str, Any]] | None = None,
+    ) -> None:
         self.token = token or secrets.token_hex(16)
         self.nodes = frozenset(nodes)
         """The other nodes of a multi-node job: a message may name one of them (the head's own name none)."""
@@ -133,8 +140,7 @@ class Collector:
             taken = []
             for item in items:
                 size, nbytes = event_count(item), len(item.lines) if isinstance(item, EncodedEvents) else 0
-                if (self._queued + size <= self.max_queue_events
-                        and self._queued_bytes + nbytes <= self.max_queue_bytes):
+                if self._queued + size <= self.max_queue_events and self._queued_bytes + nbytes <= self.max_queue_bytes:
                     taken.append(item)
                     self._queued += size
                     self._queued_bytes += nbytes
@@ -169,8 +175,9 @@ class Collector:
             return False
         header, body = message
         token = header.get("token")
-        if not isinstance(token, str) or not hmac.compare_digest(token.encode("utf-8", "surrogatepass"),
-                                                                 self.token.encode()):
+        if not isinstance(token, str) or not hmac.compare_digest(
+            token.encode("utf-8", "surrogatepass"), self.token.encode()
+        ):
             self.counts.add(bad_token=1)
             return False
         if "node" in header:
@@ -200,8 +207,9 @@ class Collector:
             self.counts.add(malformed=1)
             return
         if dropped and "node" in header:  # lost on another node, on its way here
-            items.append(EventsDropped(wall_ns=time.time_ns(), rank=None, where=f"node {header['node']}",
-                                       count=dropped))
+            items.append(
+                EventsDropped(wall_ns=time.time_ns(), rank=None, where=f"node {header['node']}", count=dropped)
+            )
         elif dropped:
             items.append(EventsDropped(wall_ns=time.time_ns(), rank=header["rank"], where="worker", count=dropped))
         events = sum(map(event_count, items))

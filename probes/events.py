@@ -397,9 +397,27 @@ class RequestDone(Event):
 
 EVENT_TYPES: dict[str, type[Event]] = {
     cls.kind: cls
-    for cls in (RankStarted, StepTiming, CollectiveTiming, StageAction, MemorySnapshot, GpuSample, GpuLink,
-                NvmlState, ProcessSample, RankExited, JobEnded, EventsDropped, SamplerError, StackDump, RankProgress,
-                HangDetected, RequestDone, ProbeOff, NodeClock)
+    for cls in (
+        RankStarted,
+        StepTiming,
+        CollectiveTiming,
+        StageAction,
+        MemorySnapshot,
+        GpuSample,
+        GpuLink,
+        NvmlState,
+        ProcessSample,
+        RankExited,
+        JobEnded,
+        EventsDropped,
+        SamplerError,
+        StackDump,
+        RankProgress,
+        HangDetected,
+        RequestDone,
+        ProbeOff,
+        NodeClock,
+    )
 }
 TUPLE_FIELDS = {"stages", "token_ns", "output_ids"}
 _WITH_TUPLES = frozenset(cls for cls in EVENT_TYPES.values() if TUPLE_FIELDS.intersection(_field_names(cls)))
@@ -429,8 +447,11 @@ E = TypeVar("E", bound=Event)
 def _clock_fields(cls: type[Event]) -> tuple[tuple[str, ...], tuple[str, ...], bool]:
     """(times, tuples of times, whether the kind names a node) of ``cls``."""
     names = [name for name in _field_names(cls) if name.endswith("_ns") and name not in DURATION_FIELDS]
-    return (tuple(n for n in names if n not in TUPLE_FIELDS), tuple(n for n in names if n in TUPLE_FIELDS),
-            "node" in _field_names(cls))
+    return (
+        tuple(n for n in names if n not in TUPLE_FIELDS),
+        tuple(n for n in names if n in TUPLE_FIELDS),
+        "node" in _field_names(cls),
+    )
 
 
 def on_node(event: E, *, offset_ns: int, node: int) -> E:

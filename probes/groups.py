@@ -108,6 +108,5 @@ def _unnamed_group(group_name: str, size: int) -> GroupInfo:
     except Exception:  # a private registry, or a group already destroyed: the figures still have its size
         return GroupInfo("other", size, (), group_name)
     world = dist.group.WORLD
-    name = "world" if world is not None and world.group_name == group_name else \
-        "ranks " + ",".join(map(str, ranks))
+    name = "world" if world is not None and world.group_name == group_name else "ranks " + ",".join(map(str, ranks))
     return GroupInfo(name, size, ranks, group_name)

@@ -128,9 +128,14 @@ class Instrumentation:
         collectives = self._collectives if self._installed and COLLECTIVES not in self._off else None
         count, oldest = collectives.oldest_in_flight() if collectives is not None else (0, None)
         return RankProgress(
-            rank=self.rank, wall_ns=time.time_ns(), step=self.step, in_flight=count,
-            oldest_op=oldest.shape.op if oldest else None, oldest_group=oldest.group.name if oldest else None,
-            oldest_peer=oldest.peer if oldest else None, oldest_start_ns=oldest.start_ns if oldest else None,
+            rank=self.rank,
+            wall_ns=time.time_ns(),
+            step=self.step,
+            in_flight=count,
+            oldest_op=oldest.shape.op if oldest else None,
+            oldest_group=oldest.group.name if oldest else None,
+            oldest_peer=oldest.peer if oldest else None,
+            oldest_start_ns=oldest.start_ns if oldest else None,
         )
 
     def install(self, *, groups: GroupDirectory, pipeline: bool) -> None:
@@ -141,10 +146,16 @@ class Instrumentation:
         native, why_not = from_environment() if self.device.type == "cpu" else (None, None)
         if why_not is not None and self.rank == 0:
             self.report_error(f"{why_not}; the Python kernel times collectives instead (about 100 us more each)")
-        self._collectives = CollectiveProbe(rank=self.rank, groups=groups, emit=self.emit,
-                                            step=self.current_step, device_timing=device_timing,
-                                            on_error=self.report_error, native=native,
-                                            emit_lines=self.sink.emit_lines)
+        self._collectives = CollectiveProbe(
+            rank=self.rank,
+            groups=groups,
+            emit=self.emit,
+            step=self.current_step,
+            device_timing=device_timing,
+            on_error=self.report_error,
+            native=native,
+            emit_lines=self.sink.emit_lines,
+        )
         if pipeline:
             self._stages = StageProbe(rank=self.rank, emit=self.emit, step=self.current_step)
         if self.enabled:

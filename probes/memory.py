@@ -56,8 +56,12 @@ def gradients_bytes(parameters: Iterable[torch.Tensor]) -> int:
 
 
 def optimizer_bytes(optimizer: torch.optim.Optimizer) -> int:
-    return sum(tensor_bytes(value) for state in optimizer.state.values() for value in state.values()
-               if isinstance(value, torch.Tensor))
+    return sum(
+        tensor_bytes(value)
+        for state in optimizer.state.values()
+        for value in state.values()
+        if isinstance(value, torch.Tensor)
+    )
 
 
 class ResidentSize:
@@ -101,8 +105,14 @@ class ResidentSize:
 class MemoryProbe:
     """Takes a :class:`MemorySnapshot` at the end of each step."""
 
-    def __init__(self, *, rank: int, parameters: list[torch.Tensor], optimizer: torch.optim.Optimizer | None,
-                 device: torch.device) -> None:
+    def __init__(
+        self,
+        *,
+        rank: int,
+        parameters: list[torch.Tensor],
+        optimizer: torch.optim.Optimizer | None,
+        device: torch.device,
+    ) -> None:
         self.rank = rank
         self.parameters = parameters
         self.optimizer = optimizer
@@ -116,8 +126,9 @@ class MemoryProbe:
         if self.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(self.device)
 
-    def snapshot(self, step: int, *, kv_cache_bytes: int | None = None,
-                 saved_activations_bytes: int | None = None) -> MemorySnapshot:
+    def snapshot(
+        self, step: int, *, kv_cache_bytes: int | None = None, saved_activations_bytes: int | None = None
+    ) -> MemorySnapshot:
         """Memory now; ``saved_activations_bytes`` (measured, :mod:`meshtop.probes.activations`) stands in for the
         allocator's estimate of activations where given."""
         if self._static is None or self._snapshots < 2 or self._snapshots % RECOUNT_EVERY == 0:
@@ -139,8 +150,18 @@ class MemoryProbe:
         if saved_activations_bytes is not None:
             activations = saved_activations_bytes
         return MemorySnapshot(
-            rank=self.rank, step=step, wall_ns=time.time_ns(), weights_bytes=self.weights_bytes,
-            grads_bytes=grads, optimizer_bytes=optimizer, activations_bytes=activations,
-            kv_cache_bytes=kv_cache_bytes, allocated_bytes=allocated, reserved_bytes=reserved,
-            peak_allocated_bytes=peak, device_used_bytes=used, device_total_bytes=total, rss_bytes=rss,
+            rank=self.rank,
+            step=step,
+            wall_ns=time.time_ns(),
+            weights_bytes=self.weights_bytes,
+            grads_bytes=grads,
+            optimizer_bytes=optimizer,
+            activations_bytes=activations,
+            kv_cache_bytes=kv_cache_bytes,
+            allocated_bytes=allocated,
+            reserved_bytes=reserved,
+            peak_allocated_bytes=peak,
+            device_used_bytes=used,
+            device_total_bytes=total,
+            rss_bytes=rss,
         )

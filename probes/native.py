@@ -68,8 +68,9 @@ def build() -> Path:
         scripts, path = str(Path(sys.executable).parent), os.environ.get("PATH", "")
         if scripts not in path.split(os.pathsep):
             os.environ["PATH"] = os.pathsep.join((scripts, path)) if path else scripts
-        cpp_extension.load(name=name, sources=[str(SOURCE)], build_directory=str(directory),
-                           extra_cflags=["-O2"], verbose=False)
+        cpp_extension.load(
+            name=name, sources=[str(SOURCE)], build_directory=str(directory), extra_cflags=["-O2"], verbose=False
+        )
     except Exception as error:  # noqa: BLE001 - a compiler's many ways to fail all mean "no fast path"
         raise ProbeError(f"cannot build the C++ collective probe: {first_line(error)}") from error
     if not built.exists():

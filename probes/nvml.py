@@ -17,7 +17,11 @@ from meshtop.probes.events import GpuLink, GpuSample, NvmlState
 T = TypeVar("T")
 KIB = 1024
 PATHS = {  # nvmlGpuTopologyLevel_t -> how the two GPUs reach each other over PCIe
-    0: "same board", 10: "PCIe switch", 20: "PCIe switches", 30: "PCIe host bridge", 40: "CPU (same NUMA node)",
+    0: "same board",
+    10: "PCIe switch",
+    20: "PCIe switches",
+    30: "PCIe host bridge",
+    40: "CPU (same NUMA node)",
     50: "system (across CPUs)",
 }
 
@@ -78,8 +82,13 @@ class Nvml:
             return None
 
     def state_event(self) -> NvmlState:
-        return NvmlState(wall_ns=time.time_ns(), state=self.state, gpu_count=len(self.handles),
-                         detail=self.detail, driver_version=_text(self.driver_version))
+        return NvmlState(
+            wall_ns=time.time_ns(),
+            state=self.state,
+            gpu_count=len(self.handles),
+            detail=self.detail,
+            driver_version=_text(self.driver_version),
+        )
 
     def sample(self, gpu: int) -> GpuSample:
         nv, handle = self.nv, self.handles[gpu]
@@ -91,7 +100,9 @@ class Nvml:
         rx = self.call(nv.nvmlDeviceGetPcieThroughput, handle, nv.NVML_PCIE_UTIL_RX_BYTES)
         nvlink_tx, nvlink_rx = self._nvlink_rates(gpu)
         return GpuSample(
-            gpu=gpu, wall_ns=time.time_ns(), name=_text(self.call(nv.nvmlDeviceGetName, handle)),
+            gpu=gpu,
+            wall_ns=time.time_ns(),
+            name=_text(self.call(nv.nvmlDeviceGetName, handle)),
             memory_used_bytes=memory.used if memory is not None else None,
             memory_total_bytes=memory.total if memory is not None else None,
             utilization_pct=float(rates.gpu) if rates is not None else None,
@@ -101,8 +112,10 @@ class Nvml:
             temperature_c=_float(self.call(nv.nvmlDeviceGetTemperature, handle, nv.NVML_TEMPERATURE_GPU)),
             pcie_tx_bytes_per_s=tx * KIB if tx is not None else None,
             pcie_rx_bytes_per_s=rx * KIB if rx is not None else None,
-            nvlink_tx_bytes_per_s=nvlink_tx, nvlink_rx_bytes_per_s=nvlink_rx,
-            uuid=self._uuid(gpu), power_limit_w=self._power_limit_w(gpu),
+            nvlink_tx_bytes_per_s=nvlink_tx,
+            nvlink_rx_bytes_per_s=nvlink_rx,
+            uuid=self._uuid(gpu),
+            power_limit_w=self._power_limit_w(gpu),
         )
 
     def _power_limit_w(self, gpu: int) -> float | None:
@@ -124,8 +137,11 @@ class Nvml:
         """NVLink data throughput from the cumulative KiB counters; ``None`` without NVLink."""
         nv = self.nv
         assert nv is not None
-        fields = self.call(nv.nvmlDeviceGetFieldValues, self.handles[gpu],
-                           [nv.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX, nv.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX])
+        fields = self.call(
+            nv.nvmlDeviceGetFieldValues,
+            self.handles[gpu],
+            [nv.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX, nv.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX],
+        )
         now = time.monotonic()
         counters = [_field_value(f) for f in fields] if fields else [None, None]
         previous = self._nvlink_last.get(gpu)
@@ -135,8 +151,10 @@ class Nvml:
         elapsed = now - previous[0]
         if elapsed <= 0:
             return None, None
-        return ((counters[0] - previous[1]) * KIB / elapsed,  # type: ignore[operator]
-                (counters[1] - previous[2]) * KIB / elapsed)  # type: ignore[operator]
+        return (
+            (counters[0] - previous[1]) * KIB / elapsed,  # type: ignore[operator]
+            (counters[1] - previous[2]) * KIB / elapsed,
+        )  # type: ignore[operator]
 
     def topology(self) -> list[GpuLink]:
         """How each pair of visible GPUs is connected: NVLink (with the link count) or the PCIe path."""
@@ -164,8 +182,14 @@ class Nvml:
                     links.append(GpuLink(gpu_a=a, gpu_b=b, path="NVLink", nvlinks=None))
                     continue
                 level = self.call(nv.nvmlDeviceGetTopologyCommonAncestor, self.handles[a], self.handles[b])
-                links.append(GpuLink(gpu_a=a, gpu_b=b, path=PATHS.get(level, "unknown") if level is not None
-                                     else "unknown", nvlinks=0))
+                links.append(
+                    GpuLink(
+                        gpu_a=a,
+                        gpu_b=b,
+                        path=PATHS.get(level, "unknown") if level is not None else "unknown",
+                        nvlinks=0,
+                    )
+                )
         return links
 
     def _nvlink_peers(self, a: int, b: int) -> bool:

@@ -31,8 +31,14 @@ STAGE_METHODS = {
 class StageProbe:
     """Emits a :class:`StageAction` for every stage action of this rank and sums its P2P waits."""
 
-    def __init__(self, *, rank: int, emit: Callable[[Event], None], step: Callable[[], int | None],
-                 on_stage: Callable[[tuple[int, ...]], None] | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        rank: int,
+        emit: Callable[[Event], None],
+        step: Callable[[], int | None],
+        on_stage: Callable[[tuple[int, ...]], None] | None = None,
+    ) -> None:
         self.rank = rank
         self.emit = emit
         self.step = step
@@ -74,9 +80,17 @@ class StageProbe:
             try:
                 return original(stage_self, chunk_id, *args, **kwargs)
             finally:
-                probe.emit(StageAction(rank=probe.rank, step=probe.step(), stage=stage_self.stage_index,
-                                       microbatch=chunk_id, action=action, start_ns=start_ns,
-                                       end_ns=time.time_ns()))
+                probe.emit(
+                    StageAction(
+                        rank=probe.rank,
+                        step=probe.step(),
+                        stage=stage_self.stage_index,
+                        microbatch=chunk_id,
+                        action=action,
+                        start_ns=start_ns,
+                        end_ns=time.time_ns(),
+                    )
+                )
 
         return timed
 

@@ -65,8 +65,9 @@ class GpuSampler(Sampler):
 
     name = "gpu"
 
-    def __init__(self, *, rate_hz: float = DEFAULT_GPU_HZ, emit: Callable[[list[Event]], None],
-                 nvml: Nvml | None = None) -> None:
+    def __init__(
+        self, *, rate_hz: float = DEFAULT_GPU_HZ, emit: Callable[[list[Event]], None], nvml: Nvml | None = None
+    ) -> None:
         super().__init__(rate_hz=rate_hz, emit=emit)
         self.nvml = nvml if nvml is not None else Nvml()
         self._announced = False
@@ -112,13 +113,21 @@ class ProcessSampler(Sampler):
         for rank, process in processes:
             try:
                 with process.oneshot():
-                    events.append(ProcessSample(rank=rank, pid=process.pid, wall_ns=time.time_ns(),
-                                                cpu_pct=process.cpu_percent(), rss_bytes=process.memory_info().rss,
-                                                threads=process.num_threads()))
+                    events.append(
+                        ProcessSample(
+                            rank=rank,
+                            pid=process.pid,
+                            wall_ns=time.time_ns(),
+                            cpu_pct=process.cpu_percent(),
+                            rss_bytes=process.memory_info().rss,
+                            threads=process.num_threads(),
+                        )
+                    )
             except psutil.NoSuchProcess:
                 with self._lock:
                     self._processes.pop(rank, None)
             except psutil.Error as error:
-                events.append(SamplerError(wall_ns=time.time_ns(), sampler=self.name,
-                                           message=f"rank {rank}: {error!r}"))
+                events.append(
+                    SamplerError(wall_ns=time.time_ns(), sampler=self.name, message=f"rank {rank}: {error!r}")
+                )
         return events

@@ -31,8 +31,7 @@ CLOSE_TIMEOUT_S = 5.0
 class EventShipper(EventSink):
     """Buffers events and ships them to the collector at ``address`` every 50 ms."""
 
-    def __init__(self, *, address: tuple[str, int], token: str, rank: int,
-                 capacity: int = DEFAULT_CAPACITY) -> None:
+    def __init__(self, *, address: tuple[str, int], token: str, rank: int, capacity: int = DEFAULT_CAPACITY) -> None:
         self.before_shipment: Callable[[], list[Event]] | None = None
         """Called on the shipper thread before each shipment; its events go out with it (the heartbeat of
         the hang reports, the C++ probe's collectives)."""

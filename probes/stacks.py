@@ -12,8 +12,10 @@ from pathlib import Path
 from meshtop.probes.events import StackDump
 
 DUMP_TIMEOUT_S = 20.0
-PTRACE_HINT = ("ptrace is not permitted here: run meshtop as root, or allow it with "
-               "`sysctl kernel.yama.ptrace_scope=0`, or give the container CAP_SYS_PTRACE")
+PTRACE_HINT = (
+    "ptrace is not permitted here: run meshtop as root, or allow it with "
+    "`sysctl kernel.yama.ptrace_scope=0`, or give the container CAP_SYS_PTRACE"
+)
 
 
 def py_spy_executable() -> str | None:
@@ -26,17 +28,29 @@ def dump_stack(rank: int, pid: int, *, executable: str | None = None) -> StackDu
     """py-spy's dump of ``pid`` (every thread, with locals off), or the reason there is none."""
     executable = executable or py_spy_executable()
     if executable is None:
-        return StackDump(rank=rank, pid=pid, wall_ns=time.time_ns(), text=None,
-                         error="py-spy is not installed (pip install py-spy)")
+        return StackDump(
+            rank=rank, pid=pid, wall_ns=time.time_ns(), text=None, error="py-spy is not installed (pip install py-spy)"
+        )
     try:
-        done = subprocess.run([executable, "dump", "--pid", str(pid)], capture_output=True, text=True,
-                              timeout=DUMP_TIMEOUT_S)
+        done = subprocess.run(
+            [executable, "dump", "--pid", str(pid)], capture_output=True, text=True, timeout=DUMP_TIMEOUT_S
+        )
     except subprocess.TimeoutExpired:
-        return StackDump(rank=rank, pid=pid, wall_ns=time.time_ns(), text=None,
-                         error=f"py-spy did not finish within {DUMP_TIMEOUT_S:.0f} s")
+        return StackDump(
+            rank=rank,
+            pid=pid,
+            wall_ns=time.time_ns(),
+            text=None,
+            error=f"py-spy did not finish within {DUMP_TIMEOUT_S:.0f} s",
+        )
     except OSError as error:
-        return StackDump(rank=rank, pid=pid, wall_ns=time.time_ns(), text=None,
-                         error=f"cannot run py-spy ({executable}): {error.strerror}")
+        return StackDump(
+            rank=rank,
+            pid=pid,
+            wall_ns=time.time_ns(),
+            text=None,
+            error=f"cannot run py-spy ({executable}): {error.strerror}",
+        )
     if done.returncode == 0:
         return StackDump(rank=rank, pid=pid, wall_ns=time.time_ns(), text=done.stdout, error=None)
     message = (done.stderr.strip() or done.stdout.strip()).splitlines()

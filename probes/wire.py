@@ -69,8 +69,7 @@ def section_order(kind: str) -> int:
     return 0 if kind in FIRST_KINDS else 2 if kind in LAST_KINDS else 1
 
 
-def event_sections(events: Iterable[Event],
-                   encoded: Iterable[EncodedEvents] = ()) -> tuple[list[list[Any]], bytes]:
+def event_sections(events: Iterable[Event], encoded: Iterable[EncodedEvents] = ()) -> tuple[list[list[Any]], bytes]:
     """The ``sections`` of a message holding ``events`` and the ``encoded`` blocks, and its body: grouped by
     kind, each kind in the order it was emitted (the events before the blocks), the kinds in
     :func:`section_order` (then in the order they first came)."""
@@ -87,8 +86,9 @@ def event_sections(events: Iterable[Event],
     return [[kind, counts[kind], len(body)] for kind, body in zip(kinds, bodies, strict=True)], b"".join(bodies)
 
 
-def encode_events(*, token: str, rank: int, dropped: int, events: Iterable[Event],
-                  blocks: Iterable[EncodedEvents] = ()) -> bytes:
+def encode_events(
+    *, token: str, rank: int, dropped: int, events: Iterable[Event], blocks: Iterable[EncodedEvents] = ()
+) -> bytes:
     """A worker's message: ``events`` and the encoded ``blocks`` in :func:`event_sections`."""
     listed, body = event_sections(events, blocks)
     return pack({"token": token, "rank": rank, "dropped": dropped, "sections": listed}, body)
@@ -136,12 +136,18 @@ def sections(header: dict[str, Any], body: bytes) -> list[EncodedEvents]:
         raise FrameError("a message needs a rank and a list of sections")
     blocks, offset = [], 0
     for section in listed:
-        if not (isinstance(section, list) and len(section) == 3 and isinstance(section[0], str)
-                and section[0] in EVENT_TYPES and is_count(section[1]) and section[1] > 0
-                and is_count(section[2])):
+        if not (
+            isinstance(section, list)
+            and len(section) == 3
+            and isinstance(section[0], str)
+            and section[0] in EVENT_TYPES
+            and is_count(section[1])
+            and section[1] > 0
+            and is_count(section[2])
+        ):
             raise FrameError(f"not a section: {section!r:.80}")
         kind, count, nbytes = section
-        lines = body[offset:offset + nbytes]
+        lines = body[offset : offset + nbytes]
         offset += nbytes
         if len(lines) != nbytes or lines.count(b"\n") != count or not lines.endswith(b"\n"):
             raise FrameError(f"section {kind} does not hold {count} lines in {nbytes} bytes")

@@ -40,8 +40,9 @@ def mann_whitney_p(a: np.ndarray, b: np.ndarray) -> float:
     return float(mannwhitneyu(a, b, alternative="two-sided", method="asymptotic").pvalue)
 
 
-def metric(name: str, a: float | None, b: float | None,
-           samples: tuple[np.ndarray, np.ndarray] | None = None) -> dict[str, Any]:
+def metric(
+    name: str, a: float | None, b: float | None, samples: tuple[np.ndarray, np.ndarray] | None = None
+) -> dict[str, Any]:
     """One row: the figure of each run, the ratio b / a, and whether the change is beyond noise (tested
     on ``samples``, the values the figures are of, where there are such)."""
     ratio = b / a if a and b is not None else None
@@ -67,8 +68,9 @@ def unfair_differences(a: Recording, b: Recording) -> list[str]:
     if run_a.load is not None and run_b.load is not None:
         for key in LOAD_WORK:
             if getattr(run_a.load, key) != getattr(run_b.load, key):
-                warnings.append(f"the runs differ in load {key} ({getattr(run_a.load, key)} vs "
-                                f"{getattr(run_b.load, key)})")
+                warnings.append(
+                    f"the runs differ in load {key} ({getattr(run_a.load, key)} vs {getattr(run_b.load, key)})"
+                )
     return warnings
 
 
@@ -77,9 +79,11 @@ def script_differences(a: Script, b: Script) -> list[str]:
     differences = []
     if a.sha256 != b.sha256:
         differences.append(f"the scripts differ (sha256 {(a.sha256 or '-')[:12]} vs {(b.sha256 or '-')[:12]})")
-    for what, value_a, value_b in (("script arguments", a.args, b.args),
-                                   ("tokens per step", a.tokens_per_step, b.tokens_per_step),
-                                   ("activation measurement", a.activations, b.activations)):
+    for what, value_a, value_b in (
+        ("script arguments", a.args, b.args),
+        ("tokens per step", a.tokens_per_step, b.tokens_per_step),
+        ("activation measurement", a.activations, b.activations),
+    ):
         if value_a != value_b:
             differences.append(f"the runs differ in {what} ({value_a} vs {value_b})")
     return differences
@@ -89,10 +93,18 @@ def _step_metrics(a: RunFold, b: RunFold) -> list[dict[str, Any]]:
     """Training: the job's step time and throughput per step, and MFU where both have it."""
     fig_a, fig_b = a.figures(), b.figures()
     rows = [
-        metric("step time (s)", fig_a.steps.time_s["p50"], fig_b.steps.time_s["p50"],
-               (a.steps.durations_s.values(), b.steps.durations_s.values())),
-        metric("throughput (tokens/s)", fig_a.steps.tokens_per_s, fig_b.steps.tokens_per_s,
-               (a.steps.tokens_per_s.values(), b.steps.tokens_per_s.values())),
+        metric(
+            "step time (s)",
+            fig_a.steps.time_s["p50"],
+            fig_b.steps.time_s["p50"],
+            (a.steps.durations_s.values(), b.steps.durations_s.values()),
+        ),
+        metric(
+            "throughput (tokens/s)",
+            fig_a.steps.tokens_per_s,
+            fig_b.steps.tokens_per_s,
+            (a.steps.tokens_per_s.values(), b.steps.tokens_per_s.values()),
+        ),
     ]
     if fig_a.mfu.value is not None and fig_b.mfu.value is not None:
         rows.append(metric("MFU", fig_a.mfu.value, fig_b.mfu.value))
@@ -106,13 +118,26 @@ def _request_metrics(a: RunFold, b: RunFold) -> list[dict[str, Any]]:
     fig_a, fig_b = a.figures(), b.figures()
     req_a, req_b = fig_a.requests, fig_b.requests
     assert req_a is not None and req_b is not None
-    rows = [metric("iteration time (s)", fig_a.steps.time_s["p50"], fig_b.steps.time_s["p50"],
-                   (a.steps.durations_s.values(), b.steps.durations_s.values()))]
+    rows = [
+        metric(
+            "iteration time (s)",
+            fig_a.steps.time_s["p50"],
+            fig_b.steps.time_s["p50"],
+            (a.steps.durations_s.values(), b.steps.durations_s.values()),
+        )
+    ]
     for key, name in LATENCIES.items():
-        rows.append(metric(f"{name} (s)", req_a.latencies[key]["p50"], req_b.latencies[key]["p50"],
-                           (a.requests.latencies[key].values(), b.requests.latencies[key].values())))
-    rows.append(metric("request throughput (requests/s)", req_a.request_throughput_per_s,
-                       req_b.request_throughput_per_s))
+        rows.append(
+            metric(
+                f"{name} (s)",
+                req_a.latencies[key]["p50"],
+                req_b.latencies[key]["p50"],
+                (a.requests.latencies[key].values(), b.requests.latencies[key].values()),
+            )
+        )
+    rows.append(
+        metric("request throughput (requests/s)", req_a.request_throughput_per_s, req_b.request_throughput_per_s)
+    )
     rows.append(metric("output throughput (tokens/s)", req_a.output_tokens_per_s, req_b.output_tokens_per_s))
     if req_a.slo.given and req_a.slo == req_b.slo:
         rows.append(metric("goodput (requests/s)", req_a.goodput_per_s, req_b.goodput_per_s))
@@ -134,8 +159,14 @@ def _communication_metrics(a: RunFold, b: RunFold) -> list[dict[str, Any]]:
             samples = tuple(s[key].exposed_s.values() if key in s else np.array([]) for s in (stats_a, stats_b))
             rows.append(metric(f"{name} exposed time per step (s)", *exposed, samples))  # type: ignore[arg-type]
         if one and two and one.busbw_p50_gbps is not None and two.busbw_p50_gbps is not None:
-            rows.append(metric(f"{name} busbw (GB/s)", one.busbw_p50_gbps, two.busbw_p50_gbps,
-                               (stats_a[key].busbw_gbps.values(), stats_b[key].busbw_gbps.values())))
+            rows.append(
+                metric(
+                    f"{name} busbw (GB/s)",
+                    one.busbw_p50_gbps,
+                    two.busbw_p50_gbps,
+                    (stats_a[key].busbw_gbps.values(), stats_b[key].busbw_gbps.values()),
+                )
+            )
     return rows
 
 
@@ -144,9 +175,14 @@ def _stage_and_memory_metrics(a: RunFold, b: RunFold) -> list[dict[str, Any]]:
     stages_a = {row.stage: row for row in a.figures().stages}
     stages_b = {row.stage: row for row in b.figures().stages}
     for stage in sorted(set(stages_a) & set(stages_b)):
-        rows.append(metric(f"stage {stage} bubble", stages_a[stage].bubble_fraction,
-                           stages_b[stage].bubble_fraction,
-                           (a.stages.stages[stage].bubble.values(), b.stages.stages[stage].bubble.values())))
+        rows.append(
+            metric(
+                f"stage {stage} bubble",
+                stages_a[stage].bubble_fraction,
+                stages_b[stage].bubble_fraction,
+                (a.stages.stages[stage].bubble.values(), b.stages.stages[stage].bubble.values()),
+            )
+        )
     peaks_a, peaks_b = a.memory.peaks(), b.memory.peaks()
     for rank in sorted(set(peaks_a) & set(peaks_b)):
         rows.append(metric(f"rank {rank} peak memory (bytes)", peaks_a[rank], peaks_b[rank]))
@@ -165,5 +201,10 @@ def compare(a: Recording, b: Recording) -> dict[str, Any]:
     metrics = _request_metrics(fold_a, fold_b) if inference else _step_metrics(fold_a, fold_b)
     metrics += _communication_metrics(fold_a, fold_b)
     metrics += _stage_and_memory_metrics(fold_a, fold_b)
-    return {"a": str(a.path), "b": str(b.path), "warnings": unfair_differences(a, b), "metrics": metrics,
-            "problems": [*a.problems, *b.problems]}
+    return {
+        "a": str(a.path),
+        "b": str(b.path),
+        "warnings": unfair_differences(a, b),
+        "metrics": metrics,
+        "problems": [*a.problems, *b.problems],
+    }

@@ -50,10 +50,15 @@ class EventWriter:
                 file.write(b"".join(blocks))
                 file.flush()
         except OSError as error:
-            kept = ("the events written so far are kept" if self.directory.exists()
-                    else "the folder was removed, and what it held with it")
-            raise RecordingError(f"cannot write the recording in {self.directory.parent}: "
-                                 f"{error.strerror or error}; the job was stopped, {kept}") from None
+            kept = (
+                "the events written so far are kept"
+                if self.directory.exists()
+                else "the folder was removed, and what it held with it"
+            )
+            raise RecordingError(
+                f"cannot write the recording in {self.directory.parent}: "
+                f"{error.strerror or error}; the job was stopped, {kept}"
+            ) from None
         self.written += written
 
     def close(self) -> None:

@@ -19,8 +19,15 @@ GPU_PID = 1_000_000
 """Trace process ids past every rank's (a rank's is its number): GPUs, then the request replicas."""
 GPUS_PER_NODE = 64
 """GPU tracks each node's GPUs may take (node n's GPU g is ``GPU_PID + 64 n + g``)."""
-MEMORY_COUNTERS = ("weights_bytes", "grads_bytes", "optimizer_bytes", "activations_bytes", "kv_cache_bytes",
-                   "allocated_bytes", "rss_bytes")
+MEMORY_COUNTERS = (
+    "weights_bytes",
+    "grads_bytes",
+    "optimizer_bytes",
+    "activations_bytes",
+    "kv_cache_bytes",
+    "allocated_bytes",
+    "rss_bytes",
+)
 
 
 def _us(ns: float) -> float:
@@ -30,44 +37,94 @@ def _us(ns: float) -> float:
 def trace_events(recording: Recording) -> list[dict[str, Any]]:
     """Chrome trace events: steps, stage actions and collectives as slices, memory and load as counters."""
     events: list[dict[str, Any]] = []
-    ranks = sorted(set(recording.arrow("rank_started").column("rank").to_pylist())
-                   | set(recording.arrow("step").column("rank").to_pylist()))
+    ranks = sorted(
+        set(recording.arrow("rank_started").column("rank").to_pylist())
+        | set(recording.arrow("step").column("rank").to_pylist())
+    )
     nodes = recording.manifest.nodes
-    where = {rank: f" · node {node.node} {node.host or '?'}" for node in nodes for rank in node.ranks
-             if len(nodes) > 1}  # on many nodes each rank's process says where it ran
+    where = {
+        rank: f" · node {node.node} {node.host or '?'}" for node in nodes for rank in node.ranks if len(nodes) > 1
+    }  # on many nodes each rank's process says where it ran
     for rank in ranks:
-        events.append({"ph": "M", "name": "process_name", "pid": rank,
-                       "args": {"name": f"rank {rank}{where.get(rank, '')}"}})
+        events.append(
+            {"ph": "M", "name": "process_name", "pid": rank, "args": {"name": f"rank {rank}{where.get(rank, '')}"}}
+        )
         for track, tid in TRACKS.items():
             events.append({"ph": "M", "name": "thread_name", "pid": rank, "tid": tid, "args": {"name": track}})
     for row in recording.arrow("step").to_pylist():
-        events.append({"ph": "X", "name": f"step {row['step']}", "cat": "step", "pid": row["rank"],
-                       "tid": TRACKS["steps"], "ts": _us(row["start_ns"]), "dur": row["duration_s"] * 1e6,
-                       "args": {"loss": row["loss"], "tokens": row["tokens"]}})
+        events.append(
+            {
+                "ph": "X",
+                "name": f"step {row['step']}",
+                "cat": "step",
+                "pid": row["rank"],
+                "tid": TRACKS["steps"],
+                "ts": _us(row["start_ns"]),
+                "dur": row["duration_s"] * 1e6,
+                "args": {"loss": row["loss"], "tokens": row["tokens"]},
+            }
+        )
     for row in recording.arrow("stage_action").to_pylist():
-        events.append({"ph": "X", "name": f"{row['action']} mb{row['microbatch']}", "cat": "stage",
-                       "pid": row["rank"], "tid": TRACKS["stages"], "ts": _us(row["start_ns"]),
-                       "dur": _us(row["end_ns"] - row["start_ns"]), "args": {"stage": row["stage"], "step": row["step"]}})
+        events.append(
+            {
+                "ph": "X",
+                "name": f"{row['action']} mb{row['microbatch']}",
+                "cat": "stage",
+                "pid": row["rank"],
+                "tid": TRACKS["stages"],
+                "ts": _us(row["start_ns"]),
+                "dur": _us(row["end_ns"] - row["start_ns"]),
+                "args": {"stage": row["stage"], "step": row["step"]},
+            }
+        )
     for row in recording.arrow("collective").to_pylist():
-        events.append({"ph": "X", "name": f"{row['op']} ({row['group']})", "cat": "collective", "pid": row["rank"],
-                       "tid": TRACKS["collectives"], "ts": _us(row["start_ns"]),
-                       "dur": _us(row["end_ns"] - row["start_ns"]),
-                       "args": {"bytes": row["bytes"], "group_size": row["group_size"], "dtype": row["dtype"],
-                                "peer": row["peer"], "step": row["step"], "waited_ns": row["waited_ns"],
-                                "overlapped": row["overlapped"]}})
+        events.append(
+            {
+                "ph": "X",
+                "name": f"{row['op']} ({row['group']})",
+                "cat": "collective",
+                "pid": row["rank"],
+                "tid": TRACKS["collectives"],
+                "ts": _us(row["start_ns"]),
+                "dur": _us(row["end_ns"] - row["start_ns"]),
+                "args": {
+                    "bytes": row["bytes"],
+                    "group_size": row["group_size"],
+                    "dtype": row["dtype"],
+                    "peer": row["peer"],
+                    "step": row["step"],
+                    "waited_ns": row["waited_ns"],
+                    "overlapped": row["overlapped"],
+                },
+            }
+        )
     for row in recording.arrow("memory").to_pylist():
         values = {name.removesuffix("_bytes"): float(row[name]) for name in MEMORY_COUNTERS if row[name] is not None}
-        events.append({"ph": "C", "name": "memory (bytes)", "pid": row["rank"], "ts": _us(row["wall_ns"]),
-                       "args": values})
+        events.append(
+            {"ph": "C", "name": "memory (bytes)", "pid": row["rank"], "ts": _us(row["wall_ns"]), "args": values}
+        )
     events += request_events(recording)
     for row in recording.arrow("process").to_pylist():
-        events.append({"ph": "C", "name": "cpu %", "pid": row["rank"], "ts": _us(row["wall_ns"]),
-                       "args": {"cpu": float(row["cpu_pct"] or 0.0)}})
+        events.append(
+            {
+                "ph": "C",
+                "name": "cpu %",
+                "pid": row["rank"],
+                "ts": _us(row["wall_ns"]),
+                "args": {"cpu": float(row["cpu_pct"] or 0.0)},
+            }
+        )
     for row in recording.arrow("gpu").to_pylist():
         node = f"node {row['node']} " if len(nodes) > 1 else ""
-        events.append({"ph": "C", "name": f"{node}gpu {row['gpu']} utilization %",
-                       "pid": GPU_PID + GPUS_PER_NODE * row["node"] + row["gpu"],
-                       "ts": _us(row["wall_ns"]), "args": {"gpu": float(row["utilization_pct"] or 0.0)}})
+        events.append(
+            {
+                "ph": "C",
+                "name": f"{node}gpu {row['gpu']} utilization %",
+                "pid": GPU_PID + GPUS_PER_NODE * row["node"] + row["gpu"],
+                "ts": _us(row["wall_ns"]),
+                "args": {"gpu": float(row["utilization_pct"] or 0.0)},
+            }
+        )
     return events
 
 
@@ -77,14 +134,30 @@ def request_events(recording: Recording) -> list[dict[str, Any]]:
     rows = recording.arrow("request").to_pylist()
     events: list[dict[str, Any]] = []
     for replica in sorted({row["replica"] for row in rows}):
-        events.append({"ph": "M", "name": "process_name", "pid": REQUESTS_PID + replica,
-                       "args": {"name": f"requests, replica {replica}"}})
+        events.append(
+            {
+                "ph": "M",
+                "name": "process_name",
+                "pid": REQUESTS_PID + replica,
+                "args": {"name": f"requests, replica {replica}"},
+            }
+        )
     for row in rows:
         pid, ident = REQUESTS_PID + row["replica"], row["request"]
         common = {"cat": "request", "name": f"request {ident}", "pid": pid, "tid": 0, "id": ident}
-        events.append({**common, "ph": "b", "ts": _us(row["arrival_ns"]),
-                       "args": {"prompt_tokens": row["prompt_tokens"], "output_tokens": row["output_tokens"],
-                                "status": row["status"], "error": row["error"]}})
+        events.append(
+            {
+                **common,
+                "ph": "b",
+                "ts": _us(row["arrival_ns"]),
+                "args": {
+                    "prompt_tokens": row["prompt_tokens"],
+                    "output_tokens": row["output_tokens"],
+                    "status": row["status"],
+                    "error": row["error"],
+                },
+            }
+        )
         if row["token_ns"]:
             events.append({**common, "ph": "n", "name": "first token", "ts": _us(row["token_ns"][0])})
         events.append({**common, "ph": "e", "ts": _us(row["end_ns"])})
@@ -94,8 +167,11 @@ def request_events(recording: Recording) -> list[dict[str, Any]]:
 def export_perfetto(recording: Recording, path: Path) -> int:
     """Write the trace to ``path``; the number of trace events."""
     events = trace_events(recording)
-    path.write_text(json.dumps({"traceEvents": events, "displayTimeUnit": "ms",
-                                "metadata": {"meshtop_recording": str(recording.path)}}))
+    path.write_text(
+        json.dumps(
+            {"traceEvents": events, "displayTimeUnit": "ms", "metadata": {"meshtop_recording": str(recording.path)}}
+        )
+    )
     return len(events)
 
 

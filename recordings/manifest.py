@@ -129,8 +129,16 @@ LOAD_WORK = ("requests", "concurrency", "request_rate_per_s", "prompt_len", "out
 
 def script_plan(name: str, world_size: int) -> Plan:
     """A script's plan: its world size alone (meshtop does not know how the script splits it)."""
-    return Plan(dp=world_size, tp=1, pp=1, fsdp=False, world_size=world_size, schedule=None, microbatches=None,
-                label=f"torchrun {name} ({world_size} ranks)")
+    return Plan(
+        dp=world_size,
+        tp=1,
+        pp=1,
+        fsdp=False,
+        world_size=world_size,
+        schedule=None,
+        microbatches=None,
+        label=f"torchrun {name} ({world_size} ranks)",
+    )
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -361,8 +369,9 @@ def _load(hint: Any, value: Any, where: str) -> Any:
     if origin is tuple:
         args = typing.get_args(hint)
         if not isinstance(value, list) or (args[-1] is not Ellipsis and len(value) != len(args)):
-            raise RecordingError(f"{where} must be a list of {len(args)}" if args[-1] is not Ellipsis
-                                 else f"{where} must be a list")
+            raise RecordingError(
+                f"{where} must be a list of {len(args)}" if args[-1] is not Ellipsis else f"{where} must be a list"
+            )
         items = args[:1] * len(value) if args[-1] is Ellipsis else args
         return tuple(_load(item, v, f"{where}[{i}]") for i, (item, v) in enumerate(zip(items, value, strict=True)))
     if origin is dict:
@@ -403,8 +412,13 @@ def software_versions() -> Software:
     nccl = None
     if torch.cuda.is_available():
         nccl = ".".join(str(part) for part in torch.cuda.nccl.version())
-    return Software(meshtop=_version("meshtop"), python=platform.python_version(), torch=torch.__version__,
-                    cuda=torch.version.cuda, nccl=nccl)
+    return Software(
+        meshtop=_version("meshtop"),
+        python=platform.python_version(),
+        torch=torch.__version__,
+        cuda=torch.version.cuda,
+        nccl=nccl,
+    )
 
 
 def _version(distribution: str) -> str | None:
@@ -485,13 +499,15 @@ def note_terminal_lost(directory: Path, note: str | None) -> None:
         pass
 
 
-def start_manifest(run: RunDescription, *, command_line: list[str],
-                   node_probes: SampleRates | None = None) -> Manifest:
+def start_manifest(run: RunDescription, *, command_line: list[str], node_probes: SampleRates | None = None) -> Manifest:
     """The manifest of a run that is starting: description, software, host, status ``running``."""
     return Manifest(
         started_at=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         command_line=("meshtop", *command_line) if command_line else (Path(sys.argv[0]).name,),
-        run=run, software=software_versions(), host=host_description(), node_probes=node_probes,
+        run=run,
+        software=software_versions(),
+        host=host_description(),
+        node_probes=node_probes,
     )
 
 
@@ -507,6 +523,8 @@ def read_manifest(directory: Path) -> Manifest:
         raise RecordingError(f"{path} is damaged: {getattr(error, 'msg', error)}") from None
     version = data.get("schema_version") if isinstance(data, dict) else None
     if version not in READABLE_VERSIONS:
-        raise RecordingError(f"{directory} has recording schema version {version!r}; this meshtop reads "
-                             f"versions {', '.join(map(str, READABLE_VERSIONS))}")
+        raise RecordingError(
+            f"{directory} has recording schema version {version!r}; this meshtop reads "
+            f"versions {', '.join(map(str, READABLE_VERSIONS))}"
+        )
     return Manifest.from_json(data, where=str(path))

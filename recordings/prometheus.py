@@ -50,8 +50,7 @@ DEFAULT_BIND = "127.0.0.1"
 COLLECTIVE_BUCKETS = (1e-5, 3e-5, 1e-4, 3e-4, 1e-3, 3e-3, 0.01, 0.03, 0.1, 0.3, 1.0, 3.0, 10.0, 30.0, 120.0)
 STEP_BUCKETS = (0.01, 0.03, 0.1, 0.3, 1.0, 3.0, 10.0, 30.0, 100.0, 300.0)
 REQUEST_BUCKETS = (0.001, 0.003, 0.01, 0.03, 0.1, 0.3, 1.0, 3.0, 10.0, 30.0, 120.0)
-PROMETHEUS_KINDS = frozenset({"collective", "step", "request", "gpu", "events_dropped", "rank_started",
-                              "rank_exited"})
+PROMETHEUS_KINDS = frozenset({"collective", "step", "request", "gpu", "events_dropped", "rank_started", "rank_exited"})
 """The kinds counted as they arrive (the metrics core folds its own)."""
 
 
@@ -76,26 +75,45 @@ class RunMetrics:
         self._gpus: dict[tuple[int, int], GpuSample] = {}
         self._hosts: dict[int, str] = {}
         registry = self.registry
-        self.steps = Counter("meshtop_steps", "Job steps completed (inference: rank 0's iterations)",
-                             registry=registry)
-        self.step_seconds = Histogram("meshtop_step_seconds", "Job step time: the slowest rank's step",
-                                      buckets=STEP_BUCKETS, registry=registry)
+        self.steps = Counter("meshtop_steps", "Job steps completed (inference: rank 0's iterations)", registry=registry)
+        self.step_seconds = Histogram(
+            "meshtop_step_seconds", "Job step time: the slowest rank's step", buckets=STEP_BUCKETS, registry=registry
+        )
         self.collective_seconds = Histogram(
-            "meshtop_collective_seconds", "Collective in-flight time, issue to completion",
-            ["op", "group", "rank"], buckets=COLLECTIVE_BUCKETS, registry=registry)
-        self.collective_bytes = Counter("meshtop_collective_bytes", "Bytes each rank's collectives moved",
-                                        ["op", "group", "rank"], registry=registry)
+            "meshtop_collective_seconds",
+            "Collective in-flight time, issue to completion",
+            ["op", "group", "rank"],
+            buckets=COLLECTIVE_BUCKETS,
+            registry=registry,
+        )
+        self.collective_bytes = Counter(
+            "meshtop_collective_bytes",
+            "Bytes each rank's collectives moved",
+            ["op", "group", "rank"],
+            registry=registry,
+        )
         self.requests = Counter("meshtop_requests", "Requests answered or failed", ["status"], registry=registry)
-        self.ttft = Histogram("meshtop_request_ttft_seconds", "Time to first token", buckets=REQUEST_BUCKETS,
-                              registry=registry)
-        self.tpot = Histogram("meshtop_request_tpot_seconds", "Time per output token after the first",
-                              buckets=REQUEST_BUCKETS, registry=registry)
-        self.e2e = Histogram("meshtop_request_e2e_seconds", "Request latency, arrival to last token",
-                             buckets=REQUEST_BUCKETS, registry=registry)
-        self.gpu_samples = Counter("meshtop_gpu_samples", "NVML readings taken", ["gpu", "UUID", "Hostname"],
-                                   registry=registry)
-        self.dropped = Counter("meshtop_events_dropped", "Telemetry events lost to a full buffer", ["where"],
-                               registry=registry)
+        self.ttft = Histogram(
+            "meshtop_request_ttft_seconds", "Time to first token", buckets=REQUEST_BUCKETS, registry=registry
+        )
+        self.tpot = Histogram(
+            "meshtop_request_tpot_seconds",
+            "Time per output token after the first",
+            buckets=REQUEST_BUCKETS,
+            registry=registry,
+        )
+        self.e2e = Histogram(
+            "meshtop_request_e2e_seconds",
+            "Request latency, arrival to last token",
+            buckets=REQUEST_BUCKETS,
+            registry=registry,
+        )
+        self.gpu_samples = Counter(
+            "meshtop_gpu_samples", "NVML readings taken", ["gpu", "UUID", "Hostname"], registry=registry
+        )
+        self.dropped = Counter(
+            "meshtop_events_dropped", "Telemetry events lost to a full buffer", ["where"], registry=registry
+        )
         registry.register(_Figures(self))
 
     # -- input ------------------------------------------------------------------------------------
@@ -125,9 +143,13 @@ class RunMetrics:
         elif isinstance(event, RequestDone):
             self.requests.labels(event.status).inc()
             if event.status == COMPLETED:
-                latency = request_latency(arrival_ns=event.arrival_ns, first_token_ns=event.first_token_ns,
-                                          end_ns=event.end_ns, output_tokens=event.output_tokens,
-                                          token_ns=event.token_ns)
+                latency = request_latency(
+                    arrival_ns=event.arrival_ns,
+                    first_token_ns=event.first_token_ns,
+                    end_ns=event.end_ns,
+                    output_tokens=event.output_tokens,
+                    token_ns=event.token_ns,
+                )
                 self.e2e.observe(latency.e2e_s)
                 if latency.ttft_s is not None:
                     self.ttft.observe(latency.ttft_s)
@@ -168,11 +190,16 @@ class RunMetrics:
         if figures.mfu.value is not None:
             mfu.add_metric([], figures.mfu.value)
         yield mfu
-        busbw = GaugeMetricFamily("meshtop_collective_busbw_bytes_per_second",
-                                  "Bus bandwidth, p50 of the operations that ran alone", labels=["op", "group"])
-        share = GaugeMetricFamily("meshtop_collective_exposed_ratio",
-                                  "Share of the step the ranks waited in this op (an upper bound where no wait "
-                                  "was seen)", labels=["op", "group"])
+        busbw = GaugeMetricFamily(
+            "meshtop_collective_busbw_bytes_per_second",
+            "Bus bandwidth, p50 of the operations that ran alone",
+            labels=["op", "group"],
+        )
+        share = GaugeMetricFamily(
+            "meshtop_collective_exposed_ratio",
+            "Share of the step the ranks waited in this op (an upper bound where no wait was seen)",
+            labels=["op", "group"],
+        )
         for row in figures.collectives:
             if row.busbw_p50_gbps is not None:
                 busbw.add_metric([row.op, row.group], row.busbw_p50_gbps * 1e9)
@@ -180,14 +207,17 @@ class RunMetrics:
                 share.add_metric([row.op, row.group], row.exposed_share)
         yield busbw
         yield share
-        bubble = GaugeMetricFamily("meshtop_stage_bubble_ratio", "Pipeline stage idle share of the step",
-                                   labels=["stage"])
+        bubble = GaugeMetricFamily(
+            "meshtop_stage_bubble_ratio", "Pipeline stage idle share of the step", labels=["stage"]
+        )
         for stage in figures.stages:
             bubble.add_metric([str(stage.stage)], stage.bubble_fraction)
         yield bubble
-        memory = GaugeMetricFamily("meshtop_memory_bytes",
-                                   "Memory per rank: its peak over the run, and each category at the last step",
-                                   labels=["rank", "Hostname", "node", "category"])
+        memory = GaugeMetricFamily(
+            "meshtop_memory_bytes",
+            "Memory per rank: its peak over the run, and each category at the last step",
+            labels=["rank", "Hostname", "node", "category"],
+        )
         for row in figures.memory:
             where = [ranks[row.rank].host, str(ranks[row.rank].node)] if row.rank in ranks else ["", ""]
             for category in ("peak", "weights", "grads", "optimizer", "activations", "kv_cache"):
@@ -196,10 +226,14 @@ class RunMetrics:
                     memory.add_metric([str(row.rank), *where, category], value)
         yield memory
         yield from self._gpu_gauges(gpus)
-        state = GaugeMetricFamily("meshtop_rank_up", "1 while the rank runs, 0 once it exited",
-                                  labels=["rank", "Hostname", "node"])
-        code = GaugeMetricFamily("meshtop_rank_exit_code", "How an exited rank ended (negative: a signal)",
-                                 labels=["rank", "Hostname", "node"])
+        state = GaugeMetricFamily(
+            "meshtop_rank_up", "1 while the rank runs, 0 once it exited", labels=["rank", "Hostname", "node"]
+        )
+        code = GaugeMetricFamily(
+            "meshtop_rank_exit_code",
+            "How an exited rank ended (negative: a signal)",
+            labels=["rank", "Hostname", "node"],
+        )
         for rank, started in sorted(ranks.items()):
             labels = [str(rank), started.host, str(started.node)]
             state.add_metric(labels, 0 if rank in exits else 1)
@@ -209,11 +243,13 @@ class RunMetrics:
         yield code
 
     def _gpu_gauges(self, gpus: dict[tuple[int, int], GpuSample]) -> Iterator[GaugeMetricFamily]:
-        series = (("meshtop_gpu_utilization_ratio", "GPU busy share (NVML)", "utilization_pct", 0.01),
-                  ("meshtop_gpu_memory_used_bytes", "GPU memory in use (NVML)", "memory_used_bytes", 1.0),
-                  ("meshtop_gpu_power_watts", "GPU power draw (NVML)", "power_w", 1.0),
-                  ("meshtop_gpu_temperature_celsius", "GPU temperature (NVML)", "temperature_c", 1.0),
-                  ("meshtop_gpu_sm_clock_hertz", "GPU SM clock (NVML)", "sm_clock_mhz", 1e6))
+        series = (
+            ("meshtop_gpu_utilization_ratio", "GPU busy share (NVML)", "utilization_pct", 0.01),
+            ("meshtop_gpu_memory_used_bytes", "GPU memory in use (NVML)", "memory_used_bytes", 1.0),
+            ("meshtop_gpu_power_watts", "GPU power draw (NVML)", "power_w", 1.0),
+            ("meshtop_gpu_temperature_celsius", "GPU temperature (NVML)", "temperature_c", 1.0),
+            ("meshtop_gpu_sm_clock_hertz", "GPU SM clock (NVML)", "sm_clock_mhz", 1e6),
+        )
         for name, documentation, field, scale in series:
             family = GaugeMetricFamily(name, documentation, labels=["gpu", "UUID", "Hostname"])
             for sample in gpus.values():

@@ -82,15 +82,29 @@ class SessionRecorder:
                 self._hosts.setdefault(event.node, event.host)
                 self._node_ranks.setdefault(event.node, set()).add(event.rank)
             elif isinstance(event, NvmlState):
-                self._nvml = NvmlInfo(state=event.state, detail=event.detail, driver_version=event.driver_version,
-                                      gpu_count=event.gpu_count)
+                self._nvml = NvmlInfo(
+                    state=event.state,
+                    detail=event.detail,
+                    driver_version=event.driver_version,
+                    gpu_count=event.gpu_count,
+                )
             elif isinstance(event, GpuSample):
-                self._gpus.setdefault((event.node, event.gpu), GpuInfo(
-                    gpu=event.gpu, name=event.name, memory_total_bytes=event.memory_total_bytes, node=event.node,
-                    power_limit_w=event.power_limit_w))
+                self._gpus.setdefault(
+                    (event.node, event.gpu),
+                    GpuInfo(
+                        gpu=event.gpu,
+                        name=event.name,
+                        memory_total_bytes=event.memory_total_bytes,
+                        node=event.node,
+                        power_limit_w=event.power_limit_w,
+                    ),
+                )
             elif isinstance(event, GpuLink):
-                self._topology.append(GpuPair(gpu_a=event.gpu_a, gpu_b=event.gpu_b, path=event.path,
-                                              nvlinks=event.nvlinks, node=event.node))
+                self._topology.append(
+                    GpuPair(
+                        gpu_a=event.gpu_a, gpu_b=event.gpu_b, path=event.path, nvlinks=event.nvlinks, node=event.node
+                    )
+                )
             elif isinstance(event, NodeClock):
                 self._clocks[event.node] = event
         self.steps_completed += len(completed)
@@ -116,14 +130,18 @@ class SessionRecorder:
     def nodes(self) -> tuple[NodeInfo, ...]:
         """Every node that reported: its host, ranks and GPUs, and its clock against the head's."""
         found = sorted(set(self._hosts) | set(self._clocks) | {node for node, _ in self._gpus})
-        return tuple(NodeInfo(
-            node=node, host=self._hosts.get(node) or (self._clocks[node].host if node in self._clocks else None),
-            ranks=tuple(sorted(self._node_ranks.get(node, ()))),
-            gpus=tuple(sorted(gpu for owner, gpu in self._gpus if owner == node)),
-            # a node measures its clock before it forwards anything: one without a measurement is the head
-            clock_offset_ns=self._clocks[node].offset_ns if node in self._clocks else 0,
-            clock_rtt_ns=self._clocks[node].rtt_ns if node in self._clocks else 0)
-            for node in found)
+        return tuple(
+            NodeInfo(
+                node=node,
+                host=self._hosts.get(node) or (self._clocks[node].host if node in self._clocks else None),
+                ranks=tuple(sorted(self._node_ranks.get(node, ()))),
+                gpus=tuple(sorted(gpu for owner, gpu in self._gpus if owner == node)),
+                # a node measures its clock before it forwards anything: one without a measurement is the head
+                clock_offset_ns=self._clocks[node].offset_ns if node in self._clocks else 0,
+                clock_rtt_ns=self._clocks[node].rtt_ns if node in self._clocks else 0,
+            )
+            for node in found
+        )
 
     def close(self, ending: Ending) -> str | None:
         """Write the final manifest, into the room kept for it, then compact the tables; why the manifest
@@ -133,13 +151,21 @@ class SessionRecorder:
         self.writer.close()
         release_room(self.directory)
         self.manifest = dataclasses.replace(
-            self.manifest, status=ending.status, ended_at=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            self.manifest,
+            status=ending.status,
+            ended_at=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
             duration_s=round(ending.duration_s, 3) if ending.duration_s is not None else None,
-            steps_completed=self.steps_completed, ranks=ending.ranks, root_cause_rank=ending.root_cause_rank,
-            hang=ending.hang, reason=ending.reason,
+            steps_completed=self.steps_completed,
+            ranks=ending.ranks,
+            root_cause_rank=ending.root_cause_rank,
+            hang=ending.hang,
+            reason=ending.reason,
             rank_devices={str(rank): device for rank, device in sorted(self._devices.items())},
-            nvml=self._nvml, gpus=tuple(self._gpus[gpu] for gpu in sorted(self._gpus)),
-            topology=tuple(self._topology), nodes=self.nodes())
+            nvml=self._nvml,
+            gpus=tuple(self._gpus[gpu] for gpu in sorted(self._gpus)),
+            topology=tuple(self._topology),
+            nodes=self.nodes(),
+        )
         unwritten = None
         try:
             write_manifest(self.directory, self.manifest)

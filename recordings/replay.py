@@ -18,9 +18,26 @@ import pyarrow.compute as pc
 
 from meshtop.recordings.reader import Recording
 
-KIND_ORDER = ("rank_started", "nvml_state", "gpu_link", "probe_off", "collective", "stage_action", "memory",
-              "process", "gpu", "request", "rank_progress", "step", "sampler_error", "events_dropped", "stack_dump",
-              "hang", "rank_exited", "job_ended")
+KIND_ORDER = (
+    "rank_started",
+    "nvml_state",
+    "gpu_link",
+    "probe_off",
+    "collective",
+    "stage_action",
+    "memory",
+    "process",
+    "gpu",
+    "request",
+    "rank_progress",
+    "step",
+    "sampler_error",
+    "events_dropped",
+    "stack_dump",
+    "hang",
+    "rank_exited",
+    "job_ended",
+)
 """The order kinds are folded in within one slice: starts first (a rank's position before its work), a step
 after the work it closes, the end last."""
 
@@ -34,16 +51,19 @@ def in_kind_order(batches: Iterable[tuple[str, pa.Table]]) -> list[tuple[str, pa
     tables: dict[str, list[pa.Table]] = {}
     for kind, table in batches:
         tables.setdefault(kind, []).append(table)
-    return [(kind, parts[0] if len(parts) == 1 else pa.concat_tables(parts))
-            for kind, parts in sorted(tables.items(), key=lambda item: KIND_RANK.get(item[0], 0))]
+    return [
+        (kind, parts[0] if len(parts) == 1 else pa.concat_tables(parts))
+        for kind, parts in sorted(tables.items(), key=lambda item: KIND_RANK.get(item[0], 0))
+    ]
 
 
 def event_times_ns(kind: str, table: pa.Table) -> np.ndarray:
     """When each row became known: the end of a timed span, else its sample time (0 for timeless facts)."""
     names = table.column_names
     if kind == "step":
-        ends = pc.add(table.column("start_ns"), pc.cast(pc.round(pc.multiply(table.column("duration_s"), 1e9)),
-                                                        pa.int64()))
+        ends = pc.add(
+            table.column("start_ns"), pc.cast(pc.round(pc.multiply(table.column("duration_s"), 1e9)), pa.int64())
+        )
         return ends.to_numpy()
     for name in ("end_ns", "wall_ns", "start_ns"):
         if name in names:
@@ -88,8 +108,11 @@ class Timeline:
             else:
                 high = middle
         if low == after_ns:  # even the next instant holds more than the budget: take it whole
-            return min(int(k.times_ns[np.searchsorted(k.times_ns, after_ns, side="right")])
-                       for k in self.kinds if np.searchsorted(k.times_ns, after_ns, side="right") < len(k.times_ns))
+            return min(
+                int(k.times_ns[np.searchsorted(k.times_ns, after_ns, side="right")])
+                for k in self.kinds
+                if np.searchsorted(k.times_ns, after_ns, side="right") < len(k.times_ns)
+            )
         return low
 
     def between(self, after_ns: int | None, until_ns: int) -> list[tuple[str, pa.Table]]:
@@ -118,8 +141,9 @@ class Timeline:
             if k.kind == "step" and len(k.table):
                 table = pa.table({"step": k.table.column("step"), "end": k.times_ns})
                 grouped = table.group_by("step").aggregate([("end", "max")])
-                return sorted(zip(grouped.column("end_max").to_pylist(), grouped.column("step").to_pylist(),
-                                  strict=True))
+                return sorted(
+                    zip(grouped.column("end_max").to_pylist(), grouped.column("step").to_pylist(), strict=True)
+                )
         return []
 
 
@@ -137,5 +161,9 @@ def load_timeline(recording: Recording) -> Timeline:
     timed = [k.times_ns[k.times_ns > 0] for k in kinds]
     starts = [int(t[0]) for t in timed if len(t)]
     ends = [int(k.times_ns[-1]) for k in kinds if len(k.times_ns)]
-    return Timeline(kinds=tuple(kinds), start_ns=min(starts, default=0), end_ns=max(ends, default=0),
-                    rows=sum(len(k.table) for k in kinds))
+    return Timeline(
+        kinds=tuple(kinds),
+        start_ns=min(starts, default=0),
+        end_ns=max(ends, default=0),
+        rows=sum(len(k.table) for k in kinds),
+    )

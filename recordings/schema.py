@@ -78,9 +78,15 @@ def columns(kind: str) -> tuple[Column, ...]:
     """The columns of ``kind``'s table, in field order."""
     cls = EVENT_TYPES[kind]
     hints = typing.get_type_hints(cls)
-    return tuple(_column(f.name, hints[f.name], f.default is MISSING and f.default_factory is MISSING,
-                         None if f.default is MISSING else f.default)
-                 for f in fields(cls))
+    return tuple(
+        _column(
+            f.name,
+            hints[f.name],
+            f.default is MISSING and f.default_factory is MISSING,
+            None if f.default is MISSING else f.default,
+        )
+        for f in fields(cls)
+    )
 
 
 @cache
@@ -237,8 +243,9 @@ def _validator(kind: str) -> typing.Callable[[dict[str, Any]], bool]:
         if column.python is int:
             return type(value) is int and INT64_RANGE[0] <= value <= INT64_RANGE[1]
         if column.python is tuple:
-            return isinstance(value, list) and all(type(v) is int and INT64_RANGE[0] <= v <= INT64_RANGE[1]
-                                                   for v in value)
+            return isinstance(value, list) and all(
+                type(v) is int and INT64_RANGE[0] <= v <= INT64_RANGE[1] for v in value
+            )
         if column.python is str:
             return type(value) is str and _utf8(value)
         return type(value) is column.python

@@ -25,9 +25,11 @@ def job_status(recording: Recording) -> str:
 def fold_recording(recording: Recording) -> RunFold:
     """The recording's tables folded by the metrics core (the job taken as ended, as it was recorded)."""
     kinds = [kind for kind in recording.kinds() if kind in COLUMNAR | EVENT_KINDS]
-    fold = fold_tables(recording.manifest.run,
-                       ((kind, recording.arrow(kind, COLUMNS_READ.get(kind))) for kind in kinds),
-                       status=job_status(recording))
+    fold = fold_tables(
+        recording.manifest.run,
+        ((kind, recording.arrow(kind, COLUMNS_READ.get(kind))) for kind in kinds),
+        status=job_status(recording),
+    )
     fold.know_gpus(recording.manifest.gpus)
     return fold
 
@@ -36,39 +38,68 @@ def run_section(recording: Recording) -> dict[str, Any]:
     run = recording.manifest.run
     plan = run.plan
     return {
-        "label": plan.label, "dp": plan.dp, "tp": plan.tp, "pp": plan.pp, "fsdp": plan.fsdp,
-        "world_size": plan.world_size, "mode": run.mode, "schedule": plan.schedule, "microbatches": plan.microbatches,
+        "label": plan.label,
+        "dp": plan.dp,
+        "tp": plan.tp,
+        "pp": plan.pp,
+        "fsdp": plan.fsdp,
+        "world_size": plan.world_size,
+        "mode": run.mode,
+        "schedule": plan.schedule,
+        "microbatches": plan.microbatches,
         "model": run.model.name if run.model is not None else None,
-        "device": run.device, "dtype": run.dtype, "instrumented": run.instrumented, "status": job_status(recording),
+        "device": run.device,
+        "dtype": run.dtype,
+        "instrumented": run.instrumented,
+        "status": job_status(recording),
         "script": asdict(run.script) if run.script is not None else None,
     }
 
 
 def ranks_section(recording: Recording) -> list[dict[str, Any]]:
     where = {rank: node for node in recording.manifest.nodes for rank in node.ranks}
-    return [{"rank": r.rank, "node": where[r.rank].node if r.rank in where else None,
-             "host": where[r.rank].host if r.rank in where else None,
-             "exit_code": r.exit_code, "signal": r.signal, "error": r.error}
-            for r in recording.manifest.ranks]
+    return [
+        {
+            "rank": r.rank,
+            "node": where[r.rank].node if r.rank in where else None,
+            "host": where[r.rank].host if r.rank in where else None,
+            "exit_code": r.exit_code,
+            "signal": r.signal,
+            "error": r.error,
+        }
+        for r in recording.manifest.ranks
+    ]
 
 
 def hosts_section(recording: Recording, memory: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Per node: its host, ranks and GPUs, its clock against the head's, and the highest memory peak of its
     ranks (``memory``: the figures' per-rank rows)."""
     peaks = {row["rank"]: row["peak_bytes"] for row in memory if row.get("peak_bytes") is not None}
-    return [{"node": node.node, "host": node.host, "ranks": list(node.ranks), "gpus": list(node.gpus),
-             "clock_offset_ns": node.clock_offset_ns, "clock_rtt_ns": node.clock_rtt_ns,
-             "peak_bytes": max((peaks[r] for r in node.ranks if r in peaks), default=None)}
-            for node in recording.manifest.nodes]
+    return [
+        {
+            "node": node.node,
+            "host": node.host,
+            "ranks": list(node.ranks),
+            "gpus": list(node.gpus),
+            "clock_offset_ns": node.clock_offset_ns,
+            "clock_rtt_ns": node.clock_rtt_ns,
+            "peak_bytes": max((peaks[r] for r in node.ranks if r in peaks), default=None),
+        }
+        for node in recording.manifest.nodes
+    ]
 
 
 def rejected_problems(fold: RunFold) -> list[str]:
     """What the fold left out, in words."""
-    problems = [f"events/{kind}: {count} row(s) that cannot be this job's (a rank outside it, a group of no "
-                f"rank, an end before the start) were left out" for kind, count in sorted(fold.rejected.items())]
+    problems = [
+        f"events/{kind}: {count} row(s) that cannot be this job's (a rank outside it, a group of no "
+        f"rank, an end before the start) were left out"
+        for kind, count in sorted(fold.rejected.items())
+    ]
     if fold.requests is not None and fold.requests.duplicates:
-        problems.append(f"events/request: {fold.requests.duplicates} second report(s) of a request left out "
-                        "(its first counts)")
+        problems.append(
+            f"events/request: {fold.requests.duplicates} second report(s) of a request left out (its first counts)"
+        )
     return problems
 
 
@@ -76,11 +107,18 @@ def summarize(recording: Recording) -> dict[str, Any]:
     """The whole summary as plain data (the JSON of ``meshtop summary --json``)."""
     fold = fold_recording(recording)
     figures = fold.figures().to_json()
-    return {"recording": str(recording.path), "run": run_section(recording), **figures,
-            "ranks": ranks_section(recording), "hosts": hosts_section(recording, figures["memory"]),
-            "starts": [{"restart": restart, "world_size": world, "first_step": first}
-                       for restart, (world, first) in sorted(fold.starts.items())],
-            "problems": [*recording.problems, *rejected_problems(fold)]}
+    return {
+        "recording": str(recording.path),
+        "run": run_section(recording),
+        **figures,
+        "ranks": ranks_section(recording),
+        "hosts": hosts_section(recording, figures["memory"]),
+        "starts": [
+            {"restart": restart, "world_size": world, "first_step": first}
+            for restart, (world, first) in sorted(fold.starts.items())
+        ],
+        "problems": [*recording.problems, *rejected_problems(fold)],
+    }
 
 
 def measured_rates(recording: Recording) -> tuple[float | None, float | None]:

@@ -67,10 +67,15 @@ def read_sweep(out: Path) -> dict[str, Any]:
     except (OSError, ValueError) as error:
         raise RecordingError(f"{out / SWEEP_FILE} cannot be read: {error}") from None
     report = sweep.get("report") if isinstance(sweep, dict) else None
-    whole = (isinstance(sweep, dict) and sweep.get("version") == SWEEP_VERSION and isinstance(sweep.get("plans"), list)
-             and isinstance(report, dict) and all(key in report for key in REPORT_KEYS)
-             and isinstance(report["plans"], list)
-             and all(isinstance(entry, dict) and all(key in entry for key in ENTRY_KEYS) for entry in sweep["plans"]))
+    whole = (
+        isinstance(sweep, dict)
+        and sweep.get("version") == SWEEP_VERSION
+        and isinstance(sweep.get("plans"), list)
+        and isinstance(report, dict)
+        and all(key in report for key in REPORT_KEYS)
+        and isinstance(report["plans"], list)
+        and all(isinstance(entry, dict) and all(key in entry for key in ENTRY_KEYS) for entry in sweep["plans"])
+    )
     if not whole:
         raise RecordingError(f"{out / SWEEP_FILE} is not a sweep file this meshtop reads (version {SWEEP_VERSION})")
     return sweep
@@ -79,8 +84,12 @@ def read_sweep(out: Path) -> dict[str, Any]:
 def step_traffic(table: pa.Table, step: int) -> dict[tuple[int, str, str], int]:
     """Bytes per (rank, group, op) of the collectives issued in ``step``."""
     rows = table.filter(pc.equal(table["step"], step)).group_by(["rank", "group", "op"]).aggregate([("bytes", "sum")])
-    return {(rank, group, op): total for rank, group, op, total in
-            zip(*(rows[name].to_pylist() for name in ("rank", "group", "op", "bytes_sum")), strict=True)}
+    return {
+        (rank, group, op): total
+        for rank, group, op, total in zip(
+            *(rows[name].to_pylist() for name in ("rank", "group", "op", "bytes_sum")), strict=True
+        )
+    }
 
 
 def accounted(row: dict[str, Any]) -> int | None:
@@ -93,8 +102,10 @@ def measure(directory: Path) -> dict[str, Any]:
     recording = open_recording(directory)
     fold = fold_recording(recording)
     figures = fold.figures()
-    memory = {row.rank: {key: getattr(row, key) for key in CATEGORIES} | {"peak_bytes": row.peak_bytes}
-              for row in figures.memory}
+    memory = {
+        row.rank: {key: getattr(row, key) for key in CATEGORIES} | {"peak_bytes": row.peak_bytes}
+        for row in figures.memory
+    }
     for row in memory.values():
         row["accounted_bytes"] = accounted(row)
     cuda = recording.manifest.run.device == "cuda"
@@ -114,19 +125,28 @@ def measure(directory: Path) -> dict[str, Any]:
         "steps": figures.steps.count,
         "last_loss": figures.steps.last_loss,
         "memory": {str(rank): row for rank, row in sorted(memory.items())},
-        "peak_rank": peak_rank, "peak_bytes": peaks.get(peak_rank) if peak_rank is not None else None,
+        "peak_rank": peak_rank,
+        "peak_bytes": peaks.get(peak_rank) if peak_rank is not None else None,
         "peak_kind": "allocator" if cuda else "accounted",
         "comm_share": min(1.0, sum(shares)) if shares else None,
-        "bubble": (sum(row.bubble_fraction for row in figures.stages) / len(figures.stages)
-                   if figures.stages else None),
+        "bubble": (
+            sum(row.bubble_fraction for row in figures.stages) / len(figures.stages) if figures.stages else None
+        ),
         "traffic_step": step if traffic else None,
-        "traffic": [{"rank": rank, "group": group, "op": op, "bytes": nbytes}
-                    for (rank, group, op), nbytes in sorted(traffic.items())],
+        "traffic": [
+            {"rank": rank, "group": group, "op": op, "bytes": nbytes}
+            for (rank, group, op), nbytes in sorted(traffic.items())
+        ],
         "ttft_p50_s": requests.latencies["ttft_s"]["p50"] if requests is not None else None,
         "tpot_p50_s": requests.latencies["tpot_s"]["p50"] if requests is not None else None,
         "requests_per_s": requests.request_throughput_per_s if requests is not None else None,
-        "goodput_per_s": (requests.goodput_per_s if requests is not None and requests.goodput_per_s is not None
-                          else requests.request_throughput_per_s if requests is not None else None),
+        "goodput_per_s": (
+            requests.goodput_per_s
+            if requests is not None and requests.goodput_per_s is not None
+            else requests.request_throughput_per_s
+            if requests is not None
+            else None
+        ),
         "problems": recording.problems,
     }
 
@@ -155,8 +175,11 @@ def compare_prediction(predicted: dict[str, Any], measured: dict[str, Any]) -> d
         errors["traffic_exact"] = want == got
     else:
         errors["traffic_bytes"], errors["traffic_exact"] = None, None
-    bubble = (theoretical_bubble(predicted["pp"], predicted["microbatches"], predicted["virtual_stages"])
-              if predicted["pp"] > 1 and predicted["schedule"] is not None else None)  # training pipelines
+    bubble = (
+        theoretical_bubble(predicted["pp"], predicted["microbatches"], predicted["virtual_stages"])
+        if predicted["pp"] > 1 and predicted["schedule"] is not None
+        else None
+    )  # training pipelines
     errors["bubble_predicted"] = bubble
     errors["bubble"] = (measured["bubble"] - bubble) if bubble is not None and measured["bubble"] is not None else None
     return errors
@@ -170,13 +193,22 @@ def ranking(out: Path) -> dict[str, Any]:
     predictions = {row["key"]: row for row in sweep["report"]["plans"]}
     rows = []
     for entry in sweep["plans"]:
-        row: dict[str, Any] = {"key": entry["key"], "status": entry["status"], "reason": entry.get("reason"),
-                               "recording": entry.get("recording"), "predicted": None, "measured": None,
-                               "errors": None}
+        row: dict[str, Any] = {
+            "key": entry["key"],
+            "status": entry["status"],
+            "reason": entry.get("reason"),
+            "recording": entry.get("recording"),
+            "predicted": None,
+            "measured": None,
+            "errors": None,
+        }
         predicted = predictions.get(entry["key"])
         if predicted is not None and predicted["runs"]:
-            row["predicted"] = {"peak_bytes": predicted["peak"]["total_bytes"], "peak_rank": predicted["peak_rank"],
-                                "label": predicted["label"]}
+            row["predicted"] = {
+                "peak_bytes": predicted["peak"]["total_bytes"],
+                "peak_rank": predicted["peak_rank"],
+                "label": predicted["label"],
+            }
         directory = out / entry["recording"] if entry.get("recording") else None
         if directory is not None and directory.is_dir() and entry["status"] in ("completed", "failed", "interrupted"):
             try:
@@ -198,5 +230,12 @@ def ranking(out: Path) -> dict[str, Any]:
     ranked = sorted(rows, key=score)
     for place, row in enumerate(ranked, 1):
         row["rank"] = place if score(row)[0] == 0 else None
-    return {"sweep": str(out), "mode": sweep["report"]["mode"], "ranked_by": key, "model": sweep["report"]["model"],
-            "ranks": sweep["report"]["ranks"], "device": sweep["report"]["device"], "plans": ranked}
+    return {
+        "sweep": str(out),
+        "mode": sweep["report"]["mode"],
+        "ranked_by": key,
+        "model": sweep["report"]["model"],
+        "ranks": sweep["report"]["ranks"],
+        "device": sweep["report"]["device"],
+        "plans": ranked,
+    }

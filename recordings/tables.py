@@ -59,8 +59,7 @@ def _may_drop_rows(kind: str, file: pq.ParquetFile, names: Sequence[str]) -> boo
     not be finite), or a value an event needs that the file lacks or whose statistics do not show it in
     every row."""
     groups = [file.metadata.row_group(index) for index in range(file.metadata.num_row_groups)]
-    stored = [{group.column(i).path_in_schema: group.column(i) for i in range(group.num_columns)}
-              for group in groups]
+    stored = [{group.column(i).path_in_schema: group.column(i) for i in range(group.num_columns)} for group in groups]
     for column in columns(kind):
         if column.name in names:
             continue

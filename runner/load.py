@@ -52,10 +52,15 @@ class InferenceLoad:
     def describe(self) -> dict[str, object]:
         """The manifest's ``load`` section."""
         return {
-            "requests": self.requests, "concurrency": self.concurrency,
-            "request_rate_per_s": self.request_rate_per_s, "prompt_len": list(self.prompt_len),
-            "output_len": list(self.output_len), "max_batch": self.max_batch, "seed": self.seed,
-            "slo_ttft_ms": self.slo_ttft_ms, "slo_tpot_ms": self.slo_tpot_ms,
+            "requests": self.requests,
+            "concurrency": self.concurrency,
+            "request_rate_per_s": self.request_rate_per_s,
+            "prompt_len": list(self.prompt_len),
+            "output_len": list(self.output_len),
+            "max_batch": self.max_batch,
+            "seed": self.seed,
+            "slo_ttft_ms": self.slo_ttft_ms,
+            "slo_tpot_ms": self.slo_tpot_ms,
         }
 
     @classmethod
@@ -98,8 +103,14 @@ def plan_requests(load: InferenceLoad, *, vocab_size: int) -> list[PlannedReques
     requests = []
     for index in range(load.requests):
         prompt = tuple(rng.randrange(vocab_size) for _ in range(rng.randint(*load.prompt_len)))
-        requests.append(PlannedRequest(id=index, prompt=prompt, output_len=rng.randint(*load.output_len),
-                                       arrival_s=arrivals[index] if arrivals is not None else None))
+        requests.append(
+            PlannedRequest(
+                id=index,
+                prompt=prompt,
+                output_len=rng.randint(*load.output_len),
+                arrival_s=arrivals[index] if arrivals is not None else None,
+            )
+        )
     return requests
 
 

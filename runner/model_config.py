@@ -62,8 +62,9 @@ def load_model_config(path: str) -> ModelShape:
     file = Path(path)
     if file.is_dir():
         if not (file / "config.json").is_file():
-            raise ModelConfigError(f"--model-config {path} is a folder without a config.json: give the path of "
-                                   "the model's config.json")
+            raise ModelConfigError(
+                f"--model-config {path} is a folder without a config.json: give the path of the model's config.json"
+            )
         file = file / "config.json"
     config = _read_object(file)
     return shape_from_config(config, source=file)
@@ -79,31 +80,47 @@ def shape_from_config(config: dict[str, object], *, source: Path) -> ModelShape:
     ffn_dim = _positive_int(config, "intermediate_size", where)
     vocab_size = _positive_int(config, "vocab_size", where)
     n_kv_heads = _positive_int(config, "num_key_value_heads", where, default=n_heads)
-    max_positions = _positive_int(config, "max_position_embeddings", where,
-                                  default=int(DEFAULTS["max_position_embeddings"]))
+    max_positions = _positive_int(
+        config, "max_position_embeddings", where, default=int(DEFAULTS["max_position_embeddings"])
+    )
     if dim % n_heads:
-        raise ModelConfigError(f"{where}: hidden_size {dim} is not a multiple of num_attention_heads {n_heads}: "
-                               "the built-in model's heads are hidden_size / heads wide")
+        raise ModelConfigError(
+            f"{where}: hidden_size {dim} is not a multiple of num_attention_heads {n_heads}: "
+            "the built-in model's heads are hidden_size / heads wide"
+        )
     if n_heads % n_kv_heads:
-        raise ModelConfigError(f"{where}: num_attention_heads {n_heads} is not a multiple of num_key_value_heads "
-                               f"{n_kv_heads}: each key/value head must serve the same number of query heads")
+        raise ModelConfigError(
+            f"{where}: num_attention_heads {n_heads} is not a multiple of num_key_value_heads "
+            f"{n_kv_heads}: each key/value head must serve the same number of query heads"
+        )
     head_dim = dim // n_heads
     given_head_dim = _positive_int(config, "head_dim", where, default=head_dim)
     if given_head_dim != head_dim:
-        raise ModelConfigError(f"{where}: head_dim {given_head_dim} differs from hidden_size / num_attention_heads "
-                               f"= {head_dim}: the built-in model's heads are hidden_size / heads wide, so it "
-                               "cannot build this model")
+        raise ModelConfigError(
+            f"{where}: head_dim {given_head_dim} differs from hidden_size / num_attention_heads "
+            f"= {head_dim}: the built-in model's heads are hidden_size / heads wide, so it "
+            "cannot build this model"
+        )
     if head_dim % 2:
-        raise ModelConfigError(f"{where}: heads {head_dim} wide (hidden_size / num_attention_heads) are odd: "
-                               "rotary positions rotate pairs of channels, so they need an even width")
+        raise ModelConfigError(
+            f"{where}: heads {head_dim} wide (hidden_size / num_attention_heads) are odd: "
+            "rotary positions rotate pairs of channels, so they need an even width"
+        )
     for flag in ("attention_bias", "mlp_bias"):
         if _flag(config, flag, where, default=False):
-            raise ModelConfigError(f"{where}: {flag} is true, but the built-in model has no biases: "
-                                   f"set {flag} to false (or leave it out) to plan this shape")
+            raise ModelConfigError(
+                f"{where}: {flag} is true, but the built-in model has no biases: "
+                f"set {flag} to false (or leave it out) to plan this shape"
+            )
     return ModelShape(
         name=_name(config, source),
-        n_layers=n_layers, dim=dim, n_heads=n_heads, n_kv_heads=n_kv_heads, ffn_dim=ffn_dim,
-        vocab_size=vocab_size, default_seq_len=min(max_positions, LONGEST_DEFAULT_SEQ_LEN),
+        n_layers=n_layers,
+        dim=dim,
+        n_heads=n_heads,
+        n_kv_heads=n_kv_heads,
+        ffn_dim=ffn_dim,
+        vocab_size=vocab_size,
+        default_seq_len=min(max_positions, LONGEST_DEFAULT_SEQ_LEN),
         norm_eps=_positive_float(config, "rms_norm_eps", where, default=DEFAULTS["rms_norm_eps"]),
         rope_theta=_rope_theta(config, where),
         tie_embeddings=_flag(config, "tie_word_embeddings", where, default=False),
@@ -115,24 +132,29 @@ def _read_object(file: Path) -> dict[str, object]:
     try:
         size = file.stat().st_size
         if size > MAX_CONFIG_BYTES:
-            raise ModelConfigError(f"{where} is {size / 2**20:.0f} MiB, not a config.json: give the model's "
-                                   "config.json (its shape), not its weights")
+            raise ModelConfigError(
+                f"{where} is {size / 2**20:.0f} MiB, not a config.json: give the model's "
+                "config.json (its shape), not its weights"
+            )
         text = file.read_bytes().decode("utf-8")
     except FileNotFoundError:
         raise ModelConfigError(f"{where}: no such file: give the path of a Hugging Face style config.json") from None
     except OSError as error:
-        raise ModelConfigError(f"{where}: cannot read it ({error.strerror or error}): "
-                               "check the path and its permissions") from None
+        raise ModelConfigError(
+            f"{where}: cannot read it ({error.strerror or error}): check the path and its permissions"
+        ) from None
     except UnicodeDecodeError:
         raise ModelConfigError(f"{where} is not JSON (not UTF-8 text): give the model's config.json") from None
     try:
         config = json.loads(text)
     except json.JSONDecodeError as error:
-        raise ModelConfigError(f"{where} is not JSON (line {error.lineno}: {error.msg}): "
-                               "give the model's config.json") from None
+        raise ModelConfigError(
+            f"{where} is not JSON (line {error.lineno}: {error.msg}): give the model's config.json"
+        ) from None
     if not isinstance(config, dict):
-        raise ModelConfigError(f"{where} holds a JSON {_json_kind(config)}, not an object of config fields: "
-                               "give the model's config.json")
+        raise ModelConfigError(
+            f"{where} holds a JSON {_json_kind(config)}, not an object of config fields: give the model's config.json"
+        )
     return config
 
 
@@ -155,19 +177,21 @@ def _check_family(config: dict[str, object], where: str) -> None:
         wrong.append(f"model_type {model_type!r}")
     wrong += [f"architecture {name!r}" for name in names if name not in ARCHITECTURES]
     if wrong:
-        raise ModelConfigError(f"{where}: meshtop builds Llama-family decoders ({', '.join(MODEL_TYPES)}); "
-                               f"got {', '.join(wrong)}")
+        raise ModelConfigError(
+            f"{where}: meshtop builds Llama-family decoders ({', '.join(MODEL_TYPES)}); got {', '.join(wrong)}"
+        )
     if model_type is None and not names:
-        raise ModelConfigError(f"{where} names no model_type or architectures: meshtop builds Llama-family "
-                               f"decoders; give a config.json with model_type {' or '.join(MODEL_TYPES)}")
+        raise ModelConfigError(
+            f"{where} names no model_type or architectures: meshtop builds Llama-family "
+            f"decoders; give a config.json with model_type {' or '.join(MODEL_TYPES)}"
+        )
 
 
 def _positive_int(config: dict[str, object], field: str, where: str, *, default: int | None = None) -> int:
     value = config.get(field)
     if value is None:
         if default is None:
-            raise ModelConfigError(f"{where} has no {field}: a Llama-family config.json gives it "
-                                   "(a positive integer)")
+            raise ModelConfigError(f"{where} has no {field}: a Llama-family config.json gives it (a positive integer)")
         return default
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise ModelConfigError(f"{where}: {field} must be a positive integer, got {json.dumps(value)}")

@@ -98,8 +98,16 @@ class RunSpec:
 
 
 TRAIN_ONLY = ("fsdp", "schedule", "microbatches", "steps", "time_limit_s", "batch_size", "seq_len", "activations")
-INFER_ONLY = ("requests", "concurrency", "request_rate", "prompt_len", "output_len", "max_batch",
-              "slo_ttft_ms", "slo_tpot_ms")
+INFER_ONLY = (
+    "requests",
+    "concurrency",
+    "request_rate",
+    "prompt_len",
+    "output_len",
+    "max_batch",
+    "slo_ttft_ms",
+    "slo_tpot_ms",
+)
 
 
 def option(name: str) -> str:
@@ -199,9 +207,14 @@ class ResolvedRun:
     def _describe_plan(self) -> dict[str, object]:
         return {
             "plan": {
-                "dp": self.dp, "tp": self.tp, "pp": self.pp, "fsdp": self.fsdp,
-                "world_size": self.world_size, "schedule": self.schedule,
-                "microbatches": self.microbatches, "virtual_stages": self.virtual_stages,
+                "dp": self.dp,
+                "tp": self.tp,
+                "pp": self.pp,
+                "fsdp": self.fsdp,
+                "world_size": self.world_size,
+                "schedule": self.schedule,
+                "microbatches": self.microbatches,
+                "virtual_stages": self.virtual_stages,
                 "stage_layers": [list(layers) for layers in self.stage_layers],
                 "label": self.plan_label(),
             },
@@ -225,7 +238,9 @@ def _positive(name: str, value: int | None) -> None:
 
 def _divides(tp: int, count: int, what: str, model: str) -> None:
     if count % tp:
-        raise PlanError(f"--tp {tp} does not divide the {count} {what} of model {model}: use a --tp that divides {count}")
+        raise PlanError(
+            f"--tp {tp} does not divide the {count} {what} of model {model}: use a --tp that divides {count}"
+        )
 
 
 def split_layers(n_layers: int, n_stages: int) -> tuple[tuple[int, ...], ...]:
@@ -251,9 +266,15 @@ def model_shape(model: str, model_config: str | None) -> ModelShape:
 def resolve(spec: RunSpec, *, gpus_visible: int, nodes: int = 1) -> ResolvedRun:
     """Fill in defaults and check that the run can be launched on this host (on each of ``nodes`` hosts, each
     with ``gpus_visible`` GPUs, running an equal share of the ranks)."""
-    for name, value in (("--dp", spec.dp), ("--tp", spec.tp), ("--pp", spec.pp),
-                        ("--microbatches", spec.microbatches), ("--steps", spec.steps),
-                        ("--batch-size", spec.batch_size), ("--seq-len", spec.seq_len)):
+    for name, value in (
+        ("--dp", spec.dp),
+        ("--tp", spec.tp),
+        ("--pp", spec.pp),
+        ("--microbatches", spec.microbatches),
+        ("--steps", spec.steps),
+        ("--batch-size", spec.batch_size),
+        ("--seq-len", spec.seq_len),
+    ):
         _positive(name, value)
     if spec.seed < 0:
         raise PlanError(f"--seed must be 0 or more, got {spec.seed}")
@@ -277,8 +298,10 @@ def resolve(spec: RunSpec, *, gpus_visible: int, nodes: int = 1) -> ResolvedRun:
         dp = 1
     world = dp * spec.tp * spec.pp
     if world % nodes:
-        raise PlanError(f"dp {dp} x tp {spec.tp} x pp {spec.pp} = {world} ranks do not split evenly over "
-                        f"{nodes} nodes: make the product a multiple of {nodes}")
+        raise PlanError(
+            f"dp {dp} x tp {spec.tp} x pp {spec.pp} = {world} ranks do not split evenly over "
+            f"{nodes} nodes: make the product a multiple of {nodes}"
+        )
     if device == "cuda" and world > gpus_visible * nodes:
         where = "are visible" if nodes == 1 else f"are visible on this node ({world // nodes} ranks each)"
         raise PlanError(
@@ -287,8 +310,10 @@ def resolve(spec: RunSpec, *, gpus_visible: int, nodes: int = 1) -> ResolvedRun:
         )
     if device == "cpu" and world // nodes > MAX_CPU_RANKS:
         each = "" if nodes == 1 else f" ({world // nodes} on each of {nodes} nodes)"
-        raise PlanError(f"dp {dp} x tp {spec.tp} x pp {spec.pp} = {world} CPU ranks{each}: lower the degrees to at "
-                        f"most {MAX_CPU_RANKS * nodes} ranks")
+        raise PlanError(
+            f"dp {dp} x tp {spec.tp} x pp {spec.pp} = {world} CPU ranks{each}: lower the degrees to at "
+            f"most {MAX_CPU_RANKS * nodes} ranks"
+        )
     if spec.fsdp and dp < 2:
         raise PlanError("--fsdp shards over the data-parallel ranks: give --dp 2 or more")
 
@@ -306,20 +331,38 @@ def resolve(spec: RunSpec, *, gpus_visible: int, nodes: int = 1) -> ResolvedRun:
         return _resolve_inference(spec, dp=dp, device=device, dtype=dtype, shape=shape)
     schedule, microbatches, virtual = _resolve_pipeline(spec)
     if shape.n_layers < spec.pp * virtual:
-        stages = f"{spec.pp * virtual} pipeline stages" + (f" ({virtual} per rank for {schedule})" if virtual > 1 else "")
-        raise PlanError(f"model {shape.name} has {shape.n_layers} layers, fewer than the {stages}: lower --pp or pick a deeper --model")
+        stages = f"{spec.pp * virtual} pipeline stages" + (
+            f" ({virtual} per rank for {schedule})" if virtual > 1 else ""
+        )
+        raise PlanError(
+            f"model {shape.name} has {shape.n_layers} layers, fewer than the {stages}: lower --pp or pick a deeper --model"
+        )
 
     batch = spec.batch_size if spec.batch_size is not None else 4 * dp * microbatches
     if batch % (dp * microbatches):
         split = f"dp {dp} x {microbatches} microbatches" if microbatches > 1 else f"dp {dp} replicas"
-        raise PlanError(f"--batch-size {batch} cannot be split evenly into {split}: use a multiple of {dp * microbatches}")
+        raise PlanError(
+            f"--batch-size {batch} cannot be split evenly into {split}: use a multiple of {dp * microbatches}"
+        )
     return ResolvedRun(
-        dp=dp, tp=spec.tp, pp=spec.pp, fsdp=spec.fsdp, schedule=schedule,
-        microbatches=microbatches, virtual_stages=virtual, shape=shape, dtype=dtype,
-        device=device, steps=None if spec.time_limit_s is not None else spec.steps or DEFAULT_STEPS,
-        time_limit_s=spec.time_limit_s, batch_size=batch,
-        seq_len=spec.seq_len or shape.default_seq_len, seed=spec.seed, instrument=spec.instrument,
-        activations=spec.activations, stage_layers=split_layers(shape.n_layers, spec.pp * virtual),
+        dp=dp,
+        tp=spec.tp,
+        pp=spec.pp,
+        fsdp=spec.fsdp,
+        schedule=schedule,
+        microbatches=microbatches,
+        virtual_stages=virtual,
+        shape=shape,
+        dtype=dtype,
+        device=device,
+        steps=None if spec.time_limit_s is not None else spec.steps or DEFAULT_STEPS,
+        time_limit_s=spec.time_limit_s,
+        batch_size=batch,
+        seq_len=spec.seq_len or shape.default_seq_len,
+        seed=spec.seed,
+        instrument=spec.instrument,
+        activations=spec.activations,
+        stage_layers=split_layers(shape.n_layers, spec.pp * virtual),
     )
 
 
@@ -342,7 +385,6 @@ def _resolve_pipeline(spec: RunSpec) -> tuple[str | None, int, int]:
     if schedule == "interleaved-1f1b" and microbatches % spec.pp:
         raise PlanError(f"--schedule interleaved-1f1b needs --microbatches a multiple of --pp {spec.pp}")
     return schedule, microbatches, 2 if schedule == "interleaved-1f1b" else 1
-
 
 
 def check_mode_options(spec: RunSpec) -> None:
@@ -386,24 +428,48 @@ def _resolve_inference(spec: RunSpec, *, dp: int, device: str, dtype: str, shape
         raise PlanError(f"--requests {requests} is more than {MAX_REQUESTS:,}: split the load into several runs")
     concurrency = spec.concurrency or (None if spec.request_rate is not None else DEFAULT_CONCURRENCY)
     if concurrency is not None and concurrency < dp:
-        raise PlanError(f"--concurrency {concurrency} leaves some of the {dp} replicas without a client: "
-                        f"use --concurrency {dp} or more, or fewer replicas")
+        raise PlanError(
+            f"--concurrency {concurrency} leaves some of the {dp} replicas without a client: "
+            f"use --concurrency {dp} or more, or fewer replicas"
+        )
     load = InferenceLoad(
-        requests=requests, concurrency=concurrency, request_rate_per_s=spec.request_rate,
+        requests=requests,
+        concurrency=concurrency,
+        request_rate_per_s=spec.request_rate,
         prompt_len=parse_length("--prompt-len", spec.prompt_len, DEFAULT_PROMPT_LEN),
         output_len=parse_length("--output-len", spec.output_len, DEFAULT_OUTPUT_LEN),
-        max_batch=spec.max_batch or DEFAULT_MAX_BATCH, seed=spec.seed,
-        slo_ttft_ms=spec.slo_ttft_ms, slo_tpot_ms=spec.slo_tpot_ms,
+        max_batch=spec.max_batch or DEFAULT_MAX_BATCH,
+        seed=spec.seed,
+        slo_ttft_ms=spec.slo_ttft_ms,
+        slo_tpot_ms=spec.slo_tpot_ms,
     )
     if load.max_sequence > MAX_SEQUENCE:
-        raise PlanError(f"prompt plus output can reach {load.max_sequence} tokens, more than {MAX_SEQUENCE}: "
-                        f"shorten --prompt-len or --output-len")
+        raise PlanError(
+            f"prompt plus output can reach {load.max_sequence} tokens, more than {MAX_SEQUENCE}: "
+            f"shorten --prompt-len or --output-len"
+        )
     if shape.n_layers < spec.pp:
-        raise PlanError(f"model {shape.name} has {shape.n_layers} layers, fewer than the {spec.pp} pipeline stages: "
-                        f"lower --pp or pick a deeper --model")
+        raise PlanError(
+            f"model {shape.name} has {shape.n_layers} layers, fewer than the {spec.pp} pipeline stages: "
+            f"lower --pp or pick a deeper --model"
+        )
     return ResolvedRun(
-        dp=dp, tp=spec.tp, pp=spec.pp, fsdp=False, schedule=None, microbatches=1, virtual_stages=1, shape=shape,
-        dtype=dtype, device=device, steps=0, batch_size=load.max_batch * dp, seq_len=load.max_sequence,
-        seed=spec.seed, instrument=spec.instrument, stage_layers=split_layers(shape.n_layers, spec.pp),
-        mode="infer", load=load,
+        dp=dp,
+        tp=spec.tp,
+        pp=spec.pp,
+        fsdp=False,
+        schedule=None,
+        microbatches=1,
+        virtual_stages=1,
+        shape=shape,
+        dtype=dtype,
+        device=device,
+        steps=0,
+        batch_size=load.max_batch * dp,
+        seq_len=load.max_sequence,
+        seed=spec.seed,
+        instrument=spec.instrument,
+        stage_layers=split_layers(shape.n_layers, spec.pp),
+        mode="infer",
+        load=load,
     )

@@ -42,8 +42,26 @@ def collective_kernel(request: pytest.FixtureRequest) -> tuple[str, str]:
 def recorded(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A real recording: dp2 x pp2 on CPU, 4 steps (shared by the recording tests)."""
     out = tmp_path_factory.mktemp("rec") / "pp2"
-    done = subprocess.run([sys.executable, "-m", "meshtop.tui.cli", "record", str(out), "--dp", "2", "--pp", "2",
-                           "--steps", "4", "--device", "cpu"], capture_output=True, text=True, timeout=300)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "meshtop.tui.cli",
+            "record",
+            str(out),
+            "--dp",
+            "2",
+            "--pp",
+            "2",
+            "--steps",
+            "4",
+            "--device",
+            "cpu",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 0, done.stdout + done.stderr
     return out
 

@@ -55,9 +55,14 @@ def environment(**variables: str) -> Iterator[None]:
                 os.environ[name] = value
 
 
-def launch(session_dir: Path, env: dict[str, str] | None = None, device: str = "cpu",
-           control: JobControl | None = None, on_events: Callable[[list[Event]], None] | None = None,
-           **spec: object) -> LaunchedRun:
+def launch(
+    session_dir: Path,
+    env: dict[str, str] | None = None,
+    device: str = "cpu",
+    control: JobControl | None = None,
+    on_events: Callable[[list[Event]], None] | None = None,
+    **spec: object,
+) -> LaunchedRun:
     """Resolve ``spec`` for ``device`` (CPU by default) and run it to the end under torchrun (``control``: the
     requests a dashboard would make while it runs, ``on_events``: told of each delivery as it comes)."""
     gpus = gpus_visible() if device != "cpu" else 0
@@ -70,8 +75,12 @@ def launch(session_dir: Path, env: dict[str, str] | None = None, device: str = "
             on_events(delivered)
 
     with environment(**(env or {})):
-        result = run_job(builtin_launch(run, session_dir / "session"), session_dir=session_dir / "session",
-                         on_events=lambda arrivals: deliver(arrivals.events()), control=control)
+        result = run_job(
+            builtin_launch(run, session_dir / "session"),
+            session_dir=session_dir / "session",
+            on_events=lambda arrivals: deliver(arrivals.events()),
+            control=control,
+        )
     return LaunchedRun(run=run, result=result, events=events)
 
 

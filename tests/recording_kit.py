@@ -26,8 +26,15 @@ def with_model(run: RunDescription, **changes: Any) -> RunDescription:
     return dataclasses.replace(run, model=dataclasses.replace(run.model, **changes))
 
 
-def write_recording(directory: Path, events: Iterable[Event], *, run: RunDescription, status: str = "completed",
-                    parquet: bool = False, **manifest: Any) -> Path:
+def write_recording(
+    directory: Path,
+    events: Iterable[Event],
+    *,
+    run: RunDescription,
+    status: str = "completed",
+    parquet: bool = False,
+    **manifest: Any,
+) -> Path:
     """A recording of ``events`` in ``directory``, closed with ``status`` (compacted with ``parquet``)."""
     directory.mkdir(parents=True, exist_ok=True)
     write_manifest(directory, Manifest(run=run, status=status, **manifest))

@@ -27,8 +27,9 @@ def main() -> None:
     # may connect to a dead rank's port (1 in 4 plain torchruns here); a prefix per start keeps them apart
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     agent_store = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
-    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world,
-                          is_master=rank == 0 and not agent_store)
+    store = dist.TCPStore(
+        os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world, is_master=rank == 0 and not agent_store
+    )
     dist.init_process_group("gloo", store=dist.PrefixStore(f"start{restart}", store), rank=rank, world_size=world)
     torch.manual_seed(0)
     ddp = DistributedDataParallel(nn.Linear(16, 16))

@@ -19,9 +19,19 @@ from tests.kernel_worker import LATE_S, NAMING_STEPS, ODD_NAMES, SCENARIOS, WORK
 
 def run_kernel_worker(tmp_path: Path, native_env: str) -> list[dict]:
     done = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
-         "-m", "tests.kernel_worker", str(tmp_path)],
-        capture_output=True, text=True, timeout=300,
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc-per-node=2",
+            "-m",
+            "tests.kernel_worker",
+            str(tmp_path),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
         env={**os.environ, "OMP_NUM_THREADS": "1", native.NATIVE_ENV: native_env},
     )
     assert done.returncode == 0, done.stderr[-3000:]
@@ -37,8 +47,9 @@ def reports(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFac
 
 
 def before_scenarios(report: dict) -> list[dict]:
-    return sorted((e for e in report["collectives"] if e["start_ns"] < report["scenarios_from_ns"]),
-                  key=lambda e: e["start_ns"])
+    return sorted(
+        (e for e in report["collectives"] if e["start_ns"] < report["scenarios_from_ns"]), key=lambda e: e["start_ns"]
+    )
 
 
 def scenario(report: dict, name: str) -> list[dict]:
@@ -51,13 +62,22 @@ def in_flight_ns(event: dict) -> int:
 
 
 def shape(event: dict) -> tuple:
-    return (event["op"], event["group"], event["group_size"], event["peer"], event["bytes"], event["dtype"],
-            event["step"], event["clock"])
+    return (
+        event["op"],
+        event["group"],
+        event["group_size"],
+        event["peer"],
+        event["bytes"],
+        event["dtype"],
+        event["step"],
+        event["clock"],
+    )
 
 
 @pytest.mark.slow
 def test_each_kernel_reports_every_operation_with_its_group_bytes_peer_and_step(
-        reports: tuple[str, list[dict]]) -> None:
+    reports: tuple[str, list[dict]],
+) -> None:
     kernel, ranks = reports
     for rank, report in enumerate(ranks):
         assert report["kernel"] == kernel
@@ -113,8 +133,7 @@ def test_each_kernel_says_how_long_the_caller_waited_for_each_operation(reports:
 
 
 @pytest.mark.slow
-def test_each_kernel_says_which_operations_overlapped_another_on_their_group(
-        reports: tuple[str, list[dict]]) -> None:
+def test_each_kernel_says_which_operations_overlapped_another_on_their_group(reports: tuple[str, list[dict]]) -> None:
     _kernel, ranks = reports
     for rank, report in enumerate(ranks):
         assert [e["overlapped"] for e in before_scenarios(report)] == [False] * 7, f"rank {rank}: one at a time"
@@ -129,14 +148,19 @@ def test_each_kernel_says_which_operations_overlapped_another_on_their_group(
 
 @pytest.mark.slow
 def test_the_cpp_kernel_writes_each_event_as_its_json_line_once_python_named_the_group(
-        reports: tuple[str, list[dict]]) -> None:
+    reports: tuple[str, list[dict]],
+) -> None:
     kernel, ranks = reports
     for rank, report in enumerate(ranks):
         naming = {e["step"]: e for e in report["collectives"] if e["step"] in NAMING_STEPS.values()}
-        assert [(naming[step]["op"], naming[step]["group"], naming[step]["bytes"], naming[step]["peer"])
-                for step in NAMING_STEPS.values()] == [
-            ("all_reduce", ODD_NAMES[0], 40, None), ("all_reduce", ODD_NAMES[0], 40, None),
-            ("all_reduce", ODD_NAMES[1], 40, None)], f"rank {rank}"
+        assert [
+            (naming[step]["op"], naming[step]["group"], naming[step]["bytes"], naming[step]["peer"])
+            for step in NAMING_STEPS.values()
+        ] == [
+            ("all_reduce", ODD_NAMES[0], 40, None),
+            ("all_reduce", ODD_NAMES[0], 40, None),
+            ("all_reduce", ODD_NAMES[1], 40, None),
+        ], f"rank {rank}"
         if kernel == "cpp":
             # Every group the directory named is the C++ kernel's to name, renamed or not; the one group it
             # does not know (two_groups' other) is named in Python from c10d's registry, once.
@@ -147,7 +171,8 @@ def test_the_cpp_kernel_writes_each_event_as_its_json_line_once_python_named_the
 
 
 def test_the_environment_says_which_kernel_and_why_there_is_no_cpp_one(
-        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
     monkeypatch.setenv(native.NATIVE_ENV, "off")
     assert native.from_environment() == (None, None)
     monkeypatch.setenv(native.NATIVE_ENV, "unavailable: cannot build the C++ collective probe: no g++")
@@ -161,7 +186,8 @@ def test_the_environment_says_which_kernel_and_why_there_is_no_cpp_one(
 
 @pytest.mark.slow
 def test_a_source_that_does_not_compile_is_one_line_and_no_module(
-        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
     broken = tmp_path / "c10d_kernel.cpp"
     broken.write_text("this is not C++\n")
     monkeypatch.setattr(native, "SOURCE", broken)

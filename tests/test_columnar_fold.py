@@ -40,36 +40,112 @@ def job_events(*, steps: int = 12, seed: int = 0) -> list[Event]:
     """A dp2 x pp2 job's events, with the jitter of real clocks: each rank's steps, collectives, stage actions
     and memory, process and GPU samples."""
     rng = random.Random(seed)
-    events: list[Event] = [RankStarted(rank=rank, pid=rank, host="h", device="cpu", pp_rank=rank // 2,
-                                       dp_rank=rank % 2, tp_rank=0, stages=(rank // 2,), local_parameters=10,
-                                       wall_ns=0) for rank in range(4)]
+    events: list[Event] = [
+        RankStarted(
+            rank=rank,
+            pid=rank,
+            host="h",
+            device="cpu",
+            pp_rank=rank // 2,
+            dp_rank=rank % 2,
+            tp_rank=0,
+            stages=(rank // 2,),
+            local_parameters=10,
+            wall_ns=0,
+        )
+        for rank in range(4)
+    ]
     for step in range(steps):
         for rank in range(4):
             start = step * STEP_NS + rng.randrange(100_000)
             for index in range(3):
                 begin = start + index * 2_000_000 + rng.randrange(500_000)
-                events.append(CollectiveTiming(
-                    rank=rank, step=step, op="all_reduce" if index else "send", group="dp" if index else "pp",
-                    group_size=2, peer=None, bytes=1 << 20, dtype="float32", start_ns=begin,
-                    end_ns=begin + rng.randrange(1, 3_000_000), clock="completion",
-                    waited_ns=rng.randrange(1_000_000) if rank % 2 else None, overlapped=index == 2))
-                events.append(StageAction(rank=rank, step=step, stage=rank // 2, microbatch=index,
-                                          action="forward", start_ns=begin, end_ns=begin + rng.randrange(4_000_000)))
-            events.append(StepTiming(rank=rank, step=step, start_ns=start, duration_s=0.015 * (1 + rng.random()),
-                                     tokens=64, loss=rng.random() if rank >= 2 else None,
-                                     forward_backward_s=0.012 * (1 + rng.random())))
-            events.append(MemorySnapshot(
-                rank=rank, step=step, wall_ns=start + 1, weights_bytes=100, grads_bytes=100, optimizer_bytes=200,
-                activations_bytes=rng.randrange(1000), kv_cache_bytes=None, allocated_bytes=500, reserved_bytes=600,
-                peak_allocated_bytes=rng.randrange(10_000) if rank else None, device_used_bytes=None,
-                device_total_bytes=80_000, rss_bytes=rng.randrange(10_000)))
-            events.append(ProcessSample(rank=rank, pid=rank, wall_ns=start + 2, cpu_pct=50.0,
-                                        rss_bytes=rng.randrange(20_000) if step % 3 else None, threads=4))
-        events.append(GpuSample(gpu=step % 2, wall_ns=step * STEP_NS, name="NVIDIA H100 80GB HBM3" if step else "",
-                                memory_used_bytes=1, memory_total_bytes=2, utilization_pct=50.0,
-                                memory_utilization_pct=10.0, power_w=300.0, sm_clock_mhz=1500.0, temperature_c=60.0,
-                                pcie_tx_bytes_per_s=None, pcie_rx_bytes_per_s=None, nvlink_tx_bytes_per_s=None,
-                                nvlink_rx_bytes_per_s=None, power_limit_w=700.0 if step > 1 else None))
+                events.append(
+                    CollectiveTiming(
+                        rank=rank,
+                        step=step,
+                        op="all_reduce" if index else "send",
+                        group="dp" if index else "pp",
+                        group_size=2,
+                        peer=None,
+                        bytes=1 << 20,
+                        dtype="float32",
+                        start_ns=begin,
+                        end_ns=begin + rng.randrange(1, 3_000_000),
+                        clock="completion",
+                        waited_ns=rng.randrange(1_000_000) if rank % 2 else None,
+                        overlapped=index == 2,
+                    )
+                )
+                events.append(
+                    StageAction(
+                        rank=rank,
+                        step=step,
+                        stage=rank // 2,
+                        microbatch=index,
+                        action="forward",
+                        start_ns=begin,
+                        end_ns=begin + rng.randrange(4_000_000),
+                    )
+                )
+            events.append(
+                StepTiming(
+                    rank=rank,
+                    step=step,
+                    start_ns=start,
+                    duration_s=0.015 * (1 + rng.random()),
+                    tokens=64,
+                    loss=rng.random() if rank >= 2 else None,
+                    forward_backward_s=0.012 * (1 + rng.random()),
+                )
+            )
+            events.append(
+                MemorySnapshot(
+                    rank=rank,
+                    step=step,
+                    wall_ns=start + 1,
+                    weights_bytes=100,
+                    grads_bytes=100,
+                    optimizer_bytes=200,
+                    activations_bytes=rng.randrange(1000),
+                    kv_cache_bytes=None,
+                    allocated_bytes=500,
+                    reserved_bytes=600,
+                    peak_allocated_bytes=rng.randrange(10_000) if rank else None,
+                    device_used_bytes=None,
+                    device_total_bytes=80_000,
+                    rss_bytes=rng.randrange(10_000),
+                )
+            )
+            events.append(
+                ProcessSample(
+                    rank=rank,
+                    pid=rank,
+                    wall_ns=start + 2,
+                    cpu_pct=50.0,
+                    rss_bytes=rng.randrange(20_000) if step % 3 else None,
+                    threads=4,
+                )
+            )
+        events.append(
+            GpuSample(
+                gpu=step % 2,
+                wall_ns=step * STEP_NS,
+                name="NVIDIA H100 80GB HBM3" if step else "",
+                memory_used_bytes=1,
+                memory_total_bytes=2,
+                utilization_pct=50.0,
+                memory_utilization_pct=10.0,
+                power_w=300.0,
+                sm_clock_mhz=1500.0,
+                temperature_c=60.0,
+                pcie_tx_bytes_per_s=None,
+                pcie_rx_bytes_per_s=None,
+                nvlink_tx_bytes_per_s=None,
+                nvlink_rx_bytes_per_s=None,
+                power_limit_w=700.0 if step > 1 else None,
+            )
+        )
     return events
 
 
@@ -115,9 +191,11 @@ def assert_same_fold(by_table: RunFold, by_event: RunFold) -> None:
 
 def no_events_for_tables(monkeypatch: pytest.MonkeyPatch) -> None:
     """Make the fold fail if it turns a table of a column-wise kind into events (its fallback)."""
+
     def refuse(kind: str, table: pa.Table) -> list[Event]:
         assert kind not in TABLE_KINDS, f"{kind} table folded as events"
         return events_of(kind, table)
+
     monkeypatch.setattr(run_module, "events_of", refuse)
 
 
@@ -154,7 +232,9 @@ def test_irregular_step_and_memory_tables_fold_as_their_events_do() -> None:
     last_memory = [e for e in events if isinstance(e, MemorySnapshot)][-1]
     same_moment = _snapshot({**last_memory.to_record(), "weights_bytes": 7})  # a tie: the later one counts
     odd: list[Event] = [
-        steps[5], steps[-3], steps[1],  # reported again: after the step closed, before it closed, long after
+        steps[5],
+        steps[-3],
+        steps[1],  # reported again: after the step closed, before it closed, long after
         StepTiming(rank=9, step=2, start_ns=0, duration_s=0.01, tokens=64, loss=1.0),  # not a rank of the job
         StepTiming(rank=1, step=3, start_ns=0, duration_s=-0.01, tokens=64, loss=1.0),  # a negative step time
         same_moment,
@@ -182,10 +262,13 @@ def test_a_recording_read_by_the_columns_the_fold_reads_folds_as_the_whole_recor
     damaged = tmp_path / "damaged"
     write_recording(damaged, [], run=whole.manifest.run)
     (damaged / "events").mkdir(exist_ok=True)
-    pq.write_table(table.set_column(table.schema.get_field_index("clock"), "clock", pa.array(clock, pa.string())),
-                   damaged / "events" / "collective.parquet")
+    pq.write_table(
+        table.set_column(table.schema.get_field_index("clock"), "clock", pa.array(clock, pa.string())),
+        damaged / "events" / "collective.parquet",
+    )
     read = open_recording(damaged)
     assert len(read.arrow("collective", COLUMNS_READ["collective"])) == len(table) - 1
     assert read.arrow("collective", COLUMNS_READ["collective"]).equals(
-        open_recording(damaged).arrow("collective").select(list(COLUMNS_READ["collective"])))
+        open_recording(damaged).arrow("collective").select(list(COLUMNS_READ["collective"]))
+    )
     assert summarize(open_recording(damaged))["collectives"]

@@ -18,8 +18,17 @@ from meshtop.tui.cli import main
 def synthetic_recording(directory: Path, *, step_s: float, model: str = "tiny", spread: float = 0.002) -> Path:
     """A finished one-rank recording with 40 steps around ``step_s``."""
     generator = np.random.default_rng(0)
-    steps = [StepTiming(rank=0, step=n, start_ns=n * 10**9, duration_s=step_s + spread * generator.standard_normal(),
-                        tokens=512, loss=2.0) for n in range(40)]
+    steps = [
+        StepTiming(
+            rank=0,
+            step=n,
+            start_ns=n * 10**9,
+            duration_s=step_s + spread * generator.standard_normal(),
+            tokens=512,
+            loss=2.0,
+        )
+        for n in range(40)
+    ]
     return write_recording(directory, steps, run=description(dp=1, model=model, seq_len=64, batch_size=8))
 
 
@@ -46,8 +55,11 @@ def test_noise_alone_is_not_a_significant_change(tmp_path: Path, capsys) -> None
 
 
 def test_different_work_is_warned_about(tmp_path: Path, capsys) -> None:
-    comparison = run_compare(synthetic_recording(tmp_path / "a", step_s=0.1),
-                             synthetic_recording(tmp_path / "b", step_s=0.1, model="small"), capsys)
+    comparison = run_compare(
+        synthetic_recording(tmp_path / "a", step_s=0.1),
+        synthetic_recording(tmp_path / "b", step_s=0.1, model="small"),
+        capsys,
+    )
     assert comparison["warnings"] == ["the runs trained different models (tiny vs small)"]
 
 
@@ -62,8 +74,14 @@ def test_mann_whitney_separates_shifted_samples_only() -> None:
 def test_a_recording_compared_with_itself_changes_nothing(recorded: Path, capsys) -> None:
     comparison = run_compare(recorded, recorded, capsys)
     names = [m["name"] for m in comparison["metrics"]]
-    assert {"step time (s)", "throughput (tokens/s)", "dp/all_reduce exposed time per step (s)", "stage 0 bubble",
-            "rank 3 peak memory (bytes)", "most loaded rank peak memory (bytes)"} <= set(names)
+    assert {
+        "step time (s)",
+        "throughput (tokens/s)",
+        "dp/all_reduce exposed time per step (s)",
+        "stage 0 bubble",
+        "rank 3 peak memory (bytes)",
+        "most loaded rank peak memory (bytes)",
+    } <= set(names)
     assert all(m["ratio"] == pytest.approx(1.0) and not m["significant"] for m in comparison["metrics"])
 
 
@@ -86,7 +104,8 @@ def test_csv_export_writes_every_table_and_refuses_to_overwrite(recorded: Path, 
     out = tmp_path / "csv"
     assert main(["export", str(recorded), "--format", "csv", "-o", str(out)]) == 0
     assert {"step.csv", "collective.csv", "stage_action.csv", "memory.csv", "manifest.json"} <= {
-        p.name for p in out.iterdir()}
+        p.name for p in out.iterdir()
+    }
     assert (out / "step.csv").read_text().splitlines()[0].startswith("rank,step,start_ns,duration_s")
     capsys.readouterr()
     assert main(["export", str(recorded), "--format", "csv", "-o", str(out)]) == 2

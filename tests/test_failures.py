@@ -25,10 +25,25 @@ from tests.cli_errors import one_line_error
 from tests.jobs import alive
 
 
-def beat(rank: int, *, step: int | None = 3, op: str | None = None, group: str | None = None,
-         peer: int | None = None, start_ns: int | None = None) -> RankProgress:
-    return RankProgress(rank=rank, wall_ns=0, step=step, in_flight=1 if op else 0, oldest_op=op,
-                        oldest_group=group, oldest_peer=peer, oldest_start_ns=start_ns)
+def beat(
+    rank: int,
+    *,
+    step: int | None = 3,
+    op: str | None = None,
+    group: str | None = None,
+    peer: int | None = None,
+    start_ns: int | None = None,
+) -> RankProgress:
+    return RankProgress(
+        rank=rank,
+        wall_ns=0,
+        step=step,
+        in_flight=1 if op else 0,
+        oldest_op=op,
+        oldest_group=group,
+        oldest_peer=peer,
+        oldest_start_ns=start_ns,
+    )
 
 
 def step(rank: int, duration_s: float = 0.1) -> StepTiming:
@@ -46,21 +61,47 @@ def test_hang_report_names_the_rank_outside_the_collective() -> None:
     watch = HangWatch(4, timeout_s=5, clock=lambda: now[0])
     watch.observe(Arrivals([step(0)]))  # the first step: the user's timeout now applies as given
     now[0] = 4.0
-    watch.observe(Arrivals([beat(0, op="all_reduce", group="dp", start_ns=1), beat(1),
-                            beat(2, op="recv", group="pp", peer=3, start_ns=1)]))
+    watch.observe(
+        Arrivals(
+            [
+                beat(0, op="all_reduce", group="dp", start_ns=1),
+                beat(1),
+                beat(2, op="recv", group="pp", peer=3, start_ns=1),
+            ]
+        )
+    )
     assert watch.check() is None  # 4 s < 5 s
     now[0] = 5.5
     hang = watch.check()
     assert hang is not None and hang.silent_s == 5.5 and hang.timeout_s == 5
     lines = hang.report.splitlines()
-    assert lines[0] == "ranks 0, 2 wait in a collective; rank 1 is not in one: look there first; rank 3 sent no heartbeat"
+    assert (
+        lines[0] == "ranks 0, 2 wait in a collective; rank 1 is not in one: look there first; rank 3 sent no heartbeat"
+    )
     assert lines[1].startswith("rank 0: inside all_reduce on dp for ")
     assert lines[2] == "rank 1: not in a collective (step 4)"
     assert lines[3].startswith("rank 2: inside recv with rank 3 on pp for ")
     assert lines[4] == "rank 3: no heartbeat received (not started, or hooks unreachable)"
     assert watch.check() is None  # reported once, not every poll
-    watch.observe(Arrivals([CollectiveTiming(rank=0, step=3, op="all_reduce", group="dp", group_size=2, peer=None,
-                                             bytes=4, dtype=None, start_ns=0, end_ns=1, clock="completion")]))
+    watch.observe(
+        Arrivals(
+            [
+                CollectiveTiming(
+                    rank=0,
+                    step=3,
+                    op="all_reduce",
+                    group="dp",
+                    group_size=2,
+                    peer=None,
+                    bytes=4,
+                    dtype=None,
+                    start_ns=0,
+                    end_ns=1,
+                    clock="completion",
+                )
+            ]
+        )
+    )
     assert not watch.reported  # progress again
 
 
@@ -85,9 +126,13 @@ def test_a_given_timeout_waits_at_least_a_minute_for_the_first_step() -> None:
 
 
 def record(out: Path, fault: str, *extra: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "meshtop.tui.cli", "record", str(out), "--device", "cpu", "--steps", "6",
-                           *extra], capture_output=True, text=True, timeout=300,
-                          env={**os.environ, "MESHTOP_FAULT": fault})
+    return subprocess.run(
+        [sys.executable, "-m", "meshtop.tui.cli", "record", str(out), "--device", "cpu", "--steps", "6", *extra],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "MESHTOP_FAULT": fault},
+    )
 
 
 def py_spy_dumps_here() -> bool:
@@ -98,8 +143,9 @@ def py_spy_dumps_here() -> bool:
     sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     try:
         time.sleep(0.5)
-        done = subprocess.run([executable, "dump", "--pid", str(sleeper.pid)], capture_output=True,
-                              text=True, timeout=60)
+        done = subprocess.run(
+            [executable, "dump", "--pid", str(sleeper.pid)], capture_output=True, text=True, timeout=60
+        )
         return done.returncode == 0 and "<module>" in done.stdout
     finally:
         sleeper.kill()
@@ -150,14 +196,24 @@ def _file_size_limit(limit: int) -> None:
 @pytest.mark.slow
 def test_a_full_disk_stops_the_job_with_one_line_and_keeps_what_was_written(tmp_path: Path) -> None:
     out = tmp_path / "rec"
-    done = subprocess.run([sys.executable, "-m", "meshtop.tui.cli", "record", str(out), "--device", "cpu", "--steps", "5000"],
-                          capture_output=True, text=True, timeout=300, preexec_fn=lambda: _file_size_limit(150_000))
+    done = subprocess.run(
+        [sys.executable, "-m", "meshtop.tui.cli", "record", str(out), "--device", "cpu", "--steps", "5000"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        preexec_fn=lambda: _file_size_limit(150_000),
+    )
     assert done.returncode == 2, done.stdout + done.stderr
     assert done.stderr.splitlines() == [
         f"meshtop: error: cannot write the recording in {out}: File too large; the job was stopped, "
-        "the events written so far are kept"]
-    summary = subprocess.run([sys.executable, "-m", "meshtop.tui.cli", "summary", str(out), "--json"],
-                             capture_output=True, text=True, timeout=120)
+        "the events written so far are kept"
+    ]
+    summary = subprocess.run(
+        [sys.executable, "-m", "meshtop.tui.cli", "summary", str(out), "--json"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert summary.returncode == 0, summary.stderr
     report = json.loads(summary.stdout)
     assert report["run"]["status"] == "failed" and report["steps"]["count"] > 10
@@ -175,8 +231,12 @@ def can_mount_in_a_namespace() -> str | None:
     unshare = shutil.which("unshare")
     if unshare is None:
         return "unshare (util-linux) is not installed"
-    done = subprocess.run([unshare, "--user", "--map-root-user", "--mount", "sh", "-c",
-                           "mount -t tmpfs -o size=64k tmpfs /mnt"], capture_output=True, text=True, timeout=60)
+    done = subprocess.run(
+        [unshare, "--user", "--map-root-user", "--mount", "sh", "-c", "mount -t tmpfs -o size=64k tmpfs /mnt"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     return None if done.returncode == 0 else f"no tmpfs in a user namespace here: {done.stderr.strip()}"
 
 
@@ -190,17 +250,22 @@ def test_a_really_full_disk_stops_the_job_and_the_manifest_says_why(tmp_path: Pa
     disk = tmp_path / "disk"
     disk.mkdir()
     meshtop = f"{shlex.quote(sys.executable)} -m meshtop.tui.cli"
-    script = (f"mount -t tmpfs -o size={SMALL_DISK} tmpfs {disk} || exit 99; "
-              f"{meshtop} record {disk}/rec --device cpu --steps 100000 >{tmp_path}/out 2>{tmp_path}/err; "
-              f"echo $? >{tmp_path}/code; df -k {disk} >{tmp_path}/df; "
-              f"{meshtop} summary {disk}/rec --json >{tmp_path}/summary.json 2>{tmp_path}/summary.err; "
-              f"cp {disk}/rec/manifest.json {tmp_path}/manifest.json; ls -a {disk}/rec >{tmp_path}/files")
-    subprocess.run(["unshare", "--user", "--map-root-user", "--mount", "sh", "-c", script], cwd=ROOT,
-                   timeout=600, check=True)
+    script = (
+        f"mount -t tmpfs -o size={SMALL_DISK} tmpfs {disk} || exit 99; "
+        f"{meshtop} record {disk}/rec --device cpu --steps 100000 >{tmp_path}/out 2>{tmp_path}/err; "
+        f"echo $? >{tmp_path}/code; df -k {disk} >{tmp_path}/df; "
+        f"{meshtop} summary {disk}/rec --json >{tmp_path}/summary.json 2>{tmp_path}/summary.err; "
+        f"cp {disk}/rec/manifest.json {tmp_path}/manifest.json; ls -a {disk}/rec >{tmp_path}/files"
+    )
+    subprocess.run(
+        ["unshare", "--user", "--map-root-user", "--mount", "sh", "-c", script], cwd=ROOT, timeout=600, check=True
+    )
     code, err = int((tmp_path / "code").read_text()), (tmp_path / "err").read_text()
     assert code == 2, (tmp_path / "out").read_text()[-2000:] + err
-    assert err.splitlines() == [f"meshtop: error: cannot write the recording in {disk}/rec: No space left on "
-                                "device; the job was stopped, the events written so far are kept"]
+    assert err.splitlines() == [
+        f"meshtop: error: cannot write the recording in {disk}/rec: No space left on "
+        "device; the job was stopped, the events written so far are kept"
+    ]
     manifest = json.loads((tmp_path / "manifest.json").read_text())
     assert manifest["status"] == "failed" and "No space left on device" in manifest["reason"]
     assert ".manifest-room" not in (tmp_path / "files").read_text().split()
@@ -208,12 +273,17 @@ def test_a_really_full_disk_stops_the_job_and_the_manifest_says_why(tmp_path: Pa
     assert report["run"]["status"] == "failed" and report["steps"]["count"] > 10
 
 
-def record_then(out: Path, steps: int, action: Callable[[], object], *,
-                settle_s: float = 0.0) -> tuple[int, str, list[int]]:
+def record_then(
+    out: Path, steps: int, action: Callable[[], object], *, settle_s: float = 0.0
+) -> tuple[int, str, list[int]]:
     """``meshtop record OUT`` until its first step is on disk (and ``settle_s`` more), then ``action``; its
     exit code, standard error and the ranks' pids."""
-    process = subprocess.Popen([sys.executable, "-m", "meshtop.tui.cli", "record", str(out), "--device", "cpu",
-                                "--steps", str(steps)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    process = subprocess.Popen(
+        [sys.executable, "-m", "meshtop.tui.cli", "record", str(out), "--device", "cpu", "--steps", str(steps)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         deadline = time.monotonic() + 120
         while not (out / "events" / "step.jsonl").exists() and time.monotonic() < deadline:
@@ -240,12 +310,19 @@ def ext4_that_can_fail(image: Path, mount_point: Path) -> str:
         file.truncate(64 << 20)
     subprocess.run(["mkfs.ext4", "-q", str(image)], check=True, timeout=60)
     mount_point.mkdir()
-    mounted = subprocess.run(["mount", "-o", "loop,errors=remount-ro", str(image), str(mount_point)],
-                             capture_output=True, text=True, timeout=60)
+    mounted = subprocess.run(
+        ["mount", "-o", "loop,errors=remount-ro", str(image), str(mount_point)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     if mounted.returncode != 0:
         pytest.skip(f"cannot loop-mount an ext4 image here: {mounted.stderr.strip()}")
-    device = Path(subprocess.run(["findmnt", "-no", "SOURCE", str(mount_point)], capture_output=True, text=True,
-                                 check=True, timeout=30).stdout.strip()).name
+    device = Path(
+        subprocess.run(
+            ["findmnt", "-no", "SOURCE", str(mount_point)], capture_output=True, text=True, check=True, timeout=30
+        ).stdout.strip()
+    ).name
     if not Path(f"/sys/fs/ext4/{device}/trigger_fs_error").exists():
         subprocess.run(["umount", str(mount_point)], timeout=60)
         pytest.skip("this kernel's ext4 has no trigger_fs_error")
@@ -254,7 +331,8 @@ def ext4_that_can_fail(image: Path, mount_point: Path) -> str:
 
 @pytest.mark.slow
 def test_a_recording_folder_turned_read_only_mid_run_stops_the_job_and_says_the_manifest_could_not_follow(
-        tmp_path: Path) -> None:
+    tmp_path: Path,
+) -> None:
     """The recording's filesystem turns read-only under a running job, as ext4 does on an error with
     ``errors=remount-ro`` (here the real thing, set off by ext4's own ``trigger_fs_error``): writes fail with
     EROFS. The job is stopped, exit 2, one line that also says the manifest could not be updated; what was
@@ -263,17 +341,23 @@ def test_a_recording_folder_turned_read_only_mid_run_stops_the_job_and_says_the_
     device = ext4_that_can_fail(tmp_path / "disk.img", disk)
     out = disk / "rec"
     try:
-        code, stderr, pids = record_then(out, 100_000, lambda: Path(f"/sys/fs/ext4/{device}/trigger_fs_error")
-                                         .write_text("1"), settle_s=1.0)
+        code, stderr, pids = record_then(
+            out, 100_000, lambda: Path(f"/sys/fs/ext4/{device}/trigger_fs_error").write_text("1"), settle_s=1.0
+        )
         assert code == 2, stderr
         assert stderr.splitlines() == [
             f"meshtop: error: cannot write the recording in {out}: Read-only file system; the job was stopped, "
             "the events written so far are kept; the manifest could not be updated (Read-only file system): it "
-            "still says running (`meshtop summary` reads it as interrupted)"]
+            "still says running (`meshtop summary` reads it as interrupted)"
+        ]
         assert alive(pids) == []
         assert json.loads((out / "manifest.json").read_text())["status"] == "running"  # whole, as it was
-        summary = subprocess.run([sys.executable, "-m", "meshtop.tui.cli", "summary", str(out), "--json"],
-                                 capture_output=True, text=True, timeout=120)
+        summary = subprocess.run(
+            [sys.executable, "-m", "meshtop.tui.cli", "summary", str(out), "--json"],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         assert summary.returncode == 0, summary.stderr
         report = json.loads(summary.stdout)
         assert report["run"]["status"] == "interrupted" and report["steps"]["count"] > 0
@@ -288,7 +372,8 @@ def test_a_recording_folder_removed_mid_run_stops_the_job_with_one_line(tmp_path
     assert code == 2
     assert stderr.splitlines() == [
         f"meshtop: error: cannot write the recording in {out}: No such file or directory; the job was stopped, "
-        "the folder was removed, and what it held with it"]
+        "the folder was removed, and what it held with it"
+    ]
     assert alive(pids) == []
 
 
@@ -316,9 +401,9 @@ BAD_COMMAND_LINES = [
 
 
 @pytest.mark.parametrize(("argv", "message"), BAD_COMMAND_LINES, ids=[" ".join(a) for a, _ in BAD_COMMAND_LINES])
-def test_every_bad_command_line_is_one_line_and_exit_2(argv: list[str], message: str, tmp_path: Path,
-                                                        capsys: pytest.CaptureFixture[str],
-                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+def test_every_bad_command_line_is_one_line_and_exit_2(
+    argv: list[str], message: str, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr("meshtop.tui.cli.gpus_visible", lambda: 0)
     line = one_line_error([str(tmp_path / "rec") if a == "OUT" else a for a in argv], capsys)
@@ -347,8 +432,9 @@ def test_a_replay_of_a_damaged_recording_plays_what_it_can_and_says_what_it_coul
 
 
 @pytest.mark.parametrize("command", ["replay", "summary", "export"])
-def test_a_newer_or_foreign_recording_is_refused_in_one_line(command: str, tmp_path: Path,
-                                                             capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_newer_or_foreign_recording_is_refused_in_one_line(
+    command: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     from meshtop.tui.cli import main
 
     newer = tmp_path / "newer"
@@ -361,6 +447,7 @@ def test_a_newer_or_foreign_recording_is_refused_in_one_line(command: str, tmp_p
     assert main([command, str(newer), *extra]) == 2
     assert main([command, str(foreign), *extra]) == 2
     lines = capsys.readouterr().err.splitlines()
-    assert lines == [f"meshtop: error: {newer} has recording schema version 99; this meshtop reads versions "
-                     "1, 2, 3",
-                     f"meshtop: error: {foreign} is not a meshtop recording: no manifest.json"]
+    assert lines == [
+        f"meshtop: error: {newer} has recording schema version 99; this meshtop reads versions 1, 2, 3",
+        f"meshtop: error: {foreign} is not a meshtop recording: no manifest.json",
+    ]

@@ -31,8 +31,9 @@ def test_single_gpu_training_learns(tmp_path: Path) -> None:
 
 
 @pytest.mark.skipif(GPUS < 2, reason="needs two CUDA GPUs (nccl puts one rank on each)")
-@pytest.mark.parametrize("plan", [dict(dp=2), dict(tp=2), dict(pp=2), dict(dp=2, fsdp=True)],
-                         ids=["dp2", "tp2", "pp2", "fsdp2"])
+@pytest.mark.parametrize(
+    "plan", [dict(dp=2), dict(tp=2), dict(pp=2), dict(dp=2, fsdp=True)], ids=["dp2", "tp2", "pp2", "fsdp2"]
+)
 def test_two_gpu_plans_match_one_gpu(plan: dict[str, object], tmp_path: Path) -> None:
     # On the GPU, cuBLAS may pick other kernels for other shapes: looser than on CPU.
     assert run_on_gpus(tmp_path, **plan) == pytest.approx(run_on_gpus(tmp_path, dp=1), rel=1e-3)
@@ -88,8 +89,9 @@ def test_nccl_collectives_are_timed_with_cuda_events(tmp_path: Path) -> None:
 
 
 @pytest.mark.skipif(GPUS < 1, reason="needs a CUDA GPU")
-def test_nccl_timing_on_one_gpu_reads_cuda_events_without_blocking_the_host(tmp_path: Path,
-                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+def test_nccl_timing_on_one_gpu_reads_cuda_events_without_blocking_the_host(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """One nccl rank (all a one-GPU machine allows): the probe's device path, end to end.
 
     A 256 MiB all-reduce queued behind a long matmul on the stream: the call returns to the host long

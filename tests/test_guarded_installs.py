@@ -58,14 +58,14 @@ def test_a_missing_internal_is_named_with_its_module_class_and_the_torch_release
     assert require(stage._PipelineStageBase, "forward_one_chunk") is stage._PipelineStageBase.forward_one_chunk
     with pytest.raises(MissingInternal) as raised:
         require(stage._PipelineStageBase, "forward_one_microbatch")
-    assert str(raised.value) == (f"torch {torch.__version__} has no "
-                                 "torch.distributed.pipelining.stage._PipelineStageBase.forward_one_microbatch")
+    assert str(raised.value) == (
+        f"torch {torch.__version__} has no torch.distributed.pipelining.stage._PipelineStageBase.forward_one_microbatch"
+    )
     with pytest.raises(MissingInternal, match=r" has no torch\._C\._no_such_thing$"):
         require(torch._C, "_no_such_thing")
 
 
-def test_the_stage_probe_patches_nothing_when_one_of_its_internals_is_missing(
-        monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_stage_probe_patches_nothing_when_one_of_its_internals_is_missing(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delattr(stage._PipelineStageBase, "backward_weight_one_chunk")
     before = stage_hooks()
     with pytest.raises(MissingInternal, match="_PipelineStageBase.backward_weight_one_chunk"):
@@ -74,7 +74,8 @@ def test_the_stage_probe_patches_nothing_when_one_of_its_internals_is_missing(
 
 
 def test_a_probe_that_fails_half_way_is_put_back_reported_once_and_the_others_stay_on(
-        world_of_one: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    world_of_one: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
     def broken_wait_timer(probe: StageProbe, original: object) -> object:
         raise RuntimeError("cannot time the wait\nsecond line of the error")
 
@@ -97,7 +98,8 @@ def test_a_probe_that_fails_half_way_is_put_back_reported_once_and_the_others_st
 
 
 def test_the_python_collective_kernel_is_left_off_where_torch_lacks_its_dispatcher_internal(
-        world_of_one: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    world_of_one: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.delenv("MESHTOP_NATIVE_PROBE", raising=False)  # no C++ kernel: the Python one
     monkeypatch.delattr(torch._C, "_dispatch_keyset_full_after")
     wait = vars(Work)["wait"]
@@ -105,7 +107,8 @@ def test_the_python_collective_kernel_is_left_off_where_torch_lacks_its_dispatch
     probes = Instrumentation(rank=0, sink=sink, device=CPU, enabled=True)
     probes.install(groups=GroupDirectory.from_mesh(build_mesh(device_type="cpu", pp=1, dp=1, tp=1)), pipeline=False)
     assert probes_offs(sink) == [
-        (0, "collectives", f"torch {torch.__version__} has no torch._C._dispatch_keyset_full_after")]
+        (0, "collectives", f"torch {torch.__version__} has no torch._C._dispatch_keyset_full_after")
+    ]
     assert vars(Work)["wait"] is wait
     dist.all_reduce(torch.ones(4))  # the job goes on, untimed
     assert probes.progress().in_flight == 0
@@ -114,7 +117,8 @@ def test_the_python_collective_kernel_is_left_off_where_torch_lacks_its_dispatch
 
 
 def test_the_benchmark_switch_turns_the_hooks_on_and_off_every_block_of_steps_and_inference_ops(
-        world_of_one: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    world_of_one: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv(OVERHEAD_BLOCK_ENV, "2")
     wait = vars(Work)["wait"]
     probes = Instrumentation(rank=0, sink=ListSink(), device=CPU, enabled=True)
@@ -140,7 +144,8 @@ def test_the_benchmark_switch_turns_the_hooks_on_and_off_every_block_of_steps_an
 
 
 def test_replication_with_tp_or_pp_on_a_torch_without_replicate_with_fsdp_is_a_one_line_plan_error(
-        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     monkeypatch.setitem(sys.modules, "torch.distributed._composable.replicate_with_fsdp", None)  # import fails
     with pytest.raises(PlanError) as raised:
         apply_replicate(torch.nn.Module(), dp_mesh=None)  # type: ignore[arg-type]
@@ -152,16 +157,21 @@ def test_replication_with_tp_or_pp_on_a_torch_without_replicate_with_fsdp_is_a_o
 
 @pytest.mark.slow
 def test_a_pipeline_job_runs_on_without_stage_hooks_where_torch_lacks_one_and_every_rank_says_why(
-        tmp_path: Path) -> None:
+    tmp_path: Path,
+) -> None:
     path = os.pathsep.join(filter(None, (str(SITE_HOOKS), os.environ.get("PYTHONPATH"))))
-    launched = launch(tmp_path, env={"PYTHONPATH": path, "MESHTOP_TEST_MOVE_STAGE_METHOD": "forward_one_chunk"},
-                      pp=2, microbatches=4, steps=3)
+    launched = launch(
+        tmp_path,
+        env={"PYTHONPATH": path, "MESHTOP_TEST_MOVE_STAGE_METHOD": "forward_one_chunk"},
+        pp=2,
+        microbatches=4,
+        steps=3,
+    )
     assert launched.result.status == "completed", launched.result
     assert [r.exit_code for r in launched.result.ranks] == [0, 0]
     assert [s.step for s in launched.steps] == [0, 1, 2]
     offs = sorted((e.rank, e.probe, e.reason) for e in launched.events if isinstance(e, ProbeOff))
-    reason = (f"torch {torch.__version__} has no "
-              "torch.distributed.pipelining.stage._PipelineStageBase.forward_one_chunk")
+    reason = f"torch {torch.__version__} has no torch.distributed.pipelining.stage._PipelineStageBase.forward_one_chunk"
     assert offs == [(0, "pipeline stages", reason), (1, "pipeline stages", reason)]
     assert not [e for e in launched.events if isinstance(e, StageAction)]
     assert all(e.pipeline_wait_s is None for e in launched.events if isinstance(e, StepTiming))

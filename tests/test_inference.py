@@ -27,21 +27,50 @@ from meshtop.runner.rank.weights import init_weights
 from tests.cli_errors import one_line_error
 from tests.test_kv_cache import greedy_without_cache
 
-LOAD = ["--mode", "infer", "--requests", "10", "--concurrency", "4", "--max-batch", "3",
-        "--prompt-len", "3-20", "--output-len", "1-9", "--seed", "5", "--device", "cpu"]
+LOAD = [
+    "--mode",
+    "infer",
+    "--requests",
+    "10",
+    "--concurrency",
+    "4",
+    "--max-batch",
+    "3",
+    "--prompt-len",
+    "3-20",
+    "--output-len",
+    "1-9",
+    "--seed",
+    "5",
+    "--device",
+    "cpu",
+]
 """Mixed lengths, more clients than slots: requests wait, slots are reused, batches change every op."""
-PLANS = {"single": ["--dp", "1"], "tp2": ["--dp", "1", "--tp", "2"], "pp2": ["--dp", "1", "--pp", "2"],
-         "dp2": ["--dp", "2"]}
+PLANS = {
+    "single": ["--dp", "1"],
+    "tp2": ["--dp", "1", "--tp", "2"],
+    "pp2": ["--dp", "1", "--pp", "2"],
+    "dp2": ["--dp", "2"],
+}
 
 
 def record(out: Path, *argv: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "meshtop.tui.cli", "record", str(out), *argv], capture_output=True,
-                          text=True, timeout=300, env={**os.environ, **(env or {})})
+    return subprocess.run(
+        [sys.executable, "-m", "meshtop.tui.cli", "record", str(out), *argv],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, **(env or {})},
+    )
 
 
 def summary_json(recording: Path) -> dict:
-    done = subprocess.run([sys.executable, "-m", "meshtop.tui.cli", "summary", str(recording), "--json"],
-                          capture_output=True, text=True, timeout=120)
+    done = subprocess.run(
+        [sys.executable, "-m", "meshtop.tui.cli", "summary", str(recording), "--json"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == 0, done.stderr
     return json.loads(done.stdout)
 
@@ -65,10 +94,13 @@ def test_every_plan_generates_the_single_process_tokens(recordings: dict[str, Pa
     shape = PRESETS["tiny"]
     model = Transformer(shape)
     init_weights(model, model=shape, seed=5, device=torch.device("cpu"))
-    load = InferenceLoad(requests=10, concurrency=4, request_rate_per_s=None, prompt_len=(3, 20), output_len=(1, 9),
-                         max_batch=3, seed=5)
-    expected = {r.id: greedy_without_cache(model.eval(), r.prompt, r.output_len)
-                for r in plan_requests(load, vocab_size=shape.vocab_size)}
+    load = InferenceLoad(
+        requests=10, concurrency=4, request_rate_per_s=None, prompt_len=(3, 20), output_len=(1, 9), max_batch=3, seed=5
+    )
+    expected = {
+        r.id: greedy_without_cache(model.eval(), r.prompt, r.output_len)
+        for r in plan_requests(load, vocab_size=shape.vocab_size)
+    }
     assert len({len(tokens) for tokens in expected.values()}) > 3, "the load mixes output lengths"
     for name, path in recordings.items():
         table = served(path)
@@ -117,12 +149,34 @@ def test_pipeline_stages_report_their_wait_in_decode(recordings: dict[str, Path]
 
 
 def test_open_loop_requests_arrive_on_their_poisson_schedule(tmp_path: Path) -> None:
-    done = record(tmp_path / "open", "--mode", "infer", "--requests", "12", "--request-rate", "40",
-                  "--output-len", "4", "--prompt-len", "8", "--dp", "1", "--device", "cpu")
+    done = record(
+        tmp_path / "open",
+        "--mode",
+        "infer",
+        "--requests",
+        "12",
+        "--request-rate",
+        "40",
+        "--output-len",
+        "4",
+        "--prompt-len",
+        "8",
+        "--dp",
+        "1",
+        "--device",
+        "cpu",
+    )
     assert done.returncode == 0, done.stdout + done.stderr
     table = served(tmp_path / "open")
-    load = InferenceLoad(requests=12, concurrency=None, request_rate_per_s=40.0, prompt_len=(8, 8),
-                         output_len=(4, 4), max_batch=16, seed=0)
+    load = InferenceLoad(
+        requests=12,
+        concurrency=None,
+        request_rate_per_s=40.0,
+        prompt_len=(8, 8),
+        output_len=(4, 4),
+        max_batch=16,
+        seed=0,
+    )
     planned = arrival_times_s(load)
     assert planned is not None
     offsets = [(t - table.arrival_ns.iloc[0]) / 1e9 for t in table.arrival_ns]
@@ -133,8 +187,22 @@ def test_open_loop_requests_arrive_on_their_poisson_schedule(tmp_path: Path) -> 
 def test_a_killed_replica_leaves_its_requests_counted_as_not_served(tmp_path: Path) -> None:
     # Killed at its 400th op (of about 960): late enough that both replicas have shipped finished requests
     # (a rank killed within its first shipment interval, 0.25 s, leaves nothing; at op 200 it could be).
-    done = record(tmp_path / "killed", "--mode", "infer", "--requests", "40", "--concurrency", "2",
-                  "--output-len", "48", "--dp", "2", "--device", "cpu", env={"MESHTOP_FAULT": "kill:1:400"})
+    done = record(
+        tmp_path / "killed",
+        "--mode",
+        "infer",
+        "--requests",
+        "40",
+        "--concurrency",
+        "2",
+        "--output-len",
+        "48",
+        "--dp",
+        "2",
+        "--device",
+        "cpu",
+        env={"MESHTOP_FAULT": "kill:1:400"},
+    )
     assert done.returncode == 1, done.stdout + done.stderr
     requests = summary_json(tmp_path / "killed")["requests"]
     assert requests["count"] == 40
@@ -145,8 +213,15 @@ def test_a_killed_replica_leaves_its_requests_counted_as_not_served(tmp_path: Pa
 
 
 def test_the_load_is_a_function_of_its_options_and_seed() -> None:
-    load = InferenceLoad(requests=2000, concurrency=None, request_rate_per_s=50.0, prompt_len=(4, 9),
-                         output_len=(1, 3), max_batch=4, seed=11)
+    load = InferenceLoad(
+        requests=2000,
+        concurrency=None,
+        request_rate_per_s=50.0,
+        prompt_len=(4, 9),
+        output_len=(1, 3),
+        max_batch=4,
+        seed=11,
+    )
     first, again = plan_requests(load, vocab_size=256), plan_requests(load, vocab_size=256)
     assert first == again
     assert {len(r.prompt) for r in first} == set(range(4, 10)) and {r.output_len for r in first} == {1, 2, 3}
@@ -158,35 +233,41 @@ def test_the_load_is_a_function_of_its_options_and_seed() -> None:
 
 
 def test_replicas_split_requests_and_clients() -> None:
-    load = InferenceLoad(requests=7, concurrency=5, request_rate_per_s=None, prompt_len=(2, 2), output_len=(1, 1),
-                         max_batch=2, seed=0)
+    load = InferenceLoad(
+        requests=7, concurrency=5, request_rate_per_s=None, prompt_len=(2, 2), output_len=(1, 1), max_batch=2, seed=0
+    )
     requests = plan_requests(load, vocab_size=16)
     shares = [replica_share(requests, replica=r, replicas=3) for r in range(3)]
     assert [[q.id for q in share] for share in shares] == [[0, 3, 6], [1, 4], [2, 5]]
     assert [replica_concurrency(load, replica=r, replicas=3) for r in range(3)] == [2, 2, 1]
 
 
-@pytest.mark.parametrize(("argv", "message"), [
-    (["--mode", "infer", "--fsdp", "--dp", "2"], "--fsdp is a training option: leave it out with --mode infer"),
-    (["--mode", "infer", "--steps", "3"], "--steps is a training option"),
-    (["--requests", "5"], "--requests is an inference option: add --mode infer"),
-    (["--mode", "infer", "--concurrency", "2", "--request-rate", "3"], "exclude each other"),
-    (["--mode", "infer", "--dp", "4", "--concurrency", "2"], "use --concurrency 4 or more"),
-    (["--mode", "infer", "--prompt-len", "9-3"], "LO at most HI"),
-    (["--mode", "infer", "--output-len", "many"], "--output-len takes a number of tokens or a range LO-HI"),
-    (["--mode", "infer", "--request-rate", "0"], "--request-rate must be above 0"),
-    (["--mode", "infer", "--max-batch", "0"], "--max-batch must be at least 1"),
-    (["--mode", "infer", "--prompt-len", "30000", "--output-len", "5000"], "more than 32768"),
-])
-def test_bad_inference_options_are_one_line(argv: list[str], message: str, tmp_path: Path,
-                                            capsys: pytest.CaptureFixture[str]) -> None:
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--mode", "infer", "--fsdp", "--dp", "2"], "--fsdp is a training option: leave it out with --mode infer"),
+        (["--mode", "infer", "--steps", "3"], "--steps is a training option"),
+        (["--requests", "5"], "--requests is an inference option: add --mode infer"),
+        (["--mode", "infer", "--concurrency", "2", "--request-rate", "3"], "exclude each other"),
+        (["--mode", "infer", "--dp", "4", "--concurrency", "2"], "use --concurrency 4 or more"),
+        (["--mode", "infer", "--prompt-len", "9-3"], "LO at most HI"),
+        (["--mode", "infer", "--output-len", "many"], "--output-len takes a number of tokens or a range LO-HI"),
+        (["--mode", "infer", "--request-rate", "0"], "--request-rate must be above 0"),
+        (["--mode", "infer", "--max-batch", "0"], "--max-batch must be at least 1"),
+        (["--mode", "infer", "--prompt-len", "30000", "--output-len", "5000"], "more than 32768"),
+    ],
+)
+def test_bad_inference_options_are_one_line(
+    argv: list[str], message: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     line = one_line_error(["record", str(tmp_path / "out"), "--device", "cpu", *argv], capsys)
     assert message in line
     assert not (tmp_path / "out").exists()
 
 
-def test_the_perfetto_trace_shows_each_request_from_arrival_to_its_last_token(recordings: dict[str, Path],
-                                                                              tmp_path: Path) -> None:
+def test_the_perfetto_trace_shows_each_request_from_arrival_to_its_last_token(
+    recordings: dict[str, Path], tmp_path: Path
+) -> None:
     from meshtop.recordings.export import export_perfetto
     from meshtop.recordings.reader import open_recording
 

@@ -45,7 +45,9 @@ def forward(model: Transformer, cache: KVCache, slots: list[int], tokens: list[l
     return logits[:, -1].argmax(dim=-1).tolist()
 
 
-def serve_in_slots(model: Transformer, cache: KVCache, requests: dict[int, tuple[tuple[int, ...], int]]) -> dict[int, list[int]]:
+def serve_in_slots(
+    model: Transformer, cache: KVCache, requests: dict[int, tuple[tuple[int, ...], int]]
+) -> dict[int, list[int]]:
     """Continuous batching in its simplest form: prefill into a free slot, decode all slots together."""
     waiting, active, out = list(requests), {}, {}
     free = list(range(cache.slots))
@@ -70,8 +72,9 @@ def test_cached_greedy_tokens_equal_recomputing_the_whole_sequence() -> None:
     model = tiny_model()
     for request, (prompt, count) in prompts().items():
         cache = KVCache(slots=1, max_len=64, dtype=torch.float32, device=torch.device("cpu"))
-        assert serve_in_slots(model, cache, {request: (prompt, count)})[request] == \
-            greedy_without_cache(model, prompt, count), request
+        assert serve_in_slots(model, cache, {request: (prompt, count)})[request] == greedy_without_cache(
+            model, prompt, count
+        ), request
 
 
 def test_batched_requests_in_reused_slots_get_the_tokens_they_get_alone() -> None:

@@ -82,9 +82,12 @@ def wait_for_steps(events_dir: Path, world: int, count: int, timeout_s: float = 
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
 def test_stopping_meshtop_stops_every_rank(signum: int, tmp_path: Path) -> None:
     out = tmp_path / "rec"
-    process = subprocess.Popen(meshtop("record", str(out), "--dp", "2", "--tp", "2", "--steps", "100000",
-                                       "--device", "cpu"),
-                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    process = subprocess.Popen(
+        meshtop("record", str(out), "--dp", "2", "--tp", "2", "--steps", "100000", "--device", "cpu"),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     try:
         rank_pids = wait_for_steps(out / "events", world=4, count=2)
         job = [p.pid for p in psutil.Process(process.pid).children(recursive=True)]
@@ -102,8 +105,13 @@ def test_stopping_meshtop_stops_every_rank(signum: int, tmp_path: Path) -> None:
 
 
 def test_record_with_no_plan_options_runs_the_default_multi_rank_job(tmp_path: Path) -> None:
-    done = subprocess.run(meshtop("record", str(tmp_path / "rec")), capture_output=True, text=True, timeout=300,
-                          env={**os.environ, "CUDA_VISIBLE_DEVICES": ""})
+    done = subprocess.run(
+        meshtop("record", str(tmp_path / "rec")),
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "CUDA_VISIBLE_DEVICES": ""},
+    )
     assert done.returncode == 0, done.stdout + done.stderr
     assert done.stdout.startswith("meshtop: dp2 x tp1 x pp1")
     assert "step   20/20" in done.stdout
@@ -111,28 +119,47 @@ def test_record_with_no_plan_options_runs_the_default_multi_rank_job(tmp_path: P
 
 
 def test_run_without_a_terminal_points_to_record(tmp_path: Path) -> None:
-    done = subprocess.run(meshtop("run", "--runs-dir", str(tmp_path)), capture_output=True, text=True, timeout=120,
-                          env={**os.environ, "CUDA_VISIBLE_DEVICES": ""})
+    done = subprocess.run(
+        meshtop("run", "--runs-dir", str(tmp_path)),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "CUDA_VISIBLE_DEVICES": ""},
+    )
     assert done.returncode == 2
     assert done.stderr.strip().splitlines() == [
         "meshtop: error: meshtop run draws a dashboard, but standard output is not a terminal: "
-        "use `meshtop record OUT` to record a job headless"]
+        "use `meshtop record OUT` to record a job headless"
+    ]
     assert list(tmp_path.iterdir()) == []  # nothing launched, nothing recorded
 
 
 def test_record_writes_the_full_run_description(tmp_path: Path) -> None:
     out = tmp_path / "rec"
-    done = subprocess.run(meshtop("record", str(out), "--pp", "2", "--schedule", "gpipe", "--steps", "3",
-                                  "--seed", "5", "--device", "cpu"),
-                          capture_output=True, text=True, timeout=300)
+    done = subprocess.run(
+        meshtop(
+            "record", str(out), "--pp", "2", "--schedule", "gpipe", "--steps", "3", "--seed", "5", "--device", "cpu"
+        ),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 0, done.stdout + done.stderr
     assert f"recording: {out}" in done.stdout
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["schema_version"] == 3
     assert manifest["status"] == "completed"
     assert manifest["plan"] == {
-        "dp": 1, "tp": 1, "pp": 2, "fsdp": False, "world_size": 2, "schedule": "gpipe", "microbatches": 4,
-        "virtual_stages": 1, "stage_layers": [[0, 1], [2, 3]], "label": "dp1 x tp1 x pp2 (gpipe, 4 mb)",
+        "dp": 1,
+        "tp": 1,
+        "pp": 2,
+        "fsdp": False,
+        "world_size": 2,
+        "schedule": "gpipe",
+        "microbatches": 4,
+        "virtual_stages": 1,
+        "stage_layers": [[0, 1], [2, 3]],
+        "label": "dp1 x tp1 x pp2 (gpipe, 4 mb)",
     }
     assert manifest["model"]["name"] == "tiny" and manifest["model"]["parameters"] > 0
     assert (manifest["dtype"], manifest["device"], manifest["seed"], manifest["steps"]) == ("fp32", "cpu", 5, 3)
@@ -141,5 +168,10 @@ def test_record_writes_the_full_run_description(tmp_path: Path) -> None:
     assert [r["exit_code"] for r in manifest["ranks"]] == [0, 0]
     assert manifest["steps_completed"] == 3
     kinds = {p.name for p in (out / "events").iterdir()}
-    assert {"rank_started.parquet", "step.parquet", "collective.parquet", "stage_action.parquet",
-            "memory.parquet"} <= kinds
+    assert {
+        "rank_started.parquet",
+        "step.parquet",
+        "collective.parquet",
+        "stage_action.parquet",
+        "memory.parquet",
+    } <= kinds

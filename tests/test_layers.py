@@ -18,7 +18,12 @@ MAY_IMPORT = {
     "recordings": {"recordings", "probes"},
     "tui": {"tui", "recordings", "runner", "probes"},
 }
-SESSION_MODULES = {"runner/job/session.py", "runner/job/console.py", "runner/planner/sweep.py", "runner/planner/report.py"}
+SESSION_MODULES = {
+    "runner/job/session.py",
+    "runner/job/console.py",
+    "runner/planner/sweep.py",
+    "runner/planner/report.py",
+}
 """The runner's modules that run in meshtop's own process and keep a recording."""
 PROJECT = set(MAY_IMPORT)
 UI_LIBRARIES = {"textual", "rich"}

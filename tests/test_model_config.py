@@ -29,22 +29,53 @@ from tests.test_kv_cache import greedy_without_cache
 from tests.test_parallel_equivalence import RTOL
 
 LLAMA_3_2_1B = {
-    "architectures": ["LlamaForCausalLM"], "attention_bias": False, "attention_dropout": 0.0,
-    "bos_token_id": 128000, "eos_token_id": 128001, "head_dim": 64, "hidden_act": "silu", "hidden_size": 2048,
-    "initializer_range": 0.02, "intermediate_size": 8192, "max_position_embeddings": 131072, "mlp_bias": False,
-    "model_type": "llama", "num_attention_heads": 32, "num_hidden_layers": 16, "num_key_value_heads": 8,
-    "pretraining_tp": 1, "rms_norm_eps": 1e-05,
-    "rope_scaling": {"factor": 32.0, "high_freq_factor": 4.0, "low_freq_factor": 1.0,
-                     "original_max_position_embeddings": 8192, "rope_type": "llama3"},
-    "rope_theta": 500000.0, "tie_word_embeddings": True, "torch_dtype": "bfloat16",
-    "transformers_version": "4.45.0.dev0", "use_cache": True, "vocab_size": 128256,
+    "architectures": ["LlamaForCausalLM"],
+    "attention_bias": False,
+    "attention_dropout": 0.0,
+    "bos_token_id": 128000,
+    "eos_token_id": 128001,
+    "head_dim": 64,
+    "hidden_act": "silu",
+    "hidden_size": 2048,
+    "initializer_range": 0.02,
+    "intermediate_size": 8192,
+    "max_position_embeddings": 131072,
+    "mlp_bias": False,
+    "model_type": "llama",
+    "num_attention_heads": 32,
+    "num_hidden_layers": 16,
+    "num_key_value_heads": 8,
+    "pretraining_tp": 1,
+    "rms_norm_eps": 1e-05,
+    "rope_scaling": {
+        "factor": 32.0,
+        "high_freq_factor": 4.0,
+        "low_freq_factor": 1.0,
+        "original_max_position_embeddings": 8192,
+        "rope_type": "llama3",
+    },
+    "rope_theta": 500000.0,
+    "tie_word_embeddings": True,
+    "torch_dtype": "bfloat16",
+    "transformers_version": "4.45.0.dev0",
+    "use_cache": True,
+    "vocab_size": 128256,
 }
 """meta-llama/Llama-3.2-1B's config.json as published."""
 
 TINY_TIED = {
-    "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 64, "num_hidden_layers": 4,
-    "num_attention_heads": 4, "num_key_value_heads": 2, "intermediate_size": 128, "vocab_size": 256,
-    "max_position_embeddings": 64, "rms_norm_eps": 1e-5, "rope_theta": 10000.0, "tie_word_embeddings": True,
+    "architectures": ["LlamaForCausalLM"],
+    "model_type": "llama",
+    "hidden_size": 64,
+    "num_hidden_layers": 4,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "intermediate_size": 128,
+    "vocab_size": 256,
+    "max_position_embeddings": 64,
+    "rms_norm_eps": 1e-5,
+    "rope_theta": 10000.0,
+    "tie_word_embeddings": True,
 }
 """The ``tiny`` preset's dims, with tied embeddings."""
 
@@ -71,20 +102,32 @@ def test_a_llama_3_2_1b_config_gives_its_shape_with_the_tied_matrix_counted_once
 
 
 def test_left_out_fields_take_llama_config_defaults_and_a_mistral_is_accepted(tmp_path: Path) -> None:
-    config = {"model_type": "mistral", "hidden_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
-              "intermediate_size": 256, "vocab_size": 1000, "sliding_window": 4096, "head_dim": None}
+    config = {
+        "model_type": "mistral",
+        "hidden_size": 128,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "intermediate_size": 256,
+        "vocab_size": 1000,
+        "sliding_window": 4096,
+        "head_dim": None,
+    }
     shape = load_model_config(str(write_config(tmp_path / "m", config)))
     assert (shape.n_kv_heads, shape.norm_eps, shape.rope_theta) == (4, 1e-6, 10000.0)
     assert (shape.default_seq_len, shape.tie_embeddings) == (2048, False)
 
 
-@pytest.mark.parametrize(("config", "file", "name"), [
-    ({"_name_or_path": "meta-llama/Llama-3.2-1B"}, "snapshot/config.json", "Llama-3.2-1B"),
-    ({}, "Llama-3.2-1B/config.json", "Llama-3.2-1B"),
-    ({}, "configs/my-model.json", "my-model"),
-])
-def test_the_shape_is_named_by_the_config_its_folder_or_its_file(config: dict[str, object], file: str,
-                                                                  name: str, tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("config", "file", "name"),
+    [
+        ({"_name_or_path": "meta-llama/Llama-3.2-1B"}, "snapshot/config.json", "Llama-3.2-1B"),
+        ({}, "Llama-3.2-1B/config.json", "Llama-3.2-1B"),
+        ({}, "configs/my-model.json", "my-model"),
+    ],
+)
+def test_the_shape_is_named_by_the_config_its_folder_or_its_file(
+    config: dict[str, object], file: str, name: str, tmp_path: Path
+) -> None:
     path = tmp_path / file
     path.parent.mkdir(parents=True)
     path.write_text(json.dumps({**TINY_TIED, **config}))
@@ -104,33 +147,43 @@ BAD_CONFIGS = {
     "not JSON": ("{hidden_size: 64", "is not JSON (line 1"),
     "not an object": ("[1, 2]", "holds a JSON array, not an object"),
     "not UTF-8": (b"\xff\xfe\x00binary", "is not JSON (not UTF-8 text)"),
-    "another family": ({**TINY_TIED, "model_type": "gpt2", "architectures": ["GPT2LMHeadModel"]},
-                       "meshtop builds Llama-family decoders (llama, mistral); got model_type 'gpt2', "
-                       "architecture 'GPT2LMHeadModel'"),
-    "another architecture": ({**TINY_TIED, "architectures": ["LlamaForSequenceClassification"]},
-                             "got architecture 'LlamaForSequenceClassification'"),
-    "no family": ({k: v for k, v in TINY_TIED.items() if k not in ("model_type", "architectures")},
-                  "names no model_type or architectures"),
+    "another family": (
+        {**TINY_TIED, "model_type": "gpt2", "architectures": ["GPT2LMHeadModel"]},
+        "meshtop builds Llama-family decoders (llama, mistral); got model_type 'gpt2', architecture 'GPT2LMHeadModel'",
+    ),
+    "another architecture": (
+        {**TINY_TIED, "architectures": ["LlamaForSequenceClassification"]},
+        "got architecture 'LlamaForSequenceClassification'",
+    ),
+    "no family": (
+        {k: v for k, v in TINY_TIED.items() if k not in ("model_type", "architectures")},
+        "names no model_type or architectures",
+    ),
     "missing field": ({k: v for k, v in TINY_TIED.items() if k != "intermediate_size"}, "has no intermediate_size"),
     "string field": ({**TINY_TIED, "hidden_size": "64"}, 'hidden_size must be a positive integer, got "64"'),
     "zero layers": ({**TINY_TIED, "num_hidden_layers": 0}, "num_hidden_layers must be a positive integer, got 0"),
     "float field": ({**TINY_TIED, "vocab_size": 256.0}, "vocab_size must be a positive integer, got 256.0"),
-    "heads do not divide": ({**TINY_TIED, "num_attention_heads": 3, "num_key_value_heads": 3},
-                            "hidden_size 64 is not a multiple of num_attention_heads 3"),
-    "kv heads do not divide": ({**TINY_TIED, "num_key_value_heads": 3},
-                               "num_attention_heads 4 is not a multiple of num_key_value_heads 3"),
+    "heads do not divide": (
+        {**TINY_TIED, "num_attention_heads": 3, "num_key_value_heads": 3},
+        "hidden_size 64 is not a multiple of num_attention_heads 3",
+    ),
+    "kv heads do not divide": (
+        {**TINY_TIED, "num_key_value_heads": 3},
+        "num_attention_heads 4 is not a multiple of num_key_value_heads 3",
+    ),
     "wider heads": ({**TINY_TIED, "head_dim": 32}, "head_dim 32 differs from hidden_size / num_attention_heads = 16"),
     "odd heads": ({**TINY_TIED, "hidden_size": 60, "num_attention_heads": 4}, "are odd"),
     "attention bias": ({**TINY_TIED, "attention_bias": True}, "attention_bias is true, but the built-in model has no"),
     "mlp bias": ({**TINY_TIED, "mlp_bias": True}, "mlp_bias is true"),
-    "tie not a flag": ({**TINY_TIED, "tie_word_embeddings": "yes"}, 'tie_word_embeddings must be true or false'),
+    "tie not a flag": ({**TINY_TIED, "tie_word_embeddings": "yes"}, "tie_word_embeddings must be true or false"),
     "negative eps": ({**TINY_TIED, "rms_norm_eps": -1}, "rms_norm_eps must be a number above 0"),
 }
 
 
 @pytest.mark.parametrize(("content", "message"), BAD_CONFIGS.values(), ids=BAD_CONFIGS.keys())
 def test_a_bad_config_is_one_line_naming_the_file_and_nothing_is_recorded(
-        content: object, message: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    content: object, message: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     path = tmp_path / "bad.json"
     if isinstance(content, bytes):
         path.write_bytes(content)
@@ -143,15 +196,19 @@ def test_a_bad_config_is_one_line_naming_the_file_and_nothing_is_recorded(
     assert not out.exists()
 
 
-@pytest.mark.parametrize(("argv", "message"), [
-    (["--model-config", "{missing}"], "no such file: give the path of a Hugging Face style config.json"),
-    (["--model-config", "{folder}"], "is a folder without a config.json"),
-    (["--model", "1b", "--model-config", "{config}"], "--model 1b and --model-config"),
-    (["--model-config", "{config}", "--tp", "3"], "--tp 3 does not divide the 4 attention heads of model tied"),
-    (["--model-config", "{config}", "--", "train.py"], "--model-config sets up the built-in model"),
-])
-def test_model_config_command_line_errors_are_one_line(argv: list[str], message: str, tmp_path: Path,
-                                                       capsys: pytest.CaptureFixture[str]) -> None:
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--model-config", "{missing}"], "no such file: give the path of a Hugging Face style config.json"),
+        (["--model-config", "{folder}"], "is a folder without a config.json"),
+        (["--model", "1b", "--model-config", "{config}"], "--model 1b and --model-config"),
+        (["--model-config", "{config}", "--tp", "3"], "--tp 3 does not divide the 4 attention heads of model tied"),
+        (["--model-config", "{config}", "--", "train.py"], "--model-config sets up the built-in model"),
+    ],
+)
+def test_model_config_command_line_errors_are_one_line(
+    argv: list[str], message: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     config = write_config(tmp_path / "tied", TINY_TIED)
     (tmp_path / "empty").mkdir()
     paths = {"missing": tmp_path / "nope.json", "folder": tmp_path / "empty", "config": config}
@@ -262,8 +319,26 @@ def test_tying_moves_the_losses_beyond_the_parity_tolerance() -> None:
 def test_record_writes_the_configs_shape_into_the_manifest(tmp_path: Path) -> None:
     config = write_config(tmp_path / "tied-tiny", TINY_TIED)
     out = tmp_path / "rec"
-    done = subprocess.run([sys.executable, "-m", "meshtop.tui.cli", "record", str(out), "--model-config", str(config),
-                           "--dp", "1", "--steps", "1", "--device", "cpu"], capture_output=True, text=True, timeout=300)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "meshtop.tui.cli",
+            "record",
+            str(out),
+            "--model-config",
+            str(config),
+            "--dp",
+            "1",
+            "--steps",
+            "1",
+            "--device",
+            "cpu",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 0, done.stdout + done.stderr
     assert "model tied-tiny (0.2M params)" in done.stdout
     model = open_recording(out).manifest.run.model
@@ -289,14 +364,14 @@ def tied_config(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def tied_single_process(tied_config: Path, tmp_path_factory: pytest.TempPathFactory) -> LaunchedRun:
-    return launch(tmp_path_factory.mktemp("single"), dp=1, steps=STEPS, batch_size=BATCH,
-                  model_config=str(tied_config))
+    return launch(tmp_path_factory.mktemp("single"), dp=1, steps=STEPS, batch_size=BATCH, model_config=str(tied_config))
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("plan", PLANS.values(), ids=PLANS.keys())
-def test_tied_parallel_losses_match_one_process(plan: dict[str, object], tied_config: Path,
-                                                tied_single_process: LaunchedRun, tmp_path: Path) -> None:
+def test_tied_parallel_losses_match_one_process(
+    plan: dict[str, object], tied_config: Path, tied_single_process: LaunchedRun, tmp_path: Path
+) -> None:
     """Tensor parallelism shares one DTensor between the ends, FSDP2 and DDP one parameter, and a pipeline
     sums the gradients of its two copies: each gives the single process's losses."""
     assert tied_single_process.result.status == "completed", tied_single_process.result
@@ -312,31 +387,66 @@ def test_tied_parallel_losses_match_one_process(plan: dict[str, object], tied_co
         ends = 2 * run.dp * run.tp
         assert len(sums) == STEPS * ends
         assert {(e.op, e.bytes) for e in sums} == {("all_reduce", shape.vocab_size * shape.dim * 4 // run.tp)}
-        assert local == run.dp * (shape.parameter_count() + shape.vocab_size * shape.dim
-                                  + (2 * shape.n_layers + 1) * shape.dim * (run.tp - 1))
+        assert local == run.dp * (
+            shape.parameter_count() + shape.vocab_size * shape.dim + (2 * shape.n_layers + 1) * shape.dim * (run.tp - 1)
+        )
     elif run.fsdp:
         assert local == shape.parameter_count()
 
 
-INFER = ["--mode", "infer", "--requests", "6", "--concurrency", "3", "--max-batch", "3", "--prompt-len", "3-12",
-         "--output-len", "2-6", "--seed", "5", "--device", "cpu"]
+INFER = [
+    "--mode",
+    "infer",
+    "--requests",
+    "6",
+    "--concurrency",
+    "3",
+    "--max-batch",
+    "3",
+    "--prompt-len",
+    "3-12",
+    "--output-len",
+    "2-6",
+    "--seed",
+    "5",
+    "--device",
+    "cpu",
+]
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("plan", [["--pp", "2"], ["--tp", "2"]], ids=["pp2", "tp2"])
-def test_tied_inference_generates_the_single_process_tokens(plan: list[str], tied_config: Path,
-                                                             tmp_path: Path) -> None:
+def test_tied_inference_generates_the_single_process_tokens(plan: list[str], tied_config: Path, tmp_path: Path) -> None:
     """Serving ties too: a pipeline's last stage starts its output as the embedding, tensor parallelism
     shares the DTensor."""
     out = tmp_path / "rec"
-    done = subprocess.run([sys.executable, "-m", "meshtop.tui.cli", "record", str(out), "--model-config", str(tied_config),
-                           "--dp", "1", *INFER, *plan], capture_output=True, text=True, timeout=300)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "meshtop.tui.cli",
+            "record",
+            str(out),
+            "--model-config",
+            str(tied_config),
+            "--dp",
+            "1",
+            *INFER,
+            *plan,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 0, done.stdout + done.stderr
     model = tied_tiny()
     init_weights(model, model=model.shape, seed=5, device=torch.device("cpu"))
-    load = InferenceLoad(requests=6, concurrency=3, request_rate_per_s=None, prompt_len=(3, 12), output_len=(2, 6),
-                         max_batch=3, seed=5)
-    expected = {r.id: greedy_without_cache(model.eval(), r.prompt, r.output_len)
-                for r in plan_requests(load, vocab_size=model.shape.vocab_size)}
+    load = InferenceLoad(
+        requests=6, concurrency=3, request_rate_per_s=None, prompt_len=(3, 12), output_len=(2, 6), max_batch=3, seed=5
+    )
+    expected = {
+        r.id: greedy_without_cache(model.eval(), r.prompt, r.output_len)
+        for r in plan_requests(load, vocab_size=model.shape.vocab_size)
+    }
     table = pd.read_parquet(out / "events" / "request.parquet")
     assert {int(r.request): [int(t) for t in r.output_ids] for r in table.itertuples()} == expected

@@ -42,18 +42,42 @@ def free_port() -> int:
         return int(probe.getsockname()[1])
 
 
-def start_node(out: Path, node: int, port: int, *options: str, env: dict[str, str] | None = None,
-               log: Path) -> subprocess.Popen[str]:
-    command = [sys.executable, "-m", "meshtop.tui.cli", "record", str(out), "--device", "cpu", "--nnodes", "2",
-               "--node-rank", str(node), "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", f"test{port}",
-               *options]
+def start_node(
+    out: Path, node: int, port: int, *options: str, env: dict[str, str] | None = None, log: Path
+) -> subprocess.Popen[str]:
+    command = [
+        sys.executable,
+        "-m",
+        "meshtop.tui.cli",
+        "record",
+        str(out),
+        "--device",
+        "cpu",
+        "--nnodes",
+        "2",
+        "--node-rank",
+        str(node),
+        "--rdzv-endpoint",
+        f"127.0.0.1:{port}",
+        "--rdzv-id",
+        f"test{port}",
+        *options,
+    ]
     with log.open("w") as sink:
-        return subprocess.Popen(command, cwd=ROOT, stdout=sink, stderr=subprocess.STDOUT, text=True,
-                                env={**os.environ, **(env or {})}, start_new_session=True)
+        return subprocess.Popen(
+            command,
+            cwd=ROOT,
+            stdout=sink,
+            stderr=subprocess.STDOUT,
+            text=True,
+            env={**os.environ, **(env or {})},
+            start_new_session=True,
+        )
 
 
-def two_nodes(tmp_path: Path, *options: str, node1_env: dict[str, str] | None = None,
-              timeout_s: float = 300) -> tuple[int, int, str, str]:
+def two_nodes(
+    tmp_path: Path, *options: str, node1_env: dict[str, str] | None = None, timeout_s: float = 300
+) -> tuple[int, int, str, str]:
     """Run the pair to the end: (node 0's exit code, node 1's, node 0's output, node 1's)."""
     port = free_port()
     logs = tmp_path / "head.log", tmp_path / "node1.log"
@@ -79,19 +103,28 @@ def shifted_clock_env() -> dict[str, str]:
     return {"PYTHONPATH": path, "MESHTOP_TEST_CLOCK_SHIFT_S": str(SHIFT_S)}
 
 
-@pytest.mark.parametrize(("plan", "options"), [
-    ("dp4", ("--dp", "4")),
-    ("dp2xpp2", ("--dp", "2", "--pp", "2", "--microbatches", "2")),
-    ("dp4-head1", ("--dp", "4", "--head-node", "1")),
-])
+@pytest.mark.parametrize(
+    ("plan", "options"),
+    [
+        ("dp4", ("--dp", "4")),
+        ("dp2xpp2", ("--dp", "2", "--pp", "2", "--microbatches", "2")),
+        ("dp4-head1", ("--dp", "4", "--head-node", "1")),
+    ],
+)
 def test_two_nodes_record_one_job(plan: str, options: tuple[str, ...], tmp_path: Path) -> None:
     """dp2 x pp2 runs with node 1's clock 5 s ahead: its events still land inside the head's steps; with
     --head-node 1, node 1 records and node 0 streams to it."""
     shifted = plan == "dp2xpp2"
     streamer = 0 if plan.endswith("head1") else 1
     node0_code, node1_code, node0_out, node1_out = two_nodes(
-        tmp_path, *options, "--steps", str(STEPS), "--batch-size", str(BATCH),
-        node1_env=shifted_clock_env() if shifted else None)
+        tmp_path,
+        *options,
+        "--steps",
+        str(STEPS),
+        "--batch-size",
+        str(BATCH),
+        node1_env=shifted_clock_env() if shifted else None,
+    )
     assert (node0_code, node1_code) == (0, 0), node0_out[-3000:] + node1_out[-3000:]
     streamer_out = node1_out if streamer == 1 else node0_out
     assert "streaming to the head at 127.0.0.1:" in streamer_out
@@ -139,8 +172,10 @@ def wait_for_steps(recording: Path, rank: int, count: int, timeout_s: float = 18
     deadline = time.monotonic() + timeout_s
     path = recording / "events" / "step.jsonl"
     while time.monotonic() < deadline:
-        if path.exists() and sum(json.loads(line)["rank"] == rank for line in path.read_text().splitlines()
-                                 if line.strip()) >= count:
+        if (
+            path.exists()
+            and sum(json.loads(line)["rank"] == rank for line in path.read_text().splitlines() if line.strip()) >= count
+        ):
             return
         time.sleep(0.2)
     raise AssertionError(f"rank {rank} made no {count} steps in {timeout_s} s")
@@ -165,8 +200,11 @@ def test_a_node_or_rank_that_dies_ends_the_job(victim: str, tmp_path: Path) -> N
     try:
         wait_for_steps(out, rank=0, count=3)
         everything = processes_of(head, node1)
-        started = [json.loads(line) for line in (out / "events" / "rank_started.jsonl").read_text().splitlines()
-                   if line.strip()]
+        started = [
+            json.loads(line)
+            for line in (out / "events" / "rank_started.jsonl").read_text().splitlines()
+            if line.strip()
+        ]
         ranks = {event["rank"]: event["pid"] for event in started}
         on_node1 = sorted(event["rank"] for event in started if event["node"] == 1)
         assert len(on_node1) == 2  # torchrun numbers the nodes its own way: node 1 may hold ranks 0 and 1
@@ -188,8 +226,9 @@ def test_a_node_or_rank_that_dies_ends_the_job(victim: str, tmp_path: Path) -> N
         assert "meshtop: node 1 of 2: lost the head" in node1_out, node1_out[-3000:]
     elif victim == "node 1's meshtop":
         assert (head_code, node1_code) == (1, -signal.SIGKILL), head_out[-3000:]
-        assert f"node 1 (host {socket.gethostname()}, ranks {on_node1[0]}, {on_node1[1]}) lost" in head_out, \
-            head_out[-3000:]
+        assert f"node 1 (host {socket.gethostname()}, ranks {on_node1[0]}, {on_node1[1]}) lost" in head_out, head_out[
+            -3000:
+        ]
     else:
         assert (head_code, node1_code) == (1, 1), head_out[-3000:] + node1_out[-3000:]
         assert f"rank {on_node1[0]} failed first: signal SIGKILL" in head_out, head_out[-3000:]
@@ -199,8 +238,13 @@ def test_a_node_or_rank_that_dies_ends_the_job(victim: str, tmp_path: Path) -> N
     assert alive(everything + list(ranks.values())) == []
     recording = open_recording(out)
     assert recording.manifest.status == ("running" if victim == "the head's meshtop" else "failed")
-    summary = subprocess.run([sys.executable, "-m", "meshtop.tui.cli", "summary", str(out)], cwd=ROOT,
-                             capture_output=True, text=True, timeout=120)
+    summary = subprocess.run(
+        [sys.executable, "-m", "meshtop.tui.cli", "summary", str(out)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert summary.returncode == 0, summary.stderr
     if victim != "the head's meshtop":  # the head writes the nodes into the manifest when it closes it
         assert "node 1" in summary.stdout
@@ -208,10 +252,30 @@ def test_a_node_or_rank_that_dies_ends_the_job(victim: str, tmp_path: Path) -> N
 
 def script_node(out: Path, node: int, port: int, nnodes: str, *script: str) -> list[str]:
     """``meshtop record`` of a torchrun script on node ``node`` (``script``: torchrun options, then the script)."""
-    return [sys.executable, "-m", "meshtop.tui.cli", "record", str(out), "--device", "cpu", "--",
-            "torchrun", "--nnodes", nnodes, "--node-rank", str(node), "--nproc-per-node", "2",
-            "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", f"script{port}",
-            *(script or ("examples/ddp.py",))]
+    return [
+        sys.executable,
+        "-m",
+        "meshtop.tui.cli",
+        "record",
+        str(out),
+        "--device",
+        "cpu",
+        "--",
+        "torchrun",
+        "--nnodes",
+        nnodes,
+        "--node-rank",
+        str(node),
+        "--nproc-per-node",
+        "2",
+        "--rdzv-backend",
+        "c10d",
+        "--rdzv-endpoint",
+        f"127.0.0.1:{port}",
+        "--rdzv-id",
+        f"script{port}",
+        *(script or ("examples/ddp.py",)),
+    ]
 
 
 @pytest.mark.parametrize("nnodes", ["2", "1:2"])
@@ -220,8 +284,10 @@ def test_a_users_torchrun_script_on_two_nodes(nnodes: str, tmp_path: Path) -> No
     elastic range (1:2) starts with both, as they came, and its ranks say they are 4."""
     port = free_port()
     commands = [script_node(tmp_path / "rec", node, port, nnodes) for node in (0, 1)]  # both come at once
-    processes = [subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-                 for command in commands]
+    processes = [
+        subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        for command in commands
+    ]
     outputs = [process.communicate(timeout=300)[0] for process in processes]
     assert [process.returncode for process in processes] == [0, 0], outputs
     manifest = open_recording(tmp_path / "rec").manifest
@@ -240,9 +306,13 @@ def test_an_elastic_job_runs_on_the_nodes_that_came(tmp_path: Path) -> None:
     8 s after the first, both time out in the rendezvous's next round (docs/multinode.md)."""
     port = free_port()
     out = tmp_path / "rec"
-    done = subprocess.run(script_node(out, 0, port, "1:2", "--rdzv-conf", "last_call_timeout=1",
-                                      "tests/restart_job.py", "--steps", "6"),
-                          cwd=ROOT, capture_output=True, text=True, timeout=300)
+    done = subprocess.run(
+        script_node(out, 0, port, "1:2", "--rdzv-conf", "last_call_timeout=1", "tests/restart_job.py", "--steps", "6"),
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     recording = open_recording(out)
     manifest = recording.manifest
@@ -257,21 +327,53 @@ def test_a_rank_that_fails_once_is_restarted_by_torchrun_and_the_job_completes(t
     """--max-restarts 1 on one node: rank 1 fails at step 5 of the first start; torchrun starts both ranks
     again and they run their 8 steps, recorded as steps 5 to 12 after the first start's 0 to 4."""
     out = tmp_path / "rec"
-    done = subprocess.run([sys.executable, "-m", "meshtop.tui.cli", "record", str(out), "--device", "cpu", "--",
-                           "torchrun", "--standalone", "--nproc-per-node", "2", "--max-restarts", "1",
-                           "tests/restart_job.py", "--steps", "8", "--fail-at", "5"],
-                          cwd=ROOT, capture_output=True, text=True, timeout=300)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "meshtop.tui.cli",
+            "record",
+            str(out),
+            "--device",
+            "cpu",
+            "--",
+            "torchrun",
+            "--standalone",
+            "--nproc-per-node",
+            "2",
+            "--max-restarts",
+            "1",
+            "tests/restart_job.py",
+            "--steps",
+            "8",
+            "--fail-at",
+            "5",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     recording = open_recording(out)
     assert recording.manifest.status == "completed"
-    starts = sorted({(e.restart, e.first_step)  # type: ignore[attr-defined]
-                     for e in events_of("rank_started", recording.arrow("rank_started"))})
+    starts = sorted(
+        {
+            (e.restart, e.first_step)  # type: ignore[attr-defined]
+            for e in events_of("rank_started", recording.arrow("rank_started"))
+        }
+    )
     base = starts[1][1]
     assert starts == [(0, 0), (1, base)] and base >= 5  # rank 0 may have finished step 5 before rank 1 failed
     steps = [e for e in events_of("step", recording.arrow("step")) if isinstance(e, StepTiming)]
     assert sorted(e.step for e in steps if e.step >= base) == sorted(list(range(base, base + 8)) * 2)
     assert recording.manifest.steps_completed == 5 + 8
-    summary = subprocess.run([sys.executable, "-m", "meshtop.tui.cli", "summary", str(out)], cwd=ROOT, capture_output=True,
-                             text=True, timeout=120)
+    summary = subprocess.run(
+        [sys.executable, "-m", "meshtop.tui.cli", "summary", str(out)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert f"torchrun started the ranks 2 times: 2 ranks from step 0, 2 ranks from step {base}" in summary.stdout
     assert "steps: 13 " in summary.stdout, summary.stdout

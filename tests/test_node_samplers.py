@@ -33,8 +33,10 @@ def fake_pynvml(gpus: int = 2, *, init_error: Exception | None = None, nvlink_pa
     def field_values(handle, fields):
         counters["tx"] += 1024  # KiB per reading
         counters["rx"] += 2048
-        return [SimpleNamespace(nvmlReturn=0, value=SimpleNamespace(ullVal=counters["tx"])),
-                SimpleNamespace(nvmlReturn=0, value=SimpleNamespace(ullVal=counters["rx"]))]
+        return [
+            SimpleNamespace(nvmlReturn=0, value=SimpleNamespace(ullVal=counters["tx"])),
+            SimpleNamespace(nvmlReturn=0, value=SimpleNamespace(ullVal=counters["rx"])),
+        ]
 
     def not_supported(*args):
         raise FakeNvmlError("Not Supported")
@@ -47,11 +49,18 @@ def fake_pynvml(gpus: int = 2, *, init_error: Exception | None = None, nvlink_pa
         return 1 if link < nvlink_pairs else 0
 
     return SimpleNamespace(
-        NVMLError=FakeNvmlError, NVMLError_LibraryNotFound=FakeLibraryNotFound,
-        NVML_CLOCK_SM=1, NVML_TEMPERATURE_GPU=0, NVML_PCIE_UTIL_TX_BYTES=0, NVML_PCIE_UTIL_RX_BYTES=1,
-        NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX=138, NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX=139,
+        NVMLError=FakeNvmlError,
+        NVMLError_LibraryNotFound=FakeLibraryNotFound,
+        NVML_CLOCK_SM=1,
+        NVML_TEMPERATURE_GPU=0,
+        NVML_PCIE_UTIL_TX_BYTES=0,
+        NVML_PCIE_UTIL_RX_BYTES=1,
+        NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX=138,
+        NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX=139,
         NVML_NVLINK_MAX_LINKS=4,
-        nvmlInit=init, nvmlShutdown=lambda: None, nvmlDeviceGetCount=lambda: gpus,
+        nvmlInit=init,
+        nvmlShutdown=lambda: None,
+        nvmlDeviceGetCount=lambda: gpus,
         nvmlSystemGetDriverVersion=lambda: "580.1",
         nvmlDeviceGetHandleByIndex=lambda i: i,
         nvmlDeviceGetName=lambda h: b"Fake H200",
@@ -101,16 +110,20 @@ def test_gpus_behind_an_nvswitch_are_nvlink_peers() -> None:
 
 def test_topology_names_nvlink_or_the_pcie_path() -> None:
     assert Nvml(fake_pynvml(nvlink_pairs=2)).topology() == [GpuLink(gpu_a=0, gpu_b=1, path="NVLink", nvlinks=2)]
-    assert Nvml(fake_pynvml(nvlink_pairs=0)).topology() == [GpuLink(gpu_a=0, gpu_b=1, path="PCIe host bridge",
-                                                                    nvlinks=0)]
+    assert Nvml(fake_pynvml(nvlink_pairs=0)).topology() == [
+        GpuLink(gpu_a=0, gpu_b=1, path="PCIe host bridge", nvlinks=0)
+    ]
 
 
-@pytest.mark.parametrize(("nvml", "state"), [
-    (lambda: Nvml(None), "no_library"),
-    (lambda: Nvml(fake_pynvml(init_error=FakeLibraryNotFound("NVML Shared Library Not Found"))), "no_library"),
-    (lambda: Nvml(fake_pynvml(gpus=0)), "no_gpu"),
-    (lambda: Nvml(fake_pynvml(init_error=FakeNvmlError("Driver Not Loaded"))), "error"),
-])
+@pytest.mark.parametrize(
+    ("nvml", "state"),
+    [
+        (lambda: Nvml(None), "no_library"),
+        (lambda: Nvml(fake_pynvml(init_error=FakeLibraryNotFound("NVML Shared Library Not Found"))), "no_library"),
+        (lambda: Nvml(fake_pynvml(gpus=0)), "no_gpu"),
+        (lambda: Nvml(fake_pynvml(init_error=FakeNvmlError("Driver Not Loaded"))), "error"),
+    ],
+)
 def test_no_nvml_or_no_gpu_is_a_state_not_an_error(nvml, state: str) -> None:
     opened = nvml()
     assert opened.state == state
@@ -132,8 +145,11 @@ def test_real_nvml_here_reports_the_state_this_machine_is_in() -> None:
     smi = shutil.which("nvidia-smi")
     if smi is None:
         pytest.skip("libnvidia-ml loads but nvidia-smi is not installed: no count of the GPUs but NVML's own")
-    listed = [line for line in subprocess.run([smi, "-L"], capture_output=True, text=True, timeout=60).stdout
-              .splitlines() if line.startswith("GPU ")]
+    listed = [
+        line
+        for line in subprocess.run([smi, "-L"], capture_output=True, text=True, timeout=60).stdout.splitlines()
+        if line.startswith("GPU ")
+    ]
     visible = visible_indices(len(listed))
     nvml = Nvml()
     assert nvml.state == ("ok" if visible else "no_gpu") and len(nvml.handles) == len(visible)
@@ -180,7 +196,9 @@ def test_process_sampler_reads_cpu_rss_and_threads_of_each_rank() -> None:
 
 
 def test_py_spy_dumps_a_running_python_process_or_says_why_not() -> None:
-    child = subprocess.Popen([sys.executable, "-c", "import time\ndef waiting_here():\n    time.sleep(60)\nwaiting_here()"])
+    child = subprocess.Popen(
+        [sys.executable, "-c", "import time\ndef waiting_here():\n    time.sleep(60)\nwaiting_here()"]
+    )
     try:
         time.sleep(1.0)
         dump = dump_stack(0, child.pid)

@@ -29,8 +29,14 @@ ROOT = Path(__file__).resolve().parent.parent
 def test_a_node_joins_torchruns_c10d_rendezvous() -> None:
     nodes = nodes_from_options(nnodes="2", node_rank=1, endpoint="10.0.0.5:29500", run_id="job7")
     assert nodes is not None and not nodes.head
-    assert nodes.launcher_args(4) == ("--nnodes=2", "--node-rank=1", "--nproc-per-node=4", "--rdzv-backend=c10d",
-                                      "--rdzv-endpoint=10.0.0.5:29500", "--rdzv-id=job7")
+    assert nodes.launcher_args(4) == (
+        "--nnodes=2",
+        "--node-rank=1",
+        "--nproc-per-node=4",
+        "--rdzv-backend=c10d",
+        "--rdzv-endpoint=10.0.0.5:29500",
+        "--rdzv-id=job7",
+    )
     assert nodes.store_key == "meshtop/job7/head"
     assert nodes.others == (1,)
     named = nodes_from_options(nnodes="3", node_rank=1, endpoint="127.0.0.1:1", run_id=None, head_node=1)
@@ -52,26 +58,30 @@ def test_an_elastic_script_joins_with_its_node_range() -> None:
 def test_the_head_listens_where_the_others_reach_the_rendezvous() -> None:
     loopback = nodes_from_options(nnodes="2", node_rank=0, endpoint="127.0.0.1:29500", run_id=None)
     assert loopback is not None and loopback.bind_address() == ("127.0.0.1", 0)
-    chosen = nodes_from_options(nnodes="2", node_rank=0, endpoint="127.0.0.1:29500", run_id=None,
-                                collector_bind="0.0.0.0:7000")
+    chosen = nodes_from_options(
+        nnodes="2", node_rank=0, endpoint="127.0.0.1:29500", run_id=None, collector_bind="0.0.0.0:7000"
+    )
     assert chosen is not None and chosen.bind_address() == ("0.0.0.0", 7000)
 
 
-@pytest.mark.parametrize(("options", "message"), [
-    (dict(nnodes="2", node_rank=None, endpoint="h:1"), "--nnodes 2 needs --node-rank I"),
-    (dict(nnodes="2", node_rank=2, endpoint="h:1"), "--node-rank 2: give a node rank from 0 to 1"),
-    (dict(nnodes="2", node_rank=0, endpoint=None), "--nnodes 2 needs --rdzv-endpoint HOST:PORT"),
-    (dict(nnodes="1:4", node_rank=0, endpoint="h:1"), "the built-in runner's plan fixes its ranks"),
-    (dict(nnodes="3:2", node_rank=0, endpoint="h:1", elastic=True), "MIN is above MAX"),
-    (dict(nnodes="1:2", node_rank=2, endpoint="h:1", elastic=True), "give a node rank from 0 to 1"),
-    (dict(nnodes="two", node_rank=0, endpoint="h:1"), "--nnodes 'two' is not N or MIN:MAX"),
-    (dict(nnodes="2", node_rank=0, endpoint="h:99999"), "is not HOST:PORT"),
-    (dict(nnodes="2", node_rank=0, endpoint="h:1", backend="static"), "--rdzv-backend static"),
-    (dict(nnodes=None, node_rank=1, endpoint=None), "--node-rank is for a job on many nodes"),
-    (dict(nnodes="2", node_rank=0, endpoint="h:1", collector_bind=":x"), "--collector-bind ':x' is not"),
-    (dict(nnodes="2", node_rank=0, endpoint="h:1", head_node=2), "--head-node 2: give a node rank from 0 to 1"),
-    (dict(nnodes=None, node_rank=None, endpoint=None, head_node=1), "--head-node is for a job on many nodes"),
-])
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        (dict(nnodes="2", node_rank=None, endpoint="h:1"), "--nnodes 2 needs --node-rank I"),
+        (dict(nnodes="2", node_rank=2, endpoint="h:1"), "--node-rank 2: give a node rank from 0 to 1"),
+        (dict(nnodes="2", node_rank=0, endpoint=None), "--nnodes 2 needs --rdzv-endpoint HOST:PORT"),
+        (dict(nnodes="1:4", node_rank=0, endpoint="h:1"), "the built-in runner's plan fixes its ranks"),
+        (dict(nnodes="3:2", node_rank=0, endpoint="h:1", elastic=True), "MIN is above MAX"),
+        (dict(nnodes="1:2", node_rank=2, endpoint="h:1", elastic=True), "give a node rank from 0 to 1"),
+        (dict(nnodes="two", node_rank=0, endpoint="h:1"), "--nnodes 'two' is not N or MIN:MAX"),
+        (dict(nnodes="2", node_rank=0, endpoint="h:99999"), "is not HOST:PORT"),
+        (dict(nnodes="2", node_rank=0, endpoint="h:1", backend="static"), "--rdzv-backend static"),
+        (dict(nnodes=None, node_rank=1, endpoint=None), "--node-rank is for a job on many nodes"),
+        (dict(nnodes="2", node_rank=0, endpoint="h:1", collector_bind=":x"), "--collector-bind ':x' is not"),
+        (dict(nnodes="2", node_rank=0, endpoint="h:1", head_node=2), "--head-node 2: give a node rank from 0 to 1"),
+        (dict(nnodes=None, node_rank=None, endpoint=None, head_node=1), "--head-node is for a job on many nodes"),
+    ],
+)
 def test_node_options_that_cannot_work_name_the_fix(options: dict[str, object], message: str) -> None:
     with pytest.raises(PlanError, match=message):
         nodes_from_options(run_id=None, **options)  # type: ignore[arg-type]
@@ -92,21 +102,58 @@ def test_a_plan_splits_evenly_over_the_nodes() -> None:
 
 def test_an_event_moves_onto_the_heads_clock() -> None:
     offset = -5_000_000_000
-    op = CollectiveTiming(rank=2, op="all_reduce", group="dp", group_size=4, peer=None, bytes=8, dtype="float32",
-                          step=1, start_ns=10_000_000_000, end_ns=10_000_500_000, clock="completion",
-                          waited_ns=300_000)
+    op = CollectiveTiming(
+        rank=2,
+        op="all_reduce",
+        group="dp",
+        group_size=4,
+        peer=None,
+        bytes=8,
+        dtype="float32",
+        step=1,
+        start_ns=10_000_000_000,
+        end_ns=10_000_500_000,
+        clock="completion",
+        waited_ns=300_000,
+    )
     moved = on_node(op, offset_ns=offset, node=1)
     assert (moved.start_ns, moved.end_ns, moved.waited_ns) == (5_000_000_000, 5_000_500_000, 300_000)
-    request = RequestDone(request=1, replica=0, rank=0, prompt_tokens=3, output_tokens=2, arrival_ns=100,
-                          first_token_ns=None, end_ns=300, token_ns=(200, 300), status="ok", error=None,
-                          output_ids=(1, 2))
+    request = RequestDone(
+        request=1,
+        replica=0,
+        rank=0,
+        prompt_tokens=3,
+        output_tokens=2,
+        arrival_ns=100,
+        first_token_ns=None,
+        end_ns=300,
+        token_ns=(200, 300),
+        status="ok",
+        error=None,
+        output_ids=(1, 2),
+    )
     moved_request = on_node(request, offset_ns=1000, node=1)
-    assert (moved_request.arrival_ns, moved_request.first_token_ns, moved_request.token_ns) == (1100, None,
-                                                                                                  (1200, 1300))
-    gpu = GpuSample(gpu=0, wall_ns=7, name=None, memory_used_bytes=None, memory_total_bytes=None,
-                    utilization_pct=None, memory_utilization_pct=None, power_w=None, sm_clock_mhz=None,
-                    temperature_c=None, pcie_tx_bytes_per_s=None, pcie_rx_bytes_per_s=None,
-                    nvlink_tx_bytes_per_s=None, nvlink_rx_bytes_per_s=None)
+    assert (moved_request.arrival_ns, moved_request.first_token_ns, moved_request.token_ns) == (
+        1100,
+        None,
+        (1200, 1300),
+    )
+    gpu = GpuSample(
+        gpu=0,
+        wall_ns=7,
+        name=None,
+        memory_used_bytes=None,
+        memory_total_bytes=None,
+        utilization_pct=None,
+        memory_utilization_pct=None,
+        power_w=None,
+        sm_clock_mhz=None,
+        temperature_c=None,
+        pcie_tx_bytes_per_s=None,
+        pcie_rx_bytes_per_s=None,
+        nvlink_tx_bytes_per_s=None,
+        nvlink_rx_bytes_per_s=None,
+    )
     assert (on_node(gpu, offset_ns=3, node=1).node, on_node(gpu, offset_ns=3, node=1).wall_ns) == (1, 10)
 
 
@@ -128,8 +175,7 @@ def test_the_heads_collector_takes_its_nodes_and_refuses_others() -> None:
             reply = read_frame(sock)
             assert reply is not None and reply[0] == {"t1": 42}
             listed, body = event_sections([step_event(2)])
-            sock.sendall(pack({"token": collector.token, "rank": 0, "dropped": 0, "node": 1, "sections": listed},
-                              body))
+            sock.sendall(pack({"token": collector.token, "rank": 0, "dropped": 0, "node": 1, "sections": listed}, body))
         with socket.create_connection(collector.address, timeout=5) as sock:
             sock.sendall(pack({"token": collector.token, "rank": 0, "node": 2, "control": "ping", "t0": 1}))
             assert read_frame(sock) is None  # node 2 is not one of a two-node job's
@@ -147,21 +193,49 @@ def test_the_heads_collector_takes_its_nodes_and_refuses_others() -> None:
 def test_the_fleet_names_a_lost_node_and_merges_how_each_node_ended(tmp_path: Path) -> None:
     fleet = Fleet((1, 2), silent_s=0.2)
     for node in (1, 2):
-        reply = fleet.on_control({"node": node, "control": "ping", "t0": 0, "host": f"h{node}",
-                                  "offset_ns": -5_000_000_000, "rtt_ns": 40_000}, 1)
+        reply = fleet.on_control(
+            {
+                "node": node,
+                "control": "ping",
+                "t0": 0,
+                "host": f"h{node}",
+                "offset_ns": -5_000_000_000,
+                "rtt_ns": 40_000,
+            },
+            1,
+        )
         assert reply["stop"] is None and reply["stacks"] is False
     clocks = fleet.take_events()
-    assert [(e.node, e.offset_ns) for e in clocks if isinstance(e, NodeClock)] == [(1, -5_000_000_000),
-                                                                                    (2, -5_000_000_000)]
+    assert [(e.node, e.offset_ns) for e in clocks if isinstance(e, NodeClock)] == [
+        (1, -5_000_000_000),
+        (2, -5_000_000_000),
+    ]
     fleet.note_ranks(1, 2)
     fleet.note_ranks(1, 3)
-    fleet.on_control({"node": 2, "control": "bye", "status": "failed",
-                      "ranks": {"4": {"exit_code": -9, "signal": "SIGKILL", "error": None, "timestamp": 101.0},
-                                "5": {"exit_code": 1, "signal": None, "error": "peer", "timestamp": 100.0}}}, 1)
+    fleet.on_control(
+        {
+            "node": 2,
+            "control": "bye",
+            "status": "failed",
+            "ranks": {
+                "4": {"exit_code": -9, "signal": "SIGKILL", "error": None, "timestamp": 101.0},
+                "5": {"exit_code": 1, "signal": None, "error": "peer", "timestamp": 100.0},
+            },
+        },
+        1,
+    )
     assert fleet.failed() is not None and fleet.failed().node == 2  # type: ignore[union-attr]
-    local = JobResult(status="failed", ranks=(RankExit(rank=0, exit_code=1, signal=None, error="peer"),
-                                              RankExit(rank=1, exit_code=1, signal=None, error="peer")),
-                      duration_s=1.0, log_path=tmp_path, root_cause=0, failure_times={0: 100.0, 1: 100.0})
+    local = JobResult(
+        status="failed",
+        ranks=(
+            RankExit(rank=0, exit_code=1, signal=None, error="peer"),
+            RankExit(rank=1, exit_code=1, signal=None, error="peer"),
+        ),
+        duration_s=1.0,
+        log_path=tmp_path,
+        root_cause=0,
+        failure_times={0: 100.0, 1: 100.0},
+    )
     fleet.on_control({"node": 1, "control": "bye", "status": "failed", "ranks": {}}, 1)
     merged = fleet.merge(local, {0, 1}, 6)
     # a rank a signal killed, not its peers' errors, though its launcher noticed it a second after they raised
@@ -182,16 +256,36 @@ def test_the_fleet_names_a_lost_node_and_merges_how_each_node_ended(tmp_path: Pa
     assert fleet.on_control({"node": 1, "control": "ping", "t0": 0}, 1)["stop"] == "failed"
 
 
-@pytest.mark.parametrize(("argv", "message"), [
-    (["record", "OUT", "--nnodes", "2", "--node-rank", "0", "--rdzv-endpoint", "h:1", "--", "torchrun",
-      "examples/ddp.py"], "--nnodes is torchrun's: give it to torchrun after --"),
-    (["record", "OUT", "--node-rank", "1"], "--node-rank is for a job on many nodes"),
-    (["record", "OUT", "--nnodes", "2", "--node-rank", "0", "--rdzv-endpoint", "127.0.0.1:1", "--dp", "3"],
-     "do not split evenly over 2 nodes"),
-])
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (
+            [
+                "record",
+                "OUT",
+                "--nnodes",
+                "2",
+                "--node-rank",
+                "0",
+                "--rdzv-endpoint",
+                "h:1",
+                "--",
+                "torchrun",
+                "examples/ddp.py",
+            ],
+            "--nnodes is torchrun's: give it to torchrun after --",
+        ),
+        (["record", "OUT", "--node-rank", "1"], "--node-rank is for a job on many nodes"),
+        (
+            ["record", "OUT", "--nnodes", "2", "--node-rank", "0", "--rdzv-endpoint", "127.0.0.1:1", "--dp", "3"],
+            "do not split evenly over 2 nodes",
+        ),
+    ],
+)
 def test_bad_node_options_are_one_line(argv: list[str], message: str, tmp_path: Path) -> None:
-    done = subprocess.run([sys.executable, "-m", "meshtop.tui.cli", *argv], cwd=ROOT, capture_output=True, text=True,
-                          timeout=120)
+    done = subprocess.run(
+        [sys.executable, "-m", "meshtop.tui.cli", *argv], cwd=ROOT, capture_output=True, text=True, timeout=120
+    )
     assert done.returncode == 2
     assert message in done.stderr and len(done.stderr.strip().splitlines()) == 1, done.stderr
     assert not (ROOT / "OUT").exists()
@@ -220,10 +314,21 @@ def test_a_stop_the_head_asked_for_keeps_the_heads_status(tmp_path: Path) -> Non
     fleet = Fleet((1,))
     fleet.on_control({"node": 1, "control": "ping", "t0": 0, "host": "b"}, 1)
     fleet.stop("interrupted")
-    fleet.on_control({"node": 1, "control": "bye", "status": "failed",
-                      "ranks": {"1": {"exit_code": 1, "signal": None, "error": "peer", "timestamp": 5.0}}}, 1)
-    local = JobResult(status="interrupted", ranks=(RankExit(rank=0, exit_code=None, signal=None, error="stopped"),),
-                      duration_s=1.0, log_path=tmp_path)
+    fleet.on_control(
+        {
+            "node": 1,
+            "control": "bye",
+            "status": "failed",
+            "ranks": {"1": {"exit_code": 1, "signal": None, "error": "peer", "timestamp": 5.0}},
+        },
+        1,
+    )
+    local = JobResult(
+        status="interrupted",
+        ranks=(RankExit(rank=0, exit_code=None, signal=None, error="stopped"),),
+        duration_s=1.0,
+        log_path=tmp_path,
+    )
     merged = fleet.merge(local, {0}, 2)
     assert (merged.status, merged.root_cause) == ("interrupted", None)
     assert [r.exit_code for r in merged.ranks] == [None, 1]
@@ -241,8 +346,10 @@ def test_a_node_silent_at_the_end_is_lost_and_told_to_stop() -> None:
 def test_the_root_cause_is_told_from_its_effects_within_a_second() -> None:
     """torchrun's timestamps are whole seconds: rank 0's peer error and rank 1's own come in the same one."""
     peer = "RuntimeError: [gloo/transport/tcp/pair.cc:553] Connection closed by peer [127.0.0.1]:23426"
-    failures = {"0": {"exit_code": 1, "signal": None, "error": peer, "timestamp": 100.0},
-                "1": {"exit_code": 1, "signal": None, "error": "InjectedFault: on rank 1", "timestamp": 100.0}}
+    failures = {
+        "0": {"exit_code": 1, "signal": None, "error": peer, "timestamp": 100.0},
+        "1": {"exit_code": 1, "signal": None, "error": "InjectedFault: on rank 1", "timestamp": 100.0},
+    }
     assert root_cause(failures) == 1
     failures["2"] = {"exit_code": -9, "signal": "SIGKILL", "error": None, "timestamp": 101.0}
     assert root_cause(failures) == 2  # killed from outside: its peers' errors follow from it
@@ -251,29 +358,61 @@ def test_the_root_cause_is_told_from_its_effects_within_a_second() -> None:
 
 
 def test_a_gloo_error_that_blames_a_remote_worker_is_an_effect_even_a_second_earlier() -> None:
-    gloo = ("RuntimeError: [gloo/transport/tcp/pair.cc:598] Read error [127.0.0.1]:48151. This is typically "
-            "caused by a remote worker crashing. Check the logs of the remote worker before reporting an error.")
-    failures = {"0": {"exit_code": 1, "signal": None, "error": gloo, "timestamp": 100.0},
-                "1": {"exit_code": 1, "signal": None, "error": "InjectedFault: on rank 1", "timestamp": 101.0}}
+    gloo = (
+        "RuntimeError: [gloo/transport/tcp/pair.cc:598] Read error [127.0.0.1]:48151. This is typically "
+        "caused by a remote worker crashing. Check the logs of the remote worker before reporting an error."
+    )
+    failures = {
+        "0": {"exit_code": 1, "signal": None, "error": gloo, "timestamp": 100.0},
+        "1": {"exit_code": 1, "signal": None, "error": "InjectedFault: on rank 1", "timestamp": 101.0},
+    }
     assert root_cause(failures) == 1
 
 
 def elastic_script(world_size: int) -> RunDescription:
-    script = Script(command=("torchrun", "train.py"), launcher_args=("train.py",), path="/w/train.py", module=None,
-                    args=(), sha256=None, working_dir="/w")
-    return RunDescription(plan=script_plan("train.py", world_size), mode="train", model=None, dtype=None,
-                          device="cpu", steps=None, batch_size=None, microbatch_size=None, seq_len=None, seed=None,
-                          instrumented=True, script=script)
+    script = Script(
+        command=("torchrun", "train.py"),
+        launcher_args=("train.py",),
+        path="/w/train.py",
+        module=None,
+        args=(),
+        sha256=None,
+        working_dir="/w",
+    )
+    return RunDescription(
+        plan=script_plan("train.py", world_size),
+        mode="train",
+        model=None,
+        dtype=None,
+        device="cpu",
+        steps=None,
+        batch_size=None,
+        microbatch_size=None,
+        seq_len=None,
+        seed=None,
+        instrumented=True,
+        script=script,
+    )
 
 
 def started(rank: int, world_size: int) -> RankStarted:
-    return RankStarted(rank=rank, pid=100 + rank, host="a", device="cpu", pp_rank=0, dp_rank=rank, tp_rank=0,
-                       stages=(), local_parameters=10, wall_ns=1, world_size=world_size)
+    return RankStarted(
+        rank=rank,
+        pid=100 + rank,
+        host="a",
+        device="cpu",
+        pp_rank=0,
+        dp_rank=rank,
+        tp_rank=0,
+        stages=(),
+        local_parameters=10,
+        wall_ns=1,
+        world_size=world_size,
+    )
 
 
 def step(rank: int, number: int) -> StepTiming:
-    return StepTiming(rank=rank, step=number, start_ns=number * 10**9,
-                      duration_s=0.1, loss=1.0 + rank, tokens=64)
+    return StepTiming(rank=rank, step=number, start_ns=number * 10**9, duration_s=0.1, loss=1.0 + rank, tokens=64)
 
 
 def test_a_step_folder_counts_the_ranks_of_each_start() -> None:

@@ -41,9 +41,13 @@ STEPS = 4
 DIM = 64
 MICROBATCHES = 4
 COMM_DEBUG_OPS = {
-    "c10d.allreduce_": "all_reduce", "c10d_functional.all_reduce": "all_reduce",
-    "c10d.allgather_": "all_gather", "c10d._allgather_base_": "all_gather",
-    "c10d._reduce_scatter_base_": "reduce_scatter", "c10d.broadcast_": "broadcast", "c10d.scatter_": "scatter",
+    "c10d.allreduce_": "all_reduce",
+    "c10d_functional.all_reduce": "all_reduce",
+    "c10d.allgather_": "all_gather",
+    "c10d._allgather_base_": "all_gather",
+    "c10d._reduce_scatter_base_": "reduce_scatter",
+    "c10d.broadcast_": "broadcast",
+    "c10d.scatter_": "scatter",
 }
 """CommDebugMode's op names, as the plain names meshtop's events carry (written out here, not taken from
 meshtop's op table)."""
@@ -51,8 +55,14 @@ CPU_ONLY = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}
 
 
 def meshtop(*argv: str, env: dict[str, str] | None = None, cwd: Path = REPO) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "meshtop.tui.cli", *argv], capture_output=True, text=True, timeout=300,
-                          env=env or CPU_ONLY, cwd=cwd)
+    return subprocess.run(
+        [sys.executable, "-m", "meshtop.tui.cli", *argv],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env or CPU_ONLY,
+        cwd=cwd,
+    )
 
 
 def torchrun(ranks: int, script: str) -> list[str]:
@@ -79,8 +89,12 @@ def adamw_state_bytes(model: nn.Module) -> int:
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
     model(torch.randn(2, DIM)).sum().backward()
     optimizer.step()
-    return sum(v.numel() * v.element_size() for state in optimizer.state.values() for v in state.values()
-               if isinstance(v, torch.Tensor))
+    return sum(
+        v.numel() * v.element_size()
+        for state in optimizer.state.values()
+        for v in state.values()
+        if isinstance(v, torch.Tensor)
+    )
 
 
 def parameter_bytes(model: nn.Module) -> int:
@@ -106,9 +120,25 @@ def recorded(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str, int], P
 def comm_debug_counts(tmp_path: Path, example: str, ranks: int) -> list[Counter[str]]:
     """Each rank's collectives per op, as CommDebugMode counts them in a plain torchrun run of ``example``."""
     out = tmp_path / "counts"
-    run = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={ranks}",
-                          str(REPO / "tests" / "comm_count.py"), str(out), str(EXAMPLES / f"{example}.py"),
-                          "--steps", str(STEPS)], capture_output=True, text=True, timeout=300, env=CPU_ONLY, cwd=REPO)
+    run = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            f"--nproc-per-node={ranks}",
+            str(REPO / "tests" / "comm_count.py"),
+            str(out),
+            str(EXAMPLES / f"{example}.py"),
+            "--steps",
+            str(STEPS),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=CPU_ONLY,
+        cwd=REPO,
+    )
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     counts = []
     for rank in range(ranks):
@@ -127,8 +157,9 @@ def meshtop_counts(recording: Path, ranks: int) -> list[Counter[str]]:
     rows = table(recording, "collective")
     for rank in range(ranks):
         assert len([row for row in rows if row["rank"] == rank and row["op"] == "barrier"]) == 1
-    return [Counter(row["op"] for row in rows if row["rank"] == rank and row["op"] != "barrier")
-            for rank in range(ranks)]
+    return [
+        Counter(row["op"] for row in rows if row["rank"] == rank and row["op"] != "barrier") for rank in range(ranks)
+    ]
 
 
 def groups_by_op(recording: Path) -> dict[str, set[str]]:
@@ -141,21 +172,41 @@ def groups_by_op(recording: Path) -> dict[str, set[str]]:
 # --- the command line: what is refused before anything runs ---------------------------------------------------
 
 
-@pytest.mark.parametrize(("command", "message"), [
-    (["torchrun", "--standalone", "missing.py"], "missing.py: no such script"),
-    (["torchrun", "--bogus", "examples/ddp.py"], "torchrun option: unrecognized arguments: --bogus"),
-    (["torchrun", "--nnodes", "2", "examples/ddp.py"], "--nnodes 2 needs --node-rank I on every node"),
-    (["torchrun", "--nnodes", "2", "--node-rank", "1", "examples/ddp.py"],
-     "--rdzv-backend static: meshtop follows a job on many nodes through torchrun's c10d"),
-    (["torchrun", "--nnodes", "1:2", "examples/ddp.py"], "--nnodes 1:2 needs --node-rank I on every node"),
-    (["torchrun", "--no-python", "examples/ddp.py"], "--no-python runs a program that is not Python"),
-    (["-m", "no_such_module_here"], "no module named 'no_such_module_here' here"),
-    (["README.md"], "README.md is not a Python script: line "),
-    ([], "nothing after --: give a script"),
-], ids=["missing", "bad-option", "two-nodes", "static-rendezvous", "elastic", "no-python", "no-module", "not-python", "empty"])
+@pytest.mark.parametrize(
+    ("command", "message"),
+    [
+        (["torchrun", "--standalone", "missing.py"], "missing.py: no such script"),
+        (["torchrun", "--bogus", "examples/ddp.py"], "torchrun option: unrecognized arguments: --bogus"),
+        (["torchrun", "--nnodes", "2", "examples/ddp.py"], "--nnodes 2 needs --node-rank I on every node"),
+        (
+            ["torchrun", "--nnodes", "2", "--node-rank", "1", "examples/ddp.py"],
+            "--rdzv-backend static: meshtop follows a job on many nodes through torchrun's c10d",
+        ),
+        (["torchrun", "--nnodes", "1:2", "examples/ddp.py"], "--nnodes 1:2 needs --node-rank I on every node"),
+        (["torchrun", "--no-python", "examples/ddp.py"], "--no-python runs a program that is not Python"),
+        (["-m", "no_such_module_here"], "no module named 'no_such_module_here' here"),
+        (["README.md"], "README.md is not a Python script: line "),
+        ([], "nothing after --: give a script"),
+    ],
+    ids=[
+        "missing",
+        "bad-option",
+        "two-nodes",
+        "static-rendezvous",
+        "elastic",
+        "no-python",
+        "no-module",
+        "not-python",
+        "empty",
+    ],
+)
 def test_a_command_that_cannot_run_is_one_line_and_nothing_is_recorded(
-        command: list[str], message: str, tmp_path: Path, capsys: pytest.CaptureFixture[str],
-        monkeypatch: pytest.MonkeyPatch) -> None:
+    command: list[str],
+    message: str,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     monkeypatch.chdir(REPO)
     out = tmp_path / "rec"
     line = one_line_error(["record", str(out), "--", *command], capsys)
@@ -164,7 +215,8 @@ def test_a_command_that_cannot_run_is_one_line_and_nothing_is_recorded(
 
 
 def test_built_in_options_with_a_script_and_a_script_after_summary_are_refused(
-        tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.chdir(REPO)
     line = one_line_error(["record", str(tmp_path / "a"), "--tp", "2", "--", "examples/ddp.py"], capsys)
     assert "--tp sets up the built-in model; a script given after -- runs its own" in line
@@ -172,8 +224,9 @@ def test_built_in_options_with_a_script_and_a_script_after_summary_are_refused(
     assert "--tokens-per-step is for a script given after --" in line
     line = one_line_error(["record", str(tmp_path / "c"), "--activations", "--mode", "infer"], capsys)
     assert "--activations is a training option: leave it out with --mode infer" in line
-    line = one_line_error(["record", str(tmp_path / "d"), "--activations", "--no-instrument", "--",
-                           "examples/ddp.py"], capsys)
+    line = one_line_error(
+        ["record", str(tmp_path / "d"), "--activations", "--no-instrument", "--", "examples/ddp.py"], capsys
+    )
     assert "--activations needs the hooks: leave out --no-instrument" in line
     line = one_line_error(["summary", str(tmp_path), "--", "examples/ddp.py"], capsys)
     assert "only run and record take a command after --" in line
@@ -184,8 +237,17 @@ def test_every_form_of_the_command_gives_torchrun_the_same_script(monkeypatch: p
     monkeypatch.chdir(REPO)
     forms = {
         "torchrun": ["torchrun", "--standalone", "--nproc_per_node=3", "examples/ddp.py", "--steps", "2"],
-        "module": ["python", "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "3",
-                   "examples/ddp.py", "--steps", "2"],
+        "module": [
+            "python",
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc-per-node",
+            "3",
+            "examples/ddp.py",
+            "--steps",
+            "2",
+        ],
         "bare": ["examples/ddp.py", "--steps", "2"],
         "python": ["python3", "examples/ddp.py", "--steps", "2"],
     }
@@ -203,42 +265,80 @@ def test_every_form_of_the_command_gives_torchrun_the_same_script(monkeypatch: p
         resolve_script(["examples/ddp.py"], gpus_visible=0, tokens_per_step=0)
 
 
-def test_a_scripts_mfu_is_6n_from_its_optimizers_over_the_gpus_peak(tmp_path: Path,
-                                                                    capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_scripts_mfu_is_6n_from_its_optimizers_over_the_gpus_peak(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     script = resolve_script(["examples/pp.py"], gpus_visible=4, tokens_per_step=8192, dtype="bf16")
     run = script_description(script, environment={})
     events: list[Any] = []
     for rank in range(4):  # two pipeline stages of 300 M and 200 M parameters, each on two replicas
         pipeline_rank = rank // 2
-        events.append(RankStarted(rank=rank, pid=100 + rank, host="h", device=f"cuda:{rank}", pp_rank=pipeline_rank,
-                                  dp_rank=rank % 2, tp_rank=0, stages=(pipeline_rank,), local_parameters=1,
-                                  model_parameters=(300, 200)[pipeline_rank] * 10**6, wall_ns=0))
+        events.append(
+            RankStarted(
+                rank=rank,
+                pid=100 + rank,
+                host="h",
+                device=f"cuda:{rank}",
+                pp_rank=pipeline_rank,
+                dp_rank=rank % 2,
+                tp_rank=0,
+                stages=(pipeline_rank,),
+                local_parameters=1,
+                model_parameters=(300, 200)[pipeline_rank] * 10**6,
+                wall_ns=0,
+            )
+        )
         for step in range(5):
-            events.append(StepTiming(rank=rank, step=step, start_ns=step * 10**9, duration_s=0.25, tokens=8192,
-                                     loss=None))
-    events.append(GpuSample(gpu=0, wall_ns=1, name="NVIDIA H100 80GB HBM3", memory_used_bytes=None,
-                            memory_total_bytes=None, utilization_pct=None, memory_utilization_pct=None, power_w=None,
-                            sm_clock_mhz=None, temperature_c=None, pcie_tx_bytes_per_s=None, pcie_rx_bytes_per_s=None,
-                            nvlink_tx_bytes_per_s=None, nvlink_rx_bytes_per_s=None))
+            events.append(
+                StepTiming(rank=rank, step=step, start_ns=step * 10**9, duration_s=0.25, tokens=8192, loss=None)
+            )
+    events.append(
+        GpuSample(
+            gpu=0,
+            wall_ns=1,
+            name="NVIDIA H100 80GB HBM3",
+            memory_used_bytes=None,
+            memory_total_bytes=None,
+            utilization_pct=None,
+            memory_utilization_pct=None,
+            power_w=None,
+            sm_clock_mhz=None,
+            temperature_c=None,
+            pcie_tx_bytes_per_s=None,
+            pcie_rx_bytes_per_s=None,
+            nvlink_tx_bytes_per_s=None,
+            nvlink_rx_bytes_per_s=None,
+        )
+    )
     path = write_recording(tmp_path / "rec", events, run=run, parquet=True)
     assert main(["summary", "--json", str(path)]) == 0
     mfu = json.loads(capsys.readouterr().out)["mfu"]
     assert mfu["value"] == pytest.approx(8192 / 0.25 * 6 * 500e6 / (989e12 * 4))
     without = script_description(resolve_script(["examples/pp.py"], gpus_visible=4), environment={})
-    assert "needs --tokens-per-step and --dtype" in (fold_tables(without, [], status="completed").figures()
-                                                     .mfu.why_not or "")
+    assert "needs --tokens-per-step and --dtype" in (
+        fold_tables(without, [], status="completed").figures().mfu.why_not or ""
+    )
 
 
 def test_the_attachment_does_not_import_pipelining_for_a_script_that_does_not() -> None:
-    done = subprocess.run([sys.executable, "-c", "import sys, meshtop.runner.script.attach; "
-                           "print('torch.distributed.pipelining' in sys.modules)"],
-                          capture_output=True, text=True, timeout=120, cwd=REPO)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import sys, meshtop.runner.script.attach; print('torch.distributed.pipelining' in sys.modules)",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=REPO,
+    )
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "False"  # about 0.9 s a rank, paid only by scripts that pipeline
 
 
 def test_the_post_import_hook_survives_a_probe_and_never_breaks_the_import(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     for name in ("probed_module", "failing_then"):
         (tmp_path / f"{name}.py").write_text("VALUE = 42\n")
     monkeypatch.syspath_prepend(str(tmp_path))
@@ -264,7 +364,8 @@ def test_the_post_import_hook_survives_a_probe_and_never_breaks_the_import(
 
 @pytest.mark.slow
 def test_ddp_script_steps_collectives_and_memory_are_the_scripts_own(
-        recorded: Callable[[str, int], Path], tmp_path: Path) -> None:
+    recorded: Callable[[str, int], Path], tmp_path: Path
+) -> None:
     recording = recorded("ddp", 2)
     model = mlp_shapes()
     gradient_bytes = parameter_bytes(model)  # fp32 gradients, one per parameter
@@ -276,8 +377,12 @@ def test_ddp_script_steps_collectives_and_memory_are_the_scripts_own(
         assert per_step == {step: 1 for step in range(STEPS)}  # one bucket: the model is under DDP's 25 MiB
         assert {row["bytes"] for row in all_reduces if row["rank"] == rank} == {gradient_bytes}
     assert meshtop_counts(recording, 2) == comm_debug_counts(tmp_path, "ddp", 2)
-    assert groups_by_op(recording) == {"all_reduce": {"world"}, "all_gather": {"world"}, "broadcast": {"world"},
-                                       "barrier": {"world"}}
+    assert groups_by_op(recording) == {
+        "all_reduce": {"world"},
+        "all_gather": {"world"},
+        "broadcast": {"world"},
+        "barrier": {"world"},
+    }
     last = {row["rank"]: row for row in table(recording, "memory") if row["step"] == STEPS - 1}
     for rank in range(2):
         assert last[rank]["weights_bytes"] == parameter_bytes(model)
@@ -292,20 +397,34 @@ def test_ddp_script_steps_collectives_and_memory_are_the_scripts_own(
     assert report["run"]["script"]["args"] == ["--steps", str(STEPS)]
     assert report["steps"]["count"] == STEPS
     assert [(row["group"], row["op"]) for row in report["collectives"] if row["op"] == "all_reduce"] == [
-        ("world", "all_reduce")]
+        ("world", "all_reduce")
+    ]
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(("example", "ranks", "groups"), [
-    ("fsdp2", 2, {"all_gather": {"world"}, "reduce_scatter": {"world"}, "barrier": {"world"}}),
-    ("tp", 2, {"all_reduce": {"tp"}, "scatter": {"tp"}, "broadcast": {"tp"}, "barrier": {"tp"}}),  # the mesh is
-    # the whole world: c10d gives its dim the default group, which takes the dim's name
-    ("mesh2d", 4, {"all_reduce": {"tp"}, "scatter": {"tp"}, "broadcast": {"tp"}, "all_gather": {"dp"},
-                   "reduce_scatter": {"dp"}, "barrier": {"world"}}),
-])
+@pytest.mark.parametrize(
+    ("example", "ranks", "groups"),
+    [
+        ("fsdp2", 2, {"all_gather": {"world"}, "reduce_scatter": {"world"}, "barrier": {"world"}}),
+        ("tp", 2, {"all_reduce": {"tp"}, "scatter": {"tp"}, "broadcast": {"tp"}, "barrier": {"tp"}}),  # the mesh is
+        # the whole world: c10d gives its dim the default group, which takes the dim's name
+        (
+            "mesh2d",
+            4,
+            {
+                "all_reduce": {"tp"},
+                "scatter": {"tp"},
+                "broadcast": {"tp"},
+                "all_gather": {"dp"},
+                "reduce_scatter": {"dp"},
+                "barrier": {"world"},
+            },
+        ),
+    ],
+)
 def test_sharded_scripts_collectives_match_comm_debug_mode_and_memory_is_the_local_shard(
-        example: str, ranks: int, groups: dict[str, set[str]], recorded: Callable[[str, int], Path],
-        tmp_path: Path) -> None:
+    example: str, ranks: int, groups: dict[str, set[str]], recorded: Callable[[str, int], Path], tmp_path: Path
+) -> None:
     recording = recorded(example, ranks)
     assert meshtop_counts(recording, ranks) == comm_debug_counts(tmp_path, example, ranks)
     assert groups_by_op(recording) == groups  # named by the script's own mesh dims, else world
@@ -357,7 +476,8 @@ def test_a_users_sitecustomize_still_runs_and_tokens_per_step_gives_tokens_per_s
     site.mkdir()
     marks = tmp_path / "marks"
     (site / "sitecustomize.py").write_text(
-        "import os\nwith open(os.environ['SITE_MARKS'], 'a') as f:\n    f.write(f'{os.getpid()}\\n')\n")
+        "import os\nwith open(os.environ['SITE_MARKS'], 'a') as f:\n    f.write(f'{os.getpid()}\\n')\n"
+    )
     env = {**CPU_ONLY, "PYTHONPATH": str(site), "SITE_MARKS": str(marks)}
     out = tmp_path / "rec"
     done = meshtop("record", str(out), "--tokens-per-step", "2048", "--", *torchrun(2, "examples/ddp.py"), env=env)
@@ -367,8 +487,7 @@ def test_a_users_sitecustomize_still_runs_and_tokens_per_step_gives_tokens_per_s
     steps = table(out, "step")
     assert {row["tokens"] for row in steps} == {2048}
     report = summary(out)
-    assert report["steps"]["tokens_per_s"]["p50"] == pytest.approx(2048 / report["steps"]["time_s"]["p50"],
-                                                                   rel=0.5)
+    assert report["steps"]["tokens_per_s"]["p50"] == pytest.approx(2048 / report["steps"]["time_s"]["p50"], rel=0.5)
     assert report["run"]["script"]["tokens_per_step"] == 2048
 
 
@@ -390,15 +509,26 @@ def test_activations_saved_for_backward_are_measured_when_asked(tmp_path: Path) 
 @pytest.mark.slow
 def test_a_script_without_an_optimizer_has_collectives_memory_and_says_it_has_no_steps(tmp_path: Path) -> None:
     script = tmp_path / "evaluate.py"
-    script.write_text("import torch, torch.distributed as dist\n"
-                      "dist.init_process_group('gloo')\n"
-                      "with torch.no_grad():\n"
-                      "    for _ in range(5):\n"
-                      "        dist.all_reduce(torch.ones(1000))\n"
-                      "dist.destroy_process_group()\n")
+    script.write_text(
+        "import torch, torch.distributed as dist\n"
+        "dist.init_process_group('gloo')\n"
+        "with torch.no_grad():\n"
+        "    for _ in range(5):\n"
+        "        dist.all_reduce(torch.ones(1000))\n"
+        "dist.destroy_process_group()\n"
+    )
     out = tmp_path / "rec"
-    done = meshtop("record", str(out), "--process-sample-hz", "20", "--", "torchrun", "--standalone",
-                   "--nproc-per-node=2", str(script))
+    done = meshtop(
+        "record",
+        str(out),
+        "--process-sample-hz",
+        "20",
+        "--",
+        "torchrun",
+        "--standalone",
+        "--nproc-per-node=2",
+        str(script),
+    )
     assert done.returncode == 0, done.stdout + done.stderr
     assert "steps: none (the script stepped no torch.optim optimizer)" in done.stdout
     report = summary(out)
@@ -420,26 +550,35 @@ def test_no_instrument_keeps_a_scripts_steps_and_takes_every_hook_out(tmp_path: 
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(("body", "error"), [
-    ("import no_such_module_anywhere\n", "ModuleNotFoundError: No module named 'no_such_module_anywhere'"),
-    ("import torch, torch.distributed as dist\n"
-     "dist.init_process_group('gloo')\n"
-     "model = torch.nn.Linear(4, 4)\n"
-     "opt = torch.optim.SGD(model.parameters(), lr=0.1)\n"
-     "for step in range(5):\n"
-     "    if step == 3 and dist.get_rank() == 1:\n"
-     "        raise RuntimeError(f'boom at step {step}')\n"
-     "    model(torch.ones(2, 4)).sum().backward()\n"
-     "    opt.step()\n"
-     "    dist.barrier()\n", "RuntimeError: boom at step 3"),
-], ids=["on-import", "at-step-3"])
+@pytest.mark.parametrize(
+    ("body", "error"),
+    [
+        ("import no_such_module_anywhere\n", "ModuleNotFoundError: No module named 'no_such_module_anywhere'"),
+        (
+            "import torch, torch.distributed as dist\n"
+            "dist.init_process_group('gloo')\n"
+            "model = torch.nn.Linear(4, 4)\n"
+            "opt = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+            "for step in range(5):\n"
+            "    if step == 3 and dist.get_rank() == 1:\n"
+            "        raise RuntimeError(f'boom at step {step}')\n"
+            "    model(torch.ones(2, 4)).sum().backward()\n"
+            "    opt.step()\n"
+            "    dist.barrier()\n",
+            "RuntimeError: boom at step 3",
+        ),
+    ],
+    ids=["on-import", "at-step-3"],
+)
 def test_a_script_that_fails_names_the_rank_and_its_error_and_keeps_the_recording(
-        body: str, error: str, tmp_path: Path) -> None:
+    body: str, error: str, tmp_path: Path
+) -> None:
     script = tmp_path / "fails.py"
     script.write_text(body)
     out = tmp_path / "rec"
-    done = meshtop("record", str(out), "--hang-timeout", "30", "--", "torchrun", "--standalone",
-                   "--nproc-per-node=2", str(script))
+    done = meshtop(
+        "record", str(out), "--hang-timeout", "30", "--", "torchrun", "--standalone", "--nproc-per-node=2", str(script)
+    )
     assert done.returncode == 1, done.stdout + done.stderr
     assert "Traceback" not in done.stdout
     named = [line for line in done.stdout.splitlines() if "failed first" in line]
@@ -451,12 +590,22 @@ def test_a_script_that_fails_names_the_rank_and_its_error_and_keeps_the_recordin
 
 
 @pytest.mark.slow
-def test_compare_of_two_runs_of_a_script_names_what_differs(recorded: Callable[[str, int], Path],
-                                                           tmp_path: Path) -> None:
+def test_compare_of_two_runs_of_a_script_names_what_differs(
+    recorded: Callable[[str, int], Path], tmp_path: Path
+) -> None:
     before = recorded("ddp", 2)
     after = tmp_path / "after"
-    done = meshtop("record", str(after), "--", "torchrun", "--standalone", "--nproc-per-node=2", "examples/ddp.py",
-                   "--steps", str(STEPS + 2))
+    done = meshtop(
+        "record",
+        str(after),
+        "--",
+        "torchrun",
+        "--standalone",
+        "--nproc-per-node=2",
+        "examples/ddp.py",
+        "--steps",
+        str(STEPS + 2),
+    )
     assert done.returncode == 0, done.stdout + done.stderr
     compared = meshtop("compare", "--json", str(before), str(after))
     assert compared.returncode == 0, compared.stderr

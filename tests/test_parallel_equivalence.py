@@ -42,19 +42,23 @@ def test_single_process_run_learns(single_process: LaunchedRun) -> None:
 
 
 @pytest.mark.parametrize("plan", PLANS.values(), ids=PLANS.keys())
-def test_parallel_losses_match_one_process(plan: dict[str, object], single_process: LaunchedRun,
-                                           tmp_path: Path) -> None:
+def test_parallel_losses_match_one_process(
+    plan: dict[str, object], single_process: LaunchedRun, tmp_path: Path
+) -> None:
     parallel = launch(tmp_path, steps=STEPS, batch_size=BATCH, **plan)
     assert parallel.result.status == "completed", parallel.result
     assert len(parallel.losses) == STEPS
     assert parallel.losses == pytest.approx(single_process.losses, rel=RTOL)
 
 
-@pytest.mark.parametrize(("plan", "shards"), [
-    (dict(dp=2, fsdp=True), "dp"),
-    (dict(tp=2), "tp"),
-    (dict(pp=2), "pp"),
-])
+@pytest.mark.parametrize(
+    ("plan", "shards"),
+    [
+        (dict(dp=2, fsdp=True), "dp"),
+        (dict(tp=2), "tp"),
+        (dict(pp=2), "pp"),
+    ],
+)
 def test_each_rank_stores_only_its_share(plan: dict[str, object], shards: str, tmp_path: Path) -> None:
     """The split is real: a rank holds part of the model, and the parts add up to the whole."""
     run = launch(tmp_path, steps=1, **plan)
@@ -71,8 +75,7 @@ def test_each_rank_stores_only_its_share(plan: dict[str, object], shards: str, t
 
 
 @pytest.mark.parametrize("plan", [PLANS["fsdp2-tp2"], PLANS["dp2-tp2-pp2"]], ids=["fsdp2-tp2", "dp2-tp2-pp2"])
-def test_a_composed_plan_splits_the_model_over_each_of_its_dimensions(plan: dict[str, object],
-                                                                      tmp_path: Path) -> None:
+def test_a_composed_plan_splits_the_model_over_each_of_its_dimensions(plan: dict[str, object], tmp_path: Path) -> None:
     """fsdp2 x tp2: the four ranks' parts add up to the model once (RMSNorm weights once per tensor-parallel
     rank), a quarter each; dp2 x tp2 x pp2: each data-parallel replica's four parts add up so, and the two
     replicas hold the same."""
@@ -90,4 +93,3 @@ def test_a_composed_plan_splits_the_model_over_each_of_its_dimensions(plan: dict
         assert replicas[0] == replicas[1]
         assert sum(replicas[0].values()) == total + norms
         assert all(count < total / 2 for count in replicas[0].values()), replicas[0]
-

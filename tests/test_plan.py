@@ -29,32 +29,42 @@ BAD_PLANS = [
     (["--tp", "4"], "--tp 4 does not divide the 2 key/value heads of model tiny"),
     (["--model", "125m", "--tp", "5"], "--tp 5 does not divide the 12 attention heads"),
     (["--pp", "8"], "model tiny has 4 layers, fewer than the 8 pipeline stages: lower --pp"),
-    (["--pp", "4", "--schedule", "interleaved-1f1b"],
-     "fewer than the 8 pipeline stages (2 per rank for interleaved-1f1b)"),
-    (["--pp", "2", "--microbatches", "1"], "--schedule 1f1b needs at least one microbatch per stage: use --microbatches 2"),
-    (["--pp", "2", "--schedule", "interleaved-1f1b", "--microbatches", "3"],
-     "--schedule interleaved-1f1b needs --microbatches a multiple of --pp 2"),
+    (
+        ["--pp", "4", "--schedule", "interleaved-1f1b"],
+        "fewer than the 8 pipeline stages (2 per rank for interleaved-1f1b)",
+    ),
+    (
+        ["--pp", "2", "--microbatches", "1"],
+        "--schedule 1f1b needs at least one microbatch per stage: use --microbatches 2",
+    ),
+    (
+        ["--pp", "2", "--schedule", "interleaved-1f1b", "--microbatches", "3"],
+        "--schedule interleaved-1f1b needs --microbatches a multiple of --pp 2",
+    ),
     (["--schedule", "gpipe"], "--schedule gpipe orders pipeline stages: it needs --pp 2 or more"),
     (["--microbatches", "4"], "--microbatches splits the batch between pipeline stages: it needs --pp 2"),
     (["--batch-size", "7"], "--batch-size 7 cannot be split evenly into dp 2 replicas: use a multiple of 2"),
-    (["--pp", "2", "--microbatches", "4", "--batch-size", "6"],
-     "--batch-size 6 cannot be split evenly into dp 1 x 4 microbatches: use a multiple of 4"),
+    (
+        ["--pp", "2", "--microbatches", "4", "--batch-size", "6"],
+        "--batch-size 6 cannot be split evenly into dp 1 x 4 microbatches: use a multiple of 4",
+    ),
     (["--fsdp", "--dp", "1"], "--fsdp shards over the data-parallel ranks: give --dp 2 or more"),
     (["--dp", "65"], "65 CPU ranks: lower the degrees to at most 64 ranks"),
 ]
 
 
 @pytest.mark.parametrize(("argv", "message"), BAD_PLANS, ids=[" ".join(a) for a, _ in BAD_PLANS])
-def test_bad_plan_is_one_line_and_exit_2(argv: list[str], message: str,
-                                         capsys: pytest.CaptureFixture[str],
-                                         monkeypatch: pytest.MonkeyPatch) -> None:
+def test_bad_plan_is_one_line_and_exit_2(
+    argv: list[str], message: str, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setattr("meshtop.tui.cli.gpus_visible", lambda: 0)
     assert message in one_line_error(["run", *argv], capsys)
 
 
 def test_bad_plan_from_the_shell_has_no_traceback() -> None:
-    done = subprocess.run([sys.executable, "-m", "meshtop.tui.cli", "run", "--tp", "3"],
-                          capture_output=True, text=True, timeout=120)
+    done = subprocess.run(
+        [sys.executable, "-m", "meshtop.tui.cli", "run", "--tp", "3"], capture_output=True, text=True, timeout=120
+    )
     assert done.returncode == 2
     assert "Traceback" not in done.stderr
     assert done.stderr.count("\n") == 1

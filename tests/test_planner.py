@@ -59,8 +59,14 @@ def test_fsdp_shards_rows_as_torch_chunk_does() -> None:
 
 def test_pipeline_stages_hold_the_microbatches_their_schedule_keeps_in_flight() -> None:
     def run_of(schedule: str, m: int):  # type: ignore[no-untyped-def]
-        found = candidates(Question(base=RunSpec(model="small", device="cpu", schedule=schedule, microbatches=m),
-                                    ranks=4, gpus=False, plans=("pp4",)))
+        found = candidates(
+            Question(
+                base=RunSpec(model="small", device="cpu", schedule=schedule, microbatches=m),
+                ranks=4,
+                gpus=False,
+                plans=("pp4",),
+            )
+        )
         assert found[0].prediction is not None
         return found[0].prediction.run
 
@@ -97,8 +103,9 @@ def test_plan_keys_round_trip_and_bad_ones_are_refused() -> None:
 
 
 def test_tp_across_nodes_or_without_nvlink_is_warned_about() -> None:
-    found = candidates(Question(base=RunSpec(model="small", device="cuda"), ranks=4, gpus=True,
-                                plans=("tp4", "dp2xtp2")))
+    found = candidates(
+        Question(base=RunSpec(model="small", device="cuda"), ranks=4, gpus=True, plans=("tp4", "dp2xtp2"))
+    )
     tp4, dp2xtp2 = (c.prediction.run for c in found if c.prediction is not None)
     across = placement(tp4, ranks_per_node=2)
     assert across.groups["tp"] == [[0, 1, 2, 3]] and "spans nodes 0, 1" in across.warnings[0]
@@ -120,8 +127,11 @@ def test_the_report_says_what_fits_and_the_headroom() -> None:
 
 
 def test_serving_plans_hold_the_kv_cache_of_their_layers() -> None:
-    q = Question(base=RunSpec(model="small", device="cpu", mode="infer", max_batch=4, prompt_len="16",
-                              output_len="16"), ranks=2, gpus=False)
+    q = Question(
+        base=RunSpec(model="small", device="cpu", mode="infer", max_batch=4, prompt_len="16", output_len="16"),
+        ranks=2,
+        gpus=False,
+    )
     predictions = {c.label: c.prediction for c in candidates(q) if c.prediction is not None}
     shape = PRESETS["small"]
     per_layer = 2 * 4 * 32 * shape.n_kv_heads * shape.head_dim * 4
@@ -132,8 +142,10 @@ def test_serving_plans_hold_the_kv_cache_of_their_layers() -> None:
 
 
 def test_plan_of_an_8b_model_on_8_gpus_prints_a_table_without_torch() -> None:
-    code = ("import sys; from meshtop.tui.cli import main; code = main(['plan', '--model', '8b', '--gpus', '8', "
-            "'--device-memory', '80GiB']); assert 'torch' not in sys.modules, 'torch was imported'; sys.exit(code)")
+    code = (
+        "import sys; from meshtop.tui.cli import main; code = main(['plan', '--model', '8b', '--gpus', '8', "
+        "'--device-memory', '80GiB']); assert 'torch' not in sys.modules, 'torch was imported'; sys.exit(code)"
+    )
     done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     lines = done.stdout.splitlines()
@@ -143,28 +155,40 @@ def test_plan_of_an_8b_model_on_8_gpus_prints_a_table_without_torch() -> None:
 
 
 def test_plan_json_holds_every_rank_and_collective() -> None:
-    done = subprocess.run([sys.executable, "-m", "meshtop.tui.cli", "plan", "--ranks", "4", "--model", "tiny", "--json"],
-                          cwd=REPO, capture_output=True, text=True, timeout=60)
+    done = subprocess.run(
+        [sys.executable, "-m", "meshtop.tui.cli", "plan", "--ranks", "4", "--model", "tiny", "--json"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert done.returncode == 0, done.stderr
     result = json.loads(done.stdout)
     dp2xtp2 = next(row for row in result["plans"] if row["key"] == "dp2xtp2")
     assert [row["rank"] for row in dp2xtp2["ranks"]] == [0, 1, 2, 3]
-    assert {(t["group"], t["op"]) for t in dp2xtp2["traffic"]} == {("dp", "all_reduce"), ("tp", "all_reduce"),
-                                                                    ("tp", "all_gather")}
+    assert {(t["group"], t["op"]) for t in dp2xtp2["traffic"]} == {
+        ("dp", "all_reduce"),
+        ("tp", "all_reduce"),
+        ("tp", "all_gather"),
+    }
 
 
-@pytest.mark.parametrize("argv, message", [
-    (["plan", "--ranks", "4", "--device-memory", "lots"], "--device-memory 'lots': give a size such as 80GiB"),
-    (["plan", "--ranks", "0"], "--ranks must be at least 1"),
-    (["plan", "--ranks", "4", "--plans", "dp2"], "--plans dp2: dp x tp x pp = 2, not the 4 ranks asked for"),
-    (["plan", "--ranks", "4", "--plans", "dp2*tp2"], "write each degree once, as dp2 (or fsdp2), tp2, pp2"),
-    (["plan", "--ranks", "4", "--plans", "dp4,dp4"], "--plans names dp4 twice: give each plan once"),
-    (["plan", "--ranks", "1", "--model-config", "/no/such/config.json"], "/no/such/config.json"),
-    (["plan", "--ranks", "2", "--device-memory", "0.5"], "give a size such as 80GiB"),
-    (["plan", "--ranks", "4", "--model", "huge"], "unknown model preset 'huge'"),
-    (["plan", "--gpus", "2", "--ranks", "2"], "not allowed with argument"),
-    (["plan", "--ranks", "2", "--mode", "infer", "--microbatches", "2"], "--microbatches is a training option"),
-])
-def test_bad_plan_questions_get_one_line_and_exit_code_2(argv: list[str], message: str,
-                                                         capsys: pytest.CaptureFixture[str]) -> None:
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["plan", "--ranks", "4", "--device-memory", "lots"], "--device-memory 'lots': give a size such as 80GiB"),
+        (["plan", "--ranks", "0"], "--ranks must be at least 1"),
+        (["plan", "--ranks", "4", "--plans", "dp2"], "--plans dp2: dp x tp x pp = 2, not the 4 ranks asked for"),
+        (["plan", "--ranks", "4", "--plans", "dp2*tp2"], "write each degree once, as dp2 (or fsdp2), tp2, pp2"),
+        (["plan", "--ranks", "4", "--plans", "dp4,dp4"], "--plans names dp4 twice: give each plan once"),
+        (["plan", "--ranks", "1", "--model-config", "/no/such/config.json"], "/no/such/config.json"),
+        (["plan", "--ranks", "2", "--device-memory", "0.5"], "give a size such as 80GiB"),
+        (["plan", "--ranks", "4", "--model", "huge"], "unknown model preset 'huge'"),
+        (["plan", "--gpus", "2", "--ranks", "2"], "not allowed with argument"),
+        (["plan", "--ranks", "2", "--mode", "infer", "--microbatches", "2"], "--microbatches is a training option"),
+    ],
+)
+def test_bad_plan_questions_get_one_line_and_exit_code_2(
+    argv: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
     assert message in one_line_error(argv, capsys)

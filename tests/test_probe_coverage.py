@@ -42,9 +42,20 @@ def watch_one_step(tmp_path: Path, native_env: str, **spec: object) -> tuple[Any
     run_path.write_text(json.dumps(run.to_json()))
     out.mkdir()
     done = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={run.world_size}",
-         "-m", "tests.witness_worker", str(run_path), str(out)],
-        capture_output=True, text=True, timeout=300,
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            f"--nproc-per-node={run.world_size}",
+            "-m",
+            "tests.witness_worker",
+            str(run_path),
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
         env={**os.environ, "OMP_NUM_THREADS": "1", NATIVE_ENV: native_env, "TORCH_FR_BUFFER_SIZE": "20000"},
     )
     assert done.returncode == 0, done.stderr[-3000:]
@@ -68,8 +79,9 @@ def split(ops: list[list[Any]]) -> tuple[list[list[Any]], list[list[Any]]]:
 
 
 @pytest.mark.parametrize("plan", PLANS, ids=PLANS.keys())
-def test_hooks_record_each_operation_as_torch_records_it(plan: str, collective_kernel: tuple[str, str],
-                                                         tmp_path: Path) -> None:
+def test_hooks_record_each_operation_as_torch_records_it(
+    plan: str, collective_kernel: tuple[str, str], tmp_path: Path
+) -> None:
     kernel, native_env = collective_kernel
     run, ranks = watch_one_step(tmp_path, native_env, **PLANS[plan])
     for rank, seen in enumerate(ranks):
@@ -79,8 +91,9 @@ def test_hooks_record_each_operation_as_torch_records_it(plan: str, collective_k
         assert hooks[1] == witness[1], f"rank {rank}: sends and receives [op, ranks, bytes, dtype, peer]"
         sizes = {"dp": run.dp, "tp": run.tp, "pp": run.pp}
         expected_ops = sum(size > 1 for size in sizes.values())
-        assert len({tuple(op[1]) for op in witness[0] + witness[1]}) == expected_ops, \
+        assert len({tuple(op[1]) for op in witness[0] + witness[1]}) == expected_ops, (
             f"rank {rank}: an operation on each group the plan has, and on no other"
+        )
         if run.pp > 1:
             # Each pipeline boundary moves one activation forward and one gradient back per microbatch.
             assert [op[0] for op in witness[1]].count("send") == run.microbatches, f"rank {rank}"

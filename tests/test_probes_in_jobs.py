@@ -27,16 +27,19 @@ def test_memory_is_accounted_by_category_from_the_local_shards(launch_cpu) -> No
         assert 2 * weights <= snapshot.optimizer_bytes <= 2 * weights + 4 * 64
         assert snapshot.rss_bytes > 100 * 2**20
         assert snapshot.allocated_bytes is None and snapshot.activations_bytes is None  # CUDA-only figures
-    assert params_per_rank[0].local_parameters + params_per_rank[1].local_parameters == \
-        launched.run.shape.parameter_count()
+    assert (
+        params_per_rank[0].local_parameters + params_per_rank[1].local_parameters
+        == launched.run.shape.parameter_count()
+    )
 
 
 def test_each_stage_reports_forward_and_backward_of_every_microbatch(launch_cpu) -> None:
     launched = launch_cpu(pp=2, schedule="1f1b", microbatches=4, steps=2)
     actions = [e for e in launched.events if isinstance(e, StageAction)]
     counts = Counter((a.rank, a.stage, a.step, a.action) for a in actions)
-    assert counts == Counter({(r, r, s, action): 4 for r in range(2) for s in range(2)
-                              for action in ("forward", "backward")})
+    assert counts == Counter(
+        {(r, r, s, action): 4 for r in range(2) for s in range(2) for action in ("forward", "backward")}
+    )
     for rank in range(2):
         mine = sorted((a for a in actions if a.rank == rank), key=lambda a: a.start_ns)
         assert sorted(a.microbatch for a in mine if a.step == 0 and a.action == "forward") == [0, 1, 2, 3]

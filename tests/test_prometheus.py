@@ -64,10 +64,14 @@ def test_a_replay_serves_the_recordings_figures() -> None:
     for labels, value in samples["meshtop_collective_bytes_total"]:
         collectives[labels["op"], labels["group"]] += value
     assert collectives == {(row["op"], row["group"]): row["bytes"] for row in summary["collectives"]}
-    busbw = {(labels["op"], labels["group"]): value
-             for labels, value in samples["meshtop_collective_busbw_bytes_per_second"]}
-    assert busbw == {(row["op"], row["group"]): pytest.approx(row["busbw_gbps"]["p50"] * 1e9)
-                     for row in summary["collectives"] if row["busbw_gbps"]["p50"] is not None}
+    busbw = {
+        (labels["op"], labels["group"]): value for labels, value in samples["meshtop_collective_busbw_bytes_per_second"]
+    }
+    assert busbw == {
+        (row["op"], row["group"]): pytest.approx(row["busbw_gbps"]["p50"] * 1e9)
+        for row in summary["collectives"]
+        if row["busbw_gbps"]["p50"] is not None
+    }
     bubbles = {labels["stage"]: value for labels, value in samples["meshtop_stage_bubble_ratio"]}
     assert bubbles == {str(row["stage"]): pytest.approx(row["bubble_fraction"]) for row in summary["stages"]}
     assert {labels["rank"] for labels, _ in samples["meshtop_memory_bytes"]} == {"0", "1", "2", "3"}
@@ -80,16 +84,49 @@ def test_requests_and_gpus_in_base_units_with_the_dcgm_labels() -> None:
     metrics = RunMetrics(description(mode="infer"))
     from meshtop.probes.arrivals import Arrivals
 
-    started = RankStarted(rank=0, pid=1, host="gpu-a", device="cuda:0", pp_rank=0, dp_rank=0, tp_rank=0, stages=(),
-                          local_parameters=1, wall_ns=0)
-    request = RequestDone(rank=0, replica=0, request=0, arrival_ns=0, first_token_ns=None, end_ns=400_000_000,
-                          prompt_tokens=4, output_tokens=4, token_ns=(100_000_000, 200_000_000, 300_000_000,
-                                                                      400_000_000),
-                          output_ids=(1, 2, 3, 4), status="completed", error=None)
-    gpu = GpuSample(gpu=0, wall_ns=1, name="H200", memory_used_bytes=2**30, memory_total_bytes=2**37,
-                    utilization_pct=75.0, memory_utilization_pct=None, power_w=500.0, sm_clock_mhz=1980.0,
-                    temperature_c=None, pcie_tx_bytes_per_s=None, pcie_rx_bytes_per_s=None,
-                    nvlink_tx_bytes_per_s=None, nvlink_rx_bytes_per_s=None, uuid="GPU-1234")
+    started = RankStarted(
+        rank=0,
+        pid=1,
+        host="gpu-a",
+        device="cuda:0",
+        pp_rank=0,
+        dp_rank=0,
+        tp_rank=0,
+        stages=(),
+        local_parameters=1,
+        wall_ns=0,
+    )
+    request = RequestDone(
+        rank=0,
+        replica=0,
+        request=0,
+        arrival_ns=0,
+        first_token_ns=None,
+        end_ns=400_000_000,
+        prompt_tokens=4,
+        output_tokens=4,
+        token_ns=(100_000_000, 200_000_000, 300_000_000, 400_000_000),
+        output_ids=(1, 2, 3, 4),
+        status="completed",
+        error=None,
+    )
+    gpu = GpuSample(
+        gpu=0,
+        wall_ns=1,
+        name="H200",
+        memory_used_bytes=2**30,
+        memory_total_bytes=2**37,
+        utilization_pct=75.0,
+        memory_utilization_pct=None,
+        power_w=500.0,
+        sm_clock_mhz=1980.0,
+        temperature_c=None,
+        pcie_tx_bytes_per_s=None,
+        pcie_rx_bytes_per_s=None,
+        nvlink_tx_bytes_per_s=None,
+        nvlink_rx_bytes_per_s=None,
+        uuid="GPU-1234",
+    )
     metrics.take(Arrivals([started, request, gpu]))
     samples = {}
     for family in text_string_to_metric_families(metrics.exposition().decode()):
@@ -99,16 +136,31 @@ def test_requests_and_gpus_in_base_units_with_the_dcgm_labels() -> None:
     assert samples["meshtop_request_ttft_seconds_sum"][0][1] == pytest.approx(0.1)
     assert samples["meshtop_request_tpot_seconds_sum"][0][1] == pytest.approx(0.1)  # (0.4 - 0.1) / 3
     assert samples["meshtop_request_e2e_seconds_sum"][0][1] == pytest.approx(0.4)
-    assert samples["meshtop_gpu_utilization_ratio"] == [({"gpu": "0", "UUID": "GPU-1234", "Hostname": "gpu-a"},
-                                                         0.75)]
+    assert samples["meshtop_gpu_utilization_ratio"] == [({"gpu": "0", "UUID": "GPU-1234", "Hostname": "gpu-a"}, 0.75)]
     assert samples["meshtop_gpu_sm_clock_hertz"][0][1] == 1.98e9
 
 
 @pytest.mark.slow
 def test_a_live_run_is_scraped_while_it_trains(tmp_path: Path) -> None:
-    process = subprocess.Popen([sys.executable, "-m", "meshtop.tui.cli", "record", str(tmp_path / "rec"), "--device", "cpu",
-                                "--steps", "100000", "--metrics-port", "0"], cwd=ROOT, stdout=subprocess.PIPE,
-                               stderr=subprocess.STDOUT, text=True)
+    process = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "meshtop.tui.cli",
+            "record",
+            str(tmp_path / "rec"),
+            "--device",
+            "cpu",
+            "--steps",
+            "100000",
+            "--metrics-port",
+            "0",
+        ],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     try:
         assert process.stdout is not None
         url = None
@@ -123,8 +175,9 @@ def test_a_live_run_is_scraped_while_it_trains(tmp_path: Path) -> None:
             time.sleep(0.5)
             samples = scrape(url)
         assert samples["meshtop_steps_total"][0][1] >= 3
-        ops = {(labels["op"], labels["group"], labels["rank"]) for labels, _ in
-               samples["meshtop_collective_seconds_count"]}
+        ops = {
+            (labels["op"], labels["group"], labels["rank"]) for labels, _ in samples["meshtop_collective_seconds_count"]
+        }
         assert {("all_reduce", "dp", "0"), ("all_reduce", "dp", "1")} <= ops
         assert samples["meshtop_tokens_per_second"][0][1] > 0
         assert {labels["rank"] for labels, value in samples["meshtop_rank_up"] if value == 1} == {"0", "1"}
@@ -140,9 +193,12 @@ def test_a_live_run_is_scraped_while_it_trains(tmp_path: Path) -> None:
 
 def test_the_grafana_dashboard_asks_only_for_series_meshtop_serves() -> None:
     dashboard = json.loads((ROOT / "docs" / "grafana" / "meshtop.json").read_text())
-    asked = {re.sub(r"_(bucket|count|sum|total)$", "", name) for panel in dashboard["panels"]
-             for target in panel["targets"] for name in re.findall(r"meshtop_[a-z0-9_]+", target["expr"])}
-    served = {family.name for family in
-              text_string_to_metric_families(RunMetrics(description()).exposition().decode())}
+    asked = {
+        re.sub(r"_(bucket|count|sum|total)$", "", name)
+        for panel in dashboard["panels"]
+        for target in panel["targets"]
+        for name in re.findall(r"meshtop_[a-z0-9_]+", target["expr"])
+    }
+    served = {family.name for family in text_string_to_metric_families(RunMetrics(description()).exposition().decode())}
     assert asked and asked <= served, asked - served
     assert len(dashboard["panels"]) == len({panel["id"] for panel in dashboard["panels"]})

@@ -32,18 +32,54 @@ def test_clean_close_leaves_parquet_tables_only(recorded: Path) -> None:
 def test_summary_json_has_the_documented_keys(recorded: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["summary", str(recorded), "--json"]) == 0
     summary = json.loads(capsys.readouterr().out)
-    assert summary["run"] == {"label": "dp2 x tp1 x pp2 (1f1b, 4 mb)", "dp": 2, "tp": 1, "pp": 2, "fsdp": False,
-                              "world_size": 4, "mode": "train", "schedule": "1f1b", "microbatches": 4,
-                              "model": "tiny", "device": "cpu", "dtype": "fp32", "instrumented": True,
-                              "status": "completed", "script": None}
+    assert summary["run"] == {
+        "label": "dp2 x tp1 x pp2 (1f1b, 4 mb)",
+        "dp": 2,
+        "tp": 1,
+        "pp": 2,
+        "fsdp": False,
+        "world_size": 4,
+        "mode": "train",
+        "schedule": "1f1b",
+        "microbatches": 4,
+        "model": "tiny",
+        "device": "cpu",
+        "dtype": "fp32",
+        "instrumented": True,
+        "status": "completed",
+        "script": None,
+    }
     assert summary["steps"]["count"] == 4
     assert set(summary["steps"]["time_s"]) == {"p50", "p90", "mean"}
-    assert set(summary) == {"recording", "run", "steps", "mfu", "requests", "collectives", "stages", "memory",
-                            "most_loaded_rank", "headroom_bytes", "ranks", "hosts", "starts", "problems"}
+    assert set(summary) == {
+        "recording",
+        "run",
+        "steps",
+        "mfu",
+        "requests",
+        "collectives",
+        "stages",
+        "memory",
+        "most_loaded_rank",
+        "headroom_bytes",
+        "ranks",
+        "hosts",
+        "starts",
+        "problems",
+    }
     assert summary["starts"] == [{"restart": 0, "world_size": 4, "first_step": 0}]
     peak = max(row["peak_bytes"] for row in summary["memory"])
-    assert summary["hosts"] == [{"node": 0, "host": socket.gethostname(), "ranks": [0, 1, 2, 3], "gpus": [],
-                                 "clock_offset_ns": 0, "clock_rtt_ns": 0, "peak_bytes": peak}]
+    assert summary["hosts"] == [
+        {
+            "node": 0,
+            "host": socket.gethostname(),
+            "ranks": [0, 1, 2, 3],
+            "gpus": [],
+            "clock_offset_ns": 0,
+            "clock_rtt_ns": 0,
+            "peak_bytes": peak,
+        }
+    ]
     assert {(r["node"], r["host"]) for r in summary["ranks"]} == {(0, socket.gethostname())}
     assert summary["mfu"]["value"] is None and summary["mfu"]["why_not"] == "no peak FLOP/s for a cpu device"
     groups = {(row["group"], row["op"]) for row in summary["collectives"]}
@@ -73,8 +109,10 @@ def write_live_recording(directory: Path, *, torn: bool) -> None:
     """A recording as meshtop leaves it mid-run: manifest 'running', JSON-lines tables."""
     (directory / "events").mkdir(parents=True)
     write_manifest(directory, Manifest(run=description(dp=1), status="running"))
-    lines = [json.dumps({"rank": 0, "step": n, "start_ns": n, "duration_s": 0.5, "tokens": 100, "loss": 2.0,
-                         "kind": "step"}) for n in range(3)]
+    lines = [
+        json.dumps({"rank": 0, "step": n, "start_ns": n, "duration_s": 0.5, "tokens": 100, "loss": 2.0, "kind": "step"})
+        for n in range(3)
+    ]
     body = "\n".join(lines) + "\n"
     if torn:
         body += '{"rank": 0, "step": 3, "start'  # the write that a SIGKILL cut short
@@ -106,20 +144,35 @@ def test_damaged_parquet_is_reported_not_raised(tmp_path: Path) -> None:
     assert "memory.parquet is damaged" in recording.problems[0]
 
 
-@pytest.mark.parametrize(("setup", "message"), [
-    (lambda d: None, "does not exist"),
-    (lambda d: d.mkdir(), "is not a meshtop recording: no manifest.json"),
-    (lambda d: (d.mkdir(), (d / "manifest.json").write_text("{not json")), "manifest.json is damaged"),
-    (lambda d: (d.mkdir(), (d / "manifest.json").write_text('{"schema_version": 99}')),
-     "has recording schema version 99; this meshtop reads versions 1, 2, 3"),
-    (lambda d: (d.mkdir(), (d / "manifest.json").write_text(json.dumps({**SAMPLE_MANIFEST, "colour": "red"}))),
-     "unknown field colour"),
-    (lambda d: (d.mkdir(), (d / "manifest.json").write_text(json.dumps(
-        {**SAMPLE_MANIFEST, "plan": {**SAMPLE_MANIFEST["plan"], "dp": "two"}}))), "plan.dp must be an integer"),
-    (lambda d: d.write_text("a file"), "is not a recording directory"),
-])
-def test_unreadable_recordings_are_one_line_and_exit_2(setup, message: str, tmp_path: Path,
-                                                       capsys: pytest.CaptureFixture[str]) -> None:
+@pytest.mark.parametrize(
+    ("setup", "message"),
+    [
+        (lambda d: None, "does not exist"),
+        (lambda d: d.mkdir(), "is not a meshtop recording: no manifest.json"),
+        (lambda d: (d.mkdir(), (d / "manifest.json").write_text("{not json")), "manifest.json is damaged"),
+        (
+            lambda d: (d.mkdir(), (d / "manifest.json").write_text('{"schema_version": 99}')),
+            "has recording schema version 99; this meshtop reads versions 1, 2, 3",
+        ),
+        (
+            lambda d: (d.mkdir(), (d / "manifest.json").write_text(json.dumps({**SAMPLE_MANIFEST, "colour": "red"}))),
+            "unknown field colour",
+        ),
+        (
+            lambda d: (
+                d.mkdir(),
+                (d / "manifest.json").write_text(
+                    json.dumps({**SAMPLE_MANIFEST, "plan": {**SAMPLE_MANIFEST["plan"], "dp": "two"}})
+                ),
+            ),
+            "plan.dp must be an integer",
+        ),
+        (lambda d: d.write_text("a file"), "is not a recording directory"),
+    ],
+)
+def test_unreadable_recordings_are_one_line_and_exit_2(
+    setup, message: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     target = tmp_path / "rec"
     setup(target)
     with pytest.raises(RecordingError, match=message.replace("(", r"\(")):
@@ -145,9 +198,23 @@ def test_integers_that_may_be_missing_stay_exact_integers(tmp_path: Path, parque
     from tests.recording_kit import write_recording
 
     wall = 1_764_000_000_123_456_789  # float64 would round this to 256 ns
-    ops = [CollectiveTiming(rank=0, step=step, op="send", group="pp", group_size=2, peer=peer, bytes=8,
-                            dtype="float32", start_ns=wall, end_ns=wall + 1, clock="completion", waited_ns=waited)
-           for step, peer, waited in ((None, None, None), (0, 1, 7))]
+    ops = [
+        CollectiveTiming(
+            rank=0,
+            step=step,
+            op="send",
+            group="pp",
+            group_size=2,
+            peer=peer,
+            bytes=8,
+            dtype="float32",
+            start_ns=wall,
+            end_ns=wall + 1,
+            clock="completion",
+            waited_ns=waited,
+        )
+        for step, peer, waited in ((None, None, None), (0, 1, 7))
+    ]
     recording = open_recording(write_recording(tmp_path / "r", ops, run=description(dp=1), parquet=parquet))
     frame = recording.table("collective")
     assert str(frame.step.dtype) == str(frame.peer.dtype) == str(frame.waited_ns.dtype) == "Int64"
@@ -167,8 +234,23 @@ def test_sigkilled_meshtop_leaves_a_readable_recording_and_no_ranks(tmp_path: Pa
     from tests.test_launch import wait_for_steps
 
     out = tmp_path / "killed"
-    process = subprocess.Popen([sys.executable, "-m", "meshtop.tui.cli", "record", str(out), "--dp", "2", "--steps", "100000",
-                                "--device", "cpu"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    process = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "meshtop.tui.cli",
+            "record",
+            str(out),
+            "--dp",
+            "2",
+            "--steps",
+            "100000",
+            "--device",
+            "cpu",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     try:
         wait_for_steps(out / "events", world=2, count=3)
         job = [p.pid for p in psutil.Process(process.pid).children(recursive=True)]
@@ -193,9 +275,13 @@ def test_a_killed_rank_costs_at_most_its_last_second_of_events(tmp_path: Path) -
     import os
 
     out = tmp_path / "rank-killed"
-    done = subprocess.run([sys.executable, "-m", "meshtop.tui.cli", "record", str(out), "--dp", "2", "--steps", "500",
-                           "--device", "cpu"], capture_output=True, text=True, timeout=300,
-                          env={**os.environ, "MESHTOP_FAULT": "kill:1:60"})
+    done = subprocess.run(
+        [sys.executable, "-m", "meshtop.tui.cli", "record", str(out), "--dp", "2", "--steps", "500", "--device", "cpu"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "MESHTOP_FAULT": "kill:1:60"},
+    )
     assert done.returncode == 1
     recording = open_recording(out)
     assert recording.status == "failed" and recording.problems == []
@@ -219,9 +305,13 @@ def test_the_writer_keeps_workers_blocks_as_they_came_and_the_reader_drops_what_
     steps = [StepTiming(rank=1, step=n, start_ns=n, duration_s=0.5, tokens=8, loss=2.0) for n in range(3)]
     foreign = b'{"kind":"collective","rank":1}\n{"kind":"step","rank":1}\n'  # another kind's; a step without fields
     writer = EventWriter(tmp_path)
-    writer.write([EncodedEvents("step", 1, encode_lines(steps[:2]) + foreign, 4),
-                  EventsDropped(wall_ns=5, rank=None, where="collector", count=3),
-                  EncodedEvents("step", 1, encode_lines(steps[2:]), 1)])
+    writer.write(
+        [
+            EncodedEvents("step", 1, encode_lines(steps[:2]) + foreign, 4),
+            EventsDropped(wall_ns=5, rank=None, where="collector", count=3),
+            EncodedEvents("step", 1, encode_lines(steps[2:]), 1),
+        ]
+    )
     writer.close()
     assert writer.written == 6
     events = tmp_path / "events"
@@ -235,21 +325,27 @@ def test_the_writer_keeps_workers_blocks_as_they_came_and_the_reader_drops_what_
 GOOD_STEP = b'{"rank":0,"step":1,"start_ns":5,"duration_s":0.5,"tokens":8,"loss":2.0,"kind":"step"}\n'
 
 
-@pytest.mark.parametrize(("line", "why"), [
-    (b'{"rank":true,"step":1,"start_ns":5,"duration_s":0.5,"tokens":8,"loss":2.0}\n', "a bool for an integer"),
-    (b'{"rank":1,"step":"3","start_ns":5,"duration_s":0.5,"tokens":8,"loss":2.0}\n', "a string for an integer"),
-    (b'{"rank":' + b"1" * 5000 + b',"step":3,"start_ns":5,"duration_s":0.5,"tokens":8,"loss":2.0}\n', "huge"),
-    (b'{"rank":99999999999999999999,"step":3,"start_ns":5,"duration_s":0.5,"tokens":8,"loss":2.0}\n', "past int64"),
-    (b"[" * 100_000 + b"\n", "nested too deep"),
-    (b"[1,2]\n", "not an object"),
-    (b'{"rank":1,"step":3,"start_ns":5,"duration_s":0.5,"loss":null}\n', "a required field missing"),
-    (b'{"rank":1,"step":3,"start_ns":5,"duration_s":0.5,"tokens":8,"loss":2.0,"kind":"collective"}\n', "another kind"),
-    (b"\xff\xfe not utf-8\n", "not UTF-8"),
-    (b'{"rank":0,"step":1,"start_ns":1.5,"duration_s":0.5,"tokens":8,"loss":2.0}\n', "a fraction for an integer"),
-    (b'{"rank":0,"step":1,"start_ns":5,"duration_s":true,"tokens":8,"loss":2.0}\n', "a bool for a number"),
-    (b'{"rank":0,"step":1,"start_ns":5,"duration_s":NaN,"tokens":8,"loss":2.0}\n', "not a number"),
-    (b'{"rank":0,"step":1,"start_ns":5,"duration_s":0.5,"tokens":8,"loss":Infinity}\n', "infinite"),
-])
+@pytest.mark.parametrize(
+    ("line", "why"),
+    [
+        (b'{"rank":true,"step":1,"start_ns":5,"duration_s":0.5,"tokens":8,"loss":2.0}\n', "a bool for an integer"),
+        (b'{"rank":1,"step":"3","start_ns":5,"duration_s":0.5,"tokens":8,"loss":2.0}\n', "a string for an integer"),
+        (b'{"rank":' + b"1" * 5000 + b',"step":3,"start_ns":5,"duration_s":0.5,"tokens":8,"loss":2.0}\n', "huge"),
+        (b'{"rank":99999999999999999999,"step":3,"start_ns":5,"duration_s":0.5,"tokens":8,"loss":2.0}\n', "past int64"),
+        (b"[" * 100_000 + b"\n", "nested too deep"),
+        (b"[1,2]\n", "not an object"),
+        (b'{"rank":1,"step":3,"start_ns":5,"duration_s":0.5,"loss":null}\n', "a required field missing"),
+        (
+            b'{"rank":1,"step":3,"start_ns":5,"duration_s":0.5,"tokens":8,"loss":2.0,"kind":"collective"}\n',
+            "another kind",
+        ),
+        (b"\xff\xfe not utf-8\n", "not UTF-8"),
+        (b'{"rank":0,"step":1,"start_ns":1.5,"duration_s":0.5,"tokens":8,"loss":2.0}\n', "a fraction for an integer"),
+        (b'{"rank":0,"step":1,"start_ns":5,"duration_s":true,"tokens":8,"loss":2.0}\n', "a bool for a number"),
+        (b'{"rank":0,"step":1,"start_ns":5,"duration_s":NaN,"tokens":8,"loss":2.0}\n', "not a number"),
+        (b'{"rank":0,"step":1,"start_ns":5,"duration_s":0.5,"tokens":8,"loss":Infinity}\n', "infinite"),
+    ],
+)
 @pytest.mark.parametrize("clean", [1, 20_000], ids=["small block", "big block"])
 def test_the_decoder_counts_a_line_that_is_no_event_and_keeps_the_rest(line: bytes, why: str, clean: int) -> None:
     from meshtop.recordings.schema import decode_lines

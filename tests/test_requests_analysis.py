@@ -46,59 +46,133 @@ WINDOW_S = 0.130
 """First arrival (0 ms) to last end (130 ms) of the completed requests."""
 
 
-def run_description(*, concurrency: int = 2, slo_ttft_ms: float | None = 50, slo_tpot_ms: float | None = 12,
-                    requests: int | None = 6) -> RunDescription:
+def run_description(
+    *, concurrency: int = 2, slo_ttft_ms: float | None = 50, slo_tpot_ms: float | None = 12, requests: int | None = 6
+) -> RunDescription:
     """An infer-mode run, dp2 x pp2; ``requests=None`` leaves the load section out (and so the SLOs)."""
-    run = description(mode="infer", dp=2, pp=2, requests=requests or 6, concurrency=concurrency, prompt_len="8",
-                      output_len="1-4", max_batch=4, slo_ttft_ms=slo_ttft_ms, slo_tpot_ms=slo_tpot_ms)
+    run = description(
+        mode="infer",
+        dp=2,
+        pp=2,
+        requests=requests or 6,
+        concurrency=concurrency,
+        prompt_len="8",
+        output_len="1-4",
+        max_batch=4,
+        slo_ttft_ms=slo_ttft_ms,
+        slo_tpot_ms=slo_tpot_ms,
+    )
     return dataclasses.replace(run, load=None) if requests is None else run
 
 
 def served(request: int, replica: int, arrival_ms: float, tokens_ms: list[float]) -> RequestDone:
     times = tuple(BASE_NS + int(t * MS) for t in tokens_ms)
-    return RequestDone(rank=replica, replica=replica, request=request, arrival_ns=BASE_NS + int(arrival_ms * MS),
-                       first_token_ns=times[0], end_ns=times[-1], prompt_tokens=8, output_tokens=len(times),
-                       token_ns=times, output_ids=tuple(range(len(times))), status="completed", error=None)
+    return RequestDone(
+        rank=replica,
+        replica=replica,
+        request=request,
+        arrival_ns=BASE_NS + int(arrival_ms * MS),
+        first_token_ns=times[0],
+        end_ns=times[-1],
+        prompt_tokens=8,
+        output_tokens=len(times),
+        token_ns=times,
+        output_ids=tuple(range(len(times))),
+        status="completed",
+        error=None,
+    )
 
 
 def failed(request: int, replica: int, arrival_ms: float, end_ms: float, error: str) -> RequestDone:
-    return RequestDone(rank=replica, replica=replica, request=request, arrival_ns=BASE_NS + int(arrival_ms * MS),
-                       first_token_ns=None, end_ns=BASE_NS + int(end_ms * MS), prompt_tokens=8, output_tokens=0,
-                       token_ns=(), output_ids=(), status="failed", error=error)
+    return RequestDone(
+        rank=replica,
+        replica=replica,
+        request=request,
+        arrival_ns=BASE_NS + int(arrival_ms * MS),
+        first_token_ns=None,
+        end_ns=BASE_NS + int(end_ms * MS),
+        prompt_tokens=8,
+        output_tokens=0,
+        token_ns=(),
+        output_ids=(),
+        status="failed",
+        error=error,
+    )
 
 
 def the_requests() -> list[RequestDone]:
-    return [served(0, 0, 0, [20, 30, 40, 50]), served(1, 1, 0, [40, 55, 70]), served(2, 0, 50, [110, 130]),
-            served(3, 1, 50, [80]), failed(4, 0, 100, 120, OOM)]
+    return [
+        served(0, 0, 0, [20, 30, 40, 50]),
+        served(1, 1, 0, [40, 55, 70]),
+        served(2, 0, 50, [110, 130]),
+        served(3, 1, 50, [80]),
+        failed(4, 0, 100, 120, OOM),
+    ]
 
 
 def iteration(rank: int, step: int, duration_ms: float, wait_ms: float | None) -> StepTiming:
-    return StepTiming(rank=rank, step=step, start_ns=BASE_NS + step * 10 * MS, duration_s=duration_ms / 1e3,
-                      tokens=2, loss=None, pipeline_wait_s=None if wait_ms is None else wait_ms / 1e3)
+    return StepTiming(
+        rank=rank,
+        step=step,
+        start_ns=BASE_NS + step * 10 * MS,
+        duration_s=duration_ms / 1e3,
+        tokens=2,
+        loss=None,
+        pipeline_wait_s=None if wait_ms is None else wait_ms / 1e3,
+    )
 
 
 def engine_events() -> list[Event]:
     """Ranks (pp, dp): 0 (0, 0), 1 (0, 1), 2 (1, 0), 3 (1, 1); iterations with their pipeline waits; memory."""
     events: list[Event] = [
-        RankStarted(rank=rank, pid=100 + rank, host="h", device="cpu", pp_rank=rank // 2, dp_rank=rank % 2,
-                    tp_rank=0, stages=(rank // 2,), local_parameters=500, wall_ns=BASE_NS - 10 * MS)
-        for rank in range(4)]
+        RankStarted(
+            rank=rank,
+            pid=100 + rank,
+            host="h",
+            device="cpu",
+            pp_rank=rank // 2,
+            dp_rank=rank % 2,
+            tp_rank=0,
+            stages=(rank // 2,),
+            local_parameters=500,
+            wall_ns=BASE_NS - 10 * MS,
+        )
+        for rank in range(4)
+    ]
     events += [iteration(0, step, d, w) for step, (d, w) in enumerate([(10, 2), (10, 2), (20, 4), (10, 2), (30, 6)])]
     events += [iteration(1, step, 10, 5) for step in range(3)]
     events += [iteration(2, step, 10, 1) for step in range(5)]
     events += [iteration(3, step, 10, None) for step in range(3)]
-    events += [MemorySnapshot(rank=rank, step=4, wall_ns=BASE_NS + 60 * MS, weights_bytes=4 << 20, grads_bytes=0,
-                              optimizer_bytes=0, activations_bytes=None, kv_cache_bytes=KV_BYTES,
-                              allocated_bytes=None, reserved_bytes=None, peak_allocated_bytes=None,
-                              device_used_bytes=None, device_total_bytes=None, rss_bytes=300 << 20)
-               for rank in range(4)]
+    events += [
+        MemorySnapshot(
+            rank=rank,
+            step=4,
+            wall_ns=BASE_NS + 60 * MS,
+            weights_bytes=4 << 20,
+            grads_bytes=0,
+            optimizer_bytes=0,
+            activations_bytes=None,
+            kv_cache_bytes=KV_BYTES,
+            allocated_bytes=None,
+            reserved_bytes=None,
+            peak_allocated_bytes=None,
+            device_used_bytes=None,
+            device_total_bytes=None,
+            rss_bytes=300 << 20,
+        )
+        for rank in range(4)
+    ]
     return events
 
 
-def write_recording(directory: Path, rows: list[RequestDone], *, parquet: bool = False, status: str = "failed",
-                    **load: Any) -> Path:
-    events = [*engine_events(), *rows, JobEnded(wall_ns=BASE_NS + 200 * MS, status=status, duration_s=0.2,
-                                                root_cause_rank=None)]
+def write_recording(
+    directory: Path, rows: list[RequestDone], *, parquet: bool = False, status: str = "failed", **load: Any
+) -> Path:
+    events = [
+        *engine_events(),
+        *rows,
+        JobEnded(wall_ns=BASE_NS + 200 * MS, status=status, duration_s=0.2, root_cause_rank=None),
+    ]
     return kit_write(directory, events, run=run_description(**load), status=status, parquet=parquet)
 
 
@@ -115,8 +189,10 @@ def ms(*values: float) -> list[Any]:
 def test_request_latencies_rates_goodput_and_failures_are_exact(tmp_path: Path, parquet: bool) -> None:
     requests = summarize(open_recording(write_recording(tmp_path / "r", the_requests(), parquet=parquet)))["requests"]
     assert (requests["count"], requests["completed"], requests["failed"]) == (6, 4, 2)
-    assert requests["failures"] == [{"reason": OOM, "count": 1},
-                                    {"reason": "not served: the job ended failed first", "count": 1}]
+    assert requests["failures"] == [
+        {"reason": OOM, "count": 1},
+        {"reason": "not served: the job ended failed first", "count": 1},
+    ]
     quantiles = ("mean", "p50", "p90", "p99")
     assert [requests["ttft_s"][q] for q in quantiles] == ms(37.5, 35, 54, 59.4)
     assert [requests["tpot_s"][q] for q in quantiles] == ms(15, 15, 19, 19.9)  # request 3 has one token: no TPOT
@@ -128,10 +204,18 @@ def test_request_latencies_rates_goodput_and_failures_are_exact(tmp_path: Path, 
     assert requests["goodput_per_s"] == pytest.approx(2 / WINDOW_S)
     assert requests["slo_met"] == pytest.approx(2 / 6)
     assert requests["per_replica"] == [
-        {"replica": 0, "completed": 2,
-         "output_tokens_per_s": pytest.approx(6 / WINDOW_S), "ttft_s": {"p50": ms(40)[0]}},
-        {"replica": 1, "completed": 2,
-         "output_tokens_per_s": pytest.approx(4 / WINDOW_S), "ttft_s": {"p50": ms(35)[0]}},
+        {
+            "replica": 0,
+            "completed": 2,
+            "output_tokens_per_s": pytest.approx(6 / WINDOW_S),
+            "ttft_s": {"p50": ms(40)[0]},
+        },
+        {
+            "replica": 1,
+            "completed": 2,
+            "output_tokens_per_s": pytest.approx(4 / WINDOW_S),
+            "ttft_s": {"p50": ms(35)[0]},
+        },
     ]
 
 
@@ -156,7 +240,10 @@ def test_inference_steps_are_rank_0_iterations_and_stages_come_from_pipeline_wai
     assert stage0["busy_s"] == pytest.approx(79 / 8 / 1e3) and stage0["idle_s"] == pytest.approx(31 / 8 / 1e3)
     assert stage0["bubble_fraction"] == pytest.approx(31 / 110)
     assert (stage1["busy_s"], stage1["idle_s"], stage1["bubble_fraction"]) == (
-        pytest.approx(0.009), pytest.approx(0.001), pytest.approx(0.1))  # rank 3 measured no wait: left out
+        pytest.approx(0.009),
+        pytest.approx(0.001),
+        pytest.approx(0.1),
+    )  # rank 3 measured no wait: left out
     assert [row["kv_cache_bytes"] for row in summary["memory"]] == [KV_BYTES] * 4
 
 
@@ -177,7 +264,7 @@ def test_summary_text_has_the_request_lines(recording: Path) -> None:
         "  replica 0: 2 completed  46.15 output tok/s  TTFT p50 40.00 ms",
         "  replica 1: 2 completed  30.77 output tok/s  TTFT p50 35.00 ms",
     ]
-    assert lines[3:3 + len(expected)] == expected
+    assert lines[3 : 3 + len(expected)] == expected
     assert "pipeline stages (mean per iteration):" in lines
     assert lines[-4].startswith("  rank 0: peak 300.0 MiB") and "  kv cache 64.0 MiB" in lines[-4]
 
@@ -202,8 +289,13 @@ def test_compare_flags_a_doubled_ttft_and_calls_a_different_concurrency_unfair(t
     assert not rows["TPOT (s)"]["significant"] and rows["TPOT (s)"]["ratio"] == pytest.approx(1.0)
     assert not rows["ITL (s)"]["significant"]
     assert rows["e2e (s)"]["significant"]
-    assert {"request throughput (requests/s)", "output throughput (tokens/s)", "goodput (requests/s)",
-            "iteration time (s)", "stage 0 bubble"} <= set(rows)
+    assert {
+        "request throughput (requests/s)",
+        "output throughput (tokens/s)",
+        "goodput (requests/s)",
+        "iteration time (s)",
+        "stage 0 bubble",
+    } <= set(rows)
     assert "step time (s)" not in rows
     [line] = [line for line in comparison_lines(comparison) if line.startswith("  TTFT (s)")]
     assert line.split()[2:] == ["22.00", "ms", "42.00", "ms", "1.909", "*"]
@@ -229,8 +321,11 @@ def test_the_dashboard_folds_requests_as_the_summary_does(recording: Path) -> No
     view = state.requests_view()
     assert view is not None
     figures = view.figures
-    assert (view.total, figures.completed, figures.failed) == (summary["count"], summary["completed"],
-                                                               summary["failed"])
+    assert (view.total, figures.completed, figures.failed) == (
+        summary["count"],
+        summary["completed"],
+        summary["failed"],
+    )
     assert [{"reason": r, "count": n} for r, n in figures.failures] == summary["failures"]
     for name in ("ttft_s", "tpot_s", "itl_s", "e2e_s"):
         assert figures.latencies[name] == summary[name]

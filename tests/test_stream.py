@@ -69,8 +69,19 @@ def test_full_worker_buffer_drops_are_counted_and_reported(collector: Collector)
 
 
 def collective(rank: int, number: int) -> CollectiveTiming:
-    return CollectiveTiming(rank=rank, step=number, op="all_reduce", group="dp", group_size=2, peer=None, bytes=4096,
-                            dtype="float32", start_ns=number, end_ns=number + 10, clock="completion")
+    return CollectiveTiming(
+        rank=rank,
+        step=number,
+        op="all_reduce",
+        group="dp",
+        group_size=2,
+        peer=None,
+        bytes=4096,
+        dtype="float32",
+        start_ns=number,
+        end_ns=number + 10,
+        clock="completion",
+    )
 
 
 def test_events_already_written_as_lines_are_shipped_as_they_are_beside_the_others(collector: Collector) -> None:
@@ -121,10 +132,13 @@ def test_bad_token_malformed_and_oversized_messages_are_rejected_and_counted(col
     raw_send(collector.address, pack({"token": collector.token, "rank": 0, "sections": "nope"}))
     raw_send(collector.address, pack({"token": collector.token, "rank": 0, "sections": [["martian", 1, 10]]}))
     raw_send(collector.address, pack({"token": collector.token, "rank": 0, "sections": [[["step"], 1, 10]]}))
-    raw_send(collector.address, pack({"token": collector.token, "rank": 0, "sections": [["step", 2, len(lines)]]},
-                                     lines))  # says 2 events, holds 1
-    raw_send(collector.address, pack({"token": collector.token, "rank": 0, "sections": [["step", 1, len(lines)]]},
-                                     lines + b"trailing"))
+    raw_send(
+        collector.address, pack({"token": collector.token, "rank": 0, "sections": [["step", 2, len(lines)]]}, lines)
+    )  # says 2 events, holds 1
+    raw_send(
+        collector.address,
+        pack({"token": collector.token, "rank": 0, "sections": [["step", 1, len(lines)]]}, lines + b"trailing"),
+    )
     raw_send(collector.address, encode_events(token=collector.token, rank=0, dropped=0, events=good))
     received = wait_for(collector, 1)
     time.sleep(0.2)
@@ -135,8 +149,12 @@ def test_bad_token_malformed_and_oversized_messages_are_rejected_and_counted(col
 
 
 def test_events_that_do_not_decode_are_counted_where_they_are_decoded() -> None:
-    lines = encode_lines([step(0, 1)]) + b'{"kind":"step","rank":0}\n{"kind":"martian"}\n7\nnot json\n' \
-        + encode_lines([step(0, 2)]) + encode_lines([EventsDropped(wall_ns=1, rank=0, where="worker", count=1)])
+    lines = (
+        encode_lines([step(0, 1)])
+        + b'{"kind":"step","rank":0}\n{"kind":"martian"}\n7\nnot json\n'
+        + encode_lines([step(0, 2)])
+        + encode_lines([EventsDropped(wall_ns=1, rank=0, where="worker", count=1)])
+    )
     block = EncodedEvents("step", 0, lines, 7)
     assert [(e.rank, e.step) for e in block.events()] == [(0, 1), (0, 2)]
     assert block.bad == 5  # missing fields, unknown kind, not an object, not JSON, a kind other than the block's
@@ -174,8 +192,10 @@ def test_collector_queue_is_bounded_and_overflow_is_counted() -> None:
     small = Collector(max_queue_events=60).start()
     try:
         for count in (50, 20, 10):  # a block is queued whole or refused whole
-            raw_send(small.address, encode_events(token=small.token, rank=0, dropped=0,
-                                                  events=[step(0, n) for n in range(count)]))
+            raw_send(
+                small.address,
+                encode_events(token=small.token, rank=0, dropped=0, events=[step(0, n) for n in range(count)]),
+            )
         time.sleep(0.3)
         assert small.queued == 60
         assert small.counts.queue_full == 20
@@ -188,17 +208,38 @@ def test_collector_queue_is_bounded_and_overflow_is_counted() -> None:
 def test_wire_frames_are_length_prefixed_with_a_json_header_line() -> None:
     frame = pack({"a": 1}, b"body")
     (length,) = HEADER.unpack(frame[:4])
-    head, body = frame[4:4 + length].split(b"\n", 1)
+    head, body = frame[4 : 4 + length].split(b"\n", 1)
     assert (json.loads(head), body) == ({"a": 1}, b"body")
 
 
 def test_sections_put_rank_starts_first_and_the_steps_after_what_they_close() -> None:
     from meshtop.probes.events import CollectiveTiming, RankStarted, StageAction
 
-    started = RankStarted(rank=0, pid=1, host="h", device="cpu", pp_rank=0, dp_rank=0, tp_rank=0, stages=(0,),
-                          local_parameters=1, wall_ns=1)
-    send = CollectiveTiming(rank=0, step=1, op="send", group="pp", group_size=2, peer=1, bytes=4, dtype="float32",
-                            start_ns=1, end_ns=2, clock="completion")
+    started = RankStarted(
+        rank=0,
+        pid=1,
+        host="h",
+        device="cpu",
+        pp_rank=0,
+        dp_rank=0,
+        tp_rank=0,
+        stages=(0,),
+        local_parameters=1,
+        wall_ns=1,
+    )
+    send = CollectiveTiming(
+        rank=0,
+        step=1,
+        op="send",
+        group="pp",
+        group_size=2,
+        peer=1,
+        bytes=4,
+        dtype="float32",
+        start_ns=1,
+        end_ns=2,
+        clock="completion",
+    )
     forward = StageAction(rank=0, step=1, stage=0, microbatch=0, action="forward", start_ns=1, end_ns=2)
     emitted = [step(0, 0), started, send, step(0, 1), forward, send]  # a message cut between two steps
     a, b = socket.socketpair()
@@ -244,8 +285,12 @@ def test_lines_that_are_not_one_event_each_decode_to_none_without_raising() -> N
     good = encode_lines([step(0, 1)])
     two_on_one_line = good.rstrip(b"\n") + b"," + good
     split = b'{"kind":"step","rank":0,\n"step":3}\n'
-    for lines, bad in ((two_on_one_line + good, 1), (split + good, 2), (b"9" * 5000 + b"\n" + good, 1),
-                       (b"[" * 100_000 + b"\n" + good, 1)):
+    for lines, bad in (
+        (two_on_one_line + good, 1),
+        (split + good, 2),
+        (b"9" * 5000 + b"\n" + good, 1),
+        (b"[" * 100_000 + b"\n" + good, 1),
+    ):
         block = EncodedEvents("step", 0, lines, lines.count(b"\n"))
         assert [(e.rank, e.step) for e in block.events()] == [(0, 1)]
         assert block.bad == bad
@@ -255,8 +300,10 @@ def test_the_queue_is_bounded_in_bytes_too() -> None:
     small = Collector(max_queue_bytes=12_000).start()
     try:
         for _ in range(3):
-            raw_send(small.address, encode_events(token=small.token, rank=0, dropped=0,
-                                                  events=[step(0, n) for n in range(30)]))  # 5,330 bytes each
+            raw_send(
+                small.address,
+                encode_events(token=small.token, rank=0, dropped=0, events=[step(0, n) for n in range(30)]),
+            )  # 5,330 bytes each
         time.sleep(0.3)
         assert (small.queued, small.counts.queue_full) == (60, 30)
     finally:

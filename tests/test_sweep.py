@@ -30,10 +30,17 @@ REPO = Path(__file__).resolve().parent.parent
 ACTIVATION_TOLERANCE = 0.15
 
 
-def sweep(out: Path, *argv: str, env: dict[str, str] | None = None,
-          timeout: float = 900) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "meshtop.tui.cli", "sweep", str(out), *argv], cwd=REPO, text=True,
-                          capture_output=True, timeout=timeout, env={**os.environ, **(env or {})})
+def sweep(
+    out: Path, *argv: str, env: dict[str, str] | None = None, timeout: float = 900
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "meshtop.tui.cli", "sweep", str(out), *argv],
+        cwd=REPO,
+        text=True,
+        capture_output=True,
+        timeout=timeout,
+        env={**os.environ, **(env or {})},
+    )
 
 
 @pytest.mark.parametrize("model", ["tiny", "small"])
@@ -53,8 +60,21 @@ def test_every_prediction_of_every_four_rank_plan_matches_its_recording(model: s
 
 def test_interleaved_pipelines_hold_the_forwards_torchs_schedule_keeps_in_flight(tmp_path: Path) -> None:
     out = tmp_path / "sweep"
-    done = sweep(out, "--ranks", "4", "--model", "small", "--steps", "3", "--schedule", "interleaved-1f1b",
-                 "--microbatches", "4", "--plans", "pp4,dp2xpp2")
+    done = sweep(
+        out,
+        "--ranks",
+        "4",
+        "--model",
+        "small",
+        "--steps",
+        "3",
+        "--schedule",
+        "interleaved-1f1b",
+        "--microbatches",
+        "4",
+        "--plans",
+        "pp4,dp2xpp2",
+    )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     predicted = check_predictions(out)
     assert [predicted[key]["in_flight"] for key in ("pp4", "dp2xpp2")] == [[8, 8, 7, 5], [5, 3]]
@@ -73,8 +93,12 @@ def check_predictions(out: Path) -> dict[str, dict[str, Any]]:
             for category in ("weights_bytes", "grads_bytes", "optimizer_bytes"):
                 assert recorded[category] == rank[category], (key, rank["rank"], category)
             error = (recorded["activations_bytes"] - rank["activations_bytes"]) / rank["activations_bytes"]
-            assert abs(error) <= ACTIVATION_TOLERANCE, (key, rank["rank"], recorded["activations_bytes"],
-                                                        rank["activations_bytes"])
+            assert abs(error) <= ACTIVATION_TOLERANCE, (
+                key,
+                rank["rank"],
+                recorded["activations_bytes"],
+                rank["activations_bytes"],
+            )
         want = {(t["rank"], t["group"], t["op"]): t["bytes"] for t in plan["traffic"]}
         seen = {(t["rank"], t["group"], t["op"]): t["bytes"] for t in got["traffic"]}
         assert seen == want, key
@@ -111,9 +135,26 @@ def test_a_plan_that_fails_is_a_row_with_its_error_and_the_sweep_goes_on(tmp_pat
 
 def test_an_interrupted_sweep_keeps_the_finished_plans_and_names_those_that_did_not_run(tmp_path: Path) -> None:
     out = tmp_path / "sweep"
-    process = subprocess.Popen([sys.executable, "-m", "meshtop.tui.cli", "sweep", str(out), "--ranks", "2", "--plans",
-                                "dp2,pp2,tp2", "--steps", "1000"], cwd=REPO, text=True,
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+    process = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "meshtop.tui.cli",
+            "sweep",
+            str(out),
+            "--ranks",
+            "2",
+            "--plans",
+            "dp2,pp2,tp2",
+            "--steps",
+            "1000",
+        ],
+        cwd=REPO,
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
+    )
     try:
         deadline = time.monotonic() + 300
         while time.monotonic() < deadline:
@@ -140,8 +181,23 @@ def test_an_interrupted_sweep_keeps_the_finished_plans_and_names_those_that_did_
 
 def test_a_serving_sweep_ranks_by_goodput(tmp_path: Path) -> None:
     out = tmp_path / "sweep"
-    done = sweep(out, "--ranks", "2", "--mode", "infer", "--requests", "6", "--concurrency", "2",
-                 "--prompt-len", "8", "--output-len", "8", "--slo-ttft-ms", "60000")
+    done = sweep(
+        out,
+        "--ranks",
+        "2",
+        "--mode",
+        "infer",
+        "--requests",
+        "6",
+        "--concurrency",
+        "2",
+        "--prompt-len",
+        "8",
+        "--output-len",
+        "8",
+        "--slo-ttft-ms",
+        "60000",
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     ranked = ranking(out)
     assert ranked["ranked_by"] == "goodput_per_s" and "ranked by goodput" in done.stdout
@@ -175,15 +231,21 @@ def test_the_sweep_view_lists_the_plans_and_enter_opens_one(tmp_path: Path) -> N
 
 
 def test_a_sweep_never_writes_into_an_existing_one_and_a_question_without_a_plan_to_run_is_refused(
-        tmp_path: Path) -> None:
+    tmp_path: Path,
+) -> None:
     out = tmp_path / "sweep"
     out.mkdir()
     (out / "sweep.json").write_text('{"version": 1, "plans": []}')  # partial: no report
     done = sweep(out, "--ranks", "2", "--plans", "dp2")
     assert done.returncode == 2 and "exists and is not empty" in done.stderr and "Traceback" not in done.stderr
     assert sorted(p.name for p in out.iterdir()) == ["sweep.json"]  # no ranking written over it
-    replay = subprocess.run([sys.executable, "-m", "meshtop.tui.cli", "replay", str(out)], cwd=REPO, text=True,
-                            capture_output=True, timeout=60)
+    replay = subprocess.run(
+        [sys.executable, "-m", "meshtop.tui.cli", "replay", str(out)],
+        cwd=REPO,
+        text=True,
+        capture_output=True,
+        timeout=60,
+    )
     assert replay.returncode == 2 and "is not a sweep file this meshtop reads" in replay.stderr
     short = sweep(tmp_path / "short", "--ranks", "2", "--steps", "2")
     assert short.returncode == 2 and "give --steps 3 or more" in short.stderr

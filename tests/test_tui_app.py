@@ -36,8 +36,9 @@ def _from_the_repository(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 @asynccontextmanager
-async def replay(size: tuple[int, int] = (80, 24), at_step: int | None = 31,
-                 sample: Path = SAMPLE) -> AsyncIterator[tuple[MeshtopApp, object]]:
+async def replay(
+    size: tuple[int, int] = (80, 24), at_step: int | None = 31, sample: Path = SAMPLE
+) -> AsyncIterator[tuple[MeshtopApp, object]]:
     """The sample replayed, paused at the end of ``at_step`` (``-1``: at its end; ``None``: at its start)."""
     source = ReplaySource(open_recording(sample), clock=lambda: 0.0)
     if at_step == -1:
@@ -150,6 +151,7 @@ async def test_processes_view_selects_a_rank_and_a_replay_refuses_new_stack_dump
     async with replay() as (app, pilot):
         await press(pilot, "6", "down", "down")
         from meshtop.tui.views import ProcessesPanel
+
         assert app.query_one(ProcessesPanel).selected == 2
         await press(pilot, "s")
         assert app.messages[-1].startswith("a replay shows the stack dumps taken while recording")
@@ -182,9 +184,21 @@ async def test_help_lists_every_key() -> None:
     async with replay(size=(80, 50)) as (app, pilot):
         await press(pilot, "question_mark")
         text = screen_text(app)
-        for description in ("Quit", "Help", "1-7               Views", "Next view", "Filter",
-                            "Stack of rank", "Pause", "Step back", "Slower", "+, =              Faster", "Seek",
-                            "command palette", "the replay bar"):
+        for description in (
+            "Quit",
+            "Help",
+            "1-7               Views",
+            "Next view",
+            "Filter",
+            "Stack of rank",
+            "Pause",
+            "Step back",
+            "Slower",
+            "+, =              Faster",
+            "Seek",
+            "command palette",
+            "the replay bar",
+        ):
             assert description in text, description
         await press(pilot, "escape")
         assert "Keys" not in screen_text(app)
@@ -218,8 +232,9 @@ async def test_compare_view_marks_real_changes() -> None:
     a = open_recording(SAMPLE)
     comparison = compare(a, a)
     row = comparison["metrics"][0]
-    comparison["metrics"].append({**row, "name": "step time (s) [faked slower]", "b": row["a"] * 2, "ratio": 2.0,
-                                  "significant": True})
+    comparison["metrics"].append(
+        {**row, "name": "step time (s) [faked slower]", "b": row["a"] * 2, "ratio": 2.0, "significant": True}
+    )
     app = CompareApp(comparison, summarize(a), summarize(a))
     async with app.run_test(size=(100, 30)) as pilot:
         await pilot.pause()
@@ -230,8 +245,15 @@ async def test_compare_view_marks_real_changes() -> None:
         assert "+100.0% worse" in text and "(noise)" not in text
 
 
-SNAPSHOT_VIEWS = {"overview": "1", "devices": "2", "comms": "3", "pipeline": "4", "steps": "5", "procs": "6",
-                  "alerts": "7"}
+SNAPSHOT_VIEWS = {
+    "overview": "1",
+    "devices": "2",
+    "comms": "3",
+    "pipeline": "4",
+    "steps": "5",
+    "procs": "6",
+    "alerts": "7",
+}
 SNAPSHOT_SAMPLES = {"train": (SAMPLE, 31), "infer": (INFER_SAMPLE, -1)}
 """The training sample at its step 31, the inference sample at its end."""
 
@@ -253,15 +275,22 @@ async def test_screen_snapshot(sample: str, view: str, size: tuple[int, int]) ->
     assert text == path.read_text(), f"{path.name} changed: rerun with MESHTOP_UPDATE_SNAPSHOTS=1 if meant"
 
 
-@pytest.mark.parametrize(("argv", "message"), [
-    (["replay", "no/such/recording"], "no/such/recording does not exist"),
-    (["replay", "--speed", "0"], "--speed must be above 0"),
-    (["replay", "--paused-at", "99"], "no step 99 in this recording"),
-    (["replay"], "meshtop replay draws a dashboard, but standard output is not a terminal: use `meshtop summary REC`"),
-    (["compare", str(SAMPLE), str(SAMPLE), "--tui"], "leave out --tui for the comparison as text"),
-])
-def test_dashboard_commands_refuse_bad_input_in_one_line(argv: list[str], message: str,
-                                                         capsys: pytest.CaptureFixture[str]) -> None:
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["replay", "no/such/recording"], "no/such/recording does not exist"),
+        (["replay", "--speed", "0"], "--speed must be above 0"),
+        (["replay", "--paused-at", "99"], "no step 99 in this recording"),
+        (
+            ["replay"],
+            "meshtop replay draws a dashboard, but standard output is not a terminal: use `meshtop summary REC`",
+        ),
+        (["compare", str(SAMPLE), str(SAMPLE), "--tui"], "leave out --tui for the comparison as text"),
+    ],
+)
+def test_dashboard_commands_refuse_bad_input_in_one_line(
+    argv: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
     from meshtop.tui.cli import main
 
     assert main(argv) == 2
@@ -275,11 +304,25 @@ async def test_devices_view_draws_gpu_samples_with_history_clock_and_temperature
     from meshtop.probes.events import GpuSample  # NVML readings as the GPU sampler would send them (no GPU here)
 
     async with replay(size=(width, 30)) as (app, pilot):
-        app.state.apply_events(GpuSample(
-            gpu=0, wall_ns=i, name="NVIDIA H200", memory_used_bytes=70 << 30, memory_total_bytes=141 << 30,
-            utilization_pct=float(50 + i), memory_utilization_pct=None, power_w=300.0 + i, sm_clock_mhz=1980.0,
-            temperature_c=61.0, pcie_tx_bytes_per_s=None, pcie_rx_bytes_per_s=None,
-            nvlink_tx_bytes_per_s=2.5e9, nvlink_rx_bytes_per_s=2.5e9) for i in range(40))
+        app.state.apply_events(
+            GpuSample(
+                gpu=0,
+                wall_ns=i,
+                name="NVIDIA H200",
+                memory_used_bytes=70 << 30,
+                memory_total_bytes=141 << 30,
+                utilization_pct=float(50 + i),
+                memory_utilization_pct=None,
+                power_w=300.0 + i,
+                sm_clock_mhz=1980.0,
+                temperature_c=61.0,
+                pcie_tx_bytes_per_s=None,
+                pcie_rx_bytes_per_s=None,
+                nvlink_tx_bytes_per_s=2.5e9,
+                nvlink_rx_bytes_per_s=2.5e9,
+            )
+            for i in range(40)
+        )
         await press(pilot, "2")
         app.frame()
         await pilot.pause()

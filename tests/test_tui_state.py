@@ -9,7 +9,14 @@ import pytest
 from meshtop.probes.arrivals import Arrivals
 from meshtop.probes.errors import MeshtopError
 from meshtop.probes.events import (
-    CollectiveTiming, EventsDropped, GpuSample, ProbeOff, RankExited, RankStarted, StageAction, StepTiming,
+    CollectiveTiming,
+    EventsDropped,
+    GpuSample,
+    ProbeOff,
+    RankExited,
+    RankStarted,
+    StageAction,
+    StepTiming,
 )
 from meshtop.recordings.metrics.run import CLOSE_AFTER
 from meshtop.recordings.reader import open_recording
@@ -27,24 +34,48 @@ STEP_NS = 10 * MS
 
 
 def started(rank: int, pp_rank: int = 0, dp_rank: int = 0) -> RankStarted:
-    return RankStarted(rank=rank, pid=100 + rank, host="h", device="cpu", pp_rank=pp_rank, dp_rank=dp_rank,
-                       tp_rank=0, stages=(), local_parameters=10, wall_ns=0)
+    return RankStarted(
+        rank=rank,
+        pid=100 + rank,
+        host="h",
+        device="cpu",
+        pp_rank=pp_rank,
+        dp_rank=dp_rank,
+        tp_rank=0,
+        stages=(),
+        local_parameters=10,
+        wall_ns=0,
+    )
 
 
 def step(rank: int, number: int, duration_s: float, start_ns: int | None = None, fb: float | None = None) -> StepTiming:
     start = number * STEP_NS if start_ns is None else start_ns
-    return StepTiming(rank=rank, step=number, start_ns=start, duration_s=duration_s, tokens=100, loss=1.0,
-                      forward_backward_s=fb)
+    return StepTiming(
+        rank=rank, step=number, start_ns=start, duration_s=duration_s, tokens=100, loss=1.0, forward_backward_s=fb
+    )
 
 
-def collective(rank: int, number: int, seconds: float, op: str = "all_reduce", *, waited: bool = True,
-               offset_ns: int = 0) -> CollectiveTiming:
+def collective(
+    rank: int, number: int, seconds: float, op: str = "all_reduce", *, waited: bool = True, offset_ns: int = 0
+) -> CollectiveTiming:
     """A synchronous collective of ``seconds`` in step ``number`` (steps are 10 ms apart)."""
     start = number * STEP_NS + offset_ns
     end = start + round(seconds * 1e9)
-    return CollectiveTiming(rank=rank, step=number, op=op, group="dp", group_size=4, peer=None, bytes=1 << 20,
-                            dtype="float32", start_ns=start, end_ns=end, clock="completion",
-                            waited_ns=end - start if waited else None, overlapped=False)
+    return CollectiveTiming(
+        rank=rank,
+        step=number,
+        op=op,
+        group="dp",
+        group_size=4,
+        peer=None,
+        bytes=1 << 20,
+        dtype="float32",
+        start_ns=start,
+        end_ns=end,
+        clock="completion",
+        waited_ns=end - start if waited else None,
+        overlapped=False,
+    )
 
 
 def dashboard(**spec: object) -> DashboardState:
@@ -54,8 +85,9 @@ def dashboard(**spec: object) -> DashboardState:
 def test_the_state_stays_bounded_however_long_the_run() -> None:
     state = dashboard(dp=2)
     for number in range(HISTORY * 3):
-        state.apply_events([collective(0, number, 0.001), collective(1, number, 0.001),
-                            step(0, number, 0.01), step(1, number, 0.01)])
+        state.apply_events(
+            [collective(0, number, 0.001), collective(1, number, 0.001), step(0, number, 0.01), step(1, number, 0.01)]
+        )
     assert state.steps_done == HISTORY * 3
     assert len(state.steps) == HISTORY and len(state.fold.closed) == HISTORY
     [stats] = state.fold.collectives.stats
@@ -68,8 +100,9 @@ def test_the_state_stays_bounded_however_long_the_run() -> None:
 def test_p50_p99_interpolate_and_the_share_of_the_step_is_the_exposed_time_of_the_slowest_rank() -> None:
     state = dashboard(dp=2)
     for number in range(5):
-        state.apply_events([collective(0, number, 0.002), collective(1, number, 0.004),
-                            step(0, number, 0.010), step(1, number, 0.010)])
+        state.apply_events(
+            [collective(0, number, 0.002), collective(1, number, 0.004), step(0, number, 0.010), step(1, number, 0.010)]
+        )
     state.finish("completed")
     [line] = state.collective_rows()
     row = line.figures
@@ -84,8 +117,11 @@ def test_p50_p99_interpolate_and_the_share_of_the_step_is_the_exposed_time_of_th
 def test_without_a_seen_wait_the_exposed_time_is_the_in_flight_bound_within_the_step() -> None:
     state = dashboard(dp=2)
     for number in range(3):
-        events = [collective(rank, number, 0.004, offset_ns=offset, waited=False)
-                  for rank in (0, 1) for offset in (0, 2 * MS, 8 * MS)]  # 0-4, 2-6 and 8-12 ms: 8 ms in the step
+        events = [
+            collective(rank, number, 0.004, offset_ns=offset, waited=False)
+            for rank in (0, 1)
+            for offset in (0, 2 * MS, 8 * MS)
+        ]  # 0-4, 2-6 and 8-12 ms: 8 ms in the step
         state.apply_events([*events, step(0, number, 0.010), step(1, number, 0.010)])
     state.finish("completed")
     [row] = state.figures().collectives
@@ -100,25 +136,46 @@ def test_a_rank_slower_than_its_peers_is_called_a_straggler() -> None:
     for number in range(8):
         for rank in range(4):
             compute = 0.020 if rank == 3 else 0.010  # the others wait for rank 3 in their all-reduce
-            state.apply_events([collective(rank, number, 0.025 - compute, offset_ns=round(compute * 1e9)),
-                                step(rank, number, 0.025, start_ns=number * 30 * MS)])
+            state.apply_events(
+                [
+                    collective(rank, number, 0.025 - compute, offset_ns=round(compute * 1e9)),
+                    step(rank, number, 0.025, start_ns=number * 30 * MS),
+                ]
+            )
     assert [rank for rank, _ in state.stragglers()] == [3]
     assert any("rank 3 is a straggler: 2.00x" in alert.text for alert in state.alerts())
 
 
 def test_alerts_name_a_failed_rank_low_headroom_dropped_telemetry_and_a_probe_that_is_off() -> None:
     state = dashboard(dp=2)
-    state.apply_events([
-        started(0), started(1),
-        RankExited(rank=1, wall_ns=5, exit_code=-9, signal="SIGKILL", error="killed"),
-        GpuSample(gpu=0, wall_ns=1, name="H200", memory_used_bytes=95, memory_total_bytes=100, utilization_pct=99,
-                  memory_utilization_pct=None, power_w=500, sm_clock_mhz=1980, temperature_c=60,
-                  pcie_tx_bytes_per_s=None, pcie_rx_bytes_per_s=None, nvlink_tx_bytes_per_s=None,
-                  nvlink_rx_bytes_per_s=None),
-        EventsDropped(wall_ns=2, rank=0, where="worker", count=7),
-        *(ProbeOff(rank=rank, wall_ns=3, probe="pipeline stages", reason="torch 2.99 has no _wait_batch_p2p")
-          for rank in (0, 1)),
-    ])
+    state.apply_events(
+        [
+            started(0),
+            started(1),
+            RankExited(rank=1, wall_ns=5, exit_code=-9, signal="SIGKILL", error="killed"),
+            GpuSample(
+                gpu=0,
+                wall_ns=1,
+                name="H200",
+                memory_used_bytes=95,
+                memory_total_bytes=100,
+                utilization_pct=99,
+                memory_utilization_pct=None,
+                power_w=500,
+                sm_clock_mhz=1980,
+                temperature_c=60,
+                pcie_tx_bytes_per_s=None,
+                pcie_rx_bytes_per_s=None,
+                nvlink_tx_bytes_per_s=None,
+                nvlink_rx_bytes_per_s=None,
+            ),
+            EventsDropped(wall_ns=2, rank=0, where="worker", count=7),
+            *(
+                ProbeOff(rank=rank, wall_ns=3, probe="pipeline stages", reason="torch 2.99 has no _wait_batch_p2p")
+                for rank in (0, 1)
+            ),
+        ]
+    )
     texts = [(alert.severity, alert.text) for alert in state.alerts()]
     assert texts[0] == ("error", "rank 1 killed by SIGKILL: killed")
     assert ("warning", "GPU 0 memory headroom 5% (below 10%)") in texts
@@ -129,23 +186,32 @@ def test_alerts_name_a_failed_rank_low_headroom_dropped_telemetry_and_a_probe_th
 def test_pipeline_timeline_places_actions_within_their_step() -> None:
     state = dashboard(dp=1, pp=2)
     state.apply_events([started(0, pp_rank=0), started(1, pp_rank=1)])
-    state.apply_events([
-        StageAction(rank=0, step=0, stage=0, microbatch=0, action="forward", start_ns=0, end_ns=2 * MS),
-        StageAction(rank=1, step=0, stage=1, microbatch=0, action="forward", start_ns=2 * MS, end_ns=4 * MS),
-        StageAction(rank=1, step=0, stage=1, microbatch=0, action="backward", start_ns=4 * MS, end_ns=8 * MS),
-        StageAction(rank=0, step=0, stage=0, microbatch=0, action="backward", start_ns=8 * MS, end_ns=10 * MS),
-        step(0, 0, 0.012, start_ns=0, fb=0.010), step(1, 0, 0.012, start_ns=0, fb=0.010),
-    ])
+    state.apply_events(
+        [
+            StageAction(rank=0, step=0, stage=0, microbatch=0, action="forward", start_ns=0, end_ns=2 * MS),
+            StageAction(rank=1, step=0, stage=1, microbatch=0, action="forward", start_ns=2 * MS, end_ns=4 * MS),
+            StageAction(rank=1, step=0, stage=1, microbatch=0, action="backward", start_ns=4 * MS, end_ns=8 * MS),
+            StageAction(rank=0, step=0, stage=0, microbatch=0, action="backward", start_ns=8 * MS, end_ns=10 * MS),
+            step(0, 0, 0.012, start_ns=0, fb=0.010),
+            step(1, 0, 0.012, start_ns=0, fb=0.010),
+        ]
+    )
     [drawn] = state.pipeline_steps()
     assert drawn.span_s == pytest.approx(0.010)
     assert [(s.start_s, s.action) for s in drawn.lanes[1]] == [(0.002, "forward"), (0.004, "backward")]
     assert drawn.bubble == {0: pytest.approx(0.6), 1: pytest.approx(0.4)}
 
 
-@pytest.mark.parametrize(("text", "kept"), [
-    ("", [0, 1, 2, 3, 4, 5, 6, 7]), ("0-2,7", [0, 1, 2, 7]), ("pp=1", [4, 5, 6, 7]),
-    ("dp=0 pp=1", [4, 6]), ("5, pp=1", [5]),
-])
+@pytest.mark.parametrize(
+    ("text", "kept"),
+    [
+        ("", [0, 1, 2, 3, 4, 5, 6, 7]),
+        ("0-2,7", [0, 1, 2, 7]),
+        ("pp=1", [4, 5, 6, 7]),
+        ("dp=0 pp=1", [4, 6]),
+        ("5, pp=1", [5]),
+    ],
+)
 def test_rank_filter_selects_by_number_and_mesh_position(text: str, kept: list[int]) -> None:
     views = [RankView(rank=r, pp_rank=r // 4, dp_rank=r % 2) for r in range(8)]
     keep = parse_rank_filter(text)

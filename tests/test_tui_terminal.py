@@ -27,8 +27,9 @@ from meshtop.runner.plan import DEFAULT_STEPS
 
 TMUX = shutil.which("tmux")
 if TMUX is None:
-    pytest.skip("tmux is not installed: the real-terminal tests need it (apt-get install tmux)",
-                allow_module_level=True)
+    pytest.skip(
+        "tmux is not installed: the real-terminal tests need it (apt-get install tmux)", allow_module_level=True
+    )
 
 REPO = Path(__file__).resolve().parent.parent
 TAB_ROW = "1 Overview  2 Devices  3 Comms  4 Pipeline  5 Steps  6 Procs  7 Alerts"
@@ -46,8 +47,9 @@ T = TypeVar("T")
 class Terminal:
     """One tmux server with one session of ``width`` x ``height`` running ``meshtop ARGS`` in bash."""
 
-    def __init__(self, directory: Path, args: Sequence[str], *, width: int, height: int,
-                 env: dict[str, str] | None = None) -> None:
+    def __init__(
+        self, directory: Path, args: Sequence[str], *, width: int, height: int, env: dict[str, str] | None = None
+    ) -> None:
         tag = uuid.uuid4().hex[:10]
         self.socket = f"meshtop-test-{os.getpid()}-{tag}"
         self.session = f"meshtop-{tag}"
@@ -57,16 +59,19 @@ class Terminal:
         self.args = list(args)
         self.pane_pid: int | None = None
         self.socket_path: Path | None = None
-        self._environment = {name: value for name, value in os.environ.items()
-                             if name not in ("TMUX", "TMUX_PANE", "COLUMNS", "LINES")
-                             and not name.startswith("TEXTUAL")}
+        self._environment = {
+            name: value
+            for name, value in os.environ.items()
+            if name not in ("TMUX", "TMUX_PANE", "COLUMNS", "LINES") and not name.startswith("TEXTUAL")
+        }
         self._pane_env = {"TERM": "xterm-256color", **(env or {})}
 
     # -- tmux ----------------------------------------------------------------------
 
     def tmux(self, *args: str, check: bool = True) -> str:
-        done = subprocess.run([TMUX, "-L", self.socket, *args], capture_output=True, text=True, timeout=30,
-                              env=self._environment)
+        done = subprocess.run(
+            [TMUX, "-L", self.socket, *args], capture_output=True, text=True, timeout=30, env=self._environment
+        )
         if check and done.returncode != 0:
             raise AssertionError(f"tmux {' '.join(args)} failed ({done.returncode}): {done.stderr.strip()}")
         return done.stdout
@@ -75,16 +80,31 @@ class Terminal:
         config = self.directory / f"tmux-{self.session}.conf"
         # The pane stays after its command ends (its last screen can be read), no status line (the pane is
         # exactly width x height) and no user configuration.
-        config.write_text("set -g remain-on-exit on\nset -g status off\nset -g history-limit 10000\n"
-                          "set -g default-shell /bin/sh\n")
+        config.write_text(
+            "set -g remain-on-exit on\nset -g status off\nset -g history-limit 10000\nset -g default-shell /bin/sh\n"
+        )
         exports = " ".join(f"{name}={shlex.quote(value)}" for name, value in self._pane_env.items())
         meshtop = " ".join(shlex.quote(part) for part in [sys.executable, "-m", "meshtop.tui.cli", *self.args])
-        script = (f"export {exports}; cd {shlex.quote(str(REPO))} && {meshtop}; "
-                  f"echo EXIT=$? > {shlex.quote(str(self.exit_file))}")
-        self.tmux("-f", str(config), "new-session", "-d", "-s", self.session,
-                  "-x", str(self.width), "-y", str(self.height), f"bash -c {shlex.quote(script)}")
-        pane_pid, socket_path = self.tmux("display-message", "-p", "-t", self.session,
-                                          "#{pane_pid} #{socket_path}").strip().split(" ", 1)
+        script = (
+            f"export {exports}; cd {shlex.quote(str(REPO))} && {meshtop}; "
+            f"echo EXIT=$? > {shlex.quote(str(self.exit_file))}"
+        )
+        self.tmux(
+            "-f",
+            str(config),
+            "new-session",
+            "-d",
+            "-s",
+            self.session,
+            "-x",
+            str(self.width),
+            "-y",
+            str(self.height),
+            f"bash -c {shlex.quote(script)}",
+        )
+        pane_pid, socket_path = (
+            self.tmux("display-message", "-p", "-t", self.session, "#{pane_pid} #{socket_path}").strip().split(" ", 1)
+        )
         self.pane_pid, self.socket_path = int(pane_pid), Path(socket_path)
 
     def close(self) -> None:
@@ -166,8 +186,7 @@ def terminal(tmp_path: Path) -> Iterator[Callable[..., Terminal]]:
     """Start meshtop in a fresh tmux terminal: ``terminal(args, width=, height=, env=)``."""
     opened: list[Terminal] = []
 
-    def start(args: Sequence[str], *, width: int = 80, height: int = 24,
-              env: dict[str, str] | None = None) -> Terminal:
+    def start(args: Sequence[str], *, width: int = 80, height: int = 24, env: dict[str, str] | None = None) -> Terminal:
         term = Terminal(tmp_path, args, width=width, height=height, env=env)
         opened.append(term)
         term.start()
@@ -226,8 +245,7 @@ def live_env() -> dict[str, str]:
 # -- replay ------------------------------------------------------------------------------
 
 
-def test_replay_of_the_sample_shows_the_dashboard_switches_view_and_quits(
-        terminal: Callable[..., Terminal]) -> None:
+def test_replay_of_the_sample_shows_the_dashboard_switches_view_and_quits(terminal: Callable[..., Terminal]) -> None:
     term = terminal(["replay"], width=80, height=24)
     screen = term.wait_text(TAB_ROW)
     assert screen.startswith(" meshtop  ● replaying"), screen
@@ -250,8 +268,11 @@ def test_replay_of_the_sample_shows_the_dashboard_switches_view_and_quits(
 def test_the_header_keeps_its_step_row_in_a_narrow_terminal(terminal: Callable[..., Terminal]) -> None:
     # The sample's first header row is about 80 characters: 64 columns cannot hold it.
     term = terminal(["replay", "--paused-at", "10"], width=64, height=24)
-    term.wait_for(lambda screen: screen.startswith(" meshtop  ● ") and "step 10/40  " in screen,
-                  "the header and the replay bar", STARTUP_S)
+    term.wait_for(
+        lambda screen: screen.startswith(" meshtop  ● ") and "step 10/40  " in screen,
+        "the header and the replay bar",
+        STARTUP_S,
+    )
     deadline = time.monotonic() + 2
     while not (rows := header_rows(term.screen()))[1].startswith(" step ") and time.monotonic() < deadline:
         time.sleep(POLL_S)
@@ -262,8 +283,14 @@ def test_the_header_keeps_its_step_row_in_a_narrow_terminal(terminal: Callable[.
 def test_the_overview_and_summary_print_the_same_collective_p50_and_p99(terminal: Callable[..., Terminal]) -> None:
     """The same recording in the dashboard's overview (at its end) and in ``meshtop summary``: the same
     in-flight p50 / p99 per (group, op), as printed."""
-    done = subprocess.run([sys.executable, "-m", "meshtop.tui.cli", "summary", "recordings/samples/dp2-pp2-1f1b"],
-                          capture_output=True, text=True, cwd=REPO, timeout=120, check=True)
+    done = subprocess.run(
+        [sys.executable, "-m", "meshtop.tui.cli", "summary", "recordings/samples/dp2-pp2-1f1b"],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=120,
+        check=True,
+    )
     row = re.compile(r"^  (\w+)\s+(\w+)\s+[\d,]+\s+\S+ \S+\s+\S+ \S+\s+(\S+ \S+)\s+(\S+ \S+)", re.MULTILINE)
     printed = {(g, o): (p50, p99) for g, o, p50, p99 in row.findall(done.stdout)}
     assert len(printed) == 3, done.stdout
@@ -276,8 +303,9 @@ def test_the_overview_and_summary_print_the_same_collective_p50_and_p99(terminal
         shown = {(g, o): (p50, p99) for g, o, p50, p99 in cells.findall(screen)}
         return "collectives (busiest)" in screen and shown == printed
 
-    term.wait_for(same_as_printed, f"the overview's collectives as summary printed them, {printed}",
-                  timeout_s=STARTUP_S)
+    term.wait_for(
+        same_as_printed, f"the overview's collectives as summary printed them, {printed}", timeout_s=STARTUP_S
+    )
     term.press("q")
     assert term.wait_exit() == 0
 
@@ -288,11 +316,13 @@ def test_the_overview_and_summary_print_the_same_collective_p50_and_p99(terminal
 @pytest.mark.slow
 @pytest.mark.parametrize("how", ["q", "C-c", "SIGTERM"])
 def test_quitting_a_live_job_stops_every_rank_and_keeps_the_recording(
-        terminal: Callable[..., Terminal], tmp_path: Path, how: str) -> None:
+    terminal: Callable[..., Terminal], tmp_path: Path, how: str
+) -> None:
     runs = tmp_path / "runs"
     # Far more steps than the test waits for, so that the job is surely still running when q arrives.
-    term = terminal(["run", "--steps", "2000", "--model", "tiny", "--runs-dir", str(runs)],
-                    width=100, height=30, env=live_env())
+    term = terminal(
+        ["run", "--steps", "2000", "--model", "tiny", "--runs-dir", str(runs)], width=100, height=30, env=live_env()
+    )
 
     def running_step(screen: str) -> int | None:
         first, second = header_rows(screen)
@@ -336,7 +366,9 @@ def lose_the_terminal(term: Terminal) -> None:
 def terminal_lost(manifest: dict[str, object]) -> bool:
     """The manifest says when the terminal went, and how: its hangup, or the first write that failed."""
     note = str(manifest.get("terminal_lost"))
-    return re.fullmatch(r"\d{4}-\d\d-\d\dT[\d:]+[+-]\d{4}: (SIGHUP|a write to the terminal failed .*)", note) is not None
+    return (
+        re.fullmatch(r"\d{4}-\d\d-\d\dT[\d:]+[+-]\d{4}: (SIGHUP|a write to the terminal failed .*)", note) is not None
+    )
 
 
 def cpu_share(process: psutil.Process, seconds: float = 3.0) -> float:
@@ -345,17 +377,23 @@ def cpu_share(process: psutil.Process, seconds: float = 3.0) -> float:
 
 
 def test_a_lost_terminal_mid_run_leaves_the_job_running_headless_until_sigterm(
-        terminal: Callable[..., Terminal], tmp_path: Path) -> None:
+    terminal: Callable[..., Terminal], tmp_path: Path
+) -> None:
     """The terminal of `meshtop run` closes mid-run: meshtop neither spins nor hangs, the job goes on and is
     recorded, SIGTERM ends it within seconds, and the manifest says when the terminal was lost."""
     runs = tmp_path / "runs"
-    term = terminal(["run", "--steps", "100000", "--model", "tiny", "--runs-dir", str(runs)],
-                    width=100, height=30, env=live_env())
+    term = terminal(
+        ["run", "--steps", "100000", "--model", "tiny", "--runs-dir", str(runs)], width=100, height=30, env=live_env()
+    )
     # before the first step, the header says what the job does (the launcher's phase, then the ranks' starts)
-    term.wait_for(lambda screen: re.search(r"starting the ranks|ranks? started", header_rows(screen)[1]),
-                  "the startup phase in the header", STARTUP_S)
-    term.wait_for(lambda screen: "● running" in screen and re.search(r" step [1-9]\d*/100000", screen),
-                  "a running step", JOB_S)
+    term.wait_for(
+        lambda screen: re.search(r"starting the ranks|ranks? started", header_rows(screen)[1]),
+        "the startup phase in the header",
+        STARTUP_S,
+    )
+    term.wait_for(
+        lambda screen: "● running" in screen and re.search(r" step [1-9]\d*/100000", screen), "a running step", JOB_S
+    )
     meshtop = meshtop_process(term)
     job = [meshtop, *meshtop.children(recursive=True)]
     lose_the_terminal(term)
@@ -381,14 +419,16 @@ def test_a_lost_terminal_mid_run_leaves_the_job_running_headless_until_sigterm(
 
 @pytest.mark.slow
 def test_a_terminal_lost_as_the_job_completes_never_leaves_meshtop_behind(
-        terminal: Callable[..., Terminal], tmp_path: Path) -> None:
+    terminal: Callable[..., Terminal], tmp_path: Path
+) -> None:
     """The race seen after completion, tried again and again: the terminal closes just as the job completes,
     and each time meshtop exits by itself, at rest, the recording complete; without a recording (--no-record)
     a job whose terminal closes mid-run is stopped."""
     for attempt in range(4):
         runs = tmp_path / f"runs{attempt}"
-        term = terminal(["run", "--steps", "3", "--model", "tiny", "--runs-dir", str(runs)],
-                        width=100, height=30, env=live_env())
+        term = terminal(
+            ["run", "--steps", "3", "--model", "tiny", "--runs-dir", str(runs)], width=100, height=30, env=live_env()
+        )
         term.wait_text("● completed", timeout_s=JOB_S)
         meshtop = meshtop_process(term)
         job = [meshtop, *meshtop.children(recursive=True)]
@@ -399,10 +439,12 @@ def test_a_terminal_lost_as_the_job_completes_never_leaves_meshtop_behind(
         manifest = json.loads((only_session(runs) / "manifest.json").read_text())
         assert manifest["status"] == "completed" and terminal_lost(manifest)
 
-    term = terminal(["run", "--steps", "100000", "--model", "tiny", "--no-record"], width=100, height=30,
-                    env=live_env())
-    term.wait_for(lambda screen: "● running" in screen and re.search(r" step [1-9]\d*/100000", screen),
-                  "a running step", JOB_S)
+    term = terminal(
+        ["run", "--steps", "100000", "--model", "tiny", "--no-record"], width=100, height=30, env=live_env()
+    )
+    term.wait_for(
+        lambda screen: "● running" in screen and re.search(r" step [1-9]\d*/100000", screen), "a running step", JOB_S
+    )
     meshtop = meshtop_process(term)
     job = [meshtop, *meshtop.children(recursive=True)]
     lose_the_terminal(term)
@@ -412,11 +454,11 @@ def test_a_terminal_lost_as_the_job_completes_never_leaves_meshtop_behind(
 
 
 @pytest.mark.slow
-def test_a_completed_live_job_keeps_the_dashboard_until_q(
-        terminal: Callable[..., Terminal], tmp_path: Path) -> None:
+def test_a_completed_live_job_keeps_the_dashboard_until_q(terminal: Callable[..., Terminal], tmp_path: Path) -> None:
     runs = tmp_path / "runs"
-    term = terminal(["run", "--steps", "5", "--model", "tiny", "--runs-dir", str(runs)],
-                    width=100, height=30, env=live_env())
+    term = terminal(
+        ["run", "--steps", "5", "--model", "tiny", "--runs-dir", str(runs)], width=100, height=30, env=live_env()
+    )
     screen = term.wait_text("● completed", timeout_s=JOB_S)
     first, second = header_rows(screen)
     assert first.startswith(" meshtop  ● completed"), screen
@@ -447,7 +489,8 @@ def quit_completed(term: Terminal, job: list[psutil.Process], runs: Path) -> tup
 
 
 def test_the_default_run_trains_until_q_and_then_completes_on_every_rank(
-        terminal: Callable[..., Terminal], tmp_path: Path) -> None:
+    terminal: Callable[..., Terminal], tmp_path: Path
+) -> None:
     runs = tmp_path / "runs"
     term = terminal(["run", "--model", "tiny", "--runs-dir", str(runs)], width=100, height=30, env=live_env())
 
@@ -459,33 +502,48 @@ def test_the_default_run_trains_until_q_and_then_completes_on_every_rank(
     term.wait_for(lambda screen: (running_step(screen) or 0) > DEFAULT_STEPS, f"a step past {DEFAULT_STEPS}", JOB_S)
     assert "q ends the run" in header_rows(term.screen())[1], term.screen()
     _, session = quit_completed(term, term.job_processes(), runs)
-    summary = json.loads(subprocess.run([sys.executable, "-m", "meshtop.tui.cli", "summary", str(session), "--json"],
-                                        capture_output=True, text=True, timeout=120, check=True).stdout)
+    summary = json.loads(
+        subprocess.run(
+            [sys.executable, "-m", "meshtop.tui.cli", "summary", str(session), "--json"],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=True,
+        ).stdout
+    )
     assert summary["steps"]["count"] > DEFAULT_STEPS  # every rank reported each of them (folded steps)
 
 
 LIVE_VIEWS = {
-    "train": (["run", "--model", "tiny", "--dp", "2", "--pp", "2", "--no-record"], {
-        "1": ["step time", "memory per rank", "collectives (busiest)"],
-        "2": ["memory per rank (resident set)", "█ weights"],
-        "3": ["collectives by group and op", "all_reduce", "send", "recv"],
-        "4": ["stage 0", "stage 1", "bubble per stage over the run (ideal"],
-        "5": ["step time", "throughput", "loss"],
-        "6": ["pp/dp/tp", "running"],
-        "7": ["alerts"],
-    }),
-    "infer": (["run", "--mode", "infer", "--pp", "2", "--requests", "2000", "--no-record"], {
-        "1": ["requests", "TTFT", "TPOT", "memory per rank", "collectives (busiest)"],
-        "2": ["memory per rank (resident set)", "█ kv cache"],
-        "3": ["collectives by group and op", "send", "recv"],
-        "4": ["stage 0", "stage 1", "bubble per stage"],
-        "5": ["iteration time (rank 0)", "throughput (rank 0)"],
-        "6": ["pp/dp/tp", "running"],
-        "7": ["alerts"],
-    }),
+    "train": (
+        ["run", "--model", "tiny", "--dp", "2", "--pp", "2", "--no-record"],
+        {
+            "1": ["step time", "memory per rank", "collectives (busiest)"],
+            "2": ["memory per rank (resident set)", "█ weights"],
+            "3": ["collectives by group and op", "all_reduce", "send", "recv"],
+            "4": ["stage 0", "stage 1", "bubble per stage over the run (ideal"],
+            "5": ["step time", "throughput", "loss"],
+            "6": ["pp/dp/tp", "running"],
+            "7": ["alerts"],
+        },
+    ),
+    "infer": (
+        ["run", "--mode", "infer", "--pp", "2", "--requests", "2000", "--no-record"],
+        {
+            "1": ["requests", "TTFT", "TPOT", "memory per rank", "collectives (busiest)"],
+            "2": ["memory per rank (resident set)", "█ kv cache"],
+            "3": ["collectives by group and op", "send", "recv"],
+            "4": ["stage 0", "stage 1", "bubble per stage"],
+            "5": ["iteration time (rank 0)", "throughput (rank 0)"],
+            "6": ["pp/dp/tp", "running"],
+            "7": ["alerts"],
+        },
+    ),
 }
-COLLECTIVE_ROW = re.compile(r"^  (dp|tp|pp) +\w+ +[\d,]+ +[\d.]+ [KMG]?i?B +\S+ \S+ +\S+ \S+ "
-                            r"+([\d.]+ [kMGT]?B/s|-) +(≤?\d+%|-)( +[ ▁▂▃▄▅▆▇█]+)?$")
+COLLECTIVE_ROW = re.compile(
+    r"^  (dp|tp|pp) +\w+ +[\d,]+ +[\d.]+ [KMG]?i?B +\S+ \S+ +\S+ \S+ "
+    r"+([\d.]+ [kMGT]?B/s|-) +(≤?\d+%|-)( +[ ▁▂▃▄▅▆▇█]+)?$"
+)
 """A collectives row with every cell whole: count, bytes, p50, p99, busbw with its unit (``-`` where no
 operation ran alone on its group), % step (and the history of a wide screen)."""
 
@@ -494,19 +552,26 @@ operation ran alone on its group), % step (and the history of a wide screen)."""
 @pytest.mark.parametrize("size", [(80, 24), (200, 60)], ids=["80x24", "200x60"])
 @pytest.mark.parametrize("work", sorted(LIVE_VIEWS))
 def test_every_view_of_a_live_job_reads_whole_at_80x24_and_200x60(
-        terminal: Callable[..., Terminal], work: str, size: tuple[int, int]) -> None:
+    terminal: Callable[..., Terminal], work: str, size: tuple[int, int]
+) -> None:
     """A live training job (dp2 x pp2) and a live inference load (pp2) in a real terminal: every view shows
     what it is for, the header keeps its two rows and the tab row, numbers keep their units, and nothing
     reads None or nan."""
     args, marks = LIVE_VIEWS[work]
     term = terminal(args, width=size[0], height=size[1], env=live_env())
     progress = re.compile(r" step [1-9]\d* " if work == "train" else r" requests [1-9][\d,]*/2,000 ")
-    term.wait_for(lambda screen: "● running" in screen and progress.match(header_rows(screen)[1]),
-                  "the job running with progress in the header", JOB_S)
+    term.wait_for(
+        lambda screen: "● running" in screen and progress.match(header_rows(screen)[1]),
+        "the job running with progress in the header",
+        JOB_S,
+    )
     for key, wanted in marks.items():
         term.press(key)
-        screen = term.wait_for(lambda screen: screen if all(mark in screen for mark in wanted) else None,
-                               f"view {key} showing {wanted}", 15)
+        screen = term.wait_for(
+            lambda screen: screen if all(mark in screen for mark in wanted) else None,
+            f"view {key} showing {wanted}",
+            15,
+        )
         rows = screen.splitlines()
         assert len(rows) <= size[1] and all(len(row) <= size[0] for row in rows), screen
         first, second = header_rows(screen)
@@ -523,10 +588,26 @@ def test_every_view_of_a_live_job_reads_whole_at_80x24_and_200x60(
 
 
 def test_a_users_own_script_runs_live_with_its_collectives_and_steps(
-        terminal: Callable[..., Terminal], tmp_path: Path) -> None:
+    terminal: Callable[..., Terminal], tmp_path: Path
+) -> None:
     runs = tmp_path / "runs"
-    term = terminal(["run", "--runs-dir", str(runs), "--", "torchrun", "--standalone", "--nproc-per-node=2",
-                     str(REPO / "examples" / "ddp.py"), "--steps", "6"], width=120, height=32, env=live_env())
+    term = terminal(
+        [
+            "run",
+            "--runs-dir",
+            str(runs),
+            "--",
+            "torchrun",
+            "--standalone",
+            "--nproc-per-node=2",
+            str(REPO / "examples" / "ddp.py"),
+            "--steps",
+            "6",
+        ],
+        width=120,
+        height=32,
+        env=live_env(),
+    )
     screen = term.wait_text("● completed", timeout_s=JOB_S)
     first, second = header_rows(screen)
     assert "torchrun ddp.py (2 ranks) · 2× cpu" in first, screen
@@ -543,17 +624,27 @@ def test_a_users_own_script_runs_live_with_its_collectives_and_steps(
 
 @pytest.mark.slow
 def test_a_hang_in_a_live_job_shows_the_report_and_s_stops_the_job(
-        terminal: Callable[..., Terminal], tmp_path: Path) -> None:
+    terminal: Callable[..., Terminal], tmp_path: Path
+) -> None:
     runs = tmp_path / "runs"
-    term = terminal(["run", "--steps", "50", "--model", "tiny", "--runs-dir", str(runs), "--hang-timeout", "3"],
-                    width=110, height=32, env={**live_env(), "MESHTOP_FAULT": "hang:1:3"})
+    term = terminal(
+        ["run", "--steps", "50", "--model", "tiny", "--runs-dir", str(runs), "--hang-timeout", "3"],
+        width=110,
+        height=32,
+        env={**live_env(), "MESHTOP_FAULT": "hang:1:3"},
+    )
     screen = term.wait_text("No rank made progress", timeout_s=JOB_S)
     assert "rank 0 waits in a collective; rank 1 is not in one: look there first" in screen
     assert "rank 0: inside all_reduce on dp for " in screen
     job = term.job_processes()
     term.press("s")
     term.wait_text("● failed", timeout_s=JOB_S)  # stopped; the dashboard stays open to be read
-    assert still_running([p for p in job if python_module(p) in ("meshtop.runner.rank.worker", "meshtop.runner.job.agent")]) == []
+    assert (
+        still_running(
+            [p for p in job if python_module(p) in ("meshtop.runner.rank.worker", "meshtop.runner.job.agent")]
+        )
+        == []
+    )
     term.press("q")
     assert term.wait_exit() == 1, term.everything()
     assert still_running(job) == []

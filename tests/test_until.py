@@ -16,8 +16,9 @@ from tests.jobs import launch
 
 
 def ranks(store: dist.Store, stop_file: Path, *, world: int = 2, time_limit_s: float = 3600.0) -> list[RunUntilStopped]:
-    return [RunUntilStopped(rank=rank, time_limit_s=time_limit_s, store=store, stop_file=stop_file)
-            for rank in range(world)]
+    return [
+        RunUntilStopped(rank=rank, time_limit_s=time_limit_s, store=store, stop_file=stop_file) for rank in range(world)
+    ]
 
 
 def test_every_rank_ends_after_the_step_rank_0_names_once_asked(tmp_path: Path) -> None:
@@ -60,8 +61,7 @@ def steps_of_each_rank(events: list[object]) -> dict[int, list[int]]:
 
 
 @pytest.mark.slow
-def test_asked_to_finish_a_pipeline_job_ends_after_the_same_step_on_every_rank_and_completes(
-        tmp_path: Path) -> None:
+def test_asked_to_finish_a_pipeline_job_ends_after_the_same_step_on_every_rank_and_completes(tmp_path: Path) -> None:
     control = JobControl()
 
     def ask_after_step_2(events: list[Event]) -> None:

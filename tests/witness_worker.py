@@ -41,13 +41,22 @@ from meshtop.runner.rank.train import build_training, train_step
 WATCHED_STEP = 2
 # The dispatcher's c10d ops by the names meshtop gives them (this test's own table).
 C10D_NAMES = {
-    "allreduce_": "all_reduce", "allreduce_coalesced_": "all_reduce",
-    "allgather_": "all_gather", "_allgather_base_": "all_gather", "allgather_coalesced_": "all_gather",
+    "allreduce_": "all_reduce",
+    "allreduce_coalesced_": "all_reduce",
+    "allgather_": "all_gather",
+    "_allgather_base_": "all_gather",
+    "allgather_coalesced_": "all_gather",
     "allgather_into_tensor_coalesced_": "all_gather",
-    "reduce_scatter_": "reduce_scatter", "_reduce_scatter_base_": "reduce_scatter",
+    "reduce_scatter_": "reduce_scatter",
+    "_reduce_scatter_base_": "reduce_scatter",
     "reduce_scatter_tensor_coalesced_": "reduce_scatter",
-    "broadcast_": "broadcast", "reduce_": "reduce", "gather_": "gather", "scatter_": "scatter",
-    "alltoall_": "all_to_all", "alltoall_base_": "all_to_all", "barrier": "barrier",
+    "broadcast_": "broadcast",
+    "reduce_": "reduce",
+    "gather_": "gather",
+    "scatter_": "scatter",
+    "alltoall_": "all_to_all",
+    "alltoall_base_": "all_to_all",
+    "barrier": "barrier",
 }
 POINT_TO_POINT = {"send": "send", "recv_": "recv", "recv_any_source_": "recv"}
 # What the backend's flight record calls each op, where it differs: gloo carries a reduce-scatter out as an
@@ -106,8 +115,12 @@ def profiled_ops(trace: Path) -> list[dict[str, Any]]:
     """The c10d ops and gloo's point-to-point operations of a profiler trace (Chrome's format, which every
     release writes alike: torch 2.11's events in Python carry no dtypes), in the order they began."""
     events = json.loads(trace.read_text())["traceEvents"]
-    wanted = [event for event in events if event.get("ph") == "X" and (
-        event["name"].startswith("c10d::") or event["name"] in ("gloo:send", "gloo:recv"))]
+    wanted = [
+        event
+        for event in events
+        if event.get("ph") == "X"
+        and (event["name"].startswith("c10d::") or event["name"] in ("gloo:send", "gloo:recv"))
+    ]
     return sorted(wanted, key=lambda event: event["ts"])
 
 
@@ -122,8 +135,11 @@ def witnessed(records: list[dict[str, Any]], profiled: list[dict[str, Any]], pp_
     ``[1, ...]`` on gloo).
     """
     dispatched = [event for event in profiled if event["name"].startswith("c10d::")]
-    collectives = [C10D_NAMES[event["name"].removeprefix("c10d::")] for event in dispatched
-                   if event["name"].removeprefix("c10d::") not in POINT_TO_POINT]
+    collectives = [
+        C10D_NAMES[event["name"].removeprefix("c10d::")]
+        for event in dispatched
+        if event["name"].removeprefix("c10d::") not in POINT_TO_POINT
+    ]
     assert len(collectives) == len(records), f"{len(collectives)} c10d collectives, {len(records)} records"
     ops = []
     for op, record in zip(collectives, records):
@@ -132,17 +148,34 @@ def witnessed(records: list[dict[str, Any]], profiled: list[dict[str, Any]], pp_
         group = sorted(dist.get_process_group_ranks(_resolve_process_group(record["process_group"][0])))
         dtypes = record["input_dtypes"]
         nbytes = numel(record["input_sizes"]) * itemsize(dtypes[0]) if dtypes else 0
-        ops.append([op, group, nbytes * (len(group) if op == "all_gather" else 1),
-                    torch_dtype(dtypes[0]) if dtypes else None, None])
+        ops.append(
+            [
+                op,
+                group,
+                nbytes * (len(group) if op == "all_gather" else 1),
+                torch_dtype(dtypes[0]) if dtypes else None,
+                None,
+            ]
+        )
     # c10d::send / recv_ (tensors, process group, peer, tag): the peer's group rank, as the call gave it
-    peers = [pp_ranks[int(event["args"]["Concrete Inputs"][2])] for event in dispatched
-             if event["name"].removeprefix("c10d::") in POINT_TO_POINT]
+    peers = [
+        pp_ranks[int(event["args"]["Concrete Inputs"][2])]
+        for event in dispatched
+        if event["name"].removeprefix("c10d::") in POINT_TO_POINT
+    ]
     buffers = [event for event in profiled if event["name"] in ("gloo:send", "gloo:recv")]
     assert len(peers) == len(buffers), f"{len(peers)} c10d point-to-point ops, {len(buffers)} gloo ones"
     for event, peer in zip(buffers, peers):
         dtype = event["args"]["Input type"][0]
-        ops.append([event["name"].split(":")[1], sorted(pp_ranks),
-                    numel(event["args"]["Input Dims"]) * itemsize(dtype), torch_dtype(dtype), peer])
+        ops.append(
+            [
+                event["name"].split(":")[1],
+                sorted(pp_ranks),
+                numel(event["args"]["Input Dims"]) * itemsize(dtype),
+                torch_dtype(dtype),
+                peer,
+            ]
+        )
     return ops
 
 
@@ -170,8 +203,10 @@ def main(run_path: str, out_dir: str) -> None:
             with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as profiled:
                 train_step(job, step)
             probes.step_ended(step)
-            records = sorted((entry for entry in flight_records() if entry["record_id"] > before),
-                             key=lambda entry: entry["record_id"])
+            records = sorted(
+                (entry for entry in flight_records() if entry["record_id"] > before),
+                key=lambda entry: entry["record_id"],
+            )
             trace = Path(out_dir, f"profile-{rank}.json")
             profiled.export_chrome_trace(str(trace))
             witness = witnessed(records, profiled_ops(trace), groups["pp"])
@@ -180,12 +215,23 @@ def main(run_path: str, out_dir: str) -> None:
             probes.step_ended(step)
     dist.barrier()
     probes.uninstall()
-    hooks = [[e.op, groups[e.group], e.bytes, e.dtype, e.peer] for e in sorted(
-        (e for e in sink.events if isinstance(e, CollectiveTiming) and e.step == WATCHED_STEP),
-        key=lambda e: e.start_ns)]
-    Path(out_dir, f"rank-{rank}.json").write_text(json.dumps({
-        "kernel": probes.collective_kernel, "witness_available": bool(flight_records()),
-        "hooks": hooks, "witness": witness}))
+    hooks = [
+        [e.op, groups[e.group], e.bytes, e.dtype, e.peer]
+        for e in sorted(
+            (e for e in sink.events if isinstance(e, CollectiveTiming) and e.step == WATCHED_STEP),
+            key=lambda e: e.start_ns,
+        )
+    ]
+    Path(out_dir, f"rank-{rank}.json").write_text(
+        json.dumps(
+            {
+                "kernel": probes.collective_kernel,
+                "witness_available": bool(flight_records()),
+                "hooks": hooks,
+                "witness": witness,
+            }
+        )
+    )
     dist.destroy_process_group()
 
 

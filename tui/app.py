@@ -27,7 +27,14 @@ from meshtop.tui.state import LIVE_FIGURES_EVERY_S, DashboardState
 from meshtop.tui.summary_text import per_second
 from meshtop.tui.terminal import TerminalGuard
 from meshtop.tui.views import (
-    AlertsPanel, CollectivesPanel, DevicesPanel, OverviewPanel, Panel, PipelinePanel, ProcessesPanel, StepsPanel,
+    AlertsPanel,
+    CollectivesPanel,
+    DevicesPanel,
+    OverviewPanel,
+    Panel,
+    PipelinePanel,
+    ProcessesPanel,
+    StepsPanel,
     output_rate,
 )
 
@@ -61,8 +68,14 @@ class HeaderBar(Static):
             what = f"{info.world_size}× {info.device}"
         first = Text(no_wrap=True, overflow="ellipsis")
         first.append(" meshtop ", style="bold reverse")
-        colour = {"running": "green", "completed": "green", "replaying": "cyan", "failed": "bold red",
-                  "interrupted": "yellow", "stopping": "yellow"}.get(status, "white")
+        colour = {
+            "running": "green",
+            "completed": "green",
+            "replaying": "cyan",
+            "failed": "bold red",
+            "interrupted": "yellow",
+            "stopping": "yellow",
+        }.get(status, "white")
         first.append(f" ● {status} ", style=colour)
         first.append(f" {info.plan.label} · {what}")
         second = Text(no_wrap=True, overflow="ellipsis")
@@ -74,7 +87,9 @@ class HeaderBar(Static):
             self._requests(second, state)
         else:
             self._steps(second, state)
-        second.append(f"  elapsed {human_seconds(state.elapsed_s) if state.elapsed_s >= 1 else f'{state.elapsed_s:.1f} s'}")
+        second.append(
+            f"  elapsed {human_seconds(state.elapsed_s) if state.elapsed_s >= 1 else f'{state.elapsed_s:.1f} s'}"
+        )
         if info.until_stopped and status == "running":
             second.append("  q ends the run", style="bold")
         alerts = state.alerts()
@@ -170,8 +185,9 @@ class HelpScreen(ModalScreen[None]):
             text.append(f"{keys:<18}", style="bold cyan")
             text.append(f"{binding.description}\n")
         text.append("\nctrl+p            command palette (every action by name)\n", style="dim")
-        text.append(f"mouse             tabs, {'the replay bar, ' if self.replay else ''}footer keys; scroll",
-                    style="dim")
+        text.append(
+            f"mouse             tabs, {'the replay bar, ' if self.replay else ''}footer keys; scroll", style="dim"
+        )
         with VerticalScroll():
             yield Static(text)
 
@@ -193,8 +209,10 @@ class HangScreen(ModalScreen[bool]):
         self.hang = hang
 
     def compose(self) -> ComposeResult:
-        text = Text(f"No rank made progress for {self.hang.silent_s:.0f} s (hang timeout {self.hang.timeout_s:.0f} s)\n\n",
-                    style="bold red")
+        text = Text(
+            f"No rank made progress for {self.hang.silent_s:.0f} s (hang timeout {self.hang.timeout_s:.0f} s)\n\n",
+            style="bold red",
+        )
         lines = self.hang.report.splitlines()
         text.append(lines[0] + "\n", style="bold")
         text.append("\n".join(lines[1:]) + "\n\n")
@@ -236,9 +254,20 @@ class PromptScreen(ModalScreen[str | None]):
 
 
 def display_key(key: str) -> str:
-    return {"question_mark": "?", "slash": "/", "space": "space", "plus": "+", "minus": "-", "left": "←",
-            "right": "→", "up": "↑", "down": "↓", "shift+tab": "shift+tab", "ctrl+c": "ctrl+c",
-            "equals_sign": "="}.get(key, key)
+    return {
+        "question_mark": "?",
+        "slash": "/",
+        "space": "space",
+        "plus": "+",
+        "minus": "-",
+        "left": "←",
+        "right": "→",
+        "up": "↑",
+        "down": "↓",
+        "shift+tab": "shift+tab",
+        "ctrl+c": "ctrl+c",
+        "equals_sign": "=",
+    }.get(key, key)
 
 
 class MeshtopApp(App[None]):
@@ -260,7 +289,10 @@ class MeshtopApp(App[None]):
         Binding("q", "quit", "Quit", priority=True),
         Binding("ctrl+c", "interrupt", "Quit (also while typing)", show=False, priority=True),
         Binding("question_mark", "help", "Help"),
-        *(Binding(str(n), f"view('{view}')", f"View: {label}", show=False) for n, (view, label, _) in enumerate(VIEWS, 1)),
+        *(
+            Binding(str(n), f"view('{view}')", f"View: {label}", show=False)
+            for n, (view, label, _) in enumerate(VIEWS, 1)
+        ),
         Binding("tab", "cycle_view(1)", "Next view", priority=True),
         Binding("shift+tab", "cycle_view(-1)", "Previous view", show=False, priority=True),
         Binding("slash", "filter", "Filter"),
@@ -279,8 +311,15 @@ class MeshtopApp(App[None]):
     ]
     REPLAY_ACTIONS = frozenset({"playback", "seek"})
 
-    def __init__(self, source: Source, *, frame_hz: float = FRAME_HZ, headroom_alert: float = 0.10,
-                 quit_on_signals: bool = False, terminal: TerminalGuard | None = None) -> None:
+    def __init__(
+        self,
+        source: Source,
+        *,
+        frame_hz: float = FRAME_HZ,
+        headroom_alert: float = 0.10,
+        quit_on_signals: bool = False,
+        terminal: TerminalGuard | None = None,
+    ) -> None:
         super().__init__()
         self.quit_on_signals = quit_on_signals
         """SIGTERM quits as q does, SIGHUP loses the terminal and SIGUSR1 dumps every rank's stack (the CLI's
@@ -319,8 +358,12 @@ class MeshtopApp(App[None]):
 
     def _new_state(self) -> DashboardState:
         live = self.source.playback is None  # a replay's figures are always those of its position
-        return DashboardState(self.source.description, recording=self.source.recording,
-                              headroom_alert=self.headroom_alert, figures_every_s=LIVE_FIGURES_EVERY_S if live else 0.0)
+        return DashboardState(
+            self.source.description,
+            recording=self.source.recording,
+            headroom_alert=self.headroom_alert,
+            figures_every_s=LIVE_FIGURES_EVERY_S if live else 0.0,
+        )
 
     def compose(self) -> ComposeResult:
         yield HeaderBar(id="header")
@@ -358,7 +401,7 @@ class MeshtopApp(App[None]):
         self.state = self.source.poll(self.state)
         self.state.set_clock(self.source.now_ns(), self.source.started_ns())
         if not self.state.steps_done and not self.state.ranks_started():  # the launcher's phase: read until a
-            self.state.launcher_phase = self.source.launcher_phase()      # rank reports (then the ranks say)
+            self.state.launcher_phase = self.source.launcher_phase()  # rank reports (then the ranks say)
         self.redraw()
         self.frame_times_s.append(time.perf_counter() - started)
         if self.gc_pacer.frame_drawn():
@@ -431,9 +474,16 @@ class MeshtopApp(App[None]):
     def action_help(self) -> None:
         """Every key that does something here: a live job's help leaves out the replay's keys."""
         replay = self.source.playback is not None
-        self.push_screen(HelpScreen((b for b in self.BINDINGS if isinstance(b, Binding)
-                                     and (replay or b.action.split("(")[0] not in self.REPLAY_ACTIONS)),
-                                    replay=replay))
+        self.push_screen(
+            HelpScreen(
+                (
+                    b
+                    for b in self.BINDINGS
+                    if isinstance(b, Binding) and (replay or b.action.split("(")[0] not in self.REPLAY_ACTIONS)
+                ),
+                replay=replay,
+            )
+        )
 
     def action_filter(self) -> None:
         def apply(text: str | None) -> None:
@@ -447,8 +497,9 @@ class MeshtopApp(App[None]):
             self.rank_filter_text = text.strip()
             self.redraw()
 
-        self.push_screen(PromptScreen("Show ranks (0-3,7 · pp=1 · dp=0 tp=1 · empty for all):",
-                                      self.rank_filter_text), apply)
+        self.push_screen(
+            PromptScreen("Show ranks (0-3,7 · pp=1 · dp=0 tp=1 · empty for all):", self.rank_filter_text), apply
+        )
 
     def action_select_rank(self, delta: int) -> None:
         panel = self.query_one(ProcessesPanel)
@@ -532,8 +583,9 @@ class MeshtopApp(App[None]):
         yield SystemCommand("Filter ranks", "show only some ranks", self.action_filter)
         yield SystemCommand("Stack dump: every rank", "py-spy dump of every rank", lambda: self.action_stacks(True))
         if self.source.playback is not None:
-            yield SystemCommand("Replay: pause / resume", "pause or resume the replay",
-                                lambda: self.action_playback("toggle_pause"))
+            yield SystemCommand(
+                "Replay: pause / resume", "pause or resume the replay", lambda: self.action_playback("toggle_pause")
+            )
             yield SystemCommand("Replay: seek", "go to a step or a time", self.action_seek)
 
 

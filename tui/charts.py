@@ -65,8 +65,15 @@ def column_chart(values: Sequence[float], width: int, height: int, *, low: float
     return ["".join(row).rjust(width) for row in rows]
 
 
-def chart(title: str, values: Sequence[float], *, width: int, height: int,
-          format_value: Callable[[float], str], from_zero: bool = True) -> Text:
+def chart(
+    title: str,
+    values: Sequence[float],
+    *,
+    width: int,
+    height: int,
+    format_value: Callable[[float], str],
+    from_zero: bool = True,
+) -> Text:
     """A titled column chart: the latest value by the title, the axis from zero (or the smallest) to the largest.
 
     Fewer values than columns are widened, up to :data:`MAX_COLUMNS_PER_VALUE` columns each, so that a short
@@ -79,7 +86,7 @@ def chart(title: str, values: Sequence[float], *, width: int, height: int,
     if not values:
         text.append(" " * 9 + " (no data yet)\n", style="dim")
         return text
-    shown = list(values)[-max(4, width - 10):]
+    shown = list(values)[-max(4, width - 10) :]
     low = 0.0 if from_zero else min(shown)
     top_label, low_label = format_value(max(shown)), ("0" if from_zero else format_value(low))
     label_width = max(9, len(top_label), len(low_label))

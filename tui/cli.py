@@ -69,77 +69,164 @@ def add_plan_options(parser: argparse.ArgumentParser, *, command: str = "run") -
     degrees themselves (``sweep`` launches, ``plan`` only computes)."""
     plan = parser.add_argument_group("parallel plan")
     if command == "run":
-        plan.add_argument("--dp", type=int, default=None, metavar="N",
-                          help="data-parallel degree (default: every GPU, or 2 CPU ranks, when no other degree is "
-                               "given)")
+        plan.add_argument(
+            "--dp",
+            type=int,
+            default=None,
+            metavar="N",
+            help="data-parallel degree (default: every GPU, or 2 CPU ranks, when no other degree is given)",
+        )
         plan.add_argument("--tp", type=int, default=1, metavar="N", help="tensor-parallel degree (default 1)")
         plan.add_argument("--pp", type=int, default=1, metavar="N", help="pipeline-parallel degree (default 1)")
         plan.add_argument("--fsdp", action="store_true", help="shard over dp with FSDP2 instead of replicating")
     else:
-        plan.add_argument("--fsdp", action="store_true",
-                          help="also each plan with dp 2 or more sharded by FSDP2 (fsdp2xtp2 beside dp2xtp2)")
+        plan.add_argument(
+            "--fsdp",
+            action="store_true",
+            help="also each plan with dp 2 or more sharded by FSDP2 (fsdp2xtp2 beside dp2xtp2)",
+        )
     plan.add_argument("--schedule", choices=SCHEDULES, default=None, help="pipeline schedule (default 1f1b)")
-    plan.add_argument("--microbatches", type=int, default=None, metavar="M", help="pipeline microbatches per step (default 2 x pp)")
+    plan.add_argument(
+        "--microbatches", type=int, default=None, metavar="M", help="pipeline microbatches per step (default 2 x pp)"
+    )
     work = parser.add_argument_group("model and data")
-    work.add_argument("--model", default="tiny", metavar="NAME", help=f"model preset: {', '.join(PRESETS)} (default tiny)")
-    work.add_argument("--model-config", default=None, metavar="PATH",
-                      help="a Hugging Face style config.json of a Llama-family decoder: plan and run that shape "
-                           "with random weights (instead of --model)")
+    work.add_argument(
+        "--model", default="tiny", metavar="NAME", help=f"model preset: {', '.join(PRESETS)} (default tiny)"
+    )
+    work.add_argument(
+        "--model-config",
+        default=None,
+        metavar="PATH",
+        help="a Hugging Face style config.json of a Llama-family decoder: plan and run that shape "
+        "with random weights (instead of --model)",
+    )
     work.add_argument("--dtype", choices=DTYPES, default=None, help="fp32 or bf16 (default fp32 on CPU, bf16 on CUDA)")
     if command == "run":  # plan and sweep: --gpus or --ranks
         work.add_argument("--device", choices=DEVICES, default="auto", help="auto: cuda when a GPU is visible")
-    work.add_argument("--mode", choices=MODES, default="train",
-                      help="train (default), or infer: serve a load of generation requests")
+    work.add_argument(
+        "--mode", choices=MODES, default="train", help="train (default), or infer: serve a load of generation requests"
+    )
     if command != "plan":
-        work.add_argument("--steps", type=int, default=None, metavar="N",
-                          help=(f"training steps (default: until q, {WATCH_LIMIT_S / 60:g} minutes at most; "
-                                f"record, or on many nodes: {DEFAULT_STEPS})" if command == "run" else
-                                f"training steps (default {SWEEP_STEPS})"))
+        work.add_argument(
+            "--steps",
+            type=int,
+            default=None,
+            metavar="N",
+            help=(
+                f"training steps (default: until q, {WATCH_LIMIT_S / 60:g} minutes at most; "
+                f"record, or on many nodes: {DEFAULT_STEPS})"
+                if command == "run"
+                else f"training steps (default {SWEEP_STEPS})"
+            ),
+        )
     batch = "4 per microbatch per replica" if command == "run" else "4 per rank, the same for every plan"
-    work.add_argument("--batch-size", type=int, default=None, metavar="N",
-                      help=f"global batch in sequences (default {batch})")
-    work.add_argument("--seq-len", type=int, default=None, metavar="N", help="tokens per sequence (default: the model's)")
+    work.add_argument(
+        "--batch-size", type=int, default=None, metavar="N", help=f"global batch in sequences (default {batch})"
+    )
+    work.add_argument(
+        "--seq-len", type=int, default=None, metavar="N", help="tokens per sequence (default: the model's)"
+    )
     if command != "plan":
         work.add_argument("--seed", type=int, default=0, metavar="N", help="seed of weights and data (default 0)")
     load = parser.add_argument_group("inference load (--mode infer)")
-    load.add_argument("--requests", type=int, default=None, metavar="N", help=f"requests to serve (default {DEFAULT_REQUESTS})")
-    load.add_argument("--concurrency", type=int, default=None, metavar="C",
-                      help=f"closed loop: requests in flight at once (default {DEFAULT_CONCURRENCY})")
-    load.add_argument("--request-rate", type=float, default=None, metavar="R",
-                      help="open loop: Poisson arrivals, R requests per second")
-    load.add_argument("--prompt-len", default=None, metavar="N|LO-HI",
-                      help=f"prompt tokens, fixed or a range (default {DEFAULT_PROMPT_LEN[0]})")
-    load.add_argument("--output-len", default=None, metavar="N|LO-HI",
-                      help=f"tokens to generate, fixed or a range (default {DEFAULT_OUTPUT_LEN[0]})")
-    load.add_argument("--max-batch", type=int, default=None, metavar="B",
-                      help=f"requests one replica decodes together, at most (default {DEFAULT_MAX_BATCH})")
-    load.add_argument("--slo-ttft-ms", type=float, default=None, metavar="MS", help="goodput: time to first token at most MS")
-    load.add_argument("--slo-tpot-ms", type=float, default=None, metavar="MS", help="goodput: time per output token at most MS")
-    builtin = [action for group in (plan, work, load) for action in group._group_actions
-               if action.dest not in ("device", "dtype")]  # a script's device, and its dtype for MFU
+    load.add_argument(
+        "--requests", type=int, default=None, metavar="N", help=f"requests to serve (default {DEFAULT_REQUESTS})"
+    )
+    load.add_argument(
+        "--concurrency",
+        type=int,
+        default=None,
+        metavar="C",
+        help=f"closed loop: requests in flight at once (default {DEFAULT_CONCURRENCY})",
+    )
+    load.add_argument(
+        "--request-rate",
+        type=float,
+        default=None,
+        metavar="R",
+        help="open loop: Poisson arrivals, R requests per second",
+    )
+    load.add_argument(
+        "--prompt-len",
+        default=None,
+        metavar="N|LO-HI",
+        help=f"prompt tokens, fixed or a range (default {DEFAULT_PROMPT_LEN[0]})",
+    )
+    load.add_argument(
+        "--output-len",
+        default=None,
+        metavar="N|LO-HI",
+        help=f"tokens to generate, fixed or a range (default {DEFAULT_OUTPUT_LEN[0]})",
+    )
+    load.add_argument(
+        "--max-batch",
+        type=int,
+        default=None,
+        metavar="B",
+        help=f"requests one replica decodes together, at most (default {DEFAULT_MAX_BATCH})",
+    )
+    load.add_argument(
+        "--slo-ttft-ms", type=float, default=None, metavar="MS", help="goodput: time to first token at most MS"
+    )
+    load.add_argument(
+        "--slo-tpot-ms", type=float, default=None, metavar="MS", help="goodput: time per output token at most MS"
+    )
+    builtin = [
+        action
+        for group in (plan, work, load)
+        for action in group._group_actions
+        if action.dest not in ("device", "dtype")
+    ]  # a script's device, and its dtype for MFU
     parser.set_defaults(builtin_defaults={action.dest: action.default for action in builtin})
     if command == "plan":
         return
     if command == "run":
         script = parser.add_argument_group("your own script (after --)")
-        script.add_argument("--tokens-per-step", type=int, default=None, metavar="N",
-                            help="tokens the script's global batch holds per optimizer step: gives tokens/s (and, "
-                                 "with --dtype, its compute dtype, MFU on a GPU)")
+        script.add_argument(
+            "--tokens-per-step",
+            type=int,
+            default=None,
+            metavar="N",
+            help="tokens the script's global batch holds per optimizer step: gives tokens/s (and, "
+            "with --dtype, its compute dtype, MFU on a GPU)",
+        )
     probes = parser.add_argument_group("probes")
     if command == "run":
-        probes.add_argument("--activations", action="store_true",
-                            help="measure the activations each step saves for backward (a hook on every saved "
-                                 "tensor; not traced by torch.compile)")
-    probes.add_argument("--no-instrument", dest="instrument", action="store_false",
-                        help="no worker hooks (step timing stays), to measure their overhead")
-    probes.add_argument("--hang-timeout", type=float, default=None, metavar="S",
-                        help="report a hang (where every rank is, and its stack) after S seconds without progress "
-                             "(default: 20 median steps, at least 30 s; before the first step max(S, 60 s), "
-                             "or 600 s)")
-    probes.add_argument("--gpu-sample-hz", type=float, default=DEFAULT_GPU_HZ, metavar="HZ",
-                        help=f"NVML samples per second per GPU (default {DEFAULT_GPU_HZ:g})")
-    probes.add_argument("--process-sample-hz", type=float, default=DEFAULT_PROCESS_HZ, metavar="HZ",
-                        help=f"psutil samples per second per rank (default {DEFAULT_PROCESS_HZ:g})")
+        probes.add_argument(
+            "--activations",
+            action="store_true",
+            help="measure the activations each step saves for backward (a hook on every saved "
+            "tensor; not traced by torch.compile)",
+        )
+    probes.add_argument(
+        "--no-instrument",
+        dest="instrument",
+        action="store_false",
+        help="no worker hooks (step timing stays), to measure their overhead",
+    )
+    probes.add_argument(
+        "--hang-timeout",
+        type=float,
+        default=None,
+        metavar="S",
+        help="report a hang (where every rank is, and its stack) after S seconds without progress "
+        "(default: 20 median steps, at least 30 s; before the first step max(S, 60 s), "
+        "or 600 s)",
+    )
+    probes.add_argument(
+        "--gpu-sample-hz",
+        type=float,
+        default=DEFAULT_GPU_HZ,
+        metavar="HZ",
+        help=f"NVML samples per second per GPU (default {DEFAULT_GPU_HZ:g})",
+    )
+    probes.add_argument(
+        "--process-sample-hz",
+        type=float,
+        default=DEFAULT_PROCESS_HZ,
+        metavar="HZ",
+        help=f"psutil samples per second per rank (default {DEFAULT_PROCESS_HZ:g})",
+    )
 
 
 NODE_OPTIONS = ("nnodes", "node_rank", "rdzv_endpoint", "rdzv_id")
@@ -150,26 +237,49 @@ def add_node_options(parser: argparse.ArgumentParser) -> None:
     """torchrun's multi-node options, for the built-in runner (a script gives them to torchrun after --)."""
     nodes = parser.add_argument_group("many nodes (torchrun's options: the same command on every node)")
     nodes.add_argument("--nnodes", default=None, metavar="N", help="nodes of the job (default 1)")
-    nodes.add_argument("--node-rank", type=int, default=None, metavar="I",
-                       help="this node: 0 is the head, which records and shows the dashboard; the others run "
-                            "their ranks and stream to it")
-    nodes.add_argument("--rdzv-endpoint", default=None, metavar="HOST:PORT",
-                       help="torchrun's c10d rendezvous endpoint, the same on every node (the head's address, say)")
+    nodes.add_argument(
+        "--node-rank",
+        type=int,
+        default=None,
+        metavar="I",
+        help="this node: 0 is the head, which records and shows the dashboard; the others run "
+        "their ranks and stream to it",
+    )
+    nodes.add_argument(
+        "--rdzv-endpoint",
+        default=None,
+        metavar="HOST:PORT",
+        help="torchrun's c10d rendezvous endpoint, the same on every node (the head's address, say)",
+    )
     nodes.add_argument("--rdzv-id", default=None, metavar="ID", help="the job's rendezvous id (default none)")
-    nodes.add_argument("--head-node", type=int, default=None, metavar="I",
-                       help="the node that records and shows the job (default 0), the same on every node; with a "
-                            "script too")
-    nodes.add_argument("--collector-bind", default=None, metavar="ADDR[:PORT]",
-                       help="where the head listens for the other nodes (only with the session's token); default: "
-                            "the address it reaches the rendezvous endpoint from, on a free port")
+    nodes.add_argument(
+        "--head-node",
+        type=int,
+        default=None,
+        metavar="I",
+        help="the node that records and shows the job (default 0), the same on every node; with a script too",
+    )
+    nodes.add_argument(
+        "--collector-bind",
+        default=None,
+        metavar="ADDR[:PORT]",
+        help="where the head listens for the other nodes (only with the session's token); default: "
+        "the address it reaches the rendezvous endpoint from, on a free port",
+    )
 
 
 def add_metrics_options(parser: argparse.ArgumentParser) -> None:
     metrics = parser.add_argument_group("Prometheus")
-    metrics.add_argument("--metrics-port", type=int, default=None, metavar="PORT",
-                         help="serve /metrics (Prometheus / OpenMetrics) on PORT while meshtop runs (0: a free port)")
-    metrics.add_argument("--metrics-bind", default=None, metavar="ADDR",
-                         help="the address /metrics listens on (default 127.0.0.1)")
+    metrics.add_argument(
+        "--metrics-port",
+        type=int,
+        default=None,
+        metavar="PORT",
+        help="serve /metrics (Prometheus / OpenMetrics) on PORT while meshtop runs (0: a free port)",
+    )
+    metrics.add_argument(
+        "--metrics-bind", default=None, metavar="ADDR", help="the address /metrics listens on (default 127.0.0.1)"
+    )
 
 
 def serve_metrics(args: argparse.Namespace, metrics: Callable[[], RunMetrics] | None) -> MetricsServer | None:
@@ -202,23 +312,48 @@ def metrics_line(server: MetricsServer) -> str:
 
 def nodes_from_args(args: argparse.Namespace) -> Nodes | None:
     """The built-in runner's nodes, from meshtop's own node options."""
-    return nodes_from_options(nnodes=args.nnodes, node_rank=args.node_rank, endpoint=args.rdzv_endpoint,
-                              run_id=args.rdzv_id, collector_bind=args.collector_bind, head_node=args.head_node)
+    return nodes_from_options(
+        nnodes=args.nnodes,
+        node_rank=args.node_rank,
+        endpoint=args.rdzv_endpoint,
+        run_id=args.rdzv_id,
+        collector_bind=args.collector_bind,
+        head_node=args.head_node,
+    )
 
 
 def spec_from_args(args: argparse.Namespace) -> RunSpec:
     if args.model_config is not None and args.model != "tiny":
-        raise PlanError(f"--model {args.model} and --model-config {args.model_config} each name the model: "
-                        "give one of them")
+        raise PlanError(
+            f"--model {args.model} and --model-config {args.model_config} each name the model: give one of them"
+        )
     return RunSpec(
-        dp=args.dp, tp=args.tp, pp=args.pp, fsdp=args.fsdp, schedule=args.schedule,
-        microbatches=args.microbatches, model=args.model, model_config=args.model_config, dtype=args.dtype,
+        dp=args.dp,
+        tp=args.tp,
+        pp=args.pp,
+        fsdp=args.fsdp,
+        schedule=args.schedule,
+        microbatches=args.microbatches,
+        model=args.model,
+        model_config=args.model_config,
+        dtype=args.dtype,
         device=args.device,
-        steps=args.steps, time_limit_s=WATCH_LIMIT_S if watching(args) else None, batch_size=args.batch_size, seq_len=args.seq_len, seed=args.seed,
-        instrument=args.instrument, activations=getattr(args, "activations", False), mode=args.mode,
-        requests=args.requests, concurrency=args.concurrency,
-        request_rate=args.request_rate, prompt_len=args.prompt_len, output_len=args.output_len,
-        max_batch=args.max_batch, slo_ttft_ms=args.slo_ttft_ms, slo_tpot_ms=args.slo_tpot_ms,
+        steps=args.steps,
+        time_limit_s=WATCH_LIMIT_S if watching(args) else None,
+        batch_size=args.batch_size,
+        seq_len=args.seq_len,
+        seed=args.seed,
+        instrument=args.instrument,
+        activations=getattr(args, "activations", False),
+        mode=args.mode,
+        requests=args.requests,
+        concurrency=args.concurrency,
+        request_rate=args.request_rate,
+        prompt_len=args.prompt_len,
+        output_len=args.output_len,
+        max_batch=args.max_batch,
+        slo_ttft_ms=args.slo_ttft_ms,
+        slo_tpot_ms=args.slo_tpot_ms,
     )
 
 
@@ -257,21 +392,34 @@ def resolve_args(args: argparse.Namespace) -> Work:
         if args.tokens_per_step is not None:
             raise PlanError("--tokens-per-step is for a script given after -- (the built-in model counts its own)")
         nodes = nodes_from_args(args)
-        return resolve(spec_from_args(args), gpus_visible=gpus_visible() if wants_gpu else 0,
-                       nodes=nodes.count if nodes is not None else 1)
+        return resolve(
+            spec_from_args(args),
+            gpus_visible=gpus_visible() if wants_gpu else 0,
+            nodes=nodes.count if nodes is not None else 1,
+        )
     if given := [name for name in NODE_OPTIONS if getattr(args, name) is not None]:
-        raise PlanError(f"{option(given[0])} is torchrun's: give it to torchrun after -- "
-                        "(`-- torchrun --nnodes 2 --node-rank I --rdzv-backend c10d --rdzv-endpoint HOST:PORT ...`)")
+        raise PlanError(
+            f"{option(given[0])} is torchrun's: give it to torchrun after -- "
+            "(`-- torchrun --nnodes 2 --node-rank I --rdzv-backend c10d --rdzv-endpoint HOST:PORT ...`)"
+        )
     given = [dest for dest, default in args.builtin_defaults.items() if getattr(args, dest) != default]
     if given:
-        raise PlanError(f"{option(given[0])} sets up the built-in model; a script given after -- runs its own "
-                        "(leave it out, or pass it to the script)")
+        raise PlanError(
+            f"{option(given[0])} sets up the built-in model; a script given after -- runs its own "
+            "(leave it out, or pass it to the script)"
+        )
     if args.device == "cuda" and not gpus_visible():
         raise PlanError("--device cuda: no CUDA GPU is visible")
-    return resolve_script(args.script, gpus_visible=gpus_visible() if wants_gpu else 0,
-                          instrument=args.instrument, tokens_per_step=args.tokens_per_step, dtype=args.dtype,
-                          activations=args.activations, collector_bind=args.collector_bind,
-                          head_node=args.head_node)
+    return resolve_script(
+        args.script,
+        gpus_visible=gpus_visible() if wants_gpu else 0,
+        instrument=args.instrument,
+        tokens_per_step=args.tokens_per_step,
+        dtype=args.dtype,
+        activations=args.activations,
+        collector_bind=args.collector_bind,
+        head_node=args.head_node,
+    )
 
 
 def work_nodes(args: argparse.Namespace, work: Work) -> Nodes | None:
@@ -280,63 +428,100 @@ def work_nodes(args: argparse.Namespace, work: Work) -> Nodes | None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = OneLineParser(prog="meshtop", description="A terminal dashboard and profiler for distributed PyTorch LLM jobs.")
+    parser = OneLineParser(
+        prog="meshtop", description="A terminal dashboard and profiler for distributed PyTorch LLM jobs."
+    )
     commands = parser.add_subparsers(dest="command", required=True, parser_class=OneLineParser)
-    run = commands.add_parser("run", help="launch a job and watch it in the live dashboard",
-                              usage="meshtop run [options] [-- torchrun [torchrun options] SCRIPT [ARGS...]]",
-                              description="Launch a training job (or, with --mode infer, a served load of "
-                                          "requests) with the given parallel plan and watch it live; "
-                                          "the session is recorded into the runs folder unless --no-record. "
-                                          "After --, your own script instead: `torchrun [options] SCRIPT`, "
-                                          "`python -m torch.distributed.run ...`, `SCRIPT.py` or `-m MODULE`.")
+    run = commands.add_parser(
+        "run",
+        help="launch a job and watch it in the live dashboard",
+        usage="meshtop run [options] [-- torchrun [torchrun options] SCRIPT [ARGS...]]",
+        description="Launch a training job (or, with --mode infer, a served load of "
+        "requests) with the given parallel plan and watch it live; "
+        "the session is recorded into the runs folder unless --no-record. "
+        "After --, your own script instead: `torchrun [options] SCRIPT`, "
+        "`python -m torch.distributed.run ...`, `SCRIPT.py` or `-m MODULE`.",
+    )
     add_plan_options(run)
     add_node_options(run)
     add_metrics_options(run)
     session = run.add_argument_group("session")
     session.add_argument("--no-record", dest="record", action="store_false", help="do not keep a recording")
-    session.add_argument("--runs-dir", type=Path, default=None, metavar="DIR",
-                         help=f"where sessions are recorded (default ${RUNS_DIR_ENV} or ./{DEFAULT_RUNS_DIR})")
+    session.add_argument(
+        "--runs-dir",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help=f"where sessions are recorded (default ${RUNS_DIR_ENV} or ./{DEFAULT_RUNS_DIR})",
+    )
     run.set_defaults(handler=command_run)
-    record = commands.add_parser("record", help="launch a job headless and record it into OUT",
-                                 usage="meshtop record OUT [options] [-- torchrun [torchrun options] SCRIPT [ARGS...]]",
-                                 description="Launch a training job (or, with --mode infer, a served load of "
-                                             "requests) headless and record it into a new directory. "
-                                             "After --, your own script instead: `torchrun [options] SCRIPT`, "
-                                             "`python -m torch.distributed.run ...`, `SCRIPT.py` or `-m MODULE`.")
+    record = commands.add_parser(
+        "record",
+        help="launch a job headless and record it into OUT",
+        usage="meshtop record OUT [options] [-- torchrun [torchrun options] SCRIPT [ARGS...]]",
+        description="Launch a training job (or, with --mode infer, a served load of "
+        "requests) headless and record it into a new directory. "
+        "After --, your own script instead: `torchrun [options] SCRIPT`, "
+        "`python -m torch.distributed.run ...`, `SCRIPT.py` or `-m MODULE`.",
+    )
     record.add_argument("out", type=Path, metavar="OUT", help="new directory for the recording")
     add_plan_options(record)
     add_node_options(record)
     add_metrics_options(record)
     record.set_defaults(handler=command_record)
-    replay = commands.add_parser("replay", help="replay a recording (or browse a sweep) in the dashboard",
-                                 description="Open a recording in the dashboard and play it back "
-                                             "(with no REC, a sample recording shipped with meshtop); a sweep's "
-                                             "folder opens its ranked plans, each replayed with Enter.")
-    replay.add_argument("recording", type=Path, nargs="?", default=None, metavar="REC",
-                        help="a recording directory (default: the shipped sample)")
+    replay = commands.add_parser(
+        "replay",
+        help="replay a recording (or browse a sweep) in the dashboard",
+        description="Open a recording in the dashboard and play it back "
+        "(with no REC, a sample recording shipped with meshtop); a sweep's "
+        "folder opens its ranked plans, each replayed with Enter.",
+    )
+    replay.add_argument(
+        "recording",
+        type=Path,
+        nargs="?",
+        default=None,
+        metavar="REC",
+        help="a recording directory (default: the shipped sample)",
+    )
     replay.add_argument("--speed", type=float, default=1.0, metavar="X", help="playback speed (default 1)")
     replay.add_argument("--paused-at", type=int, default=None, metavar="STEP", help="open paused at the end of STEP")
     add_metrics_options(replay)
     replay.set_defaults(handler=command_replay)
-    summary = commands.add_parser("summary", help="summarise a recording",
-                                  description="Summarise a recording: steps, collectives, stages, memory, ranks.")
+    summary = commands.add_parser(
+        "summary",
+        help="summarise a recording",
+        description="Summarise a recording: steps, collectives, stages, memory, ranks.",
+    )
     summary.add_argument("recording", type=Path, metavar="REC", help="a recording directory")
     summary.add_argument("--json", action="store_true", help="print the analysis as JSON")
     summary.set_defaults(handler=command_summary)
-    compare = commands.add_parser("compare", help="compare two recordings, before and after",
-                                  description="Compare two recordings of the same work: each metric side by side, "
-                                              "the change, and whether it is beyond run-to-run noise.")
+    compare = commands.add_parser(
+        "compare",
+        help="compare two recordings, before and after",
+        description="Compare two recordings of the same work: each metric side by side, "
+        "the change, and whether it is beyond run-to-run noise.",
+    )
     compare.add_argument("before", type=Path, metavar="A", help="the recording before the change")
     compare.add_argument("after", type=Path, metavar="B", help="the recording after the change")
     compare.add_argument("--json", action="store_true", help="print the comparison as JSON")
     compare.add_argument("--tui", action="store_true", help="show the two runs side by side in the terminal UI")
     compare.set_defaults(handler=command_compare)
-    export = commands.add_parser("export", help="export a recording as a Perfetto trace or CSV",
-                                 description="Export a recording: a trace ui.perfetto.dev opens, or one CSV per table.")
+    export = commands.add_parser(
+        "export",
+        help="export a recording as a Perfetto trace or CSV",
+        description="Export a recording: a trace ui.perfetto.dev opens, or one CSV per table.",
+    )
     export.add_argument("recording", type=Path, metavar="REC", help="a recording directory")
     export.add_argument("--format", choices=("perfetto", "csv"), required=True)
-    export.add_argument("-o", "--output", type=Path, required=True, metavar="PATH",
-                        help="the trace file (perfetto) or a new directory (csv)")
+    export.add_argument(
+        "-o",
+        "--output",
+        type=Path,
+        required=True,
+        metavar="PATH",
+        help="the trace file (perfetto) or a new directory (csv)",
+    )
     export.set_defaults(handler=command_export)
     from meshtop.tui.plan_commands import add_plan_commands  # they use this module's option groups
 
@@ -390,8 +575,15 @@ def command_run(args: argparse.Namespace) -> int:
         manifest = start_recording(directory, run, probes, args.argv)
     else:
         directory = Path(tempfile.mkdtemp(prefix="meshtop-run-"))
-    source = LiveSource(run, directory=directory, manifest=manifest, node_probes=probes,
-                        hang_timeout_s=hang_timeout, nodes=nodes, metrics=metrics)
+    source = LiveSource(
+        run,
+        directory=directory,
+        manifest=manifest,
+        node_probes=probes,
+        hang_timeout_s=hang_timeout,
+        nodes=nodes,
+        metrics=metrics,
+    )
     app = MeshtopApp(source, quit_on_signals=True, terminal=TerminalGuard())
     try:
         app.run()
@@ -431,8 +623,9 @@ def command_node(run: Work, nodes: Nodes, probes: NodeProbes) -> int:
     from meshtop.runner.job.session import launch_of
 
     directory = Path(tempfile.mkdtemp(prefix=f"meshtop-node{nodes.rank}-"))
-    status = serve_as_node(launch_of(run, directory, nodes), nodes, session_dir=directory, out=sys.stdout,
-                           node_probes=probes)
+    status = serve_as_node(
+        launch_of(run, directory, nodes), nodes, session_dir=directory, out=sys.stdout, node_probes=probes
+    )
     if status == "completed":
         shutil.rmtree(directory, ignore_errors=True)
     else:
@@ -496,8 +689,16 @@ def command_record(args: argparse.Namespace) -> int:
         print(metrics_line(server), flush=True)
     try:
         manifest = start_recording(out, run, probes, args.argv)
-        result = follow_job(run, session_dir=out, out=sys.stdout, manifest=manifest, node_probes=probes,
-                            hang_timeout_s=hang_timeout, nodes=nodes, metrics=metrics)
+        result = follow_job(
+            run,
+            session_dir=out,
+            out=sys.stdout,
+            manifest=manifest,
+            node_probes=probes,
+            hang_timeout_s=hang_timeout,
+            nodes=nodes,
+            metrics=metrics,
+        )
     finally:
         if server is not None:
             server.stop()
@@ -570,7 +771,7 @@ def split_script(argv: list[str]) -> tuple[list[str], list[str] | None]:
     if "--" not in argv:
         return argv, None
     at = argv.index("--")
-    return argv[:at], argv[at + 1:]
+    return argv[:at], argv[at + 1 :]
 
 
 def main(argv: Sequence[str] | None = None) -> int:

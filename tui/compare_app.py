@@ -33,8 +33,10 @@ def run_line(label: str, summary: dict[str, Any]) -> Text:
     work = f"{requests['completed']}/{requests['count']} requests" if requests else f"{steps['count']} steps"
     text = Text()
     text.append(f"{label} ", style="bold reverse")
-    text.append(f" {summary['recording']}\n   {run_words(run)} · {run['status']} · {work}"
-                + (f" · p50 {'iteration' if requests else 'step'} {p50 * 1e3:.2f} ms" if p50 else ""))
+    text.append(
+        f" {summary['recording']}\n   {run_words(run)} · {run['status']} · {work}"
+        + (f" · p50 {'iteration' if requests else 'step'} {p50 * 1e3:.2f} ms" if p50 else "")
+    )
     return text
 
 
@@ -77,8 +79,12 @@ class CompareApp(App[None]):
             if self.only_changes and not row["significant"]:
                 continue
             style = "bold" if row["significant"] else ""
-            table.add_row(Text(row["name"], style=style), figure(row["name"], row["a"]),
-                          figure(row["name"], row["b"]), verdict(row))
+            table.add_row(
+                Text(row["name"], style=style),
+                figure(row["name"], row["a"]),
+                figure(row["name"], row["b"]),
+                verdict(row),
+            )
 
     def action_only_changes(self) -> None:
         self.only_changes = not self.only_changes

@@ -37,16 +37,19 @@ def parse_rank_filter(text: str) -> Callable[[RankView], bool]:
                 raise FilterError(f"rank range {word} runs backwards: write {last}-{first}")
             ranks.update(range(first, last + 1))
         else:
-            raise FilterError(f"{word!r} is not a rank filter: use ranks (0-3,7), mesh positions (pp=1 dp=0), "
-                              "a node (node=1) or a host (host=NAME)")
+            raise FilterError(
+                f"{word!r} is not a rank filter: use ranks (0-3,7), mesh positions (pp=1 dp=0), "
+                "a node (node=1) or a host (host=NAME)"
+            )
 
     def keep(view: RankView) -> bool:
         if ranks and view.rank not in ranks:
             return False
         if hosts and view.host not in hosts:
             return False
-        return all(getattr(view, "node" if dim == "node" else f"{dim}_rank") == value
-                   for dim, value in coordinates.items())
+        return all(
+            getattr(view, "node" if dim == "node" else f"{dim}_rank") == value for dim, value in coordinates.items()
+        )
 
     return keep
 

@@ -27,43 +27,87 @@ from meshtop.tui.cli import (
 
 def add_plan_commands(commands: Any) -> None:
     """``plan`` (arithmetic only) and ``sweep`` (runs the plans): the same question, the same options."""
-    plan = commands.add_parser("plan", help="predict every parallel plan's memory and traffic (no launch)",
-                               usage="meshtop plan [--model NAME | --model-config PATH] [--gpus N | --ranks N] "
-                                     "[options]",
-                               description="List every dp x tp x pp plan of N GPUs (or CPU ranks) with the "
-                                           "predicted memory of its most loaded rank by category, whether it "
-                                           "fits, and the bytes each group's collectives move per step. Nothing "
-                                           "is launched; docs/planner.md gives the formulas.")
-    sweep = commands.add_parser("sweep", help="run each plan that fits, record each, rank them",
-                                usage="meshtop sweep OUT [--model NAME | --model-config PATH] [--gpus N | --ranks N] "
-                                      "[--plans dp2,tp2,...] [options]",
-                                description="Run each plan that fits (or those --plans names) for a short window "
-                                            "with the same load, one recording per plan under OUT, then print "
-                                            "the plans ranked by tokens/s (training) or goodput (serving), with "
-                                            "each prediction's error. `meshtop replay OUT` browses them.")
+    plan = commands.add_parser(
+        "plan",
+        help="predict every parallel plan's memory and traffic (no launch)",
+        usage="meshtop plan [--model NAME | --model-config PATH] [--gpus N | --ranks N] [options]",
+        description="List every dp x tp x pp plan of N GPUs (or CPU ranks) with the "
+        "predicted memory of its most loaded rank by category, whether it "
+        "fits, and the bytes each group's collectives move per step. Nothing "
+        "is launched; docs/planner.md gives the formulas.",
+    )
+    sweep = commands.add_parser(
+        "sweep",
+        help="run each plan that fits, record each, rank them",
+        usage="meshtop sweep OUT [--model NAME | --model-config PATH] [--gpus N | --ranks N] "
+        "[--plans dp2,tp2,...] [options]",
+        description="Run each plan that fits (or those --plans names) for a short window "
+        "with the same load, one recording per plan under OUT, then print "
+        "the plans ranked by tokens/s (training) or goodput (serving), with "
+        "each prediction's error. `meshtop replay OUT` browses them.",
+    )
     sweep.add_argument("out", type=Path, metavar="OUT", help="new directory for the sweep")
     for parser, command in ((plan, "plan"), (sweep, "sweep")):
         where = parser.add_argument_group("where")
         devices = where.add_mutually_exclusive_group()
-        devices.add_argument("--gpus", type=int, default=None, metavar="N",
-                             help="plan for N GPUs (default: the visible ones)")
+        devices.add_argument(
+            "--gpus", type=int, default=None, metavar="N", help="plan for N GPUs (default: the visible ones)"
+        )
         devices.add_argument("--ranks", type=int, default=None, metavar="N", help="plan for N CPU ranks (gloo)")
-        where.add_argument("--device-memory", default=None, metavar="SIZE",
-                           help="memory of one device, e.g. 80GiB (default: the visible GPU's, else none)")
-        where.add_argument("--gpus-per-node", type=int, default=None, metavar="N",
-                           help="GPUs of one node, to place groups across nodes (default: all on one)")
-        where.add_argument("--plans", default=None, metavar="LIST",
-                           help="only these plans, comma-separated: dp4,fsdp4,tp2xpp2,dp2xtp2 ...")
+        where.add_argument(
+            "--device-memory",
+            default=None,
+            metavar="SIZE",
+            help="memory of one device, e.g. 80GiB (default: the visible GPU's, else none)",
+        )
+        where.add_argument(
+            "--gpus-per-node",
+            type=int,
+            default=None,
+            metavar="N",
+            help="GPUs of one node, to place groups across nodes (default: all on one)",
+        )
+        where.add_argument(
+            "--plans",
+            default=None,
+            metavar="LIST",
+            help="only these plans, comma-separated: dp4,fsdp4,tp2xpp2,dp2xtp2 ...",
+        )
         add_plan_options(parser, command=command)
-        parser.set_defaults(dp=None, tp=1, pp=1, device="auto", steps=None, seed=0, instrument=True,
-                            activations=False, tokens_per_step=None)
-    plan.add_argument("--busbw", type=float, default=None, metavar="GB/S",
-                      help="bus bandwidth of the links, for each plan's communication seconds per step")
-    plan.add_argument("--tflops", type=float, default=None, metavar="TFLOP/S",
-                      help="achieved TFLOP/s of one device, for the step-time share of communication")
-    plan.add_argument("--from", dest="from_recording", type=Path, default=None, metavar="REC",
-                      help="take --busbw (the median busbw of its collectives) and --tflops (its tokens/s x FLOPs "
-                           "per token per rank) from a recording of these devices")
+        parser.set_defaults(
+            dp=None,
+            tp=1,
+            pp=1,
+            device="auto",
+            steps=None,
+            seed=0,
+            instrument=True,
+            activations=False,
+            tokens_per_step=None,
+        )
+    plan.add_argument(
+        "--busbw",
+        type=float,
+        default=None,
+        metavar="GB/S",
+        help="bus bandwidth of the links, for each plan's communication seconds per step",
+    )
+    plan.add_argument(
+        "--tflops",
+        type=float,
+        default=None,
+        metavar="TFLOP/S",
+        help="achieved TFLOP/s of one device, for the step-time share of communication",
+    )
+    plan.add_argument(
+        "--from",
+        dest="from_recording",
+        type=Path,
+        default=None,
+        metavar="REC",
+        help="take --busbw (the median busbw of its collectives) and --tflops (its tokens/s x FLOPs "
+        "per token per rank) from a recording of these devices",
+    )
     plan.add_argument("--json", action="store_true", help="print the report as JSON")
     plan.set_defaults(handler=command_plan)
     sweep.set_defaults(handler=command_sweep)
@@ -81,8 +125,10 @@ def plan_question(args: argparse.Namespace, *, launching: bool) -> tuple[Questio
     if launching and args.gpus is not None:
         visible = gpus_visible()
         if args.gpus > visible:
-            raise PlanError(f"--gpus {args.gpus}: {visible} GPU(s) are visible here; a sweep runs its plans, "
-                            f"so use --gpus {visible} or fewer (or `meshtop plan` to predict without them)")
+            raise PlanError(
+                f"--gpus {args.gpus}: {visible} GPU(s) are visible here; a sweep runs its plans, "
+                f"so use --gpus {visible} or fewer (or `meshtop plan` to predict without them)"
+            )
     gpus = args.gpus if args.gpus is not None else (None if args.ranks is not None else visible or None)
     if gpus is None and args.ranks is None:
         raise PlanError("no GPU is visible: give --ranks N to plan for CPU ranks, or --gpus N to plan for N GPUs")
@@ -106,18 +152,26 @@ def plan_question(args: argparse.Namespace, *, launching: bool) -> tuple[Questio
 
         measured_busbw, measured_flops = measured_rates(open_recording(args.from_recording))
         busbw, flops = busbw or measured_busbw, flops or measured_flops
-    budget = Budget(device_memory_bytes=memory, ranks_per_node=args.gpus_per_node, slow_pairs=slow,
-                    busbw_bytes_per_s=busbw and busbw * 1e9, flops_per_s=flops)
+    budget = Budget(
+        device_memory_bytes=memory,
+        ranks_per_node=args.gpus_per_node,
+        slow_pairs=slow,
+        busbw_bytes_per_s=busbw and busbw * 1e9,
+        flops_per_s=flops,
+    )
     for flag, value in (("--busbw", budget.busbw_bytes_per_s), ("--tflops", budget.flops_per_s)):
         if value is not None and not 0 < value < float("inf"):
             raise PlanError(f"{flag} must be above 0")
     if budget.busbw_bytes_per_s is not None or budget.flops_per_s is not None:
         if question.base.mode == "infer":
-            raise PlanError("--busbw, --tflops and --from time a training step's collectives: leave them out with "
-                            "--mode infer")
+            raise PlanError(
+                "--busbw, --tflops and --from time a training step's collectives: leave them out with --mode infer"
+            )
         if budget.busbw_bytes_per_s is None:
-            raise PlanError("--tflops gives the step-time share of the communication that --busbw times: give "
-                            "--busbw too (or --from REC, a recording with collectives)")
+            raise PlanError(
+                "--tflops gives the step-time share of the communication that --busbw times: give "
+                "--busbw too (or --from REC, a recording with collectives)"
+            )
     return question, budget
 
 
@@ -145,8 +199,16 @@ def command_sweep(args: argparse.Namespace) -> int:
     ours = not (out / SWEEP_FILE).exists()  # never rank (and rewrite the tables of) a sweep that was there
     status = "interrupted"
     try:
-        status = run_sweep(question, found, budget, out=out, stream=sys.stdout, command_line=args.argv,
-                           node_probes=probes, hang_timeout_s=hang_timeout)
+        status = run_sweep(
+            question,
+            found,
+            budget,
+            out=out,
+            stream=sys.stdout,
+            command_line=args.argv,
+            node_probes=probes,
+            hang_timeout_s=hang_timeout,
+        )
     finally:
         if ours and (out / SWEEP_FILE).exists():
             ranked = ranking(out)

@@ -6,8 +6,14 @@ from typing import Any
 
 from meshtop.tui.summary_text import human_bytes, human_seconds
 
-MEMORY_COLUMNS = (("weights", "weights_bytes"), ("grads", "grads_bytes"), ("optim", "optimizer_bytes"),
-                  ("activ", "activations_bytes"), ("kv", "kv_cache_bytes"), ("total", "total_bytes"))
+MEMORY_COLUMNS = (
+    ("weights", "weights_bytes"),
+    ("grads", "grads_bytes"),
+    ("optim", "optimizer_bytes"),
+    ("activ", "activations_bytes"),
+    ("kv", "kv_cache_bytes"),
+    ("total", "total_bytes"),
+)
 
 
 def short_bytes(count: float | None) -> str:
@@ -34,8 +40,10 @@ def plan_lines(report: dict[str, Any]) -> list[str]:
     if model is not None:
         count = model["parameters"]
         size = f"{count / 1e9:.2f} B" if count >= 1e9 else f"{count / 1e6:.1f} M"
-        head = (f"model {model['name']} ({size} parameters, {model['n_layers']} layers), "
-                f"{report['mode']}, {report['dtype']}, " + head)
+        head = (
+            f"model {model['name']} ({size} parameters, {model['n_layers']} layers), "
+            f"{report['mode']}, {report['dtype']}, " + head
+        )
     if report["batch_size"] is not None:
         head += f", global batch {report['batch_size']} x {report['seq_len']} tokens"
     memory = report["device_memory_bytes"]
@@ -105,22 +113,38 @@ def sweep_cells(row: dict[str, Any], mode: str) -> list[str]:
     measured, errors, predicted = row["measured"], row["errors"] or {}, row["predicted"] or {}
     assert measured is not None, "only ranked plans have cells"
     if mode == "infer":
-        cells = [_rate(measured["goodput_per_s"]), _rate(measured["requests_per_s"]),
-                 _milliseconds(measured["ttft_p50_s"]), _milliseconds(measured["tpot_p50_s"])]
+        cells = [
+            _rate(measured["goodput_per_s"]),
+            _rate(measured["requests_per_s"]),
+            _milliseconds(measured["ttft_p50_s"]),
+            _milliseconds(measured["tpot_p50_s"]),
+        ]
     else:
         tokens = measured["tokens_per_s"]
-        cells = ["-" if tokens is None else f"{tokens:,.0f}", human_seconds(measured["step_s"]),
-                 _share(measured["comm_share"]), _share(measured["bubble"])]
+        cells = [
+            "-" if tokens is None else f"{tokens:,.0f}",
+            human_seconds(measured["step_s"]),
+            _share(measured["comm_share"]),
+            _share(measured["bubble"]),
+        ]
     state_keys = ("weights_bytes", "grads_bytes", "optimizer_bytes")
-    state = (max((errors[key] for key in state_keys), key=abs)
-             if errors and all(errors.get(key) is not None for key in state_keys) else None)
+    state = (
+        max((errors[key] for key in state_keys), key=abs)
+        if errors and all(errors.get(key) is not None for key in state_keys)
+        else None
+    )
     traffic = errors.get("traffic_bytes")
     traffic_text = "-" if traffic is None else percent_error(traffic) + ("=" if errors.get("traffic_exact") else "")
     bubble = errors.get("bubble")
-    cells += [short_bytes(measured["peak_bytes"]), short_bytes(predicted.get("peak_bytes")),
-              percent_error(errors.get("peak_bytes")), percent_error(state),
-              percent_error(errors.get("activations_bytes")), traffic_text,
-              "-" if bubble is None else f"{bubble * 100:+.0f}pt"]
+    cells += [
+        short_bytes(measured["peak_bytes"]),
+        short_bytes(predicted.get("peak_bytes")),
+        percent_error(errors.get("peak_bytes")),
+        percent_error(state),
+        percent_error(errors.get("activations_bytes")),
+        traffic_text,
+        "-" if bubble is None else f"{bubble * 100:+.0f}pt",
+    ]
     return [str(row["rank"]), row["key"], *cells]
 
 
@@ -134,15 +158,22 @@ def sweep_title(ranking: dict[str, Any]) -> str:
 
 def sweep_notes(ranking: dict[str, Any]) -> list[str]:
     """What the columns mean, then the plans that are not ranked and why."""
-    notes = ["err: (measured - predicted) / predicted of the most loaded rank's peak; state: its weights, "
-             "gradients and optimizer state; activ: its activations saved for backward; traffic: the step's "
-             "collective bytes ('=': every rank's bytes per group and op exactly as predicted); bubble: "
-             "measured minus (p - 1) / (v m + p - 1)"]
+    notes = [
+        "err: (measured - predicted) / predicted of the most loaded rank's peak; state: its weights, "
+        "gradients and optimizer state; activ: its activations saved for backward; traffic: the step's "
+        "collective bytes ('=': every rank's bytes per group and op exactly as predicted); bubble: "
+        "measured minus (p - 1) / (v m + p - 1)"
+    ]
     if any(row["measured"] and row["measured"]["peak_kind"] == "accounted" for row in ranking["plans"]):
-        notes.append("peak on CPU: weights + gradients + optimizer state + activations saved for backward (the "
-                     "resident set is mostly torch itself)")
-    left = [f"  {row['key']}: {row['status']}" + (f": {row['reason']}" if row["reason"] else "")
-            for row in ranking["plans"] if row["rank"] is None]
+        notes.append(
+            "peak on CPU: weights + gradients + optimizer state + activations saved for backward (the "
+            "resident set is mostly torch itself)"
+        )
+    left = [
+        f"  {row['key']}: {row['status']}" + (f": {row['reason']}" if row["reason"] else "")
+        for row in ranking["plans"]
+        if row["rank"] is None
+    ]
     return notes + (["", "not ranked:", *left] if left else [])
 
 
@@ -152,8 +183,10 @@ def sweep_lines(ranking: dict[str, Any]) -> list[str]:
     columns = sweep_columns(mode)
 
     def line(cells: list[str]) -> str:
-        return " ".join(f"{cell:<{-width}}" if width < 0 else f"{cell:>{width}}"
-                        for cell, (_, width) in zip(cells, columns, strict=True))
+        return " ".join(
+            f"{cell:<{-width}}" if width < 0 else f"{cell:>{width}}"
+            for cell, (_, width) in zip(cells, columns, strict=True)
+        )
 
     ranked = [line(sweep_cells(row, mode)) for row in ranking["plans"] if row["rank"] is not None]
     return [sweep_title(ranking), "", line([title for title, _ in columns]), *ranked, "", *sweep_notes(ranking)]

@@ -67,19 +67,25 @@ class Source(Protocol):
     def start(self) -> None: ...
     def poll(self, state: DashboardState) -> DashboardState:
         """Fold what arrived into ``state``; the state to draw."""
+
     def now_ns(self) -> int: ...
     def started_ns(self) -> int | None:
         """Where the dashboard's elapsed time counts from (``None`` until known)."""
+
     def stop(self) -> None: ...
     def finish(self) -> None:
         """End the work as it ends by itself where it can (a live run until stopped ends after its next steps
         and completes, :mod:`meshtop.runner.rank.until`); else stop it."""
+
     def wait(self, timeout_s: float | None = None) -> bool:
         """Wait until the source is done (a live session's recording closed); whether it is."""
+
     def ask_stacks(self, ranks: Iterable[int] | None) -> str | None:
         """Ask for py-spy dumps; a reason when this source cannot take them."""
+
     def launcher_phase(self) -> str | None:
         """What a live job's launcher does before the ranks report (``None``: nothing to say)."""
+
     @property
     def finished(self) -> bool: ...
     @property
@@ -157,10 +163,18 @@ def screen_batches(arrivals: Arrivals) -> list[Batch]:
 class LiveSource:
     """A job launched now: runs the session on a background thread and hands its events to the screen."""
 
-    def __init__(self, run: Work, *, directory: Path, manifest: Manifest | None,
-                 node_probes: NodeProbes = NodeProbes(), backlog: int = SCREEN_BACKLOG,
-                 hang_timeout_s: float | None = None, nodes: Nodes | None = None,
-                 metrics: RunMetrics | None = None) -> None:
+    def __init__(
+        self,
+        run: Work,
+        *,
+        directory: Path,
+        manifest: Manifest | None,
+        node_probes: NodeProbes = NodeProbes(),
+        backlog: int = SCREEN_BACKLOG,
+        hang_timeout_s: float | None = None,
+        nodes: Nodes | None = None,
+        metrics: RunMetrics | None = None,
+    ) -> None:
         self.run = run
         self.nodes = nodes
         self.metrics = metrics
@@ -192,10 +206,17 @@ class LiveSource:
 
     def _run_session(self) -> None:
         try:
-            self.result = run_session(self.run, directory=self.directory, manifest=self.manifest,
-                                      on_events=self._take, node_probes=self.node_probes, control=self.control,
-                                      hang_timeout_s=self.hang_timeout_s, nodes=self.nodes,
-                                      metrics=self.metrics)
+            self.result = run_session(
+                self.run,
+                directory=self.directory,
+                manifest=self.manifest,
+                on_events=self._take,
+                node_probes=self.node_probes,
+                control=self.control,
+                hang_timeout_s=self.hang_timeout_s,
+                nodes=self.nodes,
+                metrics=self.metrics,
+            )
         except BaseException as error:  # noqa: BLE001 - handed to the app, which reports it and exits
             self.error = error
 
@@ -363,9 +384,15 @@ class ReplaySource:
     """A recording played back through the same door as a live job: its tables' rows up to the playback
     position, folded a bounded number a frame, with snapshots to seek back from."""
 
-    def __init__(self, recording: Recording, *, clock: Callable[[], float] = time.monotonic,
-                 rows_per_frame: int = ROWS_PER_FRAME, snapshot_rows: int = SNAPSHOT_ROWS,
-                 metrics: bool = False) -> None:
+    def __init__(
+        self,
+        recording: Recording,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        rows_per_frame: int = ROWS_PER_FRAME,
+        snapshot_rows: int = SNAPSHOT_ROWS,
+        metrics: bool = False,
+    ) -> None:
         self.description = recording.manifest.run
         self.metrics = RunMetrics(self.description) if metrics else None
         """The Prometheus series of what has been played (``--metrics-port``), started anew at each jump."""
@@ -426,8 +453,7 @@ class ReplaySource:
     def _keep(self, state: DashboardState) -> None:
         """Keep a copy of ``state`` to seek to (thinned out past :data:`MAX_SNAPSHOTS`, keeping the first)."""
         snapshot = _Snapshot(self._folded_ns, copy.deepcopy(state))
-        self._snapshots = sorted([*self._snapshots, snapshot],
-                                 key=lambda s: -1 if s.folded_ns is None else s.folded_ns)
+        self._snapshots = sorted([*self._snapshots, snapshot], key=lambda s: -1 if s.folded_ns is None else s.folded_ns)
         if len(self._snapshots) > MAX_SNAPSHOTS:
             del self._snapshots[1::2]
         self._since_snapshot = 0

@@ -21,8 +21,21 @@ from typing import Any
 import pyarrow as pa
 
 from meshtop.probes.events import (
-    Event, EventsDropped, GpuSample, HangDetected, JobEnded, MemorySnapshot, NvmlState, ProbeOff, ProcessSample,
-    RankExited, RankStarted, RequestDone, SamplerError, StackDump, StepTiming,
+    Event,
+    EventsDropped,
+    GpuSample,
+    HangDetected,
+    JobEnded,
+    MemorySnapshot,
+    NvmlState,
+    ProbeOff,
+    ProcessSample,
+    RankExited,
+    RankStarted,
+    RequestDone,
+    SamplerError,
+    StackDump,
+    StepTiming,
 )
 from meshtop.recordings.manifest import RunDescription
 from meshtop.recordings.metrics.collectives import CollectiveRow
@@ -47,8 +60,24 @@ DEFAULT_HEADROOM_ALERT = 0.10
 LIVE_FIGURES_EVERY_S = 0.25
 """A live dashboard computes its figures again at most this often while the job runs (the folds take every
 event at once; the quantiles over a long run's values are what costs)."""
-UI_KINDS = frozenset({"rank_started", "step", "memory", "gpu", "nvml_state", "process", "rank_exited", "job_ended",
-                      "events_dropped", "sampler_error", "hang", "stack_dump", "request", "probe_off"})
+UI_KINDS = frozenset(
+    {
+        "rank_started",
+        "step",
+        "memory",
+        "gpu",
+        "nvml_state",
+        "process",
+        "rank_exited",
+        "job_ended",
+        "events_dropped",
+        "sampler_error",
+        "hang",
+        "stack_dump",
+        "request",
+        "probe_off",
+    }
+)
 """Kinds the screen reads as events, beside the figures."""
 
 
@@ -152,6 +181,7 @@ class Alert:
 
 def median_without(ordered: list[float], index: int) -> float:
     """The median of sorted ``ordered`` less its element at ``index`` (in O(1): the stragglers check per rank)."""
+
     def at(k: int) -> float:  # k-th of the list without ``index``
         return ordered[k if k < index else k + 1]
 
@@ -163,8 +193,14 @@ def median_without(ordered: list[float], index: int) -> float:
 class DashboardState:
     """Folds event tables into what the screen shows. ``apply`` is cheap; the views compute on demand."""
 
-    def __init__(self, run: RunDescription, *, recording: str | None = None,
-                 headroom_alert: float = DEFAULT_HEADROOM_ALERT, figures_every_s: float = 0.0) -> None:
+    def __init__(
+        self,
+        run: RunDescription,
+        *,
+        recording: str | None = None,
+        headroom_alert: float = DEFAULT_HEADROOM_ALERT,
+        figures_every_s: float = 0.0,
+    ) -> None:
         self.recording = recording
         """Where the session is recorded, if it is."""
         self.fold = RunFold(run)
@@ -211,12 +247,12 @@ class DashboardState:
 
     # -- input -----------------------------------------------------------------
 
-
     @property
     def info(self) -> RunDescription:
         """What runs: plan, model, device, lengths, load (the manifest's description, live or recorded; an
         elastic script's world size once its ranks started)."""
         return self.fold.run
+
     def apply(self, kind: str, table: pa.Table) -> None:
         """Fold a table of ``kind``'s events (live: what arrived since the last frame; replay: a slice)."""
         if not len(table):
@@ -281,7 +317,7 @@ class DashboardState:
             self._complete(new.popleft())
         closed = self.fold.closed
         fresh = min(len(closed), self.fold.closed_count - self._closed_seen)
-        for done in list(closed)[len(closed) - fresh:]:
+        for done in list(closed)[len(closed) - fresh :]:
             for rank, duration in done.rank_durations_s.items():
                 self._rank(rank).compute_s.append(duration - done.exposed_by_rank.get(rank, 0.0))
         self._closed_seen = self.fold.closed_count
@@ -304,9 +340,13 @@ class DashboardState:
         by_stage: dict[int, tuple[Segment, ...]] = {}
         for rank, actions in sorted(lanes.items()):
             stage = self._rank(rank).pp_rank
-            by_stage.setdefault(stage, tuple(
-                Segment(start_s=(start - origin) / 1e9, end_s=(end - origin) / 1e9, action=action, microbatch=mb)
-                for start, end, action, mb in sorted(actions)))
+            by_stage.setdefault(
+                stage,
+                tuple(
+                    Segment(start_s=(start - origin) / 1e9, end_s=(end - origin) / 1e9, action=action, microbatch=mb)
+                    for start, end, action, mb in sorted(actions)
+                ),
+            )
         self._timeline.append(PipelineStep(step=step, span_s=span, lanes=by_stage, bubble=bubble))
 
     def _on_memory(self, event: MemorySnapshot) -> None:
@@ -363,10 +403,20 @@ class DashboardState:
         pass  # folded by the metrics core
 
     _HANDLERS: dict[type, Any] = {
-        RankStarted: _on_started, MemorySnapshot: _on_memory, GpuSample: _on_gpu, NvmlState: _on_nvml,
-        ProcessSample: _on_process, RankExited: _on_exited, JobEnded: _on_ended, EventsDropped: _on_dropped,
-        SamplerError: _on_sampler_error, StackDump: _on_stack, HangDetected: _on_hang, ProbeOff: _on_probe_off,
-        StepTiming: _on_step, RequestDone: _on_request,
+        RankStarted: _on_started,
+        MemorySnapshot: _on_memory,
+        GpuSample: _on_gpu,
+        NvmlState: _on_nvml,
+        ProcessSample: _on_process,
+        RankExited: _on_exited,
+        JobEnded: _on_ended,
+        EventsDropped: _on_dropped,
+        SamplerError: _on_sampler_error,
+        StackDump: _on_stack,
+        HangDetected: _on_hang,
+        ProbeOff: _on_probe_off,
+        StepTiming: _on_step,
+        RequestDone: _on_request,
     }
 
     # -- views -------------------------------------------------------------------
@@ -376,8 +426,9 @@ class DashboardState:
         :attr:`figures_every_s` old while the run goes on)."""
         cached = self._figures
         now = time.monotonic()
-        if cached is not None and (cached[0] == self.fold.version or (
-                not self.final and now - cached[1] < self.figures_every_s)):
+        if cached is not None and (
+            cached[0] == self.fold.version or (not self.final and now - cached[1] < self.figures_every_s)
+        ):
             return cached[2]
         figures = self.fold.figures()
         self._figures = (self.fold.version, now, figures)
@@ -423,14 +474,19 @@ class DashboardState:
         if figures is None or self.fold.requests is None:
             return None
         recent = self.fold.requests.recent
-        return RequestsView(figures=figures, total=self.info.load.requests if self.info.load else None,
-                            history={name: tuple(recent[name]) for name in LATENCIES})
+        return RequestsView(
+            figures=figures,
+            total=self.info.load.requests if self.info.load else None,
+            history={name: tuple(recent[name]) for name in LATENCIES},
+        )
 
     def collective_rows(self) -> list[CollectiveLine]:
         """Per (group, op), the most in-flight time first, with each one's recent exposed times."""
         closed = list(self.fold.closed)
-        return [CollectiveLine(row, tuple(step.exposed_by_op.get((row.group, row.op), 0.0) for step in closed))
-                for row in self.figures().collectives]
+        return [
+            CollectiveLine(row, tuple(step.exposed_by_op.get((row.group, row.op), 0.0) for step in closed))
+            for row in self.figures().collectives
+        ]
 
     def pipeline_steps(self) -> list[PipelineStep]:
         return list(self._timeline)
@@ -490,11 +546,13 @@ class DashboardState:
                 alerts.append(Alert("error", f"rank {view.rank} {view.status}{why}", exited.wall_ns))
         if self.hang is not None:
             verdict = self.hang.report.splitlines()[0]
-            alerts.append(Alert("error", f"hang: no progress for {self.hang.silent_s:.0f} s; {verdict}",
-                                self.hang.wall_ns))
+            alerts.append(
+                Alert("error", f"hang: no progress for {self.hang.silent_s:.0f} s; {verdict}", self.hang.wall_ns)
+            )
         if self.ended is not None and self.ended.status == "failed" and self.ended.root_cause_rank is not None:
-            alerts.append(Alert("error", f"job failed; rank {self.ended.root_cause_rank} failed first",
-                                self.ended.wall_ns))
+            alerts.append(
+                Alert("error", f"job failed; rank {self.ended.root_cause_rank} failed first", self.ended.wall_ns)
+            )
         for (probe, reason), ranks in sorted(self.probes_off.items()):
             where = "every rank" if len(ranks) == self.info.world_size else f"ranks {ranks_text(ranks)}"
             alerts.append(Alert("warning", f"probe off: {probe} on {where}: {reason}", now))
@@ -503,8 +561,14 @@ class DashboardState:
         for gpu in sorted(self.gpus.values(), key=lambda g: (g.node, g.gpu)):
             used, total = gpu.sample.memory_used_bytes, gpu.sample.memory_total_bytes
             if used is not None and total and 1 - used / total < self.headroom_alert:
-                alerts.append(Alert("warning", f"{self.gpu_label(gpu)} memory headroom {1 - used / total:.0%} "
-                                               f"(below {self.headroom_alert:.0%})", gpu.sample.wall_ns))
+                alerts.append(
+                    Alert(
+                        "warning",
+                        f"{self.gpu_label(gpu)} memory headroom {1 - used / total:.0%} "
+                        f"(below {self.headroom_alert:.0%})",
+                        gpu.sample.wall_ns,
+                    )
+                )
         requests = self.figures().requests
         if requests is not None and requests.failed and requests.failures:
             reason, count = requests.failures[0]
@@ -514,11 +578,23 @@ class DashboardState:
             alerts.append(Alert("warning", f"{self.dropped:,} telemetry events dropped (buffers full)", now))
         if self.fold.rejected:
             left_out = sum(self.fold.rejected.values())
-            alerts.append(Alert("warning", f"{left_out:,} events that cannot be this job's left out (a rank outside "
-                                           "it, an end before its start)", now))
+            alerts.append(
+                Alert(
+                    "warning",
+                    f"{left_out:,} events that cannot be this job's left out (a rank outside "
+                    "it, an end before its start)",
+                    now,
+                )
+            )
         if self.coalesced:
-            alerts.append(Alert("info", f"{self.coalesced:,} collective and sample events skipped by the screen to "
-                                        "keep up (the recording has them)", now))
+            alerts.append(
+                Alert(
+                    "info",
+                    f"{self.coalesced:,} collective and sample events skipped by the screen to "
+                    "keep up (the recording has them)",
+                    now,
+                )
+            )
         if self.sampler_errors:
             alerts.append(Alert("info", f"{self.sampler_errors} sampler errors; last: {self.last_sampler_error}", now))
         return alerts

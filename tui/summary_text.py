@@ -66,17 +66,23 @@ def request_lines(requests: dict[str, Any]) -> list[str]:
     lines.append(f"  {'latency (ms)':<14}{'p50':>10}{'p90':>10}{'p99':>10}")
     for key, label in LATENCIES.items():
         lines.append(f"  {label:<14}" + "".join(f"{milliseconds(requests[key][q]):>10}" for q in ("p50", "p90", "p99")))
-    rates = (f"  {per_second(requests['request_throughput_per_s'], 'req/s')}"
-             f"  {per_second(requests['output_tokens_per_s'], 'output tok/s')}")
+    rates = (
+        f"  {per_second(requests['request_throughput_per_s'], 'req/s')}"
+        f"  {per_second(requests['output_tokens_per_s'], 'output tok/s')}"
+    )
     if requests["slo"] is not None:
         slo = Slo(**requests["slo"])
-        rates += (f"  goodput {per_second(requests['goodput_per_s'], 'req/s')}"
-                  f" ({requests['slo_met']:.1%} of requests met {slo.describe()})")
+        rates += (
+            f"  goodput {per_second(requests['goodput_per_s'], 'req/s')}"
+            f" ({requests['slo_met']:.1%} of requests met {slo.describe()})"
+        )
     lines.append(rates)
     for row in requests["per_replica"]:
-        lines.append(f"  replica {row['replica']}: {row['completed']} completed"
-                     f"  {per_second(row['output_tokens_per_s'], 'output tok/s')}"
-                     f"  TTFT p50 {milliseconds(row['ttft_s']['p50'])} ms")
+        lines.append(
+            f"  replica {row['replica']}: {row['completed']} completed"
+            f"  {per_second(row['output_tokens_per_s'], 'output tok/s')}"
+            f"  TTFT p50 {milliseconds(row['ttft_s']['p50'])} ms"
+        )
     return lines
 
 
@@ -84,12 +90,15 @@ def steps_line(steps: dict[str, Any], inference: bool, script: bool = False) -> 
     """Training: the job's steps and tokens/s; inference: rank 0's engine iterations (tokens/s is per request)."""
     if script and not steps["count"]:
         return "steps: none (the script stepped no torch.optim optimizer)"
-    times = (f"p50 {seconds(steps['time_s']['p50'])}  p90 {seconds(steps['time_s']['p90'])}"
-             f"  mean {seconds(steps['time_s']['mean'])}")
+    times = (
+        f"p50 {seconds(steps['time_s']['p50'])}  p90 {seconds(steps['time_s']['p90'])}"
+        f"  mean {seconds(steps['time_s']['mean'])}"
+    )
     if inference:
         return f"iterations (rank 0): {steps['count']}  {times}"
-    return (f"steps: {steps['count']}  {times}"
-            + (f"  {steps['tokens_per_s']['p50']:,.0f} tok/s" if steps["tokens_per_s"]["p50"] else ""))
+    return f"steps: {steps['count']}  {times}" + (
+        f"  {steps['tokens_per_s']['p50']:,.0f} tok/s" if steps["tokens_per_s"]["p50"] else ""
+    )
 
 
 def run_words(run: dict[str, Any]) -> str:
@@ -115,50 +124,66 @@ def summary_lines(summary: dict[str, Any]) -> list[str]:
         lines += request_lines(requests)
     mfu = summary["mfu"]
     if mfu["value"] is not None:
-        lines.append(f"MFU {mfu['value']:.1%} ({mfu['tokens_per_s']:,.0f} tok/s x {mfu['flops_per_token']:.3g} FLOP/token "
-                     f"over {mfu['gpus']} x {mfu['peak_flops_per_s'] / 1e12:,.0f} TFLOP/s)")
+        lines.append(
+            f"MFU {mfu['value']:.1%} ({mfu['tokens_per_s']:,.0f} tok/s x {mfu['flops_per_token']:.3g} FLOP/token "
+            f"over {mfu['gpus']} x {mfu['peak_flops_per_s'] / 1e12:,.0f} TFLOP/s)"
+        )
     if summary["collectives"]:
-        lines.append("collectives (all ranks, in steps; in flight: issue to completion; exposed: what the ranks "
-                     "waited, ≤ a bound where no wait was seen):")
-        lines.append(f"  {'group':<6}{'op':<16}{'count':>7}{'bytes':>12}{'in flight':>12}{'p50':>11}{'p99':>11}"
-                     f"{'busbw p50':>13}{'exposed/step':>14}{'% step':>8}")
+        lines.append(
+            "collectives (all ranks, in steps; in flight: issue to completion; exposed: what the ranks "
+            "waited, ≤ a bound where no wait was seen):"
+        )
+        lines.append(
+            f"  {'group':<6}{'op':<16}{'count':>7}{'bytes':>12}{'in flight':>12}{'p50':>11}{'p99':>11}"
+            f"{'busbw p50':>13}{'exposed/step':>14}{'% step':>8}"
+        )
         for row in summary["collectives"]:
             busbw, flight, exposed = row["busbw_gbps"]["p50"], row["in_flight_s"], row["exposed_s"]
             bound = "" if exposed["measured"] or exposed["measured"] is None else "≤"
             per_step = f"{bound}{seconds(exposed['per_step'])}" if exposed["per_step"] is not None else "-"
             share = f"{bound}{exposed['share']:.0%}" if exposed["share"] is not None else "-"
-            lines.append(f"  {row['group']:<6}{row['op']:<16}{row['count']:>7}{human_bytes(row['bytes']):>12}"
-                         f"{seconds(flight['total']):>12}{human_seconds(flight['p50']):>11}"
-                         f"{human_seconds(flight['p99']):>11}"
-                         f"{busbw_text(busbw):>13}{per_step:>14}{share:>8}")
+            lines.append(
+                f"  {row['group']:<6}{row['op']:<16}{row['count']:>7}{human_bytes(row['bytes']):>12}"
+                f"{seconds(flight['total']):>12}{human_seconds(flight['p50']):>11}"
+                f"{human_seconds(flight['p99']):>11}"
+                f"{busbw_text(busbw):>13}{per_step:>14}{share:>8}"
+            )
     if summary["stages"]:
         lines.append(f"pipeline stages (mean per {'iteration' if requests is not None else 'step'}):")
         for row in summary["stages"]:
-            lines.append(f"  stage {row['stage']}: busy {seconds(row['busy_s'])}  idle {seconds(row['idle_s'])}"
-                         f"  bubble {row['bubble_fraction']:.1%}")
+            lines.append(
+                f"  stage {row['stage']}: busy {seconds(row['busy_s'])}  idle {seconds(row['idle_s'])}"
+                f"  bubble {row['bubble_fraction']:.1%}"
+            )
     starts = summary.get("starts") or []
     if len(starts) > 1:
-        lines.append(f"torchrun started the ranks {len(starts)} times: " + ", ".join(
-            f"{start['world_size']} ranks from step {start['first_step']}" for start in starts))
+        lines.append(
+            f"torchrun started the ranks {len(starts)} times: "
+            + ", ".join(f"{start['world_size']} ranks from step {start['first_step']}" for start in starts)
+        )
     hosts = summary.get("hosts") or []
     if len(hosts) > 1:
         lines.append("hosts (clock: the head's minus the node's, within half the round trip):")
         for host in hosts:
             offset, rtt = host["clock_offset_ns"], host["clock_rtt_ns"]
             clock = f"{offset / 1e6:+.3f} ms ± {rtt / 2e6:.3f} ms" if offset is not None and rtt is not None else "-"
-            lines.append(f"  node {host['node']} {host['host'] or '?'}: ranks {ranks_text(host['ranks'])}  "
-                         f"GPUs {len(host['gpus'])}  clock {clock}  peak {human_bytes(host['peak_bytes'])}")
+            lines.append(
+                f"  node {host['node']} {host['host'] or '?'}: ranks {ranks_text(host['ranks'])}  "
+                f"GPUs {len(host['gpus'])}  clock {clock}  peak {human_bytes(host['peak_bytes'])}"
+            )
     node_of = {rank["rank"]: rank["node"] for rank in summary["ranks"]} if len(hosts) > 1 else {}
     if summary["memory"]:
         lines.append("memory (last step; peak over the run):")
         for row in summary["memory"]:
             marker = "  <- most loaded" if row["rank"] == summary["most_loaded_rank"] else ""
             where = f" (node {node_of[row['rank']]})" if node_of.get(row["rank"]) is not None else ""
-            lines.append(f"  rank {row['rank']}{where}: peak {human_bytes(row['peak_bytes'])}  weights "
-                         f"{human_bytes(row['weights_bytes'])}  grads {human_bytes(row['grads_bytes'])}  optimizer "
-                         f"{human_bytes(row['optimizer_bytes'])}  activations {human_bytes(row['activations_bytes'])}"
-                         + ("" if row["kv_cache_bytes"] is None else f"  kv cache {human_bytes(row['kv_cache_bytes'])}")
-                         + marker)
+            lines.append(
+                f"  rank {row['rank']}{where}: peak {human_bytes(row['peak_bytes'])}  weights "
+                f"{human_bytes(row['weights_bytes'])}  grads {human_bytes(row['grads_bytes'])}  optimizer "
+                f"{human_bytes(row['optimizer_bytes'])}  activations {human_bytes(row['activations_bytes'])}"
+                + ("" if row["kv_cache_bytes"] is None else f"  kv cache {human_bytes(row['kv_cache_bytes'])}")
+                + marker
+            )
     failed = [r for r in summary["ranks"] if r["exit_code"] not in (0, None)]
     for rank in failed:
         how = f"signal {rank['signal']}" if rank["signal"] else f"exit code {rank['exit_code']}"
@@ -174,8 +199,9 @@ def comparison_lines(comparison: dict[str, Any]) -> list[str]:
     for row in comparison["metrics"]:
         ratio = f"{row['ratio']:.3f}" if row["ratio"] is not None else "-"
         mark = "  *" if row["significant"] else ""
-        lines.append(f"  {row['name']:<44}{figure(row['name'], row['a']):>14}{figure(row['name'], row['b']):>14}"
-                     f"{ratio:>9}{mark}")
+        lines.append(
+            f"  {row['name']:<44}{figure(row['name'], row['a']):>14}{figure(row['name'], row['b']):>14}{ratio:>9}{mark}"
+        )
     lines.append("  * beyond run-to-run noise (Mann-Whitney p < 0.01 on the per-step values, and over 1 %)")
     return lines
 

@@ -51,8 +51,10 @@ class SweepApp(App[Path | None]):
         table.add_column("status")
         for row in self.openable:
             if row["rank"] is not None:
-                cells = [Text(cell, justify="left" if width < 0 else "right")
-                         for cell, (_, width) in zip(sweep_cells(row, mode), sweep_columns(mode), strict=True)]
+                cells = [
+                    Text(cell, justify="left" if width < 0 else "right")
+                    for cell, (_, width) in zip(sweep_cells(row, mode), sweep_columns(mode), strict=True)
+                ]
             else:
                 cells = [Text("-"), Text(row["key"])] + [Text("")] * (len(sweep_columns(mode)) - 2)
             table.add_row(*cells, Text(row["status"], style="" if row["status"] == "completed" else "bold red"))

@@ -37,9 +37,14 @@ def memory_parts(view: RankView) -> tuple[dict[str, int | None], int | None]:
     known = memory.weights_bytes + memory.grads_bytes + memory.optimizer_bytes
     used = memory.allocated_bytes if memory.allocated_bytes is not None else (memory.rss_bytes or view.rss_bytes)
     activations, kv = memory.activations_bytes or 0, memory.kv_cache_bytes or 0
-    parts = {"weights": memory.weights_bytes, "grads": memory.grads_bytes, "optimizer": memory.optimizer_bytes,
-             "activations": activations, "kv cache": kv,
-             "other": max(0, (used or 0) - known - activations - kv)}
+    parts = {
+        "weights": memory.weights_bytes,
+        "grads": memory.grads_bytes,
+        "optimizer": memory.optimizer_bytes,
+        "activations": activations,
+        "kv cache": kv,
+        "other": max(0, (used or 0) - known - activations - kv),
+    }
     if memory.peak_allocated_bytes is not None:  # the bar shows the step's peak: activations live then
         parts["other"] = max(0, memory.peak_allocated_bytes - known - activations - kv)
     return parts, memory.device_total_bytes
@@ -66,8 +71,9 @@ class Panel(LineView):
         return max(10, container.size.height if container is not None else self.size.height)
 
 
-def memory_lines(state: DashboardState, ranks: RankFilter, width: int, limit: int | None, *,
-                 with_legend: bool = False) -> Text:
+def memory_lines(
+    state: DashboardState, ranks: RankFilter, width: int, limit: int | None, *, with_legend: bool = False
+) -> Text:
     """A memory bar per rank shown (at most ``limit``, the most loaded among them), and ``with_legend`` the
     key of the parts those bars hold."""
     loaded = state.most_loaded_rank()
@@ -92,8 +98,12 @@ def memory_lines(state: DashboardState, ranks: RankFilter, width: int, limit: in
         text.append(f"  … {len(views) - len(shown)} more ranks ({hint})\n", style="dim")
     if with_legend:
         text.append("\n")
-        text.append_text(legend({name for _, parts, _ in drawn for name, value in parts.items() if value},
-                                headroom=any(capacity for _, _, capacity in drawn)))
+        text.append_text(
+            legend(
+                {name for _, parts, _ in drawn for name, value in parts.items() if value},
+                headroom=any(capacity for _, _, capacity in drawn),
+            )
+        )
     return text
 
 
@@ -104,27 +114,41 @@ def share(value: float | None, measured: bool | None) -> str:
     return f"{'' if measured else '≤'}{value:.0%}"
 
 
-def collectives_table(state: DashboardState, *, limit: int | None, history_width: int,
-                      width: int) -> Table | Text:
+def collectives_table(state: DashboardState, *, limit: int | None, history_width: int, width: int) -> Table | Text:
     """Per (group, op): count, bytes, in-flight p50 / p99, busbw, exposed share of the step and its history."""
-    columns = [("group", "left"), ("op", "left"), ("count", "right"), ("bytes", "right"), ("p50", "right"),
-               ("p99", "right"), ("busbw", "right"), ("% step", "right")]
+    columns = [
+        ("group", "left"),
+        ("op", "left"),
+        ("count", "right"),
+        ("bytes", "right"),
+        ("p50", "right"),
+        ("p99", "right"),
+        ("busbw", "right"),
+        ("% step", "right"),
+    ]
     if history_width:
         columns.append(("exposed per step", "left"))
     rows = state.collective_rows()
     lines: list[tuple[list[tuple[str, str]], str]] = []
     for line in rows if limit is None else rows[:limit]:
         row = line.figures
-        cells = [row.group, row.op, f"{row.count:,}", human_bytes(row.bytes), human_seconds(row.in_flight_p50_s),
-                 human_seconds(row.in_flight_p99_s),
-                 busbw_text(row.busbw_p50_gbps),
-                 share(row.exposed_share, row.exposed_measured)]
+        cells = [
+            row.group,
+            row.op,
+            f"{row.count:,}",
+            human_bytes(row.bytes),
+            human_seconds(row.in_flight_p50_s),
+            human_seconds(row.in_flight_p99_s),
+            busbw_text(row.busbw_p50_gbps),
+            share(row.exposed_share, row.exposed_measured),
+        ]
         if history_width:
             cells.append(sparkline(line.history, history_width, low=0.0))
         lines.append(([(cell, "") for cell in cells], ""))
     if not rows:  # no header over nothing
-        return Text("no collectives recorded" if state.info.instrumented else "hooks off (--no-instrument)",
-                    style="dim")
+        return Text(
+            "no collectives recorded" if state.info.instrumented else "hooks off (--no-instrument)", style="dim"
+        )
     text = plain_table(columns, lines, width)
     if text is not None:
         return text
@@ -154,8 +178,9 @@ def section(title: str) -> Text:
     return Text(title, style="bold underline")
 
 
-def plain_table(columns: list[tuple[str, str]], rows: list[tuple[list[tuple[str, str]], str]],
-                width: int) -> Text | None:
+def plain_table(
+    columns: list[tuple[str, str]], rows: list[tuple[list[tuple[str, str]], str]], width: int
+) -> Text | None:
     """What ``Table(box=None, padding=(0, 1), header_style="bold")`` draws for no-wrap columns of
     (name, justify) and rows of ((text, style) cells, row style), as one Text: Rich measures and pads
     every cell of a Table, which takes a frame's budget at a few dozen rows; this is one string.
@@ -196,8 +221,12 @@ def request_counts(view: RequestsView) -> str:
     """``60/64 completed · 4 failed · 3.20 req/s · 1.2k tok/s out`` (and goodput with SLOs)."""
     figures = view.figures
     done = f"{figures.completed:,}/{view.total:,}" if view.total is not None else f"{figures.completed:,}"
-    parts = [f"{done} completed", f"{figures.failed:,} failed",
-             per_second(figures.request_throughput_per_s, "req/s"), f"{output_rate(figures.output_tokens_per_s)} out"]
+    parts = [
+        f"{done} completed",
+        f"{figures.failed:,} failed",
+        per_second(figures.request_throughput_per_s, "req/s"),
+        f"{output_rate(figures.output_tokens_per_s)} out",
+    ]
     if figures.goodput_per_s is not None:
         parts.append(f"goodput {per_second(figures.goodput_per_s, 'req/s')}")
     if figures.slo_met is not None:
@@ -235,17 +264,22 @@ class OverviewPanel(Panel):
         memory_rows = max(1, min(16, (height - 14) // 2))
         chart_rows = max(3, min(12, height - 15 - memory_rows))
         durations = [s.duration_s for s in state.steps]
-        top = (requests_lines(state, width) if state.info.inference
-               else chart("step time", durations, width=width, height=chart_rows, format_value=human_seconds))
-        self.paint(Group(
-            top,
-            section("memory per rank"),
-            memory_lines(state, ranks, width, memory_rows),
-            section("collectives (busiest)"),
-            collectives_table(state, limit=3, history_width=0, width=width),
-            section("alerts"),
-            alert_lines(state, 2),
-        ))
+        top = (
+            requests_lines(state, width)
+            if state.info.inference
+            else chart("step time", durations, width=width, height=chart_rows, format_value=human_seconds)
+        )
+        self.paint(
+            Group(
+                top,
+                section("memory per rank"),
+                memory_lines(state, ranks, width, memory_rows),
+                section("collectives (busiest)"),
+                collectives_table(state, limit=3, history_width=0, width=width),
+                section("alerts"),
+                alert_lines(state, 2),
+            )
+        )
 
 
 class DevicesPanel(Panel):
@@ -277,11 +311,15 @@ class DevicesPanel(Panel):
                 if s.memory_total_bytes:
                     line.append(f"  mem {human_bytes(s.memory_used_bytes)}/{human_bytes(s.memory_total_bytes)}")
                 if s.nvlink_tx_bytes_per_s is not None:
-                    line.append(f"  NVLink tx {human_rate(s.nvlink_tx_bytes_per_s, 'B/s')} "
-                                f"rx {human_rate(s.nvlink_rx_bytes_per_s, 'B/s')}")
+                    line.append(
+                        f"  NVLink tx {human_rate(s.nvlink_tx_bytes_per_s, 'B/s')} "
+                        f"rx {human_rate(s.nvlink_rx_bytes_per_s, 'B/s')}"
+                    )
                 if s.pcie_tx_bytes_per_s is not None:
-                    line.append(f"  PCIe tx {human_rate(s.pcie_tx_bytes_per_s, 'B/s')} "
-                                f"rx {human_rate(s.pcie_rx_bytes_per_s, 'B/s')}")
+                    line.append(
+                        f"  PCIe tx {human_rate(s.pcie_tx_bytes_per_s, 'B/s')} "
+                        f"rx {human_rate(s.pcie_rx_bytes_per_s, 'B/s')}"
+                    )
                 parts.append(line)
         measure = "at each step's peak" if state.info.device == "cuda" else "resident set"  # CUDA's allocator
         parts.append(section(f"memory per rank ({measure})"))
@@ -294,11 +332,13 @@ class CollectivesPanel(Panel):
 
     def show(self, state: DashboardState, ranks: RankFilter) -> None:
         history = max(0, min(40, self.usable_width - 100))
-        self.paint(Group(
-            section("collectives by group and op"),
-            Text("p50/p99: in flight, over the run · % step: exposed (≤: no wait seen)", style="dim"),
-            collectives_table(state, limit=None, history_width=history, width=self.usable_width),
-        ))
+        self.paint(
+            Group(
+                section("collectives by group and op"),
+                Text("p50/p99: in flight, over the run · % step: exposed (≤: no wait seen)", style="dim"),
+                collectives_table(state, limit=None, history_width=history, width=self.usable_width),
+            )
+        )
 
 
 class PipelinePanel(Panel):
@@ -310,14 +350,19 @@ class PipelinePanel(Panel):
         steps = state.pipeline_steps()
         bubbles = state.bubble_history()
         if info.script is not None and not steps:
-            self.paint(Text("no pipeline stage seen (the script has run no torch.distributed.pipelining stage)",
-                            style="dim"))
+            self.paint(
+                Text("no pipeline stage seen (the script has run no torch.distributed.pipelining stage)", style="dim")
+            )
             return
         if pp <= 1 and info.script is None:
             self.paint(Text("no pipeline in this plan (pp 1)", style="dim"))
             return
         if not steps and not (info.inference and bubbles):
-            note = "waiting for the first step" if info.instrumented else "stage timing needs the hooks (run without --no-instrument)"
+            note = (
+                "waiting for the first step"
+                if info.instrumented
+                else "stage timing needs the hooks (run without --no-instrument)"
+            )
             self.paint(Text(note, style="dim"))
             return
         width = self.usable_width - 8
@@ -330,15 +375,18 @@ class PipelinePanel(Panel):
             title = "bubble fraction per stage over the run; recent steps"
         else:
             m, v = info.plan.microbatches or 1, info.plan.virtual_stages
-            title = (f"bubble per stage over the run (ideal {theoretical_bubble(pp, m, v):.1%} at {pp} stages "
-                     f"x {m} mb); recent")
+            title = (
+                f"bubble per stage over the run (ideal {theoretical_bubble(pp, m, v):.1%} at {pp} stages "
+                f"x {m} mb); recent"
+            )
         text.append(title + "\n", style="bold")
         run = {row.stage: row.bubble_fraction for row in state.figures().stages}
         for stage in sorted(set(run) | set(bubbles)):
             figure = f"{run[stage]:6.1%}" if stage in run else "     -"
             text.append(f"stage {stage} {figure} ")
-            text.append(sparkline(bubbles.get(stage, ()), max(10, width - 20), low=0.0, high=1.0) + "\n",
-                        style="magenta")
+            text.append(
+                sparkline(bubbles.get(stage, ()), max(10, width - 20), low=0.0, high=1.0) + "\n", style="magenta"
+            )
         self.paint(text)
 
     @staticmethod
@@ -379,15 +427,32 @@ class StepsPanel(Panel):
         height = max(2, (self.usable_height - 7) // charts)
         steps = list(state.steps)
         shown = [
-            chart("iteration time (rank 0)" if state.info.inference else "step time", [s.duration_s for s in steps],
-                  width=width, height=height, format_value=human_seconds),
-            chart("throughput (rank 0)" if state.info.inference else "throughput", [s.tokens_per_s for s in steps],
-                  width=width, height=height,
-                  format_value=lambda v: human_rate(v, " tok/s")),
+            chart(
+                "iteration time (rank 0)" if state.info.inference else "step time",
+                [s.duration_s for s in steps],
+                width=width,
+                height=height,
+                format_value=human_seconds,
+            ),
+            chart(
+                "throughput (rank 0)" if state.info.inference else "throughput",
+                [s.tokens_per_s for s in steps],
+                width=width,
+                height=height,
+                format_value=lambda v: human_rate(v, " tok/s"),
+            ),
         ]
         if not state.info.inference:
-            shown.append(chart("loss", [s.loss for s in steps if s.loss is not None], width=width, height=height,
-                               format_value=lambda v: f"{v:.4f}", from_zero=False))
+            shown.append(
+                chart(
+                    "loss",
+                    [s.loss for s in steps if s.loss is not None],
+                    width=width,
+                    height=height,
+                    format_value=lambda v: f"{v:.4f}",
+                    from_zero=False,
+                )
+            )
         self.paint(Group(*shown))
 
 
@@ -397,37 +462,57 @@ class ProcessesPanel(Panel):
 
     selected: int | None = None
 
-    COLUMNS = (("rank", "right"), ("host", "left"), ("pid", "right"), ("device", "left"), ("pp/dp/tp", "left"),
-               ("cpu", "right"),
-               ("cpu history", "left"), ("rss", "right"), ("thr", "right"), ("status", "left"))
+    COLUMNS = (
+        ("rank", "right"),
+        ("host", "left"),
+        ("pid", "right"),
+        ("device", "left"),
+        ("pp/dp/tp", "left"),
+        ("cpu", "right"),
+        ("cpu history", "left"),
+        ("rss", "right"),
+        ("thr", "right"),
+        ("status", "left"),
+    )
 
     def show(self, state: DashboardState, ranks: RankFilter) -> None:
         history = max(0, min(32, self.usable_width - 66))
         many_hosts = len(state.hosts()) > 1  # on one machine the host is the same on every row: no column
-        columns = [(name, justify) for name, justify in self.COLUMNS
-                   if (history or name != "cpu history") and (many_hosts or name != "host")]
+        columns = [
+            (name, justify)
+            for name, justify in self.COLUMNS
+            if (history or name != "cpu history") and (many_hosts or name != "host")
+        ]
         views = [v for v in sorted(state.ranks.values(), key=lambda v: v.rank) if ranks(v)]
         if self.selected is None and views:
             self.selected = views[0].rank
         order = [v.rank for v in views]
         at = order.index(self.selected) if self.selected in order else 0
         first = max(0, min(at - MAX_RANK_ROWS // 2, len(views) - MAX_RANK_ROWS))
-        window = views[first:first + MAX_RANK_ROWS]  # the rows around the chosen rank
+        window = views[first : first + MAX_RANK_ROWS]  # the rows around the chosen rank
         rows: list[tuple[list[tuple[str, str]], str]] = []
         for view in window:
             status_style = "green" if view.status in ("running", "exited 0") else "bold red"
             if view.status in ("stopped", "starting"):
                 status_style = "yellow"
             gone = view.exited is not None  # its last samples are no reading of now
-            cells = [str(view.rank), *([state.host_label(view.node)] if many_hosts else []), str(view.pid or "-"),
-                     view.device or "-",
-                     f"{view.pp_rank}/{view.dp_rank}/{view.tp_rank}",
-                     "-" if view.cpu_pct is None or gone else f"{view.cpu_pct:.0f}%"]
+            cells = [
+                str(view.rank),
+                *([state.host_label(view.node)] if many_hosts else []),
+                str(view.pid or "-"),
+                view.device or "-",
+                f"{view.pp_rank}/{view.dp_rank}/{view.tp_rank}",
+                "-" if view.cpu_pct is None or gone else f"{view.cpu_pct:.0f}%",
+            ]
             if history:
                 cells.append(sparkline(view.cpu_history, history, low=0.0))
             cells += ["-" if gone else human_bytes(view.rss_bytes), "-" if gone else str(view.threads or "-")]
-            rows.append(([(cell, "") for cell in cells] + [(view.status, status_style)],
-                         "reverse" if view.rank == self.selected else ""))
+            rows.append(
+                (
+                    [(cell, "") for cell in cells] + [(view.status, status_style)],
+                    "reverse" if view.rank == self.selected else "",
+                )
+            )
         table: Text | Table | None = plain_table(columns, rows, self.usable_width)
         if table is None:  # too wide: let Rich shrink the columns
             table = Table(box=None, padding=(0, 1), header_style="bold")

@@ -89,12 +89,17 @@ class CollectiveRow:
 
     def to_json(self) -> dict[str, object]:
         return {
-            "group": self.group, "op": self.op, "count": self.count, "bytes": self.bytes,
-            "in_flight_s": {"total": self.in_flight_total_s, "p50": self.in_flight_p50_s,
-                            "p99": self.in_flight_p99_s},
+            "group": self.group,
+            "op": self.op,
+            "count": self.count,
+            "bytes": self.bytes,
+            "in_flight_s": {"total": self.in_flight_total_s, "p50": self.in_flight_p50_s, "p99": self.in_flight_p99_s},
             "busbw_gbps": {"p50": self.busbw_p50_gbps, "ops": self.busbw_ops},
-            "exposed_s": {"per_step": self.exposed_per_step_s, "share": self.exposed_share,
-                          "measured": self.exposed_measured},
+            "exposed_s": {
+                "per_step": self.exposed_per_step_s,
+                "share": self.exposed_share,
+                "measured": self.exposed_measured,
+            },
         }
 
 
@@ -166,8 +171,10 @@ class CollectiveFold:
         groups = pc.dictionary_encode(table.column("group")).combine_chunks()
         ops = pc.dictionary_encode(table.column("op")).combine_chunks()
         width = len(ops.dictionary)
-        rows, pairs = pd.factorize(groups.indices.to_numpy(zero_copy_only=False).astype(np.int64) * width
-                                   + ops.indices.to_numpy(zero_copy_only=False))
+        rows, pairs = pd.factorize(
+            groups.indices.to_numpy(zero_copy_only=False).astype(np.int64) * width
+            + ops.indices.to_numpy(zero_copy_only=False)
+        )
         group_names, op_names = groups.dictionary.to_pylist(), ops.dictionary.to_pylist()
         mapping = [self._key(group_names[pair // width], op_names[pair % width]) for pair in pairs.tolist()]
         return np.array(mapping, dtype=np.int64)[rows]
@@ -214,7 +221,7 @@ class CollectiveFold:
         ranks = max(int(chunk.rank.max()) for index in with_ops for chunk in chunks[index]) + 1
         at_once = max(1, CELLS_AT_ONCE // (len(self.stats) * ranks))
         for first in range(0, len(with_ops), at_once):
-            batch = with_ops[first:first + at_once]
+            batch = with_ops[first : first + at_once]
             decided = self._exposed([chunks[i] for i in batch], [closing[i][2] for i in batch], ranks)
             for index, exposure in zip(batch, decided, strict=True):
                 exposures[index] = exposure
@@ -279,14 +286,22 @@ class CollectiveFold:
         for stats in self.stats:
             closed = stats.exposed_s.count
             in_flight = stats.in_flight_s.quantiles("p50", "p99")
-            rows.append(CollectiveRow(
-                group=stats.group, op=stats.op, count=stats.count, bytes=stats.bytes,
-                in_flight_total_s=stats.in_flight_ns / 1e9, in_flight_p50_s=in_flight["p50"],
-                in_flight_p99_s=in_flight["p99"], busbw_p50_gbps=stats.busbw_gbps.quantile(0.5),
-                busbw_ops=stats.busbw_gbps.count,
-                exposed_per_step_s=stats.exposed_s.mean() if closed else None,
-                exposed_share=stats.exposed_s.total() / step_total if closed and step_total > 0 else None,
-                exposed_measured=stats.bounded_steps == 0 if closed else None))
+            rows.append(
+                CollectiveRow(
+                    group=stats.group,
+                    op=stats.op,
+                    count=stats.count,
+                    bytes=stats.bytes,
+                    in_flight_total_s=stats.in_flight_ns / 1e9,
+                    in_flight_p50_s=in_flight["p50"],
+                    in_flight_p99_s=in_flight["p99"],
+                    busbw_p50_gbps=stats.busbw_gbps.quantile(0.5),
+                    busbw_ops=stats.busbw_gbps.count,
+                    exposed_per_step_s=stats.exposed_s.mean() if closed else None,
+                    exposed_share=stats.exposed_s.total() / step_total if closed and step_total > 0 else None,
+                    exposed_measured=stats.bounded_steps == 0 if closed else None,
+                )
+            )
         return sorted(rows, key=lambda row: (-row.in_flight_total_s, row.group, row.op))
 
 

@@ -92,12 +92,17 @@ class MemoryFold:
         rows = []
         for rank, peak in self.peaks().items():
             last = self.last.get(rank)
-            rows.append(MemoryRow(
-                rank=rank, peak_bytes=peak,
-                weights_bytes=last.weights_bytes if last else None, grads_bytes=last.grads_bytes if last else None,
-                optimizer_bytes=last.optimizer_bytes if last else None,
-                activations_bytes=last.activations_bytes if last else None,
-                kv_cache_bytes=last.kv_cache_bytes if last else None))
+            rows.append(
+                MemoryRow(
+                    rank=rank,
+                    peak_bytes=peak,
+                    weights_bytes=last.weights_bytes if last else None,
+                    grads_bytes=last.grads_bytes if last else None,
+                    optimizer_bytes=last.optimizer_bytes if last else None,
+                    activations_bytes=last.activations_bytes if last else None,
+                    kv_cache_bytes=last.kv_cache_bytes if last else None,
+                )
+            )
         return rows
 
 
@@ -120,7 +125,8 @@ def _last_rows(table: pa.Table) -> list[int]:
     if not len(table):
         return []
     rank = table.column("rank").to_numpy()
-    order = np.lexsort((np.arange(len(table)), table.column("wall_ns").to_numpy(), table.column("step").to_numpy(),
-                        rank))
+    order = np.lexsort(
+        (np.arange(len(table)), table.column("wall_ns").to_numpy(), table.column("step").to_numpy(), rank)
+    )
     ends = np.r_[rank[order][1:] != rank[order][:-1], True]
     return order[ends].tolist()

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 
 from meshtop.recordings.manifest import RunDescription
 
+
 @dataclass(frozen=True, slots=True)
 class GpuModel:
     """What a GPU is, for its peak: NVML's name, and its default power limit (one name can cover a chip's SXM
@@ -77,8 +78,14 @@ def peak_flops(gpu: GpuModel | str, dtype: str) -> float | None:
     longest = max(len(peak.fragment) for peak in matching)
     rows = [peak for peak in matching if len(peak.fragment) == longest]
     limit = model.power_limit_w
-    return next((peak.flops_per_s for peak in sorted(rows, key=lambda peak: peak.max_power_w or float("inf"))
-                 if peak.max_power_w is None or (limit is not None and limit <= peak.max_power_w)), None)
+    return next(
+        (
+            peak.flops_per_s
+            for peak in sorted(rows, key=lambda peak: peak.max_power_w or float("inf"))
+            if peak.max_power_w is None or (limit is not None and limit <= peak.max_power_w)
+        ),
+        None,
+    )
 
 
 def flops_per_token(*, parameters: int, n_layers: int, dim: int, seq_len: int) -> float:
@@ -108,8 +115,9 @@ def script_parameters(trained: Iterable[tuple[int, int]]) -> int | None:
     return sum(most.values()) if most else None
 
 
-def mfu(run: RunDescription, *, gpus: Iterable[GpuModel], tokens_per_s: float | None,
-        script_parameters: int | None = None) -> Mfu:
+def mfu(
+    run: RunDescription, *, gpus: Iterable[GpuModel], tokens_per_s: float | None, script_parameters: int | None = None
+) -> Mfu:
     """The run's MFU, or why it has none (``script_parameters``: a script's N, :func:`script_parameters`)."""
     if run.inference:
         return Mfu(value=None, why_not="MFU is a training figure (6N FLOPs per token is forward and backward)")
@@ -124,8 +132,9 @@ def mfu(run: RunDescription, *, gpus: Iterable[GpuModel], tokens_per_s: float | 
     elif run.model is None or run.dtype is None or run.seq_len is None:
         return Mfu(value=None, why_not="the run description has no model shape or sequence length")
     else:
-        per_token = flops_per_token(parameters=run.model.parameters, n_layers=run.model.n_layers,
-                                    dim=run.model.dim, seq_len=run.seq_len)
+        per_token = flops_per_token(
+            parameters=run.model.parameters, n_layers=run.model.n_layers, dim=run.model.dim, seq_len=run.seq_len
+        )
     models = sorted(set(gpus), key=lambda model: (model.name, model.power_limit_w or 0.0))
     if not models:
         return Mfu(value=None, why_not="no GPU seen yet", flops_per_token=per_token)
@@ -137,8 +146,14 @@ def mfu(run: RunDescription, *, gpus: Iterable[GpuModel], tokens_per_s: float | 
     if tokens_per_s is None:
         return Mfu(value=None, why_not="no complete step yet", flops_per_token=per_token, peak_flops_per_s=peak)
     gpus = run.world_size
-    return Mfu(value=tokens_per_s * per_token / (peak * gpus), why_not=None, tokens_per_s=tokens_per_s,
-               flops_per_token=per_token, peak_flops_per_s=peak, gpus=gpus)
+    return Mfu(
+        value=tokens_per_s * per_token / (peak * gpus),
+        why_not=None,
+        tokens_per_s=tokens_per_s,
+        flops_per_token=per_token,
+        peak_flops_per_s=peak,
+        gpus=gpus,
+    )
 
 
 def achieved_flops_per_rank(run: RunDescription, tokens_per_s: float | None) -> float | None:
@@ -146,6 +161,7 @@ def achieved_flops_per_rank(run: RunDescription, tokens_per_s: float | None) -> 
     The planner takes it from a recording to put a step-time share on its predicted communication."""
     if run.inference or run.model is None or run.seq_len is None or tokens_per_s is None:
         return None
-    per_token = flops_per_token(parameters=run.model.parameters, n_layers=run.model.n_layers, dim=run.model.dim,
-                                seq_len=run.seq_len)
+    per_token = flops_per_token(
+        parameters=run.model.parameters, n_layers=run.model.n_layers, dim=run.model.dim, seq_len=run.seq_len
+    )
     return tokens_per_s * per_token / run.world_size

@@ -72,8 +72,12 @@ class StageStats:
 
     def row(self, stage: int) -> StageRow:
         span = self.span_s.total()
-        return StageRow(stage=stage, busy_s=self.busy_s.mean() or 0.0, idle_s=self.idle_s.mean() or 0.0,
-                        bubble_fraction=self.idle_s.total() / span if span > 0 else 0.0)
+        return StageRow(
+            stage=stage,
+            busy_s=self.busy_s.mean() or 0.0,
+            idle_s=self.idle_s.mean() or 0.0,
+            bubble_fraction=self.idle_s.total() / span if span > 0 else 0.0,
+        )
 
 
 class StageFold:

@@ -57,8 +57,9 @@ class RequestLatency:
     """The inter-token latencies."""
 
 
-def request_latency(*, arrival_ns: int, first_token_ns: int | None, end_ns: int, output_tokens: int,
-                    token_ns: Sequence[int]) -> RequestLatency:
+def request_latency(
+    *, arrival_ns: int, first_token_ns: int | None, end_ns: int, output_tokens: int, token_ns: Sequence[int]
+) -> RequestLatency:
     """The latencies of one request, by the definitions above (the first token's time is ``token_ns[0]``
     where there is one: the same instant)."""
     first = token_ns[0] if token_ns else first_token_ns
@@ -81,8 +82,10 @@ class Slo:
     def of(cls, load: Load | None) -> Slo:
         if load is None:
             return cls()
-        return cls(ttft_s=None if load.slo_ttft_ms is None else load.slo_ttft_ms / 1e3,
-                   tpot_s=None if load.slo_tpot_ms is None else load.slo_tpot_ms / 1e3)
+        return cls(
+            ttft_s=None if load.slo_ttft_ms is None else load.slo_ttft_ms / 1e3,
+            tpot_s=None if load.slo_tpot_ms is None else load.slo_tpot_ms / 1e3,
+        )
 
     @property
     def given(self) -> bool:
@@ -96,8 +99,11 @@ class Slo:
 
     def describe(self) -> str:
         """``TTFT <= 50 ms, TPOT <= 20 ms`` (the objectives given)."""
-        parts = [f"{name} <= {value * 1e3:g} ms" for name, value in (("TTFT", self.ttft_s), ("TPOT", self.tpot_s))
-                 if value is not None]
+        parts = [
+            f"{name} <= {value * 1e3:g} ms"
+            for name, value in (("TTFT", self.ttft_s), ("TPOT", self.tpot_s))
+            if value is not None
+        ]
         return ", ".join(parts)
 
 
@@ -110,8 +116,12 @@ class ReplicaRow:
     ttft_p50_s: float | None
 
     def to_json(self) -> dict[str, object]:
-        return {"replica": self.replica, "completed": self.completed,
-                "output_tokens_per_s": self.output_tokens_per_s, "ttft_s": {"p50": self.ttft_p50_s}}
+        return {
+            "replica": self.replica,
+            "completed": self.completed,
+            "output_tokens_per_s": self.output_tokens_per_s,
+            "ttft_s": {"p50": self.ttft_p50_s},
+        }
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -135,13 +145,17 @@ class RequestFigures:
 
     def to_json(self) -> dict[str, object]:
         return {
-            "count": self.count, "completed": self.completed, "failed": self.failed,
+            "count": self.count,
+            "completed": self.completed,
+            "failed": self.failed,
             "failures": [{"reason": reason, "count": n} for reason, n in self.failures],
-            **self.latencies, "window_s": self.window_s,
+            **self.latencies,
+            "window_s": self.window_s,
             "request_throughput_per_s": self.request_throughput_per_s,
             "output_tokens_per_s": self.output_tokens_per_s,
             "slo": {"ttft_s": self.slo.ttft_s, "tpot_s": self.slo.tpot_s} if self.slo.given else None,
-            "goodput_per_s": self.goodput_per_s, "slo_met": self.slo_met,
+            "goodput_per_s": self.goodput_per_s,
+            "slo_met": self.slo_met,
             "per_replica": [row.to_json() for row in self.per_replica],
         }
 
@@ -158,8 +172,9 @@ class RequestFold:
         """Reports of a request already reported: left out."""
         self.ended_status: str | None = None
         """How the job ended, once it did (the load's requests without a report then count as failed)."""
-        self.recent: dict[str, deque[float]] = {name: deque(maxlen=RECENT * (8 if name == "itl_s" else 1))
-                                                for name in LATENCIES}
+        self.recent: dict[str, deque[float]] = {
+            name: deque(maxlen=RECENT * (8 if name == "itl_s" else 1)) for name in LATENCIES
+        }
         self.latencies = {name: Distribution() for name in LATENCIES}
         self.failures: Counter[str] = Counter()
         self.completed = 0
@@ -177,8 +192,13 @@ class RequestFold:
         if event.status != COMPLETED:
             self.failures[failure_reason(event.error)] += 1
             return
-        latency = request_latency(arrival_ns=event.arrival_ns, first_token_ns=event.first_token_ns,
-                                  end_ns=event.end_ns, output_tokens=event.output_tokens, token_ns=event.token_ns)
+        latency = request_latency(
+            arrival_ns=event.arrival_ns,
+            first_token_ns=event.first_token_ns,
+            end_ns=event.end_ns,
+            output_tokens=event.output_tokens,
+            token_ns=event.token_ns,
+        )
         self.completed += 1
         self.good += self.slo.met(latency)
         self.output_tokens += event.output_tokens
@@ -223,16 +243,23 @@ class RequestFold:
         replicas = sorted(set(range(self.replicas)) | set(self._by_replica))
         return RequestFigures(
             count=count,
-            completed=self.completed, failed=failed, failures=tuple(failures.most_common()),
-            latencies={name: {"mean": d.mean(), **d.quantiles("p50", "p90", "p99")}
-                       for name, d in self.latencies.items()},
-            window_s=window, request_throughput_per_s=per_s(self.completed),
-            output_tokens_per_s=per_s(self.output_tokens), slo=self.slo,
+            completed=self.completed,
+            failed=failed,
+            failures=tuple(failures.most_common()),
+            latencies={
+                name: {"mean": d.mean(), **d.quantiles("p50", "p90", "p99")} for name, d in self.latencies.items()
+            },
+            window_s=window,
+            request_throughput_per_s=per_s(self.completed),
+            output_tokens_per_s=per_s(self.output_tokens),
+            slo=self.slo,
             goodput_per_s=per_s(self.good) if self.slo.given else None,
             slo_met=self.good / count if self.slo.given and count else None,
-            per_replica=tuple(self._replica_row(r, per_s) for r in replicas))
+            per_replica=tuple(self._replica_row(r, per_s) for r in replicas),
+        )
 
     def _replica_row(self, replica: int, per_s: Callable[[int], float | None]) -> ReplicaRow:
         done, tokens, ttft = self._by_replica.get(replica, (0, 0, Distribution()))
-        return ReplicaRow(replica=replica, completed=done, output_tokens_per_s=per_s(tokens),
-                          ttft_p50_s=ttft.quantile(0.5))
+        return ReplicaRow(
+            replica=replica, completed=done, output_tokens_per_s=per_s(tokens), ttft_p50_s=ttft.quantile(0.5)
+        )

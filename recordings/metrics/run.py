@@ -51,8 +51,18 @@ CLOSE_AFTER = 2
 COLUMNAR = frozenset({"collective", "stage_action"})
 """Kinds folded column-wise (:meth:`RunFold.apply` with a table)."""
 COLUMNS_READ = {
-    "collective": ("rank", "step", "op", "group", "group_size", "bytes", "start_ns", "end_ns", "waited_ns",
-                   "overlapped"),
+    "collective": (
+        "rank",
+        "step",
+        "op",
+        "group",
+        "group_size",
+        "bytes",
+        "start_ns",
+        "end_ns",
+        "waited_ns",
+        "overlapped",
+    ),
     "stage_action": ("rank", "step", "stage", "start_ns", "end_ns"),
 }
 """The columns the fold reads of the :data:`COLUMNAR` kinds (a reader of a whole recording may load only
@@ -232,7 +242,8 @@ class RunFold:
     def _fits(self, event: Event) -> bool:
         rank = getattr(event, "rank", 0)
         if not (rank is None or 0 <= rank < self._rank_limit) or (
-                isinstance(event, StepTiming) and event.duration_s < 0):
+            isinstance(event, StepTiming) and event.duration_s < 0
+        ):
             self.rejected[event.kind] += 1
             return False
         return True
@@ -294,8 +305,9 @@ class RunFold:
             if timing.rank == 0 and (step := self._folder.add(timing)) is not None:
                 self._complete(step)
             return
-        self._spans.setdefault(timing.step, StepSpans()).add(timing.rank, timing.start_ns, timing.duration_s,
-                                                             timing.forward_backward_s)
+        self._spans.setdefault(timing.step, StepSpans()).add(
+            timing.rank, timing.start_ns, timing.duration_s, timing.forward_backward_s
+        )
         if (step := self._folder.add(timing)) is not None:
             self._complete(step)
 
@@ -310,20 +322,25 @@ class RunFold:
             self.new_steps.append(step)
             if self.training:
                 self._completed[step.step] = step
-                closing += [self._completed.pop(number) for number in sorted(self._completed)
-                            if number <= step.step - CLOSE_AFTER]
+                closing += [
+                    self._completed.pop(number)
+                    for number in sorted(self._completed)
+                    if number <= step.step - CLOSE_AFTER
+                ]
         self._close(closing)
 
     def _close(self, steps: list[JobStep]) -> None:
         """Decide the per-step figures of completed job steps (together: one pass over their collectives)."""
         spans = [self._spans.pop(step.step, StepSpans()) for step in steps]
-        exposures = self.collectives.close_steps([(step.step, step.duration_s, ranks)
-                                                  for step, ranks in zip(steps, spans, strict=True)])
+        exposures = self.collectives.close_steps(
+            [(step.step, step.duration_s, ranks) for step, ranks in zip(steps, spans, strict=True)]
+        )
         for step, ranks, (by_op, by_rank) in zip(steps, spans, exposures, strict=True):
             span_s, bubbles = self.stages.close(step.step, ranks.forward_backward_max_s())
             self.closed_count += 1
-            self.closed.append(ClosedStep(step.step, step.duration_s, by_op, by_rank, ranks.durations_s(),
-                                          span_s, bubbles))
+            self.closed.append(
+                ClosedStep(step.step, step.duration_s, by_op, by_rank, ranks.durations_s(), span_s, bubbles)
+            )
 
     def step_bubbles(self, number: int) -> tuple[float, dict[int, float]]:
         """A completed step's span and stage bubbles: as decided if it closed (recently), else as far as its
@@ -331,8 +348,9 @@ class RunFold:
         for closed in reversed(self.closed):
             if closed.step == number:
                 return closed.span_s, closed.bubbles
-        return step_bubbles(self.stages.busy_by_stage(number),
-                            self._spans.get(number, StepSpans()).forward_backward_max_s())
+        return step_bubbles(
+            self.stages.busy_by_stage(number), self._spans.get(number, StepSpans()).forward_backward_max_s()
+        )
 
     def finish(self, status: str) -> None:
         """The job ended (``status``): decide every completed step, forget the steps it never completed, and
@@ -355,11 +373,20 @@ class RunFold:
         requests = self.requests.figures() if self.requests is not None else None
         steps = self.steps.figures(tokens_per_s=requests.output_tokens_per_s if requests is not None else None)
         figures = RunFigures(
-            steps=steps, collectives=tuple(self.collectives.rows()), stages=tuple(self.stages.rows()),
-            memory=tuple(self.memory.rows()), most_loaded_rank=self.memory.most_loaded_rank(),
-            headroom_bytes=self.memory.headroom_bytes(), requests=requests,
-            mfu=mfu(self.run, gpus=self.gpu_models.values(), tokens_per_s=steps.tokens_per_s,
-                    script_parameters=script_parameters(self.trained.values())))
+            steps=steps,
+            collectives=tuple(self.collectives.rows()),
+            stages=tuple(self.stages.rows()),
+            memory=tuple(self.memory.rows()),
+            most_loaded_rank=self.memory.most_loaded_rank(),
+            headroom_bytes=self.memory.headroom_bytes(),
+            requests=requests,
+            mfu=mfu(
+                self.run,
+                gpus=self.gpu_models.values(),
+                tokens_per_s=steps.tokens_per_s,
+                script_parameters=script_parameters(self.trained.values()),
+            ),
+        )
         self._figures = (self.version, figures)
         return figures
 

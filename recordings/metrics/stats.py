@@ -106,7 +106,7 @@ class Distribution:
         """Every value kept exactly, sorted (exact mode only)."""
         assert self._exact is not None
         if len(self._sorted) < len(self._exact):  # merge the new values in: two sorted runs, one pass
-            fresh = np.sort(np.frombuffer(self._exact, dtype=float)[len(self._sorted):])
+            fresh = np.sort(np.frombuffer(self._exact, dtype=float)[len(self._sorted) :])
             self._sorted = np.sort(np.concatenate([self._sorted, fresh]), kind="stable")
         return self._sorted
 

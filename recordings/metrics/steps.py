@@ -40,8 +40,13 @@ def job_step(step: int, *, durations_s: Sequence[float], losses: Sequence[float 
     tokens/s = tokens / time (0 for a step of no time)."""
     duration = max(durations_s)
     present = [loss for loss in losses if loss is not None]
-    return JobStep(step=step, loss=sum(present) / len(present) if present else None, duration_s=duration,
-                   tokens=tokens, tokens_per_s=tokens / duration if duration > 0 else 0.0)
+    return JobStep(
+        step=step,
+        loss=sum(present) / len(present) if present else None,
+        duration_s=duration,
+        tokens=tokens,
+        tokens_per_s=tokens / duration if duration > 0 else 0.0,
+    )
 
 
 class ClosedSteps:
@@ -99,8 +104,9 @@ class StepSpans:
         else:
             self.start_ns[at], self.end_ns[at], self.forward_backward_s[at] = start_ns, end_ns, forward_backward_s
 
-    def extend(self, ranks: list[int], start_ns: list[int], durations_s: list[float],
-               forward_backward_s: list[float | None]) -> None:
+    def extend(
+        self, ranks: list[int], start_ns: list[int], durations_s: list[float], forward_backward_s: list[float | None]
+    ) -> None:
         """Reports of several ranks, as :meth:`add` of each in order."""
         if len(set(ranks)) < len(ranks) or not self._at.keys().isdisjoint(ranks):
             for report in zip(ranks, start_ns, durations_s, forward_backward_s, strict=True):
@@ -118,8 +124,9 @@ class StepSpans:
 
     def durations_s(self) -> dict[int, float]:
         """Each rank's step time."""
-        return {rank: (end - start) / 1e9 for rank, start, end in zip(self.ranks, self.start_ns, self.end_ns,
-                                                                        strict=True)}
+        return {
+            rank: (end - start) / 1e9 for rank, start, end in zip(self.ranks, self.start_ns, self.end_ns, strict=True)
+        }
 
 
 @dataclass(frozen=True, slots=True)
@@ -140,8 +147,9 @@ class StepRows:
 
     @classmethod
     def of(cls, table: pa.Table) -> StepRows:
-        columns = table.select(["rank", "step", "start_ns", "duration_s", "tokens", "loss",
-                                "forward_backward_s"]).to_pydict()
+        columns = table.select(
+            ["rank", "step", "start_ns", "duration_s", "tokens", "loss", "forward_backward_s"]
+        ).to_pydict()
         by_step: dict[int, list[int]] = {}
         for index, step in enumerate(columns["step"]):
             by_step.setdefault(step, []).append(index)
@@ -152,8 +160,12 @@ class StepRows:
 
     def add_spans(self, spans: StepSpans, indexes: list[int]) -> None:
         """The reports of rows ``indexes`` (of one step) into its spans."""
-        spans.extend([self.rank[i] for i in indexes], [self.start_ns[i] for i in indexes],
-                     [self.duration_s[i] for i in indexes], [self.forward_backward_s[i] for i in indexes])
+        spans.extend(
+            [self.rank[i] for i in indexes],
+            [self.start_ns[i] for i in indexes],
+            [self.duration_s[i] for i in indexes],
+            [self.forward_backward_s[i] for i in indexes],
+        )
 
 
 class StepFolder:
@@ -190,15 +202,19 @@ class StepFolder:
         ``first_step``: the steps that completes (0 ranks: not said)."""
         if world_size <= 0 or (first_step, world_size) in self._starts:
             return []
-        self._starts = sorted({(first, count) for first, count in self._starts if first != first_step}
-                              | {(first_step, world_size)})
-        return [self._fold(step) for step in sorted(self.pending)
-                if len(self.pending[step]) >= self.expected(step)]
+        self._starts = sorted(
+            {(first, count) for first, count in self._starts if first != first_step} | {(first_step, world_size)}
+        )
+        return [self._fold(step) for step in sorted(self.pending) if len(self.pending[step]) >= self.expected(step)]
 
     def _fold(self, step: int) -> JobStep:
         reports = list(self.pending.pop(step).values())
-        return job_step(step, durations_s=[r.duration_s for r in reports], losses=[r.loss for r in reports],
-                        tokens=reports[-1].tokens)
+        return job_step(
+            step,
+            durations_s=[r.duration_s for r in reports],
+            losses=[r.loss for r in reports],
+            tokens=reports[-1].tokens,
+        )
 
     def add_rows(self, rows: StepRows) -> list[JobStep] | None:
         """Take a whole table of timings: the job steps it completes, in the order :meth:`add` would complete
@@ -217,10 +233,14 @@ class StepFolder:
         for _, step in sorted(completing):  # in the order their last reports came
             earlier = list(self.pending.pop(step, {}).values())
             indexes = rows.by_step[step]
-            done.append(job_step(step, durations_s=[*(r.duration_s for r in earlier),
-                                                    *(rows.duration_s[i] for i in indexes)],
-                                 losses=[*(r.loss for r in earlier), *(rows.loss[i] for i in indexes)],
-                                 tokens=rows.tokens[indexes[-1]]))
+            done.append(
+                job_step(
+                    step,
+                    durations_s=[*(r.duration_s for r in earlier), *(rows.duration_s[i] for i in indexes)],
+                    losses=[*(r.loss for r in earlier), *(rows.loss[i] for i in indexes)],
+                    tokens=rows.tokens[indexes[-1]],
+                )
+            )
         completed = {job.step for job in done}
         for step, indexes in rows.by_step.items():  # still waiting for ranks: kept as the row-by-row path keeps them
             if step not in completed:
@@ -241,8 +261,12 @@ class StepFigures:
     last_loss: float | None
 
     def to_json(self) -> dict[str, object]:
-        return {"count": self.count, "time_s": self.time_s, "tokens_per_s": {"p50": self.tokens_per_s},
-                "loss": {"first": self.first_loss, "last": self.last_loss}}
+        return {
+            "count": self.count,
+            "time_s": self.time_s,
+            "tokens_per_s": {"p50": self.tokens_per_s},
+            "loss": {"first": self.first_loss, "last": self.last_loss},
+        }
 
 
 class StepStats:
@@ -269,6 +293,9 @@ class StepStats:
     def figures(self, *, tokens_per_s: float | None = None) -> StepFigures:
         """The figures; ``tokens_per_s`` stands in for the steps' own rate where given (inference)."""
         return StepFigures(
-            count=self.count, time_s={**self.durations_s.quantiles("p50", "p90"), "mean": self.durations_s.mean()},
+            count=self.count,
+            time_s={**self.durations_s.quantiles("p50", "p90"), "mean": self.durations_s.mean()},
             tokens_per_s=tokens_per_s if tokens_per_s is not None else self.tokens_per_s.quantile(0.5),
-            first_loss=self._first[1] if self._first else None, last_loss=self._last[1] if self._last else None)
+            first_loss=self._first[1] if self._first else None,
+            last_loss=self._last[1] if self._last else None,
+        )

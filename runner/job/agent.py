@@ -46,7 +46,7 @@ def error_line(message: object) -> str | None:
     lines = [line.strip() for line in str(message).splitlines() if line.strip()]
     if not lines:
         return None
-    return lines[0] if len(lines[0]) <= MAX_ERROR_CHARS else lines[0][:MAX_ERROR_CHARS - 3] + "..."
+    return lines[0] if len(lines[0]) <= MAX_ERROR_CHARS else lines[0][: MAX_ERROR_CHARS - 3] + "..."
 
 
 def failure_status(error: ChildFailedError) -> dict[str, Any]:

@@ -36,14 +36,22 @@ def headline(run: Work) -> str:
     size = f"{params / 1e9:.1f}B" if params >= 1e9 else f"{params / 1e6:.1f}M"
     start = f"meshtop: {run.plan_label()} · model {run.shape.name} ({size} params) · {run.device} {run.dtype} · "
     if run.load is None:
-        length = (f"{run.steps} steps" if run.steps is not None
-                  else f"steps until stopped ({run.time_limit_s or 0:g} s at most)")
+        length = (
+            f"{run.steps} steps"
+            if run.steps is not None
+            else f"steps until stopped ({run.time_limit_s or 0:g} s at most)"
+        )
         return start + f"{run.world_size} ranks · {length} of {run.batch_size} x {run.seq_len} tokens"
     load = run.load
-    arrivals = (f"{load.concurrency} in flight" if load.concurrency is not None
-                else f"{load.request_rate_per_s:g} req/s Poisson")
-    return start + (f"{run.world_size} ranks · {load.requests} requests ({arrivals}), prompt {span(load.prompt_len)}, "
-                    f"output {span(load.output_len)} tokens, max batch {load.max_batch}")
+    arrivals = (
+        f"{load.concurrency} in flight"
+        if load.concurrency is not None
+        else f"{load.request_rate_per_s:g} req/s Poisson"
+    )
+    return start + (
+        f"{run.world_size} ranks · {load.requests} requests ({arrivals}), prompt {span(load.prompt_len)}, "
+        f"output {span(load.output_len)} tokens, max batch {load.max_batch}"
+    )
 
 
 def span(bounds: tuple[int, int]) -> str:
@@ -88,11 +96,13 @@ class Progress:
         """A request of an inference load is answered (or failed)."""
         done, total = requests.reported, requests.total
         elapsed = time.monotonic() - self.started
-        self.show(done, total, lambda: requests_line(requests.figures()), events=events,
-                  eta_s=elapsed / done * (total - done))
+        self.show(
+            done, total, lambda: requests_line(requests.figures()), events=events, eta_s=elapsed / done * (total - done)
+        )
 
-    def show(self, done: int, total: int | None, text: str | Callable[[], str], *, events: int,
-             eta_s: float | None) -> None:
+    def show(
+        self, done: int, total: int | None, text: str | Callable[[], str], *, events: int, eta_s: float | None
+    ) -> None:
         """Draw the progress (``text`` made only if drawn: a request's figures take a fold of the load);
         without a ``total``, no bar and no ETA."""
         now = time.monotonic()
@@ -143,15 +153,19 @@ def verdict(result: JobResult, steps: StepFigures | None, requests: RequestFigur
         loss = steps.last_loss if steps else None
         final = f", final loss {loss:.4f}" if loss is not None else ""
         throughput = f", {rate:,.0f} tok/s" if rate is not None else ""
-        return [f"completed in {result.duration_s:.1f} s: {steps.count if steps else 0} steps, median step "
-                f"{median:.3f} s{throughput}{final}"]
+        return [
+            f"completed in {result.duration_s:.1f} s: {steps.count if steps else 0} steps, median step "
+            f"{median:.3f} s{throughput}{final}"
+        ]
     if result.status == "interrupted":
         return [f"interrupted after {result.duration_s:.1f} s: every rank stopped"]
     if result.node_lost is not None:
         return [f"failed after {result.duration_s:.1f} s: {result.node_lost}; the job was stopped"]
     if result.hang is not None:
-        return [f"failed after {result.duration_s:.1f} s: the job hung and was stopped",
-                *("  " + line for line in result.hang.splitlines())]
+        return [
+            f"failed after {result.duration_s:.1f} s: the job hung and was stopped",
+            *("  " + line for line in result.hang.splitlines()),
+        ]
     lines = [f"failed after {result.duration_s:.1f} s"]
     for rank in result.failed:
         how = f"signal {rank.signal}" if rank.signal else f"exit code {rank.exit_code}"
@@ -170,10 +184,17 @@ def stack_dump_lines(dump: StackDump) -> list[str]:
     return [f"stack of rank {dump.rank} (pid {dump.pid}):", *("  " + line for line in (dump.text or "").splitlines())]
 
 
-def follow_job(run: Work, *, session_dir: Path, out: TextIO,
-               manifest: Manifest | None = None, node_probes: NodeProbes = NodeProbes(),
-               hang_timeout_s: float | None = None, nodes: Nodes | None = None,
-               metrics: RunMetrics | None = None) -> JobResult:
+def follow_job(
+    run: Work,
+    *,
+    session_dir: Path,
+    out: TextIO,
+    manifest: Manifest | None = None,
+    node_probes: NodeProbes = NodeProbes(),
+    hang_timeout_s: float | None = None,
+    nodes: Nodes | None = None,
+    metrics: RunMetrics | None = None,
+) -> JobResult:
     """Run the job, printing progress to ``out``; record it when a ``manifest`` is given.
 
     SIGUSR1 to meshtop dumps every rank's Python stack (py-spy) to ``out``
@@ -196,9 +217,11 @@ def follow_job(run: Work, *, session_dir: Path, out: TextIO,
             if isinstance(event, StackDump):
                 progress.message("\n".join(stack_dump_lines(event)))
             elif isinstance(event, HangDetected):
-                progress.message(f"no rank made progress for {event.silent_s:.0f} s (hang timeout "
-                                 f"{event.timeout_s:.0f} s): {event.report}\nstack dumps of every rank follow; "
-                                 "stopping the job")
+                progress.message(
+                    f"no rank made progress for {event.silent_s:.0f} s (hang timeout "
+                    f"{event.timeout_s:.0f} s): {event.report}\nstack dumps of every rank follow; "
+                    "stopping the job"
+                )
             elif isinstance(event, RequestDone) and requests is not None:
                 requests.add(event)
                 progress.request_done(requests, received)
@@ -214,9 +237,17 @@ def follow_job(run: Work, *, session_dir: Path, out: TextIO,
                 progress.update(step, received)
 
     try:
-        result = run_session(run, directory=session_dir, manifest=manifest, on_events=on_events,
-                             node_probes=node_probes, control=control, hang_timeout_s=hang_timeout_s, nodes=nodes,
-                             metrics=metrics)
+        result = run_session(
+            run,
+            directory=session_dir,
+            manifest=manifest,
+            on_events=on_events,
+            node_probes=node_probes,
+            control=control,
+            hang_timeout_s=hang_timeout_s,
+            nodes=nodes,
+            metrics=metrics,
+        )
     finally:
         progress.finish()
         signal.signal(signal.SIGUSR1, previous_usr1)

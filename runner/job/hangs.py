@@ -46,8 +46,14 @@ def default_timeout_s(step_times_s: Iterable[float]) -> float:
 class HangWatch:
     """Folds the job's events; :meth:`check` says when no rank has made progress for the timeout."""
 
-    def __init__(self, world_size: int, *, timeout_s: float | None = None, quiet_s: float = 0.0,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        world_size: int,
+        *,
+        timeout_s: float | None = None,
+        quiet_s: float = 0.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.world_size = world_size
         self.fixed_timeout_s = timeout_s
         self.quiet_s = quiet_s
@@ -101,8 +107,12 @@ class HangWatch:
         if silent < self.timeout_s or (self._reported_at is not None and since < max(self.timeout_s, REPEAT_S)):
             return None
         self._reported_at = now
-        return HangDetected(wall_ns=time.time_ns(), timeout_s=self.timeout_s, silent_s=round(silent, 1),
-                            report="\n".join(self.report_lines()))
+        return HangDetected(
+            wall_ns=time.time_ns(),
+            timeout_s=self.timeout_s,
+            silent_s=round(silent, 1),
+            report="\n".join(self.report_lines()),
+        )
 
     def report_lines(self) -> list[str]:
         """A verdict line, then one line per rank."""
@@ -122,8 +132,10 @@ class HangWatch:
             elif beat.in_flight and beat.oldest_op is not None and beat.oldest_start_ns is not None:
                 waiting.append(rank)
                 peer = f" with rank {beat.oldest_peer}" if beat.oldest_peer is not None else ""
-                lines.append(f"rank {rank}: inside {beat.oldest_op}{peer} on {beat.oldest_group} for "
-                             f"{(now_ns - beat.oldest_start_ns) / 1e9:.0f} s ({where})")
+                lines.append(
+                    f"rank {rank}: inside {beat.oldest_op}{peer} on {beat.oldest_group} for "
+                    f"{(now_ns - beat.oldest_start_ns) / 1e9:.0f} s ({where})"
+                )
             else:
                 outside.append(rank)
                 lines.append(f"rank {rank}: not in a collective ({where})")

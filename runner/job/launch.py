@@ -145,16 +145,22 @@ def builtin_launch(run: ResolvedRun, session_dir: Path, nodes: Nodes | None = No
     session_dir.mkdir(parents=True, exist_ok=True)
     run_path = session_dir / "run.json"
     run_path.write_text(json.dumps(run.to_json(), indent=2))
-    where = (("--standalone", "--nnodes=1", f"--nproc-per-node={run.world_size}") if nodes is None
-             else nodes.launcher_args(run.world_size // nodes.count))
+    where = (
+        ("--standalone", "--nnodes=1", f"--nproc-per-node={run.world_size}")
+        if nodes is None
+        else nodes.launcher_args(run.world_size // nodes.count)
+    )
     stop_file = session_dir / STOP_NAME if run.steps is None and run.mode == "train" else None
     if stop_file is not None:
         stop_file.unlink(missing_ok=True)
     return Launch(
         launcher_args=(*where, "--max-restarts=0", "-m", "meshtop.runner.rank.worker", str(run_path)),
-        world_size=run.world_size, native_kernel=run.device == "cpu" and run.instrument,
-        quiet_s=longest_gap_s(run.load) if run.load is not None else 0.0, nodes=nodes,
-        env={STOP_ENV: str(stop_file)} if stop_file is not None else {}, stop_file=stop_file,
+        world_size=run.world_size,
+        native_kernel=run.device == "cpu" and run.instrument,
+        quiet_s=longest_gap_s(run.load) if run.load is not None else 0.0,
+        nodes=nodes,
+        env={STOP_ENV: str(stop_file)} if stop_file is not None else {},
+        stop_file=stop_file,
     )
 
 
@@ -217,8 +223,12 @@ class Job:
         command = [sys.executable, "-m", "meshtop.runner.job.agent", str(self._status_path), *self.launch.launcher_args]
         with self.log_path.open("ab") as log:
             self._process = subprocess.Popen(
-                command, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                env=worker_environment(self.launch, self.collector), start_new_session=True,
+                command,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=worker_environment(self.launch, self.collector),
+                start_new_session=True,
             )
         self._started = time.monotonic()
 
@@ -237,8 +247,13 @@ class Job:
         arrivals = Arrivals(self.collector.drain())
         full = self.collector.counts.queue_full
         if full != self._collector_drops:
-            arrivals.add([EventsDropped(wall_ns=time.time_ns(), rank=None, where="collector",
-                                        count=full - self._collector_drops)])
+            arrivals.add(
+                [
+                    EventsDropped(
+                        wall_ns=time.time_ns(), rank=None, where="collector", count=full - self._collector_drops
+                    )
+                ]
+            )
             self._collector_drops = full
         return arrivals
 
@@ -265,8 +280,9 @@ class Job:
             _signal(process, signal.SIGKILL)
         psutil.wait_procs(alive, timeout=3.0)
 
-    def result(self, *, interrupted: bool, hang: HangDetected | None = None,
-               ranks: Iterable[int] | None = None) -> JobResult:
+    def result(
+        self, *, interrupted: bool, hang: HangDetected | None = None, ranks: Iterable[int] | None = None
+    ) -> JobResult:
         """How the job ended, for ``ranks`` (default: every rank; on many nodes, this node's)."""
         assert self._process is not None, "start() first"
         duration = time.monotonic() - self._started
@@ -276,13 +292,17 @@ class Job:
             status = None
         failures = status["ranks"] if status is not None else {}
         # on many nodes: the ranks that reported, and those that failed before they could (torchrun names them)
-        world = (sorted(set(ranks) | {int(rank) for rank in failures}) if ranks is not None
-                 else range(self.launch.world_size))
+        world = (
+            sorted(set(ranks) | {int(rank) for rank in failures})
+            if ranks is not None
+            else range(self.launch.world_size)
+        )
         if hang is not None:
             why = f"stopped: no rank made progress for {hang.silent_s:.0f} s (hang)"
             exits = tuple(RankExit(rank=r, exit_code=None, signal=None, error=why) for r in world)
-            return JobResult(status="failed", ranks=exits, duration_s=duration, log_path=self.log_path,
-                             hang=hang.report)
+            return JobResult(
+                status="failed", ranks=exits, duration_s=duration, log_path=self.log_path, hang=hang.report
+            )
         if interrupted or (status is not None and status["status"] == "interrupted"):
             exits = tuple(RankExit(rank=r, exit_code=None, signal=None, error="stopped on request") for r in world)
             return JobResult(status="interrupted", ranks=exits, duration_s=duration, log_path=self.log_path)
@@ -290,24 +310,40 @@ class Job:
             exits = tuple(RankExit(rank=r, exit_code=0, signal=None, error=None) for r in world)
             return JobResult(status="completed", ranks=exits, duration_s=duration, log_path=self.log_path)
         first = root_cause(failures)
-        why = f"stopped after rank {first} failed" if first is not None else (
-            f"launcher exited with code {self._process.returncode} before reporting")
+        why = (
+            f"stopped after rank {first} failed"
+            if first is not None
+            else (f"launcher exited with code {self._process.returncode} before reporting")
+        )
         exits = tuple(
-            RankExit(rank=r, exit_code=failures[str(r)]["exit_code"], signal=failures[str(r)]["signal"],
-                     error=failures[str(r)]["error"])
-            if str(r) in failures else RankExit(rank=r, exit_code=None, signal=None, error=why)
+            RankExit(
+                rank=r,
+                exit_code=failures[str(r)]["exit_code"],
+                signal=failures[str(r)]["signal"],
+                error=failures[str(r)]["error"],
+            )
+            if str(r) in failures
+            else RankExit(rank=r, exit_code=None, signal=None, error=why)
             for r in world
         )
-        return JobResult(status="failed", ranks=exits, duration_s=duration, log_path=self.log_path, root_cause=first,
-                         failure_times={int(rank): float(failure.get("timestamp") or 0)
-                                        for rank, failure in failures.items()})
+        return JobResult(
+            status="failed",
+            ranks=exits,
+            duration_s=duration,
+            log_path=self.log_path,
+            root_cause=first,
+            failure_times={int(rank): float(failure.get("timestamp") or 0) for rank, failure in failures.items()},
+        )
 
 
 OWN_DEATHS = frozenset({"SIGKILL", "SIGSEGV", "SIGBUS", "SIGILL", "SIGFPE"})
 """Signals that end a rank from outside or for its own fault, never because a peer failed (SIGABRT can: an
 uncaught error of a communication thread aborts the process)."""
-PEER_GONE = re.compile(r"(closed|reset) by peer|broken pipe|remote process exited|communicator was aborted|"
-                       r"caused by a remote worker", re.IGNORECASE)
+PEER_GONE = re.compile(
+    r"(closed|reset) by peer|broken pipe|remote process exited|communicator was aborted|"
+    r"caused by a remote worker",
+    re.IGNORECASE,
+)
 """What gloo and nccl raise in a rank whose peer went away: the effect of another rank's failure (gloo's
 transport errors end in "This is typically caused by a remote worker crashing", or "hanging")."""
 
@@ -319,6 +355,7 @@ def root_cause(failures: dict[str, dict[str, object]]) -> int | None:
     offset), and each launcher notices a death in its own time, so within one job's failure the effects are
     told from the cause first: a rank killed from outside or by its own fault (:data:`OWN_DEATHS`) comes
     first, and a rank whose error says a peer went away (:data:`PEER_GONE`) comes after every other."""
+
     def order(rank: str) -> tuple[bool, bool, bool, float, int]:
         failure = failures[rank]
         stopped = failure.get("signal") == "SIGTERM"
@@ -390,18 +427,26 @@ class JobControl:
 def lifecycle_events(result: JobResult) -> list[Event]:
     """How each rank and the job ended, as events for the recording."""
     now = time.time_ns()
-    events: list[Event] = [RankExited(rank=r.rank, wall_ns=now, exit_code=r.exit_code, signal=r.signal, error=r.error)
-                           for r in result.ranks]
-    events.append(JobEnded(wall_ns=now, status=result.status, duration_s=result.duration_s,
-                           root_cause_rank=result.root_cause))
+    events: list[Event] = [
+        RankExited(rank=r.rank, wall_ns=now, exit_code=r.exit_code, signal=r.signal, error=r.error)
+        for r in result.ranks
+    ]
+    events.append(
+        JobEnded(wall_ns=now, status=result.status, duration_s=result.duration_s, root_cause_rank=result.root_cause)
+    )
     return events
 
 
-def run_job(launch: Launch, *, session_dir: Path,
-            on_events: Callable[[Arrivals], None] = lambda arrivals: None,
-            node_probes: NodeProbes = NodeProbes(),
-            control: JobControl | None = None, hang_timeout_s: float | None = None,
-            fleet: Fleet | None = None) -> JobResult:
+def run_job(
+    launch: Launch,
+    *,
+    session_dir: Path,
+    on_events: Callable[[Arrivals], None] = lambda arrivals: None,
+    node_probes: NodeProbes = NodeProbes(),
+    control: JobControl | None = None,
+    hang_timeout_s: float | None = None,
+    fleet: Fleet | None = None,
+) -> JobResult:
     """Start ``launch``, pass its events (and the node samplers') to ``on_events``, and wait for the end.
 
     ``control`` carries requests from another thread: py-spy dumps of ranks,
@@ -530,7 +575,7 @@ def publish(nodes: Nodes, collector: Collector, *, going: Callable[[], bool]) ->
     once a launcher joined the rendezvous)."""
     from meshtop.runner.multinode.nodes import HeadAddress, publish_head
 
-    head = HeadAddress(address=nodes.advertised(collector.address), token=collector.token,
-                       host=socket.gethostname())
-    threading.Thread(target=publish_head, args=(nodes, head), kwargs={"going": going},
-                     name="meshtop-publish-head", daemon=True).start()
+    head = HeadAddress(address=nodes.advertised(collector.address), token=collector.token, host=socket.gethostname())
+    threading.Thread(
+        target=publish_head, args=(nodes, head), kwargs={"going": going}, name="meshtop-publish-head", daemon=True
+    ).start()

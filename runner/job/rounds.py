@@ -55,8 +55,12 @@ class Rounds:
                 if any(self._bases.values()):
                     self._renumber(arrivals, index)
                 if item.kind == "step":
-                    self._last_step = max([self._last_step, *(event.step for event in _events(arrivals, index)
-                                                              if isinstance(event, StepTiming))])
+                    self._last_step = max(
+                        [
+                            self._last_step,
+                            *(event.step for event in _events(arrivals, index) if isinstance(event, StepTiming)),
+                        ]
+                    )
         return began
 
     def _starts(self, arrivals: Arrivals, index: int) -> list[RankStarted]:
@@ -80,8 +84,12 @@ class Rounds:
     def _renumber(self, arrivals: Arrivals, index: int) -> None:
         """Each event by its own rank's round (a block another node forwarded holds many ranks)."""
         events = _events(arrivals, index)
-        renumbered = [dataclasses.replace(event, step=event.step + base)  # type: ignore[attr-defined]
-                      if (base := self._base_of(event)) else event for event in events]
+        renumbered = [
+            dataclasses.replace(event, step=event.step + base)  # type: ignore[attr-defined]
+            if (base := self._base_of(event))
+            else event
+            for event in events
+        ]
         if any(new is not old for new, old in zip(renumbered, events)):
             _put(arrivals, index, renumbered)
 
@@ -101,7 +109,8 @@ def _put(arrivals: Arrivals, index: int, events: list[Event]) -> None:
     """Replace the item at ``index`` by ``events`` (a block stays one block, already decoded)."""
     item = arrivals.items[index]
     if isinstance(item, EncodedEvents):
-        arrivals.items[index] = EncodedEvents(kind=item.kind, rank=item.rank, lines=encode_lines(events),
-                                              count=len(events), bad=item.bad, _events=events)
+        arrivals.items[index] = EncodedEvents(
+            kind=item.kind, rank=item.rank, lines=encode_lines(events), count=len(events), bad=item.bad, _events=events
+        )
     else:
         arrivals.items[index] = events[0]

@@ -29,7 +29,15 @@ from meshtop.recordings.metrics.steps import JobStep
 from meshtop.recordings.prometheus import RunMetrics
 from meshtop.recordings.recorder import Ending, SessionRecorder
 from meshtop.runner.multinode.fleet import Fleet
-from meshtop.runner.job.launch import JobControl, JobResult, Launch, NodeProbes, builtin_launch, rank_environment, run_job
+from meshtop.runner.job.launch import (
+    JobControl,
+    JobResult,
+    Launch,
+    NodeProbes,
+    builtin_launch,
+    rank_environment,
+    run_job,
+)
 from meshtop.runner.multinode.nodes import Nodes
 from meshtop.runner.plan import ResolvedRun
 from meshtop.runner.script.command import (
@@ -48,10 +56,14 @@ Work = ResolvedRun | ScriptRun
 
 
 def ending_of(result: JobResult) -> Ending:
-    return Ending(status=result.status, duration_s=result.duration_s,
-                  ranks=tuple(RankEnd(rank=r.rank, exit_code=r.exit_code, signal=r.signal, error=r.error)
-                              for r in result.ranks),
-                  root_cause_rank=result.root_cause, hang=result.hang, reason=result.node_lost)
+    return Ending(
+        status=result.status,
+        duration_s=result.duration_s,
+        ranks=tuple(RankEnd(rank=r.rank, exit_code=r.exit_code, signal=r.signal, error=r.error) for r in result.ranks),
+        root_cause_rank=result.root_cause,
+        hang=result.hang,
+        reason=result.node_lost,
+    )
 
 
 def script_launch(script: ScriptRun) -> Launch:
@@ -61,9 +73,14 @@ def script_launch(script: ScriptRun) -> Launch:
         env[TOKENS_ENV] = str(script.tokens_per_step)
     if script.activations:
         env[ACTIVATIONS_ENV] = "1"
-    return Launch(launcher_args=script.launcher_args, world_size=script.world_size,
-                  native_kernel=script.device == "cpu" and script.instrument, env=env,
-                  pythonpath=(str(BOOTSTRAP_DIR),), nodes=script.nodes)
+    return Launch(
+        launcher_args=script.launcher_args,
+        world_size=script.world_size,
+        native_kernel=script.device == "cpu" and script.instrument,
+        env=env,
+        pythonpath=(str(BOOTSTRAP_DIR),),
+        nodes=script.nodes,
+    )
 
 
 def launch_of(work: Work, directory: Path, nodes: Nodes | None = None) -> Launch:
@@ -86,21 +103,42 @@ def describe(work: Work) -> RunDescription:
 def script_description(script: ScriptRun, environment: dict[str, str]) -> RunDescription:
     """The run description of ``script``: its world size as the plan, the rest its own."""
     plan = script_plan(script.name, script.world_size)
-    section = Script(command=script.command, launcher_args=script.launcher_args,
-                     path=str(script.script) if script.script is not None else None, module=script.module,
-                     args=script.script_args, sha256=script.sha256, working_dir=os.getcwd(),
-                     environment=environment, tokens_per_step=script.tokens_per_step,
-                     activations=script.activations)
-    return RunDescription(plan=plan, mode="train", model=None, dtype=script.dtype, device=script.device, steps=None,
-                          batch_size=None, microbatch_size=None, seq_len=None, seed=None,
-                          instrumented=script.instrument, script=section)
+    section = Script(
+        command=script.command,
+        launcher_args=script.launcher_args,
+        path=str(script.script) if script.script is not None else None,
+        module=script.module,
+        args=script.script_args,
+        sha256=script.sha256,
+        working_dir=os.getcwd(),
+        environment=environment,
+        tokens_per_step=script.tokens_per_step,
+        activations=script.activations,
+    )
+    return RunDescription(
+        plan=plan,
+        mode="train",
+        model=None,
+        dtype=script.dtype,
+        device=script.device,
+        steps=None,
+        batch_size=None,
+        microbatch_size=None,
+        seq_len=None,
+        seed=None,
+        instrumented=script.instrument,
+        script=section,
+    )
 
 
 def start_recording(directory: Path, run: Work, probes: NodeProbes, command_line: list[str]) -> Manifest:
     """Make ``directory`` a new recording with its starting manifest (status ``running``)."""
     new_recording(directory)
-    manifest = start_manifest(describe(run), command_line=command_line,
-                              node_probes=SampleRates(gpu_hz=probes.gpu_hz, process_hz=probes.process_hz))
+    manifest = start_manifest(
+        describe(run),
+        command_line=command_line,
+        node_probes=SampleRates(gpu_hz=probes.gpu_hz, process_hz=probes.process_hz),
+    )
     try:
         write_manifest(directory, manifest)
     except OSError as error:
@@ -109,11 +147,18 @@ def start_recording(directory: Path, run: Work, probes: NodeProbes, command_line
     return manifest
 
 
-def run_session(work: Work, *, directory: Path, manifest: Manifest | None,
-                on_events: Callable[[Arrivals, list[JobStep]], None],
-                node_probes: NodeProbes = NodeProbes(), control: JobControl | None = None,
-                hang_timeout_s: float | None = None, nodes: Nodes | None = None,
-                metrics: RunMetrics | None = None) -> JobResult:
+def run_session(
+    work: Work,
+    *,
+    directory: Path,
+    manifest: Manifest | None,
+    on_events: Callable[[Arrivals, list[JobStep]], None],
+    node_probes: NodeProbes = NodeProbes(),
+    control: JobControl | None = None,
+    hang_timeout_s: float | None = None,
+    nodes: Nodes | None = None,
+    metrics: RunMetrics | None = None,
+) -> JobResult:
     """Run the job, recording into ``directory`` when a ``manifest`` is given (else it only holds the logs).
 
     ``metrics`` (``--metrics-port``) is fed every batch too. On many nodes this is the head's session
@@ -136,9 +181,15 @@ def run_session(work: Work, *, directory: Path, manifest: Manifest | None,
 
     try:
         nodes = nodes_of(work, nodes)
-        result = run_job(launch_of(work, directory, nodes), session_dir=directory, on_events=deliver,
-                         node_probes=node_probes, control=control, hang_timeout_s=hang_timeout_s,
-                         fleet=Fleet(nodes.others) if nodes is not None else None)
+        result = run_job(
+            launch_of(work, directory, nodes),
+            session_dir=directory,
+            on_events=deliver,
+            node_probes=node_probes,
+            control=control,
+            hang_timeout_s=hang_timeout_s,
+            fleet=Fleet(nodes.others) if nodes is not None else None,
+        )
     except KeyboardInterrupt:
         broken = Ending(status="interrupted", duration_s=None)
         raise
@@ -154,6 +205,8 @@ def run_session(work: Work, *, directory: Path, manifest: Manifest | None,
                 what = f"{broken.reason}; the manifest"
             else:
                 what = f"the session was {broken.status}, and the manifest in {directory}"
-            raise RecordingError(f"{what} could not be updated ({unwritten}): it still says running "
-                                 "(`meshtop summary` reads it as interrupted)") from None
+            raise RecordingError(
+                f"{what} could not be updated ({unwritten}): it still says running "
+                "(`meshtop summary` reads it as interrupted)"
+            ) from None
     return result

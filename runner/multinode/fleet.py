@@ -62,8 +62,9 @@ class Fleet:
     """The other nodes, as their control messages tell the head; thread-safe (the collector's threads call
     :meth:`on_control`, the session's loop the rest)."""
 
-    def __init__(self, others: Iterable[int], *, silent_s: float = NODE_SILENT_S,
-                 reconnect_s: float = RECONNECT_S) -> None:
+    def __init__(
+        self, others: Iterable[int], *, silent_s: float = NODE_SILENT_S, reconnect_s: float = RECONNECT_S
+    ) -> None:
         self.silent_s = silent_s
         self.reconnect_s = reconnect_s
         self._lock = threading.Lock()
@@ -96,8 +97,11 @@ class Fleet:
                 state.host = host[:255]
             if isinstance(offset, int) and is_count(rtt) and (offset, rtt) != (state.offset_ns, state.rtt_ns):
                 state.offset_ns, state.rtt_ns = offset, rtt
-                self._events.append(NodeClock(node=state.node, host=state.host or "?", wall_ns=time.time_ns(),
-                                              offset_ns=offset, rtt_ns=rtt))
+                self._events.append(
+                    NodeClock(
+                        node=state.node, host=state.host or "?", wall_ns=time.time_ns(), offset_ns=offset, rtt_ns=rtt
+                    )
+                )
             stacks, state.stacks = state.stacks, False
             return {"t1": time.time_ns(), "stop": self._stop, "stacks": stacks}
 
@@ -137,8 +141,14 @@ class Fleet:
     def failed(self) -> NodeState | None:
         """The first node that said its ranks failed, if any."""
         with self._lock:
-            return next((replace(state) for state in self._nodes.values()
-                         if state.bye is not None and state.bye.get("status") == "failed"), None)
+            return next(
+                (
+                    replace(state)
+                    for state in self._nodes.values()
+                    if state.bye is not None and state.bye.get("status") == "failed"
+                ),
+                None,
+            )
 
     def stop(self, status: str) -> None:
         """Ask every node to stop its ranks; the job ends ``status`` (what they exit with)."""
@@ -159,8 +169,11 @@ class Fleet:
     def stacks_in(self) -> bool:
         """Whether every rank of the other nodes sent the stack dump last asked for (or its node is gone)."""
         with self._lock:
-            return all(state.ranks <= self._stacks_from for state in self._nodes.values()
-                       if state.lost is None and state.bye is None)
+            return all(
+                state.ranks <= self._stacks_from
+                for state in self._nodes.values()
+                if state.lost is None and state.bye is None
+            )
 
     def settle(self, timeout_s: float = SETTLE_S) -> None:
         """Wait until every node said how it ended or is lost; one still silent then is lost, and told to stop
@@ -201,37 +214,60 @@ class Fleet:
             statuses.add(str(bye.get("status", "failed")))
             for rank, end in (bye.get("ranks") or {}).items():
                 if str(rank).isdigit() and isinstance(end, dict):
-                    ranks[int(rank)] = RankExit(rank=int(rank), exit_code=end.get("exit_code"),
-                                                signal=end.get("signal"), error=end.get("error"))
+                    ranks[int(rank)] = RankExit(
+                        rank=int(rank), exit_code=end.get("exit_code"), signal=end.get("signal"), error=end.get("error")
+                    )
                     if end.get("exit_code") not in (0, None):
                         failures[str(rank)] = end
         for rank in local.failed:
-            failures.setdefault(str(rank.rank), {"signal": rank.signal,
-                                                 "timestamp": local.failure_times.get(rank.rank)})
+            failures.setdefault(
+                str(rank.rank), {"signal": rank.signal, "timestamp": local.failure_times.get(rank.rank)}
+            )
         with self._lock:
             asked = self._stop
         if lost is not None and asked != "interrupted":
             what = node_line(lost)
             for rank in range(world_size):
-                ranks.setdefault(rank, RankExit(rank=rank, exit_code=None, signal=None,
-                                                error=f"on the lost node {lost.node}" if rank in lost.ranks
-                                                else f"stopped: {what}"))
-            return JobResult(status="failed", ranks=tuple(ranks[r] for r in sorted(ranks)),
-                             duration_s=local.duration_s, log_path=local.log_path,
-                             root_cause=min(lost.ranks) if lost.ranks else None, node_lost=what)
+                ranks.setdefault(
+                    rank,
+                    RankExit(
+                        rank=rank,
+                        exit_code=None,
+                        signal=None,
+                        error=f"on the lost node {lost.node}" if rank in lost.ranks else f"stopped: {what}",
+                    ),
+                )
+            return JobResult(
+                status="failed",
+                ranks=tuple(ranks[r] for r in sorted(ranks)),
+                duration_s=local.duration_s,
+                log_path=local.log_path,
+                root_cause=min(lost.ranks) if lost.ranks else None,
+                node_lost=what,
+            )
         if local.hang is not None or asked == "interrupted":
             status, first = local.status, local.root_cause
         else:
-            status = ("failed" if "failed" in statuses else "interrupted" if "interrupted" in statuses
-                      else "completed")
+            status = "failed" if "failed" in statuses else "interrupted" if "interrupted" in statuses else "completed"
             first = root_cause(failures) if status == "failed" else None
-        why = "stopped on request" if status == "interrupted" else (
-            f"stopped after rank {first} failed" if first is not None else local.hang and "stopped: hang")
+        why = (
+            "stopped on request"
+            if status == "interrupted"
+            else (f"stopped after rank {first} failed" if first is not None else local.hang and "stopped: hang")
+        )
         for rank in range(world_size):
-            ranks.setdefault(rank, RankExit(rank=rank, exit_code=0 if status == "completed" else None,
-                                            signal=None, error=why or None))
-        return JobResult(status=status, ranks=tuple(ranks[r] for r in sorted(ranks)), duration_s=local.duration_s,
-                         log_path=local.log_path, root_cause=first, hang=local.hang)
+            ranks.setdefault(
+                rank,
+                RankExit(rank=rank, exit_code=0 if status == "completed" else None, signal=None, error=why or None),
+            )
+        return JobResult(
+            status=status,
+            ranks=tuple(ranks[r] for r in sorted(ranks)),
+            duration_s=local.duration_s,
+            log_path=local.log_path,
+            root_cause=first,
+            hang=local.hang,
+        )
 
 
 def node_line(state: NodeState) -> str:

@@ -79,8 +79,14 @@ class Nodes:
     def launcher_args(self, nproc_per_node: int) -> tuple[str, ...]:
         """torchrun's options for this node (the built-in runner's)."""
         nnodes = f"{self.min_count}:{self.count}" if self.elastic else str(self.count)
-        return (f"--nnodes={nnodes}", f"--node-rank={self.rank}", f"--nproc-per-node={nproc_per_node}",
-                "--rdzv-backend=c10d", f"--rdzv-endpoint={self.endpoint}", f"--rdzv-id={self.run_id}")
+        return (
+            f"--nnodes={nnodes}",
+            f"--node-rank={self.rank}",
+            f"--nproc-per-node={nproc_per_node}",
+            "--rdzv-backend=c10d",
+            f"--rdzv-endpoint={self.endpoint}",
+            f"--rdzv-id={self.run_id}",
+        )
 
     def bind_address(self) -> tuple[str, int]:
         """Where the head's collector listens."""
@@ -140,42 +146,66 @@ def route_address(host: str) -> str:
             probe.connect(address)
             return str(probe.getsockname()[0])
     except OSError as error:
-        raise PlanError(f"--rdzv-endpoint host {host!r}: {error.strerror or error}: give a host this node "
-                        "reaches, or --collector-bind ADDRESS") from None
+        raise PlanError(
+            f"--rdzv-endpoint host {host!r}: {error.strerror or error}: give a host this node "
+            "reaches, or --collector-bind ADDRESS"
+        ) from None
 
 
-def nodes_from_options(*, nnodes: str | None, node_rank: int | None, endpoint: str | None, run_id: str | None,
-                       backend: str = "c10d", collector_bind: str | None = None,
-                       head_node: int | None = None, elastic: bool = False) -> Nodes | None:
+def nodes_from_options(
+    *,
+    nnodes: str | None,
+    node_rank: int | None,
+    endpoint: str | None,
+    run_id: str | None,
+    backend: str = "c10d",
+    collector_bind: str | None = None,
+    head_node: int | None = None,
+    elastic: bool = False,
+) -> Nodes | None:
     """The :class:`Nodes` of a job on many nodes, ``None`` on one, or a :class:`PlanError` naming the fix;
     ``elastic``: a node range (``MIN:MAX``) may be given (a script's, not the built-in runner's)."""
     if nnodes is None or nnodes in ("1", "1:1"):
-        given = [flag for flag, value in (("--node-rank", node_rank), ("--rdzv-endpoint", endpoint),
-                                          ("--collector-bind", collector_bind), ("--head-node", head_node))
-                 if value not in (None, 0)]
+        given = [
+            flag
+            for flag, value in (
+                ("--node-rank", node_rank),
+                ("--rdzv-endpoint", endpoint),
+                ("--collector-bind", collector_bind),
+                ("--head-node", head_node),
+            )
+            if value not in (None, 0)
+        ]
         if given:
             raise PlanError(f"{given[0]} is for a job on many nodes: add --nnodes N (or leave it out)")
         return None
     least, count = node_range(nnodes)
     if least != count and not elastic:
-        raise PlanError(f"--nnodes {nnodes}: the built-in runner's plan fixes its ranks (dp x tp x pp): give "
-                        f"--nnodes N; a script of yours takes a range (`-- torchrun --nnodes {nnodes} ...`)")
+        raise PlanError(
+            f"--nnodes {nnodes}: the built-in runner's plan fixes its ranks (dp x tp x pp): give "
+            f"--nnodes N; a script of yours takes a range (`-- torchrun --nnodes {nnodes} ...`)"
+        )
     if count == 1:
         return None
     if node_rank is None:
-        raise PlanError(f"--nnodes {nnodes} needs --node-rank I on every node (0 is the head, which records "
-                        "and shows the dashboard; the others stream to it)")
+        raise PlanError(
+            f"--nnodes {nnodes} needs --node-rank I on every node (0 is the head, which records "
+            "and shows the dashboard; the others stream to it)"
+        )
     if not 0 <= node_rank < count:
         raise PlanError(f"--node-rank {node_rank}: give a node rank from 0 to {count - 1}")
     head = head_node if head_node is not None else 0
     if not 0 <= head < count:
         raise PlanError(f"--head-node {head}: give a node rank from 0 to {count - 1}, the same on every node")
     if backend != "c10d":
-        raise PlanError(f"--rdzv-backend {backend}: meshtop follows a job on many nodes through torchrun's c10d "
-                        "rendezvous: give --rdzv-backend c10d --rdzv-endpoint HOST:PORT")
+        raise PlanError(
+            f"--rdzv-backend {backend}: meshtop follows a job on many nodes through torchrun's c10d "
+            "rendezvous: give --rdzv-backend c10d --rdzv-endpoint HOST:PORT"
+        )
     if not endpoint:
-        raise PlanError(f"--nnodes {nnodes} needs --rdzv-endpoint HOST:PORT, the same on every node (the head's "
-                        "address, say)")
+        raise PlanError(
+            f"--nnodes {nnodes} needs --rdzv-endpoint HOST:PORT, the same on every node (the head's address, say)"
+        )
     host, port = split_endpoint(endpoint)
     if node_rank == head and collector_bind is None:
         reachable_address(host)  # the head listens where the others reach it: that must be known now
@@ -187,8 +217,15 @@ def nodes_from_options(*, nnodes: str | None, node_rank: int | None, endpoint: s
         if not bind_host or not bind_port.isdigit() or int(bind_port) > 65535:
             raise PlanError(f"--collector-bind {collector_bind!r} is not ADDRESS or ADDRESS:PORT")
         bind = (bind_host.strip("[]"), int(bind_port))
-    return Nodes(count=count, rank=node_rank, endpoint=f"{host}:{port}", run_id=run_id or DEFAULT_RDZV_ID,
-                 head_rank=head, collector_bind=bind, min_count=least if least != count else None)
+    return Nodes(
+        count=count,
+        rank=node_rank,
+        endpoint=f"{host}:{port}",
+        run_id=run_id or DEFAULT_RDZV_ID,
+        head_rank=head,
+        collector_bind=bind,
+        min_count=least if least != count else None,
+    )
 
 
 def node_range(nnodes: str) -> tuple[int, int]:
@@ -210,8 +247,7 @@ class HeadAddress:
     host: str
 
     def to_json(self) -> str:
-        return json.dumps({"address": f"{self.address[0]}:{self.address[1]}", "token": self.token,
-                           "host": self.host})
+        return json.dumps({"address": f"{self.address[0]}:{self.address[1]}", "token": self.token, "host": self.host})
 
     @classmethod
     def from_json(cls, text: bytes) -> HeadAddress:
@@ -227,8 +263,7 @@ def _store(nodes: Nodes):  # type: ignore[no-untyped-def]
 
     host, port = split_endpoint(nodes.endpoint)
     socket.create_connection((host, port), timeout=STORE_CONNECT_S).close()
-    return TCPStore(host, port, is_master=False, timeout=timedelta(seconds=STORE_CONNECT_S),
-                    wait_for_workers=False)
+    return TCPStore(host, port, is_master=False, timeout=timedelta(seconds=STORE_CONNECT_S), wait_for_workers=False)
 
 
 def publish_head(nodes: Nodes, head: HeadAddress, *, going: Callable[[], bool]) -> bool:

@@ -55,8 +55,9 @@ class HeadLost(Exception):
 class Relay:
     """Streams this node's events to the head and carries the head's requests back (see the module)."""
 
-    def __init__(self, nodes: Nodes, control: JobControl, *,
-                 on_head: Callable[[HeadAddress], None] = lambda head: None) -> None:
+    def __init__(
+        self, nodes: Nodes, control: JobControl, *, on_head: Callable[[HeadAddress], None] = lambda head: None
+    ) -> None:
         self.nodes = nodes
         self.control = control
         self.on_head = on_head
@@ -144,8 +145,10 @@ class Relay:
                 return
             except OSError as error:
                 if time.monotonic() > deadline:
-                    raise HeadLost(f"cannot reach the head at {self.head.address[0]}:{self.head.address[1]}: "
-                                   f"{error.strerror or error}") from None
+                    raise HeadLost(
+                        f"cannot reach the head at {self.head.address[0]}:{self.head.address[1]}: "
+                        f"{error.strerror or error}"
+                    ) from None
                 time.sleep(0.5)
 
     def _exchange(self, header: dict[str, Any], body: bytes = b"", *, answer: bool) -> dict[str, Any] | None:
@@ -176,8 +179,13 @@ class Relay:
     def _ping(self) -> tuple[int, int, int]:
         """One exchange: (t0, the head's t1, t2); acts on what the head asks."""
         t0 = time.time_ns()
-        reply = self._exchange({"control": "ping", "t0": t0, "host": self.host, "offset_ns": self.offset_ns,
-                                "rtt_ns": self.rtt_ns}, answer=True) or {}
+        reply = (
+            self._exchange(
+                {"control": "ping", "t0": t0, "host": self.host, "offset_ns": self.offset_ns, "rtt_ns": self.rtt_ns},
+                answer=True,
+            )
+            or {}
+        )
         t2 = time.time_ns()
         if isinstance(reply.get("stop"), str) and self.head_status is None:
             self.head_status = reply["stop"]
@@ -210,16 +218,21 @@ class Relay:
         if result is None:
             return
         offset_s = (self.offset_ns or 0) / 1e9
-        ranks = {str(r.rank): {"exit_code": r.exit_code, "signal": r.signal, "error": r.error,
-                               "timestamp": result.failure_times[r.rank] + offset_s
-                               if r.rank in result.failure_times else None}
-                 for r in result.ranks}
+        ranks = {
+            str(r.rank): {
+                "exit_code": r.exit_code,
+                "signal": r.signal,
+                "error": r.error,
+                "timestamp": result.failure_times[r.rank] + offset_s if r.rank in result.failure_times else None,
+            }
+            for r in result.ranks
+        }
         self._exchange({"control": "bye", "status": result.status, "ranks": ranks}, answer=True)
 
 
-
-def serve_as_node(launch: Launch, nodes: Nodes, *, session_dir: Path, out: TextIO,
-                  node_probes: NodeProbes = NodeProbes()) -> str:
+def serve_as_node(
+    launch: Launch, nodes: Nodes, *, session_dir: Path, out: TextIO, node_probes: NodeProbes = NodeProbes()
+) -> str:
     """Run this node's ranks, stream them to the head, and say in a line or two how it went; the whole job's
     status as the head gave it (this node's own where the head could not say)."""
     control = JobControl()
@@ -227,24 +240,36 @@ def serve_as_node(launch: Launch, nodes: Nodes, *, session_dir: Path, out: TextI
     where = f"meshtop: node {nodes.rank} of {nodes.count}"
 
     def found(head: HeadAddress) -> None:
-        print(f"{where}: {launch.local_world_size} ranks here, streaming to the head at "
-              f"{head.address[0]}:{head.address[1]} (host {head.host})", file=out, flush=True)
+        print(
+            f"{where}: {launch.local_world_size} ranks here, streaming to the head at "
+            f"{head.address[0]}:{head.address[1]} (host {head.host})",
+            file=out,
+            flush=True,
+        )
 
-    print(f"{where}: waiting for the head (node {nodes.head_rank}) through the rendezvous at {nodes.endpoint}",
-          file=out, flush=True)
+    print(
+        f"{where}: waiting for the head (node {nodes.head_rank}) through the rendezvous at {nodes.endpoint}",
+        file=out,
+        flush=True,
+    )
     relay = Relay(nodes, control, on_head=found).start()
     result = None
     try:
-        result = run_job(launch, session_dir=session_dir, on_events=relay.forward, node_probes=node_probes,
-                         control=control, hang_timeout_s=math.inf)
+        result = run_job(
+            launch,
+            session_dir=session_dir,
+            on_events=relay.forward,
+            node_probes=node_probes,
+            control=control,
+            hang_timeout_s=math.inf,
+        )
     finally:
         relay.finish(result)
     status = relay.head_status or ("failed" if relay.head_lost else result.status)
     if relay.head_lost:
         print(f"{where}: lost the head: {relay.head_lost}; this node's ranks were stopped", file=out, flush=True)
     elif relay.head is None:
-        print(f"{where}: the head never published its address; this node's job {result.status}", file=out,
-              flush=True)
+        print(f"{where}: the head never published its address; this node's job {result.status}", file=out, flush=True)
     else:
         print(f"{where}: the job {status} (the head holds the recording)", file=out, flush=True)
     for rank in result.failed:

@@ -54,11 +54,15 @@ def layer_matrices(shape: ModelShape, tp: int) -> list[Matrix]:
     """One block's parameters on a rank: q / k / v and w1 / w3 split by output row, wo and w2 by input column."""
     h, d = shape.dim, shape.head_dim
     return [
-        Matrix(h), Matrix(h),  # attention_norm, ffn_norm: replicated
+        Matrix(h),
+        Matrix(h),  # attention_norm, ffn_norm: replicated
         Matrix(shape.n_heads * d // tp, h),
-        Matrix(shape.n_kv_heads * d // tp, h), Matrix(shape.n_kv_heads * d // tp, h),
+        Matrix(shape.n_kv_heads * d // tp, h),
+        Matrix(shape.n_kv_heads * d // tp, h),
         Matrix(h, shape.n_heads * d // tp),
-        Matrix(shape.ffn_dim // tp, h), Matrix(shape.ffn_dim // tp, h), Matrix(h, shape.ffn_dim // tp),
+        Matrix(shape.ffn_dim // tp, h),
+        Matrix(shape.ffn_dim // tp, h),
+        Matrix(h, shape.ffn_dim // tp),
     ]
 
 
@@ -100,8 +104,9 @@ class RankMemory:
 
     @property
     def total_bytes(self) -> int:
-        return (self.weights_bytes + self.grads_bytes + self.optimizer_bytes + self.activations_bytes
-                + self.kv_cache_bytes)
+        return (
+            self.weights_bytes + self.grads_bytes + self.optimizer_bytes + self.activations_bytes + self.kv_cache_bytes
+        )
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -130,11 +135,22 @@ def rank_memory(run: ResolvedRun, rank: int) -> RankMemory:
     elements = sum(chunk_rows(m.rows, shard, dp_rank if run.fsdp else 0) * m.cols for m in matrices)
     weights = elements * e
     if run.mode == "infer":
-        return RankMemory(rank=rank, weights_bytes=weights, grads_bytes=0, optimizer_bytes=0,
-                          activations_bytes=0, kv_cache_bytes=kv_cache_bytes(run, pp_rank))
-    return RankMemory(rank=rank, weights_bytes=weights, grads_bytes=weights,
-                      optimizer_bytes=2 * weights + STEP_COUNTER * len(matrices),
-                      activations_bytes=activation_bytes(run, pp_rank), kv_cache_bytes=0)
+        return RankMemory(
+            rank=rank,
+            weights_bytes=weights,
+            grads_bytes=0,
+            optimizer_bytes=0,
+            activations_bytes=0,
+            kv_cache_bytes=kv_cache_bytes(run, pp_rank),
+        )
+    return RankMemory(
+        rank=rank,
+        weights_bytes=weights,
+        grads_bytes=weights,
+        optimizer_bytes=2 * weights + STEP_COUNTER * len(matrices),
+        activations_bytes=activation_bytes(run, pp_rank),
+        kv_cache_bytes=0,
+    )
 
 
 def kv_cache_bytes(run: ResolvedRun, pp_rank: int) -> int:
@@ -255,8 +271,10 @@ def rank_traffic(run: ResolvedRun, rank: int) -> list[Traffic]:
     if run.dp > 1 and not run.fsdp and run.tp == 1 and run.pp == 1:  # classic DDP: one op per bucket, not unit
         entry = totals.pop(("all_reduce", "dp"))
         totals[("all_reduce", "dp")] = [entry[0], ddp_buckets(entry[0])]
-    return [Traffic(rank=rank, op=op, group=group, group_size=sizes[group], bytes=nbytes, count=count)
-            for (op, group), (nbytes, count) in sorted(totals.items(), key=lambda item: (item[0][1], item[0][0]))]
+    return [
+        Traffic(rank=rank, op=op, group=group, group_size=sizes[group], bytes=nbytes, count=count)
+        for (op, group), (nbytes, count) in sorted(totals.items(), key=lambda item: (item[0][1], item[0][0]))
+    ]
 
 
 DDP_FIRST_BUCKET = 1 << 20
@@ -345,8 +363,7 @@ class Prediction:
 
 def predict(run: ResolvedRun) -> Prediction:
     memory = tuple(rank_memory(run, rank) for rank in range(run.world_size))
-    traffic = () if run.mode == "infer" else tuple(t for rank in range(run.world_size)
-                                                    for t in rank_traffic(run, rank))
+    traffic = () if run.mode == "infer" else tuple(t for rank in range(run.world_size) for t in rank_traffic(run, rank))
     return Prediction(run=run, memory=memory, traffic=traffic)
 
 
@@ -385,11 +402,12 @@ def parse_plan_key(text: str) -> tuple[int, int, int, bool]:
     fsdp = False
     for part in text.strip().lower().split("x"):
         prefix = next((p for p in ("fsdp", "dp", "tp", "pp") if part.startswith(p)), None)
-        number = part[len(prefix):] if prefix is not None else ""
+        number = part[len(prefix) :] if prefix is not None else ""
         dim = "dp" if prefix == "fsdp" else prefix
         if prefix is None or not number.isdigit() or int(number) < 1 or dim in degrees:
-            raise PlanError(f"--plans entry {text!r}: write each degree once, as dp2 (or fsdp2), tp2, pp2, "
-                            "joined by x (dp2xtp2)")
+            raise PlanError(
+                f"--plans entry {text!r}: write each degree once, as dp2 (or fsdp2), tp2, pp2, joined by x (dp2xtp2)"
+            )
         degrees[str(dim)] = int(number)
         fsdp = fsdp or prefix == "fsdp"
     if fsdp and degrees["dp"] < 2:
@@ -423,8 +441,9 @@ def candidates(question: Question) -> list[Candidate]:
         wanted = [parse_plan_key(key) for key in question.plans]
         for key, (dp, tp, pp, fsdp) in zip(question.plans, wanted, strict=True):
             if dp * tp * pp != question.ranks:
-                raise PlanError(f"--plans {key}: dp x tp x pp = {dp * tp * pp}, not the {question.ranks} ranks "
-                                "asked for")
+                raise PlanError(
+                    f"--plans {key}: dp x tp x pp = {dp * tp * pp}, not the {question.ranks} ranks asked for"
+                )
             if wanted.count((dp, tp, pp, fsdp)) > 1:
                 raise PlanError(f"--plans names {plan_key(dp, tp, pp, fsdp)} twice: give each plan once")
     else:
@@ -440,9 +459,15 @@ def candidates(question: Question) -> list[Candidate]:
         base = replace(base, batch_size=default_batch(question.ranks))
     found = []
     for dp, tp, pp, fsdp in wanted:
-        spec = replace(base, dp=dp, tp=tp, pp=pp, fsdp=fsdp,
-                       schedule=base.schedule if pp > 1 else None,
-                       microbatches=base.microbatches if pp > 1 else None)
+        spec = replace(
+            base,
+            dp=dp,
+            tp=tp,
+            pp=pp,
+            fsdp=fsdp,
+            schedule=base.schedule if pp > 1 else None,
+            microbatches=base.microbatches if pp > 1 else None,
+        )
         key = plan_key(dp, tp, pp, fsdp)
         try:
             run = resolve(spec, gpus_visible=question.ranks if question.gpus else 0)

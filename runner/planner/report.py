@@ -41,7 +41,7 @@ def placement(run: ResolvedRun, *, ranks_per_node: int, slow_pairs: Iterable[tup
             warnings.append(f"tp group {_ranks(ranks)} spans nodes {', '.join(map(str, nodes))}: keep tp within a node")
             continue
         local = [rank % ranks_per_node for rank in ranks]
-        crossing = [(a, b) for i, a in enumerate(local) for b in local[i + 1:] if (min(a, b), max(a, b)) in slow]
+        crossing = [(a, b) for i, a in enumerate(local) for b in local[i + 1 :] if (min(a, b), max(a, b)) in slow]
         if crossing:
             a, b = crossing[0]
             warnings.append(f"tp group {_ranks(ranks)}: GPUs {a} and {b} have no NVLink between them")
@@ -69,21 +69,35 @@ def compute_seconds(run: ResolvedRun, flops_per_s: float) -> float:
     (6 N per token plus attention, :func:`meshtop.recordings.metrics.mfu.flops_per_token`) shared by every rank."""
     from meshtop.recordings.metrics.mfu import flops_per_token
 
-    per_token = flops_per_token(parameters=run.shape.parameter_count(), n_layers=run.shape.n_layers,
-                                dim=run.shape.dim, seq_len=run.seq_len)
+    per_token = flops_per_token(
+        parameters=run.shape.parameter_count(), n_layers=run.shape.n_layers, dim=run.shape.dim, seq_len=run.seq_len
+    )
     return per_token * run.batch_size * run.seq_len / run.world_size / flops_per_s
 
 
-SIZE_UNITS = {"": 1, "b": 1, "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "tib": 1 << 40,
-              "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30,
-              "t": 1 << 40}
+SIZE_UNITS = {
+    "": 1,
+    "b": 1,
+    "kib": 1 << 10,
+    "mib": 1 << 20,
+    "gib": 1 << 30,
+    "tib": 1 << 40,
+    "kb": 10**3,
+    "mb": 10**6,
+    "gb": 10**9,
+    "tb": 10**12,
+    "k": 1 << 10,
+    "m": 1 << 20,
+    "g": 1 << 30,
+    "t": 1 << 40,
+}
 
 
 def parse_size(text: str, *, flag: str = "--device-memory") -> int:
     """``80GiB``, ``80GB``, ``80G`` (binary), ``1.5TiB`` or plain bytes."""
     stripped = text.strip().lower().replace(" ", "")
     number = stripped.rstrip("kmgtib")
-    unit = stripped[len(number):]
+    unit = stripped[len(number) :]
     try:
         value = float(number)
     except ValueError:
@@ -110,18 +124,24 @@ def report(question: Question, found: list[Candidate], budget: Budget) -> dict[s
     first = next((c.prediction.run for c in found if c.prediction is not None), None)
     plans = []
     for candidate in found:
-        row: dict[str, object] = {"key": candidate.label, "runs": candidate.prediction is not None,
-                                  "reason": candidate.reason}
+        row: dict[str, object] = {
+            "key": candidate.label,
+            "runs": candidate.prediction is not None,
+            "reason": candidate.reason,
+        }
         if candidate.prediction is not None:
             row.update(plan_figures(candidate.prediction, budget))
         plans.append(row)
     return {
         "model": first.shape.describe() if first is not None else None,
-        "ranks": question.ranks, "device": "cuda" if question.gpus else "cpu", "mode": question.base.mode,
+        "ranks": question.ranks,
+        "device": "cuda" if question.gpus else "cpu",
+        "mode": question.base.mode,
         "dtype": first.dtype if first is not None else question.base.dtype,
         "batch_size": first.batch_size if first is not None and first.mode == "train" else None,
         "seq_len": first.seq_len if first is not None else None,
-        "device_memory_bytes": budget.device_memory_bytes, "busbw_bytes_per_s": budget.busbw_bytes_per_s,
+        "device_memory_bytes": budget.device_memory_bytes,
+        "busbw_bytes_per_s": budget.busbw_bytes_per_s,
         "flops_per_s": budget.flops_per_s,
         "plans": plans,
     }
@@ -132,20 +152,41 @@ def plan_figures(prediction: Prediction, budget: Budget) -> dict[str, object]:
     memory_cap = budget.device_memory_bytes
     where = placement(run, ranks_per_node=budget.ranks_per_node or run.world_size, slow_pairs=budget.slow_pairs)
     figures: dict[str, object] = {
-        "label": run.plan_label(), "dp": run.dp, "tp": run.tp, "pp": run.pp, "fsdp": run.fsdp,
-        "schedule": run.schedule, "microbatches": run.microbatches if run.pp > 1 else None,
+        "label": run.plan_label(),
+        "dp": run.dp,
+        "tp": run.tp,
+        "pp": run.pp,
+        "fsdp": run.fsdp,
+        "schedule": run.schedule,
+        "microbatches": run.microbatches if run.pp > 1 else None,
         "virtual_stages": run.virtual_stages,
         "in_flight": [len(in_flight(run, pp_rank)) for pp_rank in range(run.pp)] if run.mode == "train" else None,
-        "peak_rank": peak.rank, "peak": memory_json(peak), "ranks": [memory_json(m) for m in prediction.memory],
+        "peak_rank": peak.rank,
+        "peak": memory_json(peak),
+        "ranks": [memory_json(m) for m in prediction.memory],
         "fits": None if memory_cap is None else peak.total_bytes <= memory_cap,
         "headroom_bytes": None if memory_cap is None else memory_cap - peak.total_bytes,
-        "traffic": [{"rank": t.rank, "op": t.op, "group": t.group, "group_size": t.group_size, "bytes": t.bytes,
-                     "count": t.count} for t in prediction.traffic],
+        "traffic": [
+            {
+                "rank": t.rank,
+                "op": t.op,
+                "group": t.group,
+                "group_size": t.group_size,
+                "bytes": t.bytes,
+                "count": t.count,
+            }
+            for t in prediction.traffic
+        ],
         "step_bytes": {f"{group} {op}": nbytes for (group, op), nbytes in sorted(prediction.step_bytes().items())},
-        "groups": where.groups, "warnings": where.warnings,
-        "group_nodes": {dim: [sorted({rank // (budget.ranks_per_node or run.world_size) for rank in ranks})
-                              for ranks in spans] for dim, spans in where.groups.items()},
-        "comm_s": None, "compute_s": None, "comm_share": None,
+        "groups": where.groups,
+        "warnings": where.warnings,
+        "group_nodes": {
+            dim: [sorted({rank // (budget.ranks_per_node or run.world_size) for rank in ranks}) for ranks in spans]
+            for dim, spans in where.groups.items()
+        },
+        "comm_s": None,
+        "compute_s": None,
+        "comm_share": None,
     }
     if budget.busbw_bytes_per_s and run.mode == "train":
         comm = comm_seconds(prediction, budget.busbw_bytes_per_s)
@@ -158,6 +199,12 @@ def plan_figures(prediction: Prediction, budget: Budget) -> dict[str, object]:
 
 
 def memory_json(memory: RankMemory) -> dict[str, int]:
-    return {"rank": memory.rank, "weights_bytes": memory.weights_bytes, "grads_bytes": memory.grads_bytes,
-            "optimizer_bytes": memory.optimizer_bytes, "activations_bytes": memory.activations_bytes,
-            "kv_cache_bytes": memory.kv_cache_bytes, "total_bytes": memory.total_bytes}
+    return {
+        "rank": memory.rank,
+        "weights_bytes": memory.weights_bytes,
+        "grads_bytes": memory.grads_bytes,
+        "optimizer_bytes": memory.optimizer_bytes,
+        "activations_bytes": memory.activations_bytes,
+        "kv_cache_bytes": memory.kv_cache_bytes,
+        "total_bytes": memory.total_bytes,
+    }

@@ -33,12 +33,18 @@ def entries(question: Question, found: list[Candidate], budget: Budget) -> list[
         prediction = candidate.prediction
         if prediction is None:
             row.update(status="cannot run", reason=candidate.reason)
-        elif (not question.plans and budget.device_memory_bytes is not None
-              and prediction.peak.total_bytes > budget.device_memory_bytes):
+        elif (
+            not question.plans
+            and budget.device_memory_bytes is not None
+            and prediction.peak.total_bytes > budget.device_memory_bytes
+        ):
             gib = 2**30
-            row.update(status="skipped", reason=f"predicted peak {prediction.peak.total_bytes / gib:.1f} GiB on rank "
-                                                f"{prediction.peak.rank} exceeds the "
-                                                f"{budget.device_memory_bytes / gib:.1f} GiB of device memory")
+            row.update(
+                status="skipped",
+                reason=f"predicted peak {prediction.peak.total_bytes / gib:.1f} GiB on rank "
+                f"{prediction.peak.rank} exceeds the "
+                f"{budget.device_memory_bytes / gib:.1f} GiB of device memory",
+            )
         rows.append(row)
     return rows
 
@@ -52,9 +58,17 @@ def new_sweep_directory(out: Path) -> None:
         raise RecordingError(f"cannot create {out}: {error.strerror or error}") from None
 
 
-def run_sweep(question: Question, found: list[Candidate], budget: Budget, *, out: Path, stream: TextIO,
-              command_line: list[str], node_probes: NodeProbes = NodeProbes(),
-              hang_timeout_s: float | None = None) -> str:
+def run_sweep(
+    question: Question,
+    found: list[Candidate],
+    budget: Budget,
+    *,
+    out: Path,
+    stream: TextIO,
+    command_line: list[str],
+    node_probes: NodeProbes = NodeProbes(),
+    hang_timeout_s: float | None = None,
+) -> str:
     """Run the sweep into the new directory ``out``; its status: completed (every plan that was to run
     completed) or failed (one or more failed). An interrupt is re-raised as ``KeyboardInterrupt`` once
     ``sweep.json`` says which plan it cut and which did not run."""
@@ -64,8 +78,13 @@ def run_sweep(question: Question, found: list[Candidate], budget: Budget, *, out
         reasons = "; ".join(f"{row['key']}: {row['reason']}" for row in plans)
         raise PlanError(f"no plan to run ({reasons})")
     new_sweep_directory(out)
-    sweep = {"version": SWEEP_VERSION, "started_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-             "command_line": command_line, "report": report(question, found, budget), "plans": plans}
+    sweep = {
+        "version": SWEEP_VERSION,
+        "started_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "command_line": command_line,
+        "report": report(question, found, budget),
+        "plans": plans,
+    }
     write_sweep(out, sweep)
     runs = {candidate.label: candidate.prediction.run for candidate in found if candidate.prediction is not None}
     failed = False
@@ -77,8 +96,14 @@ def run_sweep(question: Question, found: list[Candidate], budget: Budget, *, out
             write_sweep(out, sweep)
             directory = out / row["key"]
             manifest = start_recording(directory, run, node_probes, command_line)
-            result = follow_job(run, session_dir=directory, out=stream, manifest=manifest,
-                                node_probes=node_probes, hang_timeout_s=hang_timeout_s)
+            result = follow_job(
+                run,
+                session_dir=directory,
+                out=stream,
+                manifest=manifest,
+                node_probes=node_probes,
+                hang_timeout_s=hang_timeout_s,
+            )
             if result.status == "interrupted":  # Ctrl-C (or SIGTERM) reached meshtop while the job ran
                 raise KeyboardInterrupt
             row["status"] = result.status
@@ -103,9 +128,11 @@ def sweep_question(question: Question, *, steps: int | None) -> Question:
     activations measured so that each prediction is checked."""
     base = question.base
     if steps is not None and steps < MIN_SWEEP_STEPS:
-        raise PlanError(f"--steps {steps}: a sweep checks each plan on its last step, and steps 0 and 1 hold "
-                        f"one-off work (FSDP's lazy initialisation, DDP's bucket rebuild): give --steps "
-                        f"{MIN_SWEEP_STEPS} or more")
+        raise PlanError(
+            f"--steps {steps}: a sweep checks each plan on its last step, and steps 0 and 1 hold "
+            f"one-off work (FSDP's lazy initialisation, DDP's bucket rebuild): give --steps "
+            f"{MIN_SWEEP_STEPS} or more"
+        )
     if base.mode == "train":
         base = replace(base, steps=steps or SWEEP_STEPS, activations=base.instrument)
     return replace(question, base=base)

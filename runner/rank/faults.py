@@ -48,7 +48,8 @@ class Fault:
 
             raise torch.OutOfMemoryError(
                 f"CUDA out of memory. Tried to allocate 2.00 GiB (fault injected by {FAULT_ENV} on rank {rank} "
-                f"at step {step})")
+                f"at step {step})"
+            )
         raise InjectedFault(f"fault injected by {FAULT_ENV} on rank {rank} at step {step}")
 
 

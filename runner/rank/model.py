@@ -34,7 +34,9 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch
     """
     pairs = x.float().unflatten(-1, (-1, 2))
     even, odd = pairs[..., 0], pairs[..., 1]
-    cos, sin = (cos[None, :, None, :], sin[None, :, None, :]) if cos.dim() == 2 else (cos[:, :, None, :], sin[:, :, None, :])
+    cos, sin = (
+        (cos[None, :, None, :], sin[None, :, None, :]) if cos.dim() == 2 else (cos[:, :, None, :], sin[:, :, None, :])
+    )
     rotated = torch.stack((even * cos - odd * sin, even * sin + odd * cos), dim=-1)
     return rotated.flatten(-2).type_as(x)
 
@@ -50,8 +52,9 @@ class Attention(nn.Module):
         self.wv = nn.Linear(shape.dim, shape.n_kv_heads * shape.head_dim, bias=False)
         self.wo = nn.Linear(shape.n_heads * shape.head_dim, shape.dim, bias=False)
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                cache: LayerCache | None = None) -> torch.Tensor:
+    def forward(
+        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: LayerCache | None = None
+    ) -> torch.Tensor:
         batch, seq, _ = x.shape
         # -1 heads: under tensor parallelism each rank holds only its own heads.
         q = self.wq(x).view(batch, seq, -1, self.head_dim)
@@ -94,8 +97,9 @@ class Block(nn.Module):
         self.ffn_norm = nn.RMSNorm(shape.dim, eps=shape.norm_eps)
         self.feed_forward = FeedForward(shape)
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                cache: LayerCache | None = None) -> torch.Tensor:
+    def forward(
+        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: LayerCache | None = None
+    ) -> torch.Tensor:
         h = x + self.attention(self.attention_norm(x), cos, sin, cache)
         return h + self.feed_forward(self.ffn_norm(h))
 

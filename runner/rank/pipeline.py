@@ -114,8 +114,9 @@ def sum_tied_gradients(ends: list[torch.nn.Parameter], *, group: dist.ProcessGro
         grad = param.grad
         assert grad is not None, "a tied end has a gradient after backward"
         if isinstance(grad, DTensor):
-            assert isinstance(param, DTensor) and grad.placements == param.placements, \
+            assert isinstance(param, DTensor) and grad.placements == param.placements, (
                 "a gradient is laid out as its parameter"
+            )
             dist.all_reduce(grad.to_local(), group=group)
         else:
             dist.all_reduce(grad, group=group)

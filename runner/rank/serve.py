@@ -140,10 +140,19 @@ def build_serving(run: ResolvedRun, *, mesh: DeviceMesh, coords: MeshCoordinates
     # copy of a tied output starts as the embedding (meshtop.runner.rank.weights), and inference never changes it
     init_weights(model, model=run.shape, seed=run.seed, device=device)
     model.eval()
-    cache = KVCache(slots=run.load.max_batch, max_len=run.load.max_sequence, dtype=TORCH_DTYPES[run.dtype],
-                    device=device)
-    return ServingJob(run=run, load=run.load, coords=coords, device=device, model=model, cache=cache,
-                      tp_group=mesh["tp"].get_group(), pp_group=mesh["pp"].get_group())
+    cache = KVCache(
+        slots=run.load.max_batch, max_len=run.load.max_sequence, dtype=TORCH_DTYPES[run.dtype], device=device
+    )
+    return ServingJob(
+        run=run,
+        load=run.load,
+        coords=coords,
+        device=device,
+        model=model,
+        cache=cache,
+        tp_group=mesh["tp"].get_group(),
+        pp_group=mesh["pp"].get_group(),
+    )
 
 
 @dataclass(kw_only=True, slots=True)
@@ -164,8 +173,9 @@ class Scheduler:
     def __init__(self, job: ServingJob, *, start_ns: int, emit: Callable[[Event], None]) -> None:
         self.job, self.emit = job, emit
         self.max_batch = job.load.max_batch
-        share = replica_share(plan_requests(job.load, vocab_size=job.run.shape.vocab_size),
-                              replica=job.coords.dp, replicas=job.run.dp)
+        share = replica_share(
+            plan_requests(job.load, vocab_size=job.run.shape.vocab_size), replica=job.coords.dp, replicas=job.run.dp
+        )
         self.start_ns = start_ns
         self.upcoming: deque[PlannedRequest] = deque(share)
         self.waiting: deque[tuple[PlannedRequest, int]] = deque()
@@ -229,12 +239,22 @@ class Scheduler:
         del self.active[serving.slot]
         self.free_slots.append(serving.slot)
         request = serving.request
-        self.emit(RequestDone(
-            rank=self.job.coords.rank, replica=self.job.coords.dp, request=request.id,
-            arrival_ns=serving.arrival_ns, first_token_ns=serving.token_ns[0], end_ns=now_ns,
-            prompt_tokens=len(request.prompt), output_tokens=len(serving.tokens), token_ns=tuple(serving.token_ns),
-            output_ids=tuple(serving.tokens), status="completed", error=None,
-        ))
+        self.emit(
+            RequestDone(
+                rank=self.job.coords.rank,
+                replica=self.job.coords.dp,
+                request=request.id,
+                arrival_ns=serving.arrival_ns,
+                first_token_ns=serving.token_ns[0],
+                end_ns=now_ns,
+                prompt_tokens=len(request.prompt),
+                output_tokens=len(serving.tokens),
+                token_ns=tuple(serving.token_ns),
+                output_ids=tuple(serving.tokens),
+                status="completed",
+                error=None,
+            )
+        )
         if self.upcoming and self.upcoming[0].arrival_s is None:  # closed loop: the client sends its next
             self.waiting.append((self.upcoming.popleft(), now_ns))
 
@@ -329,8 +349,9 @@ def follow(job: ServingJob, *, on_op: OnOp) -> None:
             inputs = torch.empty((rows, op.tokens_per_row), dtype=torch.long, device=job.device)
             dist.broadcast(inputs, src=job.leader_rank, group=job.tp_group)
         else:
-            inputs = torch.empty((rows, op.tokens_per_row, job.run.shape.dim), dtype=TORCH_DTYPES[job.run.dtype],
-                                 device=job.device)
+            inputs = torch.empty(
+                (rows, op.tokens_per_row, job.run.shape.dim), dtype=TORCH_DTYPES[job.run.dtype], device=job.device
+            )
             dist.recv(inputs, src=job.previous_stage_rank, group=job.pp_group)
         wait_s = time.perf_counter() - waited
         start_ns = time.time_ns()

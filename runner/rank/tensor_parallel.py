@@ -65,5 +65,11 @@ def _to_own_placement(parameter: torch.Tensor) -> None:
     if isinstance(grad, DTensor) and isinstance(parameter, DTensor) and grad.placements != parameter.placements:
         rows = grad.redistribute(parameter.device_mesh, parameter.placements).to_local()
         # a copy: the redistributed shard is a view that would keep the whole matrix alive
-        parameter.grad = DTensor.from_local(rows.clone(), parameter.device_mesh, parameter.placements,
-                                            run_check=False, shape=parameter.shape, stride=parameter.stride())
+        parameter.grad = DTensor.from_local(
+            rows.clone(),
+            parameter.device_mesh,
+            parameter.placements,
+            run_check=False,
+            shape=parameter.shape,
+            stride=parameter.stride(),
+        )

@@ -54,8 +54,7 @@ class TrainingJob:
         return self.schedule is None or self.run.num_stages - 1 in self.stage_indices
 
 
-def build_training(run: ResolvedRun, *, mesh: DeviceMesh, coords: MeshCoordinates,
-                   device: torch.device) -> TrainingJob:
+def build_training(run: ResolvedRun, *, mesh: DeviceMesh, coords: MeshCoordinates, device: torch.device) -> TrainingJob:
     """Build the model on the meta device, parallelise it, then materialise and initialise it."""
     with torch.device("meta"):
         whole = Transformer(run.shape).to(TORCH_DTYPES[run.dtype])
@@ -81,12 +80,21 @@ def build_training(run: ResolvedRun, *, mesh: DeviceMesh, coords: MeshCoordinate
     optimizer = torch.optim.AdamW(parameters, lr=1e-3, weight_decay=0.0)
     schedule = None
     if run.pp > 1:
-        schedule = build_schedule(modules, run=run, stage_indices=stage_indices, pp_mesh=mesh["pp"],
-                                  device=device, loss_fn=next_token_loss)
+        schedule = build_schedule(
+            modules, run=run, stage_indices=stage_indices, pp_mesh=mesh["pp"], device=device, loss_fn=next_token_loss
+        )
     group = embedding_group(run, mesh=mesh)
-    return TrainingJob(run=run, coords=coords, device=device, modules=modules,
-                       stage_indices=stage_indices, optimizer=optimizer, schedule=schedule,
-                       embedding_group=group, tied_ends=tied_ends(chunks) if group is not None else [])
+    return TrainingJob(
+        run=run,
+        coords=coords,
+        device=device,
+        modules=modules,
+        stage_indices=stage_indices,
+        optimizer=optimizer,
+        schedule=schedule,
+        embedding_group=group,
+        tied_ends=tied_ends(chunks) if group is not None else [],
+    )
 
 
 def train_step(job: TrainingJob, step: int) -> tuple[float | None, float]:
@@ -96,8 +104,9 @@ def train_step(job: TrainingJob, step: int) -> tuple[float | None, float]:
     spent in forward and backward, before the optimizer.
     """
     run = job.run
-    tokens = synthetic_tokens(step=step, seed=run.seed, batch_size=run.batch_size,
-                              seq_len=run.seq_len, vocab_size=run.shape.vocab_size)
+    tokens = synthetic_tokens(
+        step=step, seed=run.seed, batch_size=run.batch_size, seq_len=run.seq_len, vocab_size=run.shape.vocab_size
+    )
     inputs, targets = replica_batch(tokens, dp_rank=job.coords.dp, dp=run.dp)
     inputs, targets = inputs.to(job.device), targets.to(job.device)
     job.optimizer.zero_grad(set_to_none=True)
@@ -144,5 +153,6 @@ def timed_step(job: TrainingJob, step: int) -> StepOutcome:
     start_ns, started, cpu_started = time.time_ns(), time.perf_counter(), time.process_time()
     loss, forward_backward_s = train_step(job, step)
     synchronize(job.device)
-    return StepOutcome(start_ns, time.perf_counter() - started, forward_backward_s, loss,
-                       time.process_time() - cpu_started)
+    return StepOutcome(
+        start_ns, time.perf_counter() - started, forward_backward_s, loss, time.process_time() - cpu_started
+    )

@@ -58,17 +58,25 @@ class RunUntilStopped:
         start of the ranks."""
         import torch.distributed as dist
 
-        store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False,
-                              wait_for_workers=False)
+        store = dist.TCPStore(
+            os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False, wait_for_workers=False
+        )
         start = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
         stop_file = os.environ.get(STOP_ENV)
-        return cls(rank=rank, time_limit_s=time_limit_s, store=dist.PrefixStore(f"meshtop-{start}", store),
-                   stop_file=Path(stop_file) if stop_file else None)
+        return cls(
+            rank=rank,
+            time_limit_s=time_limit_s,
+            store=dist.PrefixStore(f"meshtop-{start}", store),
+            stop_file=Path(stop_file) if stop_file else None,
+        )
 
     def ends_after(self, step: int) -> bool:
         """Called at the end of each step: whether the run ends with it."""
-        if self.rank == 0 and not self._asked and (
-                time.monotonic() >= self.deadline or (self.stop_file is not None and self.stop_file.exists())):
+        if (
+            self.rank == 0
+            and not self._asked
+            and (time.monotonic() >= self.deadline or (self.stop_file is not None and self.stop_file.exists()))
+        ):
             self.store.set(KEY, str(step + MARGIN_STEPS))
             self._asked = True
         if self.last_step is None and self.store.check([KEY]):

@@ -25,8 +25,9 @@ INIT_STD = 0.02
 TIED_OUTPUT, EMBEDDING = "output.weight", "tok_embeddings.weight"
 
 
-def initial_value(name: str, shape_of_param: torch.Size, *, model: ModelShape, seed: int,
-                  device: torch.device) -> torch.Tensor:
+def initial_value(
+    name: str, shape_of_param: torch.Size, *, model: ModelShape, seed: int, device: torch.device
+) -> torch.Tensor:
     """The full float32 starting value of the parameter called ``name``."""
     if name.endswith("norm.weight"):
         return torch.ones(shape_of_param, device=device)

@@ -35,17 +35,38 @@ MEMORY_EVERY_NS = 500_000_000
 """Inference reports memory twice a second, not after each of its many small ops."""
 
 
-def rank_started(coords: MeshCoordinates, device: torch.device, *, stages: tuple[int, ...],
-                 local_parameters: int) -> RankStarted:
+def rank_started(
+    coords: MeshCoordinates, device: torch.device, *, stages: tuple[int, ...], local_parameters: int
+) -> RankStarted:
     world_size, restart = start_of_this_rank()
-    return RankStarted(rank=coords.rank, pid=os.getpid(), host=socket.gethostname(), device=str(device),
-                       pp_rank=coords.pp, dp_rank=coords.dp, tp_rank=coords.tp, stages=stages,
-                       local_parameters=local_parameters, wall_ns=time.time_ns(), node=node_of_this_rank(),
-                       world_size=world_size, restart=restart)
+    return RankStarted(
+        rank=coords.rank,
+        pid=os.getpid(),
+        host=socket.gethostname(),
+        device=str(device),
+        pp_rank=coords.pp,
+        dp_rank=coords.dp,
+        tp_rank=coords.tp,
+        stages=stages,
+        local_parameters=local_parameters,
+        wall_ns=time.time_ns(),
+        node=node_of_this_rank(),
+        world_size=world_size,
+        restart=restart,
+    )
 
 
-def train_rank(run: ResolvedRun, *, mesh: Any, coords: MeshCoordinates, device: torch.device, sink: EventSink,
-               probes: Instrumentation, fault: Fault | None, groups: GroupDirectory) -> None:
+def train_rank(
+    run: ResolvedRun,
+    *,
+    mesh: Any,
+    coords: MeshCoordinates,
+    device: torch.device,
+    sink: EventSink,
+    probes: Instrumentation,
+    fault: Fault | None,
+    groups: GroupDirectory,
+) -> None:
     rank = coords.rank
     job = build_training(run, mesh=mesh, coords=coords, device=device)
     if job.embedding_group is not None:  # a pipeline's tied-embedding ends (Megatron-LM's "embedding group")
@@ -56,8 +77,14 @@ def train_rank(run: ResolvedRun, *, mesh: Any, coords: MeshCoordinates, device: 
         activations.leave_out(parameters_of(job.modules))
         activations.install()  # this thread runs every forward, the pipeline schedule's too
         probes.watch_activations(activations)
-    sink.emit(rank_started(coords, device, stages=tuple(job.stage_indices) if run.pp > 1 else (),
-                           local_parameters=job.local_parameters()))
+    sink.emit(
+        rank_started(
+            coords,
+            device,
+            stages=tuple(job.stage_indices) if run.pp > 1 else (),
+            local_parameters=job.local_parameters(),
+        )
+    )
     tokens = run.batch_size * run.seq_len
     until = None
     if run.steps is None:
@@ -69,21 +96,41 @@ def train_rank(run: ResolvedRun, *, mesh: Any, coords: MeshCoordinates, device: 
         probes.step_started(step)
         outcome = timed_step(job, step)
         pipeline_wait_s = probes.step_ended(step)
-        sink.emit(StepTiming(rank=rank, step=step, start_ns=outcome.start_ns, duration_s=outcome.duration_s,
-                             tokens=tokens, loss=outcome.loss, forward_backward_s=outcome.forward_backward_s,
-                             instrumented=probes.enabled, pipeline_wait_s=pipeline_wait_s, cpu_s=outcome.cpu_s))
+        sink.emit(
+            StepTiming(
+                rank=rank,
+                step=step,
+                start_ns=outcome.start_ns,
+                duration_s=outcome.duration_s,
+                tokens=tokens,
+                loss=outcome.loss,
+                forward_backward_s=outcome.forward_backward_s,
+                instrumented=probes.enabled,
+                pipeline_wait_s=pipeline_wait_s,
+                cpu_s=outcome.cpu_s,
+            )
+        )
         if until is not None and until.ends_after(step):
             break
 
 
-def serve_rank(run: ResolvedRun, *, mesh: Any, coords: MeshCoordinates, device: torch.device, sink: EventSink,
-               probes: Instrumentation, fault: Fault | None) -> None:
+def serve_rank(
+    run: ResolvedRun,
+    *,
+    mesh: Any,
+    coords: MeshCoordinates,
+    device: torch.device,
+    sink: EventSink,
+    probes: Instrumentation,
+    fault: Fault | None,
+) -> None:
     """Serve the load: each op of the replica is this rank's step (its time since the previous op ended)."""
     rank = coords.rank
     job = build_serving(run, mesh=mesh, coords=coords, device=device)
     probes.watch_memory(parameters=parameters_of([job.model]), optimizer=None)
-    sink.emit(rank_started(coords, device, stages=(coords.pp,) if run.pp > 1 else (),
-                           local_parameters=job.local_parameters()))
+    sink.emit(
+        rank_started(coords, device, stages=(coords.pp,) if run.pp > 1 else (), local_parameters=job.local_parameters())
+    )
     dist.barrier()  # the replicas start their loads together
     step, last_end_ns, memory_at_ns = 0, time.time_ns(), 0
     probes.set_step(step)
@@ -91,12 +138,31 @@ def serve_rank(run: ResolvedRun, *, mesh: Any, coords: MeshCoordinates, device: 
     def on_op(timing: OpTiming) -> None:
         nonlocal step, last_end_ns, memory_at_ns
         op = timing.op
-        sink.emit(StepTiming(rank=rank, step=step, start_ns=last_end_ns, duration_s=(timing.end_ns - last_end_ns) / 1e9,
-                             tokens=len(op.slots), loss=None, forward_backward_s=(timing.end_ns - timing.start_ns) / 1e9,
-                             instrumented=probes.enabled, pipeline_wait_s=timing.wait_s if run.pp > 1 else None))
+        sink.emit(
+            StepTiming(
+                rank=rank,
+                step=step,
+                start_ns=last_end_ns,
+                duration_s=(timing.end_ns - last_end_ns) / 1e9,
+                tokens=len(op.slots),
+                loss=None,
+                forward_backward_s=(timing.end_ns - timing.start_ns) / 1e9,
+                instrumented=probes.enabled,
+                pipeline_wait_s=timing.wait_s if run.pp > 1 else None,
+            )
+        )
         if probes.enabled:
-            sink.emit(StageAction(rank=rank, step=step, stage=coords.pp, microbatch=op.id, action=OP_NAMES[op.kind],
-                                  start_ns=timing.start_ns, end_ns=timing.end_ns))
+            sink.emit(
+                StageAction(
+                    rank=rank,
+                    step=step,
+                    stage=coords.pp,
+                    microbatch=op.id,
+                    action=OP_NAMES[op.kind],
+                    start_ns=timing.start_ns,
+                    end_ns=timing.end_ns,
+                )
+            )
             if timing.end_ns - memory_at_ns >= MEMORY_EVERY_NS:
                 probes.memory_snapshot(step, kv_cache_bytes=job.cache.nbytes)
                 memory_at_ns = timing.end_ns
@@ -129,8 +195,9 @@ def main(argv: list[str]) -> None:
         if run.mode == "infer":
             serve_rank(run, mesh=mesh, coords=coords, device=device, sink=sink, probes=probes, fault=fault)
         else:
-            train_rank(run, mesh=mesh, coords=coords, device=device, sink=sink, probes=probes, fault=fault,
-                       groups=groups)
+            train_rank(
+                run, mesh=mesh, coords=coords, device=device, sink=sink, probes=probes, fault=fault, groups=groups
+            )
         dist.barrier()
     finally:
         probes.uninstall()

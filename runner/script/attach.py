@@ -85,9 +85,16 @@ def never_raises(where: str) -> Iterator[None]:
 class ScriptSteps:
     """The steps of a user's script: one per optimizer step of the first optimizer it steps."""
 
-    def __init__(self, *, rank: int, probes: Instrumentation, sink: EventSink, tokens: int,
-                 on_parameters: Callable[[list[torch.Tensor]], None],
-                 on_first_forward: Callable[[torch.nn.Module], None]) -> None:
+    def __init__(
+        self,
+        *,
+        rank: int,
+        probes: Instrumentation,
+        sink: EventSink,
+        tokens: int,
+        on_parameters: Callable[[list[torch.Tensor]], None],
+        on_first_forward: Callable[[torch.nn.Module], None],
+    ) -> None:
         self.rank = rank
         self.probes = probes
         self.sink = sink
@@ -102,8 +109,10 @@ class ScriptSteps:
         self._cpu_start_s = 0.0
         self._optimizer_start_ns: int | None = None
         self._first_forward = register_module_forward_pre_hook(self._on_first_forward)
-        self._hooks = [register_optimizer_step_pre_hook(self._before_optimizer),
-                       register_optimizer_step_post_hook(self._after_optimizer)]
+        self._hooks = [
+            register_optimizer_step_pre_hook(self._before_optimizer),
+            register_optimizer_step_post_hook(self._after_optimizer),
+        ]
 
     def _begin(self, start_ns: int) -> None:
         self._start_ns, self._cpu_start_s = start_ns, time.process_time()
@@ -144,10 +153,20 @@ class ScriptSteps:
         cpu_s = time.process_time() - self._cpu_start_s
         pipeline_wait_s = self.probes.step_ended(self.step)
         forward_backward_ns = (self._optimizer_start_ns or end_ns) - self._start_ns
-        self.sink.emit(StepTiming(rank=self.rank, step=self.step, start_ns=self._start_ns,
-                                  duration_s=(end_ns - self._start_ns) / 1e9, tokens=self.tokens, loss=None,
-                                  forward_backward_s=forward_backward_ns / 1e9, instrumented=self.probes.enabled,
-                                  pipeline_wait_s=pipeline_wait_s, cpu_s=cpu_s))
+        self.sink.emit(
+            StepTiming(
+                rank=self.rank,
+                step=self.step,
+                start_ns=self._start_ns,
+                duration_s=(end_ns - self._start_ns) / 1e9,
+                tokens=self.tokens,
+                loss=None,
+                forward_backward_s=forward_backward_ns / 1e9,
+                instrumented=self.probes.enabled,
+                pipeline_wait_s=pipeline_wait_s,
+                cpu_s=cpu_s,
+            )
+        )
         self.step += 1
         self._begin(end_ns)
 
@@ -219,8 +238,9 @@ def after_import(name: str, then: Callable[[], None]) -> None:
 class Attachment:
     """What :func:`attach` put into this rank, taken out again at exit."""
 
-    def __init__(self, *, rank: int, device: torch.device, sink: EventSink, tokens: int, hooks: bool,
-                 activations: bool = False) -> None:
+    def __init__(
+        self, *, rank: int, device: torch.device, sink: EventSink, tokens: int, hooks: bool, activations: bool = False
+    ) -> None:
         self.rank = rank
         self.sink = sink
         self.probes = Instrumentation(rank=rank, sink=sink, device=device, enabled=hooks)
@@ -242,18 +262,38 @@ class Attachment:
         if self.activations is not None:
             self.activations.install()  # on the main thread, which runs the script's forward passes
             self.probes.watch_activations(self.activations)
-        self.steps = ScriptSteps(rank=rank, probes=self.probes, sink=sink, tokens=tokens,
-                                 on_parameters=self._on_parameters, on_first_forward=self._on_first_forward)
+        self.steps = ScriptSteps(
+            rank=rank,
+            probes=self.probes,
+            sink=sink,
+            tokens=tokens,
+            on_parameters=self._on_parameters,
+            on_first_forward=self._on_first_forward,
+        )
         self._previous_excepthook = sys.excepthook
         sys.excepthook = self._excepthook
 
     def _started(self) -> None:
         (pp_rank, dp_rank, stages), (local, model) = self._place, self._parameters
         world_size, restart = start_of_this_rank()
-        self.sink.emit(RankStarted(rank=self.rank, pid=os.getpid(), host=socket.gethostname(), device=str(self.device),
-                                   pp_rank=pp_rank, dp_rank=dp_rank, tp_rank=0, stages=stages, local_parameters=local,
-                                   model_parameters=model, wall_ns=time.time_ns(), node=node_of_this_rank(),
-                                   world_size=world_size, restart=restart))
+        self.sink.emit(
+            RankStarted(
+                rank=self.rank,
+                pid=os.getpid(),
+                host=socket.gethostname(),
+                device=str(self.device),
+                pp_rank=pp_rank,
+                dp_rank=dp_rank,
+                tp_rank=0,
+                stages=stages,
+                local_parameters=local,
+                model_parameters=model,
+                wall_ns=time.time_ns(),
+                node=node_of_this_rank(),
+                world_size=world_size,
+                restart=restart,
+            )
+        )
 
     def _on_stages(self, stages: tuple[int, ...]) -> None:
         """The rank runs pipeline stages: say again where it sits, its first stage as its pipeline rank."""
@@ -317,9 +357,15 @@ class Attachment:
         report it as before."""
         path = os.environ.get(ERROR_FILE_ENV)
         if path and not os.path.exists(path):
-            record = {"message": {"message": f"{kind.__name__}: {error}", "extraInfo": {
-                "py_callstack": "".join(traceback.format_exception(kind, error, trace)),
-                "timestamp": str(int(time.time()))}}}
+            record = {
+                "message": {
+                    "message": f"{kind.__name__}: {error}",
+                    "extraInfo": {
+                        "py_callstack": "".join(traceback.format_exception(kind, error, trace)),
+                        "timestamp": str(int(time.time())),
+                    },
+                }
+            }
             try:
                 with open(path, "w") as file:
                     json.dump(record, file)
@@ -346,8 +392,13 @@ def attach() -> Attachment:
     # from LOCAL_RANK; the launcher says cuda only where it saw GPUs.
     cuda = os.environ.get(DEVICE_ENV) == "cuda"
     device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0"))) if cuda else torch.device("cpu")
-    attachment = Attachment(rank=rank, device=device, sink=open_sink(rank), tokens=int(os.environ.get(TOKENS_ENV, "0")),
-                            hooks=os.environ.get(INSTRUMENT_ENV, "1") == "1",
-                            activations=os.environ.get(ACTIVATIONS_ENV) == "1")
+    attachment = Attachment(
+        rank=rank,
+        device=device,
+        sink=open_sink(rank),
+        tokens=int(os.environ.get(TOKENS_ENV, "0")),
+        hooks=os.environ.get(INSTRUMENT_ENV, "1") == "1",
+        activations=os.environ.get(ACTIVATIONS_ENV) == "1",
+    )
     atexit.register(attachment.detach)
     return attachment

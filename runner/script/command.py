@@ -114,10 +114,17 @@ def split_command(command: list[str]) -> tuple[list[str], bool]:
     return command, False
 
 
-def resolve_script(command: list[str], *, gpus_visible: int, instrument: bool = True,
-                   tokens_per_step: int | None = None, dtype: str | None = None,
-                   activations: bool = False, collector_bind: str | None = None,
-                   head_node: int | None = None) -> ScriptRun:
+def resolve_script(
+    command: list[str],
+    *,
+    gpus_visible: int,
+    instrument: bool = True,
+    tokens_per_step: int | None = None,
+    dtype: str | None = None,
+    activations: bool = False,
+    collector_bind: str | None = None,
+    head_node: int | None = None,
+) -> ScriptRun:
     """The :class:`ScriptRun` of ``command``, or a :class:`PlanError` that says what to fix."""
     args_given, own = split_command(command)
     launcher_args = list(args_given)
@@ -128,19 +135,36 @@ def resolve_script(command: list[str], *, gpus_visible: int, instrument: bool = 
     if args.no_python:
         raise PlanError("--no-python runs a program that is not Python; meshtop's probes run inside Python ranks")
     rank_given = any(arg.split("=")[0] in ("--node-rank", "--node_rank") for arg in launcher_args)
-    nodes = nodes_from_options(nnodes=args.nnodes, node_rank=args.node_rank if rank_given else None,
-                               endpoint=args.rdzv_endpoint or None, run_id=args.rdzv_id,
-                               backend=args.rdzv_backend, collector_bind=collector_bind, head_node=head_node,
-                               elastic=True)
+    nodes = nodes_from_options(
+        nnodes=args.nnodes,
+        node_rank=args.node_rank if rank_given else None,
+        endpoint=args.rdzv_endpoint or None,
+        run_id=args.rdzv_id,
+        backend=args.rdzv_backend,
+        collector_bind=collector_bind,
+        head_node=head_node,
+        elastic=True,
+    )
     # an elastic job's ranks are counted for MAX nodes until they say how many they are
     world_size = _local_world_size(args.nproc_per_node) * (nodes.count if nodes is not None else 1)
     if tokens_per_step is not None and tokens_per_step <= 0:
         raise PlanError(f"--tokens-per-step must be a positive number of tokens, got {tokens_per_step}")
     script, module, sha256 = _check_target(args.training_script, module=args.module)
-    return ScriptRun(command=tuple(command), launcher_args=tuple(launcher_args), script=script, module=module,
-                     script_args=tuple(args.training_script_args), sha256=sha256, world_size=world_size,
-                     device="cuda" if gpus_visible else "cpu", instrument=instrument,
-                     tokens_per_step=tokens_per_step, dtype=dtype, activations=activations, nodes=nodes)
+    return ScriptRun(
+        command=tuple(command),
+        launcher_args=tuple(launcher_args),
+        script=script,
+        module=module,
+        script_args=tuple(args.training_script_args),
+        sha256=sha256,
+        world_size=world_size,
+        device="cuda" if gpus_visible else "cpu",
+        instrument=instrument,
+        tokens_per_step=tokens_per_step,
+        dtype=dtype,
+        activations=activations,
+        nodes=nodes,
+    )
 
 
 def _local_world_size(nproc_per_node: str) -> int:
@@ -185,5 +209,3 @@ def _module_exists(name: str) -> bool:
 
 def environment_that_matters(env: dict[str, str]) -> dict[str, str]:
     return {key: value for key, value in sorted(env.items()) if ENVIRONMENT_THAT_MATTERS.match(key)}
-
-

@@ -36,8 +36,16 @@ STEPS = 10
 
 def measure_bubble(schedule: str, microbatches: int) -> dict[str, object]:
     with tempfile.TemporaryDirectory() as tmp:
-        launched = launch(Path(tmp), model="small", pp=2, schedule=schedule, microbatches=microbatches,
-                          batch_size=2 * microbatches, seq_len=128, steps=STEPS)
+        launched = launch(
+            Path(tmp),
+            model="small",
+            pp=2,
+            schedule=schedule,
+            microbatches=microbatches,
+            batch_size=2 * microbatches,
+            seq_len=128,
+            steps=STEPS,
+        )
     assert launched.result.status == "completed", launched.result
     fold = RunFold(RunDescription.from_json(launched.run.describe()))
     for kind, table in batches_of(sorted(launched.events, key=lambda e: KIND_ORDER.index(e.kind))):
@@ -50,18 +58,37 @@ def measure_bubble(schedule: str, microbatches: int) -> dict[str, object]:
     by_stage = {stage: statistics.median(step.bubbles[stage] for step in steady) for stage in stages}
     busy = {stage: sum(step.span_s * (1 - step.bubbles[stage]) for step in steady) for stage in stages}
     slowest = max(stages, key=busy.__getitem__)
-    return {"schedule": schedule, "microbatches": microbatches, "theory": theoretical_bubble(2, microbatches),
-            "measured_by_stage": by_stage, "measured_max": max(by_stage.values()), "slowest_stage": slowest,
-            "measured_slowest": by_stage[slowest],
-            "slowest_by_step": [step.bubbles[slowest] for step in steady]}
+    return {
+        "schedule": schedule,
+        "microbatches": microbatches,
+        "theory": theoretical_bubble(2, microbatches),
+        "measured_by_stage": by_stage,
+        "measured_max": max(by_stage.values()),
+        "slowest_stage": slowest,
+        "measured_slowest": by_stage[slowest],
+        "slowest_by_step": [step.bubbles[slowest] for step in steady],
+    }
 
 
 def measure_busbw() -> list[dict[str, float]]:
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "busbw.json"
-        subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
-                        "-m", "tests.bench.busbw_worker", str(out)], check=True, capture_output=True,
-                       env={**os.environ, "OMP_NUM_THREADS": "1", NATIVE_ENV: environment_value()}, timeout=600)
+        subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "torch.distributed.run",
+                "--standalone",
+                "--nproc-per-node=2",
+                "-m",
+                "tests.bench.busbw_worker",
+                str(out),
+            ],
+            check=True,
+            capture_output=True,
+            env={**os.environ, "OMP_NUM_THREADS": "1", NATIVE_ENV: environment_value()},
+            timeout=600,
+        )
         return json.loads(out.read_text())
 
 
@@ -70,20 +97,26 @@ def main() -> None:
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
     bubbles = []
-    print(f"{'schedule':<8} {'m':>3} {'theory':>7} {'stage 0':>8} {'stage 1':>8} {'slowest':>8} "
-          f"{'slowest - theory':>17}")
+    print(
+        f"{'schedule':<8} {'m':>3} {'theory':>7} {'stage 0':>8} {'stage 1':>8} {'slowest':>8} {'slowest - theory':>17}"
+    )
     for schedule in SCHEDULES:
         for microbatches in MICROBATCHES:
             row = measure_bubble(schedule, microbatches)
             bubbles.append(row)
             stages = row["measured_by_stage"]
-            print(f"{schedule:<8} {microbatches:>3} {row['theory']:>7.3f} {stages[0]:>8.3f} {stages[1]:>8.3f} "
-                  f"{row['slowest_stage']:>8} {row['measured_slowest'] - row['theory']:>+17.3f}", flush=True)
+            print(
+                f"{schedule:<8} {microbatches:>3} {row['theory']:>7.3f} {stages[0]:>8.3f} {stages[1]:>8.3f} "
+                f"{row['slowest_stage']:>8} {row['measured_slowest'] - row['theory']:>+17.3f}",
+                flush=True,
+            )
     busbw = measure_busbw()
     print(f"\n{'bytes':>10} {'loop GB/s':>10} {'hooks GB/s':>11} {'hooks / loop':>13}")
     for row in busbw:
-        print(f"{row['bytes']:>10} {row['loop_busbw_gbps']:>10.3f} {row['hook_busbw_gbps']:>11.3f} "
-              f"{row['hook_busbw_gbps'] / row['loop_busbw_gbps']:>13.3f}")
+        print(
+            f"{row['bytes']:>10} {row['loop_busbw_gbps']:>10.3f} {row['hook_busbw_gbps']:>11.3f} "
+            f"{row['hook_busbw_gbps'] / row['loop_busbw_gbps']:>13.3f}"
+        )
     if args.json:
         args.json.write_text(json.dumps({"bubble": bubbles, "busbw": busbw}, indent=2))
 

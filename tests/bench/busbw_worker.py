@@ -36,8 +36,14 @@ def main(out_path: str) -> None:
     mesh = init_device_mesh("cpu", (world,), mesh_dim_names=("dp",))
     events: list[Event] = []
     native, why_not = from_environment()  # the kernel the suite's jobs use (the C++ one where built)
-    probe = CollectiveProbe(rank=rank, groups=GroupDirectory.from_mesh(mesh), emit=events.append,
-                            step=lambda: None, device_timing=False, native=native)
+    probe = CollectiveProbe(
+        rank=rank,
+        groups=GroupDirectory.from_mesh(mesh),
+        emit=events.append,
+        step=lambda: None,
+        device_timing=False,
+        native=native,
+    )
     rows = []
     group = mesh.get_group("dp")
     for size in SIZES_BYTES:
@@ -62,11 +68,17 @@ def main(out_path: str) -> None:
         hooked = [e.duration_s for e in events if isinstance(e, CollectiveTiming) and e.op == "all_reduce"]
         assert len(hooked) == ROUNDS * REPEATS, (len(hooked), ROUNDS * REPEATS)
         loop_s, hook_s = statistics.median(loop), statistics.median(hooked)
-        rows.append({"bytes": size, "group_size": world,
-                     "loop_busbw_gbps": busbw_gbps("all_reduce", world, size, loop_s),
-                     "hook_busbw_gbps": busbw_gbps("all_reduce", world, size, hook_s),
-                     "loop_median_s": loop_s, "hook_median_s": hook_s,
-                     "kernel": "cpp" if native is not None else f"python ({why_not or 'chosen'})"})
+        rows.append(
+            {
+                "bytes": size,
+                "group_size": world,
+                "loop_busbw_gbps": busbw_gbps("all_reduce", world, size, loop_s),
+                "hook_busbw_gbps": busbw_gbps("all_reduce", world, size, hook_s),
+                "loop_median_s": loop_s,
+                "hook_median_s": hook_s,
+                "kernel": "cpp" if native is not None else f"python ({why_not or 'chosen'})",
+            }
+        )
     if rank == 0:
         with open(out_path, "w") as out:
             json.dump(rows, out)

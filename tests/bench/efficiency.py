@@ -126,8 +126,14 @@ def median_interval(ratios: list[float]) -> tuple[float, float]:
     """The bootstrap :data:`CONFIDENCE` interval of the median of ``ratios`` (percentile method, fixed seed)."""
     if len(ratios) < 2:
         return float("nan"), float("nan")
-    found = stats.bootstrap((np.asarray(ratios),), np.median, confidence_level=CONFIDENCE, method="percentile",
-                            n_resamples=9999, random_state=np.random.default_rng(0))
+    found = stats.bootstrap(
+        (np.asarray(ratios),),
+        np.median,
+        confidence_level=CONFIDENCE,
+        method="percentile",
+        n_resamples=9999,
+        random_state=np.random.default_rng(0),
+    )
     return float(found.confidence_interval.low), float(found.confidence_interval.high)
 
 
@@ -153,8 +159,9 @@ def plain_loop(run: ResolvedRun, *, going: Callable[[], bool], warm: Callable[[]
         if not going():
             break
         starts.append(time.time_ns())
-        tokens = synthetic_tokens(step=step, seed=run.seed, batch_size=run.batch_size, seq_len=run.seq_len,
-                                  vocab_size=run.shape.vocab_size)
+        tokens = synthetic_tokens(
+            step=step, seed=run.seed, batch_size=run.batch_size, seq_len=run.seq_len, vocab_size=run.shape.vocab_size
+        )
         inputs, targets = tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()
         optimizer.zero_grad(set_to_none=True)
         loss = next_token_loss(model(inputs), targets)
@@ -191,8 +198,11 @@ class LoopProcess:
         self.out = out
         self.process = subprocess.Popen(
             [sys.executable, "-m", "tests.bench.efficiency", model, str(BATCH), str(out)],
-            stdout=subprocess.PIPE, text=True, env={**os.environ, **THREADS},
-            start_new_session=True)  # as the launcher starts torchrun: each side in a session (autogroup) of its own
+            stdout=subprocess.PIPE,
+            text=True,
+            env={**os.environ, **THREADS},
+            start_new_session=True,
+        )  # as the launcher starts torchrun: each side in a session (autogroup) of its own
 
     @property
     def pid(self) -> int:
@@ -232,8 +242,16 @@ class MeshtopJob:
 
     def _run(self, session_dir: Path, model: str) -> None:
         try:
-            self.launched = launch(session_dir, env=THREADS, control=self.control, on_events=self._on_events,
-                                   dp=1, model=model, steps=MAX_STEPS, batch_size=BATCH)
+            self.launched = launch(
+                session_dir,
+                env=THREADS,
+                control=self.control,
+                on_events=self._on_events,
+                dp=1,
+                model=model,
+                steps=MAX_STEPS,
+                batch_size=BATCH,
+            )
         except BaseException as error:  # said by wait_warm / finish, on the measuring thread
             self.error = error
         finally:
@@ -323,17 +341,32 @@ def measure(model: str, pairs: int, window_s: float = WINDOW_S) -> Row:
     periods = [len(window_periods(starts[w.side], w)) for w in windows]
     waited = [w.waited_s * 1e9 / (w.end_ns - w.start_ns) for w in windows]  # other jobs held the CPU
     tokens = run.batch_size * run.seq_len
-    return Row("efficiency", f"train {model} dp1 1 thread, {BATCH}x{run.seq_len} tok", value, "tok/s ratio",
-               Spread(len(ratios), low, high, f"{CONFIDENCE:.0%} CI"), TARGET,
-               met=bool(TARGET.met(value)) and low > CI_LOW_ABOVE,
-               note=f"meshtop {tokens / median(meshtop_s):,.0f} vs loop {tokens / median(loop_s):,.0f} tok/s; "
-                    f"pairs p25-p75 {quantile(ratios, 0.25):.3f}..{quantile(ratios, 0.75):.3f}; "
-                    f"{window_s:g} s windows, {median(periods):.0f} periods each, waiting for a CPU "
-                    f"{median(waited):.0%} of each (p50)",
-               details={"window_s": window_s, "cold_periods": COLD_PERIODS, "warmup_steps": WARMUP_STEPS,
-                        "meshtop_median_step_s": meshtop_s, "loop_median_step_s": loop_s, "pair_ratios": ratios,
-                        "periods_per_window": periods, "waited_fraction": [round(w, 3) for w in waited],
-                        "window_sides": [w.side for w in windows], "ci_low": low, "ci_high": high})
+    return Row(
+        "efficiency",
+        f"train {model} dp1 1 thread, {BATCH}x{run.seq_len} tok",
+        value,
+        "tok/s ratio",
+        Spread(len(ratios), low, high, f"{CONFIDENCE:.0%} CI"),
+        TARGET,
+        met=bool(TARGET.met(value)) and low > CI_LOW_ABOVE,
+        note=f"meshtop {tokens / median(meshtop_s):,.0f} vs loop {tokens / median(loop_s):,.0f} tok/s; "
+        f"pairs p25-p75 {quantile(ratios, 0.25):.3f}..{quantile(ratios, 0.75):.3f}; "
+        f"{window_s:g} s windows, {median(periods):.0f} periods each, waiting for a CPU "
+        f"{median(waited):.0%} of each (p50)",
+        details={
+            "window_s": window_s,
+            "cold_periods": COLD_PERIODS,
+            "warmup_steps": WARMUP_STEPS,
+            "meshtop_median_step_s": meshtop_s,
+            "loop_median_step_s": loop_s,
+            "pair_ratios": ratios,
+            "periods_per_window": periods,
+            "waited_fraction": [round(w, 3) for w in waited],
+            "window_sides": [w.side for w in windows],
+            "ci_low": low,
+            "ci_high": high,
+        },
+    )
 
 
 def rows(pairs: int = PAIRS, cases: tuple[str, ...] = CASES) -> list[Row]:
@@ -351,8 +384,7 @@ def main(argv: list[str]) -> None:
     def warm() -> None:
         print("ready", flush=True)
 
-    starts = plain_loop(single_rank(model_name, MAX_STEPS, int(batch)), going=lambda: not stopping.is_set(),
-                        warm=warm)
+    starts = plain_loop(single_rank(model_name, MAX_STEPS, int(batch)), going=lambda: not stopping.is_set(), warm=warm)
     Path(out_path).write_text(json.dumps(starts))
 
 

@@ -58,8 +58,9 @@ def overhead_plans(gpus: int) -> dict[str, dict[str, object]]:
     return {"one rank": {"dp": 1}}
 
 
-def overhead_rows(device: str = "cuda", model: str = OVERHEAD_MODEL, steps: int = OVERHEAD_STEPS,
-                  gpus: int | None = None) -> list[Row]:
+def overhead_rows(
+    device: str = "cuda", model: str = OVERHEAD_MODEL, steps: int = OVERHEAD_STEPS, gpus: int | None = None
+) -> list[Row]:
     gpus = gpus_visible() if gpus is None else gpus
     rows = []
     for label, plan in overhead_plans(gpus).items():
@@ -71,8 +72,14 @@ def overhead_rows(device: str = "cuda", model: str = OVERHEAD_MODEL, steps: int 
     return rows
 
 
-def mfu_row(device: str = "cuda", model: str = MFU_MODEL, batch_size: int = MFU_BATCH, steps: int = MFU_STEPS,
-            warmup: int = MFU_WARMUP, name: str | None = None) -> Row:
+def mfu_row(
+    device: str = "cuda",
+    model: str = MFU_MODEL,
+    batch_size: int = MFU_BATCH,
+    steps: int = MFU_STEPS,
+    warmup: int = MFU_WARMUP,
+    name: str | None = None,
+) -> Row:
     """Tokens / s of one rank after ``warmup`` steps, times FLOPs per token, over the GPU's peak."""
     with tempfile.TemporaryDirectory() as tmp:
         launched = launch(Path(tmp), device=device, dp=1, model=model, steps=steps, batch_size=batch_size)
@@ -93,11 +100,17 @@ def mfu_row(device: str = "cuda", model: str = MFU_MODEL, batch_size: int = MFU_
     total = next((e.device_total_bytes for e in memory if e.device_total_bytes), None)
     value = figure.value if figure.value is not None else float("nan")
     memory_note = f", allocator peak {peak_bytes / 2**30:.0f} of {total / 2**30:.0f} GiB" if total else ""
-    return Row("mfu", f"train {model} one rank {launched.run.dtype}, {batch_size}x{launched.run.seq_len} tok",
-               value, "of peak", Spread.of([t.tokens / t.duration_s * (flops or 0) / (peak or 1) for t in timings]),
-               NO_TARGET, note=f"{tokens_per_s:,.0f} tok/s, step {step_s * 1e3:.0f} ms, {flops or 0:.3g} FLOP/tok, "
-                               f"peak {peak or 0:.3g} FLOP/s ({name}){memory_note}",
-               details={"step_s": [t.duration_s for t in timings], "flops_per_token": flops, "peak_flops": peak})
+    return Row(
+        "mfu",
+        f"train {model} one rank {launched.run.dtype}, {batch_size}x{launched.run.seq_len} tok",
+        value,
+        "of peak",
+        Spread.of([t.tokens / t.duration_s * (flops or 0) / (peak or 1) for t in timings]),
+        NO_TARGET,
+        note=f"{tokens_per_s:,.0f} tok/s, step {step_s * 1e3:.0f} ms, {flops or 0:.3g} FLOP/tok, "
+        f"peak {peak or 0:.3g} FLOP/s ({name}){memory_note}",
+        details={"step_s": [t.duration_s for t in timings], "flops_per_token": flops, "peak_flops": peak},
+    )
 
 
 def figures() -> dict[str, Callable[[], list[Row]]]:
@@ -111,5 +124,9 @@ def figures() -> dict[str, Callable[[], list[Row]]]:
 def machine() -> dict[str, Any]:
     import torch
 
-    return {"gpus": gpus_visible(), "gpu": gpu_name(), "cuda": torch.version.cuda,
-            "nccl": ".".join(map(str, torch.cuda.nccl.version()))}
+    return {
+        "gpus": gpus_visible(),
+        "gpu": gpu_name(),
+        "cuda": torch.version.cuda,
+        "nccl": ".".join(map(str, torch.cuda.nccl.version())),
+    }

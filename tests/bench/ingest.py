@@ -62,8 +62,12 @@ def produce(address: tuple[str, int], frame: bytes, frames: int) -> None:
 def start_producer(address: tuple[str, int], frame_path: Path, frames: int) -> subprocess.Popen[str]:
     """A producer in a fresh interpreter that imports only this module (multiprocessing's spawn would import
     the suite, textual and pandas included, into each of the 8), once it is connected."""
-    producer = subprocess.Popen([sys.executable, "-m", "tests.bench.ingest", address[0], str(address[1]),
-                                 str(frame_path), str(frames)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    producer = subprocess.Popen(
+        [sys.executable, "-m", "tests.bench.ingest", address[0], str(address[1]), str(frame_path), str(frames)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     assert producer.stdout is not None and producer.stdout.readline().strip() == "ready"
     return producer
 
@@ -89,8 +93,9 @@ class Consumer:
         from meshtop.recordings.recorder import SessionRecorder
         from meshtop.runner.plan import RunSpec, resolve
 
-        run = RunDescription.from_json(resolve(RunSpec(dp=RANKS // 4, tp=2, pp=2, device="cpu"),
-                                               gpus_visible=0).describe())
+        run = RunDescription.from_json(
+            resolve(RunSpec(dp=RANKS // 4, tp=2, pp=2, device="cpu"), gpus_visible=0).describe()
+        )
         from meshtop.runner.job.console import CONSOLE_KINDS
         from meshtop.tui.sources import screen_batches
 
@@ -109,8 +114,7 @@ class Consumer:
         self.recorder.writer.close()
 
 
-def drain_until(collector: Collector, consume: Consumer, expected: int,
-                stop: threading.Event) -> tuple[int, float]:
+def drain_until(collector: Collector, consume: Consumer, expected: int, stop: threading.Event) -> tuple[int, float]:
     """Consume until ``expected`` events came (or ``stop``): how many, and when the last batch was done."""
     received, last = 0, time.perf_counter()
     while received < expected and not stop.is_set():
@@ -180,19 +184,29 @@ def row(events: list[Event], producers: int, reps: int, consumer: str, target: T
     dropped = sum(run.dropped for run in runs)
     rate = median(rates)
     met = target.met(rate)
-    return Row("ingest", f"{consumer}, {producers} producer{'s' * (producers > 1)}", rate, "events/s",
-               Spread.of(rates), target, met=None if met is None else met and not dropped,
-               note=f"{dropped:,} dropped of {sum(run.events for run in runs) + dropped:,}; "
-                    f"{len(events):,}-event frames",
-               details={"runs": [{"events": r.events, "seconds": r.seconds, "dropped": r.dropped} for r in runs]})
+    return Row(
+        "ingest",
+        f"{consumer}, {producers} producer{'s' * (producers > 1)}",
+        rate,
+        "events/s",
+        Spread.of(rates),
+        target,
+        met=None if met is None else met and not dropped,
+        note=f"{dropped:,} dropped of {sum(run.events for run in runs) + dropped:,}; {len(events):,}-event frames",
+        details={"runs": [{"events": r.events, "seconds": r.seconds, "dropped": r.dropped} for r in runs]},
+    )
 
 
 def rows(reps: int = 3) -> list[Row]:
     """The target: ``record``'s session with 8 producers; with 1 producer, to show what the 8 connections'
     threads cost; and the dashboard's session, which decodes every event."""
     events = job_events(FRAME_EVENTS)
-    return [row(events, PRODUCERS, reps, "record", TARGET), row(events, 1, reps, "record", NO_TARGET),
-            row(events, PRODUCERS, reps, "dashboard", DASHBOARD_TARGET)]
+    return [
+        row(events, PRODUCERS, reps, "record", TARGET),
+        row(events, 1, reps, "record", NO_TARGET),
+        row(events, PRODUCERS, reps, "dashboard", DASHBOARD_TARGET),
+    ]
+
 
 if __name__ == "__main__":
     host, port, frame_file, frame_count = sys.argv[1:5]

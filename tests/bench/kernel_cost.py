@@ -68,9 +68,15 @@ def worker(out_path: str) -> None:
     blocks: list[tuple[bytes, int]] = []
     native = load(build())
     probes = {
-        kernel: CollectiveProbe(rank=0, groups=groups, emit=events.append, step=lambda: 1, device_timing=False,
-                                native=native if kernel == "cpp" else None,
-                                emit_lines=lambda _kind, lines, count: blocks.append((lines, count)))
+        kernel: CollectiveProbe(
+            rank=0,
+            groups=groups,
+            emit=events.append,
+            step=lambda: 1,
+            device_timing=False,
+            native=native if kernel == "cpp" else None,
+            emit_lines=lambda _kind, lines, count: blocks.append((lines, count)),
+        )
         for kernel in ("cpp", "python")
     }
     tensor = torch.ones(1024)
@@ -116,16 +122,22 @@ def worker(out_path: str) -> None:
     time.sleep(0.05)
     cpu = time.thread_time_ns()
     probe.flush()
-    frame = encode_events(token="t", rank=0, dropped=0, events=events,
-                          blocks=[EncodedEvents("collective", 0, lines, count) for lines, count in blocks])
+    frame = encode_events(
+        token="t",
+        rank=0,
+        dropped=0,
+        events=events,
+        blocks=[EncodedEvents("collective", 0, lines, count) for lines, count in blocks],
+    )
     lines_us = (time.thread_time_ns() - cpu) / SHIPPER_OPS / 1e3
     assert sum(count for _, count in blocks) == SHIPPER_OPS and len(frame) > 200 * SHIPPER_OPS
     decoded = [event for lines, _count in blocks for event in decode_lines(lines, "collective")[0]]
     cpu = time.thread_time_ns()
     encode_events(token="t", rank=0, dropped=0, events=decoded)
     events_us = (time.thread_time_ns() - cpu) / SHIPPER_OPS / 1e3
-    Path(out_path).write_text(json.dumps({"rounds": results, "shipper": {"lines_us": lines_us,
-                                                                         "events_us": events_us}}))
+    Path(out_path).write_text(
+        json.dumps({"rounds": results, "shipper": {"lines_us": lines_us, "events_us": events_us}})
+    )
     dist.destroy_process_group()
 
 
@@ -133,9 +145,23 @@ def measure() -> dict:
     """Per path and kernel, (CPU, wall) microseconds per operation, one pair per round; and the shipper's cost."""
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "cost.json"
-        subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=1",
-                        "-m", "tests.bench.kernel_cost", "--worker", str(out)], check=True, capture_output=True,
-                       env={**os.environ, "OMP_NUM_THREADS": "1"}, timeout=600)
+        subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "torch.distributed.run",
+                "--standalone",
+                "--nproc-per-node=1",
+                "-m",
+                "tests.bench.kernel_cost",
+                "--worker",
+                str(out),
+            ],
+            check=True,
+            capture_output=True,
+            env={**os.environ, "OMP_NUM_THREADS": "1"},
+            timeout=600,
+        )
         return json.loads(out.read_text())
 
 
@@ -153,18 +179,32 @@ def rows() -> list[Row]:
         bare_wall = statistics.median(r[1] for r in rounds["none"])
         for kernel, label in (("cpp", "C++"), ("python", "Python")):
             differences = [hooked[0] - bare[0] for hooked, bare in zip(rounds[kernel], rounds["none"], strict=True)]
-            table.append(Row(
-                "overhead", f"per op, {label} kernel, {path} all_reduce 4 KiB, calling thread",
-                cost_us(rounds, kernel, 0), "us", Spread.of(differences, "p25-p75"),
-                TARGETS[path] if kernel == "cpp" else Target(),
-                note=f"CPU time; wall +{cost_us(rounds, kernel, 1):.1f} us; without hooks {bare_cpu:.0f} us CPU, "
-                     f"{bare_wall:.0f} us wall per op; {ROUND_OPS}-op rounds",
-                details={"rounds_cpu_wall_us": rounds}))
+            table.append(
+                Row(
+                    "overhead",
+                    f"per op, {label} kernel, {path} all_reduce 4 KiB, calling thread",
+                    cost_us(rounds, kernel, 0),
+                    "us",
+                    Spread.of(differences, "p25-p75"),
+                    TARGETS[path] if kernel == "cpp" else Target(),
+                    note=f"CPU time; wall +{cost_us(rounds, kernel, 1):.1f} us; without hooks {bare_cpu:.0f} us CPU, "
+                    f"{bare_wall:.0f} us wall per op; {ROUND_OPS}-op rounds",
+                    details={"rounds_cpu_wall_us": rounds},
+                )
+            )
     shipper = results["shipper"]
-    table.append(Row("overhead", "shipper thread, per collective event, C++ kernel", shipper["lines_us"], "us",
-                     Spread.of([shipper["lines_us"]]), SHIPPER_TARGET,
-                     note=f"flush (the kernel's JSON lines) + frame, {SHIPPER_OPS:,} events; as Python events "
-                          f"{shipper['events_us']:.1f} us"))
+    table.append(
+        Row(
+            "overhead",
+            "shipper thread, per collective event, C++ kernel",
+            shipper["lines_us"],
+            "us",
+            Spread.of([shipper["lines_us"]]),
+            SHIPPER_TARGET,
+            note=f"flush (the kernel's JSON lines) + frame, {SHIPPER_OPS:,} events; as Python events "
+            f"{shipper['events_us']:.1f} us",
+        )
+    )
     return table
 
 
@@ -182,8 +222,10 @@ def main() -> None:
         bare = [statistics.median(r[clock] for r in rounds["none"]) for clock in (0, 1)]
         cpp = [cost_us(rounds, "cpp", clock) for clock in (0, 1)]
         python = [cost_us(rounds, "python", clock) for clock in (0, 1)]
-        print(f"{path:<11} {bare[0]:>8.1f}/{bare[1]:<8.1f} {cpp[0]:>7.2f}/{cpp[1]:<7.2f} "
-              f"{python[0]:>8.1f}/{python[1]:<8.1f}")
+        print(
+            f"{path:<11} {bare[0]:>8.1f}/{bare[1]:<8.1f} {cpp[0]:>7.2f}/{cpp[1]:<7.2f} "
+            f"{python[0]:>8.1f}/{python[1]:<8.1f}"
+        )
     shipper = results["shipper"]
     print(f"shipper per event: C++ lines {shipper['lines_us']:.2f} us, Python events {shipper['events_us']:.2f} us")
     if args.json:

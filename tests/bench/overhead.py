@@ -64,14 +64,33 @@ def measure_script(name: str, steps_scale: float = 1.0, block: int = BLOCK) -> d
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "rec"
         done = subprocess.run(
-            [sys.executable, "-m", "meshtop.tui.cli", "record", str(out), "--", "torchrun", "--standalone",
-             f"--nproc-per-node={ranks}", str(REPO / "examples" / f"{name}.py"), "--steps", str(steps), *arguments],
-            capture_output=True, text=True, cwd=REPO,
-            env={**os.environ, OVERHEAD_BLOCK_ENV: str(block), "CUDA_VISIBLE_DEVICES": ""})
+            [
+                sys.executable,
+                "-m",
+                "meshtop.tui.cli",
+                "record",
+                str(out),
+                "--",
+                "torchrun",
+                "--standalone",
+                f"--nproc-per-node={ranks}",
+                str(REPO / "examples" / f"{name}.py"),
+                "--steps",
+                str(steps),
+                *arguments,
+            ],
+            capture_output=True,
+            text=True,
+            cwd=REPO,
+            env={**os.environ, OVERHEAD_BLOCK_ENV: str(block), "CUDA_VISIBLE_DEVICES": ""},
+        )
         assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
         timings = [e for e in events_of("step", open_recording(out).arrow("step")) if isinstance(e, StepTiming)]
-    return {"config": f"script {name}", "plan": f"torchrun {name}.py ({ranks} ranks) {' '.join(arguments)}",
-            **compare_blocks(timings, block)}
+    return {
+        "config": f"script {name}",
+        "plan": f"torchrun {name}.py ({ranks} ranks) {' '.join(arguments)}",
+        **compare_blocks(timings, block),
+    }
 
 
 def measure_config(name: str, steps_scale: float = 1.0) -> dict[str, object]:
@@ -97,17 +116,28 @@ def measure_inference(plan: dict[str, object], requests: int, block: int = BLOCK
     the prompt or the load, not on the hooks.
     """
     with tempfile.TemporaryDirectory() as tmp:
-        launched = launch(Path(tmp), env={OVERHEAD_BLOCK_ENV: str(block)}, mode="infer", requests=requests,
-                          concurrency=8, output_len="32", **plan)
+        launched = launch(
+            Path(tmp),
+            env={OVERHEAD_BLOCK_ENV: str(block)},
+            mode="infer",
+            requests=requests,
+            concurrency=8,
+            output_len="32",
+            **plan,
+        )
     assert launched.result.status == "completed", launched.result
     timings = [e for e in launched.events if isinstance(e, StepTiming)]
     decodes = {t.step for t in timings if t.tokens > 1}
-    return {"config": "infer", "plan": launched.run.plan_label(),
-            **compare_blocks(timings, block, keep=lambda step: step in decodes)}
+    return {
+        "config": "infer",
+        "plan": launched.run.plan_label(),
+        **compare_blocks(timings, block, keep=lambda step: step in decodes),
+    }
 
 
-def compare_blocks(timings: list[StepTiming], block: int,
-                   keep: Callable[[int], bool] = lambda step: True) -> dict[str, object]:
+def compare_blocks(
+    timings: list[StepTiming], block: int, keep: Callable[[int], bool] = lambda step: True
+) -> dict[str, object]:
     """median(on) / median(off) over the steps ``keep`` accepts, and the ratios of neighbouring blocks.
 
     The job's step time is the slowest rank's; the first step of each block
@@ -132,8 +162,9 @@ def compare_blocks(timings: list[StepTiming], block: int,
     return result
 
 
-def block_ratios(job_time: dict[int, float], on_flag: dict[int, bool], block: int,
-                 keep: Callable[[int], bool]) -> dict[str, Any]:
+def block_ratios(
+    job_time: dict[int, float], on_flag: dict[int, bool], block: int, keep: Callable[[int], bool]
+) -> dict[str, Any]:
     """:func:`compare_blocks` for one per-step figure of the job."""
     blocks: dict[int, list[float]] = {}
     for step, duration in job_time.items():
@@ -144,26 +175,43 @@ def block_ratios(job_time: dict[int, float], on_flag: dict[int, bool], block: in
     off = [d for b, ds in blocks.items() if not on_flag[b * block] for d in ds]
     pair_ratios = [
         statistics.median(blocks[b]) / statistics.median(blocks[b + 1])
-        for b in blocks if on_flag[b * block] and b + 1 in blocks
+        for b in blocks
+        if on_flag[b * block] and b + 1 in blocks
     ]
     return {
-        "steps_on": len(on), "steps_off": len(off),
-        "median_on_ms": statistics.median(on) * 1e3, "median_off_ms": statistics.median(off) * 1e3,
+        "steps_on": len(on),
+        "steps_off": len(off),
+        "median_on_ms": statistics.median(on) * 1e3,
+        "median_off_ms": statistics.median(off) * 1e3,
         "ratio": statistics.median(on) / statistics.median(off),
-        "pair_ratio_p25": quantile(pair_ratios, 0.25), "pair_ratio_p75": quantile(pair_ratios, 0.75),
+        "pair_ratio_p25": quantile(pair_ratios, 0.25),
+        "pair_ratio_p75": quantile(pair_ratios, 0.75),
         "pairs": len(pair_ratios),
     }
 
 
 def overhead_row(case: str, result: dict[str, Any], what: str, unit: str) -> Row:
     """A suite row of :func:`measure` or :func:`measure_inference`'s result: ``what`` is timed, in ``unit``."""
-    cpu = (f"; CPU {result['cpu_ratio']:.3f} ({result['cpu_pair_ratio_p25']:.3f}..{result['cpu_pair_ratio_p75']:.3f})"
-           if "cpu_ratio" in result else "")
-    return Row("overhead", case, float(result["ratio"]), "on/off",
-               Spread(int(result["pairs"]), float(result["pair_ratio_p25"]), float(result["pair_ratio_p75"]),
-                      "block pairs p25-p75"),
-               TARGET, details=result,
-               note=f"{what} {result['median_off_ms']:.1f} ms, {result['steps_on']}+{result['steps_off']} {unit}{cpu}")
+    cpu = (
+        f"; CPU {result['cpu_ratio']:.3f} ({result['cpu_pair_ratio_p25']:.3f}..{result['cpu_pair_ratio_p75']:.3f})"
+        if "cpu_ratio" in result
+        else ""
+    )
+    return Row(
+        "overhead",
+        case,
+        float(result["ratio"]),
+        "on/off",
+        Spread(
+            int(result["pairs"]),
+            float(result["pair_ratio_p25"]),
+            float(result["pair_ratio_p75"]),
+            "block pairs p25-p75",
+        ),
+        TARGET,
+        details=result,
+        note=f"{what} {result['median_off_ms']:.1f} ms, {result['steps_on']}+{result['steps_off']} {unit}{cpu}",
+    )
 
 
 def main() -> None:
@@ -176,17 +224,26 @@ def main() -> None:
     rows = []
     jobs: list[tuple[str, Callable[[], dict[str, Any]]]] = [
         *((name, lambda name=name: measure_config(name, args.steps_scale)) for name in args.configs.split(",") if name),
-        *((f"s:{name}", lambda name=name: measure_script(name, args.steps_scale))
-          for name in args.scripts.split(",") if name)]
-    print(f"{'config':<6} {'plan':<32} {'on ms':>8} {'off ms':>8} {'ratio':>7}  {'pairs p25..p75':>16}  n"
-          "  CPU ratio (pairs p25..p75)")
+        *(
+            (f"s:{name}", lambda name=name: measure_script(name, args.steps_scale))
+            for name in args.scripts.split(",")
+            if name
+        ),
+    ]
+    print(
+        f"{'config':<6} {'plan':<32} {'on ms':>8} {'off ms':>8} {'ratio':>7}  {'pairs p25..p75':>16}  n"
+        "  CPU ratio (pairs p25..p75)"
+    )
     for name, measured in jobs:
         row = measured()
         rows.append(row)
-        print(f"{name:<6} {row['plan']:<32} {row['median_on_ms']:>8.2f} {row['median_off_ms']:>8.2f} "
-              f"{row['ratio']:>7.3f}  {row['pair_ratio_p25']:>7.3f}..{row['pair_ratio_p75']:<7.3f}  "
-              f"{row['steps_on']}+{row['steps_off']}  CPU {row['cpu_ratio']:.3f} "
-              f"({row['cpu_pair_ratio_p25']:.3f}..{row['cpu_pair_ratio_p75']:.3f})", flush=True)
+        print(
+            f"{name:<6} {row['plan']:<32} {row['median_on_ms']:>8.2f} {row['median_off_ms']:>8.2f} "
+            f"{row['ratio']:>7.3f}  {row['pair_ratio_p25']:>7.3f}..{row['pair_ratio_p75']:<7.3f}  "
+            f"{row['steps_on']}+{row['steps_off']}  CPU {row['cpu_ratio']:.3f} "
+            f"({row['cpu_pair_ratio_p25']:.3f}..{row['cpu_pair_ratio_p75']:.3f})",
+            flush=True,
+        )
     if args.json:
         args.json.write_text(json.dumps(rows, indent=2))
 

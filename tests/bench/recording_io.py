@@ -118,14 +118,42 @@ def measure(count: int, reps: int) -> list[Row]:
     millions = count / 1e6
     write_rates = [BATCH / s for s in batch_s]
     return [
-        Row("recordings", f"bytes/event, {label}", parquet_bytes / count, "B/event", Spread(1, parquet_bytes / count,
-            parquet_bytes / count), NO_TARGET, note=f"Parquet zstd; JSON lines while recording {jsonl_bytes / count:.0f} B"),
-        Row("recordings", f"write, {label}", count / sum(batch_s), "events/s", Spread.of(write_rates, "p25-p75"),
-            NO_TARGET, note=f"per {BATCH:,}-event batch; then compact {compact_s:.1f} s"),
-        Row("recordings", f"load, {label}", median(load_s) / millions, "s per M events",
-            Spread.of([s / millions for s in load_s]), LOAD_TARGET, note=f"{median(load_s):.2f} s in all"),
-        Row("recordings", f"summary, {label}", median(summary_s), "s",
-            Spread.of(summary_s), SUMMARY_TARGETS.get(count, NO_TARGET), note="open + summarize, load included"),
+        Row(
+            "recordings",
+            f"bytes/event, {label}",
+            parquet_bytes / count,
+            "B/event",
+            Spread(1, parquet_bytes / count, parquet_bytes / count),
+            NO_TARGET,
+            note=f"Parquet zstd; JSON lines while recording {jsonl_bytes / count:.0f} B",
+        ),
+        Row(
+            "recordings",
+            f"write, {label}",
+            count / sum(batch_s),
+            "events/s",
+            Spread.of(write_rates, "p25-p75"),
+            NO_TARGET,
+            note=f"per {BATCH:,}-event batch; then compact {compact_s:.1f} s",
+        ),
+        Row(
+            "recordings",
+            f"load, {label}",
+            median(load_s) / millions,
+            "s per M events",
+            Spread.of([s / millions for s in load_s]),
+            LOAD_TARGET,
+            note=f"{median(load_s):.2f} s in all",
+        ),
+        Row(
+            "recordings",
+            f"summary, {label}",
+            median(summary_s),
+            "s",
+            Spread.of(summary_s),
+            SUMMARY_TARGETS.get(count, NO_TARGET),
+            note="open + summarize, load included",
+        ),
     ]
 
 

@@ -77,11 +77,27 @@ def rows(reps: int = 5) -> list[Row]:
             shares.append((used_s - base_s) / WINDOW_S * 100)
             thread_shares.append(thread_s / WINDOW_S * 100)
             events += count
-    gpu_note = (f"NVML {nvml.state}" + (f" ({nvml.detail})" if nvml.detail else "") + ": the GPU sampler only ticks"
-                if nvml.state != "ok" else f"NVML ok, {len(nvml.handles)} GPU(s)")
+    gpu_note = (
+        f"NVML {nvml.state}" + (f" ({nvml.detail})" if nvml.detail else "") + ": the GPU sampler only ticks"
+        if nvml.state != "ok"
+        else f"NVML ok, {len(nvml.handles)} GPU(s)"
+    )
     nvml.close()
-    return [Row("samplers", f"NVML {DEFAULT_GPU_HZ:g} Hz + psutil {DEFAULT_PROCESS_HZ:g} Hz x {WATCHED} procs",
-                median(shares), "% of a core", Spread.of(shares), TARGET,
-                note=f"{gpu_note}; sampler threads {median(thread_shares):.3f} %",
-                details={"window_s": WINDOW_S, "process_share_pct": shares, "thread_share_pct": thread_shares,
-                         "events": events, "nvml_state": nvml.state})]
+    return [
+        Row(
+            "samplers",
+            f"NVML {DEFAULT_GPU_HZ:g} Hz + psutil {DEFAULT_PROCESS_HZ:g} Hz x {WATCHED} procs",
+            median(shares),
+            "% of a core",
+            Spread.of(shares),
+            TARGET,
+            note=f"{gpu_note}; sampler threads {median(thread_shares):.3f} %",
+            details={
+                "window_s": WINDOW_S,
+                "process_share_pct": shares,
+                "thread_share_pct": thread_shares,
+                "events": events,
+                "nvml_state": nvml.state,
+            },
+        )
+    ]

@@ -28,18 +28,52 @@ CONCURRENCY = (2, 16)
 METRICS = ("ttft_p50_ms", "tpot_p50_ms", "e2e_p50_ms", "output_tokens_per_s")
 
 
-def serve_once(out: Path, plan: list[str], *, model: str, requests: int, concurrency: int, prompt_len: int,
-               output_len: int, device: str) -> dict[str, float]:
-    argv = [sys.executable, "-m", "meshtop.tui.cli", "record", str(out), "--mode", "infer", "--device", device,
-            "--model", model, "--requests", str(requests), "--concurrency", str(concurrency),
-            "--prompt-len", str(prompt_len), "--output-len", str(output_len), "--max-batch", "16", *plan]
+def serve_once(
+    out: Path,
+    plan: list[str],
+    *,
+    model: str,
+    requests: int,
+    concurrency: int,
+    prompt_len: int,
+    output_len: int,
+    device: str,
+) -> dict[str, float]:
+    argv = [
+        sys.executable,
+        "-m",
+        "meshtop.tui.cli",
+        "record",
+        str(out),
+        "--mode",
+        "infer",
+        "--device",
+        device,
+        "--model",
+        model,
+        "--requests",
+        str(requests),
+        "--concurrency",
+        str(concurrency),
+        "--prompt-len",
+        str(prompt_len),
+        "--output-len",
+        str(output_len),
+        "--max-batch",
+        "16",
+        *plan,
+    ]
     done = subprocess.run(argv, capture_output=True, text=True, timeout=900)
     if done.returncode != 0:
         raise SystemExit(f"{' '.join(argv)} failed:\n{done.stdout}{done.stderr}")
     figures = summarize(open_recording(out))["requests"]
     assert figures["completed"] == requests, figures
-    return {"ttft_p50_ms": figures["ttft_s"]["p50"] * 1e3, "tpot_p50_ms": figures["tpot_s"]["p50"] * 1e3,
-            "e2e_p50_ms": figures["e2e_s"]["p50"] * 1e3, "output_tokens_per_s": figures["output_tokens_per_s"]}
+    return {
+        "ttft_p50_ms": figures["ttft_s"]["p50"] * 1e3,
+        "tpot_p50_ms": figures["tpot_s"]["p50"] * 1e3,
+        "e2e_p50_ms": figures["e2e_s"]["p50"] * 1e3,
+        "output_tokens_per_s": figures["output_tokens_per_s"],
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -57,11 +91,24 @@ def main(argv: list[str] | None = None) -> int:
         for rep in range(args.reps):
             for (plan, concurrency), results in runs.items():
                 out = Path(tmp) / f"{plan}-c{concurrency}-{rep}"
-                results.append(serve_once(out, PLANS[plan], model=args.model, requests=args.requests,
-                                          concurrency=concurrency, prompt_len=args.prompt_len,
-                                          output_len=args.output_len, device=args.device))
-                print(f"  rep {rep + 1}/{args.reps} {plan} c={concurrency}: "
-                      f"{results[-1]['output_tokens_per_s']:.0f} tok/s", file=sys.stderr, flush=True)
+                results.append(
+                    serve_once(
+                        out,
+                        PLANS[plan],
+                        model=args.model,
+                        requests=args.requests,
+                        concurrency=concurrency,
+                        prompt_len=args.prompt_len,
+                        output_len=args.output_len,
+                        device=args.device,
+                    )
+                )
+                print(
+                    f"  rep {rep + 1}/{args.reps} {plan} c={concurrency}: "
+                    f"{results[-1]['output_tokens_per_s']:.0f} tok/s",
+                    file=sys.stderr,
+                    flush=True,
+                )
     rows: list[dict[str, Any]] = []
     for (plan, concurrency), results in runs.items():
         row: dict[str, Any] = {"plan": plan, "concurrency": concurrency, "reps": len(results)}
@@ -72,13 +119,19 @@ def main(argv: list[str] | None = None) -> int:
     base = {r["concurrency"]: r for r in rows if r["plan"] == "dp2"}
     for row in rows:
         row["vs_dp2"] = {name: row[name]["median"] / base[row["concurrency"]][name]["median"] for name in METRICS}
-    print(f"serving: model {args.model}, {args.requests} requests, prompt {args.prompt_len}, output "
-          f"{args.output_len}, 2 {args.device} ranks each, {args.reps} interleaved repetitions (median, min-max)")
-    print(f"{'plan':<6}{'C':>4}{'TTFT p50 ms':>22}{'TPOT p50 ms':>22}{'e2e p50 ms':>24}{'output tok/s':>20}"
-          f"{'tok/s vs dp2':>14}")
+    print(
+        f"serving: model {args.model}, {args.requests} requests, prompt {args.prompt_len}, output "
+        f"{args.output_len}, 2 {args.device} ranks each, {args.reps} interleaved repetitions (median, min-max)"
+    )
+    print(
+        f"{'plan':<6}{'C':>4}{'TTFT p50 ms':>22}{'TPOT p50 ms':>22}{'e2e p50 ms':>24}{'output tok/s':>20}"
+        f"{'tok/s vs dp2':>14}"
+    )
     for row in rows:
-        cells = "".join(f"{row[n]['median']:>9.1f} ({row[n]['min']:.0f}-{row[n]['max']:.0f})".rjust(w)
-                        for n, w in zip(METRICS, (22, 22, 24, 20)))
+        cells = "".join(
+            f"{row[n]['median']:>9.1f} ({row[n]['min']:.0f}-{row[n]['max']:.0f})".rjust(w)
+            for n, w in zip(METRICS, (22, 22, 24, 20))
+        )
         print(f"{row['plan']:<6}{row['concurrency']:>4}{cells}{row['vs_dp2']['output_tokens_per_s']:>14.2f}")
     if args.json is not None:
         args.json.write_text(json.dumps({"model": args.model, "requests": args.requests, "rows": rows}, indent=2))

@@ -83,25 +83,37 @@ def tui_rows() -> list[Row]:
 
 
 def tui_row(ranks: int, size: tuple[int, int]) -> Row:
-    result = asyncio.run(tui_frames.measure(ranks, size, TUI_SECONDS, tui_frames.RATE,
-                                            tui_frames.SCREEN_BACKLOG, None))
+    result = asyncio.run(tui_frames.measure(ranks, size, TUI_SECONDS, tui_frames.RATE, tui_frames.SCREEN_BACKLOG, None))
     full = result["full_ms"]
     limit = tui_frames.TARGETS_MS.get((ranks, size))
     target = Target(high=limit) if limit is not None else NO_TARGET
-    return Row("tui", f"frame p99, {ranks} ranks {result['size']}", full["p99"], "ms",
-               Spread(int(result["frames"]), full["p50"], full["max"], "frames p50-max"), target,
-               note=f"applied {result['applied_per_s']:,.0f}/s, dropped {result['dropped']:,}, "
-                    f"worst view {result['worst_view']}", details=result)
+    return Row(
+        "tui",
+        f"frame p99, {ranks} ranks {result['size']}",
+        full["p99"],
+        "ms",
+        Spread(int(result["frames"]), full["p50"], full["max"], "frames p50-max"),
+        target,
+        note=f"applied {result['applied_per_s']:,.0f}/s, dropped {result['dropped']:,}, "
+        f"worst view {result['worst_view']}",
+        details=result,
+    )
 
 
 def bubble_row(schedule: str, microbatches: int) -> Row:
     result = accuracy.measure_bubble(schedule, microbatches)
     theory = float(result["theory"])
     ratios = [value / theory for value in result["slowest_by_step"]]
-    return Row("accuracy", f"bubble {schedule} pp2 m={microbatches} / theory {theory:.3f}",
-               float(result["measured_slowest"]) / theory, "ratio", Spread.of(ratios),
-               Target((theory - BELOW) / theory, (theory + SLOWEST_ABOVE) / theory),  # the test's bounds
-               note=f"slowest stage {result['slowest_stage']}, median of steps 1-9", details=result)
+    return Row(
+        "accuracy",
+        f"bubble {schedule} pp2 m={microbatches} / theory {theory:.3f}",
+        float(result["measured_slowest"]) / theory,
+        "ratio",
+        Spread.of(ratios),
+        Target((theory - BELOW) / theory, (theory + SLOWEST_ABOVE) / theory),  # the test's bounds
+        note=f"slowest stage {result['slowest_stage']}, median of steps 1-9",
+        details=result,
+    )
 
 
 def busbw_rows() -> list[Row]:
@@ -112,11 +124,19 @@ def busbw_rows() -> list[Row]:
         ratios = [run[index]["hook_busbw_gbps"] / run[index]["loop_busbw_gbps"] for run in runs]
         small = size < BUSBW_TARGET_FROM
         gap_ms = median([(run[index]["loop_median_s"] - run[index]["hook_median_s"]) * 1e3 for run in runs])
-        rows.append(Row("accuracy", f"busbw all_reduce {size >> 10:,} KiB, hooks / loop", median(ratios), "ratio",
-                        Spread.of(ratios), NO_TARGET if small else BUSBW_TARGET,
-                        note=f"{median([run[index]['hook_busbw_gbps'] for run in runs]):.2f} GB/s; loop - hooks "
-                             f"{gap_ms:.2f} ms" + (" (the loop times the Python call too)" if small else ""),
-                        details={"runs": [run[index] for run in runs]}))
+        rows.append(
+            Row(
+                "accuracy",
+                f"busbw all_reduce {size >> 10:,} KiB, hooks / loop",
+                median(ratios),
+                "ratio",
+                Spread.of(ratios),
+                NO_TARGET if small else BUSBW_TARGET,
+                note=f"{median([run[index]['hook_busbw_gbps'] for run in runs]):.2f} GB/s; loop - hooks "
+                f"{gap_ms:.2f} ms" + (" (the loop times the Python call too)" if small else ""),
+                details={"runs": [run[index] for run in runs]},
+            )
+        )
     return rows
 
 
@@ -145,22 +165,31 @@ def format_value(value: float) -> str:
 
 def table(rows: list[Row]) -> str:
     """The suite's one table."""
-    header = (f"{'figure':<10} {'case':<44} {'value':>10} {'unit':<14} {'n':>5} {'spread':<24} "
-              f"{'target':<12} {'met':<4} note")
+    header = (
+        f"{'figure':<10} {'case':<44} {'value':>10} {'unit':<14} {'n':>5} {'spread':<24} {'target':<12} {'met':<4} note"
+    )
     lines = [header, "-" * len(header)]
     for row in rows:
         spread = f"{format_value(row.spread.low)}..{format_value(row.spread.high)} {row.spread.kind}"
         met = "-" if row.met is None else ("yes" if row.met else "NO")
-        lines.append(f"{row.figure:<10} {row.case:<44} {format_value(row.value):>10} {row.unit:<14} "
-                     f"{row.spread.reps:>5} {spread:<24} {row.target!s:<12} {met:<4} {row.note}")
+        lines.append(
+            f"{row.figure:<10} {row.case:<44} {format_value(row.value):>10} {row.unit:<14} "
+            f"{row.spread.reps:>5} {spread:<24} {row.target!s:<12} {met:<4} {row.note}"
+        )
     return "\n".join(lines)
 
 
 def machine() -> dict[str, Any]:
     import torch
 
-    return {"cpus": os.cpu_count(), "affinity": len(os.sched_getaffinity(0)), "platform": platform.platform(),
-            "processor": platform.processor(), "python": platform.python_version(), "torch": torch.__version__}
+    return {
+        "cpus": os.cpu_count(),
+        "affinity": len(os.sched_getaffinity(0)),
+        "platform": platform.platform(),
+        "processor": platform.processor(),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -168,8 +197,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", type=Path, help="also write the table (and every figure's details) as JSON")
     parser.add_argument("--full", action="store_true", help="also measure a 10 M-event recording")
     parser.add_argument("--only", help="comma-separated figures to run (default: all)")
-    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
-                        help="cuda: the GPU figures (tests/bench/gpu.py) instead of the CPU ones")
+    parser.add_argument(
+        "--device",
+        choices=("cpu", "cuda"),
+        default="cpu",
+        help="cuda: the GPU figures (tests/bench/gpu.py) instead of the CPU ones",
+    )
     args = parser.parse_args(argv)
     if args.device == "cuda":
         from tests.bench import gpu
@@ -194,9 +227,20 @@ def main(argv: list[str] | None = None) -> int:
         """The figures so far, written after each one: a run cut short (a device call's time limit) keeps them."""
         if args.json:
             tmp = args.json.with_suffix(".tmp")
-            tmp.write_text(json.dumps({"machine": described, "full": args.full, "complete": complete,
-                                       "seconds": seconds, "total_s": time.perf_counter() - started,
-                                       "rows": [row.to_json() for row in rows]}, indent=2) + "\n")
+            tmp.write_text(
+                json.dumps(
+                    {
+                        "machine": described,
+                        "full": args.full,
+                        "complete": complete,
+                        "seconds": seconds,
+                        "total_s": time.perf_counter() - started,
+                        "rows": [row.to_json() for row in rows],
+                    },
+                    indent=2,
+                )
+                + "\n"
+            )
             tmp.replace(args.json)
 
     for name in names:
@@ -211,8 +255,10 @@ def main(argv: list[str] | None = None) -> int:
     total = time.perf_counter() - started
     print(table(rows))
     met = [row for row in rows if row.met is not None]
-    print(f"\n{sum(bool(row.met) for row in met)} of {len(met)} targets met; {total:.0f} s in all "
-          f"({', '.join(f'{name} {s:.0f} s' for name, s in seconds.items())})")
+    print(
+        f"\n{sum(bool(row.met) for row in met)} of {len(met)} targets met; {total:.0f} s in all "
+        f"({', '.join(f'{name} {s:.0f} s' for name, s in seconds.items())})"
+    )
     write_json(complete=True)
     return 0
 

@@ -96,7 +96,14 @@ from textual.widgets import TabbedContent
 
 from meshtop.probes.arrivals import Arrivals, EncodedEvents, encode_lines
 from meshtop.probes.events import (
-    CollectiveTiming, Event, GpuSample, MemorySnapshot, ProcessSample, RankStarted, StageAction, StepTiming,
+    CollectiveTiming,
+    Event,
+    GpuSample,
+    MemorySnapshot,
+    ProcessSample,
+    RankStarted,
+    StageAction,
+    StepTiming,
 )
 from meshtop.recordings.manifest import Model, Plan, RunDescription
 from meshtop.recordings.replay import in_kind_order
@@ -132,8 +139,9 @@ STRAGGLER = 5
 """This rank computes slower (its peers wait for it in the dp all_reduce)."""
 
 
-def one_f_one_b(pp: int, microbatches: int, forward: float = 1.0, backward: float = 2.0
-                ) -> list[list[tuple[str, int, float, float]]]:
+def one_f_one_b(
+    pp: int, microbatches: int, forward: float = 1.0, backward: float = 2.0
+) -> list[list[tuple[str, int, float, float]]]:
     """Per stage: (action, microbatch, start, end) of a 1F1B schedule, as shares of its span."""
     order = []
     for stage in range(pp):
@@ -155,8 +163,7 @@ def one_f_one_b(pp: int, microbatches: int, forward: float = 1.0, backward: floa
                 if action == "forward":
                     ready = ends.get((stage - 1, "forward", m)) if stage > 0 else 0.0
                 else:
-                    ready = (ends.get((stage + 1, "backward", m)) if stage < pp - 1
-                             else ends.get((stage, "forward", m)))
+                    ready = ends.get((stage + 1, "backward", m)) if stage < pp - 1 else ends.get((stage, "forward", m))
                 if ready is None:
                     break
                 start = max(free[stage], ready)
@@ -187,8 +194,15 @@ def encoded(events: list[Event]) -> Arrivals:
 class SyntheticSource:
     """A dp x tp2 x pp2 job of ``ranks`` ranks producing ``rate`` events/s, behind the Source protocol."""
 
-    def __init__(self, ranks: int, *, rate: float = RATE, warm_events: int = WARM_EVENTS,
-                 backlog: int = SCREEN_BACKLOG, seed: int = 0) -> None:
+    def __init__(
+        self,
+        ranks: int,
+        *,
+        rate: float = RATE,
+        warm_events: int = WARM_EVENTS,
+        backlog: int = SCREEN_BACKLOG,
+        seed: int = 0,
+    ) -> None:
         if ranks % (TP * PP):
             raise ValueError(f"ranks must be a multiple of {TP * PP}")
         self.ranks, self.rate, self.dp = ranks, rate, ranks // (TP * PP)
@@ -200,12 +214,37 @@ class SyntheticSource:
             raise ValueError(f"{rate} events/s cannot carry {ranks} ranks' samples alone")
         self.step_s = 1.0 / self.steps_per_s
         self.description = RunDescription(
-            plan=Plan(dp=self.dp, tp=TP, pp=PP, fsdp=False, world_size=ranks, schedule="1f1b",
-                      microbatches=MICROBATCHES, label=f"dp{self.dp} x tp{TP} x pp{PP} (1f1b, {MICROBATCHES} mb)"),
-            mode="train", model=Model(name="synthetic", n_layers=16, dim=2048, n_heads=16, n_kv_heads=8,
-                                      ffn_dim=8192, vocab_size=32000, default_seq_len=2048, parameters=int(1e9)),
-            dtype="bf16", device="cuda", steps=100_000, batch_size=self.dp * MICROBATCHES, microbatch_size=1,
-            seq_len=2048, seed=0, instrumented=True)
+            plan=Plan(
+                dp=self.dp,
+                tp=TP,
+                pp=PP,
+                fsdp=False,
+                world_size=ranks,
+                schedule="1f1b",
+                microbatches=MICROBATCHES,
+                label=f"dp{self.dp} x tp{TP} x pp{PP} (1f1b, {MICROBATCHES} mb)",
+            ),
+            mode="train",
+            model=Model(
+                name="synthetic",
+                n_layers=16,
+                dim=2048,
+                n_heads=16,
+                n_kv_heads=8,
+                ffn_dim=8192,
+                vocab_size=32000,
+                default_seq_len=2048,
+                parameters=int(1e9),
+            ),
+            dtype="bf16",
+            device="cuda",
+            steps=100_000,
+            batch_size=self.dp * MICROBATCHES,
+            microbatch_size=1,
+            seq_len=2048,
+            seed=0,
+            instrumented=True,
+        )
         self.recording: str | None = None
         self.error: BaseException | None = None
         self.backlog = ScreenBacklog(backlog)
@@ -245,9 +284,18 @@ class SyntheticSource:
         origin, step_ns = self._origin_ns, int(self.step_s * 1e9)
         for rank in range(self.ranks):
             pp, dp, tp = self._layout(rank)
-            yield RankStarted(rank=rank, pid=10_000 + rank, host=f"node{rank // 8}", device=f"cuda:{rank % 8}",
-                              pp_rank=pp, dp_rank=dp, tp_rank=tp, stages=(pp,),
-                              local_parameters=int(1e9) // (TP * PP), wall_ns=origin)
+            yield RankStarted(
+                rank=rank,
+                pid=10_000 + rank,
+                host=f"node{rank // 8}",
+                device=f"cuda:{rank % 8}",
+                pp_rank=pp,
+                dp_rank=dp,
+                tp_rank=tp,
+                stages=(pp,),
+                local_parameters=int(1e9) // (TP * PP),
+                wall_ns=origin,
+            )
         schedule = one_f_one_b(PP, MICROBATCHES)
         tokens = self.dp * MICROBATCHES * (self.description.seq_len or 0)
         process_due = gpu_due = 0.0
@@ -262,19 +310,36 @@ class SyntheticSource:
                 process_due -= 1
                 rank = next_process % self.ranks
                 wall = start + int(rng.random() * step_ns)
-                yield ProcessSample(rank=rank, pid=10_000 + rank, wall_ns=wall, cpu_pct=95 + rng.random() * 10,
-                                    rss_bytes=8_000_000_000 + rank * 1_000_000, threads=40)
+                yield ProcessSample(
+                    rank=rank,
+                    pid=10_000 + rank,
+                    wall_ns=wall,
+                    cpu_pct=95 + rng.random() * 10,
+                    rss_bytes=8_000_000_000 + rank * 1_000_000,
+                    threads=40,
+                )
                 next_process += 1
             while gpu_due >= 1:
                 gpu_due -= 1
                 gpu = next_gpu % self.gpus
                 wall = start + int(rng.random() * step_ns)
                 used = 130e9 if gpu == 3 else 100e9 + rng.random() * 1e9  # GPU 3 short of headroom
-                yield GpuSample(gpu=gpu, wall_ns=wall, name="NVIDIA H200", memory_used_bytes=int(used),
-                                memory_total_bytes=141_000_000_000, utilization_pct=80 + rng.random() * 20,
-                                memory_utilization_pct=40.0, power_w=500 + rng.random() * 150,
-                                sm_clock_mhz=1980.0, temperature_c=60 + rng.random() * 10, pcie_tx_bytes_per_s=1e9,
-                                pcie_rx_bytes_per_s=1e9, nvlink_tx_bytes_per_s=200e9, nvlink_rx_bytes_per_s=200e9)
+                yield GpuSample(
+                    gpu=gpu,
+                    wall_ns=wall,
+                    name="NVIDIA H200",
+                    memory_used_bytes=int(used),
+                    memory_total_bytes=141_000_000_000,
+                    utilization_pct=80 + rng.random() * 20,
+                    memory_utilization_pct=40.0,
+                    power_w=500 + rng.random() * 150,
+                    sm_clock_mhz=1980.0,
+                    temperature_c=60 + rng.random() * 10,
+                    pcie_tx_bytes_per_s=1e9,
+                    pcie_rx_bytes_per_s=1e9,
+                    nvlink_tx_bytes_per_s=200e9,
+                    nvlink_rx_bytes_per_s=200e9,
+                )
                 next_gpu += 1
             jitter = 1 + (rng.random() - 0.5) * 0.06
             duration_s = self.step_s * jitter
@@ -282,8 +347,15 @@ class SyntheticSource:
                 yield from self._rank_step(rank, step, start, duration_s, schedule, tokens)
             step += 1
 
-    def _rank_step(self, rank: int, step: int, start: int, duration_s: float,
-                   schedule: list[list[tuple[str, int, float, float]]], tokens: int) -> Iterable[Event]:
+    def _rank_step(
+        self,
+        rank: int,
+        step: int,
+        start: int,
+        duration_s: float,
+        schedule: list[list[tuple[str, int, float, float]]],
+        tokens: int,
+    ) -> Iterable[Event]:
         pp, dp, tp = self._layout(rank)
         d_ns = duration_s * 1e9
         fb_ns = FB_SHARE * d_ns
@@ -297,36 +369,94 @@ class SyntheticSource:
             yield StageAction(rank=rank, step=step, stage=pp, microbatch=m, action=action, start_ns=s, end_ns=e)
             if action == "forward":
                 mid = (s + e) // 2
-                yield CollectiveTiming(rank=rank, step=step, op="all_reduce", group="tp", group_size=TP, peer=None,
-                                       bytes=8 << 20, dtype="bfloat16", start_ns=mid,
-                                       end_ns=mid + int(0.005 * d_ns), clock="cuda_events")
+                yield CollectiveTiming(
+                    rank=rank,
+                    step=step,
+                    op="all_reduce",
+                    group="tp",
+                    group_size=TP,
+                    peer=None,
+                    bytes=8 << 20,
+                    dtype="bfloat16",
+                    start_ns=mid,
+                    end_ns=mid + int(0.005 * d_ns),
+                    clock="cuda_events",
+                )
             sends = (pp == 0 and action == "forward") or (pp == PP - 1 and action == "backward")
             receives = not sends
             peer = rank + group_stride if pp == 0 else rank - group_stride
             if sends:
-                yield CollectiveTiming(rank=rank, step=step, op="send", group="pp", group_size=PP, peer=peer,
-                                       bytes=8 << 20, dtype="bfloat16", start_ns=e, end_ns=e + int(0.003 * d_ns),
-                                       clock="cuda_events")
+                yield CollectiveTiming(
+                    rank=rank,
+                    step=step,
+                    op="send",
+                    group="pp",
+                    group_size=PP,
+                    peer=peer,
+                    bytes=8 << 20,
+                    dtype="bfloat16",
+                    start_ns=e,
+                    end_ns=e + int(0.003 * d_ns),
+                    clock="cuda_events",
+                )
             elif receives:
-                yield CollectiveTiming(rank=rank, step=step, op="recv", group="pp", group_size=PP, peer=peer,
-                                       bytes=8 << 20, dtype="bfloat16", start_ns=s - int(0.003 * d_ns), end_ns=s,
-                                       clock="cuda_events")
+                yield CollectiveTiming(
+                    rank=rank,
+                    step=step,
+                    op="recv",
+                    group="pp",
+                    group_size=PP,
+                    peer=peer,
+                    bytes=8 << 20,
+                    dtype="bfloat16",
+                    start_ns=s - int(0.003 * d_ns),
+                    end_ns=s,
+                    clock="cuda_events",
+                )
         wait = 0.0 if rank == STRAGGLER else 0.12  # everyone else waits for the straggler
         for bucket, first in enumerate((0.62, 0.80)):
-            yield CollectiveTiming(rank=rank, step=step, op="all_reduce", group="dp", group_size=self.dp,
-                                   peer=None, bytes=250 << 20, dtype="bfloat16", start_ns=at(first),
-                                   end_ns=at(first + 0.03 + wait * (bucket == 0)), clock="cuda_events")
-        yield StepTiming(rank=rank, step=step, start_ns=start, duration_s=duration_s, tokens=tokens,
-                         loss=(2 + 8 * math.exp(-step / 2000)) if pp == PP - 1 else None,
-                         forward_backward_s=fb_ns / 1e9, pipeline_wait_s=None)
+            yield CollectiveTiming(
+                rank=rank,
+                step=step,
+                op="all_reduce",
+                group="dp",
+                group_size=self.dp,
+                peer=None,
+                bytes=250 << 20,
+                dtype="bfloat16",
+                start_ns=at(first),
+                end_ns=at(first + 0.03 + wait * (bucket == 0)),
+                clock="cuda_events",
+            )
+        yield StepTiming(
+            rank=rank,
+            step=step,
+            start_ns=start,
+            duration_s=duration_s,
+            tokens=tokens,
+            loss=(2 + 8 * math.exp(-step / 2000)) if pp == PP - 1 else None,
+            forward_backward_s=fb_ns / 1e9,
+            pipeline_wait_s=None,
+        )
         weights, optimizer = 500_000_000, 3_000_000_000
         activations = 20_000_000_000 + (rank % 8) * 500_000_000
         peak = 2 * weights + optimizer + activations
-        yield MemorySnapshot(rank=rank, step=step, wall_ns=at(1.0), weights_bytes=weights, grads_bytes=weights,
-                             optimizer_bytes=optimizer, activations_bytes=activations, kv_cache_bytes=None,
-                             allocated_bytes=2 * weights + optimizer, reserved_bytes=peak + 2_000_000_000,
-                             peak_allocated_bytes=peak, device_used_bytes=peak + 3_000_000_000,
-                             device_total_bytes=141_000_000_000, rss_bytes=8_000_000_000)
+        yield MemorySnapshot(
+            rank=rank,
+            step=step,
+            wall_ns=at(1.0),
+            weights_bytes=weights,
+            grads_bytes=weights,
+            optimizer_bytes=optimizer,
+            activations_bytes=activations,
+            kv_cache_bytes=None,
+            allocated_bytes=2 * weights + optimizer,
+            reserved_bytes=peak + 2_000_000_000,
+            peak_allocated_bytes=peak,
+            device_used_bytes=peak + 3_000_000_000,
+            device_total_bytes=141_000_000_000,
+            rss_bytes=8_000_000_000,
+        )
 
     # -- the producer ----------------------------------------------------------------
 
@@ -353,8 +483,9 @@ class SyntheticSource:
 
     def start(self) -> None:
         shipment = max(1, int(self.rate * SHIP_S))
-        self._shipments.extend((shipment, encoded(list(islice(self._stream, shipment))))
-                               for _ in range(int(ENCODED_S / SHIP_S)))
+        self._shipments.extend(
+            (shipment, encoded(list(islice(self._stream, shipment)))) for _ in range(int(ENCODED_S / SHIP_S))
+        )
         self._started_ns = time.time_ns()
         self._thread.start()
 
@@ -471,6 +602,7 @@ class Stopwatch:
                 spent[part] += took
                 if running:
                     spent[running[-1]] -= took
+
         return timed
 
 
@@ -490,7 +622,8 @@ class BenchApp(MeshtopApp):
         screen = self.screen  # the dashboard's: Textual calls these on the instance
         screen._refresh_layout = self.stopwatch.timer("layout", screen._refresh_layout)  # type: ignore[method-assign]
         screen._compositor_refresh = self.stopwatch.timer(  # type: ignore[method-assign]
-            "render", screen._compositor_refresh)
+            "render", screen._compositor_refresh
+        )
 
     def frame(self) -> None:
         began, idle = time.perf_counter(), self.meter.idle_s
@@ -510,12 +643,22 @@ class BenchApp(MeshtopApp):
 
 def summary_ms(values: list[float]) -> dict[str, float]:
     """p50, p99 (the metrics core's quantile) and max of frame times, in ms."""
-    return {"p50": quantile(values, 0.5) * 1e3, "p99": quantile(values, 0.99) * 1e3,
-            "max": max(values, default=math.nan) * 1e3}
+    return {
+        "p50": quantile(values, 0.5) * 1e3,
+        "p99": quantile(values, 0.99) * 1e3,
+        "max": max(values, default=math.nan) * 1e3,
+    }
 
 
-async def measure(ranks: int, size: tuple[int, int], seconds: float, rate: float, backlog: int,
-                  profile: cProfile.Profile | None, gc_freeze: bool = False) -> dict[str, Any]:
+async def measure(
+    ranks: int,
+    size: tuple[int, int],
+    seconds: float,
+    rate: float,
+    backlog: int,
+    profile: cProfile.Profile | None,
+    gc_freeze: bool = False,
+) -> dict[str, Any]:
     meter = IdleMeter(asyncio.get_running_loop())
     gc_meter = GcMeter()
     presses: list[float] = []
@@ -572,31 +715,54 @@ async def measure(ranks: int, size: tuple[int, int], seconds: float, rate: float
         parts = {part: spent1[part] - spent0[part] for part in Stopwatch.PARTS}
         parts_s.append({**parts, "other": full - sum(parts.values())})
         gc_in = [(g, pause) for (g, pause), at in zip(gc_pauses, gc_started, strict=True) if t0 <= at < t1]
-        steady.append({"full_ms": full * 1e3, "view": view, "after_switch": since_switch,
-                       "parts_ms": {part: ms * 1e3 for part, ms in parts_s[-1].items()},
-                       "gc_ms": [round(pause * 1e3, 1) for _, pause in gc_in], "gc_gen2": sum(g == 2 for g, _ in gc_in)})
+        steady.append(
+            {
+                "full_ms": full * 1e3,
+                "view": view,
+                "after_switch": since_switch,
+                "parts_ms": {part: ms * 1e3 for part, ms in parts_s[-1].items()},
+                "gc_ms": [round(pause * 1e3, 1) for _, pause in gc_in],
+                "gc_gen2": sum(g == 2 for g, _ in gc_in),
+            }
+        )
         bucket = per_view.setdefault(view, {"frame": [], "full": []})
         bucket["frame"].append(own)
         bucket["full"].append(full)
-    views = {name: {"frames": len(v["frame"]), "frame_ms": summary_ms(v["frame"]), "full_ms": summary_ms(v["full"])}
-             for name, v in per_view.items()}
-    parts_ms = {part: statistics.fmean(p[part] for p in parts_s) * 1e3 if parts_s else math.nan
-                for part in (*Stopwatch.PARTS, "other")}
+    views = {
+        name: {"frames": len(v["frame"]), "frame_ms": summary_ms(v["frame"]), "full_ms": summary_ms(v["full"])}
+        for name, v in per_view.items()
+    }
+    parts_ms = {
+        part: statistics.fmean(p[part] for p in parts_s) * 1e3 if parts_s else math.nan
+        for part in (*Stopwatch.PARTS, "other")
+    }
     worst = max(views, key=lambda name: views[name]["full_ms"]["p99"]) if views else "-"
     return {
-        "ranks": ranks, "size": f"{size[0]}x{size[1]}", "seconds": wall, "frames": len(frames),
-        "steps_per_s": source.steps_per_s, "warm_events": warm_events,
-        "offered_per_s": (produced1 - produced0) / wall, "applied_per_s": (events1 - events0) / wall,
-        "dropped": source.backlog.skipped, "peak_pending": source.backlog.peak,
+        "ranks": ranks,
+        "size": f"{size[0]}x{size[1]}",
+        "seconds": wall,
+        "frames": len(frames),
+        "steps_per_s": source.steps_per_s,
+        "warm_events": warm_events,
+        "offered_per_s": (produced1 - produced0) / wall,
+        "applied_per_s": (events1 - events0) / wall,
+        "dropped": source.backlog.skipped,
+        "peak_pending": source.backlog.peak,
         "largest_batch": source.largest_batch,
         "producer_cpu_share": source.producer_cpu_s / max(wall + WARMUP_S, 1e-9),
         "ui_busy_share": 1 - (idle1 - idle0) / wall,
-        "frame_ms": summary_ms(frame_s), "full_ms": summary_ms(full_s),
-        "switch_ms": summary_ms(switch_s), "switches": len(switch_s),
-        "gc_pauses": len(gc_pauses), "gc_total_ms": sum(p for _, p in gc_pauses) * 1e3,
+        "frame_ms": summary_ms(frame_s),
+        "full_ms": summary_ms(full_s),
+        "switch_ms": summary_ms(switch_s),
+        "switches": len(switch_s),
+        "gc_pauses": len(gc_pauses),
+        "gc_total_ms": sum(p for _, p in gc_pauses) * 1e3,
         "gc_max_ms": max((p for _, p in gc_pauses), default=0.0) * 1e3,
         "gc_gen2": sum(1 for g, _ in gc_pauses if g == 2),
-        "views_seen": sorted(views), "worst_view": worst, "views": views, "parts_ms": parts_ms,
+        "views_seen": sorted(views),
+        "worst_view": worst,
+        "views": views,
+        "parts_ms": parts_ms,
         "worst_frames": sorted(steady, key=lambda frame: -frame["full_ms"])[:WORST_FRAMES],
     }
 
@@ -604,15 +770,19 @@ async def measure(ranks: int, size: tuple[int, int], seconds: float, rate: float
 def table_row(row: dict[str, Any]) -> str:
     f, g = row["frame_ms"], row["full_ms"]
     verdict = "ok" if g["p99"] < TARGET_MS else "MISS"
-    return (f"{row['ranks']:>5} {row['size']:>7} {row['offered_per_s']:>8,.0f} {row['applied_per_s']:>8,.0f} "
-            f"{row['dropped']:>7,} {row['peak_pending']:>6,}  {f['p50']:>6.1f} {f['p99']:>6.1f} {f['max']:>6.1f}  "
-            f"{g['p50']:>6.1f} {g['p99']:>6.1f} {g['max']:>6.1f}  {row['switch_ms']['max']:>7.1f} "
-            f"{row['ui_busy_share']:>5.0%}  {row['worst_view']:<11} {verdict}")
+    return (
+        f"{row['ranks']:>5} {row['size']:>7} {row['offered_per_s']:>8,.0f} {row['applied_per_s']:>8,.0f} "
+        f"{row['dropped']:>7,} {row['peak_pending']:>6,}  {f['p50']:>6.1f} {f['p99']:>6.1f} {f['max']:>6.1f}  "
+        f"{g['p50']:>6.1f} {g['p99']:>6.1f} {g['max']:>6.1f}  {row['switch_ms']['max']:>7.1f} "
+        f"{row['ui_busy_share']:>5.0%}  {row['worst_view']:<11} {verdict}"
+    )
 
 
-HEADER = (f"{'ranks':>5} {'size':>7} {'offer/s':>8} {'apply/s':>8} {'dropped':>7} {'peakq':>6}  "
-          f"{'frame() ms p50/p99/max':^20}  {'full frame ms p50/p99/max':^20}  {'switch':>7} {'busy':>5}  "
-          f"{'worst view':<11} <50ms")
+HEADER = (
+    f"{'ranks':>5} {'size':>7} {'offer/s':>8} {'apply/s':>8} {'dropped':>7} {'peakq':>6}  "
+    f"{'frame() ms p50/p99/max':^20}  {'full frame ms p50/p99/max':^20}  {'switch':>7} {'busy':>5}  "
+    f"{'worst view':<11} <50ms"
+)
 
 
 def parts_row(row: dict[str, Any]) -> str:
@@ -621,8 +791,15 @@ def parts_row(row: dict[str, Any]) -> str:
     return f"{row['ranks']:>5} {row['size']:>7}  {parts}"
 
 
-async def run_all(ranks: list[int], sizes: list[tuple[int, int]], seconds: float, rate: float, backlog: int,
-                  profile: cProfile.Profile | None, gc_freeze: bool) -> list[dict[str, Any]]:
+async def run_all(
+    ranks: list[int],
+    sizes: list[tuple[int, int]],
+    seconds: float,
+    rate: float,
+    backlog: int,
+    profile: cProfile.Profile | None,
+    gc_freeze: bool,
+) -> list[dict[str, Any]]:
     rows = []
     print(HEADER, flush=True)
     for count in ranks:
@@ -641,10 +818,18 @@ def main() -> None:
     parser.add_argument("--sizes", default=",".join(f"{w}x{h}" for w, h in SIZES))
     parser.add_argument("--rate", type=float, default=RATE, help="events per second offered")
     parser.add_argument("--backlog", type=int, default=SCREEN_BACKLOG, help="cap on events pending for the screen")
-    parser.add_argument("--gc-freeze", action="store_true",
-                        help="gc.freeze() again once the synthetic history is applied (the app itself freezes at start and paces full collections): compare GC pauses")
-    parser.add_argument("--profile", type=int, metavar="N", default=0,
-                        help="profile the UI thread (cProfile) over the measured windows; print the top N functions")
+    parser.add_argument(
+        "--gc-freeze",
+        action="store_true",
+        help="gc.freeze() again once the synthetic history is applied (the app itself freezes at start and paces full collections): compare GC pauses",
+    )
+    parser.add_argument(
+        "--profile",
+        type=int,
+        metavar="N",
+        default=0,
+        help="profile the UI thread (cProfile) over the measured windows; print the top N functions",
+    )
     args = parser.parse_args()
     ranks = [int(r) for r in args.ranks.split(",")]
     sizes = [tuple(int(v) for v in s.split("x")) for s in args.sizes.split(",")]
@@ -655,25 +840,36 @@ def main() -> None:
     if target:
         met = all(r["full_ms"]["p99"] < TARGET_MS for r in target)
         worst = max(r["full_ms"]["p99"] for r in target)
-        print(f"target: full frame p99 < {TARGET_MS:.0f} ms at {TARGET_RANKS} ranks: "
-              f"{'met' if met else 'NOT met'} (worst p99 {worst:.1f} ms)")
+        print(
+            f"target: full frame p99 < {TARGET_MS:.0f} ms at {TARGET_RANKS} ranks: "
+            f"{'met' if met else 'NOT met'} (worst p99 {worst:.1f} ms)"
+        )
     bounded = all(r["peak_pending"] <= max(args.backlog, r["largest_batch"]) for r in rows)  # one batch always stays
     keeps_up = all(r["applied_per_s"] >= 0.95 * r["offered_per_s"] and not r["dropped"] for r in rows)
-    print(f"queues bounded (peak <= {args.backlog:,} or one batch): {'yes' if bounded else 'NO'}; "
-          f"UI keeps up (applied >= 95% offered, nothing dropped): {'yes' if keeps_up else 'NO'}")
-    print(f"view switches (the new pane's first layout, not in the full-frame columns): worst "
-          f"{max(r['switch_ms']['max'] for r in rows):.0f} ms; GC pauses in the windows: worst "
-          f"{max(r['gc_max_ms'] for r in rows):.1f} ms, {sum(r['gc_gen2'] for r in rows)} full collections")
+    print(
+        f"queues bounded (peak <= {args.backlog:,} or one batch): {'yes' if bounded else 'NO'}; "
+        f"UI keeps up (applied >= 95% offered, nothing dropped): {'yes' if keeps_up else 'NO'}"
+    )
+    print(
+        f"view switches (the new pane's first layout, not in the full-frame columns): worst "
+        f"{max(r['switch_ms']['max'] for r in rows):.0f} ms; GC pauses in the windows: worst "
+        f"{max(r['gc_max_ms'] for r in rows):.1f} ms, {sum(r['gc_gen2'] for r in rows)} full collections"
+    )
     missing = [f"{r['ranks']} {r['size']}" for r in rows if len(r["views_seen"]) < len(VIEWS)]
-    print(f"every view measured in every row: {'yes' if not missing else 'NO: ' + ', '.join(missing)} "
-          f"(per view: --json)")
-    print("mean ms per full frame, by part (poll: the fold on the UI thread; draw: the app builds the header "
-          "and panel; layout, render: Textual's; encode: escape codes; other: the rest, GC included):")
+    print(
+        f"every view measured in every row: {'yes' if not missing else 'NO: ' + ', '.join(missing)} (per view: --json)"
+    )
+    print(
+        "mean ms per full frame, by part (poll: the fold on the UI thread; draw: the app builds the header "
+        "and panel; layout, render: Textual's; encode: escape codes; other: the rest, GC included):"
+    )
     for row in rows:
         print(parts_row(row))
     producer = statistics.fmean(r["producer_cpu_share"] for r in rows)
-    print(f"{platform.python_implementation()} {platform.python_version()}, {os.cpu_count()} CPUs; "
-          f"producer thread CPU {producer:.0%} of a core; {time.perf_counter() - started:.0f} s in all")
+    print(
+        f"{platform.python_implementation()} {platform.python_version()}, {os.cpu_count()} CPUs; "
+        f"producer thread CPU {producer:.0%} of a core; {time.perf_counter() - started:.0f} s in all"
+    )
     if profile is not None:
         out = io.StringIO()
         pstats.Stats(profile, stream=out).sort_stats("cumulative").print_stats(args.profile)

@@ -45,8 +45,11 @@ def should_attach() -> bool:
     """Whether this process is a rank to attach to. ``MESHTOP_ATTACH`` is :data:`meshtop.runner.script.command.ATTACH_ENV`,
     spelled out: this module runs in every Python process of the job and imports nothing of meshtop's
     until it attaches."""
-    return (os.environ.get("MESHTOP_ATTACH") == "1" and "RANK" in os.environ
-            and os.environ.get(ATTACHED_ENV) in (None, str(os.getpid())))
+    return (
+        os.environ.get("MESHTOP_ATTACH") == "1"
+        and "RANK" in os.environ
+        and os.environ.get(ATTACHED_ENV) in (None, str(os.getpid()))
+    )
 
 
 def attach_or_say_why() -> None:
@@ -56,8 +59,9 @@ def attach_or_say_why() -> None:
 
         attach()
     except Exception as error:  # the script runs on unwatched: a probe never stops the job it measures
-        print(f"meshtop: could not attach to rank {os.environ['RANK']}: {type(error).__name__}: {error}",
-              file=sys.stderr)
+        print(
+            f"meshtop: could not attach to rank {os.environ['RANK']}: {type(error).__name__}: {error}", file=sys.stderr
+        )
 
 
 run_users_sitecustomize()
