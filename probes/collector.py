@@ -159,7 +159,7 @@ class Collector:
                 pass
         except OSError:
             pass
-        except Exception:  # noqa: BLE001 - whatever a peer sends, the collector goes on serving the others
+        except Exception:
             self.counts.add(malformed=1)
         if node and self.on_control is not None:
             self.on_control({"control": "closed", "node": node[0]}, connection)

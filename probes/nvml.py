@@ -51,7 +51,7 @@ def visible_indices(count: int, environ: dict[str, str] | None = None) -> list[i
 class Nvml:
     """NVML, opened once; :attr:`state` says whether it works."""
 
-    def __init__(self, library: ModuleType | None | Callable[[], ModuleType | None] = load_pynvml) -> None:
+    def __init__(self, library: ModuleType | Callable[[], ModuleType | None] | None = load_pynvml) -> None:
         self.nv = library() if callable(library) else library
         self.state, self.detail, self.driver_version = "ok", None, None
         self.handles: list[Any] = []

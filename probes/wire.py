@@ -35,7 +35,8 @@ NCCL_TIMING_ENV = "TORCH_NCCL_ENABLE_TIMING"
 """Set to 1 by the launcher: nccl then times each operation with CUDA events, which the probes read."""
 ADDRESS_ENV = "MESHTOP_COLLECTOR"
 NODE_ENV = "MESHTOP_NODE"
-"""The rank's node in a multi-node job (its meshtop's ``--node-rank``), for :class:`meshtop.probes.events.RankStarted`."""
+"""The rank's node in a multi-node job (its meshtop's ``--node-rank``), for
+:class:`meshtop.probes.events.RankStarted`."""
 
 
 def node_of_this_rank() -> int:

@@ -9,6 +9,7 @@ description's fields sit at its top level beside the manifest's own.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import platform
@@ -465,10 +466,8 @@ def keep_room(directory: Path) -> None:
 
 def release_room(directory: Path) -> None:
     """Give the room back, for the last manifest."""
-    try:
+    with contextlib.suppress(OSError):
         (directory / ROOM_NAME).unlink(missing_ok=True)
-    except OSError:
-        pass
 
 
 def manifest_bytes(manifest: Manifest) -> bytes:
@@ -493,10 +492,8 @@ def write_manifest(directory: Path, manifest: Manifest) -> None:
 def note_terminal_lost(directory: Path, note: str | None) -> None:
     """Say in the closed recording's manifest when and how the dashboard's terminal went away (best effort:
     the recording is whole without it)."""
-    try:
+    with contextlib.suppress(RecordingError, OSError):
         write_manifest(directory, replace(read_manifest(directory), terminal_lost=note))
-    except (RecordingError, OSError):
-        pass
 
 
 def start_manifest(run: RunDescription, *, command_line: list[str], node_probes: SampleRates | None = None) -> Manifest:

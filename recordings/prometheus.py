@@ -277,13 +277,13 @@ class MetricsServer:
     def __init__(self, metrics: Callable[[], RunMetrics], *, port: int, bind: str = DEFAULT_BIND) -> None:
 
         class Handler(BaseHTTPRequestHandler):
-            def do_GET(self) -> None:  # noqa: N802 - the name http.server calls
+            def do_GET(self) -> None:
                 if self.path.split("?")[0] != "/metrics":
                     self.send_error(404, "only /metrics is served here")
                     return
                 try:
                     body = metrics().exposition()
-                except Exception as error:  # noqa: BLE001 - a scrape never takes the session down
+                except Exception as error:
                     self.send_error(500, f"{type(error).__name__}")
                     return
                 self.send_response(200)
@@ -292,7 +292,7 @@ class MetricsServer:
                 self.end_headers()
                 self.wfile.write(body)
 
-            def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - quiet: the TUI owns the terminal
+            def log_message(self, format: str, *args: Any) -> None:
                 pass
 
         class Server(ThreadingHTTPServer):

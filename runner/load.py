@@ -130,4 +130,4 @@ def replica_concurrency(load: InferenceLoad, *, replica: int, replicas: int) -> 
 def longest_gap_s(load: InferenceLoad) -> float:
     """The longest quiet time between arrivals (open loop); 0 in closed loop. The hang watch allows for it."""
     arrivals = arrival_times_s(load) or []
-    return max((b - a for a, b in zip([0.0, *arrivals], arrivals)), default=0.0)
+    return max((b - a for a, b in zip([0.0, *arrivals], arrivals, strict=False)), default=0.0)

@@ -335,7 +335,8 @@ def resolve(spec: RunSpec, *, gpus_visible: int, nodes: int = 1) -> ResolvedRun:
             f" ({virtual} per rank for {schedule})" if virtual > 1 else ""
         )
         raise PlanError(
-            f"model {shape.name} has {shape.n_layers} layers, fewer than the {stages}: lower --pp or pick a deeper --model"
+            f"model {shape.name} has {shape.n_layers} layers, fewer than the {stages}: "
+            "lower --pp or pick a deeper --model"
         )
 
     batch = spec.batch_size if spec.batch_size is not None else 4 * dp * microbatches

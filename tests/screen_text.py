@@ -7,5 +7,5 @@ from textual.app import App
 
 def screen_text(app: App[object]) -> str:
     """Every row of the current screen as plain text, trailing spaces cut."""
-    strips = app.screen._compositor.render_strips()  # noqa: SLF001 - Textual has no public text export
+    strips = app.screen._compositor.render_strips()
     return "\n".join(strip.text.rstrip() for strip in strips)

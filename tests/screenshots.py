@@ -11,9 +11,9 @@ import asyncio
 import sys
 from pathlib import Path
 
-from meshtop.recordings.summary import summarize
 from meshtop.recordings.compare import compare
 from meshtop.recordings.reader import open_recording
+from meshtop.recordings.summary import summarize
 from meshtop.tui.app import MeshtopApp
 from meshtop.tui.compare_app import CompareApp
 from meshtop.tui.sources import ReplaySource

@@ -193,7 +193,7 @@ def test_a_source_that_does_not_compile_is_one_line_and_no_module(
     monkeypatch.setattr(native, "SOURCE", broken)
     monkeypatch.setenv(native.CACHE_ENV, str(tmp_path / "cache"))
     monkeypatch.delenv(native.NATIVE_ENV, raising=False)
-    with pytest.raises(ProbeError, match="^cannot build the C.. collective probe: ") as raised:
+    with pytest.raises(ProbeError, match=r"^cannot build the C\+\+ collective probe: ") as raised:
         native.build()
     assert "\n" not in str(raised.value)
     assert native.environment_value().startswith(native.UNAVAILABLE + "cannot build")

@@ -24,12 +24,12 @@ from meshtop.probes.instrument import OVERHEAD_BLOCK_ENV, Instrumentation
 from meshtop.probes.patching import MissingInternal, require
 from meshtop.probes.pipeline import STAGE_METHODS, StageProbe
 from meshtop.recordings.manifest import RunDescription
+from meshtop.runner.plan import PlanError
 from meshtop.runner.rank.data_parallel import apply_replicate
 from meshtop.runner.rank.mesh import build_mesh
-from meshtop.runner.plan import PlanError
+from meshtop.tui.state import DashboardState
 from tests.jobs import launch
 from tests.witness_worker import ListSink
-from meshtop.tui.state import DashboardState
 
 SITE_HOOKS = Path(__file__).with_name("site_hooks")
 CPU = torch.device("cpu")
@@ -68,7 +68,7 @@ def test_a_missing_internal_is_named_with_its_module_class_and_the_torch_release
 def test_the_stage_probe_patches_nothing_when_one_of_its_internals_is_missing(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delattr(stage._PipelineStageBase, "backward_weight_one_chunk")
     before = stage_hooks()
-    with pytest.raises(MissingInternal, match="_PipelineStageBase.backward_weight_one_chunk"):
+    with pytest.raises(MissingInternal, match=r"_PipelineStageBase\.backward_weight_one_chunk"):
         StageProbe(rank=0, emit=lambda event: None, step=lambda: None).install()
     assert stage_hooks() == before
 

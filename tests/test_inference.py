@@ -3,6 +3,7 @@ and every request is accounted for."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import statistics
@@ -21,8 +22,8 @@ from meshtop.runner.load import (
     replica_concurrency,
     replica_share,
 )
-from meshtop.runner.rank.model import Transformer
 from meshtop.runner.presets import PRESETS
+from meshtop.runner.rank.model import Transformer
 from meshtop.runner.rank.weights import init_weights
 from tests.cli_errors import one_line_error
 from tests.test_kv_cache import greedy_without_cache
@@ -112,7 +113,7 @@ def test_every_plan_generates_the_single_process_tokens(recordings: dict[str, Pa
 
 def test_replicas_share_the_load_round_robin_and_report_requests(recordings: dict[str, Path]) -> None:
     table = served(recordings["dp2"])
-    assert dict(zip(table.request, table.replica)) == {i: i % 2 for i in range(10)}
+    assert dict(zip(table.request, table.replica, strict=False)) == {i: i % 2 for i in range(10)}
     assert set(table["rank"]) == {0, 1}  # each replica's leader reports its own
     for row in table.itertuples():
         times = list(row.token_ns)
@@ -225,7 +226,7 @@ def test_the_load_is_a_function_of_its_options_and_seed() -> None:
     first, again = plan_requests(load, vocab_size=256), plan_requests(load, vocab_size=256)
     assert first == again
     assert {len(r.prompt) for r in first} == set(range(4, 10)) and {r.output_len for r in first} == {1, 2, 3}
-    gaps = [b.arrival_s - a.arrival_s for a, b in zip(first, first[1:])]  # type: ignore[operator]
+    gaps = [b.arrival_s - a.arrival_s for a, b in itertools.pairwise(first)]  # type: ignore[operator]
     assert statistics.mean(gaps) == pytest.approx(1 / 50, rel=0.05)  # 2,000 draws: the mean within 5 %
     assert statistics.stdev(gaps) == pytest.approx(1 / 50, rel=0.1)  # exponential: sd equals the mean
     other_lengths = InferenceLoad(**{**load.describe(), "prompt_len": (1, 2), "output_len": (1, 1)})  # type: ignore[arg-type]

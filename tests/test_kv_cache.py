@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import torch
 
+from meshtop.runner.presets import PRESETS
 from meshtop.runner.rank.kv_cache import KVCache
 from meshtop.runner.rank.model import Transformer
-from meshtop.runner.presets import PRESETS
 from meshtop.runner.rank.weights import init_weights
 
 SEED = 3
@@ -63,7 +63,9 @@ def serve_in_slots(
                 free.append(slot)
         if active:
             slots = list(active)
-            for slot, token in zip(slots, forward(model, cache, slots, [[out[active[s]][-1]] for s in slots])):
+            for slot, token in zip(
+                slots, forward(model, cache, slots, [[out[active[s]][-1]] for s in slots]), strict=False
+            ):
                 out[active[slot]].append(token)
     return out
 

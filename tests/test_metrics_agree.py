@@ -18,12 +18,12 @@ from meshtop.recordings.reader import open_recording
 from meshtop.recordings.replay import KIND_ORDER
 from meshtop.recordings.samples import SAMPLE
 from meshtop.recordings.summary import fold_recording
-from tests.recording_kit import description, with_model, write_recording
-from tests.test_requests_analysis import write_recording as write_inference_recording
-from tests.test_requests_analysis import the_requests
 from meshtop.tui.cli import main
 from meshtop.tui.sources import ReplaySource
 from meshtop.tui.state import DashboardState
+from tests.recording_kit import description, with_model, write_recording
+from tests.test_requests_analysis import the_requests
+from tests.test_requests_analysis import write_recording as write_inference_recording
 
 SAMPLES = [SAMPLE]
 """Every recording meshtop ships."""

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
+from meshtop.runner.presets import PRESETS, PresetError, preset
 from meshtop.runner.rank.data import replica_batch, synthetic_tokens
 from meshtop.runner.rank.model import Transformer, apply_rotary, next_token_loss, rotary_tables
-from meshtop.runner.presets import PRESETS, PresetError, preset
 from meshtop.runner.rank.weights import init_weights
 
 

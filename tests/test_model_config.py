@@ -15,13 +15,13 @@ import torch
 
 from meshtop.probes.events import CollectiveTiming
 from meshtop.recordings.reader import open_recording
-from meshtop.runner.rank.data import synthetic_tokens
 from meshtop.runner.load import InferenceLoad, plan_requests
-from meshtop.runner.rank.model import Transformer, next_token_loss
 from meshtop.runner.model_config import ModelConfigError, load_model_config
-from meshtop.runner.rank.pipeline import cut_stage
 from meshtop.runner.plan import PlanError, ResolvedRun, RunSpec, resolve
 from meshtop.runner.presets import preset
+from meshtop.runner.rank.data import synthetic_tokens
+from meshtop.runner.rank.model import Transformer, next_token_loss
+from meshtop.runner.rank.pipeline import cut_stage
 from meshtop.runner.rank.weights import init_weights
 from tests.cli_errors import one_line_error
 from tests.jobs import LaunchedRun, launch

@@ -8,6 +8,7 @@ dies ends the job with the head naming it and no process left behind.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -184,10 +185,8 @@ def wait_for_steps(recording: Path, rank: int, count: int, timeout_s: float = 18
 def processes_of(*roots: subprocess.Popen[str]) -> list[int]:
     pids = []
     for root in roots:
-        try:
+        with contextlib.suppress(psutil.NoSuchProcess):
             pids += [root.pid, *(child.pid for child in psutil.Process(root.pid).children(recursive=True))]
-        except psutil.NoSuchProcess:
-            pass
     return pids
 
 

@@ -27,13 +27,13 @@ from torch import nn
 
 from meshtop.probes.events import GpuSample, RankStarted, StepTiming
 from meshtop.recordings.metrics.run import fold_tables
-from meshtop.runner.script.attach import after_import
-from meshtop.runner.plan import PlanError
-from meshtop.runner.script.command import resolve_script
 from meshtop.runner.job.session import script_description
+from meshtop.runner.plan import PlanError
+from meshtop.runner.script.attach import after_import
+from meshtop.runner.script.command import resolve_script
+from meshtop.tui.cli import main
 from tests.cli_errors import one_line_error
 from tests.recording_kit import write_recording
-from meshtop.tui.cli import main
 
 REPO = Path(__file__).resolve().parent.parent
 EXAMPLES = REPO / "examples"

@@ -8,8 +8,8 @@ import sys
 import pytest
 
 from meshtop.runner.plan import PlanError, RunSpec, resolve, split_layers
-from tests.cli_errors import one_line_error
 from meshtop.tui.cli import main
+from tests.cli_errors import one_line_error
 
 # The bad plans tried, and what meshtop answers (exit code 2, one line, no traceback).
 BAD_PLANS = [

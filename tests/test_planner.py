@@ -12,7 +12,6 @@ from pathlib import Path
 import pytest
 
 from meshtop.runner.plan import PlanError, RunSpec
-from meshtop.runner.planner.report import Budget, parse_size, placement, report
 from meshtop.runner.planner.plans import (
     Question,
     candidates,
@@ -22,6 +21,7 @@ from meshtop.runner.planner.plans import (
     parse_plan_key,
     plan_key,
 )
+from meshtop.runner.planner.report import Budget, parse_size, placement, report
 from meshtop.runner.presets import PRESETS
 from tests.cli_errors import one_line_error
 

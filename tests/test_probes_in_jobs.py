@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import itertools
 from collections import Counter
 
 import pytest
 
-from meshtop.recordings.metrics.bandwidth import bus_factor, busbw_gbps
 from meshtop.probes.events import CollectiveTiming, MemorySnapshot, StageAction, StepTiming
+from meshtop.recordings.metrics.bandwidth import bus_factor, busbw_gbps
 
 pytestmark = pytest.mark.slow
 
@@ -43,7 +44,7 @@ def test_each_stage_reports_forward_and_backward_of_every_microbatch(launch_cpu)
     for rank in range(2):
         mine = sorted((a for a in actions if a.rank == rank), key=lambda a: a.start_ns)
         assert sorted(a.microbatch for a in mine if a.step == 0 and a.action == "forward") == [0, 1, 2, 3]
-        for earlier, later in zip(mine, mine[1:]):
+        for earlier, later in itertools.pairwise(mine):
             assert earlier.end_ns <= later.start_ns  # one rank runs one action at a time
     waits = [e.pipeline_wait_s for e in launched.events if isinstance(e, StepTiming)]
     assert all(w is not None and w >= 0 for w in waits)

@@ -20,9 +20,9 @@ from meshtop.recordings.reader import open_recording
 from meshtop.recordings.samples import SAMPLE
 from meshtop.recordings.schema import events_of
 from meshtop.recordings.summary import summarize
-from tests.recording_kit import description
 from meshtop.tui.sources import ReplaySource
 from meshtop.tui.state import DashboardState
+from tests.recording_kit import description
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -15,8 +15,8 @@ from meshtop.recordings.manifest import Manifest, RecordingError, write_manifest
 from meshtop.recordings.reader import open_recording
 from meshtop.recordings.samples import SAMPLE
 from meshtop.recordings.summary import summarize
-from tests.recording_kit import description
 from meshtop.tui.cli import main
+from tests.recording_kit import description
 
 SAMPLE_MANIFEST = json.loads((SAMPLE / "manifest.json").read_text())
 

@@ -27,15 +27,15 @@ from meshtop.recordings.manifest import RunDescription
 from meshtop.recordings.reader import open_recording
 from meshtop.recordings.samples import SAMPLE
 from meshtop.recordings.summary import summarize
-from tests.recording_kit import description
-from tests.recording_kit import write_recording as kit_write
-from tests.screen_text import screen_text
 from meshtop.tui.app import MeshtopApp
 from meshtop.tui.filters import every_rank
 from meshtop.tui.sources import ReplaySource
 from meshtop.tui.state import DashboardState
 from meshtop.tui.summary_text import comparison_lines, summary_lines
 from meshtop.tui.views import memory_lines, memory_parts
+from tests.recording_kit import description
+from tests.recording_kit import write_recording as kit_write
+from tests.screen_text import screen_text
 
 BASE_NS = 1_764_000_000_000_000_000
 """A wall clock of 2025: large enough that float64 would round it (the analysis must not)."""

@@ -19,10 +19,10 @@ import pytest
 from meshtop.recordings.compare import compare
 from meshtop.recordings.reader import open_recording
 from meshtop.recordings.summary import summarize
-from tests.screen_text import screen_text
 from meshtop.tui.app import MeshtopApp, ReplayBar
 from meshtop.tui.compare_app import CompareApp
 from meshtop.tui.sources import ReplaySource
+from tests.screen_text import screen_text
 
 ROOT = Path(__file__).resolve().parent.parent
 SAMPLE = Path("recordings/samples/dp2-pp2-1f1b")  # relative, so the header reads the same on every machine
@@ -80,7 +80,7 @@ async def test_each_view_shows_its_figures(key: str) -> None:
 
 
 async def test_the_header_says_plan_model_step_and_throughput() -> None:
-    async with replay() as (app, pilot):
+    async with replay() as (app, _pilot):
         header = screen_text(app).splitlines()[:2]
         assert "● replaying  dp2 x tp1 x pp2 (1f1b, 4 mb) · small 6.6M · 4× cpu fp32" in header[0]
         assert header[1].startswith(" step 31/40  1.62 s  p50 2,599 tok/s  elapsed 57.27 s")  # tok/s: over the run

@@ -24,10 +24,10 @@ from meshtop.recordings.replay import load_timeline
 from meshtop.recordings.samples import SAMPLE
 from meshtop.recordings.schema import batches_of
 from meshtop.runner.plan import RunSpec, resolve
-from tests.recording_kit import description
 from meshtop.tui.filters import parse_rank_filter
 from meshtop.tui.sources import COALESCIBLE, LiveSource, Playback, ReplaySource, ScreenBacklog
 from meshtop.tui.state import HISTORY, DashboardState, RankView
+from tests.recording_kit import description
 
 MS = 1_000_000
 STEP_NS = 10 * MS

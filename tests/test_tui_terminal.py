@@ -7,6 +7,7 @@ with anything the job left. The whole module skips where tmux is not installed.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -112,10 +113,8 @@ class Terminal:
         left = self.job_processes()
         self.tmux("kill-server", check=False)
         for process in left:
-            try:
+            with contextlib.suppress(psutil.Error):
                 process.kill()
-            except psutil.Error:
-                pass
         psutil.wait_procs(left, timeout=10)
         if self.socket_path is not None:
             self.socket_path.unlink(missing_ok=True)
@@ -568,7 +567,7 @@ def test_every_view_of_a_live_job_reads_whole_at_80x24_and_200x60(
     for key, wanted in marks.items():
         term.press(key)
         screen = term.wait_for(
-            lambda screen: screen if all(mark in screen for mark in wanted) else None,
+            lambda screen, wanted=wanted: screen if all(mark in screen for mark in wanted) else None,
             f"view {key} showing {wanted}",
             15,
         )

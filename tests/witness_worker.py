@@ -33,9 +33,9 @@ from meshtop.probes.events import CollectiveTiming, Event
 from meshtop.probes.groups import GroupDirectory
 from meshtop.probes.instrument import Instrumentation
 from meshtop.probes.sink import EventSink
+from meshtop.runner.plan import ResolvedRun
 from meshtop.runner.rank.mesh import MESH_DIMS, build_mesh, coordinates, local_device
 from meshtop.runner.rank.pipeline import embedding_group
-from meshtop.runner.plan import ResolvedRun
 from meshtop.runner.rank.train import build_training, train_step
 
 WATCHED_STEP = 2
@@ -142,7 +142,7 @@ def witnessed(records: list[dict[str, Any]], profiled: list[dict[str, Any]], pp_
     ]
     assert len(collectives) == len(records), f"{len(collectives)} c10d collectives, {len(records)} records"
     ops = []
-    for op, record in zip(collectives, records):
+    for op, record in zip(collectives, records, strict=False):
         recorded_as = record["profiling_name"].split(":", 1)[-1]
         assert recorded_as in BACKEND_NAMES.get(op, {op}), f"{op} recorded as {recorded_as}"
         group = sorted(dist.get_process_group_ranks(_resolve_process_group(record["process_group"][0])))
@@ -165,7 +165,7 @@ def witnessed(records: list[dict[str, Any]], profiled: list[dict[str, Any]], pp_
     ]
     buffers = [event for event in profiled if event["name"] in ("gloo:send", "gloo:recv")]
     assert len(peers) == len(buffers), f"{len(peers)} c10d point-to-point ops, {len(buffers)} gloo ones"
-    for event, peer in zip(buffers, peers):
+    for event, peer in zip(buffers, peers, strict=False):
         dtype = event["args"]["Input type"][0]
         ops.append(
             [

@@ -163,7 +163,9 @@ class HelpScreen(ModalScreen[None]):
     BINDINGS: ClassVar[list[BindingType]] = [Binding("escape,q,question_mark", "dismiss", "Close")]
     DEFAULT_CSS = """
     HelpScreen { align: center middle; }
-    HelpScreen > VerticalScroll { width: 64; height: auto; max-height: 90%; border: round $accent; background: $panel; padding: 0 1; }
+    HelpScreen > VerticalScroll {
+        width: 64; height: auto; max-height: 90%; border: round $accent; background: $panel; padding: 0 1;
+    }
     """
 
     def __init__(self, bindings: Iterable[Binding], *, replay: bool) -> None:
@@ -201,7 +203,9 @@ class HangScreen(ModalScreen[bool]):
     ]
     DEFAULT_CSS = """
     HangScreen { align: center middle; }
-    HangScreen > VerticalScroll { width: 90%; height: auto; max-height: 90%; border: round $error; background: $panel; padding: 0 1; }
+    HangScreen > VerticalScroll {
+        width: 90%; height: auto; max-height: 90%; border: round $error; background: $panel; padding: 0 1;
+    }
     """
 
     def __init__(self, hang: HangDetected) -> None:

@@ -9,7 +9,7 @@ from rich.text import Span, Text
 
 from meshtop.tui.summary_text import human_bytes, human_seconds
 
-__all__ = ["human_bytes", "human_seconds", "human_rate", "sparkline", "column_chart", "chart", "memory_bar", "legend"]
+__all__ = ["chart", "column_chart", "human_bytes", "human_rate", "human_seconds", "legend", "memory_bar", "sparkline"]
 
 BLOCKS = " ▁▂▃▄▅▆▇█"
 MAX_COLUMNS_PER_VALUE = 8

@@ -619,8 +619,8 @@ def command_node(run: Work, nodes: Nodes, probes: NodeProbes) -> int:
     """A node other than the head: run its ranks and stream to the head, which records and shows the job;
     exit as the whole job ended. Its launcher log stays in a temporary folder where the job did not complete
     (the head's recording folder may be shared with this node: it is never written here)."""
-    from meshtop.runner.multinode.relay import serve_as_node
     from meshtop.runner.job.session import launch_of
+    from meshtop.runner.multinode.relay import serve_as_node
 
     directory = Path(tempfile.mkdtemp(prefix=f"meshtop-node{nodes.rank}-"))
     status = serve_as_node(

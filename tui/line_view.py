@@ -51,7 +51,7 @@ class LineView(Widget):
     LineView { height: auto; }
     """
 
-    def __init__(self, *, id: str | None = None) -> None:  # noqa: A002 - Textual's name
+    def __init__(self, *, id: str | None = None) -> None:
         super().__init__(id=id)
         self._content: list[RenderableType] = []
         """The parts of the content last painted (a ``Group``'s renderables), to draw again at a new width."""
@@ -77,7 +77,7 @@ class LineView(Widget):
         if not self._same_look(width) or len(lines) != self._laid_out_rows:
             self.refresh(layout=len(lines) != self._laid_out_rows)
             return
-        changed = [y for y, (new, was) in enumerate(zip(lines, old)) if new.key != was.key]
+        changed = [y for y, (new, was) in enumerate(zip(lines, old, strict=False)) if new.key != was.key]
         if changed:
             shown = {line.key for line in lines}
             self._strips = {key: strip for key, strip in self._strips.items() if key in shown}

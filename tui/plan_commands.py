@@ -1,5 +1,6 @@
 """``meshtop plan`` and ``meshtop sweep`` on the command line, and ``replay`` of a sweep: which plan for this
-model on these devices (:mod:`meshtop.runner.planner.plans`, :mod:`meshtop.runner.planner.report`, :mod:`meshtop.runner.planner.sweep`)."""
+model on these devices (:mod:`meshtop.runner.planner.plans`, :mod:`meshtop.runner.planner.report`,
+:mod:`meshtop.runner.planner.sweep`)."""
 
 from __future__ import annotations
 
@@ -11,8 +12,8 @@ from pathlib import Path
 from typing import Any
 
 from meshtop.runner.plan import PlanError
-from meshtop.runner.planner.report import Budget, parse_size, report
 from meshtop.runner.planner.plans import Question, candidates
+from meshtop.runner.planner.report import Budget, parse_size, report
 from meshtop.tui.cli import (
     EXIT_OK,
     add_plan_options,

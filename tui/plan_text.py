@@ -75,7 +75,7 @@ def plan_lines(report: dict[str, Any]) -> list[str]:
         lines.append(line)
         notes += [f"  {row['key']}: warning: {warning}" for warning in row["warnings"]]
     if notes:
-        lines += ["", "plans that cannot run, and warnings:"] + notes
+        lines += ["", "plans that cannot run, and warnings:", *notes]
     return lines
 
 

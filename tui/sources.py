@@ -34,8 +34,8 @@ from meshtop.recordings.replay import Timeline, in_kind_order, load_timeline
 from meshtop.recordings.schema import batches_of, decode_lines
 from meshtop.recordings.summary import job_status
 from meshtop.runner.job.launch import PHASE_NAME, JobControl, JobResult, NodeProbes
-from meshtop.runner.multinode.nodes import Nodes
 from meshtop.runner.job.session import Work, describe, run_session
+from meshtop.runner.multinode.nodes import Nodes
 from meshtop.tui.state import UI_KINDS, DashboardState
 
 SCREEN_BACKLOG = 200_000
@@ -217,7 +217,7 @@ class LiveSource:
                 nodes=self.nodes,
                 metrics=self.metrics,
             )
-        except BaseException as error:  # noqa: BLE001 - handed to the app, which reports it and exits
+        except BaseException as error:
             self.error = error
 
     def _take(self, arrivals: Arrivals, steps: list[JobStep]) -> None:

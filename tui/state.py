@@ -16,7 +16,7 @@ import time
 from collections import defaultdict, deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 import pyarrow as pa
 
@@ -402,7 +402,7 @@ class DashboardState:
     def _on_request(self, event: RequestDone) -> None:
         pass  # folded by the metrics core
 
-    _HANDLERS: dict[type, Any] = {
+    _HANDLERS: ClassVar[dict[type, Any]] = {
         RankStarted: _on_started,
         MemorySnapshot: _on_memory,
         GpuSample: _on_gpu,

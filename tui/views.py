@@ -196,7 +196,7 @@ def plain_table(
     offset = 0
     for cells, row_style in [([(name, "") for name, _ in columns], "bold"), *rows]:
         start, cell_spans = offset, []
-        for (value, style), (_, justify), column_width in zip(cells, columns, widths):
+        for (value, style), (_, justify), column_width in zip(cells, columns, widths, strict=False):
             pad = " " * (column_width - cell_len(value))
             left, right = (pad, "") if justify == "right" else ("", pad)
             if style:
@@ -410,7 +410,7 @@ class PipelinePanel(Panel):
                     letter, style = ACTION_STYLE.get(segment.action, ("?", "on grey50"))
                     for cell in range(first, min(last, per_step)):
                         cells[cell], styles[cell] = letter if cell == first else " ", style
-                for cell, style in zip(cells, styles):
+                for cell, style in zip(cells, styles, strict=False):
                     text.append(cell, style=style)
                 text.append(" ")
             text.append("\n")

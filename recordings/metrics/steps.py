@@ -112,7 +112,7 @@ class StepSpans:
             for report in zip(ranks, start_ns, durations_s, forward_backward_s, strict=True):
                 self.add(*report)
             return
-        self._at.update(zip(ranks, range(len(self.ranks), len(self.ranks) + len(ranks))))
+        self._at.update(zip(ranks, range(len(self.ranks), len(self.ranks) + len(ranks)), strict=False))
         self.ranks += ranks
         self.start_ns += start_ns
         self.end_ns += map(step_end_ns, start_ns, durations_s)

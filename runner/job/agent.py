@@ -11,6 +11,7 @@ torch version) and tells them where it is.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -76,10 +77,8 @@ def stop_when_orphaned() -> None:
 
 def say_phase(status_path: Path, phase: str) -> None:
     """Write what the launcher does now (best effort: the job does not depend on it)."""
-    try:
+    with contextlib.suppress(OSError):
         (status_path.parent / PHASE_NAME).write_text(phase)
-    except OSError:
-        pass
 
 
 def main(argv: list[str]) -> int:

@@ -16,10 +16,10 @@ from meshtop.recordings.metrics.requests import RequestFigures, RequestFold
 from meshtop.recordings.metrics.steps import JobStep, StepFigures, StepStats
 from meshtop.recordings.prometheus import RunMetrics
 from meshtop.runner.job.launch import JobControl, JobResult, NodeProbes
+from meshtop.runner.job.session import Work, describe, run_session
 from meshtop.runner.multinode.nodes import Nodes
 from meshtop.runner.plan import ResolvedRun
 from meshtop.runner.script.command import ScriptRun
-from meshtop.runner.job.session import Work, describe, run_session
 
 PROGRESS_LINES = 20
 """About this many step lines per run, evenly spaced..."""

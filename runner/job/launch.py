@@ -9,6 +9,7 @@ behind even if the launcher itself is gone.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -48,9 +49,9 @@ from meshtop.probes.samplers import (
 from meshtop.probes.stacks import dump_stacks
 from meshtop.probes.wire import ADDRESS_ENV, NCCL_TIMING_ENV, NODE_ENV, TOKEN_ENV
 from meshtop.runner.job.hangs import HangWatch
+from meshtop.runner.job.rounds import Rounds
 from meshtop.runner.load import longest_gap_s
 from meshtop.runner.plan import ResolvedRun
-from meshtop.runner.job.rounds import Rounds
 from meshtop.runner.rank.until import STOP_ENV, STOP_NAME, FinishRequest
 
 if TYPE_CHECKING:
@@ -375,10 +376,8 @@ def _is_running(process: psutil.Process) -> bool:
 
 
 def _signal(process: psutil.Process, signum: int) -> None:
-    try:
+    with contextlib.suppress(psutil.NoSuchProcess):
         process.send_signal(signum)
-    except psutil.NoSuchProcess:
-        pass
 
 
 class JobControl:

@@ -90,7 +90,7 @@ class Rounds:
             else event
             for event in events
         ]
-        if any(new is not old for new, old in zip(renumbered, events)):
+        if any(new is not old for new, old in zip(renumbered, events, strict=False)):
             _put(arrivals, index, renumbered)
 
     def _base_of(self, event: Event) -> int:

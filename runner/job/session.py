@@ -28,7 +28,6 @@ from meshtop.recordings.manifest import (
 from meshtop.recordings.metrics.steps import JobStep
 from meshtop.recordings.prometheus import RunMetrics
 from meshtop.recordings.recorder import Ending, SessionRecorder
-from meshtop.runner.multinode.fleet import Fleet
 from meshtop.runner.job.launch import (
     JobControl,
     JobResult,
@@ -38,6 +37,7 @@ from meshtop.runner.job.launch import (
     rank_environment,
     run_job,
 )
+from meshtop.runner.multinode.fleet import Fleet
 from meshtop.runner.multinode.nodes import Nodes
 from meshtop.runner.plan import ResolvedRun
 from meshtop.runner.script.command import (

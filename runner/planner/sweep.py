@@ -17,10 +17,10 @@ from meshtop.recordings.manifest import RecordingError
 from meshtop.recordings.sweep import SWEEP_VERSION, write_sweep
 from meshtop.runner.job.console import follow_job, verdict
 from meshtop.runner.job.launch import NodeProbes
-from meshtop.runner.plan import PlanError
-from meshtop.runner.planner.report import Budget, report
-from meshtop.runner.planner.plans import SWEEP_STEPS, Candidate, Question
 from meshtop.runner.job.session import start_recording
+from meshtop.runner.plan import PlanError
+from meshtop.runner.planner.plans import SWEEP_STEPS, Candidate, Question
+from meshtop.runner.planner.report import Budget, report
 
 MIN_SWEEP_STEPS = 3
 

@@ -22,8 +22,8 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import fully_shard
 from torch.nn.parallel import DistributedDataParallel
 
-from meshtop.runner.rank.model import Transformer
 from meshtop.runner.plan import PlanError
+from meshtop.runner.rank.model import Transformer
 
 
 def apply_fsdp(model: Transformer, *, dp_mesh: DeviceMesh) -> None:

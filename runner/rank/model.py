@@ -13,8 +13,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from meshtop.runner.rank.kv_cache import KVCache, LayerCache
 from meshtop.runner.presets import ModelShape
+from meshtop.runner.rank.kv_cache import KVCache, LayerCache
 
 
 def rotary_tables(

@@ -30,8 +30,8 @@ from torch.distributed.pipelining import (
 from torch.distributed.pipelining.schedules import _PipelineSchedule
 from torch.distributed.tensor import DTensor
 
-from meshtop.runner.rank.model import Transformer
 from meshtop.runner.plan import ResolvedRun
+from meshtop.runner.rank.model import Transformer
 
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 

@@ -34,7 +34,6 @@ from torch.distributed.device_mesh import DeviceMesh
 
 from meshtop.probes.events import Event, RequestDone
 from meshtop.probes.memory import local_numel
-from meshtop.runner.rank.kv_cache import KVCache
 from meshtop.runner.load import (
     InferenceLoad,
     PlannedRequest,
@@ -42,10 +41,11 @@ from meshtop.runner.load import (
     replica_concurrency,
     replica_share,
 )
+from meshtop.runner.plan import ResolvedRun
+from meshtop.runner.rank.kv_cache import KVCache
 from meshtop.runner.rank.mesh import MeshCoordinates
 from meshtop.runner.rank.model import Transformer
 from meshtop.runner.rank.pipeline import cut_stage
-from meshtop.runner.plan import ResolvedRun
 from meshtop.runner.rank.tensor_parallel import apply_tensor_parallel
 from meshtop.runner.rank.train import TORCH_DTYPES, synchronize
 from meshtop.runner.rank.weights import init_weights

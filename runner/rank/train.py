@@ -12,12 +12,12 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.pipelining.schedules import _PipelineSchedule
 
 from meshtop.probes.memory import local_numel
+from meshtop.runner.plan import ResolvedRun
 from meshtop.runner.rank.data import replica_batch, synthetic_tokens
 from meshtop.runner.rank.data_parallel import apply_ddp, apply_fsdp, apply_replicate
 from meshtop.runner.rank.mesh import MeshCoordinates
 from meshtop.runner.rank.model import Transformer, next_token_loss
 from meshtop.runner.rank.pipeline import build_schedule, cut_stage, embedding_group, sum_tied_gradients, tied_ends
-from meshtop.runner.plan import ResolvedRun
 from meshtop.runner.rank.tensor_parallel import apply_tensor_parallel, keep_gradients_sharded
 from meshtop.runner.rank.weights import init_weights
 
@@ -122,7 +122,7 @@ def train_step(job: TrainingJob, step: int) -> tuple[float | None, float]:
         last = job.holds_last_stage
         job.schedule.step(*args, target=targets if last else None, losses=losses if last else None)
         if last:
-            loss = torch.stack([l.detach().float() for l in losses]).mean().item()
+            loss = torch.stack([part.detach().float() for part in losses]).mean().item()
         if job.embedding_group is not None:
             sum_tied_gradients(job.tied_ends, group=job.embedding_group)
     synchronize(job.device)

@@ -30,7 +30,8 @@ if TYPE_CHECKING:  # the launcher imports this module without torch
     from meshtop.probes.arrivals import Arrivals
 
 STOP_ENV = "MESHTOP_STOP_FILE"
-"""The file whose existence asks a run until stopped to end (set by :func:`meshtop.runner.job.launch.builtin_launch`)."""
+"""The file whose existence asks a run until stopped to end (set by
+:func:`meshtop.runner.job.launch.builtin_launch`)."""
 STOP_NAME = "stop"
 """Its name in the session folder."""
 FINISH_GRACE_S = 20.0

@@ -24,9 +24,9 @@ from meshtop.probes.memory import parameters_of
 from meshtop.probes.shipper import EventShipper, open_sink
 from meshtop.probes.sink import EventSink
 from meshtop.probes.wire import node_of_this_rank, start_of_this_rank
+from meshtop.runner.plan import ResolvedRun
 from meshtop.runner.rank.faults import Fault, fault_from_env
 from meshtop.runner.rank.mesh import MeshCoordinates, build_mesh, coordinates, local_device
-from meshtop.runner.plan import ResolvedRun
 from meshtop.runner.rank.serve import OP_NAMES, OpTiming, build_serving, serve
 from meshtop.runner.rank.train import build_training, timed_step
 from meshtop.runner.rank.until import RunUntilStopped

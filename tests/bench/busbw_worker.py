@@ -21,10 +21,10 @@ import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
 
-from meshtop.recordings.metrics.bandwidth import busbw_gbps
 from meshtop.probes.collectives import CollectiveProbe, GroupDirectory
 from meshtop.probes.events import CollectiveTiming, Event
 from meshtop.probes.native import from_environment
+from meshtop.recordings.metrics.bandwidth import busbw_gbps
 
 SIZES_BYTES = (64 * 1024, 1024 * 1024, 8 * 1024 * 1024, 32 * 1024 * 1024)
 WARMUP, ROUNDS, REPEATS = 5, 3, 10

@@ -306,7 +306,7 @@ def pair_ratios(windows: list[Window], starts_ns: dict[str, list[int]]) -> tuple
     """Per pair of neighbouring windows: meshtop's median period, the loop's, and the loop's over meshtop's
     (the ratio of tokens / s). A pair with a window of fewer than :data:`MIN_PERIODS` periods is left out."""
     meshtop_s, loop_s, ratios = [], [], []
-    for first, second in zip(windows[::2], windows[1::2]):
+    for first, second in zip(windows[::2], windows[1::2], strict=False):
         periods = {w.side: window_periods(starts_ns[w.side], w) for w in (first, second)}
         if min(len(p) for p in periods.values()) < MIN_PERIODS:
             continue

@@ -51,7 +51,8 @@ RANKS = 64
 
 
 def produce(address: tuple[str, int], frame: bytes, frames: int) -> None:
-    """A producer process: connect, say ready, wait for the go (a line on stdin), send ``frames`` copies of ``frame``."""
+    """A producer process: connect, say ready, wait for the go (a line on stdin), send ``frames`` copies of
+    ``frame``."""
     with socket.create_connection(address) as sock:
         print("ready", flush=True)
         sys.stdin.readline()

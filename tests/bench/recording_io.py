@@ -26,10 +26,10 @@ from itertools import islice
 from pathlib import Path
 
 from meshtop.probes.events import Event
-from meshtop.recordings.summary import summarize
 from meshtop.recordings.events_log import EVENTS_DIR, EventWriter
 from meshtop.recordings.manifest import start_manifest, write_manifest
 from meshtop.recordings.reader import open_recording
+from meshtop.recordings.summary import summarize
 from meshtop.recordings.tables import compact
 from tests.bench.figures import NO_TARGET, Row, Spread, Target, median
 from tests.bench.tui_frames import SyntheticSource

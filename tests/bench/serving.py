@@ -20,8 +20,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from meshtop.recordings.summary import summarize
 from meshtop.recordings.reader import open_recording
+from meshtop.recordings.summary import summarize
 
 PLANS = {"dp2": ["--dp", "2"], "tp2": ["--dp", "1", "--tp", "2"], "pp2": ["--dp", "1", "--pp", "2"]}
 CONCURRENCY = (2, 16)
@@ -130,7 +130,7 @@ def main(argv: list[str] | None = None) -> int:
     for row in rows:
         cells = "".join(
             f"{row[n]['median']:>9.1f} ({row[n]['min']:.0f}-{row[n]['max']:.0f})".rjust(w)
-            for n, w in zip(METRICS, (22, 22, 24, 20))
+            for n, w in zip(METRICS, (22, 22, 24, 20), strict=False)
         )
         print(f"{row['plan']:<6}{row['concurrency']:>4}{cells}{row['vs_dp2']['output_tokens_per_s']:>14.2f}")
     if args.json is not None:

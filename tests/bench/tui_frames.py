@@ -87,7 +87,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Iterable, Iterator
-from itertools import chain, islice
+from itertools import chain, islice, pairwise
 from pathlib import Path
 from typing import Any
 
@@ -107,10 +107,10 @@ from meshtop.probes.events import (
 )
 from meshtop.recordings.manifest import Model, Plan, RunDescription
 from meshtop.recordings.replay import in_kind_order
-from tests.bench.figures import quantile
 from meshtop.tui.app import VIEWS, MeshtopApp
 from meshtop.tui.sources import SCREEN_BACKLOG, ScreenBacklog, screen_batches
 from meshtop.tui.state import DashboardState
+from tests.bench.figures import quantile
 
 RATE = 10_000.0
 """Events per second offered."""
@@ -356,7 +356,7 @@ class SyntheticSource:
         schedule: list[list[tuple[str, int, float, float]]],
         tokens: int,
     ) -> Iterable[Event]:
-        pp, dp, tp = self._layout(rank)
+        pp, _dp, _tp = self._layout(rank)
         d_ns = duration_s * 1e9
         fb_ns = FB_SHARE * d_ns
         group_stride = self.dp * TP
@@ -536,7 +536,7 @@ class IdleMeter:
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self.idle_s = 0.0
-        self._selector = loop._selector  # type: ignore[attr-defined]  # noqa: SLF001 - the selector loop's
+        self._selector = loop._selector  # type: ignore[attr-defined]
         self._select = self._selector.select
 
         def select(timeout: float | None = None) -> Any:
@@ -631,7 +631,7 @@ class BenchApp(MeshtopApp):
         super().frame()
         try:
             view = self.query_one(TabbedContent).active or "overview"
-        except Exception:  # noqa: BLE001 - closing
+        except Exception:
             view = "?"
         self.frames.append((began, idle, self.frame_times_s[-1], view, spent))
 
@@ -678,7 +678,7 @@ async def measure(
             events0, produced0, first_frame = app.state.events, source.produced, len(app.frames)
             gc0 = len(gc_meter.pauses)
             dwell = seconds / len(VIEWS)
-            for index, (view, _, _) in enumerate(VIEWS):
+            for index in range(len(VIEWS)):
                 presses.append(time.perf_counter())
                 app.simulate_key(str(index + 1))
                 await asyncio.sleep(max(0.0, began + (index + 1) * dwell - time.perf_counter()))
@@ -704,7 +704,7 @@ async def measure(
     parts_s: list[dict[str, float]] = []
     steady: list[dict[str, Any]] = []
     since_switch = 0
-    for (t0, i0, own, view, spent0), (t1, i1, _, _, spent1) in zip(frames, frames[1:]):
+    for (t0, i0, own, view, spent0), (t1, i1, _, _, spent1) in pairwise(frames):
         full = (t1 - t0) - (i1 - i0)
         if any(t0 <= pressed < t1 for pressed in presses[1:]):  # a view switch: the new pane's first layout
             switch_s.append(full)
@@ -821,7 +821,10 @@ def main() -> None:
     parser.add_argument(
         "--gc-freeze",
         action="store_true",
-        help="gc.freeze() again once the synthetic history is applied (the app itself freezes at start and paces full collections): compare GC pauses",
+        help=(
+            "gc.freeze() again once the synthetic history is applied (the app itself freezes at start and "
+            "paces full collections): compare GC pauses"
+        ),
     )
     parser.add_argument(
         "--profile",

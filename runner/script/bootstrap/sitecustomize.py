@@ -42,7 +42,8 @@ def run_users_sitecustomize() -> None:
 
 
 def should_attach() -> bool:
-    """Whether this process is a rank to attach to. ``MESHTOP_ATTACH`` is :data:`meshtop.runner.script.command.ATTACH_ENV`,
+    """Whether this process is a rank to attach to. ``MESHTOP_ATTACH`` is
+    :data:`meshtop.runner.script.command.ATTACH_ENV`,
     spelled out: this module runs in every Python process of the job and imports nothing of meshtop's
     until it attaches."""
     return (
