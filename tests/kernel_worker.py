@@ -2,7 +2,7 @@
 
 Run under torchrun with 2 ranks: ``python -m tests.kernel_worker OUT_DIR``.
 The kernel is whichever ``MESHTOP_NATIVE_PROBE`` selects (the C++ one, or
-``off``: Python), so ``tests/test_collective_kernels.py`` can check that both
+``off``: Python), so ``tests/probes/test_collective_kernels.py`` can check that both
 report the same operations the same way. Rank 1 joins the second all-reduce
 late, so rank 0's heartbeat shows it in flight.
 

@@ -28,5 +28,5 @@ export PYTHONPATH="/tmp/site:$PWD"
     nvidia-smi
     python3 -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda, torch.cuda.get_device_name(0))'
 } >"$OUT/machine.txt" 2>&1
-timeout 240 python3 -m pytest -q -p no:cacheprovider tests/test_gpu.py 2>&1 | tee "$OUT/test_gpu.log"
+timeout 240 python3 -m pytest -q -p no:cacheprovider tests/probes/test_gpu.py 2>&1 | tee "$OUT/test_gpu.log"
 timeout 300 python3 -m tests.bench.suite --device cuda --json "$OUT/gpu-suite.json" 2>&1 | tee "$OUT/gpu-suite.log"

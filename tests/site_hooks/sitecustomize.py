@@ -1,7 +1,7 @@
 """Test-only: make every Python process of a launched job look like a torch release without an internal, or
 run on a clock that is off.
 
-``tests/test_guarded_installs.py`` puts this folder on ``PYTHONPATH`` (which the
+``tests/probes/test_guarded_installs.py`` puts this folder on ``PYTHONPATH`` (which the
 launcher passes on to the ranks) and names, in :data:`MOVE_ENV`, a method of
 ``torch.distributed.pipelining.stage._PipelineStageBase``. Python imports
 ``sitecustomize`` at start-up, so each rank starts with that method moved from
@@ -27,7 +27,7 @@ if method_name := os.environ.get(MOVE_ENV):
 
 CLOCK_SHIFT_ENV = "MESHTOP_TEST_CLOCK_SHIFT_S"
 """Seconds to move this process's wall clock by (``time.time`` and ``time.time_ns``): every process of a
-launched job inherits it, so a node of ``tests/test_multinode.py`` runs on a clock that is that far off."""
+launched job inherits it, so a node of ``tests/runner/test_multinode.py`` runs on a clock that is that far off."""
 
 if shift := os.environ.get(CLOCK_SHIFT_ENV):
     import time

@@ -23,7 +23,7 @@ from meshtop.runner.multinode.nodes import nodes_from_options, split_endpoint
 from meshtop.runner.plan import PlanError, RunSpec, resolve
 from meshtop.tui.state import DashboardState
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_a_node_joins_torchruns_c10d_rendezvous() -> None:

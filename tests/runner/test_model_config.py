@@ -25,8 +25,8 @@ from meshtop.runner.rank.pipeline import cut_stage
 from meshtop.runner.rank.weights import init_weights
 from tests.cli_errors import one_line_error
 from tests.jobs import LaunchedRun, launch
-from tests.test_kv_cache import greedy_without_cache
-from tests.test_parallel_equivalence import RTOL
+from tests.runner.test_kv_cache import greedy_without_cache
+from tests.runner.test_parallel_equivalence import RTOL
 
 LLAMA_3_2_1B = {
     "architectures": ["LlamaForCausalLM"],

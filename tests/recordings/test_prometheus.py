@@ -24,7 +24,7 @@ from meshtop.tui.sources import ReplaySource
 from meshtop.tui.state import DashboardState
 from tests.recording_kit import description
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def scrape(url: str) -> dict[str, list[tuple[dict[str, str], float]]]:

@@ -32,7 +32,7 @@ if TMUX is None:
         "tmux is not installed: the real-terminal tests need it (apt-get install tmux)", allow_module_level=True
     )
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 TAB_ROW = "1 Overview  2 Devices  3 Comms  4 Pipeline  5 Steps  6 Procs  7 Alerts"
 POLL_S = 0.2
 STARTUP_S = 60.0

@@ -31,7 +31,7 @@ from meshtop.tui.state import DashboardState
 from tests.jobs import launch
 from tests.witness_worker import ListSink
 
-SITE_HOOKS = Path(__file__).with_name("site_hooks")
+SITE_HOOKS = Path(__file__).resolve().parents[1] / "site_hooks"
 CPU = torch.device("cpu")
 
 

@@ -231,7 +231,7 @@ def test_sigkilled_meshtop_leaves_a_readable_recording_and_no_ranks(tmp_path: Pa
     import psutil
 
     from tests.jobs import alive
-    from tests.test_launch import wait_for_steps
+    from tests.runner.test_launch import wait_for_steps
 
     out = tmp_path / "killed"
     process = subprocess.Popen(

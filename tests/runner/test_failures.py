@@ -221,7 +221,7 @@ def test_a_full_disk_stops_the_job_with_one_line_and_keeps_what_was_written(tmp_
     assert alive(pids) == []
 
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 SMALL_DISK = "1536k"
 """A tmpfs that a tiny dp2 run fills in a few hundred steps; the recording keeps 256 KiB of it for its manifest."""
 

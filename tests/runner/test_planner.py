@@ -25,7 +25,7 @@ from meshtop.runner.planner.report import Budget, parse_size, placement, report
 from meshtop.runner.presets import PRESETS
 from tests.cli_errors import one_line_error
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 
 
 def question(ranks: int = 4, model: str = "tiny", plans: tuple[str, ...] = ()) -> Question:

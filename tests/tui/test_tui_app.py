@@ -24,10 +24,10 @@ from meshtop.tui.compare_app import CompareApp
 from meshtop.tui.sources import ReplaySource
 from tests.screen_text import screen_text
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 SAMPLE = Path("recordings/samples/dp2-pp2-1f1b")  # relative, so the header reads the same on every machine
 INFER_SAMPLE = Path("recordings/samples/tp2-infer")
-SNAPSHOTS = Path(__file__).resolve().parent / "snapshots"
+SNAPSHOTS = Path(__file__).resolve().parents[1] / "snapshots"
 
 
 @pytest.fixture(autouse=True)

@@ -29,8 +29,8 @@ from tests.jobs import alive, launch
 
 pytestmark = pytest.mark.slow
 
-ROOT = Path(__file__).resolve().parent.parent
-SITE_HOOKS = Path(__file__).resolve().parent / "site_hooks"
+ROOT = Path(__file__).resolve().parents[2]
+SITE_HOOKS = Path(__file__).resolve().parents[1] / "site_hooks"
 STEPS = 4
 BATCH = 8
 RTOL = 2e-5

@@ -35,7 +35,7 @@ from meshtop.tui.cli import main
 from tests.cli_errors import one_line_error
 from tests.recording_kit import write_recording
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 EXAMPLES = REPO / "examples"
 STEPS = 4
 DIM = 64

@@ -26,7 +26,7 @@ from meshtop.runner.presets import PRESETS
 from meshtop.runner.rank.model import Transformer
 from meshtop.runner.rank.weights import init_weights
 from tests.cli_errors import one_line_error
-from tests.test_kv_cache import greedy_without_cache
+from tests.runner.test_kv_cache import greedy_without_cache
 
 LOAD = [
     "--mode",

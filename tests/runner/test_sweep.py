@@ -26,7 +26,7 @@ from meshtop.tui.sweep_app import SweepApp
 
 pytestmark = pytest.mark.slow  # each test runs real multi-rank jobs, several plans each
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 ACTIVATION_TOLERANCE = 0.15
 
 

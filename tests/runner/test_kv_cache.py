@@ -1,5 +1,5 @@
 """The KV cache in one process: the same greedy tokens as recomputing the whole sequence, batched or alone,
-with slots reused. (The serving engine that drives it under every plan: tests/test_inference.py.)"""
+with slots reused. (The serving engine that drives it under every plan: tests/runner/test_inference.py.)"""
 
 from __future__ import annotations
 

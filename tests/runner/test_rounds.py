@@ -7,7 +7,7 @@ from meshtop.probes.arrivals import Arrivals, EncodedEvents, decode_lines, encod
 from meshtop.probes.events import CollectiveTiming, Event, RankStarted, StepTiming
 from meshtop.recordings.metrics.run import RunFold
 from meshtop.runner.job.rounds import Rounds
-from tests.test_nodes import elastic_script
+from tests.runner.test_nodes import elastic_script
 
 
 def start(rank: int, world_size: int, restart: int) -> RankStarted:
