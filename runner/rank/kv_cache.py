@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import torch
 
+from meshtop.runner.rank.rotary import rotary_tables
+
 
 class KVCache:
     """Keys and values of every layer for ``slots`` sequences of at most ``max_len`` tokens."""
@@ -44,8 +46,6 @@ class KVCache:
 
     def rotary(self, seq: int, head_dim: int, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
         """Cosine and sine at each token's own position: ``[rows, seq, head_dim // 2]``."""
-        from meshtop.runner.rank.model import rotary_tables
-
         if self._tables is None:
             self._tables = rotary_tables(self.max_len, head_dim, theta, device=self.device)
         assert self._positions is not None and self._positions.size(1) == seq, "begin() with this many tokens"

@@ -7,7 +7,8 @@ import torch
 
 from meshtop.runner.presets import PRESETS, PresetError, preset
 from meshtop.runner.rank.data import replica_batch, synthetic_tokens
-from meshtop.runner.rank.model import Transformer, apply_rotary, next_token_loss, rotary_tables
+from meshtop.runner.rank.model import Transformer, next_token_loss
+from meshtop.runner.rank.rotary import apply_rotary, rotary_tables
 from meshtop.runner.rank.weights import init_weights
 
 
