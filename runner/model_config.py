@@ -39,7 +39,7 @@ from __future__ import annotations
 import json
 from pathlib import Path, PurePosixPath
 
-from meshtop.runner.plan import PlanError
+from meshtop.runner.errors import ModelConfigError
 from meshtop.runner.presets import ModelShape
 
 MODEL_TYPES = ("llama", "mistral")
@@ -50,10 +50,6 @@ DEFAULTS = {"rope_theta": 10000.0, "rms_norm_eps": 1e-6, "max_position_embedding
 """Hugging Face ``LlamaConfig``'s defaults for the optional fields read."""
 MAX_CONFIG_BYTES = 16 * 2**20
 """A config.json is a few kilobytes; a file this big is a checkpoint given by mistake."""
-
-
-class ModelConfigError(PlanError):
-    """A ``--model-config`` file meshtop cannot read or build; the message names the file and the fix."""
 
 
 def load_model_config(path: str) -> ModelShape:

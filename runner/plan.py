@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
-from meshtop.probes.errors import MeshtopError
+from meshtop.runner.errors import PlanError
 from meshtop.runner.load import (
     DEFAULT_CONCURRENCY,
     DEFAULT_MAX_BATCH,
@@ -21,6 +21,7 @@ from meshtop.runner.load import (
     MAX_SEQUENCE,
     InferenceLoad,
 )
+from meshtop.runner.model_config import load_model_config
 from meshtop.runner.presets import ModelShape, preset
 
 SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b")
@@ -34,10 +35,6 @@ WATCH_LIMIT_S = 300.0
 itself where nobody watches it (a lost terminal's session goes on headless)."""
 MAX_CPU_RANKS = 64
 """More gloo ranks than this on one host only measures the scheduler."""
-
-
-class PlanError(MeshtopError):
-    """The asked-for run cannot be launched; the message names the fix."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -258,8 +255,6 @@ def model_shape(model: str, model_config: str | None) -> ModelShape:
     """The shape of preset ``model``, or the one a ``config.json`` at ``model_config`` describes."""
     if model_config is None:
         return preset(model)
-    from meshtop.runner.model_config import load_model_config
-
     return load_model_config(model_config)
 
 

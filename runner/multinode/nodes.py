@@ -31,7 +31,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
 
-from meshtop.runner.plan import PlanError
+from meshtop.runner.errors import PlanError
 
 DEFAULT_RDZV_PORT = 29400
 """torchrun's, for an endpoint given without a port."""

@@ -18,7 +18,8 @@ import math
 from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 
-from meshtop.runner.plan import PlanError, ResolvedRun, RunSpec, check_mode_options, model_shape, resolve
+from meshtop.runner.errors import PlanError
+from meshtop.runner.plan import ResolvedRun, RunSpec, check_mode_options, model_shape, resolve
 from meshtop.runner.presets import ModelShape
 
 ELEMENT_BYTES = {"fp32": 4, "bf16": 2}

@@ -11,7 +11,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from meshtop.runner.plan import PlanError, ResolvedRun
+from meshtop.runner.errors import PlanError
+from meshtop.runner.plan import ResolvedRun
 from meshtop.runner.planner.plans import Candidate, Prediction, Question, RankMemory, in_flight
 
 

@@ -22,7 +22,7 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import fully_shard
 from torch.nn.parallel import DistributedDataParallel
 
-from meshtop.runner.plan import PlanError
+from meshtop.runner.errors import PlanError
 from meshtop.runner.rank.model import Transformer
 
 

@@ -28,8 +28,8 @@ from importlib.machinery import PathFinder
 from pathlib import Path
 from typing import NoReturn
 
+from meshtop.runner.errors import PlanError
 from meshtop.runner.multinode.nodes import Nodes, nodes_from_options
-from meshtop.runner.plan import PlanError
 
 ATTACH_ENV = "MESHTOP_ATTACH"
 """Set (to ``1``) in a script's ranks: meshtop's bootstrap attaches its probes (:mod:`meshtop.runner.script.attach`)."""

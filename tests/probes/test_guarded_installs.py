@@ -24,7 +24,7 @@ from meshtop.probes.instrument import OVERHEAD_BLOCK_ENV, Instrumentation
 from meshtop.probes.patching import MissingInternal, require
 from meshtop.probes.pipeline import STAGE_METHODS, StageProbe
 from meshtop.recordings.manifest import RunDescription
-from meshtop.runner.plan import PlanError
+from meshtop.runner.errors import PlanError
 from meshtop.runner.rank.data_parallel import apply_replicate
 from meshtop.runner.rank.mesh import build_mesh
 from meshtop.tui.state import DashboardState

@@ -15,9 +15,10 @@ import torch
 
 from meshtop.probes.events import CollectiveTiming
 from meshtop.recordings.reader import open_recording
+from meshtop.runner.errors import ModelConfigError, PlanError
 from meshtop.runner.load import InferenceLoad, plan_requests
-from meshtop.runner.model_config import ModelConfigError, load_model_config
-from meshtop.runner.plan import PlanError, ResolvedRun, RunSpec, resolve
+from meshtop.runner.model_config import load_model_config
+from meshtop.runner.plan import ResolvedRun, RunSpec, resolve
 from meshtop.runner.presets import preset
 from meshtop.runner.rank.data import synthetic_tokens
 from meshtop.runner.rank.model import Transformer, next_token_loss

@@ -17,10 +17,11 @@ from meshtop.probes.wire import event_sections, pack, read_frame
 from meshtop.recordings.manifest import RunDescription, Script, read_manifest, script_plan, start_manifest
 from meshtop.recordings.metrics.steps import StepFolder
 from meshtop.recordings.recorder import Ending, SessionRecorder
+from meshtop.runner.errors import PlanError
 from meshtop.runner.job.launch import JobResult, RankExit, root_cause
 from meshtop.runner.multinode.fleet import Fleet
 from meshtop.runner.multinode.nodes import nodes_from_options, split_endpoint
-from meshtop.runner.plan import PlanError, RunSpec, resolve
+from meshtop.runner.plan import RunSpec, resolve
 from meshtop.tui.state import DashboardState
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -27,8 +27,8 @@ from torch import nn
 
 from meshtop.probes.events import GpuSample, RankStarted, StepTiming
 from meshtop.recordings.metrics.run import fold_tables
+from meshtop.runner.errors import PlanError
 from meshtop.runner.job.session import script_description
-from meshtop.runner.plan import PlanError
 from meshtop.runner.script.attach import after_import
 from meshtop.runner.script.command import resolve_script
 from meshtop.tui.cli import main

@@ -7,7 +7,8 @@ import sys
 
 import pytest
 
-from meshtop.runner.plan import PlanError, RunSpec, resolve, split_layers
+from meshtop.runner.errors import PlanError
+from meshtop.runner.plan import RunSpec, resolve, split_layers
 from meshtop.tui.cli import main
 from tests.cli_errors import one_line_error
 

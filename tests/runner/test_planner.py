@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from meshtop.runner.plan import PlanError, RunSpec
+from meshtop.runner.errors import PlanError
+from meshtop.runner.plan import RunSpec
 from meshtop.runner.planner.plans import (
     Question,
     candidates,

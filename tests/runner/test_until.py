@@ -9,8 +9,9 @@ import pytest
 import torch.distributed as dist
 
 from meshtop.probes.events import Event, StepTiming
+from meshtop.runner.errors import PlanError
 from meshtop.runner.job.launch import JobControl
-from meshtop.runner.plan import PlanError, RunSpec, resolve
+from meshtop.runner.plan import RunSpec, resolve
 from meshtop.runner.rank.until import MARGIN_STEPS, RunUntilStopped
 from tests.jobs import launch
 
