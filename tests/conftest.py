@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
-import inspect
 import subprocess
 import sys
 from pathlib import Path
@@ -64,13 +62,3 @@ def recorded(tmp_path_factory: pytest.TempPathFactory) -> Path:
     )
     assert done.returncode == 0, done.stdout + done.stderr
     return out
-
-
-@pytest.hookimpl(tryfirst=True)
-def pytest_pyfunc_call(pyfuncitem: pytest.Function) -> bool | None:
-    """Run ``async def`` tests (Textual's pilot) in a fresh event loop, without a plugin."""
-    if not inspect.iscoroutinefunction(pyfuncitem.obj):
-        return None
-    arguments = {name: pyfuncitem.funcargs[name] for name in pyfuncitem._fixtureinfo.argnames}
-    asyncio.run(pyfuncitem.obj(**arguments))
-    return True
