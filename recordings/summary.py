@@ -9,11 +9,8 @@ from __future__ import annotations
 from dataclasses import asdict
 from typing import Any
 
-import numpy as np
-
-from meshtop.recordings.metrics.mfu import achieved_flops_per_rank
+from meshtop.recordings.metrics.rates import measured_rates as rates_of
 from meshtop.recordings.metrics.run import COLUMNAR, COLUMNS_READ, EVENT_KINDS, RunFold, fold_tables
-from meshtop.recordings.metrics.stats import quantile
 from meshtop.recordings.reader import Recording
 
 
@@ -122,8 +119,7 @@ def summarize(recording: Recording) -> dict[str, Any]:
 
 
 def measured_rates(recording: Recording) -> tuple[float | None, float | None]:
-    """What ``meshtop plan --from REC`` takes from a recording: its bus bandwidth in GB/s (the median of its
-    collectives' p50, of the operations that ran alone) and the FLOP/s one rank achieved."""
-    figures = fold_recording(recording).figures()
-    rates = [row.busbw_p50_gbps for row in figures.collectives if row.busbw_p50_gbps is not None]
-    return quantile(np.asarray(rates), 0.5), achieved_flops_per_rank(recording.manifest.run, figures.steps.tokens_per_s)
+    """What ``meshtop plan --from REC`` takes from a recording: its bus bandwidth in GB/s and the FLOP/s one rank
+    achieved (:mod:`meshtop.recordings.metrics.rates`)."""
+    rates = rates_of(recording.manifest.run, fold_recording(recording).figures())
+    return rates.busbw_gbps, rates.flops_per_s

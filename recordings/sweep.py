@@ -6,20 +6,13 @@ status and recording) and ``OUT/<plan>/``, a recording ``summary``, ``compare`` 
 other. The ranking is computed from those files whenever it is asked for, so an interrupted sweep ranks the
 plans that finished.
 
-The figures, each defined here once:
-- **model state**: weights + gradients + optimizer bytes of a rank, from its last memory snapshot;
-- **accounted peak** of a rank: model state + activations saved for backward + KV cache. On CUDA a plan's
-  peak memory is the allocator's peak of its most loaded rank; on CPU, where the resident set is mostly the
-  interpreter and torch, it is the largest accounted peak;
-- **traffic**: the bytes of each (rank, group, op) in the last step every rank completed (a steady step: a
-  sweep runs 3 or more, since step 0 holds FSDP's lazy initialisation and step 1 DDP's bucket rebuild, two
-  broadcasts of its new bucket order);
-- **communication share**: each (group, op) row's exposed share of the step time
-  (:mod:`meshtop.recordings.metrics.collectives`), summed and capped at 1 (operations of different groups that
-  overlap count in each, so it is an upper bound);
-- **bubble**: the mean over stages of the stage bubble fraction (:mod:`meshtop.recordings.metrics.pipeline`),
-  predicted as (p - 1) / (v m + p - 1);
-- **prediction error**: (measured - predicted) / predicted of a plan's figure.
+Each measured figure is the metrics core's: a rank's **accounted bytes** and the **peak** a plan is checked
+against (:mod:`meshtop.recordings.metrics.memory`: the allocator's peak of the most loaded rank on CUDA, the
+largest accounted bytes on CPU), the **traffic** per (rank, group, op) of the last step every rank completed
+and the **communication share** (:mod:`meshtop.recordings.metrics.collectives`), the **mean bubble**
+(:mod:`meshtop.recordings.metrics.pipeline`, predicted as (p - 1) / (v m + p - 1)). A sweep runs 3 steps or
+more, since step 0 holds FSDP's lazy initialisation and step 1 DDP's bucket rebuild. Defined here: the
+**prediction error**, (measured - predicted) / predicted of a plan's figure.
 """
 
 from __future__ import annotations
@@ -29,18 +22,15 @@ import os
 from pathlib import Path
 from typing import Any
 
-import pyarrow as pa
-import pyarrow.compute as pc
-
 from meshtop.recordings.manifest import RecordingError
-from meshtop.recordings.metrics.memory import most_loaded
-from meshtop.recordings.metrics.pipeline import theoretical_bubble
+from meshtop.recordings.metrics.collectives import communication_share, last_full_step, step_traffic
+from meshtop.recordings.metrics.memory import CATEGORIES, accounted_bytes, plan_peak
+from meshtop.recordings.metrics.pipeline import mean_bubble, theoretical_bubble
 from meshtop.recordings.reader import open_recording
 from meshtop.recordings.summary import fold_recording, job_status
 
 SWEEP_FILE = "sweep.json"
 SWEEP_VERSION = 1
-CATEGORIES = ("weights_bytes", "grads_bytes", "optimizer_bytes", "activations_bytes", "kv_cache_bytes")
 
 
 def is_sweep(path: Path) -> bool:
@@ -81,41 +71,19 @@ def read_sweep(out: Path) -> dict[str, Any]:
     return sweep
 
 
-def step_traffic(table: pa.Table, step: int) -> dict[tuple[int, str, str], int]:
-    """Bytes per (rank, group, op) of the collectives issued in ``step``."""
-    rows = table.filter(pc.equal(table["step"], step)).group_by(["rank", "group", "op"]).aggregate([("bytes", "sum")])
-    return {
-        (rank, group, op): total
-        for rank, group, op, total in zip(
-            *(rows[name].to_pylist() for name in ("rank", "group", "op", "bytes_sum")), strict=True
-        )
-    }
-
-
-def accounted(row: dict[str, Any]) -> int | None:
-    values = [row.get(key) for key in CATEGORIES]
-    return None if values[0] is None else sum(v or 0 for v in values)
-
-
 def measure(directory: Path) -> dict[str, Any]:
-    """The measured figures of one plan's recording."""
+    """The measured figures of one plan's recording (each defined in the metrics core)."""
     recording = open_recording(directory)
-    fold = fold_recording(recording)
-    figures = fold.figures()
+    figures = fold_recording(recording).figures()
     memory = {
-        row.rank: {key: getattr(row, key) for key in CATEGORIES} | {"peak_bytes": row.peak_bytes}
+        row.rank: {key: getattr(row, key) for key in CATEGORIES}
+        | {"peak_bytes": row.peak_bytes, "accounted_bytes": accounted_bytes(row)}
         for row in figures.memory
     }
-    for row in memory.values():
-        row["accounted_bytes"] = accounted(row)
-    cuda = recording.manifest.run.device == "cuda"
-    peak_key = "peak_bytes" if cuda else "accounted_bytes"
-    peaks = {rank: row[peak_key] for rank, row in memory.items() if row[peak_key] is not None}
-    peak_rank = most_loaded(peaks)
-    shares = [row.exposed_share for row in figures.collectives if row.exposed_share is not None]
+    peak = plan_peak(figures.memory, cuda=recording.manifest.run.device == "cuda")
+    step = last_full_step(figures.steps.count)
     traffic: dict[tuple[int, str, str], int] = {}
-    step = figures.steps.count - 1
-    if step >= 0 and "collective" in recording.kinds():
+    if step is not None and "collective" in recording.kinds():
         traffic = step_traffic(recording.arrow("collective"), step)
     requests = figures.requests
     return {
@@ -125,13 +93,11 @@ def measure(directory: Path) -> dict[str, Any]:
         "steps": figures.steps.count,
         "last_loss": figures.steps.last_loss,
         "memory": {str(rank): row for rank, row in sorted(memory.items())},
-        "peak_rank": peak_rank,
-        "peak_bytes": peaks.get(peak_rank) if peak_rank is not None else None,
-        "peak_kind": "allocator" if cuda else "accounted",
-        "comm_share": min(1.0, sum(shares)) if shares else None,
-        "bubble": (
-            sum(row.bubble_fraction for row in figures.stages) / len(figures.stages) if figures.stages else None
-        ),
+        "peak_rank": peak.rank if peak is not None else None,
+        "peak_bytes": peak.bytes if peak is not None else None,
+        "peak_kind": "allocator" if recording.manifest.run.device == "cuda" else "accounted",
+        "comm_share": communication_share(figures.collectives),
+        "bubble": mean_bubble(figures.stages),
         "traffic_step": step if traffic else None,
         "traffic": [
             {"rank": rank, "group": group, "op": op, "bytes": nbytes}

@@ -11,7 +11,6 @@ run goes. No Textual here: tests and benchmarks drive it directly.
 
 from __future__ import annotations
 
-import statistics
 import time
 from collections import defaultdict, deque
 from collections.abc import Iterable
@@ -39,10 +38,12 @@ from meshtop.probes.events import (
 )
 from meshtop.recordings.manifest import RunDescription
 from meshtop.recordings.metrics.collectives import CollectiveRow
+from meshtop.recordings.metrics.memory import MemoryRow
 from meshtop.recordings.metrics.mfu import Mfu
 from meshtop.recordings.metrics.requests import LATENCIES, RequestFigures
 from meshtop.recordings.metrics.run import COLUMNAR, RunFigures, RunFold
 from meshtop.recordings.metrics.steps import JobStep
+from meshtop.recordings.metrics.stragglers import Straggler
 from meshtop.recordings.replay import in_kind_order
 from meshtop.recordings.schema import events_of, table_of
 
@@ -50,13 +51,9 @@ HISTORY = 240
 """Points kept for each chart (steps, utilisation, power, CPU)."""
 TIMELINE_STEPS = 3
 """Steps of pipeline timeline kept."""
-STRAGGLER_RATIO = 1.25
-"""A rank is a straggler when its compute time (step minus exposed communication) exceeds its peers'
-median by this."""
-STRAGGLER_MIN_S = 0.002
-STRAGGLER_WINDOW = 5
 DEFAULT_HEADROOM_ALERT = 0.10
-"""Alert when a GPU has less than this share of its memory free."""
+"""Alert when a rank's GPU had less than this share of its memory left at the rank's peak (the core's
+headroom: :mod:`meshtop.recordings.metrics.memory`)."""
 LIVE_FIGURES_EVERY_S = 0.25
 """A live dashboard computes its figures again at most this often while the job runs (the folds take every
 event at once; the quantiles over a long run's values are what costs)."""
@@ -98,11 +95,8 @@ class RankView:
     rss_bytes: int | None = None
     threads: int | None = None
     cpu_history: deque[float] = field(default_factory=lambda: deque(maxlen=HISTORY))
-    memory: MemorySnapshot | None = None
     exited: RankExited | None = None
     stack: StackDump | None = None
-    compute_s: deque[float] = field(default_factory=lambda: deque(maxlen=STRAGGLER_WINDOW))
-    """Recent steps' time outside exposed communication: what a straggler has more of."""
 
     @property
     def status(self) -> str:
@@ -179,17 +173,6 @@ class Alert:
     wall_ns: int
 
 
-def median_without(ordered: list[float], index: int) -> float:
-    """The median of sorted ``ordered`` less its element at ``index`` (in O(1): the stragglers check per rank)."""
-
-    def at(k: int) -> float:  # k-th of the list without ``index``
-        return ordered[k if k < index else k + 1]
-
-    n = len(ordered) - 1
-    middle = n // 2
-    return at(middle) if n % 2 else (at(middle - 1) + at(middle)) / 2
-
-
 class DashboardState:
     """Folds event tables into what the screen shows. ``apply`` is cheap; the views compute on demand."""
 
@@ -233,17 +216,12 @@ class DashboardState:
         self._lanes: dict[int, dict[int, list[tuple[int, int, str, int]]]] = defaultdict(lambda: defaultdict(list))
         """Per open step and pipeline lane rank: (start_ns, end_ns, action, microbatch)."""
         self._timeline: deque[PipelineStep] = deque(maxlen=TIMELINE_STEPS)
-        self._closed_seen = 0
         self.figures_every_s = figures_every_s
         """While the run goes on, figures are at most this old (0: always fresh, as a replay's are)."""
         self._figures: tuple[int, float, RunFigures] | None = None
         """(fold version, when computed, the figures)."""
         self.final = False
         """The run is over and every step decided: figures are always fresh."""
-        self._rank_starts = 0
-        """Ranks' starts folded so far: a start may move a rank to another stage."""
-        self._stragglers: tuple[tuple[int, int], list[tuple[int, float]]] | None = None
-        """(closed steps and rank starts seen, the stragglers then): they change only with those."""
 
     # -- input -----------------------------------------------------------------
 
@@ -305,22 +283,15 @@ class DashboardState:
                 self._lanes[step][rank].append((start, end, action, microbatch))
 
     def _on_started(self, event: RankStarted) -> None:
-        self._rank_starts += 1
         view = self._rank(event.rank)
         view.pid, view.device, view.host, view.node = event.pid, event.device, event.host, event.node
         view.pp_rank, view.dp_rank, view.tp_rank = event.pp_rank, event.dp_rank, event.tp_rank
 
     def _take_steps(self) -> None:
-        """Take the job steps the fold completed and the steps it closed since the last look."""
+        """Take the job steps the fold completed since the last look."""
         new = self.fold.new_steps
         while new:
             self._complete(new.popleft())
-        closed = self.fold.closed
-        fresh = min(len(closed), self.fold.closed_count - self._closed_seen)
-        for done in list(closed)[len(closed) - fresh :]:
-            for rank, duration in done.rank_durations_s.items():
-                self._rank(rank).compute_s.append(duration - done.exposed_by_rank.get(rank, 0.0))
-        self._closed_seen = self.fold.closed_count
 
     def _complete(self, step: JobStep) -> None:
         self.hang = None  # progress again
@@ -350,7 +321,7 @@ class DashboardState:
         self._timeline.append(PipelineStep(step=step, span_s=span, lanes=by_stage, bubble=bubble))
 
     def _on_memory(self, event: MemorySnapshot) -> None:
-        self._rank(event.rank).memory = event
+        self._rank(event.rank)
 
     def _on_gpu(self, event: GpuSample) -> None:
         view = self.gpus.get((event.node, event.gpu))
@@ -511,29 +482,14 @@ class DashboardState:
     def most_loaded_rank(self) -> int | None:
         return self.figures().most_loaded_rank
 
-    def stragglers(self) -> list[tuple[int, float]]:
-        """(rank, its compute time over its stage peers' median) for ranks that lag their peers."""
-        seen = (self._closed_seen, self._rank_starts)  # read every frame (the header counts the alerts)
-        if self._stragglers is None or self._stragglers[0] != seen:
-            self._stragglers = (seen, self._find_stragglers())
-        return list(self._stragglers[1])
+    def memory_rows(self) -> dict[int, MemoryRow]:
+        """Each rank's memory as the core has it (its peak over the run, what held it at its last snapshot,
+        its headroom): what the bars draw and the most loaded rank is chosen by."""
+        return {row.rank: row for row in self.figures().memory}
 
-    def _find_stragglers(self) -> list[tuple[int, float]]:
-        peers: dict[int, list[RankView]] = defaultdict(list)
-        for view in self.ranks.values():
-            if len(view.compute_s) >= 3:
-                peers[view.pp_rank].append(view)
-        found = []
-        for group in peers.values():
-            if len(group) < 2:
-                continue
-            medians = sorted((statistics.median(view.compute_s), view.rank) for view in group)
-            ordered = [m for m, _ in medians]
-            for index, (own, rank) in enumerate(medians):
-                others = median_without(ordered, index)
-                if others > 0 and own > STRAGGLER_RATIO * others and own - others > STRAGGLER_MIN_S:
-                    found.append((rank, own / others))
-        return sorted(found)
+    def stragglers(self) -> list[Straggler]:
+        """Ranks whose recent compute time exceeds their stage peers' (the core's rule, as ``summary``'s)."""
+        return list(self.figures().stragglers)
 
     def alerts(self) -> list[Alert]:
         """What needs the user's eye now, the worst first."""
@@ -556,19 +512,14 @@ class DashboardState:
         for (probe, reason), ranks in sorted(self.probes_off.items()):
             where = "every rank" if len(ranks) == self.info.world_size else f"ranks {ranks_text(ranks)}"
             alerts.append(Alert("warning", f"probe off: {probe} on {where}: {reason}", now))
-        for rank, ratio in self.stragglers():
-            alerts.append(Alert("warning", f"rank {rank} is a straggler: {ratio:.2f}x its peers' compute time", now))
-        for gpu in sorted(self.gpus.values(), key=lambda g: (g.node, g.gpu)):
-            used, total = gpu.sample.memory_used_bytes, gpu.sample.memory_total_bytes
-            if used is not None and total and 1 - used / total < self.headroom_alert:
-                alerts.append(
-                    Alert(
-                        "warning",
-                        f"{self.gpu_label(gpu)} memory headroom {1 - used / total:.0%} "
-                        f"(below {self.headroom_alert:.0%})",
-                        gpu.sample.wall_ns,
-                    )
-                )
+        for straggler in self.stragglers():
+            text = f"rank {straggler.rank} is a straggler: {straggler.ratio:.2f}x its peers' compute time"
+            alerts.append(Alert("warning", text, now))
+        for row in self.figures().memory:
+            room = row.headroom_share
+            if room is not None and room < self.headroom_alert:
+                text = f"rank {row.rank} memory headroom {room:.0%} at its peak (below {self.headroom_alert:.0%})"
+                alerts.append(Alert("warning", text, now))
         requests = self.figures().requests
         if requests is not None and requests.failed and requests.failures:
             reason, count = requests.failures[0]

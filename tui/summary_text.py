@@ -113,6 +113,15 @@ def run_words(run: dict[str, Any]) -> str:
     return f"{plan} · model {run['model']} · {run['device']} {run['dtype']}"
 
 
+def straggler_lines(stragglers: list[dict[str, Any]]) -> list[str]:
+    """Each straggler as the dashboard's alert names it, with its compute time against its peers'."""
+    return [
+        f"rank {row['rank']} is a straggler: {row['ratio']:.2f}x its peers' compute time (stage {row['stage']}: "
+        f"{seconds(row['compute_s'])} against {seconds(row['peers_compute_s'])} a step, over its last steps)"
+        for row in stragglers
+    ]
+
+
 def summary_lines(summary: dict[str, Any]) -> list[str]:
     run, steps, requests = summary["run"], summary["steps"], summary.get("requests")
     lines = [
@@ -155,6 +164,7 @@ def summary_lines(summary: dict[str, Any]) -> list[str]:
                 f"  stage {row['stage']}: busy {seconds(row['busy_s'])}  idle {seconds(row['idle_s'])}"
                 f"  bubble {row['bubble_fraction']:.1%}"
             )
+    lines += straggler_lines(summary["stragglers"])
     starts = summary.get("starts") or []
     if len(starts) > 1:
         lines.append(

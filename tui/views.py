@@ -13,6 +13,7 @@ from rich.console import Group
 from rich.table import Table
 from rich.text import Span, Text
 
+from meshtop.recordings.metrics.memory import MemoryRow
 from meshtop.recordings.metrics.pipeline import theoretical_bubble
 from meshtop.recordings.metrics.requests import LATENCIES
 from meshtop.tui.charts import chart, human_bytes, human_rate, human_seconds, legend, memory_bar, sparkline
@@ -29,25 +30,25 @@ ACTION_STYLE = {"forward": ("F", "on #2a6f97"), "backward": ("B", "on #a23e48"),
 SEVERITY_STYLE = {"error": "bold red", "warning": "yellow", "info": "dim"}
 
 
-def memory_parts(view: RankView) -> tuple[dict[str, int | None], int | None]:
-    """A rank's memory by category and the capacity it is drawn against (``None`` on CPU)."""
-    memory = view.memory
-    if memory is None:
-        return ({"other": view.rss_bytes}, None)
-    known = memory.weights_bytes + memory.grads_bytes + memory.optimizer_bytes
-    used = memory.allocated_bytes if memory.allocated_bytes is not None else (memory.rss_bytes or view.rss_bytes)
-    activations, kv = memory.activations_bytes or 0, memory.kv_cache_bytes or 0
+def memory_parts(row: MemoryRow | None) -> tuple[dict[str, int | None], int | None]:
+    """A rank's memory as the core has it: its peak over the run, split into what held it at its last snapshot
+    (the rest is "other"), and the capacity it is drawn against (its GPU's memory; ``None`` on CPU). What is
+    left of the capacity is the core's headroom."""
+    if row is None:
+        return {"other": None}, None
+    if row.weights_bytes is None or row.grads_bytes is None or row.optimizer_bytes is None:  # no snapshot
+        return {"other": row.peak_bytes}, row.device_total_bytes
+    known = row.weights_bytes + row.grads_bytes + row.optimizer_bytes
+    activations, kv = row.activations_bytes or 0, row.kv_cache_bytes or 0
     parts = {
-        "weights": memory.weights_bytes,
-        "grads": memory.grads_bytes,
-        "optimizer": memory.optimizer_bytes,
+        "weights": row.weights_bytes,
+        "grads": row.grads_bytes,
+        "optimizer": row.optimizer_bytes,
         "activations": activations,
         "kv cache": kv,
-        "other": max(0, (used or 0) - known - activations - kv),
+        "other": max(0, (row.peak_bytes or 0) - known - activations - kv),
     }
-    if memory.peak_allocated_bytes is not None:  # the bar shows the step's peak: activations live then
-        parts["other"] = max(0, memory.peak_allocated_bytes - known - activations - kv)
-    return parts, memory.device_total_bytes
+    return parts, row.device_total_bytes
 
 
 def rank_label(view: RankView) -> str:
@@ -75,15 +76,16 @@ def memory_lines(
     state: DashboardState, ranks: RankFilter, width: int, limit: int | None, *, with_legend: bool = False
 ) -> Text:
     """A memory bar per rank shown (at most ``limit``, the most loaded among them), and ``with_legend`` the
-    key of the parts those bars hold."""
+    key of the parts those bars hold. Bars and marker read the same figure: each rank's peak over the run."""
     loaded = state.most_loaded_rank()
+    rows = state.memory_rows()
     views = [v for v in sorted(state.ranks.values(), key=lambda v: v.rank) if ranks(v)]
     text = Text()
     shown = views if limit is None else views[:limit]
     if loaded is not None and limit is not None and loaded not in {v.rank for v in shown}:
         shown = [*shown[:-1], state.ranks[loaded]] if shown else [state.ranks[loaded]]
     bar_width = max(8, width - 30)
-    drawn = [(view, *memory_parts(view)) for view in shown]
+    drawn = [(view, *memory_parts(rows.get(view.rank))) for view in shown]
     largest = max((sum(v for v in parts.values() if v) for _, parts, _ in drawn), default=0)
     for view, parts, capacity in drawn:
         used = sum(v for v in parts.values() if v)
@@ -321,7 +323,7 @@ class DevicesPanel(Panel):
                         f"rx {human_rate(s.pcie_rx_bytes_per_s, 'B/s')}"
                     )
                 parts.append(line)
-        measure = "at each step's peak" if state.info.device == "cuda" else "resident set"  # CUDA's allocator
+        measure = "allocator's peak" if state.info.device == "cuda" else "resident set"  # the peak over the run
         parts.append(section(f"memory per rank ({measure})"))
         parts.append(memory_lines(state, ranks, width, MAX_RANK_ROWS, with_legend=True))
         self.paint(Group(*parts))

@@ -20,6 +20,12 @@ Of the operations issued inside a step (set-up and tear-down traffic, step
   and the **share** of step time, sum over steps over the sum of the job's
   step times; ``measured`` says whether no bound was needed.
 
+Over the rows: the **communication share** of a run (the rows' shares
+summed, at most 1: :func:`communication_share`), the **typical busbw** (the
+median of the rows' busbw p50: :func:`typical_busbw_gbps`, what the planner
+predicts with), and the **traffic** of one step per (rank, group, op)
+(:func:`step_traffic`: what the planner's predicted bytes are checked on).
+
 Exposed time is decided when a step closes (two job steps after it completes,
 or at the end), so operations that arrive a little after their step still
 count; an operation of an already closed step counts in the totals only.
@@ -29,6 +35,7 @@ Steps closing together are decided in one pass (a whole recording's, for
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from itertools import chain, pairwise
 
@@ -38,7 +45,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from meshtop.recordings.metrics.bandwidth import bus_factor, busbw_column
-from meshtop.recordings.metrics.stats import Distribution
+from meshtop.recordings.metrics.stats import Distribution, quantile
 from meshtop.recordings.metrics.steps import ClosedSteps, StepSpans
 
 _NO_SPAN = (np.iinfo(np.int64).min, np.iinfo(np.int64).max)
@@ -303,6 +310,35 @@ class CollectiveFold:
                 )
             )
         return sorted(rows, key=lambda row: (-row.in_flight_total_s, row.group, row.op))
+
+
+def communication_share(rows: Iterable[CollectiveRow]) -> float | None:
+    """The step's share spent in exposed communication, every (group, op): the sum of the rows' exposed
+    shares, at most 1 (operations of different groups that overlap count in each: an upper bound);
+    ``None`` where no row has a share."""
+    shares = [row.exposed_share for row in rows if row.exposed_share is not None]
+    return min(1.0, sum(shares)) if shares else None
+
+
+def typical_busbw_gbps(rows: Iterable[CollectiveRow]) -> float | None:
+    """The bus bandwidth a run's collectives reached: the median over (group, op) of each one's busbw p50 (of
+    the operations that ran alone); ``None`` where none has one."""
+    return quantile(np.asarray([row.busbw_p50_gbps for row in rows if row.busbw_p50_gbps is not None]), 0.5)
+
+
+def last_full_step(completed_steps: int) -> int | None:
+    """The step whose traffic a run is checked on: the last one every rank completed (steps numbered from 0;
+    a short run's last is its steadiest: step 0 holds FSDP's lazy initialisation, step 1 DDP's bucket
+    rebuild); ``None`` before one completed."""
+    return completed_steps - 1 if completed_steps > 0 else None
+
+
+def step_traffic(table: pa.Table, step: int) -> dict[tuple[int, str, str], int]:
+    """The bytes each (rank, group, op) moved in ``step``: the sum of ``bytes`` of the collectives of a
+    ``collective`` table issued in that step."""
+    rows = table.filter(pc.equal(table["step"], step)).group_by(["rank", "group", "op"]).aggregate([("bytes", "sum")])
+    columns = (rows[name].to_pylist() for name in ("rank", "group", "op", "bytes_sum"))
+    return {(rank, group, op): total for rank, group, op, total in zip(*columns, strict=True)}
 
 
 def _groups(values: np.ndarray) -> list[tuple[int, np.ndarray]]:

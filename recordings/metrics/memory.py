@@ -8,12 +8,23 @@
 - The categories (weights, gradients, optimizer state, activations, KV cache)
   are the rank's last snapshot's: the one of the greatest (step, wall clock),
   the later to arrive on a tie.
-- **Headroom** is the device memory the most loaded rank's GPU had left at
-  its peak (CUDA only).
+- A rank's **headroom** is the device memory its GPU had left at the rank's
+  peak: device total - the allocator's peak (CUDA only: the device total is
+  ``torch.cuda.mem_get_info``'s, of the last snapshot; the peak
+  ``torch.cuda.max_memory_allocated``). The run's headroom is its most loaded
+  rank's. It is the one measure of headroom: the dashboard's bars draw it and
+  its alert reads it.
+- A rank's **accounted bytes** are what its snapshot names: weights +
+  gradients + optimizer state + activations saved for backward + KV cache
+  (the planner's categories). The **peak a plan is checked against**
+  (:func:`plan_peak`) is, on CUDA, the allocator's peak of the most loaded
+  rank; on CPU, where the resident set is mostly the interpreter and torch,
+  the largest accounted bytes.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -21,9 +32,14 @@ import pyarrow as pa
 
 from meshtop.probes.events import MemorySnapshot, ProcessSample
 
+CATEGORIES = ("weights_bytes", "grads_bytes", "optimizer_bytes", "activations_bytes", "kv_cache_bytes")
+"""What a memory snapshot names, in the planner's order."""
+
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class MemoryRow:
+    """One rank's memory: its peak over the run, and what held it at its last snapshot."""
+
     rank: int
     peak_bytes: int | None
     weights_bytes: int | None
@@ -31,11 +47,53 @@ class MemoryRow:
     optimizer_bytes: int | None
     activations_bytes: int | None
     kv_cache_bytes: int | None
+    device_total_bytes: int | None
+    """Its GPU's memory (CUDA), as its last snapshot said."""
+    headroom_bytes: int | None
+    """Device total - the allocator's peak (CUDA only)."""
+
+    @property
+    def headroom_share(self) -> float | None:
+        """Headroom over the device total (CUDA only)."""
+        if self.headroom_bytes is None or not self.device_total_bytes:
+            return None
+        return self.headroom_bytes / self.device_total_bytes
 
 
 def most_loaded(peaks: dict[int, int]) -> int | None:
     """The rank of the highest peak, the lowest rank on a tie (``None`` for no peaks)."""
     return min(peaks, key=lambda rank: (-peaks[rank], rank)) if peaks else None
+
+
+def accounted_bytes(row: MemoryRow) -> int | None:
+    """Weights + gradients + optimizer state + activations + KV cache of the rank's last snapshot (a category
+    not measured counts 0); ``None`` without a snapshot."""
+    if row.weights_bytes is None:
+        return None
+    return sum(getattr(row, name) or 0 for name in CATEGORIES)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PlanPeak:
+    """The memory peak a plan's prediction is checked against."""
+
+    rank: int
+    bytes: int
+    kind: str
+    """``allocator`` (CUDA: the allocator's peak) or ``accounted`` (CPU: :func:`accounted_bytes`)."""
+
+
+def plan_peak(rows: Sequence[MemoryRow], *, cuda: bool) -> PlanPeak | None:
+    """The most loaded rank and its peak: on CUDA by the allocator's peak, on CPU by its accounted bytes (the
+    resident set is mostly the interpreter and torch there); ``None`` where no rank has one."""
+    if cuda:
+        peaks = {row.rank: row.peak_bytes for row in rows if row.peak_bytes is not None}
+    else:
+        peaks = {row.rank: value for row in rows if (value := accounted_bytes(row)) is not None}
+    rank = most_loaded(peaks)
+    return (
+        PlanPeak(rank=rank, bytes=peaks[rank], kind="allocator" if cuda else "accounted") if rank is not None else None
+    )
 
 
 class MemoryFold:
@@ -81,12 +139,17 @@ class MemoryFold:
     def most_loaded_rank(self) -> int | None:
         return most_loaded(self.peaks())
 
-    def headroom_bytes(self) -> int | None:
-        rank = self.most_loaded_rank()
-        last = self.last.get(rank) if rank is not None else None
+    def headroom(self, rank: int) -> int | None:
+        """Device total - the allocator's peak of ``rank`` (CUDA only)."""
+        last = self.last.get(rank)
         if last is None or last.device_total_bytes is None or rank not in self._allocator_peak:
             return None
         return last.device_total_bytes - self._allocator_peak[rank]
+
+    def headroom_bytes(self) -> int | None:
+        """The most loaded rank's headroom."""
+        rank = self.most_loaded_rank()
+        return self.headroom(rank) if rank is not None else None
 
     def rows(self) -> list[MemoryRow]:
         rows = []
@@ -101,6 +164,8 @@ class MemoryFold:
                     optimizer_bytes=last.optimizer_bytes if last else None,
                     activations_bytes=last.activations_bytes if last else None,
                     kv_cache_bytes=last.kv_cache_bytes if last else None,
+                    device_total_bytes=last.device_total_bytes if last else None,
+                    headroom_bytes=self.headroom(rank),
                 )
             )
         return rows

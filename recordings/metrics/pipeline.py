@@ -8,7 +8,8 @@ optimizer is no pipeline work), or the busiest stage's time if that is
 longer. A stage is idle for span - busy; its bubble in the step is idle / span.
 Over the run, a stage's **bubble fraction** is sum(idle) / sum(span) over the
 closed steps, and busy / idle are the means per step. For balanced stages,
-GPipe and 1F1B give (p - 1) / (m + p - 1).
+GPipe and 1F1B give (p - 1) / (m + p - 1). The run's **mean bubble** is the
+mean of its stages' fractions (:func:`mean_bubble`).
 
 **Inference**, per engine iteration of each rank of a stage that measured its
 pipeline wait: idle is the wait, busy the iteration less the wait. A stage's
@@ -23,6 +24,7 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict, deque
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -57,6 +59,12 @@ class StageRow:
     """Mean per step (iteration)."""
     idle_s: float
     bubble_fraction: float
+
+
+def mean_bubble(rows: Sequence[StageRow]) -> float | None:
+    """A run's bubble in one figure: the mean over its stages of their bubble fractions (what the planner's
+    (p - 1) / (v m + p - 1) is checked against); ``None`` without stages."""
+    return sum(row.bubble_fraction for row in rows) / len(rows) if rows else None
 
 
 @dataclass(slots=True)

@@ -42,10 +42,11 @@ from meshtop.recordings.metrics.mfu import GpuModel, Mfu, mfu, script_parameters
 from meshtop.recordings.metrics.pipeline import StageFold, StageRow, step_bubbles
 from meshtop.recordings.metrics.requests import RequestFigures, RequestFold
 from meshtop.recordings.metrics.steps import JobStep, StepFigures, StepFolder, StepRows, StepSpans, StepStats
+from meshtop.recordings.metrics.stragglers import ComputeTimes, Straggler
 from meshtop.recordings.schema import events_of
 
 HISTORY = 240
-"""Closed steps kept for the dashboard's sparklines and straggler check."""
+"""Closed steps kept for the dashboard's sparklines."""
 CLOSE_AFTER = 2
 """A job step's per-step figures are decided when the step this many later completes."""
 COLUMNAR = frozenset({"collective", "stage_action"})
@@ -105,6 +106,8 @@ class RunFigures:
     requests: RequestFigures | None
     """``None`` for training."""
     mfu: Mfu
+    stragglers: tuple[Straggler, ...]
+    """Ranks whose recent compute time exceeds their stage peers' (training)."""
 
     def to_json(self) -> dict[str, object]:
         return {
@@ -116,6 +119,7 @@ class RunFigures:
             "memory": [asdict(row) for row in self.memory],
             "most_loaded_rank": self.most_loaded_rank,
             "headroom_bytes": self.headroom_bytes,
+            "stragglers": [asdict(straggler) for straggler in self.stragglers],
         }
 
 
@@ -144,6 +148,8 @@ class RunFold:
         """The last steps closed, oldest first."""
         self.closed_count = 0
         """Steps closed so far."""
+        self.compute = ComputeTimes()
+        """Each rank's compute time in its last closed steps: the straggler rule's input."""
         self.version = 0
         """Grows with every change, so a caller can tell whether its figures are stale."""
         self._folder = StepFolder(1 if run.inference else run.world_size)
@@ -337,6 +343,7 @@ class RunFold:
         )
         for step, ranks, (by_op, by_rank) in zip(steps, spans, exposures, strict=True):
             span_s, bubbles = self.stages.close(step.step, ranks.forward_backward_max_s())
+            self.compute.add_step(ranks.durations_s(), by_rank)
             self.closed_count += 1
             self.closed.append(
                 ClosedStep(step.step, step.duration_s, by_op, by_rank, ranks.durations_s(), span_s, bubbles)
@@ -386,6 +393,7 @@ class RunFold:
                 tokens_per_s=steps.tokens_per_s,
                 script_parameters=script_parameters(self.trained.values()),
             ),
+            stragglers=tuple(self.compute.stragglers(lambda rank: self.position(rank)[0])),
         )
         self._figures = (self.version, figures)
         return figures

@@ -4,6 +4,7 @@ tables) report the same figures for the same recording, to the last bit."""
 from __future__ import annotations
 
 import json
+from dataclasses import asdict
 from itertools import pairwise
 from pathlib import Path
 from typing import Any
@@ -21,7 +22,7 @@ from meshtop.recordings.summary import fold_recording
 from meshtop.tui.cli import main
 from meshtop.tui.sources import ReplaySource
 from meshtop.tui.state import DashboardState
-from tests.recording_kit import description, with_model, write_recording
+from tests.kit.recordings import description, with_model, write_recording
 from tests.recordings.test_requests_analysis import the_requests
 from tests.recordings.test_requests_analysis import write_recording as write_inference_recording
 
@@ -79,6 +80,7 @@ def assert_same_figures(state: DashboardState, summary: dict[str, Any]) -> None:
         row["rank"]: row["peak_bytes"] for row in summary["memory"]
     }
     assert state.most_loaded_rank() == summary["most_loaded_rank"]
+    assert [asdict(straggler) for straggler in figures.stragglers] == summary["stragglers"]
     if summary["requests"] is not None:
         assert figures.requests is not None
         for name in ("ttft_s", "tpot_s", "e2e_s"):

@@ -16,7 +16,7 @@ from meshtop.recordings.reader import open_recording
 from meshtop.recordings.samples import SAMPLE
 from meshtop.recordings.summary import summarize
 from meshtop.tui.cli import main
-from tests.recording_kit import description
+from tests.kit.recordings import description
 
 SAMPLE_MANIFEST = json.loads((SAMPLE / "manifest.json").read_text())
 
@@ -62,6 +62,7 @@ def test_summary_json_has_the_documented_keys(recorded: Path, capsys: pytest.Cap
         "memory",
         "most_loaded_rank",
         "headroom_bytes",
+        "stragglers",
         "ranks",
         "hosts",
         "starts",
@@ -195,7 +196,7 @@ def test_compacted_tables_equal_the_lines_they_came_from(tmp_path: Path) -> None
 @pytest.mark.parametrize("parquet", [False, True], ids=["json-lines", "parquet"])
 def test_integers_that_may_be_missing_stay_exact_integers(tmp_path: Path, parquet: bool) -> None:
     from meshtop.probes.events import CollectiveTiming
-    from tests.recording_kit import write_recording
+    from tests.kit.recordings import write_recording
 
     wall = 1_764_000_000_123_456_789  # float64 would round this to 256 ns
     ops = [
@@ -231,7 +232,7 @@ def test_sigkilled_meshtop_leaves_a_readable_recording_and_no_ranks(tmp_path: Pa
     import psutil
 
     from tests.jobs import alive
-    from tests.runner.test_launch import wait_for_steps
+    from tests.kit.recordings import wait_for_steps
 
     out = tmp_path / "killed"
     process = subprocess.Popen(
@@ -252,7 +253,7 @@ def test_sigkilled_meshtop_leaves_a_readable_recording_and_no_ranks(tmp_path: Pa
         stderr=subprocess.DEVNULL,
     )
     try:
-        wait_for_steps(out / "events", world=2, count=3)
+        wait_for_steps(out, 3, ranks=range(2))
         job = [p.pid for p in psutil.Process(process.pid).children(recursive=True)]
         process.send_signal(signal.SIGKILL)
         process.wait(timeout=10)

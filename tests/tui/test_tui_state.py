@@ -11,7 +11,7 @@ from meshtop.probes.errors import MeshtopError
 from meshtop.probes.events import (
     CollectiveTiming,
     EventsDropped,
-    GpuSample,
+    MemorySnapshot,
     ProbeOff,
     RankExited,
     RankStarted,
@@ -27,7 +27,7 @@ from meshtop.runner.plan import RunSpec, resolve
 from meshtop.tui.filters import parse_rank_filter
 from meshtop.tui.sources import COALESCIBLE, LiveSource, Playback, ReplaySource, ScreenBacklog
 from meshtop.tui.state import HISTORY, DashboardState, RankView
-from tests.recording_kit import description
+from tests.kit.recordings import description
 
 MS = 1_000_000
 STEP_NS = 10 * MS
@@ -142,7 +142,7 @@ def test_a_rank_slower_than_its_peers_is_called_a_straggler() -> None:
                     step(rank, number, 0.025, start_ns=number * 30 * MS),
                 ]
             )
-    assert [rank for rank, _ in state.stragglers()] == [3]
+    assert [straggler.rank for straggler in state.stragglers()] == [3]
     assert any("rank 3 is a straggler: 2.00x" in alert.text for alert in state.alerts())
 
 
@@ -153,21 +153,21 @@ def test_alerts_name_a_failed_rank_low_headroom_dropped_telemetry_and_a_probe_th
             started(0),
             started(1),
             RankExited(rank=1, wall_ns=5, exit_code=-9, signal="SIGKILL", error="killed"),
-            GpuSample(
-                gpu=0,
+            MemorySnapshot(  # 95 of 100 bytes at its peak: 5 % headroom
+                rank=0,
+                step=0,
                 wall_ns=1,
-                name="H200",
-                memory_used_bytes=95,
-                memory_total_bytes=100,
-                utilization_pct=99,
-                memory_utilization_pct=None,
-                power_w=500,
-                sm_clock_mhz=1980,
-                temperature_c=60,
-                pcie_tx_bytes_per_s=None,
-                pcie_rx_bytes_per_s=None,
-                nvlink_tx_bytes_per_s=None,
-                nvlink_rx_bytes_per_s=None,
+                weights_bytes=10,
+                grads_bytes=10,
+                optimizer_bytes=20,
+                activations_bytes=50,
+                kv_cache_bytes=None,
+                allocated_bytes=40,
+                reserved_bytes=96,
+                peak_allocated_bytes=95,
+                device_used_bytes=None,
+                device_total_bytes=100,
+                rss_bytes=None,
             ),
             EventsDropped(wall_ns=2, rank=0, where="worker", count=7),
             *(
@@ -178,7 +178,7 @@ def test_alerts_name_a_failed_rank_low_headroom_dropped_telemetry_and_a_probe_th
     )
     texts = [(alert.severity, alert.text) for alert in state.alerts()]
     assert texts[0] == ("error", "rank 1 killed by SIGKILL: killed")
-    assert ("warning", "GPU 0 memory headroom 5% (below 10%)") in texts
+    assert ("warning", "rank 0 memory headroom 5% at its peak (below 10%)") in texts
     assert ("warning", "7 telemetry events dropped (buffers full)") in texts
     assert ("warning", "probe off: pipeline stages on every rank: torch 2.99 has no _wait_batch_p2p") in texts
 

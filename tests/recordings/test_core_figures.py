@@ -1,0 +1,345 @@
+"""The figures the metrics core took over from the dashboard, the sweep and the planner's reader, each against
+numbers worked out by hand: the straggler rule and per-rank compute time, headroom and what the memory bars
+draw, the sweep's accounted peak, communication share, mean bubble and traffic per step, the measured rates."""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+
+from meshtop.probes.events import CollectiveTiming, Event, MemorySnapshot, StepTiming
+from meshtop.recordings.metrics.collectives import (
+    CollectiveRow,
+    communication_share,
+    last_full_step,
+    step_traffic,
+    typical_busbw_gbps,
+)
+from meshtop.recordings.metrics.memory import MemoryFold, MemoryRow, accounted_bytes, plan_peak
+from meshtop.recordings.metrics.pipeline import StageRow, mean_bubble
+from meshtop.recordings.metrics.rates import measured_rates
+from meshtop.recordings.metrics.run import RunFold
+from meshtop.recordings.metrics.stragglers import ComputeTimes, compute_seconds
+from meshtop.recordings.reader import open_recording
+from meshtop.recordings.replay import in_kind_order
+from meshtop.recordings.schema import batches_of
+from meshtop.recordings.summary import summarize
+from meshtop.recordings.sweep import measure
+from meshtop.tui.state import DashboardState
+from meshtop.tui.summary_text import summary_lines
+from meshtop.tui.views import memory_lines, memory_parts
+from tests.kit.recordings import description, write_recording
+
+MS = 1_000_000
+GIB = 1 << 30
+
+
+def step(rank: int, number: int, *, start_ns: int, duration_ns: int) -> StepTiming:
+    return StepTiming(rank=rank, step=number, start_ns=start_ns, duration_s=duration_ns / 1e9, tokens=1000, loss=2.0)
+
+
+def waited(rank: int, number: int, *, start_ns: int, duration_ns: int, group: str = "dp") -> CollectiveTiming:
+    """An all-reduce its rank waited on from issue to completion (its whole time exposed)."""
+    return CollectiveTiming(
+        rank=rank,
+        step=number,
+        op="all_reduce",
+        group=group,
+        group_size=2,
+        peer=None,
+        bytes=1 << 20,
+        dtype="float32",
+        start_ns=start_ns,
+        end_ns=start_ns + duration_ns,
+        clock="completion",
+        waited_ns=duration_ns,
+        overlapped=False,
+    )
+
+
+def lagging_job(compute_ms: dict[int, int], steps: int = 8) -> list[Event]:
+    """Steps of 25 ms 30 ms apart; each rank computes ``compute_ms[rank]`` ms, then waits in an all-reduce for
+    the rest of the step (what a rank's peers do while a slow rank computes)."""
+    events: list[Event] = []
+    for number in range(steps):
+        origin = number * 30 * MS
+        for rank, compute in compute_ms.items():
+            events.append(waited(rank, number, start_ns=origin + compute * MS, duration_ns=(25 - compute) * MS))
+            events.append(step(rank, number, start_ns=origin, duration_ns=25 * MS))
+    return events
+
+
+def folded(run_events: list[Event], **spec: object) -> RunFold:
+    """A finished run of ``run_events`` folded as ``summary`` folds a recording: a table a kind."""
+    fold = RunFold(description(**spec))  # type: ignore[arg-type]
+    for kind, table in in_kind_order(batches_of(run_events)):
+        fold.apply(kind, table)
+    fold.finish("completed")
+    return fold
+
+
+# -- stragglers --------------------------------------------------------------------------------------------
+
+
+def test_compute_time_is_the_step_less_its_exposed_communication() -> None:
+    assert compute_seconds({0: 0.025, 1: 0.025}, {0: 0.015}) == {0: pytest.approx(0.010), 1: 0.025}
+
+
+@pytest.mark.parametrize(
+    ("times_ms", "expected"),
+    [
+        ({0: [10] * 5, 1: [10] * 5, 2: [10] * 5, 3: [20] * 5}, [(3, 2.0)]),  # 20 ms against 10: 2x, 10 ms more
+        ({0: [10] * 5, 1: [10] * 5, 2: [12.5] * 5}, []),  # 1.25x is not more than 1.25x
+        ({0: [10] * 5, 1: [10] * 5, 2: [13] * 5}, [(2, 1.3)]),  # 1.3x and 3 ms more
+        ({0: [1] * 5, 1: [1] * 5, 2: [2] * 5}, []),  # 2x, but 1 ms more is within the 2 ms gap
+        ({0: [10] * 2, 1: [10] * 2, 2: [30] * 2}, []),  # two steps each: not judged yet
+        ({0: [10, 10, 90, 10, 10], 1: [10] * 5}, []),  # the median of its last steps: one slow step is no straggler
+    ],
+)
+def test_the_straggler_rule(times_ms: dict[int, list[float]], expected: list[tuple[int, float]]) -> None:
+    times = ComputeTimes()
+    for index in range(max(len(values) for values in times_ms.values())):
+        times.add_step({rank: values[index] / 1e3 for rank, values in times_ms.items()}, {})
+    found = times.stragglers(lambda rank: 0)
+    assert [(s.rank, s.ratio) for s in found] == [(rank, pytest.approx(ratio)) for rank, ratio in expected]
+
+
+def test_only_the_last_five_steps_count() -> None:
+    times = ComputeTimes()
+    for seconds in (0.050, 0.050, 0.010, 0.010, 0.010, 0.010, 0.010):  # slow at first, then as fast as its peers
+        times.add_step({0: seconds, 1: 0.010, 2: 0.010}, {})
+    assert times.stragglers(lambda rank: 0) == [] and list(times.recent[0]) == [0.010] * 5
+
+
+def test_peers_are_the_ranks_of_the_same_stage() -> None:
+    """Stage 1 computes 20 ms a step and stage 0 10 ms: different work, no straggler; were the four ranks one
+    stage, ranks 2 and 3 would each be 2x the median of the other three (10, 10, 20 ms)."""
+    assert folded(lagging_job({0: 10, 1: 10, 2: 20, 3: 20}), dp=2, pp=2).figures().stragglers == ()
+    one_stage = folded(lagging_job({0: 10, 1: 10, 2: 20, 3: 20}), dp=4).figures().stragglers
+    assert [(s.rank, s.ratio) for s in one_stage] == [(2, pytest.approx(2.0)), (3, pytest.approx(2.0))]  # 20 / 10
+
+
+def test_summary_and_the_dashboard_name_the_same_straggler(tmp_path: Path) -> None:
+    """Rank 3 computes 20 ms of a 25 ms step, its three peers 10 ms (they wait 15 ms in the all-reduce, rank 3
+    5 ms): 20 / 10 = 2.00x."""
+    run = description(dp=4)
+    events = lagging_job({0: 10, 1: 10, 2: 10, 3: 20})
+    summary = summarize(open_recording(write_recording(tmp_path / "rec", events, run=run)))
+    [straggler] = summary["stragglers"]
+    assert straggler == {
+        "rank": 3,
+        "stage": 0,
+        "compute_s": pytest.approx(0.020),
+        "peers_compute_s": pytest.approx(0.010),
+        "ratio": pytest.approx(2.0),
+    }
+    assert (
+        "rank 3 is a straggler: 2.00x its peers' compute time (stage 0: 20.00 ms against 10.00 ms a step, over its "
+        "last steps)" in summary_lines(summary)
+    )
+    state = DashboardState(run)
+    state.apply_events(events)
+    state.finish("completed")
+    assert [asdict(s) for s in state.stragglers()] == summary["stragglers"]
+    assert "rank 3 is a straggler: 2.00x its peers' compute time" in [alert.text for alert in state.alerts()]
+
+
+# -- headroom and the memory bars --------------------------------------------------------------------------
+
+
+def snapshot(rank: int, number: int, *, peak_gib: int, activations_gib: int) -> MemorySnapshot:
+    return MemorySnapshot(
+        rank=rank,
+        step=number,
+        wall_ns=number,
+        weights_bytes=4 * GIB,
+        grads_bytes=4 * GIB,
+        optimizer_bytes=8 * GIB,
+        activations_bytes=activations_gib * GIB,
+        kv_cache_bytes=None,
+        allocated_bytes=16 * GIB,
+        reserved_bytes=None,
+        peak_allocated_bytes=peak_gib * GIB,
+        device_used_bytes=None,
+        device_total_bytes=80 * GIB,
+        rss_bytes=3 * GIB,
+    )
+
+
+SNAPSHOTS = [
+    snapshot(0, 0, peak_gib=30, activations_gib=14),  # rank 0 peaks at step 0...
+    snapshot(0, 1, peak_gib=20, activations_gib=2),  # ...and its last step held less
+    snapshot(1, 0, peak_gib=25, activations_gib=9),
+    snapshot(1, 1, peak_gib=28, activations_gib=12),
+]
+
+
+def test_headroom_is_the_device_total_less_the_allocators_peak() -> None:
+    memory = MemoryFold()
+    for event in SNAPSHOTS:
+        memory.add(event)
+    rows = {row.rank: row for row in memory.rows()}
+    assert (rows[0].peak_bytes, rows[0].headroom_bytes, rows[0].headroom_share) == (30 * GIB, 50 * GIB, 0.625)
+    assert (rows[1].peak_bytes, rows[1].headroom_bytes, rows[1].headroom_share) == (28 * GIB, 52 * GIB, 0.65)
+    assert memory.most_loaded_rank() == 0 and memory.headroom_bytes() == 50 * GIB  # the most loaded rank's
+    assert rows[0].activations_bytes == 2 * GIB  # the categories: its last snapshot's
+
+
+def test_the_memory_bars_and_the_most_loaded_marker_read_the_same_peak() -> None:
+    """Rank 1's last snapshot (28 GiB) is above rank 0's (20 GiB), but rank 0 peaked higher (30 GiB): rank 0 is
+    the most loaded, and its bar is the longer: 4 + 4 + 8 + 2 GiB of its last step and 12 GiB other, of 80 GiB."""
+    state = DashboardState(description(dp=2, device="cuda"))
+    state.apply_events(SNAPSHOTS)
+    rows = state.memory_rows()
+    parts, capacity = memory_parts(rows[0])
+    assert capacity == 80 * GIB
+    assert parts == {
+        "weights": 4 * GIB,
+        "grads": 4 * GIB,
+        "optimizer": 8 * GIB,
+        "activations": 2 * GIB,
+        "kv cache": 0,
+        "other": 12 * GIB,
+    }
+    assert sum(memory_parts(rows[1])[0].values()) == 28 * GIB
+    lines = memory_lines(state, lambda view: True, 80, None).plain.splitlines()
+    assert lines[0].startswith("▶rank 0") and lines[0].endswith("30.0 GiB/80.0 GiB")
+    assert lines[1].startswith(" rank 1") and lines[1].endswith("28.0 GiB/80.0 GiB")
+
+
+def test_a_rank_seen_only_by_the_process_sampler_draws_its_peak_resident_set() -> None:
+    row = MemoryRow(
+        rank=0,
+        peak_bytes=900,
+        weights_bytes=None,
+        grads_bytes=None,
+        optimizer_bytes=None,
+        activations_bytes=None,
+        kv_cache_bytes=None,
+        device_total_bytes=None,
+        headroom_bytes=None,
+    )
+    assert memory_parts(row) == ({"other": 900}, None) and row.headroom_share is None
+
+
+# -- the sweep's figures -----------------------------------------------------------------------------------
+
+
+def memory_row(rank: int, *, peak: int | None, weights: int | None, activations: int | None) -> MemoryRow:
+    return MemoryRow(
+        rank=rank,
+        peak_bytes=peak,
+        weights_bytes=weights,
+        grads_bytes=None if weights is None else 2,
+        optimizer_bytes=None if weights is None else 3,
+        activations_bytes=activations,
+        kv_cache_bytes=None,
+        device_total_bytes=None,
+        headroom_bytes=None,
+    )
+
+
+def test_the_accounted_peak_and_the_peak_a_plan_is_checked_against() -> None:
+    rows = [
+        memory_row(0, peak=500, weights=10, activations=20),  # accounted 10 + 2 + 3 + 20 = 35
+        memory_row(1, peak=400, weights=10, activations=40),  # 55
+        memory_row(2, peak=600, weights=None, activations=None),  # the process sampler's only: none accounted
+    ]
+    assert [accounted_bytes(row) for row in rows] == [35, 55, None]
+    cpu, cuda = plan_peak(rows, cuda=False), plan_peak(rows, cuda=True)
+    assert cpu is not None and (cpu.rank, cpu.bytes, cpu.kind) == (1, 55, "accounted")
+    assert cuda is not None and (cuda.rank, cuda.bytes, cuda.kind) == (2, 600, "allocator")
+    assert plan_peak([rows[2]], cuda=False) is None
+
+
+def collective_row(*, share: float | None, busbw: float | None) -> CollectiveRow:
+    return CollectiveRow(
+        group="dp",
+        op="all_reduce",
+        count=1,
+        bytes=1,
+        in_flight_total_s=0.0,
+        in_flight_p50_s=None,
+        in_flight_p99_s=None,
+        busbw_p50_gbps=busbw,
+        busbw_ops=1,
+        exposed_per_step_s=None,
+        exposed_share=share,
+        exposed_measured=None,
+    )
+
+
+def test_communication_share_sums_the_rows_and_stops_at_one() -> None:
+    assert communication_share([collective_row(share=0.25, busbw=None), collective_row(share=0.5, busbw=None)]) == 0.75
+    assert communication_share([collective_row(share=0.7, busbw=None), collective_row(share=0.6, busbw=None)]) == 1.0
+    assert communication_share([collective_row(share=None, busbw=None)]) is None
+
+
+def test_the_mean_bubble_is_the_mean_over_stages() -> None:
+    rows = [
+        StageRow(stage=0, busy_s=1, idle_s=0.25, bubble_fraction=0.2),
+        StageRow(stage=1, busy_s=1, idle_s=1, bubble_fraction=0.5),
+    ]
+    assert mean_bubble(rows) == pytest.approx(0.35) and mean_bubble([]) is None
+
+
+def test_traffic_per_step_sums_bytes_per_rank_group_and_op() -> None:
+    table = pa.table(
+        {
+            "rank": [0, 0, 1, 0, 0],
+            "step": [2, 2, 2, 1, 2],
+            "group": ["dp", "dp", "dp", "dp", "pp"],
+            "op": ["all_reduce", "all_reduce", "all_reduce", "all_reduce", "send"],
+            "bytes": [100, 100, 100, 50, 10],
+        }
+    )
+    assert step_traffic(table, 2) == {(0, "dp", "all_reduce"): 200, (1, "dp", "all_reduce"): 100, (0, "pp", "send"): 10}
+    assert last_full_step(3) == 2 and last_full_step(0) is None
+
+
+def test_a_sweep_plan_is_measured_with_the_cores_figures(tmp_path: Path) -> None:
+    """Two ranks, 3 steps of 10 ms, each waiting 4 ms in a 1 MiB all-reduce: communication 40 % of the step;
+    on CPU the peak is the accounted one (rank 1: 4 + 4 + 8 + 9 GiB)."""
+    run = description(dp=2)
+    events: list[Event] = [
+        snapshot(0, 2, peak_gib=30, activations_gib=2),
+        snapshot(1, 2, peak_gib=20, activations_gib=9),
+    ]
+    for number in range(3):
+        for rank in (0, 1):
+            events.append(waited(rank, number, start_ns=number * 20 * MS + 6 * MS, duration_ns=4 * MS))
+            events.append(step(rank, number, start_ns=number * 20 * MS, duration_ns=10 * MS))
+    measured = measure(write_recording(tmp_path / "plan", events, run=run))
+    assert (measured["peak_rank"], measured["peak_bytes"], measured["peak_kind"]) == (1, 25 * GIB, "accounted")
+    assert measured["memory"]["1"]["accounted_bytes"] == 25 * GIB and measured["memory"]["0"]["peak_bytes"] == 30 * GIB
+    assert measured["comm_share"] == pytest.approx(0.4) and measured["bubble"] is None
+    assert measured["traffic_step"] == 2
+    assert measured["traffic"] == [
+        {"rank": 0, "group": "dp", "op": "all_reduce", "bytes": 1 << 20},
+        {"rank": 1, "group": "dp", "op": "all_reduce", "bytes": 1 << 20},
+    ]
+
+
+# -- the rates the planner takes from a recording ----------------------------------------------------------
+
+
+def test_measured_rates_are_the_median_busbw_and_the_flops_a_rank_achieved() -> None:
+    fold = folded(lagging_job({0: 10, 1: 10}, steps=3), dp=2)  # 1000 tokens in 25 ms: 40,000 tok/s
+    run, figures = fold.run, fold.figures()
+    rows = (
+        collective_row(share=None, busbw=1.0),
+        collective_row(share=None, busbw=4.0),
+        collective_row(share=None, busbw=None),
+        collective_row(share=None, busbw=2.0),
+    )
+    assert typical_busbw_gbps(rows) == 2.0 and typical_busbw_gbps([]) is None
+    assert run.model is not None and run.seq_len is not None
+    model = run.model
+    per_token = 6 * model.parameters + 12 * model.n_layers * model.dim * run.seq_len  # PaLM's count
+    rates = measured_rates(run, figures)
+    assert rates.flops_per_s == pytest.approx(40_000 * per_token / 2)
+    # one (group, op): every all-reduce moved 1 MiB in 15 ms over 2 ranks, busbw = S / t x 2 (n - 1) / n
+    assert rates.busbw_gbps == pytest.approx((1 << 20) / 0.015 / 1e9 * 2 * (2 - 1) / 2)
