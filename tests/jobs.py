@@ -12,7 +12,10 @@ import psutil
 
 from meshtop.probes.events import Event, RankStarted, StepTiming
 from meshtop.recordings.metrics.steps import JobStep, StepFolder
-from meshtop.runner.job.launch import JobControl, JobResult, builtin_launch, run_job
+from meshtop.runner.job.control import JobControl
+from meshtop.runner.job.environment import builtin_launch
+from meshtop.runner.job.launch import run_job
+from meshtop.runner.job.results import JobResult
 from meshtop.runner.plan import ResolvedRun, RunSpec, resolve
 from meshtop.tui.cli import gpus_visible
 

@@ -33,7 +33,10 @@ from meshtop.recordings.reader import Recording
 from meshtop.recordings.replay import Timeline, in_kind_order, load_timeline
 from meshtop.recordings.schema import batches_of, decode_lines
 from meshtop.recordings.summary import job_status
-from meshtop.runner.job.launch import PHASE_NAME, JobControl, JobResult, NodeProbes
+from meshtop.runner.job.control import JobControl
+from meshtop.runner.job.launch import NodeProbes
+from meshtop.runner.job.process import PHASE_NAME
+from meshtop.runner.job.results import JobResult
 from meshtop.runner.job.session import Work, describe, run_session
 from meshtop.runner.multinode.nodes import Nodes
 from meshtop.tui.state import UI_KINDS, DashboardState

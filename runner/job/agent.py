@@ -26,7 +26,7 @@ from torch.distributed.elastic.multiprocessing.api import SignalException
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 
 from meshtop.probes.native import NATIVE_ENV, built, environment_value
-from meshtop.runner.job.launch import PHASE_NAME
+from meshtop.runner.job.process import PHASE_NAME
 
 PARENT_POLL_S = 0.5
 

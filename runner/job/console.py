@@ -15,7 +15,9 @@ from meshtop.recordings.manifest import Manifest, script_plan
 from meshtop.recordings.metrics.requests import RequestFigures, RequestFold
 from meshtop.recordings.metrics.steps import JobStep, StepFigures, StepStats
 from meshtop.recordings.prometheus import RunMetrics
-from meshtop.runner.job.launch import JobControl, JobResult, NodeProbes
+from meshtop.runner.job.control import JobControl
+from meshtop.runner.job.launch import NodeProbes
+from meshtop.runner.job.results import JobResult
 from meshtop.runner.job.session import Work, describe, run_session
 from meshtop.runner.multinode.nodes import Nodes
 from meshtop.runner.plan import ResolvedRun

@@ -28,16 +28,11 @@ from meshtop.recordings.manifest import (
 from meshtop.recordings.metrics.steps import JobStep
 from meshtop.recordings.prometheus import RunMetrics
 from meshtop.recordings.recorder import Ending, SessionRecorder
-from meshtop.runner.job.launch import (
-    JobControl,
-    JobResult,
-    Launch,
-    NodeProbes,
-    builtin_launch,
-    rank_environment,
-    run_job,
-)
-from meshtop.runner.multinode.fleet import Fleet
+from meshtop.runner.job.control import JobControl
+from meshtop.runner.job.environment import Launch, builtin_launch, rank_environment
+from meshtop.runner.job.launch import NodeProbes, run_job
+from meshtop.runner.job.results import JobResult
+from meshtop.runner.multinode.fleet import Fleet, SingleNode
 from meshtop.runner.multinode.nodes import Nodes
 from meshtop.runner.plan import ResolvedRun
 from meshtop.runner.script.command import (
@@ -188,7 +183,7 @@ def run_session(
             node_probes=node_probes,
             control=control,
             hang_timeout_s=hang_timeout_s,
-            fleet=Fleet(nodes.others) if nodes is not None else None,
+            fleet=Fleet(nodes) if nodes is not None else SingleNode(),
         )
     except KeyboardInterrupt:
         broken = Ending(status="interrupted", duration_s=None)

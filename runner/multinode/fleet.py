@@ -14,19 +14,26 @@ A node whose connection closed and did not come back on a new one within
 :data:`RECONNECT_S`, without its ``bye``, or that says nothing for
 :data:`NODE_SILENT_S`, is lost: the head stops the job and names the node and
 its ranks. A node whose ranks failed stops the job too.
+
+:class:`SingleNode` has the same interface and does nothing: the fleet of a job on one node, and of a node
+other than the head (whose relay, not a fleet, speaks to the head), so
+:func:`meshtop.runner.job.launch.run_job` follows every job the same way.
 """
 
 from __future__ import annotations
 
+import socket
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from meshtop.probes.collector import Collector
 from meshtop.probes.events import Event, NodeClock
 from meshtop.probes.wire import is_count
-from meshtop.runner.job.launch import JobResult, RankExit, root_cause
+from meshtop.runner.job.results import JobResult, RankExit, root_cause
+from meshtop.runner.multinode.nodes import HeadAddress, Nodes, publish_head
 
 NODE_SILENT_S = 10.0
 """A node that said nothing (its pings come twice a second) for this long is lost."""
@@ -59,16 +66,16 @@ class NodeState:
 
 
 class Fleet:
-    """The other nodes, as their control messages tell the head; thread-safe (the collector's threads call
-    :meth:`on_control`, the session's loop the rest)."""
+    """The other nodes of ``nodes``, as their control messages tell the head; thread-safe (the collector's
+    threads call :meth:`on_control`, the session's loop the rest)."""
 
-    def __init__(
-        self, others: Iterable[int], *, silent_s: float = NODE_SILENT_S, reconnect_s: float = RECONNECT_S
-    ) -> None:
+    def __init__(self, nodes: Nodes, *, silent_s: float = NODE_SILENT_S, reconnect_s: float = RECONNECT_S) -> None:
+        self._head = nodes
+        """The job's nodes, seen from the head (this node)."""
         self.silent_s = silent_s
         self.reconnect_s = reconnect_s
         self._lock = threading.Lock()
-        self._nodes = {node: NodeState(node) for node in others}
+        self._nodes = {node: NodeState(node) for node in nodes.others}
         self._events: list[Event] = []
         self._stop: str | None = None
         self._stacks_from: set[int] = set()
@@ -106,6 +113,30 @@ class Fleet:
             return {"t1": time.time_ns(), "stop": self._stop, "stacks": stacks}
 
     # -- the session's side
+
+    def collector(self) -> Collector:
+        """The head's collector: it listens where the other nodes reach it and hands their control messages
+        to :meth:`on_control`."""
+        host, port = self._head.bind_address()
+        return Collector(host=host, port=port, nodes=self._head.others, on_control=self.on_control)
+
+    def publish(self, collector: Collector, *, going: Callable[[], bool]) -> None:
+        """Put the collector's address and token into the rendezvous store, from a thread (the store is up
+        once a launcher joined the rendezvous; ``going``: whether the launcher still runs)."""
+        head = HeadAddress(
+            address=self._head.advertised(collector.address), token=collector.token, host=socket.gethostname()
+        )
+        threading.Thread(
+            target=publish_head,
+            args=(self._head, head),
+            kwargs={"going": going},
+            name="meshtop-publish-head",
+            daemon=True,
+        ).start()
+
+    def is_other(self, node: int) -> bool:
+        """Whether ``node`` is one of the other nodes (its own meshtop samples its ranks and dumps their stacks)."""
+        return node in self._nodes
 
     def take_events(self) -> list[Event]:
         """The clock measurements that came since the last call."""
@@ -274,3 +305,52 @@ def node_line(state: NodeState) -> str:
     """``node 1 (host b, ranks 2, 3) lost: ...``."""
     ranks = ", ".join(map(str, sorted(state.ranks))) or "none started"
     return f"node {state.node} (host {state.host or '?'}, ranks {ranks}) lost: {state.lost}"
+
+
+class SingleNode:
+    """The fleet of a job that no other node reports to here: one node, or a node other than the head. It has
+    :class:`Fleet`'s interface and does nothing: no other node to hear from, stop, wait for or merge."""
+
+    def collector(self) -> Collector:
+        """A collector on loopback, for this node's ranks alone."""
+        return Collector()
+
+    def publish(self, collector: Collector, *, going: Callable[[], bool]) -> None:
+        """Nothing to publish: no other node looks for this one."""
+
+    def is_other(self, node: int) -> bool:
+        return False
+
+    def take_events(self) -> list[Event]:
+        return []
+
+    def note_ranks(self, node: int, rank: int) -> None:
+        """No other node's ranks to note."""
+
+    def restarted(self) -> None:
+        """No other node's ranks to forget."""
+
+    def lost(self) -> NodeState | None:
+        return None
+
+    def failed(self) -> NodeState | None:
+        return None
+
+    def stop(self, status: str) -> None:
+        """No other node to stop."""
+
+    def ask_stacks(self) -> None:
+        """No other node to dump its ranks."""
+
+    def note_stack(self, rank: int) -> None:
+        """No other node's dumps to count."""
+
+    def stacks_in(self) -> bool:
+        return True
+
+    def settle(self, timeout_s: float = SETTLE_S) -> None:
+        """No other node to wait for."""
+
+    def merge(self, local: JobResult, local_ranks: set[int], world_size: int) -> JobResult:
+        """This node's result is the job's."""
+        return local

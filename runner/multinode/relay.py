@@ -30,7 +30,10 @@ from typing import Any, TextIO
 from meshtop.probes.arrivals import Arrivals
 from meshtop.probes.events import Event, on_node
 from meshtop.probes.wire import FrameError, event_sections, pack, read_frame
-from meshtop.runner.job.launch import JobControl, JobResult, Launch, NodeProbes, run_job
+from meshtop.runner.job.control import JobControl
+from meshtop.runner.job.environment import Launch
+from meshtop.runner.job.launch import NodeProbes, run_job
+from meshtop.runner.job.results import JobResult
 from meshtop.runner.multinode.nodes import HeadAddress, Nodes, find_head
 
 PING_S = 0.5

@@ -31,7 +31,7 @@ if TYPE_CHECKING:  # the launcher imports this module without torch
 
 STOP_ENV = "MESHTOP_STOP_FILE"
 """The file whose existence asks a run until stopped to end (set by
-:func:`meshtop.runner.job.launch.builtin_launch`)."""
+:func:`meshtop.runner.job.environment.builtin_launch`)."""
 STOP_NAME = "stop"
 """Its name in the session folder."""
 FINISH_GRACE_S = 20.0

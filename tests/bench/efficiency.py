@@ -58,7 +58,7 @@ import numpy as np
 from scipy import stats
 
 from meshtop.probes.events import Event, RankStarted, StepTiming
-from meshtop.runner.job.launch import JobControl
+from meshtop.runner.job.control import JobControl
 from meshtop.runner.plan import ResolvedRun, RunSpec, resolve
 from tests.bench.figures import Row, Spread, Target, median, quantile
 from tests.jobs import LaunchedRun, launch

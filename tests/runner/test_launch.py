@@ -15,7 +15,7 @@ import pytest
 
 from meshtop.probes.events import StepTiming
 from meshtop.recordings.tables import read_json_lines
-from meshtop.runner.job.launch import PHASE_NAME
+from meshtop.runner.job.process import PHASE_NAME
 from tests.jobs import alive
 
 pytestmark = pytest.mark.slow

@@ -18,13 +18,18 @@ from meshtop.recordings.manifest import RunDescription, Script, read_manifest, s
 from meshtop.recordings.metrics.steps import StepFolder
 from meshtop.recordings.recorder import Ending, SessionRecorder
 from meshtop.runner.errors import PlanError
-from meshtop.runner.job.launch import JobResult, RankExit, root_cause
+from meshtop.runner.job.results import JobResult, RankExit, root_cause
 from meshtop.runner.multinode.fleet import Fleet
-from meshtop.runner.multinode.nodes import nodes_from_options, split_endpoint
+from meshtop.runner.multinode.nodes import Nodes, nodes_from_options, split_endpoint
 from meshtop.runner.plan import RunSpec, resolve
 from meshtop.tui.state import DashboardState
 
 ROOT = Path(__file__).resolve().parents[2]
+
+
+def head_of(count: int) -> Nodes:
+    """Node 0 of a job on ``count`` nodes: the head, whose fleet is nodes 1 to ``count - 1``."""
+    return Nodes(count=count, rank=0, endpoint="127.0.0.1:29400", run_id="test")
 
 
 def test_a_node_joins_torchruns_c10d_rendezvous() -> None:
@@ -192,7 +197,7 @@ def test_the_heads_collector_takes_its_nodes_and_refuses_others() -> None:
 
 
 def test_the_fleet_names_a_lost_node_and_merges_how_each_node_ended(tmp_path: Path) -> None:
-    fleet = Fleet((1, 2), silent_s=0.2)
+    fleet = Fleet(head_of(3), silent_s=0.2)
     for node in (1, 2):
         reply = fleet.on_control(
             {
@@ -243,7 +248,7 @@ def test_the_fleet_names_a_lost_node_and_merges_how_each_node_ended(tmp_path: Pa
     assert merged.status == "failed" and merged.root_cause == 4
     assert [r.rank for r in merged.ranks] == [0, 1, 2, 3, 4, 5]
 
-    fleet = Fleet((1,), silent_s=0.2)
+    fleet = Fleet(head_of(2), silent_s=0.2)
     fleet.on_control({"node": 1, "control": "ping", "t0": 0, "host": "b"}, 1)
     fleet.note_ranks(1, 2)
     assert fleet.lost() is None
@@ -293,7 +298,7 @@ def test_bad_node_options_are_one_line(argv: list[str], message: str, tmp_path: 
 
 
 def test_a_node_that_reconnects_is_not_lost_and_one_that_does_not_is() -> None:
-    fleet = Fleet((1,), reconnect_s=0.2)
+    fleet = Fleet(head_of(2), reconnect_s=0.2)
     fleet.on_control({"node": 1, "control": "ping", "t0": 0, "host": "b"}, 1)
     fleet.on_control({"node": 1, "control": "closed"}, 1)
     fleet.on_control({"node": 1, "control": "data"}, 2)  # back on a new connection at once
@@ -312,7 +317,7 @@ def test_a_node_that_reconnects_is_not_lost_and_one_that_does_not_is() -> None:
 def test_a_stop_the_head_asked_for_keeps_the_heads_status(tmp_path: Path) -> None:
     """Ctrl-C on the head: the other nodes' ranks then fail against their stopped peers; the job was
     interrupted all the same."""
-    fleet = Fleet((1,))
+    fleet = Fleet(head_of(2))
     fleet.on_control({"node": 1, "control": "ping", "t0": 0, "host": "b"}, 1)
     fleet.stop("interrupted")
     fleet.on_control(
@@ -336,7 +341,7 @@ def test_a_stop_the_head_asked_for_keeps_the_heads_status(tmp_path: Path) -> Non
 
 
 def test_a_node_silent_at_the_end_is_lost_and_told_to_stop() -> None:
-    fleet = Fleet((1,))
+    fleet = Fleet(head_of(2))
     fleet.on_control({"node": 1, "control": "ping", "t0": 0, "host": "b"}, 1)
     fleet.settle(timeout_s=0.3)
     lost = fleet.lost()

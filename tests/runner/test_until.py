@@ -10,7 +10,7 @@ import torch.distributed as dist
 
 from meshtop.probes.events import Event, StepTiming
 from meshtop.runner.errors import PlanError
-from meshtop.runner.job.launch import JobControl
+from meshtop.runner.job.control import JobControl
 from meshtop.runner.plan import RunSpec, resolve
 from meshtop.runner.rank.until import MARGIN_STEPS, RunUntilStopped
 from tests.jobs import launch

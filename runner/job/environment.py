@@ -1,0 +1,112 @@
+"""What a job is started with: torchrun's arguments, and the environment of the launcher and its ranks.
+
+:class:`Launch` says what :class:`meshtop.runner.job.process.Job` starts; the built-in runner's is
+:func:`builtin_launch`, a user's script's is :func:`meshtop.runner.job.session.script_launch`. The
+environment is the user's own, with what meshtop's probes need added and what would mislead them left out.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from meshtop.probes.collector import Collector
+from meshtop.probes.native import NATIVE_ENV
+from meshtop.probes.wire import ADDRESS_ENV, NCCL_TIMING_ENV, NODE_ENV, TOKEN_ENV
+from meshtop.runner.load import longest_gap_s
+from meshtop.runner.multinode.nodes import Nodes
+from meshtop.runner.plan import ResolvedRun
+from meshtop.runner.rank.until import STOP_ENV, STOP_NAME
+
+ATTACHED_ENV = "MESHTOP_ATTACHED_PID"
+"""Set by the bootstrap in a process it attached to (``runner/script/bootstrap/sitecustomize.py``)."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Launch:
+    """What :class:`meshtop.runner.job.process.Job` starts: torchrun's arguments and what the ranks'
+    environment adds.
+
+    The built-in runner's is :func:`builtin_launch`; a user's script's is
+    :func:`meshtop.runner.job.session.script_launch`.
+    """
+
+    launcher_args: tuple[str, ...]
+    """torchrun's arguments, the program and its arguments included."""
+    world_size: int
+    native_kernel: bool
+    """Time gloo's collectives with the C++ kernel (the launcher builds it); off for nccl and unhooked runs."""
+    quiet_s: float = 0.0
+    """The longest quiet time the work allows (an inference load's longest gap): hang detection waits longer."""
+    env: dict[str, str] = field(default_factory=dict)
+    """Set in the ranks' environment (over the user's)."""
+    pythonpath: tuple[str, ...] = ()
+    """Put first on the ranks' ``PYTHONPATH``."""
+    nodes: Nodes | None = None
+    """The job's nodes, when it runs on many; ``world_size`` counts the ranks of all of them."""
+    stop_file: Path | None = None
+    """A run until stopped (:mod:`meshtop.runner.rank.until`): the file that asks its ranks to end it."""
+
+    @property
+    def local_world_size(self) -> int:
+        """The ranks this node runs."""
+        return self.world_size // (self.nodes.count if self.nodes is not None else 1)
+
+
+def builtin_launch(run: ResolvedRun, session_dir: Path, nodes: Nodes | None = None) -> Launch:
+    """The built-in runner's launch: ``meshtop.runner.rank.worker`` on every rank, reading the run from
+    ``run.json``; on many ``nodes``, this node's share of the ranks, joining torchrun's c10d rendezvous."""
+    session_dir.mkdir(parents=True, exist_ok=True)
+    run_path = session_dir / "run.json"
+    run_path.write_text(json.dumps(run.to_json(), indent=2))
+    where = (
+        ("--standalone", "--nnodes=1", f"--nproc-per-node={run.world_size}")
+        if nodes is None
+        else nodes.launcher_args(run.world_size // nodes.count)
+    )
+    stop_file = session_dir / STOP_NAME if run.steps is None and run.mode == "train" else None
+    if stop_file is not None:
+        stop_file.unlink(missing_ok=True)
+    return Launch(
+        launcher_args=(*where, "--max-restarts=0", "-m", "meshtop.runner.rank.worker", str(run_path)),
+        world_size=run.world_size,
+        native_kernel=run.device == "cpu" and run.instrument,
+        quiet_s=longest_gap_s(run.load) if run.load is not None else 0.0,
+        nodes=nodes,
+        env={STOP_ENV: str(stop_file)} if stop_file is not None else {},
+        stop_file=stop_file,
+    )
+
+
+def rank_environment(launch: Launch) -> dict[str, str]:
+    """The environment of the launcher and its ranks, less the collector's address and token.
+
+    Without ``RANK`` (torchrun gives each rank its own: one exported by a cluster's pod would make the
+    launcher look like a rank to the bootstrap) and without a parent's attachment mark.
+    """
+    env = {key: value for key, value in os.environ.items() if key not in ("RANK", ATTACHED_ENV)}
+    env.setdefault(NCCL_TIMING_ENV, "1")  # nccl times each operation with CUDA events
+    if not launch.native_kernel:
+        env[NATIVE_ENV] = "off"  # the C++ collective probe times gloo only; the agent builds it otherwise
+    env["PYTHONUNBUFFERED"] = "1"
+    if launch.nodes is not None:
+        env[NODE_ENV] = str(launch.nodes.rank)
+    # meshtop itself is found where it is installed, never through a folder on the path: a project root there
+    # would lend a user's script meshtop's folders under generic names (runner, probes, tui).
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, (*launch.pythonpath, env.get("PYTHONPATH"))))
+    if "OMP_NUM_THREADS" not in env:
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+        env["OMP_NUM_THREADS"] = str(max(1, cores // launch.local_world_size))
+    env.update(launch.env)
+    return env
+
+
+def worker_environment(launch: Launch, collector: Collector) -> dict[str, str]:
+    """The environment of the launcher and its ranks."""
+    env = rank_environment(launch)
+    host, port = collector.address
+    env[ADDRESS_ENV] = f"{host}:{port}"
+    env[TOKEN_ENV] = collector.token
+    return env

@@ -1,0 +1,177 @@
+"""The launcher child and the processes of its job: start it, follow it, stop it, and read how it ended.
+
+The child (:mod:`meshtop.runner.job.agent`) runs in its own session, so a Ctrl-C in the
+terminal reaches meshtop alone, which then stops the whole job: SIGTERM to the
+launcher (torchrun forwards it to every rank), and after a grace period
+SIGKILL to every process of the job that meshtop has seen, so none is left
+behind even if the launcher itself is gone.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterable
+from pathlib import Path
+
+import psutil
+
+from meshtop.probes.arrivals import Arrivals
+from meshtop.probes.collector import Collector
+from meshtop.probes.events import EventsDropped, HangDetected
+from meshtop.runner.job.environment import Launch, worker_environment
+from meshtop.runner.job.results import JobResult, RankExit, root_cause
+
+STOP_GRACE_S = 15.0
+PHASE_NAME = "phase.txt"
+"""In the session folder, beside ``status.json``: what the launcher (:mod:`meshtop.runner.job.agent`) does before
+the ranks report, in words (the dashboard shows it while it waits)."""
+
+
+class Job:
+    """One launched job: its launcher process, the ranks it spawned, their event files."""
+
+    def __init__(self, launch: Launch, session_dir: Path, collector: Collector | None = None) -> None:
+        self.launch = launch
+        self.session_dir = session_dir
+        self.log_path = session_dir / "launcher.log"
+        self._status_path = session_dir / "status.json"
+        self.collector = collector or Collector()
+        self._collector_drops = 0
+        self._seen: dict[int, psutil.Process] = {}
+        self._process: subprocess.Popen[bytes] | None = None
+        self._started = 0.0
+
+    def start(self) -> None:
+        self.session_dir.mkdir(parents=True, exist_ok=True)
+        self.collector.start()
+        command = [sys.executable, "-m", "meshtop.runner.job.agent", str(self._status_path), *self.launch.launcher_args]
+        with self.log_path.open("ab") as log:
+            self._process = subprocess.Popen(
+                command,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=worker_environment(self.launch, self.collector),
+                start_new_session=True,
+            )
+        self._started = time.monotonic()
+
+    def poll(self) -> bool:
+        """Whether the launcher still runs; also notes every process of the job seen so far."""
+        assert self._process is not None, "start() first"
+        try:
+            for child in psutil.Process(self._process.pid).children(recursive=True):
+                self._seen.setdefault(child.pid, child)
+        except psutil.NoSuchProcess:
+            pass
+        return self._process.poll() is None
+
+    def read_events(self) -> Arrivals:
+        """What the ranks sent since the last call, and a count of any events the collector had to drop."""
+        arrivals = Arrivals(self.collector.drain())
+        full = self.collector.counts.queue_full
+        if full != self._collector_drops:
+            arrivals.add(
+                [
+                    EventsDropped(
+                        wall_ns=time.time_ns(), rank=None, where="collector", count=full - self._collector_drops
+                    )
+                ]
+            )
+            self._collector_drops = full
+        return arrivals
+
+    def stop(self, grace_s: float = STOP_GRACE_S) -> None:
+        """SIGTERM the launcher (which stops the ranks), then SIGKILL whatever is left."""
+        assert self._process is not None, "start() first"
+        self.poll()
+        if self._process.poll() is None:
+            self._process.send_signal(signal.SIGTERM)
+            try:
+                self._process.wait(timeout=grace_s)
+            except subprocess.TimeoutExpired:
+                self._process.kill()
+                self._process.wait()
+        self.reap()
+
+    def reap(self) -> None:
+        """Kill any process of the job that outlived the launcher."""
+        alive = [p for p in self._seen.values() if _is_running(p)]
+        for process in alive:
+            _signal(process, signal.SIGTERM)
+        _, alive = psutil.wait_procs(alive, timeout=3.0)
+        for process in alive:
+            _signal(process, signal.SIGKILL)
+        psutil.wait_procs(alive, timeout=3.0)
+
+    def result(
+        self, *, interrupted: bool, hang: HangDetected | None = None, ranks: Iterable[int] | None = None
+    ) -> JobResult:
+        """How the job ended, for ``ranks`` (default: every rank; on many nodes, this node's)."""
+        assert self._process is not None, "start() first"
+        duration = time.monotonic() - self._started
+        try:
+            status = json.loads(self._status_path.read_text())
+        except (FileNotFoundError, json.JSONDecodeError):
+            status = None
+        failures = status["ranks"] if status is not None else {}
+        # on many nodes: the ranks that reported, and those that failed before they could (torchrun names them)
+        world = (
+            sorted(set(ranks) | {int(rank) for rank in failures})
+            if ranks is not None
+            else range(self.launch.world_size)
+        )
+        if hang is not None:
+            why = f"stopped: no rank made progress for {hang.silent_s:.0f} s (hang)"
+            exits = tuple(RankExit(rank=r, exit_code=None, signal=None, error=why) for r in world)
+            return JobResult(
+                status="failed", ranks=exits, duration_s=duration, log_path=self.log_path, hang=hang.report
+            )
+        if interrupted or (status is not None and status["status"] == "interrupted"):
+            exits = tuple(RankExit(rank=r, exit_code=None, signal=None, error="stopped on request") for r in world)
+            return JobResult(status="interrupted", ranks=exits, duration_s=duration, log_path=self.log_path)
+        if status is not None and status["status"] == "completed":
+            exits = tuple(RankExit(rank=r, exit_code=0, signal=None, error=None) for r in world)
+            return JobResult(status="completed", ranks=exits, duration_s=duration, log_path=self.log_path)
+        first = root_cause(failures)
+        why = (
+            f"stopped after rank {first} failed"
+            if first is not None
+            else (f"launcher exited with code {self._process.returncode} before reporting")
+        )
+        exits = tuple(
+            RankExit(
+                rank=r,
+                exit_code=failures[str(r)]["exit_code"],
+                signal=failures[str(r)]["signal"],
+                error=failures[str(r)]["error"],
+            )
+            if str(r) in failures
+            else RankExit(rank=r, exit_code=None, signal=None, error=why)
+            for r in world
+        )
+        return JobResult(
+            status="failed",
+            ranks=exits,
+            duration_s=duration,
+            log_path=self.log_path,
+            root_cause=first,
+            failure_times={int(rank): float(failure.get("timestamp") or 0) for rank, failure in failures.items()},
+        )
+
+
+def _is_running(process: psutil.Process) -> bool:
+    try:
+        return process.is_running() and process.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def _signal(process: psutil.Process, signum: int) -> None:
+    with contextlib.suppress(psutil.NoSuchProcess):
+        process.send_signal(signum)

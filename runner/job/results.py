@@ -1,0 +1,97 @@
+"""How a job ended: each rank's exit, the job's result, and which rank's failure brought it down.
+
+The launcher of this node (:mod:`meshtop.runner.job.process`) and the head's view of the other nodes
+(:mod:`meshtop.runner.multinode.fleet`) both build these, so they live below both.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from meshtop.probes.events import Event, JobEnded, RankExited
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RankExit:
+    """How one rank ended."""
+
+    rank: int
+    exit_code: int | None
+    """The process's exit code (negative for a signal); ``None`` if it was stopped by the launcher."""
+    signal: str | None
+    error: str | None
+    """The rank's last error line, or why it was stopped."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class JobResult:
+    """How the whole job ended."""
+
+    status: str
+    """``completed``, ``failed`` or ``interrupted``."""
+    ranks: tuple[RankExit, ...]
+    duration_s: float
+    log_path: Path
+
+    root_cause: int | None = None
+    """The rank whose failure brought the job down, when one did."""
+    hang: str | None = None
+    """The hang report, when meshtop stopped the job because no rank made progress."""
+    node_lost: str | None = None
+    """Which node of a multi-node job was lost, its ranks and why, when that ended the job."""
+    failure_times: dict[int, float] = field(default_factory=dict)
+    """When each failed rank failed (torchrun's timestamp, seconds), to find the first across nodes."""
+
+    @property
+    def failed(self) -> tuple[RankExit, ...]:
+        """Ranks that did not exit 0 by themselves (the root cause first)."""
+        failed = [r for r in self.ranks if r.exit_code not in (0, None)]
+        return tuple(sorted(failed, key=lambda r: (r.rank != self.root_cause, r.rank)))
+
+
+OWN_DEATHS = frozenset({"SIGKILL", "SIGSEGV", "SIGBUS", "SIGILL", "SIGFPE"})
+"""Signals that end a rank from outside or for its own fault, never because a peer failed (SIGABRT can: an
+uncaught error of a communication thread aborts the process)."""
+PEER_GONE = re.compile(
+    r"(closed|reset) by peer|broken pipe|remote process exited|communicator was aborted|"
+    r"caused by a remote worker",
+    re.IGNORECASE,
+)
+"""What gloo and nccl raise in a rank whose peer went away: the effect of another rank's failure (gloo's
+transport errors end in "This is typically caused by a remote worker crashing", or "hanging")."""
+
+
+def root_cause(failures: dict[str, dict[str, object]]) -> int | None:
+    """The first rank to fail by itself; ranks the launcher then stopped with SIGTERM come last.
+
+    torchrun's timestamps are whole seconds (compared as such: another node's carry a fraction, its clock
+    offset), and each launcher notices a death in its own time, so within one job's failure the effects are
+    told from the cause first: a rank killed from outside or by its own fault (:data:`OWN_DEATHS`) comes
+    first, and a rank whose error says a peer went away (:data:`PEER_GONE`) comes after every other."""
+
+    def order(rank: str) -> tuple[bool, bool, bool, float, int]:
+        failure = failures[rank]
+        stopped = failure.get("signal") == "SIGTERM"
+        died = failure.get("signal") in OWN_DEATHS
+        peer_gone = PEER_GONE.search(str(failure.get("error") or "")) is not None
+        seconds = math.floor(float(failure.get("timestamp") or 0))  # type: ignore[arg-type]
+        return stopped, not died, peer_gone, seconds, int(rank)
+
+    return int(min(failures, key=order)) if failures else None
+
+
+def lifecycle_events(result: JobResult) -> list[Event]:
+    """How each rank and the job ended, as events for the recording."""
+    now = time.time_ns()
+    events: list[Event] = [
+        RankExited(rank=r.rank, wall_ns=now, exit_code=r.exit_code, signal=r.signal, error=r.error)
+        for r in result.ranks
+    ]
+    events.append(
+        JobEnded(wall_ns=now, status=result.status, duration_s=result.duration_s, root_cause_rank=result.root_cause)
+    )
+    return events
