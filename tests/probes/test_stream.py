@@ -15,10 +15,7 @@ from meshtop.probes.collector import Collector
 from meshtop.probes.events import CollectiveTiming, EventsDropped, StepTiming
 from meshtop.probes.shipper import EventShipper
 from meshtop.probes.wire import HEADER, MAX_FRAME_BYTES, encode_events, pack, read_frame, sections
-
-
-def step(rank: int, number: int) -> StepTiming:
-    return StepTiming(rank=rank, step=number, start_ns=time.time_ns(), duration_s=0.01, tokens=512, loss=None)
+from tests.kit.events import collective, step
 
 
 def wait_for(collector: Collector, count: int, timeout_s: float = 10.0) -> list:
@@ -66,22 +63,6 @@ def test_full_worker_buffer_drops_are_counted_and_reported(collector: Collector)
     assert len(steps) + sum(d.count for d in drops) == 1000
     assert len(steps) >= 100
     assert all(d.rank == 3 and d.where == "worker" for d in drops)
-
-
-def collective(rank: int, number: int) -> CollectiveTiming:
-    return CollectiveTiming(
-        rank=rank,
-        step=number,
-        op="all_reduce",
-        group="dp",
-        group_size=2,
-        peer=None,
-        bytes=4096,
-        dtype="float32",
-        start_ns=number,
-        end_ns=number + 10,
-        clock="completion",
-    )
 
 
 def test_events_already_written_as_lines_are_shipped_as_they_are_beside_the_others(collector: Collector) -> None:

@@ -31,7 +31,7 @@ from meshtop.recordings.replay import KIND_ORDER
 from meshtop.recordings.samples import SAMPLE
 from meshtop.recordings.schema import batches_of, events_of
 from meshtop.recordings.summary import fold_recording, summarize
-from tests.recording_kit import description, write_recording
+from tests.kit.recordings import description, write_recording
 
 STEP_NS = 20_000_000
 

@@ -12,7 +12,7 @@ import pytest
 from meshtop.probes.events import StepTiming
 from meshtop.recordings.compare import mann_whitney_p
 from meshtop.tui.cli import main
-from tests.recording_kit import description, write_recording
+from tests.kit.recordings import description, write_recording
 
 
 def synthetic_recording(directory: Path, *, step_s: float, model: str = "tiny", spread: float = 0.002) -> Path:

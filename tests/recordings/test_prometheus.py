@@ -22,7 +22,7 @@ from meshtop.recordings.schema import events_of
 from meshtop.recordings.summary import summarize
 from meshtop.tui.sources import ReplaySource
 from meshtop.tui.state import DashboardState
-from tests.recording_kit import description
+from tests.kit.recordings import description
 
 ROOT = Path(__file__).resolve().parents[2]
 

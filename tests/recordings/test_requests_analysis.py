@@ -33,8 +33,8 @@ from meshtop.tui.sources import ReplaySource
 from meshtop.tui.state import DashboardState
 from meshtop.tui.summary_text import comparison_lines, summary_lines
 from meshtop.tui.views import memory_lines, memory_parts
-from tests.recording_kit import description
-from tests.recording_kit import write_recording as kit_write
+from tests.kit.recordings import description
+from tests.kit.recordings import write_recording as kit_write
 from tests.screen_text import screen_text
 
 BASE_NS = 1_764_000_000_000_000_000

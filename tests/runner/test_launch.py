@@ -6,17 +6,16 @@ import json
 import os
 import signal
 import subprocess
-import sys
-import time
 from pathlib import Path
 
 import psutil
 import pytest
 
 from meshtop.probes.events import StepTiming
-from meshtop.recordings.tables import read_json_lines
 from meshtop.runner.job.process import PHASE_NAME
 from tests.jobs import alive
+from tests.kit.commands import meshtop
+from tests.kit.recordings import wait_for_steps
 
 pytestmark = pytest.mark.slow
 
@@ -58,27 +57,6 @@ def test_completed_job_reports_every_rank_exit_zero(launch_cpu, tmp_path: Path) 
     assert all(s.cpu_s is not None and 0 < s.cpu_s < s.duration_s * 8 for s in steps)
 
 
-def meshtop(*argv: str) -> list[str]:
-    return [sys.executable, "-m", "meshtop.tui.cli", *argv]
-
-
-def recorded_so_far(events_dir: Path, kind: str) -> list[dict[str, object]]:
-    """The rows of a table being recorded (its JSON lines, a half-written last line left out)."""
-    path = events_dir / f"{kind}.jsonl"
-    return read_json_lines(path, kind).table.to_pylist() if path.exists() else []
-
-
-def wait_for_steps(events_dir: Path, world: int, count: int, timeout_s: float = 120) -> list[int]:
-    """Wait until every rank has recorded ``count`` steps; the ranks' pids."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        ranks = [row["rank"] for row in recorded_so_far(events_dir, "step")]
-        if all(ranks.count(r) >= count for r in range(world)):
-            return [row["pid"] for row in recorded_so_far(events_dir, "rank_started")]  # type: ignore[misc]
-        time.sleep(0.2)
-    raise AssertionError(f"ranks did not reach {count} steps in {timeout_s} s")
-
-
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
 def test_stopping_meshtop_stops_every_rank(signum: int, tmp_path: Path) -> None:
     out = tmp_path / "rec"
@@ -89,7 +67,7 @@ def test_stopping_meshtop_stops_every_rank(signum: int, tmp_path: Path) -> None:
         text=True,
     )
     try:
-        rank_pids = wait_for_steps(out / "events", world=4, count=2)
+        rank_pids = wait_for_steps(out, 2, ranks=range(4))
         job = [p.pid for p in psutil.Process(process.pid).children(recursive=True)]
         assert len(rank_pids) == 4 and set(rank_pids) <= set(job)
         process.send_signal(signum)

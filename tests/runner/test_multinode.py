@@ -26,6 +26,7 @@ from meshtop.recordings.metrics.steps import StepFolder
 from meshtop.recordings.reader import open_recording
 from meshtop.recordings.schema import events_of
 from tests.jobs import alive, launch
+from tests.kit.recordings import wait_for_steps
 
 pytestmark = pytest.mark.slow
 
@@ -168,20 +169,6 @@ def test_two_nodes_record_one_job(plan: str, options: tuple[str, ...], tmp_path:
         assert low - slack <= action.start_ns and action.end_ns <= high + slack, (action, windows[action.step])
 
 
-def wait_for_steps(recording: Path, rank: int, count: int, timeout_s: float = 180) -> None:
-    """Until the head has ``count`` steps of ``rank`` on disk."""
-    deadline = time.monotonic() + timeout_s
-    path = recording / "events" / "step.jsonl"
-    while time.monotonic() < deadline:
-        if (
-            path.exists()
-            and sum(json.loads(line)["rank"] == rank for line in path.read_text().splitlines() if line.strip()) >= count
-        ):
-            return
-        time.sleep(0.2)
-    raise AssertionError(f"rank {rank} made no {count} steps in {timeout_s} s")
-
-
 def processes_of(*roots: subprocess.Popen[str]) -> list[int]:
     pids = []
     for root in roots:
@@ -197,7 +184,7 @@ def test_a_node_or_rank_that_dies_ends_the_job(victim: str, tmp_path: Path) -> N
     head = start_node(out, 0, port, "--dp", "4", "--steps", "100000", log=tmp_path / "head.log")
     node1 = start_node(out, 1, port, "--dp", "4", "--steps", "100000", log=tmp_path / "node1.log")
     try:
-        wait_for_steps(out, rank=0, count=3)
+        wait_for_steps(out, 3, ranks=[0])
         everything = processes_of(head, node1)
         started = [
             json.loads(line)

@@ -33,7 +33,7 @@ from meshtop.runner.script.attach import after_import
 from meshtop.runner.script.command import resolve_script
 from meshtop.tui.cli import main
 from tests.cli_errors import one_line_error
-from tests.recording_kit import write_recording
+from tests.kit.recordings import write_recording
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLES = REPO / "examples"

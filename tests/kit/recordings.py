@@ -1,8 +1,10 @@
-"""Recordings made by hand, the way meshtop writes them (shared by tests and benchmarks)."""
+"""Recordings made by hand, the way meshtop writes them, and recordings being written by a job (shared by
+tests and benchmarks)."""
 
 from __future__ import annotations
 
 import dataclasses
+import time
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -10,7 +12,7 @@ from typing import Any
 from meshtop.probes.events import Event
 from meshtop.recordings.events_log import EventWriter
 from meshtop.recordings.manifest import Manifest, RunDescription, write_manifest
-from meshtop.recordings.tables import compact
+from meshtop.recordings.tables import compact, read_json_lines
 from meshtop.runner.plan import RunSpec, resolve
 
 
@@ -44,3 +46,23 @@ def write_recording(
     if parquet:
         compact(directory)
     return directory
+
+
+def recorded_so_far(recording: Path, kind: str) -> list[dict[str, Any]]:
+    """The rows of a table of ``recording`` while it is written (its JSON lines, a half-written last line left
+    out)."""
+    path = recording / "events" / f"{kind}.jsonl"
+    return read_json_lines(path, kind).table.to_pylist() if path.exists() else []
+
+
+def wait_for_steps(recording: Path, count: int, *, ranks: Iterable[int], timeout_s: float = 180) -> list[int]:
+    """Wait until each of ``ranks`` has ``count`` steps in ``recording`` (being written); the pids of the ranks
+    started so far."""
+    ranks = list(ranks)
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        stepped = [row["rank"] for row in recorded_so_far(recording, "step")]
+        if all(stepped.count(rank) >= count for rank in ranks):
+            return [row["pid"] for row in recorded_so_far(recording, "rank_started")]
+        time.sleep(0.2)
+    raise AssertionError(f"ranks {ranks} did not reach {count} steps in {timeout_s} s")

@@ -1,0 +1,87 @@
+"""Events made by hand, as the probes send them: a rank's start, a step, a collective.
+
+Each factory fills the fields a test does not care about with fixed values and takes the ones it does as
+arguments; a module whose tests share a convention (steps 10 ms apart, four ranks a group) binds it once
+with :func:`functools.partial`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from meshtop.probes.events import CollectiveTiming, RankStarted, StepTiming
+
+SECOND_NS = 1_000_000_000
+
+
+def rank_started(
+    rank: int,
+    *,
+    world_size: int = 0,
+    restart: int = 0,
+    pp_rank: int = 0,
+    dp_rank: int = 0,
+    **fields: Any,
+) -> RankStarted:
+    """Rank ``rank`` started (pid ``100 * (restart + 1) + rank``, on CPU, host ``h``); ``world_size`` 0: not said."""
+    values: dict[str, Any] = {
+        "pid": 100 * (restart + 1) + rank,
+        "host": "h",
+        "device": "cpu",
+        "tp_rank": 0,
+        "stages": (),
+        "local_parameters": 10,
+        "wall_ns": 0,
+    }
+    values.update(fields)
+    return RankStarted(rank=rank, world_size=world_size, restart=restart, pp_rank=pp_rank, dp_rank=dp_rank, **values)
+
+
+def step(
+    rank: int,
+    number: int = 0,
+    duration_s: float = 0.1,
+    *,
+    start_ns: int | None = None,
+    every_ns: int = SECOND_NS,
+    tokens: int = 8,
+    loss: float | None = 1.0,
+    **fields: Any,
+) -> StepTiming:
+    """Rank ``rank``'s step ``number`` of ``duration_s``: it starts at ``number * every_ns`` unless ``start_ns``."""
+    start = number * every_ns if start_ns is None else start_ns
+    return StepTiming(rank=rank, step=number, start_ns=start, duration_s=duration_s, tokens=tokens, loss=loss, **fields)
+
+
+def collective(
+    rank: int,
+    number: int | None = 0,
+    seconds: float = 0.001,
+    op: str = "all_reduce",
+    *,
+    every_ns: int = SECOND_NS,
+    offset_ns: int = 0,
+    waited: bool = False,
+    group: str = "dp",
+    group_size: int = 2,
+    bytes: int = 1 << 20,
+    **fields: Any,
+) -> CollectiveTiming:
+    """A collective of ``seconds`` in rank ``rank``'s step ``number`` (``None``: outside any step), starting
+    ``offset_ns`` after the step's start (``number * every_ns``); ``waited``: a wait covered all of it."""
+    start = (number or 0) * every_ns + offset_ns
+    end = start + round(seconds * 1e9)
+    values: dict[str, Any] = {"peer": None, "dtype": "float32", "clock": "completion"}
+    values.update(fields)
+    return CollectiveTiming(
+        rank=rank,
+        step=number,
+        op=op,
+        group=group,
+        group_size=group_size,
+        bytes=bytes,
+        start_ns=start,
+        end_ns=end,
+        waited_ns=end - start if waited else None,
+        **values,
+    )
