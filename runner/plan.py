@@ -28,6 +28,8 @@ SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b")
 DTYPES = ("fp32", "bf16")
 DEVICES = ("auto", "cpu", "cuda")
 MODES = ("train", "infer")
+DEFAULT_MODEL = "tiny"
+"""The preset of a run that names no model (neither ``--model`` nor ``--model-config``)."""
 DEFAULT_STEPS = 20
 """Training steps of ``meshtop record`` (and of any spec) without ``--steps``."""
 WATCH_LIMIT_S = 300.0
@@ -53,7 +55,7 @@ class RunSpec:
     """Pipeline schedule: gpipe, 1f1b or interleaved-1f1b (default 1f1b)."""
     microbatches: int | None = None
     """Microbatches per step for the pipeline (default 2 x pp)."""
-    model: str = "tiny"
+    model: str = DEFAULT_MODEL
     """Model preset name."""
     model_config: str | None = None
     """A Hugging Face style ``config.json`` of a Llama-family decoder: its shape instead of a preset's."""
@@ -252,15 +254,19 @@ def split_layers(n_layers: int, n_stages: int) -> tuple[tuple[int, ...], ...]:
 
 
 def model_shape(model: str, model_config: str | None) -> ModelShape:
-    """The shape of preset ``model``, or the one a ``config.json`` at ``model_config`` describes."""
+    """The shape of preset ``model``, or the one a ``config.json`` at ``model_config`` describes (naming both,
+    a preset other than the default and a config, is refused)."""
     if model_config is None:
         return preset(model)
+    if model != DEFAULT_MODEL:
+        raise PlanError(f"--model {model} and --model-config {model_config} each name the model: give one of them")
     return load_model_config(model_config)
 
 
 def resolve(spec: RunSpec, *, gpus_visible: int, nodes: int = 1) -> ResolvedRun:
     """Fill in defaults and check that the run can be launched on this host (on each of ``nodes`` hosts, each
     with ``gpus_visible`` GPUs, running an equal share of the ranks)."""
+    check_hooks(instrument=spec.instrument, activations=spec.activations)
     for name, value in (
         ("--dp", spec.dp),
         ("--tp", spec.tp),
@@ -360,6 +366,13 @@ def resolve(spec: RunSpec, *, gpus_visible: int, nodes: int = 1) -> ResolvedRun:
         activations=spec.activations,
         stage_layers=split_layers(shape.n_layers, spec.pp * virtual),
     )
+
+
+def check_hooks(*, instrument: bool, activations: bool) -> None:
+    """``--activations`` measures through the worker hooks that ``--no-instrument`` leaves out (the built-in
+    model's and a script's alike)."""
+    if activations and not instrument:
+        raise PlanError("--activations needs the hooks: leave out --no-instrument")
 
 
 def _resolve_pipeline(spec: RunSpec) -> tuple[str | None, int, int]:

@@ -31,6 +31,7 @@ from meshtop.runner.load import (
 )
 from meshtop.runner.multinode.nodes import Nodes, nodes_from_options
 from meshtop.runner.plan import (
+    DEFAULT_MODEL,
     DEFAULT_STEPS,
     DEVICES,
     DTYPES,
@@ -39,6 +40,7 @@ from meshtop.runner.plan import (
     WATCH_LIMIT_S,
     PlanError,
     RunSpec,
+    check_hooks,
     option,
     resolve,
 )
@@ -91,7 +93,10 @@ def add_plan_options(parser: argparse.ArgumentParser, *, command: str = "run") -
     )
     work = parser.add_argument_group("model and data")
     work.add_argument(
-        "--model", default="tiny", metavar="NAME", help=f"model preset: {', '.join(PRESETS)} (default tiny)"
+        "--model",
+        default=DEFAULT_MODEL,
+        metavar="NAME",
+        help=f"model preset: {', '.join(PRESETS)} (default {DEFAULT_MODEL})",
     )
     work.add_argument(
         "--model-config",
@@ -323,10 +328,7 @@ def nodes_from_args(args: argparse.Namespace) -> Nodes | None:
 
 
 def spec_from_args(args: argparse.Namespace) -> RunSpec:
-    if args.model_config is not None and args.model != "tiny":
-        raise PlanError(
-            f"--model {args.model} and --model-config {args.model_config} each name the model: give one of them"
-        )
+    """The built-in runner's spec as typed; :func:`meshtop.runner.plan.resolve` checks it."""
     return RunSpec(
         dp=args.dp,
         tp=args.tp,
@@ -386,8 +388,6 @@ def gpus_visible() -> int:
 def resolve_args(args: argparse.Namespace) -> Work:
     """The built-in runner's plan, or the user's script given after ``--``."""
     wants_gpu = args.device != "cpu"
-    if args.activations and not args.instrument:
-        raise PlanError("--activations needs the hooks: leave out --no-instrument")
     if args.script is None:
         if args.tokens_per_step is not None:
             raise PlanError("--tokens-per-step is for a script given after -- (the built-in model counts its own)")
@@ -397,6 +397,7 @@ def resolve_args(args: argparse.Namespace) -> Work:
             gpus_visible=gpus_visible() if wants_gpu else 0,
             nodes=nodes.count if nodes is not None else 1,
         )
+    check_hooks(instrument=args.instrument, activations=args.activations)
     if given := [name for name in NODE_OPTIONS if getattr(args, name) is not None]:
         raise PlanError(
             f"{option(given[0])} is torchrun's: give it to torchrun after -- "

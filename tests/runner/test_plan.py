@@ -51,6 +51,11 @@ BAD_PLANS = [
     ),
     (["--fsdp", "--dp", "1"], "--fsdp shards over the data-parallel ranks: give --dp 2 or more"),
     (["--dp", "65"], "65 CPU ranks: lower the degrees to at most 64 ranks"),
+    (
+        ["--model", "125m", "--model-config", "config.json"],
+        "--model 125m and --model-config config.json each name the model: give one of them",
+    ),
+    (["--activations", "--no-instrument"], "--activations needs the hooks: leave out --no-instrument"),
 ]
 
 
@@ -77,6 +82,26 @@ def test_record_refuses_a_directory_that_holds_files(tmp_path, capsys) -> None:
     assert code == 2
     assert "is not empty" in capsys.readouterr().err
     assert (tmp_path / "keep.txt").read_text() == "precious"
+
+
+def test_resolve_refuses_two_models_and_activations_without_hooks_for_any_caller() -> None:
+    """The plan owns these checks (the command line only maps options to a spec): a spec built in code, and
+    the planner's question, are refused with the command line's words."""
+    from meshtop.runner.planner.plans import Question, candidates
+
+    both = RunSpec(model="125m", model_config="config.json")  # refused before the file is read: none exists
+    named = "--model 125m and --model-config config.json each name the model: give one of them"
+    with pytest.raises(PlanError) as refused:
+        resolve(both, gpus_visible=0)
+    assert str(refused.value) == named
+    with pytest.raises(PlanError) as refused:
+        candidates(Question(base=both, ranks=4, gpus=False))
+    assert str(refused.value) == named
+    with pytest.raises(PlanError) as refused:
+        resolve(RunSpec(activations=True, instrument=False), gpus_visible=0)
+    assert str(refused.value) == "--activations needs the hooks: leave out --no-instrument"
+    assert resolve(RunSpec(activations=True), gpus_visible=0).activations
+    assert resolve(RunSpec(model="125m"), gpus_visible=0).shape.name == "125m"
 
 
 def test_cuda_plan_needs_one_gpu_per_rank() -> None:
