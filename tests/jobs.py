@@ -17,7 +17,7 @@ from meshtop.runner.job.environment import builtin_launch
 from meshtop.runner.job.launch import run_job
 from meshtop.runner.job.results import JobResult
 from meshtop.runner.plan import ResolvedRun, RunSpec, resolve
-from meshtop.tui.cli import gpus_visible
+from meshtop.tui.options import gpus_visible
 
 
 @dataclass

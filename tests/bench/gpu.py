@@ -30,7 +30,7 @@ from typing import Any
 from meshtop.probes.events import GpuSample, MemorySnapshot, StepTiming
 from meshtop.recordings.manifest import RunDescription
 from meshtop.recordings.metrics.mfu import GpuModel, mfu
-from meshtop.tui.cli import gpus_visible
+from meshtop.tui.options import gpus_visible
 from tests.bench import overhead, sampler_cost
 from tests.bench.figures import NO_TARGET, Row, Spread
 from tests.bench.overhead import INFER_REQUESTS, overhead_row

@@ -405,7 +405,7 @@ def test_every_bad_command_line_is_one_line_and_exit_2(
     argv: list[str], message: str, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.chdir(tmp_path)
-    monkeypatch.setattr("meshtop.tui.cli.gpus_visible", lambda: 0)
+    monkeypatch.setattr("meshtop.tui.options.gpus_visible", lambda: 0)
     line = one_line_error([str(tmp_path / "rec") if a == "OUT" else a for a in argv], capsys)
     assert message in line, line
     assert not (tmp_path / "rec").exists()  # nothing was recorded or launched

@@ -63,7 +63,7 @@ BAD_PLANS = [
 def test_bad_plan_is_one_line_and_exit_2(
     argv: list[str], message: str, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr("meshtop.tui.cli.gpus_visible", lambda: 0)
+    monkeypatch.setattr("meshtop.tui.options.gpus_visible", lambda: 0)
     assert message in one_line_error(["run", *argv], capsys)
 
 

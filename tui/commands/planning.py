@@ -1,6 +1,6 @@
-"""``meshtop plan`` and ``meshtop sweep`` on the command line, and ``replay`` of a sweep: which plan for this
-model on these devices (:mod:`meshtop.runner.planner.plans`, :mod:`meshtop.runner.planner.report`,
-:mod:`meshtop.runner.planner.sweep`)."""
+"""``meshtop plan`` and ``meshtop sweep`` on the command line: which plan for this model on these devices
+(:mod:`meshtop.runner.planner.plans`, :mod:`meshtop.runner.planner.report`, :mod:`meshtop.runner.planner.sweep`).
+``replay`` of a sweep's folder is in :mod:`meshtop.tui.commands.recordings`."""
 
 from __future__ import annotations
 
@@ -11,17 +11,16 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from meshtop.runner.plan import PlanError
+from meshtop.runner.errors import PlanError
 from meshtop.runner.planner.plans import Question, candidates
 from meshtop.runner.planner.report import Budget, parse_size, report
-from meshtop.tui.cli import (
+from meshtop.tui.options import (
     EXIT_OK,
     add_plan_options,
     exit_code,
     gpus_visible,
     hang_timeout_from_args,
     node_probes_from_args,
-    require_terminal,
     spec_from_args,
 )
 
@@ -177,6 +176,7 @@ def plan_question(args: argparse.Namespace, *, launching: bool) -> tuple[Questio
 
 
 def command_plan(args: argparse.Namespace) -> int:
+    """Every plan's predicted memory and traffic, as a table or JSON; nothing is launched."""
     from meshtop.tui.plan_text import plan_lines
 
     question, budget = plan_question(args, launching=False)
@@ -187,6 +187,7 @@ def command_plan(args: argparse.Namespace) -> int:
 
 
 def command_sweep(args: argparse.Namespace) -> int:
+    """Run each plan that fits into a recording under ``OUT``, then rank them (also after an interruption)."""
     from meshtop.recordings.sweep import SWEEP_FILE, ranking
     from meshtop.runner.planner.sweep import run_sweep, sweep_question
     from meshtop.tui.plan_text import sweep_lines
@@ -219,31 +220,3 @@ def command_sweep(args: argparse.Namespace) -> int:
             print("\n" + "\n".join(lines), flush=True)
             print(f"sweep: {out} (meshtop replay {out} to browse the plans)", flush=True)
     return exit_code(status)
-
-
-def replay_sweep(args: argparse.Namespace) -> int:
-    """The sweep's ranked plans; Enter replays one in the dashboard, and closing it comes back to the list."""
-    from meshtop.recordings.reader import open_recording
-    from meshtop.recordings.sweep import ranking
-    from meshtop.tui.app import MeshtopApp
-    from meshtop.tui.sources import ReplaySource
-    from meshtop.tui.sweep_app import SweepApp
-    from meshtop.tui.terminal import TerminalGuard
-
-    ranked = ranking(args.recording)
-    require_terminal("meshtop replay", f"the sweep's table is in {args.recording / 'ranking.txt'}")
-    cursor = 0
-    while True:
-        app = SweepApp(ranked, cursor=cursor)
-        chosen = app.run()
-        if chosen is None:
-            return EXIT_OK
-        cursor = next((i for i, row in enumerate(app.openable) if args.recording / row["recording"] == chosen), 0)
-        source = ReplaySource(open_recording(chosen))
-        source.playback.speed = args.speed
-        dashboard = MeshtopApp(source, quit_on_signals=True, terminal=TerminalGuard())
-        dashboard.run()
-        for problem in source.problems:
-            print(f"meshtop: warning: {problem}", file=sys.stderr)
-        if dashboard.terminal is not None and dashboard.terminal.lost:
-            return EXIT_OK

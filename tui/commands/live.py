@@ -1,0 +1,233 @@
+"""``meshtop run`` and ``meshtop record``: launch a job (the built-in model, or a script after ``--``) and watch
+it in the live dashboard, or record it headless; a node other than the head runs its ranks for either."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from meshtop.runner.job.launch import NodeProbes
+from meshtop.runner.multinode.nodes import Nodes
+from meshtop.runner.script.command import ScriptRun
+from meshtop.tui.options import (
+    add_metrics_options,
+    add_node_options,
+    add_plan_options,
+    exit_code,
+    hang_timeout_from_args,
+    node_probes_from_args,
+    require_terminal,
+    resolve_args,
+    serve_metrics,
+    work_nodes,
+)
+from meshtop.tui.terminal import TerminalGuard, go_on_headless
+
+if TYPE_CHECKING:
+    from meshtop.recordings.manifest import Manifest
+    from meshtop.recordings.prometheus import MetricsServer, RunMetrics
+    from meshtop.runner.job.session import Work
+
+RUNS_DIR_ENV = "MESHTOP_RUNS_DIR"
+DEFAULT_RUNS_DIR = "meshtop-runs"
+
+
+def add_live_commands(commands: Any) -> None:
+    """``run`` (live dashboard) and ``record`` (headless): the same options, defined once."""
+    run = commands.add_parser(
+        "run",
+        help="launch a job and watch it in the live dashboard",
+        usage="meshtop run [options] [-- torchrun [torchrun options] SCRIPT [ARGS...]]",
+        description="Launch a training job (or, with --mode infer, a served load of "
+        "requests) with the given parallel plan and watch it live; "
+        "the session is recorded into the runs folder unless --no-record. "
+        "After --, your own script instead: `torchrun [options] SCRIPT`, "
+        "`python -m torch.distributed.run ...`, `SCRIPT.py` or `-m MODULE`.",
+    )
+    add_plan_options(run)
+    add_node_options(run)
+    add_metrics_options(run)
+    session = run.add_argument_group("session")
+    session.add_argument("--no-record", dest="record", action="store_false", help="do not keep a recording")
+    session.add_argument(
+        "--runs-dir",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help=f"where sessions are recorded (default ${RUNS_DIR_ENV} or ./{DEFAULT_RUNS_DIR})",
+    )
+    run.set_defaults(handler=command_run)
+    record = commands.add_parser(
+        "record",
+        help="launch a job headless and record it into OUT",
+        usage="meshtop record OUT [options] [-- torchrun [torchrun options] SCRIPT [ARGS...]]",
+        description="Launch a training job (or, with --mode infer, a served load of "
+        "requests) headless and record it into a new directory. "
+        "After --, your own script instead: `torchrun [options] SCRIPT`, "
+        "`python -m torch.distributed.run ...`, `SCRIPT.py` or `-m MODULE`.",
+    )
+    record.add_argument("out", type=Path, metavar="OUT", help="new directory for the recording")
+    add_plan_options(record)
+    add_node_options(record)
+    add_metrics_options(record)
+    record.set_defaults(handler=command_record)
+
+
+def live_metrics(args: argparse.Namespace, run: Work) -> tuple[RunMetrics | None, MetricsServer | None]:
+    """The series a live session feeds and the server of ``--metrics-port``, started (``None`` without)."""
+    from meshtop.recordings.prometheus import RunMetrics
+    from meshtop.runner.job.session import describe
+
+    metrics = RunMetrics(describe(run)) if args.metrics_port is not None else None
+    return metrics, serve_metrics(args, (lambda: metrics) if metrics is not None else None)  # type: ignore[return-value]
+
+
+def metrics_line(server: MetricsServer) -> str:
+    """Where ``/metrics`` is served, as a line for the console."""
+    host, port = server.address
+    return f"metrics: http://{host}:{port}/metrics"
+
+
+def runs_directory(args: argparse.Namespace) -> Path:
+    """Where ``run`` keeps its sessions: ``--runs-dir``, else ``$MESHTOP_RUNS_DIR``, else ``./meshtop-runs``."""
+    return args.runs_dir or Path(os.environ.get(RUNS_DIR_ENV) or DEFAULT_RUNS_DIR)
+
+
+def new_session_path(runs: Path, run: Work) -> Path:
+    """``RUNS/20261129-154501-dp2-tp1-pp1`` (a script: ``RUNS/20261129-154501-train``), with a suffix if
+    that exists already."""
+    if isinstance(run, ScriptRun):
+        stem = f"{time.strftime('%Y%m%d-%H%M%S')}-{run.script.stem if run.script else run.module}"
+    else:
+        stem = f"{time.strftime('%Y%m%d-%H%M%S')}-{'fsdp' if run.fsdp else 'dp'}{run.dp}-tp{run.tp}-pp{run.pp}"
+        if run.mode == "infer":
+            stem += "-infer"
+    path, n = runs / stem, 1
+    while path.exists():
+        n += 1
+        path = runs / f"{stem}-{n}"
+    return path
+
+
+def command_run(args: argparse.Namespace) -> int:
+    """Launch the job and show it live; once it ends, its verdict and where it was recorded."""
+    from meshtop.recordings.manifest import note_terminal_lost
+    from meshtop.runner.job.console import verdict
+    from meshtop.runner.job.session import start_recording
+    from meshtop.tui.app import MeshtopApp
+    from meshtop.tui.sources import LiveSource
+
+    run = resolve_args(args)
+    probes = node_probes_from_args(args)
+    hang_timeout = hang_timeout_from_args(args)
+    nodes = work_nodes(args, run)
+    if nodes is not None and not nodes.head:
+        return command_node(run, nodes, probes)
+    require_terminal("meshtop run", "use `meshtop record OUT` to record a job headless")
+    metrics, server = live_metrics(args, run)
+    manifest: Manifest | None = None
+    if args.record:
+        directory = new_session_path(runs_directory(args), run)
+        manifest = start_recording(directory, run, probes, args.argv)
+    else:
+        directory = Path(tempfile.mkdtemp(prefix="meshtop-run-"))
+    source = LiveSource(
+        run,
+        directory=directory,
+        manifest=manifest,
+        node_probes=probes,
+        hang_timeout_s=hang_timeout,
+        nodes=nodes,
+        metrics=metrics,
+    )
+    app = MeshtopApp(source, quit_on_signals=True, terminal=TerminalGuard())
+    try:
+        app.run()
+        if app.terminal is not None and app.terminal.lost:
+            go_on_headless(source, recording=manifest is not None)
+    finally:
+        source.stop()
+        source.wait()
+        if server is not None:
+            server.stop()
+    if app.terminal is not None and app.terminal.lost and manifest is not None:
+        note_terminal_lost(directory, app.terminal.note())
+    if source.error is not None:
+        raise source.error
+    assert source.result is not None, "the session thread ended without a result"
+    state = source.poll(app.state)  # what arrived after the last frame
+    state.finish(source.result.status)
+    figures = state.figures()
+    for line in verdict(source.result, figures.steps, figures.requests):
+        print(line)
+    if server is not None:
+        print(metrics_line(server).replace("metrics:", "metrics were served at"))
+    if manifest is not None:
+        print(f"recording: {directory}")
+    elif source.result.status == "completed":
+        shutil.rmtree(directory, ignore_errors=True)
+    if source.result.status == "failed":
+        print(f"launcher log kept in {source.result.log_path}", file=sys.stderr)
+    return exit_code(source.result.status)
+
+
+def command_record(args: argparse.Namespace) -> int:
+    """Launch the job headless into ``OUT``, its progress as lines, then the recording's summary."""
+    from meshtop.recordings.reader import open_recording
+    from meshtop.recordings.summary import summarize
+    from meshtop.runner.job.console import follow_job
+    from meshtop.runner.job.session import start_recording
+    from meshtop.tui.summary_text import summary_lines
+
+    run = resolve_args(args)
+    probes = node_probes_from_args(args)
+    hang_timeout = hang_timeout_from_args(args)
+    nodes = work_nodes(args, run)
+    if nodes is not None and not nodes.head:
+        return command_node(run, nodes, probes)
+    out: Path = args.out
+    metrics, server = live_metrics(args, run)
+    if server is not None:
+        print(metrics_line(server), flush=True)
+    try:
+        manifest = start_recording(out, run, probes, args.argv)
+        result = follow_job(
+            run,
+            session_dir=out,
+            out=sys.stdout,
+            manifest=manifest,
+            node_probes=probes,
+            hang_timeout_s=hang_timeout,
+            nodes=nodes,
+            metrics=metrics,
+        )
+    finally:
+        if server is not None:
+            server.stop()
+    print("\n".join(summary_lines(summarize(open_recording(out)))[1:]))
+    print(f"recording: {out}")
+    return exit_code(result.status)
+
+
+def command_node(run: Work, nodes: Nodes, probes: NodeProbes) -> int:
+    """A node other than the head: run its ranks and stream to the head, which records and shows the job;
+    exit as the whole job ended. Its launcher log stays in a temporary folder where the job did not complete
+    (the head's recording folder may be shared with this node: it is never written here)."""
+    from meshtop.runner.job.session import launch_of
+    from meshtop.runner.multinode.relay import serve_as_node
+
+    directory = Path(tempfile.mkdtemp(prefix=f"meshtop-node{nodes.rank}-"))
+    status = serve_as_node(
+        launch_of(run, directory, nodes), nodes, session_dir=directory, out=sys.stdout, node_probes=probes
+    )
+    if status == "completed":
+        shutil.rmtree(directory, ignore_errors=True)
+    else:
+        print(f"launcher log of node {nodes.rank} kept in {directory / 'launcher.log'}", file=sys.stderr)
+    return exit_code(status)

@@ -1,0 +1,191 @@
+"""``meshtop replay``, ``summary``, ``compare`` and ``export``: read a recording (or a sweep's folder) that a
+live session, ``record`` or ``sweep`` wrote."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from meshtop.runner.errors import PlanError
+from meshtop.tui.options import EXIT_OK, add_metrics_options, require_terminal, serve_metrics
+from meshtop.tui.terminal import TerminalGuard
+
+
+def add_recording_commands(commands: Any) -> None:
+    """``replay``, ``summary``, ``compare`` and ``export``: each takes recordings by their folders."""
+    replay = commands.add_parser(
+        "replay",
+        help="replay a recording (or browse a sweep) in the dashboard",
+        description="Open a recording in the dashboard and play it back "
+        "(with no REC, a sample recording shipped with meshtop); a sweep's "
+        "folder opens its ranked plans, each replayed with Enter.",
+    )
+    replay.add_argument(
+        "recording",
+        type=Path,
+        nargs="?",
+        default=None,
+        metavar="REC",
+        help="a recording directory (default: the shipped sample)",
+    )
+    replay.add_argument("--speed", type=float, default=1.0, metavar="X", help="playback speed (default 1)")
+    replay.add_argument("--paused-at", type=int, default=None, metavar="STEP", help="open paused at the end of STEP")
+    add_metrics_options(replay)
+    replay.set_defaults(handler=command_replay)
+    summary = commands.add_parser(
+        "summary",
+        help="summarise a recording",
+        description="Summarise a recording: steps, collectives, stages, memory, ranks.",
+    )
+    summary.add_argument("recording", type=Path, metavar="REC", help="a recording directory")
+    summary.add_argument("--json", action="store_true", help="print the analysis as JSON")
+    summary.set_defaults(handler=command_summary)
+    compare = commands.add_parser(
+        "compare",
+        help="compare two recordings, before and after",
+        description="Compare two recordings of the same work: each metric side by side, "
+        "the change, and whether it is beyond run-to-run noise.",
+    )
+    compare.add_argument("before", type=Path, metavar="A", help="the recording before the change")
+    compare.add_argument("after", type=Path, metavar="B", help="the recording after the change")
+    compare.add_argument("--json", action="store_true", help="print the comparison as JSON")
+    compare.add_argument("--tui", action="store_true", help="show the two runs side by side in the terminal UI")
+    compare.set_defaults(handler=command_compare)
+    export = commands.add_parser(
+        "export",
+        help="export a recording as a Perfetto trace or CSV",
+        description="Export a recording: a trace ui.perfetto.dev opens, or one CSV per table.",
+    )
+    export.add_argument("recording", type=Path, metavar="REC", help="a recording directory")
+    export.add_argument("--format", choices=("perfetto", "csv"), required=True)
+    export.add_argument(
+        "-o",
+        "--output",
+        type=Path,
+        required=True,
+        metavar="PATH",
+        help="the trace file (perfetto) or a new directory (csv)",
+    )
+    export.set_defaults(handler=command_export)
+
+
+def sample_recording() -> Path:
+    """The recording shipped with meshtop, that ``replay`` opens without ``REC``."""
+    from meshtop.recordings.samples import SAMPLE
+
+    return SAMPLE
+
+
+def command_replay(args: argparse.Namespace) -> int:
+    """Play a recording back in the dashboard; a sweep's folder opens its ranked plans."""
+    from meshtop.recordings.reader import open_recording
+    from meshtop.tui.app import MeshtopApp
+    from meshtop.tui.sources import ReplaySource
+
+    if not 0 < args.speed <= 1000:
+        raise PlanError(f"--speed must be above 0 and at most 1000, got {args.speed:g}")
+    from meshtop.recordings.sweep import is_sweep
+
+    if args.recording is not None and is_sweep(args.recording):
+        return replay_sweep(args)
+    recording = open_recording(args.recording or sample_recording())
+    source = ReplaySource(recording, metrics=args.metrics_port is not None)
+    server = serve_metrics(args, lambda: source.metrics)  # type: ignore[arg-type,return-value]
+    source.playback.speed = args.speed
+    if args.paused_at is not None:
+        source.playback.seek_step(args.paused_at - 1)
+        source.playback.paused = True
+    try:
+        require_terminal("meshtop replay", "use `meshtop summary REC` for the figures as text")
+        MeshtopApp(source, quit_on_signals=True, terminal=TerminalGuard()).run()
+    finally:
+        if server is not None:
+            server.stop()
+    for problem in source.problems:
+        print(f"meshtop: warning: {problem}", file=sys.stderr)
+    return EXIT_OK
+
+
+def replay_sweep(args: argparse.Namespace) -> int:
+    """The sweep's ranked plans; Enter replays one in the dashboard, and closing it comes back to the list."""
+    from meshtop.recordings.reader import open_recording
+    from meshtop.recordings.sweep import ranking
+    from meshtop.tui.app import MeshtopApp
+    from meshtop.tui.sources import ReplaySource
+    from meshtop.tui.sweep_app import SweepApp
+
+    ranked = ranking(args.recording)
+    require_terminal("meshtop replay", f"the sweep's table is in {args.recording / 'ranking.txt'}")
+    cursor = 0
+    while True:
+        app = SweepApp(ranked, cursor=cursor)
+        chosen = app.run()
+        if chosen is None:
+            return EXIT_OK
+        cursor = next((i for i, row in enumerate(app.openable) if args.recording / row["recording"] == chosen), 0)
+        source = ReplaySource(open_recording(chosen))
+        source.playback.speed = args.speed
+        dashboard = MeshtopApp(source, quit_on_signals=True, terminal=TerminalGuard())
+        dashboard.run()
+        for problem in source.problems:
+            print(f"meshtop: warning: {problem}", file=sys.stderr)
+        if dashboard.terminal is not None and dashboard.terminal.lost:
+            return EXIT_OK
+
+
+def print_report(report: dict[str, Any], *, as_json: bool, lines: Callable[[dict[str, Any]], list[str]]) -> int:
+    """A report as JSON or text on stdout; what could not be read as warnings on stderr."""
+    print(json.dumps(report, indent=2) if as_json else "\n".join(lines(report)))
+    for problem in report["problems"]:
+        print(f"meshtop: warning: {problem}", file=sys.stderr)
+    return EXIT_OK
+
+
+def command_summary(args: argparse.Namespace) -> int:
+    """A recording's figures, as text or JSON."""
+    from meshtop.recordings.reader import open_recording
+    from meshtop.recordings.summary import summarize
+    from meshtop.tui.summary_text import summary_lines
+
+    return print_report(summarize(open_recording(args.recording)), as_json=args.json, lines=summary_lines)
+
+
+def command_compare(args: argparse.Namespace) -> int:
+    """Two recordings' figures side by side, as text, JSON or in the terminal UI."""
+    from meshtop.recordings.compare import compare
+    from meshtop.recordings.reader import open_recording
+    from meshtop.tui.summary_text import comparison_lines
+
+    before, after = open_recording(args.before), open_recording(args.after)
+    comparison = compare(before, after)
+    if args.tui:
+        from meshtop.recordings.summary import summarize
+        from meshtop.tui.compare_app import CompareApp
+
+        require_terminal("meshtop compare --tui", "leave out --tui for the comparison as text")
+        CompareApp(comparison, summarize(before), summarize(after)).run()
+        return EXIT_OK
+    return print_report(comparison, as_json=args.json, lines=comparison_lines)
+
+
+def command_export(args: argparse.Namespace) -> int:
+    """A recording as a Perfetto trace or as CSV tables, at a new path."""
+    from meshtop.recordings.export import export_csv, export_perfetto
+    from meshtop.recordings.manifest import RecordingError
+    from meshtop.recordings.reader import open_recording
+
+    recording = open_recording(args.recording)
+    output: Path = args.output
+    if output.exists():
+        raise RecordingError(f"{output} exists: give export a new path (nothing was overwritten)")
+    if args.format == "perfetto":
+        count = export_perfetto(recording, output)
+        print(f"{output}: {count:,} trace events; open it at https://ui.perfetto.dev")
+    else:
+        written = export_csv(recording, output)
+        print(f"{output}: {len(written)} CSV tables and manifest.json")
+    return EXIT_OK

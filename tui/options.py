@@ -1,0 +1,419 @@
+"""The command line's options, defined once, and what they mean: the argument groups that ``run``, ``record``,
+``plan`` and ``sweep`` share, the checks of the values no other layer owns, and the exit codes.
+
+The plan's own values (degrees, steps, batch, lengths, the model) are checked by
+:func:`meshtop.runner.plan.resolve`; here are the command line's: which options a script after ``--`` may
+take, the probes' sampling rates, the hang timeout, the ``/metrics`` port.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable
+from typing import TYPE_CHECKING, NoReturn
+
+from meshtop.probes.errors import MeshtopError
+from meshtop.probes.samplers import DEFAULT_GPU_HZ, DEFAULT_PROCESS_HZ
+from meshtop.runner.errors import PlanError
+from meshtop.runner.job.launch import NodeProbes
+from meshtop.runner.load import (
+    DEFAULT_CONCURRENCY,
+    DEFAULT_MAX_BATCH,
+    DEFAULT_OUTPUT_LEN,
+    DEFAULT_PROMPT_LEN,
+    DEFAULT_REQUESTS,
+)
+from meshtop.runner.multinode.nodes import Nodes, nodes_from_options
+from meshtop.runner.plan import (
+    DEFAULT_MODEL,
+    DEFAULT_STEPS,
+    DEVICES,
+    DTYPES,
+    MODES,
+    SCHEDULES,
+    WATCH_LIMIT_S,
+    RunSpec,
+    check_hooks,
+    option,
+    resolve,
+)
+from meshtop.runner.planner.plans import SWEEP_STEPS
+from meshtop.runner.presets import PRESETS
+from meshtop.runner.script.command import ScriptRun, resolve_script
+
+if TYPE_CHECKING:
+    from meshtop.recordings.prometheus import MetricsServer, RunMetrics
+    from meshtop.runner.job.session import Work
+
+EXIT_OK, EXIT_JOB_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
+
+
+def exit_code(status: str) -> int:
+    """The exit code of a job that ended with ``status``: 0 completed, 130 interrupted, else 1."""
+    return {"completed": EXIT_OK, "interrupted": EXIT_INTERRUPTED}.get(status, EXIT_JOB_FAILED)
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """An argument parser whose errors are one line and exit code 2."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(EXIT_USAGE, f"meshtop: error: {message} (see {self.prog} --help)\n")
+
+
+def add_plan_options(parser: argparse.ArgumentParser, *, command: str = "run") -> None:
+    """The plan options shared by ``run`` and ``record``, defined once; ``plan`` and ``sweep`` choose the
+    degrees themselves (``sweep`` launches, ``plan`` only computes)."""
+    plan = parser.add_argument_group("parallel plan")
+    if command == "run":
+        plan.add_argument(
+            "--dp",
+            type=int,
+            default=None,
+            metavar="N",
+            help="data-parallel degree (default: every GPU, or 2 CPU ranks, when no other degree is given)",
+        )
+        plan.add_argument("--tp", type=int, default=1, metavar="N", help="tensor-parallel degree (default 1)")
+        plan.add_argument("--pp", type=int, default=1, metavar="N", help="pipeline-parallel degree (default 1)")
+        plan.add_argument("--fsdp", action="store_true", help="shard over dp with FSDP2 instead of replicating")
+    else:
+        plan.add_argument(
+            "--fsdp",
+            action="store_true",
+            help="also each plan with dp 2 or more sharded by FSDP2 (fsdp2xtp2 beside dp2xtp2)",
+        )
+    plan.add_argument("--schedule", choices=SCHEDULES, default=None, help="pipeline schedule (default 1f1b)")
+    plan.add_argument(
+        "--microbatches", type=int, default=None, metavar="M", help="pipeline microbatches per step (default 2 x pp)"
+    )
+    work = parser.add_argument_group("model and data")
+    work.add_argument(
+        "--model",
+        default=DEFAULT_MODEL,
+        metavar="NAME",
+        help=f"model preset: {', '.join(PRESETS)} (default {DEFAULT_MODEL})",
+    )
+    work.add_argument(
+        "--model-config",
+        default=None,
+        metavar="PATH",
+        help="a Hugging Face style config.json of a Llama-family decoder: plan and run that shape "
+        "with random weights (instead of --model)",
+    )
+    work.add_argument("--dtype", choices=DTYPES, default=None, help="fp32 or bf16 (default fp32 on CPU, bf16 on CUDA)")
+    if command == "run":  # plan and sweep: --gpus or --ranks
+        work.add_argument("--device", choices=DEVICES, default="auto", help="auto: cuda when a GPU is visible")
+    work.add_argument(
+        "--mode", choices=MODES, default="train", help="train (default), or infer: serve a load of generation requests"
+    )
+    if command != "plan":
+        work.add_argument(
+            "--steps",
+            type=int,
+            default=None,
+            metavar="N",
+            help=(
+                f"training steps (default: until q, {WATCH_LIMIT_S / 60:g} minutes at most; "
+                f"record, or on many nodes: {DEFAULT_STEPS})"
+                if command == "run"
+                else f"training steps (default {SWEEP_STEPS})"
+            ),
+        )
+    batch = "4 per microbatch per replica" if command == "run" else "4 per rank, the same for every plan"
+    work.add_argument(
+        "--batch-size", type=int, default=None, metavar="N", help=f"global batch in sequences (default {batch})"
+    )
+    work.add_argument(
+        "--seq-len", type=int, default=None, metavar="N", help="tokens per sequence (default: the model's)"
+    )
+    if command != "plan":
+        work.add_argument("--seed", type=int, default=0, metavar="N", help="seed of weights and data (default 0)")
+    load = parser.add_argument_group("inference load (--mode infer)")
+    load.add_argument(
+        "--requests", type=int, default=None, metavar="N", help=f"requests to serve (default {DEFAULT_REQUESTS})"
+    )
+    load.add_argument(
+        "--concurrency",
+        type=int,
+        default=None,
+        metavar="C",
+        help=f"closed loop: requests in flight at once (default {DEFAULT_CONCURRENCY})",
+    )
+    load.add_argument(
+        "--request-rate",
+        type=float,
+        default=None,
+        metavar="R",
+        help="open loop: Poisson arrivals, R requests per second",
+    )
+    load.add_argument(
+        "--prompt-len",
+        default=None,
+        metavar="N|LO-HI",
+        help=f"prompt tokens, fixed or a range (default {DEFAULT_PROMPT_LEN[0]})",
+    )
+    load.add_argument(
+        "--output-len",
+        default=None,
+        metavar="N|LO-HI",
+        help=f"tokens to generate, fixed or a range (default {DEFAULT_OUTPUT_LEN[0]})",
+    )
+    load.add_argument(
+        "--max-batch",
+        type=int,
+        default=None,
+        metavar="B",
+        help=f"requests one replica decodes together, at most (default {DEFAULT_MAX_BATCH})",
+    )
+    load.add_argument(
+        "--slo-ttft-ms", type=float, default=None, metavar="MS", help="goodput: time to first token at most MS"
+    )
+    load.add_argument(
+        "--slo-tpot-ms", type=float, default=None, metavar="MS", help="goodput: time per output token at most MS"
+    )
+    builtin = [
+        action
+        for group in (plan, work, load)
+        for action in group._group_actions
+        if action.dest not in ("device", "dtype")
+    ]  # a script's device, and its dtype for MFU
+    parser.set_defaults(builtin_defaults={action.dest: action.default for action in builtin})
+    if command == "plan":
+        return
+    if command == "run":
+        script = parser.add_argument_group("your own script (after --)")
+        script.add_argument(
+            "--tokens-per-step",
+            type=int,
+            default=None,
+            metavar="N",
+            help="tokens the script's global batch holds per optimizer step: gives tokens/s (and, "
+            "with --dtype, its compute dtype, MFU on a GPU)",
+        )
+    probes = parser.add_argument_group("probes")
+    if command == "run":
+        probes.add_argument(
+            "--activations",
+            action="store_true",
+            help="measure the activations each step saves for backward (a hook on every saved "
+            "tensor; not traced by torch.compile)",
+        )
+    probes.add_argument(
+        "--no-instrument",
+        dest="instrument",
+        action="store_false",
+        help="no worker hooks (step timing stays), to measure their overhead",
+    )
+    probes.add_argument(
+        "--hang-timeout",
+        type=float,
+        default=None,
+        metavar="S",
+        help="report a hang (where every rank is, and its stack) after S seconds without progress "
+        "(default: 20 median steps, at least 30 s; before the first step max(S, 60 s), "
+        "or 600 s)",
+    )
+    probes.add_argument(
+        "--gpu-sample-hz",
+        type=float,
+        default=DEFAULT_GPU_HZ,
+        metavar="HZ",
+        help=f"NVML samples per second per GPU (default {DEFAULT_GPU_HZ:g})",
+    )
+    probes.add_argument(
+        "--process-sample-hz",
+        type=float,
+        default=DEFAULT_PROCESS_HZ,
+        metavar="HZ",
+        help=f"psutil samples per second per rank (default {DEFAULT_PROCESS_HZ:g})",
+    )
+
+
+NODE_OPTIONS = ("nnodes", "node_rank", "rdzv_endpoint", "rdzv_id")
+"""torchrun's own node options: a script's go to torchrun, after --."""
+
+
+def add_node_options(parser: argparse.ArgumentParser) -> None:
+    """torchrun's multi-node options, for the built-in runner (a script gives them to torchrun after --)."""
+    nodes = parser.add_argument_group("many nodes (torchrun's options: the same command on every node)")
+    nodes.add_argument("--nnodes", default=None, metavar="N", help="nodes of the job (default 1)")
+    nodes.add_argument(
+        "--node-rank",
+        type=int,
+        default=None,
+        metavar="I",
+        help="this node: 0 is the head, which records and shows the dashboard; the others run "
+        "their ranks and stream to it",
+    )
+    nodes.add_argument(
+        "--rdzv-endpoint",
+        default=None,
+        metavar="HOST:PORT",
+        help="torchrun's c10d rendezvous endpoint, the same on every node (the head's address, say)",
+    )
+    nodes.add_argument("--rdzv-id", default=None, metavar="ID", help="the job's rendezvous id (default none)")
+    nodes.add_argument(
+        "--head-node",
+        type=int,
+        default=None,
+        metavar="I",
+        help="the node that records and shows the job (default 0), the same on every node; with a script too",
+    )
+    nodes.add_argument(
+        "--collector-bind",
+        default=None,
+        metavar="ADDR[:PORT]",
+        help="where the head listens for the other nodes (only with the session's token); default: "
+        "the address it reaches the rendezvous endpoint from, on a free port",
+    )
+
+
+def add_metrics_options(parser: argparse.ArgumentParser) -> None:
+    """``--metrics-port`` and ``--metrics-bind``, for the commands that can serve ``/metrics``."""
+    metrics = parser.add_argument_group("Prometheus")
+    metrics.add_argument(
+        "--metrics-port",
+        type=int,
+        default=None,
+        metavar="PORT",
+        help="serve /metrics (Prometheus / OpenMetrics) on PORT while meshtop runs (0: a free port)",
+    )
+    metrics.add_argument(
+        "--metrics-bind", default=None, metavar="ADDR", help="the address /metrics listens on (default 127.0.0.1)"
+    )
+
+
+def serve_metrics(args: argparse.Namespace, metrics: Callable[[], RunMetrics] | None) -> MetricsServer | None:
+    """The ``/metrics`` server that ``--metrics-port`` asks for, started; ``None`` without one."""
+    from meshtop.recordings.prometheus import DEFAULT_BIND, MetricsServer
+
+    if args.metrics_port is None:
+        if args.metrics_bind is not None:
+            raise PlanError("--metrics-bind needs --metrics-port PORT")
+        return None
+    if not 0 <= args.metrics_port <= 65535:
+        raise PlanError(f"--metrics-port must be a port from 0 to 65535, got {args.metrics_port}")
+    assert metrics is not None
+    return MetricsServer(metrics, port=args.metrics_port, bind=args.metrics_bind or DEFAULT_BIND).start()
+
+
+def nodes_from_args(args: argparse.Namespace) -> Nodes | None:
+    """The built-in runner's nodes, from meshtop's own node options."""
+    return nodes_from_options(
+        nnodes=args.nnodes,
+        node_rank=args.node_rank,
+        endpoint=args.rdzv_endpoint,
+        run_id=args.rdzv_id,
+        collector_bind=args.collector_bind,
+        head_node=args.head_node,
+    )
+
+
+def spec_from_args(args: argparse.Namespace) -> RunSpec:
+    """The built-in runner's spec as typed; :func:`meshtop.runner.plan.resolve` checks it."""
+    return RunSpec(
+        dp=args.dp,
+        tp=args.tp,
+        pp=args.pp,
+        fsdp=args.fsdp,
+        schedule=args.schedule,
+        microbatches=args.microbatches,
+        model=args.model,
+        model_config=args.model_config,
+        dtype=args.dtype,
+        device=args.device,
+        steps=args.steps,
+        time_limit_s=WATCH_LIMIT_S if watching(args) else None,
+        batch_size=args.batch_size,
+        seq_len=args.seq_len,
+        seed=args.seed,
+        instrument=args.instrument,
+        activations=getattr(args, "activations", False),
+        mode=args.mode,
+        requests=args.requests,
+        concurrency=args.concurrency,
+        request_rate=args.request_rate,
+        prompt_len=args.prompt_len,
+        output_len=args.output_len,
+        max_batch=args.max_batch,
+        slo_ttft_ms=args.slo_ttft_ms,
+        slo_tpot_ms=args.slo_tpot_ms,
+    )
+
+
+def watching(args: argparse.Namespace) -> bool:
+    """``meshtop run`` training the built-in model on one node without ``--steps``: until q, ``WATCH_LIMIT_S``
+    at most. On many nodes every node must run the same steps, whichever command each was given: 20."""
+    return args.command == "run" and args.mode == "train" and args.steps is None and args.nnodes is None
+
+
+def hang_timeout_from_args(args: argparse.Namespace) -> float | None:
+    """``--hang-timeout`` in seconds, checked; ``None``: the session's own rule."""
+    timeout = args.hang_timeout
+    if timeout is not None and not 0 < timeout <= 86_400:
+        raise PlanError(f"--hang-timeout must be above 0 and at most 86400 seconds, got {timeout:g}")
+    return timeout
+
+
+def node_probes_from_args(args: argparse.Namespace) -> NodeProbes:
+    """The node samplers' rates, checked."""
+    for flag, rate in (("--gpu-sample-hz", args.gpu_sample_hz), ("--process-sample-hz", args.process_sample_hz)):
+        if not rate > 0 or rate > 1000:
+            raise PlanError(f"{flag} must be above 0 and at most 1000, got {rate:g}")
+    return NodeProbes(gpu_hz=args.gpu_sample_hz, process_hz=args.process_sample_hz)
+
+
+def gpus_visible() -> int:
+    """CUDA GPUs this process sees (imports torch: asked only where a GPU may be used)."""
+    import torch
+
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+def resolve_args(args: argparse.Namespace) -> Work:
+    """The built-in runner's plan, or the user's script given after ``--``."""
+    wants_gpu = args.device != "cpu"
+    if args.script is None:
+        if args.tokens_per_step is not None:
+            raise PlanError("--tokens-per-step is for a script given after -- (the built-in model counts its own)")
+        nodes = nodes_from_args(args)
+        return resolve(
+            spec_from_args(args),
+            gpus_visible=gpus_visible() if wants_gpu else 0,
+            nodes=nodes.count if nodes is not None else 1,
+        )
+    check_hooks(instrument=args.instrument, activations=args.activations)
+    if given := [name for name in NODE_OPTIONS if getattr(args, name) is not None]:
+        raise PlanError(
+            f"{option(given[0])} is torchrun's: give it to torchrun after -- "
+            "(`-- torchrun --nnodes 2 --node-rank I --rdzv-backend c10d --rdzv-endpoint HOST:PORT ...`)"
+        )
+    given = [dest for dest, default in args.builtin_defaults.items() if getattr(args, dest) != default]
+    if given:
+        raise PlanError(
+            f"{option(given[0])} sets up the built-in model; a script given after -- runs its own "
+            "(leave it out, or pass it to the script)"
+        )
+    if args.device == "cuda" and not gpus_visible():
+        raise PlanError("--device cuda: no CUDA GPU is visible")
+    return resolve_script(
+        args.script,
+        gpus_visible=gpus_visible() if wants_gpu else 0,
+        instrument=args.instrument,
+        tokens_per_step=args.tokens_per_step,
+        dtype=args.dtype,
+        activations=args.activations,
+        collector_bind=args.collector_bind,
+        head_node=args.head_node,
+    )
+
+
+def work_nodes(args: argparse.Namespace, work: Work) -> Nodes | None:
+    """The nodes ``work`` runs on (a script's from its torchrun options)."""
+    return work.nodes if isinstance(work, ScriptRun) else nodes_from_args(args)
+
+
+def require_terminal(what: str, instead: str) -> None:
+    """Refuse, in one line naming ``instead``, to draw a dashboard where standard output is not a terminal."""
+    if not sys.stdout.isatty():
+        raise MeshtopError(f"{what} draws a dashboard, but standard output is not a terminal: {instead}")
