@@ -32,17 +32,22 @@ PARENT_POLL_S = 0.5
 
 
 MAX_ERROR_CHARS = 300
+NO_ERROR_FILE = "To enable traceback see:"
+"""How torchrun's message for a rank that wrote no error file begins (it exited without an uncaught exception
+meshtop's or the script's ``@record`` saw): a pointer to torchrun's docs, not an error. Such a rank's error is
+read from the end of the launcher log instead (:mod:`meshtop.runner.job.last_words`)."""
 
 
 def error_line(message: object) -> str | None:
-    """The one-line error of a failure message (torchrun gives a dict or a string).
+    """The one-line error of a failure message (torchrun gives a dict or a string); ``None`` where the rank
+    left none.
 
     The first line: it names the exception type, while a multi-line message
     (a tensor's repr, a nested traceback) goes on below it.
     """
     if isinstance(message, dict):
         message = message.get("message")
-    if not message:
+    if not message or str(message).startswith(NO_ERROR_FILE):
         return None
     lines = [line.strip() for line in str(message).splitlines() if line.strip()]
     if not lines:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -24,6 +25,7 @@ from meshtop.probes.arrivals import Arrivals
 from meshtop.probes.collector import Collector
 from meshtop.probes.events import EventsDropped, HangDetected
 from meshtop.runner.job.environment import Launch, worker_environment
+from meshtop.runner.job.last_words import last_words, read_tail
 from meshtop.runner.job.results import JobResult, RankExit, root_cause
 
 STOP_GRACE_S = 15.0
@@ -45,12 +47,15 @@ class Job:
         self._seen: dict[int, psutil.Process] = {}
         self._process: subprocess.Popen[bytes] | None = None
         self._started = 0.0
+        self._log_start = 0
+        """Where this launch's output begins in the launcher log (a session folder's log is appended to)."""
 
     def start(self) -> None:
         self.session_dir.mkdir(parents=True, exist_ok=True)
         self.collector.start()
         command = [sys.executable, "-m", "meshtop.runner.job.agent", str(self._status_path), *self.launch.launcher_args]
         with self.log_path.open("ab") as log:
+            self._log_start = log.seek(0, os.SEEK_END)
             self._process = subprocess.Popen(
                 command,
                 stdin=subprocess.DEVNULL,
@@ -139,11 +144,15 @@ class Job:
             exits = tuple(RankExit(rank=r, exit_code=0, signal=None, error=None) for r in world)
             return JobResult(status="completed", ranks=exits, duration_s=duration, log_path=self.log_path)
         first = root_cause(failures)
-        why = (
-            f"stopped after rank {first} failed"
-            if first is not None
-            else (f"launcher exited with code {self._process.returncode} before reporting")
-        )
+        # the launcher, or the rank that failed first, died without saying why: its last words in the log say it
+        said = self.last_words() if first is None or not failures[str(first)]["error"] else None
+        if first is None:
+            why = f"launcher exited with code {self._process.returncode} before reporting"
+            why += f": {said}" if said is not None else ""
+        else:
+            why = f"stopped after rank {first} failed"
+            if said is not None:
+                failures[str(first)]["error"] = f"{said} (from the end of the launcher log)"
         exits = tuple(
             RankExit(
                 rank=r,
@@ -163,6 +172,11 @@ class Job:
             root_cause=first,
             failure_times={int(rank): float(failure.get("timestamp") or 0) for rank, failure in failures.items()},
         )
+
+    def last_words(self) -> str | None:
+        """The last meaningful line this launch wrote to the launcher log (:mod:`meshtop.runner.job.last_words`):
+        why the launcher or a rank died, where it did not say so itself."""
+        return last_words(read_tail(self.log_path, self._log_start))
 
 
 def _is_running(process: psutil.Process) -> bool:
