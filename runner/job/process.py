@@ -29,6 +29,10 @@ from meshtop.runner.job.last_words import last_words, read_tail
 from meshtop.runner.job.results import JobResult, RankExit, root_cause
 
 STOP_GRACE_S = 15.0
+SAFE_PATH = ("-P",) if sys.version_info >= (3, 11) else ()
+"""The launcher starts in the user's folder (its ranks run there) but does not search it for modules (Python
+3.11's ``-P``): a user's own ``meshtop.py`` there would hide meshtop from it. Before 3.11 it does, and the
+launcher's last words (:mod:`meshtop.runner.job.last_words`) say so."""
 PHASE_NAME = "phase.txt"
 """In the session folder, beside ``status.json``: what the launcher (:mod:`meshtop.runner.job.agent`) does before
 the ranks report, in words (the dashboard shows it while it waits)."""
@@ -53,7 +57,8 @@ class Job:
     def start(self) -> None:
         self.session_dir.mkdir(parents=True, exist_ok=True)
         self.collector.start()
-        command = [sys.executable, "-m", "meshtop.runner.job.agent", str(self._status_path), *self.launch.launcher_args]
+        agent = [sys.executable, *SAFE_PATH, "-m", "meshtop.runner.job.agent"]
+        command = [*agent, str(self._status_path), *self.launch.launcher_args]
         with self.log_path.open("ab") as log:
             self._log_start = log.seek(0, os.SEEK_END)
             self._process = subprocess.Popen(
