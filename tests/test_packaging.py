@@ -7,6 +7,7 @@ file list to the source tree's."""
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
 import zipfile
@@ -20,9 +21,18 @@ FOLDERS = ("runner", "probes", "recordings", "tui")
 
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Built from a copy of the tree as it is on disk: a build in place would reuse ``build/`` and could ship
+    a module deleted since."""
+    source = tmp_path_factory.mktemp("source")
+    for name in ("pyproject.toml", "README.md", *FOLDERS):
+        path = ROOT / name
+        if path.is_dir():
+            shutil.copytree(path, source / name, ignore=shutil.ignore_patterns("__pycache__"))
+        else:
+            shutil.copy2(path, source / name)
     out = tmp_path_factory.mktemp("wheel")
     subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--wheel-dir", str(out), str(ROOT)],
+        [sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--wheel-dir", str(out), str(source)],
         check=True,
         capture_output=True,
         timeout=300,
