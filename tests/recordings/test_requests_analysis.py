@@ -35,7 +35,7 @@ from meshtop.tui.summary_text import comparison_lines, summary_lines
 from meshtop.tui.views import memory_lines, memory_parts
 from tests.kit.recordings import description
 from tests.kit.recordings import write_recording as kit_write
-from tests.screen_text import screen_text
+from tests.kit.screen import screen_text
 
 BASE_NS = 1_764_000_000_000_000_000
 """A wall clock of 2025: large enough that float64 would round it (the analysis must not)."""

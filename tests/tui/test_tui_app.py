@@ -22,7 +22,7 @@ from meshtop.recordings.summary import summarize
 from meshtop.tui.app import MeshtopApp, ReplayBar
 from meshtop.tui.compare_app import CompareApp
 from meshtop.tui.sources import ReplaySource
-from tests.screen_text import screen_text
+from tests.kit.screen import screen_text
 
 ROOT = Path(__file__).resolve().parents[2]
 SAMPLE = Path("recordings/samples/dp2-pp2-1f1b")  # relative, so the header reads the same on every machine

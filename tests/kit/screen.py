@@ -1,0 +1,37 @@
+"""The text a running Textual app shows, row by row, read through its public screenshot export."""
+
+from __future__ import annotations
+
+import re
+import xml.etree.ElementTree as ElementTree
+
+from rich.cells import cell_len
+from textual.app import App
+
+SVG = "{http://www.w3.org/2000/svg}"
+LINE = re.compile(r"-line-(\d+)\)$")
+
+
+def screen_text(app: App[object]) -> str:
+    """Every row of the current screen as plain text, trailing spaces cut.
+
+    Read from :meth:`App.export_screenshot` (the SVG Rich draws: one ``text`` element per run of characters
+    that share a style, clipped to its row, at ``x`` = column times the width of a cell)."""
+    width, height = app.size
+    svg = ElementTree.fromstring(app.export_screenshot())
+    clips = {clip.get("id"): clip for clip in svg.iter(f"{SVG}clipPath")}
+    first_line = next(clip for name, clip in clips.items() if name and name.endswith("-line-0"))
+    cell_width = float(next(first_line.iter(f"{SVG}rect")).get("width", "0")) / width
+    runs: list[list[tuple[int, str]]] = [[] for _ in range(height)]
+    for text in svg.iter(f"{SVG}text"):
+        line = LINE.search(text.get("clip-path", ""))
+        if line is not None:
+            runs[int(line.group(1))].append((round(float(text.get("x", "0")) / cell_width), text.text or ""))
+    rows = []
+    for row in runs:
+        cells, column = [], 0
+        for at, characters in sorted(row):
+            cells.append(" " * (at - column) + characters)
+            column = at + cell_len(characters)
+        rows.append("".join(cells).replace("\xa0", " ").rstrip())
+    return "\n".join(rows)
