@@ -10,7 +10,7 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
-from meshtop.probes.events import CollectiveTiming, Event, MemorySnapshot, StepTiming
+from meshtop.probes.events import Event, MemorySnapshot
 from meshtop.recordings.metrics.collectives import (
     CollectiveRow,
     communication_share,
@@ -31,33 +31,11 @@ from meshtop.recordings.sweep import measure
 from meshtop.tui.state import DashboardState
 from meshtop.tui.summary_text import summary_lines
 from meshtop.tui.views import memory_lines, memory_parts
+from tests.kit.events import collective, step
 from tests.kit.recordings import description, write_recording
 
 MS = 1_000_000
 GIB = 1 << 30
-
-
-def step(rank: int, number: int, *, start_ns: int, duration_ns: int) -> StepTiming:
-    return StepTiming(rank=rank, step=number, start_ns=start_ns, duration_s=duration_ns / 1e9, tokens=1000, loss=2.0)
-
-
-def waited(rank: int, number: int, *, start_ns: int, duration_ns: int, group: str = "dp") -> CollectiveTiming:
-    """An all-reduce its rank waited on from issue to completion (its whole time exposed)."""
-    return CollectiveTiming(
-        rank=rank,
-        step=number,
-        op="all_reduce",
-        group=group,
-        group_size=2,
-        peer=None,
-        bytes=1 << 20,
-        dtype="float32",
-        start_ns=start_ns,
-        end_ns=start_ns + duration_ns,
-        clock="completion",
-        waited_ns=duration_ns,
-        overlapped=False,
-    )
 
 
 def lagging_job(compute_ms: dict[int, int], steps: int = 8) -> list[Event]:
@@ -65,10 +43,10 @@ def lagging_job(compute_ms: dict[int, int], steps: int = 8) -> list[Event]:
     the rest of the step (what a rank's peers do while a slow rank computes)."""
     events: list[Event] = []
     for number in range(steps):
-        origin = number * 30 * MS
         for rank, compute in compute_ms.items():
-            events.append(waited(rank, number, start_ns=origin + compute * MS, duration_ns=(25 - compute) * MS))
-            events.append(step(rank, number, start_ns=origin, duration_ns=25 * MS))
+            every = {"every_ns": 30 * MS}
+            events.append(collective(rank, number, (25 - compute) / 1e3, offset_ns=compute * MS, waited=True, **every))
+            events.append(step(rank, number, 0.025, tokens=1000, loss=2.0, **every))
     return events
 
 
@@ -310,8 +288,8 @@ def test_a_sweep_plan_is_measured_with_the_cores_figures(tmp_path: Path) -> None
     ]
     for number in range(3):
         for rank in (0, 1):
-            events.append(waited(rank, number, start_ns=number * 20 * MS + 6 * MS, duration_ns=4 * MS))
-            events.append(step(rank, number, start_ns=number * 20 * MS, duration_ns=10 * MS))
+            events.append(collective(rank, number, 0.004, every_ns=20 * MS, offset_ns=6 * MS, waited=True))
+            events.append(step(rank, number, 0.010, every_ns=20 * MS, tokens=1000))
     measured = measure(write_recording(tmp_path / "plan", events, run=run))
     assert (measured["peak_rank"], measured["peak_bytes"], measured["peak_kind"]) == (1, 25 * GIB, "accounted")
     assert measured["memory"]["1"]["accounted_bytes"] == 25 * GIB and measured["memory"]["0"]["peak_bytes"] == 30 * GIB

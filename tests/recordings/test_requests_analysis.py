@@ -337,7 +337,7 @@ def test_the_dashboard_folds_requests_as_the_summary_does(recording: Path) -> No
     assert state.bubble_history() == {0: pytest.approx((0.2,) * 5), 1: pytest.approx((0.1,) * 5)}  # replica 0's
     assert state.mfu().value is None and "training" in (state.mfu().why_not or "")
     assert ("warning", f"failed requests: 2; most often (1): {OOM}") in [(a.severity, a.text) for a in state.alerts()]
-    parts, _ = memory_parts(state.ranks[0])  # the devices view's bar has a KV cache part, in its colour
+    parts, _ = memory_parts(state.memory_rows()[0])  # the devices view's bar has a KV cache part, in its colour
     assert parts["kv cache"] == KV_BYTES
     assert any(span.style == "#d7af5f" for span in memory_lines(state, every_rank, 100, None).spans)
 
