@@ -3,7 +3,7 @@
 Typed: :class:`Manifest` and the dataclasses it holds are what every reader
 uses, and :func:`read_manifest` refuses, in one line, a file with a field it
 does not know, a field of the wrong type or a required field missing, so no
-reader guesses with ``.get(...) or 1``. On disk it is one JSON object; the run
+reader guesses with ``.get(...) or 1`` (:mod:`meshtop.recordings.typed_json`). On disk it is one JSON object; the run
 description's fields sit at its top level beside the manifest's own.
 """
 
@@ -16,14 +16,12 @@ import platform
 import socket
 import sys
 import time
-import types
-import typing
-from dataclasses import MISSING, dataclass, field, fields, is_dataclass, replace
+from dataclasses import dataclass, field, fields, replace
 from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from meshtop.probes.errors import MeshtopError
+from meshtop.recordings.typed_json import RecordingError, dump, load
 
 SCHEMA_VERSION = 3
 """2: collective events carry ``waited_ns`` and ``overlapped``; the manifest is checked field by field.
@@ -32,10 +30,6 @@ SCHEMA_VERSION = 3
 READABLE_VERSIONS = (1, 2, 3)
 MANIFEST_NAME = "manifest.json"
 INFER_MODE = "infer"
-
-
-class RecordingError(MeshtopError):
-    """A recording cannot be written or read as asked."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -208,10 +202,10 @@ class RunDescription:
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> RunDescription:
         """A run description (``ResolvedRun.describe()``); a :class:`RecordingError` if it is not one."""
-        return _load(cls, data, "")
+        return load(cls, data, whole="the run description")
 
     def to_json(self) -> dict[str, Any]:
-        return _dump(self)
+        return dump(self)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -327,7 +321,7 @@ class Manifest:
 
     def to_json(self) -> dict[str, Any]:
         """The JSON object on disk: the manifest's first fields, the run description, then the rest."""
-        data = _dump(self)
+        data = dump(self)
         run = data.pop("run")
         first = {name: data.pop(name) for name in MANIFEST_OWN}
         return {**first, **run, **data}
@@ -340,70 +334,9 @@ class Manifest:
         rest = {key: value for key, value in data.items() if key not in run_names and key != "run"}
         rest["run"] = {key: value for key, value in data.items() if key in run_names}
         try:
-            return _load(cls, rest, "")
+            return load(cls, rest, flat=("run",), whole="the manifest")  # the run description is flat on disk
         except RecordingError as error:
             raise RecordingError(f"{where}: {error}") from None
-
-
-def _dump(value: Any) -> Any:
-    if is_dataclass(value) and not isinstance(value, type):
-        return {f.name: _dump(getattr(value, f.name)) for f in fields(value)}
-    if isinstance(value, tuple):
-        return [_dump(item) for item in value]
-    if isinstance(value, dict):
-        return {key: _dump(item) for key, item in value.items()}
-    return value
-
-
-def _load(hint: Any, value: Any, where: str) -> Any:
-    """``value`` (parsed JSON) as ``hint``; a :class:`RecordingError` naming the field ``where`` (a dotted
-    path, empty at the top) if it is not one."""
-    origin = typing.get_origin(hint)
-    if isinstance(hint, types.UnionType) or origin is typing.Union:
-        members = typing.get_args(hint)
-        if value is None and type(None) in members:
-            return None
-        (inner,) = [m for m in members if m is not type(None)]
-        return _load(inner, value, where)
-    if is_dataclass(hint):
-        return _load_dataclass(hint, value, where)  # type: ignore[arg-type]
-    if origin is tuple:
-        args = typing.get_args(hint)
-        if not isinstance(value, list) or (args[-1] is not Ellipsis and len(value) != len(args)):
-            raise RecordingError(
-                f"{where} must be a list of {len(args)}" if args[-1] is not Ellipsis else f"{where} must be a list"
-            )
-        items = args[:1] * len(value) if args[-1] is Ellipsis else args
-        return tuple(_load(item, v, f"{where}[{i}]") for i, (item, v) in enumerate(zip(items, value, strict=True)))
-    if origin is dict:
-        _, item = typing.get_args(hint)
-        if not isinstance(value, dict):
-            raise RecordingError(f"{where} must be an object")
-        return {str(k): _load(item, v, f"{where}.{k}") for k, v in value.items()}
-    if hint is float and isinstance(value, (int, float)) and not isinstance(value, bool):
-        return float(value)
-    if hint in (int, str, bool) and type(value) is hint:
-        return value
-    expected = {int: "an integer", float: "a number", str: "a string", bool: "true or false"}.get(hint, str(hint))
-    raise RecordingError(f"{where} must be {expected}, not {value!r}"[:200])
-
-
-def _load_dataclass(cls: type, value: Any, where: str) -> Any:
-    if not isinstance(value, dict):
-        raise RecordingError(f"{where or 'the manifest'} must be an object")
-    hints = typing.get_type_hints(cls)
-    known = {f.name: f for f in fields(cls)}
-    prefix = f"{where}." if where and where != "run" else ""  # the run description is flat on disk
-    unknown = sorted(set(value) - set(known))
-    if unknown:
-        raise RecordingError(f"unknown field {prefix}{unknown[0]} (written by another meshtop?)")
-    values = {}
-    for name, spec in known.items():
-        if name in value:
-            values[name] = _load(hints[name], value[name], f"{prefix}{name}")
-        elif spec.default is MISSING and spec.default_factory is MISSING:
-            raise RecordingError(f"field {prefix}{name} is missing")
-    return cls(**values)
 
 
 def software_versions() -> Software:

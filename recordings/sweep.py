@@ -2,9 +2,9 @@
 table that ranks the plans on what was measured and says how far each prediction was.
 
 On disk: ``OUT/sweep.json`` (what was asked, the planner's report with every prediction, and each plan's
-status and recording) and ``OUT/<plan>/``, a recording ``summary``, ``compare`` and ``replay`` read as any
-other. The ranking is computed from those files whenever it is asked for, so an interrupted sweep ranks the
-plans that finished.
+status and recording), read typed as the manifest is (:func:`read_sweep`: :class:`SweepFile`), and
+``OUT/<plan>/``, a recording ``summary``, ``compare`` and ``replay`` read as any other. The ranking is
+computed from those files whenever it is asked for, so an interrupted sweep ranks the plans that finished.
 
 Each measured figure is the metrics core's: a rank's **accounted bytes** and the **peak** a plan is checked
 against (:mod:`meshtop.recordings.metrics.memory`: the allocator's peak of the most loaded rank on CUDA, the
@@ -19,15 +19,17 @@ from __future__ import annotations
 
 import json
 import os
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from meshtop.recordings.manifest import RecordingError
+from meshtop.recordings.manifest import Model
 from meshtop.recordings.metrics.collectives import communication_share, last_full_step, step_traffic
 from meshtop.recordings.metrics.memory import CATEGORIES, accounted_bytes, plan_peak
 from meshtop.recordings.metrics.pipeline import mean_bubble, theoretical_bubble
 from meshtop.recordings.reader import open_recording
 from meshtop.recordings.summary import fold_recording, job_status
+from meshtop.recordings.typed_json import RecordingError, dump, load
 
 SWEEP_FILE = "sweep.json"
 SWEEP_VERSION = 1
@@ -44,30 +46,127 @@ def write_sweep(out: Path, sweep: dict[str, Any]) -> None:
     os.replace(temporary, out / SWEEP_FILE)
 
 
-REPORT_KEYS = ("plans", "mode", "model", "ranks", "device")
-ENTRY_KEYS = ("key", "status", "reason", "recording")
+@dataclass(frozen=True, kw_only=True, slots=True)
+class PlanEntry:
+    """What became of one plan of the sweep (``sweep.json``'s ``plans``)."""
+
+    key: str
+    """The plan's key (``dp2xpp2``): its recording's folder, and its row in the report."""
+    status: str
+    """pending, running, completed, failed, interrupted, not run, skipped or cannot run."""
+    reason: str | None
+    recording: str | None
+    """Its recording's folder under the sweep's (``None`` before it ran)."""
 
 
-def read_sweep(out: Path) -> dict[str, Any]:
-    """``OUT/sweep.json``; a :class:`RecordingError` (one line) where it is missing, unreadable or not whole."""
+@dataclass(frozen=True, kw_only=True, slots=True)
+class RankPrediction:
+    """The planner's bytes for one rank."""
+
+    rank: int
+    weights_bytes: int
+    grads_bytes: int
+    optimizer_bytes: int
+    activations_bytes: int
+    kv_cache_bytes: int
+    total_bytes: int
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class PredictedTraffic:
+    """The planner's bytes of one (rank, group, op) in a step."""
+
+    rank: int
+    op: str
+    group: str
+    group_size: int
+    bytes: int
+    count: int
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class PlanPrediction:
+    """One plan of the planner's report: why it cannot run, or what it predicts (``runs``)."""
+
+    key: str
+    runs: bool
+    reason: str | None
+    label: str | None = None
+    dp: int | None = None
+    tp: int | None = None
+    pp: int | None = None
+    fsdp: bool | None = None
+    schedule: str | None = None
+    microbatches: int | None = None
+    virtual_stages: int = 1
+    in_flight: tuple[int, ...] | None = None
+    """Microbatches each pipeline rank holds at once (training)."""
+    peak_rank: int | None = None
+    peak: RankPrediction | None = None
+    """The most loaded rank's bytes."""
+    ranks: tuple[RankPrediction, ...] = ()
+    fits: bool | None = None
+    headroom_bytes: int | None = None
+    traffic: tuple[PredictedTraffic, ...] = ()
+    step_bytes: dict[str, int] = field(default_factory=dict)
+    groups: dict[str, tuple[tuple[int, ...], ...]] = field(default_factory=dict)
+    warnings: tuple[str, ...] = ()
+    group_nodes: dict[str, tuple[tuple[int, ...], ...]] = field(default_factory=dict)
+    comm_s: float | None = None
+    compute_s: float | None = None
+    comm_share: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.runs and (self.peak is None or self.pp is None):
+            raise RecordingError(f"plan {self.key} runs, but its prediction is missing (peak, pp)")
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class SweepReport:
+    """The planner's report the sweep ran from (``meshtop plan --json``'s)."""
+
+    model: Model | None
+    ranks: int
+    device: str
+    mode: str
+    """``train`` or ``infer``: what the plans are ranked by."""
+    dtype: str | None
+    batch_size: int | None
+    seq_len: int | None
+    device_memory_bytes: int | None
+    busbw_bytes_per_s: float | None
+    flops_per_s: float | None
+    plans: tuple[PlanPrediction, ...]
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class SweepFile:
+    """``OUT/sweep.json``: what was asked, the planner's report, and what became of each plan."""
+
+    version: int
+    started_at: str
+    command_line: tuple[str, ...]
+    report: SweepReport
+    plans: tuple[PlanEntry, ...]
+
+
+def read_sweep(out: Path) -> SweepFile:
+    """``OUT/sweep.json``, typed; a :class:`RecordingError` (one line) where it is missing, unreadable, of another
+    version, or holds a field this meshtop does not know, one of the wrong type or a required one missing."""
+    path = out / SWEEP_FILE
     try:
-        sweep = json.loads((out / SWEEP_FILE).read_text())
+        data = json.loads(path.read_text())
     except FileNotFoundError:
         raise RecordingError(f"{out} is not a sweep (no {SWEEP_FILE})") from None
     except (OSError, ValueError) as error:
-        raise RecordingError(f"{out / SWEEP_FILE} cannot be read: {error}") from None
-    report = sweep.get("report") if isinstance(sweep, dict) else None
-    whole = (
-        isinstance(sweep, dict)
-        and sweep.get("version") == SWEEP_VERSION
-        and isinstance(sweep.get("plans"), list)
-        and isinstance(report, dict)
-        and all(key in report for key in REPORT_KEYS)
-        and isinstance(report["plans"], list)
-        and all(isinstance(entry, dict) and all(key in entry for key in ENTRY_KEYS) for entry in sweep["plans"])
-    )
-    if not whole:
-        raise RecordingError(f"{out / SWEEP_FILE} is not a sweep file this meshtop reads (version {SWEEP_VERSION})")
+        raise RecordingError(f"{path} cannot be read: {error}") from None
+    version = data.get("version") if isinstance(data, dict) else None
+    if version != SWEEP_VERSION:
+        raise RecordingError(f"{path} has sweep version {version!r}; this meshtop reads version {SWEEP_VERSION}")
+    try:
+        sweep: SweepFile = load(SweepFile, data, whole="the sweep file")
+    except RecordingError as error:
+        raise RecordingError(f"{path} is not a sweep file this meshtop reads: {error}") from None
     return sweep
 
 
@@ -124,26 +223,27 @@ def error(measured: float | None, predicted: float | None) -> float | None:
     return (measured - predicted) / predicted
 
 
-def compare_prediction(predicted: dict[str, Any], measured: dict[str, Any]) -> dict[str, Any]:
+def compare_prediction(predicted: PlanPrediction, measured: dict[str, Any]) -> dict[str, Any]:
     """Each predicted figure beside its measurement: the most loaded rank's categories, the step's traffic
     summed over ranks (and whether every (rank, group, op) matched exactly), the bubble."""
+    assert predicted.peak is not None and predicted.pp is not None  # a plan that runs (PlanPrediction says so)
     rank = measured["peak_rank"]
-    predicted_rank = next((row for row in predicted["ranks"] if row["rank"] == rank), predicted["peak"])
+    predicted_rank = next((row for row in predicted.ranks if row.rank == rank), predicted.peak)
     measured_rank = measured["memory"].get(str(rank), {})
     errors: dict[str, Any] = {}
     for key in CATEGORIES:
-        errors[key] = error(measured_rank.get(key), predicted_rank[key])
-    errors["peak_bytes"] = error(measured["peak_bytes"], predicted["peak"]["total_bytes"])
+        errors[key] = error(measured_rank.get(key), getattr(predicted_rank, key))
+    errors["peak_bytes"] = error(measured["peak_bytes"], predicted.peak.total_bytes)
     if measured["traffic_step"] is not None:
-        want = {(t["rank"], t["group"], t["op"]): t["bytes"] for t in predicted["traffic"]}
+        want = {(t.rank, t.group, t.op): t.bytes for t in predicted.traffic}
         got = {(t["rank"], t["group"], t["op"]): t["bytes"] for t in measured["traffic"]}
         errors["traffic_bytes"] = error(sum(got.values()), sum(want.values()))
         errors["traffic_exact"] = want == got
     else:
         errors["traffic_bytes"], errors["traffic_exact"] = None, None
     bubble = (
-        theoretical_bubble(predicted["pp"], predicted["microbatches"], predicted["virtual_stages"])
-        if predicted["pp"] > 1 and predicted["schedule"] is not None
+        theoretical_bubble(predicted.pp, predicted.microbatches, predicted.virtual_stages)
+        if predicted.pp > 1 and predicted.schedule is not None and predicted.microbatches is not None
         else None
     )  # training pipelines
     errors["bubble_predicted"] = bubble
@@ -156,36 +256,36 @@ def ranking(out: Path) -> dict[str, Any]:
     training by tokens/s, serving by goodput (completed requests/s within the SLOs; every completed request
     where no SLO was given). Plans that failed, did not run or were left out follow, with the reason."""
     sweep = read_sweep(out)
-    predictions = {row["key"]: row for row in sweep["report"]["plans"]}
+    predictions = {row.key: row for row in sweep.report.plans}
     rows = []
-    for entry in sweep["plans"]:
+    for entry in sweep.plans:
         row: dict[str, Any] = {
-            "key": entry["key"],
-            "status": entry["status"],
-            "reason": entry.get("reason"),
-            "recording": entry.get("recording"),
+            "key": entry.key,
+            "status": entry.status,
+            "reason": entry.reason,
+            "recording": entry.recording,
             "predicted": None,
             "measured": None,
             "errors": None,
         }
-        predicted = predictions.get(entry["key"])
-        if predicted is not None and predicted["runs"]:
+        predicted = predictions.get(entry.key)
+        if predicted is not None and predicted.runs and predicted.peak is not None:
             row["predicted"] = {
-                "peak_bytes": predicted["peak"]["total_bytes"],
-                "peak_rank": predicted["peak_rank"],
-                "label": predicted["label"],
+                "peak_bytes": predicted.peak.total_bytes,
+                "peak_rank": predicted.peak_rank,
+                "label": predicted.label,
             }
-        directory = out / entry["recording"] if entry.get("recording") else None
-        if directory is not None and directory.is_dir() and entry["status"] in ("completed", "failed", "interrupted"):
+        directory = out / entry.recording if entry.recording else None
+        if directory is not None and directory.is_dir() and entry.status in ("completed", "failed", "interrupted"):
             try:
                 row["measured"] = measure(directory)
             except RecordingError as problem:
                 row["reason"] = row["reason"] or str(problem)
             else:
-                if predicted is not None and predicted["runs"]:
+                if predicted is not None and predicted.runs:
                     row["errors"] = compare_prediction(predicted, row["measured"])
         rows.append(row)
-    infer = sweep["report"]["mode"] == "infer"
+    infer = sweep.report.mode == "infer"
     key = "goodput_per_s" if infer else "tokens_per_s"
 
     def score(row: dict[str, Any]) -> tuple[int, float]:
@@ -198,10 +298,10 @@ def ranking(out: Path) -> dict[str, Any]:
         row["rank"] = place if score(row)[0] == 0 else None
     return {
         "sweep": str(out),
-        "mode": sweep["report"]["mode"],
+        "mode": sweep.report.mode,
         "ranked_by": key,
-        "model": sweep["report"]["model"],
-        "ranks": sweep["report"]["ranks"],
-        "device": sweep["report"]["device"],
+        "model": dump(sweep.report.model),
+        "ranks": sweep.report.ranks,
+        "device": sweep.report.device,
         "plans": ranked,
     }

@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 
 from meshtop.recordings.reader import open_recording
-from meshtop.recordings.sweep import ranking, read_sweep
+from meshtop.recordings.sweep import PlanPrediction, ranking, read_sweep
 from meshtop.tui.sweep_app import SweepApp
 
 pytestmark = pytest.mark.slow  # each test runs real multi-rank jobs, several plans each
@@ -77,32 +77,33 @@ def test_interleaved_pipelines_hold_the_forwards_torchs_schedule_keeps_in_flight
     )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     predicted = check_predictions(out)
-    assert [predicted[key]["in_flight"] for key in ("pp4", "dp2xpp2")] == [[8, 8, 7, 5], [5, 3]]
+    assert [predicted[key].in_flight for key in ("pp4", "dp2xpp2")] == [(8, 8, 7, 5), (5, 3)]
 
 
-def check_predictions(out: Path) -> dict[str, dict[str, Any]]:
+def check_predictions(out: Path) -> dict[str, PlanPrediction]:
     """Assert every prediction of the sweep at ``out`` against its recordings; the predicted plans by key."""
-    predicted = {row["key"]: row for row in read_sweep(out)["report"]["plans"] if row["runs"]}
+    predicted = {row.key: row for row in read_sweep(out).report.plans if row.runs}
     ranked = ranking(out)
     measured = {row["key"]: row["measured"] for row in ranked["plans"] if row["measured"] is not None}
     assert set(measured) == set(predicted)
     for key, plan in predicted.items():
         got = measured[key]
-        for rank in plan["ranks"]:
-            recorded = got["memory"][str(rank["rank"])]
+        for rank in plan.ranks:
+            recorded = got["memory"][str(rank.rank)]
             for category in ("weights_bytes", "grads_bytes", "optimizer_bytes"):
-                assert recorded[category] == rank[category], (key, rank["rank"], category)
-            error = (recorded["activations_bytes"] - rank["activations_bytes"]) / rank["activations_bytes"]
+                assert recorded[category] == getattr(rank, category), (key, rank.rank, category)
+            error = (recorded["activations_bytes"] - rank.activations_bytes) / rank.activations_bytes
             assert abs(error) <= ACTIVATION_TOLERANCE, (
                 key,
-                rank["rank"],
+                rank.rank,
                 recorded["activations_bytes"],
-                rank["activations_bytes"],
+                rank.activations_bytes,
             )
-        want = {(t["rank"], t["group"], t["op"]): t["bytes"] for t in plan["traffic"]}
+        want = {(t.rank, t.group, t.op): t.bytes for t in plan.traffic}
         seen = {(t["rank"], t["group"], t["op"]): t["bytes"] for t in got["traffic"]}
         assert seen == want, key
-    by_prediction = sorted(predicted, key=lambda key: (predicted[key]["peak"]["total_bytes"], key))
+    peaks = {key: plan.peak.total_bytes for key, plan in predicted.items() if plan.peak is not None}
+    by_prediction = sorted(predicted, key=lambda key: (peaks[key], key))
     by_measurement = sorted(predicted, key=lambda key: (measured[key]["peak_bytes"], key))
     assert by_measurement == by_prediction
     return predicted
@@ -126,10 +127,10 @@ def test_a_plan_that_fails_is_a_row_with_its_error_and_the_sweep_goes_on(tmp_pat
     out = tmp_path / "sweep"
     done = sweep(out, "--ranks", "2", "--plans", "dp2,pp2", "--steps", "3", env={"MESHTOP_FAULT": "raise:1:1"})
     assert done.returncode == 1
-    plans = {row["key"]: row for row in read_sweep(out)["plans"]}
+    plans = {row.key: row for row in read_sweep(out).plans}
     for key in ("dp2", "pp2"):  # the second ran although the first failed
-        assert plans[key]["status"] == "failed"
-        assert "rank 1 failed first" in plans[key]["reason"] and "InjectedFault" in plans[key]["reason"]
+        assert plans[key].status == "failed"
+        assert "rank 1 failed first" in (plans[key].reason or "") and "InjectedFault" in (plans[key].reason or "")
     assert "not ranked:" in done.stdout and "dp2: failed: " in done.stdout
 
 
@@ -158,8 +159,8 @@ def test_an_interrupted_sweep_keeps_the_finished_plans_and_names_those_that_did_
     try:
         deadline = time.monotonic() + 300
         while time.monotonic() < deadline:
-            plans = read_sweep(out)["plans"] if (out / "sweep.json").exists() else []
-            if plans and plans[0]["status"] == "running" and list((out / "dp2").glob("events/step*")):
+            plans = read_sweep(out).plans if (out / "sweep.json").exists() else ()
+            if plans and plans[0].status == "running" and list((out / "dp2").glob("events/step*")):
                 break
             time.sleep(0.5)
         else:
@@ -171,10 +172,10 @@ def test_an_interrupted_sweep_keeps_the_finished_plans_and_names_those_that_did_
         if process.poll() is None:
             os.killpg(process.pid, signal.SIGKILL)
     assert process.returncode == 130
-    plans = {row["key"]: row for row in read_sweep(out)["plans"]}
-    assert plans["dp2"]["status"] == "interrupted"
-    assert plans["pp2"]["status"] == plans["tp2"]["status"] == "not run"
-    assert "the sweep was interrupted before this plan" in plans["tp2"]["reason"]
+    plans = {row.key: row for row in read_sweep(out).plans}
+    assert plans["dp2"].status == "interrupted"
+    assert plans["pp2"].status == plans["tp2"].status == "not run"
+    assert "the sweep was interrupted before this plan" in (plans["tp2"].reason or "")
     assert open_recording(out / "dp2").status == "interrupted"  # kept, readable
     assert "pp2: not run" in stdout
 
