@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import socket
 import subprocess
 import sys
@@ -19,7 +20,7 @@ from meshtop.recordings.metrics.steps import StepFolder
 from meshtop.recordings.recorder import Ending, SessionRecorder
 from meshtop.runner.errors import PlanError
 from meshtop.runner.job.results import JobResult, RankExit, root_cause
-from meshtop.runner.multinode.fleet import Fleet
+from meshtop.runner.multinode.fleet import Fleet, SingleNode
 from meshtop.runner.multinode.nodes import Nodes, nodes_from_options, split_endpoint
 from meshtop.runner.plan import RunSpec, resolve
 from meshtop.tui.state import DashboardState
@@ -194,6 +195,30 @@ def test_the_heads_collector_takes_its_nodes_and_refuses_others() -> None:
         assert [e.rank for item in collector.drain() for e in item.events()] == [2]  # type: ignore[union-attr]
     finally:
         collector.stop()
+
+
+def test_a_single_node_has_the_fleets_interface_and_leaves_the_result_as_it_is(tmp_path: Path) -> None:
+    """run_job calls the same methods on either; only the collector's callback and the node list are the head's."""
+    for name, method in inspect.getmembers(Fleet, inspect.isfunction):
+        if name.startswith("_") or name in ("on_control", "nodes"):
+            continue
+        assert inspect.signature(getattr(SingleNode, name)) == inspect.signature(method), name
+    single = SingleNode()
+    local = JobResult(
+        status="failed",
+        ranks=(RankExit(rank=0, exit_code=1, signal=None, error=None),),
+        duration_s=1.0,
+        log_path=tmp_path,
+        root_cause=0,
+    )
+    assert single.merge(local, {0}, 1) is local
+    assert (single.lost(), single.failed(), single.stacks_in(), single.is_other(0), single.take_events()) == (
+        None,
+        None,
+        True,
+        False,
+        [],
+    )
 
 
 def test_the_fleet_names_a_lost_node_and_merges_how_each_node_ended(tmp_path: Path) -> None:
