@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 import xml.etree.ElementTree as ElementTree
+from collections.abc import Callable
 
 from rich.cells import cell_len
 from textual.app import App
@@ -11,14 +12,21 @@ from textual.app import App
 SVG = "{http://www.w3.org/2000/svg}"
 LINE = re.compile(r"-line-(\d+)\)$")
 
+SnapCompare = Callable[..., bool]
+"""pytest-textual-snapshot's ``snap_compare`` fixture: ``snap_compare(app, press=[...], terminal_size=(w, h))``
+runs ``app``, presses the keys, and compares its SVG screenshot with the one on file."""
+
 
 def screen_text(app: App[object]) -> str:
-    """Every row of the current screen as plain text, trailing spaces cut.
+    """Every row of the current screen as plain text, trailing spaces cut, read from
+    :meth:`App.export_screenshot`."""
+    return svg_text(app.export_screenshot(), *app.size)
 
-    Read from :meth:`App.export_screenshot` (the SVG Rich draws: one ``text`` element per run of characters
-    that share a style, clipped to its row, at ``x`` = column times the width of a cell)."""
-    width, height = app.size
-    svg = ElementTree.fromstring(app.export_screenshot())
+
+def svg_text(screenshot: str, width: int, height: int) -> str:
+    """The rows of a ``width`` x ``height`` screenshot as Rich draws it in SVG (one ``text`` element per run of
+    characters that share a style, clipped to its row, at ``x`` = column times the width of a cell)."""
+    svg = ElementTree.fromstring(screenshot)
     clips = {clip.get("id"): clip for clip in svg.iter(f"{SVG}clipPath")}
     first_line = next(clip for name, clip in clips.items() if name and name.endswith("-line-0"))
     cell_width = float(next(first_line.iter(f"{SVG}rect")).get("width", "0")) / width

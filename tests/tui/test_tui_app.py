@@ -2,14 +2,14 @@
 
 The replay's clock is frozen, so the screen moves only when a key moves it:
 what the tests see is a function of the recording and the keys alone.
-Snapshots are the screen as text (tests/snapshots/*.txt); set
-MESHTOP_UPDATE_SNAPSHOTS=1 to rewrite them after a deliberate change, and
-read the diff.
+Snapshots are Textual's own (pytest-textual-snapshot's ``snap_compare``): SVG screenshots in
+tests/tui/__snapshots__/test_tui_app/, compared by syrupy; after a deliberate change to a screen,
+``pytest tests/tui/test_tui_app.py --snapshot-update`` rewrites them (read the diff, or the HTML report
+the plugin writes when one fails).
 """
 
 from __future__ import annotations
 
-import os
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -22,12 +22,11 @@ from meshtop.recordings.summary import summarize
 from meshtop.tui.app import MeshtopApp, ReplayBar
 from meshtop.tui.compare_app import CompareApp
 from meshtop.tui.sources import ReplaySource
-from tests.kit.screen import screen_text
+from tests.kit.screen import SnapCompare, screen_text
 
 ROOT = Path(__file__).resolve().parents[2]
 SAMPLE = Path("recordings/samples/dp2-pp2-1f1b")  # relative, so the header reads the same on every machine
 INFER_SAMPLE = Path("recordings/samples/tp2-infer")
-SNAPSHOTS = Path(__file__).resolve().parents[1] / "snapshots"
 
 
 @pytest.fixture(autouse=True)
@@ -35,11 +34,9 @@ def _from_the_repository(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(ROOT)
 
 
-@asynccontextmanager
-async def replay(
-    size: tuple[int, int] = (80, 24), at_step: int | None = 31, sample: Path = SAMPLE
-) -> AsyncIterator[tuple[MeshtopApp, object]]:
-    """The sample replayed, paused at the end of ``at_step`` (``-1``: at its end; ``None``: at its start)."""
+def replay_app(sample: Path = SAMPLE, at_step: int | None = 31) -> MeshtopApp:
+    """The dashboard of ``sample`` replayed, paused at the end of ``at_step`` (``-1``: at its end; ``None``: at
+    its start)."""
     source = ReplaySource(open_recording(sample), clock=lambda: 0.0)
     if at_step == -1:
         source.playback.to_end()
@@ -47,7 +44,15 @@ async def replay(
     elif at_step is not None:
         source.playback.seek_step(at_step - 1)
         source.playback.paused = True
-    app = MeshtopApp(source)
+    return MeshtopApp(source)
+
+
+@asynccontextmanager
+async def replay(
+    size: tuple[int, int] = (80, 24), at_step: int | None = 31, sample: Path = SAMPLE
+) -> AsyncIterator[tuple[MeshtopApp, object]]:
+    """The sample's dashboard running (see :func:`replay_app`)."""
+    app = replay_app(sample, at_step)
     async with app.run_test(size=size) as pilot:
         await pilot.pause()
         yield app, pilot
@@ -261,18 +266,9 @@ SNAPSHOT_SAMPLES = {"train": (SAMPLE, 31), "infer": (INFER_SAMPLE, -1)}
 @pytest.mark.parametrize("size", [(80, 24), (200, 60)], ids=["80x24", "200x60"])
 @pytest.mark.parametrize("view", sorted(SNAPSHOT_VIEWS))
 @pytest.mark.parametrize("sample", sorted(SNAPSHOT_SAMPLES))
-async def test_screen_snapshot(sample: str, view: str, size: tuple[int, int]) -> None:
+def test_screen_snapshot(sample: str, view: str, size: tuple[int, int], snap_compare: SnapCompare) -> None:
     recording, at_step = SNAPSHOT_SAMPLES[sample]
-    async with replay(size=size, at_step=at_step, sample=recording) as (app, pilot):
-        await press(pilot, SNAPSHOT_VIEWS[view])
-        text = screen_text(app) + "\n"
-    path = SNAPSHOTS / f"{'' if sample == 'train' else sample + '-'}{view}-{size[0]}x{size[1]}.txt"
-    if os.environ.get("MESHTOP_UPDATE_SNAPSHOTS") or not path.exists():
-        path.parent.mkdir(exist_ok=True)
-        path.write_text(text)
-        if not os.environ.get("MESHTOP_UPDATE_SNAPSHOTS"):
-            pytest.fail(f"{path.name} did not exist: written now, check it and commit it")
-    assert text == path.read_text(), f"{path.name} changed: rerun with MESHTOP_UPDATE_SNAPSHOTS=1 if meant"
+    assert snap_compare(replay_app(recording, at_step), press=[SNAPSHOT_VIEWS[view]], terminal_size=size)
 
 
 @pytest.mark.parametrize(
