@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from meshtop.probes import native
 from tests.jobs import launch
+from tests.kit.commands import run_meshtop
 
 
 @pytest.fixture
@@ -40,25 +39,6 @@ def collective_kernel(request: pytest.FixtureRequest) -> tuple[str, str]:
 def recorded(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A real recording: dp2 x pp2 on CPU, 4 steps (shared by the recording tests)."""
     out = tmp_path_factory.mktemp("rec") / "pp2"
-    done = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "meshtop.tui.cli",
-            "record",
-            str(out),
-            "--dp",
-            "2",
-            "--pp",
-            "2",
-            "--steps",
-            "4",
-            "--device",
-            "cpu",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    done = run_meshtop("record", str(out), "--dp", "2", "--pp", "2", "--steps", "4", "--device", "cpu", timeout_s=300)
     assert done.returncode == 0, done.stdout + done.stderr
     return out

@@ -19,10 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
-import subprocess
-import sys
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
@@ -34,6 +31,7 @@ from meshtop.recordings.reader import open_recording
 from meshtop.recordings.schema import events_of
 from tests.bench.figures import Row, Spread, Target, quantile
 from tests.jobs import launch
+from tests.kit.commands import run_meshtop
 
 BLOCK = 4
 TARGET = Target(high=1.02)
@@ -63,26 +61,20 @@ def measure_script(name: str, steps_scale: float = 1.0, block: int = BLOCK) -> d
     steps = max(4 * block, round(steps * steps_scale))
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "rec"
-        done = subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "meshtop.tui.cli",
-                "record",
-                str(out),
-                "--",
-                "torchrun",
-                "--standalone",
-                f"--nproc-per-node={ranks}",
-                str(REPO / "examples" / f"{name}.py"),
-                "--steps",
-                str(steps),
-                *arguments,
-            ],
-            capture_output=True,
-            text=True,
+        done = run_meshtop(
+            "record",
+            str(out),
+            "--",
+            "torchrun",
+            "--standalone",
+            f"--nproc-per-node={ranks}",
+            str(REPO / "examples" / f"{name}.py"),
+            "--steps",
+            str(steps),
+            *arguments,
+            env={OVERHEAD_BLOCK_ENV: str(block), "CUDA_VISIBLE_DEVICES": ""},
             cwd=REPO,
-            env={**os.environ, OVERHEAD_BLOCK_ENV: str(block), "CUDA_VISIBLE_DEVICES": ""},
+            timeout_s=None,
         )
         assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
         timings = [e for e in events_of("step", open_recording(out).arrow("step")) if isinstance(e, StepTiming)]

@@ -22,6 +22,7 @@ from typing import Any
 
 from meshtop.recordings.reader import open_recording
 from meshtop.recordings.summary import summarize
+from tests.kit.commands import meshtop
 
 PLANS = {"dp2": ["--dp", "2"], "tp2": ["--dp", "1", "--tp", "2"], "pp2": ["--dp", "1", "--pp", "2"]}
 CONCURRENCY = (2, 16)
@@ -39,10 +40,7 @@ def serve_once(
     output_len: int,
     device: str,
 ) -> dict[str, float]:
-    argv = [
-        sys.executable,
-        "-m",
-        "meshtop.tui.cli",
+    argv = meshtop(
         "record",
         str(out),
         "--mode",
@@ -62,7 +60,7 @@ def serve_once(
         "--max-batch",
         "16",
         *plan,
-    ]
+    )
     done = subprocess.run(argv, capture_output=True, text=True, timeout=900)
     if done.returncode != 0:
         raise SystemExit(f"{' '.join(argv)} failed:\n{done.stdout}{done.stderr}")

@@ -3,5 +3,7 @@
 - :mod:`tests.kit.events`: events made by hand (a rank's start, a step, a collective), as the probes send them.
 - :mod:`tests.kit.recordings`: run descriptions and recordings made by hand, the way meshtop writes them, and
   waiting for a recording being written to reach a step.
+- :mod:`tests.kit.commands`: meshtop's command line: its argv under this Python, run to its end, its one-line
+  errors, its summary as JSON.
 - :mod:`tests.kit.screen`: the text a running Textual app shows, read through its public screenshot export.
 """

@@ -22,6 +22,7 @@ from meshtop.recordings.summary import fold_recording
 from meshtop.tui.cli import main
 from meshtop.tui.sources import ReplaySource
 from meshtop.tui.state import DashboardState
+from tests.kit.commands import run_meshtop, summary_json
 from tests.kit.recordings import description, with_model, write_recording
 from tests.recordings.test_requests_analysis import the_requests
 from tests.recordings.test_requests_analysis import write_recording as write_inference_recording
@@ -42,12 +43,6 @@ def replayed(path: Path, rows_per_frame: int = 997) -> DashboardState:
         frames += 1
     assert frames > 1 or source.timeline.rows <= rows_per_frame
     return state
-
-
-def summary_json(path: Path, capsys: pytest.CaptureFixture[str]) -> dict[str, Any]:
-    capsys.readouterr()
-    assert main(["summary", str(path), "--json"]) == 0
-    return json.loads(capsys.readouterr().out)
 
 
 def assert_same_figures(state: DashboardState, summary: dict[str, Any]) -> None:
@@ -93,7 +88,7 @@ def assert_same_figures(state: DashboardState, summary: dict[str, Any]) -> None:
 
 @pytest.mark.parametrize("sample", SAMPLES, ids=[path.name for path in SAMPLES])
 def test_a_shipped_sample_replayed_agrees_with_its_summary(sample: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    summary = summary_json(sample, capsys)
+    summary = summary_json(sample)
     assert summary["collectives"] and summary["stages"] and summary["memory"]
     assert_same_figures(replayed(sample), summary)
 
@@ -102,7 +97,7 @@ def test_a_shipped_sample_replayed_agrees_with_its_summary(sample: Path, capsys:
 def test_a_fresh_multi_rank_recording_replayed_agrees_with_its_summary(
     recorded: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    summary = summary_json(recorded, capsys)
+    summary = summary_json(recorded)
     assert len(summary["collectives"]) == 3 and len(summary["stages"]) == 2
     assert_same_figures(replayed(recorded, rows_per_frame=50), summary)
 
@@ -111,7 +106,7 @@ def test_an_inference_recording_replayed_agrees_with_its_summary(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     path = write_inference_recording(tmp_path / "infer", the_requests(), parquet=True)
-    summary = summary_json(path, capsys)
+    summary = summary_json(path)
     assert summary["requests"]["completed"] == 4 and summary["stages"]
     assert_same_figures(replayed(path, rows_per_frame=3), summary)
 
@@ -172,7 +167,7 @@ def test_mfu_is_in_summary_and_compare_where_the_gpu_peak_is_known(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     path = cuda_run_recording(tmp_path / "h100")
-    summary = summary_json(path, capsys)
+    summary = summary_json(path)
     mfu = summary["mfu"]
     tokens_per_s = summary["steps"]["tokens_per_s"]["p50"]
     flops = 6 * 1_000_000_000 + 12 * 4 * 64 * 1024  # 6N + 12 L d T of the tiny shape with a 1B count
@@ -188,7 +183,7 @@ def test_mfu_is_in_summary_and_compare_where_the_gpu_peak_is_known(
 def test_a_gpu_missing_from_the_peak_table_says_so_instead_of_guessing(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    summary = summary_json(cuda_run_recording(tmp_path / "unknown", gpu_name="Mystery GPU 9000"), capsys)
+    summary = summary_json(cuda_run_recording(tmp_path / "unknown", gpu_name="Mystery GPU 9000"))
     assert summary["mfu"]["value"] is None
     assert summary["mfu"]["why_not"] == "no bf16 peak known for Mystery GPU 9000"
     assert main(["summary", str(tmp_path / "unknown")]) == 0
@@ -222,7 +217,7 @@ def test_the_peak_of_each_gpu_is_told_by_its_name_and_where_needed_its_power_lim
 
 
 def test_an_h200_nvl_card_has_the_cards_peak_in_mfu(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    summary = summary_json(cuda_run_recording(tmp_path / "nvl", gpu_name="NVIDIA H200", power_limit_w=600.0), capsys)
+    summary = summary_json(cuda_run_recording(tmp_path / "nvl", gpu_name="NVIDIA H200", power_limit_w=600.0))
     assert summary["mfu"]["peak_flops_per_s"] == 835e12 and summary["mfu"]["value"] is not None
 
 
@@ -249,35 +244,26 @@ def test_the_fold_gives_the_same_figures_however_the_tables_are_cut(capsys: pyte
 def test_a_gpipe_pipelines_exposed_communication_never_exceeds_its_step(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    import subprocess
-    import sys
 
     out = tmp_path / "gpipe"
-    done = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "meshtop.tui.cli",
-            "record",
-            str(out),
-            "--pp",
-            "2",
-            "--dp",
-            "1",
-            "--schedule",
-            "gpipe",
-            "--microbatches",
-            "8",
-            "--batch-size",
-            "16",
-            "--steps",
-            "5",
-            "--device",
-            "cpu",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=300,
+    done = run_meshtop(
+        "record",
+        str(out),
+        "--pp",
+        "2",
+        "--dp",
+        "1",
+        "--schedule",
+        "gpipe",
+        "--microbatches",
+        "8",
+        "--batch-size",
+        "16",
+        "--steps",
+        "5",
+        "--device",
+        "cpu",
+        timeout_s=300,
     )
     assert done.returncode == 0, done.stdout + done.stderr
     fold = fold_recording(open_recording(out))
@@ -288,7 +274,7 @@ def test_a_gpipe_pipelines_exposed_communication_never_exceeds_its_step(
             assert 0 <= seconds <= step.duration_s, (step.step, op, seconds, step.duration_s)
     rows = {(row.group, row.op): row for row in fold.figures().collectives}
     assert rows[("pp", "recv")].exposed_measured  # pipelining waits on its receives from Python: seen
-    summary = summary_json(out, capsys)
+    summary = summary_json(out)
     assert all(0 < row["exposed_s"]["share"] <= 1 for row in summary["collectives"])
 
 
@@ -322,7 +308,7 @@ def test_rows_that_cannot_be_the_jobs_are_left_out_and_said_not_raised(
         StepTiming(rank=7, step=0, start_ns=0, duration_s=0.01, tokens=8, loss=1.0),
     ]
     path = write_recording(tmp_path / "odd", events, run=description(dp=2))
-    summary = summary_json(path, capsys)
+    summary = summary_json(path)
     assert [row["count"] for row in summary["collectives"]] == [1]
     assert summary["problems"] == [
         "events/collective: 4 row(s) that cannot be this job's (a rank outside it, a group of no rank, an end "

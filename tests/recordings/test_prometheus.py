@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import re
 import subprocess
-import sys
 import time
 import urllib.error
 import urllib.request
@@ -22,6 +21,7 @@ from meshtop.recordings.schema import events_of
 from meshtop.recordings.summary import summarize
 from meshtop.tui.sources import ReplaySource
 from meshtop.tui.state import DashboardState
+from tests.kit.commands import meshtop
 from tests.kit.recordings import description
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -143,19 +143,7 @@ def test_requests_and_gpus_in_base_units_with_the_dcgm_labels() -> None:
 @pytest.mark.slow
 def test_a_live_run_is_scraped_while_it_trains(tmp_path: Path) -> None:
     process = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "meshtop.tui.cli",
-            "record",
-            str(tmp_path / "rec"),
-            "--device",
-            "cpu",
-            "--steps",
-            "100000",
-            "--metrics-port",
-            "0",
-        ],
+        meshtop("record", str(tmp_path / "rec"), "--device", "cpu", "--steps", "100000", "--metrics-port", "0"),
         cwd=ROOT,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,

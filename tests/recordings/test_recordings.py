@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import socket
 import subprocess
-import sys
 from pathlib import Path
 
 import pandas as pd
@@ -16,6 +15,7 @@ from meshtop.recordings.reader import open_recording
 from meshtop.recordings.samples import SAMPLE
 from meshtop.recordings.summary import summarize
 from meshtop.tui.cli import main
+from tests.kit.commands import meshtop, run_meshtop
 from tests.kit.recordings import description
 
 SAMPLE_MANIFEST = json.loads((SAMPLE / "manifest.json").read_text())
@@ -236,19 +236,7 @@ def test_sigkilled_meshtop_leaves_a_readable_recording_and_no_ranks(tmp_path: Pa
 
     out = tmp_path / "killed"
     process = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "meshtop.tui.cli",
-            "record",
-            str(out),
-            "--dp",
-            "2",
-            "--steps",
-            "100000",
-            "--device",
-            "cpu",
-        ],
+        meshtop("record", str(out), "--dp", "2", "--steps", "100000", "--device", "cpu"),
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
@@ -273,15 +261,19 @@ def test_sigkilled_meshtop_leaves_a_readable_recording_and_no_ranks(tmp_path: Pa
 
 @pytest.mark.slow
 def test_a_killed_rank_costs_at_most_its_last_second_of_events(tmp_path: Path) -> None:
-    import os
 
     out = tmp_path / "rank-killed"
-    done = subprocess.run(
-        [sys.executable, "-m", "meshtop.tui.cli", "record", str(out), "--dp", "2", "--steps", "500", "--device", "cpu"],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env={**os.environ, "MESHTOP_FAULT": "kill:1:60"},
+    done = run_meshtop(
+        "record",
+        str(out),
+        "--dp",
+        "2",
+        "--steps",
+        "500",
+        "--device",
+        "cpu",
+        env={"MESHTOP_FAULT": "kill:1:60"},
+        timeout_s=300,
     )
     assert done.returncode == 1
     recording = open_recording(out)

@@ -21,8 +21,8 @@ from meshtop.probes.arrivals import Arrivals
 from meshtop.probes.events import CollectiveTiming, RankProgress, StepTiming
 from meshtop.probes.stacks import py_spy_executable
 from meshtop.runner.job.hangs import MIN_TIMEOUT_S, STARTUP_MIN_S, STARTUP_TIMEOUT_S, HangWatch, default_timeout_s
-from tests.cli_errors import one_line_error
 from tests.jobs import alive
+from tests.kit.commands import meshtop, one_line_error, run_meshtop, summary_json
 
 
 def beat(
@@ -126,12 +126,8 @@ def test_a_given_timeout_waits_at_least_a_minute_for_the_first_step() -> None:
 
 
 def record(out: Path, fault: str, *extra: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "meshtop.tui.cli", "record", str(out), "--device", "cpu", "--steps", "6", *extra],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env={**os.environ, "MESHTOP_FAULT": fault},
+    return run_meshtop(
+        "record", str(out), "--device", "cpu", "--steps", "6", *extra, env={"MESHTOP_FAULT": fault}, timeout_s=300
     )
 
 
@@ -196,11 +192,14 @@ def _file_size_limit(limit: int) -> None:
 @pytest.mark.slow
 def test_a_full_disk_stops_the_job_with_one_line_and_keeps_what_was_written(tmp_path: Path) -> None:
     out = tmp_path / "rec"
-    done = subprocess.run(
-        [sys.executable, "-m", "meshtop.tui.cli", "record", str(out), "--device", "cpu", "--steps", "5000"],
-        capture_output=True,
-        text=True,
-        timeout=300,
+    done = run_meshtop(
+        "record",
+        str(out),
+        "--device",
+        "cpu",
+        "--steps",
+        "5000",
+        timeout_s=300,
         preexec_fn=lambda: _file_size_limit(150_000),
     )
     assert done.returncode == 2, done.stdout + done.stderr
@@ -208,14 +207,7 @@ def test_a_full_disk_stops_the_job_with_one_line_and_keeps_what_was_written(tmp_
         f"meshtop: error: cannot write the recording in {out}: File too large; the job was stopped, "
         "the events written so far are kept"
     ]
-    summary = subprocess.run(
-        [sys.executable, "-m", "meshtop.tui.cli", "summary", str(out), "--json"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert summary.returncode == 0, summary.stderr
-    report = json.loads(summary.stdout)
+    report = summary_json(out)
     assert report["run"]["status"] == "failed" and report["steps"]["count"] > 10
     pids = pd.read_parquet(out / "events" / "rank_started.parquet")["pid"].tolist()
     assert alive(pids) == []
@@ -279,7 +271,7 @@ def record_then(
     """``meshtop record OUT`` until its first step is on disk (and ``settle_s`` more), then ``action``; its
     exit code, standard error and the ranks' pids."""
     process = subprocess.Popen(
-        [sys.executable, "-m", "meshtop.tui.cli", "record", str(out), "--device", "cpu", "--steps", str(steps)],
+        meshtop("record", str(out), "--device", "cpu", "--steps", str(steps)),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -352,14 +344,7 @@ def test_a_recording_folder_turned_read_only_mid_run_stops_the_job_and_says_the_
         ]
         assert alive(pids) == []
         assert json.loads((out / "manifest.json").read_text())["status"] == "running"  # whole, as it was
-        summary = subprocess.run(
-            [sys.executable, "-m", "meshtop.tui.cli", "summary", str(out), "--json"],
-            capture_output=True,
-            text=True,
-            timeout=120,
-        )
-        assert summary.returncode == 0, summary.stderr
-        report = json.loads(summary.stdout)
+        report = summary_json(out)
         assert report["run"]["status"] == "interrupted" and report["steps"]["count"] > 0
     finally:
         subprocess.run(["umount", str(disk)], timeout=60)

@@ -5,10 +5,8 @@ from __future__ import annotations
 
 import itertools
 import json
-import os
 import statistics
 import subprocess
-import sys
 from pathlib import Path
 
 import pandas as pd
@@ -25,7 +23,7 @@ from meshtop.runner.load import (
 from meshtop.runner.presets import PRESETS
 from meshtop.runner.rank.model import Transformer
 from meshtop.runner.rank.weights import init_weights
-from tests.cli_errors import one_line_error
+from tests.kit.commands import one_line_error, run_meshtop, summary_json
 from tests.runner.test_kv_cache import greedy_without_cache
 
 LOAD = [
@@ -56,24 +54,7 @@ PLANS = {
 
 
 def record(out: Path, *argv: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "meshtop.tui.cli", "record", str(out), *argv],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env={**os.environ, **(env or {})},
-    )
-
-
-def summary_json(recording: Path) -> dict:
-    done = subprocess.run(
-        [sys.executable, "-m", "meshtop.tui.cli", "summary", str(recording), "--json"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert done.returncode == 0, done.stderr
-    return json.loads(done.stdout)
+    return run_meshtop("record", str(out), *argv, env=env, timeout_s=300)
 
 
 def served(recording: Path) -> pd.DataFrame:

@@ -24,8 +24,8 @@ from meshtop.runner.rank.data import synthetic_tokens
 from meshtop.runner.rank.model import Transformer, next_token_loss
 from meshtop.runner.rank.pipeline import cut_stage
 from meshtop.runner.rank.weights import init_weights
-from tests.cli_errors import one_line_error
 from tests.jobs import LaunchedRun, launch
+from tests.kit.commands import one_line_error, run_meshtop
 from tests.runner.test_kv_cache import greedy_without_cache
 from tests.runner.test_parallel_equivalence import RTOL
 
@@ -243,6 +243,7 @@ from meshtop.runner.rank.data_parallel import apply_fsdp, apply_replicate
 from meshtop.runner.rank.model import Transformer
 from meshtop.runner.presets import preset
 from meshtop.runner.rank.tensor_parallel import apply_tensor_parallel
+from tests.kit.commands import meshtop
 
 dist.init_process_group("gloo", rank=0, world_size=1, store=dist.HashStore())
 mesh = init_device_mesh("cpu", (1, 1), mesh_dim_names=("dp", "tp"))
@@ -320,25 +321,8 @@ def test_tying_moves_the_losses_beyond_the_parity_tolerance() -> None:
 def test_record_writes_the_configs_shape_into_the_manifest(tmp_path: Path) -> None:
     config = write_config(tmp_path / "tied-tiny", TINY_TIED)
     out = tmp_path / "rec"
-    done = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "meshtop.tui.cli",
-            "record",
-            str(out),
-            "--model-config",
-            str(config),
-            "--dp",
-            "1",
-            "--steps",
-            "1",
-            "--device",
-            "cpu",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=300,
+    done = run_meshtop(
+        "record", str(out), "--model-config", str(config), "--dp", "1", "--steps", "1", "--device", "cpu", timeout_s=300
     )
     assert done.returncode == 0, done.stdout + done.stderr
     assert "model tied-tiny (0.2M params)" in done.stdout
@@ -421,23 +405,8 @@ def test_tied_inference_generates_the_single_process_tokens(plan: list[str], tie
     """Serving ties too: a pipeline's last stage starts its output as the embedding, tensor parallelism
     shares the DTensor."""
     out = tmp_path / "rec"
-    done = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "meshtop.tui.cli",
-            "record",
-            str(out),
-            "--model-config",
-            str(tied_config),
-            "--dp",
-            "1",
-            *INFER,
-            *plan,
-        ],
-        capture_output=True,
-        text=True,
-        timeout=300,
+    done = run_meshtop(
+        "record", str(out), "--model-config", str(tied_config), "--dp", "1", *INFER, *plan, timeout_s=300
     )
     assert done.returncode == 0, done.stdout + done.stderr
     model = tied_tiny()

@@ -14,7 +14,6 @@ import os
 import signal
 import socket
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -26,6 +25,7 @@ from meshtop.recordings.metrics.steps import StepFolder
 from meshtop.recordings.reader import open_recording
 from meshtop.recordings.schema import events_of
 from tests.jobs import alive, launch
+from tests.kit.commands import meshtop, run_meshtop
 from tests.kit.recordings import wait_for_steps
 
 pytestmark = pytest.mark.slow
@@ -47,10 +47,7 @@ def free_port() -> int:
 def start_node(
     out: Path, node: int, port: int, *options: str, env: dict[str, str] | None = None, log: Path
 ) -> subprocess.Popen[str]:
-    command = [
-        sys.executable,
-        "-m",
-        "meshtop.tui.cli",
+    command = meshtop(
         "record",
         str(out),
         "--device",
@@ -64,7 +61,7 @@ def start_node(
         "--rdzv-id",
         f"test{port}",
         *options,
-    ]
+    )
     with log.open("w") as sink:
         return subprocess.Popen(
             command,
@@ -224,13 +221,7 @@ def test_a_node_or_rank_that_dies_ends_the_job(victim: str, tmp_path: Path) -> N
     assert alive(everything + list(ranks.values())) == []
     recording = open_recording(out)
     assert recording.manifest.status == ("running" if victim == "the head's meshtop" else "failed")
-    summary = subprocess.run(
-        [sys.executable, "-m", "meshtop.tui.cli", "summary", str(out)],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    summary = run_meshtop("summary", str(out), cwd=ROOT, timeout_s=120)
     assert summary.returncode == 0, summary.stderr
     if victim != "the head's meshtop":  # the head writes the nodes into the manifest when it closes it
         assert "node 1" in summary.stdout
@@ -238,10 +229,7 @@ def test_a_node_or_rank_that_dies_ends_the_job(victim: str, tmp_path: Path) -> N
 
 def script_node(out: Path, node: int, port: int, nnodes: str, *script: str) -> list[str]:
     """``meshtop record`` of a torchrun script on node ``node`` (``script``: torchrun options, then the script)."""
-    return [
-        sys.executable,
-        "-m",
-        "meshtop.tui.cli",
+    return meshtop(
         "record",
         str(out),
         "--device",
@@ -261,7 +249,7 @@ def script_node(out: Path, node: int, port: int, nnodes: str, *script: str) -> l
         "--rdzv-id",
         f"script{port}",
         *(script or ("examples/ddp.py",)),
-    ]
+    )
 
 
 @pytest.mark.parametrize("nnodes", ["2", "1:2"])
@@ -313,32 +301,25 @@ def test_a_rank_that_fails_once_is_restarted_by_torchrun_and_the_job_completes(t
     """--max-restarts 1 on one node: rank 1 fails at step 5 of the first start; torchrun starts both ranks
     again and they run their 8 steps, recorded as steps 5 to 12 after the first start's 0 to 4."""
     out = tmp_path / "rec"
-    done = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "meshtop.tui.cli",
-            "record",
-            str(out),
-            "--device",
-            "cpu",
-            "--",
-            "torchrun",
-            "--standalone",
-            "--nproc-per-node",
-            "2",
-            "--max-restarts",
-            "1",
-            "tests/restart_job.py",
-            "--steps",
-            "8",
-            "--fail-at",
-            "5",
-        ],
+    done = run_meshtop(
+        "record",
+        str(out),
+        "--device",
+        "cpu",
+        "--",
+        "torchrun",
+        "--standalone",
+        "--nproc-per-node",
+        "2",
+        "--max-restarts",
+        "1",
+        "tests/restart_job.py",
+        "--steps",
+        "8",
+        "--fail-at",
+        "5",
         cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=300,
+        timeout_s=300,
     )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     recording = open_recording(out)
@@ -354,12 +335,6 @@ def test_a_rank_that_fails_once_is_restarted_by_torchrun_and_the_job_completes(t
     steps = [e for e in events_of("step", recording.arrow("step")) if isinstance(e, StepTiming)]
     assert sorted(e.step for e in steps if e.step >= base) == sorted(list(range(base, base + 8)) * 2)
     assert recording.manifest.steps_completed == 5 + 8
-    summary = subprocess.run(
-        [sys.executable, "-m", "meshtop.tui.cli", "summary", str(out)],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    summary = run_meshtop("summary", str(out), cwd=ROOT, timeout_s=120)
     assert f"torchrun started the ranks 2 times: 2 ranks from step 0, 2 ranks from step {base}" in summary.stdout
     assert "steps: 13 " in summary.stdout, summary.stdout

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import inspect
 import socket
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -24,6 +22,7 @@ from meshtop.runner.multinode.fleet import Fleet, SingleNode
 from meshtop.runner.multinode.nodes import Nodes, nodes_from_options, split_endpoint
 from meshtop.runner.plan import RunSpec, resolve
 from meshtop.tui.state import DashboardState
+from tests.kit.commands import run_meshtop
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -314,9 +313,7 @@ def test_the_fleet_names_a_lost_node_and_merges_how_each_node_ended(tmp_path: Pa
     ],
 )
 def test_bad_node_options_are_one_line(argv: list[str], message: str, tmp_path: Path) -> None:
-    done = subprocess.run(
-        [sys.executable, "-m", "meshtop.tui.cli", *argv], cwd=ROOT, capture_output=True, text=True, timeout=120
-    )
+    done = run_meshtop(*argv, cwd=ROOT, timeout_s=120)
     assert done.returncode == 2
     assert message in done.stderr and len(done.stderr.strip().splitlines()) == 1, done.stderr
     assert not (ROOT / "OUT").exists()

@@ -32,7 +32,7 @@ from meshtop.runner.job.session import script_description
 from meshtop.runner.script.attach import after_import
 from meshtop.runner.script.command import resolve_script
 from meshtop.tui.cli import main
-from tests.cli_errors import one_line_error
+from tests.kit.commands import one_line_error, run_meshtop, summary_json
 from tests.kit.recordings import write_recording
 
 REPO = Path(__file__).resolve().parents[2]
@@ -54,15 +54,9 @@ meshtop's op table)."""
 CPU_ONLY = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}
 
 
-def meshtop(*argv: str, env: dict[str, str] | None = None, cwd: Path = REPO) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "meshtop.tui.cli", *argv],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env=env or CPU_ONLY,
-        cwd=cwd,
-    )
+def cpu_meshtop(*argv: str, env: dict[str, str] | None = None, cwd: Path = REPO) -> subprocess.CompletedProcess[str]:
+    """``meshtop ARGV`` with no GPU visible (the examples take CUDA where they see it)."""
+    return run_meshtop(*argv, env={"CUDA_VISIBLE_DEVICES": "", **(env or {})}, cwd=cwd)
 
 
 def torchrun(ranks: int, script: str) -> list[str]:
@@ -71,12 +65,6 @@ def torchrun(ranks: int, script: str) -> list[str]:
 
 def table(recording: Path, kind: str) -> list[dict[str, Any]]:
     return pq.read_table(recording / "events" / f"{kind}.parquet").to_pylist()
-
-
-def summary(recording: Path) -> dict[str, Any]:
-    done = meshtop("summary", "--json", str(recording))
-    assert done.returncode == 0, done.stderr
-    return json.loads(done.stdout)
 
 
 def mlp_shapes() -> nn.Module:
@@ -109,7 +97,7 @@ def recorded(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str, int], P
     def record(example: str, ranks: int) -> Path:
         if example not in done:
             out = tmp_path_factory.mktemp("own") / example
-            result = meshtop("record", str(out), "--", *torchrun(ranks, f"examples/{example}.py"))
+            result = cpu_meshtop("record", str(out), "--", *torchrun(ranks, f"examples/{example}.py"))
             assert result.returncode == 0, result.stdout + result.stderr
             done[example] = out
         return done[example]
@@ -392,7 +380,7 @@ def test_ddp_script_steps_collectives_and_memory_are_the_scripts_own(
         assert last[rank]["activations_bytes"] is None  # CPU, without --activations: not measured
     trained = {row["model_parameters"] for row in table(recording, "rank_started") if row["model_parameters"]}
     assert trained == {sum(p.numel() for p in model.parameters())}
-    report = summary(recording)
+    report = summary_json(recording)
     assert report["run"]["script"]["path"] == str(EXAMPLES / "ddp.py")
     assert report["run"]["script"]["args"] == ["--steps", str(STEPS)]
     assert report["steps"]["count"] == STEPS
@@ -463,7 +451,7 @@ def test_pipelining_script_gets_stage_actions_p2p_and_bubbles(recorded: Callable
             ops = Counter(row["op"] for row in p2p if row["rank"] == rank and row["step"] == step)
             assert ops == {"send": MICROBATCHES, "recv": MICROBATCHES}, (rank, step, ops)
             assert {row["peer"] for row in p2p if row["rank"] == rank and row["step"] == step} == {peer}
-    report = summary(recording)
+    report = summary_json(recording)
     assert [row["stage"] for row in report["stages"]] == [0, 1]
     assert all(0 < row["bubble_fraction"] < 1 for row in report["stages"])
     started = table(recording, "rank_started")
@@ -480,13 +468,13 @@ def test_a_users_sitecustomize_still_runs_and_tokens_per_step_gives_tokens_per_s
     )
     env = {**CPU_ONLY, "PYTHONPATH": str(site), "SITE_MARKS": str(marks)}
     out = tmp_path / "rec"
-    done = meshtop("record", str(out), "--tokens-per-step", "2048", "--", *torchrun(2, "examples/ddp.py"), env=env)
+    done = cpu_meshtop("record", str(out), "--tokens-per-step", "2048", "--", *torchrun(2, "examples/ddp.py"), env=env)
     assert done.returncode == 0, done.stdout + done.stderr
     rank_pids = {row["pid"] for row in table(out, "rank_started")}
     assert len(rank_pids) == 2 and rank_pids <= {int(line) for line in marks.read_text().split()}
     steps = table(out, "step")
     assert {row["tokens"] for row in steps} == {2048}
-    report = summary(out)
+    report = summary_json(out)
     assert report["steps"]["tokens_per_s"]["p50"] == pytest.approx(2048 / report["steps"]["time_s"]["p50"], rel=0.5)
     assert report["run"]["script"]["tokens_per_step"] == 2048
 
@@ -494,7 +482,7 @@ def test_a_users_sitecustomize_still_runs_and_tokens_per_step_gives_tokens_per_s
 @pytest.mark.slow
 def test_activations_saved_for_backward_are_measured_when_asked(tmp_path: Path) -> None:
     out = tmp_path / "rec"
-    done = meshtop("record", str(out), "--activations", "--", *torchrun(2, "examples/ddp.py"))
+    done = cpu_meshtop("record", str(out), "--activations", "--", *torchrun(2, "examples/ddp.py"))
     assert done.returncode == 0, done.stdout + done.stderr
     # ddp.py's step saves, per rank and in fp32: its batch x (32 x 64) for the first linear, that linear's
     # output (32 x 256) for GELU, GELU's output (32 x 256) for the second linear, and out - x (32 x 64) for
@@ -518,7 +506,7 @@ def test_a_script_without_an_optimizer_has_collectives_memory_and_says_it_has_no
         "dist.destroy_process_group()\n"
     )
     out = tmp_path / "rec"
-    done = meshtop(
+    done = cpu_meshtop(
         "record",
         str(out),
         "--process-sample-hz",
@@ -531,7 +519,7 @@ def test_a_script_without_an_optimizer_has_collectives_memory_and_says_it_has_no
     )
     assert done.returncode == 0, done.stdout + done.stderr
     assert "steps: none (the script stepped no torch.optim optimizer)" in done.stdout
-    report = summary(out)
+    report = summary_json(out)
     assert report["steps"]["count"] == 0
     counts = Counter(row["op"] for row in table(out, "collective") if row["bytes"] == 4000)
     assert counts == {"all_reduce": 10}  # 5 per rank, on the world group
@@ -541,7 +529,7 @@ def test_a_script_without_an_optimizer_has_collectives_memory_and_says_it_has_no
 @pytest.mark.slow
 def test_no_instrument_keeps_a_scripts_steps_and_takes_every_hook_out(tmp_path: Path) -> None:
     out = tmp_path / "rec"
-    done = meshtop("record", str(out), "--no-instrument", "--", *torchrun(2, "examples/ddp.py"))
+    done = cpu_meshtop("record", str(out), "--no-instrument", "--", *torchrun(2, "examples/ddp.py"))
     assert done.returncode == 0, done.stdout + done.stderr
     steps = table(out, "step")
     assert len(steps) == 2 * STEPS and not any(row["instrumented"] for row in steps)
@@ -576,7 +564,7 @@ def test_a_script_that_fails_names_the_rank_and_its_error_and_keeps_the_recordin
     script = tmp_path / "fails.py"
     script.write_text(body)
     out = tmp_path / "rec"
-    done = meshtop(
+    done = cpu_meshtop(
         "record", str(out), "--hang-timeout", "30", "--", "torchrun", "--standalone", "--nproc-per-node=2", str(script)
     )
     assert done.returncode == 1, done.stdout + done.stderr
@@ -595,7 +583,7 @@ def test_compare_of_two_runs_of_a_script_names_what_differs(
 ) -> None:
     before = recorded("ddp", 2)
     after = tmp_path / "after"
-    done = meshtop(
+    done = cpu_meshtop(
         "record",
         str(after),
         "--",
@@ -607,7 +595,7 @@ def test_compare_of_two_runs_of_a_script_names_what_differs(
         str(STEPS + 2),
     )
     assert done.returncode == 0, done.stdout + done.stderr
-    compared = meshtop("compare", "--json", str(before), str(after))
+    compared = cpu_meshtop("compare", "--json", str(before), str(after))
     assert compared.returncode == 0, compared.stderr
     report = json.loads(compared.stdout)
     names = {row["name"] for row in report["metrics"]}

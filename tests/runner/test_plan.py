@@ -2,15 +2,12 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
-
 import pytest
 
 from meshtop.runner.errors import PlanError
 from meshtop.runner.plan import RunSpec, resolve, split_layers
 from meshtop.tui.cli import main
-from tests.cli_errors import one_line_error
+from tests.kit.commands import one_line_error, run_meshtop
 
 # The bad plans tried, and what meshtop answers (exit code 2, one line, no traceback).
 BAD_PLANS = [
@@ -68,9 +65,7 @@ def test_bad_plan_is_one_line_and_exit_2(
 
 
 def test_bad_plan_from_the_shell_has_no_traceback() -> None:
-    done = subprocess.run(
-        [sys.executable, "-m", "meshtop.tui.cli", "run", "--tp", "3"], capture_output=True, text=True, timeout=120
-    )
+    done = run_meshtop("run", "--tp", "3", timeout_s=120)
     assert done.returncode == 2
     assert "Traceback" not in done.stderr
     assert done.stderr.count("\n") == 1

@@ -24,7 +24,7 @@ from meshtop.runner.planner.plans import (
 )
 from meshtop.runner.planner.report import Budget, parse_size, placement, report
 from meshtop.runner.presets import PRESETS
-from tests.cli_errors import one_line_error
+from tests.kit.commands import one_line_error, run_meshtop
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -156,13 +156,7 @@ def test_plan_of_an_8b_model_on_8_gpus_prints_a_table_without_torch() -> None:
 
 
 def test_plan_json_holds_every_rank_and_collective() -> None:
-    done = subprocess.run(
-        [sys.executable, "-m", "meshtop.tui.cli", "plan", "--ranks", "4", "--model", "tiny", "--json"],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    done = run_meshtop("plan", "--ranks", "4", "--model", "tiny", "--json", cwd=REPO, timeout_s=60)
     assert done.returncode == 0, done.stderr
     result = json.loads(done.stdout)
     dp2xtp2 = next(row for row in result["plans"] if row["key"] == "dp2xtp2")

@@ -13,7 +13,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -23,6 +22,7 @@ import pytest
 from meshtop.recordings.reader import open_recording
 from meshtop.recordings.sweep import PlanPrediction, ranking, read_sweep
 from meshtop.tui.sweep_app import SweepApp
+from tests.kit.commands import meshtop, run_meshtop
 
 pytestmark = pytest.mark.slow  # each test runs real multi-rank jobs, several plans each
 
@@ -33,14 +33,7 @@ ACTIVATION_TOLERANCE = 0.15
 def sweep(
     out: Path, *argv: str, env: dict[str, str] | None = None, timeout: float = 900
 ) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "meshtop.tui.cli", "sweep", str(out), *argv],
-        cwd=REPO,
-        text=True,
-        capture_output=True,
-        timeout=timeout,
-        env={**os.environ, **(env or {})},
-    )
+    return run_meshtop("sweep", str(out), *argv, env=env, cwd=REPO, timeout_s=timeout)
 
 
 @pytest.mark.parametrize("model", ["tiny", "small"])
@@ -137,19 +130,7 @@ def test_a_plan_that_fails_is_a_row_with_its_error_and_the_sweep_goes_on(tmp_pat
 def test_an_interrupted_sweep_keeps_the_finished_plans_and_names_those_that_did_not_run(tmp_path: Path) -> None:
     out = tmp_path / "sweep"
     process = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "meshtop.tui.cli",
-            "sweep",
-            str(out),
-            "--ranks",
-            "2",
-            "--plans",
-            "dp2,pp2,tp2",
-            "--steps",
-            "1000",
-        ],
+        meshtop("sweep", str(out), "--ranks", "2", "--plans", "dp2,pp2,tp2", "--steps", "1000"),
         cwd=REPO,
         text=True,
         stdout=subprocess.PIPE,
@@ -240,13 +221,7 @@ def test_a_sweep_never_writes_into_an_existing_one_and_a_question_without_a_plan
     done = sweep(out, "--ranks", "2", "--plans", "dp2")
     assert done.returncode == 2 and "exists and is not empty" in done.stderr and "Traceback" not in done.stderr
     assert sorted(p.name for p in out.iterdir()) == ["sweep.json"]  # no ranking written over it
-    replay = subprocess.run(
-        [sys.executable, "-m", "meshtop.tui.cli", "replay", str(out)],
-        cwd=REPO,
-        text=True,
-        capture_output=True,
-        timeout=60,
-    )
+    replay = run_meshtop("replay", str(out), cwd=REPO, timeout_s=60)
     assert replay.returncode == 2 and "is not a sweep file this meshtop reads" in replay.stderr
     short = sweep(tmp_path / "short", "--ranks", "2", "--steps", "2")
     assert short.returncode == 2 and "give --steps 3 or more" in short.stderr

@@ -14,7 +14,6 @@ import re
 import shlex
 import shutil
 import subprocess
-import sys
 import time
 import uuid
 from collections.abc import Callable, Iterator, Sequence
@@ -25,6 +24,7 @@ import psutil
 import pytest
 
 from meshtop.runner.plan import DEFAULT_STEPS
+from tests.kit.commands import CLI_MODULE, meshtop, run_meshtop, summary_json
 
 TMUX = shutil.which("tmux")
 if TMUX is None:
@@ -85,9 +85,9 @@ class Terminal:
             "set -g remain-on-exit on\nset -g status off\nset -g history-limit 10000\nset -g default-shell /bin/sh\n"
         )
         exports = " ".join(f"{name}={shlex.quote(value)}" for name, value in self._pane_env.items())
-        meshtop = " ".join(shlex.quote(part) for part in [sys.executable, "-m", "meshtop.tui.cli", *self.args])
+        command = shlex.join(meshtop(*self.args))
         script = (
-            f"export {exports}; cd {shlex.quote(str(REPO))} && {meshtop}; "
+            f"export {exports}; cd {shlex.quote(str(REPO))} && {command}; "
             f"echo EXIT=$? > {shlex.quote(str(self.exit_file))}"
         )
         self.tmux(
@@ -282,14 +282,7 @@ def test_the_header_keeps_its_step_row_in_a_narrow_terminal(terminal: Callable[.
 def test_the_overview_and_summary_print_the_same_collective_p50_and_p99(terminal: Callable[..., Terminal]) -> None:
     """The same recording in the dashboard's overview (at its end) and in ``meshtop summary``: the same
     in-flight p50 / p99 per (group, op), as printed."""
-    done = subprocess.run(
-        [sys.executable, "-m", "meshtop.tui.cli", "summary", "recordings/samples/dp2-pp2-1f1b"],
-        capture_output=True,
-        text=True,
-        cwd=REPO,
-        timeout=120,
-        check=True,
-    )
+    done = run_meshtop("summary", "recordings/samples/dp2-pp2-1f1b", cwd=REPO, timeout_s=120, check=True)
     row = re.compile(r"^  (\w+)\s+(\w+)\s+[\d,]+\s+\S+ \S+\s+\S+ \S+\s+(\S+ \S+)\s+(\S+ \S+)", re.MULTILINE)
     printed = {(g, o): (p50, p99) for g, o, p50, p99 in row.findall(done.stdout)}
     assert len(printed) == 3, done.stdout
@@ -334,7 +327,7 @@ def test_quitting_a_live_job_stops_every_rank_and_keeps_the_recording(
     assert len(workers) == 2, [p.cmdline() for p in job]  # dp2: one per rank
 
     if how == "SIGTERM":
-        [meshtop] = [p for p in job if python_module(p) == "meshtop.tui.cli"]
+        [meshtop] = [p for p in job if python_module(p) == CLI_MODULE]
         meshtop.terminate()
     else:
         term.press(how)
@@ -349,7 +342,7 @@ def test_quitting_a_live_job_stops_every_rank_and_keeps_the_recording(
 
 
 def meshtop_process(term: Terminal) -> psutil.Process:
-    [meshtop] = [p for p in term.job_processes() if python_module(p) == "meshtop.tui.cli"]
+    [meshtop] = [p for p in term.job_processes() if python_module(p) == CLI_MODULE]
     return meshtop
 
 
@@ -501,15 +494,7 @@ def test_the_default_run_trains_until_q_and_then_completes_on_every_rank(
     term.wait_for(lambda screen: (running_step(screen) or 0) > DEFAULT_STEPS, f"a step past {DEFAULT_STEPS}", JOB_S)
     assert "q ends the run" in header_rows(term.screen())[1], term.screen()
     _, session = quit_completed(term, term.job_processes(), runs)
-    summary = json.loads(
-        subprocess.run(
-            [sys.executable, "-m", "meshtop.tui.cli", "summary", str(session), "--json"],
-            capture_output=True,
-            text=True,
-            timeout=120,
-            check=True,
-        ).stdout
-    )
+    summary = summary_json(session)
     assert summary["steps"]["count"] > DEFAULT_STEPS  # every rank reported each of them (folded steps)
 
 
