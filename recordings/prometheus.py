@@ -2,14 +2,16 @@
 
 Two kinds of series, each value defined where the rest of meshtop defines it:
 
-- counted as events arrive (counters and histograms, which need every observation once): steps and their
-  time (:class:`meshtop.recordings.metrics.steps.JobStep`), each collective's in-flight seconds and bytes per op,
-  group and rank (:class:`meshtop.probes.events.CollectiveTiming`; those inside a step, as the core counts them),
-  each request's TTFT / TPOT / E2E (:func:`meshtop.recordings.metrics.requests.request_latency`), GPU samples and
-  dropped events;
-- read from the metrics core at each scrape (gauges): tokens/s, busbw p50 per group and op, exposed
-  share, bubble per stage, MFU, memory by category per rank (:class:`meshtop.recordings.metrics.run.RunFigures`),
-  the latest GPU readings, and each rank's state.
+- read from the session's fold at each scrape (:class:`meshtop.recordings.session_fold.SessionFold`, the one
+  the console, the manifest and the dashboard read): steps completed and their time (a counter and a
+  histogram over :class:`meshtop.recordings.metrics.steps.StepStats`), tokens/s, busbw p50 per group and op,
+  exposed share, bubble per stage, MFU, memory by category per rank
+  (:class:`meshtop.recordings.metrics.run.RunFigures`);
+- counted as events arrive (counters and histograms of what the fold keeps no per-event series of): each
+  collective's in-flight seconds and bytes per op, group and rank
+  (:class:`meshtop.probes.events.CollectiveTiming`; those inside a step, as the core counts them), each
+  request's TTFT / TPOT / E2E (:func:`meshtop.recordings.metrics.requests.request_latency`), GPU samples and
+  dropped events, and the latest GPU readings and each rank's state.
 
 Base units (seconds, bytes, ratios 0-1), ``_total`` counters, and labels bounded by the job's shape
 (ranks, groups, ops, stages, GPUs). GPU series carry ``gpu``, ``UUID`` and ``Hostname``, the labels the
@@ -26,8 +28,9 @@ from typing import Any
 import prometheus_client
 import pyarrow as pa
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.registry import Collector
+from prometheus_client.utils import floatToGoString
 
 from meshtop.probes.arrivals import Arrivals
 from meshtop.probes.errors import MeshtopError
@@ -42,16 +45,16 @@ from meshtop.probes.events import (
 )
 from meshtop.recordings.manifest import RunDescription
 from meshtop.recordings.metrics.requests import COMPLETED, request_latency
-from meshtop.recordings.metrics.run import COLUMNAR, EVENT_KINDS, RunFold
-from meshtop.recordings.replay import in_kind_order
-from meshtop.recordings.schema import batches_of, events_of
+from meshtop.recordings.metrics.run import RunFigures
+from meshtop.recordings.schema import events_of
+from meshtop.recordings.session_fold import SessionFold
 
 DEFAULT_BIND = "127.0.0.1"
 COLLECTIVE_BUCKETS = (1e-5, 3e-5, 1e-4, 3e-4, 1e-3, 3e-3, 0.01, 0.03, 0.1, 0.3, 1.0, 3.0, 10.0, 30.0, 120.0)
 STEP_BUCKETS = (0.01, 0.03, 0.1, 0.3, 1.0, 3.0, 10.0, 30.0, 100.0, 300.0)
 REQUEST_BUCKETS = (0.001, 0.003, 0.01, 0.03, 0.1, 0.3, 1.0, 3.0, 10.0, 30.0, 120.0)
-PROMETHEUS_KINDS = frozenset({"collective", "step", "request", "gpu", "events_dropped", "rank_started", "rank_exited"})
-"""The kinds counted as they arrive (the metrics core folds its own)."""
+COUNTED_KINDS = frozenset({"collective", "request", "gpu", "events_dropped", "rank_started", "rank_exited"})
+"""The kinds counted as they arrive (the session's fold gives the rest)."""
 
 
 prometheus_client.disable_created_metrics()  # no `_created` series: a scrape holds the figures and nothing else
@@ -62,12 +65,14 @@ class MetricsError(MeshtopError):
 
 
 class RunMetrics:
-    """The series of one run, fed its events in arrival order (thread-safe: fed by the session, read by
-    the HTTP server's threads)."""
+    """The series of one run: counted from its events in arrival order, and read from its session's fold
+    (:meth:`follow`) at each scrape. Thread-safe: fed by the session, read by the HTTP server's threads."""
 
     def __init__(self, run: RunDescription) -> None:
         self.run = run
-        self.fold = RunFold(run)
+        """The run described: the series' labels are bounded by its shape."""
+        self.session: SessionFold | None = None
+        """The fold the gauges read (until the session gives it: no figure yet)."""
         self.registry = CollectorRegistry(auto_describe=False)
         self._lock = threading.Lock()
         self._ranks: dict[int, RankStarted] = {}
@@ -75,10 +80,6 @@ class RunMetrics:
         self._gpus: dict[tuple[int, int], GpuSample] = {}
         self._hosts: dict[int, str] = {}
         registry = self.registry
-        self.steps = Counter("meshtop_steps", "Job steps completed (inference: rank 0's iterations)", registry=registry)
-        self.step_seconds = Histogram(
-            "meshtop_step_seconds", "Job step time: the slowest rank's step", buckets=STEP_BUCKETS, registry=registry
-        )
         self.collective_seconds = Histogram(
             "meshtop_collective_seconds",
             "Collective in-flight time, issue to completion",
@@ -118,20 +119,23 @@ class RunMetrics:
 
     # -- input ------------------------------------------------------------------------------------
 
-    def take(self, arrivals: Arrivals) -> None:
-        """What a live session delivered."""
-        self.apply_tables(in_kind_order(batches_of(arrivals.events())))
+    def follow(self, session: SessionFold) -> None:
+        """Read the figures of ``session``'s fold from now on (the session's, or a replay's screen's)."""
+        self.session = session
 
-    def apply_tables(self, tables: Iterable[tuple[str, pa.Table]]) -> None:
-        """Tables of events, in the order a replay or a session folds them."""
+    def take(self, arrivals: Arrivals) -> None:
+        """What a live session delivered: its events of :data:`COUNTED_KINDS` counted."""
+        with self._lock:
+            for event in arrivals.events(COUNTED_KINDS):
+                self._count(event)
+
+    def count(self, tables: Iterable[tuple[str, pa.Table]]) -> None:
+        """Tables of events, in the order a replay plays them: those of :data:`COUNTED_KINDS` counted."""
         with self._lock:
             for kind, table in tables:
-                if kind in COLUMNAR or kind in EVENT_KINDS:
-                    self.fold.apply(kind, table)
-                if kind in PROMETHEUS_KINDS:
+                if kind in COUNTED_KINDS:
                     for event in events_of(kind, table):
                         self._count(event)
-            self._count_steps()
 
     def _count(self, event: Event) -> None:
         if isinstance(event, CollectiveTiming):
@@ -166,65 +170,32 @@ class RunMetrics:
         elif isinstance(event, RankExited):
             self._exits[event.rank] = event
 
-    def _count_steps(self) -> None:
-        """The job steps the fold completed since the last look (this fold is the endpoint's own)."""
-        while self.fold.new_steps:
-            step = self.fold.new_steps.popleft()
-            self.steps.inc()
-            self.step_seconds.observe(step.duration_s)
-
     def _gpu_labels(self, sample: GpuSample) -> tuple[str, str, str]:
         return str(sample.gpu), sample.uuid or "", self._hosts.get(sample.node, "")
 
     # -- read at each scrape ----------------------------------------------------------------------
 
-    def gauges(self) -> Iterator[GaugeMetricFamily]:
+    def gauges(self) -> Iterator[Any]:
+        """The series read from the fold (every family, empty before the session gives its fold)."""
         with self._lock:
-            figures = self.fold.figures()
             ranks, exits, gpus = dict(self._ranks), dict(self._exits), dict(self._gpus)
-        rate = GaugeMetricFamily("meshtop_tokens_per_second", "Tokens per second, p50 of the steps")
-        if figures.steps.tokens_per_s is not None:
-            rate.add_metric([], figures.steps.tokens_per_s)
-        yield rate
-        mfu = GaugeMetricFamily("meshtop_mfu_ratio", "Model FLOPs utilisation (GPU runs with a known peak)")
-        if figures.mfu.value is not None:
-            mfu.add_metric([], figures.mfu.value)
-        yield mfu
-        busbw = GaugeMetricFamily(
-            "meshtop_collective_busbw_bytes_per_second",
-            "Bus bandwidth, p50 of the operations that ran alone",
-            labels=["op", "group"],
+        figures, steps, buckets, total_s = None, 0, [0] * len(STEP_BUCKETS), 0.0
+        if self.session is not None:
+            with self.session.reading() as fold:
+                figures = fold.figures()
+                steps, buckets, total_s = (
+                    fold.steps.count,
+                    fold.steps.durations_s.counts_at_most(STEP_BUCKETS),
+                    fold.steps.durations_s.total(),
+                )
+        yield CounterMetricFamily("meshtop_steps", "Job steps completed (inference: rank 0's iterations)", value=steps)
+        yield HistogramMetricFamily(
+            "meshtop_step_seconds",
+            "Job step time: the slowest rank's step",
+            buckets=[*zip(map(floatToGoString, STEP_BUCKETS), buckets, strict=True), ("+Inf", steps)],
+            sum_value=total_s,
         )
-        share = GaugeMetricFamily(
-            "meshtop_collective_exposed_ratio",
-            "Share of the step the ranks waited in this op (an upper bound where no wait was seen)",
-            labels=["op", "group"],
-        )
-        for row in figures.collectives:
-            if row.busbw_p50_gbps is not None:
-                busbw.add_metric([row.op, row.group], row.busbw_p50_gbps * 1e9)
-            if row.exposed_share is not None:
-                share.add_metric([row.op, row.group], row.exposed_share)
-        yield busbw
-        yield share
-        bubble = GaugeMetricFamily(
-            "meshtop_stage_bubble_ratio", "Pipeline stage idle share of the step", labels=["stage"]
-        )
-        for stage in figures.stages:
-            bubble.add_metric([str(stage.stage)], stage.bubble_fraction)
-        yield bubble
-        memory = GaugeMetricFamily(
-            "meshtop_memory_bytes",
-            "Memory per rank: its peak over the run, and each category at the last step",
-            labels=["rank", "Hostname", "node", "category"],
-        )
-        for row in figures.memory:
-            where = [ranks[row.rank].host, str(ranks[row.rank].node)] if row.rank in ranks else ["", ""]
-            for category in ("peak", "weights", "grads", "optimizer", "activations", "kv_cache"):
-                value = getattr(row, f"{category}_bytes")
-                if value is not None:
-                    memory.add_metric([str(row.rank), *where, category], value)
-        yield memory
+        yield from self._figures(figures, ranks)
         yield from self._gpu_gauges(gpus)
         state = GaugeMetricFamily(
             "meshtop_rank_up", "1 while the rank runs, 0 once it exited", labels=["rank", "Hostname", "node"]
@@ -241,6 +212,48 @@ class RunMetrics:
                 code.add_metric(labels, exits[rank].exit_code)  # type: ignore[arg-type]
         yield state
         yield code
+
+    def _figures(self, figures: RunFigures | None, ranks: dict[int, RankStarted]) -> Iterator[GaugeMetricFamily]:
+        rate = GaugeMetricFamily("meshtop_tokens_per_second", "Tokens per second, p50 of the steps")
+        mfu = GaugeMetricFamily("meshtop_mfu_ratio", "Model FLOPs utilisation (GPU runs with a known peak)")
+        busbw = GaugeMetricFamily(
+            "meshtop_collective_busbw_bytes_per_second",
+            "Bus bandwidth, p50 of the operations that ran alone",
+            labels=["op", "group"],
+        )
+        share = GaugeMetricFamily(
+            "meshtop_collective_exposed_ratio",
+            "Share of the step the ranks waited in this op (an upper bound where no wait was seen)",
+            labels=["op", "group"],
+        )
+        bubble = GaugeMetricFamily(
+            "meshtop_stage_bubble_ratio", "Pipeline stage idle share of the step", labels=["stage"]
+        )
+        memory = GaugeMetricFamily(
+            "meshtop_memory_bytes",
+            "Memory per rank: its peak over the run, and each category at the last step",
+            labels=["rank", "Hostname", "node", "category"],
+        )
+        if figures is not None:
+            if figures.steps.tokens_per_s is not None:
+                rate.add_metric([], figures.steps.tokens_per_s)
+            if figures.mfu.value is not None:
+                mfu.add_metric([], figures.mfu.value)
+            for row in figures.collectives:
+                if row.busbw_p50_gbps is not None:
+                    busbw.add_metric([row.op, row.group], row.busbw_p50_gbps * 1e9)
+                if row.exposed_share is not None:
+                    share.add_metric([row.op, row.group], row.exposed_share)
+            for stage in figures.stages:
+                bubble.add_metric([str(stage.stage)], stage.bubble_fraction)
+            for memory_row in figures.memory:
+                rank = memory_row.rank
+                where = [ranks[rank].host, str(ranks[rank].node)] if rank in ranks else ["", ""]
+                for category in ("peak", "weights", "grads", "optimizer", "activations", "kv_cache"):
+                    value = getattr(memory_row, f"{category}_bytes")
+                    if value is not None:
+                        memory.add_metric([str(rank), *where, category], value)
+        yield from (rate, mfu, busbw, share, bubble, memory)
 
     def _gpu_gauges(self, gpus: dict[tuple[int, int], GpuSample]) -> Iterator[GaugeMetricFamily]:
         series = (
@@ -259,6 +272,7 @@ class RunMetrics:
             yield family
 
     def exposition(self) -> bytes:
+        """The series in Prometheus's text format."""
         return generate_latest(self.registry)
 
 

@@ -1,8 +1,11 @@
-"""Keep a session: write every event into its recording as it arrives, and close the recording with how
-the session ended (compact tables, final manifest).
+"""Keep a session: write every event into its recording as it arrives, fold it into the session's one fold,
+and close the recording with how the session ended (compact tables, final manifest).
 
-The workers' events go to disk as they came; of them the recorder decodes
-only what the manifest and the console need (steps, rank starts, the GPUs).
+The workers' events go to disk as they came; the session's fold
+(:class:`meshtop.recordings.session_fold.SessionFold`) decodes what changes a
+figure, and gives the manifest its step count and the run as its ranks
+described it; of the rest the recorder decodes only what the manifest holds
+(rank starts, NVML, the GPUs, their links, the nodes' clocks).
 """
 
 from __future__ import annotations
@@ -13,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from meshtop.probes.arrivals import Arrivals
-from meshtop.probes.events import GpuLink, GpuSample, NodeClock, NvmlState, RankStarted, StepTiming
+from meshtop.probes.events import GpuLink, GpuSample, NodeClock, NvmlState, RankStarted
 from meshtop.recordings.events_log import EventWriter
 from meshtop.recordings.manifest import (
     GpuInfo,
@@ -22,11 +25,10 @@ from meshtop.recordings.manifest import (
     NodeInfo,
     NvmlInfo,
     RankEnd,
-    RunDescription,
     release_room,
     write_manifest,
 )
-from meshtop.recordings.metrics.steps import JobStep, StepFolder
+from meshtop.recordings.session_fold import Folded, SessionFold
 from meshtop.recordings.tables import compact
 
 
@@ -45,42 +47,45 @@ class Ending:
 
 
 class SessionRecorder:
-    """Writes a session's events into its recording (when there is a manifest) and folds its job steps."""
+    """Writes a session's events into its recording (when there is a manifest) and folds them into the
+    session's fold."""
 
-    KINDS = ("step", "rank_started", "nvml_state", "gpu", "gpu_link", "node_clock")
-    """The kinds it decodes."""
+    KINDS = ("rank_started", "nvml_state", "gpu", "gpu_link", "node_clock")
+    """The kinds it decodes (the fold decodes what it reads itself)."""
 
-    def __init__(self, run: RunDescription, directory: Path, manifest: Manifest | None) -> None:
+    def __init__(self, session: SessionFold, directory: Path, manifest: Manifest | None) -> None:
+        self.session = session
         self.directory = directory
         self.manifest = manifest
         self.writer = EventWriter(directory) if manifest is not None else None
-        self.run = run
-        self.folder = StepFolder(1 if run.inference else run.world_size)
-        self.steps_completed = 0
+        self.run = session.run
+        """The run as the manifest on disk describes it."""
         self._devices: dict[int, str] = {}
         self._nvml: NvmlInfo | None = None
         self._gpus: dict[tuple[int, int], GpuInfo] = {}
         self._hosts: dict[int, str] = {}
-        self._node_ranks: dict[int, set[int]] = {}
-        """Each node's ranks, in the latest start of the job's ranks."""
-        self._restart = 0
+        self._node_ranks: dict[int, dict[int, set[int]]] = {}
+        """Each node's ranks, by torchrun's restart count of their start (the nodes hold the latest's)."""
         self._clocks: dict[int, NodeClock] = {}
         self._topology: list[GpuPair] = []
 
-    def take(self, arrivals: Arrivals) -> list[JobStep]:
-        """Record ``arrivals``; the job steps they completed (inference: rank 0's iterations)."""
+    @property
+    def steps_completed(self) -> int:
+        """Job steps completed (inference: rank 0's iterations), as the session's fold counts them."""
+        return self.session.steps_completed
+
+    def take(self, arrivals: Arrivals) -> Folded:
+        """Record ``arrivals`` (on disk first), fold them into the session's fold, and keep what the manifest
+        says of them; what the fold took of them."""
         if self.writer is not None:
             self.writer.write(arrivals.items)
-        completed = []
+        folded = self.session.take(arrivals)
+        self._follow_run()
         for event in arrivals.events(self.KINDS):
-            if isinstance(event, StepTiming):
-                if (not self.run.inference or event.rank == 0) and (step := self.folder.add(event)) is not None:
-                    completed.append(step)
-            elif isinstance(event, RankStarted):
-                completed.extend(self._started(event))
+            if isinstance(event, RankStarted):
                 self._devices[event.rank] = event.device
                 self._hosts.setdefault(event.node, event.host)
-                self._node_ranks.setdefault(event.node, set()).add(event.rank)
+                self._node_ranks.setdefault(event.restart, {}).setdefault(event.node, set()).add(event.rank)
             elif isinstance(event, NvmlState):
                 self._nvml = NvmlInfo(
                     state=event.state,
@@ -107,34 +112,31 @@ class SessionRecorder:
                 )
             elif isinstance(event, NodeClock):
                 self._clocks[event.node] = event
-        self.steps_completed += len(completed)
-        return completed
+        return folded
 
-    def _started(self, event: RankStarted) -> list[JobStep]:
-        """The ranks say how many they are (an elastic script's were counted for MAX nodes, a restart's may be
-        another number): the manifest says so at once, and the steps count them; the steps that completes."""
-        if event.restart > self._restart:  # torchrun started every rank again: the nodes hold other ranks
-            self._restart = event.restart
-            self._node_ranks.clear()
-        run = self.run.started_with(event.world_size)
-        if run is not self.run:
-            self.run = run
-            if self.manifest is not None:
-                self.manifest = dataclasses.replace(self.manifest, run=run)
-                try:
-                    write_manifest(self.directory, self.manifest)
-                except OSError:  # the final manifest says it, if it can be written
-                    pass
-        return self.folder.started(event.world_size, event.first_step) if not run.inference else []
+    def _follow_run(self) -> None:
+        """The ranks said how many they are (an elastic script's were counted for MAX nodes, a restart's may be
+        another number): the fold follows, and the manifest on disk says so at once."""
+        run = self.session.run
+        if run is self.run:
+            return
+        self.run = run
+        if self.manifest is not None:
+            self.manifest = dataclasses.replace(self.manifest, run=run)
+            try:
+                write_manifest(self.directory, self.manifest)
+            except OSError:  # the final manifest says it, if it can be written
+                pass
 
     def nodes(self) -> tuple[NodeInfo, ...]:
         """Every node that reported: its host, ranks and GPUs, and its clock against the head's."""
         found = sorted(set(self._hosts) | set(self._clocks) | {node for node, _ in self._gpus})
+        latest = self._node_ranks[max(self._node_ranks)] if self._node_ranks else {}  # the last start's ranks
         return tuple(
             NodeInfo(
                 node=node,
                 host=self._hosts.get(node) or (self._clocks[node].host if node in self._clocks else None),
-                ranks=tuple(sorted(self._node_ranks.get(node, ()))),
+                ranks=tuple(sorted(latest.get(node, ()))),
                 gpus=tuple(sorted(gpu for owner, gpu in self._gpus if owner == node)),
                 # a node measures its clock before it forwards anything: one without a measurement is the head
                 clock_offset_ns=self._clocks[node].offset_ns if node in self._clocks else 0,

@@ -6,9 +6,11 @@ docs/recordings.md.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import asdict
 from typing import Any
 
+from meshtop.recordings.metrics.memory import MemoryRow
 from meshtop.recordings.metrics.rates import measured_rates as rates_of
 from meshtop.recordings.metrics.run import COLUMNAR, COLUMNS_READ, EVENT_KINDS, RunFold, fold_tables
 from meshtop.recordings.reader import Recording
@@ -68,10 +70,10 @@ def ranks_section(recording: Recording) -> list[dict[str, Any]]:
     ]
 
 
-def hosts_section(recording: Recording, memory: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def hosts_section(recording: Recording, memory: Iterable[MemoryRow]) -> list[dict[str, Any]]:
     """Per node: its host, ranks and GPUs, its clock against the head's, and the highest memory peak of its
     ranks (``memory``: the figures' per-rank rows)."""
-    peaks = {row["rank"]: row["peak_bytes"] for row in memory if row.get("peak_bytes") is not None}
+    peaks = {row.rank: row.peak_bytes for row in memory if row.peak_bytes is not None}
     return [
         {
             "node": node.node,
@@ -103,13 +105,13 @@ def rejected_problems(fold: RunFold) -> list[str]:
 def summarize(recording: Recording) -> dict[str, Any]:
     """The whole summary as plain data (the JSON of ``meshtop summary --json``)."""
     fold = fold_recording(recording)
-    figures = fold.figures().to_json()
+    figures = fold.figures()
     return {
         "recording": str(recording.path),
         "run": run_section(recording),
-        **figures,
+        **figures.to_json(),
         "ranks": ranks_section(recording),
-        "hosts": hosts_section(recording, figures["memory"]),
+        "hosts": hosts_section(recording, figures.memory),
         "starts": [
             {"restart": restart, "world_size": world, "first_step": first}
             for restart, (world, first) in sorted(fold.starts.items())

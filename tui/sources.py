@@ -1,11 +1,13 @@
 """Where the dashboard's events come from: a live job or a recording, behind one interface.
 
-Once a frame the app hands its state to ``source.poll(state)``, which folds
-what the source has into it (``DashboardState.apply``, typed tables from
+Once a frame the app hands its state to ``source.poll(state)``, which gives
+it what the source has (``DashboardState.apply``, typed tables from
 :mod:`meshtop.recordings.schema`'s decoder either way) and returns the state to draw:
 the same one, or for a replay that moved back, an earlier snapshot carried
-forward. The app cannot tell a live job from a replay, except that a replay
-also offers :class:`Playback` controls.
+forward. A live job's figures come from its session's fold, which the session
+thread feeds (:attr:`LiveSource.session`; the state reads it); a replay's state
+folds what it plays itself. The app cannot tell a live job from a replay,
+except that a replay also offers :class:`Playback` controls.
 """
 
 from __future__ import annotations
@@ -22,16 +24,15 @@ from typing import Protocol
 
 import pyarrow as pa
 
-from meshtop.probes.arrivals import Arrivals, EncodedEvents
+from meshtop.probes.arrivals import Arrivals
 from meshtop.probes.errors import MeshtopError
-from meshtop.probes.events import Event
 from meshtop.recordings.manifest import Manifest, RunDescription
 from meshtop.recordings.metrics.run import COLUMNAR
 from meshtop.recordings.metrics.steps import JobStep
 from meshtop.recordings.prometheus import RunMetrics
 from meshtop.recordings.reader import Recording
 from meshtop.recordings.replay import Timeline, in_kind_order, load_timeline
-from meshtop.recordings.schema import batches_of, decode_lines
+from meshtop.recordings.session_fold import Folded, SessionFold, arrival_tables
 from meshtop.recordings.summary import job_status
 from meshtop.runner.job.control import JobControl
 from meshtop.runner.job.launch import NodeProbes
@@ -66,6 +67,9 @@ class Source(Protocol):
     """Where the session is recorded, if it is."""
     error: BaseException | None
     """What broke the session (a full disk, say), once it did; the app quits and the CLI reports it."""
+    session: SessionFold | None
+    """A live session's fold, which the dashboard's state reads (``None``: the state folds what ``poll`` gives
+    it, as a replay's does)."""
 
     def start(self) -> None: ...
     def poll(self, state: DashboardState) -> DashboardState:
@@ -110,12 +114,15 @@ class ScreenBacklog:
         self.peak = 0
         """The most events ever waiting at once."""
         self._batches: deque[Batch] = deque()
+        self._steps: list[JobStep] = []
+        """Job steps the session's fold completed with these batches (never skipped)."""
         self._count = 0
         self._lock = threading.Lock()
 
-    def put(self, batches: list[Batch]) -> None:
+    def put(self, batches: list[Batch], steps: list[JobStep] | None = None) -> None:
         with self._lock:
             self._batches.extend(batches)
+            self._steps.extend(steps or ())
             self._count += sum(len(table) for _, table in batches)
             if self._count > self.limit:
                 self._coalesce()
@@ -134,33 +141,22 @@ class ScreenBacklog:
         self._batches = kept
 
     def take(self) -> list[Batch]:
-        """Everything waiting, oldest first."""
+        """Every batch waiting, oldest first."""
+        return self.take_with_steps()[0]
+
+    def take_with_steps(self) -> tuple[list[Batch], list[JobStep]]:
+        """Every batch waiting, oldest first, and the job steps they completed, at once."""
         with self._lock:
             batches, self._batches, self._count = list(self._batches), deque(), 0
-        return batches
+            steps, self._steps = self._steps, []
+        return batches, steps
 
 
-def screen_batches(arrivals: Arrivals) -> list[Batch]:
-    """What the screen reads of ``arrivals``: each kind's blocks decoded together, in the order the kinds
-    first came (events made by meshtop itself as they are)."""
-    blocks: dict[str, list[bytes]] = {}
-    made: dict[str, list[Event]] = {}
-    order: list[str] = []
-    for item in arrivals.items:
-        if item.kind not in SCREEN_KINDS:
-            continue
-        if item.kind not in blocks and item.kind not in made:
-            order.append(item.kind)
-        if isinstance(item, EncodedEvents):
-            blocks.setdefault(item.kind, []).append(item.lines)
-        else:
-            made.setdefault(item.kind, []).append(item)
-    batches: list[Batch] = []
-    for kind in order:
-        if kind in blocks:
-            batches.append((kind, decode_lines(kind, b"".join(blocks[kind])).table))
-        batches.extend(batches_of(made.get(kind, [])))
-    return batches
+def screen_batches(arrivals: Arrivals, decoded: list[Batch] | None = None) -> list[Batch]:
+    """What the screen reads of ``arrivals``, a table a kind: those of ``decoded`` (the tables the session's fold
+    already decoded) as they are, the rest decoded here (each kind's blocks together)."""
+    taken = [(kind, table) for kind, table in decoded or () if kind in SCREEN_KINDS]
+    return [*taken, *arrival_tables(arrivals, SCREEN_KINDS - {kind for kind, _ in taken})]
 
 
 class LiveSource:
@@ -184,6 +180,8 @@ class LiveSource:
         self.directory = directory
         self.manifest = manifest
         self.description = manifest.run if manifest is not None else describe(run)
+        self.session: SessionFold | None = SessionFold(self.description)
+        """The session's fold: the session thread feeds it, the dashboard and ``/metrics`` read it."""
         self.recording = str(directory) if manifest is not None else None
         self.node_probes = node_probes
         self.control = JobControl()
@@ -219,14 +217,15 @@ class LiveSource:
                 hang_timeout_s=self.hang_timeout_s,
                 nodes=self.nodes,
                 metrics=self.metrics,
+                session=self.session,
             )
         except BaseException as error:
             self.error = error
 
-    def _take(self, arrivals: Arrivals, steps: list[JobStep]) -> None:
+    def _take(self, arrivals: Arrivals, folded: Folded) -> None:
         """The session thread's callback: decode what the screen reads there, not in the screen's frames."""
         if self._screen:
-            self.backlog.put(screen_batches(arrivals))
+            self.backlog.put(screen_batches(arrivals, folded.tables), folded.steps)
 
     def headless(self) -> None:
         """No screen reads the events any more (its terminal went away): the session only records them."""
@@ -240,8 +239,10 @@ class LiveSource:
         return self._started_ns
 
     def poll(self, state: DashboardState) -> DashboardState:
-        for kind, table in in_kind_order(self.backlog.take()):
+        batches, steps = self.backlog.take_with_steps()
+        for kind, table in in_kind_order(batches):
             state.apply(kind, table)
+        state.take_steps(steps)
         state.coalesced = self.backlog.skipped
         return state
 
@@ -397,8 +398,10 @@ class ReplaySource:
         metrics: bool = False,
     ) -> None:
         self.description = recording.manifest.run
+        self.session = None  # the state folds what is played
         self.metrics = RunMetrics(self.description) if metrics else None
-        """The Prometheus series of what has been played (``--metrics-port``), started anew at each jump."""
+        """The Prometheus series of what has been played (``--metrics-port``), started anew at each jump; they
+        read the state's fold."""
         self.recording = str(recording.path)
         self._gpus = recording.manifest.gpus
         self.error: BaseException | None = None
@@ -425,7 +428,8 @@ class ReplaySource:
         self._playback.advance()
         target = self._playback.position_ns
         if not self._snapshots:
-            state.fold.know_gpus(self._gpus)  # as summary does: the GPUs the session saw
+            with state.session.reading() as fold:
+                fold.know_gpus(self._gpus)  # as summary does: the GPUs the session saw
             self._snapshots.append(_Snapshot(None, copy.deepcopy(state)))
         nearest = [s for s in self._snapshots if s.folded_ns is None or s.folded_ns <= target][-1]
         behind = self._folded_ns is not None and target < self._folded_ns
@@ -435,7 +439,9 @@ class ReplaySource:
             if self.metrics is not None:  # counters only grow: the series start again, up to the snapshot
                 self.metrics = RunMetrics(self.description)
                 if nearest.folded_ns is not None:
-                    self.metrics.apply_tables(self.timeline.between(None, nearest.folded_ns))
+                    self.metrics.count(self.timeline.between(None, nearest.folded_ns))
+        if self.metrics is not None:
+            self.metrics.follow(state.session)  # the state's fold: a jump carries on from a copy
         after = self._folded_ns
         if after is not None and after >= target:
             return state
@@ -445,7 +451,7 @@ class ReplaySource:
             state.apply(kind, table)
             self._since_snapshot += len(table)
         if self.metrics is not None:
-            self.metrics.apply_tables(played)
+            self.metrics.count(played)
         self._folded_ns = until
         if until >= self.timeline.end_ns and state.ended is None:
             state.finish(self._recorded_status)

@@ -3,10 +3,13 @@ pipeline timeline, per-rank and per-GPU views, alerts). Plain Python, fed event 
 screen at its frame rate.
 
 Every figure (step time, p50 / p99, busbw, exposed share, bubbles, peaks,
-request latencies, MFU) comes from :class:`meshtop.recordings.metrics.run.RunFold`,
-the same fold ``meshtop summary`` runs; this module only keeps what a screen
-shows beside them, in bounded windows, so memory stays flat however long a
-run goes. No Textual here: tests and benchmarks drive it directly.
+stragglers, request latencies, MFU) comes from :class:`meshtop.recordings.metrics.run.RunFold`,
+the same fold ``meshtop summary`` runs: a live session's own
+(:class:`meshtop.recordings.session_fold.SessionFold`, fed by the session
+thread and read here), or in a replay one this state feeds with what it is
+given; this module only keeps what a screen shows beside them, in bounded
+windows, so memory stays flat however long a run goes. No Textual here: tests
+and benchmarks drive it directly.
 """
 
 from __future__ import annotations
@@ -46,6 +49,7 @@ from meshtop.recordings.metrics.steps import JobStep
 from meshtop.recordings.metrics.stragglers import Straggler
 from meshtop.recordings.replay import in_kind_order
 from meshtop.recordings.schema import events_of, table_of
+from meshtop.recordings.session_fold import SessionFold
 
 HISTORY = 240
 """Points kept for each chart (steps, utilisation, power, CPU)."""
@@ -183,10 +187,16 @@ class DashboardState:
         recording: str | None = None,
         headroom_alert: float = DEFAULT_HEADROOM_ALERT,
         figures_every_s: float = 0.0,
+        session: SessionFold | None = None,
     ) -> None:
         self.recording = recording
         """Where the session is recorded, if it is."""
-        self.fold = RunFold(run)
+        self.session = session if session is not None else SessionFold(run)
+        """The fold the figures come from: a live session's, which its thread feeds; else this state's own,
+        which it feeds with what it is given (a replay, tests)."""
+        self.feeds_fold = session is None
+        self._steps_seen = self.session.steps_completed
+        """Job steps of its own fold this state took (a live session's come with its batches)."""
         self.headroom_alert = headroom_alert
         self.events = 0
         self.first_ns: int | None = None
@@ -226,29 +236,41 @@ class DashboardState:
     # -- input -----------------------------------------------------------------
 
     @property
+    def fold(self) -> RunFold:
+        """The run's fold (a live session's changes under its lock: read it through ``session.reading()``)."""
+        return self.session.fold
+
+    @property
     def info(self) -> RunDescription:
         """What runs: plan, model, device, lengths, load (the manifest's description, live or recorded; an
         elastic script's world size once its ranks started)."""
-        return self.fold.run
+        return self.session.run
 
     def apply(self, kind: str, table: pa.Table) -> None:
-        """Fold a table of ``kind``'s events (live: what arrived since the last frame; replay: a slice)."""
+        """Take a table of ``kind``'s events (live: what arrived since the last frame; replay: a slice), folding
+        it where this state feeds its fold."""
         if not len(table):
             return
         self.events += len(table)
         if kind in COLUMNAR:
-            self.fold.apply_table(kind, table)
+            if self.feeds_fold:
+                self.session.apply(kind, table)
             if kind == "stage_action" and self.info.may_pipeline:
                 self._keep_lanes(table)
             return
         if kind not in UI_KINDS:
             return
-        events = self.fold.apply_events(events_of(kind, table))  # those that can be this job's
+        with self.session.reading() as fold:  # the events that can be this job's
+            events = fold.apply_events(events_of(kind, table)) if self.feeds_fold else self._of_the_job(kind, table)
         for event in events:
             handler = self._HANDLERS.get(type(event))
             if handler is not None:
                 handler(self, event)
-        self._take_steps()
+        if self.feeds_fold:
+            self._take_steps()
+
+    def _of_the_job(self, kind: str, table: pa.Table) -> list[Event]:
+        return [event for event in events_of(kind, table) if self.fold.of_the_job(event)]
 
     def apply_events(self, events: Iterable[Event]) -> None:
         """Fold event objects (tests, benchmarks' warm-up), one table per kind, as a replay folds a slice."""
@@ -261,8 +283,9 @@ class DashboardState:
     def finish(self, status: str) -> None:
         """The run is over with ``status`` (a replay reached the end of a recording with no end event)."""
         if self.ended is None:
-            self.fold.finish(status)
-            self._take_steps()
+            self.session.finish(status)
+            if self.feeds_fold:
+                self._take_steps()
         self.final = True
 
     def set_clock(self, now_ns: int, origin_ns: int | None) -> None:
@@ -288,10 +311,16 @@ class DashboardState:
         view.pp_rank, view.dp_rank, view.tp_rank = event.pp_rank, event.dp_rank, event.tp_rank
 
     def _take_steps(self) -> None:
-        """Take the job steps the fold completed since the last look."""
-        new = self.fold.new_steps
-        while new:
-            self._complete(new.popleft())
+        """Take the job steps this state's own fold completed since the last look."""
+        with self.session.reading() as fold:
+            steps = fold.steps_since(self._steps_seen)
+            self._steps_seen = fold.steps_completed
+        self.take_steps(steps)
+
+    def take_steps(self, steps: Iterable[JobStep]) -> None:
+        """Job steps completed, in order (a live session's come with the batches that completed them)."""
+        for step in steps:
+            self._complete(step)
 
     def _complete(self, step: JobStep) -> None:
         self.hang = None  # progress again
@@ -304,7 +333,8 @@ class DashboardState:
         lanes = self._lanes.pop(step, {})
         for old in [s for s in self._lanes if s < step - 8]:
             del self._lanes[old]
-        span, bubble = self.fold.step_bubbles(step)
+        with self.session.reading() as fold:
+            span, bubble = fold.step_bubbles(step)
         if not lanes or span <= 0:
             return
         origin = min(start for actions in lanes.values() for start, _, _, _ in actions)
@@ -401,8 +431,9 @@ class DashboardState:
             cached[0] == self.fold.version or (not self.final and now - cached[1] < self.figures_every_s)
         ):
             return cached[2]
-        figures = self.fold.figures()
-        self._figures = (self.fold.version, now, figures)
+        with self.session.reading() as fold:
+            version, figures = fold.version, fold.figures()
+        self._figures = (version, now, figures)
         return figures
 
     @property
@@ -442,18 +473,16 @@ class DashboardState:
     def requests_view(self) -> RequestsView | None:
         """The inference requests so far (``None`` for training)."""
         figures = self.figures().requests
-        if figures is None or self.fold.requests is None:
-            return None
-        recent = self.fold.requests.recent
-        return RequestsView(
-            figures=figures,
-            total=self.info.load.requests if self.info.load else None,
-            history={name: tuple(recent[name]) for name in LATENCIES},
-        )
+        with self.session.reading() as fold:
+            if figures is None or fold.requests is None:
+                return None
+            history = {name: tuple(fold.requests.recent[name]) for name in LATENCIES}
+        return RequestsView(figures=figures, total=self.info.load.requests if self.info.load else None, history=history)
 
     def collective_rows(self) -> list[CollectiveLine]:
         """Per (group, op), the most in-flight time first, with each one's recent exposed times."""
-        closed = list(self.fold.closed)
+        with self.session.reading() as fold:
+            closed = list(fold.closed)
         return [
             CollectiveLine(row, tuple(step.exposed_by_op.get((row.group, row.op), 0.0) for step in closed))
             for row in self.figures().collectives
@@ -464,8 +493,9 @@ class DashboardState:
 
     def bubble_history(self) -> dict[int, tuple[float, ...]]:
         """Per stage, its bubble in each recent step (iteration), oldest first."""
-        stages = self.fold.stages.stages
-        return {stage: tuple(stages[stage].recent) for stage in sorted(stages) if stages[stage].recent}
+        with self.session.reading() as fold:
+            stages = fold.stages.stages
+            return {stage: tuple(stages[stage].recent) for stage in sorted(stages) if stages[stage].recent}
 
     def hosts(self) -> dict[int, str]:
         """The host of each node the ranks reported from (one entry on one machine)."""
@@ -527,8 +557,9 @@ class DashboardState:
             alerts.append(Alert("warning", text, now))
         if self.dropped:
             alerts.append(Alert("warning", f"{self.dropped:,} telemetry events dropped (buffers full)", now))
-        if self.fold.rejected:
-            left_out = sum(self.fold.rejected.values())
+        with self.session.reading() as fold:
+            left_out = sum(fold.rejected.values())
+        if left_out:
             alerts.append(
                 Alert(
                     "warning",

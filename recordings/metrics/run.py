@@ -21,6 +21,7 @@ from __future__ import annotations
 from collections import Counter, deque
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass
+from itertools import islice
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -47,6 +48,8 @@ from meshtop.recordings.schema import events_of
 
 HISTORY = 240
 """Closed steps kept for the dashboard's sparklines."""
+STEPS_KEPT = 4096
+"""Completed job steps kept for readers that take them as they come (the console, the dashboard's charts)."""
 CLOSE_AFTER = 2
 """A job step's per-step figures are decided when the step this many later completes."""
 COLUMNAR = frozenset({"collective", "stage_action"})
@@ -142,8 +145,8 @@ class RunFold:
         """Each GPU's model by (node, index), for MFU's peak."""
         self.rejected: Counter[str] = Counter()
         """Rows left out by kind: well-formed, but not this job's (a rank outside it, an end before its start)."""
-        self.new_steps: deque[JobStep] = deque(maxlen=4096)
-        """Job steps completed since the caller last emptied this (the dashboard's charts take them)."""
+        self.recent_steps: deque[JobStep] = deque(maxlen=STEPS_KEPT)
+        """The last job steps completed, oldest first (readers take them by position: :meth:`steps_since`)."""
         self.closed: deque[ClosedStep] = deque(maxlen=HISTORY)
         """The last steps closed, oldest first."""
         self.closed_count = 0
@@ -245,11 +248,16 @@ class RunFold:
             keep = pc.and_(keep, pc.greater_equal(table.column("stage"), 0))
         return self._kept(kind, table, keep)
 
-    def _fits(self, event: Event) -> bool:
+    def of_the_job(self, event: Event) -> bool:
+        """Whether ``event`` can be this job's: a rank of the job (or none), a step time no less than 0."""
         rank = getattr(event, "rank", 0)
-        if not (rank is None or 0 <= rank < self._rank_limit) or (
+        return (rank is None or 0 <= rank < self._rank_limit) and not (
             isinstance(event, StepTiming) and event.duration_s < 0
-        ):
+        )
+
+    def _fits(self, event: Event) -> bool:
+        """:meth:`of_the_job`, counting what is not."""
+        if not self.of_the_job(event):
             self.rejected[event.kind] += 1
             return False
         return True
@@ -299,6 +307,17 @@ class RunFold:
             if gpu.name:
                 self.gpu_models.setdefault((gpu.node, gpu.gpu), GpuModel(gpu.name, gpu.power_limit_w))
 
+    @property
+    def steps_completed(self) -> int:
+        """Job steps completed so far."""
+        return self.steps.count
+
+    def steps_since(self, seen: int) -> list[JobStep]:
+        """The job steps completed after the first ``seen``, in order (at most :data:`STEPS_KEPT`: a reader that
+        fell further behind takes the latest)."""
+        fresh = min(len(self.recent_steps), self.steps_completed - seen)
+        return list(islice(self.recent_steps, len(self.recent_steps) - fresh, None)) if fresh > 0 else []
+
     def position(self, rank: int) -> tuple[int, int, int]:
         """(pp, dp, tp) of ``rank``: as it reported, else where the plan puts it."""
         return self.positions.get(rank) or self.run.plan.coordinates(rank)
@@ -325,7 +344,7 @@ class RunFold:
         closing = []
         for step in steps:
             self.steps.add(step)
-            self.new_steps.append(step)
+            self.recent_steps.append(step)
             if self.training:
                 self._completed[step.step] = step
                 closing += [

@@ -15,7 +15,7 @@ from __future__ import annotations
 import math
 from array import array
 from collections import Counter
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 
 import numpy as np
 
@@ -147,6 +147,16 @@ class Distribution:
         if self._exact is not None:
             return math.fsum(np.frombuffer(self._exact, dtype=float))
         return math.fsum(_middle(key) * count for key, count in self._buckets.items())
+
+    def counts_at_most(self, bounds: Sequence[float]) -> list[int]:
+        """How many values are at most each of ``bounds`` (a Prometheus histogram's cumulative buckets):
+        exactly; past the limit, by the middles of the values' buckets."""
+        if self._exact is not None:
+            return [int(n) for n in np.searchsorted(self.ordered(), bounds, side="right")]
+        keys = sorted(self._buckets)
+        middles = np.array([_middle(key) for key in keys], dtype=float)
+        below = np.concatenate([[0], np.cumsum([self._buckets[key] for key in keys])])
+        return [self._zeros + int(below[at]) for at in np.searchsorted(middles, bounds, side="right")]
 
     def quantiles(self, *names: str) -> dict[str, float | None]:
         """``{"p50": ..., "p99": ...}`` for the names of :data:`QUANTILES` given."""

@@ -1,4 +1,5 @@
-"""Plain-text following of a job (``meshtop record``): progress lines while it runs, a verdict at the end."""
+"""Plain-text following of a job (``meshtop record``): progress lines while it runs, a verdict at the end, both
+read from the session's fold (the one the manifest, ``/metrics`` and the recording's summary agree with)."""
 
 from __future__ import annotations
 
@@ -10,11 +11,12 @@ from pathlib import Path
 from typing import TextIO
 
 from meshtop.probes.arrivals import Arrivals
-from meshtop.probes.events import EventsDropped, HangDetected, ProbeOff, RequestDone, StackDump
+from meshtop.probes.events import EventsDropped, HangDetected, ProbeOff, StackDump
 from meshtop.recordings.manifest import Manifest, script_plan
-from meshtop.recordings.metrics.requests import RequestFigures, RequestFold
-from meshtop.recordings.metrics.steps import JobStep, StepFigures, StepStats
+from meshtop.recordings.metrics.requests import RequestFigures
+from meshtop.recordings.metrics.steps import JobStep, StepFigures
 from meshtop.recordings.prometheus import RunMetrics
+from meshtop.recordings.session_fold import Folded, SessionFold
 from meshtop.runner.job.control import JobControl
 from meshtop.runner.job.launch import NodeProbes
 from meshtop.runner.job.results import JobResult
@@ -27,8 +29,8 @@ PROGRESS_LINES = 20
 """About this many step lines per run, evenly spaced..."""
 QUIET_LIMIT_S = 5.0
 """...but never longer than this without one."""
-CONSOLE_KINDS = ("stack_dump", "hang", "request", "events_dropped", "probe_off")
-"""The kinds ``record`` prints from: the rest of the job's events go to the recording undecoded."""
+CONSOLE_KINDS = ("stack_dump", "hang", "events_dropped", "probe_off")
+"""The kinds ``record`` prints from beside the session's fold (its steps and requests)."""
 
 
 def headline(run: Work) -> str:
@@ -94,13 +96,20 @@ class Progress:
         eta_s = self._step_s / done * (total - done) if total else None  # steps to go at the mean step time so far
         self.show(done, total, step_line(step, total), events=events, eta_s=eta_s)
 
-    def request_done(self, requests: RequestFold, events: int) -> None:
-        """A request of an inference load is answered (or failed)."""
-        done, total = requests.reported, requests.total
+    def request_done(self, session: SessionFold, events: int) -> None:
+        """Requests of an inference load were answered (or failed), as the session's fold has them."""
+        with session.reading() as fold:
+            if fold.requests is None or not fold.requests.reported:
+                return
+            done, total = fold.requests.reported, fold.requests.total
+
+        def line() -> str:
+            with session.reading() as fold:
+                assert fold.requests is not None
+                return requests_line(fold.requests.figures())
+
         elapsed = time.monotonic() - self.started
-        self.show(
-            done, total, lambda: requests_line(requests.figures()), events=events, eta_s=elapsed / done * (total - done)
-        )
+        self.show(done, total, line, events=events, eta_s=elapsed / done * (total - done))
 
     def show(
         self, done: int, total: int | None, text: str | Callable[[], str], *, events: int, eta_s: float | None
@@ -205,14 +214,13 @@ def follow_job(
     print(headline(run), file=out, flush=True)
     control = JobControl()
     previous_usr1 = signal.signal(signal.SIGUSR1, lambda signum, frame: control.ask_stacks())
-    steps = StepStats()
     received = 0
     progress = Progress(run.steps if isinstance(run, ResolvedRun) else None, out)
-    description = manifest.run if manifest is not None else describe(run)
-    requests = RequestFold(description.load, replicas=description.plan.dp) if description.load is not None else None
+    session = SessionFold(manifest.run if manifest is not None else describe(run))
+    inference = session.run.inference
     probes_off: set[tuple[str, str]] = set()
 
-    def on_events(arrivals: Arrivals, completed: list[JobStep]) -> None:
+    def on_events(arrivals: Arrivals, folded: Folded) -> None:
         nonlocal received
         received += arrivals.count
         for event in arrivals.events(CONSOLE_KINDS):
@@ -224,19 +232,16 @@ def follow_job(
                     f"{event.timeout_s:.0f} s): {event.report}\nstack dumps of every rank follow; "
                     "stopping the job"
                 )
-            elif isinstance(event, RequestDone) and requests is not None:
-                requests.add(event)
-                progress.request_done(requests, received)
             elif isinstance(event, EventsDropped):
                 where = f"rank {event.rank}" if event.rank is not None else "the collector"
                 progress.message(f"warning: {event.count} telemetry events dropped by {where} (buffer full)")
             elif isinstance(event, ProbeOff) and (event.probe, event.reason) not in probes_off:
                 probes_off.add((event.probe, event.reason))  # once, not once per rank
                 progress.message(f"warning: probe off: {event.probe}: {event.reason}; the job runs on without it")
-        for step in completed:
-            steps.add(step)
-            if requests is None:
-                progress.update(step, received)
+        if inference and any(kind == "request" for kind, _ in folded.tables):
+            progress.request_done(session, received)
+        for step in folded.steps if not inference else ():
+            progress.update(step, received)
 
     try:
         result = run_session(
@@ -249,12 +254,12 @@ def follow_job(
             hang_timeout_s=hang_timeout_s,
             nodes=nodes,
             metrics=metrics,
+            session=session,
         )
     finally:
         progress.finish()
         signal.signal(signal.SIGUSR1, previous_usr1)
-    if requests is not None:
-        requests.ended_status = result.status
-    for line in verdict(result, steps.figures(), requests.figures() if requests is not None else None):
+    figures = session.figures()  # the job's end is folded: every step decided, unserved requests counted
+    for line in verdict(result, figures.steps, figures.requests):
         print(line, file=out, flush=True)
     return result

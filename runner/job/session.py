@@ -2,7 +2,10 @@
 
 The console (``record``) and the live dashboard (``run``) both drive a job
 through :func:`run_session`, so a session is recorded the same way whichever
-front end watches it.
+front end watches it. A session folds its events once, into its
+:class:`~meshtop.recordings.session_fold.SessionFold`: the console's progress
+and verdict, the manifest's step count, ``/metrics`` and the dashboard all
+read that one fold.
 """
 
 from __future__ import annotations
@@ -25,9 +28,9 @@ from meshtop.recordings.manifest import (
     start_manifest,
     write_manifest,
 )
-from meshtop.recordings.metrics.steps import JobStep
 from meshtop.recordings.prometheus import RunMetrics
 from meshtop.recordings.recorder import Ending, SessionRecorder
+from meshtop.recordings.session_fold import Folded, SessionFold
 from meshtop.runner.job.control import JobControl
 from meshtop.runner.job.environment import Launch, builtin_launch, rank_environment
 from meshtop.runner.job.launch import NodeProbes, run_job
@@ -147,32 +150,38 @@ def run_session(
     *,
     directory: Path,
     manifest: Manifest | None,
-    on_events: Callable[[Arrivals, list[JobStep]], None],
+    on_events: Callable[[Arrivals, Folded], None],
     node_probes: NodeProbes = NodeProbes(),
     control: JobControl | None = None,
     hang_timeout_s: float | None = None,
     nodes: Nodes | None = None,
     metrics: RunMetrics | None = None,
+    session: SessionFold | None = None,
 ) -> JobResult:
     """Run the job, recording into ``directory`` when a ``manifest`` is given (else it only holds the logs).
 
-    ``metrics`` (``--metrics-port``) is fed every batch too. On many nodes this is the head's session
-    (``nodes.rank`` 0): the other nodes' events come to it too (:mod:`meshtop.runner.multinode.relay`).
+    Every batch is folded once, into ``session`` (the session's fold, made here unless the front end made it
+    to read it), which ``metrics`` (``--metrics-port``) reads; ``metrics`` counts each batch's events too. On
+    many nodes this is the head's session (``nodes.rank`` 0): the other nodes' events come to it too
+    (:mod:`meshtop.runner.multinode.relay`).
 
-    ``on_events`` sees each batch after it is on disk, with the job steps it
-    completed; it decodes the kinds it needs. The recording is closed however
-    the session ends.
+    ``on_events`` sees each batch after it is on disk and folded, with what the
+    fold took of it (its tables, the job steps it completed); it decodes any
+    other kind it needs. The recording is closed however the session ends.
     """
     description = manifest.run if manifest is not None else describe(work)
-    recorder = SessionRecorder(description, directory, manifest)
+    session = session if session is not None else SessionFold(description)
+    recorder = SessionRecorder(session, directory, manifest)
+    if metrics is not None:
+        metrics.follow(session)
     result = None
     broken = Ending(status="failed", duration_s=None)
 
     def deliver(arrivals: Arrivals) -> None:
-        completed = recorder.take(arrivals)
+        folded = recorder.take(arrivals)
         if metrics is not None:
             metrics.take(arrivals)
-        on_events(arrivals, completed)
+        on_events(arrivals, folded)
 
     try:
         nodes = nodes_of(work, nodes)

@@ -10,7 +10,8 @@ does and does the session's work with what it drains:
 
 - ``record``: what ``meshtop record`` does, the target's figure. A
   :class:`meshtop.recordings.recorder.SessionRecorder` appends every event to a recording
-  on disk and folds the steps, and the kinds the console prints are decoded.
+  on disk and folds it into the session's one fold (every figure: the console,
+  the manifest and ``/metrics`` read it), and the kinds the console prints are decoded.
 - ``dashboard``: every kind the screen reads decoded into typed tables as
   well, as a live dashboard's session thread does (``meshtop.tui.sources.screen_batches``;
   no target: the dashboard's own frame budget is the TUI figure).
@@ -92,6 +93,7 @@ class Consumer:
         # Imported here: the producer processes import this module and need neither torch nor textual.
         from meshtop.recordings.manifest import Manifest, RunDescription
         from meshtop.recordings.recorder import SessionRecorder
+        from meshtop.recordings.session_fold import Folded, SessionFold
         from meshtop.runner.plan import RunSpec, resolve
 
         run = RunDescription.from_json(
@@ -100,15 +102,14 @@ class Consumer:
         from meshtop.runner.job.console import CONSOLE_KINDS
         from meshtop.tui.sources import screen_batches
 
-        self.recorder = SessionRecorder(run, directory, Manifest(run=run))
+        self.recorder = SessionRecorder(SessionFold(run), directory, Manifest(run=run))
         if front_end == "record":
-            self.decode: Callable[[Arrivals], object] = lambda arrivals: arrivals.events(CONSOLE_KINDS)
+            self.decode: Callable[[Arrivals, Folded], object] = lambda arrivals, folded: arrivals.events(CONSOLE_KINDS)
         else:
-            self.decode = screen_batches
+            self.decode = lambda arrivals, folded: screen_batches(arrivals, folded.tables)  # what the fold left
 
     def __call__(self, arrivals: Arrivals) -> None:
-        self.recorder.take(arrivals)
-        self.decode(arrivals)
+        self.decode(arrivals, self.recorder.take(arrivals))  # on disk, then into the session's one fold
 
     def close(self) -> None:
         assert self.recorder.writer is not None

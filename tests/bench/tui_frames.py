@@ -213,6 +213,7 @@ class SyntheticSource:
         if self.steps_per_s <= 0:
             raise ValueError(f"{rate} events/s cannot carry {ranks} ranks' samples alone")
         self.step_s = 1.0 / self.steps_per_s
+        self.session = None  # the state folds what it is given on the screen's thread (a live session's thread does)
         self.description = RunDescription(
             plan=Plan(
                 dp=self.dp,

@@ -16,6 +16,7 @@ from meshtop.probes.wire import event_sections, pack, read_frame
 from meshtop.recordings.manifest import RunDescription, Script, read_manifest, script_plan, start_manifest
 from meshtop.recordings.metrics.steps import StepFolder
 from meshtop.recordings.recorder import Ending, SessionRecorder
+from meshtop.recordings.session_fold import SessionFold
 from meshtop.runner.errors import PlanError
 from meshtop.runner.job.results import JobResult, RankExit, root_cause
 from meshtop.runner.multinode.fleet import Fleet, SingleNode
@@ -463,10 +464,10 @@ def test_an_elastic_scripts_world_is_what_its_ranks_say(tmp_path: Path) -> None:
     run = elastic_script(4)
     state = DashboardState(run)
     manifest = start_manifest(run, command_line=[], node_probes=None)
-    recorder = SessionRecorder(run, tmp_path, manifest)
+    recorder = SessionRecorder(SessionFold(run), tmp_path, manifest)
     early = [step(0, 0), step(1, 0)]
-    assert recorder.take(Arrivals(early)) == []
-    completed = recorder.take(Arrivals([started(0, 2), started(1, 2)]))
+    assert recorder.take(Arrivals(early)).steps == []
+    completed = recorder.take(Arrivals([started(0, 2), started(1, 2)])).steps
     assert [s.step for s in completed] == [0]
     assert read_manifest(tmp_path).run.plan.world_size == 2  # at once: a crash keeps it
     assert read_manifest(tmp_path).run.plan.label == "torchrun train.py (2 ranks)"

@@ -291,8 +291,10 @@ def test_a_full_screen_backlog_skips_only_high_rate_events_and_never_a_rank_star
     for number in range(30):
         events += [collective(rank, number, 0.001) for rank in range(4) for _ in range(10)]
         events += [step(rank, number, 0.01) for rank in range(4)]
-    source._take(Arrivals(events), [])  # the session thread's callback, with far more than the screen holds
-    state = source.poll(DashboardState(source.description))
+    arrivals = Arrivals(events)
+    assert source.session is not None
+    source._take(arrivals, source.session.take(arrivals))  # the session thread's, with far more than the screen holds
+    state = source.poll(DashboardState(source.description, session=source.session))
     assert {rank: view.pp_rank for rank, view in state.ranks.items()} == {0: 0, 1: 0, 2: 1, 3: 1}
     assert state.steps_done == 30 and len(state.steps) == 30
     assert state.coalesced == source.backlog.skipped > 0

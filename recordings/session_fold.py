@@ -1,0 +1,135 @@
+"""One session's fold: the :class:`~meshtop.recordings.metrics.run.RunFold` every reader of a session shares.
+
+A session folds its event stream once. The thread that receives the events feeds the fold (live: the
+session thread, as each batch reaches meshtop; a replay: the screen, as it plays the recording); every
+reader reads the same fold: ``record``'s progress lines and verdict, the manifest's step count, the
+``/metrics`` endpoint (its scrapes come on the HTTP server's threads) and the dashboard. A lock keeps a
+reader from seeing a batch half folded; :meth:`SessionFold.figures` and any read of the fold's own fields
+hold it.
+
+Job steps completed are read by position (:meth:`SessionFold.steps_since`), so any number of readers each
+take every step once: none takes a step from another.
+"""
+
+from __future__ import annotations
+
+import copy
+import threading
+from collections.abc import Collection, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import pyarrow as pa
+
+from meshtop.probes.arrivals import Arrivals, EncodedEvents
+from meshtop.probes.events import Event
+from meshtop.recordings.manifest import RunDescription
+from meshtop.recordings.metrics.run import COLUMNAR, EVENT_KINDS, RunFigures, RunFold
+from meshtop.recordings.metrics.steps import JobStep
+from meshtop.recordings.replay import in_kind_order
+from meshtop.recordings.schema import batches_of, decode_lines
+
+Batch = tuple[str, pa.Table]
+FOLDED_KINDS = COLUMNAR | EVENT_KINDS
+"""The kinds whose events change a figure."""
+
+
+def arrival_tables(arrivals: Arrivals, kinds: Collection[str]) -> list[Batch]:
+    """The events of ``kinds`` in ``arrivals`` as typed tables: each kind's encoded blocks decoded together (one
+    parse a kind), then the events made in meshtop's own process; kinds in the order they first came."""
+    blocks: dict[str, list[bytes]] = {}
+    made: dict[str, list[Event]] = {}
+    order: list[str] = []
+    for item in arrivals.items:
+        if item.kind not in kinds:
+            continue
+        if item.kind not in blocks and item.kind not in made:
+            order.append(item.kind)
+        if isinstance(item, EncodedEvents):
+            blocks.setdefault(item.kind, []).append(item.lines)
+        else:
+            made.setdefault(item.kind, []).append(item)
+    batches: list[Batch] = []
+    for kind in order:
+        if kind in blocks:
+            batches.append((kind, decode_lines(kind, b"".join(blocks[kind])).table))
+        batches.extend(batches_of(made.get(kind, [])))
+    return batches
+
+
+@dataclass(frozen=True, slots=True)
+class Folded:
+    """What one batch of a live session brought to the fold."""
+
+    tables: list[Batch]
+    """The batch's events of :data:`FOLDED_KINDS`, a table a kind, in the order they were folded."""
+    steps: list[JobStep]
+    """The job steps the batch completed, in order."""
+
+
+class SessionFold:
+    """A run's one fold and the lock its readers share."""
+
+    def __init__(self, run: RunDescription) -> None:
+        self.fold = RunFold(run)
+        self.lock = threading.RLock()
+        self._steps_taken = 0
+        """Job steps completed before the last :meth:`take` returned (what :meth:`take` reports from)."""
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> SessionFold:
+        """A copy with its own lock (a replay keeps copies of its state to seek back to)."""
+        with self.lock:
+            copied = SessionFold.__new__(SessionFold)
+            memo[id(self)] = copied
+            copied.fold = copy.deepcopy(self.fold, memo)
+            copied.lock = threading.RLock()
+            copied._steps_taken = self._steps_taken
+        return copied
+
+    @property
+    def run(self) -> RunDescription:
+        """What runs (an elastic script's world size once its ranks said it)."""
+        return self.fold.run
+
+    @contextmanager
+    def reading(self) -> Iterator[RunFold]:
+        """The fold, held still while the ``with`` block reads it."""
+        with self.lock:
+            yield self.fold
+
+    def take(self, arrivals: Arrivals) -> Folded:
+        """Fold a live session's batch: its events of :data:`FOLDED_KINDS`, decoded a table a kind and folded in
+        kind order (a rank's start before its work, a step after the work it closes)."""
+        tables = in_kind_order(arrival_tables(arrivals, FOLDED_KINDS))
+        with self.lock:
+            for kind, table in tables:
+                self.fold.apply(kind, table)
+            steps = self.fold.steps_since(self._steps_taken)
+            self._steps_taken = self.fold.steps_completed
+        return Folded(tables, steps)
+
+    def apply(self, kind: str, table: pa.Table) -> None:
+        """Fold a table of ``kind``'s events (a replay's slice)."""
+        with self.lock:
+            self.fold.apply(kind, table)
+
+    def figures(self) -> RunFigures:
+        """Every figure now."""
+        with self.lock:
+            return self.fold.figures()
+
+    def steps_since(self, seen: int) -> list[JobStep]:
+        """The job steps completed after the first ``seen`` (a reader's position: :attr:`steps_completed`)."""
+        with self.lock:
+            return self.fold.steps_since(seen)
+
+    @property
+    def steps_completed(self) -> int:
+        return self.fold.steps_completed
+
+    def finish(self, status: str) -> None:
+        """The run ended with ``status`` and no end event said so (a session that broke, a recording cut
+        short): decide what is left."""
+        with self.lock:
+            self.fold.finish(status)
