@@ -16,19 +16,25 @@ Two kinds of series, each value defined where the rest of meshtop defines it:
 Base units (seconds, bytes, ratios 0-1), ``_total`` counters, and labels bounded by the job's shape
 (ranks, groups, ops, stages, GPUs). GPU series carry ``gpu``, ``UUID`` and ``Hostname``, the labels the
 DCGM exporter puts on its own, so the two join in a query.
+
+:class:`MetricsServer` serves them with prometheus_client's own WSGI app: the format the scraper asks for
+(OpenMetrics on ``Accept: application/openmetrics-text``, else Prometheus's text format 0.0.4), gzip where
+it is accepted.
 """
 
 from __future__ import annotations
 
+import socket
 import threading
 from collections.abc import Callable, Iterable, Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
+from wsgiref.simple_server import WSGIRequestHandler, make_server
 
 import prometheus_client
 import pyarrow as pa
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest, make_wsgi_app
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
+from prometheus_client.exposition import ThreadingWSGIServer
 from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
@@ -50,6 +56,7 @@ from meshtop.recordings.schema import events_of
 from meshtop.recordings.session_fold import SessionFold
 
 DEFAULT_BIND = "127.0.0.1"
+METRICS_PATH = "/metrics"
 COLLECTIVE_BUCKETS = (1e-5, 3e-5, 1e-4, 3e-4, 1e-3, 3e-3, 0.01, 0.03, 0.1, 0.3, 1.0, 3.0, 10.0, 30.0, 120.0)
 STEP_BUCKETS = (0.01, 0.03, 0.1, 0.3, 1.0, 3.0, 10.0, 30.0, 100.0, 300.0)
 REQUEST_BUCKETS = (0.001, 0.003, 0.01, 0.03, 0.1, 0.3, 1.0, 3.0, 10.0, 30.0, 120.0)
@@ -284,36 +291,57 @@ class _Figures(Collector):
         return self.metrics.gauges()
 
 
+class _Current(Collector):
+    """The series of whichever :class:`RunMetrics` ``metrics`` gives at the scrape."""
+
+    def __init__(self, metrics: Callable[[], RunMetrics]) -> None:
+        self.metrics = metrics
+
+    def collect(self) -> Iterator[Any]:
+        return iter(list(self.metrics().registry.collect()))
+
+
+class _Quiet(WSGIRequestHandler):
+    """No line on stderr per request (it would draw over a dashboard)."""
+
+    def log_message(self, format: str, *args: Any) -> None:
+        return
+
+
+def metrics_app(metrics: Callable[[], RunMetrics]) -> Callable[..., Iterable[bytes]]:
+    """prometheus_client's WSGI app over the series ``metrics`` gives at each scrape, at :data:`METRICS_PATH`
+    only (anything else: 404); a scrape that fails is a 500 naming the error, never a traceback on the
+    dashboard's terminal."""
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(_Current(metrics))
+    app = make_wsgi_app(registry)
+
+    def only_metrics(environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
+        if environ.get("PATH_INFO") != METRICS_PATH:
+            start_response("404 Not Found", [("Content-Type", "text/plain; charset=utf-8")])
+            return [f"only {METRICS_PATH} is served here\n".encode()]
+        try:
+            return app(environ, start_response)
+        except Exception as error:  # a scrape never stops the session: it gets a 500
+            start_response("500 Internal Server Error", [("Content-Type", "text/plain; charset=utf-8")])
+            return [f"{type(error).__name__}\n".encode()]
+
+    return only_metrics
+
+
 class MetricsServer:
-    """``GET /metrics`` over HTTP (anything else: 404), on a thread of its own; ``metrics`` gives the series
-    to serve at each scrape (a replay starts them anew when it seeks back)."""
+    """``GET /metrics`` over HTTP on a thread of its own, served by prometheus_client (content negotiation,
+    OpenMetrics, gzip); ``metrics`` gives the series to serve at each scrape (a replay starts them anew when
+    it seeks back)."""
 
     def __init__(self, metrics: Callable[[], RunMetrics], *, port: int, bind: str = DEFAULT_BIND) -> None:
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_GET(self) -> None:
-                if self.path.split("?")[0] != "/metrics":
-                    self.send_error(404, "only /metrics is served here")
-                    return
-                try:
-                    body = metrics().exposition()
-                except Exception as error:
-                    self.send_error(500, f"{type(error).__name__}")
-                    return
-                self.send_response(200)
-                self.send_header("Content-Type", CONTENT_TYPE_LATEST)
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-            def log_message(self, format: str, *args: Any) -> None:
-                pass
-
-        class Server(ThreadingHTTPServer):
-            daemon_threads = True
-
         try:
-            self._server = Server((bind, port), Handler)
+            family = socket.getaddrinfo(bind, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0][0]
+
+            class Server(ThreadingWSGIServer):
+                address_family = family
+
+            self._server = make_server(bind, port, metrics_app(metrics), Server, handler_class=_Quiet)
         except (OSError, OverflowError) as error:
             why = getattr(error, "strerror", None) or str(error)
             raise MetricsError(f"cannot serve metrics on {bind}:{port}: {why}") from None
