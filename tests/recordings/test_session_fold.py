@@ -1,0 +1,108 @@
+"""One fold per session: the session's batches are folded once, and the manifest's step count, ``/metrics``, the
+dashboard and the console's figures are all read from that fold; readers take steps by position, so none
+takes a step from another; a reader on another thread never sees a batch half folded."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from meshtop.probes.arrivals import Arrivals
+from meshtop.probes.events import Event
+from meshtop.recordings.manifest import Manifest, read_manifest, write_manifest
+from meshtop.recordings.prometheus import RunMetrics
+from meshtop.recordings.recorder import Ending, SessionRecorder
+from meshtop.recordings.replay import in_kind_order
+from meshtop.recordings.session_fold import SessionFold
+from meshtop.tui.sources import screen_batches
+from meshtop.tui.state import DashboardState
+from tests.kit.events import collective, rank_started, step
+from tests.kit.recordings import description
+
+MS = 1_000_000
+
+
+def batches(steps: int) -> list[list[Event]]:
+    """A dp2 job's batches as a session receives them: the starts, then for each step rank 0's all-reduce and
+    step in one batch and rank 1's in the next (so each step completes in the batch after it began)."""
+    out: list[list[Event]] = [[rank_started(0, world_size=2), rank_started(1, world_size=2, dp_rank=1)]]
+    for number in range(steps):
+        for rank in (0, 1):
+            every = {"every_ns": 20 * MS}
+            out.append([collective(rank, number, 0.002, waited=True, **every), step(rank, number, 0.010, **every)])
+    return out
+
+
+def counted(metrics: RunMetrics, name: str) -> float:
+    for family in text_string_to_metric_families(metrics.exposition().decode()):
+        for sample in family.samples:
+            if sample.name == name:
+                return float(sample.value)
+    raise AssertionError(f"no {name}")
+
+
+def test_the_manifest_metrics_and_dashboard_read_the_one_fold(tmp_path: Path) -> None:
+    run = description(dp=2)
+    write_manifest(tmp_path, Manifest(run=run))
+    session = SessionFold(run)
+    recorder = SessionRecorder(session, tmp_path, Manifest(run=run))
+    metrics = RunMetrics(run)
+    metrics.follow(session)
+    state = DashboardState(run, session=session)
+    completed_by_batch = []
+    for events in batches(5):
+        arrivals = Arrivals(events)
+        folded = recorder.take(arrivals)  # what run_session does with each batch
+        metrics.take(arrivals)
+        for kind, table in in_kind_order(screen_batches(arrivals, folded.tables)):
+            state.apply(kind, table)
+        state.take_steps(folded.steps)
+        completed_by_batch.append([s.step for s in folded.steps])
+    # 5 steps, each completed by rank 1's report, in the batch after rank 0's
+    assert completed_by_batch == [[], [], [0], [], [1], [], [2], [], [3], [], [4]]
+    assert not state.feeds_fold and state.fold is session.fold
+    assert [s.step for s in state.steps] == [0, 1, 2, 3, 4] and state.steps_done == 5
+    assert session.steps_since(0) == list(state.steps)  # the dashboard took its steps by position: all still there
+    assert session.steps_since(3) == list(state.steps)[3:]
+    assert counted(metrics, "meshtop_steps_total") == 5 and counted(metrics, "meshtop_step_seconds_count") == 5
+    [row] = session.figures().collectives
+    assert row.count == 10  # 2 ranks x 5 steps, each all-reduce folded once though three readers read the fold
+    assert state.figures() is session.figures()  # one fold, one set of figures
+    recorder.close(Ending(status="completed", duration_s=1.0))
+    assert read_manifest(tmp_path).steps_completed == 5
+
+
+def test_a_reader_on_another_thread_never_sees_a_batch_half_folded() -> None:
+    """The session thread folds 400 batches while the screen's thread reads every figure the dashboard draws:
+    no read fails (a dict changing under an iteration), and the end is every step."""
+    run = description(dp=2)
+    session = SessionFold(run)
+    state = DashboardState(run, session=session)
+    failures: list[BaseException] = []
+    done = threading.Event()
+
+    def read() -> None:
+        try:
+            while not done.is_set():
+                state.figures()
+                state.alerts()
+                state.collective_rows()
+                state.bubble_history()
+                state.memory_rows()
+                state.stragglers()
+                state._figures = None  # no cache: compute them again next time round
+        except BaseException as error:
+            failures.append(error)
+
+    reader = threading.Thread(target=read)
+    reader.start()
+    try:
+        for events in batches(200):
+            session.take(Arrivals(events))
+    finally:
+        done.set()
+        reader.join()
+    assert not failures, failures
+    assert session.steps_completed == 200 and session.figures().steps.count == 200
