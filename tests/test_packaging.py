@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.slow  # builds a wheel and runs the CLI from it: about 15 s
+
 ROOT = Path(__file__).resolve().parent.parent
 FOLDERS = ("runner", "probes", "recordings", "tui")
 

@@ -154,6 +154,7 @@ def test_a_message_keeps_each_kind_as_the_recording_lines_it_sent() -> None:
     assert [json.loads(line)["step"] for line in blocks[1].lines.splitlines()] == [1, 2]
 
 
+@pytest.mark.slow  # 200 connections of garbage, 50 ms each: 10 s
 def test_collector_survives_random_garbage_and_keeps_serving(collector: Collector) -> None:
     generator = random.Random(7)
     for _ in range(200):

@@ -355,6 +355,7 @@ def test_before_the_job_ends_unserved_requests_are_not_counted_failed_and_latenc
     assert [len(values) for values in view.history.values()] == [512, 512, 4096, 512]  # the sparklines' window
 
 
+@pytest.mark.screen
 async def test_the_dashboard_shows_requests_in_the_header_and_overview(recording: Path) -> None:
     source = ReplaySource(open_recording(recording), clock=lambda: 0.0)
     source.playback.seek_fraction(1.0)

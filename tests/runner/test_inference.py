@@ -72,6 +72,7 @@ def recordings(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     return paths
 
 
+@pytest.mark.slow  # launches ranks
 def test_every_plan_generates_the_single_process_tokens(recordings: dict[str, Path]) -> None:
     shape = PRESETS["tiny"]
     model = Transformer(shape)
@@ -92,6 +93,7 @@ def test_every_plan_generates_the_single_process_tokens(recordings: dict[str, Pa
         assert outputs == expected, f"{name} generated other tokens than the single process"
 
 
+@pytest.mark.slow  # launches ranks
 def test_replicas_share_the_load_round_robin_and_report_requests(recordings: dict[str, Path]) -> None:
     table = served(recordings["dp2"])
     assert dict(zip(table.request, table.replica, strict=False)) == {i: i % 2 for i in range(10)}
@@ -110,6 +112,7 @@ def test_replicas_share_the_load_round_robin_and_report_requests(recordings: dic
     assert summary["run"]["mode"] == "infer"
 
 
+@pytest.mark.slow  # launches ranks
 def test_kv_cache_is_its_own_memory_category(recordings: dict[str, Path]) -> None:
     memory = summary_json(recordings["pp2"])["memory"]
     shape = PRESETS["tiny"]
@@ -119,6 +122,7 @@ def test_kv_cache_is_its_own_memory_category(recordings: dict[str, Path]) -> Non
     assert all(row["grads_bytes"] == 0 and row["optimizer_bytes"] == 0 for row in memory)
 
 
+@pytest.mark.slow  # launches ranks
 def test_pipeline_stages_report_their_wait_in_decode(recordings: dict[str, Path]) -> None:
     steps = pd.read_parquet(recordings["pp2"] / "events" / "step.parquet")
     assert steps.pipeline_wait_s.notna().all()
@@ -130,6 +134,7 @@ def test_pipeline_stages_report_their_wait_in_decode(recordings: dict[str, Path]
     assert actions.groupby("rank").size().nunique() == 1  # both stages ran every op
 
 
+@pytest.mark.slow  # launches ranks
 def test_open_loop_requests_arrive_on_their_poisson_schedule(tmp_path: Path) -> None:
     done = record(
         tmp_path / "open",
@@ -166,6 +171,7 @@ def test_open_loop_requests_arrive_on_their_poisson_schedule(tmp_path: Path) -> 
     assert (table.status == "completed").all()
 
 
+@pytest.mark.slow  # launches ranks
 def test_a_killed_replica_leaves_its_requests_counted_as_not_served(tmp_path: Path) -> None:
     # Killed at its 400th op (of about 960): late enough that both replicas have shipped finished requests
     # (a rank killed within its first shipment interval, 0.25 s, leaves nothing; at op 200 it could be).
@@ -247,6 +253,7 @@ def test_bad_inference_options_are_one_line(
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.slow  # launches ranks
 def test_the_perfetto_trace_shows_each_request_from_arrival_to_its_last_token(
     recordings: dict[str, Path], tmp_path: Path
 ) -> None:

@@ -271,6 +271,7 @@ print("tied")
 """
 
 
+@pytest.mark.slow  # starts a rank (a 1-rank gloo world)
 def test_the_tie_survives_tensor_parallelism_fsdp_replicate_and_to_empty() -> None:
     """One DTensor for both ends after ``parallelize_module`` (tied back) and after FSDP2's or replicate's
     sharding and ``to_empty`` (which keep it), in a 1-rank gloo world of its own process."""
@@ -318,6 +319,7 @@ def test_tying_moves_the_losses_beyond_the_parity_tolerance() -> None:
     assert abs(losses[0][1] - losses[1][1]) > 20 * RTOL * losses[0][1]
 
 
+@pytest.mark.slow  # launches ranks
 def test_record_writes_the_configs_shape_into_the_manifest(tmp_path: Path) -> None:
     config = write_config(tmp_path / "tied-tiny", TINY_TIED)
     out = tmp_path / "rec"

@@ -190,6 +190,7 @@ def test_a_serving_sweep_ranks_by_goodput(tmp_path: Path) -> None:
         assert row["errors"]["kv_cache_bytes"] == 0.0, row["key"]  # predicted exactly
 
 
+@pytest.mark.screen
 def test_the_sweep_view_lists_the_plans_and_enter_opens_one(tmp_path: Path) -> None:
     import asyncio
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 import gc
 
+import pytest
+
 from meshtop.recordings.reader import open_recording
 from meshtop.recordings.samples import SAMPLE
 from meshtop.tui.app import MeshtopApp
@@ -26,6 +28,7 @@ def test_the_pacer_stops_automatic_full_collections_and_restores_the_setting() -
     assert gc.get_threshold() == before
 
 
+@pytest.mark.screen
 async def test_the_dashboard_collects_after_frames_and_restores_python_on_exit() -> None:
     before = gc.get_threshold()
     full: list[int] = []

@@ -24,6 +24,8 @@ from meshtop.tui.compare_app import CompareApp
 from meshtop.tui.sources import ReplaySource
 from tests.kit.screen import SnapCompare, screen_text
 
+pytestmark = pytest.mark.screen
+
 ROOT = Path(__file__).resolve().parents[2]
 SAMPLE = Path("recordings/samples/dp2-pp2-1f1b")  # relative, so the header reads the same on every machine
 INFER_SAMPLE = Path("recordings/samples/tp2-infer")

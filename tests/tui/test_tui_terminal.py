@@ -26,6 +26,8 @@ import pytest
 from meshtop.runner.plan import DEFAULT_STEPS
 from tests.kit.commands import CLI_MODULE, meshtop, run_meshtop, summary_json
 
+pytestmark = pytest.mark.screen
+
 TMUX = shutil.which("tmux")
 if TMUX is None:
     pytest.skip(
@@ -368,6 +370,7 @@ def cpu_share(process: psutil.Process, seconds: float = 3.0) -> float:
     return float(process.cpu_percent(interval=seconds)) / 100
 
 
+@pytest.mark.slow  # launches ranks
 def test_a_lost_terminal_mid_run_leaves_the_job_running_headless_until_sigterm(
     terminal: Callable[..., Terminal], tmp_path: Path
 ) -> None:
@@ -480,6 +483,7 @@ def quit_completed(term: Terminal, job: list[psutil.Process], runs: Path) -> tup
     return after, session
 
 
+@pytest.mark.slow  # launches ranks
 def test_the_default_run_trains_until_q_and_then_completes_on_every_rank(
     terminal: Callable[..., Terminal], tmp_path: Path
 ) -> None:
@@ -571,6 +575,7 @@ def test_every_view_of_a_live_job_reads_whole_at_80x24_and_200x60(
     assert still_running(job) == []
 
 
+@pytest.mark.slow  # launches ranks
 def test_a_users_own_script_runs_live_with_its_collectives_and_steps(
     terminal: Callable[..., Terminal], tmp_path: Path
 ) -> None:
