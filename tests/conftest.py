@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 
 from meshtop.probes import native
-from tests.jobs import launch
 from tests.kit.commands import run_meshtop
+from tests.kit.jobs import launch
 
 
 @pytest.fixture

@@ -26,7 +26,7 @@ from meshtop.recordings.metrics.pipeline import theoretical_bubble
 from meshtop.recordings.metrics.run import RunFold
 from meshtop.recordings.replay import KIND_ORDER
 from meshtop.recordings.schema import batches_of
-from tests.jobs import launch
+from tests.kit.jobs import launch
 
 SCHEDULES = ("gpipe", "1f1b")
 MICROBATCHES = (2, 4, 8)

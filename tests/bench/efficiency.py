@@ -61,7 +61,7 @@ from meshtop.probes.events import Event, RankStarted, StepTiming
 from meshtop.runner.job.control import JobControl
 from meshtop.runner.plan import ResolvedRun, RunSpec, resolve
 from tests.bench.figures import Row, Spread, Target, median, quantile
-from tests.jobs import LaunchedRun, launch
+from tests.kit.jobs import LaunchedRun, launch
 
 WARMUP_STEPS = 5
 """Steps each side runs before the first window."""

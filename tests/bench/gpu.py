@@ -15,7 +15,7 @@ they fit one device call:
   metrics core's definition, :mod:`meshtop.recordings.metrics.mfu`), after warm-up steps;
   the note gives the allocator's peak against the GPU's memory.
 
-Every job is a real ``meshtop`` job (:func:`tests.jobs.launch`) with the
+Every job is a real ``meshtop`` job (:func:`tests.kit.jobs.launch`) with the
 hooks and CUDA-event timing of nccl on.
 """
 
@@ -34,7 +34,7 @@ from meshtop.tui.options import gpus_visible
 from tests.bench import overhead, sampler_cost
 from tests.bench.figures import NO_TARGET, Row, Spread
 from tests.bench.overhead import INFER_REQUESTS, overhead_row
-from tests.jobs import launch
+from tests.kit.jobs import launch
 
 OVERHEAD_MODEL = "125m"
 OVERHEAD_STEPS = 160

@@ -30,8 +30,8 @@ from meshtop.probes.instrument import OVERHEAD_BLOCK_ENV
 from meshtop.recordings.reader import open_recording
 from meshtop.recordings.schema import events_of
 from tests.bench.figures import Row, Spread, Target, quantile
-from tests.jobs import launch
 from tests.kit.commands import run_meshtop
+from tests.kit.jobs import launch
 
 BLOCK = 4
 TARGET = Target(high=1.02)

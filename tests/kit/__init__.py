@@ -5,5 +5,7 @@
   waiting for a recording being written to reach a step.
 - :mod:`tests.kit.commands`: meshtop's command line: its argv under this Python, run to its end, its one-line
   errors, its summary as JSON.
+- :mod:`tests.kit.jobs`: a real multi-rank job on CPU, launched and collected; how close its losses are to one
+  process's (``RTOL``).
 - :mod:`tests.kit.screen`: the text a running Textual app shows, read through its public screenshot export.
 """

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from meshtop.probes.events import Event
-from tests.jobs import launch
+from tests.kit.jobs import launch
 
 pytestmark = pytest.mark.gpu
 GPUS = torch.cuda.device_count() if torch.cuda.is_available() else 0

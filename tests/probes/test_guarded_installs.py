@@ -28,7 +28,7 @@ from meshtop.runner.errors import PlanError
 from meshtop.runner.rank.data_parallel import apply_replicate
 from meshtop.runner.rank.mesh import build_mesh
 from meshtop.tui.state import DashboardState
-from tests.jobs import launch
+from tests.kit.jobs import launch
 from tests.witness_worker import ListSink
 
 SITE_HOOKS = Path(__file__).resolve().parents[1] / "site_hooks"

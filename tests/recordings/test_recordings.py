@@ -231,7 +231,7 @@ def test_sigkilled_meshtop_leaves_a_readable_recording_and_no_ranks(tmp_path: Pa
 
     import psutil
 
-    from tests.jobs import alive
+    from tests.kit.jobs import alive
     from tests.kit.recordings import wait_for_steps
 
     out = tmp_path / "killed"

@@ -21,8 +21,8 @@ from meshtop.probes.arrivals import Arrivals
 from meshtop.probes.events import CollectiveTiming, RankProgress, StepTiming
 from meshtop.probes.stacks import py_spy_executable
 from meshtop.runner.job.hangs import MIN_TIMEOUT_S, STARTUP_MIN_S, STARTUP_TIMEOUT_S, HangWatch, default_timeout_s
-from tests.jobs import alive
 from tests.kit.commands import meshtop, one_line_error, run_meshtop, summary_json
+from tests.kit.jobs import alive
 
 
 def beat(

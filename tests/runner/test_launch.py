@@ -13,8 +13,8 @@ import pytest
 
 from meshtop.probes.events import StepTiming
 from meshtop.runner.job.process import PHASE_NAME
-from tests.jobs import alive
 from tests.kit.commands import meshtop
+from tests.kit.jobs import alive
 from tests.kit.recordings import wait_for_steps
 
 pytestmark = pytest.mark.slow

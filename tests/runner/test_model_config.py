@@ -24,10 +24,9 @@ from meshtop.runner.rank.data import synthetic_tokens
 from meshtop.runner.rank.model import Transformer, next_token_loss
 from meshtop.runner.rank.pipeline import cut_stage
 from meshtop.runner.rank.weights import init_weights
-from tests.jobs import LaunchedRun, launch
 from tests.kit.commands import one_line_error, run_meshtop
+from tests.kit.jobs import RTOL, LaunchedRun, launch
 from tests.runner.test_kv_cache import greedy_without_cache
-from tests.runner.test_parallel_equivalence import RTOL
 
 LLAMA_3_2_1B = {
     "architectures": ["LlamaForCausalLM"],

@@ -24,8 +24,8 @@ from meshtop.probes.events import StageAction, StepTiming
 from meshtop.recordings.metrics.steps import StepFolder
 from meshtop.recordings.reader import open_recording
 from meshtop.recordings.schema import events_of
-from tests.jobs import alive, launch
 from tests.kit.commands import meshtop, run_meshtop
+from tests.kit.jobs import RTOL, alive, launch
 from tests.kit.recordings import wait_for_steps
 
 pytestmark = pytest.mark.slow
@@ -34,7 +34,6 @@ ROOT = Path(__file__).resolve().parents[2]
 SITE_HOOKS = Path(__file__).resolve().parents[1] / "site_hooks"
 STEPS = 4
 BATCH = 8
-RTOL = 2e-5
 SHIFT_S = 5.0
 
 

@@ -13,7 +13,7 @@ from meshtop.runner.errors import PlanError
 from meshtop.runner.job.control import JobControl
 from meshtop.runner.plan import RunSpec, resolve
 from meshtop.runner.rank.until import MARGIN_STEPS, RunUntilStopped
-from tests.jobs import launch
+from tests.kit.jobs import launch
 
 
 def ranks(store: dist.Store, stop_file: Path, *, world: int = 2, time_limit_s: float = 3600.0) -> list[RunUntilStopped]:

@@ -19,6 +19,11 @@ from meshtop.runner.job.results import JobResult
 from meshtop.runner.plan import ResolvedRun, RunSpec, resolve
 from meshtop.tui.options import gpus_visible
 
+RTOL = 2e-5
+"""How close a parallel plan's per-step losses are to one process's: float32 reductions in another order
+differ by ~1e-7 relative here; a wrong gradient average (seen while building DDP + PP) moves step 2 by
+~5e-4."""
+
 
 @dataclass
 class LaunchedRun:
