@@ -114,8 +114,8 @@ class MemoryFold:
 
     def add_table(self, table: pa.Table) -> None:
         """Fold a ``memory`` table at once: as :meth:`add` of each row in order."""
-        for index in _last_rows(table):
-            self._keep_last(MemorySnapshot(**table.slice(index, 1).to_pylist()[0]))
+        for record in table.take(_last_rows(table)).to_pylist():  # one conversion for every rank's last row
+            self._keep_last(MemorySnapshot(**record))
         _raise_all(self._allocator_peak, table, "peak_allocated_bytes")
         _raise_all(self._rss_peak, table, "rss_bytes")
 
