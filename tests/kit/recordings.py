@@ -11,7 +11,7 @@ from typing import Any
 
 from meshtop.probes.events import Event
 from meshtop.recordings.events_log import EventWriter
-from meshtop.recordings.manifest import Manifest, RunDescription, write_manifest
+from meshtop.recordings.manifest import Manifest, RunDescription, Script, script_plan, write_manifest
 from meshtop.recordings.tables import compact, read_json_lines
 from meshtop.runner.plan import RunSpec, resolve
 
@@ -26,6 +26,33 @@ def description(*, device: str | None = None, dtype: str | None = None, **spec: 
 
 def with_model(run: RunDescription, **changes: Any) -> RunDescription:
     return dataclasses.replace(run, model=dataclasses.replace(run.model, **changes))
+
+
+def elastic_script(world_size: int) -> RunDescription:
+    """A user's ``torchrun train.py`` counted for ``world_size`` ranks (an elastic job says its size later)."""
+    script = Script(
+        command=("torchrun", "train.py"),
+        launcher_args=("train.py",),
+        path="/w/train.py",
+        module=None,
+        args=(),
+        sha256=None,
+        working_dir="/w",
+    )
+    return RunDescription(
+        plan=script_plan("train.py", world_size),
+        mode="train",
+        model=None,
+        dtype=None,
+        device="cpu",
+        steps=None,
+        batch_size=None,
+        microbatch_size=None,
+        seq_len=None,
+        seed=None,
+        instrumented=True,
+        script=script,
+    )
 
 
 def write_recording(

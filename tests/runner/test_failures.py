@@ -18,10 +18,11 @@ import pandas as pd
 import pytest
 
 from meshtop.probes.arrivals import Arrivals
-from meshtop.probes.events import CollectiveTiming, RankProgress, StepTiming
+from meshtop.probes.events import CollectiveTiming, RankProgress
 from meshtop.probes.stacks import py_spy_executable
 from meshtop.runner.job.hangs import MIN_TIMEOUT_S, STARTUP_MIN_S, STARTUP_TIMEOUT_S, HangWatch, default_timeout_s
 from tests.kit.commands import meshtop, one_line_error, run_meshtop, summary_json
+from tests.kit.events import step
 from tests.kit.jobs import alive
 
 
@@ -44,10 +45,6 @@ def beat(
         oldest_peer=peer,
         oldest_start_ns=start_ns,
     )
-
-
-def step(rank: int, duration_s: float = 0.1) -> StepTiming:
-    return StepTiming(rank=rank, step=0, start_ns=0, duration_s=duration_s, tokens=1, loss=None)
 
 
 def test_default_timeout_is_generous_at_start_then_a_multiple_of_the_median_step() -> None:

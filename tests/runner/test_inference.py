@@ -24,7 +24,7 @@ from meshtop.runner.presets import PRESETS
 from meshtop.runner.rank.model import Transformer
 from meshtop.runner.rank.weights import init_weights
 from tests.kit.commands import one_line_error, run_meshtop, summary_json
-from tests.runner.test_kv_cache import greedy_without_cache
+from tests.kit.reference import greedy_without_cache
 
 LOAD = [
     "--mode",

@@ -9,6 +9,7 @@ from meshtop.runner.presets import PRESETS
 from meshtop.runner.rank.kv_cache import KVCache
 from meshtop.runner.rank.model import Transformer
 from meshtop.runner.rank.weights import init_weights
+from tests.kit.reference import greedy_without_cache
 
 SEED = 3
 PROMPTS = {0: (5, 9), 1: (17, 4), 2: (2, 12), 3: (11, 1), 4: (8, 7), 5: (30, 5)}
@@ -25,16 +26,6 @@ def tiny_model() -> Transformer:
 def prompts() -> dict[int, tuple[tuple[int, ...], int]]:
     gen = torch.Generator().manual_seed(7)
     return {i: (tuple(torch.randint(0, 256, (p,), generator=gen).tolist()), n) for i, (p, n) in PROMPTS.items()}
-
-
-@torch.no_grad()
-def greedy_without_cache(model: Transformer, prompt: tuple[int, ...], count: int) -> list[int]:
-    """The reference: run the whole sequence again for every new token."""
-    sequence, out = list(prompt), []
-    for _ in range(count):
-        out.append(int(model(torch.tensor([sequence]))[0, -1].argmax()))
-        sequence.append(out[-1])
-    return out
 
 
 @torch.no_grad()

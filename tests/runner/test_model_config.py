@@ -26,7 +26,7 @@ from meshtop.runner.rank.pipeline import cut_stage
 from meshtop.runner.rank.weights import init_weights
 from tests.kit.commands import one_line_error, run_meshtop
 from tests.kit.jobs import RTOL, LaunchedRun, launch
-from tests.runner.test_kv_cache import greedy_without_cache
+from tests.kit.reference import greedy_without_cache
 
 LLAMA_3_2_1B = {
     "architectures": ["LlamaForCausalLM"],

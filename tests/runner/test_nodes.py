@@ -11,9 +11,9 @@ import pytest
 
 from meshtop.probes.arrivals import Arrivals
 from meshtop.probes.collector import Collector
-from meshtop.probes.events import CollectiveTiming, GpuSample, NodeClock, RankStarted, RequestDone, StepTiming, on_node
+from meshtop.probes.events import CollectiveTiming, GpuSample, NodeClock, RequestDone, StepTiming, on_node
 from meshtop.probes.wire import event_sections, pack, read_frame
-from meshtop.recordings.manifest import RunDescription, Script, read_manifest, script_plan, start_manifest
+from meshtop.recordings.manifest import RunDescription, read_manifest, start_manifest
 from meshtop.recordings.metrics.steps import StepFolder
 from meshtop.recordings.recorder import Ending, SessionRecorder
 from meshtop.recordings.session_fold import SessionFold
@@ -23,7 +23,9 @@ from meshtop.runner.multinode.fleet import Fleet, SingleNode
 from meshtop.runner.multinode.nodes import Nodes, nodes_from_options, split_endpoint
 from meshtop.runner.plan import RunSpec, resolve
 from meshtop.tui.state import DashboardState
+from tests.kit import events
 from tests.kit.commands import run_meshtop
+from tests.kit.recordings import elastic_script
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -164,10 +166,6 @@ def test_an_event_moves_onto_the_heads_clock() -> None:
     assert (on_node(gpu, offset_ns=3, node=1).node, on_node(gpu, offset_ns=3, node=1).wall_ns) == (1, 10)
 
 
-def step_event(rank: int) -> StepTiming:
-    return StepTiming(rank=rank, step=0, start_ns=1, duration_s=0.1, tokens=8, loss=1.0)
-
-
 def test_the_heads_collector_takes_its_nodes_and_refuses_others() -> None:
     asked: list[dict[str, object]] = []
 
@@ -181,7 +179,7 @@ def test_the_heads_collector_takes_its_nodes_and_refuses_others() -> None:
             sock.sendall(pack({"token": collector.token, "rank": 0, "node": 1, "control": "ping", "t0": 1}))
             reply = read_frame(sock)
             assert reply is not None and reply[0] == {"t1": 42}
-            listed, body = event_sections([step_event(2)])
+            listed, body = event_sections([events.step(2)])
             sock.sendall(pack({"token": collector.token, "rank": 0, "dropped": 0, "node": 1, "sections": listed}, body))
         with socket.create_connection(collector.address, timeout=5) as sock:
             sock.sendall(pack({"token": collector.token, "rank": 0, "node": 2, "control": "ping", "t0": 1}))
@@ -398,50 +396,9 @@ def test_a_gloo_error_that_blames_a_remote_worker_is_an_effect_even_a_second_ear
     assert root_cause(failures) == 1
 
 
-def elastic_script(world_size: int) -> RunDescription:
-    script = Script(
-        command=("torchrun", "train.py"),
-        launcher_args=("train.py",),
-        path="/w/train.py",
-        module=None,
-        args=(),
-        sha256=None,
-        working_dir="/w",
-    )
-    return RunDescription(
-        plan=script_plan("train.py", world_size),
-        mode="train",
-        model=None,
-        dtype=None,
-        device="cpu",
-        steps=None,
-        batch_size=None,
-        microbatch_size=None,
-        seq_len=None,
-        seed=None,
-        instrumented=True,
-        script=script,
-    )
-
-
-def started(rank: int, world_size: int) -> RankStarted:
-    return RankStarted(
-        rank=rank,
-        pid=100 + rank,
-        host="a",
-        device="cpu",
-        pp_rank=0,
-        dp_rank=rank,
-        tp_rank=0,
-        stages=(),
-        local_parameters=10,
-        wall_ns=1,
-        world_size=world_size,
-    )
-
-
 def step(rank: int, number: int) -> StepTiming:
-    return StepTiming(rank=rank, step=number, start_ns=number * 10**9, duration_s=0.1, loss=1.0 + rank, tokens=64)
+    """Each rank's loss its own (1.0 + rank): a step's mean loss says which ranks it averaged."""
+    return events.step(rank, number, loss=1.0 + rank)
 
 
 def test_a_step_folder_counts_the_ranks_of_each_start() -> None:
@@ -467,11 +424,12 @@ def test_an_elastic_scripts_world_is_what_its_ranks_say(tmp_path: Path) -> None:
     recorder = SessionRecorder(SessionFold(run), tmp_path, manifest)
     early = [step(0, 0), step(1, 0)]
     assert recorder.take(Arrivals(early)).steps == []
-    completed = recorder.take(Arrivals([started(0, 2), started(1, 2)])).steps
+    started = [events.rank_started(rank, world_size=2, dp_rank=rank) for rank in (0, 1)]
+    completed = recorder.take(Arrivals(started)).steps
     assert [s.step for s in completed] == [0]
     assert read_manifest(tmp_path).run.plan.world_size == 2  # at once: a crash keeps it
     assert read_manifest(tmp_path).run.plan.label == "torchrun train.py (2 ranks)"
-    state.fold.apply_events([*early, started(0, 2), started(1, 2), step(0, 1), step(1, 1)])
+    state.fold.apply_events([*early, *started, step(0, 1), step(1, 1)])
     assert state.info.world_size == 2
     state.fold.finish("completed")
     assert state.fold.steps.count == 2

@@ -8,7 +8,7 @@ from meshtop.probes.events import Event
 from meshtop.recordings.metrics.run import RunFold
 from meshtop.runner.job.rounds import Rounds
 from tests.kit.events import collective, rank_started, step
-from tests.runner.test_nodes import elastic_script
+from tests.kit.recordings import elastic_script
 
 
 def block(events: list[Event], rank: int = 0) -> EncodedEvents:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from functools import partial
 from pathlib import Path
 
 import pytest
@@ -9,14 +10,11 @@ import pytest
 from meshtop.probes.arrivals import Arrivals
 from meshtop.probes.errors import MeshtopError
 from meshtop.probes.events import (
-    CollectiveTiming,
     EventsDropped,
     MemorySnapshot,
     ProbeOff,
     RankExited,
-    RankStarted,
     StageAction,
-    StepTiming,
 )
 from meshtop.recordings.metrics.run import CLOSE_AFTER
 from meshtop.recordings.reader import open_recording
@@ -27,55 +25,18 @@ from meshtop.runner.plan import RunSpec, resolve
 from meshtop.tui.filters import parse_rank_filter
 from meshtop.tui.sources import COALESCIBLE, LiveSource, Playback, ReplaySource, ScreenBacklog
 from meshtop.tui.state import HISTORY, DashboardState, RankView
+from tests.kit import events as kit
+from tests.kit.events import rank_started
 from tests.kit.recordings import description
 
 MS = 1_000_000
 STEP_NS = 10 * MS
 
 
-def started(rank: int, pp_rank: int = 0, dp_rank: int = 0) -> RankStarted:
-    return RankStarted(
-        rank=rank,
-        pid=100 + rank,
-        host="h",
-        device="cpu",
-        pp_rank=pp_rank,
-        dp_rank=dp_rank,
-        tp_rank=0,
-        stages=(),
-        local_parameters=10,
-        wall_ns=0,
-    )
-
-
-def step(rank: int, number: int, duration_s: float, start_ns: int | None = None, fb: float | None = None) -> StepTiming:
-    start = number * STEP_NS if start_ns is None else start_ns
-    return StepTiming(
-        rank=rank, step=number, start_ns=start, duration_s=duration_s, tokens=100, loss=1.0, forward_backward_s=fb
-    )
-
-
-def collective(
-    rank: int, number: int, seconds: float, op: str = "all_reduce", *, waited: bool = True, offset_ns: int = 0
-) -> CollectiveTiming:
-    """A synchronous collective of ``seconds`` in step ``number`` (steps are 10 ms apart)."""
-    start = number * STEP_NS + offset_ns
-    end = start + round(seconds * 1e9)
-    return CollectiveTiming(
-        rank=rank,
-        step=number,
-        op=op,
-        group="dp",
-        group_size=4,
-        peer=None,
-        bytes=1 << 20,
-        dtype="float32",
-        start_ns=start,
-        end_ns=end,
-        clock="completion",
-        waited_ns=end - start if waited else None,
-        overlapped=False,
-    )
+step = partial(kit.step, every_ns=STEP_NS, tokens=100)
+"""A step of each test's: steps start 10 ms apart."""
+collective = partial(kit.collective, every_ns=STEP_NS, group_size=4, waited=True, overlapped=False)
+"""A synchronous collective (waited on to its end) in a step, four ranks to the group."""
 
 
 def dashboard(**spec: object) -> DashboardState:
@@ -132,7 +93,7 @@ def test_without_a_seen_wait_the_exposed_time_is_the_in_flight_bound_within_the_
 
 def test_a_rank_slower_than_its_peers_is_called_a_straggler() -> None:
     state = dashboard(dp=4)
-    state.apply_events([started(rank, dp_rank=rank) for rank in range(4)])
+    state.apply_events([rank_started(rank, dp_rank=rank) for rank in range(4)])
     for number in range(8):
         for rank in range(4):
             compute = 0.020 if rank == 3 else 0.010  # the others wait for rank 3 in their all-reduce
@@ -150,8 +111,8 @@ def test_alerts_name_a_failed_rank_low_headroom_dropped_telemetry_and_a_probe_th
     state = dashboard(dp=2)
     state.apply_events(
         [
-            started(0),
-            started(1),
+            rank_started(0),
+            rank_started(1),
             RankExited(rank=1, wall_ns=5, exit_code=-9, signal="SIGKILL", error="killed"),
             MemorySnapshot(  # 95 of 100 bytes at its peak: 5 % headroom
                 rank=0,
@@ -185,15 +146,15 @@ def test_alerts_name_a_failed_rank_low_headroom_dropped_telemetry_and_a_probe_th
 
 def test_pipeline_timeline_places_actions_within_their_step() -> None:
     state = dashboard(dp=1, pp=2)
-    state.apply_events([started(0, pp_rank=0), started(1, pp_rank=1)])
+    state.apply_events([rank_started(0, pp_rank=0), rank_started(1, pp_rank=1)])
     state.apply_events(
         [
             StageAction(rank=0, step=0, stage=0, microbatch=0, action="forward", start_ns=0, end_ns=2 * MS),
             StageAction(rank=1, step=0, stage=1, microbatch=0, action="forward", start_ns=2 * MS, end_ns=4 * MS),
             StageAction(rank=1, step=0, stage=1, microbatch=0, action="backward", start_ns=4 * MS, end_ns=8 * MS),
             StageAction(rank=0, step=0, stage=0, microbatch=0, action="backward", start_ns=8 * MS, end_ns=10 * MS),
-            step(0, 0, 0.012, start_ns=0, fb=0.010),
-            step(1, 0, 0.012, start_ns=0, fb=0.010),
+            step(0, 0, 0.012, start_ns=0, forward_backward_s=0.010),
+            step(1, 0, 0.012, start_ns=0, forward_backward_s=0.010),
         ]
     )
     [drawn] = state.pipeline_steps()
@@ -287,7 +248,7 @@ def test_playback_speed_moves_through_fixed_steps() -> None:
 def test_a_full_screen_backlog_skips_only_high_rate_events_and_never_a_rank_start_or_a_step(tmp_path: Path) -> None:
     run = resolve(RunSpec(device="cpu", dp=2, pp=2), gpus_visible=0)
     source = LiveSource(run, directory=tmp_path, manifest=None, backlog=100)
-    events = [started(rank, pp_rank=rank // 2, dp_rank=rank % 2) for rank in range(4)]
+    events = [rank_started(rank, pp_rank=rank // 2, dp_rank=rank % 2) for rank in range(4)]
     for number in range(30):
         events += [collective(rank, number, 0.001) for rank in range(4) for _ in range(10)]
         events += [step(rank, number, 0.01) for rank in range(4)]
@@ -305,7 +266,7 @@ def test_a_full_screen_backlog_skips_only_high_rate_events_and_never_a_rank_star
 
 def test_the_backlog_keeps_order_and_skips_the_oldest_high_rate_batches_first() -> None:
     backlog = ScreenBacklog(limit=10)
-    batches = batches_of([collective(0, 0, 0.001)] * 8 + [started(0)] + [collective(0, 1, 0.001)] * 8)
+    batches = batches_of([collective(0, 0, 0.001)] * 8 + [rank_started(0)] + [collective(0, 1, 0.001)] * 8)
     for batch in batches:
         backlog.put([batch])
     kinds = [kind for kind, _ in backlog.take()]
@@ -319,9 +280,9 @@ def test_a_live_job_says_what_it_does_before_its_first_step() -> None:
     assert state.startup() is None  # a replay: no launcher
     state.launcher_phase = "building the C++ probe (first run only, ~30 s)"
     assert state.startup() == state.launcher_phase
-    state.apply_events([started(0)])
+    state.apply_events([rank_started(0)])
     assert state.startup() == "1 of 2 ranks started"
-    state.apply_events([started(1)])
+    state.apply_events([rank_started(1)])
     assert state.startup() == "every rank started, waiting for the first step"
     state.apply_events([step(0, 0, 0.005), step(1, 0, 0.005)])
     assert state.steps_done == 1 and state.startup() is None
