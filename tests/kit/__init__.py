@@ -4,6 +4,7 @@
 - :mod:`tests.kit.recordings`: run descriptions (a built-in plan, a user's elastic torchrun script) and
   recordings made by hand, the way meshtop writes them, and waiting for a recording being written to reach a
   step.
+- :mod:`tests.kit.inference`: a hand-built inference recording whose request figures are worked out by hand.
 - :mod:`tests.kit.commands`: meshtop's command line: its argv under this Python, run to its end, its one-line
   errors, its summary as JSON.
 - :mod:`tests.kit.jobs`: a real multi-rank job on CPU, launched and collected; how close its losses are to one

@@ -23,9 +23,8 @@ from meshtop.tui.cli import main
 from meshtop.tui.sources import ReplaySource
 from meshtop.tui.state import DashboardState
 from tests.kit.commands import run_meshtop, summary_json
+from tests.kit.inference import the_requests, write_inference_recording
 from tests.kit.recordings import description, with_model, write_recording
-from tests.recordings.test_requests_analysis import the_requests
-from tests.recordings.test_requests_analysis import write_recording as write_inference_recording
 
 SAMPLES = [SAMPLE]
 """Every recording meshtop ships."""
