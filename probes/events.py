@@ -7,7 +7,6 @@ not known is ``None``, never a sentinel.
 from __future__ import annotations
 
 from dataclasses import dataclass, fields, replace
-from functools import cache
 from typing import Any, ClassVar, TypeVar
 
 
@@ -24,9 +23,16 @@ class Event:
         return record
 
 
-@cache
-def _field_names(cls: type[Event]) -> tuple[str, ...]:
-    return tuple(f.name for f in fields(cls))
+_FIELD_NAMES: dict[type, tuple[str, ...]] = {}
+
+
+def _field_names(cls: type) -> tuple[str, ...]:
+    """The dataclass fields of ``cls``, once a kind (a dict rather than ``functools.cache``: mypy takes a
+    frozen dataclass's class for unhashable)."""
+    names = _FIELD_NAMES.get(cls)
+    if names is None:
+        names = _FIELD_NAMES[cls] = tuple(f.name for f in fields(cls))
+    return names
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -443,15 +449,20 @@ DURATION_FIELDS = frozenset({"waited_ns", "offset_ns", "rtt_ns"})
 E = TypeVar("E", bound=Event)
 
 
-@cache
-def _clock_fields(cls: type[Event]) -> tuple[tuple[str, ...], tuple[str, ...], bool]:
-    """(times, tuples of times, whether the kind names a node) of ``cls``."""
-    names = [name for name in _field_names(cls) if name.endswith("_ns") and name not in DURATION_FIELDS]
-    return (
-        tuple(n for n in names if n not in TUPLE_FIELDS),
-        tuple(n for n in names if n in TUPLE_FIELDS),
-        "node" in _field_names(cls),
-    )
+_CLOCK_FIELDS: dict[type, tuple[tuple[str, ...], tuple[str, ...], bool]] = {}
+
+
+def _clock_fields(cls: type) -> tuple[tuple[str, ...], tuple[str, ...], bool]:
+    """(times, tuples of times, whether the kind names a node) of ``cls``, once a kind."""
+    found = _CLOCK_FIELDS.get(cls)
+    if found is None:
+        names = [name for name in _field_names(cls) if name.endswith("_ns") and name not in DURATION_FIELDS]
+        found = _CLOCK_FIELDS[cls] = (
+            tuple(n for n in names if n not in TUPLE_FIELDS),
+            tuple(n for n in names if n in TUPLE_FIELDS),
+            "node" in _field_names(cls),
+        )
+    return found
 
 
 def on_node(event: E, *, offset_ns: int, node: int) -> E:

@@ -158,7 +158,7 @@ def _python_json(kind: str, body: bytes) -> pa.Table | None:
         return None
 
 
-ALLOWED_TYPES = {int: {int}, float: {int, float}, str: {str}, bool: {bool}, tuple: {list}}
+ALLOWED_TYPES: dict[type, set[type]] = {int: {int}, float: {int, float}, str: {str}, bool: {bool}, tuple: {list}}
 """The Python types a JSON value of each column type may have (``type()``, exactly: a bool is no int)."""
 
 

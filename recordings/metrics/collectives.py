@@ -40,6 +40,7 @@ from dataclasses import dataclass, field
 from itertools import chain, pairwise
 
 import numpy as np
+import numpy.typing as npt
 import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -259,18 +260,19 @@ class CollectiveFold:
         cell = (step * ops + key) * ranks + rank
         cells = steps * ops * ranks
         waited_sum = np.bincount(cell, weights=np.where(waited, waited_ns, 0.0), minlength=cells)
-        seen = np.bincount(cell, weights=waited.astype(float), minlength=cells) > 0
-        present = np.bincount(cell, minlength=cells) > 0
+        seen: npt.NDArray[np.bool_] = np.bincount(cell, weights=waited.astype(float), minlength=cells) > 0
+        present: npt.NDArray[np.bool_] = np.bincount(cell, minlength=cells) > 0
         union = _union_lengths(cell, start, end, cells)
         step_ns = np.where(span_end < _NO_SPAN[1], span_end - span_start, np.inf).astype(float)
         limit = np.broadcast_to(step_ns[:, None, :], (steps, ops, ranks)).ravel()
         exposed_ns = np.where(seen, np.minimum(waited_sum, limit), union).reshape(steps, ops, ranks)
         present, seen = present.reshape(steps, ops, ranks), seen.reshape(steps, ops, ranks)
         most = exposed_ns.max(axis=2, where=present, initial=-np.inf).tolist()
-        has_op = present.any(axis=2).tolist()
-        bounded = (present & ~seen).any(axis=2).tolist()
+        # np.asarray: numpy's stubs type a reduction along an axis as maybe a scalar
+        has_op = np.asarray(present.any(axis=2)).tolist()
+        bounded = np.asarray((present & ~seen).any(axis=2)).tolist()
         per_rank = exposed_ns.sum(axis=1, where=present).tolist()
-        has_rank = present.any(axis=1)
+        has_rank = np.asarray(present.any(axis=1))
         exposures = []
         for index in range(steps):
             by_op = {}

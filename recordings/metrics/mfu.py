@@ -145,14 +145,14 @@ def mfu(
     peak = min(p for p in peaks.values() if p is not None)
     if tokens_per_s is None:
         return Mfu(value=None, why_not="no complete step yet", flops_per_token=per_token, peak_flops_per_s=peak)
-    gpus = run.world_size
+    devices = run.world_size
     return Mfu(
-        value=tokens_per_s * per_token / (peak * gpus),
+        value=tokens_per_s * per_token / (peak * devices),
         why_not=None,
         tokens_per_s=tokens_per_s,
         flops_per_token=per_token,
         peak_flops_per_s=peak,
-        gpus=gpus,
+        gpus=devices,
     )
 
 

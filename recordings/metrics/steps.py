@@ -231,13 +231,13 @@ class StepFolder:
                 completing.append((indexes[-1], step))
         done = []
         for _, step in sorted(completing):  # in the order their last reports came
-            earlier = list(self.pending.pop(step, {}).values())
+            reported = list(self.pending.pop(step, {}).values())
             indexes = rows.by_step[step]
             done.append(
                 job_step(
                     step,
-                    durations_s=[*(r.duration_s for r in earlier), *(rows.duration_s[i] for i in indexes)],
-                    losses=[*(r.loss for r in earlier), *(rows.loss[i] for i in indexes)],
+                    durations_s=[*(r.duration_s for r in reported), *(rows.duration_s[i] for i in indexes)],
+                    losses=[*(r.loss for r in reported), *(rows.loss[i] for i in indexes)],
                     tokens=rows.tokens[indexes[-1]],
                 )
             )
