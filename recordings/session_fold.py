@@ -33,6 +33,10 @@ from meshtop.recordings.schema import batches_of, decode_lines
 Batch = tuple[str, pa.Table]
 FOLDED_KINDS = COLUMNAR | EVENT_KINDS
 """The kinds whose events change a figure."""
+PROGRESS_KINDS = frozenset({"step", "rank_started", "request", "job_ended"})
+"""The kinds job steps, requests and the world size come from: all that ``record``'s console and the
+manifest read. Decoding and folding the others (collectives above all) would halve what ``record`` takes
+in (docs/benchmarks.md), for figures nobody reads until ``summary`` reads the recording."""
 
 
 def arrival_tables(arrivals: Arrivals, kinds: Collection[str]) -> list[Batch]:
@@ -63,16 +67,21 @@ class Folded:
     """What one batch of a live session brought to the fold."""
 
     tables: list[Batch]
-    """The batch's events of :data:`FOLDED_KINDS`, a table a kind, in the order they were folded."""
+    """The batch's events of the fold's kinds, a table a kind, in the order they were folded."""
     steps: list[JobStep]
     """The job steps the batch completed, in order."""
 
 
 class SessionFold:
-    """A run's one fold and the lock its readers share."""
+    """A run's one fold and the lock its readers share.
 
-    def __init__(self, run: RunDescription) -> None:
+    It folds the kinds its readers read (``kinds``): every figure (:data:`FOLDED_KINDS`) where a dashboard
+    or ``/metrics`` reads it, only :data:`PROGRESS_KINDS` for a headless ``record`` without ``/metrics``,
+    whose figures are read from the recording when the job ends."""
+
+    def __init__(self, run: RunDescription, *, kinds: Collection[str] = FOLDED_KINDS) -> None:
         self.fold = RunFold(run)
+        self.kinds = frozenset(kinds)
         self.lock = threading.RLock()
         self._steps_taken = 0
         """Job steps completed before the last :meth:`take` returned (what :meth:`take` reports from)."""
@@ -83,6 +92,7 @@ class SessionFold:
             copied = SessionFold.__new__(SessionFold)
             memo[id(self)] = copied
             copied.fold = copy.deepcopy(self.fold, memo)
+            copied.kinds = self.kinds
             copied.lock = threading.RLock()
             copied._steps_taken = self._steps_taken
         return copied
@@ -99,9 +109,9 @@ class SessionFold:
             yield self.fold
 
     def take(self, arrivals: Arrivals) -> Folded:
-        """Fold a live session's batch: its events of :data:`FOLDED_KINDS`, decoded a table a kind and folded in
-        kind order (a rank's start before its work, a step after the work it closes)."""
-        tables = in_kind_order(arrival_tables(arrivals, FOLDED_KINDS))
+        """Fold a live session's batch: its events of :attr:`kinds`, decoded a table a kind and folded in kind
+        order (a rank's start before its work, a step after the work it closes)."""
+        tables = in_kind_order(arrival_tables(arrivals, self.kinds))
         with self.lock:
             for kind, table in tables:
                 self.fold.apply(kind, table)

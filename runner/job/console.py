@@ -16,7 +16,7 @@ from meshtop.recordings.manifest import Manifest, script_plan
 from meshtop.recordings.metrics.requests import RequestFigures
 from meshtop.recordings.metrics.steps import JobStep, StepFigures
 from meshtop.recordings.prometheus import RunMetrics
-from meshtop.recordings.session_fold import Folded, SessionFold
+from meshtop.recordings.session_fold import FOLDED_KINDS, PROGRESS_KINDS, Folded, SessionFold
 from meshtop.runner.job.control import JobControl
 from meshtop.runner.job.launch import NodeProbes
 from meshtop.runner.job.results import JobResult
@@ -216,7 +216,9 @@ def follow_job(
     previous_usr1 = signal.signal(signal.SIGUSR1, lambda signum, frame: control.ask_stacks())
     received = 0
     progress = Progress(run.steps if isinstance(run, ResolvedRun) else None, out)
-    session = SessionFold(manifest.run if manifest is not None else describe(run))
+    # /metrics reads every figure live; without it the console and the manifest read steps and requests only
+    kinds = FOLDED_KINDS if metrics is not None else PROGRESS_KINDS
+    session = SessionFold(manifest.run if manifest is not None else describe(run), kinds=kinds)
     inference = session.run.inference
     probes_off: set[tuple[str, str]] = set()
 

@@ -10,8 +10,9 @@ does and does the session's work with what it drains:
 
 - ``record``: what ``meshtop record`` does, the target's figure. A
   :class:`meshtop.recordings.recorder.SessionRecorder` appends every event to a recording
-  on disk and folds it into the session's one fold (every figure: the console,
-  the manifest and ``/metrics`` read it), and the kinds the console prints are decoded.
+  on disk and folds what the console and the manifest read (steps, requests, the
+  ranks' starts) into the session's one fold, and the kinds the console prints are
+  decoded. With ``--metrics-port`` the fold takes every figure, as the dashboard's.
 - ``dashboard``: every kind the screen reads decoded into typed tables as
   well, as a live dashboard's session thread does (``meshtop.tui.sources.screen_batches``;
   no target: the dashboard's own frame budget is the TUI figure).
@@ -93,7 +94,7 @@ class Consumer:
         # Imported here: the producer processes import this module and need neither torch nor textual.
         from meshtop.recordings.manifest import Manifest, RunDescription
         from meshtop.recordings.recorder import SessionRecorder
-        from meshtop.recordings.session_fold import Folded, SessionFold
+        from meshtop.recordings.session_fold import FOLDED_KINDS, PROGRESS_KINDS, Folded, SessionFold
         from meshtop.runner.plan import RunSpec, resolve
 
         run = RunDescription.from_json(
@@ -102,7 +103,8 @@ class Consumer:
         from meshtop.runner.job.console import CONSOLE_KINDS
         from meshtop.tui.sources import screen_batches
 
-        self.recorder = SessionRecorder(SessionFold(run), directory, Manifest(run=run))
+        kinds = PROGRESS_KINDS if front_end == "record" else FOLDED_KINDS  # record without /metrics, as console.py
+        self.recorder = SessionRecorder(SessionFold(run, kinds=kinds), directory, Manifest(run=run))
         if front_end == "record":
             self.decode: Callable[[Arrivals, Folded], object] = lambda arrivals, folded: arrivals.events(CONSOLE_KINDS)
         else:
