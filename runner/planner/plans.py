@@ -430,6 +430,13 @@ class Question:
     """Only these plans (``--plans``), in this order."""
 
 
+def check_counts(*, gpus: int | None, ranks: int | None, gpus_per_node: int | None) -> None:
+    """The device counts a question is asked for: each given one at least 1."""
+    for flag, value in (("--gpus", gpus), ("--ranks", ranks), ("--gpus-per-node", gpus_per_node)):
+        if value is not None and value < 1:
+            raise PlanError(f"{flag} must be at least 1, got {value}")
+
+
 def default_batch(ranks: int) -> int:
     """The global batch every plan of a question shares unless one is given: 4 sequences per rank, which
     dp x microbatches (default 2 x pp) divides for every factorization."""

@@ -120,6 +120,25 @@ class Budget:
     slow_pairs: tuple[tuple[int, int], ...] = ()
 
 
+def check_budget(budget: Budget, *, mode: str) -> None:
+    """What the plans are timed with: rates above 0, given for a training step's collectives only, and the
+    achieved FLOP/s only beside the bus bandwidth whose time they are compared with."""
+    for flag, value in (("--busbw", budget.busbw_bytes_per_s), ("--tflops", budget.flops_per_s)):
+        if value is not None and not 0 < value < float("inf"):
+            raise PlanError(f"{flag} must be above 0")
+    if budget.busbw_bytes_per_s is None and budget.flops_per_s is None:
+        return
+    if mode == "infer":
+        raise PlanError(
+            "--busbw, --tflops and --from time a training step's collectives: leave them out with --mode infer"
+        )
+    if budget.busbw_bytes_per_s is None:
+        raise PlanError(
+            "--tflops gives the step-time share of the communication that --busbw times: give "
+            "--busbw too (or --from REC, a recording with collectives)"
+        )
+
+
 def report(question: Question, found: list[Candidate], budget: Budget) -> dict[str, object]:
     """The plan report as plain data: ``meshtop plan --json`` prints it, the text view and the sweep read it."""
     first = next((c.prediction.run for c in found if c.prediction is not None), None)

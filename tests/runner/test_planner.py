@@ -16,13 +16,14 @@ from meshtop.runner.plan import RunSpec
 from meshtop.runner.planner.plans import (
     Question,
     candidates,
+    check_counts,
     chunk_rows,
     factorizations,
     in_flight,
     parse_plan_key,
     plan_key,
 )
-from meshtop.runner.planner.report import Budget, parse_size, placement, report
+from meshtop.runner.planner.report import Budget, check_budget, parse_size, placement, report
 from meshtop.runner.presets import PRESETS
 from tests.kit.commands import one_line_error, run_meshtop
 
@@ -187,3 +188,34 @@ def test_bad_plan_questions_get_one_line_and_exit_code_2(
     argv: list[str], message: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
     assert message in one_line_error(argv, capsys)
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--ranks", "0"], "--ranks must be at least 1, got 0"),
+        (["--gpus", "-1"], "--gpus must be at least 1, got -1"),
+        (["--ranks", "4", "--gpus-per-node", "0"], "--gpus-per-node must be at least 1, got 0"),
+        (["--ranks", "4", "--busbw", "0"], "--busbw must be above 0"),
+        (["--ranks", "4", "--busbw", "10", "--tflops", "-3"], "--tflops must be above 0"),
+        (["--ranks", "4", "--tflops", "100"], "give --busbw too"),
+        (["--ranks", "4", "--mode", "infer", "--busbw", "10"], "leave them out with --mode infer"),
+    ],
+)
+def test_a_plan_question_out_of_range_is_refused_in_one_line(
+    argv: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert message in one_line_error(["plan", *argv], capsys)
+
+
+def test_the_planners_checks_refuse_what_the_cli_would_without_it() -> None:
+    """The checks live in the planner (runner/planner), so a caller other than the CLI gets them too."""
+    check_counts(gpus=None, ranks=4, gpus_per_node=None)
+    with pytest.raises(PlanError, match="--ranks must be at least 1, got 0"):
+        check_counts(gpus=None, ranks=0, gpus_per_node=None)
+    check_budget(Budget(busbw_bytes_per_s=1e10, flops_per_s=1e14), mode="train")
+    check_budget(Budget(), mode="infer")
+    with pytest.raises(PlanError, match="give --busbw too"):
+        check_budget(Budget(flops_per_s=1e14), mode="train")
+    with pytest.raises(PlanError, match="--busbw must be above 0"):
+        check_budget(Budget(busbw_bytes_per_s=float("inf")), mode="train")

@@ -12,8 +12,8 @@ from pathlib import Path
 from typing import Any
 
 from meshtop.runner.errors import PlanError
-from meshtop.runner.planner.plans import Question, candidates
-from meshtop.runner.planner.report import Budget, parse_size, report
+from meshtop.runner.planner.plans import Question, candidates, check_counts
+from meshtop.runner.planner.report import Budget, check_budget, parse_size, report
 from meshtop.tui.options import (
     EXIT_OK,
     add_plan_options,
@@ -117,9 +117,7 @@ def plan_question(args: argparse.Namespace, *, launching: bool) -> tuple[Questio
     """What ``plan`` and ``sweep`` are asked, and the device budget the plans are held to."""
     from meshtop.probes.nvml import Nvml
 
-    for flag, value in (("--gpus", args.gpus), ("--ranks", args.ranks), ("--gpus-per-node", args.gpus_per_node)):
-        if value is not None and value < 1:
-            raise PlanError(f"{flag} must be at least 1, got {value}")
+    check_counts(gpus=args.gpus, ranks=args.ranks, gpus_per_node=args.gpus_per_node)
     nvml = Nvml() if args.ranks is None else None
     visible = len(nvml.handles) if nvml is not None and nvml.state == "ok" else 0
     if launching and args.gpus is not None:
@@ -159,19 +157,7 @@ def plan_question(args: argparse.Namespace, *, launching: bool) -> tuple[Questio
         busbw_bytes_per_s=busbw and busbw * 1e9,
         flops_per_s=flops,
     )
-    for flag, value in (("--busbw", budget.busbw_bytes_per_s), ("--tflops", budget.flops_per_s)):
-        if value is not None and not 0 < value < float("inf"):
-            raise PlanError(f"{flag} must be above 0")
-    if budget.busbw_bytes_per_s is not None or budget.flops_per_s is not None:
-        if question.base.mode == "infer":
-            raise PlanError(
-                "--busbw, --tflops and --from time a training step's collectives: leave them out with --mode infer"
-            )
-        if budget.busbw_bytes_per_s is None:
-            raise PlanError(
-                "--tflops gives the step-time share of the communication that --busbw times: give "
-                "--busbw too (or --from REC, a recording with collectives)"
-            )
+    check_budget(budget, mode=question.base.mode)
     return question, budget
 
 
