@@ -51,8 +51,8 @@ from tests.bench import (
     sampler_cost,
     tui_frames,
 )
+from tests.bench.accuracy import BELOW, SLOWEST_ABOVE
 from tests.bench.figures import NO_TARGET, Row, Spread, Target, median
-from tests.runner.test_pipeline_bubble import BELOW, SLOWEST_ABOVE
 
 OVERHEAD_CONFIGS = {"ddp": "DDP dp2", "tp": "TP tp2", "pp": "PP pp2 1F1B 4 mb", "3d": "3D dp2 x tp2 x pp2"}
 STEPS_SCALE = 0.4
