@@ -13,7 +13,9 @@
   ``torch.cuda.mem_get_info``'s, of the last snapshot; the peak
   ``torch.cuda.max_memory_allocated``). The run's headroom is its most loaded
   rank's. It is the one measure of headroom: the dashboard's bars draw it and
-  its alert reads it.
+  its alert reads it. Memory outside torch's allocator (the CUDA context,
+  NCCL's buffers, the allocator's cached but unused blocks) is not in it:
+  NVML's used memory, in the Devices view, shows what the whole GPU holds.
 - A rank's **accounted bytes** are what its snapshot names: weights +
   gradients + optimizer state + activations saved for backward + KV cache
   (the planner's categories). The **peak a plan is checked against**
