@@ -98,7 +98,6 @@ from meshtop.probes.arrivals import Arrivals, EncodedEvents, encode_lines
 from meshtop.probes.events import (
     CollectiveTiming,
     Event,
-    GpuSample,
     MemorySnapshot,
     ProcessSample,
     RankStarted,
@@ -111,6 +110,7 @@ from meshtop.tui.app import VIEWS, MeshtopApp
 from meshtop.tui.sources import SCREEN_BACKLOG, ScreenBacklog, screen_batches
 from meshtop.tui.state import DashboardState
 from tests.bench.figures import quantile
+from tests.kit.events import gpu_sample
 
 RATE = 10_000.0
 """Events per second offered."""
@@ -325,7 +325,7 @@ class SyntheticSource:
                 gpu = next_gpu % self.gpus
                 wall = start + int(rng.random() * step_ns)
                 used = 130e9 if gpu == 3 else 100e9 + rng.random() * 1e9  # GPU 3 short of headroom
-                yield GpuSample(
+                yield gpu_sample(
                     gpu=gpu,
                     wall_ns=wall,
                     name="NVIDIA H200",

@@ -1,4 +1,4 @@
-"""Events made by hand, as the probes send them: a rank's start, a step, a collective.
+"""Events made by hand, as the probes send them: a rank's start, a step, a collective, a GPU sample.
 
 Each factory fills the fields a test does not care about with fixed values and takes the ones it does as
 arguments; a module whose tests share a convention (steps 10 ms apart, four ranks a group) binds it once
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from meshtop.probes.events import CollectiveTiming, RankStarted, StepTiming
+from meshtop.probes.events import CollectiveTiming, GpuSample, RankStarted, StepTiming
 
 SECOND_NS = 1_000_000_000
 
@@ -85,3 +85,25 @@ def collective(
         waited_ns=end - start if waited else None,
         **values,
     )
+
+
+GPU_READINGS = (
+    "name",
+    "memory_used_bytes",
+    "memory_total_bytes",
+    "utilization_pct",
+    "memory_utilization_pct",
+    "power_w",
+    "sm_clock_mhz",
+    "temperature_c",
+    "pcie_tx_bytes_per_s",
+    "pcie_rx_bytes_per_s",
+    "nvlink_tx_bytes_per_s",
+    "nvlink_rx_bytes_per_s",
+)
+"""The readings a :class:`GpuSample` must be given; :func:`gpu_sample` leaves those not named unread."""
+
+
+def gpu_sample(*, gpu: int = 0, wall_ns: int = 0, **fields: Any) -> GpuSample:
+    """GPU ``gpu``'s sample at ``wall_ns``: the readings in ``fields``, every other one ``None`` (not read)."""
+    return GpuSample(gpu=gpu, wall_ns=wall_ns, **{**dict.fromkeys(GPU_READINGS, None), **fields})

@@ -16,7 +16,6 @@ import pytest
 from meshtop.probes.events import (
     CollectiveTiming,
     Event,
-    GpuSample,
     MemorySnapshot,
     ProcessSample,
     RankStarted,
@@ -31,6 +30,7 @@ from meshtop.recordings.replay import KIND_ORDER
 from meshtop.recordings.samples import SAMPLE
 from meshtop.recordings.schema import batches_of, events_of
 from meshtop.recordings.summary import fold_recording, summarize
+from tests.kit.events import gpu_sample
 from tests.kit.recordings import description, write_recording
 
 STEP_NS = 20_000_000
@@ -128,7 +128,7 @@ def job_events(*, steps: int = 12, seed: int = 0) -> list[Event]:
                 )
             )
         events.append(
-            GpuSample(
+            gpu_sample(
                 gpu=step % 2,
                 wall_ns=step * STEP_NS,
                 name="NVIDIA H100 80GB HBM3" if step else "",
@@ -139,10 +139,6 @@ def job_events(*, steps: int = 12, seed: int = 0) -> list[Event]:
                 power_w=300.0,
                 sm_clock_mhz=1500.0,
                 temperature_c=60.0,
-                pcie_tx_bytes_per_s=None,
-                pcie_rx_bytes_per_s=None,
-                nvlink_tx_bytes_per_s=None,
-                nvlink_rx_bytes_per_s=None,
                 power_limit_w=700.0 if step > 1 else None,
             )
         )

@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from meshtop.probes.events import GpuSample, MemorySnapshot, StepTiming
+from meshtop.probes.events import MemorySnapshot, StepTiming
 from meshtop.recordings.metrics.mfu import GpuModel, peak_flops
 from meshtop.recordings.metrics.run import RunFold
 from meshtop.recordings.reader import open_recording
@@ -23,6 +23,7 @@ from meshtop.tui.cli import main
 from meshtop.tui.sources import ReplaySource
 from meshtop.tui.state import DashboardState
 from tests.kit.commands import run_meshtop, summary_json
+from tests.kit.events import gpu_sample
 from tests.kit.inference import the_requests, write_inference_recording
 from tests.kit.recordings import description, with_model, write_recording
 
@@ -141,7 +142,7 @@ def cuda_run_recording(
             )
         )
         events.append(
-            GpuSample(
+            gpu_sample(
                 gpu=0,
                 wall_ns=step * 10**9,
                 name=gpu_name,
@@ -152,10 +153,6 @@ def cuda_run_recording(
                 power_w=600.0,
                 sm_clock_mhz=1980.0,
                 temperature_c=60.0,
-                pcie_tx_bytes_per_s=None,
-                pcie_rx_bytes_per_s=None,
-                nvlink_tx_bytes_per_s=None,
-                nvlink_rx_bytes_per_s=None,
                 power_limit_w=power_limit_w,
             )
         )

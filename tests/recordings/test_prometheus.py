@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from meshtop.probes.events import GpuSample, RankStarted, RequestDone
+from meshtop.probes.events import RankStarted, RequestDone
 from meshtop.recordings.prometheus import MetricsServer, RunMetrics
 from meshtop.recordings.reader import open_recording
 from meshtop.recordings.samples import SAMPLE
@@ -22,6 +22,7 @@ from meshtop.recordings.summary import summarize
 from meshtop.tui.sources import ReplaySource
 from meshtop.tui.state import DashboardState
 from tests.kit.commands import meshtop
+from tests.kit.events import gpu_sample
 from tests.kit.recordings import description
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -110,21 +111,15 @@ def test_requests_and_gpus_in_base_units_with_the_dcgm_labels() -> None:
         status="completed",
         error=None,
     )
-    gpu = GpuSample(
+    gpu = gpu_sample(
         gpu=0,
         wall_ns=1,
         name="H200",
         memory_used_bytes=2**30,
         memory_total_bytes=2**37,
         utilization_pct=75.0,
-        memory_utilization_pct=None,
         power_w=500.0,
         sm_clock_mhz=1980.0,
-        temperature_c=None,
-        pcie_tx_bytes_per_s=None,
-        pcie_rx_bytes_per_s=None,
-        nvlink_tx_bytes_per_s=None,
-        nvlink_rx_bytes_per_s=None,
         uuid="GPU-1234",
     )
     metrics.take(Arrivals([started, request, gpu]))

@@ -11,7 +11,7 @@ import pytest
 
 from meshtop.probes.arrivals import Arrivals
 from meshtop.probes.collector import Collector
-from meshtop.probes.events import CollectiveTiming, GpuSample, NodeClock, RequestDone, StepTiming, on_node
+from meshtop.probes.events import CollectiveTiming, NodeClock, RequestDone, StepTiming, on_node
 from meshtop.probes.wire import event_sections, pack, read_frame
 from meshtop.recordings.manifest import RunDescription, read_manifest, start_manifest
 from meshtop.recordings.metrics.steps import StepFolder
@@ -25,6 +25,7 @@ from meshtop.runner.plan import RunSpec, resolve
 from meshtop.tui.state import DashboardState
 from tests.kit import events
 from tests.kit.commands import run_meshtop
+from tests.kit.events import gpu_sample
 from tests.kit.recordings import elastic_script
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -147,21 +148,9 @@ def test_an_event_moves_onto_the_heads_clock() -> None:
         None,
         (1200, 1300),
     )
-    gpu = GpuSample(
+    gpu = gpu_sample(
         gpu=0,
         wall_ns=7,
-        name=None,
-        memory_used_bytes=None,
-        memory_total_bytes=None,
-        utilization_pct=None,
-        memory_utilization_pct=None,
-        power_w=None,
-        sm_clock_mhz=None,
-        temperature_c=None,
-        pcie_tx_bytes_per_s=None,
-        pcie_rx_bytes_per_s=None,
-        nvlink_tx_bytes_per_s=None,
-        nvlink_rx_bytes_per_s=None,
     )
     assert (on_node(gpu, offset_ns=3, node=1).node, on_node(gpu, offset_ns=3, node=1).wall_ns) == (1, 10)
 

@@ -25,7 +25,7 @@ import pytest
 import torch
 from torch import nn
 
-from meshtop.probes.events import GpuSample, RankStarted, StepTiming
+from meshtop.probes.events import RankStarted, StepTiming
 from meshtop.recordings.metrics.run import fold_tables
 from meshtop.runner.errors import PlanError
 from meshtop.runner.job.session import script_description
@@ -33,6 +33,7 @@ from meshtop.runner.script.attach import after_import
 from meshtop.runner.script.command import resolve_script
 from meshtop.tui.cli import main
 from tests.kit.commands import one_line_error, run_meshtop, summary_json
+from tests.kit.events import gpu_sample
 from tests.kit.recordings import write_recording
 
 REPO = Path(__file__).resolve().parents[2]
@@ -281,21 +282,10 @@ def test_a_scripts_mfu_is_6n_from_its_optimizers_over_the_gpus_peak(
                 StepTiming(rank=rank, step=step, start_ns=step * 10**9, duration_s=0.25, tokens=8192, loss=None)
             )
     events.append(
-        GpuSample(
+        gpu_sample(
             gpu=0,
             wall_ns=1,
             name="NVIDIA H100 80GB HBM3",
-            memory_used_bytes=None,
-            memory_total_bytes=None,
-            utilization_pct=None,
-            memory_utilization_pct=None,
-            power_w=None,
-            sm_clock_mhz=None,
-            temperature_c=None,
-            pcie_tx_bytes_per_s=None,
-            pcie_rx_bytes_per_s=None,
-            nvlink_tx_bytes_per_s=None,
-            nvlink_rx_bytes_per_s=None,
         )
     )
     path = write_recording(tmp_path / "rec", events, run=run, parquet=True)

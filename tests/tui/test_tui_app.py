@@ -299,23 +299,20 @@ def test_dashboard_commands_refuse_bad_input_in_one_line(
 
 @pytest.mark.parametrize("width", [80, 160])
 async def test_devices_view_draws_gpu_samples_with_history_clock_and_temperature(width: int) -> None:
-    from meshtop.probes.events import GpuSample  # NVML readings as the GPU sampler would send them (no GPU here)
+    from tests.kit.events import gpu_sample  # NVML readings as the GPU sampler would send them (no GPU here)
 
     async with replay(size=(width, 30)) as (app, pilot):
         app.state.apply_events(
-            GpuSample(
+            gpu_sample(
                 gpu=0,
                 wall_ns=i,
                 name="NVIDIA H200",
                 memory_used_bytes=70 << 30,
                 memory_total_bytes=141 << 30,
                 utilization_pct=float(50 + i),
-                memory_utilization_pct=None,
                 power_w=300.0 + i,
                 sm_clock_mhz=1980.0,
                 temperature_c=61.0,
-                pcie_tx_bytes_per_s=None,
-                pcie_rx_bytes_per_s=None,
                 nvlink_tx_bytes_per_s=2.5e9,
                 nvlink_rx_bytes_per_s=2.5e9,
             )
