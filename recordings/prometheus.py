@@ -342,7 +342,7 @@ class MetricsServer:
                 address_family = family
 
             self._server = make_server(bind, port, metrics_app(metrics), Server, handler_class=_Quiet)
-        except (OSError, OverflowError) as error:
+        except (OSError, OverflowError, ValueError) as error:  # ValueError: a name IDNA refuses ("a..b")
             why = getattr(error, "strerror", None) or str(error)
             raise MetricsError(f"cannot serve metrics on {bind}:{port}: {why}") from None
         self._thread = threading.Thread(target=self._server.serve_forever, name="meshtop-metrics", daemon=True)

@@ -437,9 +437,11 @@ class ReplaySource:
         if behind or ahead:  # moved back, or far ahead past a snapshot: carry on from the nearest
             state, self._folded_ns, self._since_snapshot = copy.deepcopy(nearest.state), nearest.folded_ns, 0
             if self.metrics is not None:  # counters only grow: the series start again, up to the snapshot
-                self.metrics = RunMetrics(self.description)
+                restarted = RunMetrics(self.description)  # published whole: a scrape never sees it half-built
                 if nearest.folded_ns is not None:
-                    self.metrics.count(self.timeline.between(None, nearest.folded_ns))
+                    restarted.count(self.timeline.between(None, nearest.folded_ns))
+                restarted.follow(state.session)
+                self.metrics = restarted
         if self.metrics is not None:
             self.metrics.follow(state.session)  # the state's fold: a jump carries on from a copy
         after = self._folded_ns

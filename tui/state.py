@@ -34,7 +34,6 @@ from meshtop.probes.events import (
     ProcessSample,
     RankExited,
     RankStarted,
-    RequestDone,
     SamplerError,
     StackDump,
     StepTiming,
@@ -80,6 +79,9 @@ UI_KINDS = frozenset(
     }
 )
 """Kinds the screen reads as events, beside the figures."""
+FOLDED_ONLY = frozenset({"request"})
+"""Kinds of :data:`UI_KINDS` that only the fold reads: a state that feeds its fold (a replay) decodes them for
+it; a live screen, whose session folds them, leaves them be."""
 
 
 @dataclass(slots=True)
@@ -260,17 +262,17 @@ class DashboardState:
             return
         if kind not in UI_KINDS:
             return
+        if not self.feeds_fold and kind in FOLDED_ONLY:
+            return
+        decoded = events_of(kind, table)  # outside the lock: a live session's thread folds meanwhile
         with self.session.reading() as fold:  # the events that can be this job's
-            events = fold.apply_events(events_of(kind, table)) if self.feeds_fold else self._of_the_job(kind, table)
+            events = fold.apply_events(decoded) if self.feeds_fold else [e for e in decoded if fold.of_the_job(e)]
         for event in events:
             handler = self._HANDLERS.get(type(event))
             if handler is not None:
                 handler(self, event)
         if self.feeds_fold:
             self._take_steps()
-
-    def _of_the_job(self, kind: str, table: pa.Table) -> list[Event]:
-        return [event for event in events_of(kind, table) if self.fold.of_the_job(event)]
 
     def apply_events(self, events: Iterable[Event]) -> None:
         """Fold event objects (tests, benchmarks' warm-up), one table per kind, as a replay folds a slice."""
@@ -302,8 +304,9 @@ class DashboardState:
         columns = table.select(["rank", "step", "start_ns", "end_ns", "action", "microbatch"]).to_pydict()
         for rank, step, start, end, action, microbatch in zip(*columns.values(), strict=True):
             view = self.ranks.get(rank)
-            if step is not None and (view is None or (view.dp_rank == 0 and view.tp_rank == 0)):
-                self._lanes[step][rank].append((start, end, action, microbatch))
+            if step is None or end < start or (view is not None and (view.dp_rank or view.tp_rank)):
+                continue
+            self._lanes[step][rank].append((start, end, action, microbatch))
 
     def _on_started(self, event: RankStarted) -> None:
         view = self._rank(event.rank)
@@ -340,7 +343,10 @@ class DashboardState:
         origin = min(start for actions in lanes.values() for start, _, _, _ in actions)
         by_stage: dict[int, tuple[Segment, ...]] = {}
         for rank, actions in sorted(lanes.items()):
-            stage = self._rank(rank).pp_rank
+            view = self.ranks.get(rank)  # a rank whose start this screen has not read (or not of the job): no lane
+            if view is None or view.pid is None:
+                continue
+            stage = view.pp_rank
             by_stage.setdefault(
                 stage,
                 tuple(
@@ -400,9 +406,6 @@ class DashboardState:
     def _on_step(self, event: StepTiming) -> None:
         self._rank(event.rank)
 
-    def _on_request(self, event: RequestDone) -> None:
-        pass  # folded by the metrics core
-
     _HANDLERS: ClassVar[dict[type, Any]] = {
         RankStarted: _on_started,
         MemorySnapshot: _on_memory,
@@ -417,7 +420,6 @@ class DashboardState:
         HangDetected: _on_hang,
         ProbeOff: _on_probe_off,
         StepTiming: _on_step,
-        RequestDone: _on_request,
     }
 
     # -- views -------------------------------------------------------------------

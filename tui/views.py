@@ -82,8 +82,11 @@ def memory_lines(
     views = [v for v in sorted(state.ranks.values(), key=lambda v: v.rank) if ranks(v)]
     text = Text()
     shown = views if limit is None else views[:limit]
-    if loaded is not None and limit is not None and loaded not in {v.rank for v in shown}:
-        shown = [*shown[:-1], state.ranks[loaded]] if shown else [state.ranks[loaded]]
+    # The most loaded rank keeps its bar when the limit cuts rows, if it is among the ranks shown at all: the
+    # core may know its memory before the dashboard has its view (no rank_started read yet), or a filter hides it.
+    loaded_view = next((v for v in views if v.rank == loaded), None)
+    if loaded_view is not None and limit is not None and loaded_view not in shown:
+        shown = [*shown[:-1], loaded_view] if shown else [loaded_view]
     bar_width = max(8, width - 30)
     drawn = [(view, *memory_parts(rows.get(view.rank))) for view in shown]
     largest = max((sum(v for v in parts.values() if v) for _, parts, _ in drawn), default=0)

@@ -145,9 +145,9 @@ def route_address(host: str) -> str:
         with socket.socket(family, socket.SOCK_DGRAM) as probe:
             probe.connect(address)
             return str(probe.getsockname()[0])
-    except OSError as error:
+    except (OSError, ValueError) as error:  # ValueError: a name IDNA refuses ("a..b")
         raise PlanError(
-            f"--rdzv-endpoint host {host!r}: {error.strerror or error}: give a host this node "
+            f"--rdzv-endpoint host {host!r}: {getattr(error, 'strerror', None) or error}: give a host this node "
             "reaches, or --collector-bind ADDRESS"
         ) from None
 

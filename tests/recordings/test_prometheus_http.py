@@ -107,6 +107,8 @@ def test_a_port_taken_or_an_address_not_here_is_one_line() -> None:
             MetricsServer(lambda: metrics, port=server.address[1])
         with pytest.raises(MetricsError, match=r"cannot serve metrics on no\.such\.host\.invalid:0: "):
             MetricsServer(lambda: metrics, port=0, bind="no.such.host.invalid")
+        with pytest.raises(MetricsError, match=r"cannot serve metrics on a\.\.b:0: .*idna"):  # not a ValueError
+            MetricsServer(lambda: metrics, port=0, bind="a..b")
     finally:
         server.stop()
 

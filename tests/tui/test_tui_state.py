@@ -20,11 +20,13 @@ from meshtop.recordings.metrics.run import CLOSE_AFTER
 from meshtop.recordings.reader import open_recording
 from meshtop.recordings.replay import load_timeline
 from meshtop.recordings.samples import SAMPLE
-from meshtop.recordings.schema import batches_of
+from meshtop.recordings.schema import batches_of, table_of
+from meshtop.recordings.session_fold import SessionFold
 from meshtop.runner.plan import RunSpec, resolve
 from meshtop.tui.filters import parse_rank_filter
 from meshtop.tui.sources import COALESCIBLE, LiveSource, Playback, ReplaySource, ScreenBacklog
 from meshtop.tui.state import HISTORY, DashboardState, RankView
+from meshtop.tui.views import memory_lines
 from tests.kit import events as kit
 from tests.kit.events import rank_started
 from tests.kit.recordings import description
@@ -142,6 +144,42 @@ def test_alerts_name_a_failed_rank_low_headroom_dropped_telemetry_and_a_probe_th
     assert ("warning", "rank 0 memory headroom 5% at its peak (below 10%)") in texts
     assert ("warning", "7 telemetry events dropped (buffers full)") in texts
     assert ("warning", "probe off: pipeline stages on every rank: torch 2.99 has no _wait_batch_p2p") in texts
+
+
+def memory_snapshot(rank: int, peak_bytes: int) -> MemorySnapshot:
+    """A rank's memory at step 0, everything it holds at its peak in weights."""
+    return MemorySnapshot(
+        rank=rank,
+        step=0,
+        wall_ns=1,
+        weights_bytes=peak_bytes,
+        grads_bytes=0,
+        optimizer_bytes=0,
+        activations_bytes=None,
+        kv_cache_bytes=None,
+        allocated_bytes=peak_bytes,
+        reserved_bytes=peak_bytes,
+        peak_allocated_bytes=peak_bytes,
+        device_used_bytes=None,
+        device_total_bytes=None,
+        rss_bytes=None,
+    )
+
+
+def test_memory_bars_draw_only_ranks_the_dashboard_shows_even_when_the_most_loaded_is_not_one() -> None:
+    """Live, the session's fold (fed by the collector's thread) can know a rank's memory before the screen has
+    read that rank start, and a filter can hide the most loaded rank: neither may break the frame (a KeyError
+    once ended a live inference session) or draw a rank the dashboard does not show."""
+    session = SessionFold(description(dp=2))
+    state = DashboardState(session.run, session=session)
+    session.apply("memory", table_of([memory_snapshot(0, 900), memory_snapshot(1, 300)]))
+    state.apply("rank_started", table_of([rank_started(1)]))
+    assert state.most_loaded_rank() == 0 and 0 not in state.ranks
+    lines = memory_lines(state, lambda view: True, 80, 1).plain.splitlines()
+    assert lines == [lines[0]] and lines[0].startswith(" rank 1")
+    state.apply("rank_started", table_of([rank_started(0)]))
+    assert memory_lines(state, lambda view: True, 80, 1).plain.startswith("▶rank 0")
+    assert memory_lines(state, parse_rank_filter("1"), 80, 1).plain.splitlines()[0].startswith(" rank 1")
 
 
 def test_pipeline_timeline_places_actions_within_their_step() -> None:
