@@ -7,11 +7,12 @@ Two kinds of series, each value defined where the rest of meshtop defines it:
   histogram over :class:`meshtop.recordings.metrics.steps.StepStats`), tokens/s, busbw p50 per group and op,
   exposed share, bubble per stage, MFU, memory by category per rank
   (:class:`meshtop.recordings.metrics.run.RunFigures`);
+  requests by how they ended and their TTFT / TPOT / E2E histograms (the fold's
+  :class:`meshtop.recordings.metrics.requests.RequestFold`: a request reported twice counts once);
 - counted as events arrive (counters and histograms of what the fold keeps no per-event series of): each
-  collective's in-flight seconds and bytes per op, group and rank
-  (:class:`meshtop.probes.events.CollectiveTiming`; those inside a step, as the core counts them), each
-  request's TTFT / TPOT / E2E (:func:`meshtop.recordings.metrics.requests.request_latency`), GPU samples and
-  dropped events, and the latest GPU readings and each rank's state.
+  collective's in-flight seconds and bytes per op, group and rank (:class:`meshtop.probes.events.CollectiveTiming`,
+  from the tables the session's fold decoded: the rows it keeps, inside a step, as the core counts them), GPU
+  samples and dropped events, and the latest GPU readings and each rank's state.
 
 Base units (seconds, bytes, ratios 0-1), ``_total`` counters, and labels bounded by the job's shape
 (ranks, groups, ops, stages, GPUs). GPU series carry ``gpu``, ``UUID`` and ``Hostname``, the labels the
@@ -32,6 +33,7 @@ from wsgiref.simple_server import WSGIRequestHandler, make_server
 
 import prometheus_client
 import pyarrow as pa
+import pyarrow.compute as pc
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest, make_wsgi_app
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.exposition import ThreadingWSGIServer
@@ -41,27 +43,33 @@ from prometheus_client.utils import floatToGoString
 from meshtop.probes.arrivals import Arrivals
 from meshtop.probes.errors import MeshtopError
 from meshtop.probes.events import (
-    CollectiveTiming,
     Event,
     EventsDropped,
     GpuSample,
     RankExited,
     RankStarted,
-    RequestDone,
 )
 from meshtop.recordings.manifest import RunDescription
-from meshtop.recordings.metrics.requests import COMPLETED, request_latency
+from meshtop.recordings.metrics.requests import COMPLETED
 from meshtop.recordings.metrics.run import RunFigures
 from meshtop.recordings.schema import events_of
-from meshtop.recordings.session_fold import SessionFold
+from meshtop.recordings.session_fold import Folded, SessionFold
 
 DEFAULT_BIND = "127.0.0.1"
 METRICS_PATH = "/metrics"
 COLLECTIVE_BUCKETS = (1e-5, 3e-5, 1e-4, 3e-4, 1e-3, 3e-3, 0.01, 0.03, 0.1, 0.3, 1.0, 3.0, 10.0, 30.0, 120.0)
 STEP_BUCKETS = (0.01, 0.03, 0.1, 0.3, 1.0, 3.0, 10.0, 30.0, 100.0, 300.0)
 REQUEST_BUCKETS = (0.001, 0.003, 0.01, 0.03, 0.1, 0.3, 1.0, 3.0, 10.0, 30.0, 120.0)
-COUNTED_KINDS = frozenset({"collective", "request", "gpu", "events_dropped", "rank_started", "rank_exited"})
+REQUEST_SERIES = (
+    ("ttft_s", "meshtop_request_ttft_seconds", "Time to first token"),
+    ("tpot_s", "meshtop_request_tpot_seconds", "Time per output token after the first"),
+    ("e2e_s", "meshtop_request_e2e_seconds", "Request latency, arrival to last token"),
+)
+"""Each request latency served as a histogram: the fold's key, the series, its help."""
+COUNTED_KINDS = frozenset({"collective", "gpu", "events_dropped", "rank_started", "rank_exited"})
 """The kinds counted as they arrive (the session's fold gives the rest)."""
+SMALL_KINDS = COUNTED_KINDS - {"collective"}
+"""Counted as events: a few a second, where collectives come by the thousand (counted from their table)."""
 
 
 prometheus_client.disable_created_metrics()  # no `_created` series: a scrape holds the figures and nothing else
@@ -100,22 +108,6 @@ class RunMetrics:
             ["op", "group", "rank"],
             registry=registry,
         )
-        self.requests = Counter("meshtop_requests", "Requests answered or failed", ["status"], registry=registry)
-        self.ttft = Histogram(
-            "meshtop_request_ttft_seconds", "Time to first token", buckets=REQUEST_BUCKETS, registry=registry
-        )
-        self.tpot = Histogram(
-            "meshtop_request_tpot_seconds",
-            "Time per output token after the first",
-            buckets=REQUEST_BUCKETS,
-            registry=registry,
-        )
-        self.e2e = Histogram(
-            "meshtop_request_e2e_seconds",
-            "Request latency, arrival to last token",
-            buckets=REQUEST_BUCKETS,
-            registry=registry,
-        )
         self.gpu_samples = Counter(
             "meshtop_gpu_samples", "NVML readings taken", ["gpu", "UUID", "Hostname"], registry=registry
         )
@@ -130,43 +122,41 @@ class RunMetrics:
         """Read the figures of ``session``'s fold from now on (the session's, or a replay's screen's)."""
         self.session = session
 
-    def take(self, arrivals: Arrivals) -> None:
-        """What a live session delivered: its events of :data:`COUNTED_KINDS` counted."""
+    def take(self, arrivals: Arrivals, folded: Folded) -> None:
+        """What a live session delivered: its collectives from the tables its fold decoded (``folded``: no
+        second decoding), the other kinds of :data:`COUNTED_KINDS` from ``arrivals``."""
+        collectives = [(kind, table) for kind, table in folded.tables if kind == "collective"]
         with self._lock:
-            for event in arrivals.events(COUNTED_KINDS):
+            self._count_collectives(collectives)
+            for event in arrivals.events(SMALL_KINDS):
                 self._count(event)
 
     def count(self, tables: Iterable[tuple[str, pa.Table]]) -> None:
         """Tables of events, in the order a replay plays them: those of :data:`COUNTED_KINDS` counted."""
         with self._lock:
             for kind, table in tables:
-                if kind in COUNTED_KINDS:
+                if kind == "collective":
+                    self._count_collectives([(kind, table)])
+                elif kind in SMALL_KINDS:
                     for event in events_of(kind, table):
                         self._count(event)
 
+    def _count_collectives(self, tables: Iterable[tuple[str, pa.Table]]) -> None:
+        """Each collective the fold keeps (a rank of the job, an end after its start) inside a step (set-up
+        and tear-down are outside every step, as the metrics core counts them)."""
+        for _, table in tables:
+            if self.session is not None:
+                with self.session.reading() as fold:
+                    table = fold.plausible("collective", table)
+            table = table.filter(pc.is_valid(table.column("step")))
+            columns = table.select(["op", "group", "rank", "start_ns", "end_ns", "bytes"]).to_pydict()
+            for op, group, rank, start_ns, end_ns, size in zip(*columns.values(), strict=True):
+                labels = (op, group, str(rank))
+                self.collective_seconds.labels(*labels).observe((end_ns - start_ns) / 1e9)
+                self.collective_bytes.labels(*labels).inc(size)
+
     def _count(self, event: Event) -> None:
-        if isinstance(event, CollectiveTiming):
-            if event.step is None:  # set-up and tear-down: outside every step, as the metrics core counts
-                return
-            labels = (event.op, event.group, str(event.rank))
-            self.collective_seconds.labels(*labels).observe(event.duration_s)
-            self.collective_bytes.labels(*labels).inc(event.bytes)
-        elif isinstance(event, RequestDone):
-            self.requests.labels(event.status).inc()
-            if event.status == COMPLETED:
-                latency = request_latency(
-                    arrival_ns=event.arrival_ns,
-                    first_token_ns=event.first_token_ns,
-                    end_ns=event.end_ns,
-                    output_tokens=event.output_tokens,
-                    token_ns=event.token_ns,
-                )
-                self.e2e.observe(latency.e2e_s)
-                if latency.ttft_s is not None:
-                    self.ttft.observe(latency.ttft_s)
-                if latency.tpot_s is not None:
-                    self.tpot.observe(latency.tpot_s)
-        elif isinstance(event, GpuSample):
+        if isinstance(event, GpuSample):
             self._gpus[event.node, event.gpu] = event
             self.gpu_samples.labels(*self._gpu_labels(event)).inc()
         elif isinstance(event, EventsDropped):
@@ -187,6 +177,8 @@ class RunMetrics:
         with self._lock:
             ranks, exits, gpus = dict(self._ranks), dict(self._exits), dict(self._gpus)
         figures, steps, buckets, total_s = None, 0, [0] * len(STEP_BUCKETS), 0.0
+        ended: dict[str, int] = {}
+        latencies = {key: ([0] * len(REQUEST_BUCKETS), 0, 0.0) for key, _, _ in REQUEST_SERIES}
         if self.session is not None:
             with self.session.reading() as fold:
                 figures = fold.figures()
@@ -195,6 +187,24 @@ class RunMetrics:
                     fold.steps.durations_s.counts_at_most(STEP_BUCKETS),
                     fold.steps.durations_s.total(),
                 )
+                if (requests := fold.requests) is not None:
+                    ended = {COMPLETED: requests.completed, **requests.failures}
+                    for key in latencies:
+                        values = requests.latencies[key]
+                        latencies[key] = (values.counts_at_most(REQUEST_BUCKETS), values.count, values.total())
+        by_status = CounterMetricFamily("meshtop_requests", "Requests answered or failed", labels=["status"])
+        for status, count in ended.items():
+            if count:
+                by_status.add_metric([status], count)
+        yield by_status
+        for key, name, documentation in REQUEST_SERIES:
+            counts, count, total = latencies[key]
+            yield HistogramMetricFamily(
+                name,
+                documentation,
+                buckets=[*zip(map(floatToGoString, REQUEST_BUCKETS), counts, strict=True), ("+Inf", count)],
+                sum_value=total,
+            )
         yield CounterMetricFamily("meshtop_steps", "Job steps completed (inference: rank 0's iterations)", value=steps)
         yield HistogramMetricFamily(
             "meshtop_step_seconds",

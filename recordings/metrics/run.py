@@ -138,9 +138,9 @@ class RunFold:
         self.requests = RequestFold(run.load, replicas=run.plan.dp) if run.inference else None
         self.steps = StepStats()
         self.positions: dict[int, tuple[int, int, int]] = {}
+        """(pp, dp, tp) of each rank that reported its start."""
         self.trained: dict[int, tuple[int, int]] = {}
         """A script's ranks: (pipeline rank, parameter elements its optimizer trains at their global size)."""
-        """(pp, dp, tp) of each rank that reported its start."""
         self.gpu_models: dict[tuple[int, int], GpuModel] = {}
         """Each GPU's model by (node, index), for MFU's peak."""
         self.rejected: Counter[str] = Counter()
@@ -241,12 +241,19 @@ class RunFold:
     def _plausible(self, kind: str, table: pa.Table) -> pa.Table:
         """The rows that can be this job's: a rank of the job, a group of one rank or more, an end no
         earlier than the start (a line can be well-formed and still not describe the job)."""
+        return self._kept(kind, table, self._plausible_rows(kind, table))
+
+    def plausible(self, kind: str, table: pa.Table) -> pa.Table:
+        """The rows of a ``collective`` or ``stage_action`` table the fold keeps (those it folds), the others
+        left out and not counted again: for a reader that counts what the fold counts (``/metrics``)."""
+        keep = self._plausible_rows(kind, table)
+        return table if (pc.sum(keep).as_py() or 0) == len(table) else table.filter(keep)
+
+    def _plausible_rows(self, kind: str, table: pa.Table) -> pa.ChunkedArray:
         keep = pc.and_(self._of_a_rank(table), pc.greater_equal(table.column("end_ns"), table.column("start_ns")))
         if kind == "collective":
-            keep = pc.and_(keep, pc.greater_equal(table.column("group_size"), 1))
-        else:
-            keep = pc.and_(keep, pc.greater_equal(table.column("stage"), 0))
-        return self._kept(kind, table, keep)
+            return pc.and_(keep, pc.greater_equal(table.column("group_size"), 1))
+        return pc.and_(keep, pc.greater_equal(table.column("stage"), 0))
 
     def of_the_job(self, event: Event) -> bool:
         """Whether ``event`` can be this job's: a rank of the job (or none), a step time no less than 0."""

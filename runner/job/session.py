@@ -180,7 +180,7 @@ def run_session(
     def deliver(arrivals: Arrivals) -> None:
         folded = recorder.take(arrivals)
         if metrics is not None:
-            metrics.take(arrivals)
+            metrics.take(arrivals, folded)
         on_events(arrivals, folded)
 
     try:

@@ -13,11 +13,13 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from meshtop.probes.arrivals import Arrivals
 from meshtop.probes.events import RankStarted, RequestDone
 from meshtop.recordings.prometheus import MetricsServer, RunMetrics
 from meshtop.recordings.reader import open_recording
 from meshtop.recordings.samples import SAMPLE
 from meshtop.recordings.schema import events_of
+from meshtop.recordings.session_fold import SessionFold
 from meshtop.recordings.summary import summarize
 from meshtop.tui.sources import ReplaySource
 from meshtop.tui.state import DashboardState
@@ -82,8 +84,11 @@ def test_a_replay_serves_the_recordings_figures() -> None:
 
 
 def test_requests_and_gpus_in_base_units_with_the_dcgm_labels() -> None:
+    """Requests read from the session's fold (one reported twice counts once, as in every figure), GPUs and
+    ranks counted as they arrive."""
     metrics = RunMetrics(description(mode="infer"))
-    from meshtop.probes.arrivals import Arrivals
+    session = SessionFold(metrics.run)
+    metrics.follow(session)
 
     started = RankStarted(
         rank=0,
@@ -122,13 +127,15 @@ def test_requests_and_gpus_in_base_units_with_the_dcgm_labels() -> None:
         sm_clock_mhz=1980.0,
         uuid="GPU-1234",
     )
-    metrics.take(Arrivals([started, request, gpu]))
+    arrivals = Arrivals([started, request, request, gpu])
+    metrics.take(arrivals, session.take(arrivals))
     samples = {}
     for family in text_string_to_metric_families(metrics.exposition().decode()):
         for sample in family.samples:
             samples.setdefault(sample.name, []).append((sample.labels, sample.value))
     assert samples["meshtop_requests_total"] == [({"status": "completed"}, 1.0)]
     assert samples["meshtop_request_ttft_seconds_sum"][0][1] == pytest.approx(0.1)
+    assert samples["meshtop_request_ttft_seconds_count"] == [({}, 1.0)]
     assert samples["meshtop_request_tpot_seconds_sum"][0][1] == pytest.approx(0.1)  # (0.4 - 0.1) / 3
     assert samples["meshtop_request_e2e_seconds_sum"][0][1] == pytest.approx(0.4)
     assert samples["meshtop_gpu_utilization_ratio"] == [({"gpu": "0", "UUID": "GPU-1234", "Hostname": "gpu-a"}, 0.75)]

@@ -52,21 +52,29 @@ def test_the_manifest_metrics_and_dashboard_read_the_one_fold(tmp_path: Path) ->
     metrics.follow(session)
     state = DashboardState(run, session=session)
     completed_by_batch = []
-    for events in batches(5):
+    stray = collective(7, 0, 0.002, waited=True, every_ns=20 * MS)  # rank 7 of a dp2 job: no figure counts it
+    for events in [*batches(5), [stray]]:
         arrivals = Arrivals(events)
         folded = recorder.take(arrivals)  # what run_session does with each batch
-        metrics.take(arrivals)
+        metrics.take(arrivals, folded)
         for kind, table in in_kind_order(screen_batches(arrivals, folded.tables)):
             state.apply(kind, table)
         state.take_steps(folded.steps)
         completed_by_batch.append([s.step for s in folded.steps])
     # 5 steps, each completed by rank 1's report, in the batch after rank 0's
-    assert completed_by_batch == [[], [], [0], [], [1], [], [2], [], [3], [], [4]]
+    assert completed_by_batch == [[], [], [0], [], [1], [], [2], [], [3], [], [4], []]
     assert not state.feeds_fold and state.fold is session.fold
     assert [s.step for s in state.steps] == [0, 1, 2, 3, 4] and state.steps_done == 5
     assert session.steps_since(0) == list(state.steps)  # the dashboard took its steps by position: all still there
     assert session.steps_since(3) == list(state.steps)[3:]
     assert counted(metrics, "meshtop_steps_total") == 5 and counted(metrics, "meshtop_step_seconds_count") == 5
+    seconds = [
+        (sample.labels["rank"], sample.value)
+        for family in text_string_to_metric_families(metrics.exposition().decode())
+        for sample in family.samples
+        if sample.name == "meshtop_collective_seconds_count"
+    ]
+    assert sorted(seconds) == [("0", 5.0), ("1", 5.0)]  # from the fold's tables, the rows it keeps
     [row] = session.figures().collectives
     assert row.count == 10  # 2 ranks x 5 steps, each all-reduce folded once though three readers read the fold
     assert state.figures() is session.figures()  # one fold, one set of figures
