@@ -13,7 +13,7 @@ from rich.console import Group
 from rich.table import Table
 from rich.text import Span, Text
 
-from meshtop.recordings.metrics.memory import MemoryRow
+from meshtop.recordings.metrics.memory import MemoryRow, other_bytes
 from meshtop.recordings.metrics.pipeline import theoretical_bubble
 from meshtop.recordings.metrics.requests import LATENCIES
 from meshtop.tui.charts import chart, human_bytes, human_rate, human_seconds, legend, memory_bar, sparkline
@@ -38,15 +38,13 @@ def memory_parts(row: MemoryRow | None) -> tuple[dict[str, int | None], int | No
         return {"other": None}, None
     if row.weights_bytes is None or row.grads_bytes is None or row.optimizer_bytes is None:  # no snapshot
         return {"other": row.peak_bytes}, row.device_total_bytes
-    known = row.weights_bytes + row.grads_bytes + row.optimizer_bytes
-    activations, kv = row.activations_bytes or 0, row.kv_cache_bytes or 0
     parts = {
         "weights": row.weights_bytes,
         "grads": row.grads_bytes,
         "optimizer": row.optimizer_bytes,
-        "activations": activations,
-        "kv cache": kv,
-        "other": max(0, (row.peak_bytes or 0) - known - activations - kv),
+        "activations": row.activations_bytes or 0,
+        "kv cache": row.kv_cache_bytes or 0,
+        "other": other_bytes(row) or 0,
     }
     return parts, row.device_total_bytes
 

@@ -22,6 +22,9 @@
   (:func:`plan_peak`) is, on CUDA, the allocator's peak of the most loaded
   rank; on CPU, where the resident set is mostly the interpreter and torch,
   the largest accounted bytes.
+- A rank's **other bytes** are its peak less its accounted bytes (0 where the
+  categories exceed the peak: a snapshot later than the peak's step): what the
+  categories do not name (on CPU, the interpreter and torch themselves).
 """
 
 from __future__ import annotations
@@ -73,6 +76,14 @@ def accounted_bytes(row: MemoryRow) -> int | None:
     if row.weights_bytes is None:
         return None
     return sum(getattr(row, name) or 0 for name in CATEGORIES)
+
+
+def other_bytes(row: MemoryRow) -> int | None:
+    """The rank's peak less its :func:`accounted_bytes`, at least 0; its whole peak without a snapshot;
+    ``None`` without a peak."""
+    if row.peak_bytes is None:
+        return None
+    return max(0, row.peak_bytes - (accounted_bytes(row) or 0))
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

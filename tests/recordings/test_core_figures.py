@@ -18,7 +18,7 @@ from meshtop.recordings.metrics.collectives import (
     step_traffic,
     typical_busbw_gbps,
 )
-from meshtop.recordings.metrics.memory import MemoryFold, MemoryRow, accounted_bytes, plan_peak
+from meshtop.recordings.metrics.memory import MemoryFold, MemoryRow, accounted_bytes, other_bytes, plan_peak
 from meshtop.recordings.metrics.pipeline import StageRow, mean_bubble
 from meshtop.recordings.metrics.rates import measured_rates
 from meshtop.recordings.metrics.run import RunFold
@@ -227,6 +227,8 @@ def test_the_accounted_peak_and_the_peak_a_plan_is_checked_against() -> None:
         memory_row(2, peak=600, weights=None, activations=None),  # the process sampler's only: none accounted
     ]
     assert [accounted_bytes(row) for row in rows] == [35, 55, None]
+    assert [other_bytes(row) for row in rows] == [465, 345, 600]  # the peak less what the snapshot names
+    assert other_bytes(memory_row(3, peak=30, weights=10, activations=20)) == 0  # categories above the peak
     cpu, cuda = plan_peak(rows, cuda=False), plan_peak(rows, cuda=True)
     assert cpu is not None and (cpu.rank, cpu.bytes, cpu.kind) == (1, 55, "accounted")
     assert cuda is not None and (cuda.rank, cuda.bytes, cuda.kind) == (2, 600, "allocator")
