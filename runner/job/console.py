@@ -88,6 +88,9 @@ class Progress:
         self._last = 0.0
         self._drawn = False
         self._step_s = 0.0
+        self._stretch = -1
+        """The last of the :data:`PROGRESS_LINES` even stretches of the total a line was printed in (in a file):
+        ``done`` can jump several at a time (an inference load's requests come in batches)."""
 
     def update(self, step: JobStep, events: int) -> None:
         """A training step is complete."""
@@ -127,10 +130,10 @@ class Progress:
                 self.out.flush()
                 self._last, self._drawn = now, True
             return
-        evenly = (done - 1) % max(1, (total or 1) // PROGRESS_LINES) == 0
-        if evenly or now - self._last >= QUIET_LIMIT_S or done == total:
+        stretch = (done - 1) // max(1, (total or 1) // PROGRESS_LINES)
+        if stretch > self._stretch or now - self._last >= QUIET_LIMIT_S or done == total:
             print((text if isinstance(text, str) else text()) + extra, file=self.out, flush=True)
-            self._last = now
+            self._last, self._stretch = now, max(self._stretch, stretch)
 
     def message(self, text: str) -> None:
         """A line that must not be drawn over by the bar."""
