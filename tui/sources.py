@@ -35,8 +35,8 @@ from meshtop.recordings.replay import Timeline, in_kind_order, load_timeline
 from meshtop.recordings.session_fold import Folded, SessionFold, arrival_tables
 from meshtop.recordings.summary import job_status
 from meshtop.runner.job.control import JobControl
+from meshtop.runner.job.files import PHASE_NAME
 from meshtop.runner.job.launch import NodeProbes
-from meshtop.runner.job.process import PHASE_NAME
 from meshtop.runner.job.results import JobResult
 from meshtop.runner.job.session import Work, describe, run_session
 from meshtop.runner.multinode.nodes import Nodes
@@ -219,7 +219,7 @@ class LiveSource:
                 metrics=self.metrics,
                 session=self.session,
             )
-        except BaseException as error:
+        except BaseException as error:  # handed to the app, which reports it and exits
             self.error = error
 
     def _take(self, arrivals: Arrivals, folded: Folded) -> None:

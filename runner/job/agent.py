@@ -26,12 +26,12 @@ from torch.distributed.elastic.multiprocessing.api import SignalException
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 
 from meshtop.probes.native import NATIVE_ENV, built, environment_value
-from meshtop.runner.job.process import PHASE_NAME
+from meshtop.runner.job.files import PHASE_NAME
+from meshtop.runner.job.last_words import shortened
 
 PARENT_POLL_S = 0.5
 
 
-MAX_ERROR_CHARS = 300
 NO_ERROR_FILE = "To enable traceback see:"
 """How torchrun's message for a rank that wrote no error file begins (it exited without an uncaught exception
 meshtop's or the script's ``@record`` saw): a pointer to torchrun's docs, not an error. Such a rank's error is
@@ -52,7 +52,7 @@ def error_line(message: object) -> str | None:
     lines = [line.strip() for line in str(message).splitlines() if line.strip()]
     if not lines:
         return None
-    return lines[0] if len(lines[0]) <= MAX_ERROR_CHARS else lines[0][: MAX_ERROR_CHARS - 3] + "..."
+    return shortened(lines[0])
 
 
 def failure_status(error: ChildFailedError) -> dict[str, Any]:

@@ -23,6 +23,8 @@ MAX_CHARS = 300
 """The longest line said (as the agent's rank errors)."""
 TORCHRUN_LOG = re.compile(r"^[IWEF]\d{4} \d\d:\d\d:\d\d\.\d+ +\d+ \S+:\d+\] ")
 """torchrun's own log lines (glog style: level, date, time, thread, file:line)."""
+TEE_PREFIX = re.compile(r"^\[[A-Za-z_]+\d+\]:")
+"""What ``torchrun --tee`` (and ``--local-ranks-filter``) puts before each line of a rank's: ``[default0]:``."""
 FRAME = re.compile(r'^\s+File "(?P<file>[^"]+)", line (?P<line>\d+)')
 CONNECTORS = (
     "Traceback (most recent call last):",
@@ -52,14 +54,15 @@ def last_words(text: str) -> str | None:
     """The last meaningful line of ``text``: an exception line followed by where it was raised
     (``ImportError: ... (at /path/mod.py:3)``), or the last line printed; ``None`` for a log that holds
     only blank lines."""
-    lines = [line.rstrip() for line in text.splitlines() if line.strip()]
+    lines = [TEE_PREFIX.sub("", line).rstrip() for line in text.splitlines()]
+    lines = [line for line in lines if line.strip()]
     said = [line for line in lines if not TORCHRUN_LOG.match(line) and line.strip("*-= ")]
     for index in range(len(said) - 1, -1, -1):
         line = said[index]
         if line[0].isspace() or line in CONNECTORS or PEER_GONE.search(line):
             continue
-        return _shortened(line, _raised_at(said, index))
-    return _shortened(lines[-1].strip(), "") if lines else None
+        return shortened(line, _raised_at(said, index))
+    return shortened(lines[-1].strip(), "") if lines else None
 
 
 def _raised_at(lines: list[str], index: int) -> str:
@@ -72,6 +75,7 @@ def _raised_at(lines: list[str], index: int) -> str:
     return ""
 
 
-def _shortened(line: str, where: str) -> str:
+def shortened(line: str, where: str = "") -> str:
+    """``line`` and ``where`` (a frame) in at most :data:`MAX_CHARS`, ``line`` cut with "..." if need be."""
     room = MAX_CHARS - len(where)
     return (line if len(line) <= room else line[: max(0, room - 3)] + "...") + where

@@ -25,6 +25,7 @@ from meshtop.probes.arrivals import Arrivals
 from meshtop.probes.collector import Collector
 from meshtop.probes.events import EventsDropped, HangDetected
 from meshtop.runner.job.environment import Launch, worker_environment
+from meshtop.runner.job.files import LAUNCHER_LOG, STATUS_NAME
 from meshtop.runner.job.last_words import last_words, read_tail
 from meshtop.runner.job.results import JobResult, RankExit, root_cause
 
@@ -33,20 +34,17 @@ SAFE_PATH = ("-P",) if sys.version_info >= (3, 11) else ()
 """The launcher starts in the user's folder (its ranks run there) but does not search it for modules (Python
 3.11's ``-P``): a user's own ``meshtop.py`` there would hide meshtop from it. Before 3.11 it does, and the
 launcher's last words (:mod:`meshtop.runner.job.last_words`) say so."""
-PHASE_NAME = "phase.txt"
-"""In the session folder, beside ``status.json``: what the launcher (:mod:`meshtop.runner.job.agent`) does before
-the ranks report, in words (the dashboard shows it while it waits)."""
 
 
 class Job:
     """One launched job: its launcher process, the ranks it spawned, their event files."""
 
-    def __init__(self, launch: Launch, session_dir: Path, collector: Collector | None = None) -> None:
+    def __init__(self, launch: Launch, session_dir: Path, collector: Collector) -> None:
         self.launch = launch
         self.session_dir = session_dir
-        self.log_path = session_dir / "launcher.log"
-        self._status_path = session_dir / "status.json"
-        self.collector = collector or Collector()
+        self.log_path = session_dir / LAUNCHER_LOG
+        self._status_path = session_dir / STATUS_NAME
+        self.collector = collector
         self._collector_drops = 0
         self._seen: dict[int, psutil.Process] = {}
         self._process: subprocess.Popen[bytes] | None = None

@@ -38,6 +38,12 @@ def test_an_exception_is_said_with_its_last_frame_past_torchruns_log_lines() -> 
     assert last_words(TRACEBACK) == "ModuleNotFoundError: No module named 'apex' (at /work/job/helpers.py:12)"
 
 
+def test_a_rank_s_lines_prefixed_by_torchrun_tee_are_read_as_the_rank_wrote_them() -> None:
+    """``torchrun --tee 3`` puts ``[default0]:`` before each line of rank 0's: the frames stay frames."""
+    teed = "".join(line if line.startswith(("W", "E")) else f"[default0]:{line}" for line in TRACEBACK.splitlines(True))
+    assert last_words(teed) == "ModuleNotFoundError: No module named 'apex' (at /work/job/helpers.py:12)"
+
+
 def test_a_printed_line_is_said_as_printed() -> None:
     log = "step 0 loss 2.31\ncannot find the dataset at /data/x\n\n"
     assert last_words(log) == "cannot find the dataset at /data/x"

@@ -12,7 +12,7 @@ import psutil
 import pytest
 
 from meshtop.probes.events import StepTiming
-from meshtop.runner.job.process import PHASE_NAME
+from meshtop.runner.job.files import PHASE_NAME
 from tests.kit.commands import meshtop
 from tests.kit.jobs import alive
 from tests.kit.recordings import wait_for_steps
