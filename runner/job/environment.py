@@ -75,7 +75,9 @@ def builtin_launch(run: ResolvedRun, session_dir: Path, nodes: Nodes | None = No
         native_kernel=run.device == "cpu" and run.instrument,
         quiet_s=longest_gap_s(run.load) if run.load is not None else 0.0,
         nodes=nodes,
-        env={STOP_ENV: str(stop_file)} if stop_file is not None else {},
+        # The folder meshtop starts in is not searched by the ranks (Python 3.11's PYTHONSAFEPATH): they run only
+        # meshtop's code, and a user's meshtop.py there would hide meshtop from them.
+        env={"PYTHONSAFEPATH": "1", **({STOP_ENV: str(stop_file)} if stop_file is not None else {})},
         stop_file=stop_file,
     )
 

@@ -152,3 +152,13 @@ def test_a_meshtop_py_beside_the_script_does_not_stop_the_launcher(tmp_path: Pat
     assert Counter((row["rank"], row["op"]) for row in table(out, "collective")) == Counter(
         {(rank, "barrier"): 1 for rank in range(RANKS)}
     )
+    builtin = subprocess.run(  # the built-in runner's ranks do not search the folder either (PYTHONSAFEPATH)
+        [str(MESHTOP), "record", str(tmp_path / "builtin"), "--model", "tiny", "--dp", "2", "--steps", "2"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=tmp_path,
+        env={**os.environ, "CUDA_VISIBLE_DEVICES": ""},
+    )
+    assert builtin.returncode == 0, builtin.stdout + builtin.stderr
+    assert len(table(tmp_path / "builtin", "step")) == 2 * 2  # two steps on each of its 2 ranks
