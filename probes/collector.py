@@ -159,7 +159,7 @@ class Collector:
                 pass
         except OSError:
             pass
-        except Exception:
+        except Exception:  # whatever a peer sends, the collector goes on serving the others
             self.counts.add(malformed=1)
         if node and self.on_control is not None:
             self.on_control({"control": "closed", "node": node[0]}, connection)

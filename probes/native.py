@@ -71,7 +71,7 @@ def build() -> Path:
         cpp_extension.load(
             name=name, sources=[str(SOURCE)], build_directory=str(directory), extra_cflags=["-O2"], verbose=False
         )
-    except Exception as error:
+    except Exception as error:  # a compiler's many ways to fail all mean "no fast path"
         raise ProbeError(f"cannot build the C++ collective probe: {first_line(error)}") from error
     if not built.exists():
         raise ProbeError(f"the C++ collective probe built, but {built} is missing")

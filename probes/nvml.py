@@ -146,15 +146,13 @@ class Nvml:
         counters = [_field_value(f) for f in fields] if fields else [None, None]
         previous = self._nvlink_last.get(gpu)
         self._nvlink_last[gpu] = (now, counters[0], counters[1])
-        if previous is None or None in counters or None in previous[1:]:
+        if previous is None:
             return None, None
-        elapsed = now - previous[0]
-        if elapsed <= 0:
+        when, tx_before, rx_before = previous
+        tx, rx = counters
+        if tx is None or rx is None or tx_before is None or rx_before is None or now <= when:
             return None, None
-        return (
-            (counters[0] - previous[1]) * KIB / elapsed,  # type: ignore[operator]
-            (counters[1] - previous[2]) * KIB / elapsed,
-        )  # type: ignore[operator]
+        return (tx - tx_before) * KIB / (now - when), (rx - rx_before) * KIB / (now - when)
 
     def topology(self) -> list[GpuLink]:
         """How each pair of visible GPUs is connected: NVLink (with the link count) or the PCIe path."""

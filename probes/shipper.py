@@ -85,7 +85,7 @@ class EventShipper(EventSink):
                 try:
                     for event in self.before_shipment():
                         self.emit(event)
-                except Exception:
+                except Exception:  # a probe must never stop the shipping
                     pass
             while self._buffer or self._blocks or self._dropped != reported:
                 batch, blocks = self._next_batch()

@@ -230,7 +230,8 @@ class ResolvedRun:
         }
 
 
-def _positive(name: str, value: int | None) -> None:
+def check_positive(name: str, value: int | None) -> None:
+    """A count the user gave (``name`` is its option) is at least 1."""
     if value is not None and value < 1:
         raise PlanError(f"{name} must be at least 1, got {value}")
 
@@ -276,7 +277,7 @@ def resolve(spec: RunSpec, *, gpus_visible: int, nodes: int = 1) -> ResolvedRun:
         ("--batch-size", spec.batch_size),
         ("--seq-len", spec.seq_len),
     ):
-        _positive(name, value)
+        check_positive(name, value)
     if spec.seed < 0:
         raise PlanError(f"--seed must be 0 or more, got {spec.seed}")
     if spec.time_limit_s is not None and (spec.steps is not None or not 0 < spec.time_limit_s < float("inf")):
@@ -425,7 +426,7 @@ def parse_length(name: str, text: str | None, default: tuple[int, int]) -> tuple
 
 def _resolve_inference(spec: RunSpec, *, dp: int, device: str, dtype: str, shape: ModelShape) -> ResolvedRun:
     for name in ("requests", "concurrency", "max_batch"):
-        _positive(option(name), getattr(spec, name))
+        check_positive(option(name), getattr(spec, name))
     for name in ("request_rate", "slo_ttft_ms", "slo_tpot_ms"):
         value = getattr(spec, name)
         if value is not None and not 0 < value < float("inf"):

@@ -16,7 +16,7 @@ pipe would do for input, but Textual's input thread may have been told the
 terminal is readable just before the swap, and would then wait on the pipe for
 ever, keeping the process from exiting). The dashboard exits at once, which
 stops its input thread, and the session goes on headless
-(:func:`meshtop.tui.cli.go_on_headless`).
+(:func:`go_on_headless` below).
 """
 
 from __future__ import annotations

@@ -63,6 +63,9 @@ class HangWatch:
         self._last_progress = clock()
         self._reported_at: float | None = None
         self._step_times: deque[float] = deque(maxlen=50)
+        """Rank 0's last step times: the timeout's input, not a figure anyone is shown (the job step's figures
+        are the metrics core's, the slowest rank's). It follows the job's recent pace, where the run's median
+        would lag a job that slowed down, and the supervision has it with no fold at hand."""
         self._heartbeats: dict[int, tuple[RankProgress, float]] = {}
 
     def ranks_started(self, world_size: int, *, restart: int) -> None:

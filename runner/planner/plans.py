@@ -19,7 +19,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 
 from meshtop.runner.errors import PlanError
-from meshtop.runner.plan import ResolvedRun, RunSpec, check_mode_options, model_shape, resolve
+from meshtop.runner.plan import ResolvedRun, RunSpec, check_mode_options, check_positive, model_shape, resolve
 from meshtop.runner.presets import ModelShape
 
 ELEMENT_BYTES = {"fp32": 4, "bf16": 2}
@@ -433,8 +433,7 @@ class Question:
 def check_counts(*, gpus: int | None, ranks: int | None, gpus_per_node: int | None) -> None:
     """The device counts a question is asked for: each given one at least 1."""
     for flag, value in (("--gpus", gpus), ("--ranks", ranks), ("--gpus-per-node", gpus_per_node)):
-        if value is not None and value < 1:
-            raise PlanError(f"{flag} must be at least 1, got {value}")
+        check_positive(flag, value)
 
 
 def default_batch(ranks: int) -> int:

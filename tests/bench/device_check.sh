@@ -23,7 +23,11 @@ export PYTHONUNBUFFERED=1
 export MESHTOP_NATIVE_PROBE=off  # nccl only: the tests' session start builds no C++ probe either
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
     || { echo "cannot install the carried wheels (.whl/)"; exit 2; }
-export PYTHONPATH="/tmp/site:$PWD"
+# meshtop is not installed there (the GPU machine starts bare, and pip reaches no index): its import package
+# is laid out as links over the folders, as .ci/typecheck does, and the ranks inherit the path.
+mkdir -p /tmp/ns/meshtop
+for folder in runner probes recordings tui; do ln -sfn "$PWD/$folder" "/tmp/ns/meshtop/$folder"; done
+export PYTHONPATH="/tmp/site:/tmp/ns:$PWD"
 {
     nvidia-smi
     python3 -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda, torch.cuda.get_device_name(0))'

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from meshtop.probes.events import CollectiveTiming, GpuSample, RankStarted, StepTiming
+from meshtop.probes.events import CollectiveTiming, GpuSample, MemorySnapshot, RankStarted, StepTiming
 
 SECOND_NS = 1_000_000_000
 
@@ -107,3 +107,22 @@ GPU_READINGS = (
 def gpu_sample(*, gpu: int = 0, wall_ns: int = 0, **fields: Any) -> GpuSample:
     """GPU ``gpu``'s sample at ``wall_ns``: the readings in ``fields``, every other one ``None`` (not read)."""
     return GpuSample(gpu=gpu, wall_ns=wall_ns, **{**dict.fromkeys(GPU_READINGS, None), **fields})
+
+
+def memory_snapshot(rank: int, peak_bytes: int, *, step: int = 0, wall_ns: int = 1, **fields: Any) -> MemorySnapshot:
+    """Rank ``rank``'s memory at ``step``: everything it holds at its ``peak_bytes`` in weights, unless
+    ``fields`` say otherwise; the device's readings not measured (CPU)."""
+    measured: dict[str, Any] = {
+        "weights_bytes": peak_bytes,
+        "grads_bytes": 0,
+        "optimizer_bytes": 0,
+        "activations_bytes": None,
+        "kv_cache_bytes": None,
+        "allocated_bytes": peak_bytes,
+        "reserved_bytes": peak_bytes,
+        "peak_allocated_bytes": peak_bytes,
+        "device_used_bytes": None,
+        "device_total_bytes": None,
+        "rss_bytes": None,
+    }
+    return MemorySnapshot(rank=rank, step=step, wall_ns=wall_ns, **{**measured, **fields})

@@ -224,6 +224,8 @@ def test_a_sweep_never_writes_into_an_existing_one_and_a_question_without_a_plan
     assert sorted(p.name for p in out.iterdir()) == ["sweep.json"]  # no ranking written over it
     replay = run_meshtop("replay", str(out), cwd=REPO, timeout_s=60)
     assert replay.returncode == 2 and "is not a sweep file this meshtop reads" in replay.stderr
+    served = run_meshtop("replay", str(out), "--metrics-port", "0", cwd=REPO, timeout_s=60)
+    assert served.returncode == 2 and "--metrics-port serves one recording, not a sweep" in served.stderr
     short = sweep(tmp_path / "short", "--ranks", "2", "--steps", "2")
     assert short.returncode == 2 and "give --steps 3 or more" in short.stderr
     empty = sweep(tmp_path / "none", "--ranks", "4", "--model", "tiny", "--plans", "tp4")

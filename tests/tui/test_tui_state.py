@@ -11,7 +11,6 @@ from meshtop.probes.arrivals import Arrivals
 from meshtop.probes.errors import MeshtopError
 from meshtop.probes.events import (
     EventsDropped,
-    MemorySnapshot,
     ProbeOff,
     RankExited,
     StageAction,
@@ -28,7 +27,7 @@ from meshtop.tui.sources import COALESCIBLE, LiveSource, Playback, ReplaySource,
 from meshtop.tui.state import HISTORY, DashboardState, RankView
 from meshtop.tui.views import memory_lines
 from tests.kit import events as kit
-from tests.kit.events import rank_started
+from tests.kit.events import memory_snapshot, rank_started
 from tests.kit.recordings import description
 
 MS = 1_000_000
@@ -116,21 +115,16 @@ def test_alerts_name_a_failed_rank_low_headroom_dropped_telemetry_and_a_probe_th
             rank_started(0),
             rank_started(1),
             RankExited(rank=1, wall_ns=5, exit_code=-9, signal="SIGKILL", error="killed"),
-            MemorySnapshot(  # 95 of 100 bytes at its peak: 5 % headroom
-                rank=0,
-                step=0,
-                wall_ns=1,
+            memory_snapshot(  # 95 of 100 bytes at its peak: 5 % headroom
+                0,
+                95,
                 weights_bytes=10,
                 grads_bytes=10,
                 optimizer_bytes=20,
                 activations_bytes=50,
-                kv_cache_bytes=None,
                 allocated_bytes=40,
                 reserved_bytes=96,
-                peak_allocated_bytes=95,
-                device_used_bytes=None,
                 device_total_bytes=100,
-                rss_bytes=None,
             ),
             EventsDropped(wall_ns=2, rank=0, where="worker", count=7),
             *(
@@ -144,26 +138,6 @@ def test_alerts_name_a_failed_rank_low_headroom_dropped_telemetry_and_a_probe_th
     assert ("warning", "rank 0 memory headroom 5% at its peak (below 10%)") in texts
     assert ("warning", "7 telemetry events dropped (buffers full)") in texts
     assert ("warning", "probe off: pipeline stages on every rank: torch 2.99 has no _wait_batch_p2p") in texts
-
-
-def memory_snapshot(rank: int, peak_bytes: int) -> MemorySnapshot:
-    """A rank's memory at step 0, everything it holds at its peak in weights."""
-    return MemorySnapshot(
-        rank=rank,
-        step=0,
-        wall_ns=1,
-        weights_bytes=peak_bytes,
-        grads_bytes=0,
-        optimizer_bytes=0,
-        activations_bytes=None,
-        kv_cache_bytes=None,
-        allocated_bytes=peak_bytes,
-        reserved_bytes=peak_bytes,
-        peak_allocated_bytes=peak_bytes,
-        device_used_bytes=None,
-        device_total_bytes=None,
-        rss_bytes=None,
-    )
 
 
 def test_memory_bars_draw_only_ranks_the_dashboard_shows_even_when_the_most_loaded_is_not_one() -> None:

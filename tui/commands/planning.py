@@ -201,8 +201,11 @@ def command_sweep(args: argparse.Namespace) -> int:
         if ours and (out / SWEEP_FILE).exists():
             ranked = ranking(out)
             lines = sweep_lines(ranked)
-            (out / "ranking.json").write_text(json.dumps(ranked, indent=1))
-            (out / "ranking.txt").write_text("\n".join(lines) + "\n")
+            try:
+                (out / "ranking.json").write_text(json.dumps(ranked, indent=1))
+                (out / "ranking.txt").write_text("\n".join(lines) + "\n")
+            except OSError as error:  # the plans' recordings are there: the tables are only their index
+                print(f"meshtop: warning: cannot write the sweep's ranking in {out}: {error.strerror}", file=sys.stderr)
             print("\n" + "\n".join(lines), flush=True)
             print(f"sweep: {out} (meshtop replay {out} to browse the plans)", flush=True)
     return exit_code(status)

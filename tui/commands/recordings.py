@@ -91,6 +91,11 @@ def command_replay(args: argparse.Namespace) -> int:
     from meshtop.recordings.sweep import is_sweep
 
     if args.recording is not None and is_sweep(args.recording):
+        for flag, given in (("--metrics-port", args.metrics_port), ("--metrics-bind", args.metrics_bind)):
+            if given is not None:
+                raise PlanError(f"{flag} serves one recording, not a sweep: replay one of the sweep's plans")
+        if args.paused_at is not None:
+            raise PlanError("--paused-at is a step of one recording, not of a sweep: replay one of its plans")
         return replay_sweep(args)
     recording = open_recording(args.recording or sample_recording())
     source = ReplaySource(recording, metrics=args.metrics_port is not None)
