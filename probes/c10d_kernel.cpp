@@ -1,13 +1,16 @@
 // meshtop's collective probe, in C++: the fast path of probes/collectives.py.
 //
 // A boxed kernel for the c10d dispatcher ops (c10d::allreduce_, c10d::send, ...)
-// at the ADInplaceOrView key, as the Python kernel of probes/collectives.py, but
-// without Python on either end of an operation:
+// at the BackendSelect key (in every call's key set, inference mode's included),
+// as the Python kernel of probes/collectives.py, but without Python on either end
+// of an operation:
 //   - issuing: read the op's group, buffer bytes, dtype and peer from the boxed
 //     arguments, stamp the start, redispatch;
 //   - completing: a C++ callback on the work's future stamps the end on the
 //     backend's thread, without the GIL. Works without a future (gloo's send,
-//     recv and reduce-scatter) end when Python's Work.wait returns (waited()).
+//     recv and reduce-scatter) end when Python's Work.wait returns (waited()),
+//     or a functional collective's wait (_c10d_functional::wait_tensor, hooked
+//     at the same key) on one of their outputs, found by its storage.
 //   - waiting: Python's Work.wait calls wait_started() first, which stamps the
 //     start of the first wait on a work still in flight; at completion the
 //     record's waited_ns is the end minus that start (kNone: no wait began).
@@ -81,6 +84,7 @@ struct Record {
   int64_t waited_ns = kNone;      // end_ns - wait_start_ns, set at completion
   bool overlapped = false;        // another operation on its group was in flight with it
   const c10d::Work* work = nullptr;  // its key in State::waitable, or null where that was full
+  std::vector<const void*> outputs;  // its first argument's storages (its outputs), while it may end at a wait
 };
 
 // An in-flight work the wait hook can find. Works without a future are owned here
@@ -102,6 +106,7 @@ struct State {
   int64_t dropped = 0;
   std::vector<std::string> errors;
   std::unordered_set<size_t> without_future;  // Work types whose getFuture throws (gloo's send, recv, ...)
+  std::unordered_map<const void*, const c10d::Work*> by_output;  // futureless works in flight, by output storage
 };
 
 // What a finished operation's JSON line needs beyond its record, as Python named it.
@@ -135,6 +140,8 @@ std::unordered_map<const c10::FunctionSchema*, Shape> shapes;
 std::atomic<int64_t> current_step{kNone};
 std::vector<std::string> typed_ops;  // the ops install() gave a typed kernel (the rest have the boxed one)
 std::unique_ptr<torch::Library> library;
+std::unique_ptr<torch::Library> functional_library;  // _c10d_functional::wait_tensor's kernel
+const c10::DispatchKeySet kBelow(c10::DispatchKeySet::FULL_AFTER, c10::DispatchKey::BackendSelect);
 
 int64_t wall_ns() {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(
@@ -151,6 +158,14 @@ void note_error(const std::string& message) {
 void add_tensor(const at::Tensor& tensor, Record& record) {
   record.nbytes += static_cast<int64_t>(tensor.numel()) * static_cast<int64_t>(tensor.element_size());
   if (record.dtype == kNone) record.dtype = static_cast<int64_t>(tensor.scalar_type());
+}
+
+void add_outputs(const c10::IValue& value, Record& record) {
+  if (value.isTensor()) {
+    record.outputs.push_back(value.toTensor().storage().unsafeGetStorageImpl());
+  } else if (value.isList()) {
+    for (const c10::IValue& item : value.toListRef()) add_outputs(item, record);
+  }
 }
 
 void add_buffer(const c10::IValue& value, Record& record) {
@@ -170,6 +185,7 @@ Record describe(const Shape& shape, const torch::jit::Stack& stack, size_t first
   if (shape.buffer_arg >= 0) add_buffer(stack[first_arg + shape.buffer_arg], record);
   if (shape.times_group) record.nbytes *= record.group_size;
   if (shape.peer_arg >= 0) record.peer = stack[first_arg + shape.peer_arg].toInt();
+  add_outputs(stack[first_arg], record);
   record.step = current_step.load(std::memory_order_relaxed);
   record.start_ns = start_ns;
   return record;
@@ -188,7 +204,12 @@ void complete_locked(State& s, uint64_t id, int64_t end_ns) {
   if (record.work != nullptr) {
     auto entry = s.waitable.find(record.work);
     if (entry != s.waitable.end() && entry->second.id == id) s.waitable.erase(entry);
+    for (const void* output : record.outputs) {
+      auto by = s.by_output.find(output);
+      if (by != s.by_output.end() && by->second == record.work) s.by_output.erase(by);
+    }
   }
+  record.outputs.clear();
   if (s.done.size() < kMaxDone) {
     s.done.push_back(std::move(found->second));
   } else {
@@ -223,7 +244,11 @@ void track(Record record, const c10::intrusive_ptr<c10d::Work>& work) {
     if (room) {
       record.work = work.get();
       s.waitable.insert_or_assign(work.get(), Waitable{future ? nullptr : work, id});
+      if (!future) {
+        for (const void* output : record.outputs) s.by_output.insert_or_assign(output, work.get());
+      }
     }
+    if (future) record.outputs.clear();  // ends in its callback: no wait needs to find it
     s.in_flight.emplace(id, std::move(record));
   }
   if (future) {
@@ -247,7 +272,7 @@ void kernel(const c10::OperatorHandle& op, c10::DispatchKeySet keys, torch::jit:
   } catch (const std::exception& error) {  // a probe must never break the job it measures
     note_error(op.schema().name() + ": " + error.what());
   }
-  op.redispatchBoxed(keys & c10::after_ADInplaceOrView_keyset, stack);
+  op.redispatchBoxed(keys & kBelow, stack);
   if (!record) return;
   try {
     const c10::IValue& out = stack->back();
@@ -276,9 +301,13 @@ void take_argument(Record& record, const Shape& shape, int64_t index, const T& v
     }
   } else if constexpr (std::is_same_v<V, at::Tensor>) {
     if (index == shape.buffer_arg) add_tensor(value, record);
+    if (index == 0) record.outputs.push_back(value.storage().unsafeGetStorageImpl());
   } else if constexpr (std::is_same_v<V, at::TensorList>) {
     if (index == shape.buffer_arg) {
       for (const at::Tensor& tensor : value) add_tensor(tensor, record);
+    }
+    if (index == 0) {
+      for (const at::Tensor& tensor : value) record.outputs.push_back(tensor.storage().unsafeGetStorageImpl());
     }
   } else if constexpr (std::is_same_v<V, int64_t>) {
     if (index == shape.peer_arg) record.peer = value;
@@ -319,7 +348,7 @@ struct Typed<Slot, Result(Args...)> {
       note_error(name + ": " + error.what());
       record.reset();
     }
-    Result out = handle->redispatch(keys & c10::after_ADInplaceOrView_keyset, std::forward<Args>(args)...);
+    Result out = handle->redispatch(keys & kBelow, std::forward<Args>(args)...);
     if (record) {
       try {
         track(std::move(*record), work_of(out));
@@ -368,11 +397,13 @@ const std::unordered_map<std::string, bool (*)(const std::string&, const Shape&)
 
 using Row = std::tuple<std::string, int64_t, int64_t, int64_t, int64_t, bool>;
 
+void install_wait_tensor();
+
 void install(const std::vector<Row>& table) {
   library.reset();
   shapes.clear();
   library = std::make_unique<torch::Library>(
-      torch::Library::IMPL, "c10d", c10::DispatchKey::ADInplaceOrView, __FILE__, __LINE__);
+      torch::Library::IMPL, "c10d", c10::DispatchKey::BackendSelect, __FILE__, __LINE__);
   typed_ops.clear();
   for (const auto& [name, op, group_arg, buffer_arg, peer_arg, times_group] : table) {
     const Shape shape{op, group_arg, buffer_arg, peer_arg, times_group};
@@ -385,6 +416,7 @@ void install(const std::vector<Row>& table) {
     const auto handle = c10::Dispatcher::singleton().findSchema(c10::OperatorName("c10d::" + name, ""));
     if (handle) shapes[&handle->schema()] = Shape{op, group_arg, buffer_arg, peer_arg, times_group};
   }
+  install_wait_tensor();
 }
 
 // ---- the wire's JSON lines -----------------------------------------------------------------
@@ -574,6 +606,46 @@ void waited(const c10d::Work* work) {
   complete_locked(s, id, end_ns);
 }
 
+// ---- functional collectives' wait -------------------------------------------------------------
+// A functional collective (DTensor's redistributions, sequence parallelism) registers its work with torch
+// and waits on it in C++ (_c10d_functional::wait_tensor), never through Python's Work.wait: a work without
+// a future (gloo's reduce-scatter) is ended here, found by the storage of the output tensor waited on.
+
+std::optional<c10::TypedOperatorHandle<at::Tensor(const at::Tensor&)>> wait_tensor_op;
+
+at::Tensor wait_tensor(c10::DispatchKeySet keys, const at::Tensor& tensor) {
+  const c10d::Work* work = nullptr;
+  {
+    State& s = state();
+    std::lock_guard<std::mutex> lock(s.mu);
+    if (!s.by_output.empty()) {  // nothing futureless in flight (the common case): no lookup
+      auto found = s.by_output.find(tensor.storage().unsafeGetStorageImpl());
+      if (found != s.by_output.end()) work = found->second;
+    }
+  }
+  if (work != nullptr) wait_started(work);
+  at::Tensor out = wait_tensor_op->redispatch(keys & kBelow, tensor);
+  if (work != nullptr) waited(work);  // the entry owns a futureless work: the pointer is still its
+  return out;
+}
+
+void install_wait_tensor() {
+  functional_library.reset();
+  wait_tensor_op.reset();
+  const auto handle = c10::Dispatcher::singleton().findSchema(c10::OperatorName("_c10d_functional::wait_tensor", ""));
+  if (!handle) return;  // a torch without functional collectives: nothing to hook
+  try {
+    wait_tensor_op = handle->typed<at::Tensor(const at::Tensor&)>();
+    functional_library = std::make_unique<torch::Library>(
+        torch::Library::IMPL, "_c10d_functional", c10::DispatchKey::BackendSelect, __FILE__, __LINE__);
+    functional_library->impl("wait_tensor", TORCH_FN(wait_tensor));
+  } catch (const c10::Error& error) {
+    note_error(std::string("wait_tensor: ") + error.what());
+    functional_library.reset();
+    wait_tensor_op.reset();
+  }
+}
+
 // Work.wait as Python sees it, wrapped: wait_started, the original (torch's binding, which releases the
 // GIL), then waited. Written against CPython's vectorcall rather than as a pybind11 function, so a wait
 // pays for no argument parsing of the probe's: about half a microsecond instead of one.
@@ -612,6 +684,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("install", &install, "Register the kernel for these c10d ops: (name, op, group, buffer, peer, times_group)");
   m.def("uninstall", [] {
     library.reset();
+    functional_library.reset();
   });
   m.def("set_step", [](std::optional<int64_t> step) {
     current_step.store(step.value_or(kNone), std::memory_order_relaxed);

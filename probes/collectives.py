@@ -3,8 +3,12 @@
 Every c10d collective, from a direct ``torch.distributed`` call, DDP's C++
 reducer, FSDP2 or DTensor's functional collectives, ends in a dispatcher op
 of the ``c10d`` namespace (``c10d::allreduce_``, ...). The probe registers a
-kernel for those ops alone at the ``ADInplaceOrView`` key, which every
-(non-inference) tensor carries and which comes before the backend's kernel.
+kernel for those ops alone at the ``BackendSelect`` key: it is in every call's
+key set (it is in the thread's default included set, which
+``torch.inference_mode`` leaves alone, where it excludes ``ADInplaceOrView``
+and autograd: a kernel there missed every collective under inference mode),
+and it comes right before the backend's kernel, after autograd,
+functionalization and fake tensors (a traced call is not a collective run).
 The kernel comes in two builds:
 
 - **C++** (``c10d_kernel.cpp``, built by :mod:`meshtop.probes.native`), used on gloo
@@ -29,15 +33,17 @@ The kernel comes in two builds:
   C-level queue instead was tried and measured slower in real jobs: the
   watcher's wake-ups contend for the GIL with the training thread);
 - gloo works that have no future (send, recv, reduce-scatter): the return of
-  the caller's ``wait()``, which ``Work.wait`` is wrapped to see;
+  the caller's ``wait()``, which ``Work.wait`` is wrapped to see; functional
+  collectives (DTensor, sequence parallelism) wait in C++ through
+  ``_c10d_functional::wait_tensor``, which is hooked at the same key and ends
+  the work whose output tensor it waits on (found by the tensor's storage);
 - nccl: the work's own CUDA-event timing (``TORCH_NCCL_ENABLE_TIMING=1``),
   read by a watcher thread once the work is done, so the host never blocks.
 
-In C++, works without a future end at Python's ``Work.wait`` too. Nothing is
-computed per call beyond what is needed to find the end; the event is built
-when the operation completes (Python) or is drained (C++). Tensors made under
-``torch.inference_mode`` carry no ``ADInplaceOrView`` key and are not seen:
-the workloads use ``torch.no_grad`` instead.
+In C++, works without a future end at Python's ``Work.wait`` or at
+``wait_tensor`` too. Nothing is computed per call beyond what is needed to find
+the end; the event is built when the operation completes (Python) or is
+drained (C++).
 
 Both kernels also say how each operation was waited for, the same way:
 
@@ -86,6 +92,15 @@ def _nbytes(value: Any) -> int:
     if isinstance(value, (list, tuple)):
         return sum(_nbytes(item) for item in value)
     return 0
+
+
+def _storages(value: Any) -> tuple[int, ...]:
+    """The storage addresses of the tensors in ``value`` (a tensor or a list of them)."""
+    if isinstance(value, torch.Tensor):
+        return (value.untyped_storage().data_ptr(),)
+    if isinstance(value, (list, tuple)):
+        return tuple(address for item in value for address in _storages(item))
+    return ()
 
 
 def _first_tensor(value: Any) -> torch.Tensor | None:
@@ -199,6 +214,8 @@ class _Issued:
     """``id`` of its work in :attr:`CollectiveProbe._waitable`, where the wait wrapper finds it."""
     ends_at_wait: bool = False
     """Its work has no future: it completes when a wait on it returns (gloo's send, recv, reduce-scatter)."""
+    storages: tuple[int, ...] = ()
+    """Where it ends at a wait: its output tensors' storages, by which ``wait_tensor`` finds its work."""
 
 
 class CollectiveProbe:
@@ -240,6 +257,7 @@ class CollectiveProbe:
         self._naming = threading.Lock()
         """The shipper thread and the training thread (at uninstall) both flush."""
         self._library: torch.library.Library | None = None
+        self._functional_library: torch.library.Library | None = None
         self._lock = threading.Lock()
         """Guards the two maps below and the in-flight records' wait and overlap marks: completions arrive
         on the backend's thread, waits on any thread."""
@@ -250,6 +268,9 @@ class CollectiveProbe:
         has run: this reference is never the last one there."""
         self._in_flight: dict[int, _Issued] = {}
         """Issued and not yet complete, by ``id``: where a hung rank is stuck, and what a new one overlaps."""
+        self._by_storage: dict[int, Work] = {}
+        """Futureless works in flight by their outputs' storage addresses, for the ``wait_tensor`` hook
+        (a functional collective's wait, in C++, never calls Python's ``Work.wait``)."""
         self._without_future: set[str] = set()
         """c10d ops whose works have no future on this backend."""
         self._device_pending: list[tuple[Work, _Issued]] = []
@@ -292,16 +313,23 @@ class CollectiveProbe:
         self.native.install(self._native_rows)
 
     def _install_python(self) -> None:
-        below = torch._C._dispatch_keyset_full_after(torch._C.DispatchKey.ADInplaceOrView)
+        below = torch._C._dispatch_keyset_full_after(torch._C.DispatchKey.BackendSelect)
         library = torch.library.Library("c10d", "IMPL")
         for name, shape in C10D_OPS.items():
             packet = getattr(torch.ops.c10d, name, None)
             if packet is None:  # an op this torch release does not have
                 continue
             library.impl(
-                name, self._kernel(packet.default._handle, name, shape, below), "ADInplaceOrView", with_keyset=True
+                name, self._kernel(packet.default._handle, name, shape, below), "BackendSelect", with_keyset=True
             )
         self._library = library
+        wait_tensor = getattr(getattr(torch.ops, "_c10d_functional", None), "wait_tensor", None)
+        if wait_tensor is not None:  # functional collectives' wait (every supported torch has it)
+            functional = torch.library.Library("_c10d_functional", "IMPL")
+            functional.impl(
+                "wait_tensor", self._wait_tensor(wait_tensor.default._handle, below), "BackendSelect", with_keyset=True
+            )
+            self._functional_library = functional
         for method, shape in P2P_METHODS.items():
             self._patches.replace(ProcessGroup, method, self._p2p_wrapper(getattr(ProcessGroup, method), shape))
 
@@ -309,9 +337,10 @@ class CollectiveProbe:
         self._stopping.set()
         if self.native is not None:
             self.native.uninstall()
-        if self._library is not None:
-            self._library._destroy()
-            self._library = None
+        for library in (self._library, self._functional_library):
+            if library is not None:
+                library._destroy()
+        self._library = self._functional_library = None
         self._patches.restore()
 
     def step_changed(self, step: int | None) -> None:
@@ -384,6 +413,24 @@ class CollectiveProbe:
 
         return kernel
 
+    def _wait_tensor(self, handle: Any, below: Any) -> Callable[..., Any]:
+        """``_c10d_functional::wait_tensor``'s kernel: a wait on a futureless work's output waits through
+        ``Work.wait`` (wrapped: it stamps the wait and ends the work) before the functional wait, which then
+        finds the work complete."""
+        by_storage = self._by_storage
+
+        def wait_tensor(keyset: Any, tensor: torch.Tensor) -> Any:
+            if by_storage:  # nothing futureless in flight (nccl, gloo's all-reduce): no lookup at all
+                work = by_storage.get(tensor.untyped_storage().data_ptr())
+                if work is not None:
+                    try:
+                        Work.wait(work)  # looked up now: the wrapper, installed after this kernel
+                    except Exception as error:  # the functional wait below raises it for the job, as torch does
+                        self.on_error(f"collective probe (wait_tensor): {error!r}")
+            return handle.redispatch_boxed(keyset & below, tensor)
+
+        return wait_tensor
+
     def _p2p_wrapper(self, original: Callable[..., Any], shape: OpShape) -> Callable[..., Any]:
         def p2p(group: ProcessGroup, *args: Any, **kwargs: Any) -> Any:
             start_ns = time.time_ns()
@@ -426,6 +473,10 @@ class CollectiveProbe:
             if waitable:
                 issued.work_key = id(work)
                 self._waitable[id(work)] = (work, issued)
+                if issued.ends_at_wait and shape.group_arg >= 0:  # a c10d op: its outputs are its first argument
+                    issued.storages = _storages(args[0])
+                    for storage in issued.storages:
+                        self._by_storage[storage] = work
         if self.device_timing:
             with self._device_lock:
                 self._device_pending.append((work, issued))
@@ -450,6 +501,9 @@ class CollectiveProbe:
             self._in_flight.pop(id(issued), None)
             if issued.work_key is not None and (entry := self._waitable.get(issued.work_key)) and entry[1] is issued:
                 del self._waitable[issued.work_key]
+                for storage in issued.storages:
+                    if self._by_storage.get(storage) is entry[0]:
+                        del self._by_storage[storage]
             wait_start_ns = issued.wait_start_ns
         # A wait stamped just before the end but recorded just after it did not block on this operation.
         waited_ns = end_ns - wait_start_ns if wait_start_ns is not None and wait_start_ns <= end_ns else None
