@@ -63,7 +63,6 @@ from __future__ import annotations
 
 import threading
 import time
-import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
@@ -74,6 +73,16 @@ import torch
 from torch._C._distributed_c10d import ProcessGroup, Work
 
 from meshtop.probes.arrivals import decode_lines
+from meshtop.probes.c10d_ops import (
+    C10D_OPS,
+    P2P_METHODS,
+    OpShape,
+    dtype_names,
+    first_tensor,
+    native_table,
+    nbytes_of,
+    storages_of,
+)
 from meshtop.probes.events import CollectiveTiming, Event
 from meshtop.probes.groups import GroupDirectory, GroupInfo
 from meshtop.probes.patching import Patches, require
@@ -84,115 +93,6 @@ NATIVE_BLOCK = 10_000
 MAX_WAITABLE = 10_000
 """In-flight works the ``Work.wait`` wrapper can find (the C++ kernel's kMaxWaitable): beyond it an operation
 with a future is still timed, without ``waited_ns``, and one without a future is not tracked at all."""
-
-
-def _nbytes(value: Any) -> int:
-    if isinstance(value, torch.Tensor):
-        return value.numel() * value.element_size()
-    if isinstance(value, (list, tuple)):
-        return sum(_nbytes(item) for item in value)
-    return 0
-
-
-def _storages(value: Any) -> tuple[int, ...]:
-    """The storage addresses of the tensors in ``value`` (a tensor or a list of them)."""
-    if isinstance(value, torch.Tensor):
-        return (value.untyped_storage().data_ptr(),)
-    if isinstance(value, (list, tuple)):
-        return tuple(address for item in value for address in _storages(item))
-    return ()
-
-
-def _first_tensor(value: Any) -> torch.Tensor | None:
-    if isinstance(value, torch.Tensor):
-        return value
-    if isinstance(value, (list, tuple)):
-        for item in value:
-            if (found := _first_tensor(item)) is not None:
-                return found
-    return None
-
-
-@dataclass(frozen=True, slots=True)
-class OpShape:
-    """How to read one c10d op's arguments."""
-
-    op: str
-    """The plain op name that events carry."""
-    group_arg: int
-    buffer_arg: int
-    """The argument whose bytes are S (for gathers, the whole output; for scatters, the whole input)."""
-    peer_arg: int | None = None
-    times_group: bool = False
-    """S is ``group_size`` times the buffer's bytes (gather's input, scatter's output)."""
-
-
-# Op names differ by caller (DTensor uses the coalesced all-gather / reduce-scatter,
-# FSDP2 the _base variants); all map to the plain names.
-C10D_OPS: dict[str, OpShape] = {
-    "allreduce_": OpShape("all_reduce", 1, 0),
-    "allreduce_coalesced_": OpShape("all_reduce", 1, 0),
-    "allgather_": OpShape("all_gather", 2, 0),
-    "_allgather_base_": OpShape("all_gather", 2, 0),
-    "allgather_coalesced_": OpShape("all_gather", 2, 0),
-    "allgather_into_tensor_coalesced_": OpShape("all_gather", 2, 0),
-    "reduce_scatter_": OpShape("reduce_scatter", 2, 1),
-    "_reduce_scatter_base_": OpShape("reduce_scatter", 2, 1),
-    "reduce_scatter_tensor_coalesced_": OpShape("reduce_scatter", 2, 1),
-    "broadcast_": OpShape("broadcast", 1, 0),
-    "reduce_": OpShape("reduce", 1, 0),
-    "gather_": OpShape("gather", 2, 1, times_group=True),
-    "scatter_": OpShape("scatter", 2, 0, times_group=True),
-    "alltoall_": OpShape("all_to_all", 2, 1),
-    "alltoall_base_": OpShape("all_to_all", 2, 1),
-    "barrier": OpShape("barrier", 1, -1),
-}
-# ProcessGroup methods for P2P: the arguments after ``self`` are (tensors, peer, tag).
-# The c10d ops behind those methods, for the C++ kernel: (tensors, group, peer, tag).
-P2P_OPS: dict[str, OpShape] = {
-    "send": OpShape("send", 1, 0, peer_arg=2),
-    "recv_": OpShape("recv", 1, 0, peer_arg=2),
-    "recv_any_source_": OpShape("recv", 1, 0),
-}
-P2P_METHODS: dict[str, OpShape] = {
-    "send": OpShape("send", -1, 0, peer_arg=1),
-    "recv": OpShape("recv", -1, 0, peer_arg=1),
-    "recv_anysource": OpShape("recv", -1, 0),
-}
-
-
-def dtype_names(native: ModuleType) -> dict[int, str]:
-    """torch's dtype names (``float32``, ...) by the integer the C++ kernel reports (c10's ScalarType)."""
-    names = {}
-    with warnings.catch_warnings():  # "experimental" and "deprecated" dtypes: they only need a name here
-        warnings.simplefilter("ignore")
-        for dtype in {value for value in vars(torch).values() if isinstance(value, torch.dtype)}:
-            try:
-                code = native.scalar_type(torch.empty(0, dtype=dtype))
-            except (RuntimeError, TypeError):  # a dtype no tensor can be made of here
-                continue
-            names[code] = str(dtype).removeprefix("torch.")
-    return names
-
-
-def native_table() -> tuple[list[OpShape], list[tuple[str, int, int, int, int, bool]]]:
-    """The ops the C++ kernel hooks, and its install rows: (name, index, group, buffer, peer or -1, times_group)."""
-    shapes, rows = [], []
-    for name, shape in {**C10D_OPS, **P2P_OPS}.items():
-        if getattr(torch.ops.c10d, name, None) is None:  # an op this torch release does not have
-            continue
-        rows.append(
-            (
-                name,
-                len(shapes),
-                shape.group_arg,
-                shape.buffer_arg,
-                -1 if shape.peer_arg is None else shape.peer_arg,
-                shape.times_group,
-            )
-        )
-        shapes.append(shape)
-    return shapes, rows
 
 
 @dataclass(slots=True)
@@ -452,8 +352,8 @@ class CollectiveProbe:
     ) -> None:
         """Note an issued operation and arrange to learn when it completes (and when it is waited for)."""
         buffer = args[shape.buffer_arg] if shape.buffer_arg >= 0 else None
-        nbytes = _nbytes(buffer) * (group.size if shape.times_group else 1)
-        tensor = _first_tensor(buffer)
+        nbytes = nbytes_of(buffer) * (group.size if shape.times_group else 1)
+        tensor = first_tensor(buffer)
         peer = group.global_rank(args[shape.peer_arg]) if shape.peer_arg is not None else None
         dtype = str(tensor.dtype).removeprefix("torch.") if tensor is not None else None
         issued = _Issued(shape, group, peer, nbytes, dtype, self.step(), start_ns)
@@ -474,7 +374,7 @@ class CollectiveProbe:
                 issued.work_key = id(work)
                 self._waitable[id(work)] = (work, issued)
                 if issued.ends_at_wait and shape.group_arg >= 0:  # a c10d op: its outputs are its first argument
-                    issued.storages = _storages(args[0])
+                    issued.storages = storages_of(args[0])
                     for storage in issued.storages:
                         self._by_storage[storage] = work
         if self.device_timing:
