@@ -87,8 +87,13 @@ def folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def record(folder: Path, out: Path, *command: str) -> subprocess.CompletedProcess[str]:
+    return meshtop_in(folder, "record", str(out), "--", *command)
+
+
+def meshtop_in(folder: Path, *argv: str) -> subprocess.CompletedProcess[str]:
+    """The installed ``meshtop ARGV``, started in ``folder``, no GPU visible."""
     return subprocess.run(
-        [str(MESHTOP), "record", str(out), "--", *command],
+        [str(MESHTOP), *argv],
         capture_output=True,
         text=True,
         timeout=300,
@@ -152,13 +157,7 @@ def test_a_meshtop_py_beside_the_script_does_not_stop_the_launcher(tmp_path: Pat
     assert Counter((row["rank"], row["op"]) for row in table(out, "collective")) == Counter(
         {(rank, "barrier"): 1 for rank in range(RANKS)}
     )
-    builtin = subprocess.run(  # the built-in runner's ranks do not search the folder either (PYTHONSAFEPATH)
-        [str(MESHTOP), "record", str(tmp_path / "builtin"), "--model", "tiny", "--dp", "2", "--steps", "2"],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        cwd=tmp_path,
-        env={**os.environ, "CUDA_VISIBLE_DEVICES": ""},
-    )
+    # the built-in runner's ranks do not search the folder either (PYTHONSAFEPATH)
+    builtin = meshtop_in(tmp_path, "record", str(tmp_path / "builtin"), "--model", "tiny", "--dp", "2", "--steps", "2")
     assert builtin.returncode == 0, builtin.stdout + builtin.stderr
     assert len(table(tmp_path / "builtin", "step")) == 2 * 2  # two steps on each of its 2 ranks
