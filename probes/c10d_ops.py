@@ -85,6 +85,10 @@ P2P_METHODS: dict[str, OpShape] = {
     "recv_anysource": OpShape("recv", -1, 0),
 }
 
+MONITORED_BARRIER = OpShape("barrier", -1, -1)
+"""gloo's monitored barrier (``ProcessGroup.monitored_barrier``), which issues no c10d op: a barrier, timed in
+Python by both kernels."""
+
 
 def dtype_names(native: ModuleType) -> dict[int, str]:
     """torch's dtype names (``float32``, ...) by the integer the C++ kernel reports (c10's ScalarType)."""

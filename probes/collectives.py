@@ -41,9 +41,14 @@ The kernel comes in two builds:
   read by a watcher thread once the work is done, so the host never blocks.
 
 In C++, works without a future end at Python's ``Work.wait`` or at
-``wait_tensor`` too. Nothing is computed per call beyond what is needed to find
-the end; the event is built when the operation completes (Python) or is
-drained (C++).
+``wait_tensor`` too. gloo completes such a work only inside a wait on it (its
+``is_completed`` stays false until then, and a reduce-scatter's output is
+written there), so one that nobody waits on is never complete: it stays in
+flight and is not recorded. gloo's monitored barrier issues no c10d op (gloo
+carries it out with its own sends and receives): both kernels time it around
+``ProcessGroup.monitored_barrier``, which returns once every rank arrived.
+Nothing is computed per call beyond what is needed to find the end; the event
+is built when the operation completes (Python) or is drained (C++).
 
 Both kernels also say how each operation was waited for, the same way:
 
@@ -75,6 +80,7 @@ from torch._C._distributed_c10d import ProcessGroup, Work
 from meshtop.probes.arrivals import decode_lines
 from meshtop.probes.c10d_ops import (
     C10D_OPS,
+    MONITORED_BARRIER,
     P2P_METHODS,
     OpShape,
     dtype_names,
@@ -191,6 +197,10 @@ class CollectiveProbe:
         else:
             self._install_python()
         self._patch_wait()
+        if hasattr(ProcessGroup, "monitored_barrier"):
+            self._patches.replace(
+                ProcessGroup, "monitored_barrier", self._monitored_barrier(ProcessGroup.monitored_barrier)
+            )
         if self.device_timing and (self._watcher is None or not self._watcher.is_alive()):
             self._watcher = threading.Thread(target=self._watch_device, name="meshtop-nccl-timing", daemon=True)
             self._watcher.start()
@@ -343,6 +353,32 @@ class CollectiveProbe:
 
         return p2p
 
+    def _monitored_barrier(self, original: Callable[..., Any]) -> Callable[..., Any]:
+        """gloo's monitored barrier: gloo carries it out with its own sends and receives, never through a c10d
+        op, so neither kernel sees it; it is timed around the call (it returns once every rank arrived)."""
+
+        def monitored_barrier(group: ProcessGroup, *args: Any, **kwargs: Any) -> Any:
+            issued = None
+            try:
+                group_info = self.groups.of_group(group)
+                issued = _Issued(MONITORED_BARRIER, group_info, None, 0, None, self.step(), time.time_ns())
+                with self._lock:
+                    self._in_flight[id(issued)] = issued
+            except Exception as error:
+                self.on_error(f"collective probe (monitored_barrier): {error!r}")
+            try:
+                result = original(group, *args, **kwargs)
+            except BaseException:
+                if issued is not None:
+                    with self._lock:
+                        self._in_flight.pop(id(issued), None)
+                raise
+            if issued is not None:
+                self._completed(issued)
+            return result
+
+        return monitored_barrier
+
     def _issued(self, name: str, shape: OpShape, args: tuple[Any, ...], out: Any, start_ns: int) -> None:
         work = Work.unbox(out[-1] if isinstance(out, tuple) else out)
         self._track(name, shape, work, self.groups.lookup(args[shape.group_arg]), args, start_ns)
@@ -399,15 +435,23 @@ class CollectiveProbe:
             end_ns = time.time_ns()
         with self._lock:
             self._in_flight.pop(id(issued), None)
-            if issued.work_key is not None and (entry := self._waitable.get(issued.work_key)) and entry[1] is issued:
-                del self._waitable[issued.work_key]
-                for storage in issued.storages:
-                    if self._by_storage.get(storage) is entry[0]:
-                        del self._by_storage[storage]
+            self._take_waitable(issued)
             wait_start_ns = issued.wait_start_ns
         # A wait stamped just before the end but recorded just after it did not block on this operation.
         waited_ns = end_ns - wait_start_ns if wait_start_ns is not None and wait_start_ns <= end_ns else None
         self.emit(self._event(issued, end_ns=end_ns, waited_ns=waited_ns, clock=clock))
+
+    def _take_waitable(self, issued: _Issued) -> bool:
+        """Under the lock: take ``issued``'s work out of the maps a wait finds it by; whether it was there
+        (so of two threads ending one work, only the one that took it ends it)."""
+        entry = self._waitable.get(issued.work_key) if issued.work_key is not None else None
+        if entry is None or entry[1] is not issued:
+            return False
+        del self._waitable[issued.work_key]  # type: ignore[arg-type]
+        for storage in issued.storages:
+            if self._by_storage.get(storage) is entry[0]:
+                del self._by_storage[storage]
+        return True
 
     def _event(
         self, issued: _Issued, *, end_ns: int, waited_ns: int | None, clock: str = "completion"
@@ -462,7 +506,7 @@ class CollectiveProbe:
             self._patches.replace(Work, "wait", self.native.make_wait(original))
             return
 
-        waitable, lock, completed = self._waitable, self._lock, self._completed
+        waitable, lock, completed, take = self._waitable, self._lock, self._completed, self._take_waitable
 
         def wait(work: Work, *args: Any, **kwargs: Any) -> Any:
             if waitable:  # nothing in flight (the common case between steps): no clock, no lock
@@ -476,8 +520,7 @@ class CollectiveProbe:
                 ended: _Issued | None = None
                 with lock:  # taken out under the lock, so two waits on one work do not both end it
                     pending = waitable.get(id(work))
-                    if pending is not None and pending[0] is work and pending[1].ends_at_wait:
-                        del waitable[id(work)]
+                    if pending is not None and pending[0] is work and pending[1].ends_at_wait and take(pending[1]):
                         ended = pending[1]
                 if ended is not None:
                     completed(ended)

@@ -146,6 +146,12 @@ def main(out_dir: str) -> None:
     run_naming(probes, groups, odd)
     naming_from_lines = sink.from_lines - lines_before_naming
     dist.barrier()
+    probe = probes._collectives
+    assert probe is not None
+    # every work has ended: nothing may stay where a wait finds a work (a stale output storage would keep
+    # the work alive, and send a later functional wait on a reused storage to it)
+    left = {"in_flight": probes.progress().in_flight, "waitable": len(probe._waitable)}
+    left["by_storage"] = len(probe._by_storage)
     probes.uninstall()
     report = {
         "scenarios_from_ns": scenarios_from_ns,
@@ -155,6 +161,7 @@ def main(out_dir: str) -> None:
         "progress": dataclasses.asdict(progress) if progress is not None else None,
         "from_lines": sink.from_lines,
         "naming_from_lines": naming_from_lines,
+        "left": left,
     }
     Path(out_dir, f"rank-{rank}.json").write_text(json.dumps(report))
     dist.destroy_process_group()

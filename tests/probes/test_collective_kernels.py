@@ -197,3 +197,11 @@ def test_a_source_that_does_not_compile_is_one_line_and_no_module(
         native.build()
     assert "\n" not in str(raised.value)
     assert native.environment_value().startswith(native.UNAVAILABLE + "cannot build")
+
+
+def test_each_kernel_forgets_every_work_once_it_ended(reports: tuple[str, list[dict]]) -> None:
+    """After every operation ended, nothing is in flight and no map a wait looks works up in holds one (the
+    C++ kernel keeps its own: its in-flight count says it)."""
+    _, ranks = reports
+    for rank, report in enumerate(ranks):
+        assert report["left"] == {"in_flight": 0, "waitable": 0, "by_storage": 0}, f"rank {rank}"
