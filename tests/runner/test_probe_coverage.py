@@ -12,13 +12,17 @@ import json
 import os
 import subprocess
 import sys
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
+import pyarrow.parquet as pq
 import pytest
 
 from meshtop.probes.native import NATIVE_ENV
 from meshtop.runner.plan import RunSpec, resolve
+from tests.kit.commands import run_meshtop
+from tests.kit.flight import hooked, totals, witnessed
 
 pytestmark = pytest.mark.slow
 POINT_TO_POINT = {"send", "recv"}
@@ -99,3 +103,53 @@ def test_hooks_record_each_operation_as_torch_records_it(
             assert [op[0] for op in witness[1]].count("send") == run.microbatches, f"rank {rank}"
         else:
             assert witness[1] == []
+
+
+EXAMPLES = {
+    # script: (the op counted, how many a step a rank): see each example's docstring
+    "sp.py": ("reduce_scatter", 2),  # sequence parallelism: DTensor's functional reduce-scatters
+    "ep.py": ("all_to_all", 5),  # expert parallelism: token counts, tokens there and back, twice over
+}
+EXAMPLE_STEPS = 3
+
+
+@pytest.mark.parametrize("example", EXAMPLES)
+def test_examples_record_each_operation_torch_records(
+    example: str, collective_kernel: tuple[str, str], tmp_path: Path
+) -> None:
+    """A user's script, run by ``meshtop record`` as it is: per rank, the bytes of each (op family, group,
+    dtype) over the whole run equal the flight recorder's (``tests/fr_witness.py`` keeps its records), and
+    the example's own collective comes as often as its docstring says."""
+    if not has_flight_recorder():
+        pytest.skip("this torch has no flight recorder (torch._C._distributed_c10d._dump_fr_trace_json)")
+    _, native_env = collective_kernel
+    out, witness = tmp_path / "rec", tmp_path / "witness"
+    witness.mkdir()
+    root = Path(__file__).resolve().parents[2]
+    done = run_meshtop(
+        "record",
+        out,
+        "--",
+        "torchrun",
+        "--standalone",
+        "--nproc-per-node=2",
+        str(root / "tests" / "fr_witness.py"),
+        str(witness),
+        str(root / "examples" / example),
+        "--steps",
+        str(EXAMPLE_STEPS),
+        cwd=tmp_path,
+        env={NATIVE_ENV: native_env, "CUDA_VISIBLE_DEVICES": "", "TORCH_FR_BUFFER_SIZE": "2000"},
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    rows = pq.read_table(out / "events" / "collective.parquet").to_pylist()
+    op, per_step = EXAMPLES[example]
+    for rank in range(2):
+        records = json.loads((witness / f"records-{rank}.json").read_text())
+        assert records, f"rank {rank}: no flight record (is TORCH_FR_BUFFER_SIZE set?)"
+        mine = [row for row in rows if row["rank"] == rank]
+        assert {row["group_size"] for row in mine} == {2}, "every group of the example spans both ranks"
+        recorded = totals([hooked(row["op"], (0, 1), row["dtype"], row["bytes"]) for row in mine])
+        assert recorded == totals([witnessed(record) for record in records]), f"rank {rank}"
+        counted = Counter(row["step"] for row in mine if row["op"] == op)
+        assert counted == {step: per_step for step in range(EXAMPLE_STEPS)}, f"rank {rank}: {op}s a step"
