@@ -69,11 +69,20 @@ class Fleet:
     """The other nodes of ``nodes``, as their control messages tell the head; thread-safe (the collector's
     threads call :meth:`on_control`, the session's loop the rest)."""
 
-    def __init__(self, nodes: Nodes, *, silent_s: float = NODE_SILENT_S, reconnect_s: float = RECONNECT_S) -> None:
+    def __init__(
+        self,
+        nodes: Nodes,
+        *,
+        silent_s: float = NODE_SILENT_S,
+        reconnect_s: float = RECONNECT_S,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self._head = nodes
         """The job's nodes, seen from the head (this node)."""
         self.silent_s = silent_s
         self.reconnect_s = reconnect_s
+        self._clock = clock
+        """Seconds, for silences and reconnects (a test's own clock: a busy machine stretches real ones)."""
         self._lock = threading.Lock()
         self._nodes = {node: NodeState(node) for node in nodes.others}
         self._events: list[Event] = []
@@ -83,7 +92,7 @@ class Fleet:
     # -- the collector's side
 
     def on_control(self, header: dict[str, Any], connection: int) -> dict[str, Any]:
-        now = time.monotonic()
+        now = self._clock()
         with self._lock:
             state = self._nodes[header["node"]]  # the collector checked it is one of the job's
             what = header.get("control")
@@ -158,7 +167,7 @@ class Fleet:
 
     def lost(self) -> NodeState | None:
         """The first node lost (its stream closed without a last word, or silent too long), if any."""
-        now = time.monotonic()
+        now = self._clock()
         with self._lock:
             for state in self._nodes.values():
                 if state.lost is not None or state.bye is not None or not state.last_seen:

@@ -7,8 +7,12 @@ import contextlib
 import io
 import json
 import os
+import queue
+import re
 import subprocess
 import sys
+import threading
+import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -69,3 +73,33 @@ def one_line_error(argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:
     assert len(lines) == 1, captured.err
     assert lines[0].startswith("meshtop: error: "), lines[0]
     return lines[0]
+
+
+def line_matching(process: subprocess.Popen[str], pattern: str, timeout_s: float = 120) -> re.Match[str]:
+    """The first line ``process`` writes that matches ``pattern``; fails the test if it ends first, or writes
+    no such line within ``timeout_s``. A thread reads the lines (a read on the pipe cannot be given a
+    deadline) and stops at the match; the lines after it are left in the pipe."""
+    assert process.stdout is not None
+    stdout = process.stdout
+    lines: queue.Queue[str] = queue.Queue()
+
+    def read() -> None:
+        for line in iter(stdout.readline, ""):
+            lines.put(line)
+            if re.match(pattern, line):
+                return
+        lines.put("")
+
+    threading.Thread(target=read, daemon=True).start()
+    deadline = time.monotonic() + timeout_s
+    seen: list[str] = []
+    while (left := deadline - time.monotonic()) > 0:
+        try:
+            line = lines.get(timeout=left)
+        except queue.Empty:
+            break
+        assert line, "it ended without a line matching " + pattern + ":\n" + "".join(seen[-20:])
+        seen.append(line)
+        if match := re.match(pattern, line):
+            return match
+    raise AssertionError(f"no line matching {pattern} within {timeout_s:.0f} s:\n" + "".join(seen[-20:]))

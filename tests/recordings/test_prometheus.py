@@ -23,7 +23,7 @@ from meshtop.recordings.session_fold import SessionFold
 from meshtop.recordings.summary import summarize
 from meshtop.tui.sources import ReplaySource
 from meshtop.tui.state import DashboardState
-from tests.kit.commands import meshtop
+from tests.kit.commands import line_matching, meshtop
 from tests.kit.events import gpu_sample
 from tests.kit.recordings import description
 
@@ -152,13 +152,7 @@ def test_a_live_run_is_scraped_while_it_trains(tmp_path: Path) -> None:
         text=True,
     )
     try:
-        assert process.stdout is not None
-        url = None
-        while url is None:
-            line = process.stdout.readline()
-            assert line, "meshtop ended without saying where /metrics is"
-            if match := re.match(r"metrics: (http://\S+)", line):
-                url = match.group(1)
+        url = line_matching(process, r"metrics: (http://\S+)").group(1)
 
         def collectives(samples: dict[str, list[tuple[dict[str, str], float]]]) -> set[tuple[str, str, str]]:
             counts = samples.get("meshtop_collective_seconds_count", [])

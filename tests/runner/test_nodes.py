@@ -31,6 +31,16 @@ from tests.kit.recordings import elastic_script
 ROOT = Path(__file__).resolve().parents[2]
 
 
+class Clock:
+    """A fleet's clock that moves only when the test moves it (a busy machine does not stretch a window)."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
 def head_of(count: int) -> Nodes:
     """Node 0 of a job on ``count`` nodes: the head, whose fleet is nodes 1 to ``count - 1``."""
     return Nodes(count=count, rank=0, endpoint="127.0.0.1:29400", run_id="test")
@@ -211,7 +221,7 @@ def test_a_single_node_has_the_fleets_interface_and_leaves_the_result_as_it_is(t
 
 
 def test_the_fleet_names_a_lost_node_and_merges_how_each_node_ended(tmp_path: Path) -> None:
-    fleet = Fleet(head_of(3), silent_s=0.2)
+    fleet = Fleet(head_of(3), silent_s=0.2, clock=Clock())  # no time passes: no node falls silent
     for node in (1, 2):
         reply = fleet.on_control(
             {
@@ -262,11 +272,13 @@ def test_the_fleet_names_a_lost_node_and_merges_how_each_node_ended(tmp_path: Pa
     assert merged.status == "failed" and merged.root_cause == 4
     assert [r.rank for r in merged.ranks] == [0, 1, 2, 3, 4, 5]
 
-    fleet = Fleet(head_of(2), silent_s=0.2)
+    clock = Clock()
+    fleet = Fleet(head_of(2), silent_s=0.2, clock=clock)
     fleet.on_control({"node": 1, "control": "ping", "t0": 0, "host": "b"}, 1)
     fleet.note_ranks(1, 2)
+    clock.now += 0.19
     assert fleet.lost() is None
-    time.sleep(0.3)
+    clock.now += 0.02
     lost = fleet.lost()
     assert lost is not None and lost.node == 1
     merged = fleet.merge(JobResult(status="interrupted", ranks=(), duration_s=1.0, log_path=tmp_path), {0, 1}, 3)
@@ -310,18 +322,20 @@ def test_bad_node_options_are_one_line(argv: list[str], message: str, tmp_path: 
 
 
 def test_a_node_that_reconnects_is_not_lost_and_one_that_does_not_is() -> None:
-    fleet = Fleet(head_of(2), reconnect_s=0.2)
+    clock = Clock()
+    fleet = Fleet(head_of(2), reconnect_s=0.2, silent_s=10, clock=clock)
     fleet.on_control({"node": 1, "control": "ping", "t0": 0, "host": "b"}, 1)
     fleet.on_control({"node": 1, "control": "closed"}, 1)
     fleet.on_control({"node": 1, "control": "data"}, 2)  # back on a new connection at once
-    time.sleep(0.3)
+    clock.now += 0.3
     assert fleet.lost() is None
     fleet.on_control({"node": 1, "control": "closed"}, 1)  # the old one closing late says nothing
-    time.sleep(0.3)
+    clock.now += 0.3
     assert fleet.lost() is None
     fleet.on_control({"node": 1, "control": "closed"}, 2)
+    clock.now += 0.19
     assert fleet.lost() is None  # not yet: it may come back
-    time.sleep(0.3)
+    clock.now += 0.02
     lost = fleet.lost()
     assert lost is not None and lost.lost == "its stream to the head closed before it said how its ranks ended"
 
