@@ -1,4 +1,5 @@
-"""Events made by hand, as the probes send them: a rank's start, a step, a collective, a GPU sample.
+"""Events made by hand, as the probes send them: a rank's start, a step, a collective, a pipeline stage's action,
+a heartbeat, a GPU sample, a memory snapshot.
 
 Each factory fills the fields a test does not care about with fixed values and takes the ones it does as
 arguments; a module whose tests share a convention (steps 10 ms apart, four ranks a group) binds it once
@@ -9,7 +10,15 @@ from __future__ import annotations
 
 from typing import Any
 
-from meshtop.probes.events import CollectiveTiming, GpuSample, MemorySnapshot, RankStarted, StepTiming
+from meshtop.probes.events import (
+    CollectiveTiming,
+    GpuSample,
+    MemorySnapshot,
+    RankProgress,
+    RankStarted,
+    StageAction,
+    StepTiming,
+)
 
 SECOND_NS = 1_000_000_000
 
@@ -84,6 +93,37 @@ def collective(
         end_ns=end,
         waited_ns=end - start if waited else None,
         **values,
+    )
+
+
+def stage_action(
+    rank: int,
+    number: int | None = 0,
+    action: str = "forward",
+    *,
+    stage: int = 0,
+    microbatch: int = 0,
+    every_ns: int = SECOND_NS,
+) -> StageAction:
+    """Stage ``stage``'s ``action`` on ``microbatch`` in rank ``rank``'s step ``number`` (``None``: outside any
+    step), for 1 ms from the step's start (``number * every_ns``)."""
+    start = (number or 0) * every_ns
+    return StageAction(
+        rank=rank, step=number, stage=stage, microbatch=microbatch, action=action, start_ns=start, end_ns=start + 10**6
+    )
+
+
+def rank_progress(rank: int, number: int | None = 0, *, wall_ns: int = 0) -> RankProgress:
+    """Rank ``rank``'s heartbeat in its step ``number`` (``None``: between steps), no collective in flight."""
+    return RankProgress(
+        rank=rank,
+        wall_ns=wall_ns,
+        step=number,
+        in_flight=0,
+        oldest_op=None,
+        oldest_group=None,
+        oldest_peer=None,
+        oldest_start_ns=None,
     )
 
 

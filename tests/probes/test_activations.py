@@ -78,3 +78,26 @@ def test_what_an_earlier_step_left_saved_is_not_the_next_steps() -> None:
     del kept
     gc.collect()
     assert probe.live_bytes == 0
+
+
+def test_a_storage_an_earlier_step_left_saved_counts_again_once_this_step_saves_it() -> None:
+    """The same input saved by a graph kept from an earlier period (torch pipelining's shape-inference forward)
+    and by this period's forward: this period holds it too, so its peak counts it (once)."""
+    model = nn.Linear(16, 16)
+    probe = SavedActivations()
+    probe.leave_out(model.parameters())
+    x = torch.randn(4, 16)
+    probe.install()
+    try:
+        kept = model(x).pow(2).sum()  # saves x and the linear's output; no backward will run on it
+        assert probe.take_peak() == 4 * 4 * 32
+        loss = model(x).pow(2).sum()  # saves x again, and a new output
+    finally:
+        probe.uninstall()
+    assert probe.live_bytes == 4 * 4 * (16 + 16 + 16)  # x once, both outputs
+    assert probe.take_peak() == 4 * 4 * 32  # x and the new output: this period's, although saved before
+    loss.backward()
+    del kept
+    gc.collect()
+    assert probe.live_bytes == 0
+    assert probe.take_peak() == 0
