@@ -350,6 +350,28 @@ class HangDetected(Event):
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class FlightVerdict(Event):
+    """torch's flight-recorder analyzer on every rank's dump, taken at a hang or with a stack dump asked for
+    (:mod:`meshtop.runner.job.flight`): where the ranks' collectives diverge, beside meshtop's own report."""
+
+    kind: ClassVar[str] = "flight_verdict"
+    wall_ns: int
+    verdict: str | None
+    """The analyzer's findings, a line each (``rank 1 never entered all_reduce #4 of group 0 (default_pg)``),
+    or one line saying the collectives it saw all match; ``None`` where it could not run."""
+    error: str | None
+    """Why there is no verdict, in one line (a rank's dump missing, the analyzer missing or failing)."""
+    dumps: str
+    """The folder of the dumps, as torch's ``torchfrtrace`` reads them."""
+
+    def lines(self) -> list[str]:
+        """The verdict as the lines shown beside meshtop's own (a hang report, the alerts, the console)."""
+        if self.verdict is not None:
+            return self.verdict.splitlines()
+        return [f"torch's flight recorder: no verdict: {self.error}"]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class NodeClock(Event):
     """One measurement of a node's clock against the head's, by a ping exchange over the stream.
 
@@ -420,6 +442,7 @@ EVENT_TYPES: dict[str, type[Event]] = {
         StackDump,
         RankProgress,
         HangDetected,
+        FlightVerdict,
         RequestDone,
         ProbeOff,
         NodeClock,

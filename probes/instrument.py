@@ -32,6 +32,7 @@ import torch
 from meshtop.probes.activations import SavedActivations
 from meshtop.probes.collectives import CollectiveProbe, GroupDirectory
 from meshtop.probes.events import Event, ProbeOff, RankProgress, SamplerError
+from meshtop.probes.flight import FlightDumps
 from meshtop.probes.memory import MemoryProbe
 from meshtop.probes.native import first_line, from_environment
 from meshtop.probes.patching import MissingInternal
@@ -82,6 +83,8 @@ class Instrumentation:
         """Probes that could not be installed: reported once, never tried again in this process."""
         self._overhead_block = overhead_block() if enabled else 0
         """N of :data:`OVERHEAD_BLOCK_ENV` (0: off); a run without hooks has nothing to switch."""
+        self._flight = FlightDumps.from_environment(rank, on_error=self.report_error)
+        """Answers the launcher's requests for torch's flight-recorder dump (hooks or not)."""
 
     def emit(self, event: Event) -> None:
         self.sink.emit(event)
@@ -111,10 +114,12 @@ class Instrumentation:
         return self._step
 
     def shipment(self) -> list[Event]:
-        """What the shipper sends besides the emitted events: finished collectives, then the heartbeat.
+        """What the shipper sends besides the emitted events: finished collectives, then the heartbeat; and a
+        flight-recorder dump where the launcher asked for one.
 
         Called on the shipper thread before each shipment.
         """
+        self._flight.poll()
         self.flush()
         return [self.progress()]
 

@@ -35,6 +35,7 @@ KIND_ORDER = (
     "events_dropped",
     "stack_dump",
     "hang",
+    "flight_verdict",
     "rank_exited",
     "job_ended",
 )

@@ -51,6 +51,7 @@ def run_section(recording: Recording) -> dict[str, Any]:
         "dtype": run.dtype,
         "instrumented": run.instrumented,
         "status": job_status(recording),
+        "hang": recording.manifest.hang,
         "script": asdict(run.script) if run.script is not None else None,
     }
 

@@ -25,6 +25,7 @@ import pyarrow as pa
 from meshtop.probes.events import (
     Event,
     EventsDropped,
+    FlightVerdict,
     GpuSample,
     HangDetected,
     JobEnded,
@@ -73,6 +74,7 @@ UI_KINDS = frozenset(
         "events_dropped",
         "sampler_error",
         "hang",
+        "flight_verdict",
         "stack_dump",
         "request",
         "probe_off",
@@ -225,6 +227,8 @@ class DashboardState:
         self.hang: HangDetected | None = None
         """The hang reported last, until progress resumes."""
         self.stacks_wall_ns: int | None = None
+        self.flight: FlightVerdict | None = None
+        """torch's flight-recorder analyzer, last taken (at a hang, or with a stack dump asked for)."""
         self._lanes: dict[int, dict[int, list[tuple[int, int, str, int]]]] = defaultdict(lambda: defaultdict(list))
         """Per open step and pipeline lane rank: (start_ns, end_ns, action, microbatch)."""
         self._timeline: deque[PipelineStep] = deque(maxlen=TIMELINE_STEPS)
@@ -399,6 +403,9 @@ class DashboardState:
     def _on_hang(self, event: HangDetected) -> None:
         self.hang = event
 
+    def _on_flight(self, event: FlightVerdict) -> None:
+        self.flight = event
+
     def _on_stack(self, event: StackDump) -> None:
         self._rank(event.rank).stack = event
         self.stacks_wall_ns = event.wall_ns
@@ -418,6 +425,7 @@ class DashboardState:
         SamplerError: _on_sampler_error,
         StackDump: _on_stack,
         HangDetected: _on_hang,
+        FlightVerdict: _on_flight,
         ProbeOff: _on_probe_off,
         StepTiming: _on_step,
     }
@@ -537,6 +545,10 @@ class DashboardState:
             alerts.append(
                 Alert("error", f"hang: no progress for {self.hang.silent_s:.0f} s; {verdict}", self.hang.wall_ns)
             )
+        if self.flight is not None:  # torch's analyzer, beside meshtop's own verdict
+            severity = "error" if self.hang is not None else "info"
+            for line in self.flight.lines():
+                alerts.append(Alert(severity, line, self.flight.wall_ns))
         if self.ended is not None and self.ended.status == "failed" and self.ended.root_cause_rank is not None:
             alerts.append(
                 Alert("error", f"job failed; rank {self.ended.root_cause_rank} failed first", self.ended.wall_ns)

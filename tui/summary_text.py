@@ -129,6 +129,9 @@ def summary_lines(summary: dict[str, Any]) -> list[str]:
         f"  {run_words(run)} · {run['world_size']} ranks" + ("" if run["instrumented"] else " · not instrumented"),
         steps_line(steps, requests is not None, script=run["script"] is not None),
     ]
+    if run.get("hang"):  # meshtop's report of the hang that stopped it, torch's flight recorder's beside it
+        first, *rest = run["hang"].splitlines()
+        lines += [f"hung: {first}", *(f"  {line}" for line in rest)]
     if requests is not None:
         lines += request_lines(requests)
     mfu = summary["mfu"]

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import TextIO
 
 from meshtop.probes.arrivals import Arrivals
-from meshtop.probes.events import EventsDropped, HangDetected, ProbeOff, StackDump
+from meshtop.probes.events import EventsDropped, FlightVerdict, HangDetected, ProbeOff, StackDump
 from meshtop.recordings.manifest import Manifest, script_plan
 from meshtop.recordings.metrics.requests import RequestFigures
 from meshtop.recordings.metrics.steps import JobStep, StepFigures
@@ -29,7 +29,7 @@ PROGRESS_LINES = 20
 """About this many step lines per run, evenly spaced..."""
 QUIET_LIMIT_S = 5.0
 """...but never longer than this without one."""
-CONSOLE_KINDS = ("stack_dump", "hang", "events_dropped", "probe_off")
+CONSOLE_KINDS = ("stack_dump", "hang", "flight_verdict", "events_dropped", "probe_off")
 """The kinds ``record`` prints from beside the session's fold (its steps and requests)."""
 
 
@@ -228,10 +228,14 @@ def follow_job(
     def on_events(arrivals: Arrivals, folded: Folded) -> None:
         nonlocal received
         received += arrivals.count
+        hang_reported = False
         for event in arrivals.events(CONSOLE_KINDS):
             if isinstance(event, StackDump):
                 progress.message("\n".join(stack_dump_lines(event)))
+            elif isinstance(event, FlightVerdict) and not hang_reported:  # a hang's report holds it already
+                progress.message("\n".join(event.lines()))
             elif isinstance(event, HangDetected):
+                hang_reported = True
                 progress.message(
                     f"no rank made progress for {event.silent_s:.0f} s (hang timeout "
                     f"{event.timeout_s:.0f} s): {event.report}\nstack dumps of every rank follow; "

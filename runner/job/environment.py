@@ -13,8 +13,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from meshtop.probes.collector import Collector
+from meshtop.probes.flight import FLIGHT_BUFFER, FLIGHT_BUFFER_ENV, FLIGHT_ENV
 from meshtop.probes.native import NATIVE_ENV
 from meshtop.probes.wire import ADDRESS_ENV, NCCL_TIMING_ENV, NODE_ENV, TOKEN_ENV
+from meshtop.runner.job.flight import FLIGHT_DIR
 from meshtop.runner.load import longest_gap_s
 from meshtop.runner.multinode.nodes import Nodes
 from meshtop.runner.plan import ResolvedRun
@@ -90,6 +92,9 @@ def rank_environment(launch: Launch) -> dict[str, str]:
     """
     env = {key: value for key, value in os.environ.items() if key not in ("RANK", ATTACHED_ENV)}
     env.setdefault(NCCL_TIMING_ENV, "1")  # nccl times each operation with CUDA events
+    # torch's flight recorder on every rank, for its analyzer at a hang (meshtop.runner.job.flight): the last
+    # 2000 collectives; no cost measured on gloo (docs/failures.md)
+    env.setdefault(FLIGHT_BUFFER_ENV, str(FLIGHT_BUFFER))
     if not launch.native_kernel:
         env[NATIVE_ENV] = "off"  # the C++ collective probe times gloo only; the agent builds it otherwise
     env["PYTHONUNBUFFERED"] = "1"
@@ -105,9 +110,10 @@ def rank_environment(launch: Launch) -> dict[str, str]:
     return env
 
 
-def worker_environment(launch: Launch, collector: Collector) -> dict[str, str]:
+def worker_environment(launch: Launch, collector: Collector, session_dir: Path) -> dict[str, str]:
     """The environment of the launcher and its ranks."""
     env = rank_environment(launch)
+    env[FLIGHT_ENV] = str(session_dir / FLIGHT_DIR)
     host, port = collector.address
     env[ADDRESS_ENV] = f"{host}:{port}"
     env[TOKEN_ENV] = collector.token

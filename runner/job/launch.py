@@ -14,7 +14,7 @@ from __future__ import annotations
 import queue
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from meshtop.probes.arrivals import Arrivals
@@ -23,6 +23,7 @@ from meshtop.probes.samplers import DEFAULT_GPU_HZ, DEFAULT_PROCESS_HZ, GpuSampl
 from meshtop.probes.stacks import dump_stacks
 from meshtop.runner.job.control import JobControl
 from meshtop.runner.job.environment import Launch
+from meshtop.runner.job.flight import FLIGHT_DIR, FlightTriage
 from meshtop.runner.job.hangs import HangWatch
 from meshtop.runner.job.process import Job
 from meshtop.runner.job.results import JobResult, lifecycle_events
@@ -71,6 +72,7 @@ def run_job(
     """
     control = control if control is not None else JobControl()
     hangs = HangWatch(launch.world_size, timeout_s=hang_timeout_s, quiet_s=launch.quiet_s)
+    flight = FlightTriage(session_dir / FLIGHT_DIR, on_one_node=launch.nodes is None)
     job = Job(launch, session_dir, fleet.collector())
     node_events: queue.SimpleQueue[list[Event]] = queue.SimpleQueue()
     processes = ProcessSampler(rate_hz=node_probes.process_hz, emit=node_events.put)
@@ -112,15 +114,18 @@ def run_job(
         if not hangs.reported:
             control.hang = None  # progress again: an earlier report no longer holds
         if (hang := hangs.check()) is not None:
-            control.hang = hang
-            arrivals.add([hang])
-            arrivals.add(dump_stacks(pids))
+            stacks = dump_stacks(pids)
             fleet.ask_stacks()
+            verdict = flight.triage(sorted(pids))
+            hang = replace(hang, report="\n".join([hang.report, *verdict.lines()]))  # beside meshtop's own
+            control.hang = hang
+            arrivals.add([hang, *stacks, verdict])
             if control.stop_on_hang:
                 control.stop.set()
         elif (wanted := control.take_stack_request(pids)) is not None:
             arrivals.add(dump_stacks(wanted))
             fleet.ask_stacks()  # the other nodes dump their own ranks (every one of them)
+            arrivals.add([flight.triage(sorted(pids), hung=control.hang is not None)])
         on_events(arrivals)
 
     for sampler in samplers:

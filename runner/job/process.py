@@ -64,7 +64,7 @@ class Job:
                 stdin=subprocess.DEVNULL,
                 stdout=log,
                 stderr=subprocess.STDOUT,
-                env=worker_environment(self.launch, self.collector),
+                env=worker_environment(self.launch, self.collector, self.session_dir),
                 start_new_session=True,
             )
         self._started = time.monotonic()

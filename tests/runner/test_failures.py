@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import resource
 import shlex
 import shutil
@@ -156,6 +157,11 @@ def test_a_hung_job_is_reported_with_every_rank_stack_then_stopped(tmp_path: Pat
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["status"] == "failed"
     assert manifest["hang"].startswith("rank 0 waits in a collective")
+    # torch's flight recorder agrees, beside it: DDP's bucket all-reduce of step 3 that rank 1 never entered
+    flight = [line for line in manifest["hang"].splitlines() if line.startswith("torch's flight recorder: ")]
+    assert len(flight) == 1 and re.fullmatch(
+        r"torch's flight recorder: rank 1 never entered all_reduce #\d+ of group \S+ \(its peers did\)", flight[0]
+    ), flight
     stacks = pd.read_parquet(out / "events" / "stack_dump.parquet")
     assert sorted(stacks["rank"]) == [0, 1]
     rank1 = stacks[stacks["rank"] == 1].iloc[0]

@@ -625,6 +625,7 @@ def test_a_hang_in_a_live_job_shows_the_report_and_s_stops_the_job(
     screen = term.wait_text("No rank made progress", timeout_s=JOB_S)
     assert "rank 0 waits in a collective; rank 1 is not in one: look there first" in screen
     assert "rank 0: inside all_reduce on dp for " in screen
+    assert "rank 1 never entered all_reduce" in screen  # torch's flight recorder, beside meshtop's report
     job = term.job_processes()
     term.press("s")
     term.wait_text("● failed", timeout_s=JOB_S)  # stopped; the dashboard stays open to be read
