@@ -23,8 +23,6 @@ import pickle
 from pathlib import Path
 from typing import Any
 
-import torch.distributed as dist
-
 FLIGHT_ENV = "MESHTOP_FLIGHT_DIR"
 """The folder of a job's flight-recorder requests and dumps (set by the launcher on every rank)."""
 FLIGHT_BUFFER_ENV = "TORCH_FR_BUFFER_SIZE"
@@ -39,6 +37,8 @@ def dump_path(folder: Path, rank: int) -> Path:
 
 def group_table() -> dict[str, dict[str, str]]:
     """Every process group c10d knows, as the flight recorder's ``pg_config`` lists them."""
+    import torch.distributed as dist  # only in a rank: the launcher and the planner never load torch for this
+
     world = dist.distributed_c10d._world
     table = {}
     for group, name in list(world.pg_names.items()):

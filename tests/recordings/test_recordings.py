@@ -47,6 +47,7 @@ def test_summary_json_has_the_documented_keys(recorded: Path, capsys: pytest.Cap
         "dtype": "fp32",
         "instrumented": True,
         "status": "completed",
+        "hang": None,
         "script": None,
     }
     assert summary["steps"]["count"] == 4
