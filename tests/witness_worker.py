@@ -37,6 +37,7 @@ from meshtop.runner.plan import ResolvedRun
 from meshtop.runner.rank.mesh import MESH_DIMS, build_mesh, coordinates, local_device
 from meshtop.runner.rank.pipeline import embedding_group
 from meshtop.runner.rank.train import build_training, train_step
+from tests.kit.flight import numel
 
 WATCHED_STEP = 2
 # The dispatcher's c10d ops by the names meshtop gives them (this test's own table).
@@ -93,16 +94,6 @@ def itemsize(dtype_name: str) -> int:
 
 def torch_dtype(dtype_name: str) -> str:
     return str(dtype_of(dtype_name)).removeprefix("torch.")
-
-
-def numel(sizes: list[list[int]]) -> int:
-    total = 0
-    for shape in sizes:
-        count = 1
-        for dim in shape:
-            count *= dim
-        total += count
-    return total
 
 
 def flight_records() -> list[dict[str, Any]]:

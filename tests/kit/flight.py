@@ -6,6 +6,7 @@ as ``tests/api_matrix.py`` and ``tests/fr_witness.py`` keep it from ``_dump_fr_t
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 FAMILY = {"reduce_scatter": "all_reduce"}
@@ -19,13 +20,8 @@ Key = tuple[str, tuple[int, ...], str | None]
 
 
 def numel(sizes: list[list[int]]) -> int:
-    total = 0
-    for shape in sizes:
-        count = 1
-        for dim in shape:
-            count *= dim
-        total += count
-    return total
+    """The elements of tensors of these shapes, all together."""
+    return sum(math.prod(shape) for shape in sizes)
 
 
 def witnessed(record: list[Any]) -> tuple[Key, int]:
