@@ -105,7 +105,10 @@ class Collector:
             self._server = Server((host, port), Handler)
         except OSError as error:
             raise ProbeError(f"cannot listen on {host}:{port}: {error.strerror}") from None
-        self._thread = threading.Thread(target=self._server.serve_forever, name="meshtop-collector", daemon=True)
+        # serve_forever checks for shutdown() once per poll interval: 0.5 s by default, which every job's end waited.
+        self._thread = threading.Thread(
+            target=self._server.serve_forever, kwargs={"poll_interval": 0.05}, name="meshtop-collector", daemon=True
+        )
 
     @property
     def address(self) -> tuple[str, int]:

@@ -15,22 +15,31 @@ are the step's peak minus the static part; on CPU the process RSS.
 from __future__ import annotations
 
 import os
+import sys
 import time
 from collections.abc import Iterable
 
 import psutil
 import torch
 from torch import nn
-from torch.distributed.tensor import DTensor
 
 from meshtop.probes.events import MemorySnapshot
 
 RECOUNT_EVERY = 50
 
 
+def loaded_dtensor() -> type[torch.Tensor] | None:
+    """torch's DTensor class, or ``None`` while ``torch.distributed.tensor`` is not imported: no tensor can be a
+    DTensor before it is, and importing it would cost every rank some 1.4 s of start-up that a plan without
+    DTensors (DDP, a user's plain script) has no reason to pay."""
+    module = sys.modules.get("torch.distributed.tensor")
+    return getattr(module, "DTensor", None) if module is not None else None
+
+
 def local_shard(tensor: torch.Tensor) -> torch.Tensor:
     """What this rank holds of ``tensor``: a DTensor's local shard, any other tensor itself."""
-    return tensor.to_local() if isinstance(tensor, DTensor) else tensor
+    dtensor = loaded_dtensor()
+    return tensor.to_local() if dtensor is not None and isinstance(tensor, dtensor) else tensor  # type: ignore[attr-defined]
 
 
 def tensor_bytes(tensor: torch.Tensor) -> int:

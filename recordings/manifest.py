@@ -9,7 +9,9 @@ description's fields sit at its top level beside the manifest's own.
 
 from __future__ import annotations
 
+import ast
 import contextlib
+import importlib.util
 import json
 import os
 import platform
@@ -340,19 +342,50 @@ class Manifest:
 
 
 def software_versions() -> Software:
-    """Versions of what the run depends on (CUDA / NCCL when torch was built with them)."""
-    import torch
+    """Versions of what the run depends on (CUDA / NCCL when torch was built with them).
 
+    torch's version and its CUDA build are read from torch's generated ``version.py`` as text: importing torch
+    would cost meshtop's own process some 2.5 s of CPU at each start, taken from the ranks starting beside it.
+    Only a CUDA build is imported, to ask NCCL's version.
+    """
+    build = torch_build()
     nccl = None
-    if torch.cuda.is_available():
-        nccl = ".".join(str(part) for part in torch.cuda.nccl.version())
+    if build.get("cuda"):
+        import torch
+
+        if torch.cuda.is_available():
+            nccl = ".".join(str(part) for part in torch.cuda.nccl.version())
     return Software(
         meshtop=_version("meshtop"),
         python=platform.python_version(),
-        torch=torch.__version__,
-        cuda=torch.version.cuda,
+        torch=build.get("__version__"),
+        cuda=build.get("cuda"),
         nccl=nccl,
     )
+
+
+def torch_build() -> dict[str, str]:
+    """The string constants of the installed torch's ``torch/version.py`` (``__version__``, ``cuda``...), read
+    without importing torch; empty when torch is not installed or the file cannot be read."""
+    spec = importlib.util.find_spec("torch")
+    if spec is None or not spec.submodule_search_locations:
+        return {}
+    try:
+        tree = ast.parse((Path(spec.submodule_search_locations[0]) / "version.py").read_text())
+    except (OSError, SyntaxError, ValueError):
+        return {}
+    found = {}
+    for statement in tree.body:
+        targets: list[ast.expr] = []
+        if isinstance(statement, ast.AnnAssign):
+            targets = [statement.target]
+        elif isinstance(statement, ast.Assign):
+            targets = statement.targets
+        value = getattr(statement, "value", None)
+        constant = value.value if isinstance(value, ast.Constant) else None
+        if len(targets) == 1 and isinstance(targets[0], ast.Name) and isinstance(constant, str):
+            found[targets[0].id] = constant
+    return found
 
 
 def _version(distribution: str) -> str | None:

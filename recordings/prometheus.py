@@ -355,7 +355,9 @@ class MetricsServer:
         except (OSError, OverflowError, ValueError) as error:  # ValueError: a name IDNA refuses ("a..b")
             why = getattr(error, "strerror", None) or str(error)
             raise MetricsError(f"cannot serve metrics on {bind}:{port}: {why}") from None
-        self._thread = threading.Thread(target=self._server.serve_forever, name="meshtop-metrics", daemon=True)
+        self._thread = threading.Thread(  # shutdown() waits up to one poll interval (0.5 s by default)
+            target=self._server.serve_forever, kwargs={"poll_interval": 0.05}, name="meshtop-metrics", daemon=True
+        )
 
     @property
     def address(self) -> tuple[str, int]:

@@ -12,6 +12,7 @@ torch version) and tells them where it is.
 from __future__ import annotations
 
 import contextlib
+import gc
 import json
 import os
 import signal
@@ -111,4 +112,6 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    code = main(sys.argv[1:])
+    gc.freeze()  # the interpreter's last full collection, over torch's objects, would delay the job's end ~0.7 s
+    sys.exit(code)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import socket
 import subprocess
+import sys
 from pathlib import Path
 
 import pandas as pd
@@ -370,3 +371,16 @@ def test_a_big_block_with_a_line_longer_than_arrows_block_decodes_whole_and_in_o
     assert decoded.bad == 0
     assert decoded.table.column("wall_ns").to_pylist() == list(range(20_000))
     assert decoded.table.column("message").to_pylist()[7_000] == long
+
+
+def test_the_manifest_names_torchs_own_versions_without_importing_torch() -> None:
+    """meshtop's own process reads torch's version file as text (importing torch costs it seconds at each start):
+    the versions must still be the ones torch reports of itself."""
+    probe = (
+        "import json, sys; from meshtop.recordings.manifest import software_versions; s = software_versions(); "
+        "print(json.dumps([s.torch, s.cuda, 'torch' in sys.modules]))"
+    )
+    read = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, check=True)
+    import torch
+
+    assert json.loads(read.stdout) == [torch.__version__, torch.version.cuda, torch.version.cuda is not None]
