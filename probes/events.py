@@ -283,6 +283,20 @@ class EventsDropped(Event):
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class FramesRefused(Event):
+    """Messages the collector refused unread (:class:`meshtop.probes.collector.CollectorCounts`): not the job's
+    events, since its ranks' frames carry the session's token and are well formed, but a stray or hostile client
+    on the collector's port, counted so that it is never silent."""
+
+    kind: ClassVar[str] = "frames_refused"
+    wall_ns: int
+    reason: str
+    """bad token, malformed, oversized or unknown node."""
+    count: int
+    """Refused for that reason since the previous report."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class SamplerError(Event):
     """A probe or sampler failed one reading; it goes on."""
 
@@ -438,6 +452,7 @@ EVENT_TYPES: dict[str, type[Event]] = {
         RankExited,
         JobEnded,
         EventsDropped,
+        FramesRefused,
         SamplerError,
         StackDump,
         RankProgress,

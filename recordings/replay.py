@@ -33,6 +33,7 @@ KIND_ORDER = (
     "step",
     "sampler_error",
     "events_dropped",
+    "frames_refused",
     "stack_dump",
     "hang",
     "flight_verdict",

@@ -19,6 +19,7 @@ from textual.widgets import Footer, Input, Static, TabbedContent, TabPane
 
 from meshtop.probes.errors import MeshtopError
 from meshtop.probes.events import HangDetected
+from meshtop.tui.alerts import alerts_of
 from meshtop.tui.charts import human_seconds
 from meshtop.tui.filters import every_rank, parse_rank_filter
 from meshtop.tui.gc_pacing import GcPacer
@@ -92,7 +93,7 @@ class HeaderBar(Static):
         )
         if info.until_stopped and status == "running":
             second.append("  q ends the run", style="bold")
-        alerts = state.alerts()
+        alerts = alerts_of(state)
         if alerts:
             worst = alerts[0]
             second.append(f"  ⚠ {len(alerts)}", style="bold red" if worst.severity == "error" else "yellow")

@@ -1,6 +1,6 @@
 """The dashboard's state: the metrics core's figures, and what only a screen needs (histories, the
-pipeline timeline, per-rank and per-GPU views, alerts). Plain Python, fed event tables, read by the
-screen at its frame rate.
+pipeline timeline, per-rank and per-GPU views; the alerts read them: :mod:`meshtop.tui.alerts`). Plain
+Python, fed event tables, read by the screen at its frame rate.
 
 Every figure (step time, p50 / p99, busbw, exposed share, bubbles, peaks,
 stragglers, request latencies, MFU) comes from :class:`meshtop.recordings.metrics.run.RunFold`,
@@ -26,6 +26,7 @@ from meshtop.probes.events import (
     Event,
     EventsDropped,
     FlightVerdict,
+    FramesRefused,
     GpuSample,
     HangDetected,
     JobEnded,
@@ -72,6 +73,7 @@ UI_KINDS = frozenset(
         "rank_exited",
         "job_ended",
         "events_dropped",
+        "frames_refused",
         "sampler_error",
         "hang",
         "flight_verdict",
@@ -173,14 +175,6 @@ class RequestsView:
         return latency["p50"], latency["p99"]
 
 
-@dataclass(frozen=True, slots=True)
-class Alert:
-    severity: str
-    """error, warning or info."""
-    text: str
-    wall_ns: int
-
-
 class DashboardState:
     """Folds event tables into what the screen shows. ``apply`` is cheap; the views compute on demand."""
 
@@ -217,6 +211,8 @@ class DashboardState:
         """A live job's launcher's phase, until its first step (the app sets it from the source)."""
         self.dropped = 0
         """Telemetry events lost before meshtop got them (full worker or collector buffers)."""
+        self.refused: dict[str, int] = {}
+        """Messages the collector refused, by reason (:class:`meshtop.probes.events.FramesRefused`)."""
         self.coalesced = 0
         """Events the screen skipped to keep up (the recording has them)."""
         self.sampler_errors = 0
@@ -393,6 +389,9 @@ class DashboardState:
     def _on_dropped(self, event: EventsDropped) -> None:
         self.dropped += event.count
 
+    def _on_refused(self, event: FramesRefused) -> None:
+        self.refused[event.reason] = self.refused.get(event.reason, 0) + event.count
+
     def _on_sampler_error(self, event: SamplerError) -> None:
         self.sampler_errors += 1
         self.last_sampler_error = f"{event.sampler}: {event.message}"
@@ -422,6 +421,7 @@ class DashboardState:
         RankExited: _on_exited,
         JobEnded: _on_ended,
         EventsDropped: _on_dropped,
+        FramesRefused: _on_refused,
         SamplerError: _on_sampler_error,
         StackDump: _on_stack,
         HangDetected: _on_hang,
@@ -530,70 +530,6 @@ class DashboardState:
     def stragglers(self) -> list[Straggler]:
         """Ranks whose recent compute time exceeds their stage peers' (the core's rule, as ``summary``'s)."""
         return list(self.figures().stragglers)
-
-    def alerts(self) -> list[Alert]:
-        """What needs the user's eye now, the worst first."""
-        now = self.clock_ns or 0
-        alerts = []
-        for view in sorted(self.ranks.values(), key=lambda v: v.rank):
-            exited = view.exited
-            if exited is not None and exited.exit_code not in (0, None):
-                why = f": {exited.error}" if exited.error else ""
-                alerts.append(Alert("error", f"rank {view.rank} {view.status}{why}", exited.wall_ns))
-        if self.hang is not None:
-            verdict = self.hang.report.splitlines()[0]
-            alerts.append(
-                Alert("error", f"hang: no progress for {self.hang.silent_s:.0f} s; {verdict}", self.hang.wall_ns)
-            )
-        if self.flight is not None:  # torch's analyzer, beside meshtop's own verdict
-            severity = "error" if self.hang is not None else "info"
-            for line in self.flight.lines():
-                alerts.append(Alert(severity, line, self.flight.wall_ns))
-        if self.ended is not None and self.ended.status == "failed" and self.ended.root_cause_rank is not None:
-            alerts.append(
-                Alert("error", f"job failed; rank {self.ended.root_cause_rank} failed first", self.ended.wall_ns)
-            )
-        for (probe, reason), ranks in sorted(self.probes_off.items()):
-            where = "every rank" if len(ranks) == self.info.world_size else f"ranks {ranks_text(ranks)}"
-            alerts.append(Alert("warning", f"probe off: {probe} on {where}: {reason}", now))
-        for straggler in self.stragglers():
-            text = f"rank {straggler.rank} is a straggler: {straggler.ratio:.2f}x its peers' compute time"
-            alerts.append(Alert("warning", text, now))
-        for row in self.figures().memory:
-            room = row.headroom_share
-            if room is not None and room < self.headroom_alert:
-                text = f"rank {row.rank} memory headroom {room:.0%} at its peak (below {self.headroom_alert:.0%})"
-                alerts.append(Alert("warning", text, now))
-        requests = self.figures().requests
-        if requests is not None and requests.failed and requests.failures:
-            reason, count = requests.failures[0]
-            text = f"failed requests: {requests.failed:,}; most often ({count:,}): {reason}"
-            alerts.append(Alert("warning", text, now))
-        if self.dropped:
-            alerts.append(Alert("warning", f"{self.dropped:,} telemetry events dropped (buffers full)", now))
-        with self.session.reading() as fold:
-            left_out = sum(fold.rejected.values())
-        if left_out:
-            alerts.append(
-                Alert(
-                    "warning",
-                    f"{left_out:,} events that cannot be this job's left out (a rank outside "
-                    "it, an end before its start)",
-                    now,
-                )
-            )
-        if self.coalesced:
-            alerts.append(
-                Alert(
-                    "info",
-                    f"{self.coalesced:,} collective and sample events skipped by the screen to "
-                    "keep up (the recording has them)",
-                    now,
-                )
-            )
-        if self.sampler_errors:
-            alerts.append(Alert("info", f"{self.sampler_errors} sampler errors; last: {self.last_sampler_error}", now))
-        return alerts
 
 
 def ranks_text(ranks: Iterable[int]) -> str:

@@ -16,6 +16,7 @@ from rich.text import Span, Text
 from meshtop.recordings.metrics.memory import MemoryRow, other_bytes
 from meshtop.recordings.metrics.pipeline import theoretical_bubble
 from meshtop.recordings.metrics.requests import LATENCIES
+from meshtop.tui.alerts import alerts_of
 from meshtop.tui.charts import chart, human_bytes, human_rate, human_seconds, legend, memory_bar, sparkline
 from meshtop.tui.line_view import LineView
 from meshtop.tui.state import DashboardState, PipelineStep, RankView, RequestsView
@@ -164,7 +165,7 @@ def collectives_table(state: DashboardState, *, limit: int | None, history_width
 
 
 def alert_lines(state: DashboardState, limit: int | None) -> Text:
-    alerts = state.alerts()
+    alerts = alerts_of(state)
     text = Text()
     if not alerts:
         text.append("no alerts", style="green")

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import TextIO
 
 from meshtop.probes.arrivals import Arrivals
-from meshtop.probes.events import EventsDropped, FlightVerdict, HangDetected, ProbeOff, StackDump
+from meshtop.probes.events import EventsDropped, FlightVerdict, FramesRefused, HangDetected, ProbeOff, StackDump
 from meshtop.recordings.manifest import Manifest, script_plan
 from meshtop.recordings.metrics.requests import RequestFigures
 from meshtop.recordings.metrics.steps import JobStep, StepFigures
@@ -29,7 +29,7 @@ PROGRESS_LINES = 20
 """About this many step lines per run, evenly spaced..."""
 QUIET_LIMIT_S = 5.0
 """...but never longer than this without one."""
-CONSOLE_KINDS = ("stack_dump", "hang", "flight_verdict", "events_dropped", "probe_off")
+CONSOLE_KINDS = ("stack_dump", "hang", "flight_verdict", "events_dropped", "frames_refused", "probe_off")
 """The kinds ``record`` prints from beside the session's fold (its steps and requests)."""
 
 
@@ -175,6 +175,8 @@ def verdict(result: JobResult, steps: StepFigures | None, requests: RequestFigur
         return [f"interrupted after {result.duration_s:.1f} s: every rank stopped"]
     if result.node_lost is not None:
         return [f"failed after {result.duration_s:.1f} s: {result.node_lost}; the job was stopped"]
+    if result.node_failed is not None:
+        return [f"failed after {result.duration_s:.1f} s: {result.node_failed}; the job was stopped"]
     if result.hang is not None:
         return [
             f"failed after {result.duration_s:.1f} s: the job hung and was stopped",
@@ -244,6 +246,11 @@ def follow_job(
             elif isinstance(event, EventsDropped):
                 where = f"rank {event.rank}" if event.rank is not None else "the collector"
                 progress.message(f"warning: {event.count} telemetry events dropped by {where} (buffer full)")
+            elif isinstance(event, FramesRefused):
+                progress.message(
+                    f"warning: the collector refused {event.count} message{'s' * (event.count != 1)} "
+                    f"({event.reason}): not from this job's ranks, whose events are unaffected"
+                )
             elif isinstance(event, ProbeOff) and (event.probe, event.reason) not in probes_off:
                 probes_off.add((event.probe, event.reason))  # once, not once per rank
                 progress.message(f"warning: probe off: {event.probe}: {event.reason}; the job runs on without it")

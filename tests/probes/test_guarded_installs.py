@@ -27,6 +27,7 @@ from meshtop.recordings.manifest import RunDescription
 from meshtop.runner.errors import PlanError
 from meshtop.runner.rank.data_parallel import apply_replicate
 from meshtop.runner.rank.mesh import build_mesh
+from meshtop.tui.alerts import alerts_of
 from meshtop.tui.state import DashboardState
 from tests.kit.jobs import launch
 from tests.witness_worker import ListSink
@@ -179,4 +180,4 @@ def test_a_pipeline_job_runs_on_without_stage_hooks_where_torch_lacks_one_and_ev
     assert {(0, "send"), (1, "recv")} <= p2p
     state = DashboardState(RunDescription.from_json(launched.run.describe()))  # what the dashboard says
     state.apply_events(launched.events)
-    assert f"probe off: pipeline stages on every rank: {reason}" in [alert.text for alert in state.alerts()]
+    assert f"probe off: pipeline stages on every rank: {reason}" in [alert.text for alert in alerts_of(state)]

@@ -28,6 +28,7 @@ from meshtop.recordings.replay import in_kind_order
 from meshtop.recordings.schema import batches_of
 from meshtop.recordings.summary import summarize
 from meshtop.recordings.sweep import measure
+from meshtop.tui.alerts import alerts_of
 from meshtop.tui.state import DashboardState
 from meshtop.tui.summary_text import summary_lines
 from meshtop.tui.views import memory_lines, memory_parts
@@ -122,7 +123,7 @@ def test_summary_and_the_dashboard_name_the_same_straggler(tmp_path: Path) -> No
     state.apply_events(events)
     state.finish("completed")
     assert [asdict(s) for s in state.stragglers()] == summary["stragglers"]
-    assert "rank 3 is a straggler: 2.00x its peers' compute time" in [alert.text for alert in state.alerts()]
+    assert "rank 3 is a straggler: 2.00x its peers' compute time" in [alert.text for alert in alerts_of(state)]
 
 
 # -- headroom and the memory bars --------------------------------------------------------------------------

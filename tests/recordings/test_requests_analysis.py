@@ -13,6 +13,7 @@ from meshtop.recordings.compare import compare
 from meshtop.recordings.reader import open_recording
 from meshtop.recordings.samples import SAMPLE
 from meshtop.recordings.summary import summarize
+from meshtop.tui.alerts import alerts_of
 from meshtop.tui.app import MeshtopApp
 from meshtop.tui.filters import every_rank
 from meshtop.tui.sources import ReplaySource
@@ -184,7 +185,7 @@ def test_the_dashboard_folds_requests_as_the_summary_does(recording: Path) -> No
     assert state.steps_done == 5 and [s.duration_s for s in state.steps] == [0.01, 0.01, 0.02, 0.01, 0.03]
     assert state.bubble_history() == {0: pytest.approx((0.2,) * 5), 1: pytest.approx((0.1,) * 5)}  # replica 0's
     assert state.mfu().value is None and "training" in (state.mfu().why_not or "")
-    assert ("warning", f"failed requests: 2; most often (1): {OOM}") in [(a.severity, a.text) for a in state.alerts()]
+    assert ("warning", f"failed requests: 2; most often (1): {OOM}") in [(a.severity, a.text) for a in alerts_of(state)]
     parts, _ = memory_parts(state.memory_rows()[0])  # the devices view's bar has a KV cache part, in its colour
     assert parts["kv cache"] == KV_BYTES
     assert any(span.style == "#d7af5f" for span in memory_lines(state, every_rank, 100, None).spans)

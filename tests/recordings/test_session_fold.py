@@ -16,6 +16,7 @@ from meshtop.recordings.prometheus import RunMetrics
 from meshtop.recordings.recorder import Ending, SessionRecorder
 from meshtop.recordings.replay import in_kind_order
 from meshtop.recordings.session_fold import SessionFold
+from meshtop.tui.alerts import alerts_of
 from meshtop.tui.sources import screen_batches
 from meshtop.tui.state import DashboardState
 from tests.kit.events import collective, rank_started, step
@@ -95,7 +96,7 @@ def test_a_reader_on_another_thread_never_sees_a_batch_half_folded() -> None:
         try:
             while not done.is_set():
                 state.figures()
-                state.alerts()
+                alerts_of(state)
                 state.collective_rows()
                 state.bubble_history()
                 state.memory_rows()

@@ -11,6 +11,7 @@ from meshtop.probes.arrivals import Arrivals
 from meshtop.probes.errors import MeshtopError
 from meshtop.probes.events import (
     EventsDropped,
+    FramesRefused,
     ProbeOff,
     RankExited,
     StageAction,
@@ -22,6 +23,7 @@ from meshtop.recordings.samples import SAMPLE
 from meshtop.recordings.schema import batches_of, table_of
 from meshtop.recordings.session_fold import SessionFold
 from meshtop.runner.plan import RunSpec, resolve
+from meshtop.tui.alerts import alerts_of
 from meshtop.tui.filters import parse_rank_filter
 from meshtop.tui.sources import COALESCIBLE, LiveSource, Playback, ReplaySource, ScreenBacklog
 from meshtop.tui.state import HISTORY, DashboardState, RankView
@@ -105,10 +107,10 @@ def test_a_rank_slower_than_its_peers_is_called_a_straggler() -> None:
                 ]
             )
     assert [straggler.rank for straggler in state.stragglers()] == [3]
-    assert any("rank 3 is a straggler: 2.00x" in alert.text for alert in state.alerts())
+    assert any("rank 3 is a straggler: 2.00x" in alert.text for alert in alerts_of(state))
 
 
-def test_alerts_name_a_failed_rank_low_headroom_dropped_telemetry_and_a_probe_that_is_off() -> None:
+def test_alerts_name_a_failed_rank_low_headroom_dropped_telemetry_refused_frames_and_a_probe_that_is_off() -> None:
     state = dashboard(dp=2)
     state.apply_events(
         [
@@ -127,16 +129,20 @@ def test_alerts_name_a_failed_rank_low_headroom_dropped_telemetry_and_a_probe_th
                 device_total_bytes=100,
             ),
             EventsDropped(wall_ns=2, rank=0, where="worker", count=7),
+            FramesRefused(wall_ns=2, reason="malformed", count=19),
+            FramesRefused(wall_ns=3, reason="bad token", count=1),
+            FramesRefused(wall_ns=4, reason="malformed", count=1),
             *(
                 ProbeOff(rank=rank, wall_ns=3, probe="pipeline stages", reason="torch 2.99 has no _wait_batch_p2p")
                 for rank in (0, 1)
             ),
         ]
     )
-    texts = [(alert.severity, alert.text) for alert in state.alerts()]
+    texts = [(alert.severity, alert.text) for alert in alerts_of(state)]
     assert texts[0] == ("error", "rank 1 killed by SIGKILL: killed")
     assert ("warning", "rank 0 memory headroom 5% at its peak (below 10%)") in texts
     assert ("warning", "7 telemetry events dropped (buffers full)") in texts
+    assert ("warning", "the collector refused 21 messages not from this job (bad token 1, malformed 20)") in texts
     assert ("warning", "probe off: pipeline stages on every rank: torch 2.99 has no _wait_batch_p2p") in texts
 
 
@@ -272,7 +278,7 @@ def test_a_full_screen_backlog_skips_only_high_rate_events_and_never_a_rank_star
     assert state.steps_done == 30 and len(state.steps) == 30
     assert state.coalesced == source.backlog.skipped > 0
     assert state.events + state.coalesced == len(events)
-    assert any("skipped by the screen" in alert.text for alert in state.alerts())
+    assert any("skipped by the screen" in alert.text for alert in alerts_of(state))
     assert source.poll(state).events == state.events  # nothing twice
 
 
