@@ -15,6 +15,7 @@ import contextlib
 import gc
 import json
 import os
+import shutil
 import signal
 import sys
 import threading
@@ -27,7 +28,7 @@ from torch.distributed.elastic.multiprocessing.api import SignalException
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 
 from meshtop.probes.native import NATIVE_ENV, built, environment_value
-from meshtop.runner.job.files import PHASE_NAME
+from meshtop.runner.job.files import PHASE_NAME, TORCHELASTIC_NAME
 from meshtop.runner.job.last_words import shortened
 
 PARENT_POLL_S = 0.5
@@ -91,6 +92,18 @@ def main(argv: list[str]) -> int:
     status_path, torchrun_args = Path(argv[0]), argv[1:]
     stop_when_orphaned()
     args = torchrun.parse_args(torchrun_args)
+    own_log_dir = args.log_dir is None  # a user's --log-dir is theirs to keep
+    if own_log_dir:
+        args.log_dir = str(status_path.parent / TORCHELASTIC_NAME)
+    try:
+        return launch(args, status_path)
+    finally:
+        if own_log_dir:
+            shutil.rmtree(args.log_dir, ignore_errors=True)
+
+
+def launch(args: Any, status_path: Path) -> int:
+    """torchrun with ``args``, then the status file; the exit code."""
     if NATIVE_ENV not in os.environ:
         if not built():
             say_phase(status_path, "building the C++ probe (first run only, ~30 s)")
@@ -106,8 +119,11 @@ def main(argv: list[str]) -> int:
         status = {"status": "interrupted", "ranks": {}, "signal": error.sigval.name}
         code = 128 + int(error.sigval)
     tmp = status_path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(status))
-    os.replace(tmp, status_path)
+    try:
+        tmp.write_text(json.dumps(status))
+        os.replace(tmp, status_path)
+    except OSError:  # a full disk: meshtop goes by the exit code; no half-written file is left
+        tmp.unlink(missing_ok=True)
     return code
 
 

@@ -11,3 +11,7 @@ STATUS_NAME = "status.json"
 """The launcher's report of how the ranks ended."""
 LAUNCHER_LOG = "launcher.log"
 """The launcher's (and torchrun's) stdout and stderr."""
+TORCHELASTIC_NAME = ".torchelastic"
+"""torchrun's log folder (the ranks' error files), in the session folder: left to itself, torchrun makes one in
+the system's temporary folder for every run and never removes it. Removed as the job ends, by the launcher
+or, if it was killed, by meshtop."""

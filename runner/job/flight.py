@@ -19,9 +19,11 @@ import json
 import subprocess
 import sys
 import time
-from collections.abc import Collection
+from collections.abc import Collection, Mapping
 from pathlib import Path
 from typing import Any
+
+import psutil
 
 from meshtop.probes.events import FlightVerdict
 from meshtop.probes.flight import REQUEST_NAME, dump_path
@@ -50,8 +52,9 @@ class FlightTriage:
         self.collect_s = collect_s
         self._asked = 0
 
-    def triage(self, ranks: Collection[int], *, hung: bool = True) -> FlightVerdict:
-        """Ask ``ranks`` for their dumps, wait for them, and analyze them: the verdict, or why there is none.
+    def triage(self, pids: Mapping[int, int], *, hung: bool = True) -> FlightVerdict:
+        """Ask the ranks of ``pids`` (rank -> its process) for their dumps, wait for them, and analyze them: the
+        verdict, or why there is none.
 
         Dumps of a job that is not ``hung`` are taken while it runs, each rank at its own moment: a collective
         one rank had issued and another not yet shows as entered by some ranks only; the verdict says so."""
@@ -59,17 +62,23 @@ class FlightTriage:
             return self._verdict(
                 None, "torch's flight-recorder analysis covers jobs on one node (each node keeps its own ranks' dumps)"
             )
-        missing = self.collect(ranks, timeout_s=self.collect_s)
+        missing = self.collect(sorted(pids), timeout_s=self.collect_s, pids=pids)
         if missing:
-            within = f"within {self.collect_s:g} s"
-            return self._verdict(None, f"no flight-recorder dump from {_ranks(sorted(missing))} {within}")
+            stopped = sorted(rank for rank in missing if is_stopped(pids[rank]))
+            why = f"within {self.collect_s:g} s" if len(stopped) < len(missing) else ""
+            if stopped:
+                why += f" ({_ranks(stopped)} {'is' if len(stopped) == 1 else 'are'} stopped: SIGSTOP or a debugger)"
+            return self._verdict(None, f"no flight-recorder dump from {_ranks(sorted(missing))} {why.strip()}")
         verdict, error = run_analyzer(self.folder)
         if verdict is not None and not hung:
             verdict += f"\n{RUNNING_NOTE}"
         return self._verdict(verdict, error)
 
-    def collect(self, ranks: Collection[int], *, timeout_s: float = COLLECT_S) -> set[int]:
-        """Ask for a dump and wait for one from each of ``ranks``; those that did not answer."""
+    def collect(
+        self, ranks: Collection[int], *, timeout_s: float = COLLECT_S, pids: Mapping[int, int] | None = None
+    ) -> set[int]:
+        """Ask for a dump and wait for one from each of ``ranks``; those that did not answer. With the ranks'
+        ``pids``, the wait ends once every rank still silent is a stopped process, which cannot answer."""
         self.folder.mkdir(parents=True, exist_ok=True)
         for rank in ranks:
             dump_path(self.folder, rank).unlink(missing_ok=True)  # an earlier request's
@@ -82,6 +91,8 @@ class FlightTriage:
         missing = set(ranks)
         while missing and time.monotonic() < deadline:
             missing = {rank for rank in missing if not dump_path(self.folder, rank).exists()}
+            if missing and pids is not None and all(is_stopped(pids.get(rank)) for rank in missing):
+                break
             if missing:
                 time.sleep(0.05)
         return missing
@@ -147,6 +158,16 @@ def mismatch(info: Any) -> str:
     state = info.state.name.lower().replace("_", " ")
     culprit = getattr(info, "culprit", None)
     return f"{state} ({culprit})" if culprit else state
+
+
+def is_stopped(pid: int | None) -> bool:
+    """Whether process ``pid`` is stopped (by SIGSTOP, or held by a debugger): it runs no code until continued."""
+    if pid is None:
+        return False
+    try:
+        return psutil.Process(pid).status() in (psutil.STATUS_STOPPED, psutil.STATUS_TRACING_STOP)
+    except psutil.Error:
+        return False
 
 
 def _ranks(ranks: list[int]) -> str:

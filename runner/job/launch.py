@@ -116,7 +116,7 @@ def run_job(
         if (hang := hangs.check()) is not None:
             stacks = dump_stacks(pids)
             fleet.ask_stacks()
-            verdict = flight.triage(sorted(pids))
+            verdict = flight.triage(pids)
             hang = replace(hang, report="\n".join([hang.report, *verdict.lines()]))  # beside meshtop's own
             control.hang = hang
             arrivals.add([hang, *stacks, verdict])
@@ -125,7 +125,7 @@ def run_job(
         elif (wanted := control.take_stack_request(pids)) is not None:
             arrivals.add(dump_stacks(wanted))
             fleet.ask_stacks()  # the other nodes dump their own ranks (every one of them)
-            arrivals.add([flight.triage(sorted(pids), hung=control.hang is not None)])
+            arrivals.add([flight.triage(pids, hung=control.hang is not None)])
         on_events(arrivals)
 
     for sampler in samplers:

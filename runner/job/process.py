@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -23,9 +24,9 @@ import psutil
 
 from meshtop.probes.arrivals import Arrivals
 from meshtop.probes.collector import Collector
-from meshtop.probes.events import EventsDropped, HangDetected
+from meshtop.probes.events import EventsDropped, FramesRefused, HangDetected
 from meshtop.runner.job.environment import Launch, worker_environment
-from meshtop.runner.job.files import LAUNCHER_LOG, STATUS_NAME
+from meshtop.runner.job.files import LAUNCHER_LOG, STATUS_NAME, TORCHELASTIC_NAME
 from meshtop.runner.job.last_words import last_words, read_tail
 from meshtop.runner.job.results import JobResult, RankExit, root_cause
 
@@ -46,6 +47,7 @@ class Job:
         self._status_path = session_dir / STATUS_NAME
         self.collector = collector
         self._collector_drops = 0
+        self._refused: dict[str, int] = {}
         self._seen: dict[int, psutil.Process] = {}
         self._process: subprocess.Popen[bytes] | None = None
         self._started = 0.0
@@ -92,6 +94,18 @@ class Job:
                 ]
             )
             self._collector_drops = full
+        counts = self.collector.counts
+        for reason, count in (
+            ("bad token", counts.bad_token),
+            ("malformed", counts.malformed),
+            ("oversized", counts.oversized),
+            ("unknown node", counts.unknown_node),
+        ):
+            if count != self._refused.get(reason, 0):
+                arrivals.add(
+                    [FramesRefused(wall_ns=time.time_ns(), reason=reason, count=count - self._refused.get(reason, 0))]
+                )
+                self._refused[reason] = count
         return arrivals
 
     def stop(self, grace_s: float = STOP_GRACE_S) -> None:
@@ -100,6 +114,7 @@ class Job:
         self.poll()
         if self._process.poll() is None:
             self._process.send_signal(signal.SIGTERM)
+            self.wake_stopped()
             try:
                 self._process.wait(timeout=grace_s)
             except subprocess.TimeoutExpired:
@@ -107,15 +122,27 @@ class Job:
                 self._process.wait()
         self.reap()
 
+    def wake_stopped(self) -> None:
+        """SIGCONT every process of the job that is stopped (SIGSTOP, a debugger's hold): a stopped process acts on
+        the SIGTERM it was sent only once continued, so the stop would otherwise wait out its grace (a shell's
+        ``kill`` of a stopped job sends SIGCONT after SIGTERM for the same reason)."""
+        for process in self._seen.values():
+            with contextlib.suppress(psutil.Error):
+                if process.status() in (psutil.STATUS_STOPPED, psutil.STATUS_TRACING_STOP):
+                    process.send_signal(signal.SIGCONT)
+
     def reap(self) -> None:
-        """Kill any process of the job that outlived the launcher."""
+        """Kill any process of the job that outlived the launcher; remove torchrun's log folder if the launcher
+        could not (:data:`meshtop.runner.job.files.TORCHELASTIC_NAME`)."""
         alive = [p for p in self._seen.values() if _is_running(p)]
         for process in alive:
             _signal(process, signal.SIGTERM)
+        self.wake_stopped()
         _, alive = psutil.wait_procs(alive, timeout=3.0)
         for process in alive:
             _signal(process, signal.SIGKILL)
         psutil.wait_procs(alive, timeout=3.0)
+        shutil.rmtree(self._status_path.parent / TORCHELASTIC_NAME, ignore_errors=True)
 
     def result(
         self, *, interrupted: bool, hang: HangDetected | None = None, ranks: Iterable[int] | None = None
@@ -150,7 +177,9 @@ class Job:
         # the launcher, or the rank that failed first, died without saying why: its last words in the log say it
         said = self.last_words() if first is None or not failures[str(first)]["error"] else None
         if first is None:
-            why = f"launcher exited with code {self._process.returncode} before reporting"
+            code = self._process.returncode
+            how = f"killed by {signal_name(-code)}" if code < 0 else f"exited with code {code}"
+            why = f"launcher {how} before reporting"
             why += f": {said}" if said is not None else ""
         else:
             why = f"stopped after rank {first} failed"
@@ -192,3 +221,11 @@ def _is_running(process: psutil.Process) -> bool:
 def _signal(process: psutil.Process, signum: int) -> None:
     with contextlib.suppress(psutil.NoSuchProcess):
         process.send_signal(signum)
+
+
+def signal_name(number: int) -> str:
+    """``SIGKILL`` for 9; ``signal 64`` for a number without a name here."""
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"

@@ -43,6 +43,8 @@ class JobResult:
     """The hang report, when meshtop stopped the job because no rank made progress."""
     node_lost: str | None = None
     """Which node of a multi-node job was lost, its ranks and why, when that ended the job."""
+    node_failed: str | None = None
+    """Which node of a multi-node job failed with no rank of its own to blame (its launcher died), and why."""
     failure_times: dict[int, float] = field(default_factory=dict)
     """When each failed rank failed (torchrun's timestamp, seconds), to find the first across nodes."""
 

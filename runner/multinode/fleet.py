@@ -244,7 +244,7 @@ class Fleet:
         ranks: dict[int, RankExit] = {r.rank: r for r in local.ranks if r.rank in local_ranks}
         failures: dict[str, dict[str, object]] = {}
         statuses = {local.status}
-        lost = None
+        lost, node_failed = None, None
         for state in self.nodes():
             if not state.last_seen:  # never came: an elastic job ran without it
                 continue
@@ -252,6 +252,11 @@ class Fleet:
                 lost = state
             bye = state.bye or {}
             statuses.add(str(bye.get("status", "failed")))
+            if bye.get("status") == "failed" and node_failed is None:  # why, if no rank of it is to blame
+                said = [end.get("error") for end in (bye.get("ranks") or {}).values() if isinstance(end, dict)]
+                node_failed = f"node {state.node} (host {state.host or '?'}) failed" + next(
+                    (f": {error}" for error in said if isinstance(error, str) and error), ""
+                )
             for rank, end in (bye.get("ranks") or {}).items():
                 if str(rank).isdigit() and isinstance(end, dict):
                     ranks[int(rank)] = RankExit(
@@ -290,10 +295,16 @@ class Fleet:
         else:
             status = "failed" if "failed" in statuses else "interrupted" if "interrupted" in statuses else "completed"
             first = root_cause(failures) if status == "failed" else None
+        if status != "failed" or first is not None or local.hang is not None:
+            node_failed = None
         why = (
             "stopped on request"
             if status == "interrupted"
-            else (f"stopped after rank {first} failed" if first is not None else local.hang and "stopped: hang")
+            else (
+                f"stopped after rank {first} failed"
+                if first is not None
+                else (local.hang and "stopped: hang") or (node_failed and f"stopped: {node_failed}")
+            )
         )
         for rank in range(world_size):
             ranks.setdefault(
@@ -307,6 +318,7 @@ class Fleet:
             log_path=local.log_path,
             root_cause=first,
             hang=local.hang,
+            node_failed=node_failed,
         )
 
 
