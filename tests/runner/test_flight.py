@@ -16,12 +16,14 @@ analyzer that fails or is missing is one line, and meshtop's own report stays. S
 from __future__ import annotations
 
 import json
+import os
 import pickle
 import shutil
 import signal
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pyarrow.parquet as pq
@@ -157,12 +159,34 @@ def test_a_torch_without_the_analyzer_is_one_line(
 
 def test_a_rank_that_does_not_answer_is_named_and_no_verdict_is_made(tmp_path: Path) -> None:
     triage = FlightTriage(tmp_path / "flight", collect_s=0.3)
-    verdict = triage.triage([0])
+    verdict = triage.triage({0: os.getpid()})
     assert (tmp_path / "flight" / "request").read_text().endswith(" 1")  # the first request
     assert verdict.verdict is None and verdict.error == "no flight-recorder dump from rank 0 within 0.3 s"
     assert verdict.lines() == ["torch's flight recorder: no verdict: no flight-recorder dump from rank 0 within 0.3 s"]
-    on_nodes = FlightTriage(tmp_path / "flight", on_one_node=False).triage([0])
+    on_nodes = FlightTriage(tmp_path / "flight", on_one_node=False).triage({0: os.getpid()})
     assert on_nodes.verdict is None and on_nodes.error is not None and "one node" in on_nodes.error
+
+
+def test_a_stopped_rank_is_not_waited_for_and_is_named_stopped(tmp_path: Path) -> None:
+    """A rank frozen by SIGSTOP (or held by a debugger) cannot dump: the wait ends as soon as only such ranks are
+    left, and the verdict says why, where a live rank that does not answer is waited for to the end."""
+    frozen = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        os.kill(frozen.pid, signal.SIGSTOP)
+        deadline = time.monotonic() + 10
+        while not flight.is_stopped(frozen.pid) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        started = time.monotonic()
+        verdict = FlightTriage(tmp_path / "flight", collect_s=5.0).triage({1: frozen.pid})
+        assert time.monotonic() - started < 2.0
+        assert verdict.error == "no flight-recorder dump from rank 1 (rank 1 is stopped: SIGSTOP or a debugger)"
+        both = FlightTriage(tmp_path / "flight", collect_s=0.5).triage({0: os.getpid(), 1: frozen.pid})
+        assert both.error == (
+            "no flight-recorder dump from ranks 0, 1 within 0.5 s (rank 1 is stopped: SIGSTOP or a debugger)"
+        )
+    finally:
+        frozen.kill()
+        frozen.wait()
 
 
 @pytest.mark.slow

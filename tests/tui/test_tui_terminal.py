@@ -14,6 +14,7 @@ import re
 import shlex
 import shutil
 import subprocess
+import sys
 import time
 import uuid
 from collections.abc import Callable, Iterator, Sequence
@@ -35,6 +36,7 @@ if TMUX is None:
     )
 
 REPO = Path(__file__).resolve().parents[2]
+EXIT_KEEPER = Path(__file__).with_name("exit_keeper.py")
 TAB_ROW = "1 Overview  2 Devices  3 Comms  4 Pipeline  5 Steps  6 Procs  7 Alerts"
 POLL_S = 0.2
 STARTUP_S = 60.0
@@ -87,11 +89,9 @@ class Terminal:
             "set -g remain-on-exit on\nset -g status off\nset -g history-limit 10000\nset -g default-shell /bin/sh\n"
         )
         exports = " ".join(f"{name}={shlex.quote(value)}" for name, value in self._pane_env.items())
-        command = shlex.join(meshtop(*self.args))
-        script = (
-            f"export {exports}; cd {shlex.quote(str(REPO))} && {command}; "
-            f"echo EXIT=$? > {shlex.quote(str(self.exit_file))}"
-        )
+        # meshtop under the exit keeper, which the shell becomes: its exit code is kept when the terminal goes
+        command = shlex.join([sys.executable, str(EXIT_KEEPER), str(self.exit_file), *meshtop(*self.args)])
+        script = f"export {exports}; cd {shlex.quote(str(REPO))} && exec {command}"
         self.tmux(
             "-f",
             str(config),
@@ -219,12 +219,18 @@ def still_running(processes: list[psutil.Process]) -> list[str]:
 
 
 def python_module(process: psutil.Process) -> str | None:
-    """What ``python -m MODULE`` runs (the launcher's own command line names the worker's module too)."""
+    """What ``python [OPTIONS] -m MODULE`` runs; ``None`` for a script (the launcher's own command line names
+    the worker's module too, the exit keeper's meshtop's: after their own)."""
     try:
         command = process.cmdline()
     except psutil.Error:
         return None
-    return command[command.index("-m") + 1] if "-m" in command[:-1] else None
+    for index, part in enumerate(command[1:-1], 1):
+        if part == "-m":
+            return command[index + 1]
+        if not part.startswith("-"):
+            return None
+    return None
 
 
 def only_session(runs: Path) -> Path:
@@ -404,6 +410,9 @@ def test_a_lost_terminal_mid_run_leaves_the_job_running_headless_until_sigterm(
     started = time.monotonic()
     meshtop.wait(timeout=30)
     assert time.monotonic() - started < 30
+    # interrupted, as SIGTERM asks: a write to the dead terminal after the dashboard closed (the swap for
+    # /dev/null missing) would end it with a traceback and exit code 1
+    assert term.wait_exit() == 130
     psutil.wait_procs(job, timeout=30)
     assert still_running(job) == []
     manifest = json.loads((session / "manifest.json").read_text())
@@ -430,6 +439,7 @@ def test_a_terminal_lost_as_the_job_completes_never_leaves_meshtop_behind(
         time.sleep(0.3 * attempt)  # the dashboard mid-frame, or at rest
         lose_the_terminal(term)
         meshtop.wait(timeout=30)
+        assert term.wait_exit() == 0  # its last lines to a dead terminal, and no error for it
         assert still_running(job) == []
         manifest = json.loads((only_session(runs) / "manifest.json").read_text())
         assert manifest["status"] == "completed" and terminal_lost(manifest)
