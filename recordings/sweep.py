@@ -181,7 +181,7 @@ def measure(directory: Path) -> dict[str, Any]:
     }
     peak = plan_peak(figures.memory, cuda=recording.manifest.run.device == "cuda")
     step = last_full_step(figures.steps.count)
-    traffic: dict[tuple[int, str, str], int] = {}
+    traffic: dict[tuple[int, str, str], tuple[int, int]] = {}
     if step is not None and "collective" in recording.kinds():
         traffic = step_traffic(recording.arrow("collective"), step)
     requests = figures.requests
@@ -199,8 +199,8 @@ def measure(directory: Path) -> dict[str, Any]:
         "bubble": mean_bubble(figures.stages),
         "traffic_step": step if traffic else None,
         "traffic": [
-            {"rank": rank, "group": group, "op": op, "bytes": nbytes}
-            for (rank, group, op), nbytes in sorted(traffic.items())
+            {"rank": rank, "group": group, "op": op, "bytes": nbytes, "count": count}
+            for (rank, group, op), (nbytes, count) in sorted(traffic.items())
         ],
         "ttft_p50_s": requests.latencies["ttft_s"]["p50"] if requests is not None else None,
         "tpot_p50_s": requests.latencies["tpot_s"]["p50"] if requests is not None else None,
@@ -225,7 +225,8 @@ def error(measured: float | None, predicted: float | None) -> float | None:
 
 def compare_prediction(predicted: PlanPrediction, measured: dict[str, Any]) -> dict[str, Any]:
     """Each predicted figure beside its measurement: the most loaded rank's categories, the step's traffic
-    summed over ranks (and whether every (rank, group, op) matched exactly), the bubble."""
+    summed over ranks (and whether every (rank, group, op) matched exactly, bytes and count of operations),
+    the bubble."""
     assert predicted.peak is not None and predicted.pp is not None  # a plan that runs (PlanPrediction says so)
     rank = measured["peak_rank"]
     predicted_rank = next((row for row in predicted.ranks if row.rank == rank), predicted.peak)
@@ -235,9 +236,9 @@ def compare_prediction(predicted: PlanPrediction, measured: dict[str, Any]) -> d
         errors[key] = error(measured_rank.get(key), getattr(predicted_rank, key))
     errors["peak_bytes"] = error(measured["peak_bytes"], predicted.peak.total_bytes)
     if measured["traffic_step"] is not None:
-        want = {(t.rank, t.group, t.op): t.bytes for t in predicted.traffic}
-        got = {(t["rank"], t["group"], t["op"]): t["bytes"] for t in measured["traffic"]}
-        errors["traffic_bytes"] = error(sum(got.values()), sum(want.values()))
+        want = {(t.rank, t.group, t.op): (t.bytes, t.count) for t in predicted.traffic}
+        got = {(t["rank"], t["group"], t["op"]): (t["bytes"], t.get("count")) for t in measured["traffic"]}
+        errors["traffic_bytes"] = error(sum(b for b, _ in got.values()), sum(b for b, _ in want.values()))
         errors["traffic_exact"] = want == got
     else:
         errors["traffic_bytes"], errors["traffic_exact"] = None, None

@@ -161,7 +161,7 @@ def sweep_notes(ranking: dict[str, Any]) -> list[str]:
     notes = [
         "err: (measured - predicted) / predicted of the most loaded rank's peak; state: its weights, "
         "gradients and optimizer state; activ: its activations saved for backward; traffic: the step's "
-        "collective bytes ('=': every rank's bytes per group and op exactly as predicted); bubble: "
+        "collective bytes ('=': every rank's bytes and operations per group and op exactly as predicted); bubble: "
         "measured minus (p - 1) / (v m + p - 1)"
     ]
     if any(row["measured"] and row["measured"]["peak_kind"] == "accounted" for row in ranking["plans"]):

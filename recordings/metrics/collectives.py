@@ -23,8 +23,8 @@ Of the operations issued inside a step (set-up and tear-down traffic, step
 Over the rows: the **communication share** of a run (the rows' shares
 summed, at most 1: :func:`communication_share`), the **typical busbw** (the
 median of the rows' busbw p50: :func:`typical_busbw_gbps`, what the planner
-predicts with), and the **traffic** of one step per (rank, group, op)
-(:func:`step_traffic`: what the planner's predicted bytes are checked on).
+predicts with), and the **traffic** of one step per (rank, group, op): its bytes and its count of
+operations (:func:`step_traffic`: what the planner's predicted bytes and counts are checked on).
 
 Exposed time is decided when a step closes (two job steps after it completes,
 or at the end), so operations that arrive a little after their step still
@@ -335,12 +335,13 @@ def last_full_step(completed_steps: int) -> int | None:
     return completed_steps - 1 if completed_steps > 0 else None
 
 
-def step_traffic(table: pa.Table, step: int) -> dict[tuple[int, str, str], int]:
-    """The bytes each (rank, group, op) moved in ``step``: the sum of ``bytes`` of the collectives of a
-    ``collective`` table issued in that step."""
-    rows = table.filter(pc.equal(table["step"], step)).group_by(["rank", "group", "op"]).aggregate([("bytes", "sum")])
-    columns = (rows[name].to_pylist() for name in ("rank", "group", "op", "bytes_sum"))
-    return {(rank, group, op): total for rank, group, op, total in zip(*columns, strict=True)}
+def step_traffic(table: pa.Table, step: int) -> dict[tuple[int, str, str], tuple[int, int]]:
+    """What each (rank, group, op) moved in ``step``: (the sum of ``bytes``, the number of operations) of the
+    collectives of a ``collective`` table issued in that step."""
+    issued = table.filter(pc.equal(table["step"], step)).group_by(["rank", "group", "op"])
+    rows = issued.aggregate([("bytes", "sum"), ("bytes", "count")])
+    columns = (rows[name].to_pylist() for name in ("rank", "group", "op", "bytes_sum", "bytes_count"))
+    return {(rank, group, op): (total, count) for rank, group, op, total, count in zip(*columns, strict=True)}
 
 
 def _groups(values: np.ndarray) -> list[tuple[int, np.ndarray]]:

@@ -277,7 +277,11 @@ def test_traffic_per_step_sums_bytes_per_rank_group_and_op() -> None:
             "bytes": [100, 100, 100, 50, 10],
         }
     )
-    assert step_traffic(table, 2) == {(0, "dp", "all_reduce"): 200, (1, "dp", "all_reduce"): 100, (0, "pp", "send"): 10}
+    assert step_traffic(table, 2) == {
+        (0, "dp", "all_reduce"): (200, 2),
+        (1, "dp", "all_reduce"): (100, 1),
+        (0, "pp", "send"): (10, 1),
+    }
     assert last_full_step(3) == 2 and last_full_step(0) is None
 
 
@@ -299,8 +303,8 @@ def test_a_sweep_plan_is_measured_with_the_cores_figures(tmp_path: Path) -> None
     assert measured["comm_share"] == pytest.approx(0.4) and measured["bubble"] is None
     assert measured["traffic_step"] == 2
     assert measured["traffic"] == [
-        {"rank": 0, "group": "dp", "op": "all_reduce", "bytes": 1 << 20},
-        {"rank": 1, "group": "dp", "op": "all_reduce", "bytes": 1 << 20},
+        {"rank": 0, "group": "dp", "op": "all_reduce", "bytes": 1 << 20, "count": 1},
+        {"rank": 1, "group": "dp", "op": "all_reduce", "bytes": 1 << 20, "count": 1},
     ]
 
 

@@ -2,9 +2,9 @@
 
 The accuracy test is the issue's: for every plan of 4 ranks of ``tiny`` and ``small`` (FSDP included), the
 predicted weights, gradients and optimizer bytes of every rank equal the measured ones exactly, the
-predicted bytes of every (rank, group, op) in a step equal the measured ones exactly, the predicted
-activations are within 15 % of the measured saved-for-backward bytes, and the plans' order by predicted
-peak is their order by measured peak.
+predicted bytes and number of operations of every (rank, group, op) in a step (DDP's buckets, FSDP's units)
+equal the measured ones exactly, the predicted activations are within 0.5 % of the measured saved-for-backward
+bytes (:data:`ACTIVATION_TOLERANCE`), and the plans' order by predicted peak is their order by measured peak.
 """
 
 from __future__ import annotations
@@ -27,7 +27,10 @@ from tests.kit.commands import meshtop, run_meshtop
 pytestmark = pytest.mark.slow  # each test runs real multi-rank jobs, several plans each
 
 REPO = Path(__file__).resolve().parents[2]
-ACTIVATION_TOLERANCE = 0.15
+ACTIVATION_TOLERANCE = 0.005
+"""Measured over every plan of tiny and small: 4 bytes more than predicted without a pipeline (the loss), and a
+pipeline stage's few KiB of torch.distributed.pipelining's own (2-3 KiB, 0.2 % of tiny's activations), which the
+planner does not count."""
 
 
 def sweep(
@@ -95,8 +98,8 @@ def check_predictions(out: Path) -> dict[str, PlanPrediction]:
                 recorded["activations_bytes"],
                 rank.activations_bytes,
             )
-        want = {(t.rank, t.group, t.op): t.bytes for t in plan.traffic}
-        seen = {(t["rank"], t["group"], t["op"]): t["bytes"] for t in got["traffic"]}
+        want = {(t.rank, t.group, t.op): (t.bytes, t.count) for t in plan.traffic}  # DDP's buckets, FSDP's units
+        seen = {(t["rank"], t["group"], t["op"]): (t["bytes"], t["count"]) for t in got["traffic"]}
         assert seen == want, key
     peaks = {key: plan.peak.total_bytes for key, plan in predicted.items() if plan.peak is not None}
     by_prediction = sorted(predicted, key=lambda key: (peaks[key], key))
