@@ -111,8 +111,10 @@ def run_job(
             control.stop.set()
         hangs.observe(arrivals)
         finishing.observe(arrivals)
-        if not hangs.reported:
-            control.hang = None  # progress again: an earlier report no longer holds
+        if not hangs.reported and not control.stop.is_set():
+            # progress again: an earlier report no longer holds, unless the job is being stopped for it (py-spy's
+            # failed attach to a SIGSTOPped rank can let it run on: the job still hung)
+            control.hang = None
         if (hang := hangs.check()) is not None:
             stacks = dump_stacks(pids)
             fleet.ask_stacks()

@@ -32,7 +32,7 @@ from typing import Any
 from meshtop.probes.collector import Collector
 from meshtop.probes.events import Event, NodeClock
 from meshtop.probes.wire import is_count
-from meshtop.runner.job.results import JobResult, RankExit, root_cause
+from meshtop.runner.job.results import PEER_GONE, JobResult, RankExit, root_cause
 from meshtop.runner.multinode.nodes import HeadAddress, Nodes, publish_head
 
 NODE_SILENT_S = 10.0
@@ -295,6 +295,8 @@ class Fleet:
         else:
             status = "failed" if "failed" in statuses else "interrupted" if "interrupted" in statuses else "completed"
             first = root_cause(failures) if status == "failed" else None
+        if node_failed is not None and first is not None and PEER_GONE.search(str(ranks[first].error or "")):
+            first = None  # it lost its peers with the node that failed: the node is the cause
         if status != "failed" or first is not None or local.hang is not None:
             node_failed = None
         why = (
