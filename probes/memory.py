@@ -39,7 +39,9 @@ def loaded_dtensor() -> type[torch.Tensor] | None:
 def local_shard(tensor: torch.Tensor) -> torch.Tensor:
     """What this rank holds of ``tensor``: a DTensor's local shard, any other tensor itself."""
     dtensor = loaded_dtensor()
-    return tensor.to_local() if dtensor is not None and isinstance(tensor, dtensor) else tensor  # type: ignore[attr-defined]
+    if dtensor is not None and isinstance(tensor, dtensor):
+        return tensor.to_local()  # type: ignore[attr-defined]
+    return tensor
 
 
 def tensor_bytes(tensor: torch.Tensor) -> int:

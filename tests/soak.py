@@ -52,6 +52,7 @@ import psutil
 from meshtop.probes.wire import HEADER, pack
 from meshtop.tui.cli import main as meshtop_main
 from tests.kit.commands import meshtop
+from tests.kit.ports import free_port
 from tests.kit.recordings import recorded_so_far
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -418,17 +419,6 @@ def start_in_a_terminal(
 
     threading.Thread(target=copy, daemon=True).start()
     return controller, process
-
-
-def free_port() -> int:
-    """A port for the rendezvous below the ephemeral range (see tests/runner/test_multinode.py)."""
-    low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
-    chooser = random.Random()
-    while True:
-        port = chooser.randrange(max(1024, low - 12_000), low)
-        with socket.socket() as probe, contextlib.suppress(OSError):
-            probe.bind(("127.0.0.1", port))
-            return port
 
 
 def summary_status(recording: Path) -> tuple[str | None, str]:

@@ -27,6 +27,7 @@ from meshtop.probes.collector import Collector
 from meshtop.probes.events import EventsDropped, FramesRefused, HangDetected
 from meshtop.runner.job.environment import Launch, worker_environment
 from meshtop.runner.job.files import LAUNCHER_LOG, STATUS_NAME, TORCHELASTIC_NAME
+from meshtop.runner.job.flight import is_stopped
 from meshtop.runner.job.last_words import last_words, read_tail
 from meshtop.runner.job.results import JobResult, RankExit, root_cause
 
@@ -127,9 +128,8 @@ class Job:
         the SIGTERM it was sent only once continued, so the stop would otherwise wait out its grace (a shell's
         ``kill`` of a stopped job sends SIGCONT after SIGTERM for the same reason)."""
         for process in self._seen.values():
-            with contextlib.suppress(psutil.Error):
-                if process.status() in (psutil.STATUS_STOPPED, psutil.STATUS_TRACING_STOP):
-                    process.send_signal(signal.SIGCONT)
+            if is_stopped(process.pid):
+                _signal(process, signal.SIGCONT)
 
     def reap(self) -> None:
         """Kill any process of the job that outlived the launcher; remove torchrun's log folder if the launcher

@@ -11,7 +11,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import random
 import signal
 import socket
 import subprocess
@@ -27,6 +26,7 @@ from meshtop.recordings.reader import open_recording
 from meshtop.recordings.schema import events_of
 from tests.kit.commands import meshtop, run_meshtop
 from tests.kit.jobs import RTOL, alive, launch
+from tests.kit.ports import free_port
 from tests.kit.recordings import wait_for_steps
 
 pytestmark = pytest.mark.slow
@@ -36,24 +36,6 @@ SITE_HOOKS = Path(__file__).resolve().parents[1] / "site_hooks"
 STEPS = 4
 BATCH = 8
 SHIFT_S = 5.0
-
-
-def free_port() -> int:
-    """A port for the rendezvous that nothing else here will take between now and torchrun's bind: one below
-    the kernel's ephemeral range (where every ``bind(0)`` and outgoing connection of the other tests draws
-    from), at random, checked free now. A port from ``bind(0)`` could be handed out again before torchrun
-    binds it; a listener that took it would hold the job in its rendezvous until the test's timeout."""
-    low, _high = (int(part) for part in Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split())
-    chooser = random.Random()
-    for _attempt in range(100):
-        port = chooser.randrange(max(1024, low - 12_000), low)
-        with socket.socket() as probe:
-            try:
-                probe.bind(("127.0.0.1", port))
-            except OSError:  # in use: another draw
-                continue
-            return port
-    raise AssertionError("no free port below the ephemeral range")
 
 
 def start_node(
