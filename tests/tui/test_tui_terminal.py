@@ -168,7 +168,18 @@ class Terminal:
             if time.monotonic() > deadline:
                 pytest.fail(f"meshtop still running {timeout_s:.0f} s after q; the screen:\n{self.screen()}")
             time.sleep(POLL_S)
+        self.wait_keeper_gone(deadline)
         return code
+
+    def wait_keeper_gone(self, deadline: float) -> None:
+        """The exit keeper writes the code as its last act and ends a moment later: wait for that moment, so
+        a check for leftovers that follows sees only what meshtop left."""
+        keepers = [process for process in self.job_processes() if str(EXIT_KEEPER) in " ".join(command_of(process))]
+        deadline = max(deadline, time.monotonic() + 1.0)
+        while alive := still_running(keepers):
+            if time.monotonic() > deadline:
+                pytest.fail(f"the exit keeper still running after writing meshtop's exit code: {alive}")
+            time.sleep(0.02)
 
     # -- processes -----------------------------------------------------------------------
 
@@ -218,13 +229,18 @@ def still_running(processes: list[psutil.Process]) -> list[str]:
     return alive
 
 
+def command_of(process: psutil.Process) -> list[str]:
+    """The process's command line; empty once it is gone."""
+    try:
+        return process.cmdline()
+    except psutil.Error:
+        return []
+
+
 def python_module(process: psutil.Process) -> str | None:
     """What ``python [OPTIONS] -m MODULE`` runs; ``None`` for a script (the launcher's own command line names
     the worker's module too, the exit keeper's meshtop's: after their own)."""
-    try:
-        command = process.cmdline()
-    except psutil.Error:
-        return None
+    command = command_of(process)
     for index, part in enumerate(command[1:-1], 1):
         if part == "-m":
             return command[index + 1]
