@@ -407,11 +407,16 @@ class NodeClock(Event):
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class RequestDone(Event):
-    """One request of an inference load, served or failed, as its replica's leader rank saw it.
+    """One request of an inference load, served or failed, as its replica's leader rank saw it, or as
+    meshtop's load generator saw a serving endpoint answer it (``--endpoint``).
 
     Times are wall clock (``time.time_ns``) on the leader (dp replica's first
     rank): arrival is when the load generator released the request to the
-    replica, each token time when the token's logits reached the leader.
+    replica, each token time when the token's logits reached the leader. For
+    an endpoint, on the load generator: arrival is when the request was
+    written to its connection, each token time when a streamed chunk with
+    text arrived (a chunk can hold several tokens: ``token_ns`` then has
+    fewer entries than ``output_tokens``).
     """
 
     kind: ClassVar[str] = "request"
@@ -435,6 +440,16 @@ class RequestDone(Event):
     status: str
     """``completed`` or ``failed``."""
     error: str | None
+    error_kind: str | None = None
+    """An endpoint's failed request: ``http``, ``timeout``, ``refused``, ``reset``, ``protocol`` or
+    ``interrupted``."""
+    scheduled_ns: int | None = None
+    """An endpoint's: when the load meant to send it (the send lag is ``arrival_ns`` less this)."""
+    warmup: bool = False
+    """Sent before the load to warm the server: recorded, left out of every figure."""
+    tokens_from: str | None = None
+    """An endpoint's token counts: ``usage`` (the server's own count) or ``chunks`` (the streamed chunks
+    with text, where the server reported no usage)."""
 
 
 EVENT_TYPES: dict[str, type[Event]] = {

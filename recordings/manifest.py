@@ -89,6 +89,28 @@ class Load:
     seed: int
     slo_ttft_ms: float | None = None
     slo_tpot_ms: float | None = None
+    burstiness: float | None = None
+    """An endpoint's open loop: the gamma shape of the gaps (1: Poisson)."""
+    warmup: int = 0
+    """An endpoint's: requests sent first and left out of every figure."""
+    prompts: str | None = None
+    """An endpoint's prompts file (``None``: generated prompts of ``prompt_len`` words)."""
+    timeout_s: float | None = None
+    ignore_eos: bool = False
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Endpoint:
+    """A serving endpoint meshtop loaded (``--endpoint``): the server, not meshtop, ran the model."""
+
+    url: str
+    api: str
+    """``completions`` or ``chat``."""
+    model: str
+    models: tuple[str, ...] = ()
+    """Every model the server listed."""
+    same_load: str | None = None
+    """The recording whose load this repeated (``--same-load``)."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -160,12 +182,15 @@ class RunDescription:
     instrumented: bool
     load: Load | None = None
     script: Script | None = None
+    endpoint: Endpoint | None = None
 
     @property
     def name(self) -> str:
-        """What ran, in a word: the model preset, or the script."""
+        """What ran, in a word: the model preset, the script, or the endpoint's model."""
         if self.script is not None:
             return self.script.name
+        if self.endpoint is not None:
+            return self.endpoint.model
         return self.model.name if self.model is not None else "?"
 
     @property

@@ -411,14 +411,14 @@ def check_mode_options(spec: RunSpec) -> None:
 
 
 def parse_length(name: str, text: str | None, default: tuple[int, int]) -> tuple[int, int]:
-    """``N`` or ``LO-HI`` tokens, each at least 1."""
+    """``N`` or ``LO-HI`` (or ``LO:HI``) tokens, each at least 1."""
     if text is None:
         return default
-    low, _, high = text.partition("-")
+    low, _, high = text.partition(":" if ":" in text else "-")
     try:
         bounds = (int(low), int(high or low))
     except ValueError:
-        raise PlanError(f"{name} takes a number of tokens or a range LO-HI, got {text!r}") from None
+        raise PlanError(f"{name} takes a number of tokens or a range LO-HI (or LO:HI), got {text!r}") from None
     if bounds[0] < 1 or bounds[1] < bounds[0]:
         raise PlanError(f"{name} {text}: lengths must be at least 1, and LO at most HI")
     return bounds

@@ -24,6 +24,7 @@ from meshtop.runner.job.session import Work, describe, run_session
 from meshtop.runner.multinode.nodes import Nodes
 from meshtop.runner.plan import ResolvedRun
 from meshtop.runner.script.command import ScriptRun
+from meshtop.runner.serving.endpoint import EndpointRun
 
 PROGRESS_LINES = 20
 """About this many step lines per run, evenly spaced..."""
@@ -34,6 +35,21 @@ CONSOLE_KINDS = ("stack_dump", "hang", "flight_verdict", "events_dropped", "fram
 
 
 def headline(run: Work) -> str:
+    if isinstance(run, EndpointRun):
+        load = run.load
+        arrivals = (
+            f"{load.concurrency} in flight"
+            if load.concurrency is not None
+            else f"{load.request_rate_per_s:g} req/s "
+            + ("Poisson" if load.burstiness == 1 else f"gamma (burstiness {load.burstiness:g})")
+        )
+        prompts = f"prompts from {load.prompts}" if load.prompts else f"prompt {span(load.input_len)} words"
+        warmup = f" after {load.warmup} warmup" if load.warmup else ""
+        return (
+            f"meshtop: endpoint {run.origin.base} · {run.api} · model {run.model} · {load.requests} requests "
+            f"({arrivals}){warmup}, {prompts}, output {span(load.output_len)} tokens"
+            + (f" · the load of {run.same_load}" if run.same_load else "")
+        )
     if isinstance(run, ScriptRun):
         return f"meshtop: {script_plan(run.name, run.world_size).label} · {run.device} · {shlex.join(run.command)}"
     params = run.shape.parameter_count()
@@ -175,6 +191,8 @@ def verdict(result: JobResult, steps: StepFigures | None, requests: RequestFigur
         return [f"interrupted after {result.duration_s:.1f} s: every rank stopped"]
     if result.node_lost is not None:
         return [f"failed after {result.duration_s:.1f} s: {result.node_lost}; the job was stopped"]
+    if result.failure is not None:
+        return [f"failed after {result.duration_s:.1f} s: {result.failure}"]
     if result.node_failed is not None:
         return [f"failed after {result.duration_s:.1f} s: {result.node_failed}; the job was stopped"]
     if result.hang is not None:

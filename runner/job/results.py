@@ -45,6 +45,8 @@ class JobResult:
     """Which node of a multi-node job was lost, its ranks and why, when that ended the job."""
     node_failed: str | None = None
     """Which node of a multi-node job failed with no rank of its own to blame (its launcher died), and why."""
+    failure: str | None = None
+    """Why a job with no rank to blame failed (a served load: its failed requests by kind)."""
     failure_times: dict[int, float] = field(default_factory=dict)
     """When each failed rank failed (torchrun's timestamp, seconds), to find the first across nodes."""
 

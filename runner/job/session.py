@@ -16,7 +16,10 @@ from pathlib import Path
 
 from meshtop.probes.arrivals import Arrivals
 from meshtop.recordings.manifest import (
+    Endpoint,
+    Load,
     Manifest,
+    Plan,
     RankEnd,
     RecordingError,
     RunDescription,
@@ -48,9 +51,12 @@ from meshtop.runner.script.command import (
     ScriptRun,
     environment_that_matters,
 )
+from meshtop.runner.serving.endpoint import EndpointRun
+from meshtop.runner.serving.run import run_endpoint
 
-Work = ResolvedRun | ScriptRun
-"""What a session runs: the built-in runner's plan, or a user's own script."""
+Work = ResolvedRun | ScriptRun | EndpointRun
+"""What a session runs: the built-in runner's plan, a user's own script, or a load sent to a serving
+endpoint."""
 
 
 def ending_of(result: JobResult) -> Ending:
@@ -60,7 +66,7 @@ def ending_of(result: JobResult) -> Ending:
         ranks=tuple(RankEnd(rank=r.rank, exit_code=r.exit_code, signal=r.signal, error=r.error) for r in result.ranks),
         root_cause_rank=result.root_cause,
         hang=result.hang,
-        reason=result.node_lost,
+        reason=result.node_lost or result.failure,
     )
 
 
@@ -94,8 +100,54 @@ def describe(work: Work) -> RunDescription:
     """The run description a recording of ``work`` holds."""
     if isinstance(work, ResolvedRun):
         return RunDescription.from_json(work.describe())
+    if isinstance(work, EndpointRun):
+        return endpoint_description(work)
     environment = environment_that_matters(rank_environment(script_launch(work)))
     return script_description(work, environment)
+
+
+def endpoint_description(run: EndpointRun) -> RunDescription:
+    """The run description of a load sent to ``run``'s endpoint: the load, the server, and no plan of
+    meshtop's own (one process, the load generator)."""
+    return RunDescription(
+        plan=Plan(
+            dp=1,
+            tp=1,
+            pp=1,
+            fsdp=False,
+            world_size=1,
+            schedule=None,
+            microbatches=None,
+            label=f"endpoint {run.origin.base} ({run.api})",
+        ),
+        mode="infer",
+        model=None,
+        dtype=None,
+        device="endpoint",
+        steps=None,
+        batch_size=None,
+        microbatch_size=None,
+        seq_len=None,
+        seed=run.load.seed,
+        instrumented=False,
+        load=Load(
+            requests=run.load.requests,
+            concurrency=run.load.concurrency,
+            request_rate_per_s=run.load.request_rate_per_s,
+            prompt_len=run.load.input_len,
+            output_len=run.load.output_len,
+            max_batch=run.load.concurrency or 0,
+            seed=run.load.seed,
+            slo_ttft_ms=run.load.slo_ttft_ms,
+            slo_tpot_ms=run.load.slo_tpot_ms,
+            burstiness=run.load.burstiness if run.load.request_rate_per_s is not None else None,
+            warmup=run.load.warmup,
+            prompts=run.load.prompts,
+            timeout_s=run.load.timeout_s,
+            ignore_eos=run.load.ignore_eos,
+        ),
+        endpoint=Endpoint(url=run.url, api=run.api, model=run.model, models=run.models, same_load=run.same_load),
+    )
 
 
 def script_description(script: ScriptRun, environment: dict[str, str]) -> RunDescription:
@@ -184,6 +236,11 @@ def run_session(
         on_events(arrivals, folded)
 
     try:
+        if isinstance(work, EndpointRun):
+            result = run_endpoint(
+                work, session_dir=directory, on_events=deliver, node_probes=node_probes, control=control
+            )
+            return result
         nodes = nodes_of(work, nodes)
         result = run_job(
             launch_of(work, directory, nodes),

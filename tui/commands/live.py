@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 from meshtop.runner.job.launch import NodeProbes
 from meshtop.runner.multinode.nodes import Nodes
 from meshtop.runner.script.command import ScriptRun
+from meshtop.runner.serving.endpoint import EndpointRun
 from meshtop.tui.options import (
     add_metrics_options,
     add_node_options,
@@ -100,10 +101,12 @@ def runs_directory(args: argparse.Namespace) -> Path:
 
 
 def new_session_path(runs: Path, run: Work) -> Path:
-    """``RUNS/20261129-154501-dp2-tp1-pp1`` (a script: ``RUNS/20261129-154501-train``), with a suffix if
-    that exists already."""
+    """``RUNS/20261129-154501-dp2-tp1-pp1`` (a script: ``RUNS/20261129-154501-train``; an endpoint:
+    ``RUNS/20261129-154501-endpoint-MODEL``), with a suffix if that exists already."""
     if isinstance(run, ScriptRun):
         stem = f"{time.strftime('%Y%m%d-%H%M%S')}-{run.script.stem if run.script else run.module}"
+    elif isinstance(run, EndpointRun):
+        stem = f"{time.strftime('%Y%m%d-%H%M%S')}-endpoint-{run.name}"
     else:
         stem = f"{time.strftime('%Y%m%d-%H%M%S')}-{'fsdp' if run.fsdp else 'dp'}{run.dp}-tp{run.tp}-pp{run.pp}"
         if run.mode == "infer":

@@ -1,0 +1,255 @@
+"""The load generator: ``python -m meshtop.runner.serving.client SPEC``, a process of its own beside meshtop.
+
+It sends the planned requests of the load (``load.jsonl``, written by meshtop) to the endpoint, streamed,
+and ships one :class:`~meshtop.probes.events.RequestDone` per request to meshtop's collector, as a rank's
+shipper does (rank 0 is the load generator). It runs apart from the dashboard's event loop and from the
+recording's writes, so neither delays a send, and its own lag (when a request was sent against when it
+was meant to be) is measured on every request.
+
+It ends with exit code 0 when the load ran to its end (whatever the server answered), 130 when it was
+stopped (SIGINT or SIGTERM: the requests in flight are reported as interrupted), and writes what
+happened to ``SPEC``'s ``status`` file: requests sent, completed, and failed by kind.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import signal
+import sys
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from meshtop.probes.events import RequestDone
+from meshtop.probes.shipper import open_sink
+from meshtop.probes.sink import EventSink
+from meshtop.runner.serving.http import Origin, Pool, RequestFailed
+from meshtop.runner.serving.load import LoadRequest
+
+CLIENT_RANK = 0
+"""The load generator's place among the job's processes (its events and its process samples)."""
+INTERRUPTED = 130
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ClientSpec:
+    """What the load generator is told: where, which API and model, and the load's file."""
+
+    url: str
+    api: str
+    model: str
+    concurrency: int | None
+    timeout_s: float
+    ignore_eos: bool
+    requests_path: str
+    status_path: str
+
+    def to_json(self) -> dict[str, object]:
+        return {name: getattr(self, name) for name in self.__slots__}  # type: ignore[attr-defined]
+
+    @classmethod
+    def from_json(cls, fields: dict[str, object]) -> ClientSpec:
+        return cls(**fields)  # type: ignore[arg-type]
+
+
+def request_body(spec: ClientSpec, request: LoadRequest) -> tuple[str, dict[str, object]]:
+    """The path and JSON body of ``request`` for the spec's API: streamed, greedy, usage asked for."""
+    body: dict[str, object] = {
+        "model": spec.model,
+        "max_tokens": request.max_tokens,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+        "temperature": 0.0,
+    }
+    if spec.ignore_eos:
+        body["ignore_eos"] = True
+    prompt = request.prompt
+    if spec.api == "chat":
+        messages = prompt.messages if prompt.messages is not None else (("user", prompt.text or ""),)
+        body["messages"] = [{"role": role, "content": content} for role, content in messages]
+        return "/chat/completions", body
+    body["prompt"] = (
+        prompt.text if prompt.text is not None else "\n".join(content for _, content in prompt.messages or ())
+    )
+    return "/completions", body
+
+
+def chunk_text(payload: dict[str, object]) -> str:
+    """The generated text a streamed chunk carries (completions' ``text``, chat's ``delta`` content or
+    reasoning); empty for a chunk of role, finish reason or usage only."""
+    choices = payload.get("choices")
+    if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
+        return ""
+    choice = choices[0]
+    if isinstance(choice.get("text"), str):
+        return choice["text"]
+    delta = choice.get("delta")
+    if isinstance(delta, dict):
+        return "".join(
+            delta[key] for key in ("content", "reasoning_content", "reasoning") if isinstance(delta.get(key), str)
+        )
+    return ""
+
+
+@dataclass(slots=True)
+class Outcome:
+    """What one request came to, as the client saw it."""
+
+    sent_ns: int = 0
+    token_ns: list[int] = field(default_factory=list)
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+    end_ns: int = 0
+
+
+class LoadGenerator:
+    def __init__(self, spec: ClientSpec, sink: EventSink) -> None:
+        self.spec = spec
+        self.sink = sink
+        self.pool = Pool(Origin.parse(spec.url))
+        self.counts: Counter[str] = Counter()
+
+    async def send(self, request: LoadRequest, scheduled_ns: int) -> None:
+        """Send ``request``, time it, and ship its event (completed or failed)."""
+        path, body = request_body(self.spec, request)
+        outcome = Outcome()
+        error: RequestFailed | None = None
+        try:
+            await asyncio.wait_for(self._stream(path, body, outcome), self.spec.timeout_s)
+        except RequestFailed as failure:
+            error = failure
+        except asyncio.TimeoutError:
+            error = RequestFailed("timeout", f"timeout: no full answer in {self.spec.timeout_s:g} s")
+        except asyncio.CancelledError:
+            self._report(
+                request, scheduled_ns, outcome, RequestFailed("interrupted", "interrupted: the load was stopped")
+            )
+            raise
+        except OSError as failure:
+            error = RequestFailed("reset", f"connection lost: {failure.strerror or failure}")
+        self._report(request, scheduled_ns, outcome, error)
+
+    async def _stream(self, path: str, body: dict[str, object], outcome: Outcome) -> None:
+        outcome.sent_ns = time.time_ns()
+        async for at_ns, data in self.pool.stream(path, body):
+            try:
+                payload = json.loads(data)
+            except ValueError:
+                raise RequestFailed("protocol", f"a streamed event that is not JSON: {data[:80]!r}") from None
+            if not isinstance(payload, dict):
+                continue
+            if "error" in payload and "choices" not in payload:
+                inner = payload["error"]
+                message = inner.get("message") if isinstance(inner, dict) else inner
+                raise RequestFailed("http", f"the server's stream ended in an error: {message}")
+            if chunk_text(payload):
+                outcome.token_ns.append(at_ns)
+            usage = payload.get("usage")
+            if isinstance(usage, dict):
+                outcome.prompt_tokens = _count(usage.get("prompt_tokens"))
+                outcome.completion_tokens = _count(usage.get("completion_tokens"))
+        outcome.end_ns = time.time_ns()
+
+    def _report(self, request: LoadRequest, scheduled_ns: int, outcome: Outcome, error: RequestFailed | None) -> None:
+        if not outcome.sent_ns:  # failed before it was written (a refused connection)
+            outcome.sent_ns = time.time_ns()
+        end = outcome.end_ns or time.time_ns()
+        from_usage = outcome.completion_tokens is not None
+        self.counts["completed" if error is None else error.kind] += 0 if request.warmup else 1
+        self.sink.emit(
+            RequestDone(
+                rank=CLIENT_RANK,
+                replica=0,
+                request=request.id,
+                arrival_ns=outcome.sent_ns,
+                first_token_ns=outcome.token_ns[0] if outcome.token_ns else None,
+                end_ns=end,
+                prompt_tokens=outcome.prompt_tokens or 0,
+                output_tokens=outcome.completion_tokens if from_usage else len(outcome.token_ns),  # type: ignore[arg-type]
+                token_ns=tuple(outcome.token_ns),
+                output_ids=(),
+                status="completed" if error is None else "failed",
+                error=None if error is None else str(error),
+                error_kind=None if error is None else error.kind,
+                scheduled_ns=scheduled_ns,
+                warmup=request.warmup,
+                tokens_from="usage" if from_usage else "chunks",
+            )
+        )
+
+    async def closed_loop(self, requests: list[LoadRequest], clients: int) -> None:
+        """``clients`` clients, each sending its next request as soon as its last is answered."""
+        queue = iter(requests)
+
+        async def client() -> None:
+            for request in queue:  # one iterator shared: each client takes the next request
+                await self.send(request, time.time_ns())
+
+        await asyncio.gather(*(client() for _ in range(min(clients, len(requests)))))
+
+    async def open_loop(self, requests: list[LoadRequest]) -> None:
+        """Each request sent at its offset, whatever is in flight."""
+        start_ns, start = time.time_ns(), time.monotonic()
+        tasks = []
+        for request in requests:
+            offset = request.offset_s or 0.0
+            delay = start + offset - time.monotonic()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            tasks.append(asyncio.create_task(self.send(request, start_ns + round(offset * 1e9))))
+        await asyncio.gather(*tasks)
+
+    async def run(self, requests: list[LoadRequest]) -> None:
+        warmup = [request for request in requests if request.warmup]
+        own = [request for request in requests if not request.warmup]
+        if warmup:
+            await self.closed_loop(warmup, self.spec.concurrency or 1)
+        if self.spec.concurrency is not None:
+            await self.closed_loop(own, self.spec.concurrency)
+        else:
+            await self.open_loop(own)
+
+
+def _count(value: object) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
+
+
+def read_requests(path: Path) -> list[LoadRequest]:
+    return [LoadRequest.from_json(json.loads(line)) for line in path.read_text().splitlines() if line.strip()]
+
+
+async def main_async(spec: ClientSpec, sink: EventSink) -> bool:
+    """Run the load; ``False`` when it was stopped."""
+    generator = LoadGenerator(spec, sink)
+    requests = read_requests(Path(spec.requests_path))
+    task = asyncio.ensure_future(generator.run(requests))
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(signum, task.cancel)
+    stopped = False
+    try:
+        await task
+    except asyncio.CancelledError:
+        stopped = True
+    finally:
+        generator.pool.close()
+        Path(spec.status_path).write_text(
+            json.dumps({"sent": sum(generator.counts.values()), "by_kind": dict(generator.counts), "stopped": stopped})
+        )
+    return not stopped
+
+
+def main(argv: list[str]) -> int:
+    spec = ClientSpec.from_json(json.loads(Path(argv[0]).read_text()))
+    sink = open_sink(CLIENT_RANK)
+    try:
+        finished = asyncio.run(main_async(spec, sink))
+    finally:
+        sink.close()
+    return 0 if finished else INTERRUPTED
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,158 @@
+"""A serving endpoint to load: its URL, API and model, checked against the server before any load is sent.
+
+:func:`resolve_endpoint` asks the server what it serves (``GET /v1/models``) and sends one request of the
+load's own shape (``max_tokens`` 1, streamed, usage asked for), so an unreachable URL, a server that does not
+speak the OpenAI API, an unknown model and a refused request body are each one line (exit 2) before
+anything is recorded. That request is not part of the load and is not recorded.
+"""
+
+from __future__ import annotations
+
+import json
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+
+from meshtop.runner.errors import PlanError
+from meshtop.runner.serving.http import Origin, error_message
+from meshtop.runner.serving.load import EndpointLoad, LoadRequest, Prompt, check_load, plan_load, read_prompts
+
+PROBE_TIMEOUT_S = 30.0
+MAX_PROBE_BYTES = 4 << 20
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class EndpointRun:
+    """A load sent to a serving endpoint: what ``meshtop run|record --endpoint URL`` runs."""
+
+    url: str
+    """The server's base URL as given."""
+    origin: Origin
+    api: str
+    """``completions`` or ``chat``."""
+    model: str
+    models: tuple[str, ...]
+    """Every model the server listed."""
+    load: EndpointLoad
+    requests: tuple[LoadRequest, ...]
+    """The load, planned: the warmup first."""
+    same_load: str | None = None
+    """The recording whose load this repeats (``--same-load``)."""
+
+    @property
+    def name(self) -> str:
+        """A short name for the session's folder: the model's last path part."""
+        stem = self.model.rstrip("/").rsplit("/", 1)[-1] or "model"
+        return "".join(c if c.isalnum() or c in "-_." else "-" for c in stem)[:40]
+
+
+def _get_json(url: str, *, body: dict[str, object] | None = None) -> tuple[int, object, bytes]:
+    """GET (or POST ``body``) ``url``: the status, the parsed JSON (``None`` when it is not) and the raw body."""
+    data = json.dumps(body).encode() if body is not None else None
+    request = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"} if data else {})
+    try:
+        with urllib.request.urlopen(request, timeout=PROBE_TIMEOUT_S) as response:
+            status, raw = response.status, response.read(MAX_PROBE_BYTES)
+    except urllib.error.HTTPError as error:
+        status, raw = error.code, error.read(MAX_PROBE_BYTES)
+    try:
+        parsed = json.loads(raw) if body is None else None
+    except ValueError:
+        parsed = None
+    return status, parsed, raw
+
+
+def served_models(origin: Origin) -> tuple[str, ...]:
+    """The ids ``/v1/models`` lists; one line when the server cannot be reached or does not answer as an
+    OpenAI-compatible server does."""
+    url = origin.url("/models")
+    try:
+        status, parsed, raw = _get_json(url)
+    except urllib.error.URLError as error:
+        reason = error.reason
+        why = getattr(reason, "strerror", None) or str(reason)
+        raise PlanError(f"--endpoint {origin.base}: cannot reach the server ({why}): is it running?") from None
+    except (OSError, ValueError) as error:  # a timeout, a reset, a malformed response
+        raise PlanError(f"--endpoint {origin.base}: no answer from {url} ({error})") from None
+    if status != 200:
+        raise PlanError(
+            f"--endpoint {origin.base}: GET {url} answered HTTP {status} ({error_message(raw)}): "
+            "not an OpenAI-compatible server?"
+        )
+    data = parsed.get("data") if isinstance(parsed, dict) else None
+    ids = tuple(str(model["id"]) for model in data or () if isinstance(model, dict) and "id" in model)
+    if not isinstance(data, list) or not ids:
+        raise PlanError(f"--endpoint {origin.base}: GET {url} lists no models: not an OpenAI-compatible server?")
+    return ids
+
+
+def probe_request(origin: Origin, api: str, model: str, load: EndpointLoad) -> None:
+    """One request of the load's shape (1 token), so a body the server refuses is one line before the load."""
+    from meshtop.runner.serving.client import ClientSpec, request_body
+
+    spec = ClientSpec(
+        url=origin.base + origin.prefix,
+        api=api,
+        model=model,
+        concurrency=None,
+        timeout_s=load.timeout_s,
+        ignore_eos=load.ignore_eos,
+        requests_path="",
+        status_path="",
+    )
+    path, body = request_body(spec, LoadRequest(id=-1, prompt=Prompt(text="hello"), max_tokens=1, offset_s=None))
+    try:
+        status, _, raw = _get_json(origin.url(path), body=body)
+    except (OSError, ValueError) as error:
+        raise PlanError(f"--endpoint {origin.base}: POST {origin.url(path)} failed ({error})") from None
+    if status != 200:
+        hint = " (drop --ignore-eos: this server does not take it?)" if load.ignore_eos else ""
+        raise PlanError(
+            f"--endpoint {origin.base}: the server refused a {api} request for {model!r}: HTTP {status}: "
+            f"{error_message(raw) or 'no message'}{hint}"
+        )
+
+
+def resolve_endpoint(
+    url: str,
+    *,
+    api: str,
+    model: str | None,
+    load: EndpointLoad,
+    requests: list[LoadRequest] | None = None,
+    same_load: str | None = None,
+) -> EndpointRun:
+    """The endpoint run, every option and the server checked; ``requests`` (``--same-load``'s) replace the
+    planned load."""
+    check_load(load)
+    try:
+        origin = Origin.parse(url)
+    except ValueError as error:
+        raise PlanError(f"--endpoint: {error}") from None
+    prompts: list[Prompt] | None = None
+    if requests is None and load.prompts is not None:
+        prompts = read_prompts(Path(load.prompts))
+        if api == "completions" and any(prompt.messages is not None for prompt in prompts):
+            raise PlanError(f"--prompts {load.prompts} holds chat messages: add --api chat")
+    models = served_models(origin)
+    if model is None:
+        if len(models) > 1:
+            raise PlanError(
+                f"--endpoint {origin.base} serves {len(models)} models: pick one with --model ({', '.join(models)})"
+            )
+        model = models[0]
+    elif model not in models:
+        raise PlanError(f"--model {model!r}: {origin.base} serves {', '.join(models)}")
+    probe_request(origin, api, model, load)
+    planned = requests if requests is not None else plan_load(load, prompts)
+    return EndpointRun(
+        url=url,
+        origin=origin,
+        api=api,
+        model=model,
+        models=models,
+        load=load,
+        requests=tuple(planned),
+        same_load=same_load,
+    )

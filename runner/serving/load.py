@@ -1,0 +1,258 @@
+"""The load meshtop sends to a serving endpoint: which prompts, how long each answer may be, and when each
+request is sent.
+
+Everything here is a function of the load's options, its seed and the prompts file, and imports neither
+torch nor an HTTP client: the same options and seed give the same list of requests, with the same prompts
+and the same send offsets, on any machine (what ``--same-load`` relies on, through the recording's
+``load.jsonl``, so a prompts file that changed since does not change the load).
+
+- Prompts: from ``--prompts FILE`` (JSON lines of ``{"prompt": TEXT}`` or ``{"messages": [...]}``, or a
+  ShareGPT-style JSON array of ``{"conversations": [{"from": "human", "value": TEXT}, ...]}``, its first
+  human turn), drawn with replacement by the seed; else ``--input-len`` words drawn from :data:`WORDS`, a
+  list of short common English words each of which is one token in the usual BPE vocabularies (the
+  server's own count, from its ``usage``, is what the recording keeps; meshtop never tokenizes).
+- Answers: ``max_tokens`` drawn from ``--output-len``; with ``--ignore-eos`` the server is asked to go on
+  past its end-of-sequence token (vLLM and SGLang accept ``ignore_eos``), so lengths hold.
+- Arrivals: closed loop (``--concurrency C``: C clients, each sends its next request when the previous is
+  answered) or open loop (``--request-rate R``: gaps drawn from a gamma distribution of mean 1/R and shape
+  ``--burstiness`` K, as vLLM's benchmark does: K = 1 is Poisson, K < 1 burstier, K > 1 more even).
+- Warmup: ``--warmup N`` requests are sent first (closed loop at the load's concurrency, else one at a
+  time) and answered before the load's own requests start; they are recorded, marked, and left out of
+  every figure.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from meshtop.runner.errors import PlanError
+
+APIS = ("completions", "chat")
+DEFAULT_REQUESTS = 64
+DEFAULT_CONCURRENCY = 8
+DEFAULT_INPUT_LEN = (32, 32)
+DEFAULT_OUTPUT_LEN = (32, 32)
+DEFAULT_TIMEOUT_S = 120.0
+MAX_REQUESTS = 1_000_000
+MAX_PROMPTS_BYTES = 1 << 30
+"""A prompts file larger than this is refused (the load is planned in memory)."""
+WORDS = tuple(
+    """
+the of and to in is it you that he was for on are as with his they at be this have from or one had by word
+but not what all were we when your can said there use an each which she do how their if will up other about
+out many then them these so some her would make like him into time has look two more write go see number no
+way could people my than first water been call who oil its now find long down day did get come made may part
+over new sound take only little work know place year live me back give most very after thing our just name
+good sentence man think say great where help through much before line right too mean old any same tell boy
+follow came want show also around form three small set put end does another well large must big even such
+because turn here why ask went men read need land different home us move try kind hand picture again change
+off play spell air away animal house point page letter mother answer found study still learn should world
+high every near add food between own below country
+""".split()  # noqa: SIM905 (a list of 200 words reads better as text)
+)
+"""Short, common English words: each one token in the usual BPE vocabularies (GPT-2's, Llama's, Qwen's)."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class EndpointLoad:
+    """The requests sent to a serving endpoint and how they arrive."""
+
+    requests: int
+    concurrency: int | None
+    """Closed loop: requests in flight at once (``None`` in open loop)."""
+    request_rate_per_s: float | None
+    """Open loop: the mean arrival rate (``None`` in closed loop)."""
+    burstiness: float = 1.0
+    """Open loop: the gamma shape of the gaps (1: Poisson)."""
+    warmup: int = 0
+    input_len: tuple[int, int] = DEFAULT_INPUT_LEN
+    """Words of a generated prompt, lowest and highest (unused with a prompts file)."""
+    output_len: tuple[int, int] = DEFAULT_OUTPUT_LEN
+    """``max_tokens`` of each request, lowest and highest."""
+    prompts: str | None = None
+    """The prompts file, as given (``None``: generated prompts)."""
+    seed: int = 0
+    slo_ttft_ms: float | None = None
+    slo_tpot_ms: float | None = None
+    timeout_s: float = DEFAULT_TIMEOUT_S
+    """Per request, from its send to its last byte."""
+    ignore_eos: bool = False
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Prompt:
+    """One prompt of a prompts file: a text (completions) or chat messages."""
+
+    text: str | None = None
+    messages: tuple[tuple[str, str], ...] | None = None
+    """(role, content) pairs."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class LoadRequest:
+    """One request of the load, as it will be sent."""
+
+    id: int
+    """Its place in the load: the warmup's first (0 .. warmup - 1), then the load's own."""
+    prompt: Prompt
+    max_tokens: int
+    offset_s: float | None
+    """Open loop: seconds after the load's own requests start; ``None`` in closed loop and for the warmup."""
+    warmup: bool = False
+
+    def to_json(self) -> dict[str, object]:
+        """A line of the recording's ``load.jsonl``."""
+        prompt: dict[str, object] = (
+            {"prompt": self.prompt.text}
+            if self.prompt.messages is None
+            else {"messages": [{"role": role, "content": content} for role, content in self.prompt.messages]}
+        )
+        return {
+            "id": self.id,
+            **prompt,
+            "max_tokens": self.max_tokens,
+            "offset_s": self.offset_s,
+            "warmup": self.warmup,
+        }
+
+    @classmethod
+    def from_json(cls, record: dict[str, object]) -> LoadRequest:
+        offset = record.get("offset_s")
+        return cls(
+            id=int(record["id"]),  # type: ignore[call-overload]
+            prompt=prompt_of(record),
+            max_tokens=int(record["max_tokens"]),  # type: ignore[call-overload]
+            offset_s=None if offset is None else float(offset),  # type: ignore[arg-type]
+            warmup=bool(record.get("warmup", False)),
+        )
+
+
+def prompt_of(record: object) -> Prompt:
+    """The prompt of one record of a prompts file or ``load.jsonl``; ``ValueError`` when it holds none."""
+    if not isinstance(record, dict):
+        raise ValueError("not a JSON object")
+    if isinstance(record.get("prompt"), str):
+        return Prompt(text=record["prompt"])
+    messages = record.get("messages")
+    if isinstance(messages, list) and messages:
+        pairs = []
+        for message in messages:
+            if not (isinstance(message, dict) and isinstance(message.get("content"), str)):
+                raise ValueError("a message without a text 'content'")
+            pairs.append((str(message.get("role", "user")), message["content"]))
+        return Prompt(messages=tuple(pairs))
+    turns = record.get("conversations")
+    if isinstance(turns, list):  # ShareGPT: the first human turn is the prompt
+        for turn in turns:
+            if isinstance(turn, dict) and turn.get("from") in ("human", "user") and isinstance(turn.get("value"), str):
+                return Prompt(text=turn["value"])
+        raise ValueError("a conversation without a human turn")
+    raise ValueError("no 'prompt', 'messages' or 'conversations'")
+
+
+def read_prompts(path: Path) -> list[Prompt]:
+    """The prompts of ``path`` (JSON lines, or one JSON array of ShareGPT records); one line when it cannot."""
+    try:
+        size = path.stat().st_size
+        if size > MAX_PROMPTS_BYTES:
+            raise PlanError(f"--prompts {path}: {size:,} bytes, more than {MAX_PROMPTS_BYTES:,}: use a smaller file")
+        text = path.read_text(encoding="utf-8")
+    except OSError as error:
+        raise PlanError(f"--prompts {path}: {error.strerror or error}") from None
+    except UnicodeDecodeError:
+        raise PlanError(f"--prompts {path}: not UTF-8 text") from None
+    stripped = text.lstrip()
+    records: list[tuple[int, object]]
+    if stripped.startswith("["):
+        try:
+            array = json.loads(stripped)
+        except ValueError as error:
+            raise PlanError(f"--prompts {path}: not JSON: {error}") from None
+        records = list(enumerate(array, 1)) if isinstance(array, list) else [(1, array)]
+    else:
+        records = []
+        for number, line in enumerate(text.splitlines(), 1):
+            if line.strip():
+                try:
+                    records.append((number, json.loads(line)))
+                except ValueError:
+                    raise PlanError(f"--prompts {path}: line {number} is not JSON") from None
+    prompts = []
+    for number, record in records:
+        try:
+            prompts.append(prompt_of(record))
+        except ValueError as error:
+            where = "record" if stripped.startswith("[") else "line"
+            raise PlanError(f"--prompts {path}: {where} {number}: {error}") from None
+    if not prompts:
+        raise PlanError(f"--prompts {path}: no prompts in it")
+    return prompts
+
+
+def arrival_offsets_s(load: EndpointLoad) -> list[float] | None:
+    """Open loop: each of the load's own requests' send offset in seconds (gamma gaps of mean 1/rate and
+    shape ``burstiness``); ``None`` in closed loop. Drawn from their own random stream, so they do not
+    depend on the prompts."""
+    if load.request_rate_per_s is None:
+        return None
+    shape = load.burstiness
+    scale = 1.0 / (load.request_rate_per_s * shape)
+    rng, clock, offsets = random.Random(2 * load.seed + 1), 0.0, []
+    for _ in range(load.requests):
+        clock += rng.gammavariate(shape, scale)
+        offsets.append(clock)
+    return offsets
+
+
+def synthetic_prompt(rng: random.Random, words: int) -> Prompt:
+    return Prompt(text=" ".join(rng.choice(WORDS) for _ in range(words)))
+
+
+def plan_load(load: EndpointLoad, prompts: Sequence[Prompt] | None = None) -> list[LoadRequest]:
+    """Every request of the load, the warmup first, in the order they are sent (closed loop) or with their
+    offsets (open loop)."""
+    rng = random.Random(2 * load.seed)
+    offsets = arrival_offsets_s(load)
+    planned = []
+    for index in range(load.warmup + load.requests):
+        if prompts:
+            prompt = prompts[rng.randrange(len(prompts))]
+        else:
+            prompt = synthetic_prompt(rng, rng.randint(*load.input_len))
+        own = index - load.warmup
+        planned.append(
+            LoadRequest(
+                id=index,
+                prompt=prompt,
+                max_tokens=rng.randint(*load.output_len),
+                offset_s=offsets[own] if offsets is not None and own >= 0 else None,
+                warmup=own < 0,
+            )
+        )
+    return planned
+
+
+def check_load(load: EndpointLoad) -> None:
+    """Every value of ``load`` in range, each error naming the option to change."""
+    if load.requests < 1 or load.requests > MAX_REQUESTS:
+        raise PlanError(f"--requests must be 1 to {MAX_REQUESTS:,}, got {load.requests}")
+    if load.concurrency is not None and not 1 <= load.concurrency <= 100_000:
+        raise PlanError(f"--concurrency must be 1 to 100,000, got {load.concurrency}")
+    if load.concurrency is not None and load.request_rate_per_s is not None:
+        raise PlanError("--concurrency (closed loop) and --request-rate (open loop) exclude each other: give one")
+    for name, value in (
+        ("--request-rate", load.request_rate_per_s),
+        ("--burstiness", load.burstiness),
+        ("--timeout", load.timeout_s),
+        ("--slo-ttft-ms", load.slo_ttft_ms),
+        ("--slo-tpot-ms", load.slo_tpot_ms),
+    ):
+        if value is not None and not (value > 0 and math.isfinite(value)):
+            raise PlanError(f"{name} must be above 0, got {value:g}")
+    if load.warmup < 0 or load.warmup > MAX_REQUESTS:
+        raise PlanError(f"--warmup must be 0 to {MAX_REQUESTS:,}, got {load.warmup}")

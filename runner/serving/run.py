@@ -1,0 +1,186 @@
+"""Run a load against a serving endpoint to its end: start the load generator in its own process, pass on
+what it and this node's samplers report, answer a stop, and say how it ended.
+
+The endpoint's counterpart of :func:`meshtop.runner.job.launch.run_job`, with the same contract (events to
+``on_events``, ``control.stop`` and Ctrl-C stop it, a :class:`JobResult` at the end), so the session, the
+recording, the console and the dashboard take either. Rank 0 is the load generator: its process samples
+say whether the client, not the server, was short of CPU.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from meshtop.probes.arrivals import Arrivals
+from meshtop.probes.collector import Collector
+from meshtop.probes.events import Event, EventsDropped
+from meshtop.probes.samplers import GpuSampler, ProcessSampler
+from meshtop.probes.wire import ADDRESS_ENV, TOKEN_ENV
+from meshtop.runner.job.control import JobControl
+from meshtop.runner.job.launch import NodeProbes
+from meshtop.runner.job.results import JobResult, RankExit, lifecycle_events
+from meshtop.runner.serving.client import CLIENT_RANK, INTERRUPTED, ClientSpec
+from meshtop.runner.serving.endpoint import EndpointRun
+
+LOAD_NAME = "load.jsonl"
+"""The load as sent, one request a line, in the recording (what ``--same-load`` reads)."""
+CLIENT_LOG = "client.log"
+STATUS_NAME = "load-status.json"
+SPEC_NAME = ".client.json"
+POLL_S = 0.2
+STOP_GRACE_S = 10.0
+"""After SIGINT, how long the load generator has to report its requests in flight before SIGKILL."""
+
+
+def write_load(directory: Path, run: EndpointRun) -> Path:
+    """The planned requests into ``directory/load.jsonl``."""
+    path = directory / LOAD_NAME
+    path.write_text("".join(json.dumps(request.to_json()) + "\n" for request in run.requests))
+    return path
+
+
+def failure_line(counts: dict[str, int], requests: int) -> str | None:
+    """``"3 of 16 requests failed (refused 2, timeout 1)"``; ``None`` when none failed."""
+    failed = {kind: n for kind, n in counts.items() if kind != "completed" and n}
+    if not failed:
+        return None
+    kinds = ", ".join(f"{kind} {n}" for kind, n in sorted(failed.items(), key=lambda item: -item[1]))
+    return f"{sum(failed.values())} of {requests} requests failed ({kinds})"
+
+
+def run_endpoint(
+    run: EndpointRun,
+    *,
+    session_dir: Path,
+    on_events: Callable[[Arrivals], None] = lambda arrivals: None,
+    node_probes: NodeProbes = NodeProbes(),
+    control: JobControl | None = None,
+) -> JobResult:
+    """Send ``run``'s load from a load-generator process, passing its events (and the node samplers') to
+    ``on_events``; stop it on ``control.stop`` or Ctrl-C (its requests in flight reported as interrupted)."""
+    control = control if control is not None else JobControl()
+    session_dir.mkdir(parents=True, exist_ok=True)
+    requests_path = write_load(session_dir, run)
+    status_path = session_dir / STATUS_NAME
+    spec = ClientSpec(
+        url=run.origin.base + run.origin.prefix,
+        api=run.api,
+        model=run.model,
+        concurrency=run.load.concurrency,
+        timeout_s=run.load.timeout_s,
+        ignore_eos=run.load.ignore_eos,
+        requests_path=str(requests_path),
+        status_path=str(status_path),
+    )
+    spec_path = session_dir / SPEC_NAME
+    spec_path.write_text(json.dumps(spec.to_json()))
+    collector = Collector().start()
+    node_events: queue.SimpleQueue[list[Event]] = queue.SimpleQueue()
+    processes = ProcessSampler(rate_hz=node_probes.process_hz, emit=node_events.put)
+    samplers = (GpuSampler(rate_hz=node_probes.gpu_hz, emit=node_events.put), processes)
+    env = {**os.environ, ADDRESS_ENV: "{}:{}".format(*collector.address), TOKEN_ENV: collector.token}
+    started = time.monotonic()
+    dropped_seen = 0
+
+    def deliver() -> None:
+        nonlocal dropped_seen
+        arrivals = Arrivals(collector.drain())
+        while not node_events.empty():
+            arrivals.add(node_events.get())
+        if (full := collector.counts.queue_full) != dropped_seen:
+            arrivals.add(
+                [EventsDropped(wall_ns=time.time_ns(), rank=None, where="collector", count=full - dropped_seen)]
+            )
+            dropped_seen = full
+        on_events(arrivals)
+
+    for sampler in samplers:
+        sampler.start()
+    with (session_dir / CLIENT_LOG).open("ab") as log:
+        client = subprocess.Popen(
+            [sys.executable, "-m", "meshtop.runner.serving.client", str(spec_path)],
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=env,
+            start_new_session=True,
+        )
+    processes.watch(CLIENT_RANK, client.pid)
+    interrupted = False
+    try:
+        while client.poll() is None and not control.stop.is_set():
+            deliver()
+            control.stop.wait(POLL_S)
+        interrupted = client.poll() is None
+    except KeyboardInterrupt:
+        interrupted = True
+    finally:
+        if client.poll() is None:
+            client.send_signal(signal.SIGINT)  # the load generator reports what is in flight, then exits
+            try:
+                client.wait(STOP_GRACE_S)
+            except subprocess.TimeoutExpired:
+                client.kill()
+                client.wait()
+        for sampler in samplers:
+            sampler.stop()
+        time.sleep(0.05)  # the shipper's last frame is in once its process ended; let the collector queue it
+        deliver()
+        collector.stop()
+        spec_path.unlink(missing_ok=True)
+    result = endpoint_result(
+        run,
+        client.returncode,
+        status_path,
+        interrupted=interrupted,
+        duration_s=time.monotonic() - started,
+        log_path=session_dir / CLIENT_LOG,
+    )
+    on_events(Arrivals(lifecycle_events(result)))
+    return result
+
+
+def endpoint_result(
+    run: EndpointRun, code: int, status_path: Path, *, interrupted: bool, duration_s: float, log_path: Path
+) -> JobResult:
+    """How the load ended: ``completed`` when every request was answered, ``failed`` when one was not (the
+    failures counted by kind) or the load generator itself failed, ``interrupted`` when stopped."""
+    try:
+        status = json.loads(status_path.read_text())
+        counts = {str(kind): int(n) for kind, n in status["by_kind"].items()}
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        counts = None
+    status_path.unlink(missing_ok=True)
+    if interrupted or code == INTERRUPTED:
+        return JobResult(
+            status="interrupted",
+            ranks=(RankExit(rank=CLIENT_RANK, exit_code=None, signal="SIGINT", error="stopped"),),
+            duration_s=duration_s,
+            log_path=log_path,
+        )
+    if code != 0 or counts is None:
+        how = f"exit code {code}" if code >= 0 else f"signal {signal.Signals(-code).name}"
+        tail = log_path.read_text(errors="replace").strip().splitlines()[-1:] if log_path.exists() else []
+        return JobResult(
+            status="failed",
+            ranks=(RankExit(rank=CLIENT_RANK, exit_code=code, signal=None, error=(tail or ["no output"])[0]),),
+            duration_s=duration_s,
+            log_path=log_path,
+            failure=f"the load generator ended with {how}: {(tail or ['no output'])[0]}",
+        )
+    failed = failure_line(counts, run.load.requests)
+    return JobResult(
+        status="failed" if failed is not None else "completed",
+        ranks=(RankExit(rank=CLIENT_RANK, exit_code=0, signal=None, error=None),),
+        duration_s=duration_s,
+        log_path=log_path,
+        failure=failed,
+    )
