@@ -15,12 +15,13 @@ overlap with compute as if the step had waited for it.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 from scipy.stats import mannwhitneyu
 
-from meshtop.recordings.manifest import LOAD_WORK, Script
+from meshtop.recordings.manifest import LOAD_FILE, LOAD_WORK, Script
 from meshtop.recordings.metrics.requests import LATENCIES
 from meshtop.recordings.metrics.run import RunFold
 from meshtop.recordings.reader import Recording
@@ -65,6 +66,13 @@ def unfair_differences(a: Recording, b: Recording) -> list[str]:
     for key in SAME_WORK:
         if getattr(run_a, key) != getattr(run_b, key):
             warnings.append(f"the runs differ in {key} ({getattr(run_a, key)} vs {getattr(run_b, key)})")
+    if (run_a.endpoint is None) != (run_b.endpoint is None):
+        warnings.append("one run loaded a serving endpoint, the other the built-in model")
+    elif run_a.endpoint is not None and run_b.endpoint is not None:
+        warnings.extend(load_differences(a, b))
+        if run_a.endpoint.api != run_b.endpoint.api:
+            warnings.append(f"the runs used different APIs ({run_a.endpoint.api} vs {run_b.endpoint.api})")
+        return warnings
     if run_a.load is not None and run_b.load is not None:
         for key in LOAD_WORK:
             if getattr(run_a.load, key) != getattr(run_b.load, key):
@@ -72,6 +80,35 @@ def unfair_differences(a: Recording, b: Recording) -> list[str]:
                     f"the runs differ in load {key} ({getattr(run_a.load, key)} vs {getattr(run_b.load, key)})"
                 )
     return warnings
+
+
+def load_differences(a: Recording, b: Recording) -> list[str]:
+    """Whether two endpoint runs sent the same load: the same requests (prompt, length, warmup) at the same
+    offsets, read from each recording's ``load.jsonl``; the loop and rate where they differ."""
+    load_a, load_b = a.manifest.run.load, b.manifest.run.load
+    warnings = []
+    if load_a is not None and load_b is not None:
+        for key in ("concurrency", "request_rate_per_s", "burstiness", "ignore_eos"):
+            if getattr(load_a, key) != getattr(load_b, key):
+                warnings.append(f"the runs differ in load {key} ({getattr(load_a, key)} vs {getattr(load_b, key)})")
+    sent_a, sent_b = sent_load(a.path), sent_load(b.path)
+    if sent_a is None or sent_b is None:
+        warnings.append(f"the load sent is not recorded in {a.path if sent_a is None else b.path} ({LOAD_FILE})")
+    elif sent_a != sent_b:
+        differ = sum(x != y for x, y in zip(sent_a, sent_b, strict=False)) + abs(len(sent_a) - len(sent_b))
+        warnings.append(
+            f"the runs sent different loads: {differ} of {max(len(sent_a), len(sent_b))} requests differ in prompt, "
+            "length or send offset (`--same-load A` repeats A's)"
+        )
+    return warnings
+
+
+def sent_load(directory: Path) -> list[str] | None:
+    """The lines of a recording's ``load.jsonl``, each request as sent; ``None`` when it has none."""
+    try:
+        return (directory / LOAD_FILE).read_text().splitlines()
+    except OSError:
+        return None
 
 
 def script_differences(a: Script, b: Script) -> list[str]:
@@ -118,30 +155,54 @@ def _request_metrics(a: RunFold, b: RunFold) -> list[dict[str, Any]]:
     fig_a, fig_b = a.figures(), b.figures()
     req_a, req_b = fig_a.requests, fig_b.requests
     assert req_a is not None and req_b is not None
-    rows = [
-        metric(
-            "iteration time (s)",
-            fig_a.steps.time_s["p50"],
-            fig_b.steps.time_s["p50"],
-            (a.steps.durations_s.values(), b.steps.durations_s.values()),
-        )
-    ]
-    for key, name in LATENCIES.items():
+    rows = []
+    if fig_a.steps.count or fig_b.steps.count:  # the built-in model's engine (an endpoint's is the server's)
         rows.append(
             metric(
-                f"{name} (s)",
-                req_a.latencies[key]["p50"],
-                req_b.latencies[key]["p50"],
-                (a.requests.latencies[key].values(), b.requests.latencies[key].values()),
+                "iteration time (s)",
+                fig_a.steps.time_s["p50"],
+                fig_b.steps.time_s["p50"],
+                (a.steps.durations_s.values(), b.steps.durations_s.values()),
             )
         )
+    for key, name in LATENCIES.items():
+        samples = (a.requests.latencies[key].values(), b.requests.latencies[key].values())
+        for quantile in ("p50", "p90", "p99"):  # the whole distribution's test, at each of its quantiles
+            label = f"{name} (s)" if quantile == "p50" else f"{name} {quantile} (s)"
+            rows.append(metric(label, req_a.latencies[key][quantile], req_b.latencies[key][quantile], samples))
     rows.append(
         metric("request throughput (requests/s)", req_a.request_throughput_per_s, req_b.request_throughput_per_s)
     )
     rows.append(metric("output throughput (tokens/s)", req_a.output_tokens_per_s, req_b.output_tokens_per_s))
     if req_a.slo.given and req_a.slo == req_b.slo:
         rows.append(metric("goodput (requests/s)", req_a.goodput_per_s, req_b.goodput_per_s))
+    rows.append(metric("failed requests", req_a.failed, req_b.failed))
+    if req_a.client is not None and req_b.client is not None:
+        rows.append(metric("client send lag p99 (s)", req_a.client.send_lag_p99_s, req_b.client.send_lag_p99_s))
     return rows
+
+
+def client_limits(a: RunFold, b: RunFold) -> list[str]:
+    """A run whose load generator limited it (its send lag), in one line each."""
+    lines = []
+    for name, fold in (("A", a), ("B", b)):
+        requests = fold.figures().requests if fold.requests is not None else None
+        if requests is not None and requests.client is not None and requests.client.limited:
+            lines.append(f"{name} was {requests.client.limited}")
+    return lines
+
+
+def failure_differences(a: RunFold, b: RunFold) -> list[str]:
+    """The requests that failed in one run and not the other, by reason (an endpoint's errors by kind)."""
+    fig_a, fig_b = a.figures().requests, b.figures().requests
+    if fig_a is None or fig_b is None:
+        return []
+    reasons_a, reasons_b = dict(fig_a.failures), dict(fig_b.failures)
+    return [
+        f"failed: {reason}: {reasons_a.get(reason, 0)} vs {reasons_b.get(reason, 0)}"
+        for reason in sorted(set(reasons_a) | set(reasons_b))
+        if reasons_a.get(reason, 0) != reasons_b.get(reason, 0)
+    ]
 
 
 def _communication_metrics(a: RunFold, b: RunFold) -> list[dict[str, Any]]:
@@ -200,11 +261,14 @@ def compare(a: Recording, b: Recording) -> dict[str, Any]:
     inference = fold_a.requests is not None and fold_b.requests is not None
     metrics = _request_metrics(fold_a, fold_b) if inference else _step_metrics(fold_a, fold_b)
     metrics += _communication_metrics(fold_a, fold_b)
-    metrics += _stage_and_memory_metrics(fold_a, fold_b)
+    endpoints = a.manifest.run.endpoint is not None and b.manifest.run.endpoint is not None
+    if not endpoints:  # an endpoint's rank 0 is meshtop's load generator: its memory is not the server's
+        metrics += _stage_and_memory_metrics(fold_a, fold_b)
     return {
         "a": str(a.path),
         "b": str(b.path),
-        "warnings": unfair_differences(a, b),
+        "warnings": unfair_differences(a, b) + client_limits(fold_a, fold_b),
         "metrics": metrics,
+        "failures": failure_differences(fold_a, fold_b) if inference else [],
         "problems": [*a.problems, *b.problems],
     }

@@ -142,6 +142,9 @@ class Script:
         return Path(self.path).name if self.path is not None else f"-m {self.module}"
 
 
+LOAD_FILE = "load.jsonl"
+"""An endpoint's load as sent, one request a line, in its recording (written by the runner, read by
+``compare`` and ``--same-load``)."""
 LOAD_WORK = ("requests", "concurrency", "request_rate_per_s", "prompt_len", "output_len", "max_batch")
 """What makes two loads the same work (the seed and the SLOs do not change the work done)."""
 

@@ -53,6 +53,8 @@ def run_section(recording: Recording) -> dict[str, Any]:
         "status": job_status(recording),
         "hang": recording.manifest.hang,
         "script": asdict(run.script) if run.script is not None else None,
+        "endpoint": asdict(run.endpoint) if run.endpoint is not None else None,
+        "reason": recording.manifest.reason,
     }
 
 

@@ -57,6 +57,8 @@ def alerts_of(state: DashboardState) -> list[Alert]:
         reason, count = requests.failures[0]
         text = f"failed requests: {requests.failed:,}; most often ({count:,}): {reason}"
         alerts.append(Alert("warning", text, now))
+    if requests is not None and requests.client is not None and requests.client.limited:
+        alerts.append(Alert("warning", requests.client.limited, now))
     if state.dropped:
         alerts.append(Alert("warning", f"{state.dropped:,} telemetry events dropped (buffers full)", now))
     if state.refused:

@@ -386,23 +386,22 @@ def endpoint_from_args(args: argparse.Namespace) -> EndpointRun:
 
 def same_load(recording: str) -> tuple[EndpointLoad, list[LoadRequest]]:
     """The load a recording sent (its manifest's load and its ``load.jsonl``); one line when it has none."""
-    from meshtop.recordings.manifest import read_manifest
+    from meshtop.recordings.manifest import LOAD_FILE, read_manifest
     from meshtop.runner.serving.load import EndpointLoad, LoadRequest
-    from meshtop.runner.serving.run import LOAD_NAME
 
     directory = Path(recording)
     manifest = read_manifest(directory)
     load = manifest.run.load
-    if manifest.run.endpoint is None or load is None or not (directory / LOAD_NAME).is_file():
-        raise PlanError(f"--same-load {recording}: not a recording of a load sent to an endpoint (no {LOAD_NAME})")
+    if manifest.run.endpoint is None or load is None or not (directory / LOAD_FILE).is_file():
+        raise PlanError(f"--same-load {recording}: not a recording of a load sent to an endpoint (no {LOAD_FILE})")
     try:
         requests = [
             LoadRequest.from_json(json.loads(line))
-            for line in (directory / LOAD_NAME).read_text().splitlines()
+            for line in (directory / LOAD_FILE).read_text().splitlines()
             if line.strip()
         ]
     except (OSError, ValueError, KeyError, TypeError) as error:
-        raise PlanError(f"--same-load {recording}: cannot read {LOAD_NAME}: {error}") from None
+        raise PlanError(f"--same-load {recording}: cannot read {LOAD_FILE}: {error}") from None
     endpoint_load = EndpointLoad(
         requests=load.requests,
         concurrency=load.concurrency,

@@ -59,9 +59,13 @@ def per_second(value: float | None, unit: str) -> str:
     return f"- {unit}" if value is None else f"{value:,.2f} {unit}"
 
 
+TOKEN_SOURCES = {"usage": "the server's usage", "chunks": "streamed chunks (no usage reported)"}
+
+
 def request_lines(requests: dict[str, Any]) -> list[str]:
     """An inference run's requests: counts and failures, latency quantiles in ms, rates, each replica."""
-    lines = [f"requests: {requests['count']}  completed {requests['completed']}  failed {requests['failed']}"]
+    warmup = f"  (after {requests['warmup']} warmup, left out)" if requests.get("warmup") else ""
+    lines = [f"requests: {requests['count']}  completed {requests['completed']}  failed {requests['failed']}{warmup}"]
     lines += [f"  failed {row['count']}: {row['reason']}" for row in requests["failures"]]
     lines.append(f"  {'latency (ms)':<14}{'p50':>10}{'p90':>10}{'p99':>10}")
     for key, label in LATENCIES.items():
@@ -77,6 +81,23 @@ def request_lines(requests: dict[str, Any]) -> list[str]:
             f" ({requests['slo_met']:.1%} of requests met {slo.describe()})"
         )
     lines.append(rates)
+    if tokens_from := requests.get("tokens_from"):
+        lines.append(
+            "  tokens counted by "
+            + ", ".join(f"{TOKEN_SOURCES.get(source, source)} ({count})" for source, count in tokens_from.items())
+        )
+    if (client := requests.get("client")) is not None:
+        lag = client["send_lag_s"]
+        asked = client["asked_rate_per_s"]
+        rate = (
+            f"  sent {per_second(client['achieved_rate_per_s'], 'req/s')} of {asked:,.2f} asked"
+            if asked is not None
+            else ""
+        )
+        lines.append(f"  client: send lag p50 {milliseconds(lag['p50'])} ms  p99 {milliseconds(lag['p99'])} ms{rate}")
+        if client["limited"]:
+            lines.append(f"  {client['limited']}")
+        return lines
     for row in requests["per_replica"]:
         lines.append(
             f"  replica {row['replica']}: {row['completed']} completed"
@@ -102,7 +123,10 @@ def steps_line(steps: dict[str, Any], inference: bool, script: bool = False) -> 
 
 
 def run_words(run: dict[str, Any]) -> str:
-    """``dp2 x tp1 x pp1 · model tiny · cpu fp32``, or ``torchrun train.py (2 ranks) · cpu`` for a script."""
+    """``dp2 x tp1 x pp1 · model tiny · cpu fp32``, ``torchrun train.py (2 ranks) · cpu`` for a script, or
+    ``endpoint http://host:8000 (completions) · model NAME`` for a served load."""
+    if run.get("endpoint") is not None:
+        return f"{run['label']} · model {run['endpoint']['model']}"
     if run["script"] is not None:
         return f"{run['label']} · {run['device']}"
     plan = f"dp{run['dp']}{' (fsdp)' if run['fsdp'] else ''} x tp{run['tp']} x pp{run['pp']}"
@@ -124,6 +148,11 @@ def straggler_lines(stragglers: list[dict[str, Any]]) -> list[str]:
 
 def summary_lines(summary: dict[str, Any]) -> list[str]:
     run, steps, requests = summary["run"], summary["steps"], summary.get("requests")
+    if run.get("endpoint") is not None:
+        lines = [f"recording {summary['recording']}: {run['status']}", f"  {run_words(run)}"]
+        if run.get("reason"):
+            lines.append(f"  {run['reason']}")
+        return lines + request_lines(requests or {})
     lines = [
         f"recording {summary['recording']}: {run['status']}",
         f"  {run_words(run)} · {run['world_size']} ranks" + ("" if run["instrumented"] else " · not instrumented"),
@@ -216,6 +245,7 @@ def comparison_lines(comparison: dict[str, Any]) -> list[str]:
             f"  {row['name']:<44}{figure(row['name'], row['a']):>14}{figure(row['name'], row['b']):>14}{ratio:>9}{mark}"
         )
     lines.append("  * beyond run-to-run noise (Mann-Whitney p < 0.01 on the per-step values, and over 1 %)")
+    lines += [f"  {line}" for line in comparison.get("failures", [])]
     return lines
 
 

@@ -14,7 +14,24 @@
 - SLO met = good requests / all requests of the load;
 - a request reported twice counts by its first report (a replica reports each
   once; a second is counted as a duplicate and left out); the load's requests
-  that have none count as failed once the job ended ("not served").
+  that have none count as failed once the job ended ("not served");
+- a warmup request (an endpoint's ``--warmup``) is counted as such and left
+  out of every figure.
+
+An endpoint's load (``--endpoint``) adds the client's own figures, so a result
+the load generator limited is told from one the server did:
+
+- send lag = when a request was written to its connection - when the load
+  meant to send it; p50 and p99 over the load's requests;
+- achieved rate = (requests sent - 1) / (last send - first send), beside the
+  rate asked for (open loop);
+- the client limited the result when the send lag's p99 is above
+  :data:`CLIENT_LAG_LIMIT_S` (10 ms: a request meant for one moment went out
+  later, so its server saw a different load than asked).
+
+Token counts of an endpoint's requests are the server's (``usage``) where it
+reported them, else the streamed chunks that carried text (a chunk may hold
+several tokens): ``tokens_from`` counts the requests of each.
 """
 
 from __future__ import annotations
@@ -35,6 +52,8 @@ LATENCIES = {"ttft_s": "TTFT", "tpot_s": "TPOT", "itl_s": "ITL", "e2e_s": "e2e"}
 """Each request latency: its key (in the summary, :class:`RequestLatency` and the dashboard) and its name."""
 RECENT = 512
 """Recent values of each latency kept for the dashboard's sparklines."""
+CLIENT_LAG_LIMIT_S = 0.010
+"""Above this send-lag p99 the load generator, not the server, limited the result."""
 
 
 def unserved_reason(status: str) -> str:
@@ -125,6 +144,47 @@ class ReplicaRow:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class ClientFigures:
+    """How well an endpoint's load generator kept to the load (see the module's rules)."""
+
+    send_lag_p50_s: float | None
+    send_lag_p99_s: float | None
+    achieved_rate_per_s: float | None
+    asked_rate_per_s: float | None
+    limited: str | None
+    """Why the client limited the result, in one line; ``None`` when it did not."""
+
+    def to_json(self) -> dict[str, object]:
+        return {
+            "send_lag_s": {"p50": self.send_lag_p50_s, "p99": self.send_lag_p99_s},
+            "achieved_rate_per_s": self.achieved_rate_per_s,
+            "asked_rate_per_s": self.asked_rate_per_s,
+            "limited": self.limited,
+        }
+
+
+def client_figures(lags_s: Distribution, sends_ns: tuple[int, int, int] | None, load: Load | None) -> ClientFigures:
+    """The client's figures from its requests' send lags and (first send, last send, count)."""
+    p50, p99 = lags_s.quantile(0.5), lags_s.quantile(0.99)
+    achieved = None
+    if sends_ns is not None and sends_ns[2] > 1 and sends_ns[1] > sends_ns[0]:
+        achieved = (sends_ns[2] - 1) / ((sends_ns[1] - sends_ns[0]) / 1e9)
+    limited = None
+    if p99 is not None and p99 > CLIENT_LAG_LIMIT_S:
+        limited = (
+            f"client-limited: the load generator sent requests {p99 * 1e3:.1f} ms late at p99 "
+            f"(more than {CLIENT_LAG_LIMIT_S * 1e3:g} ms): the server saw a lighter load than asked"
+        )
+    return ClientFigures(
+        send_lag_p50_s=p50,
+        send_lag_p99_s=p99,
+        achieved_rate_per_s=achieved,
+        asked_rate_per_s=load.request_rate_per_s if load is not None else None,
+        limited=limited,
+    )
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class RequestFigures:
     count: int
     """The load's requests (or the reports, where more came or no load is described)."""
@@ -142,6 +202,12 @@ class RequestFigures:
     """``None`` unless the load set an SLO."""
     slo_met: float | None
     per_replica: tuple[ReplicaRow, ...]
+    warmup: int = 0
+    """Warmup requests reported (left out of every figure)."""
+    tokens_from: tuple[tuple[str, int], ...] = ()
+    """An endpoint's: (``usage`` or ``chunks``, requests counted so)."""
+    client: ClientFigures | None = None
+    """An endpoint's load generator: ``None`` for the built-in model's load."""
 
     def to_json(self) -> dict[str, object]:
         return {
@@ -157,6 +223,9 @@ class RequestFigures:
             "goodput_per_s": self.goodput_per_s,
             "slo_met": self.slo_met,
             "per_replica": [row.to_json() for row in self.per_replica],
+            "warmup": self.warmup,
+            "tokens_from": dict(self.tokens_from),
+            "client": self.client.to_json() if self.client is not None else None,
         }
 
 
@@ -183,12 +252,26 @@ class RequestFold:
         self.first_arrival_ns: int | None = None
         self.last_end_ns: int | None = None
         self._by_replica: dict[int, tuple[int, int, Distribution]] = {}
+        self.warmup = 0
+        self.tokens_from: Counter[str] = Counter()
+        self.send_lags = Distribution()
+        self._sends: tuple[int, int, int] | None = None
+        """(first send, last send, sends) of the load's requests that had a planned moment (an endpoint's)."""
 
     def add(self, event: RequestDone) -> None:
+        if event.warmup:
+            self.warmup += 1
+            return
         if event.request in self._seen:
             self.duplicates += 1
             return
         self._seen.add(event.request)
+        if event.scheduled_ns is not None:
+            self.send_lags.add(max(0, event.arrival_ns - event.scheduled_ns) / 1e9)
+            first, last, count = self._sends or (event.arrival_ns, event.arrival_ns, 0)
+            self._sends = (min(first, event.arrival_ns), max(last, event.arrival_ns), count + 1)
+        if event.tokens_from is not None and event.status == COMPLETED:
+            self.tokens_from[event.tokens_from] += 1
         if event.status != COMPLETED:
             self.failures[failure_reason(event.error)] += 1
             return
@@ -256,6 +339,9 @@ class RequestFold:
             goodput_per_s=per_s(self.good) if self.slo.given else None,
             slo_met=self.good / count if self.slo.given and count else None,
             per_replica=tuple(self._replica_row(r, per_s) for r in replicas),
+            warmup=self.warmup,
+            tokens_from=tuple(sorted(self.tokens_from.items())),
+            client=client_figures(self.send_lags, self._sends, self.load) if self._sends is not None else None,
         )
 
     def _replica_row(self, replica: int, per_s: Callable[[int], float | None]) -> ReplicaRow:

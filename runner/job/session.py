@@ -16,6 +16,7 @@ from pathlib import Path
 
 from meshtop.probes.arrivals import Arrivals
 from meshtop.recordings.manifest import (
+    LOAD_FILE,
     Endpoint,
     Load,
     Manifest,
@@ -238,7 +239,12 @@ def run_session(
     try:
         if isinstance(work, EndpointRun):
             result = run_endpoint(
-                work, session_dir=directory, on_events=deliver, node_probes=node_probes, control=control
+                work,
+                session_dir=directory,
+                requests_path=directory / LOAD_FILE,
+                on_events=deliver,
+                node_probes=node_probes,
+                control=control,
             )
             return result
         nodes = nodes_of(work, nodes)

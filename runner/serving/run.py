@@ -30,8 +30,6 @@ from meshtop.runner.job.results import JobResult, RankExit, lifecycle_events
 from meshtop.runner.serving.client import CLIENT_RANK, INTERRUPTED, ClientSpec
 from meshtop.runner.serving.endpoint import EndpointRun
 
-LOAD_NAME = "load.jsonl"
-"""The load as sent, one request a line, in the recording (what ``--same-load`` reads)."""
 CLIENT_LOG = "client.log"
 STATUS_NAME = "load-status.json"
 SPEC_NAME = ".client.json"
@@ -40,11 +38,9 @@ STOP_GRACE_S = 10.0
 """After SIGINT, how long the load generator has to report its requests in flight before SIGKILL."""
 
 
-def write_load(directory: Path, run: EndpointRun) -> Path:
-    """The planned requests into ``directory/load.jsonl``."""
-    path = directory / LOAD_NAME
+def write_load(path: Path, run: EndpointRun) -> None:
+    """The planned requests into ``path``, one a line (the recording's ``load.jsonl``)."""
     path.write_text("".join(json.dumps(request.to_json()) + "\n" for request in run.requests))
-    return path
 
 
 def failure_line(counts: dict[str, int], requests: int) -> str | None:
@@ -60,15 +56,17 @@ def run_endpoint(
     run: EndpointRun,
     *,
     session_dir: Path,
+    requests_path: Path,
     on_events: Callable[[Arrivals], None] = lambda arrivals: None,
     node_probes: NodeProbes = NodeProbes(),
     control: JobControl | None = None,
 ) -> JobResult:
     """Send ``run``'s load from a load-generator process, passing its events (and the node samplers') to
-    ``on_events``; stop it on ``control.stop`` or Ctrl-C (its requests in flight reported as interrupted)."""
+    ``on_events``; stop it on ``control.stop`` or Ctrl-C (its requests in flight reported as interrupted).
+    The load is written to ``requests_path`` first (the recording keeps it)."""
     control = control if control is not None else JobControl()
     session_dir.mkdir(parents=True, exist_ok=True)
-    requests_path = write_load(session_dir, run)
+    write_load(requests_path, run)
     status_path = session_dir / STATUS_NAME
     spec = ClientSpec(
         url=run.origin.base + run.origin.prefix,

@@ -1,0 +1,130 @@
+"""A minimal OpenAI-style streaming server on asyncio (no model): ``/v1/models`` lists one model and
+``/v1/completions`` or ``/v1/chat/completions`` stream ``chunks`` chunks of one token each, ``gap_s`` apart,
+then a usage chunk and ``[DONE]``, chunked and kept alive. For the HTTP client's tests and the load
+generator's ceiling benchmark, where the server must cost next to nothing; the serving tests use a real
+``transformers serve``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+MODEL = "stub-model"
+
+
+@dataclass
+class StubServer:
+    chunks: int = 8
+    gap_s: float = 0.0
+    status: int = 200
+    """Answer every POST with this status (an error body when not 200)."""
+    close_after: int | None = None
+    """Close the connection after this many chunks of each stream (a crash mid-answer)."""
+    port: int = 0
+    connections: int = 0
+    requests: int = 0
+    bodies: list[dict[str, object]] = field(default_factory=list)
+    handlers: set[asyncio.Task[None]] = field(default_factory=set)
+
+    async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.connections += 1
+        task = asyncio.current_task()
+        assert task is not None
+        self.handlers.add(task)
+        try:
+            while True:
+                head = await reader.readuntil(b"\r\n\r\n")
+                lines = head.decode("latin-1").split("\r\n")
+                method = lines[0].split(" ")[0]
+                headers = {k.strip().lower(): v.strip() for k, _, v in (line.partition(":") for line in lines[1:])}
+                body = await reader.readexactly(int(headers.get("content-length", "0")))
+                self.requests += 1
+                if method == "GET":
+                    payload = json.dumps({"object": "list", "data": [{"id": MODEL, "object": "model"}]}).encode()
+                    writer.write(
+                        b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
+                        + f"Content-Length: {len(payload)}\r\n\r\n".encode()
+                        + payload
+                    )
+                    await writer.drain()
+                    continue
+                request = json.loads(body)
+                self.bodies.append(request)
+                if self.status != 200:
+                    payload = json.dumps({"error": {"message": "stub refuses", "code": self.status}}).encode()
+                    writer.write(
+                        f"HTTP/1.1 {self.status} Nope\r\nContent-Length: {len(payload)}\r\n\r\n".encode() + payload
+                    )
+                    await writer.drain()
+                    continue
+                writer.write(
+                    b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
+                )
+                chat = "messages" in request
+                for index in range(self.chunks):
+                    if self.close_after is not None and index == self.close_after:
+                        writer.close()
+                        return
+                    choice = {"delta": {"content": f"t{index}"}} if chat else {"text": f"t{index}"}
+                    self._event(writer, {"choices": [{"index": 0, **choice}]})
+                    await writer.drain()
+                    if self.gap_s:
+                        await asyncio.sleep(self.gap_s)
+                usage = {"prompt_tokens": 3, "completion_tokens": self.chunks, "total_tokens": 3 + self.chunks}
+                self._event(writer, {"choices": [], "usage": usage})
+                data = b"data: [DONE]\n\n"
+                writer.write(f"{len(data):x}\r\n".encode() + data + b"\r\n0\r\n\r\n")
+                await writer.drain()
+        except (asyncio.IncompleteReadError, ConnectionError, asyncio.CancelledError):
+            pass
+        finally:
+            writer.close()
+            self.handlers.discard(task)
+
+    @staticmethod
+    def _event(writer: asyncio.StreamWriter, payload: dict[str, object]) -> None:
+        data = b"data: " + json.dumps(payload).encode() + b"\n\n"
+        writer.write(f"{len(data):x}\r\n".encode() + data + b"\r\n")
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+
+@contextmanager
+def stub_server(**options: object) -> Iterator[StubServer]:
+    """A :class:`StubServer` on a thread of its own, on a free port, until the block ends."""
+    server = StubServer(**options)  # type: ignore[arg-type]
+    loop = asyncio.new_event_loop()
+    started = threading.Event()
+    holder: list[asyncio.Server] = []
+
+    async def start() -> None:
+        listening = await asyncio.start_server(server.handle, "127.0.0.1", 0)
+        server.port = listening.sockets[0].getsockname()[1]
+        holder.append(listening)
+        started.set()
+
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+    asyncio.run_coroutine_threadsafe(start(), loop)
+    started.wait(10)
+    try:
+        yield server
+    finally:
+
+        async def stop() -> None:
+            holder[0].close()
+            for task in list(server.handlers):  # the connections still open: closed while the loop runs
+                task.cancel()
+            await asyncio.gather(*server.handlers, return_exceptions=True)
+
+        asyncio.run_coroutine_threadsafe(stop(), loop).result(10)
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(10)
+        loop.close()

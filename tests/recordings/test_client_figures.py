@@ -1,0 +1,80 @@
+"""An endpoint load's own figures, against numbers worked out by hand: the warmup left out, the send lag, the
+achieved rate, client-limited past 10 ms, and where the token counts came from."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from meshtop.probes.events import RequestDone
+from meshtop.recordings.manifest import Load
+from meshtop.recordings.metrics.requests import CLIENT_LAG_LIMIT_S, RequestFold
+from tests.kit.inference import BASE_NS, MS, served
+
+LOAD = Load(
+    requests=4,
+    concurrency=None,
+    request_rate_per_s=10.0,
+    prompt_len=(8, 8),
+    output_len=(3, 3),
+    max_batch=0,
+    seed=0,
+    warmup=1,
+)
+
+
+def sent(
+    request: int, *, planned_ms: float, lag_ms: float, warmup: bool = False, tokens_from: str = "usage"
+) -> RequestDone:
+    """A request meant for ``planned_ms`` and written ``lag_ms`` later, its 3 tokens 10 ms apart after 20 ms."""
+    arrival = planned_ms + lag_ms
+    event = served(request, 0, arrival, [arrival + 20, arrival + 30, arrival + 40])
+    return dataclasses.replace(
+        event, scheduled_ns=BASE_NS + int(planned_ms * MS), warmup=warmup, tokens_from=tokens_from, output_ids=()
+    )
+
+
+def fold_of(*events: RequestDone) -> RequestFold:
+    fold = RequestFold(LOAD, replicas=1)
+    for event in events:
+        fold.add(event)
+    return fold
+
+
+def test_warmup_is_counted_and_left_out_and_the_lag_and_rate_are_the_clients() -> None:
+    fold = fold_of(
+        sent(0, planned_ms=-500, lag_ms=90, warmup=True),  # a warmup's lag and latency count nowhere
+        sent(1, planned_ms=0, lag_ms=1),
+        sent(2, planned_ms=100, lag_ms=2),
+        sent(3, planned_ms=200, lag_ms=3),
+        sent(4, planned_ms=300, lag_ms=4, tokens_from="chunks"),
+    )
+    figures = fold.figures()
+    assert (figures.count, figures.completed, figures.warmup) == (4, 4, 1)
+    assert figures.latencies["ttft_s"]["p50"] == pytest.approx(0.020, rel=0.01)
+    assert figures.tokens_from == (("chunks", 1), ("usage", 3))
+    client = figures.client
+    assert client is not None
+    assert client.send_lag_p50_s == pytest.approx(0.0025, rel=0.02)  # of 1, 2, 3, 4 ms
+    assert client.send_lag_p99_s == pytest.approx(0.00397, rel=0.02)
+    assert client.achieved_rate_per_s == pytest.approx(3 / 0.303)  # sends at 1, 102, 203, 304 ms
+    assert client.asked_rate_per_s == 10.0
+    assert client.limited is None
+    # the window runs from the first send to the last end: 1 ms to 344 ms, 4 requests
+    assert figures.request_throughput_per_s == pytest.approx(4 / 0.343)
+
+
+def test_a_send_lag_past_10_ms_at_p99_says_the_client_limited_the_result() -> None:
+    lags = [1, 1, 1, 1 + CLIENT_LAG_LIMIT_S * 1e3 + 5]
+    figures = fold_of(*(sent(i + 1, planned_ms=100 * i, lag_ms=lag) for i, lag in enumerate(lags))).figures()
+    assert figures.client is not None and figures.client.limited is not None
+    assert figures.client.limited.startswith("client-limited: the load generator sent requests 1")
+    under = fold_of(*(sent(i + 1, planned_ms=100 * i, lag_ms=9) for i in range(4))).figures()
+    assert under.client is not None and under.client.limited is None
+
+
+def test_the_built_in_load_has_no_client_figures() -> None:
+    fold = RequestFold(LOAD, replicas=1)
+    fold.add(served(0, 0, 0.0, [10.0, 20.0]))
+    assert fold.figures().client is None and fold.figures().tokens_from == ()

@@ -1,0 +1,213 @@
+"""A load sent to a real OpenAI-compatible server (``transformers serve`` on the CPU, a tiny Llama built in the
+test): every request recorded as the server counted it, the same load sent again, compared, a server killed
+mid-load, and bad endpoints refused in one line."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import threading
+import time
+import urllib.request
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+
+from meshtop.probes.events import RequestDone
+from meshtop.recordings.compare import compare
+from meshtop.recordings.reader import open_recording
+from meshtop.runner.serving.load import LoadRequest
+from tests.kit.commands import meshtop, run_meshtop
+from tests.kit.hf_server import Server, needs_serving, serving
+from tests.kit.ports import free_port
+
+pytestmark = [pytest.mark.slow, needs_serving]
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    with serving(tmp_path_factory.mktemp("server")) as running:
+        yield running
+
+
+def requests_of(directory: Path) -> list[RequestDone]:
+    """The recording's request events, in request id order."""
+    table = open_recording(directory).table("request")
+    events = [RequestDone(**{k: v for k, v in row.items()}) for row in table.to_dict("records")]  # type: ignore[arg-type]
+    return sorted(events, key=lambda event: event.request)
+
+
+def load_of(directory: Path) -> list[LoadRequest]:
+    return [LoadRequest.from_json(json.loads(line)) for line in (directory / "load.jsonl").read_text().splitlines()]
+
+
+def summary(directory: Path) -> dict[str, object]:
+    done = run_meshtop("summary", directory, "--json")
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout)
+
+
+def answer_alone(server: Server, request: LoadRequest) -> dict[str, int]:
+    """The server's usage for ``request`` sent on its own, not streamed: what the load should have counted."""
+    body = {"model": server.model, "prompt": request.prompt.text, "max_tokens": request.max_tokens, "temperature": 0.0}
+    call = urllib.request.Request(
+        f"{server.url}/v1/completions", data=json.dumps(body).encode(), headers={"Content-Type": "application/json"}
+    )
+    with urllib.request.urlopen(call, timeout=60) as response:
+        return json.loads(response.read())["usage"]
+
+
+def test_a_closed_loop_load_is_recorded_request_by_request_as_the_server_counted_it(
+    server: Server, tmp_path: Path
+) -> None:
+    out = tmp_path / "closed"
+    done = run_meshtop(
+        "record", out, "--endpoint", server.url, "--requests", "16", "--concurrency", "4",
+        "--input-len", "8:24", "--output-len", "4:12", "--warmup", "2", "--seed", "3",
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "completed" in done.stdout and "16/16" in done.stdout
+    planned = load_of(out)
+    assert [request.warmup for request in planned] == [True] * 2 + [False] * 16
+    events = requests_of(out)
+    assert [event.request for event in events] == [request.id for request in planned]  # warmup recorded, marked
+    assert [event.warmup for event in events] == [request.warmup for request in planned]
+    for event, request in zip(events, planned, strict=True):
+        assert event.status == "completed" and event.tokens_from == "usage", event
+        assert event.first_token_ns is not None and event.arrival_ns <= event.first_token_ns <= event.end_ns
+        assert event.scheduled_ns is not None and event.scheduled_ns <= event.arrival_ns
+        alone = answer_alone(server, request)  # greedy: the same answer when sent alone
+        assert (event.prompt_tokens, event.output_tokens) == (alone["prompt_tokens"], alone["completion_tokens"])
+        assert 1 <= len(event.token_ns) <= event.output_tokens  # a chunk holds one token or more
+    figures = summary(out)["requests"]
+    assert (figures["count"], figures["completed"], figures["failed"], figures["warmup"]) == (16, 16, 0, 2)  # type: ignore[index]
+    assert figures["tokens_from"] == {"usage": 16}  # type: ignore[index]
+    measured = [event for event in events if not event.warmup]
+    assert figures["output_tokens_per_s"] == pytest.approx(  # type: ignore[index]
+        sum(event.output_tokens for event in measured)
+        / ((max(e.end_ns for e in measured) - min(e.arrival_ns for e in measured)) / 1e9)
+    )
+
+
+def test_the_same_seed_and_same_load_send_the_same_prompts_at_the_same_offsets(server: Server, tmp_path: Path) -> None:
+    load = ["--requests", "16", "--request-rate", "8", "--output-len", "6", "--seed", "5", "--warmup", "2"]
+    first, second, again = tmp_path / "a", tmp_path / "b", tmp_path / "c"
+    for out, options in ((first, load), (second, load), (again, ["--same-load", str(first)])):
+        done = run_meshtop("record", out, "--endpoint", server.url, *options)
+        assert done.returncode == 0, done.stdout + done.stderr
+    assert (first / "load.jsonl").read_text() == (second / "load.jsonl").read_text()
+    assert (first / "load.jsonl").read_text() == (again / "load.jsonl").read_text()
+    assert json.loads((again / "manifest.json").read_text())["endpoint"]["same_load"] == str(first)
+    for out in (first, second, again):
+        planned = {request.id: request.offset_s for request in load_of(out) if not request.warmup}
+        events = [event for event in requests_of(out) if not event.warmup]
+        assert len(events) == 16
+        starts = {event.scheduled_ns - round(planned[event.request] * 1e9) for event in events}  # type: ignore[operator]
+        assert max(starts) - min(starts) <= 1_000  # every request meant for its own offset from one start
+        start = min(starts)
+        for event in events:
+            sent_offset_s = (event.arrival_ns - start) / 1e9
+            assert sent_offset_s == pytest.approx(planned[event.request], abs=0.005), event
+    comparison = compare(open_recording(first), open_recording(again))
+    assert comparison["warnings"] == []
+    assert comparison["failures"] == []
+    rows = {row["name"]: row for row in comparison["metrics"]}
+    assert rows["failed requests"]["a"] == rows["failed requests"]["b"] == 0
+    assert not rows["TTFT (s)"]["significant"], rows["TTFT (s)"]
+    listing = run_meshtop("compare", first, second)
+    assert listing.returncode == 0 and "TTFT p99 (s)" in listing.stdout, listing.stderr
+
+
+def test_a_chat_load_from_a_prompts_file(server: Server, tmp_path: Path) -> None:
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text(
+        json.dumps({"messages": [{"role": "system", "content": "be brief"}, {"role": "user", "content": "the fox"}]})
+        + "\n"
+        + json.dumps({"messages": [{"role": "user", "content": "the lazy dog jumps"}]})
+        + "\n"
+    )
+    out = tmp_path / "chat"
+    done = run_meshtop(
+        "record", out, "--endpoint", f"{server.url}/v1", "--api", "chat", "--prompts", prompts, "--requests", "6",
+        "--concurrency", "2", "--output-len", "5",
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    events = requests_of(out)
+    assert len(events) == 6 and all(e.status == "completed" and e.output_tokens == 5 for e in events), events
+    assert {request.prompt.messages for request in load_of(out)} <= {
+        (("system", "be brief"), ("user", "the fox")),
+        (("user", "the lazy dog jumps"),),
+    }
+
+
+def test_a_server_killed_mid_load_fails_the_rest_by_kind_and_keeps_the_recording(tmp_path: Path) -> None:
+    with serving(tmp_path) as own:
+        out = tmp_path / "killed"
+        process = subprocess.Popen(
+            meshtop(
+                "record", out, "--endpoint", own.url, "--requests", "400", "--concurrency", "4", "--output-len", "8"
+            ),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        requests_file = out / "events" / "request.jsonl"
+        deadline = time.monotonic() + 120
+        while not (requests_file.exists() and requests_file.read_text().count("\n") >= 8):
+            assert time.monotonic() < deadline and process.poll() is None, process.communicate()
+            time.sleep(0.1)
+        own.kill()
+        stdout, stderr = process.communicate(timeout=120)
+    assert process.returncode == 1, stdout + stderr
+    [line] = [line for line in stdout.splitlines() if line.startswith("failed after")]
+    assert "requests failed (" in line and "refused" in line, stdout
+    figures = summary(out)
+    assert figures["run"]["status"] == "failed"  # type: ignore[index]
+    requests = figures["requests"]
+    assert 8 <= requests["completed"] < 400 and requests["completed"] + requests["failed"] == 400  # type: ignore[index]
+    reasons = {row["reason"] for row in requests["failures"]}  # type: ignore[index]
+    assert "connection refused" in reasons, reasons
+    assert reasons <= {"connection refused"} | {r for r in reasons if r.startswith("connection reset")}, reasons
+
+
+class NotOpenAI(BaseHTTPRequestHandler):
+    def do_GET(self) -> None:
+        self.send_response(404)
+        self.end_headers()
+        self.wfile.write(b"<html>no such page</html>")
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@pytest.fixture
+def not_openai() -> Iterator[str]:
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), NotOpenAI)
+    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{httpd.server_address[1]}"
+    httpd.shutdown()
+    httpd.server_close()
+
+
+def test_bad_endpoints_are_one_line_and_exit_2_before_any_load(server: Server, not_openai: str, tmp_path: Path) -> None:
+    cases = {
+        "unreachable": ([f"http://127.0.0.1:{free_port()}"], "cannot reach the server"),
+        "not openai": ([not_openai], "answered HTTP 404"),
+        "unknown model": ([server.url, "--model", "nope"], f"serves {server.model}"),
+        "refused body": ([server.url, "--ignore-eos"], "the server refused a completions request"),
+        "not a url": (["ftp://x"], "is not an http:// or https:// URL"),
+        "bad slo": ([server.url, "--slo", "ttft=fast"], "give ttft=MS and/or tpot=MS"),
+        "built-in option": ([server.url, "--tp", "2"], "--tp sets up the built-in model"),
+        "lone burstiness": ([server.url, "--burstiness", "0.5"], "give --request-rate too"),
+    }
+    for name, (options, words) in cases.items():
+        out = tmp_path / name.replace(" ", "-")
+        done = run_meshtop("record", out, "--endpoint", *options)
+        assert done.returncode == 2, (name, done.stdout, done.stderr)
+        assert len(done.stderr.strip().splitlines()) == 1 and words in done.stderr, (name, done.stderr)
+        assert not out.exists(), name
+    done = run_meshtop("record", tmp_path / "x", "--warmup", "3")  # an endpoint's option without --endpoint
+    assert done.returncode == 2 and "give --endpoint URL" in done.stderr

@@ -1,0 +1,230 @@
+"""The endpoint load (planned from options and a seed), the HTTP client, and the load generator, against a
+minimal streaming server: no model, no ranks."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import statistics
+from pathlib import Path
+
+import pytest
+
+from meshtop.probes.events import Event, RequestDone
+from meshtop.probes.sink import EventSink
+from meshtop.runner.errors import PlanError
+from meshtop.runner.serving.client import ClientSpec, LoadGenerator, chunk_text, request_body
+from meshtop.runner.serving.http import Origin, Pool, RequestFailed, error_message
+from meshtop.runner.serving.load import (
+    WORDS,
+    EndpointLoad,
+    LoadRequest,
+    Prompt,
+    arrival_offsets_s,
+    check_load,
+    plan_load,
+    read_prompts,
+)
+from meshtop.tui.options import parse_slo
+from tests.kit.sse_server import MODEL, stub_server
+
+
+def test_the_same_options_and_seed_plan_the_same_load_and_another_seed_another() -> None:
+    load = EndpointLoad(requests=50, concurrency=None, request_rate_per_s=5.0, warmup=3, input_len=(4, 9), seed=7)
+    planned = plan_load(load)
+    assert plan_load(load) == planned
+    assert plan_load(EndpointLoad(**{**_fields(load), "seed": 8})) != planned
+    assert [request.id for request in planned] == list(range(53))
+    assert [request.warmup for request in planned] == [True] * 3 + [False] * 50
+    assert all(request.offset_s is None for request in planned[:3])
+    offsets = [request.offset_s for request in planned[3:]]
+    assert offsets == sorted(offsets) and offsets == arrival_offsets_s(load)
+    for request in planned:
+        words = (request.prompt.text or "").split()
+        assert 4 <= len(words) <= 9 and set(words) <= set(WORDS)
+        assert 32 <= request.max_tokens <= 32
+    assert [LoadRequest.from_json(json.loads(json.dumps(r.to_json()))) for r in planned] == planned
+
+
+def _fields(load: EndpointLoad) -> dict[str, object]:
+    return {name: getattr(load, name) for name in load.__slots__}  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize("burstiness", [0.25, 1.0, 4.0])
+def test_open_loop_gaps_have_the_asked_mean_and_the_burstiness_spread(burstiness: float) -> None:
+    """Gamma gaps of shape k: mean 1 / rate, coefficient of variation 1 / sqrt(k) (k = 1: Poisson)."""
+    load = EndpointLoad(requests=20_000, concurrency=None, request_rate_per_s=10.0, burstiness=burstiness, seed=1)
+    offsets = arrival_offsets_s(load)
+    assert offsets is not None
+    gaps = [b - a for a, b in zip([0.0, *offsets], offsets, strict=False)]
+    mean = statistics.fmean(gaps)
+    assert mean == pytest.approx(0.1, rel=0.05)
+    assert statistics.pstdev(gaps) / mean == pytest.approx(burstiness**-0.5, rel=0.06)
+    assert arrival_offsets_s(EndpointLoad(requests=5, concurrency=4, request_rate_per_s=None)) is None
+
+
+def test_prompts_files_of_each_shape_and_each_fault(tmp_path: Path) -> None:
+    lines = tmp_path / "lines.jsonl"
+    lines.write_text('{"prompt": "a b"}\n\n{"messages": [{"role": "user", "content": "hi"}]}\n')
+    assert read_prompts(lines) == [Prompt(text="a b"), Prompt(messages=(("user", "hi"),))]
+    sharegpt = tmp_path / "sharegpt.json"
+    sharegpt.write_text(
+        json.dumps([{"conversations": [{"from": "system", "value": "s"}, {"from": "human", "value": "q"}]}])
+    )
+    assert read_prompts(sharegpt) == [Prompt(text="q")]
+    load = EndpointLoad(requests=20, concurrency=2, request_rate_per_s=None, seed=3)
+    planned = plan_load(load, read_prompts(lines))
+    assert {request.prompt for request in planned} == set(read_prompts(lines))
+    faults = {
+        "bad.jsonl": ('{"prompt": "a"}\n{nope\n', "line 2 is not JSON"),
+        "empty.jsonl": ("\n\n", "no prompts in it"),
+        "keys.jsonl": ('{"text": "a"}\n', "line 1: no 'prompt', 'messages' or 'conversations'"),
+        "turns.json": ('[{"conversations": [{"from": "gpt", "value": "a"}]}]', "record 1: a conversation without"),
+        "missing.jsonl": (None, "No such file or directory"),
+    }
+    for name, (text, words) in faults.items():
+        path = tmp_path / name
+        if text is not None:
+            path.write_text(text)
+        with pytest.raises(PlanError, match=words):
+            read_prompts(path)
+    binary = tmp_path / "binary.jsonl"
+    binary.write_bytes(b"\xff\xfe\x00")
+    with pytest.raises(PlanError, match="not UTF-8"):
+        read_prompts(binary)
+
+
+def test_load_values_out_of_range_name_their_option() -> None:
+    base = {"requests": 4, "concurrency": 2, "request_rate_per_s": None}
+    for changes, words in (
+        ({"requests": 0}, "--requests must be 1"),
+        ({"concurrency": 0}, "--concurrency must be 1"),
+        ({"request_rate_per_s": 3.0}, "exclude each other"),
+        ({"concurrency": None, "request_rate_per_s": -1.0}, "--request-rate must be above 0"),
+        ({"timeout_s": 0.0}, "--timeout must be above 0"),
+        ({"burstiness": float("inf")}, "--burstiness must be above 0"),
+        ({"warmup": -1}, "--warmup must be 0"),
+    ):
+        with pytest.raises(PlanError, match=words):
+            check_load(EndpointLoad(**{**base, **changes}))  # type: ignore[arg-type]
+
+
+def test_slo_and_urls_and_server_messages() -> None:
+    assert parse_slo("ttft=200ms,tpot=0.05s") == (200.0, 50.0)
+    assert parse_slo("tpot=20") == (None, 20.0)
+    for bad in ("ttft", "ttft=-1ms", "latency=3ms", "ttft=fast"):
+        with pytest.raises(PlanError, match="give ttft=MS"):
+            parse_slo(bad)
+    origin = Origin.parse("localhost:8000")
+    assert (origin.base, origin.prefix) == ("http://localhost:8000", "/v1")
+    assert Origin.parse("https://h/v1/").url("/models") == "https://h:443/v1/models"
+    assert Origin.parse("http://h:9/api").prefix == "/api/v1"
+    for bad in ("ftp://h", "http://", "http://h:port"):
+        with pytest.raises(ValueError):
+            Origin.parse(bad)
+    assert error_message(b'{"error": {"message": "model not found"}}') == "model not found"
+    assert error_message(b'{"detail": [{"msg": "bad"}]}') == '[{"msg": "bad"}]'
+    assert error_message(b"Internal Server Error\nmore") == "Internal Server Error"
+    assert error_message(b"x" * 500).endswith("...")
+
+
+def test_chunks_with_text_count_and_role_or_usage_chunks_do_not() -> None:
+    assert chunk_text({"choices": [{"text": "ab"}]}) == "ab"
+    assert chunk_text({"choices": [{"delta": {"role": "assistant"}}]}) == ""
+    assert chunk_text({"choices": [{"delta": {"reasoning_content": "r", "content": "c"}}]}) == "cr"
+    assert chunk_text({"choices": [], "usage": {"completion_tokens": 3}}) == ""
+    spec = ClientSpec(
+        url="http://h/v1", api="chat", model="m", concurrency=1, timeout_s=1, ignore_eos=True, requests_path="",
+        status_path="",
+    )  # fmt: skip
+    path, body = request_body(spec, LoadRequest(id=0, prompt=Prompt(text="q"), max_tokens=4, offset_s=None))
+    assert path == "/chat/completions" and body["messages"] == [{"role": "user", "content": "q"}]
+    assert body["stream_options"] == {"include_usage": True} and body["ignore_eos"] is True
+
+
+class Collected(EventSink):
+    def __init__(self) -> None:
+        self.events: list[Event] = []
+
+    def emit(self, event: Event) -> None:
+        self.events.append(event)
+
+
+def spec_for(url: str, **changes: object) -> ClientSpec:
+    fields: dict[str, object] = {
+        "url": url, "api": "completions", "model": MODEL, "concurrency": 2, "timeout_s": 5.0,
+        "ignore_eos": False, "requests_path": "", "status_path": "",
+    }  # fmt: skip
+    return ClientSpec(**{**fields, **changes})  # type: ignore[arg-type]
+
+
+def run_load(spec: ClientSpec, requests: list[LoadRequest]) -> list[RequestDone]:
+    sink = Collected()
+    generator = LoadGenerator(spec, sink)
+
+    async def whole_load() -> None:
+        await generator.run(requests)
+        generator.pool.close()
+
+    asyncio.run(whole_load())
+    return sorted((e for e in sink.events if isinstance(e, RequestDone)), key=lambda e: e.request)
+
+
+def test_the_client_streams_every_chunk_over_kept_alive_connections() -> None:
+    planned = plan_load(EndpointLoad(requests=12, concurrency=3, request_rate_per_s=None, output_len=(5, 5), warmup=2))
+    with stub_server(chunks=5, gap_s=0.002) as server:
+        events = run_load(spec_for(server.url, concurrency=3), planned)
+        connections = server.connections
+    assert [e.request for e in events] == list(range(14)) and all(e.status == "completed" for e in events)
+    for event in events:
+        assert (event.output_tokens, event.prompt_tokens, event.tokens_from) == (5, 3, "usage")
+        assert len(event.token_ns) == 5 and list(event.token_ns) == sorted(event.token_ns)
+        assert event.arrival_ns <= event.token_ns[0] == event.first_token_ns and event.token_ns[-1] <= event.end_ns
+    assert connections == 3  # the warmup's 2 kept and a third: each client reuses its connection
+    assert [e.warmup for e in events] == [True, True] + [False] * 12
+
+
+def test_the_client_counts_chunks_without_usage_and_names_each_failure() -> None:
+    request = LoadRequest(id=0, prompt=Prompt(text="q"), max_tokens=4, offset_s=None)
+    with stub_server(status=429) as server:
+        [refused] = run_load(spec_for(server.url), [request])
+    assert (refused.status, refused.error_kind, refused.error) == ("failed", "http", "HTTP 429: stub refuses")
+    with stub_server(chunks=6, close_after=2) as server:
+        [cut] = run_load(spec_for(server.url), [request])
+    assert cut.error_kind == "reset" and len(cut.token_ns) == 2 and cut.first_token_ns is not None
+    with stub_server(chunks=50, gap_s=0.05) as server:
+        [slow] = run_load(spec_for(server.url, timeout_s=0.3), [request])
+    assert slow.error_kind == "timeout" and slow.error == "timeout: no full answer in 0.3 s"
+    with stub_server() as server:
+        port = server.port
+    [nobody] = run_load(spec_for(f"http://127.0.0.1:{port}"), [request])
+    assert (nobody.error_kind, nobody.error) == ("refused", "connection refused") and nobody.first_token_ns is None
+
+
+def test_a_pool_reads_a_stream_to_its_end_before_reusing_the_connection() -> None:
+    async def two() -> list[list[bytes]]:
+        pool = Pool(Origin.parse(server.url))
+        answers = []
+        for _ in range(2):
+            answers.append([data async for _, data in pool.stream("/completions", {"prompt": "x"})])
+        pool.close()
+        return answers
+
+    with stub_server(chunks=3) as server:
+        first, second = asyncio.run(two())
+        assert server.connections == 1
+    assert first == second and len(first) == 4  # 3 chunks and the usage chunk; [DONE] ends it
+    assert json.loads(first[-1])["usage"]["completion_tokens"] == 3
+
+
+def test_an_http_error_of_the_stream_is_one_line() -> None:
+    async def one() -> None:
+        pool = Pool(Origin.parse(server.url))
+        try:
+            async for _ in pool.stream("/completions", {}):
+                pass
+        finally:
+            pool.close()
+
+    with stub_server(status=503) as server, pytest.raises(RequestFailed, match="HTTP 503: stub refuses"):
+        asyncio.run(one())
