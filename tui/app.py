@@ -65,6 +65,8 @@ class HeaderBar(Static):
             params = info.model.parameters
             size = f"{params / 1e9:.1f}B" if params >= 1e9 else f"{params / 1e6:.1f}M"
             what = f"{info.model.name} {size} · {info.world_size}× {info.device} {info.dtype}"
+        elif info.endpoint is not None:
+            what = f"model {info.endpoint.model} · meshtop's load generator"
         else:
             what = f"{info.world_size}× {info.device}"
         first = Text(no_wrap=True, overflow="ellipsis")

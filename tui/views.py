@@ -256,6 +256,17 @@ def requests_lines(state: DashboardState, width: int) -> Text:
         p50, p99 = view.p50_p99(key)
         text.append(f"  {label:<8}{human_seconds(p50):>10}{human_seconds(p99):>10}  ")
         text.append(sparkline(view.history[key], history, low=0.0) + "\n", style="cyan")
+    if (client := view.figures.client) is not None:  # an endpoint's load generator: did it keep to the load?
+        text.append(
+            f"  client  send lag p50 {human_seconds(client.send_lag_p50_s)}  p99 {human_seconds(client.send_lag_p99_s)}"
+        )
+        if client.asked_rate_per_s is not None and client.achieved_rate_per_s is not None:
+            text.append(f"  sent {client.achieved_rate_per_s:,.2f} of {client.asked_rate_per_s:,.2f} req/s asked")
+        if view.figures.warmup:
+            text.append(f"  ({view.figures.warmup} warmup left out)")
+        text.append("\n")
+        if client.limited:
+            text.append(f"  {client.limited}\n", style="yellow")
     return text
 
 
@@ -273,6 +284,9 @@ class OverviewPanel(Panel):
             if state.info.inference
             else chart("step time", durations, width=width, height=chart_rows, format_value=human_seconds)
         )
+        if state.info.endpoint is not None:  # the server's own ranks are not meshtop's: no memory or collectives
+            self.paint(Group(top, section("alerts"), alert_lines(state, 4)))
+            return
         self.paint(
             Group(
                 top,
