@@ -452,6 +452,23 @@ class RequestDone(Event):
     with text, where the server reported no usage)."""
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ServerMetric(Event):
+    """One series of a serving endpoint's Prometheus ``/metrics`` at one scrape (``--endpoint``): every
+    numeric series the server publishes, a series that did not change since the last scrape left out."""
+
+    kind: ClassVar[str] = "server_metric"
+    wall_ns: int
+    """When the scrape's answer arrived (the same for every series of one scrape)."""
+    name: str
+    """The series' name as the server wrote it (``vllm:num_requests_waiting``)."""
+    labels: str
+    """Its labels as the server wrote them (``model_name="m",engine="0"``); empty for none."""
+    value: float
+    common: str | None = None
+    """meshtop's name for a series of a known engine (``requests_waiting``, ``kv_cache_usage``, ...)."""
+
+
 EVENT_TYPES: dict[str, type[Event]] = {
     cls.kind: cls
     for cls in (
@@ -476,6 +493,7 @@ EVENT_TYPES: dict[str, type[Event]] = {
         RequestDone,
         ProbeOff,
         NodeClock,
+        ServerMetric,
     )
 }
 TUPLE_FIELDS = {"stages", "token_ns", "output_ids"}

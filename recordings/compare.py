@@ -177,6 +177,16 @@ def _request_metrics(a: RunFold, b: RunFold) -> list[dict[str, Any]]:
     if req_a.slo.given and req_a.slo == req_b.slo:
         rows.append(metric("goodput (requests/s)", req_a.goodput_per_s, req_b.goodput_per_s))
     rows.append(metric("failed requests", req_a.failed, req_b.failed))
+    if fig_a.server is not None and fig_b.server is not None:  # the engine's own view, where both have it
+        for name, label in (("requests_waiting", "server queue"), ("kv_cache_usage", "server KV-cache use")):
+            gauge_a, gauge_b = fig_a.server.gauges.get(name), fig_b.server.gauges.get(name)
+            if gauge_a is not None and gauge_b is not None:
+                rows.append(metric(f"{label} mean", gauge_a["mean"], gauge_b["mean"]))
+                rows.append(metric(f"{label} max", gauge_a["max"], gauge_b["max"]))
+        if "preemptions" in fig_a.server.counters and "preemptions" in fig_b.server.counters:
+            rows.append(
+                metric("server preemptions", fig_a.server.counters["preemptions"], fig_b.server.counters["preemptions"])
+            )
     if req_a.client is not None and req_b.client is not None:
         rows.append(metric("client send lag p99 (s)", req_a.client.send_lag_p99_s, req_b.client.send_lag_p99_s))
     return rows

@@ -111,6 +111,8 @@ class Endpoint:
     """Every model the server listed."""
     same_load: str | None = None
     """The recording whose load this repeated (``--same-load``)."""
+    server_metrics: str | None = None
+    """Where the server's Prometheus metrics were scraped."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

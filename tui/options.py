@@ -288,6 +288,12 @@ def add_endpoint_options(parser: argparse.ArgumentParser) -> None:
         "--ignore-eos", action="store_true", help="ask the server to generate past end-of-sequence (vLLM, SGLang)"
     )
     serving.add_argument(
+        "--server-metrics",
+        default=None,
+        metavar="URL",
+        help="the server's Prometheus metrics, where not at /metrics of --endpoint (scraped twice a second)",
+    )
+    serving.add_argument(
         "--same-load",
         default=None,
         metavar="REC",
@@ -295,7 +301,9 @@ def add_endpoint_options(parser: argparse.ArgumentParser) -> None:
     )
 
 
-ENDPOINT_ONLY = ("api", "burstiness", "warmup", "prompts", "slo", "timeout", "ignore_eos", "same_load")
+ENDPOINT_ONLY = (
+    "api", "burstiness", "warmup", "prompts", "slo", "timeout", "ignore_eos", "same_load", "server_metrics",
+)  # fmt: skip
 BUILTIN_ONLY = (
     "dp", "tp", "pp", "fsdp", "schedule", "microbatches", "model_config", "dtype", "steps", "batch_size", "seq_len",
     "max_batch", "activations", "tokens_per_step",
@@ -381,6 +389,7 @@ def endpoint_from_args(args: argparse.Namespace) -> EndpointRun:
         load=load,
         requests=requests,
         same_load=args.same_load,
+        server_metrics=args.server_metrics,
     )
 
 

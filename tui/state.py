@@ -46,6 +46,7 @@ from meshtop.recordings.metrics.memory import MemoryRow
 from meshtop.recordings.metrics.mfu import Mfu
 from meshtop.recordings.metrics.requests import LATENCIES, RequestFigures
 from meshtop.recordings.metrics.run import COLUMNAR, RunFigures, RunFold
+from meshtop.recordings.metrics.server import ServerFigures
 from meshtop.recordings.metrics.steps import JobStep
 from meshtop.recordings.metrics.stragglers import Straggler
 from meshtop.recordings.replay import in_kind_order
@@ -169,6 +170,10 @@ class RequestsView:
     total: int | None
     history: dict[str, tuple[float, ...]]
     """Recent values of each latency, oldest first."""
+    server: ServerFigures | None = None
+    """An endpoint's engine, from its ``/metrics``."""
+    server_history: dict[str, tuple[float, ...]] = field(default_factory=dict)
+    """Recent values of each of the engine's gauges, a scrape each, oldest first."""
 
     def p50_p99(self, name: str) -> tuple[float | None, float | None]:
         latency = self.figures.latencies[name]
@@ -487,7 +492,14 @@ class DashboardState:
             if figures is None or fold.requests is None:
                 return None
             history = {name: tuple(fold.requests.recent[name]) for name in LATENCIES}
-        return RequestsView(figures=figures, total=self.info.load.requests if self.info.load else None, history=history)
+            server = {name: tuple(values) for name, values in fold.server.recent.items()} if fold.server else {}
+        return RequestsView(
+            figures=figures,
+            total=self.info.load.requests if self.info.load else None,
+            history=history,
+            server=self.figures().server,
+            server_history=server,
+        )
 
     def collective_rows(self) -> list[CollectiveLine]:
         """Per (group, op), the most in-flight time first, with each one's recent exposed times."""

@@ -152,7 +152,7 @@ def summary_lines(summary: dict[str, Any]) -> list[str]:
         lines = [f"recording {summary['recording']}: {run['status']}", f"  {run_words(run)}"]
         if run.get("reason"):
             lines.append(f"  {run['reason']}")
-        return lines + request_lines(requests or {})
+        return lines + request_lines(requests or {}) + server_lines(summary.get("server"))
     lines = [
         f"recording {summary['recording']}: {run['status']}",
         f"  {run_words(run)} · {run['world_size']} ranks" + ("" if run["instrumented"] else " · not instrumented"),
@@ -232,6 +232,28 @@ def summary_lines(summary: dict[str, Any]) -> list[str]:
         where = f" (node {rank['node']}, {rank['host']})" if len(hosts) > 1 and rank.get("node") is not None else ""
         lines.append(f"rank {rank['rank']}{where}: {how}: {rank['error'] or ''}".rstrip(": "))
     return lines
+
+
+SERVER_GAUGES = {"requests_running": ("running", 1.0, ""), "requests_waiting": ("waiting", 1.0, ""),
+                 "kv_cache_usage": ("KV cache", 100.0, " %")}  # fmt: skip
+
+
+def server_lines(server: dict[str, Any] | None) -> list[str]:
+    """The engine's own view from its ``/metrics``: its queue and KV cache over the run, what it counted."""
+    if server is None:
+        return []
+    parts = [
+        f"{label} mean {server[name]['mean'] * scale:,.1f}{unit} max {server[name]['max'] * scale:,.0f}{unit}"
+        for name, (label, scale, unit) in SERVER_GAUGES.items()
+        if name in server
+    ]
+    parts += [
+        f"{name.replace('_', ' ')} +{server[name]:,.0f}"
+        for name in ("preemptions", "prompt_tokens", "generation_tokens")
+        if name in server
+    ]
+    what = "  ".join(parts) if parts else "no series of an engine meshtop knows"
+    return [f"server (its /metrics, {server['scrapes']} scrapes, {server['series']} series): {what}"]
 
 
 def comparison_lines(comparison: dict[str, Any]) -> list[str]:

@@ -267,6 +267,25 @@ def requests_lines(state: DashboardState, width: int) -> Text:
         text.append("\n")
         if client.limited:
             text.append(f"  {client.limited}\n", style="yellow")
+    if (server := view.server) is not None:  # the engine's own view: its queue and KV cache, as it says them
+        text.append("  server", style="bold")
+        spark = max(0, (width - 60) // 2)
+        for name, label, scale, unit in (
+            ("requests_running", "running", 1.0, ""),
+            ("requests_waiting", "waiting", 1.0, ""),
+            ("kv_cache_usage", "KV cache", 100.0, " %"),
+        ):
+            if (gauge := server.gauges.get(name)) is not None:
+                text.append(
+                    f"  {label} {(gauge['last'] or 0) * scale:,.0f}{unit} (max {(gauge['max'] or 0) * scale:,.0f})"
+                )
+                if spark and name != "requests_running":
+                    text.append(" " + sparkline(view.server_history.get(name, ()), spark, low=0.0), style="cyan")
+        if preempted := server.counters.get("preemptions"):
+            text.append(f"  preemptions {preempted:,.0f}", style="yellow")
+        if not server.gauges:
+            text.append(f"  {server.series:,} series (no engine meshtop knows)")
+        text.append("\n")
     return text
 
 

@@ -34,6 +34,7 @@ from meshtop.probes.events import (
     ProcessSample,
     RankStarted,
     RequestDone,
+    ServerMetric,
     StepTiming,
 )
 from meshtop.recordings.manifest import GpuInfo, RunDescription
@@ -42,6 +43,7 @@ from meshtop.recordings.metrics.memory import MemoryFold, MemoryRow
 from meshtop.recordings.metrics.mfu import GpuModel, Mfu, mfu, script_parameters
 from meshtop.recordings.metrics.pipeline import StageFold, StageRow, step_bubbles
 from meshtop.recordings.metrics.requests import RequestFigures, RequestFold
+from meshtop.recordings.metrics.server import ServerFigures, ServerFold
 from meshtop.recordings.metrics.steps import JobStep, StepFigures, StepFolder, StepRows, StepSpans, StepStats
 from meshtop.recordings.metrics.stragglers import ComputeTimes, Straggler
 from meshtop.recordings.schema import events_of
@@ -71,7 +73,7 @@ COLUMNS_READ = {
 }
 """The columns the fold reads of the :data:`COLUMNAR` kinds (a reader of a whole recording may load only
 these); the other kinds' tables are taken whole."""
-EVENT_KINDS = frozenset({"step", "rank_started", "memory", "process", "request", "gpu", "job_ended"})
+EVENT_KINDS = frozenset({"step", "rank_started", "memory", "process", "request", "gpu", "job_ended", "server_metric"})
 """Kinds folded as events; the others do not change a figure."""
 TABLE_KINDS = frozenset({"step", "memory", "process", "gpu"})
 """Kinds of :data:`EVENT_KINDS` that :meth:`RunFold.apply` folds column-wise (steps falling back to events
@@ -111,6 +113,8 @@ class RunFigures:
     mfu: Mfu
     stragglers: tuple[Straggler, ...]
     """Ranks whose recent compute time exceeds their stage peers' (training)."""
+    server: ServerFigures | None = None
+    """An endpoint's engine, from its scraped ``/metrics`` (``None`` without them)."""
 
     def to_json(self) -> dict[str, object]:
         return {
@@ -123,6 +127,7 @@ class RunFigures:
             "most_loaded_rank": self.most_loaded_rank,
             "headroom_bytes": self.headroom_bytes,
             "stragglers": [asdict(straggler) for straggler in self.stragglers],
+            "server": self.server.to_json() if self.server is not None else None,
         }
 
 
@@ -136,6 +141,8 @@ class RunFold:
         self.stages = StageFold(pp=run.stage_period)
         self.memory = MemoryFold()
         self.requests = RequestFold(run.load, replicas=run.plan.dp) if run.inference else None
+        self.server = ServerFold() if run.endpoint is not None else None
+        """An endpoint's engine, from its ``/metrics``."""
         self.steps = StepStats()
         self.positions: dict[int, tuple[int, int, int]] = {}
         """(pp, dp, tp) of each rank that reported its start."""
@@ -292,6 +299,8 @@ class RunFold:
                 self.memory.add_process(event)
             elif isinstance(event, RequestDone) and self.requests is not None:
                 self.requests.add(event)
+            elif isinstance(event, ServerMetric) and self.server is not None:
+                self.server.add(event)
             elif isinstance(event, GpuSample) and event.name:
                 self.gpu_models.setdefault((event.node, event.gpu), GpuModel(event.name, event.power_limit_w))
             elif isinstance(event, JobEnded):
@@ -420,6 +429,7 @@ class RunFold:
                 script_parameters=script_parameters(self.trained.values()),
             ),
             stragglers=tuple(self.compute.stragglers(lambda rank: self.position(rank)[0])),
+            server=self.server.figures() if self.server is not None else None,
         )
         self._figures = (self.version, figures)
         return figures

@@ -36,18 +36,18 @@ CONSOLE_KINDS = ("stack_dump", "hang", "flight_verdict", "events_dropped", "fram
 
 def headline(run: Work) -> str:
     if isinstance(run, EndpointRun):
-        load = run.load
+        sent = run.load
         arrivals = (
-            f"{load.concurrency} in flight"
-            if load.concurrency is not None
-            else f"{load.request_rate_per_s:g} req/s "
-            + ("Poisson" if load.burstiness == 1 else f"gamma (burstiness {load.burstiness:g})")
+            f"{sent.concurrency} in flight"
+            if sent.concurrency is not None
+            else f"{sent.request_rate_per_s:g} req/s "
+            + ("Poisson" if sent.burstiness == 1 else f"gamma (burstiness {sent.burstiness:g})")
         )
-        prompts = f"prompts from {load.prompts}" if load.prompts else f"prompt {span(load.input_len)} words"
-        warmup = f" after {load.warmup} warmup" if load.warmup else ""
+        prompts = f"prompts from {sent.prompts}" if sent.prompts else f"prompt {span(sent.input_len)} words"
+        warmup = f" after {sent.warmup} warmup" if sent.warmup else ""
         return (
-            f"meshtop: endpoint {run.origin.base} · {run.api} · model {run.model} · {load.requests} requests "
-            f"({arrivals}){warmup}, {prompts}, output {span(load.output_len)} tokens"
+            f"meshtop: endpoint {run.origin.base} · {run.api} · model {run.model} · {sent.requests} requests "
+            f"({arrivals}){warmup}, {prompts}, output {span(sent.output_len)} tokens"
             + (f" · the load of {run.same_load}" if run.same_load else "")
         )
     if isinstance(run, ScriptRun):

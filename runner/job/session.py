@@ -89,7 +89,10 @@ def script_launch(script: ScriptRun) -> Launch:
 
 
 def launch_of(work: Work, directory: Path, nodes: Nodes | None = None) -> Launch:
-    """How ``work`` is launched on this node (a script's nodes are its own torchrun options)."""
+    """How ``work`` is launched on this node (a script's nodes are its own torchrun options); a load sent to an
+    endpoint is not launched by torchrun (:func:`meshtop.runner.serving.run.run_endpoint`)."""
+    if isinstance(work, EndpointRun):
+        raise TypeError("an endpoint's load has no torchrun launch")
     return builtin_launch(work, directory, nodes) if isinstance(work, ResolvedRun) else script_launch(work)
 
 
@@ -147,7 +150,14 @@ def endpoint_description(run: EndpointRun) -> RunDescription:
             timeout_s=run.load.timeout_s,
             ignore_eos=run.load.ignore_eos,
         ),
-        endpoint=Endpoint(url=run.url, api=run.api, model=run.model, models=run.models, same_load=run.same_load),
+        endpoint=Endpoint(
+            url=run.url,
+            api=run.api,
+            model=run.model,
+            models=run.models,
+            same_load=run.same_load,
+            server_metrics=run.metrics_url,
+        ),
     )
 
 

@@ -47,7 +47,7 @@ class ClientSpec:
     status_path: str
 
     def to_json(self) -> dict[str, object]:
-        return {name: getattr(self, name) for name in self.__slots__}  # type: ignore[attr-defined]
+        return {name: getattr(self, name) for name in self.__slots__}
 
     @classmethod
     def from_json(cls, fields: dict[str, object]) -> ClientSpec:

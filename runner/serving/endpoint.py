@@ -39,6 +39,13 @@ class EndpointRun:
     """The load, planned: the warmup first."""
     same_load: str | None = None
     """The recording whose load this repeats (``--same-load``)."""
+    server_metrics: str | None = None
+    """The server's Prometheus metrics, where not at ``/metrics`` of the endpoint (``--server-metrics``)."""
+
+    @property
+    def metrics_url(self) -> str:
+        """Where the server's Prometheus metrics are scraped."""
+        return self.server_metrics or f"{self.origin.base}/metrics"
 
     @property
     def name(self) -> str:
@@ -122,14 +129,18 @@ def resolve_endpoint(
     load: EndpointLoad,
     requests: list[LoadRequest] | None = None,
     same_load: str | None = None,
+    server_metrics: str | None = None,
 ) -> EndpointRun:
     """The endpoint run, every option and the server checked; ``requests`` (``--same-load``'s) replace the
     planned load."""
     check_load(load)
     try:
         origin = Origin.parse(url)
+        if server_metrics is not None:
+            Origin.parse(server_metrics)
     except ValueError as error:
-        raise PlanError(f"--endpoint: {error}") from None
+        flag = "--endpoint" if server_metrics is None or str(error).startswith(repr(url)) else "--server-metrics"
+        raise PlanError(f"{flag}: {error}") from None
     prompts: list[Prompt] | None = None
     if requests is None and load.prompts is not None:
         prompts = read_prompts(Path(load.prompts))
@@ -155,4 +166,5 @@ def resolve_endpoint(
         load=load,
         requests=tuple(planned),
         same_load=same_load,
+        server_metrics=server_metrics,
     )

@@ -1,5 +1,5 @@
 """Run a load against a serving endpoint to its end: start the load generator in its own process, pass on
-what it and this node's samplers report, answer a stop, and say how it ended.
+what it, the server's ``/metrics`` and this node's samplers report, answer a stop, and say how it ended.
 
 The endpoint's counterpart of :func:`meshtop.runner.job.launch.run_job`, with the same contract (events to
 ``on_events``, ``control.stop`` and Ctrl-C stop it, a :class:`JobResult` at the end), so the session, the
@@ -29,6 +29,7 @@ from meshtop.runner.job.launch import NodeProbes
 from meshtop.runner.job.results import JobResult, RankExit, lifecycle_events
 from meshtop.runner.serving.client import CLIENT_RANK, INTERRUPTED, ClientSpec
 from meshtop.runner.serving.endpoint import EndpointRun
+from meshtop.runner.serving.scrape import Scraper
 
 CLIENT_LOG = "client.log"
 STATUS_NAME = "load-status.json"
@@ -112,6 +113,8 @@ def run_endpoint(
             start_new_session=True,
         )
     processes.watch(CLIENT_RANK, client.pid)
+    scraper = Scraper(run.metrics_url, emit=node_events.put)
+    scraper.start()
     interrupted = False
     try:
         while client.poll() is None and not control.stop.is_set():
@@ -128,6 +131,7 @@ def run_endpoint(
             except subprocess.TimeoutExpired:
                 client.kill()
                 client.wait()
+        scraper.stop()
         for sampler in samplers:
             sampler.stop()
         time.sleep(0.05)  # the shipper's last frame is in once its process ended; let the collector queue it

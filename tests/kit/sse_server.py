@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
@@ -25,6 +25,8 @@ class StubServer:
     """Answer every POST with this status (an error body when not 200)."""
     close_after: int | None = None
     """Close the connection after this many chunks of each stream (a crash mid-answer)."""
+    metrics: Callable[[], bytes] | None = None
+    """What ``GET /metrics`` answers (404 without)."""
     port: int = 0
     connections: int = 0
     requests: int = 0
@@ -40,14 +42,18 @@ class StubServer:
             while True:
                 head = await reader.readuntil(b"\r\n\r\n")
                 lines = head.decode("latin-1").split("\r\n")
-                method = lines[0].split(" ")[0]
+                method, path = lines[0].split(" ")[:2]
                 headers = {k.strip().lower(): v.strip() for k, _, v in (line.partition(":") for line in lines[1:])}
                 body = await reader.readexactly(int(headers.get("content-length", "0")))
                 self.requests += 1
                 if method == "GET":
-                    payload = json.dumps({"object": "list", "data": [{"id": MODEL, "object": "model"}]}).encode()
+                    if path == "/metrics":
+                        status, payload = (200, self.metrics()) if self.metrics is not None else (404, b"not found")
+                    else:
+                        status = 200
+                        payload = json.dumps({"object": "list", "data": [{"id": MODEL, "object": "model"}]}).encode()
                     writer.write(
-                        b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
+                        f"HTTP/1.1 {status} X\r\nContent-Type: text/plain\r\n".encode()
                         + f"Content-Length: {len(payload)}\r\n\r\n".encode()
                         + payload
                     )
