@@ -10,6 +10,7 @@ Plain HTTP and HTTPS (the system's default certificates).
 from __future__ import annotations
 
 import asyncio
+import errno
 import json
 import ssl
 import time
@@ -114,9 +115,9 @@ class Pool:
             reader, writer = await asyncio.open_connection(
                 self.origin.host, self.origin.port, ssl=self._ssl, limit=MAX_EVENT_BYTES
             )
-        except ConnectionRefusedError:
-            raise RequestFailed("refused", "connection refused") from None
-        except OSError as error:
+        except OSError as error:  # asyncio says a refusal of every address as an OSError of ECONNREFUSED
+            if isinstance(error, ConnectionRefusedError) or error.errno == errno.ECONNREFUSED:
+                raise RequestFailed("refused", "connection refused") from None
             raise RequestFailed("refused", f"cannot connect: {error.strerror or error}") from None
         return _Connection(reader, writer)
 
@@ -170,8 +171,10 @@ class Pool:
                         break
                     yield at_ns, data
             reusable = headers.get("connection", "").lower() != "close" and (chunked or length is not None)
-        except (ConnectionResetError, BrokenPipeError, asyncio.IncompleteReadError) as error:
-            raise RequestFailed("reset", f"connection reset by the server ({type(error).__name__})") from None
+        except (ConnectionResetError, BrokenPipeError):
+            raise RequestFailed("reset", "connection reset by the server") from None
+        except asyncio.IncompleteReadError:
+            raise RequestFailed("reset", "the server closed the connection mid-answer") from None
         except asyncio.LimitOverrunError:
             raise RequestFailed("protocol", "a line longer than the client's limit") from None
         finally:
