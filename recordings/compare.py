@@ -192,6 +192,19 @@ def _request_metrics(a: RunFold, b: RunFold) -> list[dict[str, Any]]:
     return rows
 
 
+def _gpu_metrics(a: RunFold, b: RunFold) -> list[dict[str, Any]]:
+    """Each GPU both runs sampled: its peak memory used (the whole device's, NVML) and mean utilisation."""
+    rows_a = {(row.node, row.gpu): row for row in a.figures().gpus}
+    rows_b = {(row.node, row.gpu): row for row in b.figures().gpus}
+    rows = []
+    for key in sorted(set(rows_a) & set(rows_b)):
+        one, two = rows_a[key], rows_b[key]
+        name = f"GPU {key[1]}" if not key[0] else f"node {key[0]} GPU {key[1]}"
+        rows.append(metric(f"{name} peak memory used (bytes)", one.peak_used_bytes, two.peak_used_bytes))
+        rows.append(metric(f"{name} utilisation mean (%)", one.utilization_mean_pct, two.utilization_mean_pct))
+    return rows
+
+
 def client_limits(a: RunFold, b: RunFold) -> list[str]:
     """A run whose load generator limited it (its send lag), in one line each."""
     lines = []
@@ -271,6 +284,7 @@ def compare(a: Recording, b: Recording) -> dict[str, Any]:
     inference = fold_a.requests is not None and fold_b.requests is not None
     metrics = _request_metrics(fold_a, fold_b) if inference else _step_metrics(fold_a, fold_b)
     metrics += _communication_metrics(fold_a, fold_b)
+    metrics += _gpu_metrics(fold_a, fold_b)
     endpoints = a.manifest.run.endpoint is not None and b.manifest.run.endpoint is not None
     if not endpoints:  # an endpoint's rank 0 is meshtop's load generator: its memory is not the server's
         metrics += _stage_and_memory_metrics(fold_a, fold_b)

@@ -152,7 +152,7 @@ def summary_lines(summary: dict[str, Any]) -> list[str]:
         lines = [f"recording {summary['recording']}: {run['status']}", f"  {run_words(run)}"]
         if run.get("reason"):
             lines.append(f"  {run['reason']}")
-        return lines + request_lines(requests or {}) + server_lines(summary.get("server"))
+        return lines + request_lines(requests or {}) + server_lines(summary.get("server")) + gpu_lines(summary)
     lines = [
         f"recording {summary['recording']}: {run['status']}",
         f"  {run_words(run)} · {run['world_size']} ranks" + ("" if run["instrumented"] else " · not instrumented"),
@@ -254,6 +254,19 @@ def server_lines(server: dict[str, Any] | None) -> list[str]:
     ]
     what = "  ".join(parts) if parts else "no series of an engine meshtop knows"
     return [f"server (its /metrics, {server['scrapes']} scrapes, {server['series']} series): {what}"]
+
+
+def gpu_lines(summary: dict[str, Any]) -> list[str]:
+    """Each GPU sampled (the whole device, whoever used it): its peak memory and mean utilisation."""
+    lines = []
+    for row in summary.get("gpus") or []:
+        where = f"node {row['node']} " if row["node"] else ""
+        busy = "-" if row["utilization_mean_pct"] is None else f"{row['utilization_mean_pct']:.0f} %"
+        lines.append(
+            f"{where}GPU {row['gpu']} ({row['name'] or '?'}): peak {human_bytes(row['peak_used_bytes'])} used of "
+            f"{human_bytes(row['total_bytes'])}, utilisation mean {busy}"
+        )
+    return lines
 
 
 def comparison_lines(comparison: dict[str, Any]) -> list[str]:

@@ -39,6 +39,7 @@ from meshtop.probes.events import (
 )
 from meshtop.recordings.manifest import GpuInfo, RunDescription
 from meshtop.recordings.metrics.collectives import CollectiveFold, CollectiveRow
+from meshtop.recordings.metrics.gpus import GpuFold, GpuRow
 from meshtop.recordings.metrics.memory import MemoryFold, MemoryRow
 from meshtop.recordings.metrics.mfu import GpuModel, Mfu, mfu, script_parameters
 from meshtop.recordings.metrics.pipeline import StageFold, StageRow, step_bubbles
@@ -115,6 +116,8 @@ class RunFigures:
     """Ranks whose recent compute time exceeds their stage peers' (training)."""
     server: ServerFigures | None = None
     """An endpoint's engine, from its scraped ``/metrics`` (``None`` without them)."""
+    gpus: tuple[GpuRow, ...] = ()
+    """Each GPU sampled (NVML): its peak memory used and mean utilisation."""
 
     def to_json(self) -> dict[str, object]:
         return {
@@ -128,6 +131,7 @@ class RunFigures:
             "headroom_bytes": self.headroom_bytes,
             "stragglers": [asdict(straggler) for straggler in self.stragglers],
             "server": self.server.to_json() if self.server is not None else None,
+            "gpus": [asdict(row) for row in self.gpus],
         }
 
 
@@ -141,6 +145,7 @@ class RunFold:
         self.stages = StageFold(pp=run.stage_period)
         self.memory = MemoryFold()
         self.requests = RequestFold(run.load, replicas=run.plan.dp) if run.inference else None
+        self.gpus = GpuFold()
         self.server = ServerFold() if run.endpoint is not None else None
         """An endpoint's engine, from its ``/metrics``."""
         self.steps = StepStats()
@@ -187,6 +192,7 @@ class RunFold:
         self.version += 1
         if kind == "gpu":
             self._know_gpu_samples(table)
+            self.gpus.add_table(table)
             return
         table = self._of_the_job(kind, table)
         if kind == "memory":
@@ -301,8 +307,10 @@ class RunFold:
                 self.requests.add(event)
             elif isinstance(event, ServerMetric) and self.server is not None:
                 self.server.add(event)
-            elif isinstance(event, GpuSample) and event.name:
-                self.gpu_models.setdefault((event.node, event.gpu), GpuModel(event.name, event.power_limit_w))
+            elif isinstance(event, GpuSample):
+                self.gpus.add(event)
+                if event.name:
+                    self.gpu_models.setdefault((event.node, event.gpu), GpuModel(event.name, event.power_limit_w))
             elif isinstance(event, JobEnded):
                 self.finish(event.status)
         return kept
@@ -430,6 +438,7 @@ class RunFold:
             ),
             stragglers=tuple(self.compute.stragglers(lambda rank: self.position(rank)[0])),
             server=self.server.figures() if self.server is not None else None,
+            gpus=tuple(self.gpus.rows()),
         )
         self._figures = (self.version, figures)
         return figures

@@ -1,0 +1,87 @@
+"""Each GPU of the run over its NVML samples: each figure once.
+
+Rules:
+
+- a GPU is its (node, index) pair (indexes repeat from one node to the next);
+- peak memory used = the largest ``memory_used_bytes`` sampled: NVML's count of the whole device, every
+  process on it (a serving engine's own, the KV cache it reserves up front, included), not only the
+  allocator of one rank;
+- utilisation = the mean of ``utilization_pct`` over the samples that read it (NVML's share of the last
+  sample period in which a kernel ran: busy, not efficient);
+- a sample that could not read a value (``None``) counts for none of its figures.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pyarrow as pa
+
+from meshtop.probes.events import GpuSample
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class GpuRow:
+    node: int
+    gpu: int
+    name: str | None
+    samples: int
+    peak_used_bytes: int | None
+    total_bytes: int | None
+    utilization_mean_pct: float | None
+
+
+@dataclass(slots=True)
+class _Gpu:
+    name: str | None = None
+    samples: int = 0
+    peak: int | None = None
+    total: int | None = None
+    busy_sum: float = 0.0
+    busy_count: int = 0
+
+
+class GpuFold:
+    """The GPUs' samples, folded as they come (an event or a table at a time)."""
+
+    def __init__(self) -> None:
+        self._gpus: dict[tuple[int, int], _Gpu] = {}
+
+    def add(self, sample: GpuSample) -> None:
+        self._take(
+            sample.node, sample.gpu, sample.name, sample.memory_used_bytes, sample.memory_total_bytes,
+            sample.utilization_pct,
+        )  # fmt: skip
+
+    def add_table(self, table: pa.Table) -> None:
+        columns = ["node", "gpu", "name", "memory_used_bytes", "memory_total_bytes", "utilization_pct"]
+        for row in zip(*table.select(columns).to_pydict().values(), strict=True):
+            self._take(*row)
+
+    def _take(
+        self, node: int, gpu: int, name: str | None, used: int | None, total: int | None, busy: float | None
+    ) -> None:
+        state = self._gpus.setdefault((node, gpu), _Gpu())
+        state.samples += 1
+        state.name = name or state.name
+        if used is not None:
+            state.peak = used if state.peak is None else max(state.peak, used)
+        if total is not None:
+            state.total = total
+        if busy is not None:
+            state.busy_sum += busy
+            state.busy_count += 1
+
+    def rows(self) -> list[GpuRow]:
+        return [
+            GpuRow(
+                node=node,
+                gpu=gpu,
+                name=state.name,
+                samples=state.samples,
+                peak_used_bytes=state.peak,
+                total_bytes=state.total,
+                utilization_mean_pct=state.busy_sum / state.busy_count if state.busy_count else None,
+            )
+            for (node, gpu), state in sorted(self._gpus.items())
+        ]
