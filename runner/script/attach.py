@@ -33,6 +33,7 @@ name; at exit what the probes hold is flushed and the sink closed.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import json
 import os
 import socket
@@ -364,11 +365,17 @@ class Attachment:
                     },
                 }
             }
+            # Whole or not at all: torchrun reads the file of every rank that exited, and a rank killed between
+            # open and write (torchrun's own SIGKILL of the ranks left, after its grace) left an empty file that
+            # crashed torchrun's agent with a JSONDecodeError before it said how any rank ended (seen in the soak).
+            partial = f"{path}.{os.getpid()}.tmp"
             try:
-                with open(path, "w") as file:
+                with open(partial, "w") as file:
                     json.dump(record, file)
+                os.replace(partial, path)
             except OSError:  # the traceback below still says it
-                pass
+                with contextlib.suppress(OSError):
+                    os.unlink(partial)
         self._previous_excepthook(kind, error, trace)
 
     def detach(self) -> None:

@@ -101,7 +101,8 @@ class Server:
                 start_new_session=True,
                 # one torch thread: the server leaves a core to the load generator and meshtop on 2 cores, so
                 # the timings the tests check are the client's, not a CPU fight's
-                env={**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"},
+                # offline: the model is local, and the CLI's check for a newer release on PyPI is skipped
+                env={**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "HF_HUB_DISABLE_UPDATE_CHECK": "1"},
             )
         self._wait_ready()
 

@@ -134,3 +134,17 @@ def stub_server(**options: object) -> Iterator[StubServer]:
         loop.call_soon_threadsafe(loop.stop)
         thread.join(10)
         loop.close()
+
+
+def main(argv: list[str]) -> None:
+    """``python -m tests.kit.sse_server CHUNKS``: serve on a free port (printed first) until killed, in a process
+    of its own (the load generator's benchmark: the server must not share the measuring process's GIL)."""
+    with stub_server(chunks=int(argv[0]) if argv else 8) as server:
+        print(server.port, flush=True)
+        threading.Event().wait()
+
+
+if __name__ == "__main__":
+    import sys
+
+    main(sys.argv[1:])

@@ -142,40 +142,6 @@ def test_a_chat_load_from_a_prompts_file(server: Server, tmp_path: Path) -> None
     }
 
 
-def test_a_server_killed_mid_load_fails_the_rest_by_kind_and_keeps_the_recording(tmp_path: Path) -> None:
-    with serving(tmp_path) as own:
-        out = tmp_path / "killed"
-        process = subprocess.Popen(
-            meshtop(
-                "record", out, "--endpoint", own.url, "--requests", "400", "--concurrency", "4", "--output-len", "8"
-            ),
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        requests_file = out / "events" / "request.jsonl"
-        deadline = time.monotonic() + 120
-        while not (requests_file.exists() and requests_file.read_text().count("\n") >= 8):
-            assert time.monotonic() < deadline and process.poll() is None, process.communicate()
-            time.sleep(0.1)
-        own.kill()
-        stdout, stderr = process.communicate(timeout=120)
-    assert process.returncode == 1, stdout + stderr
-    [line] = [line for line in stdout.splitlines() if line.startswith("failed after")]
-    assert "requests failed (" in line and "refused" in line, stdout
-    figures = summary(out)
-    assert figures["run"]["status"] == "failed"  # type: ignore[index]
-    requests = figures["requests"]
-    assert 8 <= requests["completed"] < 400 and requests["completed"] + requests["failed"] == 400  # type: ignore[index]
-    reasons = {row["reason"] for row in requests["failures"]}  # type: ignore[index]
-    assert "connection refused" in reasons, reasons
-    assert reasons <= {
-        "connection refused",
-        "connection reset by the server",
-        "the server closed the connection mid-answer",
-    }, reasons
-
-
 class NotOpenAI(BaseHTTPRequestHandler):
     def do_GET(self) -> None:
         self.send_response(404)
@@ -215,3 +181,39 @@ def test_bad_endpoints_are_one_line_and_exit_2_before_any_load(server: Server, n
         assert not out.exists(), name
     done = run_meshtop("record", tmp_path / "x", "--warmup", "3")  # an endpoint's option without --endpoint
     assert done.returncode == 2 and "give --endpoint URL" in done.stderr
+
+
+def test_a_server_killed_mid_load_fails_the_rest_by_kind_and_keeps_the_recording(
+    server: Server, tmp_path: Path
+) -> None:
+    """The module's server, killed: so this is the module's last test (a server of its own would cost CI
+    15 s or more to start)."""
+    out = tmp_path / "killed"
+    load = ["--requests", "400", "--concurrency", "4", "--output-len", "8"]
+    process = subprocess.Popen(
+        meshtop("record", out, "--endpoint", server.url, *load),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    requests_file = out / "events" / "request.jsonl"
+    deadline = time.monotonic() + 120
+    while not (requests_file.exists() and requests_file.read_text().count("\n") >= 8):
+        assert time.monotonic() < deadline and process.poll() is None, process.communicate()
+        time.sleep(0.1)
+    server.kill()
+    stdout, stderr = process.communicate(timeout=120)
+    assert process.returncode == 1, stdout + stderr
+    [line] = [line for line in stdout.splitlines() if line.startswith("failed after")]
+    assert "requests failed (" in line and "refused" in line, stdout
+    figures = summary(out)
+    assert figures["run"]["status"] == "failed"  # type: ignore[index]
+    requests = figures["requests"]
+    assert 8 <= requests["completed"] < 400 and requests["completed"] + requests["failed"] == 400  # type: ignore[index]
+    reasons = {row["reason"] for row in requests["failures"]}  # type: ignore[index]
+    assert "connection refused" in reasons, reasons
+    assert reasons <= {
+        "connection refused",
+        "connection reset by the server",
+        "the server closed the connection mid-answer",
+    }, reasons
