@@ -9,11 +9,8 @@ take, the probes' sampling rates, the hang timeout, the ``/metrics`` port.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from collections.abc import Callable
-from dataclasses import replace
-from pathlib import Path
 from typing import TYPE_CHECKING, NoReturn
 
 from meshtop.probes.errors import MeshtopError
@@ -27,7 +24,7 @@ from meshtop.runner.load import (
     DEFAULT_PROMPT_LEN,
     DEFAULT_REQUESTS,
 )
-from meshtop.runner.multinode.nodes import Nodes, nodes_from_options
+from meshtop.runner.multinode.nodes import NODE_OPTIONS, Nodes, nodes_from_options
 from meshtop.runner.plan import (
     DEFAULT_MODEL,
     DEFAULT_STEPS,
@@ -39,19 +36,16 @@ from meshtop.runner.plan import (
     RunSpec,
     check_hooks,
     option,
-    parse_length,
     resolve,
 )
 from meshtop.runner.planner.plans import SWEEP_STEPS
 from meshtop.runner.presets import PRESETS
 from meshtop.runner.script.command import ScriptRun, resolve_script
-from meshtop.runner.serving.load import APIS, DEFAULT_TIMEOUT_S
+from meshtop.tui.endpoint_options import ENDPOINT_ONLY, add_endpoint_options, endpoint_from_args
 
 if TYPE_CHECKING:
     from meshtop.recordings.prometheus import MetricsServer, RunMetrics
     from meshtop.runner.job.session import Work
-    from meshtop.runner.serving.endpoint import EndpointRun
-    from meshtop.runner.serving.load import EndpointLoad, LoadRequest
 
 EXIT_OK, EXIT_JOB_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
 
@@ -240,197 +234,6 @@ def add_plan_options(parser: argparse.ArgumentParser, *, command: str = "run") -
         metavar="HZ",
         help=f"psutil samples per second per rank (default {DEFAULT_PROCESS_HZ:g})",
     )
-
-
-def add_endpoint_options(parser: argparse.ArgumentParser) -> None:
-    """A serving endpoint to load instead of the built-in model (``--endpoint URL``); the load's shared
-    options (--requests, --concurrency, --request-rate, --prompt-len, --output-len, --seed, the SLOs) apply."""
-    serving = parser.add_argument_group("a serving endpoint (--endpoint URL: any OpenAI-compatible server)")
-    serving.add_argument(
-        "--endpoint",
-        default=None,
-        metavar="URL",
-        help="load this server (http://host:port, /v1 optional) instead of the built-in model",
-    )
-    serving.add_argument(
-        "--api",
-        choices=APIS,
-        default=None,
-        help="completions (default: /v1/completions) or chat (/v1/chat/completions)",
-    )
-    serving.add_argument(
-        "--burstiness",
-        type=float,
-        default=None,
-        metavar="K",
-        help="with --request-rate: gamma arrivals of shape K (1, the default: Poisson; below 1 burstier)",
-    )
-    serving.add_argument(
-        "--warmup", type=int, default=None, metavar="N", help="requests sent first, recorded, left out of the figures"
-    )
-    serving.add_argument(
-        "--prompts",
-        default=None,
-        metavar="FILE",
-        help='prompts to draw from: JSON lines of {"prompt": ...} or {"messages": [...]}, or a ShareGPT file',
-    )
-    serving.add_argument(
-        "--slo", default=None, metavar="ttft=200ms,tpot=50ms", help="goodput: the objectives a good request meets"
-    )
-    serving.add_argument(
-        "--timeout",
-        type=float,
-        default=None,
-        metavar="S",
-        help=f"seconds a request may take, send to last byte (default {DEFAULT_TIMEOUT_S:g})",
-    )
-    serving.add_argument(
-        "--ignore-eos", action="store_true", help="ask the server to generate past end-of-sequence (vLLM, SGLang)"
-    )
-    serving.add_argument(
-        "--server-metrics",
-        default=None,
-        metavar="URL",
-        help="the server's Prometheus metrics, where not at /metrics of --endpoint (scraped twice a second)",
-    )
-    serving.add_argument(
-        "--same-load",
-        default=None,
-        metavar="REC",
-        help="send the load recorded in REC again: the same prompts, lengths and send offsets",
-    )
-
-
-ENDPOINT_ONLY = (
-    "api", "burstiness", "warmup", "prompts", "slo", "timeout", "ignore_eos", "same_load", "server_metrics",
-)  # fmt: skip
-BUILTIN_ONLY = (
-    "dp", "tp", "pp", "fsdp", "schedule", "microbatches", "model_config", "dtype", "steps", "batch_size", "seq_len",
-    "max_batch", "activations", "tokens_per_step",
-)  # fmt: skip
-"""Options of the built-in model that a load sent to an endpoint refuses (they would silently not apply)."""
-
-
-def parse_slo(text: str | None) -> tuple[float | None, float | None]:
-    """``ttft=200ms,tpot=50ms`` (ms or s, either key may be left out) as (TTFT ms, TPOT ms)."""
-    if text is None:
-        return None, None
-    values: dict[str, float] = {}
-    for part in text.split(","):
-        key, sep, value = part.strip().partition("=")
-        scale = 1.0
-        number = value.strip().lower()
-        if number.endswith("ms"):
-            number = number[:-2]
-        elif number.endswith("s"):
-            number, scale = number[:-1], 1000.0
-        try:
-            parsed = float(number) * scale
-        except ValueError:
-            parsed = -1.0
-        if not sep or key.strip().lower() not in ("ttft", "tpot") or not 0 < parsed < float("inf"):
-            raise PlanError(f"--slo {text!r}: give ttft=MS and/or tpot=MS, such as ttft=200ms,tpot=50ms")
-        values[key.strip().lower()] = parsed
-    return values.get("ttft"), values.get("tpot")
-
-
-def endpoint_from_args(args: argparse.Namespace) -> EndpointRun:
-    """The load ``--endpoint`` sends, checked, and the server asked what it serves (one line when it cannot)."""
-    from meshtop.runner.serving.endpoint import resolve_endpoint
-    from meshtop.runner.serving.load import DEFAULT_TIMEOUT_S as TIMEOUT_S
-    from meshtop.runner.serving.load import EndpointLoad
-
-    if args.script is not None:
-        raise PlanError("--endpoint loads a server; a script after -- is not one (give one or the other)")
-    given = [name for name in BUILTIN_ONLY if getattr(args, name, None) not in (None, False, 1, "auto")]
-    if args.mode != "train" or given:  # --mode infer is what --endpoint does already
-        name = given[0] if given else "mode"
-        raise PlanError(f"{option(name)} sets up the built-in model; --endpoint loads a server, which runs its own")
-    for name in NODE_OPTIONS:
-        if getattr(args, name) is not None:
-            raise PlanError(f"{option(name)} is for jobs on many nodes; --endpoint runs on this one")
-    if args.burstiness is not None and args.request_rate is None:
-        raise PlanError("--burstiness shapes --request-rate's arrivals: give --request-rate too")
-    slo_ttft, slo_tpot = parse_slo(args.slo)
-    requests = None
-    if args.same_load is not None:
-        if any(getattr(args, name) is not None for name in ("requests", "concurrency", "request_rate", "prompts")):
-            raise PlanError("--same-load repeats a recorded load: leave out --requests, --concurrency, "
-                            "--request-rate and --prompts")  # fmt: skip
-        recorded, requests = same_load(args.same_load)
-        load = replace(
-            recorded,
-            slo_ttft_ms=slo_ttft or args.slo_ttft_ms or recorded.slo_ttft_ms,
-            slo_tpot_ms=slo_tpot or args.slo_tpot_ms or recorded.slo_tpot_ms,
-            timeout_s=args.timeout or recorded.timeout_s,
-            ignore_eos=args.ignore_eos or recorded.ignore_eos,
-        )
-    else:
-        concurrency = args.concurrency or (None if args.request_rate is not None else DEFAULT_CONCURRENCY)
-        load = EndpointLoad(
-            requests=args.requests if args.requests is not None else DEFAULT_REQUESTS,
-            concurrency=concurrency,
-            request_rate_per_s=args.request_rate,
-            burstiness=args.burstiness if args.burstiness is not None else 1.0,
-            warmup=args.warmup or 0,
-            input_len=parse_length("--input-len", args.prompt_len, DEFAULT_PROMPT_LEN),
-            output_len=parse_length("--output-len", args.output_len, DEFAULT_OUTPUT_LEN),
-            prompts=args.prompts,
-            seed=args.seed,
-            slo_ttft_ms=slo_ttft or args.slo_ttft_ms,
-            slo_tpot_ms=slo_tpot or args.slo_tpot_ms,
-            timeout_s=args.timeout if args.timeout is not None else TIMEOUT_S,
-            ignore_eos=args.ignore_eos,
-        )
-    return resolve_endpoint(
-        args.endpoint,
-        api=args.api or "completions",
-        model=args.model,
-        load=load,
-        requests=requests,
-        same_load=args.same_load,
-        server_metrics=args.server_metrics,
-    )
-
-
-def same_load(recording: str) -> tuple[EndpointLoad, list[LoadRequest]]:
-    """The load a recording sent (its manifest's load and its ``load.jsonl``); one line when it has none."""
-    from meshtop.recordings.manifest import LOAD_FILE, read_manifest
-    from meshtop.runner.serving.load import EndpointLoad, LoadRequest
-
-    directory = Path(recording)
-    manifest = read_manifest(directory)
-    load = manifest.run.load
-    if manifest.run.endpoint is None or load is None or not (directory / LOAD_FILE).is_file():
-        raise PlanError(f"--same-load {recording}: not a recording of a load sent to an endpoint (no {LOAD_FILE})")
-    try:
-        requests = [
-            LoadRequest.from_json(json.loads(line))
-            for line in (directory / LOAD_FILE).read_text().splitlines()
-            if line.strip()
-        ]
-    except (OSError, ValueError, KeyError, TypeError) as error:
-        raise PlanError(f"--same-load {recording}: cannot read {LOAD_FILE}: {error}") from None
-    endpoint_load = EndpointLoad(
-        requests=load.requests,
-        concurrency=load.concurrency,
-        request_rate_per_s=load.request_rate_per_s,
-        burstiness=load.burstiness or 1.0,
-        warmup=load.warmup,
-        input_len=load.prompt_len,
-        output_len=load.output_len,
-        prompts=load.prompts,
-        seed=load.seed,
-        slo_ttft_ms=load.slo_ttft_ms,
-        slo_tpot_ms=load.slo_tpot_ms,
-        timeout_s=load.timeout_s or DEFAULT_TIMEOUT_S,
-        ignore_eos=load.ignore_eos,
-    )
-    return endpoint_load, requests
-
-
-NODE_OPTIONS = ("nnodes", "node_rank", "rdzv_endpoint", "rdzv_id")
-"""torchrun's own node options: a script's go to torchrun, after --."""
 
 
 def add_node_options(parser: argparse.ArgumentParser) -> None:

@@ -45,6 +45,10 @@ NO_SUCH_HOST = "192.0.2.1"
 LOOK_EVERY_S = 0.2
 
 
+NODE_OPTIONS = ("nnodes", "node_rank", "rdzv_endpoint", "rdzv_id")
+"""torchrun's own node options: a script's go to torchrun, after --."""
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Nodes:
     """A job on ``count`` nodes (from ``min_count`` to ``count`` for an elastic one), seen from node ``rank``."""

@@ -209,6 +209,8 @@ async def _body(reader: asyncio.StreamReader, *, chunked: bool, length: int | No
                 size = int(size_line.split(b";")[0].strip(), 16)
             except ValueError:
                 raise RequestFailed("protocol", "a malformed chunk size") from None
+            if size > MAX_EVENT_BYTES:
+                raise RequestFailed("protocol", f"a chunk of {size:,} bytes, more than {MAX_EVENT_BYTES:,}")
             if size == 0:
                 while (await reader.readuntil(b"\r\n")) != b"\r\n":  # trailers
                     pass

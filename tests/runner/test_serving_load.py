@@ -25,7 +25,7 @@ from meshtop.runner.serving.load import (
     plan_load,
     read_prompts,
 )
-from meshtop.tui.options import parse_slo
+from meshtop.tui.endpoint_options import parse_slo
 from tests.kit.sse_server import MODEL, stub_server
 
 
