@@ -9,12 +9,17 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from meshtop.probes.events import ServerMetric
+from meshtop.recordings.metrics.server import ServerFold
 from meshtop.recordings.reader import Recording
+from meshtop.recordings.schema import events_of
 from meshtop.recordings.tables import to_frame
 
 # One process per rank in the trace; inside it, one track per kind of work.
 TRACKS = {"steps": 1, "stages": 2, "collectives": 3}
 REQUESTS_PID = 2_000_000
+SERVER_PID = 3_000_000
+"""An endpoint's engine, from its ``/metrics``."""
 GPU_PID = 1_000_000
 """Trace process ids past every rank's (a rank's is its number): GPUs, then the request replicas."""
 GPUS_PER_NODE = 64
@@ -125,6 +130,25 @@ def trace_events(recording: Recording) -> list[dict[str, Any]]:
                 "args": {"gpu": float(row["utilization_pct"] or 0.0)},
             }
         )
+    events += server_events(recording)
+    return events
+
+
+def server_events(recording: Recording) -> list[dict[str, Any]]:
+    """An endpoint's engine: each common series of its ``/metrics`` (running, waiting, KV-cache use, ...) as a
+    counter track, its value at each scrape by the metrics core's rules (:mod:`meshtop.recordings.metrics.server`)."""
+    if recording.manifest.run.endpoint is None:
+        return []
+    fold = ServerFold()
+    for event in events_of("server_metric", recording.arrow("server_metric")):
+        if isinstance(event, ServerMetric):
+            fold.add(event)
+    timeline = fold.timeline()
+    if not timeline:
+        return []
+    events: list[dict[str, Any]] = [{"ph": "M", "name": "process_name", "pid": SERVER_PID, "args": {"name": "server"}}]
+    for wall_ns, name, value in timeline:
+        events.append({"ph": "C", "name": name, "pid": SERVER_PID, "ts": _us(wall_ns), "args": {name: value}})
     return events
 
 

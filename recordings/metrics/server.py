@@ -57,6 +57,8 @@ class ServerFold:
         self._increase: dict[str, float] = {}
         self._last: dict[str, float] = {}
         self.recent: dict[str, deque[float]] = {name: deque(maxlen=RECENT) for name in GAUGES}
+        self._timeline: list[tuple[int, str, float]] = []
+        """(scrape's wall_ns, common name, its value at the scrape) of every scrape closed."""
 
     def add(self, event: ServerMetric) -> None:
         if self._scrape_ns is not None and event.wall_ns != self._scrape_ns:
@@ -85,6 +87,12 @@ class ServerFold:
                 if common in self.recent:
                     self.recent[common].append(value)
             self._last[common] = value
+            if self._scrape_ns is not None:
+                self._timeline.append((self._scrape_ns, common, value))
+
+    def timeline(self) -> list[tuple[int, str, float]]:
+        """Each common series' value at each scrape, by the rules above: (wall_ns, name, value), in order."""
+        return self._snapshot()._timeline if self._scrape_ns is not None else []
 
     def figures(self) -> ServerFigures | None:
         """``None`` until a scrape came."""
@@ -110,7 +118,8 @@ class ServerFold:
         """This fold with its scrape in progress closed (a copy: the next events may belong to it)."""
         copy = ServerFold.__new__(ServerFold)
         copy._values = {common: dict(values) for common, values in self._values.items()}
-        copy._series, copy._scrape_ns, copy.scrapes = self._series, None, self.scrapes
+        copy._series, copy._scrape_ns, copy.scrapes = self._series, self._scrape_ns, self.scrapes
+        copy._timeline = list(self._timeline)
         copy._sum, copy._max, copy._count = dict(self._sum), dict(self._max), dict(self._count)
         copy._first, copy._increase, copy._last = dict(self._first), dict(self._increase), dict(self._last)
         copy.recent = {name: deque(values, maxlen=RECENT) for name, values in self.recent.items()}

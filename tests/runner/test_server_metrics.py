@@ -12,6 +12,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 
 from meshtop.probes.events import ProbeOff, ServerMetric
 from meshtop.recordings.compare import compare
+from meshtop.recordings.export import SERVER_PID, export_perfetto
 from meshtop.recordings.metrics.server import ServerFold
 from meshtop.recordings.reader import open_recording
 from meshtop.runner.serving.scrape import COMMON, Scraper, parse_exposition
@@ -130,6 +131,11 @@ def test_the_engine_figures_by_hand() -> None:
     assert figures.counters == {"generation_tokens": pytest.approx(150 + 30)}
     assert "requests_running" not in figures.gauges
     assert list(fold.recent["requests_waiting"]) == [6, 12]  # the scrape in progress is not in the history yet
+    assert [(at, value) for at, name, value in fold.timeline() if name == "requests_waiting"] == [
+        (0, 6),
+        (500_000_000, 12),
+        (1_000_000_000, 2),
+    ]
     assert ServerFold().figures() is None
 
 
@@ -156,3 +162,10 @@ def test_a_recorded_load_holds_the_engines_view_beside_its_requests(tmp_path: Pa
         row["name"]: row for row in compare(open_recording(tmp_path / "a"), open_recording(tmp_path / "a"))["metrics"]
     }
     assert rows["server queue max"]["a"] == 9 and rows["server KV-cache use mean"]["b"] == 0.75
+    trace = tmp_path / "trace.json"
+    assert export_perfetto(open_recording(tmp_path / "a"), trace) > 0
+    counters = [
+        e for e in json.loads(trace.read_text())["traceEvents"] if e.get("pid") == SERVER_PID and e["ph"] == "C"
+    ]
+    assert {e["name"] for e in counters} >= {"requests_waiting", "kv_cache_usage"}
+    assert all(e["args"]["requests_waiting"] == 9 for e in counters if e["name"] == "requests_waiting")
