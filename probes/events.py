@@ -469,6 +469,21 @@ class ServerMetric(Event):
     """meshtop's name for a series of a known engine (``requests_waiting``, ``kv_cache_usage``, ...)."""
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ServerState(Event):
+    """How a server meshtop started goes (``--endpoint URL -- SERVER COMMAND``): starting (said every few
+    seconds with its last log line), ready, failed, stopped."""
+
+    kind: ClassVar[str] = "server_state"
+    wall_ns: int
+    state: str
+    """``starting``, ``ready``, ``failed`` or ``stopped``."""
+    elapsed_s: float
+    """Since it was started."""
+    line: str | None
+    """Its last log line (``starting``), or why it failed."""
+
+
 EVENT_TYPES: dict[str, type[Event]] = {
     cls.kind: cls
     for cls in (
@@ -494,6 +509,7 @@ EVENT_TYPES: dict[str, type[Event]] = {
         ProbeOff,
         NodeClock,
         ServerMetric,
+        ServerState,
     )
 }
 TUPLE_FIELDS = {"stages", "token_ns", "output_ids"}

@@ -100,6 +100,24 @@ class Load:
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
+class ServerInfo:
+    """A server meshtop started for the load (the command after ``--``), as it ran."""
+
+    command: tuple[str, ...]
+    version: str | None = None
+    """The version its log said, where it said one."""
+    environment: dict[str, str] = field(default_factory=dict)
+    """What decides its devices and network: ``CUDA_VISIBLE_DEVICES``, ``NCCL_*``, the engine's own."""
+    log_tail: tuple[str, ...] = ()
+    exit_code: int | None = None
+    startup_s: float | None = None
+    """From its start to its first answer."""
+    cpu_s: float | None = None
+    """CPU seconds of its process tree."""
+    peak_rss_bytes: int | None = None
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
 class Endpoint:
     """A serving endpoint meshtop loaded (``--endpoint``): the server, not meshtop, ran the model."""
 
@@ -113,6 +131,8 @@ class Endpoint:
     """The recording whose load this repeated (``--same-load``)."""
     server_metrics: str | None = None
     """Where the server's Prometheus metrics were scraped."""
+    server: ServerInfo | None = None
+    """The server meshtop started, where it started one."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -25,6 +25,7 @@ from meshtop.recordings.manifest import (
     NodeInfo,
     NvmlInfo,
     RankEnd,
+    RunDescription,
     release_room,
     write_manifest,
 )
@@ -44,6 +45,9 @@ class Ending:
     hang: str | None = None
     reason: str | None = None
     """Why the session itself broke, where it did."""
+    run: RunDescription | None = None
+    """The run as it turned out, where it said more than at its start (a server meshtop started: its model
+    and how it ran)."""
 
 
 class SessionRecorder:
@@ -154,6 +158,7 @@ class SessionRecorder:
         release_room(self.directory)
         self.manifest = dataclasses.replace(
             self.manifest,
+            run=ending.run or self.manifest.run,
             status=ending.status,
             ended_at=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
             duration_s=round(ending.duration_s, 3) if ending.duration_s is not None else None,

@@ -21,6 +21,7 @@ from meshtop.runner.multinode.nodes import NODE_OPTIONS
 from meshtop.runner.plan import option, parse_length
 from meshtop.runner.serving.endpoint import EndpointRun, resolve_endpoint
 from meshtop.runner.serving.load import APIS, DEFAULT_TIMEOUT_S, EndpointLoad, LoadRequest
+from meshtop.runner.serving.server import DEFAULT_STARTUP_TIMEOUT_S, ServerCommand
 
 
 def add_endpoint_options(parser: argparse.ArgumentParser) -> None:
@@ -75,6 +76,13 @@ def add_endpoint_options(parser: argparse.ArgumentParser) -> None:
         help="the server's Prometheus metrics, where not at /metrics of --endpoint (scraped twice a second)",
     )
     serving.add_argument(
+        "--startup-timeout",
+        type=float,
+        default=None,
+        metavar="S",
+        help=f"with a server command after --: seconds it may take to answer (default {DEFAULT_STARTUP_TIMEOUT_S:g})",
+    )
+    serving.add_argument(
         "--same-load",
         default=None,
         metavar="REC",
@@ -84,6 +92,7 @@ def add_endpoint_options(parser: argparse.ArgumentParser) -> None:
 
 ENDPOINT_ONLY = (
     "api", "burstiness", "warmup", "prompts", "slo", "timeout", "ignore_eos", "same_load", "server_metrics",
+    "startup_timeout",
 )  # fmt: skip
 BUILTIN_ONLY = (
     "dp", "tp", "pp", "fsdp", "schedule", "microbatches", "model_config", "dtype", "steps", "batch_size", "seq_len",
@@ -117,8 +126,14 @@ def parse_slo(text: str | None) -> tuple[float | None, float | None]:
 
 def endpoint_from_args(args: argparse.Namespace) -> EndpointRun:
     """The load ``--endpoint`` sends, checked, and the server asked what it serves (one line when it cannot)."""
-    if args.script is not None:
-        raise PlanError("--endpoint loads a server; a script after -- is not one (give one or the other)")
+    server = None
+    if args.script is not None:  # the server to start: the command after --
+        timeout = args.startup_timeout if args.startup_timeout is not None else DEFAULT_STARTUP_TIMEOUT_S
+        if not 0 < timeout <= 86_400:
+            raise PlanError(f"--startup-timeout must be above 0 and at most 86400 seconds, got {timeout:g}")
+        server = ServerCommand(command=tuple(args.script), startup_timeout_s=timeout)
+    elif args.startup_timeout is not None:
+        raise PlanError("--startup-timeout is for a server meshtop starts: give its command after --")
     given = [name for name in BUILTIN_ONLY if getattr(args, name, None) not in (None, False, 1, "auto")]
     if args.mode != "train" or given:  # --mode infer is what --endpoint does already
         name = given[0] if given else "mode"
@@ -167,6 +182,7 @@ def endpoint_from_args(args: argparse.Namespace) -> EndpointRun:
         requests=requests,
         same_load=args.same_load,
         server_metrics=args.server_metrics,
+        server=server,
     )
 
 

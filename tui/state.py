@@ -37,6 +37,7 @@ from meshtop.probes.events import (
     RankExited,
     RankStarted,
     SamplerError,
+    ServerState,
     StackDump,
     StepTiming,
 )
@@ -230,6 +231,8 @@ class DashboardState:
         self.stacks_wall_ns: int | None = None
         self.flight: FlightVerdict | None = None
         """torch's flight-recorder analyzer, last taken (at a hang, or with a stack dump asked for)."""
+        self.server_state: ServerState | None = None
+        """A server meshtop started for an endpoint's load: how it goes, last said."""
         self._lanes: dict[int, dict[int, list[tuple[int, int, str, int]]]] = defaultdict(lambda: defaultdict(list))
         """Per open step and pipeline lane rank: (start_ns, end_ns, action, microbatch)."""
         self._timeline: deque[PipelineStep] = deque(maxlen=TIMELINE_STEPS)
@@ -404,6 +407,9 @@ class DashboardState:
     def _on_probe_off(self, event: ProbeOff) -> None:
         self.probes_off.setdefault((event.probe, event.reason), set()).add(event.rank)
 
+    def _on_server(self, event: ServerState) -> None:
+        self.server_state = event
+
     def _on_hang(self, event: HangDetected) -> None:
         self.hang = event
 
@@ -433,6 +439,7 @@ class DashboardState:
         FlightVerdict: _on_flight,
         ProbeOff: _on_probe_off,
         StepTiming: _on_step,
+        ServerState: _on_server,
     }
 
     # -- views -------------------------------------------------------------------

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shlex
 from typing import Any
 
 from meshtop.recordings.metrics.requests import LATENCIES, Slo
@@ -62,7 +63,7 @@ def per_second(value: float | None, unit: str) -> str:
 TOKEN_SOURCES = {"usage": "the server's usage", "chunks": "streamed chunks (no usage reported)"}
 
 
-def request_lines(requests: dict[str, Any]) -> list[str]:
+def request_lines(requests: dict[str, Any], *, endpoint: bool = False) -> list[str]:
     """An inference run's requests: counts and failures, latency quantiles in ms, rates, each replica."""
     warmup = f"  (after {requests['warmup']} warmup, left out)" if requests.get("warmup") else ""
     lines = [f"requests: {requests['count']}  completed {requests['completed']}  failed {requests['failed']}{warmup}"]
@@ -97,6 +98,7 @@ def request_lines(requests: dict[str, Any]) -> list[str]:
         lines.append(f"  client: send lag p50 {milliseconds(lag['p50'])} ms  p99 {milliseconds(lag['p99'])} ms{rate}")
         if client["limited"]:
             lines.append(f"  {client['limited']}")
+    if endpoint:  # one server: no replicas of meshtop's
         return lines
     for row in requests["per_replica"]:
         lines.append(
@@ -126,7 +128,7 @@ def run_words(run: dict[str, Any]) -> str:
     """``dp2 x tp1 x pp1 · model tiny · cpu fp32``, ``torchrun train.py (2 ranks) · cpu`` for a script, or
     ``endpoint http://host:8000 (completions) · model NAME`` for a served load."""
     if run.get("endpoint") is not None:
-        return f"{run['label']} · model {run['endpoint']['model']}"
+        return f"{run['label']} · model {run['endpoint']['model'] or '- (the server never said)'}"
     if run["script"] is not None:
         return f"{run['label']} · {run['device']}"
     plan = f"dp{run['dp']}{' (fsdp)' if run['fsdp'] else ''} x tp{run['tp']} x pp{run['pp']}"
@@ -152,7 +154,13 @@ def summary_lines(summary: dict[str, Any]) -> list[str]:
         lines = [f"recording {summary['recording']}: {run['status']}", f"  {run_words(run)}"]
         if run.get("reason"):
             lines.append(f"  {run['reason']}")
-        return lines + request_lines(requests or {}) + server_lines(summary.get("server")) + gpu_lines(summary)
+        lines += started_server_lines(run["endpoint"].get("server"))
+        return (
+            lines
+            + request_lines(requests or {}, endpoint=True)
+            + server_lines(summary.get("server"))
+            + gpu_lines(summary)
+        )
     lines = [
         f"recording {summary['recording']}: {run['status']}",
         f"  {run_words(run)} · {run['world_size']} ranks" + ("" if run["instrumented"] else " · not instrumented"),
@@ -254,6 +262,24 @@ def server_lines(server: dict[str, Any] | None) -> list[str]:
     ]
     what = "  ".join(parts) if parts else "no series of an engine meshtop knows"
     return [f"server (its /metrics, {server['scrapes']} scrapes, {server['series']} series): {what}"]
+
+
+def started_server_lines(server: dict[str, Any] | None) -> list[str]:
+    """A server meshtop started: its command, how long it took to answer, how it ended, what it used."""
+    if server is None:
+        return []
+    parts = [f"started by meshtop: {shlex.join(server['command'])}"]
+    if server.get("version"):
+        parts.append(f"version {server['version']}")
+    if server.get("startup_s") is not None:
+        parts.append(f"answered after {server['startup_s']:.1f} s")
+    if server.get("exit_code") is not None:
+        parts.append(f"exit code {server['exit_code']}")
+    if server.get("cpu_s") is not None:
+        parts.append(f"CPU {server['cpu_s']:.1f} s")
+    if server.get("peak_rss_bytes") is not None:
+        parts.append(f"peak memory {human_bytes(server['peak_rss_bytes'])}")
+    return ["  server: " + ", ".join(parts)]
 
 
 def gpu_lines(summary: dict[str, Any]) -> list[str]:

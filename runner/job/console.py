@@ -11,7 +11,15 @@ from pathlib import Path
 from typing import TextIO
 
 from meshtop.probes.arrivals import Arrivals
-from meshtop.probes.events import EventsDropped, FlightVerdict, FramesRefused, HangDetected, ProbeOff, StackDump
+from meshtop.probes.events import (
+    EventsDropped,
+    FlightVerdict,
+    FramesRefused,
+    HangDetected,
+    ProbeOff,
+    ServerState,
+    StackDump,
+)
 from meshtop.recordings.manifest import Manifest, script_plan
 from meshtop.recordings.metrics.requests import RequestFigures
 from meshtop.recordings.metrics.steps import JobStep, StepFigures
@@ -30,7 +38,9 @@ PROGRESS_LINES = 20
 """About this many step lines per run, evenly spaced..."""
 QUIET_LIMIT_S = 5.0
 """...but never longer than this without one."""
-CONSOLE_KINDS = ("stack_dump", "hang", "flight_verdict", "events_dropped", "frames_refused", "probe_off")
+CONSOLE_KINDS = (
+    "stack_dump", "hang", "flight_verdict", "events_dropped", "frames_refused", "probe_off", "server_state",
+)  # fmt: skip
 """The kinds ``record`` prints from beside the session's fold (its steps and requests)."""
 
 
@@ -45,8 +55,10 @@ def headline(run: Work) -> str:
         )
         prompts = f"prompts from {sent.prompts}" if sent.prompts else f"prompt {span(sent.input_len)} words"
         warmup = f" after {sent.warmup} warmup" if sent.warmup else ""
+        model = run.model or "(the server's)"
+        started = f" · started by meshtop: {shlex.join(run.server.command)}" if run.server is not None else ""
         return (
-            f"meshtop: endpoint {run.origin.base} · {run.api} · model {run.model} · {sent.requests} requests "
+            f"meshtop: endpoint {run.origin.base} · {run.api} · model {model}{started} · {sent.requests} requests "
             f"({arrivals}){warmup}, {prompts}, output {span(sent.output_len)} tokens"
             + (f" · the load of {run.same_load}" if run.same_load else "")
         )
@@ -212,6 +224,15 @@ def verdict(result: JobResult, steps: StepFigures | None, requests: RequestFigur
     return lines
 
 
+def server_state_line(event: ServerState) -> str:
+    """``server starting (12 s): Loading weights...``, ``server ready after 41.2 s``, ``server stopped``."""
+    if event.state == "starting":
+        return f"server starting ({event.elapsed_s:.0f} s): {event.line or ''}".rstrip(": ")
+    if event.state == "ready":
+        return f"server ready after {event.elapsed_s:.1f} s"
+    return f"server {event.state}" + (f": {event.line}" if event.line else "")
+
+
 def stack_dump_lines(dump: StackDump) -> list[str]:
     if dump.error is not None:
         return [f"stack of rank {dump.rank} (pid {dump.pid}): {dump.error}"]
@@ -269,6 +290,8 @@ def follow_job(
                     f"warning: the collector refused {event.count} message{'s' * (event.count != 1)} "
                     f"({event.reason}): not from this job's ranks, whose events are unaffected"
                 )
+            elif isinstance(event, ServerState) and event.state != "failed":  # a failure is the verdict's line
+                progress.message(server_state_line(event))
             elif isinstance(event, ProbeOff) and (event.probe, event.reason) not in probes_off:
                 probes_off.add((event.probe, event.reason))  # once, not once per rank
                 progress.message(f"warning: probe off: {event.probe}: {event.reason}; the job runs on without it")

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
 from meshtop.probes.arrivals import Arrivals
@@ -26,6 +27,7 @@ from meshtop.recordings.manifest import (
     RunDescription,
     SampleRates,
     Script,
+    ServerInfo,
     keep_room,
     new_recording,
     script_plan,
@@ -54,6 +56,7 @@ from meshtop.runner.script.command import (
 )
 from meshtop.runner.serving.endpoint import EndpointRun
 from meshtop.runner.serving.run import run_endpoint
+from meshtop.runner.serving.server import ServerReport
 
 Work = ResolvedRun | ScriptRun | EndpointRun
 """What a session runs: the built-in runner's plan, a user's own script, or a load sent to a serving
@@ -110,9 +113,25 @@ def describe(work: Work) -> RunDescription:
     return script_description(work, environment)
 
 
-def endpoint_description(run: EndpointRun) -> RunDescription:
-    """The run description of a load sent to ``run``'s endpoint: the load, the server, and no plan of
-    meshtop's own (one process, the load generator)."""
+def server_info(report: ServerReport) -> ServerInfo:
+    return ServerInfo(
+        command=report.command,
+        version=report.version,
+        environment=report.environment,
+        log_tail=report.log_tail,
+        exit_code=report.exit_code,
+        startup_s=round(report.startup_s, 3) if report.startup_s is not None else None,
+        cpu_s=round(report.cpu_s, 3) if report.cpu_s is not None else None,
+        peak_rss_bytes=report.peak_rss_bytes,
+    )
+
+
+def endpoint_description(run: EndpointRun, server: ServerReport | None = None) -> RunDescription:
+    """The run description of a load sent to ``run``'s endpoint: the load, the server (how a server meshtop
+    started ran, once it is known), and no plan of meshtop's own (one process, the load generator)."""
+    started = server_info(server) if server is not None else None
+    if started is None and run.server is not None:  # not started yet: its command
+        started = ServerInfo(command=run.server.command)
     return RunDescription(
         plan=Plan(
             dp=1,
@@ -157,6 +176,7 @@ def endpoint_description(run: EndpointRun) -> RunDescription:
             models=run.models,
             same_load=run.same_load,
             server_metrics=run.metrics_url,
+            server=started,
         ),
     )
 
@@ -239,6 +259,8 @@ def run_session(
         metrics.follow(session)
     result = None
     broken = Ending(status="failed", duration_s=None)
+    ran: list[RunDescription] = []
+    """The run as it turned out, where it says more than at its start."""
 
     def deliver(arrivals: Arrivals) -> None:
         folded = recorder.take(arrivals)
@@ -248,6 +270,11 @@ def run_session(
 
     try:
         if isinstance(work, EndpointRun):
+
+            def resolved(run: EndpointRun, server: ServerReport | None) -> None:
+                if work.server is not None:  # the model and how the server ran: known only now
+                    ran.append(endpoint_description(run, server))
+
             result = run_endpoint(
                 work,
                 session_dir=directory,
@@ -255,6 +282,7 @@ def run_session(
                 on_events=deliver,
                 node_probes=node_probes,
                 control=control,
+                on_resolved=resolved,
             )
             return result
         nodes = nodes_of(work, nodes)
@@ -274,7 +302,8 @@ def run_session(
         broken = Ending(status="failed", duration_s=None, reason=str(error).splitlines()[0] if str(error) else None)
         raise
     finally:
-        unwritten = recorder.close(ending_of(result) if result is not None else broken)
+        ending = ending_of(result) if result is not None else broken
+        unwritten = recorder.close(replace(ending, run=ran[-1]) if ran else ending)
         if unwritten is not None and directory.is_dir():  # the folder turned read-only: say what it holds
             if result is not None:
                 what = f"the job {result.status}, but the manifest in {directory}"

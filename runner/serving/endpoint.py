@@ -1,4 +1,5 @@
-"""A serving endpoint to load: its URL, API and model, checked against the server before any load is sent.
+"""A serving endpoint to load: its URL, API and model, checked against the server before any load is sent
+(a server meshtop starts itself: once it is up).
 
 :func:`resolve_endpoint` asks the server what it serves (``GET /v1/models``) and sends one request of the
 load's own shape (``max_tokens`` 1, streamed, usage asked for), so an unreachable URL, a server that does not
@@ -11,12 +12,14 @@ from __future__ import annotations
 import json
 import urllib.error
 import urllib.request
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 from meshtop.runner.errors import PlanError
 from meshtop.runner.serving.http import Origin, error_message
 from meshtop.runner.serving.load import EndpointLoad, LoadRequest, Prompt, check_load, plan_load, read_prompts
+from meshtop.runner.serving.server import ServerCommand
 
 PROBE_TIMEOUT_S = 30.0
 MAX_PROBE_BYTES = 4 << 20
@@ -41,6 +44,8 @@ class EndpointRun:
     """The recording whose load this repeats (``--same-load``)."""
     server_metrics: str | None = None
     """The server's Prometheus metrics, where not at ``/metrics`` of the endpoint (``--server-metrics``)."""
+    server: ServerCommand | None = None
+    """The server meshtop starts (the command after ``--``), asked only once it is up."""
 
     @property
     def metrics_url(self) -> str:
@@ -49,8 +54,12 @@ class EndpointRun:
 
     @property
     def name(self) -> str:
-        """A short name for the session's folder: the model's last path part."""
-        stem = self.model.rstrip("/").rsplit("/", 1)[-1] or "model"
+        """A short name for the session's folder: the model's last path part (a server meshtop starts and
+        no --model: the server command's program)."""
+        stem = self.model.rstrip("/").rsplit("/", 1)[-1]
+        if not stem and self.server is not None:
+            stem = self.server.command[0].rsplit("/", 1)[-1]
+        stem = stem or "model"
         return "".join(c if c.isalnum() or c in "-_." else "-" for c in stem)[:40]
 
 
@@ -121,7 +130,7 @@ def probe_request(origin: Origin, api: str, model: str, load: EndpointLoad) -> N
         )
 
 
-def resolve_endpoint(
+def plan_endpoint(
     url: str,
     *,
     api: str,
@@ -130,9 +139,11 @@ def resolve_endpoint(
     requests: list[LoadRequest] | None = None,
     same_load: str | None = None,
     server_metrics: str | None = None,
+    server: ServerCommand | None = None,
 ) -> EndpointRun:
-    """The endpoint run, every option and the server checked; ``requests`` (``--same-load``'s) replace the
-    planned load."""
+    """The endpoint run with every option checked and the load planned, the server not asked yet (its
+    ``model`` is ``--model``'s, or empty until :func:`check_server`); ``requests`` (``--same-load``'s) replace
+    the planned load."""
     check_load(load)
     try:
         origin = Origin.parse(url)
@@ -146,6 +157,25 @@ def resolve_endpoint(
         prompts = read_prompts(Path(load.prompts))
         if api == "completions" and any(prompt.messages is not None for prompt in prompts):
             raise PlanError(f"--prompts {load.prompts} holds chat messages: add --api chat")
+    planned = requests if requests is not None else plan_load(load, prompts)
+    return EndpointRun(
+        url=url,
+        origin=origin,
+        api=api,
+        model=model or "",
+        models=(),
+        load=load,
+        requests=tuple(planned),
+        same_load=same_load,
+        server_metrics=server_metrics,
+        server=server,
+    )
+
+
+def check_server(run: EndpointRun) -> EndpointRun:
+    """``run`` with the server asked what it serves (its model, when ``--model`` gave none) and one request of
+    the load's shape accepted; one line (:class:`PlanError`) when it cannot be."""
+    origin, model = run.origin, run.model or None
     models = served_models(origin)
     if model is None:
         if len(models) > 1:
@@ -155,16 +185,11 @@ def resolve_endpoint(
         model = models[0]
     elif model not in models:
         raise PlanError(f"--model {model!r}: {origin.base} serves {', '.join(models)}")
-    probe_request(origin, api, model, load)
-    planned = requests if requests is not None else plan_load(load, prompts)
-    return EndpointRun(
-        url=url,
-        origin=origin,
-        api=api,
-        model=model,
-        models=models,
-        load=load,
-        requests=tuple(planned),
-        same_load=same_load,
-        server_metrics=server_metrics,
-    )
+    probe_request(origin, run.api, model, run.load)
+    return replace(run, model=model, models=models)
+
+
+def resolve_endpoint(url: str, *, api: str, model: str | None, load: EndpointLoad, **options: Any) -> EndpointRun:
+    """:func:`plan_endpoint`, then :func:`check_server` (a server meshtop starts is asked once it is up)."""
+    run = plan_endpoint(url, api=api, model=model, load=load, **options)
+    return run if run.server is not None else check_server(run)

@@ -21,15 +21,17 @@ from pathlib import Path
 
 from meshtop.probes.arrivals import Arrivals
 from meshtop.probes.collector import Collector
-from meshtop.probes.events import Event, EventsDropped
+from meshtop.probes.events import Event, EventsDropped, ServerState
 from meshtop.probes.samplers import GpuSampler, ProcessSampler
 from meshtop.probes.wire import ADDRESS_ENV, TOKEN_ENV
+from meshtop.runner.errors import PlanError
 from meshtop.runner.job.control import JobControl
 from meshtop.runner.job.launch import NodeProbes
 from meshtop.runner.job.results import JobResult, RankExit, lifecycle_events
 from meshtop.runner.serving.client import CLIENT_RANK, INTERRUPTED, ClientSpec
-from meshtop.runner.serving.endpoint import EndpointRun
+from meshtop.runner.serving.endpoint import EndpointRun, check_server
 from meshtop.runner.serving.scrape import Scraper
+from meshtop.runner.serving.server import SERVER_LOG, ServerFailed, ServerProcess, ServerReport
 
 CLIENT_LOG = "client.log"
 STATUS_NAME = "load-status.json"
@@ -61,13 +63,64 @@ def run_endpoint(
     on_events: Callable[[Arrivals], None] = lambda arrivals: None,
     node_probes: NodeProbes = NodeProbes(),
     control: JobControl | None = None,
+    on_resolved: Callable[[EndpointRun, ServerReport | None], None] = lambda run, report: None,
 ) -> JobResult:
     """Send ``run``'s load from a load-generator process, passing its events (and the node samplers') to
     ``on_events``; stop it on ``control.stop`` or Ctrl-C (its requests in flight reported as interrupted).
-    The load is written to ``requests_path`` first (the recording keeps it)."""
+    The load is written to ``requests_path`` first (the recording keeps it).
+
+    A server to start (``run.server``) is started first, waited for (its progress as ``server_state`` events),
+    asked what it serves, and stopped after the load, however it ended; ``on_resolved`` gets the run as the
+    server made it (its model) and how the server ran."""
     control = control if control is not None else JobControl()
     session_dir.mkdir(parents=True, exist_ok=True)
     write_load(requests_path, run)
+    started = time.monotonic()
+    if run.server is None:
+        return _send_load(run, session_dir, requests_path, on_events, node_probes, control, started, None)
+    server: ServerProcess | None = None
+
+    def said(state: str, line: str | None) -> None:
+        elapsed = time.monotonic() - started
+        on_events(Arrivals([ServerState(wall_ns=time.time_ns(), state=state, elapsed_s=elapsed, line=line)]))
+
+    ready = False
+    try:
+        server = ServerProcess(run.server, session_dir / SERVER_LOG)
+        server.wait_ready(run.origin, progress=lambda elapsed, line: said("starting", line))
+        ready = True
+        run = check_server(run)
+        said("ready", None)
+        return _send_load(run, session_dir, requests_path, on_events, node_probes, control, started, server)
+    except (ServerFailed, PlanError) as error:  # it never came up, or serves not what the load asks
+        said("failed", str(error))
+        result = JobResult(
+            status="failed",
+            ranks=(RankExit(rank=CLIENT_RANK, exit_code=None, signal=None, error="not started"),),
+            duration_s=time.monotonic() - started,
+            log_path=session_dir / SERVER_LOG,
+            failure=str(error),
+        )
+        on_events(Arrivals(lifecycle_events(result)))
+        return result
+    finally:
+        report = server.stop() if server is not None else None
+        if ready and report is not None:
+            said("stopped", f"exit code {report.exit_code}" if report.exit_code is not None else None)
+        on_resolved(run, report)
+
+
+def _send_load(
+    run: EndpointRun,
+    session_dir: Path,
+    requests_path: Path,
+    on_events: Callable[[Arrivals], None],
+    node_probes: NodeProbes,
+    control: JobControl,
+    started: float,
+    server: ServerProcess | None,
+) -> JobResult:
+    """The load generator's run, from its start to how it ended."""
     status_path = session_dir / STATUS_NAME
     spec = ClientSpec(
         url=run.origin.base + run.origin.prefix,
@@ -86,7 +139,6 @@ def run_endpoint(
     processes = ProcessSampler(rate_hz=node_probes.process_hz, emit=node_events.put)
     samplers = (GpuSampler(rate_hz=node_probes.gpu_hz, emit=node_events.put), processes)
     env = {**os.environ, ADDRESS_ENV: "{}:{}".format(*collector.address), TOKEN_ENV: collector.token}
-    started = time.monotonic()
     dropped_seen = 0
 
     def deliver() -> None:
@@ -119,6 +171,8 @@ def run_endpoint(
     try:
         while client.poll() is None and not control.stop.is_set():
             deliver()
+            if server is not None:
+                server.watch()
             control.stop.wait(POLL_S)
         interrupted = client.poll() is None
     except KeyboardInterrupt:

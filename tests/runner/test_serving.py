@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+import sys
 import threading
 import time
 import urllib.request
@@ -13,6 +14,7 @@ from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
+import psutil
 import pytest
 
 from meshtop.probes.events import RequestDone
@@ -181,6 +183,39 @@ def test_bad_endpoints_are_one_line_and_exit_2_before_any_load(server: Server, n
         assert not out.exists(), name
     done = run_meshtop("record", tmp_path / "x", "--warmup", "3")  # an endpoint's option without --endpoint
     assert done.returncode == 2 and "give --endpoint URL" in done.stderr
+
+
+def test_a_server_meshtop_starts_is_waited_for_loaded_and_gone_after(server: Server, tmp_path: Path) -> None:
+    """``-- SERVER COMMAND``: started, its startup said, asked once up, loaded, stopped with its whole tree;
+    one that dies at start is one line with its last words, exit 1, the recording kept."""
+    port = free_port()
+    command = [
+        sys.executable, "-c", "from transformers.cli.transformers import main; main()", "serve", server.model,
+        "--host", "127.0.0.1", "--port", str(port), "--device", "cpu",
+    ]  # fmt: skip
+    out = tmp_path / "started"
+    env = {"OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "HF_HUB_DISABLE_UPDATE_CHECK": "1"}
+    done = run_meshtop(
+        "record", out, "--endpoint", f"http://127.0.0.1:{port}", "--requests", "6", "--concurrency", "2",
+        "--output-len", "4", "--", *command, env=env,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "server ready after" in done.stdout and "server: started by meshtop" in done.stdout, done.stdout
+    endpoint = json.loads((out / "manifest.json").read_text())["endpoint"]
+    assert endpoint["model"] == server.model  # asked of the server once it was up
+    started = endpoint["server"]
+    assert started["command"] == command and started["exit_code"] is not None and started["startup_s"] > 0
+    assert started["log_tail"] and (out / "server.log").stat().st_size > 0
+    assert summary(out)["requests"]["completed"] == 6  # type: ignore[index]
+    assert not [p.pid for p in psutil.process_iter(["cmdline"]) if str(port) in " ".join(p.info["cmdline"] or [])]
+
+    out = tmp_path / "dead"
+    dying = [sys.executable, "-c", "print('loading weights'); print('boom: no such model'); raise SystemExit(3)"]
+    done = run_meshtop("record", out, "--endpoint", f"http://127.0.0.1:{free_port()}", "--", *dying)
+    assert done.returncode == 1, done.stdout + done.stderr
+    [line] = [line for line in done.stdout.splitlines() if line.startswith("failed after")]
+    assert "the server exited with code 3 before it answered" in line and "boom: no such model" in line, line
+    assert summary(out)["run"]["status"] == "failed"  # type: ignore[index]
 
 
 def test_a_server_killed_mid_load_fails_the_rest_by_kind_and_keeps_the_recording(

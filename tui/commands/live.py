@@ -44,12 +44,14 @@ def add_live_commands(commands: Any) -> None:
     run = commands.add_parser(
         "run",
         help="launch a job and watch it in the live dashboard",
-        usage="meshtop run [options] [-- torchrun [torchrun options] SCRIPT [ARGS...]]",
+        usage="meshtop run [options] [-- torchrun [torchrun options] SCRIPT [ARGS...]]\n"
+        "       meshtop run --endpoint URL [load options] [-- SERVER COMMAND...]",
         description="Launch a training job (or, with --mode infer, a served load of "
         "requests) with the given parallel plan and watch it live; "
         "the session is recorded into the runs folder unless --no-record. "
         "After --, your own script instead: `torchrun [options] SCRIPT`, "
-        "`python -m torch.distributed.run ...`, `SCRIPT.py` or `-m MODULE`.",
+        "`python -m torch.distributed.run ...`, `SCRIPT.py` or `-m MODULE`. "
+        "With --endpoint URL, a load sent to a serving engine (docs/serving.md); after --, the server to start.",
     )
     add_plan_options(run)
     add_node_options(run)
@@ -67,11 +69,13 @@ def add_live_commands(commands: Any) -> None:
     record = commands.add_parser(
         "record",
         help="launch a job headless and record it into OUT",
-        usage="meshtop record OUT [options] [-- torchrun [torchrun options] SCRIPT [ARGS...]]",
+        usage="meshtop record OUT [options] [-- torchrun [torchrun options] SCRIPT [ARGS...]]\n"
+        "       meshtop record OUT --endpoint URL [load options] [-- SERVER COMMAND...]",
         description="Launch a training job (or, with --mode infer, a served load of "
         "requests) headless and record it into a new directory. "
         "After --, your own script instead: `torchrun [options] SCRIPT`, "
-        "`python -m torch.distributed.run ...`, `SCRIPT.py` or `-m MODULE`.",
+        "`python -m torch.distributed.run ...`, `SCRIPT.py` or `-m MODULE`. "
+        "With --endpoint URL, a load sent to a serving engine (docs/serving.md); after --, the server to start.",
     )
     record.add_argument("out", type=Path, metavar="OUT", help="new directory for the recording")
     add_plan_options(record)
