@@ -28,6 +28,12 @@ def alerts_of(state: DashboardState) -> list[Alert]:
         if exited is not None and exited.exit_code not in (0, None):
             why = f": {exited.error}" if exited.error else ""
             alerts.append(Alert("error", f"rank {view.rank} {view.status}{why}", exited.wall_ns))
+    server = state.server_state  # a server meshtop started: its startup, or why it failed
+    if server is not None and server.state in ("starting", "failed"):
+        severity, what = ("info", f"server starting ({server.elapsed_s:.0f} s)") if server.state == "starting" else (
+            "error", "server failed"
+        )  # fmt: skip
+        alerts.append(Alert(severity, f"{what}: {server.line or ''}".rstrip(": "), server.wall_ns))
     if state.hang is not None:
         verdict = state.hang.report.splitlines()[0]
         alerts.append(
@@ -59,12 +65,6 @@ def alerts_of(state: DashboardState) -> list[Alert]:
         alerts.append(Alert("warning", text, now))
     if requests is not None and requests.client is not None and requests.client.limited:
         alerts.append(Alert("warning", requests.client.limited, now))
-    server = state.server_state  # a server meshtop started: its startup, or why it failed
-    if server is not None and server.state in ("starting", "failed"):
-        severity, what = ("info", f"server starting ({server.elapsed_s:.0f} s)") if server.state == "starting" else (
-            "error", "server failed"
-        )  # fmt: skip
-        alerts.append(Alert(severity, f"{what}: {server.line or ''}".rstrip(": "), server.wall_ns))
     if state.dropped:
         alerts.append(Alert("warning", f"{state.dropped:,} telemetry events dropped (buffers full)", now))
     if state.refused:

@@ -82,10 +82,12 @@ UI_KINDS = frozenset(
         "stack_dump",
         "request",
         "probe_off",
+        "server_state",
+        "server_metric",
     }
 )
 """Kinds the screen reads as events, beside the figures."""
-FOLDED_ONLY = frozenset({"request"})
+FOLDED_ONLY = frozenset({"request", "server_metric"})
 """Kinds of :data:`UI_KINDS` that only the fold reads: a state that feeds its fold (a replay) decodes them for
 it; a live screen, whose session folds them, leaves them be."""
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import queue
+import shlex
 import signal
 import subprocess
 import sys
@@ -87,6 +88,7 @@ def run_endpoint(
     ready = False
     try:
         server = ServerProcess(run.server, session_dir / SERVER_LOG)
+        said("starting", shlex.join(run.server.command))
         server.wait_ready(run.origin, progress=lambda elapsed, line: said("starting", line))
         ready = True
         run = check_server(run)
