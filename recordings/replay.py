@@ -28,6 +28,8 @@ KIND_ORDER = (
     "memory",
     "process",
     "gpu",
+    "server_state",
+    "server_metric",
     "request",
     "rank_progress",
     "step",

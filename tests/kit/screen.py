@@ -5,9 +5,14 @@ from __future__ import annotations
 import re
 import xml.etree.ElementTree as ElementTree
 from collections.abc import Callable
+from pathlib import Path
 
 from rich.cells import cell_len
 from textual.app import App
+
+from meshtop.recordings.reader import open_recording
+from meshtop.tui.sources import ReplaySource
+from meshtop.tui.state import DashboardState
 
 SVG = "{http://www.w3.org/2000/svg}"
 LINE = re.compile(r"-line-(\d+)\)$")
@@ -43,3 +48,14 @@ def svg_text(screenshot: str, width: int, height: int) -> str:
             column = at + cell_len(characters)
         rows.append("".join(cells).replace("\xa0", " ").rstrip())
     return "\n".join(rows)
+
+
+def replayed(recording: Path) -> DashboardState:
+    """The dashboard's state after a replay of the whole recording, through the replay source."""
+    opened = open_recording(recording)
+    source = ReplaySource(opened, clock=lambda: 0.0)
+    source.playback.seek_fraction(1.0)
+    state = DashboardState(opened.manifest.run)
+    while not source.caught_up:
+        state = source.poll(state)
+    return state

@@ -50,6 +50,8 @@ def test_summary_json_has_the_documented_keys(recorded: Path, capsys: pytest.Cap
         "status": "completed",
         "hang": None,
         "script": None,
+        "endpoint": None,
+        "reason": None,
     }
     assert summary["steps"]["count"] == 4
     assert set(summary["steps"]["time_s"]) == {"p50", "p90", "mean"}
@@ -69,7 +71,10 @@ def test_summary_json_has_the_documented_keys(recorded: Path, capsys: pytest.Cap
         "hosts",
         "starts",
         "problems",
+        "server",
+        "gpus",
     }
+    assert summary["server"] is None and isinstance(summary["gpus"], list)  # no endpoint here
     assert summary["starts"] == [{"restart": 0, "world_size": 4, "first_step": 0}]
     peak = max(row["peak_bytes"] for row in summary["memory"])
     assert summary["hosts"] == [

@@ -22,7 +22,7 @@ from meshtop.tui.summary_text import comparison_lines, summary_lines
 from meshtop.tui.views import memory_lines, memory_parts
 from tests.kit.inference import KV_BYTES, OOM, WINDOW_S, run_description, served, the_requests
 from tests.kit.inference import write_inference_recording as write_recording
-from tests.kit.screen import screen_text
+from tests.kit.screen import replayed, screen_text
 
 
 @pytest.fixture
@@ -151,17 +151,6 @@ def test_compare_flags_a_doubled_ttft_and_calls_a_different_concurrency_unfair(t
 
     other = open_recording(shifted_load(tmp_path / "c", ttft_ms=20, concurrency=4))
     assert compare(before, other)["warnings"] == ["the runs differ in load concurrency (2 vs 4)"]
-
-
-def replayed(recording: Path) -> DashboardState:
-    """The dashboard's state after a replay of the whole recording, through the replay source."""
-    opened = open_recording(recording)
-    source = ReplaySource(opened, clock=lambda: 0.0)
-    source.playback.seek_fraction(1.0)
-    state = DashboardState(opened.manifest.run)
-    while not source.caught_up:
-        state = source.poll(state)
-    return state
 
 
 def test_the_dashboard_folds_requests_as_the_summary_does(recording: Path) -> None:

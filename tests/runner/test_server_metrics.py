@@ -17,6 +17,7 @@ from meshtop.recordings.metrics.server import ServerFold
 from meshtop.recordings.reader import open_recording
 from meshtop.runner.serving.scrape import COMMON, Scraper, parse_exposition
 from tests.kit.commands import run_meshtop
+from tests.kit.screen import replayed
 from tests.kit.sse_server import stub_server
 
 
@@ -162,6 +163,9 @@ def test_a_recorded_load_holds_the_engines_view_beside_its_requests(tmp_path: Pa
         row["name"]: row for row in compare(open_recording(tmp_path / "a"), open_recording(tmp_path / "a"))["metrics"]
     }
     assert rows["server queue max"]["a"] == 9 and rows["server KV-cache use mean"]["b"] == 0.75
+    view = replayed(tmp_path / "a").requests_view()  # the dashboard of a replay reads what summary read
+    assert view is not None and view.server is not None and view.server.gauges["requests_waiting"]["max"] == 9
+    assert view.figures.client is not None and view.figures.completed == 60
     trace = tmp_path / "trace.json"
     assert export_perfetto(open_recording(tmp_path / "a"), trace) > 0
     counters = [
