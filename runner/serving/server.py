@@ -176,16 +176,21 @@ class ServerProcess:
             for process in alive:  # and any that left its session
                 with contextlib.suppress(psutil.Error):
                     process.send_signal(signum)
-            psutil.wait_procs(alive, timeout=grace_s)
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            self.process.wait(1)
-        self.report.exit_code = self.process.returncode
+            deadline = time.monotonic() + grace_s
+            while self._alive() and time.monotonic() < deadline:
+                time.sleep(0.05)
+        self.report.exit_code = self.process.poll()
         self.report.log_tail = tuple(log_tail(self.log_path))
         return self.report
 
     def _alive(self) -> list[psutil.Process]:
+        """The processes of its tree still running (its own reaped here by Popen, which keeps its exit code:
+        psutil's wait would reap it and leave Popen none)."""
+        self.process.poll()
         alive = []
-        for process in self._seen.values():
+        for pid, process in self._seen.items():
+            if pid == self.process.pid and self.process.returncode is not None:
+                continue
             with contextlib.suppress(psutil.Error):
                 if process.is_running() and process.status() != psutil.STATUS_ZOMBIE:
                     alive.append(process)
