@@ -96,7 +96,7 @@ ENDPOINT_ONLY = (
 )  # fmt: skip
 BUILTIN_ONLY = (
     "dp", "tp", "pp", "fsdp", "schedule", "microbatches", "model_config", "dtype", "steps", "batch_size", "seq_len",
-    "max_batch", "activations", "tokens_per_step",
+    "max_batch", "activations", "tokens_per_step", "device",
 )  # fmt: skip
 """Options of the built-in model that a load sent to an endpoint refuses (they would silently not apply)."""
 
@@ -134,7 +134,8 @@ def endpoint_from_args(args: argparse.Namespace) -> EndpointRun:
         server = ServerCommand(command=tuple(args.script), startup_timeout_s=timeout)
     elif args.startup_timeout is not None:
         raise PlanError("--startup-timeout is for a server meshtop starts: give its command after --")
-    given = [name for name in BUILTIN_ONLY if getattr(args, name, None) not in (None, False, 1, "auto")]
+    defaults = {**args.builtin_defaults, "dtype": None, "device": "auto", "activations": False, "tokens_per_step": None}
+    given = [name for name in BUILTIN_ONLY if getattr(args, name, None) != defaults.get(name)]
     if args.mode != "train" or given:  # --mode infer is what --endpoint does already
         name = given[0] if given else "mode"
         raise PlanError(f"{option(name)} sets up the built-in model; --endpoint loads a server, which runs its own")
