@@ -164,10 +164,10 @@ class ServerProcess:
         """Its exit code once it ended by itself (``None`` while it runs)."""
         return self.process.poll()
 
-    def stop(self) -> ServerReport:
+    def stop(self, steps: tuple[tuple[signal.Signals, float], ...] = STOP_STEPS) -> ServerReport:
         """SIGINT, then SIGTERM, then SIGKILL to its whole tree, each with time to end; what ran."""
         self.watch()
-        for signum, grace_s in STOP_STEPS:
+        for signum, grace_s in steps:
             alive = self._alive()
             if not alive:
                 break
