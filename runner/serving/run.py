@@ -32,7 +32,7 @@ from meshtop.runner.job.results import JobResult, RankExit, lifecycle_events
 from meshtop.runner.serving.client import CLIENT_RANK, INTERRUPTED, ClientSpec
 from meshtop.runner.serving.endpoint import EndpointRun, check_server
 from meshtop.runner.serving.scrape import Scraper
-from meshtop.runner.serving.server import SERVER_LOG, ServerFailed, ServerProcess, ServerReport
+from meshtop.runner.serving.server import SERVER_LOG, ServerFailed, ServerProcess, ServerReport, StartupStopped
 
 CLIENT_LOG = "client.log"
 STATUS_NAME = "load-status.json"
@@ -89,11 +89,20 @@ def run_endpoint(
     try:
         server = ServerProcess(run.server, session_dir / SERVER_LOG)
         said("starting", shlex.join(run.server.command))
-        server.wait_ready(run.origin, progress=lambda elapsed, line: said("starting", line))
+        server.wait_ready(run.origin, progress=lambda elapsed, line: said("starting", line), stop=control.stop)
         ready = True
         run = check_server(run)
         said("ready", None)
         return _send_load(run, session_dir, requests_path, on_events, node_probes, control, started, server)
+    except StartupStopped:  # q, ctrl+c in the dashboard or SIGTERM while it loaded: nothing was sent
+        result = JobResult(
+            status="interrupted",
+            ranks=(RankExit(rank=CLIENT_RANK, exit_code=None, signal=None, error="not started"),),
+            duration_s=time.monotonic() - started,
+            log_path=session_dir / SERVER_LOG,
+        )
+        on_events(Arrivals(lifecycle_events(result)))
+        return result
     except (ServerFailed, PlanError) as error:  # it never came up, or serves not what the load asks
         said("failed", str(error))
         result = JobResult(

@@ -17,6 +17,7 @@ import os
 import re
 import signal
 import subprocess
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -42,6 +43,10 @@ VERSION = re.compile(r"\bversion[:=\s]+v?(\d+\.\d+[\w.+-]*)", re.IGNORECASE)
 
 class ServerFailed(Exception):
     """The server exited or did not answer; the message is one line with its last log lines."""
+
+
+class StartupStopped(Exception):
+    """The user stopped the session while the server was starting."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -120,8 +125,12 @@ class ServerProcess:
         self.report.cpu_s = sum(self._cpu.values())
         self.report.peak_rss_bytes = max(self.report.peak_rss_bytes or 0, rss)
 
-    def wait_ready(self, origin: Origin, *, progress: Callable[[float, str], None]) -> None:
-        """Until ``/health`` or ``/v1/models`` answers 200; :class:`ServerFailed` if it exits or time runs out."""
+    def wait_ready(
+        self, origin: Origin, *, progress: Callable[[float, str], None], stop: threading.Event | None = None
+    ) -> None:
+        """Until ``/health`` or ``/v1/models`` answers 200; :class:`ServerFailed` if it exits or time runs out,
+        :class:`StartupStopped` as soon as ``stop`` is set (q or SIGTERM while a large model loads)."""
+        stop = stop if stop is not None else threading.Event()
         deadline = self._started + self.spec.startup_timeout_s
         said = self._started
         while True:
@@ -148,7 +157,8 @@ class ServerProcess:
             if now - said >= PROGRESS_EVERY_S:
                 said = now
                 progress(now - self._started, (log_tail(self.log_path, 1) or ["(no output yet)"])[0])
-            time.sleep(POLL_S)
+            if stop.wait(POLL_S):
+                raise StartupStopped()
 
     def _tail(self) -> str:
         lines = log_tail(self.log_path, 3)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import signal
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -12,7 +13,14 @@ import psutil
 import pytest
 
 from meshtop.runner.serving.http import Origin
-from meshtop.runner.serving.server import ServerCommand, ServerFailed, ServerProcess, environment_that_matters, log_tail
+from meshtop.runner.serving.server import (
+    ServerCommand,
+    ServerFailed,
+    ServerProcess,
+    StartupStopped,
+    environment_that_matters,
+    log_tail,
+)
 from tests.kit.ports import free_port
 
 QUICK_STOP = ((signal.SIGINT, 1.0), (signal.SIGTERM, 1.0), (signal.SIGKILL, 2.0))
@@ -62,6 +70,14 @@ def test_a_server_that_never_answers_or_exits_first_is_one_line(tmp_path: Path) 
     ):
         server.wait_ready(Origin.parse(f"http://127.0.0.1:{free_port()}"), progress=lambda s, line: None)
     assert server.stop(QUICK_STOP).exit_code is not None
+    server = ServerProcess(silent, tmp_path / "stopped.log")
+    stop = threading.Event()
+    threading.Timer(0.3, stop.set).start()  # the user quits while it loads
+    begun = time.monotonic()
+    with pytest.raises(StartupStopped):
+        server.wait_ready(Origin.parse(f"http://127.0.0.1:{free_port()}"), progress=lambda s, line: None, stop=stop)
+    assert time.monotonic() - begun < 1.4  # at once, not at the startup timeout
+    server.stop(QUICK_STOP)
     dying = ServerCommand(command=(sys.executable, "-c", "raise SystemExit(5)"))
     server = ServerProcess(dying, tmp_path / "b.log")
     with pytest.raises(ServerFailed, match="exited with code 5 before it answered; it printed nothing"):
