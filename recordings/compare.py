@@ -88,7 +88,7 @@ def load_differences(a: Recording, b: Recording) -> list[str]:
     load_a, load_b = a.manifest.run.load, b.manifest.run.load
     warnings = []
     if load_a is not None and load_b is not None:
-        for key in ("concurrency", "request_rate_per_s", "burstiness", "ignore_eos"):
+        for key in ("concurrency", "request_rate_per_s", "burstiness", "ignore_eos", "duration_s"):
             if getattr(load_a, key) != getattr(load_b, key):
                 warnings.append(f"the runs differ in load {key} ({getattr(load_a, key)} vs {getattr(load_b, key)})")
     sent_a, sent_b = sent_load(a.path), sent_load(b.path)

@@ -97,6 +97,8 @@ class Load:
     """An endpoint's prompts file (``None``: generated prompts of ``prompt_len`` words)."""
     timeout_s: float | None = None
     ignore_eos: bool = False
+    duration_s: float | None = None
+    """An endpoint's ``--duration``: sent for this long at most; the load is then the requests sent."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -16,11 +16,11 @@ from pathlib import Path
 
 from meshtop.recordings.manifest import LOAD_FILE, read_manifest
 from meshtop.runner.errors import PlanError
-from meshtop.runner.load import DEFAULT_CONCURRENCY, DEFAULT_OUTPUT_LEN, DEFAULT_PROMPT_LEN, DEFAULT_REQUESTS
+from meshtop.runner.load import DEFAULT_CONCURRENCY, DEFAULT_OUTPUT_LEN, DEFAULT_PROMPT_LEN
 from meshtop.runner.multinode.nodes import NODE_OPTIONS
 from meshtop.runner.plan import option, parse_length
 from meshtop.runner.serving.endpoint import EndpointRun, resolve_endpoint
-from meshtop.runner.serving.load import APIS, DEFAULT_TIMEOUT_S, EndpointLoad, LoadRequest
+from meshtop.runner.serving.load import APIS, DEFAULT_TIMEOUT_S, EndpointLoad, LoadRequest, requests_for
 from meshtop.runner.serving.server import DEFAULT_STARTUP_TIMEOUT_S, ServerCommand
 
 
@@ -46,6 +46,13 @@ def add_endpoint_options(parser: argparse.ArgumentParser) -> None:
         default=None,
         metavar="K",
         help="with --request-rate: gamma arrivals of shape K (1, the default: Poisson; below 1 burstier)",
+    )
+    serving.add_argument(
+        "--duration",
+        type=float,
+        default=None,
+        metavar="S",
+        help="send for S seconds at most; the load is the requests sent (with --request-rate: rate x S)",
     )
     serving.add_argument(
         "--warmup", type=int, default=None, metavar="N", help="requests sent first, recorded, left out of the figures"
@@ -92,7 +99,7 @@ def add_endpoint_options(parser: argparse.ArgumentParser) -> None:
 
 ENDPOINT_ONLY = (
     "api", "burstiness", "warmup", "prompts", "slo", "timeout", "ignore_eos", "same_load", "server_metrics",
-    "startup_timeout",
+    "startup_timeout", "duration",
 )  # fmt: skip
 BUILTIN_ONLY = (
     "dp", "tp", "pp", "fsdp", "schedule", "microbatches", "model_config", "dtype", "steps", "batch_size", "seq_len",
@@ -147,9 +154,12 @@ def endpoint_from_args(args: argparse.Namespace) -> EndpointRun:
     slo_ttft, slo_tpot = parse_slo(args.slo)
     requests = None
     if args.same_load is not None:
-        if any(getattr(args, name) is not None for name in ("requests", "concurrency", "request_rate", "prompts")):
+        if any(
+            getattr(args, name) is not None
+            for name in ("requests", "concurrency", "request_rate", "prompts", "duration")
+        ):
             raise PlanError("--same-load repeats a recorded load: leave out --requests, --concurrency, "
-                            "--request-rate and --prompts")  # fmt: skip
+                            "--request-rate, --duration and --prompts")  # fmt: skip
         recorded, requests = same_load(args.same_load)
         load = replace(
             recorded,
@@ -161,7 +171,8 @@ def endpoint_from_args(args: argparse.Namespace) -> EndpointRun:
     else:
         concurrency = args.concurrency or (None if args.request_rate is not None else DEFAULT_CONCURRENCY)
         load = EndpointLoad(
-            requests=args.requests if args.requests is not None else DEFAULT_REQUESTS,
+            requests=requests_for(args.duration, args.request_rate, args.requests),
+            duration_s=args.duration,
             concurrency=concurrency,
             request_rate_per_s=args.request_rate,
             burstiness=args.burstiness if args.burstiness is not None else 1.0,
@@ -216,5 +227,6 @@ def same_load(recording: str) -> tuple[EndpointLoad, list[LoadRequest]]:
         slo_tpot_ms=load.slo_tpot_ms,
         timeout_s=load.timeout_s or DEFAULT_TIMEOUT_S,
         ignore_eos=load.ignore_eos,
+        duration_s=load.duration_s,
     )
     return endpoint_load, requests

@@ -16,7 +16,9 @@
   once; a second is counted as a duplicate and left out); the load's requests
   that have none count as failed once the job ended ("not served");
 - a warmup request (an endpoint's ``--warmup``) is counted as such and left
-  out of every figure.
+  out of every figure;
+- a load sent for a duration (``--duration``) is the requests sent: those
+  planned but due after it are not part of it (nor failed).
 
 An endpoint's load (``--endpoint``) adds the client's own figures, so a result
 the load generator limited is told from one the server did:
@@ -307,7 +309,10 @@ class RequestFold:
 
     @property
     def total(self) -> int:
-        """The load's requests (or the reports, where more came or no load is described)."""
+        """The load's requests (or the reports, where more came or no load is described; a load sent for a
+        duration: the requests sent, each reported)."""
+        if self.load is not None and self.load.duration_s is not None:
+            return len(self._seen)
         return max(self.load.requests if self.load is not None else 0, len(self._seen))
 
     def figures(self) -> RequestFigures:

@@ -55,6 +55,8 @@ def headline(run: Work) -> str:
         )
         prompts = f"prompts from {sent.prompts}" if sent.prompts else f"prompt {span(sent.input_len)} words"
         warmup = f" after {sent.warmup} warmup" if sent.warmup else ""
+        if sent.duration_s is not None:
+            warmup += f", for {sent.duration_s:g} s at most"
         model = run.model or "(the server's)"
         started = f" · started by meshtop: {shlex.join(run.server.command)}" if run.server is not None else ""
         return (

@@ -168,6 +168,7 @@ def endpoint_description(run: EndpointRun, server: ServerReport | None = None) -
             prompts=run.load.prompts,
             timeout_s=run.load.timeout_s,
             ignore_eos=run.load.ignore_eos,
+            duration_s=run.load.duration_s,
         ),
         endpoint=Endpoint(
             url=run.url,

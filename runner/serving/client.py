@@ -45,6 +45,7 @@ class ClientSpec:
     ignore_eos: bool
     requests_path: str
     status_path: str
+    duration_s: float | None = None
 
     def to_json(self) -> dict[str, object]:
         return {name: getattr(self, name) for name in self.__slots__}
@@ -183,12 +184,15 @@ class LoadGenerator:
             )
         )
 
-    async def closed_loop(self, requests: list[LoadRequest], clients: int) -> None:
-        """``clients`` clients, each sending its next request as soon as its last is answered."""
+    async def closed_loop(self, requests: list[LoadRequest], clients: int, *, until: float | None = None) -> None:
+        """``clients`` clients, each sending its next request as soon as its last is answered (none after
+        ``until``, a monotonic time)."""
         queue = iter(requests)
 
         async def client() -> None:
             for request in queue:  # one iterator shared: each client takes the next request
+                if until is not None and time.monotonic() >= until:
+                    return
                 await self.send(request, time.time_ns())
 
         await asyncio.gather(*(client() for _ in range(min(clients, len(requests)))))
@@ -199,6 +203,8 @@ class LoadGenerator:
         tasks = []
         for request in requests:
             offset = request.offset_s or 0.0
+            if self.spec.duration_s is not None and offset > self.spec.duration_s:
+                break  # due after the load's duration: not part of it
             delay = start + offset - time.monotonic()
             if delay > 0:
                 await asyncio.sleep(delay)
@@ -211,7 +217,8 @@ class LoadGenerator:
         if warmup:
             await self.closed_loop(warmup, self.spec.concurrency or 1)
         if self.spec.concurrency is not None:
-            await self.closed_loop(own, self.spec.concurrency)
+            until = time.monotonic() + self.spec.duration_s if self.spec.duration_s is not None else None
+            await self.closed_loop(own, self.spec.concurrency, until=until)
         else:
             await self.open_loop(own)
 

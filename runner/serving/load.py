@@ -82,6 +82,9 @@ class EndpointLoad:
     timeout_s: float = DEFAULT_TIMEOUT_S
     """Per request, from its send to its last byte."""
     ignore_eos: bool = False
+    duration_s: float | None = None
+    """Send for this long at most (from the first of the load's own requests): a request due later is not
+    sent, and the load is the requests sent."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -237,6 +240,23 @@ def plan_load(load: EndpointLoad, prompts: Sequence[Prompt] | None = None) -> li
     return planned
 
 
+DURATION_REQUESTS = 20_000
+"""A closed loop with ``--duration`` and no ``--requests``: the requests planned (it ends at the duration, or
+when they are all answered, whichever comes first)."""
+
+
+def requests_for(duration_s: float | None, rate_per_s: float | None, requests: int | None) -> int:
+    """The requests to plan: ``--requests`` where given; with ``--duration``, enough for it (an open loop's
+    rate x duration, a quarter more for its randomness; a closed loop's :data:`DURATION_REQUESTS`)."""
+    if requests is not None:
+        return requests
+    if duration_s is None:
+        return DEFAULT_REQUESTS
+    if rate_per_s is not None:
+        return min(MAX_REQUESTS, math.ceil(rate_per_s * duration_s * 1.25) + 10)
+    return DURATION_REQUESTS
+
+
 def check_load(load: EndpointLoad) -> None:
     """Every value of ``load`` in range, each error naming the option to change."""
     if load.requests < 1 or load.requests > MAX_REQUESTS:
@@ -254,5 +274,7 @@ def check_load(load: EndpointLoad) -> None:
     ):
         if value is not None and not (value > 0 and math.isfinite(value)):
             raise PlanError(f"{name} must be above 0, got {value:g}")
+    if load.duration_s is not None and not 0 < load.duration_s <= 86_400:
+        raise PlanError(f"--duration must be above 0 and at most 86400 seconds, got {load.duration_s:g}")
     if load.warmup < 0 or load.warmup > MAX_REQUESTS:
         raise PlanError(f"--warmup must be 0 to {MAX_REQUESTS:,}, got {load.warmup}")

@@ -142,6 +142,7 @@ def _send_load(
         ignore_eos=run.load.ignore_eos,
         requests_path=str(requests_path),
         status_path=str(status_path),
+        duration_s=run.load.duration_s,
     )
     spec_path = session_dir / SPEC_NAME
     spec_path.write_text(json.dumps(spec.to_json()))
@@ -243,7 +244,8 @@ def endpoint_result(
             log_path=log_path,
             failure=f"the load generator ended with {how}: {(tail or ['no output'])[0]}",
         )
-    failed = failure_line(counts, run.load.requests)
+    sent = sum(counts.values()) if run.load.duration_s is not None else run.load.requests
+    failed = failure_line(counts, sent)
     return JobResult(
         status="failed" if failed is not None else "completed",
         ranks=(RankExit(rank=CLIENT_RANK, exit_code=0, signal=None, error=None),),

@@ -6,16 +6,20 @@ from __future__ import annotations
 import asyncio
 import json
 import statistics
+import time
 from pathlib import Path
 
 import pytest
 
 from meshtop.probes.events import Event, RequestDone
 from meshtop.probes.sink import EventSink
+from meshtop.recordings.manifest import Load
+from meshtop.recordings.metrics.requests import RequestFold
 from meshtop.runner.errors import PlanError
 from meshtop.runner.serving.client import ClientSpec, LoadGenerator, chunk_text, request_body
 from meshtop.runner.serving.http import Origin, Pool, RequestFailed, error_message
 from meshtop.runner.serving.load import (
+    DURATION_REQUESTS,
     WORDS,
     EndpointLoad,
     LoadRequest,
@@ -24,6 +28,7 @@ from meshtop.runner.serving.load import (
     check_load,
     plan_load,
     read_prompts,
+    requests_for,
 )
 from meshtop.tui.endpoint_options import parse_slo
 from tests.kit.sse_server import MODEL, stub_server
@@ -228,3 +233,33 @@ def test_an_http_error_of_the_stream_is_one_line() -> None:
 
     with stub_server(status=503) as server, pytest.raises(RequestFailed, match="HTTP 503: stub refuses"):
         asyncio.run(one())
+
+
+def test_a_load_sent_for_a_duration_stops_sending_at_it_and_is_what_it_sent() -> None:
+    """Closed loop: no client takes a request past the duration; open loop: none due past it is sent. The
+    fold counts the requests sent, none of the rest as failed."""
+    closed = plan_load(EndpointLoad(requests=400, concurrency=2, request_rate_per_s=None, duration_s=0.4))
+    with stub_server(chunks=4, gap_s=0.01) as server:  # about 40 ms a request: 2 clients send about 20
+        begun = time.monotonic()
+        events = run_load(spec_for(server.url, duration_s=0.4), closed)
+        took = time.monotonic() - begun
+    assert 4 <= len(events) < 60 and took < 0.4 + 0.5, (len(events), took)
+    assert max(e.arrival_ns for e in events) - min(e.arrival_ns for e in events) < 0.45e9
+    load = EndpointLoad(requests=200, concurrency=None, request_rate_per_s=50.0, duration_s=1.0, seed=2)
+    planned = plan_load(load)
+    due = [r for r in planned if (r.offset_s or 0) <= 1.0]
+    with stub_server(chunks=2) as server:
+        events = run_load(spec_for(server.url, concurrency=None, duration_s=1.0), planned)
+    assert [e.request for e in events] == [r.id for r in due] and 30 <= len(due) <= 75
+    fold = RequestFold(
+        Load(requests=200, concurrency=None, request_rate_per_s=50.0, prompt_len=(32, 32), output_len=(32, 32),
+             max_batch=0, seed=2, duration_s=1.0),
+        replicas=1,
+    )  # fmt: skip
+    for event in events:
+        fold.add(event)
+    fold.ended_status = "completed"
+    figures = fold.figures()
+    assert (figures.count, figures.completed, figures.failed) == (len(due), len(due), 0)
+    assert requests_for(1.0, 50.0, None) == 73 and requests_for(None, None, None) == 64
+    assert requests_for(5.0, None, None) == DURATION_REQUESTS and requests_for(5.0, 3.0, 7) == 7
