@@ -48,10 +48,13 @@ def start_server() -> tuple[subprocess.Popen[str], str]:
     return process, f"http://127.0.0.1:{port}"
 
 
-def recorded(url: str, rate: float, requests: int, out: Path, seed: int = 0) -> dict[str, Any]:
+def recorded(url: str, rate: float, requests: int, out: Path, seed: int = 0, *, even: bool = False) -> dict[str, Any]:
+    """meshtop's record of a Poisson load (``even``: gaps nearly constant, a gamma of shape 10,000, as a peer's
+    constant rate)."""
+    shape = ["--burstiness", "10000"] if even else []
     done = run_meshtop(
         "record", out, "--endpoint", url, "--request-rate", str(rate), "--requests", str(requests),
-        "--output-len", "8", "--seed", str(seed), "--timeout", "30",
+        "--output-len", "8", "--seed", str(seed), "--timeout", "30", *shape,
     )  # fmt: skip
     if done.returncode not in (0, 1):
         raise RuntimeError(done.stderr)
@@ -83,6 +86,31 @@ def bare_ttfts(url: str, rate: float, requests: int, directory: Path, seed: int 
     return [(e.first_token_ns - e.arrival_ns) / 1e9 for e in events if e.first_token_ns is not None]
 
 
+def guidellm_lags(guidellm: str, url: str, rate: float, requests: int, tokenizer: str, out: Path) -> dict[str, Any]:
+    """guidellm's constant-rate load against the same server: each request's send lag by its own records
+    (``request_start - targeted_start``: when it was sent less when it was meant to be, meshtop's definition)."""
+    command = [
+        guidellm, "run",
+        "--backend", f"kind=openai_http,target={url}/v1,model={MODEL},request_format=/v1/completions",
+        "--profile", f"kind=constant,rate={rate:g}",
+        "--constraint", f"kind=max_requests,count={requests}",
+        "--tokenizer", f"kind=huggingface_auto,model={tokenizer}",
+        "--data", "kind=synthetic_text,prompt_tokens=32,output_tokens=8",
+        "--output", f"kind=json,path={out}",
+        "--disable-console",
+    ]  # fmt: skip
+    subprocess.run(command, check=True, capture_output=True, env={**os.environ, "HF_HUB_OFFLINE": "1"}, timeout=900)
+    benchmark = json.loads(out.read_text())["benchmarks"][0]
+    done = benchmark["requests"]["successful"]
+    lags = [r["info"]["timings"]["request_start"] - r["info"]["timings"]["targeted_start"] for r in done]
+    starts = sorted(r["info"]["timings"]["request_start"] for r in done)
+    return {
+        "rate": rate, "lag_p50_ms": quantile(lags, 0.5) * 1e3, "lag_p99_ms": quantile(lags, 0.99) * 1e3,
+        "achieved": (len(starts) - 1) / (starts[-1] - starts[0]), "completed": len(done),
+        "ttft_p50_ms": quantile([r["time_to_first_token_ms"] for r in done], 0.5),
+    }  # fmt: skip
+
+
 def quantile(values: list[float], q: float) -> float:
     ordered = sorted(values)
     position = q * (len(ordered) - 1)
@@ -98,7 +126,16 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--cost-requests", type=int, default=2000)
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--json", type=Path, default=None)
+    parser.add_argument(
+        "--guidellm",
+        default=None,
+        metavar="EXE",
+        help="also measure guidellm (its executable; a venv of its own) with constant arrivals beside meshtop's",
+    )
+    parser.add_argument("--tokenizer", default=None, help="a local tokenizer folder for guidellm's synthetic data")
     args = parser.parse_args(argv)
+    if args.guidellm is not None:
+        return side_by_side(args)
     server, url = start_server()
     result: dict[str, Any] = {"ceiling": [], "cost": []}
     try:
@@ -154,6 +191,47 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     finally:
         server.kill()
         server.wait()
+    if args.json is not None:
+        args.json.write_text(json.dumps(result, indent=2))
+    return result
+
+
+def side_by_side(args: argparse.Namespace) -> dict[str, Any]:
+    """meshtop and guidellm, each rate in turn (meshtop first, then guidellm), constant arrivals, against the
+    same server: each one's send lag p99 and the highest rate it holds within 10 ms."""
+    server, url = start_server()
+    rows: list[dict[str, Any]] = []
+    try:
+        with tempfile.TemporaryDirectory(prefix="meshtop-bench-") as scratch:
+            for rate in (float(r) for r in args.rates.split(",")):
+                requests = max(500, int(rate * 3))
+                ours = recorded(url, rate, requests, Path(scratch) / f"m-{rate:g}", even=True)
+                lag = ours["client"]["send_lag_s"]
+                mine = {"rate": rate, "lag_p50_ms": lag["p50"] * 1e3, "lag_p99_ms": lag["p99"] * 1e3,
+                        "achieved": ours["client"]["achieved_rate_per_s"], "completed": ours["completed"],
+                        "ttft_p50_ms": ours["ttft_s"]["p50"] * 1e3}  # fmt: skip
+                theirs = guidellm_lags(
+                    args.guidellm, url, rate, requests, args.tokenizer, Path(scratch) / f"g-{rate:g}.json"
+                )
+                for name, row in (("meshtop", mine), ("guidellm", theirs)):
+                    row["tool"], row["requests"] = name, requests
+                    rows.append(row)
+                    print(
+                        f"{name:>8} {rate:>6g}/s: lag p50 {row['lag_p50_ms']:.2f} ms p99 {row['lag_p99_ms']:.2f} ms, "
+                        f"sent {row['achieved']:.1f}/s, TTFT p50 {row['ttft_p50_ms']:.2f} ms, "
+                        f"{row['completed']}/{requests} answered",
+                        flush=True,
+                    )
+    finally:
+        server.kill()
+        server.wait()
+    ceilings = {
+        tool: max((r["rate"] for r in rows if r["tool"] == tool and r["lag_p99_ms"] <= CLIENT_LAG_LIMIT_S * 1e3
+                   and r["completed"] == r["requests"]), default=None)
+        for tool in ("meshtop", "guidellm")
+    }  # fmt: skip
+    print(f"ceilings (send lag p99 <= {CLIENT_LAG_LIMIT_S * 1e3:g} ms): {ceilings}")
+    result = {"rows": rows, "ceilings": ceilings}
     if args.json is not None:
         args.json.write_text(json.dumps(result, indent=2))
     return result
