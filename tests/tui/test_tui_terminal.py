@@ -218,15 +218,21 @@ def header_rows(screen: str) -> tuple[str, str]:
 
 
 def still_running(processes: list[psutil.Process]) -> list[str]:
-    """The processes that are still there (a zombie counts as gone: it runs nothing)."""
-    alive = []
-    for process in processes:
-        try:
-            if process.is_running() and process.status() != psutil.STATUS_ZOMBIE:
-                alive.append(f"{process.pid}: {' '.join(process.cmdline())}")
-        except psutil.Error:
-            pass
-    return alive
+    """The processes that are still there, given a moment to finish exiting (a zombie counts as gone: it runs
+    nothing; one caught mid-exit has released its memory, and its command line reads empty)."""
+    deadline = time.monotonic() + 5.0
+    while True:
+        alive = []
+        for process in processes:
+            try:
+                if process.is_running() and process.status() != psutil.STATUS_ZOMBIE:
+                    alive.append(f"{process.pid}: {' '.join(process.cmdline())}")
+            except psutil.Error:
+                pass
+        exiting = [line for line in alive if line.endswith(": ")]
+        if not exiting or time.monotonic() > deadline:
+            return alive
+        time.sleep(0.05)
 
 
 def command_of(process: psutil.Process) -> list[str]:
