@@ -31,12 +31,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from meshtop.runner.errors import PlanError
+from meshtop.runner.load import DEFAULT_OUTPUT_LEN, DEFAULT_PROMPT_LEN, DEFAULT_REQUESTS
 
 APIS = ("completions", "chat")
-DEFAULT_REQUESTS = 64
-DEFAULT_CONCURRENCY = 8
-DEFAULT_INPUT_LEN = (32, 32)
-DEFAULT_OUTPUT_LEN = (32, 32)
+DEFAULT_INPUT_LEN = DEFAULT_PROMPT_LEN
+"""The load's defaults are the built-in inference's (:mod:`meshtop.runner.load`): the options are shared."""
 DEFAULT_TIMEOUT_S = 120.0
 MAX_REQUESTS = 1_000_000
 MAX_PROMPTS_BYTES = 1 << 30
