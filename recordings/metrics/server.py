@@ -53,7 +53,6 @@ class ServerFold:
         self._sum: dict[str, float] = {}
         self._max: dict[str, float] = {}
         self._count: dict[str, int] = {}
-        self._first: dict[str, float] = {}
         self._increase: dict[str, float] = {}
         self._last: dict[str, float] = {}
         self.recent: dict[str, deque[float]] = {name: deque(maxlen=RECENT) for name in GAUGES}
@@ -75,7 +74,6 @@ class ServerFold:
             value = max(values.values()) if common in LARGEST else sum(values.values())
             if common in COUNTERS:
                 previous = self._last.get(common)
-                self._first.setdefault(common, value)
                 if previous is not None:
                     self._increase[common] = self._increase.get(common, 0.0) + max(0.0, value - previous)
                     if value < previous:  # a restart: the counter counts again from 0
@@ -121,7 +119,7 @@ class ServerFold:
         copy._series, copy._scrape_ns, copy.scrapes = self._series, self._scrape_ns, self.scrapes
         copy._timeline = list(self._timeline)
         copy._sum, copy._max, copy._count = dict(self._sum), dict(self._max), dict(self._count)
-        copy._first, copy._increase, copy._last = dict(self._first), dict(self._increase), dict(self._last)
+        copy._increase, copy._last = dict(self._increase), dict(self._last)
         copy.recent = {name: deque(values, maxlen=RECENT) for name, values in self.recent.items()}
         copy._close_scrape()
         return copy
