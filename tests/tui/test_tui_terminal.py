@@ -572,13 +572,15 @@ operation ran alone on its group), % step (and the history of a wide screen)."""
 @pytest.mark.parametrize("size", [(80, 24), (200, 60)], ids=["80x24", "200x60"])
 @pytest.mark.parametrize("work", sorted(LIVE_VIEWS))
 def test_every_view_of_a_live_job_reads_whole_at_80x24_and_200x60(
-    terminal: Callable[..., Terminal], work: str, size: tuple[int, int]
+    terminal: Callable[..., Terminal], work: str, size: tuple[int, int], tmp_path: Path
 ) -> None:
     """A live training job (dp2 x pp2) and a live inference load (pp2) in a real terminal: every view shows
     what it is for, the header keeps its two rows and the tab row, numbers keep their units, and nothing
     reads None or nan."""
     args, marks = LIVE_VIEWS[work]
-    term = terminal(args, width=size[0], height=size[1], env=live_env())
+    scratch = tmp_path / "scratch"  # where an unrecorded session keeps its launcher log while it runs
+    scratch.mkdir()
+    term = terminal(args, width=size[0], height=size[1], env={**live_env(), "TMPDIR": str(scratch)})
     progress = re.compile(r" step [1-9]\d* " if work == "train" else r" requests [1-9][\d,]*/2,000 ")
     term.wait_for(
         lambda screen: "● running" in screen and progress.match(header_rows(screen)[1]),
@@ -605,6 +607,7 @@ def test_every_view_of_a_live_job_reads_whole_at_80x24_and_200x60(
     term.press("q")
     assert term.wait_exit() == (0 if work == "train" else 130), term.everything()  # train: until q
     assert still_running(job) == []
+    assert list(scratch.glob("meshtop-run-*")) == []  # quit mid-load (130) too: no scratch folder left
 
 
 @pytest.mark.slow  # launches ranks

@@ -177,10 +177,10 @@ def command_run(args: argparse.Namespace) -> int:
         print(metrics_line(server).replace("metrics:", "metrics were served at"))
     if manifest is not None:
         print(f"recording: {directory}")
-    elif source.result.status == "completed":
-        shutil.rmtree(directory, ignore_errors=True)
     if source.result.status == "failed":
         print(f"launcher log kept in {source.result.log_path}", file=sys.stderr)
+    elif manifest is None:  # completed, or stopped by the user: nothing in the scratch folder is asked for again
+        shutil.rmtree(directory, ignore_errors=True)
     return exit_code(source.result.status)
 
 
