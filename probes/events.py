@@ -94,6 +94,10 @@ class StepTiming(Event):
     """Time blocked on pipeline P2P during the step (instrumented pipeline ranks only)."""
     cpu_s: float | None = None
     """CPU time the rank's process used during the step, all its threads (training, shipper, backend)."""
+    losses: int | None = None
+    """A user's script: how many losses ``loss`` is the mean of (its backward calls in the step, or a pipeline
+    schedule's microbatches; :mod:`meshtop.probes.losses`); ``None`` for the built-in runner's, or where the
+    script's losses are not read (``--no-loss``)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -327,7 +331,7 @@ class ProbeOff(Event):
     rank: int
     wall_ns: int
     probe: str
-    """Which probe: ``collectives``, ``pipeline stages`` or ``memory``."""
+    """Which probe: ``collectives``, ``pipeline stages``, ``memory`` or ``loss``."""
     reason: str
     """Why, in one line (the missing attribute and the torch release, or the error)."""
 

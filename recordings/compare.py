@@ -127,7 +127,8 @@ def script_differences(a: Script, b: Script) -> list[str]:
 
 
 def _step_metrics(a: RunFold, b: RunFold) -> list[dict[str, Any]]:
-    """Training: the job's step time and throughput per step, and MFU where both have it."""
+    """Training: the job's step time and throughput per step, and MFU and the last step's loss where both
+    have them."""
     fig_a, fig_b = a.figures(), b.figures()
     rows = [
         metric(
@@ -145,6 +146,8 @@ def _step_metrics(a: RunFold, b: RunFold) -> list[dict[str, Any]]:
     ]
     if fig_a.mfu.value is not None and fig_b.mfu.value is not None:
         rows.append(metric("MFU", fig_a.mfu.value, fig_b.mfu.value))
+    if fig_a.steps.last_loss is not None and fig_b.steps.last_loss is not None:
+        rows.append(metric("loss (last step)", fig_a.steps.last_loss, fig_b.steps.last_loss))
     return rows
 
 

@@ -159,6 +159,8 @@ class Script:
     tokens_per_step: int | None = None
     activations: bool = False
     """Whether the activations saved for backward were measured (a hook on every saved tensor)."""
+    loss: bool = True
+    """Whether the script's losses were read (``--no-loss`` turns it off)."""
 
     @property
     def name(self) -> str:

@@ -103,7 +103,7 @@ ENDPOINT_ONLY = (
 )  # fmt: skip
 BUILTIN_ONLY = (
     "dp", "tp", "pp", "fsdp", "schedule", "microbatches", "model_config", "dtype", "steps", "batch_size", "seq_len",
-    "max_batch", "activations", "tokens_per_step", "device",
+    "max_batch", "activations", "tokens_per_step", "device", "loss",
 )  # fmt: skip
 """Options of the built-in model that a load sent to an endpoint refuses (they would silently not apply)."""
 
@@ -141,7 +141,14 @@ def endpoint_from_args(args: argparse.Namespace) -> EndpointRun:
         server = ServerCommand(command=tuple(args.script), startup_timeout_s=timeout)
     elif args.startup_timeout is not None:
         raise PlanError("--startup-timeout is for a server meshtop starts: give its command after --")
-    defaults = {**args.builtin_defaults, "dtype": None, "device": "auto", "activations": False, "tokens_per_step": None}
+    defaults = {
+        **args.builtin_defaults,
+        "dtype": None,
+        "device": "auto",
+        "activations": False,
+        "tokens_per_step": None,
+        "loss": True,
+    }
     given = [name for name in BUILTIN_ONLY if getattr(args, name, None) != defaults.get(name)]
     if args.mode != "train" or given:  # --mode infer is what --endpoint does already
         name = given[0] if given else "mode"

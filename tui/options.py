@@ -205,6 +205,13 @@ def add_plan_options(parser: argparse.ArgumentParser, *, command: str = "run") -
             help="measure the activations each step saves for backward (a hook on every saved "
             "tensor; not traced by torch.compile)",
         )
+    if command == "run":
+        probes.add_argument(
+            "--no-loss",
+            dest="loss",
+            action="store_false",
+            help="a script's: do not read the loss it calls backward() on (read by default, never a device sync)",
+        )
     probes.add_argument(
         "--no-instrument",
         dest="instrument",
@@ -384,6 +391,8 @@ def resolve_args(args: argparse.Namespace) -> Work:
     if args.script is None:
         if args.tokens_per_step is not None:
             raise PlanError("--tokens-per-step is for a script given after -- (the built-in model counts its own)")
+        if not args.loss:
+            raise PlanError("--no-loss is for a script given after -- (the built-in model computes its own loss)")
         nodes = nodes_from_args(args)
         return resolve(
             spec_from_args(args),
@@ -411,6 +420,7 @@ def resolve_args(args: argparse.Namespace) -> Work:
         tokens_per_step=args.tokens_per_step,
         dtype=args.dtype,
         activations=args.activations,
+        loss=args.loss,
         collector_bind=args.collector_bind,
         head_node=args.head_node,
     )

@@ -124,6 +124,19 @@ def steps_line(steps: dict[str, Any], inference: bool, script: bool = False) -> 
     )
 
 
+def loss_line(loss: dict[str, Any]) -> str | None:
+    """``loss: 2.31 first, 1.95 last`` and, for a script's, what it is the mean of; ``None`` with no loss."""
+    if loss["first"] is None:
+        return None
+    line = f"loss: {loss['first']:.4g} first, {loss['last']:.4g} last"
+    said = []
+    if loss.get("ranks") is not None and loss["ranks"] < loss["of_ranks"]:
+        said.append(f"from {loss['ranks']} of {loss['of_ranks']} ranks: the others compute none")
+    if loss.get("per_step") is not None and loss["per_step"] > 1:
+        said.append(f"each rank's the mean of its {loss['per_step']} losses a step")
+    return line + (f" ({'; '.join(said)})" if said else "")
+
+
 def run_words(run: dict[str, Any]) -> str:
     """``dp2 x tp1 x pp1 · model tiny · cpu fp32``, ``torchrun train.py (2 ranks) · cpu`` for a script, or
     ``endpoint http://host:8000 (completions) · model NAME`` for a served load."""
@@ -166,6 +179,8 @@ def summary_lines(summary: dict[str, Any]) -> list[str]:
         f"  {run_words(run)} · {run['world_size']} ranks" + ("" if run["instrumented"] else " · not instrumented"),
         steps_line(steps, requests is not None, script=run["script"] is not None),
     ]
+    if (loss := loss_line(steps["loss"])) is not None:
+        lines.append(loss)
     if run.get("hang"):  # meshtop's report of the hang that stopped it, torch's flight recorder's beside it
         first, *rest = run["hang"].splitlines()
         lines += [f"hung: {first}", *(f"  {line}" for line in rest)]

@@ -8,6 +8,11 @@
   different replicas are unrelated (each replica counts its own).
 - Step time: p50, p90 and mean of the complete job steps; throughput: the
   p50 of their tokens/s; loss: the first and the last job step's.
+- A user's script's loss on a rank is the mean of the losses it differentiated
+  in the step (:mod:`meshtop.probes.losses`): the run says how many a step (the
+  most any rank's step had: gradient accumulation's micro steps, a pipeline's
+  microbatches), and of how many ranks the loss came (a pipeline's first
+  stages have none).
 """
 
 from __future__ import annotations
@@ -32,20 +37,37 @@ class JobStep:
     """The slowest rank's step time: the job's step time."""
     tokens: int
     tokens_per_s: float
+    loss_ranks: int = 0
+    """How many ranks had a loss (of ``ranks``)."""
+    ranks: int = 0
+    losses_per_step: int | None = None
+    """A script's: the most losses a rank's loss was the mean of (``None``: the built-in runner's)."""
 
 
-def job_step(step: int, *, durations_s: Sequence[float], losses: Sequence[float | None], tokens: int) -> JobStep:
+def job_step(
+    step: int,
+    *,
+    durations_s: Sequence[float],
+    losses: Sequence[float | None],
+    tokens: int,
+    loss_counts: Sequence[int | None] = (),
+) -> JobStep:
     """The job's step from its ranks' reports, in the order they came: time = max(durations), loss =
     sum(losses) / count over the ranks that have one (summed in that order), tokens the last report's,
-    tokens/s = tokens / time (0 for a step of no time)."""
+    tokens/s = tokens / time (0 for a step of no time); ``loss_counts``: each report's count of losses its
+    loss is the mean of (a script's), the most of them kept."""
     duration = max(durations_s)
     present = [loss for loss in losses if loss is not None]
+    counts = [count for count in loss_counts if count is not None]
     return JobStep(
         step=step,
         loss=sum(present) / len(present) if present else None,
         duration_s=duration,
         tokens=tokens,
         tokens_per_s=tokens / duration if duration > 0 else 0.0,
+        loss_ranks=len(present),
+        ranks=len(durations_s),
+        losses_per_step=max(counts) if counts else None,
     )
 
 
@@ -141,6 +163,7 @@ class StepRows:
     duration_s: list[float]
     tokens: list[int]
     loss: list[float | None]
+    losses: list[int | None]
     forward_backward_s: list[float | None]
     by_step: dict[int, list[int]]
     """Each step's rows, in the order they came (steps in the order they first came)."""
@@ -148,7 +171,7 @@ class StepRows:
     @classmethod
     def of(cls, table: pa.Table) -> StepRows:
         columns = table.select(
-            ["rank", "step", "start_ns", "duration_s", "tokens", "loss", "forward_backward_s"]
+            ["rank", "step", "start_ns", "duration_s", "tokens", "loss", "losses", "forward_backward_s"]
         ).to_pydict()
         by_step: dict[int, list[int]] = {}
         for index, step in enumerate(columns["step"]):
@@ -214,6 +237,7 @@ class StepFolder:
             durations_s=[r.duration_s for r in reports],
             losses=[r.loss for r in reports],
             tokens=reports[-1].tokens,
+            loss_counts=[r.losses for r in reports],
         )
 
     def add_rows(self, rows: StepRows) -> list[JobStep] | None:
@@ -239,6 +263,7 @@ class StepFolder:
                     durations_s=[*(r.duration_s for r in reported), *(rows.duration_s[i] for i in indexes)],
                     losses=[*(r.loss for r in reported), *(rows.loss[i] for i in indexes)],
                     tokens=rows.tokens[indexes[-1]],
+                    loss_counts=[*(r.losses for r in reported), *(rows.losses[i] for i in indexes)],
                 )
             )
         completed = {job.step for job in done}
@@ -259,13 +284,24 @@ class StepFigures:
     """p50 of the steps' tokens/s (inference: the requests' output tokens/s)."""
     first_loss: float | None
     last_loss: float | None
+    losses_per_step: int | None = None
+    """A script's: how many losses a rank's step loss is the mean of (the most seen)."""
+    loss_ranks: int | None = None
+    """How many of ``ranks`` had a loss (the most in any step), where any had one."""
+    ranks: int | None = None
 
     def to_json(self) -> dict[str, object]:
         return {
             "count": self.count,
             "time_s": self.time_s,
             "tokens_per_s": {"p50": self.tokens_per_s},
-            "loss": {"first": self.first_loss, "last": self.last_loss},
+            "loss": {
+                "first": self.first_loss,
+                "last": self.last_loss,
+                "per_step": self.losses_per_step,
+                "ranks": self.loss_ranks,
+                "of_ranks": self.ranks,
+            },
         }
 
 
@@ -278,6 +314,9 @@ class StepStats:
         self.count = 0
         self._first: tuple[int, float] | None = None
         self._last: tuple[int, float] | None = None
+        self._losses_per_step: int | None = None
+        self._loss_ranks: tuple[int, int] | None = None
+        """(ranks with a loss, ranks) of the step with the most ranks with one."""
 
     def add(self, step: JobStep) -> None:
         self.count += 1
@@ -289,6 +328,10 @@ class StepStats:
                 self._first = (step.step, step.loss)
             if self._last is None or step.step > self._last[0]:
                 self._last = (step.step, step.loss)
+            if self._loss_ranks is None or step.loss_ranks > self._loss_ranks[0]:
+                self._loss_ranks = (step.loss_ranks, step.ranks)
+        if step.losses_per_step is not None:
+            self._losses_per_step = max(self._losses_per_step or 0, step.losses_per_step)
 
     def figures(self, *, tokens_per_s: float | None = None) -> StepFigures:
         """The figures; ``tokens_per_s`` stands in for the steps' own rate where given (inference)."""
@@ -298,4 +341,7 @@ class StepStats:
             tokens_per_s=tokens_per_s if tokens_per_s is not None else self.tokens_per_s.quantile(0.5),
             first_loss=self._first[1] if self._first else None,
             last_loss=self._last[1] if self._last else None,
+            losses_per_step=self._losses_per_step,
+            loss_ranks=self._loss_ranks[0] if self._loss_ranks else None,
+            ranks=self._loss_ranks[1] if self._loss_ranks else None,
         )

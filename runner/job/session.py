@@ -50,6 +50,7 @@ from meshtop.runner.script.command import (
     BOOTSTRAP_DIR,
     DEVICE_ENV,
     INSTRUMENT_ENV,
+    LOSS_ENV,
     TOKENS_ENV,
     ScriptRun,
     environment_that_matters,
@@ -81,6 +82,8 @@ def script_launch(script: ScriptRun) -> Launch:
         env[TOKENS_ENV] = str(script.tokens_per_step)
     if script.activations:
         env[ACTIVATIONS_ENV] = "1"
+    if not script.loss:
+        env[LOSS_ENV] = "0"
     return Launch(
         launcher_args=script.launcher_args,
         world_size=script.world_size,
@@ -196,6 +199,7 @@ def script_description(script: ScriptRun, environment: dict[str, str]) -> RunDes
         environment=environment,
         tokens_per_step=script.tokens_per_step,
         activations=script.activations,
+        loss=script.loss,
     )
     return RunDescription(
         plan=plan,

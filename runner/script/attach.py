@@ -14,6 +14,11 @@ every rank torchrun starts, before the script's first line. From then on:
   whole iteration (data, forward, backward, optimizer, logging);
   ``forward_backward_s`` runs to the optimizer step's start. A script without
   an optimizer has collectives and samples and no steps.
+- **loss**: each step's, the mean of the losses the script differentiated in it
+  (:mod:`meshtop.probes.losses`: ``loss.backward()``, a pipeline schedule's loss
+  function), unless ``--no-loss``. On a GPU it is read once its copy to the host
+  has completed, so a step's timing waits for it (a step or two), and never
+  synchronises the device.
 - **memory**: at each step's end, weights, gradients and optimizer state from
   that optimizer's parameters and state (DTensor shards by their local size);
   with ``--activations``, the peak bytes saved for backward in the step
@@ -41,8 +46,10 @@ import sys
 import time
 import traceback
 import weakref
+from collections import deque
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
+from dataclasses import replace
 from functools import wraps
 from importlib.abc import Loader, MetaPathFinder
 from importlib.machinery import ModuleSpec
@@ -56,19 +63,27 @@ from torch.nn.modules.module import register_module_forward_pre_hook
 from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 
 from meshtop.probes.activations import SavedActivations
-from meshtop.probes.events import RankStarted, StepTiming
+from meshtop.probes.events import ProbeOff, RankStarted, StepTiming
 from meshtop.probes.groups import GroupDirectory
-from meshtop.probes.instrument import Instrumentation
+from meshtop.probes.instrument import Instrumentation, why_off
+from meshtop.probes.losses import LossProbe, PendingLoss
 from meshtop.probes.memory import local_numel
 from meshtop.probes.patching import Patches
 from meshtop.probes.shipper import EventShipper, open_sink
 from meshtop.probes.sink import EventSink
 from meshtop.probes.wire import node_of_this_rank, start_of_this_rank
-from meshtop.runner.script.command import ACTIVATIONS_ENV, DEVICE_ENV, INSTRUMENT_ENV, TOKENS_ENV
+from meshtop.runner.script.command import ACTIVATIONS_ENV, DEVICE_ENV, INSTRUMENT_ENV, LOSS_ENV, TOKENS_ENV
 
 PIPELINING = "torch.distributed.pipelining"
 ERROR_FILE_ENV = "TORCHELASTIC_ERROR_FILE"
 """Where torchrun reads a rank's error (``torch.distributed.elastic.multiprocessing.errors``)."""
+LOSS_WAIT_S = 2.0
+"""At exit, how long the steps whose loss is still on its way to the host wait for it (a device that hung
+is not waited on longer: those steps go out without a loss)."""
+MAX_WAITING_STEPS = 64
+"""Steps held for their loss at most; an older one goes out without it (a device this far behind the host)."""
+LOSS = "loss"
+"""The loss probe's name in :class:`ProbeOff`."""
 GIL_HANDOFF_S = 0.2
 """How long ``destroy_process_group`` leaves the GIL to gloo's threads (:meth:`Attachment._read_before_destroy`)."""
 
@@ -95,6 +110,7 @@ class ScriptSteps:
         tokens: int,
         on_parameters: Callable[[list[torch.Tensor]], None],
         on_first_forward: Callable[[torch.nn.Module], None],
+        losses: LossProbe | None = None,
     ) -> None:
         self.rank = rank
         self.probes = probes
@@ -104,6 +120,9 @@ class ScriptSteps:
         """Called with the counted optimizer's parameters when it is first stepped."""
         self.on_first_forward = on_first_forward
         """Called with the first module the script calls."""
+        self.losses = losses
+        self._waiting: deque[tuple[StepTiming, PendingLoss]] = deque()
+        """Steps whose loss is on its way to the host (a GPU's), oldest first."""
         self.step = 0
         self._optimizer: weakref.ref[torch.optim.Optimizer] | None = None
         self._start_ns: int | None = None
@@ -154,24 +173,41 @@ class ScriptSteps:
         cpu_s = time.process_time() - self._cpu_start_s
         pipeline_wait_s = self.probes.step_ended(self.step)
         forward_backward_ns = (self._optimizer_start_ns or end_ns) - self._start_ns
-        self.sink.emit(
-            StepTiming(
-                rank=self.rank,
-                step=self.step,
-                start_ns=self._start_ns,
-                duration_s=(end_ns - self._start_ns) / 1e9,
-                tokens=self.tokens,
-                loss=None,
-                forward_backward_s=forward_backward_ns / 1e9,
-                instrumented=self.probes.enabled,
-                pipeline_wait_s=pipeline_wait_s,
-                cpu_s=cpu_s,
-            )
+        timing = StepTiming(
+            rank=self.rank,
+            step=self.step,
+            start_ns=self._start_ns,
+            duration_s=(end_ns - self._start_ns) / 1e9,
+            tokens=self.tokens,
+            loss=None,
+            forward_backward_s=forward_backward_ns / 1e9,
+            instrumented=self.probes.enabled,
+            pipeline_wait_s=pipeline_wait_s,
+            cpu_s=cpu_s,
         )
+        if self.losses is None:
+            self.sink.emit(timing)
+        else:
+            self._waiting.append((timing, self.losses.take()))
+            self._send_ready()
         self.step += 1
         self._begin(end_ns)
 
+    def _send_ready(self, *, wait_s: float = 0.0) -> None:
+        """Send the waiting steps whose loss has reached the host, in order (``wait_s``: at exit, how long in
+        all to wait for the rest)."""
+        deadline = time.monotonic() + wait_s
+        while self._waiting:
+            timing, pending = self._waiting[0]
+            ready = pending.ready() or (wait_s > 0 and pending.wait(max(0.0, deadline - time.monotonic())))
+            if not ready and len(self._waiting) <= MAX_WAITING_STEPS:
+                return
+            self._waiting.popleft()
+            loss = pending.value() if ready else None
+            self.sink.emit(replace(timing, loss=loss, losses=pending.count if loss is not None else None))
+
     def remove(self) -> None:
+        self._send_ready(wait_s=LOSS_WAIT_S)
         self._first_forward.remove()
         for hook in self._hooks:
             hook.remove()
@@ -240,7 +276,15 @@ class Attachment:
     """What :func:`attach` put into this rank, taken out again at exit."""
 
     def __init__(
-        self, *, rank: int, device: torch.device, sink: EventSink, tokens: int, hooks: bool, activations: bool = False
+        self,
+        *,
+        rank: int,
+        device: torch.device,
+        sink: EventSink,
+        tokens: int,
+        hooks: bool,
+        activations: bool = False,
+        loss: bool = True,
     ) -> None:
         self.rank = rank
         self.sink = sink
@@ -258,7 +302,8 @@ class Attachment:
         self._started()
         self._name_meshes()
         self._read_before_destroy()
-        after_import(PIPELINING, lambda: self.probes.add_stage_probe(on_stage=self._on_stages))
+        self.losses = self._loss_probe() if loss and hooks else None
+        after_import(PIPELINING, self._on_pipelining)
         self.activations = SavedActivations() if activations and hooks else None
         if self.activations is not None:
             self.activations.install()  # on the main thread, which runs the script's forward passes
@@ -270,6 +315,7 @@ class Attachment:
             tokens=tokens,
             on_parameters=self._on_parameters,
             on_first_forward=self._on_first_forward,
+            losses=self.losses,
         )
         self._previous_excepthook = sys.excepthook
         sys.excepthook = self._excepthook
@@ -295,6 +341,25 @@ class Attachment:
                 restart=restart,
             )
         )
+
+    def _loss_probe(self) -> LossProbe | None:
+        probe = LossProbe(self.device)
+        try:
+            probe.install()
+        except Exception as error:  # a probe never breaks the job: its steps go out without a loss
+            probe.uninstall()
+            self.sink.emit(ProbeOff(rank=self.rank, wall_ns=time.time_ns(), probe=LOSS, reason=why_off(error)))
+            return None
+        return probe
+
+    def _on_pipelining(self) -> None:
+        """The script imported pipelining: time its stages, and read its schedules' losses."""
+        self.probes.add_stage_probe(on_stage=self._on_stages)
+        if self.losses is not None:
+            try:
+                self.losses.install_schedule()
+            except Exception as error:  # the losses its stages differentiate are still read
+                self.sink.emit(ProbeOff(rank=self.rank, wall_ns=time.time_ns(), probe=LOSS, reason=why_off(error)))
 
     def _on_stages(self, stages: tuple[int, ...]) -> None:
         """The rank runs pipeline stages: say again where it sits, its first stage as its pipeline rank."""
@@ -381,6 +446,8 @@ class Attachment:
     def detach(self) -> None:
         """At exit: the hooks out, what the probes hold sent, the sink closed."""
         self.steps.remove()
+        if self.losses is not None:
+            self.losses.uninstall()
         if self.activations is not None:
             self.activations.uninstall()
         self.probes.uninstall()
@@ -404,6 +471,7 @@ def attach() -> Attachment:
         tokens=int(os.environ.get(TOKENS_ENV, "0")),
         hooks=os.environ.get(INSTRUMENT_ENV, "1") == "1",
         activations=os.environ.get(ACTIVATIONS_ENV) == "1",
+        loss=os.environ.get(LOSS_ENV, "1") == "1",
     )
     atexit.register(attachment.detach)
     return attachment

@@ -38,6 +38,8 @@ DEVICE_ENV = "MESHTOP_DEVICE"
 TOKENS_ENV = "MESHTOP_TOKENS_PER_STEP"
 ACTIVATIONS_ENV = "MESHTOP_ACTIVATIONS"
 """``1`` with ``--activations``: measure the tensors saved for backward (:mod:`meshtop.probes.activations`)."""
+LOSS_ENV = "MESHTOP_LOSS"
+"""``0`` with ``--no-loss``: the script's losses are not read (:mod:`meshtop.probes.losses`)."""
 INSTRUMENT_ENV = "MESHTOP_INSTRUMENT"
 """``0`` with ``--no-instrument``: the ranks report their steps and heartbeats, with no collective or stage hooks."""
 BOOTSTRAP_DIR = Path(__file__).resolve().parent / "bootstrap"
@@ -72,6 +74,8 @@ class ScriptRun:
     """The compute dtype the user names (``--dtype``), for MFU's peak FLOP/s."""
     activations: bool = False
     """Measure activations saved for backward (``--activations``)."""
+    loss: bool = True
+    """Read the loss of each step (``--no-loss`` turns it off)."""
     nodes: Nodes | None = None
     """The job's nodes, from torchrun's options, when it runs on many."""
 
@@ -122,6 +126,7 @@ def resolve_script(
     tokens_per_step: int | None = None,
     dtype: str | None = None,
     activations: bool = False,
+    loss: bool = True,
     collector_bind: str | None = None,
     head_node: int | None = None,
 ) -> ScriptRun:
@@ -163,6 +168,7 @@ def resolve_script(
         tokens_per_step=tokens_per_step,
         dtype=dtype,
         activations=activations,
+        loss=loss,
         nodes=nodes,
     )
 

@@ -393,9 +393,23 @@ def test_a_job_step_is_its_slowest_rank_with_the_mean_loss_of_the_ranks_that_hav
     assert (figures.first_loss, figures.last_loss) == (2.5, 1.25)
 
 
+def test_a_scripts_loss_says_how_many_losses_and_ranks_it_is_the_mean_of() -> None:
+    """A 2-stage pipeline of 4 microbatches: only the last stage (rank 1) has a loss, the mean of its 4; in
+    step 1 it had 3 (an uneven last accumulation): the run says the most, 4, and 1 rank of 2."""
+    first = job_step(0, durations_s=[0.2, 0.25], losses=[None, 2.0], tokens=0, loss_counts=[None, 4])
+    assert (first.loss, first.loss_ranks, first.ranks, first.losses_per_step) == (2.0, 1, 2, 4)
+    stats = StepStats()
+    stats.add(first)
+    stats.add(job_step(1, durations_s=[0.2, 0.2], losses=[None, 1.0], tokens=0, loss_counts=[None, 3]))
+    loss = stats.figures().to_json()["loss"]
+    assert loss == {"first": 2.0, "last": 1.0, "per_step": 4, "ranks": 1, "of_ranks": 2}
+    built_in = job_step(0, durations_s=[0.1, 0.1], losses=[3.0, 5.0], tokens=0)  # no counts: the built-in runner's
+    assert (built_in.loss, built_in.losses_per_step, built_in.loss_ranks) == (4.0, None, 2)
+
+
 def test_a_step_of_no_time_or_no_tokens_has_no_rate_in_the_median() -> None:
     assert job_step(0, durations_s=[0.0, 0.0], losses=[None, None], tokens=100) == JobStep(
-        step=0, loss=None, duration_s=0.0, tokens=100, tokens_per_s=0.0
+        step=0, loss=None, duration_s=0.0, tokens=100, tokens_per_s=0.0, loss_ranks=0, ranks=2
     )
     stats = StepStats()
     stats.add(job_step(0, durations_s=[0.5, 0.25], losses=[None, 4.0], tokens=1000))  # 1000 / 0.5 = 2000

@@ -1,0 +1,156 @@
+"""The loss of a user's script, each step, read without synchronising the device.
+
+Rules, in order:
+
+- **A loss** is a one-element tensor that autograd is asked to differentiate with no gradient of its own
+  (``loss.backward()``, ``torch.autograd.backward(loss)``): autograd seeds it with 1, which is what makes it
+  the objective. A tensor handed an explicit gradient (a pipeline stage's outputs, whose gradient came from
+  the next stage) is not one. ``Tensor.backward`` calls ``torch.autograd.backward``, the one place hooked.
+- **A pipeline's loss** is what its schedule's loss function returned (``_PipelineSchedule._compute_loss``,
+  on the last stage only: the other stages have none). A rank that ran a schedule's loss in a step counts no
+  other loss in that step, so the zero-bubble schedules (which differentiate the loss through
+  ``torch.autograd.grad``) and the others read alike.
+- **A step's loss** is the mean of the losses differentiated in it (gradient accumulation: one a micro step;
+  a pipeline: one a microbatch), with their count, so a reader can say "mean of 4".
+- **Never a synchronisation**: on the CPU each value is read as it comes. On a GPU the step's losses are
+  summed on the device; at the step's end the sum is copied to pinned host memory on the current stream with
+  an event recorded after it, and read once the event has completed (:meth:`PendingLoss.ready`), so a GPU
+  step's loss can be known a step or two after the step. A DTensor loss is read from its local part where it
+  is replicated (reading a sharded or partial one would take a collective: it is not read).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from meshtop.probes.patching import Patches, require
+
+
+@dataclass(slots=True)
+class PendingLoss:
+    """One step's loss on its way to the host."""
+
+    count: int
+    """Losses differentiated in the step."""
+    _total: float | None = None
+    """Their sum, read already (CPU)."""
+    _host: torch.Tensor | None = None
+    """The sum's pinned copy, valid once ``_copied`` has completed (GPU)."""
+    _copied: Any = None
+
+    def ready(self) -> bool:
+        return self._copied is None or bool(self._copied.query())
+
+    def value(self) -> float | None:
+        """The step's mean loss (call once :meth:`ready`); ``None`` for a step with none."""
+        if self.count == 0:
+            return None
+        total = self._total if self._host is None else float(self._host)
+        return None if total is None else total / self.count
+
+    def wait(self, timeout_s: float) -> bool:
+        """At exit only: poll until ready for at most ``timeout_s`` (a device that hung is not waited on)."""
+        deadline = time.monotonic() + timeout_s
+        while not self.ready():
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.001)
+        return True
+
+
+def _local_scalar(tensor: Any) -> torch.Tensor | None:
+    """The tensor whose value is the loss's, or ``None`` where reading it would need a collective."""
+    to_local = getattr(tensor, "to_local", None)
+    if to_local is not None:  # a DTensor
+        if not all(placement.is_replicate() for placement in tensor.placements):
+            return None
+        tensor = to_local()
+    return tensor if isinstance(tensor, torch.Tensor) else None
+
+
+class LossProbe:
+    """Sees each loss a rank differentiates and hands out each step's (:meth:`take`)."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self._patches = Patches()
+        self._count = 0
+        self._total = 0.0
+        self._device_total: torch.Tensor | None = None
+        self._from_schedule = False
+
+    # -- hooks -------------------------------------------------------------------------
+
+    def install(self) -> None:
+        original = torch.autograd.backward
+        probe = self
+
+        def backward(tensors: Any, grad_tensors: Any = None, *args: Any, **kwargs: Any) -> Any:
+            if not probe._from_schedule:
+                probe._seen_backward(tensors, grad_tensors)
+            return original(tensors, grad_tensors, *args, **kwargs)
+
+        backward.__wrapped__ = original  # type: ignore[attr-defined]
+        self._patches.replace(torch.autograd, "backward", backward)
+
+    def install_schedule(self) -> None:
+        """Read a pipeline schedule's losses where it computes them (call once pipelining is imported)."""
+        from torch.distributed.pipelining import schedules
+
+        schedule = require(schedules, "_PipelineSchedule")
+        original = require(schedule, "_compute_loss")
+        probe = self
+
+        def compute_loss(self: Any, *args: Any, **kwargs: Any) -> Any:
+            loss = original(self, *args, **kwargs)
+            probe._from_schedule = True
+            probe._add(loss)
+            return loss
+
+        self._patches.replace(schedule, "_compute_loss", compute_loss)
+
+    def uninstall(self) -> None:
+        self._patches.restore()
+
+    def _seen_backward(self, tensors: Any, grad_tensors: Any) -> None:
+        outputs: Sequence[Any] = (tensors,) if isinstance(tensors, torch.Tensor) else tuple(tensors)
+        if grad_tensors is None:
+            grads: Sequence[Any] = (None,) * len(outputs)
+        elif isinstance(grad_tensors, torch.Tensor):
+            grads = (grad_tensors,)
+        else:
+            grads = tuple(grad_tensors)
+        for output, grad in zip(outputs, grads, strict=False):
+            if grad is None and isinstance(output, torch.Tensor) and output.numel() == 1:
+                self._add(output)
+
+    def _add(self, loss: Any) -> None:
+        local = _local_scalar(loss)
+        if local is None or local.numel() != 1:
+            return
+        value = local.detach()
+        if value.device.type == "cpu":
+            self._total += float(value)
+        else:  # summed on the device, read at the step's end
+            value = value.reshape(()).to(torch.float64)
+            self._device_total = value if self._device_total is None else self._device_total + value
+        self._count += 1
+
+    # -- steps -------------------------------------------------------------------------
+
+    def take(self) -> PendingLoss:
+        """The losses since the last call, as one step's (its copy to the host started, never waited for)."""
+        pending = PendingLoss(count=self._count, _total=self._total)
+        if self._device_total is not None:
+            host = torch.empty((), dtype=torch.float64, pin_memory=True)
+            host.copy_(self._device_total, non_blocking=True)
+            copied = torch.cuda.Event()
+            copied.record()
+            pending = PendingLoss(count=self._count, _host=host, _copied=copied)
+        self._count, self._total, self._device_total, self._from_schedule = 0, 0.0, None, False
+        return pending

@@ -1,0 +1,91 @@
+"""A torchrun script that writes down its own losses, to check those meshtop reads (test_script_loss.py).
+
+``torchrun --nproc-per-node N tests/kit/loss_script.py --parallel ddp|fsdp|pp --out DIR [--accum K] [--steps S]``
+
+Each rank writes ``DIR/rank{R}.jsonl``: one line a step, ``{"step": s, "loss": mean, "count": n}``, the mean of
+the ``.item()`` of every loss it differentiated in the step (``--accum K``: K micro steps a step, each loss
+divided by K as gradient accumulation does, then backpropagated), or, pipelined (``--parallel pp``, the 1F1B
+schedule over 4 microbatches), the mean of the schedule's losses on the last stage; the other stages write none.
+It imports nothing of meshtop's.
+"""
+
+import argparse
+import json
+import os
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+DIM = 32
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--parallel", choices=("ddp", "fsdp", "pp"), required=True)
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--accum", type=int, default=1)
+    parser.add_argument("--steps", type=int, default=4)
+    args = parser.parse_args()
+    dist.init_process_group("gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    torch.manual_seed(0)
+    data = torch.Generator().manual_seed(1 + rank)
+    lines = []
+    if args.parallel == "pp":
+        lines = pipelined(args, rank, world)
+    else:
+        model: nn.Module = nn.Sequential(nn.Linear(DIM, 2 * DIM), nn.GELU(), nn.Linear(2 * DIM, DIM))
+        if args.parallel == "ddp":
+            model = nn.parallel.DistributedDataParallel(model)
+        else:
+            from torch.distributed.fsdp import fully_shard
+
+            fully_shard(model)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
+        for step in range(args.steps):
+            values = []
+            for _ in range(args.accum):
+                x = torch.randn(8, DIM, generator=data)
+                loss = (model(x) - x).pow(2).mean() / args.accum
+                loss.backward()
+                values.append(loss.item())
+            optimizer.step()
+            optimizer.zero_grad()
+            lines.append({"step": step, "loss": sum(values) / len(values), "count": len(values)})
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / f"rank{rank}.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def pipelined(args: argparse.Namespace, rank: int, world: int) -> list[dict[str, float]]:
+    from torch.distributed.pipelining import PipelineStage, Schedule1F1B
+
+    microbatches = 4
+    stage_module = nn.Sequential(nn.Linear(DIM, DIM), nn.GELU())
+    stage = PipelineStage(stage_module, rank, world, torch.device("cpu"))
+    schedule = Schedule1F1B(stage, n_microbatches=microbatches, loss_fn=lambda out, y: (out - y).pow(2).mean())
+    optimizer = torch.optim.SGD(stage_module.parameters(), lr=0.05)
+    lines = []
+    shared = torch.Generator().manual_seed(7)  # every stage draws the same batch; the first and last use it
+    for step in range(args.steps):
+        x = torch.randn(4 * microbatches, DIM, generator=shared)
+        if rank == 0:
+            schedule.step(x)
+        elif rank == world - 1:
+            losses: list[torch.Tensor] = []
+            schedule.step(target=x, losses=losses)
+            values = [loss.item() for loss in losses]
+            lines.append({"step": step, "loss": sum(values) / len(values), "count": len(values)})
+        else:
+            schedule.step()
+        optimizer.step()
+        optimizer.zero_grad()
+    return lines
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    main()
