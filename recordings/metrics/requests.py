@@ -1,8 +1,11 @@
 """Request metrics of an inference run: each figure once, folded a request at a time.
 
 - TTFT (time to first token) = first token - arrival;
-- TPOT (time per output token) = (end - first token) / (output tokens - 1),
-  for requests with more than one token;
+- TPOT (time per output token) = (last token - first token) / (output
+  tokens - 1), for requests with more than one token; the last token is the
+  last token time where they are known, else the end (an endpoint's stream
+  ends a moment after its last token, with the usage chunk and ``[DONE]``:
+  that moment is in e2e, not in the decode; guidellm's ITL is this figure);
 - ITL (inter-token latency) = each gap between consecutive token times;
 - e2e = end - arrival;
 - each latency's mean, p50, p90 and p99 over the completed requests (ITL over
@@ -84,10 +87,11 @@ def request_latency(
     """The latencies of one request, by the definitions above (the first token's time is ``token_ns[0]``
     where there is one: the same instant)."""
     first = token_ns[0] if token_ns else first_token_ns
+    last = token_ns[-1] if token_ns else end_ns
     ttft = None if first is None else (first - arrival_ns) / 1e9
     tpot = None
     if first is not None and output_tokens > 1:
-        tpot = (end_ns - first) / 1e9 / (output_tokens - 1)
+        tpot = (last - first) / 1e9 / (output_tokens - 1)
     gaps = tuple((b - a) / 1e9 for a, b in pairwise(token_ns))
     return RequestLatency(ttft_s=ttft, tpot_s=tpot, e2e_s=(end_ns - arrival_ns) / 1e9, gaps_s=gaps)
 

@@ -1,8 +1,8 @@
 """A minimal OpenAI-style streaming server on asyncio (no model): ``/v1/models`` lists one model and
-``/v1/completions`` or ``/v1/chat/completions`` stream ``chunks`` chunks of one token each, ``gap_s`` apart,
-then a usage chunk and ``[DONE]``, chunked and kept alive. For the HTTP client's tests and the load
-generator's ceiling benchmark, where the server must cost next to nothing; the serving tests use a real
-``transformers serve``.
+``/v1/completions`` or ``/v1/chat/completions`` stream ``chunks`` chunks of one token each, the first
+``first_s`` after the request (a prefill), the others ``gap_s`` apart, then at once a usage chunk and
+``[DONE]``, chunked and kept alive. For the HTTP client's tests and the load generator's benchmarks, where the
+server must cost next to nothing and its timing be known; the serving tests use a real ``transformers serve``.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ MODEL = "stub-model"
 class StubServer:
     chunks: int = 8
     gap_s: float = 0.0
+    first_s: float = 0.0
     status: int = 200
     """Answer every POST with this status (an error body when not 200)."""
     close_after: int | None = None
@@ -72,15 +73,17 @@ class StubServer:
                     b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
                 )
                 chat = "messages" in request
+                await writer.drain()
                 for index in range(self.chunks):
                     if self.close_after is not None and index == self.close_after:
                         writer.close()
                         return
+                    wait_s = self.first_s if index == 0 else self.gap_s
+                    if wait_s:
+                        await asyncio.sleep(wait_s)
                     choice = {"delta": {"content": f"t{index}"}} if chat else {"text": f"t{index}"}
                     self._event(writer, {"choices": [{"index": 0, **choice}]})
                     await writer.drain()
-                    if self.gap_s:
-                        await asyncio.sleep(self.gap_s)
                 usage = {"prompt_tokens": 3, "completion_tokens": self.chunks, "total_tokens": 3 + self.chunks}
                 self._event(writer, {"choices": [], "usage": usage})
                 data = b"data: [DONE]\n\n"
@@ -137,9 +140,10 @@ def stub_server(**options: object) -> Iterator[StubServer]:
 
 
 def main(argv: list[str]) -> None:
-    """``python -m tests.kit.sse_server CHUNKS``: serve on a free port (printed first) until killed, in a process
-    of its own (the load generator's benchmark: the server must not share the measuring process's GIL)."""
-    with stub_server(chunks=int(argv[0]) if argv else 8) as server:
+    """``python -m tests.kit.sse_server [CHUNKS [GAP_MS [FIRST_MS]]]``: serve on a free port (printed first) until
+    killed, in a process of its own (the benchmarks: the server must not share the measuring process's GIL)."""
+    chunks, gap_ms, first_ms = [*(float(value) for value in argv[:3]), *(8.0, 0.0, 0.0)[len(argv[:3]) :]]
+    with stub_server(chunks=int(chunks), gap_s=gap_ms / 1e3, first_s=first_ms / 1e3) as server:
         print(server.port, flush=True)
         threading.Event().wait()
 

@@ -65,6 +65,15 @@ def test_warmup_is_counted_and_left_out_and_the_lag_and_rate_are_the_clients() -
     assert figures.request_throughput_per_s == pytest.approx(4 / 0.343)
 
 
+def test_tpot_runs_to_the_last_token_and_e2e_to_the_streams_end() -> None:
+    """Tokens at 20, 30 and 40 ms after the send; the usage chunk and [DONE] end the stream at 47 ms: TPOT
+    (40 - 20) / 2 = 10 ms (the 7 ms after the last token are no decode), e2e 47 ms."""
+    event = dataclasses.replace(sent(1, planned_ms=0, lag_ms=0), end_ns=BASE_NS + 47 * MS)
+    figures = fold_of(event).figures()
+    assert figures.latencies["tpot_s"]["p50"] == pytest.approx(0.010)
+    assert figures.latencies["e2e_s"]["p50"] == pytest.approx(0.047)
+
+
 def test_a_send_lag_past_10_ms_at_p99_says_the_client_limited_the_result() -> None:
     lags = [1, 1, 1, 1 + CLIENT_LAG_LIMIT_S * 1e3 + 5]
     figures = fold_of(*(sent(i + 1, planned_ms=100 * i, lag_ms=lag) for i, lag in enumerate(lags))).figures()
