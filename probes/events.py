@@ -409,6 +409,10 @@ class NodeClock(Event):
     rtt_ns: int
 
 
+CLIENT_RANK = 0
+"""An endpoint's load generator is rank 0 of its recording: its requests' events and its process samples."""
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class RequestDone(Event):
     """One request of an inference load, served or failed, as its replica's leader rank saw it, or as

@@ -192,6 +192,8 @@ def _request_metrics(a: RunFold, b: RunFold) -> list[dict[str, Any]]:
             )
     if req_a.client is not None and req_b.client is not None:
         rows.append(metric("client send lag p99 (s)", req_a.client.send_lag_p99_s, req_b.client.send_lag_p99_s))
+        if req_a.client.cpu_mean_pct is not None and req_b.client.cpu_mean_pct is not None:
+            rows.append(metric("client CPU mean (% of a core)", req_a.client.cpu_mean_pct, req_b.client.cpu_mean_pct))
     return rows
 
 

@@ -95,7 +95,11 @@ def request_lines(requests: dict[str, Any], *, endpoint: bool = False) -> list[s
             if asked is not None
             else ""
         )
-        lines.append(f"  client: send lag p50 {milliseconds(lag['p50'])} ms  p99 {milliseconds(lag['p99'])} ms{rate}")
+        cpu = client.get("cpu_pct", {}).get("mean")
+        used = f"  CPU {cpu:.0f} % of a core" if cpu is not None else ""
+        lines.append(
+            f"  client: send lag p50 {milliseconds(lag['p50'])} ms  p99 {milliseconds(lag['p99'])} ms{rate}{used}"
+        )
         if client["limited"]:
             lines.append(f"  {client['limited']}")
     if endpoint:  # one server: no replicas of meshtop's

@@ -262,6 +262,8 @@ def requests_lines(state: DashboardState, width: int) -> Text:
         )
         if client.asked_rate_per_s is not None and client.achieved_rate_per_s is not None:
             text.append(f"  sent {client.achieved_rate_per_s:,.2f} of {client.asked_rate_per_s:,.2f} req/s asked")
+        if client.cpu_mean_pct is not None:
+            text.append(f"  CPU {client.cpu_mean_pct:.0f} %")
         if view.figures.warmup:
             text.append(f"  ({view.figures.warmup} warmup left out)")
         text.append("\n")

@@ -30,9 +30,15 @@ the load generator limited is told from one the server did:
   meant to send it; p50 and p99 over the load's requests;
 - achieved rate = (requests sent - 1) / (last send - first send), beside the
   rate asked for (open loop);
+- the client's CPU = its process's CPU use (100 % = one core; the process
+  samples of the load generator, rank 0) over the load's window, from its
+  first send to its last end: mean and max;
 - the client limited the result when the send lag's p99 is above
   :data:`CLIENT_LAG_LIMIT_S` (10 ms: a request meant for one moment went out
-  later, so its server saw a different load than asked).
+  later, so its server saw a different load than asked), or when its CPU
+  mean is at least :data:`CLIENT_CPU_LIMIT_PCT` (90 % of a core: the load
+  generator is one event loop, so a busy one reads each answer late and its
+  timings hold its own queueing).
 
 Token counts of an endpoint's requests are the server's (``usage``) where it
 reported them, else the streamed chunks that carried text (a chunk may hold
@@ -149,6 +155,10 @@ class ReplicaRow:
         }
 
 
+CLIENT_CPU_LIMIT_PCT = 90.0
+"""The load generator's mean CPU over the load (% of one core) at which it is CPU-bound."""
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ClientFigures:
     """How well an endpoint's load generator kept to the load (see the module's rules)."""
@@ -159,27 +169,43 @@ class ClientFigures:
     asked_rate_per_s: float | None
     limited: str | None
     """Why the client limited the result, in one line; ``None`` when it did not."""
+    cpu_mean_pct: float | None = None
+    """The load generator's CPU over the load's window (100 = one core); ``None`` without samples in it."""
+    cpu_max_pct: float | None = None
 
     def to_json(self) -> dict[str, object]:
         return {
             "send_lag_s": {"p50": self.send_lag_p50_s, "p99": self.send_lag_p99_s},
             "achieved_rate_per_s": self.achieved_rate_per_s,
             "asked_rate_per_s": self.asked_rate_per_s,
+            "cpu_pct": {"mean": self.cpu_mean_pct, "max": self.cpu_max_pct},
             "limited": self.limited,
         }
 
 
-def client_figures(lags_s: Distribution, sends_ns: tuple[int, int, int] | None, load: Load | None) -> ClientFigures:
-    """The client's figures from its requests' send lags and (first send, last send, count)."""
+def client_figures(
+    lags_s: Distribution,
+    sends_ns: tuple[int, int, int] | None,
+    load: Load | None,
+    cpu_pct: Sequence[float] = (),
+) -> ClientFigures:
+    """The client's figures from its requests' send lags, (first send, last send, count) and its process's
+    CPU samples over the load's window."""
     p50, p99 = lags_s.quantile(0.5), lags_s.quantile(0.99)
     achieved = None
     if sends_ns is not None and sends_ns[2] > 1 and sends_ns[1] > sends_ns[0]:
         achieved = (sends_ns[2] - 1) / ((sends_ns[1] - sends_ns[0]) / 1e9)
+    cpu_mean = sum(cpu_pct) / len(cpu_pct) if cpu_pct else None
     limited = None
     if p99 is not None and p99 > CLIENT_LAG_LIMIT_S:
         limited = (
             f"client-limited: the load generator sent requests {p99 * 1e3:.1f} ms late at p99 "
             f"(more than {CLIENT_LAG_LIMIT_S * 1e3:g} ms): the server saw a lighter load than asked"
+        )
+    elif cpu_mean is not None and cpu_mean >= CLIENT_CPU_LIMIT_PCT:
+        limited = (
+            f"client-limited: the load generator was CPU-bound ({cpu_mean:.0f} % of a core on average, "
+            f"at least {CLIENT_CPU_LIMIT_PCT:g} %): its latencies include its own queueing"
         )
     return ClientFigures(
         send_lag_p50_s=p50,
@@ -187,6 +213,8 @@ def client_figures(lags_s: Distribution, sends_ns: tuple[int, int, int] | None, 
         achieved_rate_per_s=achieved,
         asked_rate_per_s=load.request_rate_per_s if load is not None else None,
         limited=limited,
+        cpu_mean_pct=cpu_mean,
+        cpu_max_pct=max(cpu_pct) if cpu_pct else None,
     )
 
 
@@ -263,6 +291,19 @@ class RequestFold:
         self.send_lags = Distribution()
         self._sends: tuple[int, int, int] | None = None
         """(first send, last send, sends) of the load's requests that had a planned moment (an endpoint's)."""
+        self._client_cpu: list[tuple[int, float]] = []
+        """(wall ns, CPU %) of the load generator's process samples (an endpoint's)."""
+
+    def add_client_cpu(self, wall_ns: int, cpu_pct: float | None) -> None:
+        """A process sample of the load generator (an endpoint's rank 0)."""
+        if cpu_pct is not None:
+            self._client_cpu.append((wall_ns, cpu_pct))
+
+    def _client_cpu_in_window(self) -> list[float]:
+        if self._sends is None:
+            return []
+        start, end = self._sends[0], max(self._sends[1], self.last_end_ns or 0)
+        return [pct for wall_ns, pct in self._client_cpu if start <= wall_ns <= end]
 
     def add(self, event: RequestDone) -> None:
         if event.warmup:
@@ -350,7 +391,11 @@ class RequestFold:
             per_replica=tuple(self._replica_row(r, per_s) for r in replicas),
             warmup=self.warmup,
             tokens_from=tuple(sorted(self.tokens_from.items())),
-            client=client_figures(self.send_lags, self._sends, self.load) if self._sends is not None else None,
+            client=(
+                client_figures(self.send_lags, self._sends, self.load, self._client_cpu_in_window())
+                if self._sends is not None
+                else None
+            ),
         )
 
     def _replica_row(self, replica: int, per_s: Callable[[int], float | None]) -> ReplicaRow:

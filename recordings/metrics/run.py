@@ -27,6 +27,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from meshtop.probes.events import (
+    CLIENT_RANK,
     Event,
     GpuSample,
     JobEnded,
@@ -199,6 +200,10 @@ class RunFold:
             self.memory.add_table(table)
         elif kind == "process":
             self.memory.add_process_table(table)
+            if self.server is not None and self.requests is not None:
+                client = table.filter(pc.equal(table.column("rank"), CLIENT_RANK)).select(["wall_ns", "cpu_pct"])
+                for wall_ns, cpu_pct in zip(*client.to_pydict().values(), strict=True):
+                    self.requests.add_client_cpu(wall_ns, cpu_pct)
         elif not self._add_step_rows(StepRows.of(table)):
             self.apply_events(events_of(kind, table))
 
@@ -303,6 +308,8 @@ class RunFold:
                 self.memory.add(event)
             elif isinstance(event, ProcessSample):
                 self.memory.add_process(event)
+                if self.server is not None and self.requests is not None and event.rank == CLIENT_RANK:
+                    self.requests.add_client_cpu(event.wall_ns, event.cpu_pct)
             elif isinstance(event, RequestDone) and self.requests is not None:
                 self.requests.add(event)
             elif isinstance(event, ServerMetric) and self.server is not None:

@@ -22,14 +22,12 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from meshtop.probes.events import RequestDone
+from meshtop.probes.events import CLIENT_RANK, RequestDone
 from meshtop.probes.shipper import open_sink
 from meshtop.probes.sink import EventSink
 from meshtop.runner.serving.http import Origin, Pool, RequestFailed
 from meshtop.runner.serving.load import LoadRequest
 
-CLIENT_RANK = 0
-"""The load generator's place among the job's processes (its events and its process samples)."""
 INTERRUPTED = 130
 
 

@@ -9,7 +9,7 @@
   p50 are printed.
 - Recording's cost: the same seeded load at half the ceiling, sent by the load generator with meshtop
   recording it (``meshtop record``) and with a bare collector that only keeps the events in memory (no
-  files, no fold), in alternation; TTFT p50 and p99 of each, and their differences.
+  files, no fold), in pairs (each pair's order alternating); TTFT p50 and p99 of each, and their differences.
 """
 
 from __future__ import annotations
@@ -125,6 +125,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--requests", type=int, default=2000)
     parser.add_argument("--cost-requests", type=int, default=2000)
     parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument(
+        "--cost-rate", type=float, default=None, help="the rate recording's cost is measured at (half the ceiling)"
+    )
     parser.add_argument("--json", type=Path, default=None)
     parser.add_argument(
         "--guidellm",
@@ -164,11 +167,15 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                     break
             result["ceiling_rate"] = ceiling
             print(f"ceiling: {ceiling} requests/s with send lag p99 <= {CLIENT_LAG_LIMIT_S * 1e3:g} ms")
-            half = (ceiling or RATES[0]) / 2
+            half = args.cost_rate or (ceiling or RATES[0]) / 2
             on_p50, on_p99, off_p50, off_p99 = [], [], [], []
             for rep in range(args.reps):
+                # in alternating order, so a drift of the machine over the run weighs on both alike
+                if rep % 2:
+                    off = bare_ttfts(url, half, args.cost_requests, Path(tempfile.mkdtemp(dir=scratch)), seed=rep)
                 on = recorded(url, half, args.cost_requests, Path(scratch) / f"on-{rep}", seed=rep)
-                off = bare_ttfts(url, half, args.cost_requests, Path(tempfile.mkdtemp(dir=scratch)), seed=rep)
+                if not rep % 2:
+                    off = bare_ttfts(url, half, args.cost_requests, Path(tempfile.mkdtemp(dir=scratch)), seed=rep)
                 on_p50.append(on["ttft_s"]["p50"] * 1e3)
                 on_p99.append(on["ttft_s"]["p99"] * 1e3)
                 off_p50.append(quantile(off, 0.5) * 1e3)

@@ -74,6 +74,26 @@ def test_tpot_runs_to_the_last_token_and_e2e_to_the_streams_end() -> None:
     assert figures.latencies["e2e_s"]["p50"] == pytest.approx(0.047)
 
 
+def test_a_cpu_bound_load_generator_is_client_limited_by_its_samples_in_the_loads_window() -> None:
+    """Sends at 1, 102, 203 and 304 ms, the last end at 344 ms: the window. The samples at -50 ms (its imports)
+    and 400 ms (after the load) are outside it; 95 % and 92 % inside: mean 93.5 %, at least 90 %: CPU-bound.
+    The same load at 40 % and 60 %: mean 50 %, max 60 %, not limited."""
+    events = [sent(i + 1, planned_ms=100 * i, lag_ms=i + 1) for i in range(4)]
+    busy = fold_of(*events)
+    for at_ms, pct in ((-50, 100.0), (50, 95.0), (250, 92.0), (400, 100.0)):
+        busy.add_client_cpu(BASE_NS + int(at_ms * MS), pct)
+    client = busy.figures().client
+    assert client is not None
+    assert (client.cpu_mean_pct, client.cpu_max_pct) == (pytest.approx(93.5), 95.0)
+    assert client.limited is not None and "CPU-bound (94 % of a core on average" in client.limited
+    idle = fold_of(*events)
+    for at_ms, pct in ((50, 40.0), (250, 60.0), (260, None)):  # a sample with no reading counts for nothing
+        idle.add_client_cpu(BASE_NS + int(at_ms * MS), pct)
+    client = idle.figures().client
+    assert client is not None
+    assert (client.cpu_mean_pct, client.cpu_max_pct, client.limited) == (pytest.approx(50.0), 60.0, None)
+
+
 def test_a_send_lag_past_10_ms_at_p99_says_the_client_limited_the_result() -> None:
     lags = [1, 1, 1, 1 + CLIENT_LAG_LIMIT_S * 1e3 + 5]
     figures = fold_of(*(sent(i + 1, planned_ms=100 * i, lag_ms=lag) for i, lag in enumerate(lags))).figures()

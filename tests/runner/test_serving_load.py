@@ -31,6 +31,7 @@ from meshtop.runner.serving.load import (
     requests_for,
 )
 from meshtop.tui.endpoint_options import parse_slo
+from tests.kit.commands import run_meshtop, summary_json
 from tests.kit.sse_server import MODEL, stub_server
 
 
@@ -263,3 +264,19 @@ def test_a_load_sent_for_a_duration_stops_sending_at_it_and_is_what_it_sent() ->
     assert (figures.count, figures.completed, figures.failed) == (len(due), len(due), 0)
     assert requests_for(1.0, 50.0, None) == 73 and requests_for(None, None, None) == 64
     assert requests_for(5.0, None, None) == DURATION_REQUESTS and requests_for(5.0, 3.0, 7) == 7
+
+
+def test_a_recorded_load_says_the_clients_cpu_over_its_window(tmp_path: Path) -> None:
+    """30 requests at 20 / s (about 1.5 s): the load generator's process samples (2 a second) inside the load's
+    window give its CPU, a share of one core far from bound; summary prints it beside the send lag."""
+    out = tmp_path / "rec"
+    with stub_server(chunks=4) as server:
+        done = run_meshtop(
+            "record", out, "--endpoint", server.url, "--requests", "30", "--request-rate", "20", "--burstiness", "1e4"
+        )
+    assert done.returncode == 0, done.stdout + done.stderr
+    client = summary_json(out)["requests"]["client"]
+    assert 0 < client["cpu_pct"]["max"] < 90 and client["cpu_pct"]["mean"] <= client["cpu_pct"]["max"], client
+    assert client["limited"] is None
+    [line] = [line for line in run_meshtop("summary", out).stdout.splitlines() if "client: send lag" in line]
+    assert line.endswith(f"CPU {client['cpu_pct']['mean']:.0f} % of a core"), line
