@@ -211,7 +211,7 @@ def _gpu_metrics(a: RunFold, b: RunFold) -> list[dict[str, Any]]:
 
 
 def client_limits(a: RunFold, b: RunFold) -> list[str]:
-    """A run whose load generator limited it (its send lag), in one line each."""
+    """A run whose load generator limited it (its send lag or its CPU), in one line each."""
     lines = []
     for name, fold in (("A", a), ("B", b)):
         requests = fold.figures().requests if fold.requests is not None else None
