@@ -94,6 +94,12 @@ class StepTiming(Event):
     """Time blocked on pipeline P2P during the step (instrumented pipeline ranks only)."""
     cpu_s: float | None = None
     """CPU time the rank's process used during the step, all its threads (training, shipper, backend)."""
+    phases: str | None = None
+    """The step's phase windows, a letter each (``d`` data, ``f`` forward, ``b`` backward, ``o`` optimizer;
+    :mod:`meshtop.probes.phases`), their times in ``phase_start_ns`` and ``phase_end_ns``; ``None`` where not
+    measured (``--no-instrument``, or a probe that is off)."""
+    phase_start_ns: tuple[int, ...] = ()
+    phase_end_ns: tuple[int, ...] = ()
     losses: int | None = None
     """A user's script: how many losses ``loss`` is the mean of (its backward calls in the step, or a pipeline
     schedule's microbatches; :mod:`meshtop.probes.losses`); ``None`` for the built-in runner's, or where the
@@ -331,7 +337,7 @@ class ProbeOff(Event):
     rank: int
     wall_ns: int
     probe: str
-    """Which probe: ``collectives``, ``pipeline stages``, ``memory`` or ``loss``."""
+    """Which probe: ``collectives``, ``pipeline stages``, ``memory``, ``loss`` or ``step phases``."""
     reason: str
     """Why, in one line (the missing attribute and the torch release, or the error)."""
 
@@ -520,7 +526,7 @@ EVENT_TYPES: dict[str, type[Event]] = {
         ServerState,
     )
 }
-TUPLE_FIELDS = {"stages", "token_ns", "output_ids"}
+TUPLE_FIELDS = {"stages", "token_ns", "output_ids", "phase_start_ns", "phase_end_ns"}
 _WITH_TUPLES = frozenset(cls for cls in EVENT_TYPES.values() if TUPLE_FIELDS.intersection(_field_names(cls)))
 
 

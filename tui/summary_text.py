@@ -141,6 +141,16 @@ def loss_line(loss: dict[str, Any]) -> str | None:
     return line + (f" ({'; '.join(said)})" if said else "")
 
 
+def breakdown_line(breakdown: dict[str, Any] | None) -> str | None:
+    """``where the step goes: communication 53 %, forward 15 %, ...`` (parts of 1 % or more, the largest
+    first); ``None`` where no rank measured its phases."""
+    if breakdown is None or not breakdown["parts"]:
+        return None
+    shares = sorted(((row["share"], part) for part, row in breakdown["parts"].items()), reverse=True)
+    said = [f"{part} {share:.0%}" for share, part in shares if share >= 0.01]
+    return "where the step goes (all ranks): " + ", ".join(said).replace("%", " %")
+
+
 def run_words(run: dict[str, Any]) -> str:
     """``dp2 x tp1 x pp1 · model tiny · cpu fp32``, ``torchrun train.py (2 ranks) · cpu`` for a script, or
     ``endpoint http://host:8000 (completions) · model NAME`` for a served load."""
@@ -185,6 +195,8 @@ def summary_lines(summary: dict[str, Any]) -> list[str]:
     ]
     if (loss := loss_line(steps["loss"])) is not None:
         lines.append(loss)
+    if (breakdown := breakdown_line(summary.get("breakdown"))) is not None:
+        lines.append(breakdown)
     if run.get("hang"):  # meshtop's report of the hang that stopped it, torch's flight recorder's beside it
         first, *rest = run["hang"].splitlines()
         lines += [f"hung: {first}", *(f"  {line}" for line in rest)]

@@ -111,8 +111,13 @@ class CollectiveRow:
         }
 
 
-Exposure = tuple[dict[tuple[str, str], float], dict[int, float]]
-"""A closed step's exposed seconds per (group, op) (the job's: the most any rank had) and per rank (all ops)."""
+RankWaits = dict[int, tuple[list[tuple[int, int]], list[tuple[int, int]]]]
+"""Per rank: the intervals (wall ns) it waited in collectives, and in pipeline sends and receives."""
+Exposure = tuple[dict[tuple[str, str], float], dict[int, float], RankWaits]
+"""A closed step's exposed seconds per (group, op) (the job's: the most any rank had) and per rank (all ops),
+and each rank's exposed intervals (:func:`exposed_intervals`: the step breakdown's)."""
+PIPELINE_OPS = frozenset({"send", "recv"})
+"""A pipelined rank's waits in these are its bubble, not its communication (:mod:`.breakdown`)."""
 Closing = tuple[int, float, StepSpans]
 """A job step to close: its number, its time, and each rank's span."""
 
@@ -223,7 +228,7 @@ class CollectiveFold:
             self.step_time_s.add(duration_s)
             chunks.append(self._open.pop(step, []))
         with_ops = [index for index, found in enumerate(chunks) if found]
-        exposures: list[Exposure] = [({}, {}) for _ in closing]
+        exposures: list[Exposure] = [({}, {}, {}) for _ in closing]
         if not with_ops:
             return exposures
         ranks = max(int(chunk.rank.max()) for index in with_ops for chunk in chunks[index]) + 1
@@ -263,6 +268,8 @@ class CollectiveFold:
         seen: npt.NDArray[np.bool_] = np.bincount(cell, weights=waited.astype(float), minlength=cells) > 0
         present: npt.NDArray[np.bool_] = np.bincount(cell, minlength=cells) > 0
         union = _union_lengths(cell, start, end, cells)
+        pipeline = np.array([stats.op in PIPELINE_OPS for stats in self.stats])[key]
+        waits = exposed_intervals(step, rank, start, end, waited_ns, waited, seen[cell], pipeline, steps)
         step_ns = np.where(span_end < _NO_SPAN[1], span_end - span_start, np.inf).astype(float)
         limit = np.broadcast_to(step_ns[:, None, :], (steps, ops, ranks)).ravel()
         exposed_ns = np.where(seen, np.minimum(waited_sum, limit), union).reshape(steps, ops, ranks)
@@ -285,7 +292,7 @@ class CollectiveFold:
                     stats.bounded_steps += 1
                 by_op[(stats.group, stats.op)] = value
             by_rank = {r: per_rank[index][r] / 1e9 for r in np.flatnonzero(has_rank[index]).tolist()}
-            exposures.append((by_op, by_rank))
+            exposures.append((by_op, by_rank, waits[index]))
         return exposures
 
     def rows(self) -> list[CollectiveRow]:
@@ -378,6 +385,31 @@ def _span_grid(spans: list[StepSpans], ranks: int) -> tuple[np.ndarray, np.ndarr
     start[row[known], rank[known]] = column("start_ns")[known]
     end[row[known], rank[known]] = column("end_ns")[known]
     return start, end
+
+
+def exposed_intervals(
+    step: np.ndarray,
+    rank: np.ndarray,
+    start: np.ndarray,
+    end: np.ndarray,
+    waited_ns: np.ndarray,
+    waited: np.ndarray,
+    seen: np.ndarray,
+    pipeline: np.ndarray,
+    steps: int,
+) -> list[RankWaits]:
+    """Each operation's exposed interval, by the exposed time's rule: where a wait was seen in its cell, its
+    own wait [end - waited, end] (none where it was not waited on); where none was, its whole in-flight time
+    [start, end]. Per step index, per rank: (collective intervals, pipeline send / receive intervals)."""
+    begin = np.where(seen, np.maximum(start, end - waited_ns.astype(np.int64)), start)
+    keep = np.where(seen, waited, True) & (end > begin)
+    by_step: list[RankWaits] = [{} for _ in range(steps)]
+    for s, r, b, e, p in zip(
+        step[keep].tolist(), rank[keep].tolist(), begin[keep].tolist(), end[keep].tolist(), pipeline[keep].tolist(),
+        strict=True,
+    ):  # fmt: skip
+        by_step[s].setdefault(r, ([], []))[1 if p else 0].append((b, e))
+    return by_step
 
 
 def _union_lengths(cell: np.ndarray, start: np.ndarray, end: np.ndarray, cells: int) -> np.ndarray:

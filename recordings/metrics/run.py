@@ -39,14 +39,23 @@ from meshtop.probes.events import (
     StepTiming,
 )
 from meshtop.recordings.manifest import GpuInfo, RunDescription
-from meshtop.recordings.metrics.collectives import CollectiveFold, CollectiveRow
+from meshtop.recordings.metrics.breakdown import Breakdown, BreakdownFold, RankStep
+from meshtop.recordings.metrics.collectives import CollectiveFold, CollectiveRow, RankWaits
 from meshtop.recordings.metrics.gpus import GpuFold, GpuRow
 from meshtop.recordings.metrics.memory import MemoryFold, MemoryRow
 from meshtop.recordings.metrics.mfu import GpuModel, Mfu, mfu, script_parameters
 from meshtop.recordings.metrics.pipeline import StageFold, StageRow, step_bubbles
 from meshtop.recordings.metrics.requests import RequestFigures, RequestFold
 from meshtop.recordings.metrics.server import ServerFigures, ServerFold
-from meshtop.recordings.metrics.steps import JobStep, StepFigures, StepFolder, StepRows, StepSpans, StepStats
+from meshtop.recordings.metrics.steps import (
+    JobStep,
+    StepFigures,
+    StepFolder,
+    StepRows,
+    StepSpans,
+    StepStats,
+    Windows,
+)
 from meshtop.recordings.metrics.stragglers import ComputeTimes, Straggler
 from meshtop.recordings.schema import events_of
 
@@ -119,6 +128,8 @@ class RunFigures:
     """An endpoint's engine, from its scraped ``/metrics`` (``None`` without them)."""
     gpus: tuple[GpuRow, ...] = ()
     """Each GPU sampled (NVML): its peak memory used and mean utilisation."""
+    breakdown: Breakdown | None = None
+    """Where the steps went, per part (training ranks that measured their phases; ``None`` where none did)."""
 
     def to_json(self) -> dict[str, object]:
         return {
@@ -133,6 +144,7 @@ class RunFigures:
             "stragglers": [asdict(straggler) for straggler in self.stragglers],
             "server": self.server.to_json() if self.server is not None else None,
             "gpus": [asdict(row) for row in self.gpus],
+            "breakdown": self.breakdown.to_json() if self.breakdown is not None else None,
         }
 
 
@@ -165,6 +177,8 @@ class RunFold:
         self.closed_count = 0
         """Steps closed so far."""
         self.compute = ComputeTimes()
+        self.breakdown = BreakdownFold()
+        """Each rank's step parts, as steps close."""
         """Each rank's compute time in its last closed steps: the straggler rule's input."""
         self.version = 0
         """Grows with every change, so a caller can tell whether its figures are stale."""
@@ -362,7 +376,7 @@ class RunFold:
                 self._complete(step)
             return
         self._spans.setdefault(timing.step, StepSpans()).add(
-            timing.rank, timing.start_ns, timing.duration_s, timing.forward_backward_s
+            timing.rank, timing.start_ns, timing.duration_s, timing.forward_backward_s, Windows.of(timing)
         )
         if (step := self._folder.add(timing)) is not None:
             self._complete(step)
@@ -391,12 +405,35 @@ class RunFold:
         exposures = self.collectives.close_steps(
             [(step.step, step.duration_s, ranks) for step, ranks in zip(steps, spans, strict=True)]
         )
-        for step, ranks, (by_op, by_rank) in zip(steps, spans, exposures, strict=True):
+        for step, ranks, (by_op, by_rank, waits) in zip(steps, spans, exposures, strict=True):
+            self._break_down(ranks, waits)
             span_s, bubbles = self.stages.close(step.step, ranks.forward_backward_max_s())
             self.compute.add_step(ranks.durations_s(), by_rank)
             self.closed_count += 1
             self.closed.append(
                 ClosedStep(step.step, step.duration_s, by_op, by_rank, ranks.durations_s(), span_s, bubbles)
+            )
+
+    def _break_down(self, ranks: StepSpans, waits: RankWaits) -> None:
+        """Each rank's parts of a closed step (ranks that measured their phases)."""
+        for rank, windows in ranks.windows.items():
+            start, end, forward_backward_s = ranks.span(rank)
+            collectives, pipeline = waits.get(rank, ([], []))
+            pipelined = windows.pipeline_wait_s is not None and (windows.pipeline_wait_s > 0 or bool(pipeline))
+            self.breakdown.add(
+                rank,
+                RankStep(
+                    start_ns=start,
+                    end_ns=end,
+                    schedule_end_ns=(
+                        start + int(forward_backward_s * 1e9) if pipelined and forward_backward_s is not None else None
+                    ),
+                    phases=windows.phases,
+                    phase_start_ns=windows.start_ns,
+                    phase_end_ns=windows.end_ns,
+                    communication=collectives if pipelined else collectives + pipeline,
+                    pipeline_waits=pipeline if pipelined else [],
+                ),
             )
 
     def step_bubbles(self, number: int) -> tuple[float, dict[int, float]]:
@@ -446,6 +483,7 @@ class RunFold:
             stragglers=tuple(self.compute.stragglers(lambda rank: self.position(rank)[0])),
             server=self.server.figures() if self.server is not None else None,
             gpus=tuple(self.gpus.rows()),
+            breakdown=breakdown if (breakdown := self.breakdown.figures()).steps else None,
         )
         self._figures = (self.version, figures)
         return figures

@@ -26,6 +26,22 @@ from meshtop.probes.events import StepTiming
 from meshtop.recordings.metrics.stats import Distribution
 
 
+@dataclass(frozen=True, slots=True)
+class Windows:
+    """One rank's step phases as it measured them (:class:`~meshtop.probes.events.StepTiming`'s)."""
+
+    phases: str
+    start_ns: Sequence[int]
+    end_ns: Sequence[int]
+    pipeline_wait_s: float | None
+
+    @classmethod
+    def of(cls, timing: StepTiming) -> Windows | None:
+        if timing.phases is None:
+            return None
+        return cls(timing.phases, timing.phase_start_ns, timing.phase_end_ns, timing.pipeline_wait_s)
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class JobStep:
     """One step of the whole job, once every rank has reported it."""
@@ -104,7 +120,7 @@ class StepSpans:
     a rank's later report replaces its earlier one. Kept as columns: a recording's whole step table makes
     lists of numbers, not an object a row for the garbage collector to walk."""
 
-    __slots__ = ("_at", "end_ns", "forward_backward_s", "ranks", "start_ns")
+    __slots__ = ("_at", "end_ns", "forward_backward_s", "ranks", "start_ns", "windows")
 
     def __init__(self) -> None:
         self.ranks: list[int] = []
@@ -113,9 +129,20 @@ class StepSpans:
         self.forward_backward_s: list[float | None] = []
         self._at: dict[int, int] = {}
         """Each rank's position in the columns."""
+        self.windows: dict[int, Windows] = {}
+        """The ranks that measured their step's phases: their windows."""
 
-    def add(self, rank: int, start_ns: int, duration_s: float, forward_backward_s: float | None) -> None:
+    def add(
+        self,
+        rank: int,
+        start_ns: int,
+        duration_s: float,
+        forward_backward_s: float | None,
+        windows: Windows | None = None,
+    ) -> None:
         """One rank's report of the step."""
+        if windows is not None:
+            self.windows[rank] = windows
         end_ns, at = step_end_ns(start_ns, duration_s), self._at.get(rank)
         if at is None:
             self._at[rank] = len(self.ranks)
@@ -127,18 +154,29 @@ class StepSpans:
             self.start_ns[at], self.end_ns[at], self.forward_backward_s[at] = start_ns, end_ns, forward_backward_s
 
     def extend(
-        self, ranks: list[int], start_ns: list[int], durations_s: list[float], forward_backward_s: list[float | None]
+        self,
+        ranks: list[int],
+        start_ns: list[int],
+        durations_s: list[float],
+        forward_backward_s: list[float | None],
+        windows: list[Windows | None],
     ) -> None:
         """Reports of several ranks, as :meth:`add` of each in order."""
         if len(set(ranks)) < len(ranks) or not self._at.keys().isdisjoint(ranks):
-            for report in zip(ranks, start_ns, durations_s, forward_backward_s, strict=True):
+            for report in zip(ranks, start_ns, durations_s, forward_backward_s, windows, strict=True):
                 self.add(*report)
             return
+        self.windows.update((rank, found) for rank, found in zip(ranks, windows, strict=True) if found is not None)
         self._at.update(zip(ranks, range(len(self.ranks), len(self.ranks) + len(ranks)), strict=False))
         self.ranks += ranks
         self.start_ns += start_ns
         self.end_ns += map(step_end_ns, start_ns, durations_s)
         self.forward_backward_s += forward_backward_s
+
+    def span(self, rank: int) -> tuple[int, int, float | None]:
+        """(start, end, forward + backward seconds) of ``rank``'s report."""
+        at = self._at[rank]
+        return self.start_ns[at], self.end_ns[at], self.forward_backward_s[at]
 
     def forward_backward_max_s(self) -> float | None:
         """The pipeline's step: the slowest rank's forward + backward (``None`` where no rank measured one)."""
@@ -149,6 +187,13 @@ class StepSpans:
         return {
             rank: (end - start) / 1e9 for rank, start, end in zip(self.ranks, self.start_ns, self.end_ns, strict=True)
         }
+
+
+STEP_COLUMNS = (
+    "rank", "step", "start_ns", "duration_s", "tokens", "loss", "losses", "forward_backward_s",
+    "pipeline_wait_s", "phases", "phase_start_ns", "phase_end_ns",
+)  # fmt: skip
+"""The ``step`` columns the fold reads."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -165,14 +210,16 @@ class StepRows:
     loss: list[float | None]
     losses: list[int | None]
     forward_backward_s: list[float | None]
+    pipeline_wait_s: list[float | None]
+    phases: list[str | None]
+    phase_start_ns: list[list[int] | None]
+    phase_end_ns: list[list[int] | None]
     by_step: dict[int, list[int]]
     """Each step's rows, in the order they came (steps in the order they first came)."""
 
     @classmethod
     def of(cls, table: pa.Table) -> StepRows:
-        columns = table.select(
-            ["rank", "step", "start_ns", "duration_s", "tokens", "loss", "losses", "forward_backward_s"]
-        ).to_pydict()
+        columns = table.select(list(STEP_COLUMNS)).to_pydict()
         by_step: dict[int, list[int]] = {}
         for index, step in enumerate(columns["step"]):
             by_step.setdefault(step, []).append(index)
@@ -188,6 +235,16 @@ class StepRows:
             [self.start_ns[i] for i in indexes],
             [self.duration_s[i] for i in indexes],
             [self.forward_backward_s[i] for i in indexes],
+            [self.windows(i) for i in indexes],
+        )
+
+    def windows(self, index: int) -> Windows | None:
+        """Row ``index``'s phase windows, where it measured them."""
+        phases = self.phases[index]
+        if phases is None:
+            return None
+        return Windows(
+            phases, self.phase_start_ns[index] or (), self.phase_end_ns[index] or (), self.pipeline_wait_s[index]
         )
 
 

@@ -279,13 +279,13 @@ def test_lines_that_are_not_one_event_each_decode_to_none_without_raising() -> N
 
 
 def test_the_queue_is_bounded_in_bytes_too() -> None:
-    small = Collector(max_queue_bytes=12_000).start()
+    small = Collector(max_queue_bytes=16_000).start()
     try:
         for _ in range(3):
             raw_send(
                 small.address,
                 encode_events(token=small.token, rank=0, dropped=0, events=[step(0, n) for n in range(30)]),
-            )  # 5,330 bytes each
+            )  # 7,421 bytes each: two fit, the third does not
         time.sleep(0.3)
         assert (small.queued, small.counts.queue_full) == (60, 30)
     finally:

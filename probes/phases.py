@@ -1,0 +1,152 @@
+"""Where a rank's step goes: the windows of its data loading, forward, backward and optimizer.
+
+Rules, each a window of the rank's main thread, in wall-clock time (``time.time_ns``):
+
+- **data** (``d``): each ``__next__`` of a DataLoader's iterator (``_BaseDataLoaderIter.__next__``): the
+  time the step loop waited for its next batch. An iterable the loop pulls from that is not a DataLoader is
+  not seen (its time stays in the step's rest).
+- **forward** (``f``): each call of a root module, a module called while no other module's forward runs.
+  The first step learns the roots with torch's global forward hooks; from then on only those modules carry
+  hooks (a global hook runs for every submodule, hundreds a forward), so a root first called later (an
+  evaluation model) is not seen.
+- **backward** (``b``): each ``torch.autograd.backward`` call (``loss.backward()`` calls it) and each
+  ``torch.autograd.grad`` call (pipeline schedules' split backward); a forward run inside one (activation
+  checkpointing's recomputation) lies inside the backward window.
+- **optimizer** (``o``): each optimizer step, from torch's global step pre-hook to its post-hook.
+
+Nested windows of one phase count once (the outermost). Windows overlap where one phase runs inside another
+(recomputation inside backward); the metrics core gives each moment to one phase
+(:mod:`meshtop.recordings.metrics.breakdown`). At most :data:`MAX_WINDOWS` windows a step are kept: past
+that, each new window of a phase widens that phase's last one.
+
+The clocks are the host's: on a GPU the windows are when the host ran the calls, which is when their
+device work was queued; they hold the device's time only where the host waited for it.
+"""
+
+from __future__ import annotations
+
+import time
+import weakref
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch.nn.modules.module import register_module_forward_hook, register_module_forward_pre_hook
+from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
+
+from meshtop.probes.patching import Patches, require
+
+DATA, FORWARD, BACKWARD, OPTIMIZER = "d", "f", "b", "o"
+MAX_WINDOWS = 256
+"""Windows kept a step; past it, windows of a phase merge into its last one."""
+
+
+class Phases:
+    """The windows of one rank's steps, handed out a step at a time (:meth:`take`)."""
+
+    def __init__(self) -> None:
+        self._patches = Patches()
+        self._hooks: list[Any] = []
+        self._kinds: list[str] = []
+        self._starts: list[int] = []
+        self._ends: list[int] = []
+        self._open: dict[str, tuple[int, int]] = {}
+        """Phase -> (depth of nested calls, start) of its window in progress."""
+        self._forward_depth = 0
+        self._learning = True
+        """The first step: global forward hooks find the root modules."""
+        self._roots: weakref.WeakSet[torch.nn.Module] = weakref.WeakSet()
+
+    # -- windows -----------------------------------------------------------------------
+
+    def begin(self, phase: str) -> None:
+        depth, start = self._open.get(phase, (0, 0))
+        self._open[phase] = (depth + 1, start if depth else time.time_ns())
+
+    def end(self, phase: str) -> None:
+        depth, start = self._open.get(phase, (0, 0))
+        if depth == 0:
+            return  # an end without its begin (hooks installed mid-call)
+        if depth > 1:
+            self._open[phase] = (depth - 1, start)
+            return
+        del self._open[phase]
+        end = time.time_ns()
+        if len(self._kinds) >= MAX_WINDOWS:
+            for index in range(len(self._kinds) - 1, -1, -1):
+                if self._kinds[index] == phase:
+                    self._ends[index] = end
+                    return
+        self._kinds.append(phase)
+        self._starts.append(start)
+        self._ends.append(end)
+
+    def take(self) -> tuple[str, tuple[int, ...], tuple[int, ...]]:
+        """The windows closed since the last call (phase letters, starts, ends); the first call ends the
+        learning of roots."""
+        if self._learning:
+            self._learned()
+        taken = ("".join(self._kinds), tuple(self._starts), tuple(self._ends))
+        self._kinds, self._starts, self._ends = [], [], []
+        return taken
+
+    # -- hooks -------------------------------------------------------------------------
+
+    def install(self) -> None:
+        """Every hook, or :class:`~meshtop.probes.patching.MissingInternal` before any where torch lacks one."""
+        from torch.utils.data import dataloader
+
+        iterator = require(dataloader, "_BaseDataLoaderIter")
+        next_batch = require(iterator, "__next__")
+        self._patches.replace(iterator, "__next__", self._timed(next_batch, DATA))
+        self._patches.replace(torch.autograd, "backward", self._timed(torch.autograd.backward, BACKWARD))
+        self._patches.replace(torch.autograd, "grad", self._timed(torch.autograd.grad, BACKWARD))
+        self._hooks = [
+            register_module_forward_pre_hook(self._global_pre),
+            register_module_forward_hook(self._global_post, always_call=True),
+            register_optimizer_step_pre_hook(lambda *_: self.begin(OPTIMIZER)),
+            register_optimizer_step_post_hook(lambda *_: self.end(OPTIMIZER)),
+        ]
+
+    def uninstall(self) -> None:
+        for hook in self._hooks:
+            hook.remove()
+        self._hooks = []
+        self._patches.restore()
+
+    def _timed(self, original: Callable[..., Any], phase: str) -> Callable[..., Any]:
+        phases = self
+
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            phases.begin(phase)
+            try:
+                return original(*args, **kwargs)
+            finally:
+                phases.end(phase)
+
+        timed.__wrapped__ = original  # type: ignore[attr-defined]
+        return timed
+
+    def _global_pre(self, module: torch.nn.Module, args: Any) -> None:
+        if self._forward_depth == 0:
+            self._roots.add(module)
+            self.begin(FORWARD)
+        self._forward_depth += 1
+
+    def _global_post(self, module: torch.nn.Module, args: Any, output: Any) -> None:
+        self._forward_depth = max(0, self._forward_depth - 1)
+        if self._forward_depth == 0:
+            self.end(FORWARD)
+
+    def _learned(self) -> None:
+        """From the second step on, hooks on the roots only."""
+        if self._forward_depth or not self._hooks:  # inside a forward (learn on), or not installed
+            return
+        self._learning = False
+        global_pre, global_post, *optimizer = self._hooks
+        global_pre.remove()
+        global_post.remove()
+        self._hooks = list(optimizer)
+        for root in list(self._roots):
+            self._hooks.append(root.register_forward_pre_hook(lambda *_: self.begin(FORWARD)))
+            self._hooks.append(root.register_forward_hook(lambda *_: self.end(FORWARD), always_call=True))

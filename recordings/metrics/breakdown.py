@@ -1,0 +1,142 @@
+"""Where the step goes: each rank's step split into data, forward, backward, optimizer, exposed
+communication, pipeline bubble and the rest, adding up to the step.
+
+Rules, per rank and closed step:
+
+- The rank's step is [start, start + duration] (its ``step`` event). Each moment of it goes to exactly one
+  part, the first of these that covers it, so the parts add up to the step:
+
+  1. **communication**: a moment the rank waited in a collective (not a pipeline's send or receive):
+     [end - waited, end] of each operation whose wait the probe saw, else the operation's whole in-flight
+     time [start, end], an upper bound, as the exposed time of
+     :mod:`~meshtop.recordings.metrics.collectives` (DDP's reducer waits where no probe sees it);
+  2. **bubble**, a pipelined rank's: a moment it waited on a pipeline send or receive, by the same rule;
+  3. **data**, 4. **optimizer**, 5. **backward**, 6. **forward**: the rank's phase windows
+     (:mod:`meshtop.probes.phases`; a forward inside backward, activation checkpointing's recomputation, is
+     backward);
+  7. **bubble**, again a pipelined rank's: a moment of its pipeline schedule (from the step's start to its
+     optimizer step, ``forward_backward_s``) in none of the above: it idled between stage actions;
+  8. **other**: the rest (the loop's own code, logging, a host sync the script made).
+
+  A rank is pipelined when it measured its pipeline waits (``pipeline_wait_s``) and waited in one or ran a
+  send or receive in the step.
+- Over the run, per rank: each part's mean seconds per step and its **share**, the part's sum over the
+  rank's step times' sum. The job's: the same over every rank's steps.
+- Intervals are wall-clock nanoseconds (the ranks' own clocks, moved onto the head's on many nodes).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+PARTS = ("data", "forward", "backward", "optimizer", "communication", "bubble", "other")
+"""Every part, in the order they are shown."""
+PHASE_PARTS = {"d": "data", "f": "forward", "b": "backward", "o": "optimizer"}
+_LABELS = ("communication", "bubble", "data", "optimizer", "backward", "forward", "bubble", "other")
+"""The part of each precedence level (the index), first wins: see the module's rules."""
+_COMM, _P2P, _SCHEDULE, _OTHER = 0, 1, 6, 7
+_PHASE_LEVEL = {"d": 2, "o": 3, "b": 4, "f": 5}
+
+Interval = tuple[int, int]
+
+
+@dataclass(frozen=True, slots=True)
+class RankStep:
+    """One rank's step and what covered it."""
+
+    start_ns: int
+    end_ns: int
+    schedule_end_ns: int | None
+    """A pipelined rank's: where its schedule ended (the optimizer's start); ``None`` otherwise."""
+    phases: str
+    phase_start_ns: Sequence[int]
+    phase_end_ns: Sequence[int]
+    communication: Sequence[Interval]
+    pipeline_waits: Sequence[Interval]
+
+
+def step_parts(step: RankStep) -> dict[str, float]:
+    """Seconds of each of :data:`PARTS` in ``step``, by the module's rules (they add up to its length)."""
+    intervals: list[tuple[int, int, int]] = [(s, e, _COMM) for s, e in step.communication]
+    intervals += [(s, e, _P2P) for s, e in step.pipeline_waits]
+    for kind, s, e in zip(step.phases, step.phase_start_ns, step.phase_end_ns, strict=True):
+        if (level := _PHASE_LEVEL.get(kind)) is not None:
+            intervals.append((s, e, level))
+    if step.schedule_end_ns is not None:
+        intervals.append((step.start_ns, step.schedule_end_ns, _SCHEDULE))
+    parts = dict.fromkeys(PARTS, 0.0)
+    if step.end_ns <= step.start_ns:
+        return parts
+    clipped = [
+        (max(s, step.start_ns), min(e, step.end_ns), level)
+        for s, e, level in intervals
+        if min(e, step.end_ns) > max(s, step.start_ns)
+    ]
+    cuts = sorted({step.start_ns, step.end_ns, *(s for s, _, _ in clipped), *(e for _, e, _ in clipped)})
+    edges = np.array(cuts, dtype=np.int64)
+    best = np.full(len(edges) - 1, _OTHER, dtype=np.int64)
+    for s, e, level in clipped:  # each segment takes the first (lowest) level covering it
+        lo, hi = np.searchsorted(edges, s), np.searchsorted(edges, e)
+        np.minimum(best[lo:hi], level, out=best[lo:hi])
+    lengths = np.diff(edges) / 1e9
+    totals = np.bincount(best, weights=lengths, minlength=len(_LABELS))
+    for level, seconds in enumerate(totals.tolist()):
+        parts[_LABELS[level]] += seconds
+    return parts
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Breakdown:
+    """Each part's mean seconds per step and share of the step, over the job's ranks and per rank."""
+
+    parts: dict[str, dict[str, float]]
+    """Part -> ``{"s_per_step": ..., "share": ...}`` over every rank's closed steps."""
+    per_rank: dict[int, dict[str, dict[str, float]]]
+    steps: int
+    """Closed rank-steps it is over."""
+
+    def biggest(self) -> str | None:
+        """The part that took the most of the step (``None`` before any step)."""
+        if not self.steps:
+            return None
+        return max(PARTS, key=lambda part: self.parts[part]["share"])
+
+    def to_json(self) -> dict[str, object]:
+        return {
+            "parts": self.parts,
+            "per_rank": {str(rank): parts for rank, parts in sorted(self.per_rank.items())},
+            "biggest": self.biggest(),
+        }
+
+
+class BreakdownFold:
+    """Each rank's step parts, summed as steps close."""
+
+    def __init__(self) -> None:
+        self._sums: dict[int, np.ndarray] = defaultdict(lambda: np.zeros(len(PARTS)))
+        self._step_s: dict[int, float] = defaultdict(float)
+        self._steps: dict[int, int] = defaultdict(int)
+
+    def add(self, rank: int, step: RankStep) -> dict[str, float]:
+        parts = step_parts(step)
+        self._sums[rank] += np.array([parts[part] for part in PARTS])
+        self._step_s[rank] += (step.end_ns - step.start_ns) / 1e9
+        self._steps[rank] += 1
+        return parts
+
+    def figures(self) -> Breakdown:
+        def rows(sums: np.ndarray, step_s: float, steps: int) -> dict[str, dict[str, float]]:
+            return {
+                part: {"s_per_step": float(total) / steps, "share": float(total) / step_s if step_s > 0 else 0.0}
+                for part, total in zip(PARTS, sums.tolist(), strict=True)
+            }
+
+        per_rank = {rank: rows(self._sums[rank], self._step_s[rank], self._steps[rank]) for rank in self._sums}
+        steps = sum(self._steps.values())
+        total = sum(self._sums.values(), np.zeros(len(PARTS)))
+        parts = rows(total, sum(self._step_s.values()), steps) if steps else {}
+        return Breakdown(parts=parts, per_rank=per_rank, steps=steps)

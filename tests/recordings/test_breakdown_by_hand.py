@@ -1,0 +1,80 @@
+"""The step breakdown's rules (recordings/metrics/breakdown.py) against steps worked out by hand, in ms."""
+
+from __future__ import annotations
+
+import pytest
+
+from meshtop.recordings.metrics.breakdown import PARTS, BreakdownFold, RankStep, step_parts
+
+MS = 1_000_000
+
+
+def rank_step(
+    end: int,
+    windows: list[tuple[str, int, int]],
+    *,
+    start: int = 0,
+    schedule_end: int | None = None,
+    comm: list[tuple[int, int]] = (),  # type: ignore[assignment]
+    p2p: list[tuple[int, int]] = (),  # type: ignore[assignment]
+) -> RankStep:
+    return RankStep(
+        start_ns=start * MS,
+        end_ns=end * MS,
+        schedule_end_ns=None if schedule_end is None else schedule_end * MS,
+        phases="".join(kind for kind, _, _ in windows),
+        phase_start_ns=[s * MS for _, s, _ in windows],
+        phase_end_ns=[e * MS for _, _, e in windows],
+        communication=[(s * MS, e * MS) for s, e in comm],
+        pipeline_waits=[(s * MS, e * MS) for s, e in p2p],
+    )
+
+
+def ms(parts: dict[str, float]) -> dict[str, float]:
+    return {part: pytest.approx(seconds * 1e3) for part, seconds in parts.items() if seconds}
+
+
+def test_a_data_parallel_step_gives_each_moment_to_one_part() -> None:
+    """Data 0-20, forward 20-45, backward 45-85, optimizer 85-95, the all-reduce waited 80-88: communication
+    takes 80-88 out of backward (80-85) and optimizer (85-88): 8; backward 45-80 = 35; optimizer 88-95 = 7;
+    95-100 is the loop's own: other 5. 20 + 25 + 35 + 7 + 8 + 5 = 100."""
+    step = rank_step(100, [("d", 0, 20), ("f", 20, 45), ("b", 45, 85), ("o", 85, 95)], comm=[(80, 88)])
+    parts = step_parts(step)
+    assert ms(parts) == {"data": 20, "forward": 25, "backward": 35, "optimizer": 7, "communication": 8, "other": 5}
+    assert sum(parts.values()) == pytest.approx(0.100)
+
+
+def test_a_pipelined_step_idles_in_its_bubble_between_its_stage_actions() -> None:
+    """Schedule 0-80: forward 0-10 and 30-40, backward 50-70, a receive waited 10-25; optimizer 82-90.
+    Bubble: the wait 10-25 and the schedule's uncovered 25-30, 40-50, 70-80 = 15 + 5 + 10 + 10 = 40; other:
+    80-82 and 90-100 = 12."""
+    step = rank_step(100, [("f", 0, 10), ("f", 30, 40), ("b", 50, 70), ("o", 82, 90)], schedule_end=80, p2p=[(10, 25)])
+    assert ms(step_parts(step)) == {"forward": 20, "backward": 20, "optimizer": 8, "bubble": 40, "other": 12}
+
+
+def test_recomputation_is_backward_and_windows_are_clipped_to_the_step() -> None:
+    """Backward 10-50 with a forward 20-30 inside it (checkpointing's recompute): backward 40, no forward.
+    A data window -10-5 began before the step (0-60): data 5. A collective waited 55-70 ends past it: 5."""
+    step = rank_step(60, [("d", -10, 5), ("b", 10, 50), ("f", 20, 30)], comm=[(55, 70)])
+    assert ms(step_parts(step)) == {"data": 5, "backward": 40, "communication": 5, "other": 10}
+
+
+def test_a_step_of_no_time_has_no_parts() -> None:
+    assert step_parts(rank_step(0, [("f", 0, 10)])) == dict.fromkeys(PARTS, 0.0)
+
+
+def test_the_fold_gives_each_part_per_step_and_share_per_rank_and_over_the_job() -> None:
+    """Rank 0: two steps of 100 ms, data 20 then 40; rank 1: one of 50 ms, data 10, forward 40. Rank 0's data:
+    30 ms a step, share 60 / 200; the job's: (20 + 40 + 10) / 3 steps, share 70 / 250. Biggest: other
+    (140 + 0 of 250)."""
+    fold = BreakdownFold()
+    fold.add(0, rank_step(100, [("d", 0, 20)]))
+    fold.add(0, rank_step(100, [("d", 0, 40)]))
+    fold.add(1, rank_step(50, [("d", 0, 10), ("f", 10, 50)]))
+    figures = fold.figures()
+    assert figures.per_rank[0]["data"] == {"s_per_step": pytest.approx(0.030), "share": pytest.approx(0.3)}
+    assert figures.per_rank[1]["forward"] == {"s_per_step": pytest.approx(0.040), "share": pytest.approx(0.8)}
+    assert figures.parts["data"] == {"s_per_step": pytest.approx(0.070 / 3), "share": pytest.approx(70 / 250)}
+    assert figures.parts["other"]["share"] == pytest.approx(140 / 250)
+    assert figures.biggest() == "other" and figures.steps == 3
+    assert BreakdownFold().figures().biggest() is None
