@@ -36,6 +36,7 @@ from meshtop.probes.flight import FlightDumps
 from meshtop.probes.memory import MemoryProbe
 from meshtop.probes.native import first_line, from_environment
 from meshtop.probes.patching import MissingInternal
+from meshtop.probes.phases import Phases
 from meshtop.probes.pipeline import StageProbe
 from meshtop.probes.sink import EventSink
 from meshtop.probes.wire import NCCL_TIMING_ENV
@@ -43,7 +44,7 @@ from meshtop.probes.wire import NCCL_TIMING_ENV
 OVERHEAD_BLOCK_ENV = "MESHTOP_OVERHEAD_BLOCK"
 """Benchmarks only (``tests/bench/overhead.py``): switch the hooks on and off every N steps, to time both in one
 job. Read once, when the worker's :class:`Instrumentation` is made."""
-COLLECTIVES, PIPELINE_STAGES, MEMORY = "collectives", "pipeline stages", "memory"
+COLLECTIVES, PIPELINE_STAGES, MEMORY, PHASES = "collectives", "pipeline stages", "memory", "step phases"
 """The probes' names in :class:`ProbeOff`."""
 
 
@@ -78,6 +79,7 @@ class Instrumentation:
         self._stages: StageProbe | None = None
         self._memory: MemoryProbe | None = None
         self._activations: SavedActivations | None = None
+        self._phases: Phases | None = None
         self._installed = False
         self._off: set[str] = set()
         """Probes that could not be installed: reported once, never tried again in this process."""
@@ -143,8 +145,9 @@ class Instrumentation:
             oldest_start_ns=oldest.start_ns if oldest else None,
         )
 
-    def install(self, *, groups: GroupDirectory, pipeline: bool) -> None:
-        """Hook collectives (and pipeline stages) before the job is built, so set-up traffic is seen too.
+    def install(self, *, groups: GroupDirectory, pipeline: bool, phases: bool = False) -> None:
+        """Hook collectives (and pipeline stages, and with ``phases`` the step's phases: training) before the
+        job is built, so set-up traffic is seen too.
 
         ``groups`` names the process groups (it may learn more of them later: a user's DeviceMesh)."""
         device_timing = self.device.type == "cuda" and os.environ.get(NCCL_TIMING_ENV) == "1"
@@ -163,6 +166,8 @@ class Instrumentation:
         )
         if pipeline:
             self._stages = StageProbe(rank=self.rank, emit=self.emit, step=self.current_step)
+        if phases:
+            self._phases = Phases()
         if self.enabled:
             self._hook()
 
@@ -179,6 +184,16 @@ class Instrumentation:
         """Seconds blocked on pipeline P2P since the last call, where that is measured."""
         stages = self._stages if self.enabled and PIPELINE_STAGES not in self._off else None
         return stages.take_wait_s() if stages is not None else None
+
+    @property
+    def phases(self) -> Phases | None:
+        """The step-phases probe while its hooks are in (a worker marks its own data loading on it)."""
+        return self._phases if self._installed and PHASES not in self._off else None
+
+    def take_phases(self) -> tuple[str, tuple[int, ...], tuple[int, ...]] | None:
+        """The step's phase windows (:meth:`Phases.take`), where they are measured."""
+        phases = self.phases
+        return phases.take() if phases is not None else None
 
     def watch_memory(self, *, parameters: list[torch.Tensor], optimizer: torch.optim.Optimizer | None) -> None:
         """Account the memory of ``parameters`` and ``optimizer`` from now on (off, and said so, where that
@@ -202,7 +217,11 @@ class Instrumentation:
 
     def _hook_probes(self) -> list[tuple[str, HookProbe]]:
         """The probes that patch torch, by name, in install order, less those left off."""
-        probes: list[tuple[str, HookProbe | None]] = [(COLLECTIVES, self._collectives), (PIPELINE_STAGES, self._stages)]
+        probes: list[tuple[str, HookProbe | None]] = [
+            (COLLECTIVES, self._collectives),
+            (PIPELINE_STAGES, self._stages),
+            (PHASES, self._phases),
+        ]
         return [(name, probe) for name, probe in probes if probe is not None and name not in self._off]
 
     def _hook(self) -> None:

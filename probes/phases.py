@@ -47,6 +47,7 @@ class Phases:
     def __init__(self) -> None:
         self._patches = Patches()
         self._hooks: list[Any] = []
+        self._forward_hooks: list[Any] = []
         self._kinds: list[str] = []
         self._starts: list[int] = []
         self._ends: list[int] = []
@@ -102,17 +103,32 @@ class Phases:
         self._patches.replace(torch.autograd, "backward", self._timed(torch.autograd.backward, BACKWARD))
         self._patches.replace(torch.autograd, "grad", self._timed(torch.autograd.grad, BACKWARD))
         self._hooks = [
-            register_module_forward_pre_hook(self._global_pre),
-            register_module_forward_hook(self._global_post, always_call=True),
             register_optimizer_step_pre_hook(lambda *_: self.begin(OPTIMIZER)),
             register_optimizer_step_post_hook(lambda *_: self.end(OPTIMIZER)),
         ]
+        self._forward_hooks = self._global_hooks() if self._learning else self._root_hooks()
 
     def uninstall(self) -> None:
-        for hook in self._hooks:
+        """Every hook out (:meth:`install` again puts them back, the roots learned kept)."""
+        for hook in self._hooks + self._forward_hooks:
             hook.remove()
-        self._hooks = []
+        self._hooks, self._forward_hooks = [], []
         self._patches.restore()
+        self._open.clear()
+        self._forward_depth = 0
+
+    def _global_hooks(self) -> list[Any]:
+        return [
+            register_module_forward_pre_hook(self._global_pre),
+            register_module_forward_hook(self._global_post, always_call=True),
+        ]
+
+    def _root_hooks(self) -> list[Any]:
+        hooks = []
+        for root in list(self._roots):
+            hooks.append(root.register_forward_pre_hook(lambda *_: self.begin(FORWARD)))
+            hooks.append(root.register_forward_hook(lambda *_: self.end(FORWARD), always_call=True))
+        return hooks
 
     def _timed(self, original: Callable[..., Any], phase: str) -> Callable[..., Any]:
         phases = self
@@ -143,10 +159,6 @@ class Phases:
         if self._forward_depth or not self._hooks:  # inside a forward (learn on), or not installed
             return
         self._learning = False
-        global_pre, global_post, *optimizer = self._hooks
-        global_pre.remove()
-        global_post.remove()
-        self._hooks = list(optimizer)
-        for root in list(self._roots):
-            self._hooks.append(root.register_forward_pre_hook(lambda *_: self.begin(FORWARD)))
-            self._hooks.append(root.register_forward_hook(lambda *_: self.end(FORWARD), always_call=True))
+        for hook in self._forward_hooks:
+            hook.remove()
+        self._forward_hooks = self._root_hooks()

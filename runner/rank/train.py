@@ -12,6 +12,7 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.pipelining.schedules import _PipelineSchedule
 
 from meshtop.probes.memory import local_numel
+from meshtop.probes.phases import DATA, Phases
 from meshtop.runner.plan import ResolvedRun
 from meshtop.runner.rank.data import replica_batch, synthetic_tokens
 from meshtop.runner.rank.data_parallel import apply_ddp, apply_fsdp, apply_replicate
@@ -97,18 +98,22 @@ def build_training(run: ResolvedRun, *, mesh: DeviceMesh, coords: MeshCoordinate
     )
 
 
-def train_step(job: TrainingJob, step: int) -> tuple[float | None, float]:
-    """One forward, backward and optimizer step.
+def train_step(job: TrainingJob, step: int, phases: Phases | None = None) -> tuple[float | None, float]:
+    """One forward, backward and optimizer step (``phases``: where the batch's making is marked as data).
 
     Returns this rank's loss (``None`` if it computes none) and the seconds
     spent in forward and backward, before the optimizer.
     """
     run = job.run
+    if phases is not None:
+        phases.begin(DATA)
     tokens = synthetic_tokens(
         step=step, seed=run.seed, batch_size=run.batch_size, seq_len=run.seq_len, vocab_size=run.shape.vocab_size
     )
     inputs, targets = replica_batch(tokens, dp_rank=job.coords.dp, dp=run.dp)
     inputs, targets = inputs.to(job.device), targets.to(job.device)
+    if phases is not None:
+        phases.end(DATA)
     job.optimizer.zero_grad(set_to_none=True)
     loss: float | None = None
     started = time.perf_counter()
@@ -147,11 +152,11 @@ class StepOutcome:
     """CPU seconds of the whole process (every thread) during the step."""
 
 
-def timed_step(job: TrainingJob, step: int) -> StepOutcome:
+def timed_step(job: TrainingJob, step: int, phases: Phases | None = None) -> StepOutcome:
     """Run ``step`` and time it (the device is synchronised at both ends)."""
     synchronize(job.device)
     start_ns, started, cpu_started = time.time_ns(), time.perf_counter(), time.process_time()
-    loss, forward_backward_s = train_step(job, step)
+    loss, forward_backward_s = train_step(job, step, phases)
     synchronize(job.device)
     return StepOutcome(
         start_ns, time.perf_counter() - started, forward_backward_s, loss, time.process_time() - cpu_started

@@ -95,8 +95,9 @@ def train_rank(
         if fault is not None:
             fault.maybe_fire(rank=rank, step=step)
         probes.step_started(step)
-        outcome = timed_step(job, step)
+        outcome = timed_step(job, step, phases=probes.phases)
         pipeline_wait_s = probes.step_ended(step)
+        kinds, starts, ends = probes.take_phases() or (None, (), ())
         sink.emit(
             StepTiming(
                 rank=rank,
@@ -109,6 +110,9 @@ def train_rank(
                 instrumented=probes.enabled,
                 pipeline_wait_s=pipeline_wait_s,
                 cpu_s=outcome.cpu_s,
+                phases=kinds,
+                phase_start_ns=starts,
+                phase_end_ns=ends,
             )
         )
         if until is not None and until.ends_after(step):
@@ -191,7 +195,7 @@ def main(argv: list[str]) -> None:
     try:
         mesh = build_mesh(device_type=run.device, pp=run.pp, dp=run.dp, tp=run.tp)
         groups = GroupDirectory.from_mesh(mesh)
-        probes.install(groups=groups, pipeline=run.pp > 1 and run.mode == "train")
+        probes.install(groups=groups, pipeline=run.pp > 1 and run.mode == "train", phases=run.mode == "train")
         coords = coordinates(run, rank)
         if run.mode == "infer":
             serve_rank(run, mesh=mesh, coords=coords, device=device, sink=sink, probes=probes, fault=fault)

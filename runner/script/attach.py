@@ -69,7 +69,6 @@ from meshtop.probes.instrument import Instrumentation, why_off
 from meshtop.probes.losses import LossProbe, PendingLoss
 from meshtop.probes.memory import local_numel
 from meshtop.probes.patching import Patches
-from meshtop.probes.phases import Phases
 from meshtop.probes.shipper import EventShipper, open_sink
 from meshtop.probes.sink import EventSink
 from meshtop.probes.wire import node_of_this_rank, start_of_this_rank
@@ -83,8 +82,8 @@ LOSS_WAIT_S = 2.0
 is not waited on longer: those steps go out without a loss)."""
 MAX_WAITING_STEPS = 64
 """Steps held for their loss at most; an older one goes out without it (a device this far behind the host)."""
-LOSS, PHASES = "loss", "step phases"
-"""The loss probe's and the phases probe's names in :class:`ProbeOff`."""
+LOSS = "loss"
+"""The loss probe's name in :class:`ProbeOff`."""
 GIL_HANDOFF_S = 0.2
 """How long ``destroy_process_group`` leaves the GIL to gloo's threads (:meth:`Attachment._read_before_destroy`)."""
 
@@ -112,7 +111,6 @@ class ScriptSteps:
         on_parameters: Callable[[list[torch.Tensor]], None],
         on_first_forward: Callable[[torch.nn.Module], None],
         losses: LossProbe | None = None,
-        phases: Phases | None = None,
     ) -> None:
         self.rank = rank
         self.probes = probes
@@ -123,7 +121,6 @@ class ScriptSteps:
         self.on_first_forward = on_first_forward
         """Called with the first module the script calls."""
         self.losses = losses
-        self.phases = phases
         self._waiting: deque[tuple[StepTiming, PendingLoss]] = deque()
         """Steps whose loss is on its way to the host (a GPU's), oldest first."""
         self.step = 0
@@ -188,8 +185,8 @@ class ScriptSteps:
             pipeline_wait_s=pipeline_wait_s,
             cpu_s=cpu_s,
         )
-        if self.phases is not None:
-            kinds, starts, ends = self.phases.take()
+        if (windows := self.probes.take_phases()) is not None:
+            kinds, starts, ends = windows
             timing = replace(timing, phases=kinds, phase_start_ns=starts, phase_end_ns=ends)
         if self.losses is None:
             self.sink.emit(timing)
@@ -299,7 +296,7 @@ class Attachment:
             sink.before_shipment = self.probes.shipment
         self.groups = GroupDirectory()
         self._patches = Patches()
-        self.probes.install(groups=self.groups, pipeline=False)
+        self.probes.install(groups=self.groups, pipeline=False, phases=True)
         self.device = device
         self._place: tuple[int, int, tuple[int, ...]] = (0, rank, ())
         """(pp rank, dp rank, stages) as :class:`RankStarted` says them."""
@@ -309,7 +306,6 @@ class Attachment:
         self._name_meshes()
         self._read_before_destroy()
         self.losses = self._loss_probe() if loss and hooks else None
-        self.phases = self._phases() if hooks else None
         after_import(PIPELINING, self._on_pipelining)
         self.activations = SavedActivations() if activations and hooks else None
         if self.activations is not None:
@@ -323,7 +319,6 @@ class Attachment:
             on_parameters=self._on_parameters,
             on_first_forward=self._on_first_forward,
             losses=self.losses,
-            phases=self.phases,
         )
         self._previous_excepthook = sys.excepthook
         sys.excepthook = self._excepthook
@@ -359,16 +354,6 @@ class Attachment:
             self.sink.emit(ProbeOff(rank=self.rank, wall_ns=time.time_ns(), probe=LOSS, reason=why_off(error)))
             return None
         return probe
-
-    def _phases(self) -> Phases | None:
-        phases = Phases()
-        try:
-            phases.install()
-        except Exception as error:  # a probe never breaks the job: its steps go out without their phases
-            phases.uninstall()
-            self.sink.emit(ProbeOff(rank=self.rank, wall_ns=time.time_ns(), probe=PHASES, reason=why_off(error)))
-            return None
-        return phases
 
     def _on_pipelining(self) -> None:
         """The script imported pipelining: time its stages, and read its schedules' losses."""
@@ -466,8 +451,6 @@ class Attachment:
         self.steps.remove()
         if self.losses is not None:
             self.losses.uninstall()
-        if self.phases is not None:
-            self.phases.uninstall()
         if self.activations is not None:
             self.activations.uninstall()
         self.probes.uninstall()

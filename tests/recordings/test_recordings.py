@@ -76,7 +76,11 @@ def test_summary_json_has_the_documented_keys(recorded: Path, capsys: pytest.Cap
         "breakdown",
     }
     assert summary["server"] is None and isinstance(summary["gpus"], list)  # no endpoint here
-    assert summary["breakdown"] is None  # the built-in runner does not measure its phases yet
+    breakdown = summary["breakdown"]  # each rank's step parts add up to its step, a pipeline's idle in its bubble
+    assert sorted(breakdown["per_rank"]) == ["0", "1", "2", "3"]
+    for parts in breakdown["per_rank"].values():
+        assert sum(row["share"] for row in parts.values()) == pytest.approx(1.0, abs=0.01)
+        assert parts["bubble"]["share"] > 0 and parts["forward"]["share"] > 0 and parts["backward"]["share"] > 0
     assert summary["starts"] == [{"restart": 0, "world_size": 4, "first_step": 0}]
     peak = max(row["peak_bytes"] for row in summary["memory"])
     assert summary["hosts"] == [
