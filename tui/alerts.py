@@ -51,8 +51,7 @@ def alerts_of(state: DashboardState) -> list[Alert]:
         where = "every rank" if len(ranks) == state.info.world_size else f"ranks {ranks_text(ranks)}"
         alerts.append(Alert("warning", f"probe off: {probe} on {where}: {reason}", now))
     for straggler in state.stragglers():
-        text = f"rank {straggler.rank} is a straggler: {straggler.ratio:.2f}x its peers' compute time"
-        alerts.append(Alert("warning", text, now))
+        alerts.append(Alert("warning", straggler.verdict, now))
     for row in state.figures().memory:
         room = row.headroom_share
         if room is not None and room < state.headroom_alert:

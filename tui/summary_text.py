@@ -169,8 +169,8 @@ def run_words(run: dict[str, Any]) -> str:
 def straggler_lines(stragglers: list[dict[str, Any]]) -> list[str]:
     """Each straggler as the dashboard's alert names it, with its compute time against its peers'."""
     return [
-        f"rank {row['rank']} is a straggler: {row['ratio']:.2f}x its peers' compute time (stage {row['stage']}: "
-        f"{seconds(row['compute_s'])} against {seconds(row['peers_compute_s'])} a step, over its last steps)"
+        f"{row['verdict']} (stage {row['stage']}: {seconds(row['compute_s'])} against "
+        f"{seconds(row['peers_compute_s'])} of compute a step, over its last steps)"
         for row in stragglers
     ]
 

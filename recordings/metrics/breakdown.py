@@ -28,13 +28,15 @@ Rules, per rank and closed step:
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
 PARTS = ("data", "forward", "backward", "optimizer", "communication", "bubble", "other")
 """Every part, in the order they are shown."""
+WORK_PARTS = ("data", "forward", "backward", "optimizer", "other")
+"""The parts of a rank's own work (not waiting on others): where a straggler's cause is looked for."""
 PHASE_PARTS = {"d": "data", "f": "forward", "b": "backward", "o": "optimizer"}
 _LABELS = ("communication", "bubble", "data", "optimizer", "backward", "forward", "bubble", "other")
 """The part of each precedence level (the index), first wins: see the module's rules."""
@@ -98,6 +100,22 @@ class Breakdown:
     per_rank: dict[int, dict[str, dict[str, float]]]
     steps: int
     """Closed rank-steps it is over."""
+    slowest_in: dict[int, float]
+    """Per rank: the share of its stage's closed steps in which it had the most compute time."""
+
+    def cause(self, rank: int, peers: Sequence[int]) -> tuple[str, float, float] | None:
+        """The part of ``rank``'s own work whose share of its step exceeds ``peers``' mean share the most:
+        (part, its share, the peers' mean share); ``None`` without the phases of both."""
+        own = self.per_rank.get(rank)
+        others = [self.per_rank[peer] for peer in peers if peer in self.per_rank and peer != rank]
+        if own is None or not others:
+            return None
+
+        def peers_share(part: str) -> float:
+            return sum(parts[part]["share"] for parts in others) / len(others)
+
+        part = max(WORK_PARTS, key=lambda name: own[name]["share"] - peers_share(name))
+        return part, own[part]["share"], peers_share(part)
 
     def biggest(self) -> str | None:
         """The part that took the most of the step (``None`` before any step)."""
@@ -110,6 +128,7 @@ class Breakdown:
             "parts": self.parts,
             "per_rank": {str(rank): parts for rank, parts in sorted(self.per_rank.items())},
             "biggest": self.biggest(),
+            "slowest_in": {str(rank): share for rank, share in sorted(self.slowest_in.items())},
         }
 
 
@@ -120,6 +139,23 @@ class BreakdownFold:
         self._sums: dict[int, np.ndarray] = defaultdict(lambda: np.zeros(len(PARTS)))
         self._step_s: dict[int, float] = defaultdict(float)
         self._steps: dict[int, int] = defaultdict(int)
+        self._slowest: dict[int, int] = defaultdict(int)
+        self._stage_steps: dict[int, int] = defaultdict(int)
+        """Per rank: the closed steps of its stage that had two or more ranks' parts."""
+
+    def add_step(self, parts_by_rank: dict[int, dict[str, float]], stage_of: Callable[[int], int]) -> None:
+        """One closed step's parts of each rank (from :meth:`add`): per stage of two or more ranks, the rank with
+        the most compute time (its step less communication and bubble) was the slowest."""
+        stages: dict[int, list[tuple[float, int]]] = defaultdict(list)
+        for rank, parts in parts_by_rank.items():
+            compute = sum(seconds for part, seconds in parts.items() if part not in ("communication", "bubble"))
+            stages[stage_of(rank)].append((compute, rank))
+        for ranks in stages.values():
+            if len(ranks) < 2:
+                continue
+            self._slowest[max(ranks)[1]] += 1
+            for _, rank in ranks:
+                self._stage_steps[rank] += 1
 
     def add(self, rank: int, step: RankStep) -> dict[str, float]:
         parts = step_parts(step)
@@ -139,4 +175,5 @@ class BreakdownFold:
         steps = sum(self._steps.values())
         total = sum(self._sums.values(), np.zeros(len(PARTS)))
         parts = rows(total, sum(self._step_s.values()), steps) if steps else {}
-        return Breakdown(parts=parts, per_rank=per_rank, steps=steps)
+        slowest = {rank: self._slowest[rank] / steps for rank, steps in self._stage_steps.items() if steps}
+        return Breakdown(parts=parts, per_rank=per_rank, steps=steps, slowest_in=slowest)

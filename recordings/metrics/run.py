@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from collections import Counter, deque
 from collections.abc import Iterable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from itertools import islice
 
 import pyarrow as pa
@@ -141,7 +141,7 @@ class RunFigures:
             "memory": [asdict(row) for row in self.memory],
             "most_loaded_rank": self.most_loaded_rank,
             "headroom_bytes": self.headroom_bytes,
-            "stragglers": [asdict(straggler) for straggler in self.stragglers],
+            "stragglers": [{**asdict(straggler), "verdict": straggler.verdict} for straggler in self.stragglers],
             "server": self.server.to_json() if self.server is not None else None,
             "gpus": [asdict(row) for row in self.gpus],
             "breakdown": self.breakdown.to_json() if self.breakdown is not None else None,
@@ -415,12 +415,13 @@ class RunFold:
             )
 
     def _break_down(self, ranks: StepSpans, waits: RankWaits) -> None:
-        """Each rank's parts of a closed step (ranks that measured their phases)."""
+        """Each rank's parts of a closed step (ranks that measured their phases), and its slowest ranks."""
+        parts_by_rank = {}
         for rank, windows in ranks.windows.items():
             start, end, forward_backward_s = ranks.span(rank)
             collectives, pipeline = waits.get(rank, ([], []))
             pipelined = windows.pipeline_wait_s is not None and (windows.pipeline_wait_s > 0 or bool(pipeline))
-            self.breakdown.add(
+            parts_by_rank[rank] = self.breakdown.add(
                 rank,
                 RankStep(
                     start_ns=start,
@@ -435,6 +436,27 @@ class RunFold:
                     pipeline_waits=pipeline if pipelined else [],
                 ),
             )
+        self.breakdown.add_step(parts_by_rank, lambda rank: self.position(rank)[0])
+
+    def _stragglers(self) -> tuple[Straggler, ...]:
+        """The stragglers, each with its cause where the ranks measured their phases."""
+        found = self.compute.stragglers(lambda rank: self.position(rank)[0])
+        breakdown = self.breakdown.figures()
+        explained = []
+        for straggler in found:
+            peers = [rank for rank in breakdown.per_rank if self.position(rank)[0] == straggler.stage]
+            cause = breakdown.cause(straggler.rank, peers)
+            if cause is not None and straggler.rank in breakdown.slowest_in:
+                part, own, others = cause
+                straggler = replace(
+                    straggler,
+                    slowest_in=breakdown.slowest_in[straggler.rank],
+                    cause=part,
+                    cause_share=own,
+                    peers_cause_share=others,
+                )
+            explained.append(straggler)
+        return tuple(explained)
 
     def step_bubbles(self, number: int) -> tuple[float, dict[int, float]]:
         """A completed step's span and stage bubbles: as decided if it closed (recently), else as far as its
@@ -480,7 +502,7 @@ class RunFold:
                 tokens_per_s=steps.tokens_per_s,
                 script_parameters=script_parameters(self.trained.values()),
             ),
-            stragglers=tuple(self.compute.stragglers(lambda rank: self.position(rank)[0])),
+            stragglers=self._stragglers(),
             server=self.server.figures() if self.server is not None else None,
             gpus=tuple(self.gpus.rows()),
             breakdown=breakdown if (breakdown := self.breakdown.figures()).steps else None,

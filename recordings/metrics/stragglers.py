@@ -17,6 +17,16 @@
 A slow rank makes its peers wait for it in their collectives, so their
 compute time stays low while its own is high: the rule names the cause, not
 the ranks that waited.
+
+Where the ranks measured their step's phases (:mod:`meshtop.recordings.metrics.breakdown`),
+a straggler also gets:
+
+- **slowest in**: the share of the closed steps in which it had the most
+  compute time of its stage (step less communication and bubble);
+- **cause**: the part of its own work (data, forward, backward, optimizer,
+  other) whose share of its step exceeds its peers' mean share of theirs by
+  the most, with both shares: "rank 3 is the slowest in 80 % of steps: data
+  41 % of its step vs 6 % on the others".
 """
 
 from __future__ import annotations
@@ -49,6 +59,24 @@ class Straggler:
     """The median of its peers' recent compute times."""
     ratio: float
     """compute_s / peers_compute_s."""
+    slowest_in: float | None = None
+    """The share of closed steps in which it had its stage's most compute time (``None``: phases not measured)."""
+    cause: str | None = None
+    """The part of its work that exceeds its peers' the most (``None``: phases not measured)."""
+    cause_share: float | None = None
+    """That part's share of its step..."""
+    peers_cause_share: float | None = None
+    """...and its peers' mean share of theirs."""
+
+    @property
+    def verdict(self) -> str:
+        """The straggler in one line, with its cause where the phases say it (the dashboard, summary, compare)."""
+        if self.cause is None or self.slowest_in is None:
+            return f"rank {self.rank} is a straggler: {self.ratio:.2f}x its peers' compute time"
+        return (
+            f"rank {self.rank} is the slowest in {self.slowest_in:.0%} of steps: {self.cause} "
+            f"{self.cause_share or 0:.0%} of its step vs {self.peers_cause_share or 0:.0%} on the others"
+        ).replace("%", " %")
 
 
 def compute_seconds(rank_durations_s: dict[int, float], exposed_by_rank: dict[int, float]) -> dict[int, float]:

@@ -4,7 +4,7 @@ draw, the sweep's accounted peak, communication share, mean bubble and traffic p
 
 from __future__ import annotations
 
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 
 import pyarrow as pa
@@ -39,15 +39,25 @@ MS = 1_000_000
 GIB = 1 << 30
 
 
-def lagging_job(compute_ms: dict[int, int], steps: int = 8) -> list[Event]:
+def lagging_job(compute_ms: dict[int, int], steps: int = 8, data_ms: dict[int, int] | None = None) -> list[Event]:
     """Steps of 25 ms 30 ms apart; each rank computes ``compute_ms[rank]`` ms, then waits in an all-reduce for
-    the rest of the step (what a rank's peers do while a slow rank computes)."""
+    the rest of the step (what a rank's peers do while a slow rank computes). With ``data_ms``, each rank
+    measured its phases: data for its first ``data_ms[rank]`` ms, forward for the rest of its compute."""
     events: list[Event] = []
     for number in range(steps):
         for rank, compute in compute_ms.items():
             every = {"every_ns": 30 * MS}
             events.append(collective(rank, number, (25 - compute) / 1e3, offset_ns=compute * MS, waited=True, **every))
-            events.append(step(rank, number, 0.025, tokens=1000, loss=2.0, **every))
+            timing = step(rank, number, 0.025, tokens=1000, loss=2.0, **every)
+            if data_ms is not None:
+                start, data = timing.start_ns, data_ms[rank] * MS
+                timing = replace(
+                    timing,
+                    phases="df",
+                    phase_start_ns=(start, start + data),
+                    phase_end_ns=(start + data, start + compute * MS),
+                )
+            events.append(timing)
     return events
 
 
@@ -114,16 +124,44 @@ def test_summary_and_the_dashboard_name_the_same_straggler(tmp_path: Path) -> No
         "compute_s": pytest.approx(0.020),
         "peers_compute_s": pytest.approx(0.010),
         "ratio": pytest.approx(2.0),
+        "slowest_in": None,  # no rank measured its phases: no cause
+        "cause": None,
+        "cause_share": None,
+        "peers_cause_share": None,
+        "verdict": "rank 3 is a straggler: 2.00x its peers' compute time",
     }
     assert (
-        "rank 3 is a straggler: 2.00x its peers' compute time (stage 0: 20.00 ms against 10.00 ms a step, over its "
-        "last steps)" in summary_lines(summary)
+        "rank 3 is a straggler: 2.00x its peers' compute time (stage 0: 20.00 ms against 10.00 ms of compute a "
+        "step, over its last steps)" in summary_lines(summary)
     )
     state = DashboardState(run)
     state.apply_events(events)
     state.finish("completed")
-    assert [asdict(s) for s in state.stragglers()] == summary["stragglers"]
+    assert [{**asdict(s), "verdict": s.verdict} for s in state.stragglers()] == summary["stragglers"]
     assert "rank 3 is a straggler: 2.00x its peers' compute time" in [alert.text for alert in alerts_of(state)]
+
+
+def test_a_straggler_with_phases_is_named_with_its_cause_in_summary_and_the_dashboard(tmp_path: Path) -> None:
+    """As above, and each rank measured its phases: rank 3's 20 ms are 10 of data and 10 of forward, its peers'
+    10 ms are 1 of data and 9 of forward. Rank 3 computes the most in every one of the 8 steps; of its own
+    work, data exceeds its peers' the most: 10 / 25 = 40 % of its step against 1 / 25 = 4 % (forward: 40 %
+    against 36 %)."""
+    run = description(dp=4)
+    events = lagging_job({0: 10, 1: 10, 2: 10, 3: 20}, data_ms={0: 1, 1: 1, 2: 1, 3: 10})
+    summary = summarize(open_recording(write_recording(tmp_path / "rec", events, run=run)))
+    [straggler] = summary["stragglers"]
+    assert (straggler["rank"], straggler["slowest_in"], straggler["cause"]) == (3, 1.0, "data")
+    assert straggler["cause_share"] == pytest.approx(0.40) and straggler["peers_cause_share"] == pytest.approx(0.04)
+    verdict = "rank 3 is the slowest in 100 % of steps: data 40 % of its step vs 4 % on the others"
+    assert straggler["verdict"] == verdict
+    assert f"{verdict} (stage 0: 20.00 ms against 10.00 ms of compute a step, over its last steps)" in summary_lines(
+        summary
+    )
+    assert summary["breakdown"]["slowest_in"] == {"0": 0.0, "1": 0.0, "2": 0.0, "3": 1.0}
+    state = DashboardState(run)
+    state.apply_events(events)
+    state.finish("completed")
+    assert verdict in [alert.text for alert in alerts_of(state)]
 
 
 # -- headroom and the memory bars --------------------------------------------------------------------------
