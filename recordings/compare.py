@@ -22,6 +22,7 @@ import numpy as np
 from scipy.stats import mannwhitneyu
 
 from meshtop.recordings.manifest import LOAD_FILE, LOAD_WORK, Script
+from meshtop.recordings.metrics.breakdown import PARTS
 from meshtop.recordings.metrics.requests import LATENCIES
 from meshtop.recordings.metrics.run import RunFold
 from meshtop.recordings.reader import Recording
@@ -148,7 +149,22 @@ def _step_metrics(a: RunFold, b: RunFold) -> list[dict[str, Any]]:
         rows.append(metric("MFU", fig_a.mfu.value, fig_b.mfu.value))
     if fig_a.steps.last_loss is not None and fig_b.steps.last_loss is not None:
         rows.append(metric("loss (last step)", fig_a.steps.last_loss, fig_b.steps.last_loss))
+    if fig_a.breakdown is not None and fig_b.breakdown is not None:
+        for part in PARTS:
+            one, two = a.breakdown.per_step[part], b.breakdown.per_step[part]
+            rows.append(metric(f"{part} per step (s)", one.mean(), two.mean(), (one.values(), two.values())))
     return rows
+
+
+def part_moved(metrics: list[dict[str, Any]]) -> str | None:
+    """Which part of the step moved the most, of those whose change is beyond noise, in one line."""
+    moved = [row for row in metrics if row["name"].endswith(" per step (s)") and row["significant"]]
+    moved = [row for row in moved if row["name"].split(" per step")[0] in PARTS]
+    if not moved:
+        return None
+    row = max(moved, key=lambda row: abs(row["b"] - row["a"]))
+    part, change = row["name"].split(" per step")[0], row["b"] - row["a"]
+    return f"the step's {part} moved the most: {'+' if change >= 0 else '-'}{abs(change) * 1e3:.2f} ms a step"
 
 
 def _request_metrics(a: RunFold, b: RunFold) -> list[dict[str, Any]]:
@@ -298,6 +314,7 @@ def compare(a: Recording, b: Recording) -> dict[str, Any]:
         "b": str(b.path),
         "warnings": unfair_differences(a, b) + client_limits(fold_a, fold_b),
         "metrics": metrics,
+        "moved": None if inference else part_moved(metrics),
         "failures": failure_differences(fold_a, fold_b) if inference else [],
         "problems": [*a.problems, *b.problems],
     }

@@ -338,6 +338,8 @@ def comparison_lines(comparison: dict[str, Any]) -> list[str]:
         )
     lines.append("  * beyond run-to-run noise (Mann-Whitney p < 0.01 on the per-step values, and over 1 %)")
     lines += [f"  {line}" for line in comparison.get("failures", [])]
+    if comparison.get("moved"):
+        lines.append(f"  {comparison['moved']}")
     return lines
 
 

@@ -21,7 +21,8 @@ Rules, per rank and closed step:
   A rank is pipelined when it measured its pipeline waits (``pipeline_wait_s``) and waited in one or ran a
   send or receive in the step.
 - Over the run, per rank: each part's mean seconds per step and its **share**, the part's sum over the
-  rank's step times' sum. The job's: the same over every rank's steps.
+  rank's step times' sum. The job's: the same over every rank's steps; and per closed step, each part's
+  mean over the step's ranks (the values ``compare`` tests a change on).
 - Intervals are wall-clock nanoseconds (the ranks' own clocks, moved onto the head's on many nodes).
 """
 
@@ -32,6 +33,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
+
+from meshtop.recordings.metrics.stats import Distribution
 
 PARTS = ("data", "forward", "backward", "optimizer", "communication", "bubble", "other")
 """Every part, in the order they are shown."""
@@ -139,6 +142,8 @@ class BreakdownFold:
         self._sums: dict[int, np.ndarray] = defaultdict(lambda: np.zeros(len(PARTS)))
         self._step_s: dict[int, float] = defaultdict(float)
         self._steps: dict[int, int] = defaultdict(int)
+        self.per_step: dict[str, Distribution] = {part: Distribution() for part in PARTS}
+        """Per closed step: each part's mean over the step's ranks (seconds)."""
         self._slowest: dict[int, int] = defaultdict(int)
         self._stage_steps: dict[int, int] = defaultdict(int)
         """Per rank: the closed steps of its stage that had two or more ranks' parts."""
@@ -146,6 +151,9 @@ class BreakdownFold:
     def add_step(self, parts_by_rank: dict[int, dict[str, float]], stage_of: Callable[[int], int]) -> None:
         """One closed step's parts of each rank (from :meth:`add`): per stage of two or more ranks, the rank with
         the most compute time (its step less communication and bubble) was the slowest."""
+        if parts_by_rank:
+            for part in PARTS:
+                self.per_step[part].add(sum(parts[part] for parts in parts_by_rank.values()) / len(parts_by_rank))
         stages: dict[int, list[tuple[float, int]]] = defaultdict(list)
         for rank, parts in parts_by_rank.items():
             compute = sum(seconds for part, seconds in parts.items() if part not in ("communication", "bubble"))
