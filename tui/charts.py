@@ -9,7 +9,10 @@ from rich.text import Span, Text
 
 from meshtop.tui.summary_text import human_bytes, human_seconds
 
-__all__ = ["chart", "column_chart", "human_bytes", "human_rate", "human_seconds", "legend", "memory_bar", "sparkline"]
+__all__ = [
+    "chart", "column_chart", "human_bytes", "human_rate", "human_seconds", "legend", "memory_bar", "part_legend",
+    "parts_bar", "sparkline",
+]  # fmt: skip
 
 BLOCKS = " ▁▂▃▄▅▆▇█"
 MAX_COLUMNS_PER_VALUE = 8
@@ -24,6 +27,17 @@ MEMORY_PARTS = (
     ("other", "·", "#808080"),
 )
 """Memory categories in bar order: name, legend letter, colour."""
+
+STEP_PARTS = (
+    ("data", "#d7af5f"),
+    ("forward", "#5f87d7"),
+    ("backward", "#87afd7"),
+    ("optimizer", "#af87d7"),
+    ("communication", "#d7875f"),
+    ("bubble", "#d75f5f"),
+    ("other", "#808080"),
+)
+"""The step's parts (recordings/metrics/breakdown.py) in bar order, with their colours."""
 
 
 def human_rate(value: float | None, unit: str = "") -> str:
@@ -123,6 +137,28 @@ def memory_bar(parts: dict[str, int | None], capacity: int | None, width: int, *
     if used_cells < width and capacity:  # headroom; a CPU rank's bar just ends where it uses less
         spans.append(Span(used_cells, width, "#303030"))
     return Text("█" * used_cells + ("░" if capacity else " ") * (width - used_cells), spans=spans)
+
+
+def parts_bar(shares: dict[str, float], width: int) -> Text:
+    """A step's parts as one bar: a run of cells per part (STEP_PARTS order), as long as its share."""
+    if width <= 0:
+        return Text()
+    spans, used = [], 0
+    for name, colour in STEP_PARTS:
+        cells = min(round(shares.get(name, 0.0) * width), width - used)
+        if cells > 0:
+            spans.append(Span(used, used + cells, colour))
+            used += cells
+    return Text("█" * used + " " * (width - used), spans=spans)
+
+
+def part_legend() -> Text:
+    """The parts bars' key."""
+    text = Text()
+    for name, colour in STEP_PARTS:
+        text.append("█", style=colour)
+        text.append(f" {name} ")
+    return text
 
 
 def legend(present: set[str] | None = None, *, headroom: bool = True) -> Text:

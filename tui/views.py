@@ -13,11 +13,22 @@ from rich.console import Group
 from rich.table import Table
 from rich.text import Span, Text
 
+from meshtop.recordings.metrics.breakdown import PARTS, WORK_PARTS
 from meshtop.recordings.metrics.memory import MemoryRow, other_bytes
 from meshtop.recordings.metrics.pipeline import theoretical_bubble
 from meshtop.recordings.metrics.requests import LATENCIES
 from meshtop.tui.alerts import alerts_of
-from meshtop.tui.charts import chart, human_bytes, human_rate, human_seconds, legend, memory_bar, sparkline
+from meshtop.tui.charts import (
+    chart,
+    human_bytes,
+    human_rate,
+    human_seconds,
+    legend,
+    memory_bar,
+    part_legend,
+    parts_bar,
+    sparkline,
+)
 from meshtop.tui.line_view import LineView
 from meshtop.tui.state import DashboardState, PipelineStep, RankView, RequestsView
 from meshtop.tui.summary_text import busbw_text, per_second
@@ -456,14 +467,49 @@ class PipelinePanel(Panel):
         text.append("F forward  B backward  W weight grad  dark: idle\n\n", style="dim")
 
 
+def breakdown_lines(state: DashboardState, ranks: RankFilter, width: int, limit: int) -> Text:
+    """Where the step goes: a bar of its parts per rank shown (at most ``limit``), each with the part it spends
+    most above the job's mean share, and the job's parts over the last steps."""
+    breakdown = state.figures().breakdown
+    if breakdown is None:
+        return Text("  none yet: no rank has a closed step with its phases timed\n", style="dim")
+    mean = {part: row["share"] for part, row in breakdown.parts.items()}
+    views = [v for v in sorted(state.ranks.values(), key=lambda v: v.rank) if ranks(v) and v.rank in breakdown.per_rank]
+    text = Text()
+    bar_width = max(10, width - 42)
+    for view in views[:limit]:
+        shares = {part: row["share"] for part, row in breakdown.per_rank[view.rank].items()}
+        part = max(WORK_PARTS, key=lambda name: shares[name] - mean[name])
+        text.append(f" {rank_label(view)} ")
+        text.append_text(parts_bar(shares, bar_width))
+        above = shares[part] - mean[part] >= 0.01
+        said = f"{part} {shares[part]:.0%} (mean {mean[part]:.0%})" if above else "as the mean"
+        text.append(f"  {said}\n".replace("%", " %"))
+    if len(views) > limit:
+        text.append(f"  … {len(views) - limit} more ranks (/ to filter)\n", style="dim")
+    text.append_text(part_legend())
+    line = "\n per step:"
+    for part in PARTS:  # each part's mean over the ranks in the last closed steps, wrapped to the width
+        values = breakdown.history.get(part, ())
+        if values and max(values) > 0:
+            item = f" {part} {sparkline(values, min(len(values), 12), low=0.0)}"
+            if cell_len(line.rsplit("\n", 1)[-1] + item) > width:
+                line += "\n          "
+            line += item
+    text.append(line + "\n")
+    return text
+
+
 class StepsPanel(Panel):
     """Step time, throughput and loss over the run, as charts (inference: iteration time and throughput; nothing
-    is trained, so there is no loss to chart)."""
+    is trained, so there is no loss to chart); training: where each rank's step goes."""
 
     def show(self, state: DashboardState, ranks: RankFilter) -> None:
         width = self.usable_width
         charts = 2 if state.info.inference else 3
-        height = max(2, (self.usable_height - 7) // charts)
+        rank_rows = 0 if state.info.inference else min(8, max(2, len(state.ranks)))
+        breakdown_rows = rank_rows + 3 if rank_rows else 0
+        height = max(2, (self.usable_height - 7 - breakdown_rows) // charts)
         steps = list(state.steps)
         shown = [
             chart(
@@ -492,6 +538,10 @@ class StepsPanel(Panel):
                     from_zero=False,
                 )
             )
+            shown += [
+                section("where the step goes (each rank's share)"),
+                breakdown_lines(state, ranks, width, rank_rows),
+            ]
         self.paint(Group(*shown))
 
 

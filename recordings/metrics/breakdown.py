@@ -28,9 +28,9 @@ Rules, per rank and closed step:
 
 from __future__ import annotations
 
-from collections import defaultdict
+from collections import defaultdict, deque
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -44,6 +44,8 @@ PHASE_PARTS = {"d": "data", "f": "forward", "b": "backward", "o": "optimizer"}
 _LABELS = ("communication", "bubble", "data", "optimizer", "backward", "forward", "bubble", "other")
 """The part of each precedence level (the index), first wins: see the module's rules."""
 _COMM, _P2P, _SCHEDULE, _OTHER = 0, 1, 6, 7
+HISTORY = 240
+"""Closed steps whose parts the dashboard charts."""
 _PHASE_LEVEL = {"d": 2, "o": 3, "b": 4, "f": 5}
 
 Interval = tuple[int, int]
@@ -105,6 +107,8 @@ class Breakdown:
     """Closed rank-steps it is over."""
     slowest_in: dict[int, float]
     """Per rank: the share of its stage's closed steps in which it had the most compute time."""
+    history: dict[str, tuple[float, ...]] = field(default_factory=dict)
+    """Per part: its mean over the ranks in each of the last :data:`HISTORY` closed steps (the dashboard's)."""
 
     def cause(self, rank: int, peers: Sequence[int]) -> tuple[str, float, float] | None:
         """The part of ``rank``'s own work whose share of its step exceeds ``peers``' mean share the most:
@@ -144,6 +148,7 @@ class BreakdownFold:
         self._steps: dict[int, int] = defaultdict(int)
         self.per_step: dict[str, Distribution] = {part: Distribution() for part in PARTS}
         """Per closed step: each part's mean over the step's ranks (seconds)."""
+        self._recent: dict[str, deque[float]] = {part: deque(maxlen=HISTORY) for part in PARTS}
         self._slowest: dict[int, int] = defaultdict(int)
         self._stage_steps: dict[int, int] = defaultdict(int)
         """Per rank: the closed steps of its stage that had two or more ranks' parts."""
@@ -153,7 +158,9 @@ class BreakdownFold:
         the most compute time (its step less communication and bubble) was the slowest."""
         if parts_by_rank:
             for part in PARTS:
-                self.per_step[part].add(sum(parts[part] for parts in parts_by_rank.values()) / len(parts_by_rank))
+                mean = sum(parts[part] for parts in parts_by_rank.values()) / len(parts_by_rank)
+                self.per_step[part].add(mean)
+                self._recent[part].append(mean)
         stages: dict[int, list[tuple[float, int]]] = defaultdict(list)
         for rank, parts in parts_by_rank.items():
             compute = sum(seconds for part, seconds in parts.items() if part not in ("communication", "bubble"))
@@ -184,4 +191,5 @@ class BreakdownFold:
         total = sum(self._sums.values(), np.zeros(len(PARTS)))
         parts = rows(total, sum(self._step_s.values()), steps) if steps else {}
         slowest = {rank: self._slowest[rank] / steps for rank, steps in self._stage_steps.items() if steps}
-        return Breakdown(parts=parts, per_rank=per_rank, steps=steps, slowest_in=slowest)
+        history = {part: tuple(values) for part, values in self._recent.items()}
+        return Breakdown(parts=parts, per_rank=per_rank, steps=steps, slowest_in=slowest, history=history)

@@ -29,11 +29,14 @@ from meshtop.recordings.schema import batches_of
 from meshtop.recordings.summary import summarize
 from meshtop.recordings.sweep import measure
 from meshtop.tui.alerts import alerts_of
+from meshtop.tui.app import MeshtopApp
+from meshtop.tui.sources import ReplaySource
 from meshtop.tui.state import DashboardState
 from meshtop.tui.summary_text import summary_lines
 from meshtop.tui.views import memory_lines, memory_parts
 from tests.kit.events import collective, step
 from tests.kit.recordings import description, write_recording
+from tests.kit.screen import screen_text
 
 MS = 1_000_000
 GIB = 1 << 30
@@ -162,6 +165,26 @@ def test_a_straggler_with_phases_is_named_with_its_cause_in_summary_and_the_dash
     state.apply_events(events)
     state.finish("completed")
     assert verdict in [alert.text for alert in alerts_of(state)]
+
+
+async def test_the_steps_view_draws_each_ranks_parts_and_names_what_it_spends_above_the_mean(tmp_path: Path) -> None:
+    """The job above in the dashboard's Steps view: rank 3's row names its data, 40 % of its step against the
+    ranks' mean of (1 + 1 + 1 + 10) / 4 / 25 = 13 %; its peers spend nothing above the mean."""
+    events = lagging_job({0: 10, 1: 10, 2: 10, 3: 20}, data_ms={0: 1, 1: 1, 2: 1, 3: 10})
+    source = ReplaySource(open_recording(write_recording(tmp_path / "rec", events, run=description(dp=4))))
+    source.playback.seek_fraction(1.0)
+    source.playback.paused = True
+    app = MeshtopApp(source)
+    async with app.run_test(size=(120, 50)) as pilot:
+        await pilot.press("5")
+        await pilot.pause()
+        rows = screen_text(app).splitlines()
+    start = next(i for i, row in enumerate(rows) if "where the step goes (each rank's share)" in row)
+    ranks = [row for row in rows[start + 1 : start + 5]]
+    assert [row.split()[:2] for row in ranks] == [["rank", str(rank)] for rank in range(4)], rows
+    assert ranks[3].endswith("data 40 % (mean 13 %)") and all(row.endswith("as the mean") for row in ranks[:3])
+    assert "█ data █ forward █ backward █ optimizer █ communication █ bubble █ other" in rows[start + 5]
+    assert rows[start + 6].lstrip().startswith("per step: data ") and " forward " in rows[start + 6]
 
 
 # -- headroom and the memory bars --------------------------------------------------------------------------
