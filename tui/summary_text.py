@@ -141,14 +141,16 @@ def loss_line(loss: dict[str, Any]) -> str | None:
     return line + (f" ({'; '.join(said)})" if said else "")
 
 
-def breakdown_line(breakdown: dict[str, Any] | None) -> str | None:
-    """``where the step goes: communication 53 %, forward 15 %, ...`` (parts of 1 % or more, the largest
-    first); ``None`` where no rank measured its phases."""
-    if breakdown is None or not breakdown["parts"]:
+def breakdown_line(
+    parts: dict[str, dict[str, float]] | None, label: str = "where the step goes (all ranks)"
+) -> str | None:
+    """``where the step goes (all ranks): communication 53 %, forward 15 %, ...`` from the breakdown's
+    ``parts`` (those of 1 % or more, the largest first); ``None`` where no rank measured its phases."""
+    if not parts:
         return None
-    shares = sorted(((row["share"], part) for part, row in breakdown["parts"].items()), reverse=True)
+    shares = sorted(((row["share"], part) for part, row in parts.items()), reverse=True)
     said = [f"{part} {share:.0%}" for share, part in shares if share >= 0.01]
-    return "where the step goes (all ranks): " + ", ".join(said).replace("%", " %")
+    return f"{label}: " + ", ".join(said).replace("%", " %")
 
 
 def run_words(run: dict[str, Any]) -> str:
@@ -195,7 +197,7 @@ def summary_lines(summary: dict[str, Any]) -> list[str]:
     ]
     if (loss := loss_line(steps["loss"])) is not None:
         lines.append(loss)
-    if (breakdown := breakdown_line(summary.get("breakdown"))) is not None:
+    if (breakdown := breakdown_line((summary.get("breakdown") or {}).get("parts"))) is not None:
         lines.append(breakdown)
     if run.get("hang"):  # meshtop's report of the hang that stopped it, torch's flight recorder's beside it
         first, *rest = run["hang"].splitlines()

@@ -31,7 +31,7 @@ from meshtop.tui.charts import (
 )
 from meshtop.tui.line_view import LineView
 from meshtop.tui.state import DashboardState, PipelineStep, RankView, RequestsView
-from meshtop.tui.summary_text import busbw_text, per_second
+from meshtop.tui.summary_text import breakdown_line, busbw_text, per_second
 
 RankFilter = Callable[[RankView], bool]
 
@@ -311,11 +311,14 @@ class OverviewPanel(Panel):
         memory_rows = max(1, min(16, (height - 14) // 2))
         chart_rows = max(3, min(12, height - 15 - memory_rows))
         durations = [s.duration_s for s in state.steps]
-        top = (
+        top: Text | Group = (
             requests_lines(state, width)
             if state.info.inference
             else chart("step time", durations, width=width, height=chart_rows, format_value=human_seconds)
         )
+        breakdown = None if state.info.inference else state.figures().breakdown
+        if breakdown is not None and (line := breakdown_line(breakdown.parts, "the step")) is not None:
+            top = Group(top, Text(f" {line}"[: width - 1]))
         if state.info.endpoint is not None:  # the server's own ranks are not meshtop's: no memory or collectives
             self.paint(Group(top, section("alerts"), alert_lines(state, 4)))
             return
