@@ -1,11 +1,13 @@
 """A DDP torchrun script made slow in one place on purpose, to check where meshtop says its steps go
 (tests/runner/test_step_breakdown.py). It imports nothing of meshtop's.
 
-``torchrun --nproc-per-node N tests/kit/breakdown_script.py --out DIR [--data-sleep-ms MS] [--steps S]``
+``torchrun --nproc-per-node N tests/kit/breakdown_script.py --out DIR [--data-sleep-ms MS] [--busy-rank R
+--busy-ms MS] [--optimizer-sleep-ms MS] [--steps S]``
 
 Each batch comes from a DataLoader (no workers) whose dataset sleeps ``--data-sleep-ms`` per sample, 4
-samples a batch. Each rank writes ``DIR/rank{R}.json``: the seconds it spent in ``next()`` on the loader,
-per step, by its own clock.
+samples a batch. ``--busy-rank R``: rank R's model spins ``--busy-ms`` in its forward (extra compute on one
+rank). ``--optimizer-sleep-ms``: every rank's optimizer step sleeps that long first. Each rank writes
+``DIR/rank{R}.json``: the seconds it spent in ``next()`` on the loader, per step, by its own clock.
 """
 
 import argparse
@@ -21,6 +23,33 @@ from torch.utils.data import DataLoader, Dataset
 
 DIM = 64
 BATCH = 4
+
+
+class Busy(nn.Module):
+    """Spins ``busy_s`` before its forward: compute that one rank does and the others do not."""
+
+    def __init__(self, inner: nn.Module, busy_s: float) -> None:
+        super().__init__()
+        self.inner = inner
+        self.busy_s = busy_s
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        until = time.perf_counter() + self.busy_s
+        while time.perf_counter() < until:
+            pass
+        return self.inner(x)
+
+
+class SlowSGD(torch.optim.SGD):
+    """SGD whose step sleeps ``sleep_s`` first."""
+
+    def __init__(self, params, lr: float, sleep_s: float) -> None:  # type: ignore[no-untyped-def]
+        super().__init__(params, lr=lr)
+        self.sleep_s = sleep_s
+
+    def step(self, closure=None):  # type: ignore[no-untyped-def]
+        time.sleep(self.sleep_s)
+        return super().step(closure)
 
 
 class Samples(Dataset):
@@ -41,14 +70,18 @@ def main() -> None:
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--steps", type=int, default=6)
     parser.add_argument("--data-sleep-ms", type=float, default=0.0)
+    parser.add_argument("--busy-rank", type=int, default=None)
+    parser.add_argument("--busy-ms", type=float, default=0.0)
+    parser.add_argument("--optimizer-sleep-ms", type=float, default=0.0)
     args = parser.parse_args()
     dist.init_process_group("gloo")
     rank = dist.get_rank()
     torch.manual_seed(0)
-    model = nn.parallel.DistributedDataParallel(
-        nn.Sequential(nn.Linear(DIM, 4 * DIM), nn.GELU(), nn.Linear(4 * DIM, DIM))
-    )
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    layers: nn.Module = nn.Sequential(nn.Linear(DIM, 4 * DIM), nn.GELU(), nn.Linear(4 * DIM, DIM))
+    if rank == args.busy_rank:
+        layers = Busy(layers, args.busy_ms / 1e3)
+    model = nn.parallel.DistributedDataParallel(layers)
+    optimizer = SlowSGD(model.parameters(), lr=0.01, sleep_s=args.optimizer_sleep_ms / 1e3)
     batches = iter(DataLoader(Samples(args.data_sleep_ms / 1e3), batch_size=BATCH))
     waits = []
     for _ in range(args.steps):

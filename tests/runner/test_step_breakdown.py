@@ -50,3 +50,26 @@ def test_a_slow_dataloader_is_most_of_the_step_and_the_parts_add_up(tmp_path: Pa
         assert parts["data"]["share"] > 0.5
     text = run_meshtop("summary", str(recording)).stdout
     assert "where the step goes (all ranks): data " in text, text
+
+
+@pytest.mark.slow
+def test_extra_compute_on_one_rank_names_it_the_straggler_with_forward_as_its_cause(tmp_path: Path) -> None:
+    """Rank 1 spins 25 ms in its forward each step; rank 0 waits for it in the all-reduce."""
+    recording, _ = record(tmp_path, 2, "--busy-rank", "1", "--busy-ms", "25", "--steps", "10")
+    summary = summary_json(recording)
+    [straggler] = summary["stragglers"]
+    assert (straggler["rank"], straggler["cause"]) == (1, "forward"), straggler
+    assert straggler["slowest_in"] >= 0.8 and straggler["cause_share"] > 0.5 > straggler["peers_cause_share"]
+    assert straggler["verdict"].startswith("rank 1 is the slowest in ")
+    assert " of steps: forward " in straggler["verdict"]
+    rank0 = summary["breakdown"]["per_rank"]["0"]
+    assert rank0["communication"]["share"] > rank0["forward"]["share"]  # the others wait on it
+    assert straggler["verdict"] in run_meshtop("summary", str(recording)).stdout
+
+
+@pytest.mark.slow
+def test_a_slow_optimizer_is_the_biggest_part(tmp_path: Path) -> None:
+    recording, _ = record(tmp_path, 2, "--optimizer-sleep-ms", "30")
+    breakdown = summary_json(recording)["breakdown"]
+    assert breakdown["biggest"] == "optimizer", breakdown["parts"]
+    assert breakdown["parts"]["optimizer"]["s_per_step"] >= 0.030
