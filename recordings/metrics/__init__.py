@@ -14,7 +14,9 @@ read these; none computes a figure of its own.
 - :mod:`~meshtop.recordings.metrics.pipeline`: stage busy / idle and the bubble, in
   training and in inference, and the run's mean bubble;
 - :mod:`~meshtop.recordings.metrics.stragglers`: each rank's compute time and the
-  straggler rule;
+  straggler rule, with its cause where the phases were measured;
+- :mod:`~meshtop.recordings.metrics.breakdown`: where each rank's step goes (data,
+  forward, backward, optimizer, communication, bubble, other), adding up to it;
 - :mod:`~meshtop.recordings.metrics.memory`: peak per rank, the most loaded rank,
   headroom, accounted bytes and the peak a plan is checked against;
 - :mod:`~meshtop.recordings.metrics.requests`: TTFT, TPOT, ITL, e2e, rates, goodput;
