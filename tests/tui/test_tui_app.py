@@ -19,9 +19,10 @@ import pytest
 from meshtop.recordings.compare import compare
 from meshtop.recordings.reader import open_recording
 from meshtop.recordings.summary import summarize
-from meshtop.tui.app import MeshtopApp, ReplayBar
+from meshtop.tui.app import MeshtopApp
 from meshtop.tui.compare_app import CompareApp
 from meshtop.tui.sources import ReplaySource
+from meshtop.tui.widgets import ReplayBar
 from tests.kit.screen import SnapCompare, screen_text
 
 pytestmark = pytest.mark.screen
