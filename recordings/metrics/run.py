@@ -177,9 +177,9 @@ class RunFold:
         self.closed_count = 0
         """Steps closed so far."""
         self.compute = ComputeTimes()
+        """Each rank's compute time in its last closed steps: the straggler rule's input."""
         self.breakdown = BreakdownFold()
         """Each rank's step parts, as steps close."""
-        """Each rank's compute time in its last closed steps: the straggler rule's input."""
         self.version = 0
         """Grows with every change, so a caller can tell whether its figures are stale."""
         self._folder = StepFolder(1 if run.inference else run.world_size)
@@ -438,10 +438,9 @@ class RunFold:
             )
         self.breakdown.add_step(parts_by_rank, lambda rank: self.position(rank)[0])
 
-    def _stragglers(self) -> tuple[Straggler, ...]:
-        """The stragglers, each with its cause where the ranks measured their phases."""
+    def _stragglers(self, breakdown: Breakdown) -> tuple[Straggler, ...]:
+        """The stragglers, each with its cause where the ranks measured their phases (``breakdown``)."""
         found = self.compute.stragglers(lambda rank: self.position(rank)[0])
-        breakdown = self.breakdown.figures()
         explained = []
         for straggler in found:
             peers = [rank for rank in breakdown.per_rank if self.position(rank)[0] == straggler.stage]
@@ -488,6 +487,7 @@ class RunFold:
             return self._figures[1]
         requests = self.requests.figures() if self.requests is not None else None
         steps = self.steps.figures(tokens_per_s=requests.output_tokens_per_s if requests is not None else None)
+        breakdown = self.breakdown.figures()
         figures = RunFigures(
             steps=steps,
             collectives=tuple(self.collectives.rows()),
@@ -502,10 +502,10 @@ class RunFold:
                 tokens_per_s=steps.tokens_per_s,
                 script_parameters=script_parameters(self.trained.values()),
             ),
-            stragglers=self._stragglers(),
+            stragglers=self._stragglers(breakdown),
             server=self.server.figures() if self.server is not None else None,
             gpus=tuple(self.gpus.rows()),
-            breakdown=breakdown if (breakdown := self.breakdown.figures()).steps else None,
+            breakdown=breakdown if breakdown.steps else None,
         )
         self._figures = (self.version, figures)
         return figures
