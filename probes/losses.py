@@ -21,6 +21,7 @@ Rules, in order:
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -91,8 +92,14 @@ class LossProbe:
         probe = self
 
         def backward(tensors: Any, grad_tensors: Any = None, *args: Any, **kwargs: Any) -> Any:
+            # A one-pass iterable (a generator) is read once here and handed on as a tuple: both see it whole.
+            if not isinstance(tensors, (torch.Tensor, tuple, list)):
+                tensors = tuple(tensors)
+            if grad_tensors is not None and not isinstance(grad_tensors, (torch.Tensor, tuple, list)):
+                grad_tensors = tuple(grad_tensors)
             if not probe._from_schedule:
-                probe._seen_backward(tensors, grad_tensors)
+                with contextlib.suppress(Exception):  # a probe never breaks the backward it watches
+                    probe._seen_backward(tensors, grad_tensors)
             return original(tensors, grad_tensors, *args, **kwargs)
 
         backward.__wrapped__ = original  # type: ignore[attr-defined]
