@@ -1,13 +1,14 @@
 """A DDP torchrun script made slow in one place on purpose, to check where meshtop says its steps go
 (tests/runner/test_step_breakdown.py). It imports nothing of meshtop's.
 
-``torchrun --nproc-per-node N tests/kit/breakdown_script.py --out DIR [--data-sleep-ms MS] [--busy-rank R
---busy-ms MS] [--optimizer-sleep-ms MS] [--steps S]``
+``torchrun --nproc-per-node N tests/kit/breakdown_script.py --out DIR [--data-sleep-ms MS [--data-rank R]]
+[--busy-rank R --busy-ms MS] [--optimizer-sleep-ms MS] [--steps S]``
 
 Each batch comes from a DataLoader (no workers) whose dataset sleeps ``--data-sleep-ms`` per sample, 4
-samples a batch. ``--busy-rank R``: rank R's model spins ``--busy-ms`` in its forward (extra compute on one
-rank). ``--optimizer-sleep-ms``: every rank's optimizer step sleeps that long first. Each rank writes
-``DIR/rank{R}.json``: the seconds it spent in ``next()`` on the loader, per step, by its own clock.
+samples a batch (``--data-rank R``: on rank R only). ``--busy-rank R``: rank R's model spins ``--busy-ms``
+in its forward (extra compute on one rank). ``--optimizer-sleep-ms``: every rank's optimizer step sleeps that
+long first. Each rank writes ``DIR/rank{R}.json``: the seconds it spent in ``next()`` on the loader, per step,
+by its own clock.
 """
 
 import argparse
@@ -70,6 +71,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--steps", type=int, default=6)
     parser.add_argument("--data-sleep-ms", type=float, default=0.0)
+    parser.add_argument("--data-rank", type=int, default=None)
     parser.add_argument("--busy-rank", type=int, default=None)
     parser.add_argument("--busy-ms", type=float, default=0.0)
     parser.add_argument("--optimizer-sleep-ms", type=float, default=0.0)
@@ -82,7 +84,8 @@ def main() -> None:
         layers = Busy(layers, args.busy_ms / 1e3)
     model = nn.parallel.DistributedDataParallel(layers)
     optimizer = SlowSGD(model.parameters(), lr=0.01, sleep_s=args.optimizer_sleep_ms / 1e3)
-    batches = iter(DataLoader(Samples(args.data_sleep_ms / 1e3), batch_size=BATCH))
+    slow_data = args.data_rank is None or rank == args.data_rank
+    batches = iter(DataLoader(Samples(args.data_sleep_ms / 1e3 if slow_data else 0.0), batch_size=BATCH))
     waits = []
     for _ in range(args.steps):
         begun = time.perf_counter()

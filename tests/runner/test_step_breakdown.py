@@ -73,3 +73,19 @@ def test_a_slow_optimizer_is_the_biggest_part(tmp_path: Path) -> None:
     breakdown = summary_json(recording)["breakdown"]
     assert breakdown["biggest"] == "optimizer", breakdown["parts"]
     assert breakdown["parts"]["optimizer"]["s_per_step"] >= 0.030
+
+
+@pytest.mark.slow
+def test_a_slow_dataloader_on_one_rank_names_it_the_straggler_with_data_as_its_cause(tmp_path: Path) -> None:
+    """Rank 1's dataset sleeps 6 ms a sample (24 ms a batch), rank 0's not at all: rank 1 makes every step
+    slow, rank 0 waits for it in the all-reduce; summary and the dashboard's alert name rank 1 and its data."""
+    recording, _ = record(tmp_path, 2, "--data-sleep-ms", "6", "--data-rank", "1", "--steps", "10")
+    summary = summary_json(recording)
+    [straggler] = summary["stragglers"]
+    assert (straggler["rank"], straggler["cause"]) == (1, "data"), straggler
+    assert straggler["verdict"].startswith("rank 1 is the slowest in ") and " of steps: data " in straggler["verdict"]
+    assert straggler["cause_share"] > 0.5 > straggler["peers_cause_share"]
+    assert summary["breakdown"]["per_rank"]["1"]["data"]["share"] > 0.5
+    assert summary["steps"]["loss"]["first"] is not None  # the script's own loss, read from its backward
+    text = run_meshtop("summary", str(recording)).stdout
+    assert straggler["verdict"] in text and "loss: " in text
