@@ -7,15 +7,19 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import psutil
+import pytest
 
 from meshtop.probes.events import Event, RankStarted, StepTiming
+from meshtop.recordings.metrics.run import RunFold
 from meshtop.recordings.metrics.steps import JobStep, StepFolder
 from meshtop.runner.job.control import JobControl
 from meshtop.runner.job.environment import builtin_launch
 from meshtop.runner.job.launch import run_job
 from meshtop.runner.job.results import JobResult
+from meshtop.runner.job.session import describe
 from meshtop.runner.plan import ResolvedRun, RunSpec, resolve
 from meshtop.tui.options import gpus_visible
 
@@ -47,6 +51,14 @@ class LaunchedRun:
 
     def of_kind(self, kind: str) -> list[Event]:
         return [e for e in self.events if e.kind == kind]
+
+    def breakdown(self) -> dict[str, Any] | None:
+        """Where its steps went, as ``summary --json`` says it (its events folded by the metrics core)."""
+        fold = RunFold(describe(self.run))
+        fold.apply_events(self.events)
+        fold.finish(self.result.status)
+        figures = fold.figures().breakdown
+        return figures.to_json() if figures is not None else None
 
 
 @contextmanager
@@ -102,3 +114,14 @@ def alive(pids: list[int]) -> list[int]:
         except psutil.NoSuchProcess:
             pass
     return running
+
+
+def assert_parts_add_up(breakdown: dict[str, Any] | None, ranks: int, *, pipelined: bool = False) -> None:
+    """Every rank measured its step's phases, and its parts (``summary --json``'s ``breakdown``) add up to its
+    step within 1 %; a pipelined run's ranks idle in their bubble."""
+    assert breakdown is not None
+    assert sorted(breakdown["per_rank"], key=int) == [str(rank) for rank in range(ranks)], breakdown["per_rank"]
+    for rank, parts in breakdown["per_rank"].items():
+        assert sum(row["share"] for row in parts.values()) == pytest.approx(1.0, abs=0.01), (rank, parts)
+        assert parts["forward"]["share"] > 0 and parts["backward"]["share"] > 0, (rank, parts)
+        assert (parts["bubble"]["share"] > 0) == pipelined, (rank, parts)

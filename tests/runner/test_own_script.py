@@ -34,6 +34,7 @@ from meshtop.runner.script.command import resolve_script
 from meshtop.tui.cli import main
 from tests.kit.commands import one_line_error, run_meshtop, summary_json
 from tests.kit.events import gpu_sample
+from tests.kit.jobs import assert_parts_add_up
 from tests.kit.recordings import write_recording
 
 REPO = Path(__file__).resolve().parents[2]
@@ -377,6 +378,7 @@ def test_ddp_script_steps_collectives_and_memory_are_the_scripts_own(
     assert [(row["group"], row["op"]) for row in report["collectives"] if row["op"] == "all_reduce"] == [
         ("world", "all_reduce")
     ]
+    assert_parts_add_up(report["breakdown"], 2)
 
 
 @pytest.mark.slow
@@ -423,6 +425,7 @@ def test_sharded_scripts_collectives_match_comm_debug_mode_and_memory_is_the_loc
     assert {row["model_parameters"] for row in started} == {sum(p.numel() for p in mlp_shapes().parameters()) * layers}
     # ...while each holds its shard: DTensors count at their global size there, at their local size here
     assert all(row["local_parameters"] < row["model_parameters"] for row in started)
+    assert_parts_add_up(summary_json(recording)["breakdown"], ranks)  # where each rank's steps went
 
 
 @pytest.mark.slow
@@ -444,6 +447,7 @@ def test_pipelining_script_gets_stage_actions_p2p_and_bubbles(recorded: Callable
     report = summary_json(recording)
     assert [row["stage"] for row in report["stages"]] == [0, 1]
     assert all(0 < row["bubble_fraction"] < 1 for row in report["stages"])
+    assert_parts_add_up(report["breakdown"], 2, pipelined=True)
     started = table(recording, "rank_started")
     assert {(row["rank"], row["pp_rank"]) for row in started if row["stages"]} == {(0, 0), (1, 1)}
 

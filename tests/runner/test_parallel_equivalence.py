@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.kit.jobs import RTOL, LaunchedRun, launch
+from tests.kit.jobs import RTOL, LaunchedRun, assert_parts_add_up, launch
 
 pytestmark = pytest.mark.slow
 
@@ -46,6 +46,8 @@ def test_parallel_losses_match_one_process(
     assert parallel.result.status == "completed", parallel.result
     assert len(parallel.losses) == STEPS
     assert parallel.losses == pytest.approx(single_process.losses, rel=RTOL)
+    # where each rank's steps went: every part measured, adding up to its step
+    assert_parts_add_up(parallel.breakdown(), parallel.run.world_size, pipelined=parallel.run.pp > 1)
 
 
 @pytest.mark.parametrize(
