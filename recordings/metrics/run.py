@@ -141,11 +141,23 @@ class RunFigures:
             "memory": [asdict(row) for row in self.memory],
             "most_loaded_rank": self.most_loaded_rank,
             "headroom_bytes": self.headroom_bytes,
-            "stragglers": [{**asdict(straggler), "verdict": straggler.verdict} for straggler in self.stragglers],
+            "stragglers": [straggler_json(straggler) for straggler in self.stragglers],
             "server": self.server.to_json() if self.server is not None else None,
             "gpus": [asdict(row) for row in self.gpus],
-            "breakdown": self.breakdown.to_json() if self.breakdown is not None else None,
+            "breakdown": self._breakdown_json(),
         }
+
+    def _breakdown_json(self) -> dict[str, object] | None:
+        """The breakdown, and the straggler it explains (the one furthest from its peers; ``None`` without)."""
+        if self.breakdown is None:
+            return None
+        explained = [straggler for straggler in self.stragglers if straggler.cause is not None]
+        worst = max(explained, key=lambda straggler: straggler.ratio, default=None)
+        return {**self.breakdown.to_json(), "straggler": straggler_json(worst) if worst is not None else None}
+
+
+def straggler_json(straggler: Straggler) -> dict[str, object]:
+    return {**asdict(straggler), "verdict": straggler.verdict}
 
 
 class RunFold:

@@ -161,6 +161,7 @@ def test_a_straggler_with_phases_is_named_with_its_cause_in_summary_and_the_dash
         summary
     )
     assert summary["breakdown"]["slowest_in"] == {"0": 0.0, "1": 0.0, "2": 0.0, "3": 1.0}
+    assert summary["breakdown"]["straggler"] == straggler  # the one it explains, as the stragglers list has it
     state = DashboardState(run)
     state.apply_events(events)
     state.finish("completed")
