@@ -6,7 +6,7 @@ Each rank writes ``DIR/rank{R}.jsonl``: one line a step, ``{"step": s, "loss": m
 the ``.item()`` of every loss it differentiated in the step (``--accum K``: K micro steps a step, each loss
 divided by K as gradient accumulation does, then backpropagated), or, pipelined (``--parallel pp``, the 1F1B
 schedule over 4 microbatches), the mean of the schedule's losses on the last stage; the other stages write none.
-It imports nothing of meshtop's.
+``--device cuda``: nccl and a GPU a rank (DDP and FSDP2). It imports nothing of meshtop's.
 """
 
 import argparse
@@ -27,8 +27,11 @@ def main() -> None:
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--accum", type=int, default=1)
     parser.add_argument("--steps", type=int, default=4)
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="cuda: nccl, a GPU a rank (ddp)")
     args = parser.parse_args()
-    dist.init_process_group("gloo")
+    cuda = args.device == "cuda"
+    dist.init_process_group("nccl" if cuda else "gloo")
+    device = torch.device("cuda", int(os.environ["LOCAL_RANK"])) if cuda else torch.device("cpu")
     rank, world = dist.get_rank(), dist.get_world_size()
     torch.manual_seed(0)
     data = torch.Generator().manual_seed(1 + rank)
@@ -36,9 +39,9 @@ def main() -> None:
     if args.parallel == "pp":
         lines = pipelined(args, rank, world)
     else:
-        model: nn.Module = nn.Sequential(nn.Linear(DIM, 2 * DIM), nn.GELU(), nn.Linear(2 * DIM, DIM))
+        model: nn.Module = nn.Sequential(nn.Linear(DIM, 2 * DIM), nn.GELU(), nn.Linear(2 * DIM, DIM)).to(device)
         if args.parallel == "ddp":
-            model = nn.parallel.DistributedDataParallel(model)
+            model = nn.parallel.DistributedDataParallel(model, device_ids=[device.index] if cuda else None)
         else:
             from torch.distributed.fsdp import fully_shard
 
@@ -47,7 +50,7 @@ def main() -> None:
         for step in range(args.steps):
             values = []
             for _ in range(args.accum):
-                x = torch.randn(8, DIM, generator=data)
+                x = torch.randn(8, DIM, generator=data).to(device)
                 loss = (model(x) - x).pow(2).mean() / args.accum
                 loss.backward()
                 values.append(loss.item())

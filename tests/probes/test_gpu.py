@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
+import pyarrow.parquet as pq
 import pytest
 import torch
 
 from meshtop.probes.events import Event
+from tests.kit.commands import run_meshtop, summary_json
 from tests.kit.jobs import launch
 
 pytestmark = pytest.mark.gpu
@@ -135,3 +138,24 @@ def test_nccl_timing_on_one_gpu_reads_cuda_events_without_blocking_the_host(
     assert len(timed) == 1 and timed[0].clock == "cuda_events"
     assert returned < 0.05  # the host did not wait for the queued matmuls
     assert 0 <= timed[0].duration_s < 0.05  # the all-reduce alone, not the matmuls queued before it
+
+
+@pytest.mark.skipif(GPUS < 1, reason="needs a CUDA GPU")
+def test_a_scripts_loss_on_the_gpu_is_read_from_pinned_memory_as_the_script_computed_it(tmp_path: Path) -> None:
+    """A DDP script on one GPU with 2 micro steps a step: each step's loss, summed on the device and read once
+    its copy to pinned memory completed, equals the mean of the script's own ``.item()``s; the breakdown adds up."""
+    out, written = tmp_path / "rec", tmp_path / "written"
+    script = ["tests/kit/loss_script.py", "--parallel", "ddp", "--accum", "2", "--device", "cuda", "--steps", "6"]
+    done = run_meshtop(
+        "record", str(out), "--", "torchrun", "--standalone", "--nproc-per-node=1", *script, "--out", str(written),
+        cwd=Path(__file__).resolve().parents[2],
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    rows = {row["step"]: row for row in pq.read_table(out / "events" / "step.parquet").to_pylist()}
+    lines = [json.loads(line) for line in (written / "rank0.jsonl").read_text().splitlines()]
+    assert len(lines) == 6 and sorted(rows) == list(range(6))
+    for line in lines:
+        assert rows[line["step"]]["loss"] == pytest.approx(line["loss"], rel=1e-6)
+        assert rows[line["step"]]["losses"] == 2
+    breakdown = summary_json(out)["breakdown"]
+    assert sum(row["share"] for row in breakdown["per_rank"]["0"].values()) == pytest.approx(1.0, abs=0.01)
