@@ -4,7 +4,7 @@ draw, the sweep's accounted peak, communication share, mean bubble and traffic p
 
 from __future__ import annotations
 
-from dataclasses import asdict, replace
+from dataclasses import replace
 from pathlib import Path
 
 import pyarrow as pa
@@ -21,7 +21,7 @@ from meshtop.recordings.metrics.collectives import (
 from meshtop.recordings.metrics.memory import MemoryFold, MemoryRow, accounted_bytes, other_bytes, plan_peak
 from meshtop.recordings.metrics.pipeline import StageRow, mean_bubble
 from meshtop.recordings.metrics.rates import measured_rates
-from meshtop.recordings.metrics.run import RunFold
+from meshtop.recordings.metrics.run import RunFold, straggler_json
 from meshtop.recordings.metrics.stragglers import ComputeTimes, compute_seconds
 from meshtop.recordings.reader import open_recording
 from meshtop.recordings.replay import in_kind_order
@@ -140,7 +140,7 @@ def test_summary_and_the_dashboard_name_the_same_straggler(tmp_path: Path) -> No
     state = DashboardState(run)
     state.apply_events(events)
     state.finish("completed")
-    assert [{**asdict(s), "verdict": s.verdict} for s in state.stragglers()] == summary["stragglers"]
+    assert [straggler_json(s) for s in state.stragglers()] == summary["stragglers"]
     assert "rank 3 is a straggler: 2.00x its peers' compute time" in [alert.text for alert in alerts_of(state)]
 
 

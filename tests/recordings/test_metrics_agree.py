@@ -4,7 +4,6 @@ tables) report the same figures for the same recording, to the last bit."""
 from __future__ import annotations
 
 import json
-from dataclasses import asdict
 from itertools import pairwise
 from pathlib import Path
 from typing import Any
@@ -14,7 +13,7 @@ import pytest
 
 from meshtop.probes.events import MemorySnapshot, StepTiming
 from meshtop.recordings.metrics.mfu import GpuModel, peak_flops
-from meshtop.recordings.metrics.run import RunFold
+from meshtop.recordings.metrics.run import RunFold, straggler_json
 from meshtop.recordings.reader import open_recording
 from meshtop.recordings.replay import KIND_ORDER
 from meshtop.recordings.samples import INFER_SAMPLE, SAMPLE
@@ -75,7 +74,7 @@ def assert_same_figures(state: DashboardState, summary: dict[str, Any]) -> None:
         row["rank"]: row["peak_bytes"] for row in summary["memory"]
     }
     assert state.most_loaded_rank() == summary["most_loaded_rank"]
-    assert [asdict(straggler) for straggler in figures.stragglers] == summary["stragglers"]
+    assert [straggler_json(straggler) for straggler in figures.stragglers] == summary["stragglers"]
     if summary["requests"] is not None:
         assert figures.requests is not None
         for name in ("ttft_s", "tpot_s", "e2e_s"):
