@@ -44,6 +44,8 @@ PHASE_PARTS = {"d": "data", "f": "forward", "b": "backward", "o": "optimizer"}
 _LABELS = ("communication", "bubble", "data", "optimizer", "backward", "forward", "bubble", "other")
 """The part of each precedence level (the index), first wins: see the module's rules."""
 _COMM, _P2P, _SCHEDULE, _OTHER = 0, 1, 6, 7
+ABOVE_MEAN = 0.01
+"""A rank's part counts as above the job's when its share is at least this much higher (1 point)."""
 HISTORY = 240
 """Closed steps whose parts the dashboard charts."""
 _PHASE_LEVEL = {"d": 2, "o": 3, "b": 4, "f": 5}
@@ -109,6 +111,16 @@ class Breakdown:
     """Per rank: the share of its stage's closed steps in which it had the most compute time."""
     history: dict[str, tuple[float, ...]] = field(default_factory=dict)
     """Per part: its mean over the ranks in each of the last :data:`HISTORY` closed steps (the dashboard's)."""
+
+    def above_mean(self, rank: int) -> tuple[str, float, float] | None:
+        """The part of ``rank``'s own work whose share of its step exceeds the job's share the most, by at
+        least :data:`ABOVE_MEAN` (the dashboard's rank row): (part, its share, the job's); ``None`` otherwise."""
+        own = self.per_rank.get(rank)
+        if own is None or not self.parts:
+            return None
+        part = max(WORK_PARTS, key=lambda name: own[name]["share"] - self.parts[name]["share"])
+        share, mean = own[part]["share"], self.parts[part]["share"]
+        return (part, share, mean) if share - mean >= ABOVE_MEAN else None
 
     def cause(self, rank: int, peers: Sequence[int]) -> tuple[str, float, float] | None:
         """The part of ``rank``'s own work whose share of its step exceeds ``peers``' mean share the most:
