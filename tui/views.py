@@ -13,10 +13,9 @@ from rich.console import Group
 from rich.table import Table
 from rich.text import Span, Text
 
-from meshtop.recordings.metrics.breakdown import PARTS, WORK_PARTS
+from meshtop.recordings.metrics.breakdown import PARTS
 from meshtop.recordings.metrics.memory import MemoryRow, other_bytes
 from meshtop.recordings.metrics.pipeline import theoretical_bubble
-from meshtop.recordings.metrics.requests import LATENCIES
 from meshtop.tui.alerts import alerts_of
 from meshtop.tui.charts import (
     chart,
@@ -30,8 +29,9 @@ from meshtop.tui.charts import (
     sparkline,
 )
 from meshtop.tui.line_view import LineView
-from meshtop.tui.state import DashboardState, PipelineStep, RankView, RequestsView
-from meshtop.tui.summary_text import breakdown_line, busbw_text, per_second
+from meshtop.tui.requests_lines import requests_lines
+from meshtop.tui.state import DashboardState, PipelineStep, RankView
+from meshtop.tui.summary_text import breakdown_line, busbw_text
 
 RankFilter = Callable[[RankView], bool]
 
@@ -227,81 +227,6 @@ def plain_table(
     return Text("".join(parts)[:-1], spans=spans, no_wrap=True)
 
 
-def output_rate(value: float | None) -> str:
-    """Output tokens/s as the header and the requests panel write it (``- tok/s`` before the first)."""
-    return "- tok/s" if value is None else human_rate(value, " tok/s")
-
-
-def request_counts(view: RequestsView) -> str:
-    """``60/64 completed · 4 failed · 3.20 req/s · 1.2k tok/s out`` (and goodput with SLOs)."""
-    figures = view.figures
-    done = f"{figures.completed:,}/{view.total:,}" if view.total is not None else f"{figures.completed:,}"
-    parts = [
-        f"{done} completed",
-        f"{figures.failed:,} failed",
-        per_second(figures.request_throughput_per_s, "req/s"),
-        f"{output_rate(figures.output_tokens_per_s)} out",
-    ]
-    if figures.goodput_per_s is not None:
-        parts.append(f"goodput {per_second(figures.goodput_per_s, 'req/s')}")
-    if figures.slo_met is not None:
-        parts.append(f"SLO met {figures.slo_met:.0%}")
-    return " · ".join(parts)
-
-
-def requests_lines(state: DashboardState, width: int) -> Text:
-    """An inference run's requests: counts and rates, then TTFT / TPOT / ITL / e2e p50 and p99 over the
-    run with the recent values; the most frequent failure reason, if any failed."""
-    view = state.requests_view()
-    text = Text(no_wrap=True, overflow="ellipsis")
-    if view is None:
-        return text
-    text.append("requests", style="bold underline")
-    text.append(f"  {request_counts(view)}\n")
-    if view.figures.failures:
-        reason, count = view.figures.failures[0]
-        text.append(f"  failed {count:,}: {reason}\n", style="yellow")
-    history = max(0, width - 34)
-    text.append(f"  {'latency':<8}{'p50':>10}{'p99':>10}  {'recent' if history else ''}\n", style="bold")
-    for key, label in LATENCIES.items():
-        p50, p99 = view.p50_p99(key)
-        text.append(f"  {label:<8}{human_seconds(p50):>10}{human_seconds(p99):>10}  ")
-        text.append(sparkline(view.history[key], history, low=0.0) + "\n", style="cyan")
-    if (client := view.figures.client) is not None:  # an endpoint's load generator: did it keep to the load?
-        text.append(
-            f"  client  send lag p50 {human_seconds(client.send_lag_p50_s)}  p99 {human_seconds(client.send_lag_p99_s)}"
-        )
-        if client.asked_rate_per_s is not None and client.achieved_rate_per_s is not None:
-            text.append(f"  sent {client.achieved_rate_per_s:,.2f} of {client.asked_rate_per_s:,.2f} req/s asked")
-        if client.cpu_mean_pct is not None:
-            text.append(f"  CPU {client.cpu_mean_pct:.0f} %")
-        if view.figures.warmup:
-            text.append(f"  ({view.figures.warmup} warmup left out)")
-        text.append("\n")
-        if client.limited:
-            text.append(f"  {client.limited}\n", style="yellow")
-    if (server := view.server) is not None:  # the engine's own view: its queue and KV cache, as it says them
-        text.append("  server", style="bold")
-        spark = max(0, (width - 60) // 2)
-        for name, label, scale, unit in (
-            ("requests_running", "running", 1.0, ""),
-            ("requests_waiting", "waiting", 1.0, ""),
-            ("kv_cache_usage", "KV cache", 100.0, " %"),
-        ):
-            if (gauge := server.gauges.get(name)) is not None:
-                text.append(
-                    f"  {label} {(gauge['last'] or 0) * scale:,.0f}{unit} (max {(gauge['max'] or 0) * scale:,.0f})"
-                )
-                if spark and name != "requests_running":
-                    text.append(" " + sparkline(view.server_history.get(name, ()), spark, low=0.0), style="cyan")
-        if preempted := server.counters.get("preemptions"):
-            text.append(f"  preemptions {preempted:,.0f}", style="yellow")
-        if not server.gauges:
-            text.append(f"  {server.series:,} series (no engine meshtop knows)")
-        text.append("\n")
-    return text
-
-
 class OverviewPanel(Panel):
     """The one-screen summary: step time (inference: the requests), memory per rank, top collectives, alerts."""
 
@@ -476,17 +401,15 @@ def breakdown_lines(state: DashboardState, ranks: RankFilter, width: int, limit:
     breakdown = state.figures().breakdown
     if breakdown is None:
         return Text("  none yet: no rank has a closed step with its phases timed\n", style="dim")
-    mean = {part: row["share"] for part, row in breakdown.parts.items()}
     views = [v for v in sorted(state.ranks.values(), key=lambda v: v.rank) if ranks(v) and v.rank in breakdown.per_rank]
     text = Text()
     bar_width = max(10, width - 42)
     for view in views[:limit]:
         shares = {part: row["share"] for part, row in breakdown.per_rank[view.rank].items()}
-        part = max(WORK_PARTS, key=lambda name: shares[name] - mean[name])
         text.append(f" {rank_label(view)} ")
         text.append_text(parts_bar(shares, bar_width))
-        above = shares[part] - mean[part] >= 0.01
-        said = f"{part} {shares[part]:.0%} (mean {mean[part]:.0%})" if above else "as the mean"
+        above = breakdown.above_mean(view.rank)
+        said = "as the mean" if above is None else f"{above[0]} {above[1]:.0%} (mean {above[2]:.0%})"
         text.append(f"  {said}\n".replace("%", " %"))
     if len(views) > limit:
         text.append(f"  … {len(views) - limit} more ranks (/ to filter)\n", style="dim")

@@ -16,10 +16,10 @@ from textual.widgets import Input, Static
 from meshtop.probes.events import HangDetected
 from meshtop.tui.alerts import alerts_of
 from meshtop.tui.charts import human_seconds
+from meshtop.tui.requests_lines import output_rate
 from meshtop.tui.sources import Source
 from meshtop.tui.state import DashboardState
 from meshtop.tui.summary_text import per_second
-from meshtop.tui.views import output_rate
 
 
 class HeaderBar(Static):
