@@ -33,6 +33,7 @@ from meshtop.probes.activations import SavedActivations
 from meshtop.probes.collectives import CollectiveProbe, GroupDirectory
 from meshtop.probes.events import Event, ProbeOff, RankProgress, SamplerError
 from meshtop.probes.flight import FlightDumps
+from meshtop.probes.losses import LossProbe, PendingLoss
 from meshtop.probes.memory import MemoryProbe
 from meshtop.probes.native import first_line, from_environment
 from meshtop.probes.patching import MissingInternal
@@ -44,7 +45,7 @@ from meshtop.probes.wire import NCCL_TIMING_ENV
 OVERHEAD_BLOCK_ENV = "MESHTOP_OVERHEAD_BLOCK"
 """Benchmarks only (``tests/bench/overhead.py``): switch the hooks on and off every N steps, to time both in one
 job. Read once, when the worker's :class:`Instrumentation` is made."""
-COLLECTIVES, PIPELINE_STAGES, MEMORY, PHASES = "collectives", "pipeline stages", "memory", "step phases"
+COLLECTIVES, PIPELINE_STAGES, MEMORY, PHASES, LOSS = "collectives", "pipeline stages", "memory", "step phases", "loss"
 """The probes' names in :class:`ProbeOff`."""
 
 
@@ -80,6 +81,7 @@ class Instrumentation:
         self._memory: MemoryProbe | None = None
         self._activations: SavedActivations | None = None
         self._phases: Phases | None = None
+        self._losses: LossProbe | None = None
         self._installed = False
         self._off: set[str] = set()
         """Probes that could not be installed: reported once, never tried again in this process."""
@@ -145,11 +147,12 @@ class Instrumentation:
             oldest_start_ns=oldest.start_ns if oldest else None,
         )
 
-    def install(self, *, groups: GroupDirectory, pipeline: bool, phases: bool = False) -> None:
+    def install(self, *, groups: GroupDirectory, pipeline: bool, phases: bool = False, loss: bool = False) -> None:
         """Hook collectives (and pipeline stages, and with ``phases`` the step's phases: training) before the
         job is built, so set-up traffic is seen too.
 
-        ``groups`` names the process groups (it may learn more of them later: a user's DeviceMesh)."""
+        ``groups`` names the process groups (it may learn more of them later: a user's DeviceMesh). ``loss``
+        reads the losses the rank differentiates (a user's script: the built-in runner reports its own)."""
         device_timing = self.device.type == "cuda" and os.environ.get(NCCL_TIMING_ENV) == "1"
         native, why_not = from_environment() if self.device.type == "cpu" else (None, None)
         if why_not is not None and self.rank == 0:
@@ -168,6 +171,8 @@ class Instrumentation:
             self._stages = StageProbe(rank=self.rank, emit=self.emit, step=self.current_step)
         if phases:
             self._phases = Phases()
+        if loss:
+            self._losses = LossProbe(self.device)
         if self.enabled:
             self._hook()
 
@@ -195,6 +200,22 @@ class Instrumentation:
         phases = self.phases
         return phases.take() if phases is not None else None
 
+    def take_loss(self) -> PendingLoss | None:
+        """The step's losses (:meth:`LossProbe.take`), where they are read: ``None`` without the loss probe, or
+        while the hooks are out."""
+        losses = self._losses if self._installed and LOSS not in self._off else None
+        return losses.take() if losses is not None else None
+
+    def read_schedule_losses(self) -> None:
+        """Read pipeline schedules' losses too, from now on (a user's script imported pipelining); where torch
+        lacks the internal, said as the loss probe's, whose other losses are still read."""
+        if self._losses is None or LOSS in self._off:
+            return
+        try:
+            self._losses.want_schedule()
+        except Exception as error:  # a probe must never break the job it measures: reported, the rest kept
+            self.emit(ProbeOff(rank=self.rank, wall_ns=time.time_ns(), probe=LOSS, reason=why_off(error)))
+
     def watch_memory(self, *, parameters: list[torch.Tensor], optimizer: torch.optim.Optimizer | None) -> None:
         """Account the memory of ``parameters`` and ``optimizer`` from now on (off, and said so, where that
         fails)."""
@@ -216,11 +237,16 @@ class Instrumentation:
         self.enabled = enabled
 
     def _hook_probes(self) -> list[tuple[str, HookProbe]]:
-        """The probes that patch torch, by name, in install order, less those left off."""
+        """The probes that patch torch, by name, in install order, less those left off.
+
+        They are taken out in reverse order: a probe that wraps what an earlier one patched (the loss probe's
+        ``torch.autograd.backward`` over the phases probe's) comes after it, so switching the hooks off puts
+        back each function as it was."""
         probes: list[tuple[str, HookProbe | None]] = [
             (COLLECTIVES, self._collectives),
             (PIPELINE_STAGES, self._stages),
             (PHASES, self._phases),
+            (LOSS, self._losses),  # after the phases probe: it wraps the torch.autograd.backward that one put in
         ]
         return [(name, probe) for name, probe in probes if probe is not None and name not in self._off]
 

@@ -84,10 +84,19 @@ class LossProbe:
         self._total = 0.0
         self._device_total: torch.Tensor | None = None
         self._from_schedule = False
+        self._schedule = False
+        """Pipeline schedules' losses are read too (:meth:`want_schedule`): each :meth:`install` wraps them."""
+        self._installed = False
 
     # -- hooks -------------------------------------------------------------------------
 
     def install(self) -> None:
+        """Wrap ``torch.autograd.backward`` as it is now (another probe's wrapper, where one is in), and the
+        schedules' loss function where :meth:`want_schedule` asked for it.
+
+        An :class:`~meshtop.probes.instrument.Instrumentation` installs it after the phases probe and takes it
+        out before, so each restores exactly what it replaced however often the hooks are switched.
+        """
         original = torch.autograd.backward
         probe = self
 
@@ -104,13 +113,36 @@ class LossProbe:
 
         backward.__wrapped__ = original  # type: ignore[attr-defined]
         self._patches.replace(torch.autograd, "backward", backward)
+        self._installed = True
+        if self._schedule:
+            self._wrap_schedule()
 
-    def install_schedule(self) -> None:
-        """Read a pipeline schedule's losses where it computes them (call once pipelining is imported)."""
+    def want_schedule(self) -> None:
+        """Read pipeline schedules' losses where they compute them, from now on and at each :meth:`install`
+        (call once pipelining is imported); :class:`~meshtop.probes.patching.MissingInternal` where torch
+        lacks the internal, the probe left as it was."""
+        self._schedule_loss()  # checked before it is wanted: a later install must not fail on it
+        if self._schedule:
+            return
+        self._schedule = True
+        if self._installed:
+            self._wrap_schedule()
+
+    def uninstall(self) -> None:
+        """Every patch out (:meth:`install` again puts them back, the schedules' with them)."""
+        self._patches.restore()
+        self._installed = False
+
+    @staticmethod
+    def _schedule_loss() -> tuple[Any, Any]:
+        """The schedules' base class and its loss function, or :class:`~meshtop.probes.patching.MissingInternal`."""
         from torch.distributed.pipelining import schedules
 
         schedule = require(schedules, "_PipelineSchedule")
-        original = require(schedule, "_compute_loss")
+        return schedule, require(schedule, "_compute_loss")
+
+    def _wrap_schedule(self) -> None:
+        schedule, original = self._schedule_loss()
         probe = self
 
         def compute_loss(self: Any, *args: Any, **kwargs: Any) -> Any:
@@ -120,9 +152,6 @@ class LossProbe:
             return loss
 
         self._patches.replace(schedule, "_compute_loss", compute_loss)
-
-    def uninstall(self) -> None:
-        self._patches.restore()
 
     def _seen_backward(self, tensors: Any, grad_tensors: Any) -> None:
         outputs: Sequence[Any] = (tensors,) if isinstance(tensors, torch.Tensor) else tuple(tensors)

@@ -63,10 +63,10 @@ from torch.nn.modules.module import register_module_forward_pre_hook
 from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 
 from meshtop.probes.activations import SavedActivations
-from meshtop.probes.events import ProbeOff, RankStarted, StepTiming
+from meshtop.probes.events import RankStarted, StepTiming
 from meshtop.probes.groups import GroupDirectory
-from meshtop.probes.instrument import Instrumentation, why_off
-from meshtop.probes.losses import LossProbe, PendingLoss
+from meshtop.probes.instrument import Instrumentation
+from meshtop.probes.losses import PendingLoss
 from meshtop.probes.memory import local_numel
 from meshtop.probes.patching import Patches
 from meshtop.probes.shipper import EventShipper, open_sink
@@ -82,8 +82,6 @@ LOSS_WAIT_S = 2.0
 is not waited on longer: those steps go out without a loss)."""
 MAX_WAITING_STEPS = 64
 """Steps held for their loss at most; an older one goes out without it (a device this far behind the host)."""
-LOSS = "loss"
-"""The loss probe's name in :class:`ProbeOff`."""
 GIL_HANDOFF_S = 0.2
 """How long ``destroy_process_group`` leaves the GIL to gloo's threads (:meth:`Attachment._read_before_destroy`)."""
 
@@ -110,7 +108,6 @@ class ScriptSteps:
         tokens: int,
         on_parameters: Callable[[list[torch.Tensor]], None],
         on_first_forward: Callable[[torch.nn.Module], None],
-        losses: LossProbe | None = None,
     ) -> None:
         self.rank = rank
         self.probes = probes
@@ -120,7 +117,6 @@ class ScriptSteps:
         """Called with the counted optimizer's parameters when it is first stepped."""
         self.on_first_forward = on_first_forward
         """Called with the first module the script calls."""
-        self.losses = losses
         self._waiting: deque[tuple[StepTiming, PendingLoss]] = deque()
         """Steps whose loss is on its way to the host (a GPU's), oldest first."""
         self.step = 0
@@ -188,10 +184,11 @@ class ScriptSteps:
         if (windows := self.probes.take_phases()) is not None:
             kinds, starts, ends = windows
             timing = replace(timing, phases=kinds, phase_start_ns=starts, phase_end_ns=ends)
-        if self.losses is None:
+        pending = self.probes.take_loss()
+        if pending is None and not self._waiting:
             self.sink.emit(timing)
-        else:
-            self._waiting.append((timing, self.losses.take()))
+        else:  # behind the steps still waiting for theirs (the hooks switched off: a step with no loss)
+            self._waiting.append((timing, pending if pending is not None else PendingLoss(count=0)))
             self._send_ready()
         self.step += 1
         self._begin(end_ns)
@@ -296,7 +293,7 @@ class Attachment:
             sink.before_shipment = self.probes.shipment
         self.groups = GroupDirectory()
         self._patches = Patches()
-        self.probes.install(groups=self.groups, pipeline=False, phases=True)
+        self.probes.install(groups=self.groups, pipeline=False, phases=True, loss=loss)
         self.device = device
         self._place: tuple[int, int, tuple[int, ...]] = (0, rank, ())
         """(pp rank, dp rank, stages) as :class:`RankStarted` says them."""
@@ -305,7 +302,6 @@ class Attachment:
         self._started()
         self._name_meshes()
         self._read_before_destroy()
-        self.losses = self._loss_probe() if loss and hooks else None
         after_import(PIPELINING, self._on_pipelining)
         self.activations = SavedActivations() if activations and hooks else None
         if self.activations is not None:
@@ -318,7 +314,6 @@ class Attachment:
             tokens=tokens,
             on_parameters=self._on_parameters,
             on_first_forward=self._on_first_forward,
-            losses=self.losses,
         )
         self._previous_excepthook = sys.excepthook
         sys.excepthook = self._excepthook
@@ -345,24 +340,10 @@ class Attachment:
             )
         )
 
-    def _loss_probe(self) -> LossProbe | None:
-        probe = LossProbe(self.device)
-        try:
-            probe.install()
-        except Exception as error:  # a probe never breaks the job: its steps go out without a loss
-            probe.uninstall()
-            self.sink.emit(ProbeOff(rank=self.rank, wall_ns=time.time_ns(), probe=LOSS, reason=why_off(error)))
-            return None
-        return probe
-
     def _on_pipelining(self) -> None:
         """The script imported pipelining: time its stages, and read its schedules' losses."""
         self.probes.add_stage_probe(on_stage=self._on_stages)
-        if self.losses is not None:
-            try:
-                self.losses.install_schedule()
-            except Exception as error:  # the losses its stages differentiate are still read
-                self.sink.emit(ProbeOff(rank=self.rank, wall_ns=time.time_ns(), probe=LOSS, reason=why_off(error)))
+        self.probes.read_schedule_losses()
 
     def _on_stages(self, stages: tuple[int, ...]) -> None:
         """The rank runs pipeline stages: say again where it sits, its first stage as its pipeline rank."""
@@ -449,8 +430,6 @@ class Attachment:
     def detach(self) -> None:
         """At exit: the hooks out, what the probes hold sent, the sink closed."""
         self.steps.remove()
-        if self.losses is not None:
-            self.losses.uninstall()
         if self.activations is not None:
             self.activations.uninstall()
         self.probes.uninstall()

@@ -2,9 +2,32 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
+from torch.distributed.pipelining import schedules
+from torch.utils.data import dataloader
 
+from meshtop.probes.groups import GroupDirectory
+from meshtop.probes.instrument import OVERHEAD_BLOCK_ENV, Instrumentation
 from meshtop.probes.losses import LossProbe
+from tests.witness_worker import ListSink
+
+CPU = torch.device("cpu")
+
+
+def patched() -> tuple[object, ...]:
+    """What the phases and loss probes patch, as it stands now."""
+    return (
+        torch.autograd.backward,
+        torch.autograd.grad,
+        vars(dataloader._BaseDataLoaderIter)["__next__"],
+        vars(schedules._PipelineSchedule)["_compute_loss"],
+    )
+
+
+def a_backward(value: float) -> None:
+    weight = torch.ones(1, requires_grad=True)
+    (weight * value).sum().backward()
 
 
 def test_the_loss_probe_reads_a_generator_of_outputs_and_still_hands_it_on_whole() -> None:
@@ -21,3 +44,45 @@ def test_the_loss_probe_reads_a_generator_of_outputs_and_still_hands_it_on_whole
         assert pending.ready() and (pending.count, pending.value()) == (1, 6.0)
     finally:
         probe.uninstall()
+
+
+def test_switching_the_hooks_off_and_on_keeps_the_loss_probe_over_the_phases_probe_and_restores_both(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The overhead benchmark switches the hooks every block of steps: the loss probe wraps the phases probe's
+    ``torch.autograd.backward``, so it comes out first and goes back in after it, each time (the schedules'
+    loss function with it, though it was asked for while the hooks were out); at the end every function is
+    torch's own again."""
+    monkeypatch.setenv(OVERHEAD_BLOCK_ENV, "1")  # on in even steps, off in odd ones
+    before = patched()
+    probes = Instrumentation(rank=0, sink=ListSink(), device=CPU, enabled=True)
+    probes.install(groups=GroupDirectory(), pipeline=False, phases=True, loss=True)
+    taken = []
+    for step in range(5):
+        probes.step_started(step)
+        if step == 1:  # pipelining imported while the hooks are out
+            probes.read_schedule_losses()
+        a_backward(float(step + 1))
+        probes.step_ended(step)
+        phases, pending = probes.take_phases(), probes.take_loss()
+        taken.append((probes.enabled, phases is not None and "b" in phases[0], pending and pending.value()))
+    on, off = (True, True), (False, False)  # (hooks in, a backward window)
+    assert taken == [(*on, 1.0), (*off, None), (*on, 3.0), (*off, None), (*on, 5.0)]  # each step's loss, hooks in
+    assert torch.autograd.backward.__wrapped__.__wrapped__ is before[0]  # the loss probe's over the phases probe's
+    assert patched()[3] is not before[3]  # the schedules' loss function wrapped too
+    probes.uninstall()
+    assert patched() == before
+
+
+def test_the_built_in_runners_instrumentation_reads_no_loss() -> None:
+    """The worker reports its own loss: an instrumentation installed without ``loss`` has no loss probe."""
+    before = patched()
+    probes = Instrumentation(rank=0, sink=ListSink(), device=CPU, enabled=True)
+    probes.install(groups=GroupDirectory(), pipeline=False, phases=True)
+    probes.step_started(0)
+    a_backward(2.0)
+    probes.step_ended(0)
+    assert probes.take_loss() is None
+    probes.read_schedule_losses()  # nothing to read them with
+    probes.uninstall()
+    assert patched() == before
