@@ -66,13 +66,24 @@ def gradients_bytes(parameters: Iterable[torch.Tensor]) -> int:
     return sum(tensor_bytes(p.grad) for p in parameters if p.grad is not None)
 
 
-def optimizer_bytes(optimizer: torch.optim.Optimizer) -> int:
-    return sum(
+def optimizer_bytes(optimizer: torch.optim.Optimizer, *, model: Iterable[torch.Tensor] = ()) -> int:
+    """The optimizer's state (AdamW's moments and step counters), and the parameters it updates that are not
+    the ``model``'s: an fp32 master copy of each weight under mixed precision
+    (:func:`meshtop.runner.rank.precision.master_weights_adamw`)."""
+    state = sum(
         tensor_bytes(value)
         for state in optimizer.state.values()
         for value in state.values()
         if isinstance(value, torch.Tensor)
     )
+    models = {id(parameter) for parameter in model}
+    copies = sum(
+        tensor_bytes(parameter)
+        for group in optimizer.param_groups
+        for parameter in group["params"]
+        if id(parameter) not in models
+    )
+    return state + (copies if models else 0)
 
 
 class ResidentSize:
@@ -143,7 +154,9 @@ class MemoryProbe:
         """Memory now; ``saved_activations_bytes`` (measured, :mod:`meshtop.probes.activations`) stands in for the
         allocator's estimate of activations where given."""
         if self._static is None or self._snapshots < 2 or self._snapshots % RECOUNT_EVERY == 0:
-            optimizer_state = optimizer_bytes(self.optimizer) if self.optimizer is not None else 0
+            optimizer_state = (
+                optimizer_bytes(self.optimizer, model=self.parameters) if self.optimizer is not None else 0
+            )
             self._static = (gradients_bytes(self.parameters), optimizer_state)
         self._snapshots += 1
         grads, optimizer = self._static

@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 from scipy.stats import mannwhitneyu
 
-from meshtop.recordings.manifest import LOAD_FILE, LOAD_WORK, Script
+from meshtop.recordings.manifest import LOAD_FILE, LOAD_WORK, RunDescription, Script
 from meshtop.recordings.metrics.breakdown import PARTS
 from meshtop.recordings.metrics.requests import LATENCIES
 from meshtop.recordings.metrics.run import RunFold
@@ -31,7 +31,7 @@ from meshtop.recordings.summary import fold_recording
 P_VALUE = 0.01
 MIN_CHANGE = 0.01
 SINGLE_VALUE_CHANGE = 0.02
-SAME_WORK = ("mode", "dtype", "seq_len", "batch_size")
+SAME_WORK = ("mode", "dtype", "precision", "checkpoint", "seq_len", "batch_size")
 
 
 def mann_whitney_p(a: np.ndarray, b: np.ndarray) -> float:
@@ -65,8 +65,9 @@ def unfair_differences(a: Recording, b: Recording) -> list[str]:
     if run_a.script is not None and run_b.script is not None:
         warnings.extend(script_differences(run_a.script, run_b.script))
     for key in SAME_WORK:
-        if getattr(run_a, key) != getattr(run_b, key):
-            warnings.append(f"the runs differ in {key} ({getattr(run_a, key)} vs {getattr(run_b, key)})")
+        value_a, value_b = work_value(run_a, key), work_value(run_b, key)
+        if value_a != value_b:
+            warnings.append(f"the runs differ in {key} ({value_a} vs {value_b})")
     if (run_a.endpoint is None) != (run_b.endpoint is None):
         warnings.append("one run loaded a serving endpoint, the other the built-in model")
     elif run_a.endpoint is not None and run_b.endpoint is not None:
@@ -81,6 +82,15 @@ def unfair_differences(a: Recording, b: Recording) -> list[str]:
                     f"the runs differ in load {key} ({getattr(run_a.load, key)} vs {getattr(run_b.load, key)})"
                 )
     return warnings
+
+
+def work_value(run: RunDescription, key: str) -> object:
+    """``key`` of ``run`` for :data:`SAME_WORK`; a built-in training run recorded before recipes had its dtype's
+    precision and no checkpointing."""
+    value = getattr(run, key)
+    if value is None and run.script is None and run.endpoint is None and run.mode == "train":
+        return {"precision": run.dtype, "checkpoint": "none"}.get(key)
+    return value
 
 
 def load_differences(a: Recording, b: Recording) -> list[str]:

@@ -200,7 +200,7 @@ class RunDescription:
     model: Model | None
     """``None`` for a script."""
     dtype: str | None
-    """A script's: the compute dtype the user named for MFU, else ``None``."""
+    """The compute dtype; a script's: the one the user named for MFU, else ``None``."""
     device: str
     steps: int | None
     """Training steps asked for (``None`` for inference, a script, and a run until stopped)."""
@@ -209,6 +209,11 @@ class RunDescription:
     seq_len: int | None
     seed: int | None
     instrumented: bool
+    precision: str | None = None
+    """The built-in runner's number formats: fp32, bf16 or mixed (``None``: a script, or a recording from
+    before recipes, whose precision is its dtype)."""
+    checkpoint: str | None = None
+    """The built-in runner's activation checkpointing: none, full or selective (``None`` as ``precision``)."""
     load: Load | None = None
     script: Script | None = None
     endpoint: Endpoint | None = None

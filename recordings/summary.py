@@ -49,6 +49,8 @@ def run_section(recording: Recording) -> dict[str, Any]:
         "model": run.model.name if run.model is not None else None,
         "device": run.device,
         "dtype": run.dtype,
+        "precision": run.precision,
+        "checkpoint": run.checkpoint,
         "instrumented": run.instrumented,
         "status": job_status(recording),
         "hang": recording.manifest.hang,

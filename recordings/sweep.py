@@ -70,6 +70,10 @@ class RankPrediction:
     activations_bytes: int
     kv_cache_bytes: int
     total_bytes: int
+    recompute_bytes: int = 0
+    """A block's recomputation during its backward (activation checkpointing): not measured, not in the total."""
+    fit_bytes: int | None = None
+    """The total and the recomputation: what must fit (``None`` in a sweep from before recipes)."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -134,6 +138,8 @@ class SweepReport:
     batch_size: int | None
     seq_len: int | None
     device_memory_bytes: int | None
+    precision: str | None = None
+    checkpoint: str | None = None
     busbw_bytes_per_s: float | None
     flops_per_s: float | None
     plans: tuple[PlanPrediction, ...]

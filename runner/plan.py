@@ -26,6 +26,12 @@ from meshtop.runner.presets import ModelShape, preset
 
 SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b")
 DTYPES = ("fp32", "bf16")
+PRECISIONS = ("fp32", "bf16", "mixed")
+"""Training recipes of number formats: every tensor in fp32, every tensor in bf16, or mixed: bf16 compute over
+fp32 master weights and fp32 optimizer state (:mod:`meshtop.runner.rank.precision`)."""
+CHECKPOINTS = ("none", "full", "selective")
+"""Activation checkpointing: none, every block recomputed in backward, or each block's feed-forward
+(:mod:`meshtop.runner.rank.model`)."""
 DEVICES = ("auto", "cpu", "cuda")
 MODES = ("train", "infer")
 DEFAULT_MODEL = "tiny"
@@ -61,6 +67,10 @@ class RunSpec:
     """A Hugging Face style ``config.json`` of a Llama-family decoder: its shape instead of a preset's."""
     dtype: str | None = None
     """Parameter and compute dtype: fp32 or bf16 (default fp32 on CPU, bf16 on CUDA)."""
+    precision: str | None = None
+    """Training: fp32, bf16 or mixed (:data:`PRECISIONS`); fp32 and bf16 are ``dtype``'s, named as a recipe."""
+    checkpoint: str | None = None
+    """Training: activation checkpointing, none (the default), full or selective (:data:`CHECKPOINTS`)."""
     device: str = "auto"
     """auto (cuda when a GPU is visible), cpu or cuda."""
     steps: int | None = None
@@ -96,7 +106,18 @@ class RunSpec:
     slo_tpot_ms: float | None = None
 
 
-TRAIN_ONLY = ("fsdp", "schedule", "microbatches", "steps", "time_limit_s", "batch_size", "seq_len", "activations")
+TRAIN_ONLY = (
+    "fsdp",
+    "schedule",
+    "microbatches",
+    "steps",
+    "time_limit_s",
+    "batch_size",
+    "seq_len",
+    "activations",
+    "precision",
+    "checkpoint",
+)
 INFER_ONLY = (
     "requests",
     "concurrency",
@@ -129,6 +150,7 @@ class ResolvedRun:
     """Pipeline stages per pp rank (2 for interleaved-1f1b, else 1)."""
     shape: ModelShape
     dtype: str
+    """The compute dtype (bf16 under mixed precision)."""
     device: str
     steps: int | None
     """``None``: until asked to stop, ``time_limit_s`` at most (:mod:`meshtop.runner.rank.until`)."""
@@ -144,6 +166,27 @@ class ResolvedRun:
     mode: str = "train"
     load: InferenceLoad | None = None
     """The requests to serve (inference only)."""
+    mixed: bool = False
+    """Mixed precision: bf16 compute over fp32 master weights and fp32 optimizer state (training)."""
+    checkpoint: str = "none"
+    """Activation checkpointing (:data:`CHECKPOINTS`; training)."""
+
+    @property
+    def precision(self) -> str:
+        """fp32, bf16 or mixed (:data:`PRECISIONS`)."""
+        return "mixed" if self.mixed else self.dtype
+
+    @property
+    def master_weights(self) -> bool:
+        """Mixed precision kept by the optimizer: the model's parameters in bf16, an fp32 copy of each in the
+        optimizer (every plan but FSDP2's, which keeps fp32 shards and computes in bf16 by its policy)."""
+        return self.mixed and not self.fsdp
+
+    @property
+    def parameter_dtype(self) -> str:
+        """The dtype of the model's parameters (and so of their gradients): fp32 shards under FSDP2's mixed
+        precision, else the compute dtype."""
+        return "fp32" if self.mixed and self.fsdp else self.dtype
 
     @property
     def world_size(self) -> int:
@@ -220,6 +263,8 @@ class ResolvedRun:
             "mode": self.mode,
             "model": self.shape.describe(),
             "dtype": self.dtype,
+            "precision": self.precision,
+            "checkpoint": self.checkpoint,
             "device": self.device,
             "steps": self.steps,
             "batch_size": self.batch_size,
@@ -325,7 +370,17 @@ def resolve(spec: RunSpec, *, gpus_visible: int, nodes: int = 1) -> ResolvedRun:
         _divides(spec.tp, shape.ffn_dim, "MLP hidden units", shape.name)
         _divides(spec.tp, shape.vocab_size, "vocabulary entries", shape.name)
 
-    dtype = spec.dtype or ("bf16" if device == "cuda" else "fp32")
+    if spec.precision is not None and spec.precision not in PRECISIONS:
+        raise PlanError(f"unknown --precision {spec.precision!r}: use one of {', '.join(PRECISIONS)}")
+    if spec.checkpoint is not None and spec.checkpoint not in CHECKPOINTS:
+        raise PlanError(f"unknown --checkpoint {spec.checkpoint!r}: use one of {', '.join(CHECKPOINTS)}")
+    if spec.precision is not None and spec.dtype is not None:
+        raise PlanError(
+            f"--dtype {spec.dtype} and --precision {spec.precision} both name the training's number format: "
+            "give --precision alone"
+        )
+    mixed = spec.precision == "mixed"
+    dtype = "bf16" if mixed else spec.precision or spec.dtype or ("bf16" if device == "cuda" else "fp32")
     if dtype not in DTYPES:
         raise PlanError(f"unknown --dtype {dtype!r}: use one of {', '.join(DTYPES)}")
 
@@ -366,6 +421,8 @@ def resolve(spec: RunSpec, *, gpus_visible: int, nodes: int = 1) -> ResolvedRun:
         instrument=spec.instrument,
         activations=spec.activations,
         stage_layers=split_layers(shape.n_layers, spec.pp * virtual),
+        mixed=mixed,
+        checkpoint=spec.checkpoint or "none",
     )
 
 

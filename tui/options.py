@@ -26,11 +26,13 @@ from meshtop.runner.load import (
 )
 from meshtop.runner.multinode.nodes import NODE_OPTIONS, Nodes, nodes_from_options
 from meshtop.runner.plan import (
+    CHECKPOINTS,
     DEFAULT_MODEL,
     DEFAULT_STEPS,
     DEVICES,
     DTYPES,
     MODES,
+    PRECISIONS,
     SCHEDULES,
     WATCH_LIMIT_S,
     RunSpec,
@@ -103,6 +105,20 @@ def add_plan_options(parser: argparse.ArgumentParser, *, command: str = "run") -
         "with random weights (instead of --model)",
     )
     work.add_argument("--dtype", choices=DTYPES, default=None, help="fp32 or bf16 (default fp32 on CPU, bf16 on CUDA)")
+    work.add_argument(
+        "--precision",
+        choices=PRECISIONS,
+        default=None,
+        help="training: fp32, bf16, or mixed: bf16 compute over fp32 master weights and optimizer state "
+        "(instead of --dtype)",
+    )
+    work.add_argument(
+        "--checkpoint",
+        choices=CHECKPOINTS,
+        default=None,
+        help="training's activation checkpointing: none (default), full (each block recomputed in backward) "
+        "or selective (each block's feed-forward)",
+    )
     if command == "run":  # plan and sweep: --gpus or --ranks
         work.add_argument("--device", choices=DEVICES, default="auto", help="auto: cuda when a GPU is visible")
     work.add_argument(
@@ -331,6 +347,8 @@ def spec_from_args(args: argparse.Namespace) -> RunSpec:
         model=args.model or DEFAULT_MODEL,
         model_config=args.model_config,
         dtype=args.dtype,
+        precision=args.precision,
+        checkpoint=args.checkpoint,
         device=args.device,
         steps=args.steps,
         time_limit_s=WATCH_LIMIT_S if watching(args) else None,

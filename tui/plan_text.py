@@ -42,14 +42,17 @@ def plan_lines(report: dict[str, Any]) -> list[str]:
         size = f"{count / 1e9:.2f} B" if count >= 1e9 else f"{count / 1e6:.1f} M"
         head = (
             f"model {model['name']} ({size} parameters, {model['n_layers']} layers), "
-            f"{report['mode']}, {report['dtype']}, " + head
+            f"{report['mode']}, {recipe_words(report)}, " + head
         )
     if report["batch_size"] is not None:
         head += f", global batch {report['batch_size']} x {report['seq_len']} tokens"
     memory = report["device_memory_bytes"]
     head += f", device memory {human_bytes(memory)}" if memory is not None else ", no device memory given"
     lines = [head, "", "per most loaded rank (bytes); traffic per step summed over ranks"]
-    header = f"{'plan':<14}{'schedule':<13}" + "".join(f"{label:>8}" for label, _ in MEMORY_COLUMNS)
+    columns = MEMORY_COLUMNS
+    if any(row["runs"] and row["peak"].get("recompute_bytes") for row in report["plans"]):
+        columns += (("+recomp", "recompute_bytes"),)  # held during a block's backward: in fits, not in total
+    header = f"{'plan':<14}{'schedule':<13}" + "".join(f"{label:>8}" for label, _ in columns)
     groups = ["dp", "tp", "pp"]
     if any(key.split()[0] == "embedding" for row in report["plans"] if row["runs"] for key in row["step_bytes"]):
         groups.append("embedding")  # a tied model's two pipeline ends
@@ -64,7 +67,7 @@ def plan_lines(report: dict[str, Any]) -> list[str]:
             notes.append(f"  {row['key']}: {row['reason']}")
             continue
         schedule = f"{row['schedule']} {row['microbatches']}mb" if row["schedule"] else "-"
-        cells = "".join(f"{short_bytes(row['peak'][key]):>8}" for _, key in MEMORY_COLUMNS)
+        cells = "".join(f"{short_bytes(row['peak'].get(key)):>8}" for _, key in columns)
         fits = "-" if row["fits"] is None else ("yes" if row["fits"] else "NO")
         headroom = short_bytes(row["headroom_bytes"]) if row["headroom_bytes"] is not None else "-"
         line = f"{row['key']:<14}{schedule:<13}{cells}{fits:>6}{headroom:>10}"
@@ -74,9 +77,21 @@ def plan_lines(report: dict[str, Any]) -> list[str]:
             line += f"{human_seconds(row.get('comm_s')):>10}{'-' if share is None else f'{share:.0%}':>7}"
         lines.append(line)
         notes += [f"  {row['key']}: warning: {warning}" for warning in row["warnings"]]
+    if len(columns) > len(MEMORY_COLUMNS):
+        lines += ["", "+recomp: what a block's recomputation holds in its backward (checkpointing); fits counts it"]
     if notes:
         lines += ["", "plans that cannot run, and warnings:", *notes]
     return lines
+
+
+def recipe_words(report: dict[str, Any]) -> str:
+    """``fp32``, ``mixed precision (bf16 compute, fp32 master weights)``, ``bf16, checkpoint full``."""
+    words = str(report["dtype"])
+    if report.get("precision") == "mixed":
+        words = "mixed precision (bf16 compute, fp32 master weights)"
+    if report.get("checkpoint") not in (None, "none"):
+        words += f", checkpoint {report['checkpoint']}"
+    return words
 
 
 def percent_error(value: float | None) -> str:

@@ -154,7 +154,8 @@ def breakdown_line(
 
 
 def run_words(run: dict[str, Any]) -> str:
-    """``dp2 x tp1 x pp1 · model tiny · cpu fp32``, ``torchrun train.py (2 ranks) · cpu`` for a script, or
+    """``dp2 x tp1 x pp1 · model tiny · cpu fp32`` (``· cpu mixed (bf16 compute) · checkpoint full`` for a
+    recipe), ``torchrun train.py (2 ranks) · cpu`` for a script, or
     ``endpoint http://host:8000 (completions) · model NAME`` for a served load."""
     if run.get("endpoint") is not None:
         return f"{run['label']} · model {run['endpoint']['model'] or '- (the server never said)'}"
@@ -165,7 +166,12 @@ def run_words(run: dict[str, Any]) -> str:
         plan += f" ({run['schedule']}, {run['microbatches']} mb)"
     if run["mode"] == "infer":
         plan += " · inference"
-    return f"{plan} · model {run['model']} · {run['device']} {run['dtype']}"
+    recipe = f"{run['device']} {run['dtype']}"
+    if run.get("precision") == "mixed":
+        recipe = f"{run['device']} mixed ({run['dtype']} compute)"
+    if run.get("checkpoint") not in (None, "none"):
+        recipe += f" · checkpoint {run['checkpoint']}"
+    return f"{plan} · model {run['model']} · {recipe}"
 
 
 def straggler_lines(stragglers: list[dict[str, Any]]) -> list[str]:

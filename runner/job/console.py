@@ -68,7 +68,10 @@ def headline(run: Work) -> str:
         return f"meshtop: {script_plan(run.name, run.world_size).label} · {run.device} · {shlex.join(run.command)}"
     params = run.shape.parameter_count()
     size = f"{params / 1e9:.1f}B" if params >= 1e9 else f"{params / 1e6:.1f}M"
-    start = f"meshtop: {run.plan_label()} · model {run.shape.name} ({size} params) · {run.device} {run.dtype} · "
+    recipe = f"{run.device} {run.dtype}" if not run.mixed else f"{run.device} mixed ({run.dtype} compute)"
+    if run.checkpoint != "none":
+        recipe += f" · checkpoint {run.checkpoint}"
+    start = f"meshtop: {run.plan_label()} · model {run.shape.name} ({size} params) · {recipe} · "
     if run.load is None:
         length = (
             f"{run.steps} steps"

@@ -102,12 +102,21 @@ class RankMemory:
     activations_bytes: int
     """Training: the peak bytes saved for backward. Serving: ``0`` (nothing is kept between ops but the cache)."""
     kv_cache_bytes: int
+    recompute_bytes: int = 0
+    """Activation checkpointing: what one block's recomputation holds during its backward, on top of what is
+    saved (not in :attr:`total_bytes`, which is what a recording measures; in :attr:`fit_bytes`)."""
 
     @property
     def total_bytes(self) -> int:
         return (
             self.weights_bytes + self.grads_bytes + self.optimizer_bytes + self.activations_bytes + self.kv_cache_bytes
         )
+
+    @property
+    def fit_bytes(self) -> int:
+        """What must fit in the device's memory: :attr:`total_bytes` and a block's recomputation (an upper
+        bound: by the last block's backward the loss's log-softmax is already freed)."""
+        return self.total_bytes + self.recompute_bytes
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -128,9 +137,13 @@ class Traffic:
 
 def rank_memory(run: ResolvedRun, rank: int) -> RankMemory:
     """What ``rank`` holds: its parameters (tp split, fsdp sharded), their gradients, AdamW's state, the
-    activations saved for backward at the step's peak, and the KV cache when serving."""
+    activations saved for backward at the step's peak, and the KV cache when serving.
+
+    Mixed precision (:mod:`meshtop.runner.rank.precision`): under FSDP2 the shards, their gradients and AdamW's
+    moments are fp32; elsewhere the parameters and gradients are bf16 and the optimizer holds an fp32 copy of
+    each parameter beside fp32 moments (4 + 8 bytes a parameter)."""
     pp_rank, dp_rank, _ = run.position(rank)
-    e = ELEMENT_BYTES[run.dtype]
+    e = ELEMENT_BYTES[run.parameter_dtype]
     matrices = [m for stage in run.stages_of(pp_rank) for unit in chunk_units(run, stage) for m in unit.matrices]
     shard = run.dp if run.fsdp else 1
     elements = sum(chunk_rows(m.rows, shard, dp_rank if run.fsdp else 0) * m.cols for m in matrices)
@@ -144,13 +157,15 @@ def rank_memory(run: ResolvedRun, rank: int) -> RankMemory:
             activations_bytes=0,
             kv_cache_bytes=kv_cache_bytes(run, pp_rank),
         )
+    optimizer = 3 * elements * FLOAT32 if run.master_weights else 2 * weights
     return RankMemory(
         rank=rank,
         weights_bytes=weights,
         grads_bytes=weights,
-        optimizer_bytes=2 * weights + STEP_COUNTER * len(matrices),
+        optimizer_bytes=optimizer + STEP_COUNTER * len(matrices),
         activations_bytes=activation_bytes(run, pp_rank),
         kv_cache_bytes=0,
+        recompute_bytes=recompute_bytes(run),
     )
 
 
@@ -165,30 +180,70 @@ def kv_cache_bytes(run: ResolvedRun, pp_rank: int) -> int:
 
 
 def layer_activation_bytes(run: ResolvedRun, sequences: int) -> int:
-    """Bytes one block saves for backward for ``sequences`` sequences (docs/planner.md derives each term).
+    """Bytes one block saves for backward for ``sequences`` sequences, as its checkpointing leaves them
+    (docs/planner.md derives each term).
 
-    Per token: both RMSNorms keep their input, normalised and scaled outputs (6 h) and a float32 rstd;
+    Per token: each RMSNorm computes in float32 and keeps its input and normalised input in float32 (8 h
+    bytes; in fp32 the input is the block's own), a float32 rstd and its scaled output (h, the next linear's
+    input);
     attention keeps q, k and v (repeated to the query heads), its output (4 a d / t) and a float32
     log-sum-exp per head; the SwiGLU MLP keeps w1's and w3's outputs, silu's output and the product (4 f / t).
+    ``full`` checkpointing keeps the block's input alone (h); ``selective`` keeps the attention half and the
+    feed-forward's input (h) in place of the feed-forward's norm and MLP.
     """
-    shape, t = run.shape, run.tp
-    tokens = sequences * run.seq_len
+    norm, attention, mlp = _block_parts(run)
+    hidden = ELEMENT_BYTES[run.dtype] * run.shape.dim
+    per_token = {
+        "none": 2 * norm + attention + mlp,
+        "selective": norm + attention + hidden,
+        "full": hidden,
+    }[run.checkpoint]
+    return sequences * run.seq_len * per_token
+
+
+def _block_parts(run: ResolvedRun) -> tuple[int, int, int]:
+    """Bytes a token of one block saves in each RMSNorm, in attention and in the MLP, without checkpointing."""
+    shape, t, e = run.shape, run.tp, ELEMENT_BYTES[run.dtype]
     local_heads = shape.n_heads // t
-    per_token = ELEMENT_BYTES[run.dtype] * (6 * shape.dim + 4 * local_heads * shape.head_dim + 4 * shape.ffn_dim // t)
-    return tokens * (per_token + 2 * FLOAT32 + local_heads * FLOAT32)
+    attention = 4 * local_heads * shape.head_dim * e + local_heads * FLOAT32
+    return norm_bytes(run), attention, 4 * (shape.ffn_dim // t) * e
+
+
+def norm_bytes(run: ResolvedRun) -> int:
+    """Bytes a token of one RMSNorm saves: torch's CPU RMSNorm upcasts to float32 and keeps the float32 input
+    and normalised input (``8 h``; in fp32 the input is the tensor it was given), a float32 rstd, and its
+    output in the compute dtype (the next linear keeps it): ``8 h + h e + 4``, which is ``3 h e + 4`` in fp32.
+    Measured with a saved-tensors hook on torch 2.13's CPU kernel; a fused GPU kernel may keep less."""
+    return 2 * run.shape.dim * FLOAT32 + run.shape.dim * ELEMENT_BYTES[run.dtype] + FLOAT32
+
+
+def recompute_bytes(run: ResolvedRun) -> int:
+    """What one block's recomputation holds during its backward (a microbatch's): under ``full`` every tensor
+    the block saves without checkpointing, under ``selective`` its feed-forward's; ``0`` without
+    checkpointing."""
+    if run.checkpoint == "none":
+        return 0
+    norm, attention, mlp = _block_parts(run)
+    per_token = 2 * norm + attention + mlp if run.checkpoint == "full" else norm + mlp
+    return run.microbatch_size * run.seq_len * per_token
 
 
 def stage_activation_bytes(run: ResolvedRun, stage: int, sequences: int) -> int:
     """One forward of stage ``stage`` over ``sequences`` sequences: its blocks, the rotary tables, and the
-    ends (token ids in, the final norm and the float32 log-softmax of the logits out)."""
+    ends (token ids in, the final norm and the float32 log-softmax of the logits out).
+
+    The rotary tables (cos and sin, float32) are kept once; under FSDP2's mixed precision each block's unit
+    casts its floating inputs to bf16, so each block keeps its own bf16 copy instead."""
     shape = run.shape
     tokens = sequences * run.seq_len
     layers = len(run.stage_layers[stage])
-    total = layers * layer_activation_bytes(run, sequences) + 2 * run.seq_len * (shape.head_dim // 2) * FLOAT32
+    tables = 2 * run.seq_len * (shape.head_dim // 2)
+    rotary = layers * tables * ELEMENT_BYTES[run.dtype] if run.mixed and run.fsdp else tables * FLOAT32
+    total = layers * layer_activation_bytes(run, sequences) + rotary
     if stage == 0:
         total += tokens * INDEX  # the ids (under tp, the vocabulary shard's masked copy of them)
     if stage == run.num_stages - 1:
-        total += tokens * (3 * shape.dim * ELEMENT_BYTES[run.dtype] + FLOAT32)  # the final RMSNorm
+        total += tokens * norm_bytes(run)  # the final RMSNorm
         total += tokens * shape.vocab_size * FLOAT32 + tokens * INDEX  # log-softmax of the logits, the targets
     return total
 
@@ -222,7 +277,9 @@ def activation_bytes(run: ResolvedRun, pp_rank: int) -> int:
 def rank_traffic(run: ResolvedRun, rank: int) -> list[Traffic]:
     """The collectives ``rank`` issues in one training step, summed per op and group."""
     pp_rank, dp_rank, _ = run.position(rank)
-    e = ELEMENT_BYTES[run.dtype]
+    e = ELEMENT_BYTES[run.dtype]  # activations, and what FSDP2 gathers: the compute dtype
+    gradient = ELEMENT_BYTES[run.parameter_dtype]  # what replication all-reduces and the tied ends sum
+    reduced = FLOAT32 if run.mixed else e  # what FSDP2 reduce-scatters: its policy's reduce_dtype under mixed
     totals: dict[tuple[str, str], list[int]] = {}
     sizes = {"dp": run.dp, "tp": run.tp, "pp": run.pp, "embedding": 2}
 
@@ -240,7 +297,10 @@ def rank_traffic(run: ResolvedRun, rank: int) -> list[Traffic]:
         layers = len(run.stage_layers[stage])
         # Megatron-style tp as DTensor runs it: wo and w2 reduce their output in forward; q, k, v, w1 and w3
         # each reduce their input's gradient in backward (five, not two: they are separate column linears).
-        add("all_reduce", "tp", activation, passes * layers * (2 + 5))
+        # A recomputed block reduces wo's output again under full checkpointing; not w2's: torch stops a
+        # recomputation once every saved tensor is back, and w2's reduced output is saved by nothing in it.
+        again = 1 if run.checkpoint == "full" else 0
+        add("all_reduce", "tp", activation, passes * layers * (2 + 5 + again))
         if stage == 0:
             add("all_reduce", "tp", activation, passes)  # the vocabulary-split embedding's output
         if stage == run.num_stages - 1:
@@ -259,16 +319,16 @@ def rank_traffic(run: ResolvedRun, rank: int) -> list[Traffic]:
             units = [unit for unit in chunk_units(run, stage) if unit.matrices]
             if run.fsdp:
                 for unit, (gathers, scatters) in zip(units, _fsdp_collectives(run, pp_rank, stage, units), strict=True):
-                    flat = sum(padded_rows(m.rows, run.dp) * m.cols for m in unit.matrices) * run.dp * e
-                    add("all_gather", "dp", flat, gathers)
-                    add("reduce_scatter", "dp", flat, scatters)
+                    flat = sum(padded_rows(m.rows, run.dp) * m.cols for m in unit.matrices) * run.dp
+                    add("all_gather", "dp", flat * e, gathers)
+                    add("reduce_scatter", "dp", flat * reduced, scatters)
             else:  # DDP's buckets, or replicate's one all-reduce per unit: every gradient once
                 for unit in units:
-                    add("all_reduce", "dp", sum(m.rows * m.cols for m in unit.matrices) * e)
+                    add("all_reduce", "dp", sum(m.rows * m.cols for m in unit.matrices) * gradient)
     if run.pp > 1 and run.shape.tie_embeddings and (pp_rank == 0 or pp_rank == run.pp - 1):
         rows = run.shape.vocab_size // run.tp
         local = chunk_rows(rows, run.dp, dp_rank) if run.fsdp else rows
-        add("all_reduce", "embedding", local * run.shape.dim * e)
+        add("all_reduce", "embedding", local * run.shape.dim * gradient)
     if run.dp > 1 and not run.fsdp and run.tp == 1 and run.pp == 1:  # classic DDP: one op per bucket, not unit
         entry = totals.pop(("all_reduce", "dp"))
         totals[("all_reduce", "dp")] = [entry[0], ddp_buckets(entry[0])]

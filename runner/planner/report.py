@@ -67,12 +67,21 @@ def comm_seconds(prediction: Prediction, busbw_bytes_per_s: float) -> float:
 
 def compute_seconds(run: ResolvedRun, flops_per_s: float) -> float:
     """Predicted compute seconds per step of one rank at ``flops_per_s`` achieved: the step's training FLOPs
-    (6 N per token plus attention, :func:`meshtop.recordings.metrics.mfu.flops_per_token`) shared by every rank."""
+    (6 N per token plus attention, :func:`meshtop.recordings.metrics.mfu.flops_per_token`) and what activation
+    checkpointing computes again (the hardware's FLOPs, not MFU's: full repeats the forward but each block's
+    last matmul, ``2 N - 2 h f L`` a token, since torch stops a recomputation once every saved tensor is back;
+    selective the feed-forward's w1 and w3, ``4 h f L``), shared by every rank."""
     from meshtop.recordings.metrics.mfu import flops_per_token
 
+    shape = run.shape
     per_token = flops_per_token(
-        parameters=run.shape.parameter_count(), n_layers=run.shape.n_layers, dim=run.shape.dim, seq_len=run.seq_len
+        parameters=shape.parameter_count(), n_layers=shape.n_layers, dim=shape.dim, seq_len=run.seq_len
     )
+    mlp = 2 * shape.dim * shape.ffn_dim * shape.n_layers  # one of the feed-forward's three matmuls
+    if run.checkpoint == "full":
+        per_token += per_token / 3 - mlp
+    elif run.checkpoint == "selective":
+        per_token += 2 * mlp
     return per_token * run.batch_size * run.seq_len / run.world_size / flops_per_s
 
 
@@ -158,6 +167,8 @@ def report(question: Question, found: list[Candidate], budget: Budget) -> dict[s
         "device": "cuda" if question.gpus else "cpu",
         "mode": question.base.mode,
         "dtype": first.dtype if first is not None else question.base.dtype,
+        "precision": first.precision if first is not None else question.base.precision,
+        "checkpoint": first.checkpoint if first is not None else question.base.checkpoint,
         "batch_size": first.batch_size if first is not None and first.mode == "train" else None,
         "seq_len": first.seq_len if first is not None else None,
         "device_memory_bytes": budget.device_memory_bytes,
@@ -184,8 +195,8 @@ def plan_figures(prediction: Prediction, budget: Budget) -> dict[str, object]:
         "peak_rank": peak.rank,
         "peak": memory_json(peak),
         "ranks": [memory_json(m) for m in prediction.memory],
-        "fits": None if memory_cap is None else peak.total_bytes <= memory_cap,
-        "headroom_bytes": None if memory_cap is None else memory_cap - peak.total_bytes,
+        "fits": None if memory_cap is None else peak.fit_bytes <= memory_cap,
+        "headroom_bytes": None if memory_cap is None else memory_cap - peak.fit_bytes,
         "traffic": [
             {
                 "rank": t.rank,
@@ -227,4 +238,6 @@ def memory_json(memory: RankMemory) -> dict[str, int]:
         "activations_bytes": memory.activations_bytes,
         "kv_cache_bytes": memory.kv_cache_bytes,
         "total_bytes": memory.total_bytes,
+        "recompute_bytes": memory.recompute_bytes,
+        "fit_bytes": memory.fit_bytes,
     }

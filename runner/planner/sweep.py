@@ -36,12 +36,12 @@ def entries(question: Question, found: list[Candidate], budget: Budget) -> list[
         elif (
             not question.plans
             and budget.device_memory_bytes is not None
-            and prediction.peak.total_bytes > budget.device_memory_bytes
+            and prediction.peak.fit_bytes > budget.device_memory_bytes
         ):
             gib = 2**30
             row.update(
                 status="skipped",
-                reason=f"predicted peak {prediction.peak.total_bytes / gib:.1f} GiB on rank "
+                reason=f"predicted peak {prediction.peak.fit_bytes / gib:.1f} GiB on rank "
                 f"{prediction.peak.rank} exceeds the "
                 f"{budget.device_memory_bytes / gib:.1f} GiB of device memory",
             )

@@ -19,22 +19,23 @@ from __future__ import annotations
 import torch
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.fsdp import fully_shard
+from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.nn.parallel import DistributedDataParallel
 
 from meshtop.runner.errors import PlanError
 from meshtop.runner.rank.model import Transformer
 
 
-def apply_fsdp(model: Transformer, *, dp_mesh: DeviceMesh) -> None:
-    """Shard every block, then the rest of the model, over ``dp_mesh`` (FSDP2).
+def apply_fsdp(model: Transformer, *, dp_mesh: DeviceMesh, policy: MixedPrecisionPolicy | None = None) -> None:
+    """Shard every block, then the rest of the model, over ``dp_mesh`` (FSDP2), with ``policy``'s dtypes.
 
     One ``fully_shard`` per block gives one all-gather per block in forward
     and in backward and one reduce-scatter per block, overlapped with compute.
     """
+    policy = policy or MixedPrecisionPolicy()
     for block in model.layers.values():
-        fully_shard(block, mesh=dp_mesh)
-    fully_shard(model, mesh=dp_mesh)
+        fully_shard(block, mesh=dp_mesh, mp_policy=policy)
+    fully_shard(model, mesh=dp_mesh, mp_policy=policy)
 
 
 def apply_replicate(model: Transformer, *, dp_mesh: DeviceMesh) -> None:

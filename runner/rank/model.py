@@ -5,6 +5,19 @@ layers sit in a ``ModuleDict`` keyed by their index (a pipeline stage deletes
 the ones it does not own and the names stay those of the whole model), the
 projections are plain ``nn.Linear`` (tensor parallelism shards them), and
 attention reshapes with ``-1`` heads so a shard with fewer local heads works.
+
+Activation checkpointing is a block's own setting (``Block.recompute``, set by
+:func:`checkpoint_blocks`), not a wrapper module, so parameter names stay the
+model's and a pipeline cut or FSDP2 unit sees the same blocks. The
+recomputation runs inside the block's ``forward`` (torch's non-reentrant
+checkpoint): FSDP2's hooks stay on the block, whose parameters are already
+gathered for its backward when the recomputation runs, as torchtitan orders
+them. ``full`` keeps each block's input and recomputes the whole block;
+``selective`` recomputes the feed-forward half (its norm and SwiGLU), whose
+saved tensors are most of a block's (``4 f/t`` of ``6 h + 4 a d/t + 4 f/t``
+elements a token): Korthikanti et al.'s selective recomputation of the
+attention core saves nothing here, since the flash-style attention never
+keeps the ``s x s`` scores.
 """
 
 from __future__ import annotations
@@ -12,6 +25,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 
 from meshtop.runner.presets import ModelShape
 from meshtop.runner.rank.kv_cache import KVCache, LayerCache
@@ -73,12 +87,27 @@ class Block(nn.Module):
         self.attention = Attention(shape)
         self.ffn_norm = nn.RMSNorm(shape.dim, eps=shape.norm_eps)
         self.feed_forward = FeedForward(shape)
+        self.recompute = "none"
+        """Activation checkpointing of this block: none, full or selective (see the module's docstring)."""
 
     def forward(
         self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: LayerCache | None = None
     ) -> torch.Tensor:
+        if self.recompute == "none" or not torch.is_grad_enabled():
+            return self._block(x, cos, sin, cache)
+        if self.recompute == "full":
+            return checkpoint(self._block, x, cos, sin, cache, use_reentrant=False)  # type: ignore[no-any-return]
         h = x + self.attention(self.attention_norm(x), cos, sin, cache)
-        return h + self.feed_forward(self.ffn_norm(h))
+        return h + checkpoint(self._feed_forward, h, use_reentrant=False)  # type: ignore[operator]
+
+    def _block(
+        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: LayerCache | None = None
+    ) -> torch.Tensor:
+        h = x + self.attention(self.attention_norm(x), cos, sin, cache)
+        return h + self._feed_forward(h)
+
+    def _feed_forward(self, h: torch.Tensor) -> torch.Tensor:
+        return self.feed_forward(self.ffn_norm(h))  # type: ignore[no-any-return]
 
 
 class Transformer(nn.Module):
@@ -124,6 +153,14 @@ class Transformer(nn.Module):
         if self.norm is not None:
             h = self.norm(h)
         return self.output(h) if self.output is not None else h
+
+
+def checkpoint_blocks(model: Transformer, recompute: str) -> None:
+    """Set every block of ``model`` to checkpoint its activations as ``recompute`` says (none, full,
+    selective)."""
+    for block in model.layers.values():
+        assert isinstance(block, Block)
+        block.recompute = recompute
 
 
 def next_token_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:

@@ -46,8 +46,9 @@ from meshtop.runner.rank.kv_cache import KVCache
 from meshtop.runner.rank.mesh import MeshCoordinates
 from meshtop.runner.rank.model import Transformer
 from meshtop.runner.rank.pipeline import cut_stage
+from meshtop.runner.rank.precision import TORCH_DTYPES
 from meshtop.runner.rank.tensor_parallel import apply_tensor_parallel
-from meshtop.runner.rank.train import TORCH_DTYPES, synchronize
+from meshtop.runner.rank.train import synchronize
 from meshtop.runner.rank.weights import init_weights
 
 STOP, PREFILL, DECODE = 0, 1, 2

@@ -17,12 +17,11 @@ from meshtop.runner.plan import ResolvedRun
 from meshtop.runner.rank.data import replica_batch, synthetic_tokens
 from meshtop.runner.rank.data_parallel import apply_ddp, apply_fsdp, apply_replicate
 from meshtop.runner.rank.mesh import MeshCoordinates
-from meshtop.runner.rank.model import Transformer, next_token_loss
+from meshtop.runner.rank.model import Transformer, checkpoint_blocks, next_token_loss
 from meshtop.runner.rank.pipeline import build_schedule, cut_stage, embedding_group, sum_tied_gradients, tied_ends
+from meshtop.runner.rank.precision import TORCH_DTYPES, fsdp_policy, master_weights_adamw
 from meshtop.runner.rank.tensor_parallel import apply_tensor_parallel, keep_gradients_sharded
 from meshtop.runner.rank.weights import init_weights
-
-TORCH_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
 
 @dataclass(kw_only=True, slots=True)
@@ -56,9 +55,11 @@ class TrainingJob:
 
 
 def build_training(run: ResolvedRun, *, mesh: DeviceMesh, coords: MeshCoordinates, device: torch.device) -> TrainingJob:
-    """Build the model on the meta device, parallelise it, then materialise and initialise it."""
+    """Build the model on the meta device, parallelise it, then materialise and initialise it; its recipe
+    (``run.precision``, ``run.checkpoint``) applied."""
     with torch.device("meta"):
-        whole = Transformer(run.shape).to(TORCH_DTYPES[run.dtype])
+        whole = Transformer(run.shape).to(TORCH_DTYPES[run.parameter_dtype])
+    checkpoint_blocks(whole, run.checkpoint)
     stage_indices = run.stages_of(coords.pp)  # [0] without a pipeline
     chunks = [cut_stage(whole, run=run, stage_index=s) for s in stage_indices] if run.pp > 1 else [whole]
     classic_ddp = run.dp > 1 and not run.fsdp and run.tp == 1 and run.pp == 1
@@ -66,7 +67,7 @@ def build_training(run: ResolvedRun, *, mesh: DeviceMesh, coords: MeshCoordinate
         if run.tp > 1:
             apply_tensor_parallel(chunk, tp_mesh=mesh["tp"])
         if run.fsdp:
-            apply_fsdp(chunk, dp_mesh=mesh["dp"])
+            apply_fsdp(chunk, dp_mesh=mesh["dp"], policy=fsdp_policy(run))
         elif run.dp > 1 and not classic_ddp:
             apply_replicate(chunk, dp_mesh=mesh["dp"])
         chunk.to_empty(device=device)
@@ -78,7 +79,11 @@ def build_training(run: ResolvedRun, *, mesh: DeviceMesh, coords: MeshCoordinate
     if classic_ddp:
         modules = [apply_ddp(chunks[0], dp_mesh=mesh["dp"], device=device)]
     parameters = [p for module in modules for p in module.parameters()]
-    optimizer = torch.optim.AdamW(parameters, lr=1e-3, weight_decay=0.0)
+    optimizer = (
+        master_weights_adamw(parameters, lr=1e-3, weight_decay=0.0)
+        if run.master_weights
+        else torch.optim.AdamW(parameters, lr=1e-3, weight_decay=0.0)
+    )
     schedule = None
     if run.pp > 1:
         schedule = build_schedule(
@@ -114,7 +119,8 @@ def train_step(job: TrainingJob, step: int, phases: Phases | None = None) -> tup
     inputs, targets = inputs.to(job.device), targets.to(job.device)
     if phases is not None:
         phases.end(DATA)
-    job.optimizer.zero_grad(set_to_none=True)
+    for module in job.modules:  # the model's gradients (a master-weights optimizer holds other tensors)
+        module.zero_grad(set_to_none=True)
     loss: float | None = None
     started = time.perf_counter()
     if job.schedule is None:

@@ -53,6 +53,14 @@ BAD_PLANS = [
         "--model 125m and --model-config config.json each name the model: give one of them",
     ),
     (["--activations", "--no-instrument"], "--activations needs the hooks: leave out --no-instrument"),
+    (["--precision", "fp16"], "argument --precision: invalid choice: 'fp16'"),
+    (["--checkpoint", "some"], "argument --checkpoint: invalid choice: 'some'"),
+    (
+        ["--precision", "mixed", "--dtype", "bf16"],
+        "--dtype bf16 and --precision mixed both name the training's number format: give --precision alone",
+    ),
+    (["--mode", "infer", "--precision", "mixed"], "--precision is a training option: leave it out with --mode infer"),
+    (["--mode", "infer", "--checkpoint", "full"], "--checkpoint is a training option: leave it out with --mode infer"),
 ]
 
 

@@ -12,16 +12,19 @@ from pathlib import Path
 import pytest
 
 from meshtop.runner.errors import PlanError
-from meshtop.runner.plan import RunSpec
+from meshtop.runner.plan import RunSpec, resolve
 from meshtop.runner.planner.plans import (
+    Prediction,
     Question,
     candidates,
     check_counts,
     chunk_rows,
     factorizations,
     in_flight,
+    layer_activation_bytes,
     parse_plan_key,
     plan_key,
+    predict,
 )
 from meshtop.runner.planner.report import Budget, check_budget, parse_size, placement, report
 from meshtop.runner.presets import PRESETS
@@ -219,3 +222,39 @@ def test_the_planners_checks_refuse_what_the_cli_would_without_it() -> None:
         check_budget(Budget(flops_per_s=1e14), mode="train")
     with pytest.raises(PlanError, match="--busbw must be above 0"):
         check_budget(Budget(busbw_bytes_per_s=float("inf")), mode="train")
+
+
+def test_each_recipe_changes_the_states_activations_and_traffic_by_its_own_rule() -> None:
+    """By hand for tiny on dp2 (h 64, a 4, f 128, 256 tokens a rank): mixed precision keeps bf16 weights and
+    gradients and 4 + 8 bytes a parameter in the optimizer (FSDP2: fp32 shards, bf16 gathers, fp32
+    reduce-scatters); checkpointing keeps a block's input (full) or swaps the feed-forward for its input
+    (selective), and holds one block's recomputation."""
+
+    def predicted(**spec: object) -> Prediction:
+        spec = {"model": "tiny", "dp": 2, "device": "cpu", "batch_size": 8, **spec}
+        return predict(resolve(RunSpec(**spec), gpus_visible=0))  # type: ignore[arg-type]
+
+    n = PRESETS["tiny"].parameter_count()
+    tensors = 3 + 9 * 4  # embedding, final norm, output; 9 a block
+    fp32, bf16, mixed = predicted(), predicted(precision="bf16"), predicted(precision="mixed")
+    assert fp32.memory[0].optimizer_bytes == 8 * n + 4 * tensors
+    assert (mixed.memory[0].weights_bytes, mixed.memory[0].grads_bytes) == (2 * n, 2 * n)
+    assert mixed.memory[0].optimizer_bytes == 12 * n + 4 * tensors
+    assert mixed.memory[0].activations_bytes == bf16.memory[0].activations_bytes
+    assert mixed.step_bytes() == bf16.step_bytes() == {("dp", "all_reduce"): 2 * 2 * n}
+    sharded, sharded_fp32 = predicted(precision="mixed", fsdp=True), predicted(fsdp=True)
+    states = ("weights_bytes", "grads_bytes", "optimizer_bytes")
+    assert [getattr(sharded.memory[0], key) for key in states] == [
+        getattr(sharded_fp32.memory[0], key) for key in states
+    ]
+    gathers, scatters = ("dp", "all_gather"), ("dp", "reduce_scatter")
+    assert sharded.step_bytes()[gathers] * 2 == sharded_fp32.step_bytes()[gathers]  # gathered in bf16
+    assert sharded.step_bytes()[scatters] == sharded_fp32.step_bytes()[scatters]  # reduced in fp32
+    tokens, h, e = 4 * 64, 64, 4
+    block = layer_activation_bytes(fp32.run, 4)
+    norm, mlp = 3 * h * e + 4, 4 * 128 * e
+    full, selective = predicted(checkpoint="full").memory[0], predicted(checkpoint="selective").memory[0]
+    assert fp32.memory[0].activations_bytes - full.activations_bytes == 4 * (block - tokens * h * e)
+    assert fp32.memory[0].activations_bytes - selective.activations_bytes == 4 * tokens * (norm + mlp - h * e)
+    assert (full.recompute_bytes, selective.recompute_bytes) == (block, tokens * (norm + mlp))
+    assert full.fit_bytes == full.total_bytes + block and fp32.memory[0].recompute_bytes == 0
