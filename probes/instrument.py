@@ -31,13 +31,14 @@ import torch
 
 from meshtop.probes.activations import SavedActivations
 from meshtop.probes.collectives import CollectiveProbe, GroupDirectory
+from meshtop.probes.device_clock import DeviceClock
 from meshtop.probes.events import Event, ProbeOff, RankProgress, SamplerError
 from meshtop.probes.flight import FlightDumps
 from meshtop.probes.losses import LossProbe, PendingLoss
 from meshtop.probes.memory import MemoryProbe
 from meshtop.probes.native import first_line, from_environment
 from meshtop.probes.patching import MissingInternal
-from meshtop.probes.phases import Phases
+from meshtop.probes.phases import Phases, StepWindows
 from meshtop.probes.pipeline import StageProbe
 from meshtop.probes.sink import EventSink
 from meshtop.probes.wire import NCCL_TIMING_ENV
@@ -170,7 +171,7 @@ class Instrumentation:
         if pipeline:
             self._stages = StageProbe(rank=self.rank, emit=self.emit, step=self.current_step)
         if phases:
-            self._phases = Phases()
+            self._phases = Phases(DeviceClock() if self.device.type == "cuda" else None)
         if loss:
             self._losses = LossProbe(self.device)
         if self.enabled:
@@ -195,7 +196,7 @@ class Instrumentation:
         """The step-phases probe while its hooks are in (a worker marks its own data loading on it)."""
         return self._phases if self._installed and PHASES not in self._off else None
 
-    def take_phases(self) -> tuple[str, tuple[int, ...], tuple[int, ...]] | None:
+    def take_phases(self) -> StepWindows | None:
         """The step's phase windows (:meth:`Phases.take`), where they are measured."""
         phases = self.phases
         return phases.take() if phases is not None else None

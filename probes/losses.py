@@ -22,7 +22,6 @@ Rules, in order:
 from __future__ import annotations
 
 import contextlib
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -53,15 +52,6 @@ class PendingLoss:
             return None
         total = self._total if self._host is None else float(self._host)
         return None if total is None else total / self.count
-
-    def wait(self, timeout_s: float) -> bool:
-        """At exit only: poll until ready for at most ``timeout_s`` (a device that hung is not waited on)."""
-        deadline = time.monotonic() + timeout_s
-        while not self.ready():
-            if time.monotonic() > deadline:
-                return False
-            time.sleep(0.001)
-        return True
 
 
 def _local_scalar(tensor: Any) -> torch.Tensor | None:

@@ -19,8 +19,11 @@ Nested windows of one phase count once (the outermost). Windows overlap where on
 (:mod:`meshtop.recordings.metrics.breakdown`). At most :data:`MAX_WINDOWS` windows a step are kept: past
 that, each new window of a phase widens that phase's last one.
 
-The clocks are the host's: on a GPU the windows are when the host ran the calls, which is when their
-device work was queued; they hold the device's time only where the host waited for it.
+The clocks: data is the host's (the host waits for its batch). On a GPU, forward, backward and optimizer
+are the device's: a window's ends are marks in the current stream, placed on the host's wall clock and read
+once they have completed, never waited for (:mod:`meshtop.probes.device_clock`); a step's windows are
+:class:`StepWindows`, ready when their marks are. On the CPU (and on a GPU whose stream was never seen idle,
+so its clock has no anchor) every window is the host's.
 """
 
 from __future__ import annotations
@@ -28,12 +31,14 @@ from __future__ import annotations
 import time
 import weakref
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 from torch.nn.modules.module import register_module_forward_hook, register_module_forward_pre_hook
 from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 
+from meshtop.probes.device_clock import DeviceClock, Mark
 from meshtop.probes.patching import Patches, require
 
 DATA, FORWARD, BACKWARD, OPTIMIZER = "d", "f", "b", "o"
@@ -41,18 +46,55 @@ MAX_WINDOWS = 256
 """Windows kept a step; past it, windows of a phase merge into its last one."""
 
 
-class Phases:
-    """The windows of one rank's steps, handed out a step at a time (:meth:`take`)."""
+@dataclass(slots=True)
+class StepWindows:
+    """One step's windows (phase letters, host-clock starts and ends), and on a GPU the device marks of those
+    the device times, which stand in for the host's once they have completed (:meth:`ready`)."""
 
-    def __init__(self) -> None:
+    kinds: str
+    starts: tuple[int, ...]
+    ends: tuple[int, ...]
+    marks: dict[int, tuple[Mark, Mark]] = field(default_factory=dict)
+    """Window index -> its (start, end) marks (forward, backward and optimizer windows on a GPU)."""
+    clock: DeviceClock | None = None
+
+    def ready(self) -> bool:
+        """Whether the windows are final: no marks, or every mark completed."""
+        return self.clock is None or not self.marks or self.clock.complete(self._all_marks())
+
+    def final(self) -> tuple[str, tuple[int, ...], tuple[int, ...]]:
+        """(kinds, starts, ends) on the host's wall clock: the device's times where marked, once :meth:`ready`;
+        the host's before, or where the device clock has no anchor yet."""
+        placed = None
+        if self.clock is not None and self.marks and self.ready():
+            placed = self.clock.host_ns(self._all_marks())
+        if placed is None:
+            return self.kinds, self.starts, self.ends
+        starts, ends = list(self.starts), list(self.ends)
+        for number, index in enumerate(self.marks):
+            starts[index], ends[index] = placed[2 * number], placed[2 * number + 1]
+        return self.kinds, tuple(starts), tuple(ends)
+
+    def _all_marks(self) -> list[Mark]:
+        return [mark for pair in self.marks.values() for mark in pair]
+
+
+class Phases:
+    """The windows of one rank's steps, handed out a step at a time (:meth:`take`); ``clock``: a GPU's, whose
+    device times forward, backward and optimizer; ``now_ns``: the host's wall clock."""
+
+    def __init__(self, clock: DeviceClock | None = None, *, now_ns: Callable[[], int] = time.time_ns) -> None:
+        self._clock = clock
+        self._now_ns = now_ns
         self._patches = Patches()
         self._hooks: list[Any] = []
         self._forward_hooks: list[Any] = []
         self._kinds: list[str] = []
         self._starts: list[int] = []
         self._ends: list[int] = []
-        self._open: dict[str, tuple[int, int]] = {}
-        """Phase -> (depth of nested calls, start) of its window in progress."""
+        self._marks: dict[int, tuple[Mark, Mark]] = {}
+        self._open: dict[str, tuple[int, int, Mark | None]] = {}
+        """Phase -> (depth of nested calls, start, its device mark) of its window in progress."""
         self._forward_depth = 0
         self._learning = True
         """The first step: global forward hooks find the root modules."""
@@ -61,34 +103,44 @@ class Phases:
     # -- windows -----------------------------------------------------------------------
 
     def begin(self, phase: str) -> None:
-        depth, start = self._open.get(phase, (0, 0))
-        self._open[phase] = (depth + 1, start if depth else time.time_ns())
+        depth, start, mark = self._open.get(phase, (0, 0, None))
+        if depth == 0:
+            start = self._now_ns()
+            mark = self._clock.mark() if self._clock is not None and phase != DATA else None
+        self._open[phase] = (depth + 1, start, mark)
 
     def end(self, phase: str) -> None:
-        depth, start = self._open.get(phase, (0, 0))
+        depth, start, start_mark = self._open.get(phase, (0, 0, None))
         if depth == 0:
             return  # an end without its begin (hooks installed mid-call)
         if depth > 1:
-            self._open[phase] = (depth - 1, start)
+            self._open[phase] = (depth - 1, start, start_mark)
             return
         del self._open[phase]
-        end = time.time_ns()
+        end = self._now_ns()
+        end_mark = self._clock.mark() if start_mark is not None and self._clock is not None else None
         if len(self._kinds) >= MAX_WINDOWS:
             for index in range(len(self._kinds) - 1, -1, -1):
                 if self._kinds[index] == phase:
                     self._ends[index] = end
+                    if end_mark is not None and index in self._marks:
+                        self._marks[index] = (self._marks[index][0], end_mark)
                     return
+        if start_mark is not None and end_mark is not None:
+            self._marks[len(self._kinds)] = (start_mark, end_mark)
         self._kinds.append(phase)
         self._starts.append(start)
         self._ends.append(end)
 
-    def take(self) -> tuple[str, tuple[int, ...], tuple[int, ...]]:
-        """The windows closed since the last call (phase letters, starts, ends); the first call ends the
-        learning of roots."""
+    def take(self) -> StepWindows:
+        """The windows closed since the last call (at a step's end: the device clock's anchor renewed where
+        its stream is idle); the first call ends the learning of roots."""
         if self._learning:
             self._learned()
-        taken = ("".join(self._kinds), tuple(self._starts), tuple(self._ends))
-        self._kinds, self._starts, self._ends = [], [], []
+        if self._clock is not None:
+            self._clock.anchor_if_idle()
+        taken = StepWindows("".join(self._kinds), tuple(self._starts), tuple(self._ends), self._marks, self._clock)
+        self._kinds, self._starts, self._ends, self._marks = [], [], [], {}
         return taken
 
     # -- hooks -------------------------------------------------------------------------

@@ -18,6 +18,7 @@ import torch.distributed as dist
 from torch.distributed.elastic.multiprocessing.errors import record
 
 from meshtop.probes.activations import SavedActivations
+from meshtop.probes.device_clock import poll
 from meshtop.probes.events import RankStarted, StageAction, StepTiming
 from meshtop.probes.groups import GroupDirectory
 from meshtop.probes.instrument import Instrumentation
@@ -32,6 +33,9 @@ from meshtop.runner.rank.serve import OP_NAMES, OpTiming, build_serving, serve
 from meshtop.runner.rank.train import build_training, timed_step
 from meshtop.runner.rank.until import RunUntilStopped
 
+PHASES_WAIT_S = 1.0
+"""How long a step's device-timed phases are waited for: the step synchronised the device at its end, so
+their marks have completed and the clock's new anchor, on an idle stream, completes at once."""
 MEMORY_EVERY_NS = 500_000_000
 """Inference reports memory twice a second, not after each of its many small ops."""
 
@@ -97,7 +101,10 @@ def train_rank(
         probes.step_started(step)
         outcome = timed_step(job, step, phases=probes.phases)
         pipeline_wait_s = probes.step_ended(step)
-        kinds, starts, ends = probes.take_phases() or (None, (), ())
+        windows = probes.take_phases()
+        if windows is not None:
+            poll(windows.ready, PHASES_WAIT_S, interval_s=0.0001)  # the device was synchronised: at once
+        kinds, starts, ends = windows.final() if windows is not None else (None, (), ())
         sink.emit(
             StepTiming(
                 rank=rank,

@@ -49,7 +49,7 @@ import weakref
 from collections import deque
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from functools import wraps
 from importlib.abc import Loader, MetaPathFinder
 from importlib.machinery import ModuleSpec
@@ -63,12 +63,14 @@ from torch.nn.modules.module import register_module_forward_pre_hook
 from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 
 from meshtop.probes.activations import SavedActivations
+from meshtop.probes.device_clock import poll
 from meshtop.probes.events import RankStarted, StepTiming
 from meshtop.probes.groups import GroupDirectory
 from meshtop.probes.instrument import Instrumentation
 from meshtop.probes.losses import PendingLoss
 from meshtop.probes.memory import local_numel
 from meshtop.probes.patching import Patches
+from meshtop.probes.phases import StepWindows
 from meshtop.probes.shipper import EventShipper, open_sink
 from meshtop.probes.sink import EventSink
 from meshtop.probes.wire import node_of_this_rank, start_of_this_rank
@@ -81,7 +83,8 @@ LOSS_WAIT_S = 2.0
 """At exit, how long the steps whose loss is still on its way to the host wait for it (a device that hung
 is not waited on longer: those steps go out without a loss)."""
 MAX_WAITING_STEPS = 64
-"""Steps held for their loss at most; an older one goes out without it (a device this far behind the host)."""
+"""Steps held for their loss (and device-timed phases) at most; an older one goes out without them (a device
+this far behind the host)."""
 GIL_HANDOFF_S = 0.2
 """How long ``destroy_process_group`` leaves the GIL to gloo's threads (:meth:`Attachment._read_before_destroy`)."""
 
@@ -94,6 +97,29 @@ def never_raises(where: str) -> Iterator[None]:
         yield
     except Exception as error:  # a probe never breaks the job it measures
         print(f"meshtop: probe error in {where}, ignored: {type(error).__name__}: {error}", file=sys.stderr)
+
+
+@dataclass(slots=True)
+class WaitingStep:
+    """A step whose loss or device-timed phases are on their way to the host (a GPU's)."""
+
+    timing: StepTiming
+    loss: PendingLoss | None
+    windows: StepWindows | None
+
+    def ready(self) -> bool:
+        return (self.loss is None or self.loss.ready()) and (self.windows is None or self.windows.ready())
+
+    def finished(self) -> StepTiming:
+        """The step with what has come: its loss where read, its phases on the device's clock where their marks
+        completed (else the host's)."""
+        timing = self.timing
+        if self.loss is not None and self.loss.ready() and (loss := self.loss.value()) is not None:
+            timing = replace(timing, loss=loss, losses=self.loss.count)
+        if self.windows is not None:
+            kinds, starts, ends = self.windows.final()
+            timing = replace(timing, phases=kinds, phase_start_ns=starts, phase_end_ns=ends)
+        return timing
 
 
 class ScriptSteps:
@@ -117,8 +143,8 @@ class ScriptSteps:
         """Called with the counted optimizer's parameters when it is first stepped."""
         self.on_first_forward = on_first_forward
         """Called with the first module the script calls."""
-        self._waiting: deque[tuple[StepTiming, PendingLoss]] = deque()
-        """Steps whose loss is on its way to the host (a GPU's), oldest first."""
+        self._waiting: deque[WaitingStep] = deque()
+        """Steps whose loss or phases are on their way to the host (a GPU's), oldest first."""
         self.step = 0
         self._optimizer: weakref.ref[torch.optim.Optimizer] | None = None
         self._start_ns: int | None = None
@@ -181,30 +207,25 @@ class ScriptSteps:
             pipeline_wait_s=pipeline_wait_s,
             cpu_s=cpu_s,
         )
-        if (windows := self.probes.take_phases()) is not None:
-            kinds, starts, ends = windows
-            timing = replace(timing, phases=kinds, phase_start_ns=starts, phase_end_ns=ends)
-        pending = self.probes.take_loss()
-        if pending is None and not self._waiting:
-            self.sink.emit(timing)
-        else:  # behind the steps still waiting for theirs (the hooks switched off: a step with no loss)
-            self._waiting.append((timing, pending if pending is not None else PendingLoss(count=0)))
+        waiting = WaitingStep(timing, self.probes.take_loss(), self.probes.take_phases())
+        if not self._waiting and waiting.ready():
+            self.sink.emit(waiting.finished())
+        else:  # behind the steps still waiting for theirs, in order
+            self._waiting.append(waiting)
             self._send_ready()
         self.step += 1
         self._begin(end_ns)
 
     def _send_ready(self, *, wait_s: float = 0.0) -> None:
-        """Send the waiting steps whose loss has reached the host, in order (``wait_s``: at exit, how long in
-        all to wait for the rest)."""
+        """Send the waiting steps whose loss and phases have reached the host, in order (``wait_s``: at exit,
+        how long in all to wait for the rest)."""
         deadline = time.monotonic() + wait_s
         while self._waiting:
-            timing, pending = self._waiting[0]
-            ready = pending.ready() or (wait_s > 0 and pending.wait(max(0.0, deadline - time.monotonic())))
+            head = self._waiting[0]
+            ready = head.ready() or (wait_s > 0 and poll(head.ready, max(0.0, deadline - time.monotonic())))
             if not ready and len(self._waiting) <= MAX_WAITING_STEPS:
                 return
-            self._waiting.popleft()
-            loss = pending.value() if ready else None
-            self.sink.emit(replace(timing, loss=loss, losses=pending.count if loss is not None else None))
+            self.sink.emit(self._waiting.popleft().finished())
 
     def remove(self) -> None:
         self._send_ready(wait_s=LOSS_WAIT_S)

@@ -159,3 +159,35 @@ def test_a_scripts_loss_on_the_gpu_is_read_from_pinned_memory_as_the_script_comp
         assert rows[line["step"]]["losses"] == 2
     breakdown = summary_json(out)["breakdown"]
     assert sum(row["share"] for row in breakdown["per_rank"]["0"].values()) == pytest.approx(1.0, abs=0.01)
+
+
+@pytest.mark.skipif(GPUS < 1, reason="needs a CUDA GPU")
+def test_forward_and_backward_windows_are_the_devices_time_not_the_hosts_queueing() -> None:
+    """The host queues a forward of 40 large matmuls in well under a millisecond; the device takes tens of
+    them: the window read from its marks (never a sync by the probe; the test's own sync only lets it read
+    now) spans the device's time, as a separate pair of events measures it."""
+    from meshtop.probes.device_clock import DeviceClock
+    from meshtop.probes.phases import FORWARD, Phases
+
+    phases = Phases(DeviceClock())
+    x = torch.randn(4096, 4096, device="cuda")
+    torch.cuda.synchronize()
+    phases.take()  # idle: the anchor
+    before, after = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    phases.begin(FORWARD)
+    before.record()
+    y = x
+    for _ in range(40):
+        y = torch.tanh(y @ x)
+    after.record()
+    phases.end(FORWARD)
+    windows = phases.take()
+    host_kinds, host_starts, host_ends = windows.kinds, windows.starts, windows.ends
+    torch.cuda.synchronize()
+    assert windows.ready()
+    kinds, starts, ends = windows.final()
+    device_ms = before.elapsed_time(after)
+    assert kinds == host_kinds == "f" and device_ms > 5
+    assert (ends[0] - starts[0]) / 1e6 == pytest.approx(device_ms, rel=0.05, abs=0.5)
+    assert (host_ends[0] - host_starts[0]) / 1e6 < device_ms / 2  # the host only queued it
+    assert ends[0] >= host_ends[0]  # the device finished after the host had queued it all

@@ -65,7 +65,7 @@ def test_switching_the_hooks_off_and_on_keeps_the_loss_probe_over_the_phases_pro
         a_backward(float(step + 1))
         probes.step_ended(step)
         phases, pending = probes.take_phases(), probes.take_loss()
-        taken.append((probes.enabled, phases is not None and "b" in phases[0], pending and pending.value()))
+        taken.append((probes.enabled, phases is not None and "b" in phases.kinds, pending and pending.value()))
     on, off = (True, True), (False, False)  # (hooks in, a backward window)
     assert taken == [(*on, 1.0), (*off, None), (*on, 3.0), (*off, None), (*on, 5.0)]  # each step's loss, hooks in
     assert torch.autograd.backward.__wrapped__.__wrapped__ is before[0]  # the loss probe's over the phases probe's

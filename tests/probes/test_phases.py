@@ -54,7 +54,7 @@ def test_each_step_has_its_data_forward_backward_and_optimizer_windows(phases: P
         loss.backward()
         optimizer.step()
         optimizer.zero_grad()
-        taken = windows(phases.take())
+        taken = windows(phases.take().final())
         assert [kind for kind, _ in taken] == ["d", "f", "b", "o"], (step, taken)  # submodules nest in the root
         assert 2 * SLEEP_S <= taken[0][1] < 2 * SLEEP_S + 0.05
     assert phases._roots and set(phases._roots) == {model}  # learned at the first take: the root alone
@@ -66,7 +66,7 @@ def test_recomputation_runs_inside_backward_and_nested_windows_count_once(phases
     x = torch.randn(4, 8, requires_grad=True)
     out = checkpoint(inner, model(x), use_reentrant=False)
     out.sum().backward()
-    kinds, starts, ends = phases.take()
+    kinds, starts, ends = phases.take().final()
     assert kinds.count("b") == 1
     backward = kinds.index("b")
     recomputed = [i for i, kind in enumerate(kinds) if kind == "f" and starts[i] >= starts[backward]]
@@ -77,10 +77,10 @@ def test_a_step_keeps_at_most_max_windows_and_merges_the_rest_into_the_last(phas
     model = nn.Linear(4, 4)
     for _ in range(MAX_WINDOWS + 10):
         model(torch.zeros(1, 4))
-    kinds, starts, ends = phases.take()
+    kinds, starts, ends = phases.take().final()
     assert len(kinds) == MAX_WINDOWS and set(kinds) == {"f"}
     assert ends[-1] > starts[-1] and ends[-1] >= max(ends[:-1])
-    assert phases.take() == ("", (), ())  # handed out once
+    assert phases.take().final() == ("", (), ())  # handed out once
 
 
 def test_uninstall_takes_every_hook_out() -> None:
@@ -90,4 +90,4 @@ def test_uninstall_takes_every_hook_out() -> None:
     probe.uninstall()
     assert (torch.autograd.backward, torch.autograd.grad) == before
     nn.Linear(2, 2)(torch.zeros(1, 2)).sum().backward()
-    assert probe.take() == ("", (), ())
+    assert probe.take().final() == ("", (), ())
