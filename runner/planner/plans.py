@@ -240,12 +240,24 @@ def stage_activation_bytes(run: ResolvedRun, stage: int, sequences: int) -> int:
     tables = 2 * run.seq_len * (shape.head_dim // 2)
     rotary = layers * tables * ELEMENT_BYTES[run.dtype] if run.mixed and run.fsdp else tables * FLOAT32
     total = layers * layer_activation_bytes(run, sequences) + rotary
-    if stage == 0:
+    if stage == 0 and (run.pp == 1 or run.tp > 1):
         total += tokens * INDEX  # the ids (under tp, the vocabulary shard's masked copy of them)
     if stage == run.num_stages - 1:
         total += tokens * norm_bytes(run)  # the final RMSNorm
-        total += tokens * shape.vocab_size * FLOAT32 + tokens * INDEX  # log-softmax of the logits, the targets
+        total += tokens * shape.vocab_size * FLOAT32  # the log-softmax of the logits
+        total += tokens * INDEX if run.pp == 1 else 0  # the targets
     return total
+
+
+def batch_index_bytes(run: ResolvedRun, pp_rank: int) -> int:
+    """A pipeline's token ids and targets: its schedule splits the rank's batch into microbatches as views of
+    the whole, so the first stage's embedding (without tp) and the last stage's loss keep the storage of the
+    rank's whole batch, ``m T 8`` bytes each, from the first forward on; ``0`` without a pipeline."""
+    if run.pp == 1:
+        return 0
+    stages = run.stages_of(pp_rank)
+    whole = run.microbatches * run.microbatch_size * run.seq_len * INDEX
+    return whole * ((0 in stages and run.tp == 1) + (run.num_stages - 1 in stages))
 
 
 def in_flight(run: ResolvedRun, pp_rank: int) -> list[int]:
@@ -271,7 +283,8 @@ def in_flight(run: ResolvedRun, pp_rank: int) -> list[int]:
 def activation_bytes(run: ResolvedRun, pp_rank: int) -> int:
     """Peak bytes saved for backward on a rank of pipeline rank ``pp_rank``."""
     sequences = run.microbatch_size
-    return sum(stage_activation_bytes(run, stage, sequences) for stage in in_flight(run, pp_rank))
+    forwards = sum(stage_activation_bytes(run, stage, sequences) for stage in in_flight(run, pp_rank))
+    return forwards + batch_index_bytes(run, pp_rank)
 
 
 def rank_traffic(run: ResolvedRun, rank: int) -> list[Traffic]:

@@ -14,10 +14,10 @@ checkpoint): FSDP2's hooks stay on the block, whose parameters are already
 gathered for its backward when the recomputation runs, as torchtitan orders
 them. ``full`` keeps each block's input and recomputes the whole block;
 ``selective`` recomputes the feed-forward half (its norm and SwiGLU), whose
-saved tensors are most of a block's (``4 f/t`` of ``6 h + 4 a d/t + 4 f/t``
-elements a token): Korthikanti et al.'s selective recomputation of the
-attention core saves nothing here, since the flash-style attention never
-keeps the ``s x s`` scores.
+saved tensors are most of a block's (docs/planner.md counts them):
+Korthikanti et al.'s selective recomputation of the attention core saves
+nothing here, since the flash-style attention never keeps the ``s x s``
+scores.
 """
 
 from __future__ import annotations
