@@ -50,6 +50,14 @@ def cuda_stream_idle() -> bool:
     return bool(torch.cuda.current_stream().query())
 
 
+def cuda_capturing() -> bool:
+    """Whether the current stream is capturing a CUDA graph (``torch.compile``'s reduce-overhead mode): an event
+    recorded then would be part of the graph, or refused."""
+    import torch
+
+    return bool(torch.cuda.is_current_stream_capturing())
+
+
 def poll(ready: Callable[[], bool], timeout_s: float, interval_s: float = 0.001) -> bool:
     """Ask ``ready`` until it says yes, for at most ``timeout_s``: where the device was synchronised already, or
     at exit (a device that hung is not waited on longer)."""
@@ -70,25 +78,38 @@ class DeviceClock:
         event_factory: Callable[[], Mark] = cuda_event,
         stream_idle: Callable[[], bool] = cuda_stream_idle,
         host_ns: Callable[[], int] = time.time_ns,
+        capturing: Callable[[], bool] = cuda_capturing,
     ) -> None:
         self._event = event_factory
         self._idle = stream_idle
+        self._capturing = capturing
+        self._broken = False
+        """An event could not be recorded (a driver's error): no more marks, every window the host's."""
         self._host_ns = host_ns
         self._anchor: tuple[Mark, int] | None = None
         """The anchor read from (completed)."""
         self._next_anchor: tuple[Mark, int] | None = None
         """The newest anchor, until its event has completed."""
 
-    def mark(self) -> Mark:
-        """A mark here in the current stream."""
-        event = self._event()
-        event.record()
+    def mark(self) -> Mark | None:
+        """A mark here in the current stream; ``None`` while a CUDA graph is being captured, or once recording
+        one failed (those windows keep the host's times)."""
+        if self._broken:
+            return None
+        try:
+            if self._capturing():
+                return None
+            event = self._event()
+            event.record()
+        except Exception:  # a probe never breaks the job it measures: the host's windows from here on
+            self._broken = True
+            return None
         return event
 
     def anchor_if_idle(self) -> None:
         """Renew the anchor where the current stream has nothing queued (called at a step's end)."""
-        if self._idle():
-            self._next_anchor = (self.mark(), self._host_ns())
+        if self._idle() and (mark := self.mark()) is not None:
+            self._next_anchor = (mark, self._host_ns())
 
     def complete(self, marks: list[Mark]) -> bool:
         """Whether every one of ``marks`` has completed, and the newest anchor with them (it was recorded on an

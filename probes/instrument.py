@@ -234,7 +234,7 @@ class Instrumentation:
         if enabled and not self._installed:
             self._hook()
         elif not enabled and self._installed:
-            self.uninstall()
+            self._unhook()
         self.enabled = enabled
 
     def _hook_probes(self) -> list[tuple[str, HookProbe]]:
@@ -306,9 +306,15 @@ class Instrumentation:
         return self.pipeline_wait_s()
 
     def uninstall(self) -> None:
-        """Take the hooks out, and emit what the C++ kernel finished (so a sink that is closed next has it)."""
-        if not self._installed:
-            return
+        """Take the hooks out for good, and emit what the C++ kernel finished (so a sink that is closed next has
+        it)."""
+        if self._installed:
+            self._unhook()
+        if self._phases is not None:
+            self._phases.close()
+
+    def _unhook(self) -> None:
+        """Take the hooks out until :meth:`_hook` (the overhead benchmark's switching, inside a step's hooks)."""
         for _name, probe in reversed(self._hook_probes()):
             probe.uninstall()
         self.flush()

@@ -87,7 +87,11 @@ class Phases:
         self._clock = clock
         self._now_ns = now_ns
         self._patches = Patches()
-        self._hooks: list[Any] = []
+        self._optimizer_hooks: list[Any] = []
+        """Torch's global optimizer step hooks, in from the first install to :meth:`close`: switching the probe
+        happens inside a step hook (a script's steps end in one), and taking a hook out of the dict torch is
+        iterating raises "OrderedDict mutated during iteration" into the script."""
+        self._on = False
         self._forward_hooks: list[Any] = []
         self._kinds: list[str] = []
         self._starts: list[int] = []
@@ -119,6 +123,7 @@ class Phases:
         del self._open[phase]
         end = self._now_ns()
         end_mark = self._clock.mark() if start_mark is not None and self._clock is not None else None
+        # a window marked at both ends is the device's; one whose end fell in a graph capture stays the host's
         if len(self._kinds) >= MAX_WINDOWS:
             for index in range(len(self._kinds) - 1, -1, -1):
                 if self._kinds[index] == phase:
@@ -154,20 +159,39 @@ class Phases:
         self._patches.replace(iterator, "__next__", self._timed(next_batch, DATA))
         self._patches.replace(torch.autograd, "backward", self._timed(torch.autograd.backward, BACKWARD))
         self._patches.replace(torch.autograd, "grad", self._timed(torch.autograd.grad, BACKWARD))
-        self._hooks = [
-            register_optimizer_step_pre_hook(lambda *_: self.begin(OPTIMIZER)),
-            register_optimizer_step_post_hook(lambda *_: self.end(OPTIMIZER)),
-        ]
+        if not self._optimizer_hooks:
+            self._optimizer_hooks = [
+                register_optimizer_step_pre_hook(self._optimizer_began),
+                register_optimizer_step_post_hook(self._optimizer_ended),
+            ]
         self._forward_hooks = self._global_hooks() if self._learning else self._root_hooks()
+        self._on = True
 
     def uninstall(self) -> None:
-        """Every hook out (:meth:`install` again puts them back, the roots learned kept)."""
-        for hook in self._hooks + self._forward_hooks:
+        """Every hook out but the optimizer's, which stay idle (:meth:`install` again puts them back, the roots
+        learned kept; :meth:`close` takes every one out)."""
+        for hook in self._forward_hooks:
             hook.remove()
-        self._hooks, self._forward_hooks = [], []
+        self._forward_hooks = []
         self._patches.restore()
         self._open.clear()
         self._forward_depth = 0
+        self._on = False
+
+    def close(self) -> None:
+        """Every hook out, for good (outside an optimizer step)."""
+        self.uninstall()
+        for hook in self._optimizer_hooks:
+            hook.remove()
+        self._optimizer_hooks = []
+
+    def _optimizer_began(self, *_: Any) -> None:
+        if self._on:
+            self.begin(OPTIMIZER)
+
+    def _optimizer_ended(self, *_: Any) -> None:
+        if self._on:
+            self.end(OPTIMIZER)
 
     def _global_hooks(self) -> list[Any]:
         return [
@@ -208,7 +232,7 @@ class Phases:
 
     def _learned(self) -> None:
         """From the second step on, hooks on the roots only."""
-        if self._forward_depth or not self._hooks:  # inside a forward (learn on), or not installed
+        if self._forward_depth or not self._on:  # inside a forward (learn on), or not installed
             return
         self._learning = False
         for hook in self._forward_hooks:

@@ -23,6 +23,8 @@ MS = 1_000_000
 class Device:
     lag_ns: int
     busy: bool = False
+    capturing: bool = False
+    """A CUDA graph is being captured."""
     host_ns: int = 0
     """The host's wall clock now."""
     reached_ns: int = 0
@@ -58,7 +60,12 @@ class Event:
 
 
 def phases_on(device: Device) -> Phases:
-    clock = DeviceClock(event_factory=device.event, stream_idle=device.idle, host_ns=lambda: device.host_ns)
+    clock = DeviceClock(
+        event_factory=device.event,
+        stream_idle=device.idle,
+        host_ns=lambda: device.host_ns,
+        capturing=lambda: device.capturing,
+    )
     return Phases(clock, now_ns=lambda: device.host_ns)
 
 
@@ -125,3 +132,19 @@ def test_a_script_step_goes_out_once_its_loss_and_its_device_windows_have_come()
         2.5,
         2,
     )
+
+
+def test_a_window_opened_while_a_cuda_graph_is_captured_keeps_the_hosts_times() -> None:
+    device = Device(lag_ns=2 * MS)
+    phases = phases_on(device)
+    phases.take()
+    device.capturing = device.busy = True
+    phases.begin(FORWARD)  # no event goes into the graph being captured
+    device.at(1 * MS).capturing = False
+    phases.end(FORWARD)
+    phases.begin(BACKWARD)
+    device.at(2 * MS)
+    phases.end(BACKWARD)
+    windows = phases.take()
+    device.reached_ns = 10 * MS
+    assert windows.ready() and windows.final() == ("fb", (0, 3 * MS), (1 * MS, 4 * MS))

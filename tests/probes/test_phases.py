@@ -91,3 +91,34 @@ def test_uninstall_takes_every_hook_out() -> None:
     assert (torch.autograd.backward, torch.autograd.grad) == before
     nn.Linear(2, 2)(torch.zeros(1, 2)).sum().backward()
     assert probe.take().final() == ("", (), ())
+
+
+def test_switching_the_probe_inside_an_optimizer_step_hook_is_safe_and_close_takes_its_hooks_out() -> None:
+    """A script's step ends in an optimizer step hook, where the overhead benchmark switches the hooks: taking
+    the probe's own step hooks out of the dict torch iterates raised "OrderedDict mutated during iteration"."""
+    from torch.optim import optimizer as optim_module  # torch.optim's module (the package's name is a class)
+
+    hooks = (optim_module._global_optimizer_pre_hooks, optim_module._global_optimizer_post_hooks)
+    before = [len(h) for h in hooks]
+    probe = Phases()
+    probe.install()
+    model = nn.Linear(2, 2)
+    sgd = torch.optim.SGD(model.parameters(), lr=0.1)
+    switched = []
+
+    def switch(*_: object) -> None:
+        probe.uninstall() if probe._on else probe.install()
+        switched.append(probe._on)
+
+    handle = optim_module.register_optimizer_step_post_hook(switch)
+    try:
+        for _ in range(4):
+            model(torch.ones(1, 2)).sum().backward()
+            sgd.step()
+    finally:
+        handle.remove()
+    assert switched == [False, True, False, True]
+    assert "o" in probe.take().final()[0]  # the steps with the probe in kept their optimizer windows
+    assert [len(h) for h in hooks] == [count + 1 for count in before]
+    probe.close()
+    assert [len(h) for h in hooks] == before
