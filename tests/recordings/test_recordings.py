@@ -46,6 +46,8 @@ def test_summary_json_has_the_documented_keys(recorded: Path, capsys: pytest.Cap
         "model": "tiny",
         "device": "cpu",
         "dtype": "fp32",
+        "precision": "fp32",
+        "checkpoint": "none",
         "instrumented": True,
         "status": "completed",
         "hang": None,
