@@ -19,6 +19,7 @@ from meshtop.probes.errors import MeshtopError
 from meshtop.probes.events import HangDetected
 from meshtop.tui.filters import every_rank, parse_rank_filter
 from meshtop.tui.gc_pacing import GcPacer
+from meshtop.tui.rank_grid import GridPanel
 from meshtop.tui.sources import Playback, Source
 from meshtop.tui.state import LIVE_FIGURES_EVERY_S, DashboardState
 from meshtop.tui.terminal import TerminalGuard
@@ -47,6 +48,7 @@ VIEWS: tuple[tuple[str, str, type[Panel]], ...] = (
     ("steps", "Steps", StepsPanel),
     ("processes", "Procs", ProcessesPanel),
     ("alerts", "Alerts", AlertsPanel),
+    ("grid", "Grid", GridPanel),
 )
 
 
@@ -80,6 +82,8 @@ class MeshtopApp(App[None]):
         Binding("S", "stacks(True)", "Stacks of all ranks (Procs view)", show=False),
         Binding("up", "select_rank(-1)", "Previous rank (Procs view)", show=False, priority=True),
         Binding("down", "select_rank(1)", "Next rank (Procs view)", show=False, priority=True),
+        Binding("m", "grid_measure", "Measure (Grid view)", show=False),
+        Binding("a", "grid_attention", "Attention only (Grid view)", show=False),
         Binding("space", "playback('toggle_pause')", "Pause", priority=True),
         Binding("left", "playback('step_back')", "Step back", show=False, priority=True),
         Binding("right", "playback('step_forward')", "Step", show=False, priority=True),
@@ -239,6 +243,8 @@ class MeshtopApp(App[None]):
             return self.source.playback is not None
         if action in ("select_rank", "stacks"):
             return self.query_one(TabbedContent).active == "processes"
+        if action in ("grid_measure", "grid_attention"):
+            return self.query_one(TabbedContent).active == "grid"
         return True
 
     async def action_interrupt(self) -> None:
@@ -285,6 +291,15 @@ class MeshtopApp(App[None]):
     def action_select_rank(self, delta: int) -> None:
         panel = self.query_one(ProcessesPanel)
         panel.move(self.state, self._rank_filter, delta)
+        self.redraw()
+
+    def action_grid_measure(self) -> None:
+        self.query_one(GridPanel).cycle_measure()
+        self.redraw()
+
+    def action_grid_attention(self) -> None:
+        panel = self.query_one(GridPanel)
+        panel.only_attention = not panel.only_attention
         self.redraw()
 
     def action_stacks(self, every: bool) -> None:

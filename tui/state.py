@@ -42,6 +42,7 @@ from meshtop.probes.events import (
     StepTiming,
 )
 from meshtop.recordings.manifest import RunDescription
+from meshtop.recordings.metrics.attention import Attention
 from meshtop.recordings.metrics.collectives import CollectiveRow
 from meshtop.recordings.metrics.memory import MemoryRow
 from meshtop.recordings.metrics.mfu import Mfu
@@ -551,6 +552,13 @@ class DashboardState:
     def stragglers(self) -> list[Straggler]:
         """Ranks whose recent compute time exceeds their stage peers' (the core's rule, as ``summary``'s)."""
         return list(self.figures().stragglers)
+
+    def attention(self, measure: str) -> Attention:
+        """The ranks and nodes that stand out on ``measure`` (the core's rule,
+        :mod:`meshtop.recordings.metrics.attention`)."""
+        node_of = {view.rank: view.node for view in self.ranks.values()}
+        with self.session.reading() as fold:
+            return fold.attention(measure, node_of)
 
 
 def ranks_text(ranks: Iterable[int]) -> str:

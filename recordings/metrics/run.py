@@ -39,6 +39,7 @@ from meshtop.probes.events import (
     StepTiming,
 )
 from meshtop.recordings.manifest import GpuInfo, RunDescription
+from meshtop.recordings.metrics.attention import STEP_MEASURES, Attention, RankRecent, attention
 from meshtop.recordings.metrics.breakdown import Breakdown, BreakdownFold, RankStep
 from meshtop.recordings.metrics.collectives import CollectiveFold, CollectiveRow, RankWaits
 from meshtop.recordings.metrics.gpus import GpuFold, GpuRow
@@ -191,6 +192,8 @@ class RunFold:
         self.compute = ComputeTimes()
         """Each rank's compute time in its last closed steps: the straggler rule's input."""
         self.breakdown = BreakdownFold()
+        self.recent_by_rank = RankRecent()
+        """Each rank's last closed steps' step time and parts: what the rank grid's attention is over."""
         """Each rank's step parts, as steps close."""
         self.version = 0
         """Grows with every change, so a caller can tell whether its figures are stale."""
@@ -375,6 +378,20 @@ class RunFold:
         fresh = min(len(self.recent_steps), self.steps_completed - seen)
         return list(islice(self.recent_steps, len(self.recent_steps) - fresh, None)) if fresh > 0 else []
 
+    def attention(self, measure: str, node_of: dict[int, int]) -> Attention:
+        """The ranks and nodes (``node_of``: each rank's) that stand out on ``measure``
+        (:mod:`~meshtop.recordings.metrics.attention`): a step measure over each rank's last closed steps, or
+        each rank's memory headroom (GPU ranks only)."""
+        if measure in STEP_MEASURES:
+            values = self.recent_by_rank.medians(measure)
+        else:
+            values = {
+                rank: float(headroom)
+                for rank in self.memory.peaks()
+                if (headroom := self.memory.headroom(rank)) is not None
+            }
+        return attention(measure, values, node_of)
+
     def position(self, rank: int) -> tuple[int, int, int]:
         """(pp, dp, tp) of ``rank``: as it reported, else where the plan puts it."""
         return self.positions.get(rank) or self.run.plan.coordinates(rank)
@@ -419,6 +436,8 @@ class RunFold:
         )
         for step, ranks, (by_op, by_rank, waits) in zip(steps, spans, exposures, strict=True):
             self._break_down(ranks, waits)
+            for rank, seconds in ranks.durations_s().items():
+                self.recent_by_rank.add(rank, "step", seconds)
             span_s, bubbles = self.stages.close(step.step, ranks.forward_backward_max_s())
             self.compute.add_step(ranks.durations_s(), by_rank)
             self.closed_count += 1
@@ -449,6 +468,9 @@ class RunFold:
                 ),
             )
         self.breakdown.add_step(parts_by_rank, lambda rank: self.position(rank)[0])
+        for rank, parts in parts_by_rank.items():
+            for measure in STEP_MEASURES[1:]:
+                self.recent_by_rank.add(rank, measure, parts[measure])
 
     def _stragglers(self, breakdown: Breakdown) -> tuple[Straggler, ...]:
         """The stragglers, each with its cause where the ranks measured their phases (``breakdown``)."""

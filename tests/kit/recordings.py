@@ -93,3 +93,24 @@ def wait_for_steps(recording: Path, count: int, *, ranks: Iterable[int], timeout
             return [row["pid"] for row in recorded_so_far(recording, "rank_started")]
         time.sleep(0.2)
     raise AssertionError(f"ranks {ranks} did not reach {count} steps in {timeout_s} s")
+
+
+def fleet_recording(
+    directory: Path, *, ranks: int, nodes: int, steps: int = 12, slow_node: int | None = None, slow: float = 2.0
+) -> Path:
+    """A data-parallel job of ``ranks`` ranks spread evenly over ``nodes`` nodes (hosts ``node0``...), each step
+    0.1 s give or take 1 % by rank, the ranks of ``slow_node`` ``slow`` times as long: what a rank grid and its
+    attention filter are checked on."""
+    from tests.kit.events import rank_started, step
+
+    per_node = ranks // nodes
+    events: list[Event] = [
+        rank_started(rank, world_size=ranks, dp_rank=rank, node=rank // per_node, host=f"node{rank // per_node}")
+        for rank in range(ranks)
+    ]
+    for number in range(steps):
+        for rank in range(ranks):
+            length = 0.1 * (1 + (rank % 3 - 1) * 0.01) * (slow if rank // per_node == slow_node else 1.0)
+            events.append(step(rank, number, length, tokens=8 * ranks))
+    plan = resolve(RunSpec(dp=ranks, model="tiny", device="cuda"), gpus_visible=per_node, nodes=nodes)
+    return write_recording(directory, events, run=RunDescription.from_json(plan.describe()))

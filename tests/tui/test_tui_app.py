@@ -23,6 +23,7 @@ from meshtop.tui.app import MeshtopApp
 from meshtop.tui.compare_app import CompareApp
 from meshtop.tui.sources import ReplaySource
 from meshtop.tui.widgets import ReplayBar
+from tests.kit.recordings import fleet_recording
 from tests.kit.screen import SnapCompare, screen_text
 
 pytestmark = pytest.mark.screen
@@ -75,6 +76,7 @@ VIEW_MARKS = {
     "5": ["step time", "throughput", "loss"],
     "6": ["pid", "pp/dp/tp", "running"],
     "7": ["no alerts"],
+    "8": ["step time · median", "n0 ", "stand out most (step time)"],
 }
 
 
@@ -195,7 +197,7 @@ async def test_help_lists_every_key() -> None:
         for description in (
             "Quit",
             "Help",
-            "1-7               Views",
+            "1-8               Views",
             "Next view",
             "Filter",
             "Stack of rank",
@@ -261,6 +263,7 @@ SNAPSHOT_VIEWS = {
     "steps": "5",
     "procs": "6",
     "alerts": "7",
+    "grid": "8",
 }
 SNAPSHOT_SAMPLES = {"train": (SAMPLE, 31), "infer": (INFER_SAMPLE, -1)}
 """The training sample at its step 31, the inference sample at its end."""
@@ -328,3 +331,25 @@ async def test_devices_view_draws_gpu_samples_with_history_clock_and_temperature
         assert "NVIDIA H200" in first and " 89%" in first and first.rstrip().endswith(" 339 W")
         assert second.strip() == "1980 MHz  61°C  mem 70.0 GiB/141.0 GiB  NVLink tx 2.5GB/s rx 2.5GB/s"
         assert "process metrics only" not in screen_text(app)
+
+
+@pytest.mark.parametrize(("ranks", "nodes", "size"), [(1024, 16, (200, 60)), (64, 8, (80, 24))])
+async def test_the_rank_grid_picks_out_the_slow_node(
+    ranks: int, nodes: int, size: tuple[int, int], tmp_path: Path
+) -> None:
+    """A simulated job whose node 5 runs its steps at twice the time: every rank a cell, the node's row and its
+    ranks flagged, and with the attention filter that node's row alone."""
+    recording = fleet_recording(tmp_path / "fleet", ranks=ranks, nodes=nodes, slow_node=5)
+    per_node = ranks // nodes
+    async with replay(size=size, at_step=-1, sample=recording) as (app, pilot):
+        await press(pilot, "8")
+        text = screen_text(app)
+        assert f"{per_node} rank(s), 1 node(s) stand out" in text, text
+        rows = [line for line in text.splitlines() if line.lstrip("│ ").startswith(("n0 ", "n5 ", f"n{nodes - 1} "))]
+        assert len(rows) == 3 and all(line.count("█") == per_node for line in rows), text
+        assert f"rank {5 * per_node:<5} n5" in text  # the top of the list: a rank of node 5
+        await press(pilot, "a")
+        text = screen_text(app)
+        assert "n5 node5" in text and "n4 node4" not in text and "n0 node0" not in text, text
+        await press(pilot, "m")
+        assert "exposed communication" in screen_text(app)

@@ -37,7 +37,7 @@ if TMUX is None:
 
 REPO = Path(__file__).resolve().parents[2]
 EXIT_KEEPER = Path(__file__).with_name("exit_keeper.py")
-TAB_ROW = "1 Overview  2 Devices  3 Comms  4 Pipeline  5 Steps  6 Procs  7 Alerts"
+TAB_ROW = "1 Overview  2 Devices  3 Comms  4 Pipeline  5 Steps  6 Procs  7 Alerts  8 Grid"
 POLL_S = 0.2
 STARTUP_S = 60.0
 """Time for the dashboard's first frame (imports torch, textual, pandas)."""

@@ -1,0 +1,154 @@
+"""The rank grid: one cell per rank, a row of cells per node, coloured by how far the rank stands out.
+
+A cell's colour is its modified z-score on the chosen measure (the metrics core's attention rule,
+:mod:`meshtop.recordings.metrics.attention`), not a colour scale of its own: green at or better than the
+crowd, yellow above it, red where the core flags it. 1024 ranks on 16 nodes of 64 take 16 rows of 64 cells;
+a node wider than the screen wraps its cells onto more rows. With the attention filter only the nodes that
+stand out, or hold a rank that does, are drawn, and their other ranks are dimmed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+from rich.console import Group
+from rich.text import Text
+
+from meshtop.recordings.metrics.attention import STEP_MEASURES, Z_LIMIT, Attention, Scored
+from meshtop.tui.charts import human_bytes, human_seconds
+from meshtop.tui.state import DashboardState
+from meshtop.tui.views import Panel, RankFilter, section
+
+MEASURES = ("step", "communication", "data", "bubble", "headroom")
+"""The grid's measures, in the order ``m`` cycles them."""
+LABELS = {
+    "step": "step time",
+    "communication": "exposed communication",
+    "data": "data wait",
+    "bubble": "pipeline bubble",
+    "headroom": "memory headroom",
+}
+CELL = "█"
+UNSCORED = "·"
+GROUP = 8
+"""Cells between two gaps, where the row has room for them."""
+TOP_K = 8
+LABEL_WIDTH = 14
+CALM, ABOVE, FLAGGED = "#5faf5f", "#d7af5f", "bold #ff5f5f"
+
+
+def value_text(measure: str, value: float) -> str:
+    return human_seconds(value) if measure in STEP_MEASURES else human_bytes(value)
+
+
+def cell_style(scored: Scored | None) -> str:
+    """The colour of a rank's cell: unscored (dim), calm (z at most 1), above the crowd, flagged."""
+    if scored is None:
+        return "dim"
+    if scored.flagged:
+        return FLAGGED
+    return CALM if scored.z <= 1 else ABOVE
+
+
+def grid_text(
+    attention: Attention,
+    nodes: dict[int, Sequence[int]],
+    node_label: Callable[[int], str],
+    width: int,
+    *,
+    only_attention: bool = False,
+) -> Text:
+    """The grid: a row (or several) of cells per node in ``nodes`` (node -> its ranks, in order)."""
+    by_rank = {scored.key: scored for scored in attention.ranks}
+    flagged_nodes = set(attention.flagged_nodes)
+    flagged_ranks = set(attention.flagged_ranks)
+    room = max(8, width - LABEL_WIDTH)
+    text = Text()
+    for node, ranks in sorted(nodes.items()):
+        standing_out = node in flagged_nodes or any(rank in flagged_ranks for rank in ranks)
+        if only_attention and not standing_out:
+            continue
+        per_row = _cells_per_row(len(ranks), room)
+        for start in range(0, len(ranks), per_row):
+            label = node_label(node) if start == 0 else ""
+            style = FLAGGED if node in flagged_nodes and start == 0 else "bold" if start == 0 else ""
+            text.append(f"{label[: LABEL_WIDTH - 1]:<{LABEL_WIDTH}}", style=style)
+            for index, rank in enumerate(ranks[start : start + per_row]):
+                if index and index % GROUP == 0 and per_row + per_row // GROUP <= room:
+                    text.append(" ")
+                scored = by_rank.get(rank)
+                dim = only_attention and rank not in flagged_ranks and node not in flagged_nodes
+                text.append(UNSCORED if scored is None else CELL, style="dim" if dim else cell_style(scored))
+            text.append("\n")
+    if only_attention and not flagged_nodes and not flagged_ranks:
+        text.append("no rank or node stands out\n", style="dim")
+    return text
+
+
+def _cells_per_row(ranks: int, room: int) -> int:
+    """Cells a row holds: all of a node's where they fit (with a gap each :data:`GROUP` where that fits too)."""
+    with_gaps = ranks + (ranks - 1) // GROUP
+    if with_gaps <= room or ranks <= room:
+        return max(1, ranks)
+    return max(1, room - room // (GROUP + 1))
+
+
+def top_text(attention: Attention, node_of: dict[int, int], k: int = TOP_K) -> Text:
+    """The ``k`` ranks that stand out most, a line each: rank, node, value, z."""
+    text = Text()
+    for scored in attention.top(k):
+        if scored.z <= 0:
+            break
+        z = "inf" if scored.z == float("inf") else f"{scored.z:.1f}"
+        value = value_text(attention.measure, scored.value)
+        text.append(
+            f"rank {scored.key:<5} n{node_of.get(scored.key, 0):<3} {value:>10}",
+            style=FLAGGED if scored.flagged else "",
+        )
+        text.append(f"  z {z}\n", style="dim")
+    return text
+
+
+def header_text(attention: Attention, *, only_attention: bool) -> Text:
+    """What the grid shows and its keys: the measure, the crowd's median, what stands out."""
+    text = Text()
+    text.append(f"{LABELS[attention.measure]}", style="bold")
+    if attention.median is not None:
+        text.append(f" · median {value_text(attention.measure, attention.median)}")
+    ranks, nodes = attention.flagged_ranks, attention.flagged_nodes
+    text.append(" · ")
+    if ranks or nodes:
+        text.append(f"{len(ranks)} rank(s), {len(nodes)} node(s) stand out (z > {Z_LIMIT:g})", style=FLAGGED)
+    else:
+        text.append("nothing stands out", style=CALM)
+    text.append(f"   m: measure · a: {'every rank' if only_attention else 'attention only'}\n", style="dim")
+    return text
+
+
+class GridPanel(Panel):
+    """The rank grid with the ranks that stand out most beside it; ``m`` cycles the measure, ``a`` shows only
+    what needs attention."""
+
+    def __init__(self, *, id: str | None = None) -> None:
+        super().__init__(id=id)
+        self.measure = MEASURES[0]
+        self.only_attention = False
+
+    def cycle_measure(self) -> None:
+        self.measure = MEASURES[(MEASURES.index(self.measure) + 1) % len(MEASURES)]
+
+    def show(self, state: DashboardState, ranks: RankFilter) -> None:
+        found = state.attention(self.measure)
+        views = sorted((view for view in state.ranks.values() if ranks(view)), key=lambda view: view.rank)
+        nodes: dict[int, list[int]] = {}
+        for view in views:
+            nodes.setdefault(view.node, []).append(view.rank)
+        node_of = {view.rank: view.node for view in views}
+        self.paint(
+            Group(
+                header_text(found, only_attention=self.only_attention),
+                grid_text(found, nodes, state.host_label, self.usable_width, only_attention=self.only_attention),
+                section(f"stand out most ({LABELS[self.measure]})"),
+                top_text(found, node_of),
+            )
+        )
