@@ -1,8 +1,16 @@
-"""Export a recording: a trace for ui.perfetto.dev (Chrome trace JSON), or one CSV per table."""
+"""Export a recording: a trace for ui.perfetto.dev (Chrome trace JSON), or one CSV per table.
+
+A trace of a large job is exported in part (:class:`TracePart`: some ranks, some steps): Perfetto's UI loads a
+JSON trace in the browser, and one much over a gigabyte (:data:`PERFETTO_UI_BYTES`) does not open. Before
+writing, the trace's size is estimated from the recording's rows and the size of each kind's first events as
+JSON; a whole trace past the limit is refused in one line that says how to take a part.
+"""
 
 from __future__ import annotations
 
 import json
+import re
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -10,6 +18,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from meshtop.probes.events import ServerMetric
+from meshtop.recordings.manifest import RecordingError
 from meshtop.recordings.metrics.server import ServerFold
 from meshtop.recordings.reader import Recording
 from meshtop.recordings.schema import events_of
@@ -35,17 +44,98 @@ MEMORY_COUNTERS = (
 )
 
 
+PERFETTO_UI_BYTES = 1 << 30
+"""About the largest JSON trace Perfetto's UI opens in a browser tab."""
+SIZE_SAMPLE = 200
+"""Events of each kind serialised to estimate a trace's size."""
+RANGE = re.compile(r"^(\d+)(?:-(\d+))?$")
+
+
+@dataclass(frozen=True, slots=True)
+class TracePart:
+    """What of a recording a trace holds: ``ranks`` (``None``: every one) and the steps ``first`` to ``last``
+    (``None``: every one; counters and requests are kept over those steps' wall-clock span)."""
+
+    ranks: frozenset[int] | None = None
+    steps: tuple[int, int] | None = None
+
+
+def parse_numbers(flag: str, text: str) -> list[tuple[int, int]]:
+    """``0-7,512`` as [(0, 7), (512, 512)]; a :class:`RecordingError` naming ``flag`` for anything else."""
+    spans = []
+    for word in text.split(","):
+        match = RANGE.match(word.strip())
+        if match is None:
+            raise RecordingError(f"{flag} {text!r}: give numbers and ranges, such as 0-7,512")
+        first, last = int(match.group(1)), int(match.group(2) or match.group(1))
+        if last < first:
+            raise RecordingError(f"{flag} {text!r}: the range {word.strip()} runs backwards")
+        spans.append((first, last))
+    return spans
+
+
+def trace_part(ranks: str | None, steps: str | None) -> TracePart:
+    """The part ``--ranks`` and ``--steps`` ask for (``--steps`` one range: a trace is one span of time)."""
+    chosen = None
+    if ranks is not None:
+        chosen = frozenset(rank for first, last in parse_numbers("--ranks", ranks) for rank in range(first, last + 1))
+    span = None
+    if steps is not None:
+        spans = parse_numbers("--steps", steps)
+        if len(spans) != 1:
+            raise RecordingError(f"--steps {steps!r}: give one range of steps, such as 100-120")
+        span = spans[0]
+    return TracePart(ranks=chosen, steps=span)
+
+
 def _us(ns: float) -> float:
     return ns / 1000.0
 
 
-def trace_events(recording: Recording) -> list[dict[str, Any]]:
-    """Chrome trace events: steps, stage actions and collectives as slices, memory and load as counters."""
+def _window(recording: Recording, part: TracePart) -> tuple[int, int] | None:
+    """The wall-clock span of the part's steps (``None``: every step, or none recorded)."""
+    if part.steps is None:
+        return None
+    steps = _rows(recording, "step", TracePart(ranks=part.ranks, steps=part.steps), None)
+    if not steps.num_rows:
+        raise RecordingError(f"no step {part.steps[0]}-{part.steps[1]} in {recording.path}")
+    starts, lengths = steps.column("start_ns").to_pylist(), steps.column("duration_s").to_pylist()
+    return min(starts), max(start + round(length * 1e9) for start, length in zip(starts, lengths, strict=True))
+
+
+def _rows(recording: Recording, kind: str, part: TracePart, window: tuple[int, int] | None) -> pa.Table:
+    """The rows of ``kind`` the part holds: its ranks, its steps (or, for rows of no step, its span of time)."""
+    table = recording.arrow(kind)
+    names = table.column_names
+    if part.ranks is not None and "rank" in names:
+        table = table.filter(pc.is_in(table.column("rank"), pa.array(sorted(part.ranks), pa.int64())))
+    if part.steps is not None and "step" in names:
+        first, last = part.steps
+        column = table.column("step")
+        table = table.filter(pc.and_(pc.greater_equal(column, first), pc.less_equal(column, last)))
+    elif window is not None:
+        clock = next((name for name in ("wall_ns", "arrival_ns") if name in names), None)
+        if clock is not None:
+            column = table.column(clock)
+            table = table.filter(pc.and_(pc.greater_equal(column, window[0]), pc.less_equal(column, window[1])))
+    return table
+
+
+def trace_events(recording: Recording, part: TracePart = TracePart()) -> list[dict[str, Any]]:
+    """Chrome trace events of ``part``: steps, stage actions and collectives as slices, memory and load as
+    counters."""
+    window = _window(recording, part)
+
+    def rows(kind: str) -> list[dict[str, Any]]:
+        return _rows(recording, kind, part, window).to_pylist()
+
     events: list[dict[str, Any]] = []
     ranks = sorted(
         set(recording.arrow("rank_started").column("rank").to_pylist())
         | set(recording.arrow("step").column("rank").to_pylist())
     )
+    if part.ranks is not None:
+        ranks = [rank for rank in ranks if rank in part.ranks]
     nodes = recording.manifest.nodes
     where = {
         rank: f" · node {node.node} {node.host or '?'}" for node in nodes for rank in node.ranks if len(nodes) > 1
@@ -56,7 +146,7 @@ def trace_events(recording: Recording) -> list[dict[str, Any]]:
         )
         for track, tid in TRACKS.items():
             events.append({"ph": "M", "name": "thread_name", "pid": rank, "tid": tid, "args": {"name": track}})
-    for row in recording.arrow("step").to_pylist():
+    for row in rows("step"):
         events.append(
             {
                 "ph": "X",
@@ -69,7 +159,7 @@ def trace_events(recording: Recording) -> list[dict[str, Any]]:
                 "args": {"loss": row["loss"], "tokens": row["tokens"]},
             }
         )
-    for row in recording.arrow("stage_action").to_pylist():
+    for row in rows("stage_action"):
         events.append(
             {
                 "ph": "X",
@@ -82,7 +172,7 @@ def trace_events(recording: Recording) -> list[dict[str, Any]]:
                 "args": {"stage": row["stage"], "step": row["step"]},
             }
         )
-    for row in recording.arrow("collective").to_pylist():
+    for row in rows("collective"):
         events.append(
             {
                 "ph": "X",
@@ -103,13 +193,13 @@ def trace_events(recording: Recording) -> list[dict[str, Any]]:
                 },
             }
         )
-    for row in recording.arrow("memory").to_pylist():
+    for row in rows("memory"):
         values = {name.removesuffix("_bytes"): float(row[name]) for name in MEMORY_COUNTERS if row[name] is not None}
         events.append(
             {"ph": "C", "name": "memory (bytes)", "pid": row["rank"], "ts": _us(row["wall_ns"]), "args": values}
         )
-    events += request_events(recording)
-    for row in recording.arrow("process").to_pylist():
+    events += request_events(recording, rows("request"))
+    for row in rows("process"):
         events.append(
             {
                 "ph": "C",
@@ -119,7 +209,7 @@ def trace_events(recording: Recording) -> list[dict[str, Any]]:
                 "args": {"cpu": float(row["cpu_pct"] or 0.0)},
             }
         )
-    for row in recording.arrow("gpu").to_pylist():
+    for row in rows("gpu"):
         node = f"node {row['node']} " if len(nodes) > 1 else ""
         events.append(
             {
@@ -152,10 +242,10 @@ def server_events(recording: Recording) -> list[dict[str, Any]]:
     return events
 
 
-def request_events(recording: Recording) -> list[dict[str, Any]]:
-    """Inference: each request as an async slice (they overlap) from arrival to its last token, one track
-    per replica, with an instant at its first token."""
-    rows = recording.arrow("request").to_pylist()
+def request_events(recording: Recording, rows: list[dict[str, Any]] | None = None) -> list[dict[str, Any]]:
+    """Inference: each request (of ``rows``, by default every one) as an async slice (they overlap) from arrival
+    to its last token, one track per replica, with an instant at its first token."""
+    rows = recording.arrow("request").to_pylist() if rows is None else rows
     events: list[dict[str, Any]] = []
     for replica in sorted({row["replica"] for row in rows}):
         events.append(
@@ -188,9 +278,51 @@ def request_events(recording: Recording) -> list[dict[str, Any]]:
     return events
 
 
-def export_perfetto(recording: Recording, path: Path) -> int:
-    """Write the trace to ``path``; the number of trace events."""
-    events = trace_events(recording)
+def estimated_bytes(recording: Recording, part: TracePart = TracePart()) -> int:
+    """About how large ``part``'s trace is: each kind's rows times the mean JSON size of its first
+    :data:`SIZE_SAMPLE` events (a request makes three events; the metadata rows are left out)."""
+    window = _window(recording, part)
+    total = 0
+    for kind in ("step", "stage_action", "collective", "memory", "process", "gpu", "request"):
+        table = _rows(recording, kind, part, window)
+        if not table.num_rows:
+            continue
+        sample = trace_events_of(kind, recording, table.slice(0, SIZE_SAMPLE))
+        each = sum(len(json.dumps(event)) + 2 for event in sample) / min(table.num_rows, SIZE_SAMPLE)
+        total += int(each * table.num_rows)
+    return total
+
+
+def trace_events_of(kind: str, recording: Recording, table: pa.Table) -> list[dict[str, Any]]:
+    """The trace events of ``table``'s rows of ``kind`` alone (a size estimate's sample)."""
+    if kind == "request":
+        return request_events(recording, table.to_pylist())
+    events = trace_events(_OneTable(recording, kind, table))  # type: ignore[arg-type]
+    return [event for event in events if event["ph"] != "M"]
+
+
+class _OneTable:
+    """A recording that holds ``table`` as its rows of ``kind`` and no other rows (its manifest the real one's)."""
+
+    def __init__(self, recording: Recording, kind: str, table: pa.Table) -> None:
+        self._recording, self._kind, self._table = recording, kind, table
+        self.manifest, self.path = recording.manifest, recording.path
+
+    def arrow(self, kind: str) -> pa.Table:
+        source = self._recording.arrow(kind)
+        return self._table if kind == self._kind else source.slice(0, 0)
+
+
+def export_perfetto(recording: Recording, path: Path, part: TracePart = TracePart()) -> int:
+    """Write ``part``'s trace to ``path``; the number of trace events. A whole trace past
+    :data:`PERFETTO_UI_BYTES` is refused (a part asked for is written whatever its size, with a warning by the
+    caller)."""
+    if part == TracePart() and (size := estimated_bytes(recording)) > PERFETTO_UI_BYTES:
+        raise RecordingError(
+            f"the whole trace would be about {size / 2**30:.1f} GiB, more than Perfetto's UI opens (about "
+            f"{PERFETTO_UI_BYTES / 2**30:.0f} GiB): export a part with --ranks (0-7,512) and --steps (100-120)"
+        )
+    events = trace_events(recording, part)
     path.write_text(
         json.dumps(
             {"traceEvents": events, "displayTimeUnit": "ms", "metadata": {"meshtop_recording": str(recording.path)}}

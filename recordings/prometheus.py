@@ -10,13 +10,16 @@ Two kinds of series, each value defined where the rest of meshtop defines it:
   requests by how they ended and their TTFT / TPOT / E2E histograms (the fold's
   :class:`meshtop.recordings.metrics.requests.RequestFold`: a request reported twice counts once);
 - counted as events arrive (counters and histograms of what the fold keeps no per-event series of): each
-  collective's in-flight seconds and bytes per op, group and rank (:class:`meshtop.probes.events.CollectiveTiming`,
+  collective's in-flight seconds and bytes per op, group and node (:class:`meshtop.probes.events.CollectiveTiming`,
   from the tables the session's fold decoded: the rows it keeps, inside a step, as the core counts them), GPU
   samples and dropped events, and the latest GPU readings and each rank's state.
 
 Base units (seconds, bytes, ratios 0-1), ``_total`` counters, and labels bounded by the job's shape
-(ranks, groups, ops, stages, GPUs). GPU series carry ``gpu``, ``UUID`` and ``Hostname``, the labels the
-DCGM exporter puts on its own, so the two join in a query.
+(groups, ops, stages, nodes, GPUs). Per rank only the series that need a rank: whether it runs, its step time
+(the median of its last closed steps, the rank grid's) and its memory; the collectives go per node, as NCCL's own
+inspector aggregates them, since a 1024-rank job's 15-bucket histograms per op, group and rank would make a
+scrape of tens of megabytes. ``per_rank`` (``--metrics-per-rank``) labels them by rank too. GPU series carry
+``gpu``, ``UUID`` and ``Hostname``, the labels the DCGM exporter puts on its own, so the two join in a query.
 
 :class:`MetricsServer` serves them with prometheus_client's own WSGI app: the format the scraper asks for
 (OpenMetrics on ``Accept: application/openmetrics-text``, else Prometheus's text format 0.0.4), gzip where
@@ -50,6 +53,7 @@ from meshtop.probes.events import (
     RankStarted,
 )
 from meshtop.recordings.manifest import RunDescription
+from meshtop.recordings.metrics.attention import WINDOW
 from meshtop.recordings.metrics.requests import COMPLETED
 from meshtop.recordings.metrics.run import RunFigures
 from meshtop.recordings.schema import events_of
@@ -83,9 +87,11 @@ class RunMetrics:
     """The series of one run: counted from its events in arrival order, and read from its session's fold
     (:meth:`follow`) at each scrape. Thread-safe: fed by the session, read by the HTTP server's threads."""
 
-    def __init__(self, run: RunDescription) -> None:
+    def __init__(self, run: RunDescription, *, per_rank: bool = False) -> None:
         self.run = run
         """The run described: the series' labels are bounded by its shape."""
+        self.per_rank = per_rank
+        """The collectives' series per rank (and node), not per node alone."""
         self.session: SessionFold | None = None
         """The fold the gauges read (until the session gives it: no figure yet)."""
         self.registry = CollectorRegistry(auto_describe=False)
@@ -95,18 +101,16 @@ class RunMetrics:
         self._gpus: dict[tuple[int, int], GpuSample] = {}
         self._hosts: dict[int, str] = {}
         registry = self.registry
+        where = ["op", "group", "node", "rank"] if per_rank else ["op", "group", "node"]
         self.collective_seconds = Histogram(
             "meshtop_collective_seconds",
             "Collective in-flight time, issue to completion",
-            ["op", "group", "rank"],
+            where,
             buckets=COLLECTIVE_BUCKETS,
             registry=registry,
         )
         self.collective_bytes = Counter(
-            "meshtop_collective_bytes",
-            "Bytes each rank's collectives moved",
-            ["op", "group", "rank"],
-            registry=registry,
+            "meshtop_collective_bytes", "Bytes the collectives moved", where, registry=registry
         )
         self.gpu_samples = Counter(
             "meshtop_gpu_samples", "NVML readings taken", ["gpu", "UUID", "Hostname"], registry=registry
@@ -127,9 +131,9 @@ class RunMetrics:
         second decoding), the other kinds of :data:`COUNTED_KINDS` from ``arrivals``."""
         collectives = [(kind, table) for kind, table in folded.tables if kind == "collective"]
         with self._lock:
-            self._count_collectives(collectives)
-            for event in arrivals.events(SMALL_KINDS):
+            for event in arrivals.events(SMALL_KINDS):  # first: a rank's start says its node to its collectives
                 self._count(event)
+            self._count_collectives(collectives)
 
     def count(self, tables: Iterable[tuple[str, pa.Table]]) -> None:
         """Tables of events, in the order a replay plays them: those of :data:`COUNTED_KINDS` counted."""
@@ -151,7 +155,8 @@ class RunMetrics:
             table = table.filter(pc.is_valid(table.column("step")))
             columns = table.select(["op", "group", "rank", "start_ns", "end_ns", "bytes"]).to_pydict()
             for op, group, rank, start_ns, end_ns, size in zip(*columns.values(), strict=True):
-                labels = (op, group, str(rank))
+                node = str(self._ranks[rank].node) if rank in self._ranks else ""
+                labels = (op, group, node, str(rank)) if self.per_rank else (op, group, node)
                 self.collective_seconds.labels(*labels).observe((end_ns - start_ns) / 1e9)
                 self.collective_bytes.labels(*labels).inc(size)
 
@@ -177,11 +182,13 @@ class RunMetrics:
         with self._lock:
             ranks, exits, gpus = dict(self._ranks), dict(self._exits), dict(self._gpus)
         figures, steps, buckets, total_s = None, 0, [0] * len(STEP_BUCKETS), 0.0
+        rank_steps: dict[int, float] = {}
         ended: dict[str, int] = {}
         latencies = {key: ([0] * len(REQUEST_BUCKETS), 0, 0.0) for key, _, _ in REQUEST_SERIES}
         if self.session is not None:
             with self.session.reading() as fold:
                 figures = fold.figures()
+                rank_steps = fold.recent_by_rank.medians("step")
                 steps, buckets, total_s = (
                     fold.steps.count,
                     fold.steps.durations_s.counts_at_most(STEP_BUCKETS),
@@ -217,6 +224,11 @@ class RunMetrics:
         state = GaugeMetricFamily(
             "meshtop_rank_up", "1 while the rank runs, 0 once it exited", labels=["rank", "Hostname", "node"]
         )
+        rank_step = GaugeMetricFamily(
+            "meshtop_rank_step_seconds",
+            f"A rank's step time: its median over its last {WINDOW} closed steps",
+            labels=["rank", "Hostname", "node"],
+        )
         code = GaugeMetricFamily(
             "meshtop_rank_exit_code",
             "How an exited rank ended (negative: a signal)",
@@ -225,10 +237,13 @@ class RunMetrics:
         for rank, started in sorted(ranks.items()):
             labels = [str(rank), started.host, str(started.node)]
             state.add_metric(labels, 0 if rank in exits else 1)
+            if rank in rank_steps:
+                rank_step.add_metric(labels, rank_steps[rank])
             if rank in exits and exits[rank].exit_code is not None:
                 code.add_metric(labels, exits[rank].exit_code)  # type: ignore[arg-type]
         yield state
         yield code
+        yield rank_step
 
     def _figures(self, figures: RunFigures | None, ranks: dict[int, RankStarted]) -> Iterator[GaugeMetricFamily]:
         rate = GaugeMetricFamily("meshtop_tokens_per_second", "Tokens per second, p50 of the steps")

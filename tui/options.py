@@ -307,6 +307,12 @@ def add_metrics_options(parser: argparse.ArgumentParser) -> None:
     metrics.add_argument(
         "--metrics-bind", default=None, metavar="ADDR", help="the address /metrics listens on (default 127.0.0.1)"
     )
+    metrics.add_argument(
+        "--metrics-per-rank",
+        action="store_true",
+        help="the collectives' series per rank too, not per node alone (a 1024-rank job's scrape grows "
+        "by about the ranks' count)",
+    )
 
 
 def serve_metrics(args: argparse.Namespace, metrics: Callable[[], RunMetrics] | None) -> MetricsServer | None:
@@ -314,8 +320,9 @@ def serve_metrics(args: argparse.Namespace, metrics: Callable[[], RunMetrics] | 
     from meshtop.recordings.prometheus import DEFAULT_BIND, MetricsServer
 
     if args.metrics_port is None:
-        if args.metrics_bind is not None:
-            raise PlanError("--metrics-bind needs --metrics-port PORT")
+        if args.metrics_bind is not None or args.metrics_per_rank:
+            flag = "--metrics-bind" if args.metrics_bind is not None else "--metrics-per-rank"
+            raise PlanError(f"{flag} needs --metrics-port PORT")
         return None
     if not 0 <= args.metrics_port <= 65535:
         raise PlanError(f"--metrics-port must be a port from 0 to 65535, got {args.metrics_port}")

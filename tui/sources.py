@@ -396,10 +396,12 @@ class ReplaySource:
         rows_per_frame: int = ROWS_PER_FRAME,
         snapshot_rows: int = SNAPSHOT_ROWS,
         metrics: bool = False,
+        metrics_per_rank: bool = False,
     ) -> None:
         self.description = recording.manifest.run
         self.session = None  # the state folds what is played
-        self.metrics = RunMetrics(self.description) if metrics else None
+        self._per_rank = metrics_per_rank
+        self.metrics = RunMetrics(self.description, per_rank=metrics_per_rank) if metrics else None
         """The Prometheus series of what has been played (``--metrics-port``), started anew at each jump; they
         read the state's fold."""
         self.recording = str(recording.path)
@@ -437,7 +439,7 @@ class ReplaySource:
         if behind or ahead:  # moved back, or far ahead past a snapshot: carry on from the nearest
             state, self._folded_ns, self._since_snapshot = copy.deepcopy(nearest.state), nearest.folded_ns, 0
             if self.metrics is not None:  # counters only grow: the series start again, up to the snapshot
-                restarted = RunMetrics(self.description)  # published whole: a scrape never sees it half-built
+                restarted = RunMetrics(self.description, per_rank=self._per_rank)  # published whole, never half-built
                 if nearest.folded_ns is not None:
                     restarted.count(self.timeline.between(None, nearest.folded_ns))
                 restarted.follow(state.session)

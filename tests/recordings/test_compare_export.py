@@ -111,3 +111,58 @@ def test_csv_export_writes_every_table_and_refuses_to_overwrite(recorded: Path, 
     assert main(["export", str(recorded), "--format", "csv", "-o", str(out)]) == 2
     assert "exists" in capsys.readouterr().err
     shutil.rmtree(out)
+
+
+def test_a_part_of_a_trace_holds_its_ranks_and_steps_and_the_counters_over_them(tmp_path: Path) -> None:
+    from meshtop.recordings.samples import SAMPLE
+
+    out = tmp_path / "part.json"
+    assert (
+        main(["export", str(SAMPLE), "--format", "perfetto", "-o", str(out), "--ranks", "0,2", "--steps", "10-12"]) == 0
+    )
+    trace = json.loads(out.read_text())["traceEvents"]
+    processes = {e["args"]["name"] for e in trace if e["ph"] == "M" and e["name"] == "process_name"}
+    assert processes == {"rank 0", "rank 2"}
+    slices = [e for e in trace if e["ph"] == "X"]
+    assert {e["pid"] for e in slices} == {0, 2}
+    assert (
+        sorted(e["name"] for e in slices if e["cat"] == "step") == ["step 10"] * 2 + ["step 11"] * 2 + ["step 12"] * 2
+    )
+    assert {e["args"]["step"] for e in slices if e["cat"] in ("stage", "collective")} == {10, 11, 12}
+    steps = [e for e in slices if e["cat"] == "step"]
+    first, last = min(e["ts"] for e in steps), max(e["ts"] + e["dur"] for e in steps)
+    memory = [e for e in trace if e["ph"] == "C" and e["name"] == "memory (bytes)"]
+    assert len(memory) == 6 and {e["pid"] for e in memory} == {0, 2}  # each rank's snapshot at each step's end
+    load = [e for e in trace if e["ph"] == "C" and e["name"] == "cpu %"]
+    assert load and all(e["pid"] in (0, 2) and first - 1 <= e["ts"] <= last + 1 for e in load)
+
+
+def test_a_traces_size_is_estimated_before_and_a_whole_one_too_large_for_perfetto_is_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from meshtop.recordings import export
+    from meshtop.recordings.reader import open_recording
+    from meshtop.recordings.samples import SAMPLE
+    from tests.kit.commands import one_line_error
+
+    out = tmp_path / "whole.json"
+    assert main(["export", str(SAMPLE), "--format", "perfetto", "-o", str(out)]) == 0
+    capsys.readouterr()
+    estimate = export.estimated_bytes(open_recording(SAMPLE))
+    assert estimate == pytest.approx(out.stat().st_size, rel=0.1)
+    monkeypatch.setattr(export, "PERFETTO_UI_BYTES", estimate // 2)
+    line = one_line_error(["export", str(SAMPLE), "--format", "perfetto", "-o", str(tmp_path / "again.json")], capsys)
+    assert "more than Perfetto's UI opens" in line and "--ranks" in line and "--steps" in line
+    assert not (tmp_path / "again.json").exists()
+    for argv, message in (
+        (["--ranks", "3-1"], "--ranks '3-1': the range 3-1 runs backwards"),
+        (["--steps", "1-2,5-6"], "give one range of steps"),
+        (["--steps", "900-901"], "no step 900-901"),
+        (["--ranks", "x"], "give numbers and ranges"),
+    ):
+        target = tmp_path / "bad.json"
+        assert message in one_line_error(
+            ["export", str(SAMPLE), "--format", "perfetto", "-o", str(target), *argv], capsys
+        )
+    csv = one_line_error(["export", str(SAMPLE), "--format", "csv", "-o", str(tmp_path / "c"), "--ranks", "0"], capsys)
+    assert "give them with --format perfetto" in csv

@@ -145,7 +145,17 @@ def test_requests_and_gpus_in_base_units_with_the_dcgm_labels() -> None:
 @pytest.mark.slow
 def test_a_live_run_is_scraped_while_it_trains(tmp_path: Path) -> None:
     process = subprocess.Popen(
-        meshtop("record", str(tmp_path / "rec"), "--device", "cpu", "--steps", "100000", "--metrics-port", "0"),
+        meshtop(
+            "record",
+            str(tmp_path / "rec"),
+            "--device",
+            "cpu",
+            "--steps",
+            "100000",
+            "--metrics-port",
+            "0",
+            "--metrics-per-rank",
+        ),
         cwd=ROOT,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
@@ -193,3 +203,38 @@ def test_the_grafana_dashboard_asks_only_for_series_meshtop_serves() -> None:
     served = {family.name for family in text_string_to_metric_families(RunMetrics(description()).exposition().decode())}
     assert asked and asked <= served, asked - served
     assert len(dashboard["panels"]) == len({panel["id"] for panel in dashboard["panels"]})
+
+
+@pytest.mark.parametrize("per_rank", [False, True], ids=["per-node", "per-rank"])
+def test_collectives_go_per_node_unless_asked_per_rank_and_each_rank_has_its_step_time(
+    per_rank: bool, tmp_path: Path
+) -> None:
+    """A 64-rank job on 8 nodes: its collectives' series per node (8 label sets an op, their counts the sum of
+    the node's ranks'), or per rank with ``--metrics-per-rank``; every rank's step time, the grid's median."""
+    from tests.kit.events import collective, rank_started, step
+    from tests.kit.recordings import write_recording
+
+    events: list[object] = [rank_started(rank, node=rank // 8, host=f"node{rank // 8}") for rank in range(64)]
+    for number in range(6):
+        for rank in range(64):
+            events.append(collective(rank, number, group="dp", group_size=64))
+            events.append(step(rank, number, 0.2 if rank == 9 else 0.1))
+    recording = open_recording(write_recording(tmp_path / "rec", events, run=description(dp=64)))  # type: ignore[arg-type]
+    source = ReplaySource(recording, clock=lambda: 0.0, metrics=True, metrics_per_rank=per_rank)
+    source.playback.seek_fraction(1.0)
+    state = DashboardState(recording.manifest.run)
+    while not source.caught_up:
+        state = source.poll(state)
+    assert source.metrics is not None
+    samples: dict[str, list[tuple[dict[str, str], float]]] = {}
+    for family in text_string_to_metric_families(source.metrics.exposition().decode()):
+        for sample in family.samples:
+            samples.setdefault(sample.name, []).append((sample.labels, sample.value))
+    counts = samples["meshtop_collective_seconds_count"]
+    if per_rank:
+        assert len(counts) == 64 and counts[9][0] == {"op": "all_reduce", "group": "dp", "node": "1", "rank": "9"}
+    else:
+        assert sorted(labels["node"] for labels, _ in counts) == [str(node) for node in range(8)]
+        assert sum(value for _, value in counts) == 64 * 6 and all(value == 8 * 6 for _, value in counts)
+    step_time = {labels["rank"]: value for labels, value in samples["meshtop_rank_step_seconds"]}
+    assert len(step_time) == 64 and step_time["9"] == pytest.approx(0.2) and step_time["0"] == pytest.approx(0.1)

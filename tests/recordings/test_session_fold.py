@@ -70,12 +70,13 @@ def test_the_manifest_metrics_and_dashboard_read_the_one_fold(tmp_path: Path) ->
     assert session.steps_since(3) == list(state.steps)[3:]
     assert counted(metrics, "meshtop_steps_total") == 5 and counted(metrics, "meshtop_step_seconds_count") == 5
     seconds = [
-        (sample.labels["rank"], sample.value)
+        (sample.labels, sample.value)
         for family in text_string_to_metric_families(metrics.exposition().decode())
         for sample in family.samples
         if sample.name == "meshtop_collective_seconds_count"
     ]
-    assert sorted(seconds) == [("0", 5.0), ("1", 5.0)]  # from the fold's tables, the rows it keeps
+    # from the fold's tables, the rows it keeps: both ranks' on their node (a series per node, not per rank)
+    assert seconds == [({"op": "all_reduce", "group": "dp", "node": "0"}, 10.0)]
     [row] = session.figures().collectives
     assert row.count == 10  # 2 ranks x 5 steps, each all-reduce folded once though three readers read the fold
     assert state.figures() is session.figures()  # one fold, one set of figures

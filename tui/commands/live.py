@@ -89,7 +89,7 @@ def live_metrics(args: argparse.Namespace, run: Work) -> tuple[RunMetrics | None
     from meshtop.recordings.prometheus import RunMetrics
     from meshtop.runner.job.session import describe
 
-    metrics = RunMetrics(describe(run)) if args.metrics_port is not None else None
+    metrics = RunMetrics(describe(run), per_rank=args.metrics_per_rank) if args.metrics_port is not None else None
     return metrics, serve_metrics(args, (lambda: metrics) if metrics is not None else None)  # type: ignore[return-value]
 
 

@@ -70,6 +70,12 @@ def add_recording_commands(commands: Any) -> None:
         metavar="PATH",
         help="the trace file (perfetto) or a new directory (csv)",
     )
+    export.add_argument(
+        "--ranks", default=None, metavar="LIST", help="perfetto: these ranks only (0-7,512), for a large job"
+    )
+    export.add_argument(
+        "--steps", default=None, metavar="A-B", help="perfetto: these steps only (100-120), and the counters over them"
+    )
     export.set_defaults(handler=command_export)
 
 
@@ -91,14 +97,18 @@ def command_replay(args: argparse.Namespace) -> int:
     from meshtop.recordings.sweep import is_sweep
 
     if args.recording is not None and is_sweep(args.recording):
-        for flag, given in (("--metrics-port", args.metrics_port), ("--metrics-bind", args.metrics_bind)):
+        for flag, given in (
+            ("--metrics-port", args.metrics_port),
+            ("--metrics-bind", args.metrics_bind),
+            ("--metrics-per-rank", args.metrics_per_rank or None),
+        ):
             if given is not None:
                 raise PlanError(f"{flag} serves one recording, not a sweep: replay one of the sweep's plans")
         if args.paused_at is not None:
             raise PlanError("--paused-at is a step of one recording, not of a sweep: replay one of its plans")
         return replay_sweep(args)
     recording = open_recording(args.recording or sample_recording())
-    source = ReplaySource(recording, metrics=args.metrics_port is not None)
+    source = ReplaySource(recording, metrics=args.metrics_port is not None, metrics_per_rank=args.metrics_per_rank)
     server = serve_metrics(args, lambda: source.metrics)  # type: ignore[arg-type,return-value]
     source.playback.speed = args.speed
     if args.paused_at is not None:
@@ -179,7 +189,14 @@ def command_compare(args: argparse.Namespace) -> int:
 
 def command_export(args: argparse.Namespace) -> int:
     """A recording as a Perfetto trace or as CSV tables, at a new path."""
-    from meshtop.recordings.export import export_csv, export_perfetto
+    from meshtop.recordings.export import (
+        PERFETTO_UI_BYTES,
+        TracePart,
+        estimated_bytes,
+        export_csv,
+        export_perfetto,
+        trace_part,
+    )
     from meshtop.recordings.manifest import RecordingError
     from meshtop.recordings.reader import open_recording
 
@@ -188,9 +205,18 @@ def command_export(args: argparse.Namespace) -> int:
     if output.exists():
         raise RecordingError(f"{output} exists: give export a new path (nothing was overwritten)")
     if args.format == "perfetto":
-        count = export_perfetto(recording, output)
+        part = trace_part(args.ranks, args.steps)
+        if part != TracePart() and (size := estimated_bytes(recording, part)) > PERFETTO_UI_BYTES:
+            print(
+                f"meshtop: warning: this part's trace is about {size / 2**30:.1f} GiB: Perfetto's UI may not "
+                "open it (take fewer ranks or steps)",
+                file=sys.stderr,
+            )
+        count = export_perfetto(recording, output, part)
         print(f"{output}: {count:,} trace events; open it at https://ui.perfetto.dev")
     else:
+        if args.ranks is not None or args.steps is not None:
+            raise RecordingError("--ranks and --steps take a part of a trace: give them with --format perfetto")
         written = export_csv(recording, output)
         print(f"{output}: {len(written)} CSV tables and manifest.json")
     return EXIT_OK
