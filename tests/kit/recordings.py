@@ -112,5 +112,10 @@ def fleet_recording(
         for rank in range(ranks):
             length = 0.1 * (1 + (rank % 3 - 1) * 0.01) * (slow if rank // per_node == slow_node else 1.0)
             events.append(step(rank, number, length, tokens=8 * ranks))
-    plan = resolve(RunSpec(dp=ranks, model="tiny", device="cuda"), gpus_visible=per_node, nodes=nodes)
-    return write_recording(directory, events, run=RunDescription.from_json(plan.describe()))
+    return write_recording(directory, events, run=fleet_description(ranks, nodes))
+
+
+def fleet_description(ranks: int, nodes: int) -> RunDescription:
+    """A data-parallel GPU job of ``ranks`` ranks on ``nodes`` nodes, as meshtop describes it."""
+    plan = resolve(RunSpec(dp=ranks, model="tiny", device="cuda"), gpus_visible=ranks // nodes, nodes=nodes)
+    return RunDescription.from_json(plan.describe())
