@@ -84,6 +84,7 @@ class MeshtopApp(App[None]):
         Binding("down", "select_rank(1)", "Next rank (Procs view)", show=False, priority=True),
         Binding("m", "grid_measure", "Measure (Grid view)", show=False),
         Binding("a", "grid_attention", "Attention only (Grid view)", show=False),
+        Binding("enter", "open_rank", "Open the chosen rank (Grid view)", show=False),
         Binding("space", "playback('toggle_pause')", "Pause", priority=True),
         Binding("left", "playback('step_back')", "Step back", show=False, priority=True),
         Binding("right", "playback('step_forward')", "Step", show=False, priority=True),
@@ -241,9 +242,11 @@ class MeshtopApp(App[None]):
             return False
         if action in self.REPLAY_ACTIONS:
             return self.source.playback is not None
-        if action in ("select_rank", "stacks"):
+        if action == "select_rank":
+            return self.query_one(TabbedContent).active in ("processes", "grid")
+        if action == "stacks":
             return self.query_one(TabbedContent).active == "processes"
-        if action in ("grid_measure", "grid_attention"):
+        if action in ("grid_measure", "grid_attention", "open_rank"):
             return self.query_one(TabbedContent).active == "grid"
         return True
 
@@ -289,9 +292,18 @@ class MeshtopApp(App[None]):
         )
 
     def action_select_rank(self, delta: int) -> None:
-        panel = self.query_one(ProcessesPanel)
-        panel.move(self.state, self._rank_filter, delta)
+        if self.query_one(TabbedContent).active == "grid":
+            self.query_one(GridPanel).move(delta)
+        else:
+            self.query_one(ProcessesPanel).move(self.state, self._rank_filter, delta)
         self.redraw()
+
+    def action_open_rank(self) -> None:
+        """The rank chosen in the Grid view, in the Procs view (its process, and its stack with s)."""
+        chosen = self.query_one(GridPanel).chosen
+        if chosen is not None:
+            self.query_one(ProcessesPanel).selected = chosen
+            self.action_view("processes")
 
     def action_grid_measure(self) -> None:
         self.query_one(GridPanel).cycle_measure()

@@ -41,13 +41,13 @@ def value_text(measure: str, value: float) -> str:
     return human_seconds(value) if measure in STEP_MEASURES else human_bytes(value)
 
 
-def cell_style(scored: Scored | None) -> str:
-    """The colour of a rank's cell: unscored (dim), calm (z at most 1), above the crowd, flagged."""
+def cell_style(scored: Scored | None, *, chosen: bool = False) -> str:
+    """The colour of a rank's cell: unscored (dim), calm (z at most 1), above the crowd, flagged; ``chosen``
+    (the rank ↑/↓ chose) reversed."""
     if scored is None:
         return "dim"
-    if scored.flagged:
-        return FLAGGED
-    return CALM if scored.z <= 1 else ABOVE
+    colour = FLAGGED if scored.flagged else CALM if scored.z <= 1 else ABOVE
+    return f"reverse {colour}" if chosen else colour
 
 
 def grid_text(
@@ -57,6 +57,7 @@ def grid_text(
     width: int,
     *,
     only_attention: bool = False,
+    chosen: int | None = None,
 ) -> Text:
     """The grid: a row (or several) of cells per node in ``nodes`` (node -> its ranks, in order)."""
     by_rank = {scored.key: scored for scored in attention.ranks}
@@ -78,7 +79,8 @@ def grid_text(
                     text.append(" ")
                 scored = by_rank.get(rank)
                 dim = only_attention and rank not in flagged_ranks and node not in flagged_nodes
-                text.append(UNSCORED if scored is None else CELL, style="dim" if dim else cell_style(scored))
+                style = "dim" if dim else cell_style(scored, chosen=rank == chosen)
+                text.append(UNSCORED if scored is None else CELL, style=style)
             text.append("\n")
     if only_attention and not flagged_nodes and not flagged_ranks:
         text.append("no rank or node stands out\n", style="dim")
@@ -93,19 +95,24 @@ def _cells_per_row(ranks: int, room: int) -> int:
     return max(1, room - room // (GROUP + 1))
 
 
-def top_text(attention: Attention, node_of: dict[int, int], k: int = TOP_K) -> Text:
-    """The ``k`` ranks that stand out most, a line each: rank, node, value, z."""
+def standing_out(attention: Attention, k: int = TOP_K) -> list[Scored]:
+    """The ``k`` ranks that stand out most: above the crowd (``z`` over 0), the worst first."""
+    return [scored for scored in attention.top(k) if scored.z > 0]
+
+
+def top_text(attention: Attention, node_of: dict[int, int], *, chosen: int | None = None) -> Text:
+    """The ranks that stand out most (:func:`standing_out`), a line each: rank, node, value, z; ``chosen``
+    marked ▶."""
     text = Text()
-    for scored in attention.top(k):
-        if scored.z <= 0:
-            break
+    for scored in standing_out(attention):
         z = "inf" if scored.z == float("inf") else f"{scored.z:.1f}"
         value = value_text(attention.measure, scored.value)
-        text.append(
-            f"rank {scored.key:<5} n{node_of.get(scored.key, 0):<3} {value:>10}",
-            style=FLAGGED if scored.flagged else "",
-        )
+        marker = "▶ " if scored.key == chosen else "  "
+        line = f"{marker}rank {scored.key:<5} n{node_of.get(scored.key, 0):<3} {value:>10}"
+        text.append(line, style=FLAGGED if scored.flagged else "")
         text.append(f"  z {z}\n", style="dim")
+    if chosen is not None:
+        text.append("↑/↓ choose · enter: its process and stack (Procs view)\n", style="dim")
     return text
 
 
@@ -133,9 +140,20 @@ class GridPanel(Panel):
         super().__init__(id=id)
         self.measure = MEASURES[0]
         self.only_attention = False
+        self.chosen: int | None = None
+        """The rank ↑/↓ chose among those that stand out most (``None``: none yet, the worst is)."""
+        self._shown: list[int] = []
 
     def cycle_measure(self) -> None:
         self.measure = MEASURES[(MEASURES.index(self.measure) + 1) % len(MEASURES)]
+        self.chosen = None
+
+    def move(self, delta: int) -> None:
+        """Choose the next (``delta`` 1) or previous rank of those that stand out most."""
+        if not self._shown:
+            return
+        at = self._shown.index(self.chosen) if self.chosen in self._shown else 0
+        self.chosen = self._shown[max(0, min(len(self._shown) - 1, at + delta))]
 
     def show(self, state: DashboardState, ranks: RankFilter) -> None:
         found = state.attention(self.measure)
@@ -144,11 +162,17 @@ class GridPanel(Panel):
         for view in views:
             nodes.setdefault(view.node, []).append(view.rank)
         node_of = {view.rank: view.node for view in views}
+        self._shown = [scored.key for scored in standing_out(found) if scored.key in node_of]
+        if self.chosen not in self._shown:
+            self.chosen = self._shown[0] if self._shown else None
+        grid = grid_text(
+            found, nodes, state.host_label, self.usable_width, only_attention=self.only_attention, chosen=self.chosen
+        )
         self.paint(
             Group(
                 header_text(found, only_attention=self.only_attention),
-                grid_text(found, nodes, state.host_label, self.usable_width, only_attention=self.only_attention),
+                grid,
                 section(f"stand out most ({LABELS[self.measure]})"),
-                top_text(found, node_of),
+                top_text(found, node_of, chosen=self.chosen),
             )
         )

@@ -503,8 +503,9 @@ class ProcessesPanel(Panel):
             self.selected = views[0].rank
         order = [v.rank for v in views]
         at = order.index(self.selected) if self.selected in order else 0
-        first = max(0, min(at - MAX_RANK_ROWS // 2, len(views) - MAX_RANK_ROWS))
-        window = views[first : first + MAX_RANK_ROWS]  # the rows around the chosen rank
+        rows_shown = max(4, min(MAX_RANK_ROWS, self.usable_height - 4))  # the chosen rank on the screen
+        first = max(0, min(at - rows_shown // 2, len(views) - rows_shown))
+        window = views[first : first + rows_shown]  # the rows around the chosen rank
         rows: list[tuple[list[tuple[str, str]], str]] = []
         for view in window:
             status_style = "green" if view.status in ("running", "exited 0") else "bold red"

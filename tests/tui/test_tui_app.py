@@ -353,3 +353,10 @@ async def test_the_rank_grid_picks_out_the_slow_node(
         assert "n5 node5" in text and "n4 node4" not in text and "n0 node0" not in text, text
         await press(pilot, "m")
         assert "exposed communication" in screen_text(app)
+        await press(pilot, "m", "m", "m", "m")  # back to step time, past data, bubble and headroom
+        await press(pilot, "down", "enter")  # the second of those that stand out most: its process
+        from meshtop.tui.views import ProcessesPanel
+
+        slowest = sorted(range(5 * per_node, 6 * per_node), key=lambda rank: (-(rank % 3), rank))  # the fleet's
+        assert app.query_one(ProcessesPanel).selected == slowest[1]
+        assert f"{slowest[1]}  n5 node5" in screen_text(app)
