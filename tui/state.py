@@ -243,6 +243,8 @@ class DashboardState:
         """While the run goes on, figures are at most this old (0: always fresh, as a replay's are)."""
         self._figures: tuple[int, float, RunFigures] | None = None
         """(fold version, when computed, the figures)."""
+        self._attention: tuple[tuple[str, int, int], Attention] | None = None
+        """((measure, fold version, ranks known), the Grid view's attention)."""
         self.final = False
         """The run is over and every step decided: figures are always fresh."""
 
@@ -555,10 +557,13 @@ class DashboardState:
 
     def attention(self, measure: str) -> Attention:
         """The ranks and nodes that stand out on ``measure`` (the core's rule,
-        :mod:`meshtop.recordings.metrics.attention`)."""
+        :mod:`meshtop.recordings.metrics.attention`), scored again only when the fold has changed."""
         node_of = {view.rank: view.node for view in self.ranks.values()}
         with self.session.reading() as fold:
-            return fold.attention(measure, node_of)
+            key = (measure, fold.version, len(node_of))
+            if self._attention is None or self._attention[0] != key:
+                self._attention = (key, fold.attention(measure, node_of))
+            return self._attention[1]
 
 
 def ranks_text(ranks: Iterable[int]) -> str:

@@ -62,8 +62,17 @@ class RankRecent:
         self._values[measure][rank].append(value)
 
     def medians(self, measure: str) -> dict[int, float]:
-        """Each rank's median of ``measure`` over its last closed steps (those it has one for)."""
-        return {rank: float(np.median(values)) for rank, values in self._values[measure].items() if values}
+        """Each rank's median of ``measure`` over its last closed steps (those it has one for); the ranks with as
+        many steps kept are taken together, one array (1024 ranks: one median call, not 1024)."""
+        by_length: dict[int, list[int]] = defaultdict(list)
+        for rank, values in self._values[measure].items():
+            if values:
+                by_length[len(values)].append(rank)
+        medians: dict[int, float] = {}
+        for ranks in by_length.values():
+            rows = np.array([self._values[measure][rank] for rank in ranks], dtype=float)
+            medians.update(zip(ranks, np.median(rows, axis=1).tolist(), strict=True))
+        return medians
 
 
 @dataclass(frozen=True, slots=True)

@@ -65,7 +65,9 @@ def test_a_ranks_value_is_its_median_over_its_last_window_of_steps() -> None:
             slow = rank == 2 and step < 5  # rank 2 was slow early on, then not: out of the window
             recent.add(rank, "step", 0.5 if slow else 0.1)
     recent.add(0, "data", 0.02)
-    assert recent.medians("step") == pytest.approx({0: 0.1, 1: 0.1, 2: 0.1})
+    for value in (0.3, 0.1, 0.2):  # a rank that joined late: fewer steps kept, its own median
+        recent.add(3, "step", value)
+    assert recent.medians("step") == pytest.approx({0: 0.1, 1: 0.1, 2: 0.1, 3: 0.2})
     assert recent.medians("data") == {0: 0.02}
 
 
