@@ -102,8 +102,8 @@ ENDPOINT_ONLY = (
     "startup_timeout", "duration",
 )  # fmt: skip
 BUILTIN_ONLY = (
-    "dp", "tp", "pp", "fsdp", "schedule", "microbatches", "model_config", "dtype", "steps", "batch_size", "seq_len",
-    "max_batch", "activations", "tokens_per_step", "device", "loss",
+    "dp", "tp", "pp", "fsdp", "schedule", "microbatches", "model_config", "dtype", "precision", "checkpoint",
+    "steps", "batch_size", "seq_len", "max_batch", "activations", "tokens_per_step", "device", "loss",
 )  # fmt: skip
 """Options of the built-in model that a load sent to an endpoint refuses (they would silently not apply)."""
 

@@ -173,6 +173,7 @@ def test_bad_endpoints_are_one_line_and_exit_2_before_any_load(server: Server, n
         "not a url": (["ftp://x"], "is not an http:// or https:// URL"),
         "bad slo": ([server.url, "--slo", "ttft=fast"], "give ttft=MS and/or tpot=MS"),
         "built-in option": ([server.url, "--tp", "2"], "--tp sets up the built-in model"),
+        "a training recipe": ([server.url, "--precision", "mixed"], "--precision sets up the built-in model"),
         "lone burstiness": ([server.url, "--burstiness", "0.5"], "give --request-rate too"),
     }
     for name, (options, words) in cases.items():
