@@ -121,14 +121,14 @@ def _rows(recording: Recording, kind: str, part: TracePart, window: tuple[int, i
     return table
 
 
+ROW_KINDS = ("step", "stage_action", "collective", "memory", "request", "process", "gpu")
+"""The kinds whose rows become trace events, in the trace's order."""
+
+
 def trace_events(recording: Recording, part: TracePart = TracePart()) -> list[dict[str, Any]]:
     """Chrome trace events of ``part``: steps, stage actions and collectives as slices, memory and load as
     counters."""
     window = _window(recording, part)
-
-    def rows(kind: str) -> list[dict[str, Any]]:
-        return _rows(recording, kind, part, window).to_pylist()
-
     events: list[dict[str, Any]] = []
     ranks = sorted(
         set(recording.arrow("rank_started").column("rank").to_pylist())
@@ -146,82 +146,77 @@ def trace_events(recording: Recording, part: TracePart = TracePart()) -> list[di
         )
         for track, tid in TRACKS.items():
             events.append({"ph": "M", "name": "thread_name", "pid": rank, "tid": tid, "args": {"name": track}})
-    for row in rows("step"):
-        events.append(
-            {
-                "ph": "X",
-                "name": f"step {row['step']}",
-                "cat": "step",
-                "pid": row["rank"],
-                "tid": TRACKS["steps"],
-                "ts": _us(row["start_ns"]),
-                "dur": row["duration_s"] * 1e6,
-                "args": {"loss": row["loss"], "tokens": row["tokens"]},
-            }
-        )
-    for row in rows("stage_action"):
-        events.append(
-            {
-                "ph": "X",
-                "name": f"{row['action']} mb{row['microbatch']}",
-                "cat": "stage",
-                "pid": row["rank"],
-                "tid": TRACKS["stages"],
-                "ts": _us(row["start_ns"]),
-                "dur": _us(row["end_ns"] - row["start_ns"]),
-                "args": {"stage": row["stage"], "step": row["step"]},
-            }
-        )
-    for row in rows("collective"):
-        events.append(
-            {
-                "ph": "X",
-                "name": f"{row['op']} ({row['group']})",
-                "cat": "collective",
-                "pid": row["rank"],
-                "tid": TRACKS["collectives"],
-                "ts": _us(row["start_ns"]),
-                "dur": _us(row["end_ns"] - row["start_ns"]),
-                "args": {
-                    "bytes": row["bytes"],
-                    "group_size": row["group_size"],
-                    "dtype": row["dtype"],
-                    "peer": row["peer"],
-                    "step": row["step"],
-                    "waited_ns": row["waited_ns"],
-                    "overlapped": row["overlapped"],
-                },
-            }
-        )
-    for row in rows("memory"):
-        values = {name.removesuffix("_bytes"): float(row[name]) for name in MEMORY_COUNTERS if row[name] is not None}
-        events.append(
-            {"ph": "C", "name": "memory (bytes)", "pid": row["rank"], "ts": _us(row["wall_ns"]), "args": values}
-        )
-    events += request_events(recording, rows("request"))
-    for row in rows("process"):
-        events.append(
-            {
-                "ph": "C",
-                "name": "cpu %",
-                "pid": row["rank"],
-                "ts": _us(row["wall_ns"]),
-                "args": {"cpu": float(row["cpu_pct"] or 0.0)},
-            }
-        )
-    for row in rows("gpu"):
-        node = f"node {row['node']} " if len(nodes) > 1 else ""
-        events.append(
-            {
-                "ph": "C",
-                "name": f"{node}gpu {row['gpu']} utilization %",
-                "pid": GPU_PID + GPUS_PER_NODE * row["node"] + row["gpu"],
-                "ts": _us(row["wall_ns"]),
-                "args": {"gpu": float(row["utilization_pct"] or 0.0)},
-            }
-        )
+    for kind in ROW_KINDS:
+        rows = _rows(recording, kind, part, window).to_pylist()
+        events += row_events(kind, rows, many_nodes=len(nodes) > 1)
     events += server_events(recording)
     return events
+
+
+def row_events(kind: str, rows: list[dict[str, Any]], *, many_nodes: bool) -> list[dict[str, Any]]:
+    """The trace events of ``rows`` of ``kind`` (one of :data:`ROW_KINDS`; ``many_nodes``: a GPU's track names
+    its node)."""
+    if kind == "request":
+        return request_events(rows)
+    return [_row_event(kind, row, many_nodes) for row in rows]
+
+
+def _row_event(kind: str, row: dict[str, Any], many_nodes: bool) -> dict[str, Any]:
+    if kind == "step":
+        return {
+            "ph": "X",
+            "name": f"step {row['step']}",
+            "cat": "step",
+            "pid": row["rank"],
+            "tid": TRACKS["steps"],
+            "ts": _us(row["start_ns"]),
+            "dur": row["duration_s"] * 1e6,
+            "args": {"loss": row["loss"], "tokens": row["tokens"]},
+        }
+    if kind == "stage_action":
+        return {
+            "ph": "X",
+            "name": f"{row['action']} mb{row['microbatch']}",
+            "cat": "stage",
+            "pid": row["rank"],
+            "tid": TRACKS["stages"],
+            "ts": _us(row["start_ns"]),
+            "dur": _us(row["end_ns"] - row["start_ns"]),
+            "args": {"stage": row["stage"], "step": row["step"]},
+        }
+    if kind == "collective":
+        return {
+            "ph": "X",
+            "name": f"{row['op']} ({row['group']})",
+            "cat": "collective",
+            "pid": row["rank"],
+            "tid": TRACKS["collectives"],
+            "ts": _us(row["start_ns"]),
+            "dur": _us(row["end_ns"] - row["start_ns"]),
+            "args": {
+                "bytes": row["bytes"],
+                "group_size": row["group_size"],
+                "dtype": row["dtype"],
+                "peer": row["peer"],
+                "step": row["step"],
+                "waited_ns": row["waited_ns"],
+                "overlapped": row["overlapped"],
+            },
+        }
+    if kind == "memory":
+        values = {name.removesuffix("_bytes"): float(row[name]) for name in MEMORY_COUNTERS if row[name] is not None}
+        return {"ph": "C", "name": "memory (bytes)", "pid": row["rank"], "ts": _us(row["wall_ns"]), "args": values}
+    if kind == "process":
+        cpu = {"cpu": float(row["cpu_pct"] or 0.0)}
+        return {"ph": "C", "name": "cpu %", "pid": row["rank"], "ts": _us(row["wall_ns"]), "args": cpu}
+    node = f"node {row['node']} " if many_nodes else ""
+    return {
+        "ph": "C",
+        "name": f"{node}gpu {row['gpu']} utilization %",
+        "pid": GPU_PID + GPUS_PER_NODE * row["node"] + row["gpu"],
+        "ts": _us(row["wall_ns"]),
+        "args": {"gpu": float(row["utilization_pct"] or 0.0)},
+    }
 
 
 def server_events(recording: Recording) -> list[dict[str, Any]]:
@@ -242,10 +237,9 @@ def server_events(recording: Recording) -> list[dict[str, Any]]:
     return events
 
 
-def request_events(recording: Recording, rows: list[dict[str, Any]] | None = None) -> list[dict[str, Any]]:
-    """Inference: each request (of ``rows``, by default every one) as an async slice (they overlap) from arrival
-    to its last token, one track per replica, with an instant at its first token."""
-    rows = recording.arrow("request").to_pylist() if rows is None else rows
+def request_events(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Inference: each request of ``rows`` as an async slice (they overlap) from arrival to its last token, one
+    track per replica, with an instant at its first token."""
     events: list[dict[str, Any]] = []
     for replica in sorted({row["replica"] for row in rows}):
         events.append(
@@ -279,38 +273,21 @@ def request_events(recording: Recording, rows: list[dict[str, Any]] | None = Non
 
 
 def estimated_bytes(recording: Recording, part: TracePart = TracePart()) -> int:
-    """About how large ``part``'s trace is: each kind's rows times the mean JSON size of its first
-    :data:`SIZE_SAMPLE` events (a request makes three events; the metadata rows are left out)."""
+    """About how large ``part``'s trace is: each kind's rows times the mean JSON size of the events of its first
+    :data:`SIZE_SAMPLE` rows (a request makes three; the metadata events are left out)."""
     window = _window(recording, part)
+    many_nodes = len(recording.manifest.nodes) > 1
     total = 0
-    for kind in ("step", "stage_action", "collective", "memory", "process", "gpu", "request"):
+    for kind in ROW_KINDS:
         table = _rows(recording, kind, part, window)
         if not table.num_rows:
             continue
-        sample = trace_events_of(kind, recording, table.slice(0, SIZE_SAMPLE))
-        each = sum(len(json.dumps(event)) + 2 for event in sample) / min(table.num_rows, SIZE_SAMPLE)
+        sample = row_events(kind, table.slice(0, SIZE_SAMPLE).to_pylist(), many_nodes=many_nodes)
+        each = sum(len(json.dumps(event)) + 2 for event in sample if event["ph"] != "M") / min(
+            table.num_rows, SIZE_SAMPLE
+        )
         total += int(each * table.num_rows)
     return total
-
-
-def trace_events_of(kind: str, recording: Recording, table: pa.Table) -> list[dict[str, Any]]:
-    """The trace events of ``table``'s rows of ``kind`` alone (a size estimate's sample)."""
-    if kind == "request":
-        return request_events(recording, table.to_pylist())
-    events = trace_events(_OneTable(recording, kind, table))  # type: ignore[arg-type]
-    return [event for event in events if event["ph"] != "M"]
-
-
-class _OneTable:
-    """A recording that holds ``table`` as its rows of ``kind`` and no other rows (its manifest the real one's)."""
-
-    def __init__(self, recording: Recording, kind: str, table: pa.Table) -> None:
-        self._recording, self._kind, self._table = recording, kind, table
-        self.manifest, self.path = recording.manifest, recording.path
-
-    def arrow(self, kind: str) -> pa.Table:
-        source = self._recording.arrow(kind)
-        return self._table if kind == self._kind else source.slice(0, 0)
 
 
 def export_perfetto(recording: Recording, path: Path, part: TracePart = TracePart()) -> int:

@@ -275,6 +275,13 @@ class ResolvedRun:
         }
 
 
+def recipe_words(dtype: str | None, precision: str | None, checkpoint: str | None) -> str:
+    """A run's recipe as the console and ``summary`` say it: ``fp32``, ``mixed (bf16 compute)``, with
+    ``· checkpoint full`` where it checkpoints (``None``: a recording from before recipes)."""
+    words = f"mixed ({dtype} compute)" if precision == "mixed" else str(dtype)
+    return words + (f" · checkpoint {checkpoint}" if checkpoint not in (None, "none") else "")
+
+
 def check_positive(name: str, value: int | None) -> None:
     """A count the user gave (``name`` is its option) is at least 1."""
     if value is not None and value < 1:

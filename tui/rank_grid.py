@@ -100,13 +100,13 @@ def standing_out(attention: Attention, k: int = TOP_K) -> list[Scored]:
     return [scored for scored in attention.top(k) if scored.z > 0]
 
 
-def top_text(attention: Attention, node_of: dict[int, int], *, chosen: int | None = None) -> Text:
-    """The ranks that stand out most (:func:`standing_out`), a line each: rank, node, value, z; ``chosen``
-    marked ▶."""
+def top_text(measure: str, shown: list[Scored], node_of: dict[int, int], *, chosen: int | None = None) -> Text:
+    """The ranks that stand out most (``shown``, :func:`standing_out`'s), a line each: rank, node, value, z;
+    ``chosen`` marked ▶."""
     text = Text()
-    for scored in standing_out(attention):
+    for scored in shown:
         z = "inf" if scored.z == float("inf") else f"{scored.z:.1f}"
-        value = value_text(attention.measure, scored.value)
+        value = value_text(measure, scored.value)
         marker = "▶ " if scored.key == chosen else "  "
         line = f"{marker}rank {scored.key:<5} n{node_of.get(scored.key, 0):<3} {value:>10}"
         text.append(line, style=FLAGGED if scored.flagged else "")
@@ -162,7 +162,8 @@ class GridPanel(Panel):
         for view in views:
             nodes.setdefault(view.node, []).append(view.rank)
         node_of = {view.rank: view.node for view in views}
-        self._shown = [scored.key for scored in standing_out(found) if scored.key in node_of]
+        shown = standing_out(found)
+        self._shown = [scored.key for scored in shown if scored.key in node_of]
         if self.chosen not in self._shown:
             self.chosen = self._shown[0] if self._shown else None
         grid = grid_text(
@@ -173,6 +174,6 @@ class GridPanel(Panel):
                 header_text(found, only_attention=self.only_attention),
                 grid,
                 section(f"stand out most ({LABELS[self.measure]})"),
-                top_text(found, node_of, chosen=self.chosen),
+                top_text(self.measure, shown, node_of, chosen=self.chosen),
             )
         )

@@ -6,6 +6,7 @@ import shlex
 from typing import Any
 
 from meshtop.recordings.metrics.requests import LATENCIES, Slo
+from meshtop.runner.plan import recipe_words
 from meshtop.tui.state import ranks_text
 
 
@@ -166,12 +167,8 @@ def run_words(run: dict[str, Any]) -> str:
         plan += f" ({run['schedule']}, {run['microbatches']} mb)"
     if run["mode"] == "infer":
         plan += " · inference"
-    recipe = f"{run['device']} {run['dtype']}"
-    if run.get("precision") == "mixed":
-        recipe = f"{run['device']} mixed ({run['dtype']} compute)"
-    if run.get("checkpoint") not in (None, "none"):
-        recipe += f" · checkpoint {run['checkpoint']}"
-    return f"{plan} · model {run['model']} · {recipe}"
+    recipe = recipe_words(run["dtype"], run.get("precision"), run.get("checkpoint"))
+    return f"{plan} · model {run['model']} · {run['device']} {recipe}"
 
 
 def straggler_lines(stragglers: list[dict[str, Any]]) -> list[str]:

@@ -30,7 +30,7 @@ from meshtop.runner.job.launch import NodeProbes
 from meshtop.runner.job.results import JobResult
 from meshtop.runner.job.session import Work, describe, run_session
 from meshtop.runner.multinode.nodes import Nodes
-from meshtop.runner.plan import ResolvedRun
+from meshtop.runner.plan import ResolvedRun, recipe_words
 from meshtop.runner.script.command import ScriptRun
 from meshtop.runner.serving.endpoint import EndpointRun
 
@@ -68,10 +68,8 @@ def headline(run: Work) -> str:
         return f"meshtop: {script_plan(run.name, run.world_size).label} · {run.device} · {shlex.join(run.command)}"
     params = run.shape.parameter_count()
     size = f"{params / 1e9:.1f}B" if params >= 1e9 else f"{params / 1e6:.1f}M"
-    recipe = f"{run.device} {run.dtype}" if not run.mixed else f"{run.device} mixed ({run.dtype} compute)"
-    if run.checkpoint != "none":
-        recipe += f" · checkpoint {run.checkpoint}"
-    start = f"meshtop: {run.plan_label()} · model {run.shape.name} ({size} params) · {recipe} · "
+    recipe = recipe_words(run.dtype, run.precision, run.checkpoint)
+    start = f"meshtop: {run.plan_label()} · model {run.shape.name} ({size} params) · {run.device} {recipe} · "
     if run.load is None:
         length = (
             f"{run.steps} steps"
