@@ -75,15 +75,20 @@ def root_cause(failures: dict[str, dict[str, object]]) -> int | None:
     torchrun's timestamps are whole seconds (compared as such: another node's carry a fraction, its clock
     offset), and each launcher notices a death in its own time, so within one job's failure the effects are
     told from the cause first: a rank killed from outside or by its own fault (:data:`OWN_DEATHS`) comes
-    first, and a rank whose error says a peer went away (:data:`PEER_GONE`) comes after every other."""
+    first, and a rank whose error says a peer went away (:data:`PEER_GONE`) comes after every other.
+
+    A rank the launcher stopped had left no error file, unless it was already failing by itself: one whose own
+    error (an out-of-memory, say) was written while it shut down, and whose peer's "connection closed" ended
+    first, is the cause all the same."""
 
     def order(rank: str) -> tuple[bool, bool, bool, float, int]:
         failure = failures[rank]
-        stopped = failure.get("signal") == "SIGTERM"
+        error = str(failure.get("error") or "")
         died = failure.get("signal") in OWN_DEATHS
-        peer_gone = PEER_GONE.search(str(failure.get("error") or "")) is not None
+        peer_gone = PEER_GONE.search(error) is not None
+        only_stopped = failure.get("signal") == "SIGTERM" and (not error or peer_gone)
         seconds = math.floor(float(failure.get("timestamp") or 0))  # type: ignore[arg-type]
-        return stopped, not died, peer_gone, seconds, int(rank)
+        return only_stopped, not died, peer_gone, seconds, int(rank)
 
     return int(min(failures, key=order)) if failures else None
 

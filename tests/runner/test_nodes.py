@@ -389,6 +389,23 @@ def test_the_root_cause_is_told_from_its_effects_within_a_second() -> None:
     assert root_cause(failures) == 2  # stopped by the launcher: never the cause
 
 
+def test_a_rank_stopped_as_it_failed_by_itself_is_the_cause_not_the_peer_that_exited_first() -> None:
+    """Seen in the soak: rank 0's out-of-memory error was written, rank 1's "connection closed" exited first,
+    and the launcher then stopped rank 0 with SIGTERM."""
+    oom = "OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB"
+    peer = "RuntimeError: [gloo/transport/tcp/pair.cc:553] Connection closed by peer [127.0.0.1]:32411"
+    failures = {
+        "0": {"exit_code": -15, "signal": "SIGTERM", "error": oom, "timestamp": 101.0},
+        "1": {"exit_code": 1, "signal": None, "error": peer, "timestamp": 100.0},
+    }
+    assert root_cause(failures) == 0
+    failures["0"]["error"] = peer  # stopped while its own error was a peer's: an effect, after rank 1
+    assert root_cause(failures) == 1
+    failures["0"]["error"] = None
+    failures["1"]["error"] = None
+    assert root_cause(failures) == 1
+
+
 def test_a_gloo_error_that_blames_a_remote_worker_is_an_effect_even_a_second_earlier() -> None:
     gloo = (
         "RuntimeError: [gloo/transport/tcp/pair.cc:598] Read error [127.0.0.1]:48151. This is typically "
