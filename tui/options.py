@@ -9,6 +9,7 @@ take, the probes' sampling rates, the hang timeout, the ``/metrics`` port.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Callable
 from typing import TYPE_CHECKING, NoReturn
@@ -398,8 +399,17 @@ def node_probes_from_args(args: argparse.Namespace) -> NodeProbes:
     return NodeProbes(gpu_hz=args.gpu_sample_hz, process_hz=args.process_sample_hz)
 
 
+GPU_DEVICE_FILES = ("/dev/nvidiactl", "/dev/dxg", "/dev/kfd")
+"""A driver's device files (NVIDIA's, WSL's GPU bridge, ROCm's): without one of them no process sees a GPU."""
+
+
 def gpus_visible() -> int:
-    """CUDA GPUs this process sees (imports torch: asked only where a GPU may be used)."""
+    """CUDA GPUs this process sees: 0 without a GPU driver's device file, else torch's count.
+
+    torch is imported only where a driver is there: its import costs about 2 s of CPU before the job can
+    launch, on every run of a machine without a GPU."""
+    if not any(os.path.exists(path) for path in GPU_DEVICE_FILES):
+        return 0
     import torch
 
     return torch.cuda.device_count() if torch.cuda.is_available() else 0

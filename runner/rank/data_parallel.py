@@ -16,14 +16,21 @@ it is used: a torch without it fails that plan alone, in one line.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.nn.parallel import DistributedDataParallel
 
 from meshtop.runner.errors import PlanError
 from meshtop.runner.rank.model import Transformer
+
+if TYPE_CHECKING:
+    from torch.distributed.fsdp import MixedPrecisionPolicy
+
+# FSDP2 and replicate import DTensor, and with it torch's compiler stack: some 1.3 s of CPU at each rank's
+# start. They are imported where they are applied, so that a DDP job's ranks start without them.
 
 
 def apply_fsdp(model: Transformer, *, dp_mesh: DeviceMesh, policy: MixedPrecisionPolicy | None = None) -> None:
@@ -32,6 +39,8 @@ def apply_fsdp(model: Transformer, *, dp_mesh: DeviceMesh, policy: MixedPrecisio
     One ``fully_shard`` per block gives one all-gather per block in forward
     and in backward and one reduce-scatter per block, overlapped with compute.
     """
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
     policy = policy or MixedPrecisionPolicy()
     for block in model.layers.values():
         fully_shard(block, mesh=dp_mesh, mp_policy=policy)

@@ -25,6 +25,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.overrides import TorchFunctionMode
 from torch.utils.checkpoint import checkpoint
 
 from meshtop.runner.presets import ModelShape
@@ -153,6 +154,24 @@ class Transformer(nn.Module):
         if self.norm is not None:
             h = self.norm(h)
         return self.output(h) if self.output is not None else h
+
+
+class _SkipInit(TorchFunctionMode):
+    """Leaves out torch.nn.init's calls: a layer's default initialisation of a meta tensor is work thrown away,
+    and meta ``normal_`` goes through torch's Python references, whose first call imports torch._dynamo (some 2 s
+    of CPU at each rank's start)."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+        if getattr(func, "__module__", None) == "torch.nn.init":
+            return args[0] if args else kwargs["tensor"]
+        return func(*args, **(kwargs or {}))
+
+
+def meta_transformer(shape: ModelShape, dtype: torch.dtype) -> Transformer:
+    """The whole model of ``shape`` on the meta device, in ``dtype``, its values left to
+    :func:`meshtop.runner.rank.weights.init_weights` once it is parallelised and materialised."""
+    with torch.device("meta"), _SkipInit():
+        return Transformer(shape).to(dtype)
 
 
 def checkpoint_blocks(model: Transformer, recompute: str) -> None:

@@ -17,21 +17,20 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.pipelining import (
-    PipelineStage,
-    Schedule1F1B,
-    ScheduleGPipe,
-    ScheduleInterleaved1F1B,
-)
-from torch.distributed.pipelining.schedules import _PipelineSchedule
-from torch.distributed.tensor import DTensor
 
 from meshtop.runner.plan import ResolvedRun
 from meshtop.runner.rank.model import Transformer
+
+if TYPE_CHECKING:
+    from torch.distributed.pipelining.schedules import _PipelineSchedule
+
+# torch.distributed.pipelining (and DTensor, which it imports) are imported where a pipeline is built: they
+# bring in torch._dynamo, some 2 s of CPU at each rank's start, which a plan without pp never uses.
 
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
@@ -61,6 +60,8 @@ def build_schedule(
     loss_fn: LossFn,
 ) -> _PipelineSchedule:
     """The schedule that runs this rank's stages (``modules`` in ``stage_indices`` order)."""
+    from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B
+
     group = pp_mesh.get_group()
     stages = [
         PipelineStage(module, index, run.num_stages, device, group=group)
@@ -110,6 +111,8 @@ def sum_tied_gradients(ends: list[torch.nn.Parameter], *, group: dist.ProcessGro
     A DTensor gradient is summed by its local shard: both ends' parameters have the same placements, and
     their gradients are laid out as their parameters (FSDP2 / replicate reduce them so, and without dp
     :func:`meshtop.runner.rank.tensor_parallel.keep_gradients_sharded` does)."""
+    from torch.distributed.tensor import DTensor
+
     for param in ends:
         grad = param.grad
         assert grad is not None, "a tied end has a gradient after backward"

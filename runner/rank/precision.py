@@ -20,12 +20,14 @@ would be a recipe anyone trains large models with.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
-from torch.distributed.fsdp import MixedPrecisionPolicy
 
 from meshtop.runner.plan import ResolvedRun
+
+if TYPE_CHECKING:
+    from torch.distributed.fsdp import MixedPrecisionPolicy
 
 TORCH_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
@@ -33,6 +35,8 @@ TORCH_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 def fsdp_policy(run: ResolvedRun) -> MixedPrecisionPolicy:
     """FSDP2's policy: bf16 gathers and compute, fp32 gradient reduction, under mixed precision; else its
     default (compute in the shards' dtype)."""
+    from torch.distributed.fsdp import MixedPrecisionPolicy  # DTensor's import, only where FSDP2 runs
+
     if run.mixed:
         return MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
     return MixedPrecisionPolicy()

@@ -44,10 +44,9 @@ from meshtop.runner.load import (
 from meshtop.runner.plan import ResolvedRun
 from meshtop.runner.rank.kv_cache import KVCache
 from meshtop.runner.rank.mesh import MeshCoordinates
-from meshtop.runner.rank.model import Transformer
+from meshtop.runner.rank.model import Transformer, meta_transformer
 from meshtop.runner.rank.pipeline import cut_stage
 from meshtop.runner.rank.precision import TORCH_DTYPES
-from meshtop.runner.rank.tensor_parallel import apply_tensor_parallel
 from meshtop.runner.rank.train import synchronize
 from meshtop.runner.rank.weights import init_weights
 
@@ -130,11 +129,12 @@ class ServingJob:
 def build_serving(run: ResolvedRun, *, mesh: DeviceMesh, coords: MeshCoordinates, device: torch.device) -> ServingJob:
     """This rank's stage of the model, tensor-parallel if asked, initialised as a single process would be."""
     assert run.load is not None, "an inference run has a load"
-    with torch.device("meta"):
-        model = Transformer(run.shape).to(TORCH_DTYPES[run.dtype])
+    model = meta_transformer(run.shape, TORCH_DTYPES[run.dtype])
     if run.pp > 1:
         model = cut_stage(model, run=run, stage_index=coords.pp)
     if run.tp > 1:
+        from meshtop.runner.rank.tensor_parallel import apply_tensor_parallel  # DTensor's import, only for tp
+
         apply_tensor_parallel(model, tp_mesh=mesh["tp"])
     model.to_empty(device=device)
     model.tie_weights()  # to_empty gives a plain tied parameter a new one in each module; a last stage's own

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.pipelining.schedules import _PipelineSchedule
 
 from meshtop.probes.memory import local_numel
 from meshtop.probes.phases import DATA, Phases
@@ -17,11 +17,13 @@ from meshtop.runner.plan import ResolvedRun
 from meshtop.runner.rank.data import replica_batch, synthetic_tokens
 from meshtop.runner.rank.data_parallel import apply_ddp, apply_fsdp, apply_replicate
 from meshtop.runner.rank.mesh import MeshCoordinates
-from meshtop.runner.rank.model import Transformer, checkpoint_blocks, next_token_loss
+from meshtop.runner.rank.model import checkpoint_blocks, meta_transformer, next_token_loss
 from meshtop.runner.rank.pipeline import build_schedule, cut_stage, embedding_group, sum_tied_gradients, tied_ends
 from meshtop.runner.rank.precision import TORCH_DTYPES, fsdp_policy, master_weights_adamw
-from meshtop.runner.rank.tensor_parallel import apply_tensor_parallel, keep_gradients_sharded
 from meshtop.runner.rank.weights import init_weights
+
+if TYPE_CHECKING:
+    from torch.distributed.pipelining.schedules import _PipelineSchedule
 
 
 @dataclass(kw_only=True, slots=True)
@@ -57,12 +59,13 @@ class TrainingJob:
 def build_training(run: ResolvedRun, *, mesh: DeviceMesh, coords: MeshCoordinates, device: torch.device) -> TrainingJob:
     """Build the model on the meta device, parallelise it, then materialise and initialise it; its recipe
     (``run.precision``, ``run.checkpoint``) applied."""
-    with torch.device("meta"):
-        whole = Transformer(run.shape).to(TORCH_DTYPES[run.parameter_dtype])
+    whole = meta_transformer(run.shape, TORCH_DTYPES[run.parameter_dtype])
     checkpoint_blocks(whole, run.checkpoint)
     stage_indices = run.stages_of(coords.pp)  # [0] without a pipeline
     chunks = [cut_stage(whole, run=run, stage_index=s) for s in stage_indices] if run.pp > 1 else [whole]
     classic_ddp = run.dp > 1 and not run.fsdp and run.tp == 1 and run.pp == 1
+    if run.tp > 1:  # DTensor's import (meshtop.runner.rank.data_parallel says why here)
+        from meshtop.runner.rank.tensor_parallel import apply_tensor_parallel, keep_gradients_sharded
     for chunk in chunks:
         if run.tp > 1:
             apply_tensor_parallel(chunk, tp_mesh=mesh["tp"])

@@ -13,11 +13,11 @@ as ``output.weight``, drawn under the embedding's name so both copies start equa
 from __future__ import annotations
 
 import math
+import sys
 import zlib
 
 import torch
 from torch import nn
-from torch.distributed.tensor import DTensor, distribute_tensor
 
 from meshtop.runner.presets import ModelShape
 
@@ -41,13 +41,17 @@ def initial_value(
 
 @torch.no_grad()
 def init_weights(module: nn.Module, *, model: ModelShape, seed: int, device: torch.device) -> None:
-    """Fill every parameter of ``module`` (plain or DTensor) with its share of the full value."""
+    """Fill every parameter of ``module`` (plain or DTensor) with its share of the full value.
+
+    No parameter is a DTensor unless ``torch.distributed.tensor`` was imported (by tensor parallelism, FSDP2
+    or replicate): a DDP job's ranks start without its import."""
+    dtensors = sys.modules.get("torch.distributed.tensor")
     for name, param in module.named_parameters():
         if model.tie_embeddings and name == TIED_OUTPUT:
             name = EMBEDDING
         full = initial_value(name, param.shape, model=model, seed=seed, device=device)
-        if isinstance(param, DTensor):
-            shard = distribute_tensor(full, param.device_mesh, param.placements, src_data_rank=None)
+        if dtensors is not None and isinstance(param, dtensors.DTensor):
+            shard = dtensors.distribute_tensor(full, param.device_mesh, param.placements, src_data_rank=None)
             param.to_local().copy_(shard.to_local())
         else:
             param.copy_(full)
