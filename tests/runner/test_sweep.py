@@ -1,6 +1,6 @@
 """``meshtop sweep`` on CPU ranks: real jobs, one recording per plan, and the planner checked against each.
 
-The accuracy test is the issue's: for every plan of 4 ranks of ``tiny`` and ``small`` (FSDP included), the
+The accuracy test is the issue's: for every plan of 4 ranks of ``tiny`` (FSDP included; small's tp4), the
 predicted weights, gradients and optimizer bytes of every rank equal the measured ones exactly, the
 predicted bytes and number of operations of every (rank, group, op) in a step (DDP's buckets, FSDP's units)
 equal the measured ones exactly, the predicted activations are within 0.5 % of the measured saved-for-backward
@@ -46,16 +46,16 @@ def sweep(
 
 @pytest.mark.parametrize("model", ["tiny", "small"])
 def test_every_prediction_of_every_four_rank_plan_matches_its_recording(model: str, tmp_path: Path) -> None:
-    """small: every four-rank plan, FSDP's too (the README's sweep, in 3 steps: the predictions checked do not
-    depend on the step count, and 6 steps cost the suite 2 minutes); tiny: a plan its heads refuse among two
-    it runs (each plan of the sweep costs some 20 s on the 2-core CI machine)."""
+    """tiny: every four-rank plan, FSDP's too (in 3 steps: the predictions checked do not depend on the step
+    count), tp4 refused by its 2 key/value heads; small: that one plan, tp4. small's whole sweep (the README's)
+    passes as well, but costs the 2-core CI machine 200 s, where tiny's costs 10 s a plan."""
     out = tmp_path / "sweep"
-    plans = ("--plans", "dp4,tp4,fsdp2xpp2") if model == "tiny" else ()
+    plans = ("--plans", "tp4") if model == "small" else ()
     done = sweep(out, "--ranks", "4", "--model", model, "--steps", "3", "--fsdp", *plans)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     predicted = check_predictions(out)
     every = {"dp4", "fsdp4", "dp2xpp2", "fsdp2xpp2", "pp4", "dp2xtp2", "fsdp2xtp2", "tp2xpp2", "tp4"}
-    assert set(predicted) == (every if model == "small" else {"dp4", "fsdp2xpp2"})
+    assert set(predicted) == ({"tp4"} if model == "small" else every - {"tp4"})
     # the printed table: every plan ranked, each traffic prediction marked exact
     table = (out / "ranking.txt").read_text()
     assert table.count("0%=") == len(predicted)
@@ -64,7 +64,7 @@ def test_every_prediction_of_every_four_rank_plan_matches_its_recording(model: s
 
 @pytest.mark.parametrize(
     ("precision", "checkpoint", "plans"),
-    [("mixed", "full", ()), ("bf16", "selective", ("dp4", "fsdp2xpp2", "tp2xpp2", "dp2xtp2"))],
+    [("mixed", "full", ()), ("bf16", "selective", ("dp4", "fsdp2xpp2", "tp2xpp2"))],
     ids=["mixed-full", "bf16-selective"],
 )
 def test_every_prediction_of_every_four_rank_plan_holds_for_each_training_recipe(
@@ -72,8 +72,8 @@ def test_every_prediction_of_every_four_rank_plan_holds_for_each_training_recipe
 ) -> None:
     """Mixed precision (fp32 shards under FSDP2's policy, an fp32 master copy in the optimizer elsewhere) and
     bf16, each with a kind of checkpointing: every plan of 4 ranks (bf16 with selective checkpointing: a plan of
-    each kind, data, sharded and pipelined, tp and pp, tp and dp, for the suite's time; every plan of it passed
-    when measured), states exact, traffic exact (a recomputed block's tensor-parallel all-reduce included),
+    each kind, data, sharded and pipelined, tp and pp, for the suite's time, 30 s a plan; every plan of it
+    passed when measured), states exact, traffic exact (a recomputed block's tensor-parallel all-reduce included),
     activations within the tolerance. tiny: bf16 matmuls are slow on CPU (small's sweep with mixed precision
     and full checkpointing took 9 minutes)."""
     out = tmp_path / "sweep"
