@@ -176,8 +176,10 @@ def test_gpu_sampler_announces_state_and_topology_then_samples_at_its_rate() -> 
 
 
 def test_process_sampler_reads_cpu_rss_and_threads_of_each_rank() -> None:
-    child = subprocess.Popen([sys.executable, "-c", "import time\nx = bytearray(50_000_000)\nwhile True: pass"])
+    busy = "x = bytearray(50_000_000)\nprint('allocated', flush=True)\nwhile True: pass"
+    child = subprocess.Popen([sys.executable, "-c", busy], stdout=subprocess.PIPE, text=True)
     try:
+        assert child.stdout is not None and child.stdout.readline() == "allocated\n"  # started, on a loaded machine
         batches: list[list] = []
         sampler = ProcessSampler(rate_hz=10, emit=batches.append)
         sampler.watch(3, child.pid)
