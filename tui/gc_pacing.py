@@ -1,4 +1,4 @@
-"""Full garbage collections between frames instead of inside them.
+"""Garbage collections between frames instead of inside them, and short ones.
 
 Python starts a full (generation 2) collection whenever enough objects have
 survived the younger ones, wherever the allocation that tips it happens to
@@ -6,10 +6,17 @@ be: in the dashboard that is the middle of a frame, and a full collection of
 the objects a running dashboard holds (Textual's render caches, the state's
 windows, the events in flight) takes 20-40 ms on the 2-core test machine,
 on top of a 15-25 ms frame. The pacer keeps the young collections automatic
-(they take well under a millisecond), stops the automatic full ones, and
-runs one itself right after a frame has been drawn, every ``every_frames``
-frames: the pause then falls in the idle time before the next frame, and
-memory is still reclaimed every few seconds.
+(they take well under a millisecond) and stops the automatic full ones.
+
+It runs its own right after a frame has been drawn, every ``every_frames``
+frames, so that the pause falls in the idle time before the next frame, and
+keeps that pause short: what survives a paced collection is frozen
+(``gc.freeze``), so the next one looks only at what came since, a few
+seconds of objects, not the dashboard's whole long-lived state again. Frozen
+objects are still freed when nothing refers to them; only a cycle among them
+waits: every ``reclaim_every`` paced collections, the frozen objects are
+unfrozen and one whole collection (the long pause, rarely) takes their
+cycles too.
 """
 
 from __future__ import annotations
@@ -23,9 +30,13 @@ NO_AUTOMATIC_FULL = 1_000_000
 class GcPacer:
     """Freezes what exists at start, then schedules full collections; :meth:`stop` restores Python's setting."""
 
-    def __init__(self, *, every_frames: int) -> None:
+    def __init__(self, *, every_frames: int, reclaim_every: int = 12) -> None:
         self.every_frames = every_frames
+        self.reclaim_every = reclaim_every
+        """Every this many paced collections, one over the frozen objects too."""
         self.full_collections = 0
+        self.whole_collections = 0
+        """Of :attr:`full_collections`, those that unfroze everything first."""
         self._frames = 0
         self._saved: tuple[int, int, int] | None = None
 
@@ -44,8 +55,14 @@ class GcPacer:
         return self._saved is not None and self._frames % self.every_frames == 0
 
     def collect(self) -> None:
-        gc.collect()
+        """A paced collection: of what came since the last one (each ``reclaim_every``-th: of everything
+        since the app started), its survivors frozen after it."""
         self.full_collections += 1
+        if self.full_collections % self.reclaim_every == 0:
+            self.whole_collections += 1
+            gc.unfreeze()  # everything, what was loaded before the app started included
+        gc.collect()
+        gc.freeze()
 
     def stop(self) -> None:
         if self._saved is not None:

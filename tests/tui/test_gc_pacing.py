@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import weakref
 
 import pytest
 
@@ -26,6 +27,36 @@ def test_the_pacer_stops_automatic_full_collections_and_restores_the_setting() -
         pacer.stop()
         gc.unfreeze()
     assert gc.get_threshold() == before
+
+
+class Cycle:
+    """An object that refers to itself: only a collection frees it."""
+
+    def __init__(self) -> None:
+        self.me = self
+
+
+def test_a_paced_collection_freezes_its_survivors_and_each_reclaim_frees_the_cycles_among_them() -> None:
+    pacer = GcPacer(every_frames=1, reclaim_every=3)
+    pacer.start()
+    try:
+        frozen_at_start = gc.get_freeze_count()
+        kept = [Cycle() for _ in range(1000)]
+        pacer.collect()  # 1: they survive, and are frozen
+        assert gc.get_freeze_count() >= frozen_at_start + 1000
+        assert all(gc.is_tracked(cycle) for cycle in kept)
+        dropped = weakref.ref(kept[0])
+        young = weakref.ref(Cycle())
+        del kept
+        pacer.collect()  # 2: the young cycle goes; the frozen ones wait
+        assert young() is None and dropped() is not None
+        assert pacer.whole_collections == 0
+        pacer.collect()  # 3: the reclaim, over the frozen objects too
+        assert dropped() is None
+        assert (pacer.full_collections, pacer.whole_collections) == (3, 1)
+    finally:
+        pacer.stop()
+        gc.unfreeze()
 
 
 @pytest.mark.screen
