@@ -61,6 +61,10 @@ def per_second(value: float | None, unit: str) -> str:
     return f"- {unit}" if value is None else f"{value:,.2f} {unit}"
 
 
+MEMORY_RANKS = 16
+"""Past this many ranks, the memory lines name the most loaded ones and sum up the rest (``--json`` has each)."""
+MEMORY_TOP = 8
+
 TOKEN_SOURCES = {"usage": "the server's usage", "chunks": "streamed chunks (no usage reported)"}
 
 
@@ -259,22 +263,42 @@ def summary_lines(summary: dict[str, Any]) -> list[str]:
             )
     node_of = {rank["rank"]: rank["node"] for rank in summary["ranks"]} if len(hosts) > 1 else {}
     if summary["memory"]:
-        lines.append("memory (last step; peak over the run):")
-        for row in summary["memory"]:
-            marker = "  <- most loaded" if row["rank"] == summary["most_loaded_rank"] else ""
-            where = f" (node {node_of[row['rank']]})" if node_of.get(row["rank"]) is not None else ""
-            lines.append(
-                f"  rank {row['rank']}{where}: peak {human_bytes(row['peak_bytes'])}  weights "
-                f"{human_bytes(row['weights_bytes'])}  grads {human_bytes(row['grads_bytes'])}  optimizer "
-                f"{human_bytes(row['optimizer_bytes'])}  activations {human_bytes(row['activations_bytes'])}"
-                + ("" if row["kv_cache_bytes"] is None else f"  kv cache {human_bytes(row['kv_cache_bytes'])}")
-                + marker
-            )
+        lines += memory_lines(summary, node_of)
     failed = [r for r in summary["ranks"] if r["exit_code"] not in (0, None)]
     for rank in failed:
         how = f"signal {rank['signal']}" if rank["signal"] else f"exit code {rank['exit_code']}"
         where = f" (node {rank['node']}, {rank['host']})" if len(hosts) > 1 and rank.get("node") is not None else ""
         lines.append(f"rank {rank['rank']}{where}: {how}: {rank['error'] or ''}".rstrip(": "))
+    return lines
+
+
+def memory_lines(summary: dict[str, Any], node_of: dict[int, int]) -> list[str]:
+    """Each rank's memory; past :data:`MEMORY_RANKS` ranks, the :data:`MEMORY_TOP` with the highest peak, and
+    one line for the others."""
+    rows = summary["memory"]
+    shown = rows
+    if len(rows) > MEMORY_RANKS:
+        shown = sorted(rows, key=lambda row: (-(row["peak_bytes"] or 0), row["rank"]))[:MEMORY_TOP]
+    heading = "memory (last step; peak over the run)"
+    lines = [f"{heading}:" if shown is rows else f"{heading}, the {len(shown)} ranks of highest peak:"]
+    for row in shown:
+        marker = "  <- most loaded" if row["rank"] == summary["most_loaded_rank"] else ""
+        where = f" (node {node_of[row['rank']]})" if node_of.get(row["rank"]) is not None else ""
+        lines.append(
+            f"  rank {row['rank']}{where}: peak {human_bytes(row['peak_bytes'])}  weights "
+            f"{human_bytes(row['weights_bytes'])}  grads {human_bytes(row['grads_bytes'])}  optimizer "
+            f"{human_bytes(row['optimizer_bytes'])}  activations {human_bytes(row['activations_bytes'])}"
+            + ("" if row["kv_cache_bytes"] is None else f"  kv cache {human_bytes(row['kv_cache_bytes'])}")
+            + marker
+        )
+    if shown is not rows:
+        named = {row["rank"] for row in shown}
+        rest = sorted(row["peak_bytes"] for row in rows if row["rank"] not in named and row["peak_bytes"] is not None)
+        if rest:
+            lines.append(
+                f"  the other {len(rows) - len(shown)} ranks: peak {human_bytes(rest[0])} to "
+                f"{human_bytes(rest[-1])}, median {human_bytes(rest[len(rest) // 2])} (--json lists every rank)"
+            )
     return lines
 
 

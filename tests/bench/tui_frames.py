@@ -202,10 +202,13 @@ class SyntheticSource:
         warm_events: int = WARM_EVENTS,
         backlog: int = SCREEN_BACKLOG,
         seed: int = 0,
+        per_node: int = 8,
     ) -> None:
         if ranks % (TP * PP):
             raise ValueError(f"ranks must be a multiple of {TP * PP}")
         self.ranks, self.rate, self.dp = ranks, rate, ranks // (TP * PP)
+        self.per_node = per_node
+        """Ranks a node (host ``node<N>``)."""
         self.gpus = min(ranks, 8)
         self.background_per_s = ranks * PROCESS_HZ + self.gpus * GPU_HZ
         self.per_rank_step = events_per_rank_step()
@@ -288,7 +291,8 @@ class SyntheticSource:
             yield RankStarted(
                 rank=rank,
                 pid=10_000 + rank,
-                host=f"node{rank // 8}",
+                host=f"node{rank // self.per_node}",
+                node=rank // self.per_node,
                 device=f"cuda:{rank % 8}",
                 pp_rank=pp,
                 dp_rank=dp,
