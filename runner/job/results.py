@@ -67,6 +67,8 @@ PEER_GONE = re.compile(
 )
 """What gloo and nccl raise in a rank whose peer went away: the effect of another rank's failure (gloo's
 transport errors end in "This is typically caused by a remote worker crashing", or "hanging")."""
+SIGNALLED = re.compile(r"^Signal \d+ \(\w+\) received by PID \d+")
+"""torchrun's message for a rank a signal ended that left no error of its own (no error file)."""
 
 
 def root_cause(failures: dict[str, dict[str, object]]) -> int | None:
@@ -86,7 +88,8 @@ def root_cause(failures: dict[str, dict[str, object]]) -> int | None:
         error = str(failure.get("error") or "")
         died = failure.get("signal") in OWN_DEATHS
         peer_gone = PEER_GONE.search(error) is not None
-        only_stopped = failure.get("signal") == "SIGTERM" and (not error or peer_gone)
+        own_error = bool(error) and not peer_gone and SIGNALLED.match(error) is None
+        only_stopped = failure.get("signal") == "SIGTERM" and not own_error
         seconds = math.floor(float(failure.get("timestamp") or 0))  # type: ignore[arg-type]
         return only_stopped, not died, peer_gone, seconds, int(rank)
 

@@ -401,7 +401,8 @@ def test_a_rank_stopped_as_it_failed_by_itself_is_the_cause_not_the_peer_that_ex
     assert root_cause(failures) == 0
     failures["0"]["error"] = peer  # stopped while its own error was a peer's: an effect, after rank 1
     assert root_cause(failures) == 1
-    failures["0"]["error"] = None
+    failures["0"]["error"] = "Signal 15 (SIGTERM) received by PID 4242"  # torchrun's words: no error of its own
+    failures["0"]["timestamp"] = 99.0  # even a second before the rank that failed
     failures["1"]["error"] = None
     assert root_cause(failures) == 1
 
