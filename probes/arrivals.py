@@ -15,7 +15,7 @@ import json
 from collections.abc import Collection, Iterable
 from dataclasses import dataclass, field
 
-from meshtop.probes.events import Event, event_from_record
+from meshtop.probes.events import Event, event_from_record, on_node
 
 _ENCODER = json.JSONEncoder(separators=(",", ":"), check_circular=False)
 
@@ -71,12 +71,20 @@ class EncodedEvents:
     count: int
     bad: int = 0
     """Lines that did not decode to an event of ``kind`` (known once decoded)."""
+    node: int | None = None
+    """The node that streamed the block to the head, its times on that node's clock; ``None``: on this
+    machine's clock (this machine's ranks, or times already moved)."""
+    offset_ns: int = 0
+    """What that node's clock is behind the head's (:class:`meshtop.probes.events.NodeClock`)."""
     _events: list[Event] | None = field(default=None, repr=False)
 
     def events(self) -> list[Event]:
-        """The decoded events (decoded on the first call)."""
+        """The decoded events, on this machine's clock (decoded on the first call)."""
         if self._events is None:
             self._events, self.bad = decode_lines(self.lines, self.kind)
+            if self.node is not None:
+                node, offset = self.node, self.offset_ns
+                self._events = [on_node(event, offset_ns=offset, node=node) for event in self._events]
         return self._events
 
 

@@ -553,7 +553,7 @@ E = TypeVar("E", bound=Event)
 _CLOCK_FIELDS: dict[type, tuple[tuple[str, ...], tuple[str, ...], bool]] = {}
 
 
-def _clock_fields(cls: type) -> tuple[tuple[str, ...], tuple[str, ...], bool]:
+def clock_fields(cls: type) -> tuple[tuple[str, ...], tuple[str, ...], bool]:
     """(times, tuples of times, whether the kind names a node) of ``cls``, once a kind."""
     found = _CLOCK_FIELDS.get(cls)
     if found is None:
@@ -569,7 +569,7 @@ def _clock_fields(cls: type) -> tuple[tuple[str, ...], tuple[str, ...], bool]:
 def on_node(event: E, *, offset_ns: int, node: int) -> E:
     """``event`` as the head records it: every time it holds moved by ``offset_ns`` onto the head's clock
     (:class:`NodeClock`), and ``node`` set where the kind has one."""
-    times, tuples, has_node = _clock_fields(type(event))
+    times, tuples, has_node = clock_fields(type(event))
     changes: dict[str, Any] = {}
     for name in times:
         if (value := getattr(event, name)) is not None:

@@ -3,7 +3,8 @@
 A frame is a 4-byte big-endian length and that many bytes of payload. The
 payload is a header, one line of JSON,
 ``{"token": str, "rank": int, "dropped": int, "sections": [[kind, count, nbytes], ...]}``
-(and ``"node": int`` from another node of a multi-node job, :mod:`meshtop.runner.multinode.relay`),
+(and ``"node": int`` from another node of a multi-node job, :mod:`meshtop.runner.multinode.relay`, with
+``"offset_ns": int`` when its events are on that node's clock, the offset saying how far behind the head's),
 then the sections' bytes back to back: each is ``count`` events of ``kind``
 as JSON lines (``nbytes`` in all), exactly the lines the recording keeps, so
 the collector checks a frame's shape without reading its events.
@@ -135,6 +136,10 @@ def sections(header: dict[str, Any], body: bytes) -> list[EncodedEvents]:
     rank, listed = header.get("rank"), header.get("sections")
     if not is_count(rank) or not isinstance(listed, list):
         raise FrameError("a message needs a rank and a list of sections")
+    node, clock = header.get("node"), header.get("offset_ns")
+    streamed = clock is not None  # a node's blocks, on its clock (meshtop.runner.multinode.relay)
+    if streamed and not (is_count(node) and is_offset(clock)):
+        raise FrameError("a node's message needs its node and its clock's offset, in ns")
     blocks, offset = [], 0
     for section in listed:
         if not (
@@ -152,7 +157,7 @@ def sections(header: dict[str, Any], body: bytes) -> list[EncodedEvents]:
         offset += nbytes
         if len(lines) != nbytes or lines.count(b"\n") != count or not lines.endswith(b"\n"):
             raise FrameError(f"section {kind} does not hold {count} lines in {nbytes} bytes")
-        blocks.append(EncodedEvents(kind, rank, lines, count))
+        blocks.append(EncodedEvents(kind, rank, lines, count, node=node if streamed else None, offset_ns=clock or 0))
     if offset != len(body):
         raise FrameError(f"{len(body) - offset} bytes after the last section")
     return blocks
@@ -161,6 +166,15 @@ def sections(header: dict[str, Any], body: bytes) -> list[EncodedEvents]:
 def is_count(value: object) -> bool:
     """A non-negative integer (not a bool), as a header's numbers must be."""
     return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+MAX_OFFSET_NS = 10**15
+"""Clocks further apart than this (11 days) are not two clocks of one job: a node that says so is refused."""
+
+
+def is_offset(value: object) -> bool:
+    """A clock offset a node may send: an integer of at most :data:`MAX_OFFSET_NS` either way."""
+    return isinstance(value, int) and not isinstance(value, bool) and abs(value) <= MAX_OFFSET_NS
 
 
 def parse_address(text: str) -> tuple[str, int]:

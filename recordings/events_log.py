@@ -3,7 +3,8 @@
 A simple, append-only format: each batch is written and flushed as it
 arrives, so a crash loses at most the batch in flight, and a reader can
 follow the files while the run goes on. A clean close compacts them to
-Parquet (:mod:`meshtop.recordings.tables`).
+Parquet (:mod:`meshtop.recordings.tables`). What another node streamed on its
+own clock goes to that node's part as it came (:mod:`meshtop.recordings.node_parts`).
 """
 
 from __future__ import annotations
@@ -14,13 +15,14 @@ from typing import IO
 
 from meshtop.probes.arrivals import Arrival, EncodedEvents, encode_lines
 from meshtop.recordings.manifest import RecordingError
+from meshtop.recordings.node_parts import frame, part_name
 
 EVENTS_DIR = "events"
 
 
 class EventWriter:
     """Appends events to ``DIR/events/<kind>.jsonl``: a worker's encoded blocks as they came, and
-    meshtop's own events encoded the same way."""
+    meshtop's own events encoded the same way; another node's blocks to ``DIR/events/node<N>.frames``."""
 
     def __init__(self, directory: Path) -> None:
         self.directory = directory / EVENTS_DIR
@@ -31,22 +33,25 @@ class EventWriter:
     def write(self, items: Iterable[Arrival]) -> None:
         """Append and flush ``items`` (events, or blocks of them); a :class:`RecordingError` when the disk
         refuses (full, folder gone)."""
-        by_kind: dict[str, list[bytes]] = {}
+        by_file: dict[str, list[bytes]] = {}
         written = 0
         for item in items:
-            if isinstance(item, EncodedEvents):
-                lines, count = item.lines, item.count
+            if isinstance(item, EncodedEvents) and item.node is not None:
+                by_file.setdefault(part_name(item.node), []).append(
+                    frame(item.kind, item.count, item.offset_ns, item.lines)
+                )
+            elif isinstance(item, EncodedEvents):
+                by_file.setdefault(f"{item.kind}.jsonl", []).append(item.lines)
             else:
-                lines, count = encode_lines((item,)), 1
-            by_kind.setdefault(item.kind, []).append(lines)
-            written += count
+                by_file.setdefault(f"{item.kind}.jsonl", []).append(encode_lines((item,)))
+            written += item.count if isinstance(item, EncodedEvents) else 1
         try:
             if not self.directory.is_dir():  # open files would take writes into the void: stop here
                 raise FileNotFoundError(2, "No such file or directory")
-            for kind, blocks in by_kind.items():
-                file = self._files.get(kind)
+            for name, blocks in by_file.items():
+                file = self._files.get(name)
                 if file is None:
-                    file = self._files[kind] = (self.directory / f"{kind}.jsonl").open("ab")
+                    file = self._files[name] = (self.directory / name).open("ab")
                 file.write(b"".join(blocks))
                 file.flush()
         except OSError as error:

@@ -12,8 +12,9 @@ import pyarrow as pa
 from meshtop.probes.events import EVENT_TYPES
 from meshtop.recordings.events_log import EVENTS_DIR
 from meshtop.recordings.manifest import Manifest, RecordingError, read_manifest
+from meshtop.recordings.node_parts import NodePart, part_name, read_parts
 from meshtop.recordings.schema import empty
-from meshtop.recordings.tables import read_json_lines, read_parquet, to_frame
+from meshtop.recordings.tables import read_json_lines, read_node_rows, read_parquet, to_frame
 
 
 @dataclass
@@ -25,6 +26,7 @@ class Recording:
     problems: list[str] = field(default_factory=list)
     """What could not be read, in words (empty for an intact recording)."""
     _tables: dict[str, pa.Table] = field(default_factory=dict, repr=False)
+    _parts: list[NodePart] | None = field(default=None, repr=False)
 
     @property
     def status(self) -> str:
@@ -35,6 +37,7 @@ class Recording:
         """The event kinds this recording holds a table of (those this meshtop knows)."""
         events = self.path / EVENTS_DIR
         found = {p.stem for p in events.glob("*.parquet")} | {p.stem for p in events.glob("*.jsonl")}
+        found |= {kind for part in self._node_parts() for kind in part.blocks}
         for kind in sorted(found - set(EVENT_TYPES)):
             note = f"events/{kind}: not an event kind this meshtop knows; skipped"
             if note not in self.problems:
@@ -62,14 +65,28 @@ class Recording:
                 return read_parquet(parquet, kind, columns)
             except (OSError, pa.ArrowException) as error:
                 self._note(f"{parquet.name} is damaged ({error}); its events were not loaded")
+        tables = []
         if lines.exists():
             loaded = read_json_lines(lines, kind)
             if loaded.lost_lines:
                 self._note(f"{lines.name}: {loaded.lost_lines} line(s) unreadable and skipped")
-            table = loaded.table
-        else:
-            table = empty(kind)
+            tables.append(loaded.table)
+        if (streamed := read_node_rows(self._node_parts(), kind)) is not None:
+            if streamed.lost_lines:
+                self._note(f"{kind}: {streamed.lost_lines} line(s) other nodes streamed unreadable and skipped")
+            tables.append(streamed.table)
+        table = pa.concat_tables(tables) if tables else empty(kind)
         return table if columns is None else table.select(list(columns))
+
+    def _node_parts(self) -> list[NodePart]:
+        """What other nodes streamed, until the recording is closed (read once: a reader of a recording being
+        written sees it as it was then)."""
+        if self._parts is None:
+            self._parts = read_parts(self.path / EVENTS_DIR)
+            for part in self._parts:
+                if part.lost:
+                    self._note(f"{part_name(part.node)}: {part.lost} event(s) in a frame cut short skipped")
+        return self._parts
 
     def _note(self, problem: str) -> None:
         """Say a problem once (a table may be read more than once: some of its columns, then all)."""

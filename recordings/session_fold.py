@@ -24,6 +24,7 @@ import pyarrow as pa
 
 from meshtop.probes.arrivals import Arrivals, EncodedEvents
 from meshtop.probes.events import Event
+from meshtop.recordings.clock import on_head
 from meshtop.recordings.manifest import RunDescription
 from meshtop.recordings.metrics.run import COLUMNAR, EVENT_KINDS, RunFigures, RunFold
 from meshtop.recordings.metrics.steps import JobStep
@@ -41,8 +42,9 @@ in (docs/benchmarks.md), for figures nobody reads until ``summary`` reads the re
 
 def arrival_tables(arrivals: Arrivals, kinds: Collection[str]) -> list[Batch]:
     """The events of ``kinds`` in ``arrivals`` as typed tables: each kind's encoded blocks decoded together (one
-    parse a kind), then the events made in meshtop's own process; kinds in the order they first came."""
-    blocks: dict[str, list[bytes]] = {}
+    parse a kind and clock: another node's blocks are put on this one's, :mod:`meshtop.recordings.clock`), then
+    the events made in meshtop's own process; kinds in the order they first came."""
+    blocks: dict[str, dict[tuple[int | None, int], list[bytes]]] = {}
     made: dict[str, list[Event]] = {}
     order: list[str] = []
     for item in arrivals.items:
@@ -51,13 +53,14 @@ def arrival_tables(arrivals: Arrivals, kinds: Collection[str]) -> list[Batch]:
         if item.kind not in blocks and item.kind not in made:
             order.append(item.kind)
         if isinstance(item, EncodedEvents):
-            blocks.setdefault(item.kind, []).append(item.lines)
+            blocks.setdefault(item.kind, {}).setdefault((item.node, item.offset_ns), []).append(item.lines)
         else:
             made.setdefault(item.kind, []).append(item)
     batches: list[Batch] = []
     for kind in order:
-        if kind in blocks:
-            batches.append((kind, decode_lines(kind, b"".join(blocks[kind])).table))
+        for (node, offset), lines in blocks.get(kind, {}).items():
+            table = decode_lines(kind, b"".join(lines)).table
+            batches.append((kind, table if node is None else on_head(kind, table, offset_ns=offset, node=node)))
         batches.extend(batches_of(made.get(kind, [])))
     return batches
 

@@ -20,7 +20,10 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from meshtop.probes.events import EVENT_TYPES
+from meshtop.recordings.clock import on_head
 from meshtop.recordings.events_log import EVENTS_DIR
+from meshtop.recordings.node_parts import NodePart, part_name, read_parts
 from meshtop.recordings.schema import columns, conform, decode_lines
 
 
@@ -39,6 +42,18 @@ def read_json_lines(path: Path, kind: str) -> LoadedTable:
     torn = 1 if end < len(data) else 0  # a last line without its newline: cut short by a crash
     decoded = decode_lines(kind, data[:end])
     return LoadedTable(decoded.table, decoded.bad + torn)
+
+
+def read_node_rows(parts: Sequence[NodePart], kind: str) -> LoadedTable | None:
+    """The events of ``kind`` that other nodes streamed (their parts), on the head's clock; ``None`` when no
+    part holds any."""
+    tables, bad = [], 0
+    for part in parts:
+        for offset, blocks in part.blocks.get(kind, {}).items():
+            decoded = decode_lines(kind, b"".join(blocks))
+            tables.append(on_head(kind, decoded.table, offset_ns=offset, node=part.node))
+            bad += decoded.bad
+    return LoadedTable(pa.concat_tables(tables), bad) if tables else None
 
 
 def read_parquet(path: Path, kind: str, names: Sequence[str] | None = None) -> pa.Table:
@@ -86,16 +101,24 @@ def to_frame(kind: str, table: pa.Table) -> pd.DataFrame:
 
 
 def compact(directory: Path) -> list[str]:
-    """Turn every JSON-lines table of a recording into Parquet; the kinds compacted."""
+    """Turn every JSON-lines table of a recording, with the other nodes' events of its kind (their parts,
+    removed once every kind is written), into Parquet; the kinds compacted.
+
+    A kind with a Parquet table and no JSON lines was compacted already (a close cut short after it): its
+    table holds its rows of the parts, which are not read again."""
     events = directory / EVENTS_DIR
+    parts = read_parts(events)
+    lines = {path.stem for path in events.glob("*.jsonl")}
+    streamed = {kind for part in parts for kind in part.blocks}
     done = []
-    for path in sorted(events.glob("*.jsonl")):
-        kind = path.stem
-        try:
-            table = read_json_lines(path, kind).table
-        except KeyError:  # not a kind this meshtop knows: left as it is
+    for kind in sorted((lines | streamed) & set(EVENT_TYPES)):  # a kind this meshtop does not know: left as is
+        path, target = events / f"{kind}.jsonl", events / f"{kind}.parquet"
+        if kind not in lines and target.exists():
             continue
-        target = events / f"{kind}.parquet"
+        tables = [read_json_lines(path, kind).table] if kind in lines else []
+        if (others := read_node_rows(parts, kind)) is not None:
+            tables.append(others.table)
+        table = pa.concat_tables(tables)
         tmp = target.with_suffix(".parquet.tmp")
         try:
             pq.write_table(table, tmp, compression="zstd")
@@ -103,6 +126,8 @@ def compact(directory: Path) -> list[str]:
         except OSError:
             tmp.unlink(missing_ok=True)
             raise
-        path.unlink()
+        path.unlink(missing_ok=True)
         done.append(kind)
+    for part in parts:
+        (events / part_name(part.node)).unlink()
     return done

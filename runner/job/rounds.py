@@ -106,7 +106,8 @@ def _events(arrivals: Arrivals, index: int) -> list[Event]:
 
 
 def _put(arrivals: Arrivals, index: int, events: list[Event]) -> None:
-    """Replace the item at ``index`` by ``events`` (a block stays one block, already decoded)."""
+    """Replace the item at ``index`` by ``events`` (a block stays one block, already decoded, and on this
+    machine's clock: another node's was moved as it was decoded)."""
     item = arrivals.items[index]
     if isinstance(item, EncodedEvents):
         arrivals.items[index] = EncodedEvents(

@@ -3,10 +3,13 @@
 The node runs its share of the job as a single machine would (its own
 launcher, a collector on loopback, the NVML and psutil samplers, py-spy), and
 a relay thread streams what they report to the head's collector, found in
-the rendezvous store (:func:`meshtop.runner.multinode.nodes.find_head`). Before it forwards an
-event it puts the event's times on the head's clock, with the offset that a
-ping exchange over the same connection measured (:class:`meshtop.probes.events.NodeClock`;
-at start and every :data:`CLOCK_EVERY_S`), and tags it with the node.
+the rendezvous store (:func:`meshtop.runner.multinode.nodes.find_head`). It
+forwards the ranks' blocks of events as they came, unread, on this node's
+clock, each message with the offset that a ping exchange over the same
+connection measured (:class:`meshtop.probes.events.NodeClock`; at start and
+every :data:`CLOCK_EVERY_S`): the head puts them on its clock where it reads
+them (:mod:`meshtop.recordings.clock`). Reading each event to move it here cost
+28 us an event, more than one node's meshtop can spend on a thousand ranks.
 
 The pings (twice a second) are also how the two sides watch each other: the
 head answers each with whether to stop the job (it failed elsewhere, or the
@@ -27,8 +30,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TextIO
 
-from meshtop.probes.arrivals import Arrivals
-from meshtop.probes.events import Event, on_node
+from meshtop.probes.arrivals import Arrival, Arrivals, EncodedEvents, event_count
+from meshtop.probes.events import Event
 from meshtop.probes.wire import FrameError, event_sections, pack, read_frame
 from meshtop.runner.job.control import JobControl
 from meshtop.runner.job.environment import Launch
@@ -59,12 +62,21 @@ class Relay:
     """Streams this node's events to the head and carries the head's requests back (see the module)."""
 
     def __init__(
-        self, nodes: Nodes, control: JobControl, *, on_head: Callable[[HeadAddress], None] = lambda head: None
+        self,
+        nodes: Nodes,
+        control: JobControl,
+        *,
+        on_head: Callable[[HeadAddress], None] = lambda head: None,
+        find: Callable[[Nodes, Callable[[], bool]], HeadAddress | None] = lambda nodes, going: find_head(
+            nodes, going=going
+        ),
     ) -> None:
         self.nodes = nodes
         self.control = control
         self.on_head = on_head
         """Called (on the relay's thread) once the head is found."""
+        self.find = find
+        """How the head is found: in the rendezvous store (a benchmark's simulated fleet knows it already)."""
         self.host = socket.gethostname()
         self.head: HeadAddress | None = None
         self.offset_ns: int | None = None
@@ -73,8 +85,10 @@ class Relay:
         """How the head said the job ended, when it asked this node to stop."""
         self.head_lost: str | None = None
         self.dropped = 0
-        self._drop_lock = threading.Lock()
-        self._queue: deque[Event] = deque()
+        self._lock = threading.Lock()
+        self._queue: deque[Arrival] = deque()
+        self._queued = 0
+        """Events in :attr:`_queue` (a block counts its events)."""
         self._result: JobResult | None = None
         self._closing = threading.Event()
         self._socket: socket.socket | None = None
@@ -88,12 +102,16 @@ class Relay:
     def forward(self, arrivals: Arrivals) -> None:
         """Queue what this node's ranks and samplers reported (``run_job``'s ``on_events``); how its ranks
         ended goes in the last word instead (the head decides how the job ended)."""
-        events = [event for event in arrivals.events() if event.kind not in NOT_FORWARDED]
-        room = max(0, MAX_QUEUED - len(self._queue))
-        self._queue.extend(events[:room])
-        if len(events) > room:
-            with self._drop_lock:
-                self.dropped += len(events) - room
+        with self._lock:
+            for item in arrivals.items:
+                if item.kind in NOT_FORWARDED and not isinstance(item, EncodedEvents):
+                    continue
+                count = event_count(item)
+                if self._queued + count > MAX_QUEUED:
+                    self.dropped += count
+                    continue
+                self._queue.append(item)
+                self._queued += count
 
     def finish(self, result: JobResult | None) -> None:
         """Send what is left and how this node's ranks ended (``None``: meshtop itself broke), then stop.
@@ -107,7 +125,7 @@ class Relay:
     # -- the relay's thread
 
     def _run(self) -> None:
-        head = find_head(self.nodes, going=lambda: not self._closing.is_set())
+        head = self.find(self.nodes, lambda: not self._closing.is_set())
         if head is None:
             return
         self.head = head
@@ -204,16 +222,26 @@ class Relay:
         self.offset_ns, self.rtt_ns = t1 - (t0 + t2) // 2, t2 - t0
 
     def _send_frame(self) -> bool:
-        """Forward up to :data:`FRAME_EVENTS` queued events, on the head's clock; whether there were any."""
+        """Forward about :data:`FRAME_EVENTS` queued events (whole blocks, one at least), with this node's
+        clock offset; whether there were any."""
         assert self.offset_ns is not None, "the clock is measured before anything is forwarded"
-        with self._drop_lock:
+        events: list[Event] = []
+        blocks: list[EncodedEvents] = []
+        with self._lock:
             dropped, self.dropped = self.dropped, 0
-        if not self._queue and not dropped:
+            taken = 0
+            while self._queue and (taken == 0 or taken + event_count(self._queue[0]) <= FRAME_EVENTS):
+                item = self._queue.popleft()
+                taken += event_count(item)
+                if isinstance(item, EncodedEvents):
+                    blocks.append(item)
+                else:
+                    events.append(item)
+            self._queued -= taken
+        if not taken and not dropped:
             return False
-        batch = [self._queue.popleft() for _ in range(min(len(self._queue), FRAME_EVENTS))]
-        moved = [on_node(event, offset_ns=self.offset_ns, node=self.nodes.rank) for event in batch]
-        listed, body = event_sections(moved)
-        self._exchange({"dropped": dropped, "sections": listed}, body, answer=False)
+        listed, body = event_sections(events, blocks)
+        self._exchange({"dropped": dropped, "sections": listed, "offset_ns": self.offset_ns}, body, answer=False)
         return True
 
     def _bye(self) -> None:

@@ -1,0 +1,45 @@
+"""Events another node streamed, put on the head's clock where they are read.
+
+A node forwards its ranks' blocks as they were written, on its own clock,
+with the offset it last measured against the head's
+(:class:`meshtop.probes.events.NodeClock`; docs/multinode.md): decoding and
+encoding each event there to move its times cost 28 us an event, more than a
+node's meshtop can give a thousand ranks. The head keeps the blocks so
+(:mod:`meshtop.recordings.events_log`), and what reads them moves the times
+here, a column at a time: every ``*_ns`` time stamp (not a duration) plus the
+offset, and ``node`` set where the kind has one, as
+:func:`meshtop.probes.events.on_node` does for one event.
+"""
+
+from __future__ import annotations
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from meshtop.probes.events import EVENT_TYPES, clock_fields
+
+
+def on_head(kind: str, table: pa.Table, *, offset_ns: int, node: int) -> pa.Table:
+    """``table`` of ``kind``, streamed from ``node`` with its clock ``offset_ns`` behind the head's, on the
+    head's clock (nulls stay null)."""
+    times, tuples, has_node = clock_fields(EVENT_TYPES[kind])
+    offset = pa.scalar(offset_ns, pa.int64())
+    for name in times:
+        index = table.schema.get_field_index(name)
+        table = table.set_column(index, name, pc.add(table.column(name), offset))
+    for name in tuples:
+        index = table.schema.get_field_index(name)
+        table = table.set_column(index, name, _moved_lists(table.column(name), offset))
+    if has_node:
+        index = table.schema.get_field_index("node")
+        table = table.set_column(index, "node", pa.array([node] * len(table), pa.int64()))
+    return table
+
+
+def _moved_lists(column: pa.ChunkedArray, offset: pa.Scalar) -> pa.ChunkedArray:
+    """Each list of time stamps in ``column`` moved by ``offset``; a null list stays null."""
+    chunks = []
+    for chunk in column.chunks:
+        values = pc.add(chunk.values, offset)
+        chunks.append(pa.ListArray.from_arrays(chunk.offsets, values, type=chunk.type, mask=chunk.is_null()))
+    return pa.chunked_array(chunks, type=column.type)

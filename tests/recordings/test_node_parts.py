@@ -1,0 +1,123 @@
+"""What another node streams reaches the head unread, on that node's clock, and every reader puts it on the
+head's: the live fold, a recording still being written (or killed), and the compacted recording."""
+
+from __future__ import annotations
+
+import socket
+import time
+from pathlib import Path
+
+from meshtop.probes.arrivals import Arrivals, EncodedEvents, encode_lines
+from meshtop.probes.collector import Collector
+from meshtop.probes.events import Event, on_node
+from meshtop.probes.wire import FrameError, event_sections, pack, sections
+from meshtop.recordings.events_log import EVENTS_DIR, EventWriter
+from meshtop.recordings.node_parts import part_name
+from meshtop.recordings.reader import open_recording
+from meshtop.recordings.schema import events_of
+from meshtop.recordings.session_fold import arrival_tables
+from meshtop.recordings.tables import compact
+from tests.kit import events
+from tests.kit.recordings import fleet_description, write_recording
+
+OFFSET = -5_000_000_000
+"""Node 1's clock is 5 s ahead of the head's."""
+
+
+def node_events() -> list[Event]:
+    """What node 1 reports, on its clock: its ranks' steps and collectives (tuples of times included), and a
+    sample of its GPU (a kind that names its node)."""
+    return [
+        events.step(2, 1, start_ns=20_000_000_000, phase_start_ns=(20_000_000_000, 20_100_000_000)),
+        events.step(3, 1, start_ns=20_000_000_001),
+        events.collective(2, 1, every_ns=20_000_000_000, waited=True),
+        events.gpu_sample(gpu=0, wall_ns=20_000_000_002, utilization_pct=50.0),
+    ]
+
+
+def streamed(items: list[Event], offset_ns: int = OFFSET) -> list[EncodedEvents]:
+    """``items`` as the head's collector takes them from node 1's relay: blocks, with the node's offset."""
+    listed, body = event_sections(items)
+    header = {"token": "t", "rank": 0, "dropped": 0, "node": 1, "offset_ns": offset_ns, "sections": listed}
+    return sections(header, body)
+
+
+def on_head(items: list[Event]) -> list[Event]:
+    return [on_node(event, offset_ns=OFFSET, node=1) for event in items]
+
+
+def by_kind(items: list[Event]) -> dict[str, list[Event]]:
+    grouped: dict[str, list[Event]] = {}
+    for event in items:
+        grouped.setdefault(event.kind, []).append(event)
+    return grouped
+
+
+def test_a_nodes_blocks_decode_onto_the_heads_clock_as_events_and_as_tables() -> None:
+    blocks = streamed(node_events())
+    assert {(block.node, block.offset_ns) for block in blocks} == {(1, OFFSET)}
+    decoded_events = [event for block in blocks for event in block.events()]
+    assert sorted(map(repr, decoded_events)) == sorted(map(repr, on_head(node_events())))
+    tables = arrival_tables(Arrivals(blocks), {"step", "collective", "gpu"})
+    decoded = {kind: events_of(kind, table) for kind, table in tables}
+    assert decoded == by_kind(on_head(node_events()))
+    assert decoded["gpu"][0].node == 1 and decoded["step"][0].phase_start_ns == (15_000_000_000, 15_100_000_000)
+
+
+def test_a_node_that_sends_a_bad_offset_is_refused() -> None:
+    listed, body = event_sections([events.step(2, 1)])
+    for offset in (1.5, 10**16, True):
+        header = {"token": "t", "rank": 0, "dropped": 0, "node": 1, "offset_ns": offset, "sections": listed}
+        try:
+            sections(header, body)
+        except FrameError as error:
+            assert "offset" in str(error)
+        else:
+            raise AssertionError(f"offset {offset!r} was taken")
+
+
+def test_the_heads_collector_tags_a_nodes_blocks_with_its_clock() -> None:
+    collector = Collector(nodes=(1,), on_control=lambda header, connection: {}).start()
+    try:
+        listed, body = event_sections(node_events())
+        header = {"token": collector.token, "rank": 0, "dropped": 0, "node": 1, "offset_ns": OFFSET}
+        with socket.create_connection(collector.address, timeout=5) as sock:
+            sock.sendall(pack({**header, "sections": listed}, body))
+        deadline, taken = time.monotonic() + 5, []
+        while time.monotonic() < deadline and sum(item.count for item in taken) < 4:  # type: ignore[union-attr]
+            taken += collector.drain()
+            time.sleep(0.01)
+        assert {(item.node, item.offset_ns) for item in taken} == {(1, OFFSET)}  # type: ignore[union-attr]
+    finally:
+        collector.stop()
+
+
+def test_a_recording_keeps_a_nodes_blocks_as_they_came_and_reads_them_on_the_heads_clock(tmp_path: Path) -> None:
+    head = [events.step(0, 1, start_ns=15_000_000_000), events.step(1, 1, start_ns=15_000_000_000)]
+    directory = write_recording(tmp_path / "rec", head, run=fleet_description(4, 2), status="running")
+    writer = EventWriter(directory)
+    writer.write(streamed(node_events()))
+    writer.write(streamed([events.step(2, 2, start_ns=21_000_000_000)], offset_ns=OFFSET + 7))
+    writer.close()
+    part = directory / EVENTS_DIR / part_name(1)
+    assert part.exists() and encode_lines(node_events()[:2]) in part.read_bytes()  # as they came, on node 1's clock
+    with part.open("ab") as file:  # killed while writing a frame
+        file.write(b'{"kind":"step","count":3,"bytes":500,"offset_ns":0}\n{"rank":9')
+    live = open_recording(directory)
+    steps = sorted(events_of("step", live.arrow("step")), key=lambda e: (e.step, e.rank))  # type: ignore[attr-defined]
+    assert [(e.rank, e.step, e.start_ns) for e in steps] == [  # type: ignore[attr-defined]
+        (0, 1, 15_000_000_000),
+        (1, 1, 15_000_000_000),
+        (2, 1, 15_000_000_000),
+        (3, 1, 15_000_000_001),
+        (2, 2, 16_000_000_007),
+    ]
+    assert "gpu" in live.kinds() and events_of("gpu", live.arrow("gpu"))[0].node == 1  # type: ignore[attr-defined]
+    assert any("3 event(s) in a frame cut short" in problem for problem in live.problems)
+    compact(directory)
+    assert not part.exists()
+    closed = open_recording(directory)
+    for kind in ("step", "collective", "gpu"):
+        assert sorted(map(repr, events_of(kind, closed.arrow(kind)))) == sorted(
+            map(repr, events_of(kind, live.arrow(kind)))
+        )
