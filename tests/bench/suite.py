@@ -8,8 +8,8 @@ alternation, samplers on / off in alternating windows. Each row says how many
 repetitions it rests on and their spread, its target and whether it is met.
 The default suite is sized to run in under 10 minutes on 2 CPU cores (the
 training overhead jobs are 40 % of ``tests.bench.overhead``'s length,
-the TUI dwells 1 s per view); ``--full`` adds a 10 M-event recording
-(about 5 minutes and 13 GiB of memory more, docs/benchmarks.md).
+the TUI dwells 1 s per view); ``--full`` adds a 10 M-event recording and the
+1024-rank, 1-hour one (about 11 minutes and 13 GiB of memory more, docs/benchmarks.md).
 
 The figures, and where each is measured:
 
@@ -20,8 +20,10 @@ The figures, and where each is measured:
   (:mod:`tests.bench.efficiency`);
 - ingest: events / s that meshtop records from 8 processes (:mod:`tests.bench.ingest`);
 - samplers: CPU share of the NVML and psutil samplers (:mod:`tests.bench.sampler_cost`);
-- tui: dashboard frame time at 8, 64, 512 ranks and 10,000 events / s (:mod:`tests.bench.tui_frames`);
-- recordings: bytes / event, write rate, load and summary time (:mod:`tests.bench.recording_io`);
+- tui: dashboard frame time at 8, 64, 1024 ranks and 10,000 events / s (:mod:`tests.bench.tui_frames`);
+- recordings: bytes / event, write rate, load and summary time (:mod:`tests.bench.recording_io`; with
+  ``--full``, ``summary`` of a 1024-rank, 1-hour recording, :mod:`tests.bench.summary_scale`);
+- fleet: events / s the head of 1024 ranks on 16 nodes sustains, nothing lost (:mod:`tests.bench.fleet`);
 - accuracy: bubble / (p-1)/(m+p-1), hook busbw / a timing loop (:mod:`tests.bench.accuracy`).
 
 ``--device cuda`` runs the GPU figures instead (:mod:`tests.bench.gpu`):
@@ -44,11 +46,13 @@ from typing import Any
 from tests.bench import (
     accuracy,
     efficiency,
+    fleet,
     ingest,
     kernel_cost,
     overhead,
     recording_io,
     sampler_cost,
+    summary_scale,
     tui_frames,
 )
 from tests.bench.accuracy import BELOW, SLOWEST_ABOVE
@@ -58,7 +62,7 @@ OVERHEAD_CONFIGS = {"ddp": "DDP dp2", "tp": "TP tp2", "pp": "PP pp2 1F1B 4 mb", 
 STEPS_SCALE = 0.4
 """The suite's share of each overhead job's steps (the full lengths take about 6 minutes)."""
 INFER_PLAN: dict[str, object] = {"dp": 1, "tp": 2}
-TUI_RANKS = (8, 64, 512)
+TUI_RANKS = (8, 64, 1024)
 TUI_SECONDS = 7.0
 """Measured seconds per rank count and terminal size: 1 s on each of the 7 views."""
 BUBBLE_CASES = (("1f1b", 2), ("1f1b", 4), ("1f1b", 8), ("gpipe", 4))
@@ -152,8 +156,9 @@ def figures(full: bool) -> dict[str, Callable[[], list[Row]]]:
         "efficiency": efficiency.rows,
         "overhead": overhead_rows,
         "accuracy": accuracy_rows,
-        "recordings": lambda: recording_io.rows(full=full),
+        "recordings": lambda: recording_io.rows(full=full) + (summary_scale.rows() if full else []),
         "tui": tui_rows,
+        "fleet": fleet.rows,
     }
 
 
