@@ -12,7 +12,8 @@ from typing import Any
 from meshtop.probes.events import Event
 from meshtop.recordings.events_log import EventWriter
 from meshtop.recordings.manifest import Manifest, RunDescription, Script, script_plan, write_manifest
-from meshtop.recordings.tables import compact, read_json_lines
+from meshtop.recordings.node_parts import read_parts
+from meshtop.recordings.tables import compact, read_json_lines, read_node_rows
 from meshtop.runner.plan import RunSpec, resolve
 
 
@@ -77,9 +78,11 @@ def write_recording(
 
 def recorded_so_far(recording: Path, kind: str) -> list[dict[str, Any]]:
     """The rows of a table of ``recording`` while it is written (its JSON lines, a half-written last line left
-    out)."""
+    out, and what other nodes streamed, on the head's clock)."""
     path = recording / "events" / f"{kind}.jsonl"
-    return read_json_lines(path, kind).table.to_pylist() if path.exists() else []
+    rows = read_json_lines(path, kind).table.to_pylist() if path.exists() else []
+    streamed = read_node_rows(read_parts(recording / "events"), kind)
+    return rows + (streamed.table.to_pylist() if streamed is not None else [])
 
 
 def wait_for_steps(recording: Path, count: int, *, ranks: Iterable[int], timeout_s: float = 180) -> list[int]:

@@ -9,7 +9,6 @@ dies ends the job with the head naming it and no process left behind.
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import signal
 import socket
@@ -27,7 +26,7 @@ from meshtop.recordings.schema import events_of
 from tests.kit.commands import meshtop, run_meshtop
 from tests.kit.jobs import RTOL, alive, launch
 from tests.kit.ports import free_port
-from tests.kit.recordings import wait_for_steps
+from tests.kit.recordings import recorded_so_far, wait_for_steps
 
 pytestmark = pytest.mark.slow
 
@@ -180,11 +179,7 @@ def test_a_node_or_rank_that_dies_ends_the_job(victim: str, tmp_path: Path) -> N
     try:
         wait_for_steps(out, 3, ranks=[0])
         everything = processes_of(head, node1)
-        started = [
-            json.loads(line)
-            for line in (out / "events" / "rank_started.jsonl").read_text().splitlines()
-            if line.strip()
-        ]
+        started = recorded_so_far(out, "rank_started")  # node 1's come in its part of the recording
         ranks = {event["rank"]: event["pid"] for event in started}
         on_node1 = sorted(event["rank"] for event in started if event["node"] == 1)
         assert len(on_node1) == 2  # torchrun numbers the nodes its own way: node 1 may hold ranks 0 and 1
