@@ -163,46 +163,15 @@ def row_events(kind: str, rows: list[dict[str, Any]], *, many_nodes: bool) -> li
 
 def _row_event(kind: str, row: dict[str, Any], many_nodes: bool) -> dict[str, Any]:
     if kind == "step":
-        return {
-            "ph": "X",
-            "name": f"step {row['step']}",
-            "cat": "step",
-            "pid": row["rank"],
-            "tid": TRACKS["steps"],
-            "ts": _us(row["start_ns"]),
-            "dur": row["duration_s"] * 1e6,
-            "args": {"loss": row["loss"], "tokens": row["tokens"]},
-        }
+        args = {"loss": row["loss"], "tokens": row["tokens"]}
+        return _slice(row, f"step {row['step']}", "step", "steps", row["duration_s"] * 1e6, args)
     if kind == "stage_action":
-        return {
-            "ph": "X",
-            "name": f"{row['action']} mb{row['microbatch']}",
-            "cat": "stage",
-            "pid": row["rank"],
-            "tid": TRACKS["stages"],
-            "ts": _us(row["start_ns"]),
-            "dur": _us(row["end_ns"] - row["start_ns"]),
-            "args": {"stage": row["stage"], "step": row["step"]},
-        }
+        name, args = f"{row['action']} mb{row['microbatch']}", {"stage": row["stage"], "step": row["step"]}
+        return _slice(row, name, "stage", "stages", _us(row["end_ns"] - row["start_ns"]), args)
     if kind == "collective":
-        return {
-            "ph": "X",
-            "name": f"{row['op']} ({row['group']})",
-            "cat": "collective",
-            "pid": row["rank"],
-            "tid": TRACKS["collectives"],
-            "ts": _us(row["start_ns"]),
-            "dur": _us(row["end_ns"] - row["start_ns"]),
-            "args": {
-                "bytes": row["bytes"],
-                "group_size": row["group_size"],
-                "dtype": row["dtype"],
-                "peer": row["peer"],
-                "step": row["step"],
-                "waited_ns": row["waited_ns"],
-                "overlapped": row["overlapped"],
-            },
-        }
+        args = {name: row[name] for name in ("bytes", "group_size", "dtype", "peer", "step", "waited_ns", "overlapped")}
+        name = f"{row['op']} ({row['group']})"
+        return _slice(row, name, "collective", "collectives", _us(row["end_ns"] - row["start_ns"]), args)
     if kind == "memory":
         values = {name.removesuffix("_bytes"): float(row[name]) for name in MEMORY_COUNTERS if row[name] is not None}
         return {"ph": "C", "name": "memory (bytes)", "pid": row["rank"], "ts": _us(row["wall_ns"]), "args": values}
@@ -216,6 +185,20 @@ def _row_event(kind: str, row: dict[str, Any], many_nodes: bool) -> dict[str, An
         "pid": GPU_PID + GPUS_PER_NODE * row["node"] + row["gpu"],
         "ts": _us(row["wall_ns"]),
         "args": {"gpu": float(row["utilization_pct"] or 0.0)},
+    }
+
+
+def _slice(row: dict[str, Any], name: str, cat: str, track: str, dur_us: float, args: dict[str, Any]) -> dict[str, Any]:
+    """A complete event on rank ``row['rank']``'s ``track``, from its ``start_ns``."""
+    return {
+        "ph": "X",
+        "name": name,
+        "cat": cat,
+        "pid": row["rank"],
+        "tid": TRACKS[track],
+        "ts": _us(row["start_ns"]),
+        "dur": dur_us,
+        "args": args,
     }
 
 

@@ -71,7 +71,6 @@ PER_RANK_STEP = 44
 PROCESS_HZ, GPU_HZ = 2.0, 10.0
 SLOW_NODE, SLOW = 5, 1.5
 LAG_TARGET_S = 1.0
-PROFILE = None
 TARGET = Target(low=1_000_000.0)
 
 
@@ -201,7 +200,6 @@ def measure(
         taken: deque[tuple[float, int]] = deque()
         lags: list[float] = []
         busy: list[tuple[float, int, int]] = []
-        steps_done: list[int] = []
         t0 = until = math.inf  # known once the nodes are up
 
         def session_loop() -> None:
@@ -210,15 +208,9 @@ def measure(
                 arrivals = Arrivals(items)
                 arrivals.add(fleet.take_events())
                 began = time.perf_counter()
-                if PROFILE is not None:
-                    PROFILE.enable()
                 folded = recorder.take(arrivals)
-                if PROFILE is not None:
-                    PROFILE.disable()
                 busy.append((time.perf_counter() - began, arrivals.count, len(items)))
-                if headless:
-                    steps_done.append(session.steps_completed)
-                else:
+                if not headless:
                     backlog.put(screen_batches(arrivals, folded.tables), folded.steps)
                 taken.append((time.time(), arrivals.count))
                 stop.wait(POLL_S)
@@ -295,7 +287,7 @@ def measure(
         "lag_p99_s": quantile(lags, 0.99) if lags else None,
         "lag_max_s": max(lags) if lags else None,
         "steps_sent": steps,
-        "steps_shown": state.steps_done,
+        "steps_shown": session.steps_completed if headless else state.steps_done,
         "skipped_for_screen": backlog.skipped,
         "refused_queue_full": collector.counts.queue_full,
         "node_cpu_s": node_cpu,
