@@ -48,15 +48,29 @@ ODD_NAMES = ('mesh "odd" \\ dim\t\u2713', "renamed")
 """Scenario name: the step its operations are tagged with."""
 
 
+def come_late(rank: int, key: str) -> None:
+    """Rank 0 says it is about to issue; rank 1 hears it and only then sleeps ``LATE_S``, so rank 1 comes late
+    to rank 0's operation however either was held up before (a loaded machine once delayed rank 0 past the
+    sleep of a rank 1 that had simply slept from their last common operation)."""
+    store = dist.distributed_c10d._get_default_store()
+    if rank == 0:
+        store.set(key, "issuing")
+    else:
+        store.wait([key])
+        time.sleep(LATE_S)
+
+
 def run_scenarios(rank: int, probes: Instrumentation, tp: dist.ProcessGroup, other: dist.ProcessGroup) -> None:
     """The ways of waiting that ``waited_ns`` and ``overlapped`` tell apart, each in its own step."""
     a, b = torch.ones(1000), torch.ones(1000)
+    scenario = ""
 
     def late() -> None:
-        if rank == 1:
-            time.sleep(LATE_S)
+        come_late(rank, f"late-{scenario}")
 
     def step(name: str) -> None:
+        nonlocal scenario
+        scenario = name
         probes.set_step(None)
         dist.barrier(group=tp)  # the previous scenario has ended on both ranks
         probes.set_step(SCENARIOS[name])
@@ -124,8 +138,7 @@ def main(out_dir: str) -> None:
     tensor = torch.ones(1000)
     dist.all_reduce(tensor, group=tp)
     wait_tensor(functional_all_reduce(torch.ones(256, dtype=torch.bfloat16), "sum", tp))
-    if rank == 1:
-        time.sleep(LATE_S)
+    come_late(rank, "late-first")
     work = dist.all_reduce(tensor, group=tp, async_op=True)
     progress = probes.progress() if rank == 0 else None
     work.wait()
