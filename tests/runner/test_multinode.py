@@ -24,7 +24,7 @@ from meshtop.recordings.metrics.steps import StepFolder
 from meshtop.recordings.reader import open_recording
 from meshtop.recordings.schema import events_of
 from tests.kit.commands import meshtop, run_meshtop
-from tests.kit.jobs import RTOL, alive, launch
+from tests.kit.jobs import RTOL, LaunchedRun, alive, launch
 from tests.kit.ports import free_port
 from tests.kit.recordings import recorded_so_far, wait_for_steps
 
@@ -95,6 +95,13 @@ def shifted_clock_env() -> dict[str, str]:
     return {"PYTHONPATH": path, "MESHTOP_TEST_CLOCK_SHIFT_S": str(SHIFT_S)}
 
 
+@pytest.fixture(scope="module")
+def one_process(tmp_path_factory: pytest.TempPathFactory) -> LaunchedRun:
+    """The model and data of every job here, on one process: what each plan must compute, on one node or two
+    (tests/runner/test_parallel_equivalence.py holds each plan to it on one node)."""
+    return launch(tmp_path_factory.mktemp("one"), dp=1, steps=STEPS, batch_size=BATCH)
+
+
 @pytest.mark.parametrize(
     ("plan", "options"),
     [
@@ -103,7 +110,9 @@ def shifted_clock_env() -> dict[str, str]:
         ("dp4-head1", ("--dp", "4", "--head-node", "1")),
     ],
 )
-def test_two_nodes_record_one_job(plan: str, options: tuple[str, ...], tmp_path: Path) -> None:
+def test_two_nodes_record_one_job(
+    plan: str, options: tuple[str, ...], one_process: LaunchedRun, tmp_path: Path
+) -> None:
     """dp2 x pp2 runs with node 1's clock 5 s ahead: its events still land inside the head's steps; with
     --head-node 1, node 1 records and node 0 streams to it."""
     shifted = plan == "dp2xpp2"
@@ -135,10 +144,8 @@ def test_two_nodes_record_one_job(plan: str, options: tuple[str, ...], tmp_path:
     assert {e.rank for e in steps} == {0, 1, 2, 3}
     assert {e.rank for e in events_of("collective", recording.arrow("collective"))} == {0, 1, 2, 3}
 
-    spec = {"dp": 4} if plan == "dp4" else {"dp": 2, "pp": 2, "microbatches": 2}
-    one_node = launch(tmp_path / "one", steps=STEPS, batch_size=BATCH, **spec)
-    assert one_node.result.status == "completed"
-    assert job_losses(steps, 4) == pytest.approx(one_node.losses, rel=RTOL)
+    assert one_process.result.status == "completed"
+    assert job_losses(steps, 4) == pytest.approx(one_process.losses, rel=RTOL)
 
     offset, rtt = manifest.nodes[streamer].clock_offset_ns, manifest.nodes[streamer].clock_rtt_ns
     assert offset is not None and rtt is not None and manifest.nodes[1 - streamer].clock_offset_ns == 0

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from pathlib import Path
+from collections.abc import Callable
 
 import pytest
 
@@ -31,6 +31,20 @@ def single_process(tmp_path_factory: pytest.TempPathFactory) -> LaunchedRun:
     return launch(tmp_path_factory.mktemp("single"), dp=1, steps=STEPS, batch_size=BATCH)
 
 
+@pytest.fixture(scope="module")
+def parallel(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], LaunchedRun]:
+    """Each plan's run, launched once for this module's tests (how a plan splits the model and what it
+    computes are asked of the same run: each job costs the 2-core CI machine 20-40 s)."""
+    runs: dict[str, LaunchedRun] = {}
+
+    def run_of(key: str) -> LaunchedRun:
+        if key not in runs:
+            runs[key] = launch(tmp_path_factory.mktemp(key), steps=STEPS, batch_size=BATCH, **PLANS[key])
+        return runs[key]
+
+    return run_of
+
+
 def test_single_process_run_learns(single_process: LaunchedRun) -> None:
     assert single_process.result.status == "completed"
     losses = single_process.losses
@@ -38,29 +52,22 @@ def test_single_process_run_learns(single_process: LaunchedRun) -> None:
     assert losses[-1] < losses[0]
 
 
-@pytest.mark.parametrize("plan", PLANS.values(), ids=PLANS.keys())
+@pytest.mark.parametrize("plan", PLANS)
 def test_parallel_losses_match_one_process(
-    plan: dict[str, object], single_process: LaunchedRun, tmp_path: Path
+    plan: str, single_process: LaunchedRun, parallel: Callable[[str], LaunchedRun]
 ) -> None:
-    parallel = launch(tmp_path, steps=STEPS, batch_size=BATCH, **plan)
-    assert parallel.result.status == "completed", parallel.result
-    assert len(parallel.losses) == STEPS
-    assert parallel.losses == pytest.approx(single_process.losses, rel=RTOL)
+    run = parallel(plan)
+    assert run.result.status == "completed", run.result
+    assert len(run.losses) == STEPS
+    assert run.losses == pytest.approx(single_process.losses, rel=RTOL)
     # where each rank's steps went: every part measured, adding up to its step
-    assert_parts_add_up(parallel.breakdown(), parallel.run.world_size, pipelined=parallel.run.pp > 1)
+    assert_parts_add_up(run.breakdown(), run.run.world_size, pipelined=run.run.pp > 1)
 
 
-@pytest.mark.parametrize(
-    ("plan", "shards"),
-    [
-        (dict(dp=2, fsdp=True), "dp"),
-        (dict(tp=2), "tp"),
-        (dict(pp=2), "pp"),
-    ],
-)
-def test_each_rank_stores_only_its_share(plan: dict[str, object], shards: str, tmp_path: Path) -> None:
+@pytest.mark.parametrize(("plan", "shards"), [("fsdp2", "dp"), ("tp2", "tp"), ("pp2-1f1b", "pp")])
+def test_each_rank_stores_only_its_share(plan: str, shards: str, parallel: Callable[[str], LaunchedRun]) -> None:
     """The split is real: a rank holds part of the model, and the parts add up to the whole."""
-    run = launch(tmp_path, steps=1, **plan)
+    run = parallel(plan)
     total = run.run.shape.parameter_count()
     local = [started.local_parameters for started in run.started]
     assert len(local) == 2
@@ -73,12 +80,14 @@ def test_each_rank_stores_only_its_share(plan: dict[str, object], shards: str, t
         assert sum(local) == total
 
 
-@pytest.mark.parametrize("plan", [PLANS["fsdp2-tp2"], PLANS["dp2-tp2-pp2"]], ids=["fsdp2-tp2", "dp2-tp2-pp2"])
-def test_a_composed_plan_splits_the_model_over_each_of_its_dimensions(plan: dict[str, object], tmp_path: Path) -> None:
+@pytest.mark.parametrize("key", ["fsdp2-tp2", "dp2-tp2-pp2"])
+def test_a_composed_plan_splits_the_model_over_each_of_its_dimensions(
+    key: str, parallel: Callable[[str], LaunchedRun]
+) -> None:
     """fsdp2 x tp2: the four ranks' parts add up to the model once (RMSNorm weights once per tensor-parallel
     rank), a quarter each; dp2 x tp2 x pp2: each data-parallel replica's four parts add up so, and the two
     replicas hold the same."""
-    run = launch(tmp_path, steps=1, **plan)
+    plan, run = PLANS[key], parallel(key)
     assert run.result.status == "completed", run.result
     shape = run.run.shape
     total, norms = shape.parameter_count(), (2 * shape.n_layers + 1) * shape.dim
