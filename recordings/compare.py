@@ -11,10 +11,17 @@ compared anyway, with a warning, since the comparison is then unfair.
 Communication is compared on exposed time per step (what the ranks waited),
 never on summed in-flight time, which counts an asynchronous operation's
 overlap with compute as if the step had waited for it.
+
+The ranks and nodes that stand out are the rank grid's (the metrics core's
+attention rule, :mod:`meshtop.recordings.metrics.attention`, at each run's
+end): per measure, those of A and those of B, and whether the change fixed
+them (``fixed``: A had some, B none), brought them (``new``), or neither
+(``still``, ``none``).
 """
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +29,8 @@ import numpy as np
 from scipy.stats import mannwhitneyu
 
 from meshtop.recordings.manifest import LOAD_FILE, LOAD_WORK, RunDescription, Script
+from meshtop.recordings.metrics.attention import MEASURES as GRID_MEASURES
+from meshtop.recordings.metrics.attention import Attention, Scored
 from meshtop.recordings.metrics.breakdown import PARTS
 from meshtop.recordings.metrics.requests import LATENCIES
 from meshtop.recordings.metrics.run import RunFold
@@ -32,6 +41,8 @@ P_VALUE = 0.01
 MIN_CHANGE = 0.01
 SINGLE_VALUE_CHANGE = 0.02
 SAME_WORK = ("mode", "dtype", "precision", "checkpoint", "seq_len", "batch_size")
+RANKS_KEPT = 8
+"""The ranks that stand out most, per run and measure, that a comparison names (it counts the rest)."""
 
 
 def mann_whitney_p(a: np.ndarray, b: np.ndarray) -> float:
@@ -309,9 +320,53 @@ def _stage_and_memory_metrics(a: RunFold, b: RunFold) -> list[dict[str, Any]]:
     return rows
 
 
-def compare(a: Recording, b: Recording) -> dict[str, Any]:
-    """Every comparable figure of ``a`` (before) and ``b`` (after)."""
-    fold_a, fold_b = fold_recording(a), fold_recording(b)
+def grid_attention(fold: RunFold) -> dict[str, Attention]:
+    """Each rank grid measure's attention at the end of a folded run (those no rank has a value of left out)."""
+    found = {measure: fold.attention(measure) for measure in GRID_MEASURES}
+    return {measure: attention for measure, attention in found.items() if attention.ranks}
+
+
+def _standing_out_side(found: Attention | None) -> dict[str, Any]:
+    """What stands out in one run on one measure: the flagged nodes, the first :data:`RANKS_KEPT` flagged ranks
+    (the worst first) and how many ranks are flagged in all. ``z`` is ``None`` where it is infinite (most
+    ranks alike to the microsecond: the crowd's MAD is 0)."""
+
+    def row(key: str, scored: Scored) -> dict[str, Any]:
+        return {key: scored.key, "value": scored.value, "z": None if math.isinf(scored.z) else scored.z}
+
+    if found is None:
+        return {"scored": False, "median": None, "nodes": [], "ranks": [], "flagged_ranks": 0}
+    ranks = [row("rank", scored) for scored in found.ranks if scored.flagged]
+    return {
+        "scored": True,
+        "median": found.median,
+        "nodes": [row("node", scored) for scored in found.nodes if scored.flagged],
+        "ranks": ranks[:RANKS_KEPT],
+        "flagged_ranks": len(ranks),
+    }
+
+
+def standing_out(a: dict[str, Attention], b: dict[str, Attention]) -> list[dict[str, Any]]:
+    """Per rank grid measure scored in either run (:func:`grid_attention`'s): what stands out in A and in B, and
+    the verdict: ``fixed``, ``new``, ``still`` or ``none`` (see the module's docstring)."""
+    rows = []
+    for measure in GRID_MEASURES:
+        if measure not in a and measure not in b:
+            continue
+        side_a, side_b = _standing_out_side(a.get(measure)), _standing_out_side(b.get(measure))
+        before, after = (
+            bool(side_a["flagged_ranks"] or side_a["nodes"]),
+            bool(side_b["flagged_ranks"] or side_b["nodes"]),
+        )
+        verdict = "still" if before and after else "fixed" if before else "new" if after else "none"
+        rows.append({"measure": measure, "a": side_a, "b": side_b, "verdict": verdict})
+    return rows
+
+
+def compare(a: Recording, b: Recording, folds: tuple[RunFold, RunFold] | None = None) -> dict[str, Any]:
+    """Every comparable figure of ``a`` (before) and ``b`` (after); ``folds``: the two already folded
+    (:func:`~meshtop.recordings.summary.fold_recording`'s), where the caller has them."""
+    fold_a, fold_b = folds or (fold_recording(a), fold_recording(b))
     inference = fold_a.requests is not None and fold_b.requests is not None
     metrics = _request_metrics(fold_a, fold_b) if inference else _step_metrics(fold_a, fold_b)
     metrics += _communication_metrics(fold_a, fold_b)
@@ -326,5 +381,6 @@ def compare(a: Recording, b: Recording) -> dict[str, Any]:
         "metrics": metrics,
         "moved": None if inference else part_moved(metrics),
         "failures": failure_differences(fold_a, fold_b) if inference else [],
+        "standing_out": standing_out(grid_attention(fold_a), grid_attention(fold_b)),
         "problems": [*a.problems, *b.problems],
     }

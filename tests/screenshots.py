@@ -13,9 +13,9 @@ from pathlib import Path
 
 from meshtop.recordings.compare import compare
 from meshtop.recordings.reader import open_recording
-from meshtop.recordings.summary import summarize
+from meshtop.recordings.summary import fold_recording, summarize
 from meshtop.tui.app import MeshtopApp
-from meshtop.tui.compare_app import CompareApp
+from meshtop.tui.compare_app import CompareApp, RunGrid
 from meshtop.tui.sources import ReplaySource
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -40,7 +40,8 @@ async def dashboard(out: Path) -> None:
 async def comparison(out: Path, other: Path | None) -> None:
     a = open_recording(SAMPLE)
     b = open_recording(other) if other else a
-    app = CompareApp(compare(a, b), summarize(a), summarize(b))
+    folds = fold_recording(a), fold_recording(b)
+    app = CompareApp(compare(a, b, folds), summarize(a), summarize(b), (RunGrid.of(folds[0]), RunGrid.of(folds[1])))
     async with app.run_test(size=SIZE) as pilot:
         await pilot.pause()
         app.save_screenshot("compare.svg", path=str(out))

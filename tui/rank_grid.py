@@ -14,20 +14,13 @@ from collections.abc import Callable, Sequence
 from rich.console import Group
 from rich.text import Text
 
-from meshtop.recordings.metrics.attention import STEP_MEASURES, Z_LIMIT, Attention, Scored
+from meshtop.recordings.metrics.attention import LABELS, STEP_MEASURES, Z_LIMIT, Attention, Scored
 from meshtop.tui.charts import human_bytes, human_seconds
 from meshtop.tui.state import DashboardState
 from meshtop.tui.views import Panel, RankFilter, section
 
 MEASURES = ("step", "communication", "data", "bubble", "headroom")
 """The grid's measures, in the order ``m`` cycles them."""
-LABELS = {
-    "step": "step time",
-    "communication": "exposed communication",
-    "data": "data wait",
-    "bubble": "pipeline bubble",
-    "headroom": "memory headroom",
-}
 CELL = "█"
 UNSCORED = "·"
 GROUP = 8
@@ -116,8 +109,8 @@ def top_text(measure: str, shown: list[Scored], node_of: dict[int, int], *, chos
     return text
 
 
-def header_text(attention: Attention, *, only_attention: bool) -> Text:
-    """What the grid shows and its keys: the measure, the crowd's median, what stands out."""
+def header_text(attention: Attention, *, only_attention: bool, keys: bool = True) -> Text:
+    """What the grid shows and (``keys``) its keys: the measure, the crowd's median, what stands out."""
     text = Text()
     text.append(f"{LABELS[attention.measure]}", style="bold")
     if attention.median is not None:
@@ -128,7 +121,9 @@ def header_text(attention: Attention, *, only_attention: bool) -> Text:
         text.append(f"{len(ranks)} rank(s), {len(nodes)} node(s) stand out (z > {Z_LIMIT:g})", style=FLAGGED)
     else:
         text.append("nothing stands out", style=CALM)
-    text.append(f"   m: measure · a: {'every rank' if only_attention else 'attention only'}\n", style="dim")
+    if keys:
+        text.append(f"   m: measure · a: {'every rank' if only_attention else 'attention only'}", style="dim")
+    text.append("\n")
     return text
 
 

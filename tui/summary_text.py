@@ -5,6 +5,7 @@ from __future__ import annotations
 import shlex
 from typing import Any
 
+from meshtop.recordings.metrics.attention import LABELS, Z_LIMIT
 from meshtop.recordings.metrics.requests import LATENCIES, Slo
 from meshtop.runner.plan import recipe_words
 from meshtop.tui.state import ranks_text
@@ -356,20 +357,80 @@ def gpu_lines(summary: dict[str, Any]) -> list[str]:
 
 
 def comparison_lines(comparison: dict[str, Any]) -> list[str]:
+    """The comparison as text: each figure of A and B; past :data:`MEMORY_RANKS` ranks, the per-rank peaks of
+    the :data:`MEMORY_TOP` ranks whose peak moved most, and a line for the others (``--json`` keeps them all);
+    then the ranks and nodes that stand out in each run."""
     lines = [f"A: {comparison['a']}", f"B: {comparison['b']}"]
     lines += [f"warning: {warning}: the comparison is unfair" for warning in comparison["warnings"]]
     lines.append(f"  {'metric':<44}{'A':>14}{'B':>14}{'B / A':>9}")
-    for row in comparison["metrics"]:
+    metrics, per_rank = comparison["metrics"], [row for row in comparison["metrics"] if _per_rank_peak(row)]
+    left_out: list[dict[str, Any]] = []
+    if len(per_rank) > MEMORY_RANKS:
+        moved = sorted(per_rank, key=lambda row: -abs((row["ratio"] or 1.0) - 1.0))
+        left_out = moved[MEMORY_TOP:]
+        kept = {id(row) for row in moved[:MEMORY_TOP]}
+        metrics = [row for row in metrics if not _per_rank_peak(row) or id(row) in kept]
+    for row in metrics:
         ratio = f"{row['ratio']:.3f}" if row["ratio"] is not None else "-"
         mark = "  *" if row["significant"] else ""
         lines.append(
             f"  {row['name']:<44}{figure(row['name'], row['a']):>14}{figure(row['name'], row['b']):>14}{ratio:>9}{mark}"
         )
+    if left_out:
+        ratios = sorted(row["ratio"] for row in left_out if row["ratio"] is not None)
+        spread = f": B / A {ratios[0]:.3f} to {ratios[-1]:.3f}" if ratios else ""
+        lines.append(
+            f"  the other {len(left_out)} ranks' peak memory{spread}, "
+            f"{sum(row['significant'] for row in left_out)} moved (--json lists every rank)"
+        )
     lines.append("  * beyond run-to-run noise (Mann-Whitney p < 0.01 on the per-step values, and over 1 %)")
     lines += [f"  {line}" for line in comparison.get("failures", [])]
     if comparison.get("moved"):
         lines.append(f"  {comparison['moved']}")
+    lines += standing_out_lines(comparison.get("standing_out", []))
     return lines
+
+
+def _per_rank_peak(row: dict[str, Any]) -> bool:
+    return row["name"].startswith("rank ") and row["name"].endswith(" peak memory (bytes)")
+
+
+def standing_out_lines(rows: list[dict[str, Any]]) -> list[str]:
+    """What stands out in A and in B, a line a measure (``compare``'s ``standing_out``), where either has
+    something that does."""
+    shown = [row for row in rows if row["verdict"] != "none"]
+    if not shown:
+        return (
+            [f"  no rank or node stands out in either run ({', '.join(LABELS[row['measure']] for row in rows)})"]
+            if rows
+            else []
+        )
+    lines = [f"ranks and nodes that stand out (the rank grid's: modified z over {Z_LIMIT:g}):"]
+    for row in shown:
+        lines.append(
+            f"  {LABELS[row['measure']]}: A: {_standing_out_words(row['a'])}; B: {_standing_out_words(row['b'])}"
+            f"  [{row['verdict']}]"
+        )
+    return lines
+
+
+def _standing_out_words(side: dict[str, Any]) -> str:
+    if not side["scored"]:
+        return "not measured"
+    if not side["nodes"] and not side["flagged_ranks"]:
+        return "nothing"
+    words = []
+    if side["nodes"]:
+        words.append("node " + ", ".join(str(node["node"]) for node in side["nodes"]))
+    if side["flagged_ranks"]:
+        named = ranks_text(rank["rank"] for rank in side["ranks"])
+        more = (
+            f" and {side['flagged_ranks'] - len(side['ranks'])} more"
+            if side["flagged_ranks"] > len(side["ranks"])
+            else ""
+        )
+        words.append(f"{side['flagged_ranks']} rank(s): {named}{more}")
+    return ", ".join(words)
 
 
 def figure(name: str, value: float | None) -> str:

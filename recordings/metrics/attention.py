@@ -37,6 +37,14 @@ MEASURES = {
     "headroom": "low",
 }
 """Each measure and its bad side."""
+LABELS = {
+    "step": "step time",
+    "communication": "exposed communication",
+    "data": "data wait",
+    "bubble": "pipeline bubble",
+    "headroom": "memory headroom",
+}
+"""Each measure in words (the rank grid's heading, ``compare``'s lines)."""
 STEP_MEASURES = ("step", "communication", "data", "bubble")
 WINDOW = 20
 """Closed steps a rank's value is the median of."""

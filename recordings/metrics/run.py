@@ -177,6 +177,10 @@ class RunFold:
         self.steps = StepStats()
         self.positions: dict[int, tuple[int, int, int]] = {}
         """(pp, dp, tp) of each rank that reported its start."""
+        self.nodes: dict[int, int] = {}
+        """The node of each rank that reported its start."""
+        self.hosts: dict[int, str] = {}
+        """The host of each node whose ranks reported their start."""
         self.trained: dict[int, tuple[int, int]] = {}
         """A script's ranks: (pipeline rank, parameter elements its optimizer trains at their global size)."""
         self.gpu_models: dict[tuple[int, int], GpuModel] = {}
@@ -331,6 +335,7 @@ class RunFold:
                 self._on_step(event)
             elif isinstance(event, RankStarted):
                 self.positions[event.rank] = (event.pp_rank, event.dp_rank, event.tp_rank)
+                self.nodes[event.rank], self.hosts[event.node] = event.node, event.host
                 if event.model_parameters is not None:
                     self.trained[event.rank] = (event.pp_rank, event.model_parameters)
             elif isinstance(event, MemorySnapshot):
@@ -378,10 +383,11 @@ class RunFold:
         fresh = min(len(self.recent_steps), self.steps_completed - seen)
         return list(islice(self.recent_steps, len(self.recent_steps) - fresh, None)) if fresh > 0 else []
 
-    def attention(self, measure: str, node_of: dict[int, int]) -> Attention:
-        """The ranks and nodes (``node_of``: each rank's) that stand out on ``measure``
-        (:mod:`~meshtop.recordings.metrics.attention`): a step measure over each rank's last closed steps, or
-        each rank's memory headroom (GPU ranks only)."""
+    def attention(self, measure: str, node_of: dict[int, int] | None = None) -> Attention:
+        """The ranks and nodes (``node_of``: each rank's; by default the node each reported at its start) that
+        stand out on ``measure`` (:mod:`~meshtop.recordings.metrics.attention`): a step measure over each rank's
+        last closed steps, or each rank's memory headroom (GPU ranks only)."""
+        node_of = self.nodes if node_of is None else node_of
         if measure in STEP_MEASURES:
             values = self.recent_by_rank.medians(measure)
         else:

@@ -166,3 +166,41 @@ def test_a_traces_size_is_estimated_before_and_a_whole_one_too_large_for_perfett
         )
     csv = one_line_error(["export", str(SAMPLE), "--format", "csv", "-o", str(tmp_path / "c"), "--ranks", "0"], capsys)
     assert "give them with --format perfetto" in csv
+
+
+def test_a_compare_at_scale_names_what_stood_out_before_and_after_and_keeps_per_rank_rows_short(
+    tmp_path: Path, capsys
+) -> None:
+    """1024 ranks on 16 nodes, node 5 twice as slow before and not after: the text names node 5 and its 64
+    ranks in A, nothing in B, and says fixed (the other way round: new); the JSON lists the flagged ranks, the
+    worst first, and counts them all."""
+    from tests.kit.recordings import fleet_recording
+
+    slow = fleet_recording(tmp_path / "slow", ranks=1024, nodes=16, slow_node=5)
+    even = fleet_recording(tmp_path / "even", ranks=1024, nodes=16)
+    assert main(["compare", str(slow), str(even)]) == 0
+    text = capsys.readouterr().out
+    [line] = [line for line in text.splitlines() if line.strip().startswith("step time: A:")]
+    assert "A: node 5, 64 rank(s): " in line and "and 56 more; B: nothing  [fixed]" in line, line
+    assert main(["compare", str(even), str(slow), "--json"]) == 0
+    [step] = [row for row in json.loads(capsys.readouterr().out)["standing_out"] if row["measure"] == "step"]
+    assert step["verdict"] == "new" and step["a"]["flagged_ranks"] == 0
+    assert [node["node"] for node in step["b"]["nodes"]] == [5] and step["b"]["flagged_ranks"] == 64
+    assert len(step["b"]["ranks"]) == 8 and all(320 <= rank["rank"] < 384 for rank in step["b"]["ranks"])
+    values = [rank["value"] for rank in step["b"]["ranks"]]
+    assert values == sorted(values, reverse=True) and values[0] > 1.9 * step["b"]["median"]
+
+
+def test_a_compare_of_many_ranks_prints_the_per_rank_peaks_that_moved_most(tmp_path: Path, capsys) -> None:
+    """Past 16 ranks, the text keeps the 8 per-rank peak rows that moved most and counts the others."""
+    from tests.kit.events import memory_snapshot
+
+    def run(directory: Path, grown: int) -> Path:
+        events = [memory_snapshot(rank, (100 + (50 if rank == grown else 0)) << 20) for rank in range(32)]
+        return write_recording(directory, events, run=description(dp=32))
+
+    assert main(["compare", str(run(tmp_path / "a", -1)), str(run(tmp_path / "b", 7))]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    per_rank = [line for line in lines if line.strip().startswith("rank ") and "peak memory" in line]
+    assert len(per_rank) == 8 and next(line for line in per_rank if "1.500" in line).split()[1] == "7", per_rank
+    assert any("the other 24 ranks' peak memory: B / A 1.000 to 1.000, 0 moved" in line for line in lines), lines

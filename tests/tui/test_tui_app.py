@@ -255,6 +255,41 @@ async def test_compare_view_marks_real_changes() -> None:
         assert "+100.0% worse" in text and "(noise)" not in text
 
 
+async def test_compare_shows_both_runs_rank_grids_and_what_stood_out_in_each(tmp_path: Path) -> None:
+    """``g``: A's grid (1024 ranks on 16 nodes, node 5 twice as slow) beside B's (none slow), each cell a rank;
+    A says 64 ranks and a node stand out, B nothing; ``a`` leaves A's node 5 alone and B none."""
+    from meshtop.recordings.summary import fold_recording
+    from meshtop.tui.compare_app import RunGrid
+
+    recordings = [
+        open_recording(fleet_recording(tmp_path / name, ranks=1024, nodes=16, slow_node=slow))
+        for name, slow in (("before", 5), ("after", None))
+    ]
+    folds = fold_recording(recordings[0]), fold_recording(recordings[1])
+    grids = RunGrid.of(folds[0]), RunGrid.of(folds[1])
+    app = CompareApp(compare(*recordings, folds), *map(summarize, recordings), grids)  # type: ignore[call-arg]
+    async with app.run_test(size=(200, 60)) as pilot:
+
+        def halves() -> tuple[str, str]:
+            rows = screen_text(app).splitlines()
+            return "\n".join(row[:100] for row in rows), "\n".join(row[100:] for row in rows)
+
+        def node_rows(text: str) -> list[str]:
+            return [line.strip() for line in text.splitlines() if line.strip().startswith("n") and " node" in line]
+
+        await press(pilot, "g")
+        text_a, text_b = halves()
+        assert "64 rank(s), 1 node(s) stand out" in text_a and "nothing stands out" in text_b, text_a + text_b
+        for text in (text_a, text_b):
+            assert len(node_rows(text)) == 16 and all(row.count("█") == 64 for row in node_rows(text)), text
+        await press(pilot, "a")
+        text_a, text_b = halves()
+        assert [row[:8] for row in node_rows(text_a)] == ["n5 node5"], text_a
+        assert "no rank or node stands out" in text_b
+        await press(pilot, "g")
+        assert "step time (s)" in screen_text(app)  # back to the table
+
+
 SNAPSHOT_VIEWS = {
     "overview": "1",
     "devices": "2",

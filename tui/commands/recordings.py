@@ -173,16 +173,19 @@ def command_compare(args: argparse.Namespace) -> int:
     """Two recordings' figures side by side, as text, JSON or in the terminal UI."""
     from meshtop.recordings.compare import compare
     from meshtop.recordings.reader import open_recording
+    from meshtop.recordings.summary import fold_recording
     from meshtop.tui.summary_text import comparison_lines
 
     before, after = open_recording(args.before), open_recording(args.after)
-    comparison = compare(before, after)
+    folds = fold_recording(before), fold_recording(after)
+    comparison = compare(before, after, folds)
     if args.tui:
         from meshtop.recordings.summary import summarize
-        from meshtop.tui.compare_app import CompareApp
+        from meshtop.tui.compare_app import CompareApp, RunGrid
 
         require_terminal("meshtop compare --tui", "leave out --tui for the comparison as text")
-        CompareApp(comparison, summarize(before), summarize(after)).run()
+        grids = RunGrid.of(folds[0]), RunGrid.of(folds[1])
+        CompareApp(comparison, summarize(before), summarize(after), grids).run()
         return EXIT_OK
     return print_report(comparison, as_json=args.json, lines=comparison_lines)
 
