@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import pandas as pd
 import pyarrow as pa
 
 from meshtop.probes.events import EVENT_TYPES
@@ -15,6 +15,9 @@ from meshtop.recordings.manifest import Manifest, RecordingError, read_manifest
 from meshtop.recordings.node_parts import NodePart, part_name, read_parts
 from meshtop.recordings.schema import empty
 from meshtop.recordings.tables import read_json_lines, read_node_rows, read_parquet, to_frame
+
+if TYPE_CHECKING:  # pandas is imported where a table is asked for as a frame (0.45 s a process)
+    import pandas as pd
 
 
 @dataclass

@@ -15,8 +15,8 @@ import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
@@ -25,6 +25,9 @@ from meshtop.recordings.clock import on_head
 from meshtop.recordings.events_log import EVENTS_DIR
 from meshtop.recordings.node_parts import NodePart, part_name, read_parts
 from meshtop.recordings.schema import columns, conform, decode_lines
+
+if TYPE_CHECKING:  # imported by to_frame, where a table is asked for as a frame (0.45 s a process)
+    import pandas as pd
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,6 +96,8 @@ def _may_drop_rows(kind: str, file: pq.ParquetFile, names: Sequence[str]) -> boo
 
 def to_frame(kind: str, table: pa.Table) -> pd.DataFrame:
     """A table as pandas, integers as integers: ``Int64`` where the field may be missing."""
+    import pandas as pd
+
     frame = table.to_pandas()
     for column in columns(kind):
         if column.python is int and column.nullable:

@@ -41,12 +41,11 @@ from itertools import chain, pairwise
 
 import numpy as np
 import numpy.typing as npt
-import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from meshtop.recordings.metrics.bandwidth import bus_factor, busbw_column
-from meshtop.recordings.metrics.stats import Distribution, quantile
+from meshtop.recordings.metrics.stats import Distribution, factorize, quantile
 from meshtop.recordings.metrics.steps import ClosedSteps, StepSpans
 
 _NO_SPAN = (np.iinfo(np.int64).min, np.iinfo(np.int64).max)
@@ -184,7 +183,7 @@ class CollectiveFold:
         groups = pc.dictionary_encode(table.column("group")).combine_chunks()
         ops = pc.dictionary_encode(table.column("op")).combine_chunks()
         width = len(ops.dictionary)
-        rows, pairs = pd.factorize(
+        rows, pairs = factorize(
             groups.indices.to_numpy(zero_copy_only=False).astype(np.int64) * width
             + ops.indices.to_numpy(zero_copy_only=False)
         )
@@ -195,7 +194,7 @@ class CollectiveFold:
     def _factors(self, key: np.ndarray, sizes: np.ndarray) -> np.ndarray:
         """Each operation's bus factor (NaN where bandwidth means nothing), by its op and group size."""
         width = int(sizes.max()) + 1
-        rows, pairs = pd.factorize(key * width + sizes)
+        rows, pairs = factorize(key * width + sizes)
         factors = []
         for value in pairs.tolist():
             index, size = divmod(value, width)

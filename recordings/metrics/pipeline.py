@@ -28,11 +28,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
-import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from meshtop.recordings.metrics.stats import Distribution
+from meshtop.recordings.metrics.stats import Distribution, factorize
 from meshtop.recordings.metrics.steps import ClosedSteps
 
 HISTORY = 240
@@ -112,7 +111,7 @@ class StageFold:
         stage = table.column("stage").to_numpy()
         pipeline_rank = stage % self.pp if self.pp is not None else stage
         ranks = int(rank.max()) + 1
-        inverse, pairs = pd.factorize(step * ranks + rank)  # pairs in the order they first come
+        inverse, pairs = factorize(step * ranks + rank)  # pairs in the order they first come
         first = np.flatnonzero(np.r_[True, inverse[1:] > np.maximum.accumulate(inverse)[:-1]])
         sums = np.bincount(inverse, weights=busy_ns, minlength=len(pairs))
         for pair, busy, first_stage in zip(pairs.tolist(), sums.tolist(), pipeline_rank[first].tolist(), strict=True):

@@ -1,4 +1,8 @@
-"""The measured pipeline bubble follows (p - 1) / (m + p - 1) for balanced GPipe and 1F1B."""
+"""The measured pipeline bubble follows (p - 1) / (m + p - 1) for balanced 1F1B (the default schedule).
+
+GPipe's bubble has the same formula and is measured by the same code (the stage actions of each schedule,
+folded alike); the suite's accuracy rows (``python -m tests.bench.suite --only accuracy``) measure it beside
+1F1B's. Here one schedule, for the CI machine's time: each run of m = 2, 4 and 8 costs it about a minute."""
 
 from __future__ import annotations
 
@@ -9,8 +13,8 @@ from tests.bench.accuracy import ANY_ABOVE, BELOW, SLOWEST_ABOVE, measure_bubble
 pytestmark = pytest.mark.slow
 
 
-@pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
-def test_bubble_follows_theory_as_microbatches_grow(schedule: str) -> None:
+def test_bubble_follows_theory_as_microbatches_grow() -> None:
+    schedule = "1f1b"
     rows = [measure_bubble(schedule, m) for m in (2, 4, 8)]
     for row in rows:
         theory, m = row["theory"], row["microbatches"]
