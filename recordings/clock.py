@@ -13,6 +13,7 @@ offset, and ``node`` set where the kind has one, as
 
 from __future__ import annotations
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -37,9 +38,12 @@ def on_head(kind: str, table: pa.Table, *, offset_ns: int, node: int) -> pa.Tabl
 
 
 def _moved_lists(column: pa.ChunkedArray, offset: pa.Scalar) -> pa.ChunkedArray:
-    """Each list of time stamps in ``column`` moved by ``offset``; a null list stays null."""
+    """Each list of time stamps in ``column`` moved by ``offset``; a null list stays null (offsets rebuilt from
+    the lists' lengths: a chunk may be a slice of a bigger one)."""
     chunks = []
     for chunk in column.chunks:
-        values = pc.add(chunk.values, offset)
-        chunks.append(pa.ListArray.from_arrays(chunk.offsets, values, type=chunk.type, mask=chunk.is_null()))
+        lengths = pc.fill_null(pc.list_value_length(chunk), 0).to_numpy(zero_copy_only=False)
+        offsets = pa.array(np.concatenate([[0], np.cumsum(lengths)]), pa.int32())
+        values = pc.add(chunk.flatten(), offset)
+        chunks.append(pa.ListArray.from_arrays(offsets, values, type=chunk.type, mask=chunk.is_null()))
     return pa.chunked_array(chunks, type=column.type)

@@ -15,7 +15,7 @@ from typing import IO
 
 from meshtop.probes.arrivals import Arrival, EncodedEvents, encode_lines
 from meshtop.recordings.manifest import RecordingError
-from meshtop.recordings.node_parts import frame, part_name
+from meshtop.recordings.node_parts import frame_header, part_name
 
 EVENTS_DIR = "events"
 
@@ -37,9 +37,8 @@ class EventWriter:
         written = 0
         for item in items:
             if isinstance(item, EncodedEvents) and item.node is not None:
-                by_file.setdefault(part_name(item.node), []).append(
-                    frame(item.kind, item.count, item.offset_ns, item.lines)
-                )
+                part = by_file.setdefault(part_name(item.node), [])
+                part += (frame_header(item.kind, item.count, item.offset_ns, len(item.lines)), item.lines)
             elif isinstance(item, EncodedEvents):
                 by_file.setdefault(f"{item.kind}.jsonl", []).append(item.lines)
             else:

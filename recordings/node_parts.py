@@ -35,10 +35,10 @@ def node_of_part(path: Path) -> int | None:
     return int(stem[len(PART_PREFIX) :])
 
 
-def frame(kind: str, count: int, offset_ns: int, lines: bytes) -> bytes:
-    """One block as its part keeps it."""
-    header = {"kind": kind, "count": count, "bytes": len(lines), "offset_ns": offset_ns}
-    return json.dumps(header, separators=(",", ":")).encode() + b"\n" + lines
+def frame_header(kind: str, count: int, offset_ns: int, size: int) -> bytes:
+    """The line that goes before a block of ``size`` bytes in its part (the block follows it unchanged)."""
+    header = {"kind": kind, "count": count, "bytes": size, "offset_ns": offset_ns}
+    return json.dumps(header, separators=(",", ":")).encode() + b"\n"
 
 
 @dataclass

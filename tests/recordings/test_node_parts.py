@@ -3,19 +3,24 @@ head's: the live fold, a recording still being written (or killed), and the comp
 
 from __future__ import annotations
 
+import functools
 import socket
 import time
 from pathlib import Path
+
+import pytest
 
 from meshtop.probes.arrivals import Arrivals, EncodedEvents, encode_lines
 from meshtop.probes.collector import Collector
 from meshtop.probes.events import Event, on_node
 from meshtop.probes.wire import FrameError, event_sections, pack, sections
 from meshtop.recordings.events_log import EVENTS_DIR, EventWriter
+from meshtop.recordings.manifest import Manifest
 from meshtop.recordings.node_parts import part_name
 from meshtop.recordings.reader import open_recording
+from meshtop.recordings.recorder import Ending, SessionRecorder
 from meshtop.recordings.schema import events_of
-from meshtop.recordings.session_fold import arrival_tables
+from meshtop.recordings.session_fold import FOLDED_KINDS, PROGRESS_KINDS, SessionFold, arrival_tables
 from meshtop.recordings.tables import compact
 from tests.kit import events
 from tests.kit.recordings import fleet_description, write_recording
@@ -121,3 +126,43 @@ def test_a_recording_keeps_a_nodes_blocks_as_they_came_and_reads_them_on_the_hea
         assert sorted(map(repr, events_of(kind, closed.arrow(kind)))) == sorted(
             map(repr, events_of(kind, live.arrow(kind)))
         )
+
+
+@pytest.mark.parametrize("kinds", [PROGRESS_KINDS, FOLDED_KINDS], ids=["headless", "folded"])
+def test_the_manifest_lists_each_nodes_gpus_from_their_samples(kinds: frozenset[str], tmp_path: Path) -> None:
+    """The head's own GPU and node 1's two (streamed), each once, as first sampled; whether the session's fold
+    reads the samples (a dashboard) or not (a headless ``record``)."""
+    run = fleet_description(4, 2)
+    recorder = SessionRecorder(SessionFold(run, kinds=kinds), tmp_path, Manifest(run=run))
+    sample = functools.partial(events.gpu_sample, name="NVIDIA H200", memory_total_bytes=141 << 30)
+    recorder.take(Arrivals([sample(gpu=0, wall_ns=1), *streamed([sample(gpu=0), sample(gpu=1)])]))
+    recorder.take(Arrivals(streamed([sample(gpu=1, memory_total_bytes=1), sample(gpu=2, power_limit_w=700.0)])))
+    recorder.close(Ending(status="completed", duration_s=1.0))
+    manifest = open_recording(tmp_path).manifest
+    assert [(g.node, g.gpu, g.memory_total_bytes, g.power_limit_w) for g in manifest.gpus] == [
+        (0, 0, 141 << 30, None),
+        (1, 0, 141 << 30, None),
+        (1, 1, 141 << 30, None),
+        (1, 2, 141 << 30, 700.0),
+    ]
+    assert [(n.node, n.gpus) for n in manifest.nodes] == [(0, (0,)), (1, (0, 1, 2))]
+
+
+@pytest.mark.parametrize("bad_line", [False, True], ids=["parsed together", "a bad line: parsed apart"])
+def test_every_nodes_blocks_of_a_kind_land_each_on_its_own_clock(bad_line: bool) -> None:
+    local = [events.step(0, 1, start_ns=1000), events.step(1, 1, start_ns=1001)]
+    first, second = (
+        [events.step(2, 1, start_ns=2000)],
+        [events.step(3, 1, start_ns=3000, phase_start_ns=(3000, 3010)), events.step(4, 1, start_ns=3001)],
+    )
+    blocks = [EncodedEvents("step", 0, encode_lines(local), 2)]
+    for node, offset, items in ((1, -500, first), (2, 70, second)):
+        (block,) = streamed(items, offset_ns=offset)
+        blocks.append(EncodedEvents("step", 0, block.lines, block.count, node=node, offset_ns=offset))
+    if bad_line:
+        blocks[1] = EncodedEvents("step", 0, blocks[1].lines + b"not json\n", 2, node=1, offset_ns=-500)
+    tables = arrival_tables(Arrivals(blocks), {"step"})
+    got = sorted((e.rank, e.start_ns) for _, table in tables for e in events_of("step", table))  # type: ignore[attr-defined]
+    assert got == [(0, 1000), (1, 1001), (2, 1500), (3, 3070), (4, 3071)]
+    phases = {e.rank: e.phase_start_ns for _, table in tables for e in events_of("step", table)}  # type: ignore[attr-defined]
+    assert phases[3] == (3070, 3080) and phases[4] == ()
