@@ -72,16 +72,16 @@ def _decoded(kind: str, groups: dict[Clock, list[EncodedEvents]]) -> list[pa.Tab
 
     Every node's blocks are parsed in one go (a thousand ranks' steps over 16 nodes make 16 small blocks
     a poll, which Python's ``json`` parses at a fifth of the speed of Arrow's reader on one big one), then
-    cut by node; where a line was bad, the rows no longer line up with the blocks, and each clock's blocks
-    are parsed apart."""
+    cut by node; where a line was bad or a block's count is not its lines, the rows no longer line up with
+    the blocks, and each clock's blocks are parsed apart."""
     if not groups:
         return []
     if len(groups) > 1:
         decoded = decode_lines(kind, b"".join(block.lines for group in groups.values() for block in group))
-        if not decoded.bad:
+        counts = [sum(block.count for block in group) for group in groups.values()]
+        if not decoded.bad and decoded.table.num_rows == sum(counts):
             tables, start = [], 0
-            for clock, group in groups.items():
-                rows = sum(block.count for block in group)
+            for clock, rows in zip(groups, counts, strict=True):
                 tables.append(_on_this_clock(kind, decoded.table.slice(start, rows), clock))
                 start += rows
             return tables

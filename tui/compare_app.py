@@ -17,6 +17,7 @@ from meshtop.recordings.compare import grid_attention
 from meshtop.recordings.metrics.attention import MEASURES, Attention
 from meshtop.recordings.metrics.run import RunFold
 from meshtop.tui.rank_grid import grid_text, header_text, standing_out, top_text
+from meshtop.tui.state import node_label
 from meshtop.tui.summary_text import figure, run_words
 from meshtop.tui.views import section
 
@@ -66,8 +67,7 @@ class RunGrid:
         return cls(grid_attention(fold), nodes, dict(fold.hosts))
 
     def node_label(self, node: int) -> str:
-        host = self.hosts.get(node, "?")
-        return host if len(self.nodes) <= 1 else f"n{node} {host}"
+        return node_label(node, self.hosts)
 
 
 class CompareApp(App[None]):

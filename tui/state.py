@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import time
 from collections import defaultdict, deque
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -536,9 +536,7 @@ class DashboardState:
         return {view.node: view.host or "?" for view in sorted(self.ranks.values(), key=lambda v: v.rank)}
 
     def host_label(self, node: int) -> str:
-        """``vm`` on one machine; ``n1 vm`` on many (two nodes may share a host name)."""
-        hosts = self.hosts()
-        return hosts.get(node, "?") if len(hosts) <= 1 else f"n{node} {hosts.get(node, '?')}"
+        return node_label(node, self.hosts())
 
     def gpu_label(self, gpu: GpuView) -> str:
         return f"GPU {gpu.gpu}" if len(self.hosts()) <= 1 else f"GPU {gpu.gpu} of {self.host_label(gpu.node)}"
@@ -564,6 +562,11 @@ class DashboardState:
             if self._attention is None or self._attention[0] != key:
                 self._attention = (key, fold.attention(measure, node_of))
             return self._attention[1]
+
+
+def node_label(node: int, hosts: Mapping[int, str]) -> str:
+    """``vm`` on one machine; ``n1 vm`` on many (two nodes may share a host name); ``hosts``: node -> host."""
+    return hosts.get(node, "?") if len(hosts) <= 1 else f"n{node} {hosts.get(node, '?')}"
 
 
 def ranks_text(ranks: Iterable[int]) -> str:

@@ -12,7 +12,7 @@ import pytest
 
 from meshtop.probes.arrivals import Arrivals, EncodedEvents, encode_lines
 from meshtop.probes.collector import Collector
-from meshtop.probes.events import Event, on_node
+from meshtop.probes.events import Event, StepTiming, on_node
 from meshtop.probes.wire import FrameError, event_sections, pack, sections
 from meshtop.recordings.events_log import EVENTS_DIR, EventWriter
 from meshtop.recordings.manifest import Manifest
@@ -162,7 +162,7 @@ def test_every_nodes_blocks_of_a_kind_land_each_on_its_own_clock(bad_line: bool)
     if bad_line:
         blocks[1] = EncodedEvents("step", 0, blocks[1].lines + b"not json\n", 2, node=1, offset_ns=-500)
     tables = arrival_tables(Arrivals(blocks), {"step"})
-    got = sorted((e.rank, e.start_ns) for _, table in tables for e in events_of("step", table))  # type: ignore[attr-defined]
-    assert got == [(0, 1000), (1, 1001), (2, 1500), (3, 3070), (4, 3071)]
-    phases = {e.rank: e.phase_start_ns for _, table in tables for e in events_of("step", table)}  # type: ignore[attr-defined]
+    steps: list[StepTiming] = [e for _, table in tables for e in events_of("step", table)]  # type: ignore[misc]
+    assert sorted((e.rank, e.start_ns) for e in steps) == [(0, 1000), (1, 1001), (2, 1500), (3, 3070), (4, 3071)]
+    phases = {e.rank: e.phase_start_ns for e in steps}
     assert phases[3] == (3070, 3080) and phases[4] == ()
