@@ -23,6 +23,7 @@ import pyarrow.parquet as pq
 from meshtop.probes.events import EVENT_TYPES
 from meshtop.recordings.clock import on_head
 from meshtop.recordings.events_log import EVENTS_DIR
+from meshtop.recordings.lazy_pandas import pandas
 from meshtop.recordings.node_parts import NodePart, part_name, read_parts
 from meshtop.recordings.schema import columns, conform, decode_lines
 
@@ -96,12 +97,11 @@ def _may_drop_rows(kind: str, file: pq.ParquetFile, names: Sequence[str]) -> boo
 
 def to_frame(kind: str, table: pa.Table) -> pd.DataFrame:
     """A table as pandas, integers as integers: ``Int64`` where the field may be missing."""
-    import pandas as pd
-
+    nullable_int = {pa.int64(): pandas().Int64Dtype()}.get
     frame = table.to_pandas()
     for column in columns(kind):
         if column.python is int and column.nullable:
-            frame[column.name] = table.column(column.name).to_pandas(types_mapper={pa.int64(): pd.Int64Dtype()}.get)
+            frame[column.name] = table.column(column.name).to_pandas(types_mapper=nullable_int)
     return frame
 
 

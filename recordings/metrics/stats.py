@@ -19,6 +19,8 @@ from collections.abc import Callable, Iterable, Sequence
 
 import numpy as np
 
+from meshtop.recordings.lazy_pandas import pandas
+
 QUANTILES = {"p50": 0.5, "p90": 0.9, "p99": 0.99}
 EXACT_LIMIT = 200_000
 """Values kept exactly per distribution (1.6 MB); beyond it, buckets."""
@@ -27,11 +29,8 @@ SUB_BUCKETS = 128
 
 def factorize(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Each of ``values``' code and the distinct values, in the order they first come (``pandas.factorize``,
-    hashed, not sorted). pandas is imported on the first call, not with the metrics: it costs a process 0.45 s,
-    which ``meshtop record`` and ``run`` would spend before launching the ranks."""
-    import pandas as pd
-
-    codes, uniques = pd.factorize(values)
+    hashed, not sorted). pandas is imported on the first call, not with the metrics (:mod:`lazy_pandas`)."""
+    codes, uniques = pandas().factorize(values)
     return codes, np.asarray(uniques)
 
 
