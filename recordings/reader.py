@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -14,7 +14,14 @@ from meshtop.recordings.events_log import EVENTS_DIR
 from meshtop.recordings.manifest import Manifest, RecordingError, read_manifest
 from meshtop.recordings.node_parts import NodePart, part_name, read_parts
 from meshtop.recordings.schema import empty
-from meshtop.recordings.tables import read_json_lines, read_node_rows, read_parquet, to_frame
+from meshtop.recordings.tables import (
+    BATCH_ROWS,
+    read_json_lines,
+    read_node_rows,
+    read_parquet,
+    read_parquet_batches,
+    to_frame,
+)
 
 if TYPE_CHECKING:  # pandas is imported where a table is asked for as a frame (0.45 s a process)
     import pandas as pd
@@ -56,19 +63,42 @@ class Recording:
             self._tables[kind] = self._load(kind)
         return self._tables[kind] if columns is None else self._tables[kind].select(list(columns))
 
+    def batches(self, kind: str, columns: Sequence[str] | None = None, *, rows: int = BATCH_ROWS) -> Iterator[pa.Table]:
+        """:meth:`arrow`'s rows ``rows`` at a time, for a reader that folds them as they come (its memory is a
+        batch and the row groups it spans, not the table). A table not compacted yet comes whole."""
+        parquet = self.path / EVENTS_DIR / f"{kind}.parquet"
+        if kind in self._tables or not parquet.exists():
+            yield self.arrow(kind, columns)
+            return
+        read = 0
+        try:
+            for batch in read_parquet_batches(parquet, kind, columns, rows=rows):
+                read += len(batch)
+                yield batch
+            return
+        except (OSError, pa.ArrowException) as error:
+            if read:  # its first rows are folded already: say where it stopped, as arrow() cannot
+                self._note(f"{parquet.name} is damaged ({error}) past its first {read} events; the rest not loaded")
+                return
+            self._note(f"{parquet.name} is damaged ({error}); its events were not loaded")
+        yield self._unpacked(kind, columns)
+
     def table(self, kind: str) -> pd.DataFrame:
         """The events of ``kind`` as pandas (integers stay integers; ``Int64`` where one may be missing)."""
         return to_frame(kind, self.arrow(kind))
 
     def _load(self, kind: str, columns: Sequence[str] | None = None) -> pa.Table:
-        events = self.path / EVENTS_DIR
-        parquet, lines = events / f"{kind}.parquet", events / f"{kind}.jsonl"
+        parquet = self.path / EVENTS_DIR / f"{kind}.parquet"
         if parquet.exists():
             try:
                 return read_parquet(parquet, kind, columns)
             except (OSError, pa.ArrowException) as error:
                 self._note(f"{parquet.name} is damaged ({error}); its events were not loaded")
-        tables = []
+        return self._unpacked(kind, columns)
+
+    def _unpacked(self, kind: str, columns: Sequence[str] | None = None) -> pa.Table:
+        """The events of ``kind`` not compacted yet: its JSON lines and what other nodes streamed."""
+        lines, tables = self.path / EVENTS_DIR / f"{kind}.jsonl", []
         if lines.exists():
             loaded = read_json_lines(lines, kind)
             if loaded.lost_lines:

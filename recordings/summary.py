@@ -14,6 +14,7 @@ from meshtop.recordings.metrics.memory import MemoryRow
 from meshtop.recordings.metrics.rates import measured_rates as rates_of
 from meshtop.recordings.metrics.run import COLUMNAR, COLUMNS_READ, EVENT_KINDS, RunFold, fold_tables
 from meshtop.recordings.reader import Recording
+from meshtop.recordings.tables import BATCH_ROWS
 
 
 def job_status(recording: Recording) -> str:
@@ -21,12 +22,13 @@ def job_status(recording: Recording) -> str:
     return recording.status if recording.status != "running" else "interrupted"
 
 
-def fold_recording(recording: Recording) -> RunFold:
-    """The recording's tables folded by the metrics core (the job taken as ended, as it was recorded)."""
+def fold_recording(recording: Recording, *, batch_rows: int = BATCH_ROWS) -> RunFold:
+    """The recording's tables folded by the metrics core (the job taken as ended, as it was recorded), each
+    ``batch_rows`` rows at a time: a long run of many ranks does not fit in memory whole."""
     kinds = [kind for kind in recording.kinds() if kind in COLUMNAR | EVENT_KINDS]
     fold = fold_tables(
         recording.manifest.run,
-        ((kind, recording.arrow(kind, COLUMNS_READ.get(kind))) for kind in kinds),
+        ((kind, recording.batches(kind, COLUMNS_READ.get(kind), rows=batch_rows)) for kind in kinds),
         status=job_status(recording),
     )
     fold.know_gpus(recording.manifest.gpus)

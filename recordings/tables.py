@@ -12,7 +12,7 @@ middle leaves either form whole. Both forms are read into the typed schema of
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -26,6 +26,9 @@ from meshtop.recordings.events_log import EVENTS_DIR
 from meshtop.recordings.lazy_pandas import pandas
 from meshtop.recordings.node_parts import NodePart, part_name, read_parts
 from meshtop.recordings.schema import columns, conform, decode_lines
+
+BATCH_ROWS = 1 << 20
+"""Rows a reader of a recording's table in batches takes at a time (pyarrow's row group size when writing)."""
 
 if TYPE_CHECKING:  # imported by to_frame, where a table is asked for as a frame (0.45 s a process)
     import pandas as pd
@@ -71,6 +74,24 @@ def read_parquet(path: Path, kind: str, names: Sequence[str] | None = None) -> p
         return conform(kind, pq.read_table(path)).select(list(names))
     stored = set(file.schema_arrow.names)
     return conform(kind, pq.read_table(path, columns=[name for name in names if name in stored]), names)
+
+
+def read_parquet_batches(
+    path: Path, kind: str, names: Sequence[str] | None = None, *, rows: int = BATCH_ROWS
+) -> Iterator[pa.Table]:
+    """:func:`read_parquet`'s table, ``rows`` rows at a time (a reader holds a batch and the row groups it
+    spans, not the whole table: a 1024-rank hour is tens of GB in memory)."""
+    file = pq.ParquetFile(path)
+    whole = names is None or _may_drop_rows(kind, file, names)
+    stored = set(file.schema_arrow.names)
+    wanted = None if whole or names is None else [name for name in names if name in stored]
+    for batch in file.iter_batches(batch_size=rows, columns=wanted):
+        table = pa.Table.from_batches([batch])
+        if whole:
+            table = conform(kind, table)
+            yield table if names is None else table.select(list(names))
+        else:
+            yield conform(kind, table, names)
 
 
 def _may_drop_rows(kind: str, file: pq.ParquetFile, names: Sequence[str]) -> bool:

@@ -34,8 +34,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
+import numpy.typing as npt
 
+from meshtop.recordings.metrics.collectives import Waits
 from meshtop.recordings.metrics.stats import Distribution
+from meshtop.recordings.metrics.steps import StepSpans
 
 PARTS = ("data", "forward", "backward", "optimizer", "communication", "bubble", "other")
 """Every part, in the order they are shown."""
@@ -44,12 +47,19 @@ WORK_PARTS = ("data", "forward", "backward", "optimizer", "other")
 PHASE_PARTS = {"d": "data", "f": "forward", "b": "backward", "o": "optimizer"}
 _LABELS = ("communication", "bubble", "optimizer", "backward", "forward", "data", "bubble", "other")
 """The part of each precedence level (the index), first wins: see the module's rules."""
-_COMM, _P2P, _SCHEDULE, _OTHER = 0, 1, 6, 7
+COMM, P2P, SCHEDULE, OTHER = 0, 1, 6, 7
+"""Levels: a collective's wait, a pipelined rank's send or receive wait, its schedule, and none of the rules."""
 ABOVE_MEAN = 0.01
 """A rank's part counts as above the job's when its share is at least this much higher (1 point)."""
 HISTORY = 240
 """Closed steps whose parts the dashboard charts."""
 _PHASE_LEVEL = {"o": 2, "b": 3, "f": 4, "d": 5}
+"""The level of each phase's letter."""
+_PART_OF_LEVEL = np.array([[float(label == part) for part in PARTS] for label in _LABELS])
+"""Level -> part, as a matrix: a row's seconds by level, times it, are its seconds by part."""
+_LEVEL_OF_LETTER = np.full(256, -1, dtype=np.int64)
+_LEVEL_OF_LETTER[[ord(letter) for letter in _PHASE_LEVEL]] = list(_PHASE_LEVEL.values())
+"""A phase letter's level by its byte (-1: not a phase of the rules)."""
 
 Interval = tuple[int, int]
 
@@ -69,34 +79,119 @@ class RankStep:
     pipeline_waits: Sequence[Interval]
 
 
-def step_parts(step: RankStep) -> dict[str, float]:
-    """Seconds of each of :data:`PARTS` in ``step``, by the module's rules (they add up to its length)."""
-    intervals: list[tuple[int, int, int]] = [(s, e, _COMM) for s, e in step.communication]
-    intervals += [(s, e, _P2P) for s, e in step.pipeline_waits]
+@dataclass(frozen=True, slots=True)
+class StepCells:
+    """Many rank-steps and what covered them, as columns (a closed step's ranks at once): rank-step ``i`` is
+    [``start_ns[i]``, ``end_ns[i]``]; interval ``j`` covers [``from_ns[j]``, ``to_ns[j]``) of rank-step
+    ``cell[j]`` at precedence ``level[j]`` (an index of the rules' list, lowest first)."""
+
+    start_ns: npt.NDArray[np.int64]
+    end_ns: npt.NDArray[np.int64]
+    cell: npt.NDArray[np.int64]
+    from_ns: npt.NDArray[np.int64]
+    to_ns: npt.NDArray[np.int64]
+    level: npt.NDArray[np.int64]
+
+    @classmethod
+    def of(cls, steps: Sequence[RankStep]) -> StepCells:
+        """The columns of ``steps`` (one rank-step each), by the module's rules."""
+        rows = [(index, *interval) for index, step in enumerate(steps) for interval in rank_intervals(step)]
+        cell, from_ns, to_ns, level = np.array(rows, dtype=np.int64).reshape(-1, 4).T
+        start = np.array([step.start_ns for step in steps], dtype=np.int64)
+        end = np.array([step.end_ns for step in steps], dtype=np.int64)
+        return cls(start, end, cell, from_ns, to_ns, level)
+
+
+def step_cells(spans: StepSpans, ranks: Sequence[int], waits: Waits) -> StepCells:
+    """A closed step's cells, cell ``i`` being ``ranks[i]``'s (each measured its phases: ``spans.windows``),
+    with ``waits``, the exposed intervals of the step's operations, by the module's rules."""
+    count = len(ranks)
+    cell_of = np.full(max(max(ranks), int(waits.rank.max(initial=0))) + 1, -1, dtype=np.int64)
+    cell_of[np.asarray(ranks)] = np.arange(count)
+    wait_cell = cell_of[waits.rank]
+    known = wait_cell >= 0
+    wait_cell, pipeline = wait_cell[known], waits.pipeline[known]
+    ran_p2p = np.zeros(count, dtype=bool)
+    ran_p2p[wait_cell[pipeline]] = True
+    start, end = np.zeros(count, dtype=np.int64), np.zeros(count, dtype=np.int64)
+    pipelined = np.zeros(count, dtype=bool)
+    schedule: list[tuple[int, int, int]] = []
+    letters, phased, counts = [], [], []
+    phase_start: list[int] = []
+    phase_end: list[int] = []
+    for index, (rank, p2p) in enumerate(zip(ranks, ran_p2p.tolist(), strict=True)):
+        windows = spans.windows[rank]
+        start[index], end[index], forward_backward_s = spans.span(rank)
+        pipelined[index] = windows.pipeline_wait_s is not None and (windows.pipeline_wait_s > 0 or p2p)
+        if pipelined[index] and forward_backward_s is not None:
+            schedule.append((index, int(start[index]), int(start[index]) + int(forward_backward_s * 1e9)))
+        if len(windows.phases) == len(windows.start_ns) == len(windows.end_ns):  # else torn: no phases
+            letters.append(windows.phases)
+            phased.append(index)
+            counts.append(len(windows.phases))
+            phase_start.extend(windows.start_ns)
+            phase_end.extend(windows.end_ns)
+    phase_level = _LEVEL_OF_LETTER[np.frombuffer("".join(letters).encode("ascii", "replace"), dtype=np.uint8)]
+    phase_cell = np.repeat(np.array(phased, dtype=np.int64), counts)
+    is_phase = phase_level >= 0
+    planned = np.array(schedule, dtype=np.int64).reshape(-1, 3)
+    wait_level = np.where(pipeline & pipelined[wait_cell], P2P, COMM)
+    phase_from, phase_to = np.array(phase_start, dtype=np.int64), np.array(phase_end, dtype=np.int64)
+    columns = [
+        (wait_cell, waits.start_ns[known], waits.end_ns[known], wait_level),
+        tuple(column[is_phase] for column in (phase_cell, phase_from, phase_to, phase_level)),
+        (planned[:, 0], planned[:, 1], planned[:, 2], np.full(len(planned), SCHEDULE)),
+    ]
+    cell, from_ns, to_ns, level = (np.concatenate(parts) for parts in zip(*columns, strict=True))
+    return StepCells(start, end, cell, from_ns, to_ns, level)
+
+
+def rank_intervals(step: RankStep) -> list[tuple[int, int, int]]:
+    """Every interval of one rank-step with its precedence level."""
+    intervals: list[tuple[int, int, int]] = [(s, e, COMM) for s, e in step.communication]
+    intervals += [(s, e, P2P) for s, e in step.pipeline_waits]
     for kind, s, e in zip(step.phases, step.phase_start_ns, step.phase_end_ns, strict=True):
         if (level := _PHASE_LEVEL.get(kind)) is not None:
             intervals.append((s, e, level))
     if step.schedule_end_ns is not None:
-        intervals.append((step.start_ns, step.schedule_end_ns, _SCHEDULE))
-    parts = dict.fromkeys(PARTS, 0.0)
-    if step.end_ns <= step.start_ns:
-        return parts
-    clipped = [
-        (max(s, step.start_ns), min(e, step.end_ns), level)
-        for s, e, level in intervals
-        if min(e, step.end_ns) > max(s, step.start_ns)
-    ]
-    cuts = sorted({step.start_ns, step.end_ns, *(s for s, _, _ in clipped), *(e for _, e, _ in clipped)})
-    edges = np.array(cuts, dtype=np.int64)
-    best = np.full(len(edges) - 1, _OTHER, dtype=np.int64)
-    for s, e, level in clipped:  # each segment takes the first (lowest) level covering it
-        lo, hi = np.searchsorted(edges, s), np.searchsorted(edges, e)
-        np.minimum(best[lo:hi], level, out=best[lo:hi])
-    lengths = np.diff(edges) / 1e9
-    totals = np.bincount(best, weights=lengths, minlength=len(_LABELS))
-    for level, seconds in enumerate(totals.tolist()):
-        parts[_LABELS[level]] += seconds
-    return parts
+        intervals.append((step.start_ns, step.schedule_end_ns, SCHEDULE))
+    return intervals
+
+
+def cells_parts(cells: StepCells) -> npt.NDArray[np.float64]:
+    """Seconds of each of :data:`PARTS` (columns) in each rank-step of ``cells`` (rows), by the module's rules:
+    they add up to each step's length (none for a step that ends before it starts).
+
+    The rank-steps are laid end to end on one line (each 1 ns past the last one's end) so that one sort of
+    every interval's ends cuts them all into segments; per level, a segment is covered when more intervals of
+    that level opened before it than closed, and takes the lowest level covering it."""
+    steps = len(cells.start_ns)
+    length = np.maximum(cells.end_ns - cells.start_ns, 0)
+    base = np.cumsum(length + 1) - (length + 1)
+    shift = base - cells.start_ns
+    begin = np.maximum(cells.from_ns, cells.start_ns[cells.cell])
+    finish = np.minimum(cells.to_ns, cells.end_ns[cells.cell])
+    kept = finish > begin
+    cell, level = cells.cell[kept], cells.level[kept]
+    begin, finish = begin[kept] + shift[cell], finish[kept] + shift[cell]
+    cuts = np.unique(np.concatenate([base, base + length, begin, finish]))
+    owner = np.searchsorted(base, cuts[:-1], side="right") - 1
+    inside = cuts[1:] <= (base + length)[owner]  # not the 1 ns between one rank-step and the next
+    opened, closed = np.searchsorted(cuts, begin), np.searchsorted(cuts, finish)
+    best = np.full(len(cuts) - 1, OTHER, dtype=np.int64)
+    for lvl in np.unique(level).tolist():  # lowest first: a segment keeps the first level that covers it
+        at = level == lvl
+        depth = np.cumsum(np.bincount(opened[at], minlength=len(cuts)) - np.bincount(closed[at], minlength=len(cuts)))
+        best[(depth[:-1] > 0) & (best == OTHER)] = lvl
+    totals = np.bincount(
+        owner[inside] * len(_LABELS) + best[inside], weights=np.diff(cuts)[inside], minlength=steps * len(_LABELS)
+    ).reshape(steps, len(_LABELS))
+    return totals @ _PART_OF_LEVEL / 1e9
+
+
+def step_parts(step: RankStep) -> dict[str, float]:
+    """Seconds of each of :data:`PARTS` in ``step``, by the module's rules (they add up to its length)."""
+    return dict(zip(PARTS, cells_parts(StepCells.of([step]))[0].tolist(), strict=True))
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -186,11 +281,20 @@ class BreakdownFold:
                 self._stage_steps[rank] += 1
 
     def add(self, rank: int, step: RankStep) -> dict[str, float]:
-        parts = step_parts(step)
-        self._sums[rank] += np.array([parts[part] for part in PARTS])
-        self._step_s[rank] += (step.end_ns - step.start_ns) / 1e9
-        self._steps[rank] += 1
-        return parts
+        """One rank-step's parts, summed in."""
+        return self.add_cells([rank], StepCells.of([step]))[rank]
+
+    def add_cells(self, ranks: Sequence[int], cells: StepCells) -> dict[int, dict[str, float]]:
+        """Rank-steps' parts (``ranks[i]``'s is the cell ``i``: a closed step's ranks at once), summed in."""
+        parts = cells_parts(cells)
+        seconds = ((cells.end_ns - cells.start_ns) / 1e9).tolist()
+        by_rank = {}
+        for rank, row, step_s in zip(ranks, parts, seconds, strict=True):
+            self._sums[rank] += row
+            self._step_s[rank] += step_s
+            self._steps[rank] += 1
+            by_rank[rank] = dict(zip(PARTS, row.tolist(), strict=True))
+        return by_rank
 
     def figures(self) -> Breakdown:
         def rows(sums: np.ndarray, step_s: float, steps: int) -> dict[str, dict[str, float]]:

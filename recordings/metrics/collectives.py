@@ -110,9 +110,23 @@ class CollectiveRow:
         }
 
 
-RankWaits = dict[int, tuple[list[tuple[int, int]], list[tuple[int, int]]]]
-"""Per rank: the intervals (wall ns) it waited in collectives, and in pipeline sends and receives."""
-Exposure = tuple[dict[tuple[str, str], float], dict[int, float], RankWaits]
+@dataclass(frozen=True, slots=True)
+class Waits:
+    """A closed step's exposed intervals (:func:`exposed_intervals`), as columns: each operation's rank, the
+    [start, end) wall ns it was exposed, and whether it was a pipeline send or receive."""
+
+    rank: npt.NDArray[np.int64]
+    start_ns: npt.NDArray[np.int64]
+    end_ns: npt.NDArray[np.int64]
+    pipeline: npt.NDArray[np.bool_]
+
+    @classmethod
+    def none(cls) -> Waits:
+        nothing = np.zeros(0, dtype=np.int64)
+        return cls(nothing, nothing, nothing, np.zeros(0, dtype=bool))
+
+
+Exposure = tuple[dict[tuple[str, str], float], dict[int, float], Waits]
 """A closed step's exposed seconds per (group, op) (the job's: the most any rank had) and per rank (all ops),
 and each rank's exposed intervals (:func:`exposed_intervals`: the step breakdown's)."""
 PIPELINE_OPS = frozenset({"send", "recv"})
@@ -227,7 +241,7 @@ class CollectiveFold:
             self.step_time_s.add(duration_s)
             chunks.append(self._open.pop(step, []))
         with_ops = [index for index, found in enumerate(chunks) if found]
-        exposures: list[Exposure] = [({}, {}, {}) for _ in closing]
+        exposures: list[Exposure] = [({}, {}, Waits.none()) for _ in closing]
         if not with_ops:
             return exposures
         ranks = max(int(chunk.rank.max()) for index in with_ops for chunk in chunks[index]) + 1
@@ -268,7 +282,14 @@ class CollectiveFold:
         present: npt.NDArray[np.bool_] = np.bincount(cell, minlength=cells) > 0
         union = _union_lengths(cell, start, end, cells)
         pipeline = np.array([stats.op in PIPELINE_OPS for stats in self.stats])[key]
-        waits = exposed_intervals(step, rank, start, end, waited_ns, waited, seen[cell], pipeline, steps)
+        phased = np.zeros(steps * ranks, dtype=bool)  # the breakdown's ranks: only theirs are asked for
+        for index, step_spans in enumerate(spans):
+            phased[[index * ranks + r for r in step_spans.windows if r < ranks]] = True
+        wanted = phased[at]
+        waits = exposed_intervals(
+            step[wanted], rank[wanted], start[wanted], end[wanted], waited_ns[wanted], waited[wanted],
+            seen[cell][wanted], pipeline[wanted], steps,
+        )  # fmt: skip
         step_ns = np.where(span_end < _NO_SPAN[1], span_end - span_start, np.inf).astype(float)
         limit = np.broadcast_to(step_ns[:, None, :], (steps, ops, ranks)).ravel()
         exposed_ns = np.where(seen, np.minimum(waited_sum, limit), union).reshape(steps, ops, ranks)
@@ -396,19 +417,18 @@ def exposed_intervals(
     seen: np.ndarray,
     pipeline: np.ndarray,
     steps: int,
-) -> list[RankWaits]:
+) -> list[Waits]:
     """Each operation's exposed interval, by the exposed time's rule: where a wait was seen in its cell, its
     own wait [end - waited, end] (none where it was not waited on); where none was, its whole in-flight time
-    [start, end]. Per step index, per rank: (collective intervals, pipeline send / receive intervals)."""
+    [start, end]. Per step index, its operations' :class:`Waits`: the breakdown's input, so
+    :meth:`CollectiveFold._exposed` passes only the operations of ranks that measured their step's phases."""
     begin = np.where(seen, np.maximum(start, end - waited_ns.astype(np.int64)), start)
     keep = np.where(seen, waited, True) & (end > begin)
-    by_step: list[RankWaits] = [{} for _ in range(steps)]
-    for s, r, b, e, p in zip(
-        step[keep].tolist(), rank[keep].tolist(), begin[keep].tolist(), end[keep].tolist(), pipeline[keep].tolist(),
-        strict=True,
-    ):  # fmt: skip
-        by_step[s].setdefault(r, ([], []))[1 if p else 0].append((b, e))
-    return by_step
+    order = np.argsort(step[keep], kind="stable")
+    columns = [column[keep][order] for column in (rank, begin, end, pipeline)]
+    bounds = np.searchsorted(step[keep][order], np.arange(steps + 1)).tolist()
+    ranks, begins, ends, pipelines = columns
+    return [Waits(ranks[a:b], begins[a:b], ends[a:b], pipelines[a:b]) for a, b in pairwise(bounds)]
 
 
 def _union_lengths(cell: np.ndarray, start: np.ndarray, end: np.ndarray, cells: int) -> np.ndarray:

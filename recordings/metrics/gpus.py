@@ -16,6 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from meshtop.probes.events import GpuSample
 
@@ -54,9 +55,38 @@ class GpuFold:
         )  # fmt: skip
 
     def add_table(self, table: pa.Table) -> None:
-        columns = ["node", "gpu", "name", "memory_used_bytes", "memory_total_bytes", "utilization_pct"]
-        for row in zip(*table.select(columns).to_pydict().values(), strict=True):
-            self._take(*row)
+        """Fold a ``gpu`` table as :meth:`add` of each row in order would: per GPU at once (a fleet's hour is
+        tens of millions of samples)."""
+        if not len(table):
+            return
+        name = table.column("name")
+        per_gpu = (
+            table.select(["node", "gpu", "memory_used_bytes", "memory_total_bytes", "utilization_pct"])
+            .append_column("name", pc.if_else(pc.equal(name, ""), pa.scalar(None, name.type), name))
+            .group_by(["node", "gpu"], use_threads=False)  # one thread: "last" is the last in row order
+            .aggregate(
+                [
+                    ([], "count_all"),
+                    ("name", "last"),
+                    ("memory_used_bytes", "max"),
+                    ("memory_total_bytes", "last"),
+                    ("utilization_pct", "sum"),
+                    ("utilization_pct", "count"),
+                ]
+            )
+        )
+        for node, gpu, samples, name_, peak, total, busy_sum, busy_count in zip(
+            *per_gpu.to_pydict().values(), strict=True
+        ):
+            state = self._gpus.setdefault((node, gpu), _Gpu())
+            state.samples += samples
+            state.name = name_ or state.name
+            if peak is not None:
+                state.peak = peak if state.peak is None else max(state.peak, peak)
+            if total is not None:
+                state.total = total
+            state.busy_sum += busy_sum or 0.0
+            state.busy_count += busy_count
 
     def _take(
         self, node: int, gpu: int, name: str | None, used: int | None, total: int | None, busy: float | None

@@ -23,6 +23,7 @@ from collections.abc import Iterable
 from dataclasses import asdict, dataclass, replace
 from itertools import islice
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -40,8 +41,8 @@ from meshtop.probes.events import (
 )
 from meshtop.recordings.manifest import GpuInfo, RunDescription
 from meshtop.recordings.metrics.attention import STEP_MEASURES, Attention, RankRecent, attention
-from meshtop.recordings.metrics.breakdown import Breakdown, BreakdownFold, RankStep
-from meshtop.recordings.metrics.collectives import CollectiveFold, CollectiveRow, RankWaits
+from meshtop.recordings.metrics.breakdown import Breakdown, BreakdownFold, step_cells
+from meshtop.recordings.metrics.collectives import CollectiveFold, CollectiveRow, Waits
 from meshtop.recordings.metrics.gpus import GpuFold, GpuRow
 from meshtop.recordings.metrics.memory import MemoryFold, MemoryRow
 from meshtop.recordings.metrics.mfu import GpuModel, Mfu, mfu, script_parameters
@@ -275,7 +276,10 @@ class RunFold:
     def _know_gpu_samples(self, table: pa.Table) -> None:
         """Each GPU's model from its first sample that names it (as :meth:`apply_events` takes them)."""
         named = table.filter(pc.fill_null(pc.not_equal(table.column("name"), ""), False))
-        columns = named.select(["node", "gpu", "name", "power_limit_w"]).to_pydict()
+        named = named.select(["node", "gpu", "name", "power_limit_w"])
+        row = pa.array(np.arange(len(named)))
+        first = named.append_column("row", row).group_by(["node", "gpu"]).aggregate([("row", "min")])
+        columns = named.take(first.column("row_min")).to_pydict()  # each GPU's first named sample only
         for node, gpu, name, power_limit_w in zip(*columns.values(), strict=True):
             if (node, gpu) not in self.gpu_models:
                 self.gpu_models[(node, gpu)] = GpuModel(name, power_limit_w)
@@ -451,28 +455,12 @@ class RunFold:
                 ClosedStep(step.step, step.duration_s, by_op, by_rank, ranks.durations_s(), span_s, bubbles)
             )
 
-    def _break_down(self, ranks: StepSpans, waits: RankWaits) -> None:
-        """Each rank's parts of a closed step (ranks that measured their phases), and its slowest ranks."""
-        parts_by_rank = {}
-        for rank, windows in ranks.windows.items():
-            start, end, forward_backward_s = ranks.span(rank)
-            collectives, pipeline = waits.get(rank, ([], []))
-            pipelined = windows.pipeline_wait_s is not None and (windows.pipeline_wait_s > 0 or bool(pipeline))
-            parts_by_rank[rank] = self.breakdown.add(
-                rank,
-                RankStep(
-                    start_ns=start,
-                    end_ns=end,
-                    schedule_end_ns=(
-                        start + int(forward_backward_s * 1e9) if pipelined and forward_backward_s is not None else None
-                    ),
-                    phases=windows.phases,
-                    phase_start_ns=windows.start_ns,
-                    phase_end_ns=windows.end_ns,
-                    communication=collectives if pipelined else collectives + pipeline,
-                    pipeline_waits=pipeline if pipelined else [],
-                ),
-            )
+    def _break_down(self, ranks: StepSpans, waits: Waits) -> None:
+        """Each rank's parts of a closed step (ranks that measured their phases, all at once), and its slowest
+        ranks."""
+        phased = list(ranks.windows)
+        cells = step_cells(ranks, phased, waits) if phased else None
+        parts_by_rank = self.breakdown.add_cells(phased, cells) if cells is not None else {}
         self.breakdown.add_step(parts_by_rank, lambda rank: self.position(rank)[0])
         for rank, parts in parts_by_rank.items():
             for measure in STEP_MEASURES[1:]:
@@ -551,12 +539,15 @@ class RunFold:
         return figures
 
 
-def fold_tables(run: RunDescription, tables: Iterable[tuple[str, pa.Table]], *, status: str) -> RunFold:
-    """A whole run's tables folded, the job ended with ``status``."""
+def fold_tables(run: RunDescription, tables: Iterable[tuple[str, Iterable[pa.Table]]], *, status: str) -> RunFold:
+    """A whole run's tables folded, the job ended with ``status``: each kind's batches (a table, or its parts
+    in any number; read only as they are folded) in turn, the ranks' starts first and the steps after the
+    operations they close."""
     fold = RunFold(run)
     order = {"rank_started": 0, "collective": 1, "stage_action": 1, "step": 2, "job_ended": 3}
-    for kind, table in sorted(tables, key=lambda item: order.get(item[0], 1)):
+    for kind, batches in sorted(tables, key=lambda item: order.get(item[0], 1)):
         if kind != "job_ended":
-            fold.apply(kind, table)
+            for batch in batches:
+                fold.apply(kind, batch)
     fold.finish(status)
     return fold

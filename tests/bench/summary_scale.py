@@ -98,6 +98,10 @@ def moved(table: pa.Table, by_ns: int, rng: np.random.Generator, step: int | Non
         if name.endswith("_ns") and name not in DURATION_FIELDS and pa.types.is_integer(column.type):
             jitter = rng.integers(0, JITTER_NS, len(table))
             columns[name] = pa.array(column.to_numpy(zero_copy_only=False) + by_ns + jitter, pa.int64())
+        elif name.endswith("_ns") and pa.types.is_list(column.type):  # a step's phase windows
+            lists = column.combine_chunks()
+            values = lists.values.to_numpy(zero_copy_only=False) + by_ns + rng.integers(0, JITTER_NS, len(lists.values))
+            columns[name] = pa.ListArray.from_arrays(lists.offsets, pa.array(values, pa.int64()), mask=lists.is_null())
         elif name in ("duration_s", "forward_backward_s") and pa.types.is_floating(column.type):
             values = column.to_numpy(zero_copy_only=False)
             columns[name] = pa.array(values * (1 + 0.02 * rng.random(len(table))), pa.float64())
@@ -111,15 +115,16 @@ def moved(table: pa.Table, by_ns: int, rng: np.random.Generator, step: int | Non
 class KindWriter:
     """One kind's Parquet table, written in row groups of about :data:`ROWS_PER_WRITE` rows."""
 
-    def __init__(self, path: Path, schema: pa.Schema) -> None:
+    def __init__(self, path: Path, schema: pa.Schema, rows_per_write: int = ROWS_PER_WRITE) -> None:
         self.writer = pq.ParquetWriter(path, schema, compression="zstd")
         self.pending: list[pa.Table] = []
         self.rows = self.written = 0
+        self.rows_per_write = rows_per_write
 
     def add(self, table: pa.Table) -> None:
         self.pending.append(table)
         self.rows += len(table)
-        if self.rows >= ROWS_PER_WRITE:
+        if self.rows >= self.rows_per_write:
             self.flush()
 
     def flush(self) -> None:
@@ -134,8 +139,11 @@ class KindWriter:
         return self.written
 
 
-def write_fleet_recording(directory: Path, *, ranks: int, nodes: int, hours: float, step_s: float) -> int:
-    """A completed recording of the synthetic job in ``directory``; its number of events."""
+def write_fleet_recording(
+    directory: Path, *, ranks: int, nodes: int, hours: float, step_s: float, rows_per_write: int = ROWS_PER_WRITE
+) -> int:
+    """A completed recording of the synthetic job in ``directory``, in row groups of about ``rows_per_write``
+    rows; its number of events."""
     per_rank_step = 44
     rate = ranks * per_rank_step / step_s + ranks * PROCESS_HZ + min(ranks, 8) * GPU_HZ
     source = SyntheticSource(ranks, rate=rate, warm_events=0, per_node=ranks // nodes)
@@ -150,7 +158,7 @@ def write_fleet_recording(directory: Path, *, ranks: int, nodes: int, hours: flo
     step_start, step_tables = one_step(source)
     sample_tables = samples(source, origin)
     writers = {
-        kind: KindWriter(events / f"{kind}.parquet", table.schema)
+        kind: KindWriter(events / f"{kind}.parquet", table.schema, rows_per_write)
         for kind, table in (*step_tables.items(), *sample_tables.items())
     }
     rng = np.random.default_rng(0)

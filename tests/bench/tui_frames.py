@@ -369,6 +369,7 @@ class SyntheticSource:
         def at(share: float) -> int:
             return start + int(share * d_ns)
 
+        received = 0
         for action, m, a, b in schedule[pp]:
             s, e = start + int(a * fb_ns), start + int(b * fb_ns)
             yield StageAction(rank=rank, step=step, stage=pp, microbatch=m, action=action, start_ns=s, end_ns=e)
@@ -405,6 +406,7 @@ class SyntheticSource:
                     clock="cuda_events",
                 )
             elif receives:
+                received += 1
                 yield CollectiveTiming(
                     rank=rank,
                     step=step,
@@ -441,7 +443,10 @@ class SyntheticSource:
             tokens=tokens,
             loss=(2 + 8 * math.exp(-step / 2000)) if pp == PP - 1 else None,
             forward_backward_s=fb_ns / 1e9,
-            pipeline_wait_s=None,
+            pipeline_wait_s=0.003 * duration_s * received,  # each receive's wait, as the pipeline probe adds them
+            phases="d" + "".join(action[0] for action, _m, _a, _b in schedule[pp]) + "o",
+            phase_start_ns=(start, *(start + int(a * fb_ns) for _, _m, a, _b in schedule[pp]), start + int(fb_ns)),
+            phase_end_ns=(at(0.01), *(start + int(b * fb_ns) for _, _m, _a, b in schedule[pp]), at(0.95)),
         )
         weights, optimizer = 500_000_000, 3_000_000_000
         activations = 20_000_000_000 + (rank % 8) * 500_000_000

@@ -2,9 +2,18 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
-from meshtop.recordings.metrics.breakdown import PARTS, BreakdownFold, RankStep, step_parts
+from meshtop.recordings.metrics.breakdown import (
+    PARTS,
+    BreakdownFold,
+    RankStep,
+    StepCells,
+    cells_parts,
+    rank_intervals,
+    step_parts,
+)
 
 MS = 1_000_000
 
@@ -78,3 +87,44 @@ def test_the_fold_gives_each_part_per_step_and_share_per_rank_and_over_the_job()
     assert figures.parts["other"]["share"] == pytest.approx(140 / 250)
     assert figures.biggest() == "other" and figures.steps == 3
     assert BreakdownFold().figures().biggest() is None
+
+
+def by_each_moment(step: RankStep) -> dict[str, float]:
+    """The rules read literally, one nanosecond at a time: each moment of the step goes to the first rule
+    (lowest level) that covers it. Slow, so for steps of a few hundred ns only."""
+    parts = dict.fromkeys(PARTS, 0.0)
+    intervals = rank_intervals(step)
+    labels = ("communication", "bubble", "optimizer", "backward", "forward", "data", "bubble", "other")
+    for moment in range(step.start_ns, step.end_ns):
+        level = min((lvl for s, e, lvl in intervals if s <= moment < e), default=len(labels) - 1)
+        parts[labels[level]] += 1e-9
+    return parts
+
+
+def test_many_rank_steps_at_once_split_as_each_moment_would_one_at_a_time() -> None:
+    rng = np.random.default_rng(3)
+    steps = []
+    for _ in range(300):
+        start = int(rng.integers(-50, 50))
+        end = start + int(rng.integers(-5, 200))  # some of no time, or ending before they start
+
+        def spans(count: int, start: int = start, end: int = end) -> list[tuple[int, int]]:
+            return [(int(a), int(a + rng.integers(0, 60))) for a in rng.integers(start - 30, end + 30, count)]
+
+        windows = [(str(rng.choice(list("dfbo"))), s, e) for s, e in spans(int(rng.integers(0, 6)))]
+        steps.append(
+            RankStep(
+                start_ns=start,
+                end_ns=end,
+                schedule_end_ns=int(rng.integers(start, end + 30)) if rng.random() < 0.4 and end > start else None,
+                phases="".join(kind for kind, _, _ in windows),
+                phase_start_ns=[s for _, s, _ in windows],
+                phase_end_ns=[e for _, _, e in windows],
+                communication=spans(int(rng.integers(0, 4))),
+                pipeline_waits=spans(int(rng.integers(0, 3))),
+            )
+        )
+    together = cells_parts(StepCells.of(steps))
+    for step, row in zip(steps, together, strict=True):
+        assert row == pytest.approx([by_each_moment(step)[part] for part in PARTS], abs=1e-12)
+        assert row.sum() == pytest.approx(max(step.end_ns - step.start_ns, 0) / 1e9)

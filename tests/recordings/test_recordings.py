@@ -9,6 +9,8 @@ import sys
 from pathlib import Path
 
 import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 
 from meshtop.recordings.manifest import Manifest, RecordingError, write_manifest
@@ -158,6 +160,29 @@ def test_damaged_parquet_is_reported_not_raised(tmp_path: Path) -> None:
     recording = open_recording(tmp_path / "rec")
     assert recording.table("memory").empty
     assert "memory.parquet is damaged" in recording.problems[0]
+
+
+def test_a_parquet_table_damaged_past_its_first_row_group_is_folded_as_far_as_it_reads(tmp_path: Path) -> None:
+    write_live_recording(tmp_path / "rec", torn=False)
+    lines = tmp_path / "rec" / "events" / "step.jsonl"
+    steps = pa.concat_tables([open_recording(tmp_path / "rec").arrow("step")] * 4000)
+    numbers = pa.array(range(len(steps)), pa.int64())
+    steps = steps.set_column(steps.column_names.index("step"), "step", numbers)
+    path = lines.with_suffix(".parquet")  # compacted, in two row groups
+    pq.write_table(steps, path, compression="zstd", row_group_size=len(steps) // 2)
+    lines.unlink()
+    second = pq.ParquetFile(path).metadata.row_group(1).column(0)
+    data = bytearray(path.read_bytes())
+    middle = second.data_page_offset + second.total_compressed_size // 2
+    data[middle : middle + 64] = bytes(64)
+    path.write_bytes(bytes(data))
+    recording = open_recording(tmp_path / "rec")
+    read = sum(len(batch) for batch in recording.batches("step", rows=len(steps) // 2))
+    assert read == len(steps) // 2
+    assert recording.problems == [
+        f"step.parquet is damaged ({recording.problems[0].split('(', 1)[1].split(')')[0]}) past its first {read} "
+        "events; the rest not loaded"
+    ]
 
 
 @pytest.mark.parametrize(
