@@ -277,6 +277,7 @@ def test_a_recorded_load_says_the_clients_cpu_over_its_window(tmp_path: Path) ->
     assert done.returncode == 0, done.stdout + done.stderr
     client = summary_json(out)["requests"]["client"]
     assert 0 < client["cpu_pct"]["max"] < 90 and client["cpu_pct"]["mean"] <= client["cpu_pct"]["max"], client
-    assert client["limited"] is None
+    # never CPU-bound here; its sends may still lag past 10 ms on a loaded machine (a verdict of its own)
+    assert client["limited"] is None or "CPU" not in client["limited"], client["limited"]
     [line] = [line for line in run_meshtop("summary", out).stdout.splitlines() if "client: send lag" in line]
     assert line.endswith(f"CPU {client['cpu_pct']['mean']:.0f} % of a core"), line
