@@ -27,8 +27,10 @@ from meshtop.recordings.lazy_pandas import pandas
 from meshtop.recordings.node_parts import NodePart, part_name, read_parts
 from meshtop.recordings.schema import columns, conform, decode_lines
 
-BATCH_ROWS = 1 << 20
-"""Rows a reader of a recording's table in batches takes at a time (pyarrow's row group size when writing)."""
+BATCH_ROWS = 1 << 16
+"""Rows a reader of a recording's table in batches takes at a time: 64 steps of a 1024-rank job's step table,
+so that folding one batch closes its steps and frees what they held (a 1024-rank hour: 1.6 GiB at the
+most, where 1M-row batches took 5 GiB; docs/benchmarks.md)."""
 
 if TYPE_CHECKING:  # imported by to_frame, where a table is asked for as a frame (0.45 s a process)
     import pandas as pd

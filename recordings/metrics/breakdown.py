@@ -174,12 +174,13 @@ def cells_parts(cells: StepCells) -> npt.NDArray[np.float64]:
     kept = finish > begin
     cell, level = cells.cell[kept], cells.level[kept]
     begin, finish = begin[kept] + shift[cell], finish[kept] + shift[cell]
-    cuts = np.unique(np.concatenate([base, base + length, begin, finish]))
+    cuts = np.sort(np.concatenate([base, base + length, begin, finish]))
+    cuts = cuts[np.r_[True, cuts[1:] != cuts[:-1]]]  # np.unique, without its hashing (3 times the time here)
     owner = np.searchsorted(base, cuts[:-1], side="right") - 1
     inside = cuts[1:] <= (base + length)[owner]  # not the 1 ns between one rank-step and the next
     opened, closed = np.searchsorted(cuts, begin), np.searchsorted(cuts, finish)
     best = np.full(len(cuts) - 1, OTHER, dtype=np.int64)
-    for lvl in np.unique(level).tolist():  # lowest first: a segment keeps the first level that covers it
+    for lvl in np.flatnonzero(np.bincount(level)).tolist():  # lowest first: a segment keeps the first level
         at = level == lvl
         depth = np.cumsum(np.bincount(opened[at], minlength=len(cuts)) - np.bincount(closed[at], minlength=len(cuts)))
         best[(depth[:-1] > 0) & (best == OTHER)] = lvl

@@ -95,7 +95,7 @@ def templates(events: list[Event], start_ns: int) -> list[Template]:
         by_kind.setdefault(event.kind, []).append(event)
     out = []
     for kind, group in by_kind.items():
-        times, _, _ = clock_fields(EVENT_TYPES[kind])
+        times, tuples, _ = clock_fields(EVENT_TYPES[kind])
         deltas: list[int | None] = []
         lines = []
         for line in encode_lines(group).decode().splitlines():
@@ -107,6 +107,9 @@ def templates(events: list[Event], start_ns: int) -> list[Template]:
                 elif name in times and name not in DURATION_FIELDS and record[name] is not None:
                     deltas.append(record[name] - start_ns)
                     record[name] = "\x00"
+                elif name in tuples:  # a step's phase windows
+                    deltas.extend(value - start_ns for value in record[name])
+                    record[name] = ["\x00"] * len(record[name])
             text = json.dumps(record, separators=(",", ":")).replace("%", "%%").replace('"\\u0000"', "%d")
             lines.append(text + "\n")
         out.append(Template(kind, "".join(lines).encode(), len(group), tuple(deltas)))
