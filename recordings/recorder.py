@@ -82,10 +82,18 @@ class SessionRecorder:
         return self.session.steps_completed
 
     def take(self, arrivals: Arrivals) -> Folded:
-        """Record ``arrivals`` (on disk first), fold them into the session's fold, and keep what the manifest
-        says of them; what the fold took of them."""
+        """Record ``arrivals`` (on disk first), then :meth:`fold` them; what the fold took of them."""
+        self.write(arrivals)
+        return self.fold(arrivals)
+
+    def write(self, arrivals: Arrivals) -> None:
+        """Record ``arrivals`` on disk, as they came."""
         if self.writer is not None:
             self.writer.write(arrivals.items)
+
+    def fold(self, arrivals: Arrivals) -> Folded:
+        """Fold recorded ``arrivals`` into the session's fold and keep what the manifest says of them; what the
+        fold took of them."""
         folded = self.session.take(arrivals)
         self._follow_run()
         gpus = [table for kind, table in folded.tables if kind == "gpu"]

@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import copy
 import threading
+import time
+from collections import Counter
 from collections.abc import Collection, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -22,7 +24,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from meshtop.probes.arrivals import Arrivals, EncodedEvents
+from meshtop.probes.arrivals import Arrivals, EncodedEvents, event_count
 from meshtop.probes.events import Event
 from meshtop.recordings.clock import on_head
 from meshtop.recordings.manifest import RunDescription
@@ -39,6 +41,14 @@ PROGRESS_KINDS = frozenset({"step", "rank_started", "request", "job_ended"})
 manifest read. Decoding and folding the others (collectives above all) would halve what ``record`` takes
 in (docs/benchmarks.md), for figures nobody reads until ``summary`` reads the recording."""
 
+
+BULK_KINDS = COLUMNAR
+"""Collectives and stage actions: 42 of the 44 events a rank sends a step, what a live fold leaves out when
+it cannot keep up."""
+FOLD_SHARE = 0.5
+"""The most of its thread's time a live fold may take: a batch whose fold would take more (at the cost per
+event of the last batches folded whole) is folded without the bulk kinds. Past it the thread that receives
+the events would fall behind, and the collector refuse what it cannot queue: lost to the recording too."""
 
 Clock = tuple[int | None, int]
 """Where a block's times are: (the node that streamed it, its offset), ``(None, 0)`` on this machine's clock."""
@@ -104,6 +114,8 @@ class Folded:
     """The batch's events of the fold's kinds, a table a kind, in the order they were folded."""
     steps: list[JobStep]
     """The job steps the batch completed, in order."""
+    left_out: frozenset[str] = frozenset()
+    """Kinds of the fold's that it left out of this batch to keep up (:data:`BULK_KINDS`; recorded all the same)."""
 
 
 class SessionFold:
@@ -113,12 +125,22 @@ class SessionFold:
     or ``/metrics`` reads it, only :data:`PROGRESS_KINDS` for a headless ``record`` without ``/metrics``,
     whose figures are read from the recording when the job ends."""
 
-    def __init__(self, run: RunDescription, *, kinds: Collection[str] = FOLDED_KINDS) -> None:
+    def __init__(
+        self, run: RunDescription, *, kinds: Collection[str] = FOLDED_KINDS, share: float | None = None
+    ) -> None:
         self.fold = RunFold(run)
         self.kinds = frozenset(kinds)
+        self.share = share
+        """The most of its thread's time :meth:`take` spends folding before it leaves :data:`BULK_KINDS` out
+        (``None``: never; a live session's is :data:`FOLD_SHARE`)."""
+        self.left_out: Counter[str] = Counter()
+        """Events of :data:`BULK_KINDS` left out to keep up, by kind (the recording has them)."""
         self.lock = threading.RLock()
         self._steps_taken = 0
         """Job steps completed before the last :meth:`take` returned (what :meth:`take` reports from)."""
+        self._cost_s: float | None = None
+        """Seconds an event costs the fold, every kind folded (a moving mean over the takes that folded all)."""
+        self._last_take: float | None = None
 
     def __deepcopy__(self, memo: dict[int, Any]) -> SessionFold:
         """A copy with its own lock (a replay keeps copies of its state to seek back to)."""
@@ -127,8 +149,11 @@ class SessionFold:
             memo[id(self)] = copied
             copied.fold = copy.deepcopy(self.fold, memo)
             copied.kinds = self.kinds
+            copied.share = self.share
+            copied.left_out = Counter(self.left_out)
             copied.lock = threading.RLock()
             copied._steps_taken = self._steps_taken
+            copied._cost_s, copied._last_take = self._cost_s, self._last_take
         return copied
 
     @property
@@ -144,14 +169,32 @@ class SessionFold:
 
     def take(self, arrivals: Arrivals) -> Folded:
         """Fold a live session's batch: its events of :attr:`kinds`, decoded a table a kind and folded in kind
-        order (a rank's start before its work, a step after the work it closes)."""
-        tables = in_kind_order(arrival_tables(arrivals, self.kinds))
+        order (a rank's start before its work, a step after the work it closes). A batch whose whole fold
+        would take more than :attr:`share` of the time since the last one came is folded without its
+        :data:`BULK_KINDS` (counted in :attr:`left_out`)."""
+        began, count = time.perf_counter(), arrivals.count
+        left_out = self.kinds & BULK_KINDS if self._too_long(count, began) else frozenset()
+        tables = in_kind_order(arrival_tables(arrivals, self.kinds - left_out))
         with self.lock:
+            for item in arrivals.items:
+                if item.kind in left_out:
+                    self.left_out[item.kind] += event_count(item)
             for kind, table in tables:
                 self.fold.apply(kind, table)
             steps = self.fold.steps_since(self._steps_taken)
             self._steps_taken = self.fold.steps_completed
-        return Folded(tables, steps)
+        if count and not left_out:
+            cost = (time.perf_counter() - began) / count
+            self._cost_s = cost if self._cost_s is None else 0.8 * self._cost_s + 0.2 * cost
+        return Folded(tables, steps, left_out)
+
+    def _too_long(self, count: int, now: float) -> bool:
+        """Whether folding ``count`` events whole would take more than :attr:`share` of the time since the last
+        take began."""
+        since, self._last_take = (None if self._last_take is None else now - self._last_take), now
+        if self.share is None or self._cost_s is None or since is None:
+            return False
+        return count * self._cost_s > self.share * since
 
     def apply(self, kind: str, table: pa.Table) -> None:
         """Fold a table of ``kind``'s events (a replay's slice)."""

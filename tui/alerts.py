@@ -84,8 +84,8 @@ def alerts_of(state: DashboardState) -> list[Alert]:
         alerts.append(
             Alert(
                 "info",
-                f"{state.coalesced:,} collective and sample events skipped by the screen to "
-                "keep up (the recording has them)",
+                f"{state.coalesced:,} collective and sample events left out of the live view to keep up "
+                "(the recording has them all; summary reads them)",
                 now,
             )
         )

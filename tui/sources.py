@@ -17,7 +17,7 @@ import threading
 import time
 from bisect import bisect_right
 from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
@@ -32,7 +32,7 @@ from meshtop.recordings.metrics.steps import JobStep
 from meshtop.recordings.prometheus import RunMetrics
 from meshtop.recordings.reader import Recording
 from meshtop.recordings.replay import Timeline, in_kind_order, load_timeline
-from meshtop.recordings.session_fold import Folded, SessionFold, arrival_tables
+from meshtop.recordings.session_fold import FOLD_SHARE, Folded, SessionFold, arrival_tables
 from meshtop.recordings.summary import job_status
 from meshtop.runner.job.control import JobControl
 from meshtop.runner.job.files import PHASE_NAME
@@ -152,11 +152,14 @@ class ScreenBacklog:
         return batches, steps
 
 
-def screen_batches(arrivals: Arrivals, decoded: list[Batch] | None = None) -> list[Batch]:
+def screen_batches(
+    arrivals: Arrivals, decoded: list[Batch] | None = None, *, left_out: Collection[str] = ()
+) -> list[Batch]:
     """What the screen reads of ``arrivals``, a table a kind: those of ``decoded`` (the tables the session's fold
-    already decoded) as they are, the rest decoded here (each kind's blocks together)."""
+    already decoded) as they are, the rest decoded here (each kind's blocks together) but ``left_out``, the
+    kinds the session's fold left out to keep up (the screen would fall behind on them too)."""
     taken = [(kind, table) for kind, table in decoded or () if kind in SCREEN_KINDS]
-    return [*taken, *arrival_tables(arrivals, SCREEN_KINDS - {kind for kind, _ in taken})]
+    return [*taken, *arrival_tables(arrivals, SCREEN_KINDS - {kind for kind, _ in taken} - set(left_out))]
 
 
 class LiveSource:
@@ -180,7 +183,7 @@ class LiveSource:
         self.directory = directory
         self.manifest = manifest
         self.description = manifest.run if manifest is not None else describe(run)
-        self.session: SessionFold | None = SessionFold(self.description)
+        self.session: SessionFold | None = SessionFold(self.description, share=FOLD_SHARE)
         """The session's fold: the session thread feeds it, the dashboard and ``/metrics`` read it."""
         self.recording = str(directory) if manifest is not None else None
         self.node_probes = node_probes
@@ -225,7 +228,7 @@ class LiveSource:
     def _take(self, arrivals: Arrivals, folded: Folded) -> None:
         """The session thread's callback: decode what the screen reads there, not in the screen's frames."""
         if self._screen:
-            self.backlog.put(screen_batches(arrivals, folded.tables), folded.steps)
+            self.backlog.put(screen_batches(arrivals, folded.tables, left_out=folded.left_out), folded.steps)
 
     def headless(self) -> None:
         """No screen reads the events any more (its terminal went away): the session only records them."""
@@ -243,7 +246,7 @@ class LiveSource:
         for kind, table in in_kind_order(batches):
             state.apply(kind, table)
         state.take_steps(steps)
-        state.coalesced = self.backlog.skipped
+        state.coalesced = self.backlog.skipped + (self.session.left_out.total() if self.session is not None else 0)
         return state
 
     def launcher_phase(self) -> str | None:

@@ -16,6 +16,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from meshtop.probes.arrivals import Arrivals
+from meshtop.recordings.folding import FoldThread
 from meshtop.recordings.manifest import (
     LOAD_FILE,
     Endpoint,
@@ -254,8 +255,10 @@ def run_session(
     (:mod:`meshtop.runner.multinode.relay`).
 
     ``on_events`` sees each batch after it is on disk and folded, with what the
-    fold took of it (its tables, the job steps it completed); it decodes any
-    other kind it needs. The recording is closed however the session ends.
+    fold took of it (its tables, the job steps it completed), on the fold's own
+    thread (:mod:`meshtop.recordings.folding`: the session's thread only
+    drains and writes); it decodes any other kind it needs. The recording is
+    closed however the session ends, once every batch is folded.
     """
     description = manifest.run if manifest is not None else describe(work)
     session = session if session is not None else SessionFold(description)
@@ -267,11 +270,16 @@ def run_session(
     ran: list[RunDescription] = []
     """The run as it turned out, where it says more than at its start."""
 
-    def deliver(arrivals: Arrivals) -> None:
-        folded = recorder.take(arrivals)
+    def folded(arrivals: Arrivals, folded: Folded) -> None:
         if metrics is not None:
             metrics.take(arrivals, folded)
         on_events(arrivals, folded)
+
+    folding = FoldThread(recorder, then=folded)
+
+    def deliver(arrivals: Arrivals) -> None:
+        recorder.write(arrivals)  # on disk first, then folded on the fold's own thread
+        folding.put(arrivals)
 
     try:
         if isinstance(work, EndpointRun):
@@ -307,17 +315,20 @@ def run_session(
         broken = Ending(status="failed", duration_s=None, reason=str(error).splitlines()[0] if str(error) else None)
         raise
     finally:
-        ending = ending_of(result) if result is not None else broken
-        unwritten = recorder.close(replace(ending, run=ran[-1]) if ran else ending)
-        if unwritten is not None and directory.is_dir():  # the folder turned read-only: say what it holds
-            if result is not None:
-                what = f"the job {result.status}, but the manifest in {directory}"
-            elif broken.reason:  # the error that stopped the session already names the folder
-                what = f"{broken.reason}; the manifest"
-            else:
-                what = f"the session was {broken.status}, and the manifest in {directory}"
-            raise RecordingError(
-                f"{what} could not be updated ({unwritten}): it still says running "
-                "(`meshtop summary` reads it as interrupted)"
-            ) from None
+        try:
+            folding.close()  # every batch folded before the manifest says what the fold counted
+        finally:
+            ending = ending_of(result) if result is not None else broken
+            unwritten = recorder.close(replace(ending, run=ran[-1]) if ran else ending)
+            if unwritten is not None and directory.is_dir():  # the folder turned read-only: say what it holds
+                if result is not None:
+                    what = f"the job {result.status}, but the manifest in {directory}"
+                elif broken.reason:  # the error that stopped the session already names the folder
+                    what = f"{broken.reason}; the manifest"
+                else:
+                    what = f"the session was {broken.status}, and the manifest in {directory}"
+                raise RecordingError(
+                    f"{what} could not be updated ({unwritten}): it still says running "
+                    "(`meshtop summary` reads it as interrupted)"
+                ) from None
     return result

@@ -44,11 +44,12 @@ from typing import Any
 
 from meshtop.probes.arrivals import Arrivals, EncodedEvents, encode_lines
 from meshtop.probes.events import DURATION_FIELDS, EVENT_TYPES, Event, ProcessSample, clock_fields
+from meshtop.recordings.folding import FoldThread
 from meshtop.recordings.manifest import start_manifest, write_manifest
 from meshtop.recordings.reader import open_recording
 from meshtop.recordings.recorder import Ending, SessionRecorder
 from meshtop.recordings.replay import in_kind_order
-from meshtop.recordings.session_fold import FOLDED_KINDS, PROGRESS_KINDS, SessionFold
+from meshtop.recordings.session_fold import FOLD_SHARE, PROGRESS_KINDS, Folded, SessionFold
 from meshtop.runner.job.control import JobControl
 from meshtop.runner.multinode.fleet import Fleet
 from meshtop.runner.multinode.nodes import HeadAddress, Nodes
@@ -195,7 +196,9 @@ def measure(
         write_manifest(directory, manifest)
         fleet = Fleet(Nodes(count=nodes + 1, rank=0, endpoint="127.0.0.1:1", run_id="bench"))
         collector = fleet.collector().start()
-        session = SessionFold(description, kinds=PROGRESS_KINDS if headless else FOLDED_KINDS)
+        session = (  # as meshtop record and run make theirs
+            SessionFold(description, kinds=PROGRESS_KINDS) if headless else SessionFold(description, share=FOLD_SHARE)
+        )
         recorder = SessionRecorder(session, directory, manifest)
         backlog = ScreenBacklog()
         state = DashboardState(description, session=session)
@@ -205,16 +208,21 @@ def measure(
         busy: list[tuple[float, int, int]] = []
         t0 = until = math.inf  # known once the nodes are up
 
+        def to_screen(arrivals: Arrivals, folded: Folded) -> None:
+            if not headless:
+                backlog.put(screen_batches(arrivals, folded.tables, left_out=folded.left_out), folded.steps)
+
+        folding = FoldThread(recorder, to_screen)  # as run_session: the fold on its own thread
+
         def session_loop() -> None:
             while not stop.is_set() or collector.queued:
                 items = collector.drain()
                 arrivals = Arrivals(items)
                 arrivals.add(fleet.take_events())
                 began = time.perf_counter()
-                folded = recorder.take(arrivals)
+                recorder.write(arrivals)
+                folding.put(arrivals)
                 busy.append((time.perf_counter() - began, arrivals.count, len(items)))
-                if not headless:
-                    backlog.put(screen_batches(arrivals, folded.tables), folded.steps)
                 taken.append((time.time(), arrivals.count))
                 stop.wait(POLL_S)
 
@@ -269,6 +277,7 @@ def measure(
         for thread in threads:
             thread.join(60)
         collector.stop()
+        folding.close()
         recorder.close(Ending(status="completed", duration_s=until - t0))
         recording = open_recording(directory)
         recorded = sum(len(recording.arrow(kind)) for kind in (*STEP_KINDS, "process", "gpu"))
@@ -292,11 +301,14 @@ def measure(
         "steps_sent": steps,
         "steps_shown": session.steps_completed if headless else state.steps_done,
         "skipped_for_screen": backlog.skipped,
+        "left_out_of_live_fold": session.left_out.total(),
         "refused_queue_full": collector.counts.queue_full,
         "node_cpu_s": node_cpu,
         "head_cpu_s": head_cpu,
         "wall_s": WARMUP_S + seconds,
         "take_s": sum(b for b, _, _ in busy),
+        "take_max_s": max((b for b, _, _ in busy), default=0.0),
+        "take_max_events": max(busy, default=(0.0, 0, 0))[1],
         "take_events": sum(n for _, n, _ in busy),
         "take_items": sum(i for _, _, i in busy),
         "takes": len(busy),

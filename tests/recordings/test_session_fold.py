@@ -13,6 +13,7 @@ from meshtop.probes.arrivals import Arrivals
 from meshtop.probes.events import Event
 from meshtop.recordings.manifest import Manifest, read_manifest, write_manifest
 from meshtop.recordings.prometheus import RunMetrics
+from meshtop.recordings.reader import open_recording
 from meshtop.recordings.recorder import Ending, SessionRecorder
 from meshtop.recordings.replay import in_kind_order
 from meshtop.recordings.session_fold import SessionFold
@@ -116,3 +117,31 @@ def test_a_reader_on_another_thread_never_sees_a_batch_half_folded() -> None:
         reader.join()
     assert not failures, failures
     assert session.steps_completed == 200 and session.figures().steps.count == 200
+
+
+def test_a_live_fold_past_its_share_of_the_time_leaves_collectives_out_counted_and_records_them(
+    tmp_path: Path,
+) -> None:
+    """Share 0: every take after the first (the ranks' starts) finds the fold over its share. The 10
+    all-reduces are left out of the fold and the screen, counted, and still recorded; every step completes
+    (steps are never left out) and the dashboard says so."""
+    run = description(dp=2)
+    write_manifest(tmp_path, Manifest(run=run))
+    session = SessionFold(run, share=0.0)
+    recorder = SessionRecorder(session, tmp_path, Manifest(run=run))
+    state = DashboardState(run, session=session)
+    left_out, on_screen = [], 0
+    for events in batches(5):
+        arrivals = Arrivals(events)
+        folded = recorder.take(arrivals)
+        left_out.append(sorted(folded.left_out))
+        screen = screen_batches(arrivals, folded.tables, left_out=folded.left_out)
+        on_screen += sum(len(table) for kind, table in screen if kind == "collective")
+        state.take_steps(folded.steps)
+    assert left_out == [[]] + [["collective", "stage_action"]] * 10
+    assert session.left_out == {"collective": 10} and on_screen == 0
+    assert session.figures().collectives == () and session.steps_completed == 5
+    state.coalesced = session.left_out.total()
+    assert any(alert.text.startswith("10 collective and sample events left out") for alert in alerts_of(state))
+    recorder.close(Ending(status="completed", duration_s=1.0))
+    assert len(open_recording(tmp_path).arrow("collective")) == 10

@@ -278,7 +278,7 @@ def test_a_full_screen_backlog_skips_only_high_rate_events_and_never_a_rank_star
     assert state.steps_done == 30 and len(state.steps) == 30
     assert state.coalesced == source.backlog.skipped > 0
     assert state.events + state.coalesced == len(events)
-    assert any("skipped by the screen" in alert.text for alert in alerts_of(state))
+    assert any("left out of the live view to keep up" in alert.text for alert in alerts_of(state))
     assert source.poll(state).events == state.events  # nothing twice
 
 

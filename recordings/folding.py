@@ -1,0 +1,113 @@
+"""A live session's fold, on a thread of its own: the thread that receives the events never waits for it.
+
+The session thread drains the collector, writes each batch into the recording, and hands it to this thread,
+which folds it into the session's fold and passes it on (``/metrics``, the console, the dashboard). Were the
+two one thread, a fold that falls behind (a thousand ranks' steps to break down) would hold the next drain
+back, the collector would fill, and what it refuses would be lost to the recording too (the fleet benchmark
+lost a quarter of what 16 nodes sent, with the dashboard on).
+
+Rules:
+
+- batches are folded in the order they came, each once; the fold takes every batch waiting at once;
+- past :data:`FOLD_BACKLOG` events waiting, the waiting batches' :data:`BULK_KINDS` blocks are left out of the
+  fold (already on disk: counted in the session's ``left_out``, which the dashboard says), oldest first; no
+  other kind is ever left out (a lost start or step would be a hole in every figure);
+- an error raised on the fold thread is raised again by the next :meth:`FoldThread.put` or by
+  :meth:`FoldThread.close`, which waits for every batch handed over to be folded.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import deque
+from collections.abc import Callable
+
+from meshtop.probes.arrivals import Arrivals, event_count
+from meshtop.recordings.recorder import SessionRecorder
+from meshtop.recordings.session_fold import BULK_KINDS, Folded
+
+FOLD_BACKLOG = 1_000_000
+"""Events waiting for the fold past which the bulk kinds' blocks waiting are left out of it (the collector's
+own bound: a backlog as long as its queue)."""
+
+
+class FoldThread:
+    """Folds a live session's recorded batches on a thread of its own, in order, then hands each to ``then``."""
+
+    def __init__(
+        self,
+        recorder: SessionRecorder,
+        then: Callable[[Arrivals, Folded], None],
+        *,
+        backlog: int = FOLD_BACKLOG,
+    ) -> None:
+        self.recorder = recorder
+        self.then = then
+        self.backlog = backlog
+        self._waiting: deque[Arrivals] = deque()
+        self._count = 0
+        self._closing = False
+        self._error: BaseException | None = None
+        self._changed = threading.Condition()
+        self._thread = threading.Thread(target=self._run, name="meshtop-fold", daemon=True)
+        self._thread.start()
+
+    def put(self, arrivals: Arrivals) -> None:
+        """Hand over a batch already on disk (an error of the fold thread's is raised here)."""
+        self._raise()
+        with self._changed:
+            self._waiting.append(arrivals)
+            self._count += arrivals.count
+            if self._count > self.backlog:
+                self._leave_out_bulk()
+            self._changed.notify()
+
+    def close(self) -> None:
+        """Fold every batch handed over, then stop the thread (raising its error, if it had one)."""
+        with self._changed:
+            self._closing = True
+            self._changed.notify()
+        self._thread.join()
+        self._raise()
+
+    def _leave_out_bulk(self) -> None:
+        """Drop the waiting batches' bulk blocks, oldest first, until the backlog is within its bound."""
+        session = self.recorder.session
+        for arrivals in self._waiting:
+            if self._count <= self.backlog:
+                return
+            kept = []
+            for item in arrivals.items:
+                if item.kind in BULK_KINDS:
+                    count = event_count(item)
+                    self._count -= count
+                    if item.kind in session.kinds:
+                        with session.lock:
+                            session.left_out[item.kind] += count
+                else:
+                    kept.append(item)
+            arrivals.items = kept
+
+    def _run(self) -> None:
+        while True:
+            with self._changed:
+                while not self._waiting and not self._closing:
+                    self._changed.wait()
+                if not self._waiting:
+                    return
+                batch = Arrivals(item for arrivals in self._waiting for item in arrivals.items)
+                self._waiting.clear()
+                self._count = 0
+            try:
+                self.then(batch, self.recorder.fold(batch))
+            except BaseException as error:  # raised again on the session's thread
+                self._error = error
+                with self._changed:
+                    self._waiting.clear()
+                    self._closing = True
+                return
+
+    def _raise(self) -> None:
+        if self._error is not None:
+            error, self._error = self._error, None
+            raise error

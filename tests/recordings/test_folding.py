@@ -1,0 +1,90 @@
+"""A live session's fold on its own thread: every batch folded once and in order, the bulk kinds left out
+(counted) past the backlog's bound and nothing else, and an error of the fold's raised on the session's
+thread."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+import pytest
+
+from meshtop.probes.arrivals import Arrivals
+from meshtop.recordings.folding import FoldThread
+from meshtop.recordings.manifest import Manifest, write_manifest
+from meshtop.recordings.reader import open_recording
+from meshtop.recordings.recorder import Ending, SessionRecorder
+from meshtop.recordings.session_fold import Folded, SessionFold
+from tests.kit.recordings import description
+from tests.recordings.test_session_fold import batches
+
+
+def recorder_in(directory: Path) -> SessionRecorder:
+    run = description(dp=2)
+    write_manifest(directory, Manifest(run=run))
+    return SessionRecorder(SessionFold(run), directory, Manifest(run=run))
+
+
+def test_every_batch_is_folded_once_in_order_and_passed_on(tmp_path: Path) -> None:
+    recorder = recorder_in(tmp_path)
+    seen: list[str] = []
+    steps: list[int] = []
+
+    def then(arrivals: Arrivals, folded: Folded) -> None:
+        seen.extend(f"{item.kind}:{getattr(item, 'rank', '')}" for item in arrivals.items)
+        steps.extend(step.step for step in folded.steps)
+
+    folding = FoldThread(recorder, then)
+    sent = []
+    for events in batches(5):
+        arrivals = Arrivals(events)
+        sent.extend(f"{event.kind}:{getattr(event, 'rank', '')}" for event in events)
+        recorder.write(arrivals)
+        folding.put(arrivals)
+    folding.close()
+    assert seen == sent and steps == [0, 1, 2, 3, 4]
+    [row] = recorder.session.figures().collectives
+    assert row.count == 10 and not recorder.session.left_out
+
+
+def test_past_the_backlog_only_the_bulk_kinds_waiting_are_left_out_and_all_is_recorded(tmp_path: Path) -> None:
+    """The fold is held on its first batch (the starts) while the other 10 wait, an all-reduce and a step each
+    (20 events, bound 14): from the 8th on, each batch leaves the oldest 2 all-reduces waiting out (6 in all);
+    every step still completes."""
+    recorder = recorder_in(tmp_path)
+    holding, release = threading.Event(), threading.Event()
+
+    def then(arrivals: Arrivals, folded: Folded) -> None:
+        holding.set()
+        release.wait(30)
+
+    folding = FoldThread(recorder, then, backlog=14)
+    first, *rest = batches(5)
+    recorder.write(Arrivals(first))
+    folding.put(Arrivals(first))
+    assert holding.wait(30)
+    for events in rest:
+        arrivals = Arrivals(events)
+        recorder.write(arrivals)
+        folding.put(arrivals)
+    release.set()
+    folding.close()
+    session = recorder.session
+    assert session.left_out == {"collective": 6}
+    assert session.steps_completed == 5
+    [row] = session.figures().collectives
+    assert row.count == 4
+    recorder.close(Ending(status="completed", duration_s=1.0))
+    assert len(open_recording(tmp_path).arrow("collective")) == 10
+
+
+def test_an_error_of_the_fold_is_raised_on_the_sessions_thread(tmp_path: Path) -> None:
+    recorder = recorder_in(tmp_path)
+
+    def then(arrivals: Arrivals, folded: Folded) -> None:
+        raise ValueError("the console's terminal went away")
+
+    folding = FoldThread(recorder, then)
+    folding.put(Arrivals(batches(1)[0]))
+    with pytest.raises(ValueError, match="terminal went away"):
+        folding.close()
