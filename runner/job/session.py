@@ -270,12 +270,12 @@ def run_session(
     ran: list[RunDescription] = []
     """The run as it turned out, where it says more than at its start."""
 
-    def folded(arrivals: Arrivals, folded: Folded) -> None:
+    def pass_on(arrivals: Arrivals, folded: Folded) -> None:
         if metrics is not None:
             metrics.take(arrivals, folded)
         on_events(arrivals, folded)
 
-    folding = FoldThread(recorder, then=folded)
+    folding = FoldThread(recorder, then=pass_on)
 
     def deliver(arrivals: Arrivals) -> None:
         recorder.write(arrivals)  # on disk first, then folded on the fold's own thread
