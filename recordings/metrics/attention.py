@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict, deque
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 import numpy as np
@@ -68,6 +68,12 @@ class RankRecent:
 
     def add(self, rank: int, measure: str, value: float) -> None:
         self._values[measure][rank].append(value)
+
+    def add_many(self, measure: str, ranks: Iterable[int], values: Iterable[float]) -> None:
+        """A closed step's ``measure`` of each of ``ranks``."""
+        recent = self._values[measure]
+        for rank, value in zip(ranks, values, strict=True):
+            recent[rank].append(value)
 
     def medians(self, measure: str) -> dict[int, float]:
         """Each rank's median of ``measure`` over its last closed steps (those it has one for); the ranks with as

@@ -29,8 +29,8 @@ Rules, per rank and closed step:
 
 from __future__ import annotations
 
-from collections import defaultdict, deque
-from collections.abc import Callable, Sequence
+from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -55,6 +55,8 @@ HISTORY = 240
 """Closed steps whose parts the dashboard charts."""
 _PHASE_LEVEL = {"o": 2, "b": 3, "f": 4, "d": 5}
 """The level of each phase's letter."""
+_COMPUTE = np.array([part not in ("communication", "bubble") for part in PARTS])
+"""The parts of a rank's compute time (its step less communication and bubble)."""
 _PART_OF_LEVEL = np.array([[float(label == part) for part in PARTS] for label in _LABELS])
 """Level -> part, as a matrix: a row's seconds by level, times it, are its seconds by part."""
 _LEVEL_OF_LETTER = np.full(256, -1, dtype=np.int64)
@@ -249,53 +251,64 @@ class Breakdown:
 
 
 class BreakdownFold:
-    """Each rank's step parts, summed as steps close."""
+    """Each rank's step parts, summed as steps close (a column a part, a row a rank: a closed step's ranks are
+    added at once)."""
 
     def __init__(self) -> None:
-        self._sums: dict[int, np.ndarray] = defaultdict(lambda: np.zeros(len(PARTS)))
-        self._step_s: dict[int, float] = defaultdict(float)
-        self._steps: dict[int, int] = defaultdict(int)
+        self._sums = np.zeros((0, len(PARTS)))
+        self._step_s = np.zeros(0)
+        self._steps = np.zeros(0, dtype=np.int64)
         self.per_step: dict[str, Distribution] = {part: Distribution() for part in PARTS}
         """Per closed step: each part's mean over the step's ranks (seconds)."""
         self._recent: dict[str, deque[float]] = {part: deque(maxlen=HISTORY) for part in PARTS}
-        self._slowest: dict[int, int] = defaultdict(int)
-        self._stage_steps: dict[int, int] = defaultdict(int)
+        self._slowest = np.zeros(0, dtype=np.int64)
+        self._stage_steps = np.zeros(0, dtype=np.int64)
         """Per rank: the closed steps of its stage that had two or more ranks' parts."""
 
-    def add_step(self, parts_by_rank: dict[int, dict[str, float]], stage_of: Callable[[int], int]) -> None:
-        """One closed step's parts of each rank (from :meth:`add`): per stage of two or more ranks, the rank with
-        the most compute time (its step less communication and bubble) was the slowest."""
-        if parts_by_rank:
-            for part in PARTS:
-                mean = sum(parts[part] for parts in parts_by_rank.values()) / len(parts_by_rank)
-                self.per_step[part].add(mean)
-                self._recent[part].append(mean)
-        stages: dict[int, list[tuple[float, int]]] = defaultdict(list)
-        for rank, parts in parts_by_rank.items():
-            compute = sum(seconds for part, seconds in parts.items() if part not in ("communication", "bubble"))
-            stages[stage_of(rank)].append((compute, rank))
-        for ranks in stages.values():
-            if len(ranks) < 2:
-                continue
-            self._slowest[max(ranks)[1]] += 1
-            for _, rank in ranks:
-                self._stage_steps[rank] += 1
+    def add_step(self, ranks: Sequence[int], parts: npt.NDArray[np.float64], stages: Sequence[int]) -> None:
+        """One closed step's parts (a row each of ``ranks``, as :meth:`add_cells` gave them; ``stages``: each
+        one's pipeline stage): per stage of two or more ranks, the rank with the most compute time (its step
+        less communication and bubble; of two alike, the higher rank) was the slowest."""
+        if not len(ranks):
+            return
+        for part, mean in zip(PARTS, parts.mean(axis=0).tolist(), strict=True):
+            self.per_step[part].add(mean)
+            self._recent[part].append(mean)
+        rank, stage = np.asarray(ranks, dtype=np.int64), np.asarray(stages, dtype=np.int64)
+        self._grow(int(rank.max()) + 1)
+        compute = parts[:, _COMPUTE].sum(axis=1)
+        order = np.lexsort((rank, compute, stage))  # by stage, the slowest (then the highest rank) last
+        stage, rank = stage[order], rank[order]
+        last = np.r_[stage[1:] != stage[:-1], True]
+        first = np.r_[True, stage[1:] != stage[:-1]]
+        size = np.diff(np.r_[np.flatnonzero(first), len(stage)])
+        shared = np.repeat(size >= 2, size)  # each rank: its stage has two ranks or more
+        np.add.at(self._slowest, rank[last & shared], 1)
+        self._stage_steps[rank[shared]] += 1
 
     def add(self, rank: int, step: RankStep) -> dict[str, float]:
         """One rank-step's parts, summed in."""
-        return self.add_cells([rank], StepCells.of([step]))[rank]
+        return dict(zip(PARTS, self.add_cells([rank], StepCells.of([step]))[0].tolist(), strict=True))
 
-    def add_cells(self, ranks: Sequence[int], cells: StepCells) -> dict[int, dict[str, float]]:
-        """Rank-steps' parts (``ranks[i]``'s is the cell ``i``: a closed step's ranks at once), summed in."""
+    def add_cells(self, ranks: Sequence[int], cells: StepCells) -> npt.NDArray[np.float64]:
+        """Rank-steps' parts (``ranks[i]``'s is the cell ``i``: a closed step's ranks, each once), summed in;
+        a row of parts each, in the order of :data:`PARTS`."""
         parts = cells_parts(cells)
-        seconds = ((cells.end_ns - cells.start_ns) / 1e9).tolist()
-        by_rank = {}
-        for rank, row, step_s in zip(ranks, parts, seconds, strict=True):
-            self._sums[rank] += row
-            self._step_s[rank] += step_s
-            self._steps[rank] += 1
-            by_rank[rank] = dict(zip(PARTS, row.tolist(), strict=True))
-        return by_rank
+        rank = np.asarray(ranks, dtype=np.int64)
+        self._grow(int(rank.max(initial=-1)) + 1)
+        self._sums[rank] += parts
+        self._step_s[rank] += (cells.end_ns - cells.start_ns) / 1e9
+        self._steps[rank] += 1
+        return parts
+
+    def _grow(self, ranks: int) -> None:
+        """Room for ranks below ``ranks``."""
+        more = ranks - len(self._steps)
+        if more > 0:
+            self._sums = np.vstack([self._sums, np.zeros((more, len(PARTS)))])
+            self._step_s, self._steps = np.r_[self._step_s, np.zeros(more)], np.r_[self._steps, np.zeros(more, int)]
+            self._slowest = np.r_[self._slowest, np.zeros(more, dtype=np.int64)]
+            self._stage_steps = np.r_[self._stage_steps, np.zeros(more, dtype=np.int64)]
 
     def figures(self) -> Breakdown:
         def rows(sums: np.ndarray, step_s: float, steps: int) -> dict[str, dict[str, float]]:
@@ -304,10 +317,11 @@ class BreakdownFold:
                 for part, total in zip(PARTS, sums.tolist(), strict=True)
             }
 
-        per_rank = {rank: rows(self._sums[rank], self._step_s[rank], self._steps[rank]) for rank in self._sums}
-        steps = sum(self._steps.values())
-        total = sum(self._sums.values(), np.zeros(len(PARTS)))
-        parts = rows(total, sum(self._step_s.values()), steps) if steps else {}
-        slowest = {rank: self._slowest[rank] / steps for rank, steps in self._stage_steps.items() if steps}
+        seen = np.flatnonzero(self._steps).tolist()
+        per_rank = {rank: rows(self._sums[rank], float(self._step_s[rank]), int(self._steps[rank])) for rank in seen}
+        steps = int(self._steps.sum())
+        parts = rows(self._sums.sum(axis=0), float(self._step_s.sum()), steps) if steps else {}
+        shared = np.flatnonzero(self._stage_steps)
+        slowest = dict(zip(shared.tolist(), (self._slowest[shared] / self._stage_steps[shared]).tolist(), strict=True))
         history = {part: tuple(values) for part, values in self._recent.items()}
         return Breakdown(parts=parts, per_rank=per_rank, steps=steps, slowest_in=slowest, history=history)

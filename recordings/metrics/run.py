@@ -41,7 +41,7 @@ from meshtop.probes.events import (
 )
 from meshtop.recordings.manifest import GpuInfo, RunDescription
 from meshtop.recordings.metrics.attention import STEP_MEASURES, Attention, RankRecent, attention
-from meshtop.recordings.metrics.breakdown import Breakdown, BreakdownFold, step_cells
+from meshtop.recordings.metrics.breakdown import PARTS, Breakdown, BreakdownFold, step_cells
 from meshtop.recordings.metrics.collectives import CollectiveFold, CollectiveRow, Waits
 from meshtop.recordings.metrics.gpus import GpuFold, GpuRow
 from meshtop.recordings.metrics.memory import MemoryFold, MemoryRow
@@ -446,25 +446,23 @@ class RunFold:
         )
         for step, ranks, (by_op, by_rank, waits) in zip(steps, spans, exposures, strict=True):
             self._break_down(ranks, waits)
-            for rank, seconds in ranks.durations_s().items():
-                self.recent_by_rank.add(rank, "step", seconds)
+            durations = ranks.durations_s()
+            self.recent_by_rank.add_many("step", durations.keys(), durations.values())
             span_s, bubbles = self.stages.close(step.step, ranks.forward_backward_max_s())
-            self.compute.add_step(ranks.durations_s(), by_rank)
+            self.compute.add_step(durations, by_rank)
             self.closed_count += 1
-            self.closed.append(
-                ClosedStep(step.step, step.duration_s, by_op, by_rank, ranks.durations_s(), span_s, bubbles)
-            )
+            self.closed.append(ClosedStep(step.step, step.duration_s, by_op, by_rank, durations, span_s, bubbles))
 
     def _break_down(self, ranks: StepSpans, waits: Waits) -> None:
         """Each rank's parts of a closed step (ranks that measured their phases, all at once), and its slowest
         ranks."""
         phased = list(ranks.windows)
-        cells = step_cells(ranks, phased, waits) if phased else None
-        parts_by_rank = self.breakdown.add_cells(phased, cells) if cells is not None else {}
-        self.breakdown.add_step(parts_by_rank, lambda rank: self.position(rank)[0])
-        for rank, parts in parts_by_rank.items():
-            for measure in STEP_MEASURES[1:]:
-                self.recent_by_rank.add(rank, measure, parts[measure])
+        if not phased:
+            return
+        parts = self.breakdown.add_cells(phased, step_cells(ranks, phased, waits))
+        self.breakdown.add_step(phased, parts, [self.position(rank)[0] for rank in phased])
+        for measure in STEP_MEASURES[1:]:
+            self.recent_by_rank.add_many(measure, phased, parts[:, PARTS.index(measure)].tolist())
 
     def _stragglers(self, breakdown: Breakdown) -> tuple[Straggler, ...]:
         """The stragglers, each with its cause where the ranks measured their phases (``breakdown``)."""
