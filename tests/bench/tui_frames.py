@@ -6,9 +6,11 @@
 About 50 s with the defaults on 2 cores.
 
 A :class:`SyntheticSource` (the app's Source protocol) runs a producer thread
-that ships a realistic event mix every 50 ms through a bounded queue, like
-:class:`meshtop.tui.sources.LiveSource` (a cap on pending events; beyond it the oldest
-batches are dropped for the screen and counted). The mix, per step and rank
+that ships a realistic event mix every 50 ms, folds it into the session's fold
+and queues the screen's share through a bounded queue, as a live job's fold
+thread does for :class:`meshtop.tui.sources.LiveSource` (a cap on pending
+events; beyond it the oldest batches are dropped for the screen and counted;
+a fold behind leaves the bulk kinds out). The mix, per step and rank
 of a dp x tp2 x pp2 1F1B job with 8 microbatches: 2 dp all_reduce, 8 tp
 all_reduce, 16 pp send / recv, 16 stage actions, a StepTiming and a
 MemorySnapshot; plus a ProcessSample per rank at 2 Hz and a GpuSample per GPU
@@ -56,14 +58,15 @@ Without a profiler's overhead, a stopwatch also says where each full frame's
 time goes (JSON: ``parts_ms``, mean ms per steady frame, and ``worst_frames``:
 the slowest frames part by part, with their view, how many frames after the
 switch to it, and the collector's pauses that began in them): ``poll`` (the
-source's poll: the fold, where the UI thread does it), ``draw`` (the app
+source's poll: the screen's share of the batches applied to its state; the
+fold itself runs on the producer's thread, as live), ``draw`` (the app
 builds the header's and the visible panel's content), ``layout`` and
 ``render`` (Textual's: the screen laid out; what changed drawn to strips and
 composited), ``encode`` (escape codes) and ``other`` (the rest: messages,
 timers, the garbage collector).
 
 Also reported: events/s offered and applied (``state.events`` over the
-measured window), events dropped for the screen, the peak of pending events
+measured window), events dropped for the screen or left out of the fold, the peak of pending events
 in the queue, and the UI thread's busy share (under 100% means it keeps up).
 The target (issue): a frame under 50 ms at 64 ranks; checked on the p99 of
 the full frame time.
@@ -106,6 +109,7 @@ from meshtop.probes.events import (
 )
 from meshtop.recordings.manifest import Model, Plan, RunDescription
 from meshtop.recordings.replay import in_kind_order
+from meshtop.recordings.session_fold import FOLD_SHARE, SessionFold
 from meshtop.tui.app import VIEWS, MeshtopApp
 from meshtop.tui.sources import SCREEN_BACKLOG, ScreenBacklog, screen_batches
 from meshtop.tui.state import DashboardState
@@ -216,7 +220,6 @@ class SyntheticSource:
         if self.steps_per_s <= 0:
             raise ValueError(f"{rate} events/s cannot carry {ranks} ranks' samples alone")
         self.step_s = 1.0 / self.steps_per_s
-        self.session = None  # the state folds what it is given on the screen's thread (a live session's thread does)
         self.description = RunDescription(
             plan=Plan(
                 dp=self.dp,
@@ -249,6 +252,9 @@ class SyntheticSource:
             seed=0,
             instrumented=True,
         )
+        self.session = SessionFold(self.description, share=FOLD_SHARE)
+        """The session's fold, as a live job's: fed on the producer's thread (a live job's fold thread), read by
+        the screen."""
         self.recording: str | None = None
         self.error: BaseException | None = None
         self.backlog = ScreenBacklog(backlog)
@@ -484,10 +490,25 @@ class SyntheticSource:
         self.producer_cpu_s = time.thread_time() - cpu_begun
 
     def _take(self, count: int, arrivals: Arrivals) -> None:
-        """What a live session thread does with a shipment: decode what the screen reads, queue it."""
+        """What a live session's fold thread does with a batch: fold it, decode what else the screen reads, and
+        queue that with the steps it completed."""
         self.produced += count  # only the producer thread writes these two
         self.largest_batch = max(self.largest_batch, count)
-        self.backlog.put(screen_batches(arrivals))
+        folded = self.session.take(arrivals)
+        self.backlog.put(screen_batches(arrivals, folded.tables, left_out=folded.left_out), folded.steps)
+
+    def warm_up(self, state: DashboardState) -> int:
+        """Fold the warm history as a live session would have, whole, and give the screen its share; how many
+        events it held."""
+        arrivals = encoded(self.warm_history)
+        share, self.session.share = self.session.share, None
+        folded = self.session.take(arrivals)
+        self.session.share = share
+        for kind, table in in_kind_order(screen_batches(arrivals, folded.tables)):
+            state.apply(kind, table)
+        state.take_steps(folded.steps)
+        count, self.warm_history = len(self.warm_history), []
+        return count
 
     # -- the Source protocol ---------------------------------------------------------------
 
@@ -503,9 +524,11 @@ class SyntheticSource:
         return self._origin_ns
 
     def poll(self, state: DashboardState) -> DashboardState:
-        for kind, table in in_kind_order(self.backlog.take()):
+        batches, steps = self.backlog.take_with_steps()
+        for kind, table in in_kind_order(batches):
             state.apply(kind, table)
-        state.coalesced = self.backlog.skipped
+        state.take_steps(steps)
+        state.coalesced = self.backlog.skipped + self.session.left_out.total()
         return state
 
     def wait(self, timeout_s: float | None = None) -> bool:
@@ -588,9 +611,10 @@ class Stopwatch:
     differences say where each frame's time went."""
 
     PARTS = ("poll", "draw", "layout", "render", "encode")
-    """poll: the source's poll (the fold, where the UI thread does it); draw: the app's redraw (header and the
-    visible panel's content); layout: Textual's layout of the screen; render: the compositor's update of what
-    changed (widgets rendered to strips, compositing), less encode: turning it into escape codes."""
+    """poll: the source's poll (the screen's share of the batches; the fold is the producer's); draw: the app's
+    redraw (header and the visible panel's content); layout: Textual's layout of the screen; render: the
+    compositor's update of what changed (widgets rendered to strips, compositing), less encode: turning it into
+    escape codes."""
 
     def __init__(self) -> None:
         self.spent = dict.fromkeys(self.PARTS, 0.0)
@@ -674,8 +698,7 @@ async def measure(
     presses: list[float] = []
     source = SyntheticSource(ranks, rate=rate, backlog=backlog)
     app = BenchApp(source, meter)
-    app.state.apply_events(source.warm_history)
-    warm_events, source.warm_history = len(source.warm_history), []
+    warm_events = source.warm_up(app.state)
     if gc_freeze:  # what the app could do once started: move what is already there out of the collector's sight
         gc.collect()
         gc.freeze()
@@ -756,7 +779,7 @@ async def measure(
         "warm_events": warm_events,
         "offered_per_s": (produced1 - produced0) / wall,
         "applied_per_s": (events1 - events0) / wall,
-        "dropped": source.backlog.skipped,
+        "dropped": source.backlog.skipped + source.session.left_out.total(),  # for the screen, or left out of the fold
         "peak_pending": source.backlog.peak,
         "largest_batch": source.largest_batch,
         "producer_cpu_share": source.producer_cpu_s / max(wall + WARMUP_S, 1e-9),
@@ -873,7 +896,7 @@ def main() -> None:
         f"every view measured in every row: {'yes' if not missing else 'NO: ' + ', '.join(missing)} (per view: --json)"
     )
     print(
-        "mean ms per full frame, by part (poll: the fold on the UI thread; draw: the app builds the header "
+        "mean ms per full frame, by part (poll: the screen's share of the batches; draw: the app builds the header "
         "and panel; layout, render: Textual's; encode: escape codes; other: the rest, GC included):"
     )
     for row in rows:
