@@ -279,8 +279,8 @@ class BreakdownFold:
         compute = parts[:, _COMPUTE].sum(axis=1)
         order = np.lexsort((rank, compute, stage))  # by stage, the slowest (then the highest rank) last
         stage, rank = stage[order], rank[order]
-        last = np.r_[stage[1:] != stage[:-1], True]
-        first = np.r_[True, stage[1:] != stage[:-1]]
+        change = stage[1:] != stage[:-1]
+        last, first = np.r_[change, True], np.r_[True, change]
         size = np.diff(np.r_[np.flatnonzero(first), len(stage)])
         shared = np.repeat(size >= 2, size)  # each rank: its stage has two ranks or more
         np.add.at(self._slowest, rank[last & shared], 1)

@@ -424,10 +424,10 @@ def exposed_intervals(
     :meth:`CollectiveFold._exposed` passes only the operations of ranks that measured their step's phases."""
     begin = np.where(seen, np.maximum(start, end - waited_ns.astype(np.int64)), start)
     keep = np.where(seen, waited, True) & (end > begin)
-    order = np.argsort(step[keep], kind="stable")
-    columns = [column[keep][order] for column in (rank, begin, end, pipeline)]
-    bounds = np.searchsorted(step[keep][order], np.arange(steps + 1)).tolist()
-    ranks, begins, ends, pipelines = columns
+    kept = step[keep]
+    order = np.argsort(kept, kind="stable")
+    ranks, begins, ends, pipelines = (column[keep][order] for column in (rank, begin, end, pipeline))
+    bounds = np.searchsorted(kept[order], np.arange(steps + 1)).tolist()
     return [Waits(ranks[a:b], begins[a:b], ends[a:b], pipelines[a:b]) for a, b in pairwise(bounds)]
 
 
