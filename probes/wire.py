@@ -114,20 +114,32 @@ def read_frame(sock: socket.socket, *, max_bytes: int = MAX_FRAME_BYTES) -> tupl
     prefix = read_exactly(sock, HEADER.size)
     if prefix is None:
         return None
-    (length,) = HEADER.unpack(prefix)
-    if length > max_bytes:
-        raise FrameError(f"frame of {length} bytes is over the {max_bytes}-byte limit")
-    payload = read_exactly(sock, length)
+    payload = read_exactly(sock, frame_length(prefix, max_bytes=max_bytes))
     if payload is None:
         raise FrameError("connection closed inside a frame")
-    head, newline, body = payload.partition(b"\n")
+    return split_payload(payload)
+
+
+def frame_length(prefix: bytes | bytearray | memoryview, *, max_bytes: int = MAX_FRAME_BYTES) -> int:
+    """The payload's length that a frame's :data:`HEADER` ``prefix`` says; :class:`FrameError` past ``max_bytes``."""
+    (length,) = HEADER.unpack_from(prefix)
+    if length > max_bytes:
+        raise FrameError(f"frame of {length} bytes is over the {max_bytes}-byte limit")
+    return int(length)
+
+
+def split_payload(data: bytes, start: int = 0, end: int | None = None) -> tuple[dict[str, Any], bytes]:
+    """A frame's payload (``data[start:end]``) as its header (a JSON object, one line) and its body;
+    :class:`FrameError` if it is not. The body is the one copy made."""
+    end = len(data) if end is None else end
+    newline = data.find(b"\n", start, end)
     try:
-        header = json.loads(head)
+        header = json.loads(data[start : end if newline < 0 else newline])
     except (ValueError, RecursionError) as error:  # not JSON, not UTF-8, too deep, a huge integer
         raise FrameError(f"header not JSON: {type(error).__name__}") from None
-    if not newline or not isinstance(header, dict):
+    if newline < 0 or not isinstance(header, dict):
         raise FrameError("a message must start with a JSON object and a newline")
-    return header, body
+    return header, data[newline + 1 : end]
 
 
 def sections(header: dict[str, Any], body: bytes) -> list[EncodedEvents]:

@@ -10,6 +10,7 @@ import time
 
 import pytest
 
+from meshtop.probes import collector as collector_module
 from meshtop.probes.arrivals import Arrivals, EncodedEvents, encode_lines
 from meshtop.probes.collector import Collector
 from meshtop.probes.events import CollectiveTiming, EventsDropped, StepTiming
@@ -170,19 +171,44 @@ def test_collector_survives_random_garbage_and_keeps_serving(collector: Collecto
     assert [(e.rank, e.step) for e in received] == [(5, 42)]
 
 
-def test_collector_queue_is_bounded_and_overflow_is_counted() -> None:
+def send_steps(collector: Collector, steps: range) -> None:
+    raw_send(
+        collector.address,
+        encode_events(token=collector.token, rank=0, dropped=0, events=[step(0, n) for n in steps]),
+    )
+
+
+def drained_steps(collector: Collector) -> list[int]:
+    return [e.step for e in Arrivals(collector.drain()).events()]
+
+
+def test_collector_refuses_what_cannot_fit_and_stops_reading_near_its_bound() -> None:
     small = Collector(max_queue_events=60).start()
     try:
-        for count in (50, 20, 10):  # a block is queued whole or refused whole
-            raw_send(
-                small.address,
-                encode_events(token=small.token, rank=0, dropped=0, events=[step(0, n) for n in range(count)]),
-            )
+        send_steps(small, range(70))  # can never fit: refused whole, counted
+        send_steps(small, range(40))  # under three quarters of the bound: the next is read
+        send_steps(small, range(20))  # fits exactly
+        send_steps(small, range(10))  # past three quarters: waits in its socket, unread
         time.sleep(0.3)
-        assert small.queued == 60
-        assert small.counts.queue_full == 20
-        assert [e.step for e in Arrivals(small.drain()).events()] == [*range(50), *range(10)]
-        assert small.queued == 0
+        assert (small.queued, small.counts.queue_full) == (60, 70)
+        assert drained_steps(small) == [*range(40), *range(20)]
+        time.sleep(0.3)
+        assert small.queued == 10  # read once there was room: not lost
+        assert small.counts.queue_full == 70
+    finally:
+        small.stop()
+
+
+def test_a_collector_full_for_long_serves_on_and_refuses_what_does_not_fit(monkeypatch) -> None:
+    monkeypatch.setattr(collector_module, "PAUSE_MAX_S", 0.3)  # a node's pings wait no longer
+    small = Collector(max_queue_events=60).start()
+    try:
+        send_steps(small, range(50))
+        send_steps(small, range(20))
+        time.sleep(0.1)
+        assert (small.queued, small.counts.queue_full) == (50, 0)  # paused: the 20 wait
+        time.sleep(0.5)
+        assert (small.queued, small.counts.queue_full) == (50, 20)  # not drained for long: read, refused
     finally:
         small.stop()
 
@@ -282,11 +308,11 @@ def test_the_queue_is_bounded_in_bytes_too() -> None:
     small = Collector(max_queue_bytes=16_000).start()
     try:
         for _ in range(3):
-            raw_send(
-                small.address,
-                encode_events(token=small.token, rank=0, dropped=0, events=[step(0, n) for n in range(30)]),
-            )  # 7,421 bytes each: two fit, the third does not
+            send_steps(small, range(30))  # 7,421 bytes each: two fit, the third waits past 12,000 bytes
         time.sleep(0.3)
-        assert (small.queued, small.counts.queue_full) == (60, 30)
+        assert (small.queued, small.counts.queue_full) == (60, 0)
+        small.drain()
+        time.sleep(0.3)
+        assert (small.queued, small.counts.queue_full) == (30, 0)
     finally:
         small.stop()
