@@ -49,6 +49,9 @@ FOLD_SHARE = 0.5
 """The most of its thread's time a live fold may take: a batch whose fold would take more (at the cost per
 event of the last batches folded whole) is folded without the bulk kinds. Past it the thread that receives
 the events would fall behind, and the collector refuse what it cannot queue: lost to the recording too."""
+PROBE_S = 2.0
+"""A fold that has left the bulk kinds out this long folds the next batch whole, to measure its cost again:
+an estimate once too high (a first batch folded cold, its imports and all) would keep them out for good."""
 
 Clock = tuple[int | None, int]
 """Where a block's times are: (the node that streamed it, its offset), ``(None, 0)`` on this machine's clock."""
@@ -139,8 +142,13 @@ class SessionFold:
         self._steps_taken = 0
         """Job steps completed before the last :meth:`take` returned (what :meth:`take` reports from)."""
         self._cost_s: float | None = None
-        """Seconds an event costs the fold, every kind folded (a moving mean over the takes that folded all)."""
+        """CPU seconds an event costs the fold's thread, every kind folded (a moving mean over the takes that
+        folded all). Its CPU, not the wall time: sharing the interpreter's lock with the screen, a fold timed by
+        the wall clock judged itself behind when it was only waiting, and left out what it had time for."""
         self._last_take: float | None = None
+        self._behind_since: float | None = None
+        """When the takes began leaving the bulk out (``None``: the last folded whole)."""
+        self._probing = False
 
     def __deepcopy__(self, memo: dict[int, Any]) -> SessionFold:
         """A copy with its own lock (a replay keeps copies of its state to seek back to)."""
@@ -154,6 +162,7 @@ class SessionFold:
             copied.lock = threading.RLock()
             copied._steps_taken = self._steps_taken
             copied._cost_s, copied._last_take = self._cost_s, self._last_take
+            copied._behind_since, copied._probing = self._behind_since, self._probing
         return copied
 
     @property
@@ -170,10 +179,10 @@ class SessionFold:
     def take(self, arrivals: Arrivals) -> Folded:
         """Fold a live session's batch: its events of :attr:`kinds`, decoded a table a kind and folded in kind
         order (a rank's start before its work, a step after the work it closes). A batch whose whole fold
-        would take more than :attr:`share` of the time since the last one came is folded without its
-        :data:`BULK_KINDS` (counted in :attr:`left_out`)."""
-        began, count = time.perf_counter(), arrivals.count
-        left_out = self.kinds & BULK_KINDS if self._too_long(count, began) else frozenset()
+        would take more than :attr:`share` of the time since the last one came (its thread's CPU against the
+        wall clock) is folded without its :data:`BULK_KINDS` (counted in :attr:`left_out`)."""
+        began, count = time.thread_time(), arrivals.count
+        left_out = self.kinds & BULK_KINDS if self._too_long(count, time.perf_counter()) else frozenset()
         tables = in_kind_order(arrival_tables(arrivals, self.kinds - left_out))
         with self.lock:
             for item in arrivals.items:
@@ -184,17 +193,24 @@ class SessionFold:
             steps = self.fold.steps_since(self._steps_taken)
             self._steps_taken = self.fold.steps_completed
         if count and not left_out:
-            cost = (time.perf_counter() - began) / count
-            self._cost_s = cost if self._cost_s is None else 0.8 * self._cost_s + 0.2 * cost
+            cost = (time.thread_time() - began) / count  # its own CPU: not the time it waited for the GIL
+            mean = self._cost_s is not None and not self._probing
+            self._cost_s, self._probing = (0.8 * self._cost_s + 0.2 * cost if mean else cost), False
         return Folded(tables, steps, left_out)
 
     def _too_long(self, count: int, now: float) -> bool:
         """Whether folding ``count`` events whole would take more than :attr:`share` of the time since the last
-        take began."""
+        take began; after :data:`PROBE_S` of saying so, no once (that take measures the cost again)."""
         since, self._last_take = (None if self._last_take is None else now - self._last_take), now
-        if self.share is None or self._cost_s is None or since is None:
+        if self.share is None or self._cost_s is None or since is None or count * self._cost_s <= self.share * since:
+            self._behind_since = None
             return False
-        return count * self._cost_s > self.share * since
+        if self._behind_since is None:
+            self._behind_since = now
+        elif now - self._behind_since >= PROBE_S:
+            self._behind_since, self._probing = None, True
+            return False
+        return True
 
     def apply(self, kind: str, table: pa.Table) -> None:
         """Fold a table of ``kind``'s events (a replay's slice)."""

@@ -5,12 +5,14 @@ takes a step from another; a reader on another thread never sees a batch half fo
 from __future__ import annotations
 
 import threading
+import time
 from pathlib import Path
 
 from prometheus_client.parser import text_string_to_metric_families
 
 from meshtop.probes.arrivals import Arrivals
 from meshtop.probes.events import Event
+from meshtop.recordings import session_fold
 from meshtop.recordings.manifest import Manifest, read_manifest, write_manifest
 from meshtop.recordings.prometheus import RunMetrics
 from meshtop.recordings.reader import open_recording
@@ -145,3 +147,51 @@ def test_a_live_fold_past_its_share_of_the_time_leaves_collectives_out_counted_a
     assert any(alert.text.startswith("10 collective and sample events left out") for alert in alerts_of(state))
     recorder.close(Ending(status="completed", duration_s=1.0))
     assert len(open_recording(tmp_path).arrow("collective")) == 10
+
+
+def test_a_fold_that_only_waited_for_the_lock_is_not_judged_behind() -> None:
+    """The share counts the fold's own CPU: takes that each spent 0.25 s waiting (here for the session's lock,
+    live for the interpreter's, held by the screen) fold every batch whole. Timed by the wall clock, the
+    waits made the fold look slower at each take, and from the fifth on the collectives were left out."""
+    run = description(dp=2)
+    for events in batches(1):  # warm: a cold first fold (imports) costs far more than the rest
+        SessionFold(run).take(Arrivals(events))
+    session = SessionFold(run, share=0.5)
+    starts, *work = [Arrivals(events) for events in batches(3)]
+    session.take(starts)  # the fold's cost per event, its first measure
+    time.sleep(0.05)  # the next batch comes later, as a session's do
+    left_out = []
+    for arrivals in work:
+        held = threading.Event()
+
+        def hold_the_lock(held: threading.Event = held) -> None:
+            with session.lock:
+                held.set()
+                time.sleep(0.25)
+
+        holder = threading.Thread(target=hold_the_lock)
+        holder.start()
+        held.wait()
+        left_out.append(sorted(session.take(arrivals).left_out))  # waits for the lock inside the timed take
+        holder.join()
+    assert left_out == [[]] * 6 and not session.left_out
+    assert session.figures().collectives[0].count == 6
+
+
+def test_a_fold_that_thought_itself_too_slow_measures_again_and_takes_the_bulk_back(monkeypatch) -> None:
+    """A cost once measured far too high (here set: 1 s an event, as a cold first fold can measure) leaves the
+    bulk out; after PROBE_S of that, one take folds whole and measures again, and the next keep the bulk."""
+    monkeypatch.setattr(session_fold, "PROBE_S", 0.5)
+    run = description(dp=2)
+    session = SessionFold(run, share=0.5)
+    starts, *work = [Arrivals(events) for events in batches(4)]
+    session.take(starts)
+    session._cost_s = 1.0
+    left_out = []
+    for arrivals in work:
+        left_out.append(bool(session.take(arrivals).left_out))
+        time.sleep(0.1)
+    assert left_out[:2] == [True, True]  # behind since the first, and still within PROBE_S
+    assert left_out[-3:] == [False] * 3  # 0.5 s on: one probe folds whole, and the cost is small since
+    assert left_out == sorted(left_out, reverse=True)
+    assert session._cost_s < 0.01
