@@ -194,8 +194,8 @@ class SessionFold:
             self._steps_taken = self.fold.steps_completed
         if count and not left_out:
             cost = (time.thread_time() - began) / count  # its own CPU: not the time it waited for the GIL
-            mean = self._cost_s is not None and not self._probing
-            self._cost_s, self._probing = (0.8 * self._cost_s + 0.2 * cost if mean else cost), False
+            self._cost_s = cost if self._cost_s is None or self._probing else 0.8 * self._cost_s + 0.2 * cost
+            self._probing = False
         return Folded(tables, steps, left_out)
 
     def _too_long(self, count: int, now: float) -> bool:
