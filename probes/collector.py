@@ -177,6 +177,7 @@ class Collector:
         try:
             paused_since: float | None = None
             waited = False
+            silence_checked = time.monotonic()
             while not self._stopping.is_set():
                 now = time.monotonic()
                 if not self._nearly_full():
@@ -193,7 +194,9 @@ class Collector:
                         self._accept_connections()
                     else:
                         self._read(key.data)
-                self._close_silent(time.monotonic())
+                if (now := time.monotonic()) - silence_checked >= 1.0:  # not at every turn: a thousand ranks
+                    self._close_silent(now)
+                    silence_checked = now
         finally:
             self._close_all()
 

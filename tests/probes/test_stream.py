@@ -316,3 +316,18 @@ def test_the_queue_is_bounded_in_bytes_too() -> None:
         assert (small.queued, small.counts.queue_full) == (30, 0)
     finally:
         small.stop()
+
+
+def test_a_connection_silent_past_the_read_timeout_is_closed_and_the_others_served(monkeypatch) -> None:
+    monkeypatch.setattr(collector_module, "READ_TIMEOUT_S", 0.3)
+    running = Collector().start()
+    try:
+        with socket.create_connection(running.address, timeout=5) as silent:
+            silent.sendall(HEADER.pack(100))  # a frame begun, never finished
+            assert silent.recv(1) == b""  # closed by the collector within about a second
+        shipper = EventShipper(address=running.address, token=running.token, rank=3)
+        shipper.emit(step(3, 9))
+        shipper.close()
+        assert [(e.rank, e.step) for e in wait_for(running, 1)] == [(3, 9)]
+    finally:
+        running.stop()
