@@ -22,6 +22,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 
 from meshtop.probes.arrivals import Arrivals, EncodedEvents, event_count
@@ -81,17 +82,22 @@ def arrival_tables(arrivals: Arrivals, kinds: Collection[str]) -> list[Batch]:
 
 
 def _decoded(kind: str, groups: dict[Clock, list[EncodedEvents]]) -> list[pa.Table]:
-    """A table for each clock's blocks of ``kind``, on this machine's clock.
+    """The blocks of ``kind`` as tables on this machine's clock: one for every node's, or one a clock.
 
     Every node's blocks are parsed in one go (a thousand ranks' steps over 16 nodes make 16 small blocks
-    a poll, which Python's ``json`` parses at a fifth of the speed of Arrow's reader on one big one), then
-    cut by node; where a line was bad or a block's count is not its lines, the rows no longer line up with
+    a poll, which Python's ``json`` parses at a fifth of the speed of Arrow's reader on one big one), and
+    their rows moved at once, each by its node's offset (cut by clock where this machine's rows are among
+    them); where a line was bad or a block's count is not its lines, the rows no longer line up with
     the blocks, and each clock's blocks are parsed apart."""
     if not groups:
         return []
     if len(groups) > 1:
         decoded = decode_lines(kind, b"".join(block.lines for group in groups.values() for block in group))
         counts = [sum(block.count for block in group) for group in groups.values()]
+        if not decoded.bad and decoded.table.num_rows == sum(counts) and None not in (node for node, _ in groups):
+            nodes, offsets = zip(*groups, strict=True)  # every row moved at once, by its node's offset
+            table = on_head(kind, decoded.table, offset_ns=np.repeat(offsets, counts), node=np.repeat(nodes, counts))
+            return [table]
         if not decoded.bad and decoded.table.num_rows == sum(counts):
             tables, start = [], 0
             for clock, rows in zip(groups, counts, strict=True):

@@ -166,3 +166,33 @@ def test_every_nodes_blocks_of_a_kind_land_each_on_its_own_clock(bad_line: bool)
     assert sorted((e.rank, e.start_ns) for e in steps) == [(0, 1000), (1, 1001), (2, 1500), (3, 3070), (4, 3071)]
     phases = {e.rank: e.phase_start_ns for e in steps}
     assert phases[3] == (3070, 3080) and phases[4] == ()
+
+
+def test_several_nodes_blocks_alone_are_moved_at_once_each_row_by_its_nodes_offset() -> None:
+    """No block of this machine's among them: the rows of every node are moved in one go (an offset a row)."""
+    nodes = {
+        1: (-500, [events.step(2, 1, start_ns=2000, phase_start_ns=(2000, 2005))]),
+        2: (70, [events.step(3, 1, start_ns=3000, phase_start_ns=(3000, 3010)), events.step(4, 1, start_ns=3001)]),
+        3: (0, [events.step(5, 1, start_ns=4000, phase_start_ns=(4000,))]),
+    }
+    blocks = []
+    for node, (offset, items) in nodes.items():
+        (block,) = streamed(items, offset_ns=offset)
+        blocks.append(EncodedEvents("step", 0, block.lines, block.count, node=node, offset_ns=offset))
+    tables = arrival_tables(Arrivals(blocks), {"step"})
+    assert len(tables) == 1
+    steps: list[StepTiming] = list(events_of("step", tables[0][1]))  # type: ignore[arg-type]
+    assert [(e.rank, e.start_ns, e.phase_start_ns) for e in steps] == [
+        (2, 1500, (1500, 1505)),
+        (3, 3070, (3070, 3080)),
+        (4, 3071, ()),
+        (5, 4000, (4000,)),
+    ]
+    samples = [events.gpu_sample(gpu=0, wall_ns=100), events.gpu_sample(gpu=1, wall_ns=200)]
+    blocks = [
+        EncodedEvents("gpu", 0, encode_lines([sample]), 1, node=node, offset_ns=offset)
+        for sample, (node, offset) in zip(samples, ((1, 10), (2, 20)), strict=True)
+    ]
+    ((_, table),) = arrival_tables(Arrivals(blocks), {"gpu"})
+    assert table.column("node").to_pylist() == [1, 2]
+    assert table.column("wall_ns").to_pylist() == [110, 220]
