@@ -1,0 +1,46 @@
+"""The LineView draws a row of text as a Static would: its own quick path for a plain left-aligned row agrees
+with the console's rendering cell by cell (character and style), however the row is styled or cut."""
+
+from __future__ import annotations
+
+from rich.text import Text
+from textual.app import App, ComposeResult
+from textual.strip import Strip
+
+from meshtop.tui.line_view import LineView
+
+
+class OneView(App[None]):
+    def compose(self) -> ComposeResult:
+        yield LineView(id="view")
+
+
+def cells(strip: Strip) -> list[tuple[str, object]]:
+    """Each cell's character and style (a zero-width segment draws nothing)."""
+    return [(char, segment.style) for segment in strip for char in segment.text]
+
+
+def texts() -> list[Text]:
+    spans = Text("rank 7  ")
+    spans.append("12.5 ms", style="bold #ff5f5f")
+    spans.append("  ████████", style="#5faf5f")
+    spans.stylize("reverse", 2, 12)  # overlapping spans
+    wide = Text("漢字 wide ▶ cells 漢字漢字漢字", style="dim")
+    styled = Text("memory per rank", style="bold underline")  # a style of its own and no span
+    long = Text("x" * 150, overflow="ellipsis")
+    long.append(" tail", style="red")
+    cropped = Text("y" * 150, overflow="crop", style="italic")
+    return [spans, wide, styled, long, cropped, Text("plain"), Text(""), Text("   ")]
+
+
+async def test_a_row_of_text_is_drawn_as_the_console_draws_it() -> None:
+    app = OneView()
+    async with app.run_test(size=(80, 10)):
+        view = app.query_one(LineView)
+        for width in (80, 40, 3):
+            for text in texts():
+                text.no_wrap = True
+                fast = view._draw_text(text, width)
+                slow = view._render(text, width, height=1)
+                assert cells(fast) == cells(slow[0] if slow else Strip([])), (text.plain[:20], width)
+                assert fast.cell_length <= width
