@@ -10,6 +10,8 @@ stand out, or hold a rank that does, are drawn, and their other ranks are dimmed
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from itertools import groupby
+from operator import itemgetter
 
 from rich.console import Group
 from rich.text import Text
@@ -51,33 +53,42 @@ def grid_text(
     *,
     only_attention: bool = False,
     chosen: int | None = None,
-) -> Text:
-    """The grid: a row (or several) of cells per node in ``nodes`` (node -> its ranks, in order)."""
+) -> Group:
+    """The grid: a row (or several) of cells per node in ``nodes`` (node -> its ranks, in order), a text each.
+
+    A row's cells of one colour are one span (a gap takes the colour of the cell after it: a space shows no
+    foreground): a calm row of 64 cells is one span, where a span a cell made a 1024-rank grid 1,024
+    spans to build, compare and draw each frame."""
     by_rank = {scored.key: scored for scored in attention.ranks}
     flagged_nodes = set(attention.flagged_nodes)
     flagged_ranks = set(attention.flagged_ranks)
     room = max(8, width - LABEL_WIDTH)
-    text = Text()
+    lines = []
     for node, ranks in sorted(nodes.items()):
         standing_out = node in flagged_nodes or any(rank in flagged_ranks for rank in ranks)
         if only_attention and not standing_out:
             continue
         per_row = _cells_per_row(len(ranks), room)
+        gaps = per_row + per_row // GROUP <= room
         for start in range(0, len(ranks), per_row):
             label = node_label(node) if start == 0 else ""
             style = FLAGGED if node in flagged_nodes and start == 0 else "bold" if start == 0 else ""
-            text.append(f"{label[: LABEL_WIDTH - 1]:<{LABEL_WIDTH}}", style=style)
+            line = Text(no_wrap=True, overflow="ellipsis")
+            line.append(f"{label[: LABEL_WIDTH - 1]:<{LABEL_WIDTH}}", style=style)
+            cells: list[tuple[str, str]] = []
             for index, rank in enumerate(ranks[start : start + per_row]):
-                if index and index % GROUP == 0 and per_row + per_row // GROUP <= room:
-                    text.append(" ")
                 scored = by_rank.get(rank)
                 dim = only_attention and rank not in flagged_ranks and node not in flagged_nodes
                 style = "dim" if dim else cell_style(scored, chosen=rank == chosen)
-                text.append(UNSCORED if scored is None else CELL, style=style)
-            text.append("\n")
+                if gaps and index and index % GROUP == 0:
+                    cells.append((" ", "" if "reverse" in style else style))
+                cells.append((UNSCORED if scored is None else CELL, style))
+            for style, run in groupby(cells, key=itemgetter(1)):
+                line.append("".join(char for char, _ in run), style=style)
+            lines.append(line)
     if only_attention and not flagged_nodes and not flagged_ranks:
-        text.append("no rank or node stands out\n", style="dim")
-    return text
+        lines.append(Text("no rank or node stands out", style="dim"))
+    return Group(*lines, Text())  # a blank line under the grid
 
 
 def _cells_per_row(ranks: int, room: int) -> int:
