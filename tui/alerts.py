@@ -23,7 +23,7 @@ def alerts_of(state: DashboardState) -> list[Alert]:
     """What needs the user's eye now, the worst first."""
     now = state.clock_ns or 0
     alerts = []
-    for view in sorted(state.ranks.values(), key=lambda v: v.rank):
+    for view in sorted((view for view in state.ranks.values() if view.exited is not None), key=lambda v: v.rank):
         exited = view.exited
         if exited is not None and exited.exit_code not in (0, None):
             why = f": {exited.error}" if exited.error else ""
@@ -52,11 +52,9 @@ def alerts_of(state: DashboardState) -> list[Alert]:
         alerts.append(Alert("warning", f"probe off: {probe} on {where}: {reason}", now))
     for straggler in state.stragglers():
         alerts.append(Alert("warning", straggler.verdict, now))
-    for row in state.figures().memory:
-        room = row.headroom_share
-        if room is not None and room < state.headroom_alert:
-            text = f"rank {row.rank} memory headroom {room:.0%} at its peak (below {state.headroom_alert:.0%})"
-            alerts.append(Alert("warning", text, now))
+    for row, room in state.low_headroom():
+        text = f"rank {row.rank} memory headroom {room:.0%} at its peak (below {state.headroom_alert:.0%})"
+        alerts.append(Alert("warning", text, now))
     requests = state.figures().requests
     if requests is not None and requests.failed and requests.failures:
         reason, count = requests.failures[0]

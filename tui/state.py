@@ -244,7 +244,13 @@ class DashboardState:
         self._figures: tuple[int, float, RunFigures] | None = None
         """(fold version, when computed, the figures)."""
         self._attention: tuple[tuple[str, int, int], Attention] | None = None
-        """((measure, fold version, ranks known), the Grid view's attention)."""
+        """((measure, the fold's attention input, ranks' changes), the Grid view's attention)."""
+        self._low_headroom: tuple[tuple[MemoryRow, ...], list[tuple[MemoryRow, float]]] | None = None
+        """(the memory rows, :meth:`low_headroom` of them)."""
+        self._ranks_changed = 0
+        """Grows when a rank is first seen or reports its start (its node and host)."""
+        self._placed: tuple[int, dict[int, str], dict[int, int]] | None = None
+        """(ranks' changes, :meth:`hosts`, :meth:`node_of`) as they were computed for."""
         self.final = False
         """The run is over and every step decided: figures are always fresh."""
 
@@ -276,6 +282,11 @@ class DashboardState:
         if kind not in UI_KINDS:
             return
         if not self.feeds_fold and kind in FOLDED_ONLY:
+            return
+        if kind == "process" and not self.feeds_fold:  # the kind a live screen reads most: a column at a time
+            with self.session.reading() as fold:
+                table = fold.rows_of_the_job(kind, table)
+            self._on_process_rows(table)
             return
         decoded = events_of(kind, table)  # outside the lock: a live session's thread folds meanwhile
         with self.session.reading() as fold:  # the events that can be this job's
@@ -310,6 +321,7 @@ class DashboardState:
         view = self.ranks.get(rank)
         if view is None:
             view = self.ranks[rank] = RankView(rank=rank)
+            self._ranks_changed += 1
         return view
 
     def _keep_lanes(self, table: pa.Table) -> None:
@@ -324,6 +336,7 @@ class DashboardState:
     def _on_started(self, event: RankStarted) -> None:
         view = self._rank(event.rank)
         view.pid, view.device, view.host, view.node = event.pid, event.device, event.host, event.node
+        self._ranks_changed += 1
         view.pp_rank, view.dp_rank, view.tp_rank = event.pp_rank, event.dp_rank, event.tp_rank
 
     def _take_steps(self) -> None:
@@ -386,11 +399,21 @@ class DashboardState:
         self.nvml = event
 
     def _on_process(self, event: ProcessSample) -> None:
-        view = self._rank(event.rank)
-        view.pid = event.pid
-        view.cpu_pct, view.rss_bytes, view.threads = event.cpu_pct, event.rss_bytes, event.threads
-        if event.cpu_pct is not None:
-            view.cpu_history.append(event.cpu_pct)
+        self._process_sampled(event.rank, event.pid, event.cpu_pct, event.rss_bytes, event.threads)
+
+    def _on_process_rows(self, table: pa.Table) -> None:
+        """:meth:`_on_process` of each row of a ``process`` table, without an event object a row."""
+        columns = table.select(["rank", "pid", "cpu_pct", "rss_bytes", "threads"]).to_pydict()
+        for row in zip(*columns.values(), strict=True):
+            self._process_sampled(*row)
+
+    def _process_sampled(
+        self, rank: int, pid: int, cpu_pct: float | None, rss_bytes: int | None, threads: int | None
+    ) -> None:
+        view = self._rank(rank)
+        view.pid, view.cpu_pct, view.rss_bytes, view.threads = pid, cpu_pct, rss_bytes, threads
+        if cpu_pct is not None:
+            view.cpu_history.append(cpu_pct)
 
     def _on_exited(self, event: RankExited) -> None:
         self._rank(event.rank).exited = event
@@ -533,7 +556,20 @@ class DashboardState:
 
     def hosts(self) -> dict[int, str]:
         """The host of each node the ranks reported from (one entry on one machine)."""
-        return {view.node: view.host or "?" for view in sorted(self.ranks.values(), key=lambda v: v.rank)}
+        return self._placement()[1]
+
+    def node_of(self) -> dict[int, int]:
+        """Each rank's node."""
+        return self._placement()[2]
+
+    def _placement(self) -> tuple[int, dict[int, str], dict[int, int]]:
+        """:meth:`hosts` and :meth:`node_of`, computed again only when a rank was added or started (the grid
+        labels each of 128 nodes a frame: a thousand ranks sorted each time was 20 ms)."""
+        if self._placed is None or self._placed[0] != self._ranks_changed:
+            views = sorted(self.ranks.values(), key=lambda v: v.rank)
+            hosts = {view.node: view.host or "?" for view in views}
+            self._placed = (self._ranks_changed, hosts, {view.rank: view.node for view in views})
+        return self._placed
 
     def host_label(self, node: int) -> str:
         return node_label(node, self.hosts())
@@ -549,16 +585,26 @@ class DashboardState:
         its headroom): what the bars draw and the most loaded rank is chosen by."""
         return {row.rank: row for row in self.figures().memory}
 
+    def low_headroom(self) -> list[tuple[MemoryRow, float]]:
+        """The ranks whose headroom at their peak is below :attr:`headroom_alert`, with it (the alerts read
+        them each frame: kept while the memory figures are, a thousand ranks' rows looked at once)."""
+        memory = self.figures().memory
+        if self._low_headroom is None or self._low_headroom[0] is not memory:
+            shares = ((row, row.headroom_share) for row in memory)
+            low = [(row, share) for row, share in shares if share is not None and share < self.headroom_alert]
+            self._low_headroom = (memory, low)
+        return self._low_headroom[1]
+
     def stragglers(self) -> list[Straggler]:
         """Ranks whose recent compute time exceeds their stage peers' (the core's rule, as ``summary``'s)."""
         return list(self.figures().stragglers)
 
     def attention(self, measure: str) -> Attention:
         """The ranks and nodes that stand out on ``measure`` (the core's rule,
-        :mod:`meshtop.recordings.metrics.attention`), scored again only when the fold has changed."""
-        node_of = {view.rank: view.node for view in self.ranks.values()}
+        :mod:`meshtop.recordings.metrics.attention`), scored again only when what it reads has changed."""
+        node_of = self.node_of()
         with self.session.reading() as fold:
-            key = (measure, fold.version, len(node_of))
+            key = (measure, fold.attention_input(measure), self._ranks_changed)
             if self._attention is None or self._attention[0] != key:
                 self._attention = (key, fold.attention(measure, node_of))
             return self._attention[1]

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from operator import attrgetter
 
 import numpy as np
 import pyarrow as pa
@@ -39,6 +40,8 @@ from meshtop.probes.events import MemorySnapshot, ProcessSample
 
 CATEGORIES = ("weights_bytes", "grads_bytes", "optimizer_bytes", "activations_bytes", "kv_cache_bytes")
 """What a memory snapshot names, in the planner's order."""
+_READ = attrgetter(*CATEGORIES, "device_total_bytes")
+"""What the figures read of a rank's last snapshot (a later one that says the same changes none)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -116,30 +119,34 @@ class MemoryFold:
         self.last: dict[int, MemorySnapshot] = {}
         self._allocator_peak: dict[int, int] = {}
         self._rss_peak: dict[int, int] = {}
+        self.changes = 0
+        """Grows when a rank's peak rises or its last snapshot is replaced (a sample under the peak changes
+        nothing): what a reader's figures of memory are kept by."""
 
     def add(self, snapshot: MemorySnapshot) -> None:
         self._keep_last(snapshot)
-        _raise(self._allocator_peak, snapshot.rank, snapshot.peak_allocated_bytes)
-        _raise(self._rss_peak, snapshot.rank, snapshot.rss_bytes)
+        self.changes += _raise(self._allocator_peak, snapshot.rank, snapshot.peak_allocated_bytes)
+        self.changes += _raise(self._rss_peak, snapshot.rank, snapshot.rss_bytes)
 
     def add_process(self, sample: ProcessSample) -> None:
-        _raise(self._rss_peak, sample.rank, sample.rss_bytes)
+        self.changes += _raise(self._rss_peak, sample.rank, sample.rss_bytes)
 
     def add_table(self, table: pa.Table) -> None:
         """Fold a ``memory`` table at once: as :meth:`add` of each row in order."""
         for record in table.take(_last_rows(table)).to_pylist():  # one conversion for every rank's last row
             self._keep_last(MemorySnapshot(**record))
-        _raise_all(self._allocator_peak, table, "peak_allocated_bytes")
-        _raise_all(self._rss_peak, table, "rss_bytes")
+        self.changes += _raise_all(self._allocator_peak, table, "peak_allocated_bytes")
+        self.changes += _raise_all(self._rss_peak, table, "rss_bytes")
 
     def add_process_table(self, table: pa.Table) -> None:
         """Fold a ``process`` table at once: as :meth:`add_process` of each row."""
-        _raise_all(self._rss_peak, table, "rss_bytes")
+        self.changes += _raise_all(self._rss_peak, table, "rss_bytes")
 
     def _keep_last(self, snapshot: MemorySnapshot) -> None:
         last = self.last.get(snapshot.rank)
         if last is None or (snapshot.step, snapshot.wall_ns) >= (last.step, last.wall_ns):
             self.last[snapshot.rank] = snapshot
+            self.changes += last is None or _READ(last) != _READ(snapshot)
 
     def peak(self, rank: int) -> int | None:
         peak = self._allocator_peak.get(rank)
@@ -184,17 +191,21 @@ class MemoryFold:
         return rows
 
 
-def _raise(peaks: dict[int, int], rank: int, value: int | None) -> None:
-    """A rank's peak is the most it was seen to hold (a reading of nothing leaves it as it was)."""
-    if value is not None:
-        peaks[rank] = max(peaks.get(rank, 0), value)
+def _raise(peaks: dict[int, int], rank: int, value: int | None) -> bool:
+    """A rank's peak is the most it was seen to hold (a reading of nothing leaves it as it was); whether it
+    rose (a first reading counts)."""
+    if value is None:
+        return False
+    was = peaks.get(rank)
+    peaks[rank] = max(was or 0, value)
+    return was is None or peaks[rank] != was
 
 
-def _raise_all(peaks: dict[int, int], table: pa.Table, column: str) -> None:
-    """:func:`_raise` with each rank's largest reading of ``column`` in ``table``."""
+def _raise_all(peaks: dict[int, int], table: pa.Table, column: str) -> int:
+    """:func:`_raise` with each rank's largest reading of ``column`` in ``table``; how many peaks rose."""
     most = table.group_by("rank").aggregate([(column, "max")])
-    for rank, value in zip(most.column("rank").to_pylist(), most.column(f"{column}_max").to_pylist(), strict=True):
-        _raise(peaks, rank, value)
+    ranks, values = most.column("rank").to_pylist(), most.column(f"{column}_max").to_pylist()
+    return sum(_raise(peaks, rank, value) for rank, value in zip(ranks, values, strict=True))
 
 
 def _last_rows(table: pa.Table) -> list[int]:

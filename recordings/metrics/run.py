@@ -19,9 +19,10 @@ does not depend on how the events were grouped.
 from __future__ import annotations
 
 from collections import Counter, deque
-from collections.abc import Iterable
+from collections.abc import Callable, Hashable, Iterable
 from dataclasses import asdict, dataclass, replace
 from itertools import islice
+from typing import TypeVar, cast
 
 import numpy as np
 import pyarrow as pa
@@ -60,6 +61,8 @@ from meshtop.recordings.metrics.steps import (
 )
 from meshtop.recordings.metrics.stragglers import ComputeTimes, Straggler
 from meshtop.recordings.schema import events_of
+
+_Part = TypeVar("_Part")
 
 HISTORY = 240
 """Closed steps kept for the dashboard's sparklines."""
@@ -210,6 +213,10 @@ class RunFold:
         self._spans: dict[int, StepSpans] = {}
         self._completed: dict[int, JobStep] = {}
         self._figures: tuple[int, RunFigures] | None = None
+        self._starts_seen = 0
+        """Ranks' starts folded: a rank's position (and so its stage peers) may change with one."""
+        self._parts: dict[str, tuple[Hashable, object]] = {}
+        """Figures that change with only some of the input, by name: (what they were computed for, them)."""
 
     # -- input ---------------------------------------------------------------------------------
     def apply(self, kind: str, table: pa.Table) -> None:
@@ -243,10 +250,19 @@ class RunFold:
 
     def _of_the_job(self, kind: str, table: pa.Table) -> pa.Table:
         """The rows :meth:`_fits` keeps: a rank of the job, a step time no less than 0 (the rest counted)."""
+        return self._kept(kind, table, self._job_rows(kind, table))
+
+    def rows_of_the_job(self, kind: str, table: pa.Table) -> pa.Table:
+        """The rows of a ``step``, ``memory`` or ``process`` table that :meth:`of_the_job` keeps, the others
+        left out and not counted again: for a reader beside the fold (a live session's screen)."""
+        keep = self._job_rows(kind, table)
+        return table if (pc.sum(keep).as_py() or 0) == len(table) else table.filter(keep)
+
+    def _job_rows(self, kind: str, table: pa.Table) -> pa.ChunkedArray:
         keep = self._of_a_rank(table)
         if kind == "step":
             keep = pc.and_(keep, pc.greater_equal(table.column("duration_s"), 0))
-        return self._kept(kind, table, keep)
+        return keep
 
     def _of_a_rank(self, table: pa.Table) -> pa.ChunkedArray:
         rank = table.column("rank")
@@ -339,6 +355,7 @@ class RunFold:
                 self._on_step(event)
             elif isinstance(event, RankStarted):
                 self.positions[event.rank] = (event.pp_rank, event.dp_rank, event.tp_rank)
+                self._starts_seen += 1
                 self.nodes[event.rank], self.hosts[event.node] = event.node, event.host
                 if event.model_parameters is not None:
                     self.trained[event.rank] = (event.pp_rank, event.model_parameters)
@@ -402,6 +419,11 @@ class RunFold:
             }
         return attention(measure, values, node_of)
 
+    def attention_input(self, measure: str) -> int:
+        """Grows when what :meth:`attention` of ``measure`` reads changes: the steps closed (a step measure)
+        or the ranks' memory (headroom)."""
+        return self.closed_count if measure in STEP_MEASURES else self.memory.changes
+
     def position(self, rank: int) -> tuple[int, int, int]:
         """(pp, dp, tp) of ``rank``: as it reported, else where the plan puts it."""
         return self.positions.get(rank) or self.run.plan.coordinates(rank)
@@ -464,6 +486,12 @@ class RunFold:
         for measure in STEP_MEASURES[1:]:
             self.recent_by_rank.add_many(measure, phased, parts[:, PARTS.index(measure)].tolist())
 
+    def _closed_figures(self) -> tuple[Breakdown, tuple[Straggler, ...]]:
+        """The figures that change only when a step closes (or a rank's start moves it): the breakdown and
+        the stragglers."""
+        breakdown = self.breakdown.figures()
+        return breakdown, self._stragglers(breakdown)
+
     def _stragglers(self, breakdown: Breakdown) -> tuple[Straggler, ...]:
         """The stragglers, each with its cause where the ranks measured their phases (``breakdown``)."""
         found = self.compute.stragglers(lambda rank: self.position(rank)[0])
@@ -507,20 +535,34 @@ class RunFold:
             self.requests.ended_status = status
 
     # -- output --------------------------------------------------------------------------------
+    def _part(self, name: str, key: Hashable, compute: Callable[[], _Part]) -> _Part:
+        """``compute()``, computed again only when ``key`` (what it depends on) changed: a live dashboard asks
+        for the figures after every batch, and at a thousand ranks the per-rank ones (memory, the breakdown,
+        the stragglers) cost 10-20 ms, where most batches change none of them."""
+        held = self._parts.get(name)
+        if held is None or held[0] != key:
+            held = self._parts[name] = (key, compute())
+        return cast(_Part, held[1])
+
     def figures(self) -> RunFigures:
         """Every figure now (computed again only after a change)."""
         if self._figures is not None and self._figures[0] == self.version:
             return self._figures[1]
         requests = self.requests.figures() if self.requests is not None else None
         steps = self.steps.figures(tokens_per_s=requests.output_tokens_per_s if requests is not None else None)
-        breakdown = self.breakdown.figures()
+        memory, most_loaded_rank, headroom_bytes = self._part(
+            "memory",
+            self.memory.changes,
+            lambda: (tuple(self.memory.rows()), self.memory.most_loaded_rank(), self.memory.headroom_bytes()),
+        )
+        breakdown, stragglers = self._part("closed steps", (self.closed_count, self._starts_seen), self._closed_figures)
         figures = RunFigures(
             steps=steps,
             collectives=tuple(self.collectives.rows()),
             stages=tuple(self.stages.rows()),
-            memory=tuple(self.memory.rows()),
-            most_loaded_rank=self.memory.most_loaded_rank(),
-            headroom_bytes=self.memory.headroom_bytes(),
+            memory=memory,
+            most_loaded_rank=most_loaded_rank,
+            headroom_bytes=headroom_bytes,
             requests=requests,
             mfu=mfu(
                 self.run,
@@ -528,7 +570,7 @@ class RunFold:
                 tokens_per_s=steps.tokens_per_s,
                 script_parameters=script_parameters(self.trained.values()),
             ),
-            stragglers=self._stragglers(breakdown),
+            stragglers=stragglers,
             server=self.server.figures() if self.server is not None else None,
             gpus=tuple(self.gpus.rows()),
             breakdown=breakdown if breakdown.steps else None,

@@ -10,7 +10,7 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
-from meshtop.probes.events import Event, MemorySnapshot
+from meshtop.probes.events import Event, MemorySnapshot, ProcessSample
 from meshtop.recordings.metrics.collectives import (
     CollectiveRow,
     communication_share,
@@ -34,7 +34,7 @@ from meshtop.tui.sources import ReplaySource
 from meshtop.tui.state import DashboardState
 from meshtop.tui.summary_text import summary_lines
 from meshtop.tui.views import memory_lines, memory_parts
-from tests.kit.events import collective, step
+from tests.kit.events import collective, gpu_sample, step
 from tests.kit.recordings import description, write_recording
 from tests.kit.screen import screen_text
 
@@ -227,6 +227,47 @@ def test_headroom_is_the_device_total_less_the_allocators_peak() -> None:
     assert (rows[1].peak_bytes, rows[1].headroom_bytes, rows[1].headroom_share) == (28 * GIB, 52 * GIB, 0.65)
     assert memory.most_loaded_rank() == 0 and memory.headroom_bytes() == 50 * GIB  # the most loaded rank's
     assert rows[0].activations_bytes == 2 * GIB  # the categories: its last snapshot's
+
+
+def test_memory_changes_only_when_a_peak_rises_or_the_last_snapshot_says_something_new() -> None:
+    """What a live dashboard's figures are kept by: a thousand ranks' memory rows are built again only after a
+    change the rows would show."""
+    memory = MemoryFold()
+    memory.add(SNAPSHOTS[0])
+    changes = memory.changes
+    memory.add(replace(SNAPSHOTS[0], step=1, wall_ns=1, peak_allocated_bytes=10 * GIB, rss_bytes=GIB))
+    assert memory.changes == changes  # a later step that held the same and peaked lower
+    memory.add_process(ProcessSample(rank=0, pid=1, wall_ns=2, cpu_pct=1.0, rss_bytes=2 * GIB, threads=1))
+    assert memory.changes == changes  # a resident set under the peak
+    memory.add_process(ProcessSample(rank=0, pid=1, wall_ns=3, cpu_pct=1.0, rss_bytes=4 * GIB, threads=1))
+    assert memory.changes == changes + 1  # the resident set's peak rose
+    memory.add(replace(SNAPSHOTS[0], step=2, wall_ns=2, activations_bytes=GIB))
+    assert memory.changes == changes + 2  # its last snapshot's activations changed
+
+
+def test_a_runs_figures_kept_between_changes_follow_each_change() -> None:
+    """The per-rank figures are computed again only when their input changed (a GPU sample changes no rank's
+    memory and closes no step), and always when it did."""
+    fold = RunFold(description(dp=4, device="cuda"))
+    fold.apply_events(SNAPSHOTS[:2])
+    first = fold.figures()
+    fold.apply_events([gpu_sample(wall_ns=5)])
+    kept = fold.figures()
+    assert kept is not first and kept.memory is first.memory and kept.breakdown is first.breakdown
+    fold.apply_events([replace(SNAPSHOTS[1], step=2, wall_ns=2, peak_allocated_bytes=40 * GIB)])
+    moved = fold.figures()
+    assert {row.rank: row.peak_bytes for row in moved.memory} == {0: 40 * GIB}
+    assert moved.headroom_bytes == 40 * GIB
+    assert moved.breakdown is None and moved.stragglers == ()
+    job = lagging_job({0: 10, 1: 10, 2: 10, 3: 20}, data_ms={0: 1, 1: 1, 2: 1, 3: 10})  # as in the test above
+    for kind, table in in_kind_order(batches_of(job)):
+        fold.apply(kind, table)
+    closed = fold.figures()
+    assert fold.closed_count == 6 and closed.breakdown is not None and closed.breakdown.steps == 4 * 6
+    fold.finish("completed")  # its last two steps closed
+    ended = fold.figures()
+    assert ended.breakdown is not None and ended.breakdown.steps == 4 * 8
+    assert [(straggler.rank, straggler.cause) for straggler in ended.stragglers] == [(3, "data")]
 
 
 def test_the_memory_bars_and_the_most_loaded_marker_read_the_same_peak() -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections import deque
 from functools import partial
 from pathlib import Path
 
@@ -13,6 +14,7 @@ from meshtop.probes.events import (
     EventsDropped,
     FramesRefused,
     ProbeOff,
+    ProcessSample,
     RankExited,
     StageAction,
 )
@@ -160,6 +162,38 @@ def test_memory_bars_draw_only_ranks_the_dashboard_shows_even_when_the_most_load
     state.apply("rank_started", table_of([rank_started(0)]))
     assert memory_lines(state, lambda view: True, 80, 1).plain.startswith("▶rank 0")
     assert memory_lines(state, parse_rank_filter("1"), 80, 1).plain.splitlines()[0].startswith(" rank 1")
+
+
+def test_the_hosts_and_nodes_kept_between_frames_follow_each_ranks_start() -> None:
+    """The grid labels every node a frame from :meth:`DashboardState.hosts`, kept until a rank is first seen or
+    starts: a rank seen first by its samples (node 0, no host yet) moves to its node when its start comes."""
+    state = DashboardState(description(dp=4))
+    state.apply_events([rank_started(0, host="a", node=0), rank_started(1, host="a", node=0)])
+    assert state.hosts() == {0: "a"} and state.node_of() == {0: 0, 1: 0}
+    state.apply_events([memory_snapshot(2, 100)])
+    assert state.node_of() == {0: 0, 1: 0, 2: 0}
+    state.apply_events([rank_started(2, host="b", node=1), rank_started(3, host="b", node=1)])
+    assert state.hosts() == {0: "a", 1: "b"} and state.node_of() == {0: 0, 1: 0, 2: 1, 3: 1}
+    assert state.host_label(1) == "n1 b" and state.attention("step").measure == "step"
+
+
+def test_a_live_screen_takes_process_samples_a_table_at_a_time_as_a_replay_takes_them_an_event_at_a_time() -> None:
+    """The live screen reads the process table's columns (2 samples a second a rank: at a thousand ranks the
+    kind it reads most); a replay, which feeds its own fold, decodes each sample: both show the same, and
+    neither shows a rank outside the job (rank 7 of a 2-rank job). The live screen counts nothing itself: its
+    session's fold counts what it leaves out."""
+    samples = [
+        ProcessSample(rank=rank, pid=100 + rank, wall_ns=at, cpu_pct=cpu, rss_bytes=rss, threads=4)
+        for at, (rank, cpu, rss) in enumerate([(0, 50.0, 10), (1, None, 20), (7, 1.0, 1), (0, 70.0, None)])
+    ]
+    session = SessionFold(description(dp=2))
+    live, replay = DashboardState(session.run, session=session), DashboardState(description(dp=2))
+    for state in (live, replay):
+        state.apply("process", table_of(samples))
+    assert sorted(live.ranks) == [0, 1] and live.ranks == replay.ranks
+    zero = live.ranks[0]
+    assert (zero.pid, zero.cpu_pct, zero.rss_bytes, list(zero.cpu_history)) == (100, 70.0, None, [50.0, 70.0])
+    assert live.ranks[1].cpu_history == deque() and session.fold.rejected["process"] == 0
 
 
 def test_pipeline_timeline_places_actions_within_their_step() -> None:
