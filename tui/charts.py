@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
 from itertools import islice
 
@@ -67,16 +68,25 @@ def sparkline(values: Sequence[float], width: int, *, low: float | None = None, 
 def column_chart(values: Sequence[float], width: int, height: int, *, low: float = 0.0) -> list[str]:
     """The last ``width`` values as columns ``height`` rows tall, from ``low`` to the largest; top row first."""
     recent = list(values)[-width:] if width > 0 else []
-    rows = [[" "] * len(recent) for _ in range(height)]
     top = max(recent, default=0.0) - low
-    for column, value in enumerate(recent):
-        value -= low
-        eighths = 0 if top <= 0 else round(max(value, 0.0) / top * height * 8)
-        eighths = max(eighths, 1) if value > 0 else eighths
-        for row in range(height):
-            fill = min(8, max(0, eighths - row * 8))
-            rows[height - 1 - row][column] = BLOCKS[fill]
-    return ["".join(row).rjust(width) for row in rows]
+    columns = [_column(_eighths(value - low, top, height), height) for value in recent]
+    if not columns:
+        return [" " * max(width, 0)] * height
+    return ["".join(row).rjust(width) for row in zip(*columns, strict=True)]
+
+
+def _eighths(value: float, top: float, height: int) -> int:
+    """How many eighths of a cell a column of ``value`` fills, of ``height`` cells for ``top`` (a value above
+    zero fills one at least)."""
+    eighths = 0 if top <= 0 else round(max(value, 0.0) / top * height * 8)
+    return max(eighths, 1) if value > 0 else eighths
+
+
+@functools.lru_cache(maxsize=4096)
+def _column(eighths: int, height: int) -> tuple[str, ...]:
+    """A column's cells, top first, filled ``eighths`` eighths from the bottom (a chart's columns repeat: one
+    drawn per height, not a cell at a time a frame)."""
+    return tuple(BLOCKS[min(8, max(0, eighths - row * 8))] for row in reversed(range(height)))
 
 
 def chart(
