@@ -119,7 +119,10 @@ def test_the_same_seed_and_same_load_send_the_same_prompts_at_the_same_offsets(s
     assert comparison["failures"] == []
     rows = {row["name"]: row for row in comparison["metrics"]}
     assert rows["failed requests"]["a"] == rows["failed requests"]["b"] == 0
-    assert not rows["TTFT (s)"]["significant"], rows["TTFT (s)"]
+    # both runs' TTFT compared; whether they differ is the machine's: a real server on 2 shared cores gave one
+    # run 29 ms and its same-load rerun 17 ms (p50) in a CI rehearsal (compare's verdict on noise alone is
+    # tests/recordings/test_compare_export.py's, on controlled values)
+    assert rows["TTFT (s)"]["a"] > 0 and rows["TTFT (s)"]["b"] > 0, rows["TTFT (s)"]
     listing = run_meshtop("compare", first, second)
     assert listing.returncode == 0 and "TTFT p99 (s)" in listing.stdout, listing.stderr
 
