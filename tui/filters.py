@@ -7,7 +7,7 @@ import re
 from collections.abc import Callable
 
 from meshtop.probes.errors import MeshtopError
-from meshtop.tui.state import RankView
+from meshtop.tui.view_records import RankView
 
 COORDINATE = re.compile(r"^(pp|dp|tp|node)=(\d+)$")
 HOST = re.compile(r"^host=(\S+)$")

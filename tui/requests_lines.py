@@ -11,8 +11,9 @@ from meshtop.tui.charts import (
     human_seconds,
     sparkline,
 )
-from meshtop.tui.state import DashboardState, RequestsView
+from meshtop.tui.state import DashboardState
 from meshtop.tui.summary_text import per_second
+from meshtop.tui.view_records import RequestsView
 
 
 def output_rate(value: float | None) -> str:

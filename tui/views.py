@@ -30,8 +30,9 @@ from meshtop.tui.charts import (
 )
 from meshtop.tui.line_view import LineView
 from meshtop.tui.requests_lines import requests_lines
-from meshtop.tui.state import DashboardState, PipelineStep, RankView
+from meshtop.tui.state import DashboardState
 from meshtop.tui.summary_text import breakdown_line, busbw_text
+from meshtop.tui.view_records import PipelineStep, RankView
 
 RankFilter = Callable[[RankView], bool]
 

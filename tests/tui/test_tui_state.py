@@ -28,7 +28,8 @@ from meshtop.runner.plan import RunSpec, resolve
 from meshtop.tui.alerts import alerts_of
 from meshtop.tui.filters import parse_rank_filter
 from meshtop.tui.sources import COALESCIBLE, LiveSource, Playback, ReplaySource, ScreenBacklog
-from meshtop.tui.state import HISTORY, DashboardState, RankView
+from meshtop.tui.state import DashboardState
+from meshtop.tui.view_records import HISTORY, RankView
 from meshtop.tui.views import memory_lines
 from tests.kit import events as kit
 from tests.kit.events import memory_snapshot, rank_started
