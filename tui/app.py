@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import signal
 import time
 from collections import deque
 from collections.abc import Iterable
+from dataclasses import dataclass
+from functools import cached_property
 from typing import Any, ClassVar
 
 from textual.app import App, ComposeResult, SystemCommand
@@ -37,8 +40,12 @@ from meshtop.tui.widgets import HangScreen, HeaderBar, HelpScreen, PromptScreen,
 
 FRAME_HZ = 8.0
 """Redraws per second, whatever the event rate."""
-GC_EVERY_S = 5.0
-"""A full garbage collection this often, between two frames (tui/gc_pacing.py)."""
+GC_EVERY_S = 1.0
+"""A paced garbage collection this often, between two frames (tui/gc_pacing.py): each pause is as long as
+what came since the last is large (at 64 ranks and 10,000 events/s: 11 ms at worst every second, 24 ms every
+5 s, 2026-12-04); the one over everything comes every :data:`WHOLE_GC_EVERY_S`."""
+WHOLE_GC_EVERY_S = 60.0
+"""How often a paced collection also looks at the objects the earlier ones froze (their cycles)."""
 
 VIEWS: tuple[tuple[str, str, type[Panel]], ...] = (
     ("overview", "Overview", OverviewPanel),
@@ -50,6 +57,15 @@ VIEWS: tuple[tuple[str, str, type[Panel]], ...] = (
     ("alerts", "Alerts", AlertsPanel),
     ("grid", "Grid", GridPanel),
 )
+
+
+@dataclass(frozen=True)
+class DashboardWidgets:
+    header: HeaderBar
+    replay_bar: ReplayBar
+    tabs: TabbedContent
+    panels: dict[str, Panel]
+    """By view name."""
 
 
 class MeshtopApp(App[None]):
@@ -106,6 +122,10 @@ class MeshtopApp(App[None]):
         terminal: TerminalGuard | None = None,
     ) -> None:
         super().__init__()
+        if "TEXTUAL_ANIMATIONS" not in os.environ:  # a user's own choice is kept
+            # The tab bar's underline slides for 0.3 s at 60 frames a second: some 20 screen updates a view
+            # switch, on the thread that also takes in the job's events.
+            self.animation_level = "none"
         self.quit_on_signals = quit_on_signals
         """SIGTERM quits as q does, SIGHUP loses the terminal and SIGUSR1 dumps every rank's stack (the CLI's
         app; tests leave the test runner's handlers alone)."""
@@ -122,7 +142,9 @@ class MeshtopApp(App[None]):
         """What the app told the user in notifications, newest last."""
         self.quitting = False
         self._hang_asked: HangDetected | None = None
-        self.gc_pacer = GcPacer(every_frames=max(1, round(frame_hz * GC_EVERY_S)))
+        self.gc_pacer = GcPacer(
+            every_frames=max(1, round(frame_hz * GC_EVERY_S)), reclaim_every=round(WHOLE_GC_EVERY_S / GC_EVERY_S)
+        )
 
     def run(self, *args: Any, **kwargs: Any) -> Any:
         """Textual's run, its terminal guarded where the CLI gave a guard (:mod:`meshtop.tui.terminal`)."""
@@ -216,19 +238,29 @@ class MeshtopApp(App[None]):
     def redraw(self) -> None:
         """Draw the dashboard (also under a prompt or a report, which sit on their own screens)."""
         dashboard = self.screen_stack[0] if self.screen_stack else None
-        if dashboard is None or not dashboard.is_attached or not dashboard.query(HeaderBar):  # closing
+        if dashboard is None or not dashboard.is_attached or not self._widgets.header.is_attached:  # closing
             return
         extra = ""
         if self.rank_filter_text:
             extra = f"ranks {self.rank_filter_text}"
-        dashboard.query_one(HeaderBar).show(self.state, self.source.status, extra)
-        dashboard.query_one(ReplayBar).show(self.source)
+        self._widgets.header.show(self.state, self.source.status, extra)
+        self._widgets.replay_bar.show(self.source)
         self.active_panel().show(self.state, self._rank_filter)
 
-    def active_panel(self) -> Panel:
+    @cached_property
+    def _widgets(self) -> DashboardWidgets:
+        """The dashboard's widgets, looked up once: a query walks the screen's widgets each time (1-2 ms a frame
+        for the three a frame used)."""
         dashboard = self.screen_stack[0]
-        active = dashboard.query_one(TabbedContent).active or "overview"
-        return dashboard.query_one(f"#{active}-panel", Panel)
+        return DashboardWidgets(
+            dashboard.query_one(HeaderBar),
+            dashboard.query_one(ReplayBar),
+            dashboard.query_one(TabbedContent),
+            {view: dashboard.query_one(f"#{view}-panel", Panel) for view, _, _ in VIEWS},
+        )
+
+    def active_panel(self) -> Panel:
+        return self._widgets.panels[self._widgets.tabs.active or "overview"]
 
     def on_tabbed_content_tab_activated(self, event: TabbedContent.TabActivated) -> None:
         self.call_after_refresh(self.redraw)
@@ -254,7 +286,15 @@ class MeshtopApp(App[None]):
         await self.action_quit()
 
     def action_view(self, view: str) -> None:
-        self.query_one(TabbedContent).active = view
+        tabs = self._widgets.tabs
+        if tabs.active != view:
+            shown, panel = self.active_panel(), self._widgets.panels[view]
+            # Drawn before it is shown, at the width of the view it replaces (the same place on the screen):
+            # the switch lays out and renders the view's rows once, where a panel painted after would draw
+            # them all again a frame later (a whole 200 x 60 pane: 40 ms).
+            panel.hidden_width = shown.size.width
+            panel.show(self.state, self._rank_filter)
+        tabs.active = view
 
     def action_cycle_view(self, delta: int) -> None:
         names = [view for view, _, _ in VIEWS]

@@ -9,14 +9,14 @@ on top of a 15-25 ms frame. The pacer keeps the young collections automatic
 (they take well under a millisecond) and stops the automatic full ones.
 
 It runs its own right after a frame has been drawn, every ``every_frames``
-frames, so that the pause falls in the idle time before the next frame, and
-keeps that pause short: what survives a paced collection is frozen
-(``gc.freeze``), so the next one looks only at what came since, a few
-seconds of objects, not the dashboard's whole long-lived state again. Frozen
+frames (the dashboard's: every second), so that the pause falls in the idle
+time before the next frame, and keeps that pause short: what survives a paced
+collection is frozen (``gc.freeze``), so the next one looks only at what came
+since, a second of objects, not the dashboard's whole long-lived state again. Frozen
 objects are still freed when nothing refers to them; only a cycle among them
-waits: every ``reclaim_every`` paced collections, the frozen objects are
-unfrozen and one whole collection (the long pause, rarely) takes their
-cycles too.
+waits: every ``reclaim_every`` paced collections (the dashboard's: once a
+minute), the frozen objects are unfrozen and one whole collection (the long
+pause, 20-40 ms, rarely) takes their cycles too.
 """
 
 from __future__ import annotations

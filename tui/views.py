@@ -7,6 +7,7 @@ the visible view only), so a busy job costs the screen nothing extra.
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import lru_cache
 
 from rich.cells import cell_len
 from rich.console import Group
@@ -74,7 +75,7 @@ class Panel(LineView):
 
     @property
     def usable_width(self) -> int:
-        return max(20, self.size.width - 2)
+        return max(20, self.draw_width - 2)
 
     @property
     def usable_height(self) -> int:
@@ -86,12 +87,19 @@ class Panel(LineView):
 def memory_lines(
     state: DashboardState, ranks: RankFilter, width: int, limit: int | None, *, with_legend: bool = False
 ) -> Text:
+    """:func:`memory_rows` as one text (a row a line, then a blank line)."""
+    return Text("\n").join(memory_rows(state, ranks, width, limit, with_legend=with_legend))
+
+
+def memory_rows(
+    state: DashboardState, ranks: RankFilter, width: int, limit: int | None, *, with_legend: bool = False
+) -> list[Text]:
     """A memory bar per rank shown (at most ``limit``, the most loaded among them), and ``with_legend`` the
-    key of the parts those bars hold. Bars and marker read the same figure: each rank's peak over the run."""
+    key of the parts those bars hold, a text a row (shared: not to be changed). Bars and marker read the same
+    figure: each rank's peak over the run."""
     loaded = state.most_loaded_rank()
     rows = state.memory_rows()
     views = [v for v in sorted(state.ranks.values(), key=lambda v: v.rank) if ranks(v)]
-    text = Text()
     shown = views if limit is None else views[:limit]
     # The most loaded rank keeps its bar when the limit cuts rows, if it is among the ranks shown at all: the
     # core may know its memory before the dashboard has its view (no rank_started read yet), or a filter hides it.
@@ -101,25 +109,40 @@ def memory_lines(
     bar_width = max(8, width - 30)
     drawn = [(view, *memory_parts(rows.get(view.rank))) for view in shown]
     largest = max((sum(v for v in parts.values() if v) for _, parts, _ in drawn), default=0)
-    for view, parts, capacity in drawn:
-        used = sum(v for v in parts.values() if v)
-        marker = "▶" if view.rank == loaded and len(views) > 1 else " "
-        text.append(marker, style="bold magenta")
-        text.append(f"{rank_label(view)} ", style="bold magenta" if marker != " " else "")
-        text.append_text(memory_bar(parts, capacity, bar_width, largest=largest))
-        size = f" {human_bytes(used)}" + (f"/{human_bytes(capacity)}" if capacity else "")
-        text.append(size[:20] + "\n")
+    lines = [
+        rank_memory_row(
+            rank_label(view), view.rank == loaded and len(views) > 1, tuple(parts.items()), capacity, bar_width, largest
+        )
+        for view, parts, capacity in drawn
+    ]
     if limit is not None and len(views) > len(shown):
         hint = "view 2" if limit < MAX_RANK_ROWS else "/ to filter"
-        text.append(f"  … {len(views) - len(shown)} more ranks ({hint})\n", style="dim")
+        lines.append(Text(f"  … {len(views) - len(shown)} more ranks ({hint})", style="dim"))
     if with_legend:
-        text.append("\n")
-        text.append_text(
+        lines.append(Text())
+        lines.append(
             legend(
                 {name for _, parts, _ in drawn for name, value in parts.items() if value},
                 headroom=any(capacity for _, _, capacity in drawn),
             )
         )
+    else:
+        lines.append(Text())
+    return lines
+
+
+@lru_cache(maxsize=4096)
+def rank_memory_row(
+    label: str, loaded: bool, parts: tuple[tuple[str, int | None], ...], capacity: int | None, width: int, largest: int
+) -> Text:
+    """One rank's memory row: marker, label, bar and size. Kept for the same figures (the figure is a peak over
+    the run: it rarely moves), so a frame draws only the rows whose rank's memory changed."""
+    text = Text()
+    text.append("▶" if loaded else " ", style="bold magenta")
+    text.append(f"{label} ", style="bold magenta" if loaded else "")
+    text.append_text(memory_bar(dict(parts), capacity, width, largest=largest))
+    used = sum(v for _, v in parts if v)
+    text.append((f" {human_bytes(used)}" + (f"/{human_bytes(capacity)}" if capacity else ""))[:20])
     return text
 
 
@@ -234,8 +257,8 @@ class OverviewPanel(Panel):
     def show(self, state: DashboardState, ranks: RankFilter) -> None:
         width = self.usable_width
         height = max(18, self.usable_height)
-        memory_rows = max(1, min(16, (height - 14) // 2))
-        chart_rows = max(3, min(12, height - 15 - memory_rows))
+        memory_count = max(1, min(16, (height - 14) // 2))
+        chart_rows = max(3, min(12, height - 15 - memory_count))
         durations = [s.duration_s for s in state.steps]
         top: Text | Group = (
             requests_lines(state, width)
@@ -252,7 +275,7 @@ class OverviewPanel(Panel):
             Group(
                 top,
                 section("memory per rank"),
-                memory_lines(state, ranks, width, memory_rows),
+                *memory_rows(state, ranks, width, memory_count),
                 section("collectives (busiest)"),
                 collectives_table(state, limit=3, history_width=0, width=width),
                 section("alerts"),
@@ -302,7 +325,7 @@ class DevicesPanel(Panel):
                 parts.append(line)
         measure = "allocator's peak" if state.info.device == "cuda" else "resident set"  # the peak over the run
         parts.append(section(f"memory per rank ({measure})"))
-        parts.append(memory_lines(state, ranks, width, MAX_RANK_ROWS, with_legend=True))
+        parts.extend(memory_rows(state, ranks, width, MAX_RANK_ROWS, with_legend=True))
         self.paint(Group(*parts))
 
 

@@ -1,8 +1,10 @@
 """The LineView draws a row of text as a Static would: its own quick path for a plain left-aligned row agrees
-with the console's rendering cell by cell (character and style), however the row is styled or cut."""
+with the console's rendering cell by cell (character and style), however the row is styled or cut (the view
+cuts every row with an ellipsis)."""
 
 from __future__ import annotations
 
+from rich.console import Group
 from rich.text import Text
 from textual.app import App, ComposeResult
 from textual.strip import Strip
@@ -39,8 +41,23 @@ async def test_a_row_of_text_is_drawn_as_the_console_draws_it() -> None:
         view = app.query_one(LineView)
         for width in (80, 40, 3):
             for text in texts():
-                text.no_wrap = True
                 fast = view._draw_text(text, width)
+                text.no_wrap, text.overflow = True, "ellipsis"  # what the view does to every row
                 slow = view._render(text, width, height=1)
                 assert cells(fast) == cells(slow[0] if slow else Strip([])), (text.plain[:20], width)
                 assert fast.cell_length <= width
+
+
+async def test_rows_given_one_by_one_are_drawn_as_rows_of_one_text_and_left_as_they_were() -> None:
+    app = OneView()
+    async with app.run_test(size=(20, 10)) as pilot:
+        view = app.query_one(LineView)
+        rows = [Text("a" * 30, overflow="fold"), Text("b", style="bold")]
+        view.paint(Group(*rows))
+        await pilot.pause()
+        one_by_one = [cells(view.render_line(y)) for y in range(2)]
+        view.paint(Text("\n").join(rows))
+        await pilot.pause()
+        assert [cells(view.render_line(y)) for y in range(2)] == one_by_one
+        assert one_by_one[0][-1][0] == "…"  # cut, not folded onto a second row
+        assert (rows[0].overflow, rows[0].no_wrap) == ("fold", None)  # the caller's rows (kept, shared) unchanged

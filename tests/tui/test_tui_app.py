@@ -190,6 +190,33 @@ async def test_a_panel_redraws_only_the_rows_that_changed() -> None:
         assert app.query_one(ProcessesPanel).selected == 1
 
 
+async def test_a_view_key_shows_rows_drawn_before_the_view_is_shown() -> None:
+    from textual.widgets import TabbedContent
+
+    from meshtop.tui.views import DevicesPanel
+
+    async with replay(size=(120, 30)) as (app, pilot):
+        panel, tabs = app.query_one(DevicesPanel), app.query_one(TabbedContent)
+        shown_at: list[str | None] = []
+        show = panel.show
+
+        def spy(state: object, ranks: object) -> None:
+            shown_at.append(tabs.active)
+            show(state, ranks)  # type: ignore[arg-type]
+
+        panel.show = spy  # type: ignore[method-assign]
+        await press(pilot, "2")
+        # Drawn at the width it is shown at, before it is laid out: the switch draws its rows once.
+        assert shown_at[0] == "overview" and panel.hidden_width == panel.size.width
+        assert "memory per rank (resident set)" in screen_text(app)
+
+
+async def test_the_tab_bar_does_not_animate_unless_the_user_asks(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert replay_app().animation_level == "none"
+    monkeypatch.setenv("TEXTUAL_ANIMATIONS", "full")
+    assert replay_app().animation_level == "full"
+
+
 async def test_help_lists_every_key() -> None:
     async with replay(size=(80, 50)) as (app, pilot):
         await press(pilot, "question_mark")
