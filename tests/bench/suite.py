@@ -99,7 +99,7 @@ def tui_row(ranks: int, size: tuple[int, int]) -> Row:
         Spread(int(result["frames"]), full["p50"], full["max"], "frames p50-max"),
         target,
         note=f"applied {result['applied_per_s']:,.0f}/s, dropped {result['dropped']:,}, "
-        f"worst view {result['worst_view']}",
+        f"worst view {result['worst_view']}, view switch {result['switch_ms']['p50']:.0f} ms (p50, left out)",
         details=result,
     )
 
