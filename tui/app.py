@@ -212,8 +212,8 @@ class MeshtopApp(App[None]):
             self.state.launcher_phase = self.source.launcher_phase()  # rank reports (then the ranks say)
         self.redraw()
         self.frame_times_s.append(time.perf_counter() - started)
-        if self.gc_pacer.frame_drawn():
-            self.call_after_refresh(self.gc_pacer.collect)
+        if self.gc_pacer.frame_drawn():  # once the frame is on screen: the time it took, its rendering included
+            self.call_after_refresh(lambda: self.gc_pacer.collect(time.perf_counter() - started))
         self._ask_about_hang()
         if self.source.error is not None and not self.quitting:
             self.quitting = True  # the session broke (say, the disk is full): the CLI reports why, in one line

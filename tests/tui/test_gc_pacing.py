@@ -22,11 +22,34 @@ def test_the_pacer_stops_automatic_full_collections_and_restores_the_setting() -
     try:
         assert gc.get_threshold()[:2] == before[:2]  # young collections stay automatic
         assert gc.get_threshold()[2] == NO_AUTOMATIC_FULL
-        assert [pacer.frame_drawn() for _ in range(7)] == [False, False, True, False, False, True, False]
+        due = []
+        for _ in range(7):
+            due.append(pacer.frame_drawn())
+            if due[-1]:
+                assert pacer.collect()
+        assert due == [False, False, True, False, False, True, False]
     finally:
         pacer.stop()
         gc.unfreeze()
     assert gc.get_threshold() == before
+
+
+def test_a_collection_due_after_a_heavy_frame_waits_for_a_light_one_or_for_its_limit() -> None:
+    pacer = GcPacer(every_frames=4, light_frame_s=0.010, wait_frames=3)
+    pacer.start()
+    try:
+        assert [pacer.frame_drawn() for _ in range(4)] == [False, False, False, True]  # due at frame 4
+        assert not pacer.collect(0.030)  # after a heavy frame: put off
+        assert pacer.frame_drawn() and pacer.collect(0.004)  # frame 5, a light one, takes it
+        assert (pacer.full_collections, pacer.postponed) == (1, 1)
+        assert [pacer.frame_drawn() for _ in range(3)] == [False, False, True]  # due at frame 8
+        for _ in range(3):  # frames 8, 9 and 10: heavy, put off
+            assert not pacer.collect(0.030) and pacer.frame_drawn()
+        assert pacer.collect(0.030)  # frame 11: it waited 3 frames, its limit, so it runs after a heavy one too
+        assert (pacer.full_collections, pacer.postponed) == (2, 4)
+    finally:
+        pacer.stop()
+        gc.unfreeze()
 
 
 class Cycle:
