@@ -15,13 +15,14 @@ the screen reads and looks the same.
 
 from __future__ import annotations
 
+from bisect import bisect_right
 from collections.abc import Hashable, Iterable, Iterator
 from dataclasses import dataclass
 from itertools import islice
 
 from rich.console import Group, RenderableType
 from rich.segment import Segment
-from rich.text import Text
+from rich.text import Span, Text
 from textual.geometry import Region
 from textual.strip import Strip
 from textual.widget import Widget
@@ -37,6 +38,64 @@ class Line:
     """A row of text, drawn when first shown."""
     strip: Strip | None = None
     """A row drawn already (a row of a table, which is drawn whole)."""
+    cut: RowCut | None = None
+    """A row of a longer text, made a text of its own only if it is drawn."""
+
+    def row_text(self) -> Text | None:
+        return self.text if self.cut is None else self.cut.text()
+
+
+@dataclass(frozen=True, slots=True)
+class RowCut:
+    """Characters ``start:end`` of a text (a row: no newline), with their spans."""
+
+    source: Text
+    start: int
+    end: int
+    spans: tuple[Span, ...]
+
+    def key(self) -> Hashable:
+        """What :func:`text_key` says of the row's text, without making it."""
+        return (self.source.plain[self.start : self.end], self.spans, self.source.style, self.source.justify)
+
+    def text(self) -> Text:
+        """The row as ``Text.split`` makes it."""
+        source = self.source
+        return Text(
+            source.plain[self.start : self.end],
+            style=source.style,
+            justify=source.justify,
+            overflow=source.overflow,
+            no_wrap=source.no_wrap,
+            end=source.end,
+            tab_size=source.tab_size,
+            spans=list(self.spans),
+        )
+
+
+def cut_rows(text: Text) -> list[RowCut]:
+    """``text``'s rows (split at each newline, a blank row after a last one) as ``Text.split`` cuts them (each
+    span clipped to each row it covers, in the text's order; a span on a newline alone dropped), without making
+    a text a row: most rows of a frame are the last frame's, and only their keys are needed. A 60-row text took
+    2-3 ms to split, a Text a row."""
+    plain = text.plain
+    starts = [0]
+    newline = plain.find("\n")
+    while newline != -1:
+        starts.append(newline + 1)
+        newline = plain.find("\n", newline + 1)
+    ends = [start - 1 for start in starts[1:]]
+    ends.append(len(plain))
+    spans: list[list[Span]] = [[] for _ in starts]
+    for span_start, span_end, style in text.spans:
+        if span_end <= span_start:
+            continue
+        for row in range(bisect_right(starts, span_start) - 1, bisect_right(starts, span_end - 1)):
+            start, end = starts[row], ends[row]
+            clipped = Span(max(span_start, start) - start, min(span_end, end) - start, style)
+            if clipped.end > clipped.start:
+                spans[row].append(clipped)
+    return [RowCut(text, start, end, tuple(row)) for start, end, row in zip(starts, ends, spans, strict=True)]
 
 
 def text_key(text: Text) -> Hashable:
@@ -102,9 +161,12 @@ class LineView(Widget):
 
     def _lines_of(self, parts: list[RenderableType], width: int) -> Iterator[Line]:
         for part in parts:
-            if isinstance(part, Text):  # a row as it is (not copied: it is not changed here), or split into rows
-                for line in part.split("\n", allow_blank=True) if "\n" in part.plain else (part,):
-                    yield Line(key=text_key(line), text=line)
+            if isinstance(part, Text):  # a row as it is (not copied: it is not changed here), or cut into rows
+                if "\n" in part.plain:
+                    for cut in cut_rows(part):
+                        yield Line(key=cut.key(), cut=cut)
+                else:
+                    yield Line(key=text_key(part), text=part)
             else:  # a table: drawn whole now, each row a line
                 for strip in self._render(part, width, height=None):
                     yield Line(key=tuple(strip), strip=strip)
@@ -124,7 +186,8 @@ class LineView(Widget):
         line = self._lines[y]
         strip = self._strips.get(line.key)
         if strip is None:
-            strip = self._strips[line.key] = line.strip if line.text is None else self._draw_text(line.text, width)
+            text = line.row_text()
+            strip = self._strips[line.key] = line.strip if text is None else self._draw_text(text, width)
         return strip
 
     def _draw_text(self, text: Text, width: int) -> Strip:

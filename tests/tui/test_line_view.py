@@ -61,3 +61,27 @@ async def test_rows_given_one_by_one_are_drawn_as_rows_of_one_text_and_left_as_t
         assert [cells(view.render_line(y)) for y in range(2)] == one_by_one
         assert one_by_one[0][-1][0] == "…"  # cut, not folded onto a second row
         assert (rows[0].overflow, rows[0].no_wrap) == ("fold", None)  # the caller's rows (kept, shared) unchanged
+
+
+def test_rows_are_cut_from_a_text_as_rich_splits_it() -> None:
+    from random import Random
+
+    from rich.text import Span
+
+    from meshtop.tui.line_view import cut_rows, text_key
+
+    rng = Random(7)
+    styles = ["bold", "red", "on blue", "dim italic"]
+    for _ in range(3000):
+        plain = "".join(rng.choice("ab█ \n") for _ in range(rng.randrange(0, 40))) + "\n"  # cut: with a newline
+        spans = []
+        for _ in range(rng.randrange(0, 6)):
+            start = rng.randrange(0, len(plain) + 1)
+            spans.append(Span(start, min(len(plain), start + rng.randrange(0, 12)), rng.choice(styles)))
+        text = Text(plain, style=rng.choice(["", "green"]), justify=rng.choice([None, "left"]), spans=spans)
+        split = text.split("\n", allow_blank=True)
+        cut = cut_rows(text)
+        assert [(row.text().plain, row.text().spans, row.text().style, row.text().justify) for row in cut] == [
+            (line.plain, line.spans, line.style, line.justify) for line in split
+        ], (plain, spans)
+        assert [row.key() for row in cut] == [text_key(line) for line in split]
