@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from functools import lru_cache
 
-from rich.cells import cell_len
+from rich.cells import cell_len, set_cell_size
 from rich.console import Group
 from rich.table import Table
 from rich.text import Span, Text
@@ -153,7 +153,7 @@ def share(value: float | None, measured: bool | None) -> str:
     return f"{'' if measured else '≤'}{value:.0%}"
 
 
-def collectives_table(state: DashboardState, *, limit: int | None, history_width: int, width: int) -> Table | Text:
+def collectives_table(state: DashboardState, *, limit: int | None, history_width: int, width: int) -> Text:
     """Per (group, op): count, bytes, in-flight p50 / p99, busbw, exposed share of the step and its history."""
     columns = [
         ("group", "left"),
@@ -188,15 +188,7 @@ def collectives_table(state: DashboardState, *, limit: int | None, history_width
         return Text(
             "no collectives recorded" if state.info.instrumented else "hooks off (--no-instrument)", style="dim"
         )
-    text = plain_table(columns, lines, width)
-    if text is not None:
-        return text
-    table = Table(box=None, padding=(0, 1), header_style="bold", expand=False)  # too wide: Rich shrinks columns
-    for name, justify in columns:
-        table.add_column(name, justify=justify, no_wrap=True)  # type: ignore[arg-type]
-    for cells, _ in lines:
-        table.add_row(*(Text(value, style=style) for value, style in cells))
-    return table
+    return plain_table(columns, lines, width)
 
 
 def alert_lines(state: DashboardState, limit: int | None) -> Text:
@@ -217,30 +209,33 @@ def section(title: str) -> Text:
     return Text(title, style="bold underline")
 
 
-def plain_table(
-    columns: list[tuple[str, str]], rows: list[tuple[list[tuple[str, str]], str]], width: int
-) -> Text | None:
+def plain_table(columns: list[tuple[str, str]], rows: list[tuple[list[tuple[str, str]], str]], width: int) -> Text:
     """What ``Table(box=None, padding=(0, 1), header_style="bold")`` draws for no-wrap columns of
     (name, justify) and rows of ((text, style) cells, row style), as one Text: Rich measures and pads
-    every cell of a Table, which takes a frame's budget at a few dozen rows; this is one string.
-    ``None`` when the table is wider than ``width`` (a Table would shrink its columns)."""
+    every cell of a Table, which takes a frame's budget at a few dozen rows (48 rows of 9 columns: 65 ms, and
+    1.4 ms so); this is one string. A table wider than ``width`` is cut as Rich cuts columns that do not
+    wrap: each column by an even share of the excess (its padding included), its cells then cut with an
+    ellipsis (tests/tui/test_plain_table.py: the same cells as Rich's on 400 random tables)."""
     widths = [cell_len(name) for name, _ in columns]
     for cells, _ in rows:
         for index, (value, _) in enumerate(cells):
             widths[index] = max(widths[index], cell_len(value))
-    if sum(widths) + 2 * len(widths) > width:
-        return None
+    padded = [w + 2 for w in widths]  # a cell's padding: a blank each side
+    if sum(padded) > width:
+        padded = cut_evenly(padded, width)
+        widths = [max(0, w - 2) for w in padded]
     parts: list[str] = []
     spans: list[Span] = []
     offset = 0
     for cells, row_style in [([(name, "") for name, _ in columns], "bold"), *rows]:
         start, cell_spans = offset, []
-        for (value, style), (_, justify), column_width in zip(cells, columns, widths, strict=False):
+        for (value, style), (_, justify), column_width, cell_width in zip(cells, columns, widths, padded, strict=False):
+            value = ellipsized(value, column_width)
             pad = " " * (column_width - cell_len(value))
             left, right = (pad, "") if justify == "right" else ("", pad)
             if style:
                 cell_spans.append(Span(offset + 1, offset + 1 + len(left) + len(value) + len(right), style))
-            piece = f" {left}{value}{right} "
+            piece = f" {left}{value}{right} "[:cell_width]  # a column cut to under its padding: blanks, or none
             parts.append(piece)
             offset += len(piece)
         if row_style:
@@ -249,6 +244,25 @@ def plain_table(
         parts.append("\n")
         offset += 1
     return Text("".join(parts)[:-1], spans=spans, no_wrap=True)
+
+
+def cut_evenly(widths: list[int], total: int) -> list[int]:
+    """``widths`` made to sum to ``total`` (when larger) as Rich's table cuts columns that do not wrap: the
+    excess shared out evenly, column by column, each share rounded from what is left (``ratio_reduce`` with
+    equal ratios)."""
+    excess, left, cut = sum(widths) - total, len(widths), []
+    for width in widths:
+        share = min(width, round(excess / left)) if excess > 0 else 0
+        cut.append(width - share)
+        excess, left = excess - share, left - 1
+    return cut
+
+
+def ellipsized(value: str, width: int) -> str:
+    """``value`` cut to ``width`` cells, its last an ellipsis, as a Text's ``ellipsis`` overflow cuts it."""
+    if cell_len(value) <= width:
+        return value
+    return set_cell_size(value, width - 1) + "…" if width > 0 else ""
 
 
 class OverviewPanel(Panel):
@@ -277,7 +291,7 @@ class OverviewPanel(Panel):
                 section("memory per rank"),
                 *memory_rows(state, ranks, width, memory_count),
                 section("collectives (busiest)"),
-                collectives_table(state, limit=3, history_width=0, width=width),
+                collectives_table(state, limit=3, history_width=0, width=self.draw_width),  # tables: to the edge
                 section("alerts"),
                 alert_lines(state, 2),
             )
@@ -338,7 +352,7 @@ class CollectivesPanel(Panel):
             Group(
                 section("collectives by group and op"),
                 Text("p50/p99: in flight, over the run · % step: exposed (≤: no wait seen)", style="dim"),
-                collectives_table(state, limit=None, history_width=history, width=self.usable_width),
+                collectives_table(state, limit=None, history_width=history, width=self.draw_width),
             )
         )
 
@@ -553,13 +567,7 @@ class ProcessesPanel(Panel):
                     "reverse" if view.rank == self.selected else "",
                 )
             )
-        table: Text | Table | None = plain_table(columns, rows, self.usable_width)
-        if table is None:  # too wide: let Rich shrink the columns
-            table = Table(box=None, padding=(0, 1), header_style="bold")
-            for name, justify in columns:
-                table.add_column(name, justify=justify, no_wrap=True)  # type: ignore[arg-type]
-            for cells, style in rows:
-                table.add_row(*(Text(value, style=cell_style) for value, cell_style in cells), style=style)
+        table = plain_table(columns, rows, self.draw_width)  # to the edge, as Rich's Table was drawn
         hint = "↑/↓ rank · s: its stack (py-spy) · S: every rank's stack"
         if len(window) < len(views):
             hint = f"ranks {window[0].rank}-{window[-1].rank} of {len(views)} · " + hint
