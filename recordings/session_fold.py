@@ -16,7 +16,7 @@ from __future__ import annotations
 import copy
 import threading
 import time
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Collection, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -50,6 +50,12 @@ FOLD_SHARE = 0.5
 """The most of its thread's time a live fold may take: a batch whose fold would take more (at the cost per
 event of the last batches folded whole) is folded without the bulk kinds. Past it the thread that receives
 the events would fall behind, and the collector refuse what it cannot queue: lost to the recording too."""
+SHARE_WINDOW_S = 1.0
+"""The span a live fold's share is judged over: its CPU in the takes of the last second, and the batch's
+estimated cost, against the share of that second (or of the time since the last take, if longer). Judged a
+batch at a time, against the time since the take before alone, two batches taken back to back (the second a
+few ms after the first began) looked behind: at 64 ranks and 10,000 events a second a fold busy 15 % of its
+time left the bulk of one batch in seven out."""
 PROBE_S = 2.0
 """A fold that has left the bulk kinds out this long folds the next batch whole, to measure its cost again:
 an estimate once too high (a first batch folded cold, its imports and all) would keep them out for good."""
@@ -152,6 +158,8 @@ class SessionFold:
         folded all). Its CPU, not the wall time: sharing the interpreter's lock with the screen, a fold timed by
         the wall clock judged itself behind when it was only waiting, and left out what it had time for."""
         self._last_take: float | None = None
+        self._spent: deque[tuple[float, float]] = deque()
+        """(when, CPU seconds) of the takes in the last :data:`SHARE_WINDOW_S`."""
         self._behind_since: float | None = None
         """When the takes began leaving the bulk out (``None``: the last folded whole)."""
         self._probing = False
@@ -167,7 +175,7 @@ class SessionFold:
             copied.left_out = Counter(self.left_out)
             copied.lock = threading.RLock()
             copied._steps_taken = self._steps_taken
-            copied._cost_s, copied._last_take = self._cost_s, self._last_take
+            copied._cost_s, copied._last_take, copied._spent = self._cost_s, self._last_take, deque(self._spent)
             copied._behind_since, copied._probing = self._behind_since, self._probing
         return copied
 
@@ -185,10 +193,11 @@ class SessionFold:
     def take(self, arrivals: Arrivals) -> Folded:
         """Fold a live session's batch: its events of :attr:`kinds`, decoded a table a kind and folded in kind
         order (a rank's start before its work, a step after the work it closes). A batch whose whole fold
-        would take more than :attr:`share` of the time since the last one came (its thread's CPU against the
-        wall clock) is folded without its :data:`BULK_KINDS` (counted in :attr:`left_out`)."""
-        began, count = time.thread_time(), arrivals.count
-        left_out = self.kinds & BULK_KINDS if self._too_long(count, time.perf_counter()) else frozenset()
+        would take the fold past :attr:`share` of its time (its thread's CPU against the wall clock, over the
+        last second: :meth:`_too_long`) is folded without its :data:`BULK_KINDS` (counted in
+        :attr:`left_out`)."""
+        began, count, now = time.thread_time(), arrivals.count, time.perf_counter()
+        left_out = self.kinds & BULK_KINDS if self._too_long(count, now) else frozenset()
         tables = in_kind_order(arrival_tables(arrivals, self.kinds - left_out))
         with self.lock:
             for item in arrivals.items:
@@ -198,17 +207,26 @@ class SessionFold:
                 self.fold.apply(kind, table)
             steps = self.fold.steps_since(self._steps_taken)
             self._steps_taken = self.fold.steps_completed
+        spent = time.thread_time() - began  # its own CPU: not the time it waited for the GIL
+        self._spent.append((now, spent))
         if count and not left_out:
-            cost = (time.thread_time() - began) / count  # its own CPU: not the time it waited for the GIL
+            cost = spent / count
             self._cost_s = cost if self._cost_s is None or self._probing else 0.8 * self._cost_s + 0.2 * cost
             self._probing = False
         return Folded(tables, steps, left_out)
 
     def _too_long(self, count: int, now: float) -> bool:
-        """Whether folding ``count`` events whole would take more than :attr:`share` of the time since the last
-        take began; after :data:`PROBE_S` of saying so, no once (that take measures the cost again)."""
+        """Whether folding ``count`` events whole would take the fold past :attr:`share` of its time, over the
+        last :data:`SHARE_WINDOW_S` (or since the last take began, if longer); after :data:`PROBE_S` of saying
+        so, no once (that take measures the cost again)."""
         since, self._last_take = (None if self._last_take is None else now - self._last_take), now
-        if self.share is None or self._cost_s is None or since is None or count * self._cost_s <= self.share * since:
+        span = max(SHARE_WINDOW_S, since or 0.0)
+        while self._spent and self._spent[0][0] < now - span:
+            self._spent.popleft()
+        if self.share is None or self._cost_s is None or since is None:
+            self._behind_since = None
+            return False
+        if sum(cpu for _, cpu in self._spent) + count * self._cost_s <= self.share * span:
             self._behind_since = None
             return False
         if self._behind_since is None:

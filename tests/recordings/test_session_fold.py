@@ -178,6 +178,25 @@ def test_a_fold_that_only_waited_for_the_lock_is_not_judged_behind() -> None:
     assert session.figures().collectives[0].count == 6
 
 
+def test_batches_taken_back_to_back_are_folded_whole_while_the_fold_keeps_within_its_share() -> None:
+    """Two batches can come together (a collector's read, a producer catching up): the second a moment after
+    the first began. Judged against that moment alone, the second looked behind and lost its collectives;
+    judged over the last second, a fold busy a few ms of it folds both whole."""
+    run = description(dp=2)
+    for events in batches(1):  # warm: a cold first fold (imports) costs far more than the rest
+        SessionFold(run).take(Arrivals(events))
+    session = SessionFold(run, share=0.5)
+    starts, *work = [Arrivals(events) for events in batches(6)]
+    session.take(starts)
+    time.sleep(0.05)
+    left_out = []
+    for first, second in zip(work[::2], work[1::2], strict=True):
+        left_out += [sorted(session.take(first).left_out), sorted(session.take(second).left_out)]  # back to back
+        time.sleep(0.05)
+    assert left_out == [[]] * 12 and not session.left_out
+    assert session.figures().collectives[0].count == 12
+
+
 def test_a_fold_that_thought_itself_too_slow_measures_again_and_takes_the_bulk_back(monkeypatch) -> None:
     """A cost once measured far too high (here set: 1 s an event, as a cold first fold can measure) leaves the
     bulk out; after PROBE_S of that, one take folds whole and measures again, and the next keep the bulk."""
