@@ -72,8 +72,9 @@ timers, the garbage collector).
 Also reported: events/s offered and applied (``state.events`` over the
 measured window), events dropped for the screen or left out of the fold, the peak of pending events
 in the queue, and the UI thread's busy share (under 100% means it keeps up).
-The target (issue): a frame under 50 ms at 64 ranks; checked on the p99 of
-the full frame time.
+The targets (issues 20 and 34, :data:`TARGETS_MS`): the full frame's p99 at
+most 50 ms at 64 ranks and 80 x 24, 33 ms at 64 ranks and 200 x 60, 50 ms at
+512 and 1024 ranks and 200 x 60.
 """
 
 from __future__ import annotations
@@ -125,8 +126,6 @@ RATE = 10_000.0
 """Events per second offered."""
 RANKS = (8, 64, 1024)
 SIZES = ((80, 24), (200, 60))
-TARGET_MS = 50.0
-TARGET_RANKS = 64
 TARGETS_MS = {(64, (80, 24)): 50.0, (64, (200, 60)): 33.0, (512, (200, 60)): 50.0, (1024, (200, 60)): 50.0}
 """The suite's targets on the full frame's p99, by (ranks, terminal size): issue 20's and 34's at 200 x 60."""
 SETTLE_FRAMES = 2
@@ -816,9 +815,16 @@ async def measure(
     }
 
 
+def target_ms(row: dict[str, Any]) -> float | None:
+    """The row's target on its full frame's p99 (:data:`TARGETS_MS`), if it has one."""
+    width, height = (int(value) for value in row["size"].split("x"))
+    return TARGETS_MS.get((row["ranks"], (width, height)))
+
+
 def table_row(row: dict[str, Any]) -> str:
     f, g = row["frame_ms"], row["full_ms"]
-    verdict = "ok" if g["p99"] < TARGET_MS else "MISS"
+    limit = target_ms(row)
+    verdict = "-" if limit is None else "ok" if g["p99"] <= limit else "MISS"
     return (
         f"{row['ranks']:>5} {row['size']:>7} {row['offered_per_s']:>8,.0f} {row['applied_per_s']:>8,.0f} "
         f"{row['dropped']:>7,} {row['peak_pending']:>6,}  {f['p50']:>6.1f} {f['p99']:>6.1f} {f['max']:>6.1f}  "
@@ -830,7 +836,7 @@ def table_row(row: dict[str, Any]) -> str:
 HEADER = (
     f"{'ranks':>5} {'size':>7} {'offer/s':>8} {'apply/s':>8} {'dropped':>7} {'peakq':>6}  "
     f"{'frame() ms p50/p99/max':^20}  {'full frame ms p50/p99/max':^20}  {'switch':>7} {'busy':>5}  "
-    f"{'worst view':<11} <50ms"
+    f"{'worst view':<11} target"
 )
 
 
@@ -888,14 +894,14 @@ def main() -> None:
     profile = cProfile.Profile() if args.profile else None
     started = time.perf_counter()
     rows = asyncio.run(run_all(ranks, sizes, args.seconds, args.rate, args.backlog, profile, args.gc_freeze))  # type: ignore[arg-type]
-    target = [r for r in rows if r["ranks"] == TARGET_RANKS]
-    if target:
-        met = all(r["full_ms"]["p99"] < TARGET_MS for r in target)
-        worst = max(r["full_ms"]["p99"] for r in target)
-        print(
-            f"target: full frame p99 < {TARGET_MS:.0f} ms at {TARGET_RANKS} ranks: "
-            f"{'met' if met else 'NOT met'} (worst p99 {worst:.1f} ms)"
-        )
+    for row in rows:
+        limit = target_ms(row)
+        if limit is not None:
+            met = row["full_ms"]["p99"] <= limit
+            print(
+                f"target: full frame p99 <= {limit:.0f} ms at {row['ranks']} ranks, {row['size']}: "
+                f"{'met' if met else 'NOT met'} ({row['full_ms']['p99']:.1f} ms)"
+            )
     bounded = all(r["peak_pending"] <= max(args.backlog, r["largest_batch"]) for r in rows)  # one batch always stays
     keeps_up = all(r["applied_per_s"] >= 0.95 * r["offered_per_s"] and not r["dropped"] for r in rows)
     print(
