@@ -15,7 +15,7 @@ from meshtop.probes.arrivals import Arrivals, EncodedEvents, encode_lines
 from meshtop.probes.collector import Collector
 from meshtop.probes.events import CollectiveTiming, EventsDropped, StepTiming
 from meshtop.probes.shipper import EventShipper
-from meshtop.probes.wire import HEADER, MAX_FRAME_BYTES, encode_events, pack, read_frame, sections
+from meshtop.probes.wire import HEADER, MAX_FRAME_BYTES, FrameError, encode_events, pack, read_frame, sections
 from tests.kit.events import collective, step
 
 
@@ -153,6 +153,55 @@ def test_a_message_keeps_each_kind_as_the_recording_lines_it_sent() -> None:
     assert [(block.kind, block.rank, block.count) for block in blocks] == [("events_dropped", 4, 1), ("step", 4, 2)]
     assert blocks[1].lines == encode_lines([events[0], events[2]])
     assert [json.loads(line)["step"] for line in blocks[1].lines.splitlines()] == [1, 2]
+
+
+@pytest.mark.parametrize("line_bytes", [20, 2_000], ids=["counted by bytes.count", "counted by numpy"])
+def test_a_section_is_taken_only_when_it_holds_its_count_of_whole_lines(line_bytes: int) -> None:
+    """Random bodies cut into random sections, some said wrongly: ``sections`` takes a message exactly when each
+    section holds its count of lines and ends with one, and the sizes add up to the body (the rule a section at a
+    time, as the collector checked it before it counted a body's lines in one pass); with lines of 2 KB the
+    bodies are past :data:`meshtop.probes.wire.COUNT_WITH_NUMPY_FROM`, the other way of counting."""
+    rng = random.Random(7)
+    line = b'{"rank":0,"step":1,"pad":"' + b"x" * line_bytes + b'"}\n'
+    taken = refused = 0
+    for _ in range(300):
+        counts = [rng.randint(1, 40) for _ in range(rng.randint(1, 4))]
+        body = b"".join(line * count for count in counts)
+        listed = [["step", count, len(line) * count] for count in counts]
+        match rng.randrange(5):
+            case 0:  # one section says a line more and the next a line fewer: the total is right
+                if len(listed) > 1 and listed[1][1] > 1:
+                    listed[0][1] += 1
+                    listed[1][1] -= 1
+            case 1:  # a section cut inside a line
+                listed[-1][2] -= 1
+                body = body[:-1]
+            case 2:  # bytes past the last section
+                body += b"{}\n"
+            case 3:  # a section's bytes moved onto the next, lines and all
+                if len(listed) > 1:
+                    listed[0][2] -= len(line)
+                    listed[1][2] += len(line)
+            case 4:  # each section starts with an empty line (a line all the same, bad where it is decoded)
+                body = b"".join(b"\n" + line * count for count in counts)
+                listed = [["step", count + 1, len(line) * count + 1] for count in counts]
+        expected, offset = True, 0
+        for _, count, nbytes in listed:
+            part = body[offset : offset + nbytes]
+            offset += nbytes
+            expected &= len(part) == nbytes and part.count(b"\n") == count and part.endswith(b"\n")
+        expected &= offset == len(body)
+        try:
+            blocks = sections({"rank": 3, "sections": listed}, body)
+        except FrameError:
+            assert not expected, listed
+            refused += 1
+            continue
+        assert expected, listed
+        assert [block.count for block in blocks] == [count for _, count, _ in listed]
+        assert b"".join(block.lines for block in blocks) == body
+        taken += 1
+    assert taken > 50 and refused > 50
 
 
 @pytest.mark.slow  # 200 connections of garbage, 50 ms each: 10 s
