@@ -20,6 +20,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any, ClassVar
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from meshtop.probes.events import (
     Event,
@@ -92,6 +93,9 @@ UI_KINDS = frozenset(
     }
 )
 """Kinds the screen reads as events, beside the figures."""
+ROW_KINDS = frozenset({"step", "memory", "process"})
+"""Kinds a live screen reads a column at a time (a thousand ranks send tens of thousands a second): the
+rank of a step or a memory snapshot (the session's fold has the rest), a process sample's few fields."""
 FOLDED_ONLY = frozenset({"request", "server_metric"})
 """Kinds of :data:`UI_KINDS` that only the fold reads: a state that feeds its fold (a replay) decodes them for
 it; a live screen, whose session folds them, leaves them be."""
@@ -196,10 +200,17 @@ class DashboardState:
             return
         if not self.feeds_fold and kind in FOLDED_ONLY:
             return
-        if kind == "process" and not self.feeds_fold:  # the kind a live screen reads most: a column at a time
+        if kind in ROW_KINDS and not self.feeds_fold:  # the kinds a live screen reads most: a column at a time
             with self.session.reading() as fold:
                 table = fold.rows_of_the_job(kind, table)
-            self._on_process_rows(table)
+            if kind == "process":
+                self._on_process_rows(table)
+            else:  # a step or memory snapshot tells the screen of its rank, the session's fold the rest
+                for rank in pc.unique(table.column("rank")).to_pylist():
+                    self._rank(rank)
+            return
+        if kind == "gpu" and not self.feeds_fold:
+            self._on_gpu_rows(table)
             return
         decoded = events_of(kind, table)  # outside the lock: a live session's thread folds meanwhile
         with self.session.reading() as fold:  # the events that can be this job's
@@ -319,6 +330,28 @@ class DashboardState:
         columns = table.select(["rank", "pid", "cpu_pct", "rss_bytes", "threads"]).to_pydict()
         for row in zip(*columns.values(), strict=True):
             self._process_sampled(*row)
+
+    def _on_gpu_rows(self, table: pa.Table) -> None:
+        """:meth:`_on_gpu` of each row of a ``gpu`` table: an event object for each GPU's last sample only."""
+        columns = table.select(["node", "gpu", "utilization_pct", "power_w"]).to_pydict()
+        last: dict[tuple[int, int], int] = {}
+        utilization: dict[tuple[int, int], list[float]] = defaultdict(list)
+        power: dict[tuple[int, int], list[float]] = defaultdict(list)
+        for index, (node, gpu, utilization_pct, power_w) in enumerate(zip(*columns.values(), strict=True)):
+            last[node, gpu] = index
+            if utilization_pct is not None:
+                utilization[node, gpu].append(utilization_pct)
+            if power_w is not None:
+                power[node, gpu].append(power_w)
+        samples = events_of("gpu", table.take(list(last.values())))
+        for key, sample in zip(last, samples, strict=True):
+            assert isinstance(sample, GpuSample)
+            view = self.gpus.get(key)
+            if view is None:
+                view = self.gpus[key] = GpuView(gpu=sample.gpu, sample=sample, node=sample.node)
+            view.sample = sample
+            view.utilization.extend(utilization[key])
+            view.power_w.extend(power[key])
 
     def _process_sampled(
         self, rank: int, pid: int, cpu_pct: float | None, rss_bytes: int | None, threads: int | None

@@ -197,6 +197,37 @@ def test_a_live_screen_takes_process_samples_a_table_at_a_time_as_a_replay_takes
     assert live.ranks[1].cpu_history == deque() and session.fold.rejected["process"] == 0
 
 
+def test_a_live_screen_takes_gpu_samples_steps_and_memory_a_table_at_a_time_as_a_replay_takes_events() -> None:
+    """The live screen reads the GPU table's columns, an event object for each GPU's last sample only, and of a
+    step or memory table only the ranks (its session's fold has the rest): it shows what a replay, decoding each
+    event, shows; a step of a rank outside the job (rank 7 of 2) or a negative step time shows no rank."""
+    gpus = [
+        kit.gpu_sample(gpu=gpu, node=node, wall_ns=at, utilization_pct=util, power_w=power)
+        for at, (node, gpu, util, power) in enumerate(
+            [(0, 0, 10.0, 100.0), (0, 1, None, 90.0), (1, 0, 30.0, None), (0, 0, 40.0, 120.0), (0, 1, 5.0, 95.0)]
+        )
+    ]
+    steps = [kit.step(1, 0, 0.5), kit.step(7, 0, 0.5), kit.step(0, 0, -1.0)]
+    session = SessionFold(description(dp=2))
+    live, replay = DashboardState(session.run, session=session), DashboardState(description(dp=2))
+    for state in (live, replay):
+        state.apply("gpu", table_of(gpus))
+        state.apply("step", table_of(steps))
+        state.apply("memory", table_of([memory_snapshot(0, 10)]))
+    assert list(live.ranks) == [1, 0] and live.ranks == replay.ranks
+    assert live.gpus.keys() == replay.gpus.keys() == {(0, 0), (0, 1), (1, 0)}
+    for key, view in live.gpus.items():
+        other = replay.gpus[key]
+        assert (view.sample, list(view.utilization), list(view.power_w)) == (
+            other.sample,
+            list(other.utilization),
+            list(other.power_w),
+        )
+    first = live.gpus[0, 0]
+    assert (first.sample.wall_ns, list(first.utilization), list(first.power_w)) == (3, [10.0, 40.0], [100.0, 120.0])
+    assert list(live.gpus[0, 1].utilization) == [5.0]
+
+
 def test_pipeline_timeline_places_actions_within_their_step() -> None:
     state = dashboard(dp=1, pp=2)
     state.apply_events([rank_started(0, pp_rank=0), rank_started(1, pp_rank=1)])
