@@ -6,12 +6,13 @@ Each node is a process of its own running meshtop's :class:`meshtop.runner.multi
 node's side of a multi-node job: its framing, its clock exchanges and pings, its queue), fed by a thread
 that plays the node's ranks: every rank sends, each step, the event mix of a dp x tp2 x pp2 1F1B job with 8
 microbatches (:class:`tests.bench.tui_frames.SyntheticSource`: 26 collectives, 16 stage actions, a step and
-a memory snapshot), written as workers write them (JSON lines, a block a kind and rank), each step's
-numbers and times filled into the rank's lines of one step; the node's own samplers add a process sample
-of each rank at 2 Hz and a GPU sample of each GPU at 10 Hz, as the events its meshtop makes. One rank is a
-straggler and node 5 is slow (its ranks' steps 1.5x as long), as in the rank grid's tests. The rank ->
-node hop (a rank's socket into its node's collector) is left out: it is the head collector's code, whose
-rate the ``ingest`` row measures.
+a memory snapshot), written as workers write them (JSON lines), the step's numbers and times filled into
+all the node's ranks' lines of a kind at once (:class:`NodeTemplate`: a block a kind and node step, as the
+node's collector hands its ranks' blocks on); the node's own samplers add a process sample of each rank
+at 2 Hz and a GPU sample of each GPU at 10 Hz, as the events its meshtop makes. One rank is a straggler
+and node 5 is slow (its ranks' steps 1.5x as long), as in the rank grid's tests. The rank -> node hop (a
+rank's socket into its node's collector) is left out: it is the head collector's code, whose rate the
+``ingest`` row measures.
 
 The head is this process: meshtop's head collector and node fleet (:class:`meshtop.runner.multinode.fleet.Fleet`),
 a session loop that drains the collector every 0.2 s into a recording on disk and the session's fold, as
@@ -41,6 +42,9 @@ from dataclasses import dataclass
 from itertools import islice
 from pathlib import Path
 from typing import Any
+
+import numpy as np
+import numpy.typing as npt
 
 from meshtop.probes.arrivals import Arrivals, EncodedEvents, encode_lines
 from meshtop.probes.events import DURATION_FIELDS, EVENT_TYPES, Event, ProcessSample, clock_fields
@@ -117,6 +121,44 @@ def templates(events: list[Event], start_ns: int) -> list[Template]:
     return out
 
 
+@dataclass(frozen=True, slots=True)
+class NodeTemplate:
+    """One kind's lines of every rank of a node for one step: the ranks' :class:`Template` joined, filled in one
+    formatting (the step number and times as one array: the simulation's cost per event, which shares the
+    machine's cores with the head, is a third of filling each rank's apart)."""
+
+    kind: str
+    format: bytes
+    count: int
+    is_step: npt.NDArray[np.bool_]
+    deltas: npt.NDArray[np.float64]
+
+    @classmethod
+    def of(cls, templates: list[Template]) -> NodeTemplate:
+        deltas = [delta for template in templates for delta in template.deltas]
+        return cls(
+            templates[0].kind,
+            b"".join(template.format for template in templates),
+            sum(template.count for template in templates),
+            np.array([delta is None for delta in deltas], dtype=bool),
+            np.array([0 if delta is None else delta for delta in deltas], dtype=np.float64),
+        )
+
+    def fill(self, step: int, start_ns: int, stretch: float) -> bytes:
+        values = start_ns + (self.deltas * stretch).astype(np.int64)
+        values[self.is_step] = step
+        return self.format % tuple(values.tolist())
+
+
+def node_templates(rank_templates: dict[int, list[Template]]) -> list[NodeTemplate]:
+    """The node's ranks' templates as one a kind, kinds in the order the ranks' came (a step after its work)."""
+    by_kind: dict[str, list[Template]] = {}
+    for kinds in rank_templates.values():
+        for template in kinds:
+            by_kind.setdefault(template.kind, []).append(template)
+    return [NodeTemplate.of(listed) for listed in by_kind.values()]
+
+
 def node_main(
     node: int, ranks: int, per_node: int, head: tuple[str, int, str], step_s: float, go: Any, report: Any
 ) -> None:
@@ -137,7 +179,7 @@ def node_main(
             if event.kind == "step":
                 start = event.start_ns  # type: ignore[attr-defined]
     assert start is not None
-    rank_templates = {rank: templates(events, start) for rank, events in first_step.items()}
+    kinds = node_templates({rank: templates(events, start) for rank, events in first_step.items()})
     address = HeadAddress(address=(head[0], head[1]), token=head[2], host=f"node{node}")
     relay = Relay(
         Nodes(count=NODES + 1, rank=node, endpoint="127.0.0.1:1", run_id="bench"),
@@ -156,10 +198,9 @@ def node_main(
             time.sleep(wait)
         now_ns = time.time_ns()
         items: list[Any] = []
-        for rank, kinds in rank_templates.items():
-            for template in kinds:
-                items.append(EncodedEvents(template.kind, rank, template.fill(step, now_ns, stretch), template.count))
-                sent += template.count
+        for template in kinds:  # a block a kind of all the node's ranks, as its collector hands them on
+            items.append(EncodedEvents(template.kind, mine[0], template.fill(step, now_ns, stretch), template.count))
+            sent += template.count
         process_due += per_node * PROCESS_HZ * step_s
         gpu_due += per_node * GPU_HZ * step_s
         while process_due >= 1:  # the node's samplers: its meshtop's own events
