@@ -24,6 +24,7 @@ from dataclasses import MISSING, dataclass, fields
 from functools import cache
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.json as pa_json
@@ -196,6 +197,10 @@ def _completed(kind: str, table: pa.Table) -> Decoded:
             finite = pc.fill_null(pc.is_finite(table.column(index)), True)
             if not pc.all(finite).as_py():
                 keep = finite if keep is None else pc.and_(keep, finite)
+        if column.python is tuple and len(table):
+            whole = _no_null_inside(table.column(index))
+            if whole is not None:
+                keep = whole if keep is None else pc.and_(keep, whole)
         if column.nullable or not table.column(index).null_count:
             continue
         if not column.required:
@@ -206,6 +211,19 @@ def _completed(kind: str, table: pa.Table) -> Decoded:
     if keep is None:
         return Decoded(table, 0)
     return Decoded(table.filter(keep), len(table) - pc.sum(keep).as_py())
+
+
+def _no_null_inside(lists: pa.ChunkedArray) -> pa.Array | None:
+    """Which rows' lists hold no null (``None``: none does), as the line-by-line path and Python's reader take
+    a list of numbers: Arrow's reader takes ``[1, null]`` into a list column."""
+    joined = lists.combine_chunks()
+    inside = pc.list_flatten(joined)
+    if not inside.null_count:
+        return None
+    holding = pc.list_parent_indices(joined).to_numpy()[pc.is_null(inside).to_numpy(zero_copy_only=False)]
+    whole = np.ones(len(joined), dtype=bool)
+    whole[holding] = False
+    return pa.array(whole)
 
 
 def _line_by_line(kind: str, body: bytes) -> Decoded:

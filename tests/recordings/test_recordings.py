@@ -342,6 +342,11 @@ GOOD_STEP = b'{"rank":0,"step":1,"start_ns":5,"duration_s":0.5,"tokens":8,"loss"
         (b'{"rank":0,"step":1,"start_ns":5,"duration_s":true,"tokens":8,"loss":2.0}\n', "a bool for a number"),
         (b'{"rank":0,"step":1,"start_ns":5,"duration_s":NaN,"tokens":8,"loss":2.0}\n', "not a number"),
         (b'{"rank":0,"step":1,"start_ns":5,"duration_s":0.5,"tokens":8,"loss":Infinity}\n', "infinite"),
+        (
+            b'{"rank":0,"step":1,"start_ns":5,"duration_s":0.5,"tokens":8,"phases":"ff","phase_start_ns":[5,null],'
+            b'"phase_end_ns":[6,7]}\n',
+            "a null among a list's numbers",
+        ),
     ],
 )
 @pytest.mark.parametrize("clean", [1, 20_000], ids=["small block", "big block"])
