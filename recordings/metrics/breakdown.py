@@ -115,30 +115,29 @@ def step_cells(spans: StepSpans, ranks: Sequence[int], waits: Waits) -> StepCell
     wait_cell, pipeline = wait_cell[known], waits.pipeline[known]
     ran_p2p = np.zeros(count, dtype=bool)
     ran_p2p[wait_cell[pipeline]] = True
-    start, end = np.zeros(count, dtype=np.int64), np.zeros(count, dtype=np.int64)
-    pipelined = np.zeros(count, dtype=bool)
-    schedule: list[tuple[int, int, int]] = []
-    letters, phased, counts = [], [], []
-    phase_start: list[int] = []
-    phase_end: list[int] = []
-    for index, (rank, p2p) in enumerate(zip(ranks, ran_p2p.tolist(), strict=True)):
-        windows = spans.windows[rank]
-        start[index], end[index], forward_backward_s = spans.span(rank)
-        pipelined[index] = windows.pipeline_wait_s is not None and (windows.pipeline_wait_s > 0 or p2p)
-        if pipelined[index] and forward_backward_s is not None:
-            schedule.append((index, int(start[index]), int(start[index]) + int(forward_backward_s * 1e9)))
-        if len(windows.phases) == len(windows.start_ns) == len(windows.end_ns):  # else torn: no phases
-            letters.append(windows.phases)
-            phased.append(index)
-            counts.append(len(windows.phases))
-            phase_start.extend(windows.start_ns)
-            phase_end.extend(windows.end_ns)
+    rows = spans.rows(ranks)
+    start = np.asarray(spans.start_ns, dtype=np.int64)[rows]
+    end = np.asarray(spans.end_ns, dtype=np.int64)[rows]
+    forward_backward = np.array([spans.forward_backward_s[row] for row in rows], dtype=np.float64)  # None: NaN
+    windows = [spans.windows[rank] for rank in ranks]
+    wait = np.array([found.pipeline_wait_s for found in windows], dtype=np.float64)
+    pipelined = ~np.isnan(wait) & ((wait > 0) | ran_p2p)
+    scheduled = np.flatnonzero(pipelined & ~np.isnan(forward_backward))
+    planned = np.stack(
+        [scheduled, start[scheduled], start[scheduled] + (forward_backward[scheduled] * 1e9).astype(np.int64)], axis=1
+    )
+    whole = [  # else torn: no phases
+        index for index, found in enumerate(windows) if len(found.phases) == len(found.start_ns) == len(found.end_ns)
+    ]
+    letters = [windows[index].phases for index in whole]
+    phased, counts = np.array(whole, dtype=np.int64), [len(letter) for letter in letters]
+    phase_start = [np.asarray(windows[index].start_ns, dtype=np.int64) for index in whole]  # a fold's: views
+    phase_end = [np.asarray(windows[index].end_ns, dtype=np.int64) for index in whole]
     phase_level = _LEVEL_OF_LETTER[np.frombuffer("".join(letters).encode("ascii", "replace"), dtype=np.uint8)]
-    phase_cell = np.repeat(np.array(phased, dtype=np.int64), counts)
+    phase_cell = np.repeat(phased, counts)
     is_phase = phase_level >= 0
-    planned = np.array(schedule, dtype=np.int64).reshape(-1, 3)
     wait_level = np.where(pipeline & pipelined[wait_cell], P2P, COMM)
-    phase_from, phase_to = np.array(phase_start, dtype=np.int64), np.array(phase_end, dtype=np.int64)
+    phase_from, phase_to = (np.concatenate([np.empty(0, dtype=np.int64), *parts]) for parts in (phase_start, phase_end))
     columns = [
         (wait_cell, waits.start_ns[known], waits.end_ns[known], wait_level),
         tuple(column[is_phase] for column in (phase_cell, phase_from, phase_to, phase_level)),
