@@ -5,6 +5,7 @@ thread."""
 from __future__ import annotations
 
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -88,3 +89,32 @@ def test_an_error_of_the_fold_is_raised_on_the_sessions_thread(tmp_path: Path) -
     folding.put(Arrivals(batches(1)[0]))
     with pytest.raises(ValueError, match="terminal went away"):
         folding.close()
+
+
+def test_batches_that_waited_past_the_lag_are_folded_without_their_bulk_and_small_ones_whole(tmp_path: Path) -> None:
+    """The fold is held 0.3 s on its first batch (the starts) while the other 10 wait, an all-reduce and a step
+    each: past a lag of 0.1 s with more than 5 events waiting, the 10 all-reduces are left out (counted, and
+    recorded all the same) and the steps all folded; with a bound of 50 events, as many wait and all is folded."""
+    for lag_events, left_out in ((5, {"collective": 10}), (50, {})):
+        (tmp_path / str(lag_events)).mkdir()
+        recorder = recorder_in(tmp_path / str(lag_events))
+        held = threading.Event()
+
+        def then(arrivals: Arrivals, folded: Folded, held: threading.Event = held) -> None:
+            if not held.is_set():
+                held.set()
+                time.sleep(0.3)
+
+        folding = FoldThread(recorder, then, lag_s=0.1, lag_events=lag_events)
+        first, *rest = batches(5)
+        folding.put(Arrivals(first))
+        assert held.wait(30)
+        for events in rest:
+            arrivals = Arrivals(events)
+            recorder.write(arrivals)
+            folding.put(arrivals)
+        folding.close()
+        session = recorder.session
+        assert (session.left_out, session.steps_completed) == (left_out, 5)
+        recorder.close(Ending(status="completed", duration_s=1.0))
+        assert len(open_recording(tmp_path / str(lag_events)).arrow("collective")) == 10
