@@ -251,8 +251,10 @@ class StepRows:
         starts, ends = (PhaseTimes(table.column(name)) for name in PHASE_TIMES)
         return cls(table, **columns, phase_start_ns=starts, phase_end_ns=ends, by_step=by_step)
 
-    def timings(self, indexes: list[int]) -> list[StepTiming]:
-        return [StepTiming(**record) for record in self.table.take(indexes).to_pylist()]
+    def reports(self, indexes: list[int]) -> list[Report]:
+        """Rows ``indexes`` as what a step still waiting for ranks keeps of each."""
+        rank, duration, loss, tokens, losses = self.rank, self.duration_s, self.loss, self.tokens, self.losses
+        return [Report(rank[i], duration[i], loss[i], tokens[i], losses[i]) for i in indexes]
 
     def add_spans(self, spans: StepSpans, indexes: list[int]) -> None:
         """The reports of rows ``indexes`` (of one step) into its spans."""
@@ -277,6 +279,21 @@ class StepRows:
         ]
 
 
+class Report(NamedTuple):
+    """What a job step waiting for its other ranks keeps of a rank's report (a whole :class:`StepTiming` of a
+    thousand ranks' steps, its phases and all, was 12 % of the head's fold at 500,000 events a second)."""
+
+    rank: int
+    duration_s: float
+    loss: float | None
+    tokens: int
+    losses: int | None
+
+    @classmethod
+    def of(cls, timing: StepTiming) -> Report:
+        return cls(timing.rank, timing.duration_s, timing.loss, timing.tokens, timing.losses)
+
+
 class StepFolder:
     """Collects :class:`StepTiming` of ``ranks`` ranks; yields each step when the last of them reports it.
 
@@ -285,7 +302,7 @@ class StepFolder:
 
     def __init__(self, ranks: int) -> None:
         self.ranks = ranks
-        self.pending: dict[int, dict[int, StepTiming]] = {}
+        self.pending: dict[int, dict[int, Report]] = {}
         self._starts: list[tuple[int, int]] = []
         """(first step, ranks) of each start, by first step."""
 
@@ -301,7 +318,7 @@ class StepFolder:
     def add(self, timing: StepTiming) -> JobStep | None:
         """Take one rank's timing; the job's step if this was the last rank missing."""
         reports = self.pending.setdefault(timing.step, {})
-        reports[timing.rank] = timing
+        reports[timing.rank] = Report.of(timing)
         if len(reports) < self.expected(timing.step):
             return None
         return self._fold(timing.step)
@@ -356,8 +373,8 @@ class StepFolder:
         for step, indexes in rows.by_step.items():  # still waiting for ranks: kept as the row-by-row path keeps them
             if step not in completed:
                 reports = self.pending.setdefault(step, {})
-                for timing in rows.timings(indexes):
-                    reports[timing.rank] = timing
+                for report in rows.reports(indexes):
+                    reports[report.rank] = report
         return done
 
 
