@@ -307,6 +307,7 @@ def measure(
         for _ in workers:
             start.put((t0, until))
         results = [report.get(timeout=seconds + WARMUP_S + 120) for _ in workers]
+        head_cpu_live = sum(os.times()[:2]) - head_cpu_at_start  # the run's, before its recording is closed
         sent = sum(result[1] for result in results)
         deadline = time.monotonic() + 120  # what the relays sent is on its way: the head takes it all first
         while collector.counts.events < sent and time.monotonic() < deadline:
@@ -346,6 +347,7 @@ def measure(
         "refused_queue_full": collector.counts.queue_full,
         "node_cpu_s": node_cpu,
         "head_cpu_s": head_cpu,
+        "head_cpu_live_s": head_cpu_live,
         "wall_s": WARMUP_S + seconds,
         "take_s": sum(b for b, _, _ in busy),
         "take_max_s": max((b for b, _, _ in busy), default=0.0),
