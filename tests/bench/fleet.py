@@ -125,7 +125,7 @@ def templates(events: list[Event], start_ns: int) -> list[Template]:
 class NodeTemplate:
     """One kind's lines of every rank of a node for one step: the ranks' :class:`Template` joined, filled in one
     formatting (the step number and times as one array: the simulation's cost per event, which shares the
-    machine's cores with the head, is a third of filling each rank's apart)."""
+    machine's cores with the head, is about half of filling each rank's apart: 0.55 against 0.96 us)."""
 
     kind: str
     format: bytes
