@@ -11,9 +11,12 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
+
 INTERRUPTED_IMPORT = textwrap.dedent(
     """
     import signal, sys, threading
+    print(signal.getsignal(signal.SIGINT), sorted(signal.pthread_sigmask(signal.SIG_BLOCK, [])), file=sys.stderr)
     import numpy, pyarrow  # loaded before pandas, as in meshtop
     from meshtop.recordings.lazy_pandas import pandas
 
@@ -38,7 +41,11 @@ INTERRUPTED_IMPORT = textwrap.dedent(
 )
 
 
+@pytest.mark.slow  # in the serial lane: in the fast lane of two fresh clones' CI rehearsals (2026-12-04) it saw
+# "not interrupted" (the interrupt never raised in the waiting main thread), and never in 20 runs since, alone,
+# beside busy loops, or in the fast lane again; the cause is not found, and its stderr now says the SIGINT
+# handler and mask the child started with
 def test_an_interrupt_during_the_first_import_neither_is_lost_nor_breaks_the_next_one() -> None:
     done = subprocess.run([sys.executable, "-c", INTERRUPTED_IMPORT], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
-    assert done.stdout.split("\n")[:2] == ["interrupted", "[0, 1, 0]"]
+    assert done.stdout.split("\n")[:2] == ["interrupted", "[0, 1, 0]"], done.stderr[-2000:]
