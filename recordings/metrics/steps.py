@@ -183,11 +183,6 @@ class StepSpans:
         """Where the reports of ``ranks`` are in the columns."""
         return [self._at[rank] for rank in ranks]
 
-    def span(self, rank: int) -> tuple[int, int, float | None]:
-        """(start, end, forward + backward seconds) of ``rank``'s report."""
-        at = self._at[rank]
-        return self.start_ns[at], self.end_ns[at], self.forward_backward_s[at]
-
     def forward_backward_max_s(self) -> float | None:
         """The pipeline's step: the slowest rank's forward + backward (``None`` where no rank measured one)."""
         return max((seconds for seconds in self.forward_backward_s if seconds is not None), default=None)
@@ -223,10 +218,9 @@ class PhaseTimes:
 
 @dataclass(frozen=True, slots=True)
 class StepRows:
-    """A ``step`` table and the columns the fold reads, as Python lists (one conversion a table, no event
-    object a row), the phase times as arrays."""
+    """The columns of a ``step`` table the fold reads, as Python lists (one conversion a table, no event object
+    a row), the phase times as arrays."""
 
-    table: pa.Table
     rank: list[int]
     step: list[int]
     start_ns: list[int]
@@ -249,7 +243,7 @@ class StepRows:
         for index, step in enumerate(columns["step"]):
             by_step.setdefault(step, []).append(index)
         starts, ends = (PhaseTimes(table.column(name)) for name in PHASE_TIMES)
-        return cls(table, **columns, phase_start_ns=starts, phase_end_ns=ends, by_step=by_step)
+        return cls(**columns, phase_start_ns=starts, phase_end_ns=ends, by_step=by_step)
 
     def reports(self, indexes: list[int]) -> list[Report]:
         """Rows ``indexes`` as what a step still waiting for ranks keeps of each."""
