@@ -310,14 +310,20 @@ class DashboardState:
         self._rank(event.rank)
 
     def _on_gpu(self, event: GpuSample) -> None:
-        view = self.gpus.get((event.node, event.gpu))
+        self._gpu_sampled(
+            event,
+            [] if event.utilization_pct is None else [event.utilization_pct],
+            [] if event.power_w is None else [event.power_w],
+        )
+
+    def _gpu_sampled(self, last: GpuSample, utilization: list[float], power_w: list[float]) -> None:
+        """A GPU's samples: the ``last`` of them, and the readings of each that had them, in order."""
+        view = self.gpus.get((last.node, last.gpu))
         if view is None:
-            view = self.gpus[event.node, event.gpu] = GpuView(gpu=event.gpu, sample=event, node=event.node)
-        view.sample = event
-        if event.utilization_pct is not None:
-            view.utilization.append(event.utilization_pct)
-        if event.power_w is not None:
-            view.power_w.append(event.power_w)
+            view = self.gpus[last.node, last.gpu] = GpuView(gpu=last.gpu, sample=last, node=last.node)
+        view.sample = last
+        view.utilization.extend(utilization)
+        view.power_w.extend(power_w)
 
     def _on_nvml(self, event: NvmlState) -> None:
         self.nvml = event
@@ -346,12 +352,7 @@ class DashboardState:
         samples = events_of("gpu", table.take(list(last.values())))
         for key, sample in zip(last, samples, strict=True):
             assert isinstance(sample, GpuSample)
-            view = self.gpus.get(key)
-            if view is None:
-                view = self.gpus[key] = GpuView(gpu=sample.gpu, sample=sample, node=sample.node)
-            view.sample = sample
-            view.utilization.extend(utilization[key])
-            view.power_w.extend(power[key])
+            self._gpu_sampled(sample, utilization[key], power[key])
 
     def _process_sampled(
         self, rank: int, pid: int, cpu_pct: float | None, rss_bytes: int | None, threads: int | None
