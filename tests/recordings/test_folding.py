@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from meshtop.probes.arrivals import Arrivals
+from meshtop.probes.events import Event
 from meshtop.recordings.folding import FoldThread
 from meshtop.recordings.manifest import Manifest, write_manifest
 from meshtop.recordings.reader import open_recording
@@ -24,6 +25,14 @@ def recorder_in(directory: Path) -> SessionRecorder:
     run = description(dp=2)
     write_manifest(directory, Manifest(run=run))
     return SessionRecorder(SessionFold(run), directory, Manifest(run=run))
+
+
+def hand_over(recorder: SessionRecorder, folding: FoldThread, given: list[list[Event]]) -> None:
+    """Each batch recorded, then handed to the fold, as the session thread does."""
+    for events in given:
+        arrivals = Arrivals(events)
+        recorder.write(arrivals)
+        folding.put(arrivals)
 
 
 def test_every_batch_is_folded_once_in_order_and_passed_on(tmp_path: Path) -> None:
@@ -61,13 +70,9 @@ def test_past_the_backlog_only_the_bulk_kinds_waiting_are_left_out_and_all_is_re
 
     folding = FoldThread(recorder, then, backlog=14)
     first, *rest = batches(5)
-    recorder.write(Arrivals(first))
-    folding.put(Arrivals(first))
+    hand_over(recorder, folding, [first])
     assert holding.wait(30)
-    for events in rest:
-        arrivals = Arrivals(events)
-        recorder.write(arrivals)
-        folding.put(arrivals)
+    hand_over(recorder, folding, rest)
     release.set()
     folding.close()
     session = recorder.session
@@ -107,12 +112,9 @@ def test_batches_that_waited_past_the_lag_are_folded_without_their_bulk_and_smal
 
         folding = FoldThread(recorder, then, lag_s=0.1, lag_events=lag_events)
         first, *rest = batches(5)
-        folding.put(Arrivals(first))
+        hand_over(recorder, folding, [first])
         assert held.wait(30)
-        for events in rest:
-            arrivals = Arrivals(events)
-            recorder.write(arrivals)
-            folding.put(arrivals)
+        hand_over(recorder, folding, rest)
         folding.close()
         session = recorder.session
         assert (session.left_out, session.steps_completed) == (left_out, 5)
