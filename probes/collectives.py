@@ -89,6 +89,7 @@ from meshtop.probes.c10d_ops import (
     nbytes_of,
     storages_of,
 )
+from meshtop.probes.device_clock import cuda_capturing, cuda_event
 from meshtop.probes.events import CollectiveTiming, Event
 from meshtop.probes.groups import GroupDirectory, GroupInfo
 from meshtop.probes.patching import Patches, require
@@ -124,6 +125,36 @@ class _Issued:
     """Where it ends at a wait: its output tensors' storages, by which ``wait_tensor`` finds its work."""
 
 
+class _StreamSpan:
+    """A blocking nccl operation's time on the device where torch returns no work to follow: torch 2.11's
+    python collectives without ``async_op`` (``dist.all_reduce(t)``, ``dist.barrier()``) gave the kernel none
+    on an H200 (2026-12-04), where DDP's and the functional collectives' ops had one. Two CUDA events on the
+    current stream, recorded before the call and after it, bracket the operation: nccl's stream waits for the
+    current one before it starts, and a blocking call leaves the current stream waiting for its end. It reads
+    as a work does (:meth:`CollectiveProbe._watch_device`)."""
+
+    __slots__ = ("closed", "opened")
+
+    def __init__(self, opened: Any, closed: Any) -> None:
+        self.opened, self.closed = opened, closed
+
+    def is_completed(self) -> bool:
+        return bool(self.closed.query())
+
+    def _get_duration(self) -> float:
+        """Milliseconds, as ``Work._get_duration``."""
+        return float(self.opened.elapsed_time(self.closed))
+
+
+def cuda_mark() -> Any:
+    """A timing event recorded on the current CUDA stream now; ``None`` while a CUDA graph is captured."""
+    if cuda_capturing():
+        return None
+    event = cuda_event()
+    event.record()
+    return event
+
+
 class CollectiveProbe:
     """Times every c10d operation of this process and emits :class:`CollectiveTiming`.
 
@@ -142,8 +173,11 @@ class CollectiveProbe:
         on_error: Callable[[str], None] = lambda message: None,
         native: ModuleType | None = None,
         emit_lines: Callable[[str, bytes, int], None] | None = None,
+        device_mark: Callable[[], Any] = cuda_mark,
     ) -> None:
         self.rank = rank
+        self.device_mark = device_mark
+        """Records a timing event on the device's current stream (:func:`cuda_mark`; a scripted one in tests)."""
         self.groups = groups
         self.emit = emit
         self.emit_lines = emit_lines
@@ -314,9 +348,10 @@ class CollectiveProbe:
     def _kernel(self, handle: Any, name: str, shape: OpShape, below: Any) -> Callable[..., Any]:
         def kernel(keyset: Any, *args: Any) -> Any:
             start_ns = time.time_ns()
+            opened = self._mark_now()
             out = handle.redispatch_boxed(keyset & below, *args)
             try:
-                self._issued(name, shape, args, out, start_ns)
+                self._issued(name, shape, args, out, start_ns, opened)
             except Exception as error:  # a probe must never break the job it measures
                 self.on_error(f"collective probe ({shape.op}): {error!r}")
             return out
@@ -379,20 +414,46 @@ class CollectiveProbe:
 
         return monitored_barrier
 
-    def _issued(self, name: str, shape: OpShape, args: tuple[Any, ...], out: Any, start_ns: int) -> None:
+    def _mark_now(self) -> Any:
+        """With device timing, a mark on the current stream before an op, in case torch gives it no work."""
+        if not self.device_timing:
+            return None
+        try:
+            return self.device_mark()
+        except Exception as error:  # a probe must never break the job it measures
+            self.on_error(f"collective probe (device mark): {error!r}")
+            return None
+
+    def _issued(
+        self, name: str, shape: OpShape, args: tuple[Any, ...], out: Any, start_ns: int, opened: Any = None
+    ) -> None:
         work = Work.unbox(out[-1] if isinstance(out, tuple) else out)
-        self._track(name, shape, work, self.groups.lookup(args[shape.group_arg]), args, start_ns)
+        self._track(name, shape, work, self.groups.lookup(args[shape.group_arg]), args, start_ns, opened)
 
     def _track(
-        self, name: str, shape: OpShape, work: Work, group: GroupInfo, args: tuple[Any, ...], start_ns: int
+        self,
+        name: str,
+        shape: OpShape,
+        work: Work | _StreamSpan | None,
+        group: GroupInfo,
+        args: tuple[Any, ...],
+        start_ns: int,
+        opened: Any = None,
     ) -> None:
-        """Note an issued operation and arrange to learn when it completes (and when it is waited for)."""
+        """Note an issued operation and arrange to learn when it completes (and when it is waited for);
+        ``opened``: a device mark recorded before the call (device timing), for an op torch gives no work."""
         buffer = args[shape.buffer_arg] if shape.buffer_arg >= 0 else None
         nbytes = nbytes_of(buffer) * (group.size if shape.times_group else 1)
         tensor = first_tensor(buffer)
         peer = group.global_rank(args[shape.peer_arg]) if shape.peer_arg is not None else None
         dtype = str(tensor.dtype).removeprefix("torch.") if tensor is not None else None
         issued = _Issued(shape, group, peer, nbytes, dtype, self.step(), start_ns)
+        if work is None:  # a blocking op torch gives no work for (_StreamSpan says when)
+            closed = self._mark_now() if opened is not None else None
+            if closed is None:  # no device marks: it ended as the call returned, on the host's clock
+                self._completed(issued)
+                return
+            work = _StreamSpan(opened, closed)
         future = None
         if not self.device_timing and name not in self._without_future:
             try:
