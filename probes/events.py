@@ -203,6 +203,8 @@ class GpuSample(Event):
     sm_clock_mhz: float | None
     temperature_c: float | None
     pcie_tx_bytes_per_s: float | None
+    """PCIe rates over NVML's 20 ms window, read once a second a GPU (:data:`meshtop.probes.nvml.PCIE_PERIOD_S`):
+    the samples between repeat the last reading."""
     pcie_rx_bytes_per_s: float | None
     nvlink_tx_bytes_per_s: float | None
     nvlink_rx_bytes_per_s: float | None

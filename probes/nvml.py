@@ -6,6 +6,7 @@ never an exception; the samplers report it and the screen draws it.
 
 from __future__ import annotations
 
+import math
 import os
 import time
 from collections.abc import Callable
@@ -16,6 +17,12 @@ from meshtop.probes.events import GpuLink, GpuSample, NvmlState
 
 T = TypeVar("T")
 KIB = 1024
+PCIE_PERIOD_S = 1.0
+"""How often a GPU's PCIe rate is read. ``nvmlDeviceGetPcieThroughput`` watches the bus for 20 ms inside the
+call: on an H200 (driver 580.159) each of its two calls, tx and rx, took 21 ms of wall time and 0.85 ms of CPU,
+83 % of the CPU of a whole 10 Hz sample of every other reading (``python -m tests.bench.nvml_calls``, 2026-12-04;
+the sampler then cost 2.5 % of a core). So the rate is read once a second a GPU, for one GPU a sample at most
+(the one read longest ago), and the samples between repeat that GPU's last reading."""
 PATHS = {  # nvmlGpuTopologyLevel_t -> how the two GPUs reach each other over PCIe
     0: "same board",
     10: "PCIe switch",
@@ -57,7 +64,10 @@ class Nvml:
         self.handles: list[Any] = []
         self._nvlink_last: dict[int, tuple[float, int | None, int | None]] = {}
         self._uuids: dict[int, str | None] = {}
+        self._names: dict[int, str | None] = {}
         self._power_limits: dict[int, float | None] = {}
+        self._pcie: dict[int, tuple[float, float | None, float | None]] = {}
+        """GPU -> when its PCIe rate was last read (monotonic), and the tx and rx rates read then."""
         if self.nv is None:
             self.state, self.detail = "no_library", "the nvidia-ml-py package is not installed"
             return
@@ -90,19 +100,35 @@ class Nvml:
             driver_version=_text(self.driver_version),
         )
 
-    def sample(self, gpu: int) -> GpuSample:
+    def samples(self) -> list[GpuSample]:
+        """A sample of every GPU, the PCIe rate read anew for one of them at most (:data:`PCIE_PERIOD_S`)."""
+        due = self._pcie_due()
+        return [self.sample(gpu, read_pcie=gpu == due) for gpu in range(len(self.handles))]
+
+    def _pcie_due(self) -> int | None:
+        """The GPU whose PCIe rate was read longest ago (never: first), if that was a period ago or more."""
+        if not self.handles:
+            return None
+
+        def last_read(gpu: int) -> float:
+            return self._pcie[gpu][0] if gpu in self._pcie else -math.inf
+
+        oldest = min(range(len(self.handles)), key=last_read)
+        return oldest if time.monotonic() - last_read(oldest) >= PCIE_PERIOD_S else None
+
+    def sample(self, gpu: int, *, read_pcie: bool = True) -> GpuSample:
+        """GPU ``gpu``'s readings now; its PCIe rate read anew with ``read_pcie``, else its last reading."""
         nv, handle = self.nv, self.handles[gpu]
         assert nv is not None
         memory = self.call(nv.nvmlDeviceGetMemoryInfo, handle)
         rates = self.call(nv.nvmlDeviceGetUtilizationRates, handle)
         power_mw = self.call(nv.nvmlDeviceGetPowerUsage, handle)
-        tx = self.call(nv.nvmlDeviceGetPcieThroughput, handle, nv.NVML_PCIE_UTIL_TX_BYTES)
-        rx = self.call(nv.nvmlDeviceGetPcieThroughput, handle, nv.NVML_PCIE_UTIL_RX_BYTES)
+        tx, rx = self._pcie_rates(gpu) if read_pcie else self._pcie.get(gpu, (0.0, None, None))[1:]
         nvlink_tx, nvlink_rx = self._nvlink_rates(gpu)
         return GpuSample(
             gpu=gpu,
             wall_ns=time.time_ns(),
-            name=_text(self.call(nv.nvmlDeviceGetName, handle)),
+            name=self._name(gpu),
             memory_used_bytes=memory.used if memory is not None else None,
             memory_total_bytes=memory.total if memory is not None else None,
             utilization_pct=float(rates.gpu) if rates is not None else None,
@@ -110,8 +136,8 @@ class Nvml:
             power_w=power_mw / 1000 if power_mw is not None else None,
             sm_clock_mhz=_float(self.call(nv.nvmlDeviceGetClockInfo, handle, nv.NVML_CLOCK_SM)),
             temperature_c=_float(self.call(nv.nvmlDeviceGetTemperature, handle, nv.NVML_TEMPERATURE_GPU)),
-            pcie_tx_bytes_per_s=tx * KIB if tx is not None else None,
-            pcie_rx_bytes_per_s=rx * KIB if rx is not None else None,
+            pcie_tx_bytes_per_s=tx,
+            pcie_rx_bytes_per_s=rx,
             nvlink_tx_bytes_per_s=nvlink_tx,
             nvlink_rx_bytes_per_s=nvlink_rx,
             uuid=self._uuid(gpu),
@@ -125,6 +151,23 @@ class Nvml:
             limit_mw = self.call(self.nv.nvmlDeviceGetPowerManagementDefaultLimit, self.handles[gpu])
             self._power_limits[gpu] = limit_mw / 1000 if isinstance(limit_mw, int | float) else None
         return self._power_limits[gpu]
+
+    def _pcie_rates(self, gpu: int) -> tuple[float | None, float | None]:
+        """GPU ``gpu``'s PCIe tx and rx in bytes/s over NVML's 20 ms window, read now and kept."""
+        nv, handle = self.nv, self.handles[gpu]
+        assert nv is not None
+        tx = self.call(nv.nvmlDeviceGetPcieThroughput, handle, nv.NVML_PCIE_UTIL_TX_BYTES)
+        rx = self.call(nv.nvmlDeviceGetPcieThroughput, handle, nv.NVML_PCIE_UTIL_RX_BYTES)
+        rates = (tx * KIB if tx is not None else None, rx * KIB if rx is not None else None)
+        self._pcie[gpu] = (time.monotonic(), *rates)
+        return rates
+
+    def _name(self, gpu: int) -> str | None:
+        """The GPU's product name, read once."""
+        if gpu not in self._names:
+            assert self.nv is not None
+            self._names[gpu] = _text(self.call(self.nv.nvmlDeviceGetName, self.handles[gpu]))
+        return self._names[gpu]
 
     def _uuid(self, gpu: int) -> str | None:
         """The GPU's UUID, read once (it never changes)."""

@@ -79,7 +79,7 @@ class GpuSampler(Sampler):
             events.append(self.nvml.state_event())
             events.extend(self.nvml.topology())
         if self.nvml.state == "ok":
-            events.extend(self.nvml.sample(gpu) for gpu in range(len(self.nvml.handles)))
+            events.extend(self.nvml.samples())
         return events
 
     def stop(self) -> None:
