@@ -80,8 +80,9 @@ def _get_json(url: str, *, body: dict[str, object] | None = None) -> tuple[int, 
 
 
 def served_models(origin: Origin) -> tuple[str, ...]:
-    """The ids ``/v1/models`` lists; one line when the server cannot be reached or does not answer as an
-    OpenAI-compatible server does."""
+    """The ids ``/v1/models`` lists, maybe none (``transformers serve`` 5.17 lists only its hub cache's, not
+    the model it was started with); one line when the server cannot be reached, fails, or does not answer
+    as an OpenAI-compatible server does."""
     url = origin.url("/models")
     try:
         status, parsed, raw = _get_json(url)
@@ -91,16 +92,20 @@ def served_models(origin: Origin) -> tuple[str, ...]:
         raise PlanError(f"--endpoint {origin.base}: cannot reach the server ({why}): is it running?") from None
     except (OSError, ValueError) as error:  # a timeout, a reset, a malformed response
         raise PlanError(f"--endpoint {origin.base}: no answer from {url} ({error})") from None
+    if status >= 500:
+        raise PlanError(
+            f"--endpoint {origin.base}: the server failed to answer GET {url}: HTTP {status} "
+            f"({error_message(raw)}): its own log says why"
+        )
     if status != 200:
         raise PlanError(
             f"--endpoint {origin.base}: GET {url} answered HTTP {status} ({error_message(raw)}): "
             "not an OpenAI-compatible server?"
         )
     data = parsed.get("data") if isinstance(parsed, dict) else None
-    ids = tuple(str(model["id"]) for model in data or () if isinstance(model, dict) and "id" in model)
-    if not isinstance(data, list) or not ids:
-        raise PlanError(f"--endpoint {origin.base}: GET {url} lists no models: not an OpenAI-compatible server?")
-    return ids
+    if not isinstance(data, list):
+        raise PlanError(f"--endpoint {origin.base}: GET {url} gave no list of models: not an OpenAI-compatible server?")
+    return tuple(str(model["id"]) for model in data if isinstance(model, dict) and "id" in model)
 
 
 def probe_request(origin: Origin, api: str, model: str, load: EndpointLoad) -> None:
@@ -177,7 +182,11 @@ def check_server(run: EndpointRun) -> EndpointRun:
     the load's shape accepted; one line (:class:`PlanError`) when it cannot be."""
     origin, model = run.origin, run.model or None
     models = served_models(origin)
-    if model is None:
+    if not models and model is None:
+        raise PlanError(f"--endpoint {origin.base}: the server lists no models: name the one to load with --model")
+    if not models:
+        pass  # the server lists none but may serve --model's: the probe request below says whether it does
+    elif model is None:
         if len(models) > 1:
             raise PlanError(
                 f"--endpoint {origin.base} serves {len(models)} models: pick one with --model ({', '.join(models)})"

@@ -28,6 +28,10 @@ class StubServer:
     """Close the connection after this many chunks of each stream (a crash mid-answer)."""
     metrics: Callable[[], bytes] | None = None
     """What ``GET /metrics`` answers (404 without)."""
+    models: tuple[str, ...] = (MODEL,)
+    """What ``GET /v1/models`` lists (any model is served)."""
+    models_status: int = 200
+    """``GET /v1/models``'s status (a plain-text error body when not 200)."""
     port: int = 0
     connections: int = 0
     requests: int = 0
@@ -50,9 +54,12 @@ class StubServer:
                 if method == "GET":
                     if path == "/metrics":
                         status, payload = (200, self.metrics()) if self.metrics is not None else (404, b"not found")
+                    elif self.models_status != 200:
+                        status, payload = self.models_status, b"Internal Server Error"
                     else:
                         status = 200
-                        payload = json.dumps({"object": "list", "data": [{"id": MODEL, "object": "model"}]}).encode()
+                        data = [{"id": model, "object": "model"} for model in self.models]
+                        payload = json.dumps({"object": "list", "data": data}).encode()
                     writer.write(
                         f"HTTP/1.1 {status} X\r\nContent-Type: text/plain\r\n".encode()
                         + f"Content-Length: {len(payload)}\r\n\r\n".encode()

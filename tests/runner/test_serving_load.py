@@ -17,6 +17,7 @@ from meshtop.recordings.manifest import Load
 from meshtop.recordings.metrics.requests import RequestFold
 from meshtop.runner.errors import PlanError
 from meshtop.runner.serving.client import ClientSpec, LoadGenerator, chunk_text, request_body
+from meshtop.runner.serving.endpoint import served_models
 from meshtop.runner.serving.http import Origin, Pool, RequestFailed, error_message
 from meshtop.runner.serving.load import (
     DURATION_REQUESTS,
@@ -132,6 +133,24 @@ def test_slo_and_urls_and_server_messages() -> None:
     assert error_message(b'{"detail": [{"msg": "bad"}]}') == '[{"msg": "bad"}]'
     assert error_message(b"Internal Server Error\nmore") == "Internal Server Error"
     assert error_message(b"x" * 500).endswith("...")
+
+
+def test_a_server_that_lists_no_models_is_loaded_with_the_one_named_and_a_failing_one_is_said(tmp_path: Path) -> None:
+    """``transformers serve`` 5.17 lists only its hub cache's models, not the local one it serves, and answers
+    ``/v1/models`` with HTTP 500 where that cache's folder is missing (both seen on the GPU machine)."""
+    load = ["--requests", "2", "--concurrency", "1", "--output-len", "2"]
+    with stub_server(models=(), chunks=2) as server:
+        unnamed = run_meshtop("record", tmp_path / "unnamed", "--endpoint", server.url, *load)
+        named = run_meshtop("record", tmp_path / "named", "--endpoint", server.url, "--model", "/models/llama", *load)
+        models = {body["model"] for body in server.bodies}
+    assert unnamed.returncode == 2 and not (tmp_path / "unnamed").exists()
+    assert unnamed.stderr.strip().splitlines() == [
+        f"meshtop: error: --endpoint {server.url}: the server lists no models: name the one to load with --model"
+    ]
+    assert named.returncode == 0, named.stdout + named.stderr
+    assert models == {"/models/llama"} and summary_json(tmp_path / "named")["requests"]["completed"] == 2
+    with stub_server(models_status=500) as server, pytest.raises(PlanError, match="the server failed to answer"):
+        served_models(Origin.parse(server.url))
 
 
 def test_chunks_with_text_count_and_role_or_usage_chunks_do_not() -> None:
