@@ -71,12 +71,14 @@ def compute_seconds(run: ResolvedRun, flops_per_s: float) -> float:
     checkpointing computes again (the hardware's FLOPs, not MFU's: full repeats the forward but each block's
     last matmul, ``2 N - 2 h f L`` a token, since torch stops a recomputation once every saved tensor is back;
     selective the feed-forward's w1 and w3, ``4 h f L``), shared by every rank."""
-    from meshtop.recordings.metrics.mfu import flops_per_token
+    from meshtop.recordings.metrics.mfu import flops_per_token, looked_up_parameters
 
     shape = run.shape
+    looked_up = looked_up_parameters(vocab_size=shape.vocab_size, dim=shape.dim, tie_embeddings=shape.tie_embeddings)
     per_token = flops_per_token(
-        parameters=shape.parameter_count(), n_layers=shape.n_layers, dim=shape.dim, seq_len=run.seq_len
-    )
+        parameters=shape.parameter_count(), n_layers=shape.n_layers, dim=shape.dim, seq_len=run.seq_len,
+        looked_up=looked_up,
+    )  # fmt: skip
     mlp = 2 * shape.dim * shape.ffn_dim * shape.n_layers  # one of the feed-forward's three matmuls
     if run.checkpoint == "full":
         per_token += per_token / 3 - mlp

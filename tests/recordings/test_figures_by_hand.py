@@ -316,10 +316,12 @@ def test_exposed_time_is_the_waits_or_else_the_time_in_flight_of_the_rank_that_h
 
 
 def test_mfu_is_the_median_tokens_per_second_times_the_flops_per_token_over_the_gpus_peak() -> None:
-    """4 ranks of the tiny shape counted at 1B parameters, seq_len 64: 6 x 1e9 + 12 x 4 x 64 x 64
-    = 6,000,196,608 FLOPs a token. Steps of 4096 tokens whose slowest rank takes 0.1, 0.2, 0.4 s: 40,960,
-    20,480, 10,240 tokens/s, p50 20,480. Three H100 SXM (989 TFLOP/s) and one PCIe card (756): the slowest
-    peak, 756e12 a GPU. MFU = 20,480 x 6,000,196,608 / (756e12 x 4) = 122,884,026,531,840 / 3.024e15."""
+    """4 ranks of the tiny shape counted at 1B parameters, seq_len 64, its token embedding (256 x 64 = 16,384,
+    untied) only looked up: 6 x (1e9 - 16,384) + 12 x 4 x 64 x 64 = 6,000,098,304 FLOPs a token. Steps of 4096
+    tokens whose slowest rank takes 0.1, 0.2, 0.4 s: 40,960, 20,480, 10,240 tokens/s, p50 20,480. Three H100
+    SXM (989 TFLOP/s) and one PCIe card (756): the slowest peak, 756e12 a GPU. MFU = 20,480 x 6,000,098,304 /
+    (756e12 x 4) = 122,882,013,265,920 / 3.024e15. Tied, the one matrix is the output projection's matmul and
+    counts: 6,000,196,608."""
     run = with_model(description(dp=4, device="cuda", dtype="bf16"), parameters=1_000_000_000)
     assert run.seq_len == 64 and run.model is not None and (run.model.n_layers, run.model.dim) == (4, 64)
     events: list[Event] = [
@@ -330,8 +332,10 @@ def test_mfu_is_the_median_tokens_per_second_times_the_flops_per_token_over_the_
     figures = folded(run, events).figures()
     assert figures.steps.tokens_per_s == pytest.approx(20_480)
     found = figures.mfu
-    assert (found.flops_per_token, found.peak_flops_per_s, found.gpus) == (6_000_196_608, 756e12, 4)
-    assert found.value == pytest.approx(0.04063625216) and found.why_not is None
+    assert (found.flops_per_token, found.peak_flops_per_s, found.gpus) == (6_000_098_304, 756e12, 4)
+    assert found.value == pytest.approx(0.0406355864) and found.why_not is None
+    tied = folded(with_model(run, tie_embeddings=True), events).figures().mfu
+    assert tied.flops_per_token == 6_000_196_608
 
 
 def test_a_scripts_mfu_counts_6n_flops_a_token_of_the_parameters_its_optimizers_train() -> None:
