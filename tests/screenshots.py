@@ -1,14 +1,15 @@
 """Write the README's screenshots (SVG) of the dashboard replaying the shipped sample.
 
-    python -m tests.screenshots [OUT_DIR]      # default docs/screens
+    python -m tests.screenshots [OUT_DIR] [OTHER]      # default docs/screens; OTHER: compare's second run
+    python -m tests.screenshots OUT_DIR --recording REC --views devices --step 18 --prefix gpu-
 
-The replay clock is frozen at the end of step 31, as in the snapshot tests.
+The replay clock is frozen at the end of step 31 (``--step``: another), as in the snapshot tests.
 """
 
 from __future__ import annotations
 
+import argparse
 import asyncio
-import sys
 from pathlib import Path
 
 from meshtop.recordings.compare import compare
@@ -24,17 +25,19 @@ VIEWS = {"overview": "1", "devices": "2", "comms": "3", "pipeline": "4", "steps"
 SIZE = (110, 30)
 
 
-async def dashboard(out: Path) -> None:
-    source = ReplaySource(open_recording(SAMPLE), clock=lambda: 0.0)
-    source.playback.seek_step(30)
+async def dashboard(
+    out: Path, recording: Path = SAMPLE, views: tuple[str, ...] = tuple(VIEWS), step: int = 30, prefix: str = ""
+) -> None:
+    source = ReplaySource(open_recording(recording), clock=lambda: 0.0)
+    source.playback.seek_step(step)
     source.playback.paused = True
     app = MeshtopApp(source)
     async with app.run_test(size=SIZE) as pilot:
-        for name, key in VIEWS.items():
-            await pilot.press(key)
+        for name in views:
+            await pilot.press(VIEWS[name])
             await pilot.pause()
             await pilot.pause()
-            app.save_screenshot(f"{name}.svg", path=str(out))
+            app.save_screenshot(f"{prefix}{name}.svg", path=str(out))
 
 
 async def comparison(out: Path, other: Path | None) -> None:
@@ -48,14 +51,26 @@ async def comparison(out: Path, other: Path | None) -> None:
 
 
 def main() -> None:
-    out = Path(sys.argv[1]) if len(sys.argv) > 1 else ROOT / "docs" / "screens"
-    other = Path(sys.argv[2]) if len(sys.argv) > 2 else None
+    parser = argparse.ArgumentParser(description="the README's screenshots (SVG) of the dashboard")
+    parser.add_argument("out", type=Path, nargs="?", default=ROOT / "docs" / "screens")
+    parser.add_argument("other", type=Path, nargs="?", help="compare's second run (default: the sample again)")
+    parser.add_argument("--recording", type=Path, help="replay this recording instead of the sample (no compare)")
+    parser.add_argument("--views", default=",".join(VIEWS), help=f"comma-separated, of {', '.join(VIEWS)}")
+    parser.add_argument("--step", type=int, default=30, help="the replay frozen at this step's end")
+    parser.add_argument("--prefix", default="", help="put before each file's name")
+    args = parser.parse_args()
+    views = tuple(args.views.split(","))
+    if unknown := set(views) - set(VIEWS):
+        parser.error(f"unknown views {sorted(unknown)}: choose from {', '.join(VIEWS)}")
+    out = args.out.resolve()
     out.mkdir(parents=True, exist_ok=True)
+    recording = args.recording.resolve() if args.recording else SAMPLE
     import os
 
     os.chdir(ROOT)
-    asyncio.run(dashboard(out.resolve()))
-    asyncio.run(comparison(out.resolve(), other))
+    asyncio.run(dashboard(out, recording, views, args.step, args.prefix))
+    if args.recording is None:
+        asyncio.run(comparison(out, args.other))
     print(f"screenshots in {out}")
 
 

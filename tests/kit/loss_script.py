@@ -6,7 +6,10 @@ Each rank writes ``DIR/rank{R}.jsonl``: one line a step, ``{"step": s, "loss": m
 the ``.item()`` of every loss it differentiated in the step (``--accum K``: K micro steps a step, each loss
 divided by K as gradient accumulation does, then backpropagated), or, pipelined (``--parallel pp``, the 1F1B
 schedule over 4 microbatches), the mean of the schedule's losses on the last stage; the other stages write none.
-``--device cuda``: nccl and a GPU a rank (DDP and FSDP2). It imports nothing of meshtop's.
+``--device cuda``: nccl and a GPU a rank (DDP and FSDP2). ``--syncs FILE``: the steps after the first run under
+torch's profiler, and FILE gets rank 0's count of each call that makes the host wait for the device
+(:data:`WAITS`), so a run under meshtop and one without it can be compared (test_gpu.py). It imports nothing of
+meshtop's.
 """
 
 import argparse
@@ -19,6 +22,9 @@ import torch.distributed as dist
 from torch import nn
 
 DIM = 32
+WAITS = ("cudaDeviceSynchronize", "cudaStreamSynchronize", "cudaEventSynchronize", "cudaStreamWaitEvent", "cudaMemcpy")
+"""CUDA runtime calls that block the host until the device has done work (``cudaMemcpy`` is the blocking copy;
+``cudaMemcpyAsync`` is not counted), and the wait of one stream on another's event."""
 
 
 def main() -> None:
@@ -28,6 +34,7 @@ def main() -> None:
     parser.add_argument("--accum", type=int, default=1)
     parser.add_argument("--steps", type=int, default=4)
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="cuda: nccl, a GPU a rank (ddp)")
+    parser.add_argument("--syncs", type=Path, help="profile the steps after the first; write rank 0's waits here")
     args = parser.parse_args()
     cuda = args.device == "cuda"
     dist.init_process_group("nccl" if cuda else "gloo")
@@ -47,7 +54,10 @@ def main() -> None:
 
             fully_shard(model)
         optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
+        profiler = None
         for step in range(args.steps):
+            if step == 1 and args.syncs is not None:
+                profiler = profile_waits()
             values = []
             for _ in range(args.accum):
                 x = torch.randn(8, DIM, generator=data).to(device)
@@ -57,10 +67,32 @@ def main() -> None:
             optimizer.step()
             optimizer.zero_grad()
             lines.append({"step": step, "loss": sum(values) / len(values), "count": len(values)})
+        if profiler is not None:
+            profiler.stop()
+            if rank == 0:
+                write_waits(profiler, args.syncs)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / f"rank{rank}.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
     dist.barrier()
     dist.destroy_process_group()
+
+
+def profile_waits() -> torch.profiler.profile:
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU, *([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])]
+    profiler = profile(activities=activities)
+    profiler.start()
+    return profiler
+
+
+def write_waits(profiler: torch.profiler.profile, path: Path) -> None:
+    counts = dict.fromkeys(WAITS, 0)
+    for event in profiler.events():
+        if event.name in counts:
+            counts[event.name] += 1
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(counts))
 
 
 def pipelined(args: argparse.Namespace, rank: int, world: int) -> list[dict[str, float]]:

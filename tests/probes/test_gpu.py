@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pyarrow.parquet as pq
@@ -113,7 +115,10 @@ def test_nccl_timing_on_one_gpu_reads_cuda_events_without_blocking_the_host(
     store = dist.FileStore(str(tmp_path / "store"), 1)
     dist.init_process_group("nccl", store=store, rank=0, world_size=1, device_id=torch.device("cuda", 0))
     events: list[Event] = []
-    probe = CollectiveProbe(rank=0, groups=GroupDirectory(), emit=events.append, step=lambda: 1, device_timing=True)
+    errors: list[str] = []
+    probe = CollectiveProbe(
+        rank=0, groups=GroupDirectory(), emit=events.append, step=lambda: 1, device_timing=True, on_error=errors.append
+    )
     probe.install()
     try:
         buffer = torch.ones(64 << 20, device="cuda")
@@ -135,9 +140,66 @@ def test_nccl_timing_on_one_gpu_reads_cuda_events_without_blocking_the_host(
         probe.uninstall()
         dist.destroy_process_group()
     timed = [e for e in events if isinstance(e, CollectiveTiming) and e.op == "all_reduce"]
+    assert errors == []
     assert len(timed) == 1 and timed[0].clock == "cuda_events"
     assert returned < 0.05  # the host did not wait for the queued matmuls
     assert 0 <= timed[0].duration_s < 0.05  # the all-reduce alone, not the matmuls queued before it
+
+
+@pytest.mark.skipif(GPUS < 1, reason="needs a CUDA GPU")
+def test_every_nccl_op_kind_on_one_gpu_is_timed_with_cuda_events(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each collective one nccl rank can run (c10d's and the functional ones that sequence and tensor parallel
+    use), timed by CUDA events; the barrier too, whatever work it returns."""
+    import time
+
+    import torch.distributed as dist
+    import torch.distributed._functional_collectives as funcol
+
+    from meshtop.probes.collectives import CollectiveProbe, GroupDirectory
+    from meshtop.probes.events import CollectiveTiming
+    from meshtop.probes.wire import NCCL_TIMING_ENV
+
+    monkeypatch.setenv(NCCL_TIMING_ENV, "1")
+    store = dist.FileStore(str(tmp_path / "store"), 1)
+    dist.init_process_group("nccl", store=store, rank=0, world_size=1, device_id=torch.device("cuda", 0))
+    events: list[Event] = []
+    errors: list[str] = []
+    probe = CollectiveProbe(
+        rank=0, groups=GroupDirectory(), emit=events.append, step=lambda: 1, device_timing=True, on_error=errors.append
+    )
+    probe.install()
+    try:
+        x = torch.ones(1 << 20, device="cuda")
+        dist.all_reduce(x)
+        dist.broadcast(x, src=0)
+        dist.reduce(x, dst=0)
+        dist.all_gather_into_tensor(torch.empty_like(x), x)
+        dist.reduce_scatter_tensor(torch.empty_like(x), x)
+        dist.all_to_all_single(torch.empty_like(x), x)
+        dist.all_gather([torch.empty_like(x)], x)
+        funcol.wait_tensor(funcol.all_reduce(x, "sum", dist.group.WORLD))
+        funcol.wait_tensor(funcol.reduce_scatter_tensor(x, "sum", 0, dist.group.WORLD))
+        funcol.wait_tensor(funcol.all_gather_tensor(x, 0, dist.group.WORLD))
+        dist.barrier()
+        torch.cuda.synchronize()
+        deadline = time.monotonic() + 5
+        while len(events) < 11 and time.monotonic() < deadline:
+            time.sleep(0.01)
+    finally:
+        probe.uninstall()
+        dist.destroy_process_group()
+    timed = [e for e in events if isinstance(e, CollectiveTiming)]
+    clocks = sorted({(e.op, e.clock) for e in timed})
+    print(clocks)
+    assert errors == []
+    ops = [e.op for e in timed]
+    for op in ("all_reduce", "broadcast", "reduce", "all_gather", "reduce_scatter", "all_to_all"):
+        assert op in ops, clocks
+    assert ops.count("all_reduce") == 2 and ops.count("reduce_scatter") == 2, clocks  # c10d's and the functional
+    assert all(e.clock == "cuda_events" for e in timed if e.op != "barrier"), clocks
+    assert "barrier" in ops, clocks
 
 
 @pytest.mark.skipif(GPUS < 1, reason="needs a CUDA GPU")
@@ -159,6 +221,28 @@ def test_a_scripts_loss_on_the_gpu_is_read_from_pinned_memory_as_the_script_comp
         assert rows[line["step"]]["losses"] == 2
     breakdown = summary_json(out)["breakdown"]
     assert sum(row["share"] for row in breakdown["per_rank"]["0"].values()) == pytest.approx(1.0, abs=0.01)
+
+
+@pytest.mark.skipif(GPUS < 1, reason="needs a CUDA GPU")
+def test_meshtop_makes_the_host_wait_for_the_device_no_more_often_than_the_script_does(tmp_path: Path) -> None:
+    """The check with torch's profiler: the same DDP script on one GPU (2 micro steps a step; under meshtop its
+    loss read each step, the breakdown's device marks, its all-reduces timed by CUDA events) makes as many
+    blocking CUDA calls (``loss_script.WAITS``) under ``meshtop record`` as under plain torchrun."""
+    root = Path(__file__).resolve().parents[2]
+    script = ["tests/kit/loss_script.py", "--parallel", "ddp", "--accum", "2", "--device", "cuda", "--steps", "6"]
+    torchrun = ["-m", "torch.distributed.run", "--standalone", "--nproc-per-node=1"]
+    plain = subprocess.run(
+        [sys.executable, *torchrun, *script, "--out", str(tmp_path / "plain"), "--syncs", str(tmp_path / "plain.json")],
+        cwd=root, capture_output=True, text=True, timeout=180,
+    )  # fmt: skip
+    assert plain.returncode == 0, plain.stdout + plain.stderr
+    hooked = ["--out", str(tmp_path / "hooked"), "--syncs", str(tmp_path / "hooked.json")]
+    done = run_meshtop("record", str(tmp_path / "rec"), "--", "torchrun", *torchrun[2:], *script, *hooked, cwd=root)
+    assert done.returncode == 0, done.stdout + done.stderr
+    without = json.loads((tmp_path / "plain.json").read_text())
+    under = json.loads((tmp_path / "hooked.json").read_text())
+    assert under == without
+    assert without["cudaStreamSynchronize"] + without["cudaMemcpy"] >= 10  # the script's own .item()s: seen
 
 
 @pytest.mark.skipif(GPUS < 1, reason="needs a CUDA GPU")
