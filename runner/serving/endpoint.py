@@ -182,10 +182,9 @@ def check_server(run: EndpointRun) -> EndpointRun:
     the load's shape accepted; one line (:class:`PlanError`) when it cannot be."""
     origin, model = run.origin, run.model or None
     models = served_models(origin)
-    if not models and model is None:
-        raise PlanError(f"--endpoint {origin.base}: the server lists no models: name the one to load with --model")
-    if not models:
-        pass  # the server lists none but may serve --model's: the probe request below says whether it does
+    if not models:  # it may still serve --model's: the probe request below says whether it does
+        if model is None:
+            raise PlanError(f"--endpoint {origin.base}: the server lists no models: name the one to load with --model")
     elif model is None:
         if len(models) > 1:
             raise PlanError(
