@@ -9,12 +9,13 @@
 #
 # The GPU machine has torch, transformers, pandas, pyarrow, psutil, nvidia-ml-py and pytest, not textual,
 # py-spy or transformers serve's web stack: their wheels travel in .whl/ (git-ignored; fetched here with
-# tests/bench/device_wheels.sh) and go to /tmp/site there. Writes machine.txt, checks.log (every part's output),
-# dmon.log (nvidia-smi dmon), gpu-mfu.json, gpu-suite.json and recordings.tgz (every recording but the served model) under $OUT.
+# tests/bench/device_wheels.sh) and go to /tmp/site there. Writes under $OUT: machine.txt, checks.log (every
+# part's output), dmon.log (nvidia-smi dmon), gpu-mfu.json, gpu-suite.json and recordings.tgz (every recording
+# but the served model). On one H200 (2026-12-04) every part took 326 s together.
 #
-# PARTS=example,tests,record,mfu,serving,suite,nvml (all by default) runs only those; TESTS=EXPR narrows the
-# GPU tests (pytest -k). CHECK_DEVICE=cpu rehearses the call on a CPU machine: the same parts on small shapes, the GPU-only ones
-# skipped (pytest skips the GPU tests; the suite refuses --device cuda).
+# PARTS=example,tests,record,mfu,serving,suite,nvml (all by default) runs only those; TESTS=EXPR narrows the GPU
+# tests (pytest -k). CHECK_DEVICE=cpu rehearses the call on a CPU machine: the same parts on small shapes (the
+# GPU tests skip, the mfu part is refused, the suite part runs the CPU rows of those names, nvml finds none).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-/tmp/meshtop-device}
