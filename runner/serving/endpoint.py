@@ -63,12 +63,14 @@ class EndpointRun:
         return "".join(c if c.isalnum() or c in "-_." else "-" for c in stem)[:40]
 
 
-def _get_json(url: str, *, body: dict[str, object] | None = None) -> tuple[int, object, bytes]:
+def _get_json(
+    url: str, *, body: dict[str, object] | None = None, timeout_s: float = PROBE_TIMEOUT_S
+) -> tuple[int, object, bytes]:
     """GET (or POST ``body``) ``url``: the status, the parsed JSON (``None`` when it is not) and the raw body."""
     data = json.dumps(body).encode() if body is not None else None
     request = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"} if data else {})
     try:
-        with urllib.request.urlopen(request, timeout=PROBE_TIMEOUT_S) as response:
+        with urllib.request.urlopen(request, timeout=timeout_s) as response:
             status, raw = response.status, response.read(MAX_PROBE_BYTES)
     except urllib.error.HTTPError as error:
         status, raw = error.code, error.read(MAX_PROBE_BYTES)
@@ -108,7 +110,7 @@ def served_models(origin: Origin) -> tuple[str, ...]:
     return tuple(str(model["id"]) for model in data if isinstance(model, dict) and "id" in model)
 
 
-def probe_request(origin: Origin, api: str, model: str, load: EndpointLoad) -> None:
+def probe_request(origin: Origin, api: str, model: str, load: EndpointLoad, timeout_s: float = PROBE_TIMEOUT_S) -> None:
     """One request of the load's shape (1 token), so a body the server refuses is one line before the load."""
     from meshtop.runner.serving.client import ClientSpec, request_body
 
@@ -124,7 +126,7 @@ def probe_request(origin: Origin, api: str, model: str, load: EndpointLoad) -> N
     )
     path, body = request_body(spec, LoadRequest(id=-1, prompt=Prompt(text="hello"), max_tokens=1, offset_s=None))
     try:
-        status, _, raw = _get_json(origin.url(path), body=body)
+        status, _, raw = _get_json(origin.url(path), body=body, timeout_s=timeout_s)
     except (OSError, ValueError) as error:
         raise PlanError(f"--endpoint {origin.base}: POST {origin.url(path)} failed ({error})") from None
     if status != 200:
@@ -177,9 +179,9 @@ def plan_endpoint(
     )
 
 
-def check_server(run: EndpointRun) -> EndpointRun:
+def check_server(run: EndpointRun, probe_timeout_s: float = PROBE_TIMEOUT_S) -> EndpointRun:
     """``run`` with the server asked what it serves (its model, when ``--model`` gave none) and one request of
-    the load's shape accepted; one line (:class:`PlanError`) when it cannot be."""
+    the load's shape accepted, within ``probe_timeout_s``; one line (:class:`PlanError`) when it cannot be."""
     origin, model = run.origin, run.model or None
     models = served_models(origin)
     if not models:  # it may still serve --model's: the probe request below says whether it does
@@ -193,7 +195,7 @@ def check_server(run: EndpointRun) -> EndpointRun:
         model = models[0]
     elif model not in models:
         raise PlanError(f"--model {model!r}: {origin.base} serves {', '.join(models)}")
-    probe_request(origin, run.api, model, run.load)
+    probe_request(origin, run.api, model, run.load, probe_timeout_s)
     return replace(run, model=model, models=models)
 
 

@@ -30,7 +30,7 @@ from meshtop.runner.job.control import JobControl
 from meshtop.runner.job.launch import NodeProbes
 from meshtop.runner.job.results import JobResult, RankExit, lifecycle_events
 from meshtop.runner.serving.client import CLIENT_RANK, INTERRUPTED, ClientSpec
-from meshtop.runner.serving.endpoint import EndpointRun, check_server
+from meshtop.runner.serving.endpoint import PROBE_TIMEOUT_S, EndpointRun, check_server
 from meshtop.runner.serving.scrape import Scraper
 from meshtop.runner.serving.server import SERVER_LOG, ServerFailed, ServerProcess, ServerReport, StartupStopped
 
@@ -91,7 +91,10 @@ def run_endpoint(
         said("starting", shlex.join(run.server.command))
         server.wait_ready(run.origin, progress=lambda elapsed, line: said("starting", line), stop=control.stop)
         ready = True
-        run = check_server(run)
+        # A server may do its first work at its first request (transformers serve starts its continuous-batching
+        # loop then: past 30 s on a loaded 2-core machine): the probe request has what --startup-timeout leaves.
+        left_s = run.server.startup_timeout_s - (time.monotonic() - started)
+        run = check_server(run, probe_timeout_s=max(PROBE_TIMEOUT_S, left_s))
         said("ready", None)
         return _send_load(run, session_dir, requests_path, on_events, node_probes, control, started, server)
     except StartupStopped:  # q, ctrl+c in the dashboard or SIGTERM while it loaded: nothing was sent

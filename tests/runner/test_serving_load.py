@@ -16,6 +16,7 @@ from meshtop.probes.sink import EventSink
 from meshtop.recordings.manifest import Load
 from meshtop.recordings.metrics.requests import RequestFold
 from meshtop.runner.errors import PlanError
+from meshtop.runner.serving import endpoint
 from meshtop.runner.serving.client import ClientSpec, LoadGenerator, chunk_text, request_body
 from meshtop.runner.serving.endpoint import served_models
 from meshtop.runner.serving.http import Origin, Pool, RequestFailed, error_message
@@ -151,6 +152,18 @@ def test_a_server_that_lists_no_models_is_loaded_with_the_one_named_and_a_failin
     assert models == {"/models/llama"} and summary_json(tmp_path / "named")["requests"]["completed"] == 2
     with stub_server(models_status=500) as server, pytest.raises(PlanError, match="the server failed to answer"):
         served_models(Origin.parse(server.url))
+
+
+def test_the_probe_request_waits_as_long_as_it_is_given(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A server meshtop started gets what --startup-timeout leaves for its first answer (transformers serve
+    starts its batching loop at its first request), others the probe's own timeout."""
+    monkeypatch.setattr(endpoint, "PROBE_TIMEOUT_S", 0.3)
+    load = EndpointLoad(requests=2, concurrency=1, request_rate_per_s=None, output_len=(1, 1))
+    with stub_server(chunks=1, first_s=0.6) as server:
+        run = endpoint.plan_endpoint(server.url, api="completions", model=None, load=load)
+        with pytest.raises(PlanError, match="timed out"):
+            endpoint.check_server(run, probe_timeout_s=endpoint.PROBE_TIMEOUT_S)
+        assert endpoint.check_server(run, probe_timeout_s=3.0).model == MODEL
 
 
 def test_chunks_with_text_count_and_role_or_usage_chunks_do_not() -> None:
