@@ -31,6 +31,7 @@ from meshtop.recordings.manifest import (
     release_room,
     write_manifest,
 )
+from meshtop.recordings.metrics.gpus import first_sample_of_each_gpu
 from meshtop.recordings.session_fold import Folded, SessionFold, arrival_tables
 from meshtop.recordings.tables import compact
 
@@ -126,8 +127,8 @@ class SessionRecorder:
     def _note_gpus(self, table: pa.Table) -> None:
         """Each GPU the samples name, as first sampled: its name, memory and power limit (read from the
         table, where one event object a sample cost the head 25 us a sample on many nodes)."""
-        names = ["node", "gpu", "name", "memory_total_bytes", "power_limit_w"]
-        for node, gpu, name, total, limit in zip(*table.select(names).to_pydict().values(), strict=True):
+        first = first_sample_of_each_gpu(table, ["name", "memory_total_bytes", "power_limit_w"])
+        for (node, gpu), (name, total, limit) in first.items():
             if (node, gpu) not in self._gpus:
                 self._gpus[(node, gpu)] = GpuInfo(
                     gpu=gpu, name=name, memory_total_bytes=total, node=node, power_limit_w=limit

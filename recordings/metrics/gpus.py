@@ -13,12 +13,25 @@ Rules:
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from meshtop.probes.events import GpuSample
+
+
+def first_sample_of_each_gpu(table: pa.Table, names: Sequence[str]) -> dict[tuple[int, int], tuple[Any, ...]]:
+    """Each GPU's first row of a ``gpu`` table (rows in arrival order), by (node, index): its ``names`` columns.
+    A column at a time: one Python object a sample cost the head 25 us a sample on many nodes."""
+    rows = pa.array(np.arange(len(table)))
+    keyed = table.select(["node", "gpu"]).append_column("row", rows)
+    first = keyed.group_by(["node", "gpu"]).aggregate([("row", "min")]).column("row_min")
+    taken = table.take(first).select(["node", "gpu", *names]).to_pydict()
+    return {(node, gpu): tuple(rest) for node, gpu, *rest in zip(*taken.values(), strict=True)}
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -24,7 +24,6 @@ from dataclasses import asdict, dataclass, replace
 from itertools import islice
 from typing import TypeVar, cast
 
-import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -44,7 +43,7 @@ from meshtop.recordings.manifest import GpuInfo, RunDescription
 from meshtop.recordings.metrics.attention import STEP_MEASURES, Attention, RankRecent, attention
 from meshtop.recordings.metrics.breakdown import PARTS, Breakdown, BreakdownFold, step_cells
 from meshtop.recordings.metrics.collectives import CollectiveFold, CollectiveRow, Waits
-from meshtop.recordings.metrics.gpus import GpuFold, GpuRow
+from meshtop.recordings.metrics.gpus import GpuFold, GpuRow, first_sample_of_each_gpu
 from meshtop.recordings.metrics.memory import MemoryFold, MemoryRow
 from meshtop.recordings.metrics.mfu import GpuModel, Mfu, mfu, script_parameters
 from meshtop.recordings.metrics.pipeline import StageFold, StageRow, step_bubbles
@@ -292,13 +291,9 @@ class RunFold:
     def _know_gpu_samples(self, table: pa.Table) -> None:
         """Each GPU's model from its first sample that names it (as :meth:`apply_events` takes them)."""
         named = table.filter(pc.fill_null(pc.not_equal(table.column("name"), ""), False))
-        named = named.select(["node", "gpu", "name", "power_limit_w"])
-        row = pa.array(np.arange(len(named)))
-        first = named.append_column("row", row).group_by(["node", "gpu"]).aggregate([("row", "min")])
-        columns = named.take(first.column("row_min")).to_pydict()  # each GPU's first named sample only
-        for node, gpu, name, power_limit_w in zip(*columns.values(), strict=True):
-            if (node, gpu) not in self.gpu_models:
-                self.gpu_models[(node, gpu)] = GpuModel(name, power_limit_w)
+        for key, (name, power_limit_w) in first_sample_of_each_gpu(named, ["name", "power_limit_w"]).items():
+            if key not in self.gpu_models:
+                self.gpu_models[key] = GpuModel(name, power_limit_w)
 
     def apply_table(self, kind: str, table: pa.Table) -> None:
         """Fold a ``collective`` or ``stage_action`` table (rows that cannot be this job's left out, counted)."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from meshtop.recordings.metrics.gpus import GpuFold, GpuRow
+from meshtop.recordings.metrics.gpus import GpuFold, GpuRow, first_sample_of_each_gpu
 from meshtop.recordings.schema import table_of
 from tests.kit.events import gpu_sample
 
@@ -39,3 +39,19 @@ def test_a_table_of_samples_folds_as_its_events() -> None:
     assert fold.rows() == EXPECTED
     assert GpuFold().rows() == []
     assert EXPECTED[0].utilization_mean_pct == pytest.approx((40 + 80) / 2)
+
+
+def test_each_gpus_first_sample_is_found_by_node_and_index() -> None:
+    """GPU indexes repeat from node to node; the first row of each (node, gpu) is the one kept."""
+    samples = [
+        gpu_sample(gpu=0, wall_ns=1, name="H200", node=0),
+        gpu_sample(gpu=0, wall_ns=2, name="H200 later", node=0),
+        gpu_sample(gpu=0, wall_ns=3, name="A100", node=1),
+        gpu_sample(gpu=1, wall_ns=4, name=None, node=0, power_limit_w=700.0),
+    ]
+    assert first_sample_of_each_gpu(table_of(samples), ["name", "power_limit_w"]) == {
+        (0, 0): ("H200", None),
+        (1, 0): ("A100", None),
+        (0, 1): (None, 700.0),
+    }
+    assert first_sample_of_each_gpu(table_of(samples).slice(0, 0), ["name"]) == {}
