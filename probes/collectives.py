@@ -89,7 +89,7 @@ from meshtop.probes.c10d_ops import (
     nbytes_of,
     storages_of,
 )
-from meshtop.probes.device_clock import cuda_capturing, cuda_event
+from meshtop.probes.device_clock import StreamSpan, cuda_mark
 from meshtop.probes.events import CollectiveTiming, Event
 from meshtop.probes.groups import GroupDirectory, GroupInfo
 from meshtop.probes.patching import Patches, require
@@ -123,36 +123,6 @@ class _Issued:
     """Its work has no future: it completes when a wait on it returns (gloo's send, recv, reduce-scatter)."""
     storages: tuple[int, ...] = ()
     """Where it ends at a wait: its output tensors' storages, by which ``wait_tensor`` finds its work."""
-
-
-class _StreamSpan:
-    """A blocking nccl operation's time on the device where torch returns no work to follow: torch 2.11's
-    python collectives without ``async_op`` (``dist.all_reduce(t)``, ``dist.barrier()``) gave the kernel none
-    on an H200 (2026-12-04), where DDP's and the functional collectives' ops had one. Two CUDA events on the
-    current stream, recorded before the call and after it, bracket the operation: nccl's stream waits for the
-    current one before it starts, and a blocking call leaves the current stream waiting for its end. It reads
-    as a work does (:meth:`CollectiveProbe._watch_device`)."""
-
-    __slots__ = ("closed", "opened")
-
-    def __init__(self, opened: Any, closed: Any) -> None:
-        self.opened, self.closed = opened, closed
-
-    def is_completed(self) -> bool:
-        return bool(self.closed.query())
-
-    def _get_duration(self) -> float:
-        """Milliseconds, as ``Work._get_duration``."""
-        return float(self.opened.elapsed_time(self.closed))
-
-
-def cuda_mark() -> Any:
-    """A timing event recorded on the current CUDA stream now; ``None`` while a CUDA graph is captured."""
-    if cuda_capturing():
-        return None
-    event = cuda_event()
-    event.record()
-    return event
 
 
 class CollectiveProbe:
@@ -434,7 +404,7 @@ class CollectiveProbe:
         self,
         name: str,
         shape: OpShape,
-        work: Work | _StreamSpan | None,
+        work: Work | StreamSpan | None,
         group: GroupInfo,
         args: tuple[Any, ...],
         start_ns: int,
@@ -448,12 +418,12 @@ class CollectiveProbe:
         peer = group.global_rank(args[shape.peer_arg]) if shape.peer_arg is not None else None
         dtype = str(tensor.dtype).removeprefix("torch.") if tensor is not None else None
         issued = _Issued(shape, group, peer, nbytes, dtype, self.step(), start_ns)
-        if work is None:  # a blocking op torch gives no work for (_StreamSpan says when)
+        if work is None:  # a blocking op torch gives no work for (StreamSpan says when)
             closed = self._mark_now() if opened is not None else None
             if closed is None:  # no device marks: it ended as the call returned, on the host's clock
                 self._completed(issued)
                 return
-            work = _StreamSpan(opened, closed)
+            work = StreamSpan(opened, closed)
         future = None
         if not self.device_timing and name not in self._without_future:
             try:

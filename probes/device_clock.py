@@ -58,6 +58,36 @@ def cuda_capturing() -> bool:
     return bool(torch.cuda.is_current_stream_capturing())
 
 
+class StreamSpan:
+    """A blocking nccl operation's time on the device where torch returns no work to follow: torch 2.11's
+    python collectives without ``async_op`` (``dist.all_reduce(t)``, ``dist.barrier()``) gave the kernel none
+    on an H200 (2026-12-04), where DDP's and the functional collectives' ops had one. Two CUDA events on the
+    current stream, recorded before the call and after it, bracket the operation: nccl's stream waits for the
+    current one before it starts, and a blocking call leaves the current stream waiting for its end. It reads
+    as a work does (:meth:`meshtop.probes.collectives.CollectiveProbe._watch_device`)."""
+
+    __slots__ = ("closed", "opened")
+
+    def __init__(self, opened: Any, closed: Any) -> None:
+        self.opened, self.closed = opened, closed
+
+    def is_completed(self) -> bool:
+        return bool(self.closed.query())
+
+    def _get_duration(self) -> float:
+        """Milliseconds, as ``Work._get_duration``."""
+        return float(self.opened.elapsed_time(self.closed))
+
+
+def cuda_mark() -> Any:
+    """A timing event recorded on the current CUDA stream now; ``None`` while a CUDA graph is captured."""
+    if cuda_capturing():
+        return None
+    event = cuda_event()
+    event.record()
+    return event
+
+
 def poll(ready: Callable[[], bool], timeout_s: float, interval_s: float = 0.001) -> bool:
     """Ask ``ready`` until it says yes, for at most ``timeout_s``: where the device was synchronised already, or
     at exit (a device that hung is not waited on longer)."""
