@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pyarrow.parquet as pq
@@ -27,6 +29,31 @@ def run_on_gpus(tmp_path: Path, **spec: object) -> list[float]:
 
 def spec_name(spec: dict[str, object]) -> str:
     return "-".join(f"{k}{v}" for k, v in spec.items()) or "single"
+
+
+@contextlib.contextmanager
+def nccl_probe(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[list[Event], list[str]]]:
+    """One nccl rank on GPU 0 with the collective probe installed (CUDA-event timing on): the events it emits
+    and the errors it reports, until the block ends (the probe out, the process group destroyed)."""
+    import torch.distributed as dist
+
+    from meshtop.probes.collectives import CollectiveProbe, GroupDirectory
+    from meshtop.probes.wire import NCCL_TIMING_ENV
+
+    monkeypatch.setenv(NCCL_TIMING_ENV, "1")
+    store = dist.FileStore(str(tmp_path / "store"), 1)
+    dist.init_process_group("nccl", store=store, rank=0, world_size=1, device_id=torch.device("cuda", 0))
+    events: list[Event] = []
+    errors: list[str] = []
+    probe = CollectiveProbe(
+        rank=0, groups=GroupDirectory(), emit=events.append, step=lambda: 1, device_timing=True, on_error=errors.append
+    )
+    probe.install()
+    try:
+        yield events, errors
+    finally:
+        probe.uninstall()
+        dist.destroy_process_group()
 
 
 @pytest.mark.skipif(GPUS < 1, reason="needs a CUDA GPU")
@@ -107,20 +134,9 @@ def test_nccl_timing_on_one_gpu_reads_cuda_events_without_blocking_the_host(
 
     import torch.distributed as dist
 
-    from meshtop.probes.collectives import CollectiveProbe, GroupDirectory
     from meshtop.probes.events import CollectiveTiming
-    from meshtop.probes.wire import NCCL_TIMING_ENV
 
-    monkeypatch.setenv(NCCL_TIMING_ENV, "1")
-    store = dist.FileStore(str(tmp_path / "store"), 1)
-    dist.init_process_group("nccl", store=store, rank=0, world_size=1, device_id=torch.device("cuda", 0))
-    events: list[Event] = []
-    errors: list[str] = []
-    probe = CollectiveProbe(
-        rank=0, groups=GroupDirectory(), emit=events.append, step=lambda: 1, device_timing=True, on_error=errors.append
-    )
-    probe.install()
-    try:
+    with nccl_probe(tmp_path, monkeypatch) as (events, errors):
         buffer = torch.ones(64 << 20, device="cuda")
         dist.all_reduce(buffer)  # warm nccl up
         torch.cuda.synchronize()
@@ -136,9 +152,6 @@ def test_nccl_timing_on_one_gpu_reads_cuda_events_without_blocking_the_host(
         deadline = time.monotonic() + 5
         while not events and time.monotonic() < deadline:
             time.sleep(0.01)
-    finally:
-        probe.uninstall()
-        dist.destroy_process_group()
     timed = [e for e in events if isinstance(e, CollectiveTiming) and e.op == "all_reduce"]
     assert errors == []
     assert len(timed) == 1 and timed[0].clock == "cuda_events"
@@ -157,20 +170,9 @@ def test_every_nccl_op_kind_on_one_gpu_is_timed_with_cuda_events(
     import torch.distributed as dist
     import torch.distributed._functional_collectives as funcol
 
-    from meshtop.probes.collectives import CollectiveProbe, GroupDirectory
     from meshtop.probes.events import CollectiveTiming
-    from meshtop.probes.wire import NCCL_TIMING_ENV
 
-    monkeypatch.setenv(NCCL_TIMING_ENV, "1")
-    store = dist.FileStore(str(tmp_path / "store"), 1)
-    dist.init_process_group("nccl", store=store, rank=0, world_size=1, device_id=torch.device("cuda", 0))
-    events: list[Event] = []
-    errors: list[str] = []
-    probe = CollectiveProbe(
-        rank=0, groups=GroupDirectory(), emit=events.append, step=lambda: 1, device_timing=True, on_error=errors.append
-    )
-    probe.install()
-    try:
+    with nccl_probe(tmp_path, monkeypatch) as (events, errors):
         x = torch.ones(1 << 20, device="cuda")
         dist.all_reduce(x)
         dist.broadcast(x, src=0)
@@ -187,9 +189,6 @@ def test_every_nccl_op_kind_on_one_gpu_is_timed_with_cuda_events(
         deadline = time.monotonic() + 5
         while len(events) < 11 and time.monotonic() < deadline:
             time.sleep(0.01)
-    finally:
-        probe.uninstall()
-        dist.destroy_process_group()
     timed = [e for e in events if isinstance(e, CollectiveTiming)]
     clocks = sorted({(e.op, e.clock) for e in timed})
     print(clocks)
