@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from meshtop.runner.job.allocator import keep_buffer_pages
 from meshtop.runner.job.launch import NodeProbes
 from meshtop.runner.multinode.nodes import Nodes
 from meshtop.runner.script.command import ScriptRun
@@ -131,6 +132,7 @@ def command_run(args: argparse.Namespace) -> int:
     from meshtop.tui.sources import LiveSource
 
     run = resolve_args(args)
+    keep_buffer_pages()  # this process only: the ranks it starts are the user's
     probes = node_probes_from_args(args)
     hang_timeout = hang_timeout_from_args(args)
     nodes = work_nodes(args, run)
@@ -193,6 +195,7 @@ def command_record(args: argparse.Namespace) -> int:
     from meshtop.tui.summary_text import summary_lines
 
     run = resolve_args(args)
+    keep_buffer_pages()  # this process only: the ranks it starts are the user's
     probes = node_probes_from_args(args)
     hang_timeout = hang_timeout_from_args(args)
     nodes = work_nodes(args, run)
