@@ -54,6 +54,7 @@ from meshtop.recordings.reader import open_recording
 from meshtop.recordings.recorder import Ending, SessionRecorder
 from meshtop.recordings.replay import in_kind_order
 from meshtop.recordings.session_fold import FOLD_SHARE, PROGRESS_KINDS, Folded, SessionFold
+from meshtop.runner.job.allocator import keep_buffer_pages
 from meshtop.runner.job.control import JobControl
 from meshtop.runner.multinode.fleet import Fleet
 from meshtop.runner.multinode.nodes import HeadAddress, Nodes
@@ -165,6 +166,7 @@ def node_main(
     """Node ``node`` (1-based) of a fleet of ``ranks`` ranks: once ready, says so and waits for ``go`` (t0 and
     the end, wall seconds); then its relay, fed its ranks' steps on schedule; puts (node, events sent, steps
     sent, events its relay dropped)."""
+    keep_buffer_pages()  # as the node's meshtop does
     mine = list(range((node - 1) * per_node, node * per_node))
     source = SyntheticSource(ranks, warm_events=0, per_node=per_node)
     first_step: dict[int, list[Event]] = {rank: [] for rank in mine}
@@ -188,7 +190,7 @@ def node_main(
     ).start()
     report.put(("ready", node))
     t0, until = go.get()
-    ready_cpu = sum(os.times()[:2])
+    ready_user, ready_sys = os.times()[:2]
     stretch = SLOW if node == SLOW_NODE else 1.0
     sent = step = 0
     process_due = gpu_due = 0.0
@@ -219,13 +221,15 @@ def node_main(
         relay.forward(Arrivals(items))
         step += 1
     relay.finish(None)
-    report.put((node, sent, step, relay.dropped, sum(os.times()[:2]) - ready_cpu))
+    user, system = os.times()[:2]
+    report.put((node, sent, step, relay.dropped, user - ready_user + system - ready_sys, system - ready_sys))
 
 
 def measure(
     *, ranks: int = RANKS, nodes: int = NODES, rate: float = RATE, seconds: float = SECONDS, headless: bool = False
 ) -> dict[str, Any]:
     """One run; ``headless``: as ``meshtop record`` (the session folds the progress kinds, no screen)."""
+    keep_buffer_pages()  # as the head's meshtop does
     per_node = ranks // nodes
     samples_per_s = ranks * (PROCESS_HZ + GPU_HZ)
     step_s = ranks * PER_RANK_STEP / max(1.0, rate - samples_per_s)
@@ -304,10 +308,12 @@ def measure(
         t0 = time.time() + 0.5
         until = t0 + WARMUP_S + seconds
         head_cpu_at_start = sum(os.times()[:2])
+        head_sys_at_start = os.times()[1]
         for _ in workers:
             start.put((t0, until))
         results = [report.get(timeout=seconds + WARMUP_S + 120) for _ in workers]
         head_cpu_live = sum(os.times()[:2]) - head_cpu_at_start  # the run's, before its recording is closed
+        head_sys_live = os.times()[1] - head_sys_at_start
         sent = sum(result[1] for result in results)
         deadline = time.monotonic() + 120  # what the relays sent is on its way: the head takes it all first
         while collector.counts.events < sent and time.monotonic() < deadline:
@@ -327,6 +333,7 @@ def measure(
         dropped = sum(result[3] for result in results)
         steps = min(result[2] for result in results)
         node_cpu = sum(result[4] for result in results)
+        node_sys = sum(result[5] for result in results)
         head_cpu = sum(os.times()[:2]) - head_cpu_at_start
     span = (window[-1][0] - window[0][0]) if len(window) > 1 else seconds
     return {
@@ -346,8 +353,10 @@ def measure(
         "left_out_of_live_fold": session.left_out.total(),
         "refused_queue_full": collector.counts.queue_full,
         "node_cpu_s": node_cpu,
+        "node_sys_s": node_sys,
         "head_cpu_s": head_cpu,
         "head_cpu_live_s": head_cpu_live,
+        "head_sys_live_s": head_sys_live,
         "wall_s": WARMUP_S + seconds,
         "take_s": sum(b for b, _, _ in busy),
         "take_max_s": max((b for b, _, _ in busy), default=0.0),
