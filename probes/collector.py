@@ -261,7 +261,7 @@ class Collector:
                 if len(data) < connection.needed:
                     return True
             end, connection.needed = connection.needed, 0
-            connection.chunks = [data[end:]] if len(data) > end else []
+            connection.chunks = [memoryview(data)[end:]] if len(data) > end else []  # no copy until joined
             connection.buffered = len(data) - end
             try:
                 header, body = split_payload(data, HEADER.size, end)
@@ -272,7 +272,7 @@ class Collector:
                 return False
         return True
 
-    def _serve_one(self, connection: _Connection, header: dict[str, Any], body: bytes) -> bool:
+    def _serve_one(self, connection: _Connection, header: dict[str, Any], body: memoryview) -> bool:
         """Take one message; whether to read another from this connection."""
         token = header.get("token")
         if not isinstance(token, str) or not hmac.compare_digest(
@@ -323,7 +323,7 @@ class Collector:
         self._selector.close()
         self._listener.close()
 
-    def _accept(self, header: dict[str, Any], body: bytes) -> None:
+    def _accept(self, header: dict[str, Any], body: memoryview) -> None:
         dropped = header.get("dropped", 0)
         try:
             if not is_count(dropped):
@@ -351,8 +351,8 @@ class _Connection:
     number: int
     node: int | None = None
     """The node this connection speaks for, once it said so."""
-    chunks: list[bytes] = field(default_factory=list)
-    """What was read and is not yet a whole message."""
+    chunks: list[bytes | memoryview] = field(default_factory=list)
+    """What was read and is not yet a whole message (a view: what followed the last message served)."""
     buffered: int = 0
     """Their bytes."""
     needed: int = 0
@@ -362,6 +362,8 @@ class _Connection:
 
     def joined(self) -> bytes:
         """The bytes read and not yet served, as one (kept so)."""
-        if len(self.chunks) != 1:
-            self.chunks = [b"".join(self.chunks)]
-        return self.chunks[0]
+        first = self.chunks[0] if len(self.chunks) == 1 else None
+        if not isinstance(first, bytes):
+            first = b"".join(self.chunks)
+            self.chunks = [first]
+        return first

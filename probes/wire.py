@@ -111,7 +111,7 @@ def read_exactly(sock: socket.socket, count: int) -> bytes | None:
     return b"".join(chunks)
 
 
-def read_frame(sock: socket.socket, *, max_bytes: int = MAX_FRAME_BYTES) -> tuple[dict[str, Any], bytes] | None:
+def read_frame(sock: socket.socket, *, max_bytes: int = MAX_FRAME_BYTES) -> tuple[dict[str, Any], memoryview] | None:
     """The next message's header and body, ``None`` at a clean end; :class:`FrameError` for an oversized
     frame or one whose header is not a JSON object."""
     prefix = read_exactly(sock, HEADER.size)
@@ -131,9 +131,9 @@ def frame_length(prefix: bytes | bytearray | memoryview, *, max_bytes: int = MAX
     return int(length)
 
 
-def split_payload(data: bytes, start: int = 0, end: int | None = None) -> tuple[dict[str, Any], bytes]:
-    """A frame's payload (``data[start:end]``) as its header (a JSON object, one line) and its body;
-    :class:`FrameError` if it is not. The body is the one copy made."""
+def split_payload(data: bytes, start: int = 0, end: int | None = None) -> tuple[dict[str, Any], memoryview]:
+    """A frame's payload (``data[start:end]``) as its header (a JSON object, one line) and its body, a view of
+    ``data`` (no copy: :func:`sections` copies each block out of it once); :class:`FrameError` if it is not."""
     end = len(data) if end is None else end
     newline = data.find(b"\n", start, end)
     try:
@@ -142,10 +142,10 @@ def split_payload(data: bytes, start: int = 0, end: int | None = None) -> tuple[
         raise FrameError(f"header not JSON: {type(error).__name__}") from None
     if newline < 0 or not isinstance(header, dict):
         raise FrameError("a message must start with a JSON object and a newline")
-    return header, data[newline + 1 : end]
+    return header, memoryview(data)[newline + 1 : end]
 
 
-def sections(header: dict[str, Any], body: bytes) -> list[EncodedEvents]:
+def sections(header: dict[str, Any], body: bytes | memoryview) -> list[EncodedEvents]:
     """The blocks of events that ``body`` holds as ``header`` describes them; a :class:`FrameError` when the
     two disagree (an unknown kind, sizes that do not add up, a block without ``count`` whole lines)."""
     rank, listed = header.get("rank"), header.get("sections")
@@ -173,7 +173,7 @@ def sections(header: dict[str, Any], body: bytes) -> list[EncodedEvents]:
     for (kind, count, nbytes), end, lines_in in zip(listed, ends, lines_between(body, ends), strict=True):
         if lines_in != count or not nbytes or body[end - 1] != NEWLINE:
             raise FrameError(f"section {kind} does not hold {count} lines in {nbytes} bytes")
-        block = body[offset:end]
+        block = bytes(body[offset:end])  # the one copy of a block, a bytes of its own to keep
         blocks.append(EncodedEvents(kind, rank, block, count, node=node if streamed else None, offset_ns=clock or 0))
         offset = end
     return blocks
@@ -187,10 +187,11 @@ collector's time on a thousand ranks' messages) and lets the interpreter's other
 its fixed cost (16 us) is more than what it saves."""
 
 
-def lines_between(body: bytes, ends: list[int]) -> list[int]:
+def lines_between(body: bytes | memoryview, ends: list[int]) -> list[int]:
     """The newlines in each of ``body[0:ends[0]]``, ``body[ends[0]:ends[1]]``, ... (``ends`` ascending)."""
     if len(body) < COUNT_WITH_NUMPY_FROM:
-        return [body.count(b"\n", start, end) for start, end in zip([0, *ends], ends, strict=False)]
+        small = bytes(body)
+        return [small.count(b"\n", start, end) for start, end in zip([0, *ends], ends, strict=False)]
     newlines = np.flatnonzero(np.frombuffer(body, dtype=np.uint8) == NEWLINE)
     return np.diff(np.searchsorted(newlines, ends), prepend=0).tolist()
 
