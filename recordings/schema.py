@@ -14,7 +14,6 @@ every reader sees the same columns and types, whichever form a recording is in.
 
 from __future__ import annotations
 
-import io
 import json
 import math
 import types
@@ -41,6 +40,7 @@ on 2 cores, against 550,000 in one thread), but needs a line to fit in one block
 parse so is parsed again in one block of :data:`ARROW_JSON_BLOCK_MAX` on one thread, and what does not
 parse then takes the careful path."""
 ARROW_JSON_BLOCK_MAX = 16 << 20
+NEWLINE = ord("\n")
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,23 +122,28 @@ def decode_lines(kind: str, lines: bytes) -> Decoded:
     reader for big ones, Python's ``json`` for small ones); a block that does not parse so is read line
     by line.
     """
-    body = lines.rstrip(b"\n")
-    if not body:
+    end = len(lines)
+    while end and lines[end - 1] == NEWLINE:
+        end -= 1
+    if not end:
         return Decoded(empty(kind), 0)
-    table = _arrow_json(kind, body) if len(body) >= ARROW_JSON_FROM_BYTES else _python_json(kind, body)
+    if end >= ARROW_JSON_FROM_BYTES:  # read in place: a copy of a big body would take the interpreter's lock
+        table = _arrow_json(kind, pa.py_buffer(lines).slice(0, end))
+    else:
+        table = _python_json(kind, lines[:end])
     if table is None:
-        return _line_by_line(kind, body)
+        return _line_by_line(kind, lines[:end])
     return _checked(kind, table)
 
 
-def _arrow_json(kind: str, body: bytes) -> pa.Table | None:
+def _arrow_json(kind: str, body: pa.Buffer) -> pa.Table | None:
     options = pa_json.ParseOptions(explicit_schema=_with_kind(kind), unexpected_field_behavior="ignore")
     # Threads help a body of several blocks only; one with a line longer than a block fails there.
     blocks = [ARROW_JSON_BLOCK_MAX] if len(body) <= ARROW_JSON_BLOCK else [ARROW_JSON_BLOCK, ARROW_JSON_BLOCK_MAX]
     for block in blocks:
         read = pa_json.ReadOptions(use_threads=block == ARROW_JSON_BLOCK, block_size=block)
         try:
-            return pa_json.read_json(io.BytesIO(body), parse_options=options, read_options=read)
+            return pa_json.read_json(pa.BufferReader(body), parse_options=options, read_options=read)
         except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError):
             continue  # a line longer than the block, or not JSON: once more in one big block
     return None
