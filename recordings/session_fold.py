@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from meshtop.probes.arrivals import Arrivals, EncodedEvents, event_count
+from meshtop.probes.arrivals import Arrival, Arrivals, EncodedEvents, event_count
 from meshtop.probes.events import Event
 from meshtop.recordings.clock import on_head
 from meshtop.recordings.manifest import RunDescription
@@ -59,6 +59,10 @@ time left the bulk of one batch in seven out."""
 PROBE_S = 2.0
 """A fold that has left the bulk kinds out this long folds the next batch whole, to measure its cost again:
 an estimate once too high (a first batch folded cold, its imports and all) would keep them out for good."""
+PROBE_EVENTS = 20_000
+"""The most bulk events such a probe folds (the batch's first blocks; the rest are left out and counted): at a
+thousand ranks a batch holds 100,000 of them and more, and folding all of them to measure the cost again held
+the dashboard's steps back half a second every :data:`PROBE_S`."""
 
 Clock = tuple[int | None, int]
 """Where a block's times are: (the node that streamed it, its offset), ``(None, 0)`` on this machine's clock."""
@@ -87,7 +91,31 @@ def arrival_tables(arrivals: Arrivals, kinds: Collection[str]) -> list[Batch]:
     return batches
 
 
+DECODE_BYTES = 8 << 20
+"""The most of a kind's blocks parsed in one go. A live fold that fell behind takes seconds of a thousand
+ranks' steps at once (40 MB and more): one buffer of them, past glibc's 32 MB ceiling for serving
+allocations from its arenas, was a fresh mapping faulted in page by page, and its copies took the
+interpreter's lock from every other thread of the head (the fleet benchmark's head spent 61 % of the time
+it held the lock there)."""
+
+
 def _decoded(kind: str, groups: dict[Clock, list[EncodedEvents]]) -> list[pa.Table]:
+    """The blocks of ``kind`` as tables on this machine's clock, parsed :data:`DECODE_BYTES` at most at a
+    time (whole blocks, in the order they came)."""
+    tables: list[pa.Table] = []
+    piece: dict[Clock, list[EncodedEvents]] = {}
+    size = 0
+    for clock, group in groups.items():
+        for block in group:
+            if size and size + len(block.lines) > DECODE_BYTES:
+                tables += _decoded_piece(kind, piece)
+                piece, size = {}, 0
+            piece.setdefault(clock, []).append(block)
+            size += len(block.lines)
+    return tables + _decoded_piece(kind, piece)
+
+
+def _decoded_piece(kind: str, groups: dict[Clock, list[EncodedEvents]]) -> list[pa.Table]:
     """The blocks of ``kind`` as tables on this machine's clock: one for every node's, or one a clock.
 
     Every node's blocks are parsed in one go (a thousand ranks' steps over 16 nodes make 16 small blocks
@@ -196,24 +224,50 @@ class SessionFold:
         would take the fold past :attr:`share` of its time (its thread's CPU against the wall clock, over the
         last second: :meth:`_too_long`) is folded without its :data:`BULK_KINDS` (counted in
         :attr:`left_out`)."""
-        began, count, now = time.thread_time(), arrivals.count, time.perf_counter()
-        left_out = self.kinds & BULK_KINDS if self._too_long(count, now) else frozenset()
-        tables = in_kind_order(arrival_tables(arrivals, self.kinds - left_out))
+        count, now = arrivals.count, time.perf_counter()
+        too_long = self._too_long(count, now)
+        folded, left = self._to_fold(arrivals, too_long)
+        tables = in_kind_order(arrival_tables(folded, self.kinds))
+        # Arrow parses big blocks on its own threads: the parse's wall time is its cost, not this thread's CPU
+        # (counted so, a thousand ranks' collectives looked nearly free and were folded, seconds at a time)
+        began = time.thread_time()
+        parsed = time.perf_counter() - now
         with self.lock:
-            for item in arrivals.items:
-                if item.kind in left_out:
-                    self.left_out[item.kind] += event_count(item)
+            for item in left:
+                self.left_out[item.kind] += event_count(item)
             for kind, table in tables:
                 self.fold.apply(kind, table)
             steps = self.fold.steps_since(self._steps_taken)
             self._steps_taken = self.fold.steps_completed
-        spent = time.thread_time() - began  # its own CPU: not the time it waited for the GIL
+        spent = parsed + time.thread_time() - began  # then its own CPU: not the time it waited for the GIL
         self._spent.append((now, spent))
-        if count and not left_out:
-            cost = spent / count
+        if folded.count and (not left or self._probing):
+            cost = spent / folded.count
             self._cost_s = cost if self._cost_s is None or self._probing else 0.8 * self._cost_s + 0.2 * cost
             self._probing = False
-        return Folded(tables, steps, left_out)
+        left_kinds = self.kinds & BULK_KINDS if too_long else frozenset(item.kind for item in left)
+        return Folded(tables, steps, left_kinds)
+
+    def _to_fold(self, arrivals: Arrivals, too_long: bool) -> tuple[Arrivals, list[Arrival]]:
+        """What of ``arrivals`` to fold, and what to leave out: every block of :data:`BULK_KINDS` when the fold
+        would take ``too_long``, all but :data:`PROBE_EVENTS` of them when it measures its cost again, else
+        nothing."""
+        bulk = self.kinds & BULK_KINDS
+        if not too_long and not self._probing:
+            return arrivals, []
+        kept: list[Arrival] = []
+        left: list[Arrival] = []
+        room = 0 if too_long else PROBE_EVENTS
+        for item in arrivals.items:
+            if item.kind not in bulk:
+                kept.append(item)
+            elif event_count(item) <= room:
+                kept.append(item)
+                room -= event_count(item)
+            else:
+                left.append(item)
+                room = 0  # the blocks after it are left out too: a probe folds the batch's first
+        return (Arrivals(kept), left) if left else (arrivals, [])
 
     def _too_long(self, count: int, now: float) -> bool:
         """Whether folding ``count`` events whole would take the fold past :attr:`share` of its time, over the

@@ -8,9 +8,10 @@ import threading
 import time
 from pathlib import Path
 
+import pyarrow as pa
 from prometheus_client.parser import text_string_to_metric_families
 
-from meshtop.probes.arrivals import Arrivals
+from meshtop.probes.arrivals import Arrivals, EncodedEvents, encode_lines
 from meshtop.probes.events import Event
 from meshtop.recordings import session_fold
 from meshtop.recordings.manifest import Manifest, read_manifest, write_manifest
@@ -18,7 +19,8 @@ from meshtop.recordings.prometheus import RunMetrics
 from meshtop.recordings.reader import open_recording
 from meshtop.recordings.recorder import Ending, SessionRecorder
 from meshtop.recordings.replay import in_kind_order
-from meshtop.recordings.session_fold import SessionFold
+from meshtop.recordings.schema import ARROW_JSON_FROM_BYTES
+from meshtop.recordings.session_fold import SessionFold, arrival_tables
 from meshtop.tui.alerts import alerts_of
 from meshtop.tui.sources import screen_batches
 from meshtop.tui.state import DashboardState
@@ -214,3 +216,63 @@ def test_a_fold_that_thought_itself_too_slow_measures_again_and_takes_the_bulk_b
     assert left_out[-3:] == [False] * 3  # 0.5 s on: one probe folds whole, and the cost is small since
     assert left_out == sorted(left_out, reverse=True)
     assert session._cost_s < 0.01
+
+
+def test_a_probe_folds_at_most_probe_events_of_the_bulk_and_counts_the_rest(monkeypatch) -> None:
+    """Measuring its cost again, a fold behind for PROBE_S folds the batch's first PROBE_EVENTS bulk events
+    (here 3 of a batch of 10 all-reduces), not all of them: the rest are left out and counted."""
+    monkeypatch.setattr(session_fold, "PROBE_S", 0.0)
+    monkeypatch.setattr(session_fold, "PROBE_EVENTS", 3)
+    run = description(dp=2)
+    session = SessionFold(run, share=0.5)
+    session.take(Arrivals(batches(0)[0]))
+    session._cost_s = 1.0  # far too high: the next take is behind
+    every = {"every_ns": 20 * MS}
+    ten = [collective(rank, 0, 0.002, waited=True, **every) for rank in (0, 1) for _ in range(5)]
+    assert sorted(session.take(Arrivals(ten)).left_out) == ["collective", "stage_action"]  # behind: all out
+    probe = session.take(Arrivals(ten))  # behind for PROBE_S (0 s): measures again on 3 of them
+    assert sorted(probe.left_out) == ["collective"]
+    assert sum(len(table) for kind, table in probe.tables if kind == "collective") == 3
+    assert session.left_out == {"collective": 10 + 7}
+    assert session._cost_s < 1.0
+
+
+def test_the_cost_a_fold_measures_counts_the_parse_on_arrows_threads() -> None:
+    """A block parsed by Arrow's reader (past ARROW_JSON_FROM_BYTES) is parsed on Arrow's threads, outside
+    the fold thread's CPU: the fold's cost counts the parse's wall time, so 20,000 collectives do not look
+    free (counted by the thread's CPU alone, a thousand ranks' collectives were folded seconds at a time)."""
+    run = description(dp=2)
+    session = SessionFold(run)
+    session.take(Arrivals(batches(0)[0]))
+    every = {"every_ns": 20 * MS}
+    many = [collective(rank % 2, 0, 0.002, waited=True, **every) for rank in range(20_000)]
+    lines = encode_lines(many)
+    assert len(lines) >= ARROW_JSON_FROM_BYTES
+    began = time.perf_counter()
+    session.take(Arrivals([EncodedEvents("collective", 0, lines, len(many))]))
+    wall = time.perf_counter() - began
+    assert session._spent[-1][1] >= 0.5 * wall  # the parse and the fold, not the fold's CPU alone
+
+
+def test_blocks_past_decode_bytes_are_parsed_a_piece_at_a_time_into_the_same_rows(monkeypatch) -> None:
+    """Three nodes' blocks, on their clocks, parsed whole and DECODE_BYTES at most at a time: the same rows."""
+    every = {"every_ns": 20 * MS}
+    blocks = [
+        EncodedEvents(
+            "collective",
+            0,
+            encode_lines([collective(rank, number, 0.002, waited=True, **every) for rank in (0, 1)]),
+            2,
+            node=node,
+            offset_ns=node * 1_000,
+        )
+        for node in (1, 2, 3)
+        for number in range(4)
+    ]
+    whole = pa.concat_tables(table for _, table in arrival_tables(Arrivals(blocks), {"collective"}))
+    monkeypatch.setattr(session_fold, "DECODE_BYTES", 2 * len(blocks[0].lines))
+    pieces = arrival_tables(Arrivals(blocks), {"collective"})
+    assert len(pieces) > 1
+    assert pa.concat_tables(table for _, table in pieces).equals(whole)
+    last = collective(1, 3, 0.002, waited=True, **every)  # node 3's last, 3 us behind the head's clock
+    assert whole.column("start_ns").to_pylist()[-1] == last.start_ns + 3_000
