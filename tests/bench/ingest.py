@@ -40,6 +40,7 @@ from meshtop.probes.arrivals import Arrivals
 from meshtop.probes.collector import Collector
 from meshtop.probes.events import Event
 from meshtop.probes.wire import encode_events
+from meshtop.runner.job.allocator import keep_buffer_pages
 from tests.bench.figures import NO_TARGET, Row, Spread, Target, median
 
 PRODUCERS = 8
@@ -204,6 +205,7 @@ def row(events: list[Event], producers: int, reps: int, consumer: str, target: T
 def rows(reps: int = 3) -> list[Row]:
     """The target: ``record``'s session with 8 producers; with 1 producer, to show what the 8 connections'
     threads cost; and the dashboard's session, which decodes every event."""
+    keep_buffer_pages()  # as the head's meshtop does
     events = job_events(FRAME_EVENTS)
     return [
         row(events, PRODUCERS, reps, "record", TARGET),
