@@ -17,7 +17,7 @@ from typing import IO
 
 from meshtop.probes.arrivals import Arrival, EncodedEvents, encode_lines
 from meshtop.recordings.manifest import RecordingError
-from meshtop.recordings.node_parts import frame_header, part_name
+from meshtop.recordings.node_parts import frame, part_name
 
 EVENTS_DIR = "events"
 
@@ -63,7 +63,7 @@ class EventWriter:
         for item in items:
             if isinstance(item, EncodedEvents) and item.node is not None:
                 part = by_file.setdefault(part_name(item.node), [])
-                part += (frame_header(item.kind, item.count, item.offset_ns, len(item.lines)), item.lines)
+                part += frame(item.kind, item.count, item.offset_ns, item.lines)
             elif isinstance(item, EncodedEvents):
                 by_file.setdefault(f"{item.kind}.jsonl", []).append(item.lines)
             else:

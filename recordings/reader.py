@@ -118,7 +118,7 @@ class Recording:
             self._parts = read_parts(self.path / EVENTS_DIR)
             for part in self._parts:
                 if part.lost:
-                    self._note(f"{part_name(part.node)}: {part.lost} event(s) in a frame cut short skipped")
+                    self._note(f"{part_name(part.node)}: {part.lost} event(s) in a frame cut short or damaged skipped")
         return self._parts
 
     def _note(self, problem: str) -> None:

@@ -16,7 +16,7 @@ from meshtop.probes.events import Event, StepTiming, on_node
 from meshtop.probes.wire import FrameError, event_sections, pack, sections
 from meshtop.recordings.events_log import EVENTS_DIR, EventWriter
 from meshtop.recordings.manifest import Manifest
-from meshtop.recordings.node_parts import part_name
+from meshtop.recordings.node_parts import COMPRESS_FROM_BYTES, part_name
 from meshtop.recordings.reader import open_recording
 from meshtop.recordings.recorder import Ending, SessionRecorder
 from meshtop.recordings.schema import events_of
@@ -196,3 +196,51 @@ def test_several_nodes_blocks_alone_are_moved_at_once_each_row_by_its_nodes_offs
     ((_, table),) = arrival_tables(Arrivals(blocks), {"gpu"})
     assert table.column("node").to_pylist() == [1, 2]
     assert table.column("wall_ns").to_pylist() == [110, 220]
+
+
+def big_block(first_step: int, steps: int, offset_ns: int = OFFSET) -> list[EncodedEvents]:
+    """Node 1's collectives of ``steps`` steps from ``first_step``: one block past COMPRESS_FROM_BYTES."""
+    made = [
+        events.collective(rank, step, 0.002, every_ns=20_000_000)
+        for step in range(first_step, first_step + steps)
+        for rank in (2, 3)
+    ]
+    return streamed(made, offset_ns=offset_ns)
+
+
+def test_a_big_block_is_kept_compressed_and_read_back_line_for_line(tmp_path: Path) -> None:
+    """Node 1's 400 collectives (past COMPRESS_FROM_BYTES) are kept as LZ4 in its part, a small block as it
+    came; the recording still being written and the compacted one read the same events, on the head's clock."""
+    directory = write_recording(tmp_path / "rec", [], run=fleet_description(4, 2), status="running")
+    (block,) = big_block(0, 200)
+    assert len(block.lines) >= COMPRESS_FROM_BYTES
+    writer = EventWriter(directory)
+    writer.write([block, *streamed([events.step(2, 1, start_ns=21_000_000_000)])])
+    writer.close()
+    part = (directory / EVENTS_DIR / part_name(1)).read_bytes()
+    assert b'"codec":"lz4"' in part and block.lines not in part and len(part) < len(block.lines) / 3
+    assert encode_lines([events.step(2, 1, start_ns=21_000_000_000)]) in part  # small: as it came
+    ((_, table),) = arrival_tables(Arrivals([block]), {"collective"})  # on the head's clock, as the live fold
+    want = sorted(map(repr, events_of("collective", table)))
+    live = open_recording(directory)
+    assert not live.problems
+    assert sorted(map(repr, events_of("collective", live.arrow("collective")))) == want
+    compact(directory)
+    assert sorted(map(repr, events_of("collective", open_recording(directory).arrow("collective")))) == want
+
+
+def test_a_compressed_frame_whose_bytes_are_damaged_is_counted_lost_and_the_next_ones_read(tmp_path: Path) -> None:
+    directory = write_recording(tmp_path / "rec", [], run=fleet_description(4, 2), status="running")
+    writer = EventWriter(directory)
+    writer.write(big_block(0, 200))
+    writer.write(big_block(200, 100))
+    writer.close()
+    path = directory / EVENTS_DIR / part_name(1)
+    data = bytearray(path.read_bytes())
+    body = data.index(b"\n") + 1
+    data[body + 100 : body + 400] = bytes(300)  # inside the first frame's compressed bytes
+    path.write_bytes(bytes(data))
+    live = open_recording(directory)
+    steps = {e.step for e in events_of("collective", live.arrow("collective"))}  # type: ignore[attr-defined]
+    assert sorted(steps) == list(range(200, 300))
+    assert any("400 event(s) in a frame cut short or damaged" in problem for problem in live.problems)
