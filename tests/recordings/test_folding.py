@@ -120,3 +120,30 @@ def test_batches_that_waited_past_the_lag_are_folded_without_their_bulk_and_smal
         assert (session.left_out, session.steps_completed) == (left_out, 5)
         recorder.close(Ending(status="completed", duration_s=1.0))
         assert len(open_recording(tmp_path / str(lag_events)).arrow("collective")) == 10
+
+
+def test_leaving_the_bulk_out_never_waits_for_the_session_lock_the_fold_holds(tmp_path: Path) -> None:
+    """The session's lock held (as the fold holds it while it folds a thousand ranks' step): the session
+    thread's hand-overs past the backlog still return at once; the events they left out are counted once the
+    fold takes the next batch."""
+    recorder = recorder_in(tmp_path)
+    folding = FoldThread(recorder, lambda arrivals, folded: None, backlog=2)
+    session = recorder.session
+    held, release = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        with session.lock:
+            held.set()
+            release.wait(30)
+
+    holder = threading.Thread(target=hold)
+    holder.start()
+    assert held.wait(30)
+    began = time.monotonic()
+    hand_over(recorder, folding, batches(5))
+    took = time.monotonic() - began
+    release.set()
+    holder.join()
+    assert took < 1.0
+    folding.close()
+    assert session.left_out["collective"] > 0 and session.steps_completed == 5
