@@ -1,4 +1,4 @@
-"""A recording's node parts: what another node streamed, kept as it came, on that node's clock.
+"""A recording's node parts: what another node streamed, kept as it came (big blocks compressed), on its clock.
 
 A node's meshtop forwards its ranks' blocks of JSON lines unread, each message
 with the offset of its clock behind the head's (docs/multinode.md). The head
@@ -9,8 +9,9 @@ or more is kept compressed (LZ4's frame format), its header saying so:
 ``"codec": "lz4", "raw_bytes": int`` (the lines' size; ``bytes`` is what is
 stored). At a thousand ranks the head writes a million events a second, 233 MB
 of JSON lines, and on this project's VM the disk's kernel time for them
-starved the fold of its core (docs/multinode.md); LZ4 keeps a real recording's
-lines in 17-28 % of their size at 900 MB/s a core, the lock let go meanwhile. Like the JSON-lines tables, a part
+starved the fold of its core (docs/multinode.md); LZ4 keeps a real
+recording's lines in 17-28 % of their size at 900 MB/s a core, with the
+interpreter's lock let go meanwhile. Like the JSON-lines tables, a part
 is appended and flushed with each batch, so a crash loses at most the frame
 being written, which reads as torn (its header or its bytes cut short) and is
 counted, not read. Readers decode each kind's blocks a clock offset at a
