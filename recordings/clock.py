@@ -23,16 +23,18 @@ from meshtop.probes.events import EVENT_TYPES, clock_fields
 def on_head(kind: str, table: pa.Table, *, offset_ns: int | np.ndarray, node: int | np.ndarray) -> pa.Table:
     """``table`` of ``kind``, streamed from ``node`` with its clock ``offset_ns`` behind the head's, on the
     head's clock (nulls stay null). ``offset_ns`` and ``node`` are the table's, or arrays of one a row (several
-    nodes' blocks parsed together, moved at once)."""
+    nodes' blocks parsed together, moved at once). A column the table was read without stays so."""
     times, tuples, has_node = clock_fields(EVENT_TYPES[kind])
     per_row = isinstance(offset_ns, np.ndarray)
     offset = pa.array(offset_ns, pa.int64()) if per_row else pa.scalar(offset_ns, pa.int64())
     for name in times:
-        index = table.schema.get_field_index(name)
+        if (index := table.schema.get_field_index(name)) < 0:
+            continue
         column = table.column(name).combine_chunks() if per_row else table.column(name)
         table = table.set_column(index, name, pc.add(column, offset))
     for name in tuples:
-        index = table.schema.get_field_index(name)
+        if (index := table.schema.get_field_index(name)) < 0:
+            continue
         table = table.set_column(index, name, _moved_lists(table.column(name), offset_ns))
     if has_node:
         index = table.schema.get_field_index("node")

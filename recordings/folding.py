@@ -131,7 +131,7 @@ class FoldThread:
                 with self.recorder.session.lock:
                     self.recorder.session.left_out.update(left_out)
             try:
-                self.then(batch, self.recorder.fold(batch))
+                self.then(batch, self.recorder.fold(batch, bulk_left_out=bool(left_out)))
             except BaseException as error:  # raised again on the session's thread
                 self._error = error
                 with self._changed:

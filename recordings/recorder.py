@@ -92,10 +92,10 @@ class SessionRecorder:
         if self.writer is not None:
             self.writer.write(arrivals.items)
 
-    def fold(self, arrivals: Arrivals) -> Folded:
+    def fold(self, arrivals: Arrivals, *, bulk_left_out: bool = False) -> Folded:
         """Fold recorded ``arrivals`` into the session's fold and keep what the manifest says of them; what the
-        fold took of them."""
-        folded = self.session.take(arrivals)
+        fold took of them (``bulk_left_out``: :meth:`SessionFold.take`'s)."""
+        folded = self.session.take(arrivals, bulk_left_out=bulk_left_out)
         self._follow_run()
         gpus = [table for kind, table in folded.tables if kind == "gpu"]
         if not gpus and arrivals.has("gpu"):  # a headless session's fold does not read them

@@ -98,8 +98,11 @@ def schema(kind: str) -> pa.Schema:
 
 
 @cache
-def _with_kind(kind: str) -> pa.Schema:
-    return schema(kind).append(pa.field("kind", pa.string()))
+def _with_kind(kind: str, without: frozenset[str] = frozenset()) -> pa.Schema:
+    kept = schema(kind)
+    for name in without:
+        kept = kept.remove(kept.get_field_index(name))
+    return kept.append(pa.field("kind", pa.string()))
 
 
 def empty(kind: str) -> pa.Table:
@@ -114,8 +117,10 @@ class Decoded:
     bad: int
 
 
-def decode_lines(kind: str, lines: bytes) -> Decoded:
-    """``kind``'s events in ``lines`` (one JSON object per line, as workers send and recordings keep).
+def decode_lines(kind: str, lines: bytes, without: frozenset[str] = frozenset()) -> Decoded:
+    """``kind``'s events in ``lines`` (one JSON object per line, as workers send and recordings keep), the
+    columns ``without`` not read (a live fold's: a column it does not need costs Arrow's parse all the same if
+    read; a line is then judged on the columns read).
 
     A line counts as one event or as bad: not JSON, not an object, another kind's, a field of the wrong
     type, or without a field the kind cannot do without. Clean blocks are parsed in one call (Arrow's
@@ -128,16 +133,17 @@ def decode_lines(kind: str, lines: bytes) -> Decoded:
     if not end:
         return Decoded(empty(kind), 0)
     if end >= ARROW_JSON_FROM_BYTES:  # read in place: a copy of a big body would take the interpreter's lock
-        table = _arrow_json(kind, pa.py_buffer(lines).slice(0, end))
+        table = _arrow_json(kind, pa.py_buffer(lines).slice(0, end), without)
     else:
-        table = _python_json(kind, lines[:end])
+        table = _python_json(kind, lines[:end], without)
     if table is None:
-        return _line_by_line(kind, lines[:end])
+        decoded = _line_by_line(kind, lines[:end])
+        return Decoded(decoded.table.drop_columns(list(without)), decoded.bad)
     return _checked(kind, table)
 
 
-def _arrow_json(kind: str, body: pa.Buffer) -> pa.Table | None:
-    options = pa_json.ParseOptions(explicit_schema=_with_kind(kind), unexpected_field_behavior="ignore")
+def _arrow_json(kind: str, body: pa.Buffer, without: frozenset[str] = frozenset()) -> pa.Table | None:
+    options = pa_json.ParseOptions(explicit_schema=_with_kind(kind, without), unexpected_field_behavior="ignore")
     # Threads help a body of several blocks only; one with a line longer than a block fails there.
     blocks = [ARROW_JSON_BLOCK_MAX] if len(body) <= ARROW_JSON_BLOCK else [ARROW_JSON_BLOCK, ARROW_JSON_BLOCK_MAX]
     for block in blocks:
@@ -149,7 +155,7 @@ def _arrow_json(kind: str, body: pa.Buffer) -> pa.Table | None:
     return None
 
 
-def _python_json(kind: str, body: bytes) -> pa.Table | None:
+def _python_json(kind: str, body: bytes, without: frozenset[str] = frozenset()) -> pa.Table | None:
     try:
         records = json.loads(b"[" + body.replace(b"\n", b",") + b"]")
     except (ValueError, RecursionError):  # not JSON, not UTF-8, too deep, a huge integer
@@ -159,7 +165,7 @@ def _python_json(kind: str, body: bytes) -> pa.Table | None:
     if not _types_fit(kind, records):  # Arrow would coerce (1.5 into an int column): read line by line
         return None
     try:
-        return pa.Table.from_pylist(records, schema=_with_kind(kind))
+        return pa.Table.from_pylist(records, schema=_with_kind(kind, without))
     except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, OverflowError, UnicodeEncodeError):
         return None
 

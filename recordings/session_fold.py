@@ -30,7 +30,7 @@ from meshtop.probes.events import Event
 from meshtop.recordings.clock import on_head
 from meshtop.recordings.manifest import RunDescription
 from meshtop.recordings.metrics.run import COLUMNAR, EVENT_KINDS, RunFigures, RunFold
-from meshtop.recordings.metrics.steps import JobStep
+from meshtop.recordings.metrics.steps import PHASE_TIMES, JobStep
 from meshtop.recordings.replay import in_kind_order
 from meshtop.recordings.schema import batches_of, decode_lines
 
@@ -68,10 +68,13 @@ Clock = tuple[int | None, int]
 """Where a block's times are: (the node that streamed it, its offset), ``(None, 0)`` on this machine's clock."""
 
 
-def arrival_tables(arrivals: Arrivals, kinds: Collection[str]) -> list[Batch]:
+def arrival_tables(
+    arrivals: Arrivals, kinds: Collection[str], without: dict[str, frozenset[str]] | None = None
+) -> list[Batch]:
     """The events of ``kinds`` in ``arrivals`` as typed tables: each kind's encoded blocks decoded together (one
     parse a kind; another node's rows then put on this one's clock, :mod:`meshtop.recordings.clock`), then the
-    events made in meshtop's own process; kinds in the order they first came."""
+    events made in meshtop's own process; kinds in the order they first came. ``without``: columns of a kind
+    the encoded blocks are read without (:func:`meshtop.recordings.schema.decode_lines`)."""
     blocks: dict[str, dict[Clock, list[EncodedEvents]]] = {}
     made: dict[str, list[Event]] = {}
     order: list[str] = []
@@ -86,8 +89,9 @@ def arrival_tables(arrivals: Arrivals, kinds: Collection[str]) -> list[Batch]:
             made.setdefault(item.kind, []).append(item)
     batches: list[Batch] = []
     for kind in order:
-        batches += [(kind, table) for table in _decoded(kind, blocks.get(kind, {}))]
-        batches.extend(batches_of(made.get(kind, [])))
+        left = (without or {}).get(kind, frozenset())
+        batches += [(kind, table) for table in _decoded(kind, blocks.get(kind, {}), left)]
+        batches.extend((kind, table.drop_columns(list(left))) for kind, table in batches_of(made.get(kind, [])))
     return batches
 
 
@@ -99,7 +103,9 @@ interpreter's lock from every other thread of the head (the fleet benchmark's he
 it held the lock there)."""
 
 
-def _decoded(kind: str, groups: dict[Clock, list[EncodedEvents]]) -> list[pa.Table]:
+def _decoded(
+    kind: str, groups: dict[Clock, list[EncodedEvents]], without: frozenset[str] = frozenset()
+) -> list[pa.Table]:
     """The blocks of ``kind`` as tables on this machine's clock, parsed :data:`DECODE_BYTES` at most at a
     time (whole blocks, in the order they came)."""
     tables: list[pa.Table] = []
@@ -108,14 +114,16 @@ def _decoded(kind: str, groups: dict[Clock, list[EncodedEvents]]) -> list[pa.Tab
     for clock, group in groups.items():
         for block in group:
             if size and size + len(block.lines) > DECODE_BYTES:
-                tables += _decoded_piece(kind, piece)
+                tables += _decoded_piece(kind, piece, without)
                 piece, size = {}, 0
             piece.setdefault(clock, []).append(block)
             size += len(block.lines)
-    return tables + _decoded_piece(kind, piece)
+    return tables + _decoded_piece(kind, piece, without)
 
 
-def _decoded_piece(kind: str, groups: dict[Clock, list[EncodedEvents]]) -> list[pa.Table]:
+def _decoded_piece(
+    kind: str, groups: dict[Clock, list[EncodedEvents]], without: frozenset[str] = frozenset()
+) -> list[pa.Table]:
     """The blocks of ``kind`` as tables on this machine's clock: one for every node's, or one a clock.
 
     Every node's blocks are parsed in one go (a thousand ranks' steps over 16 nodes make 16 small blocks
@@ -126,7 +134,7 @@ def _decoded_piece(kind: str, groups: dict[Clock, list[EncodedEvents]]) -> list[
     if not groups:
         return []
     if len(groups) > 1:
-        decoded = decode_lines(kind, b"".join(block.lines for group in groups.values() for block in group))
+        decoded = decode_lines(kind, b"".join(block.lines for group in groups.values() for block in group), without)
         counts = [sum(block.count for block in group) for group in groups.values()]
         if not decoded.bad and decoded.table.num_rows == sum(counts) and None not in (node for node, _ in groups):
             nodes, offsets = zip(*groups, strict=True)  # every row moved at once, by its node's offset
@@ -139,7 +147,7 @@ def _decoded_piece(kind: str, groups: dict[Clock, list[EncodedEvents]]) -> list[
                 start += rows
             return tables
     return [
-        _on_this_clock(kind, decode_lines(kind, b"".join(block.lines for block in group)).table, clock)
+        _on_this_clock(kind, decode_lines(kind, b"".join(block.lines for block in group), without).table, clock)
         for clock, group in groups.items()
     ]
 
@@ -218,16 +226,19 @@ class SessionFold:
         with self.lock:
             yield self.fold
 
-    def take(self, arrivals: Arrivals) -> Folded:
+    def take(self, arrivals: Arrivals, *, bulk_left_out: bool = False) -> Folded:
         """Fold a live session's batch: its events of :attr:`kinds`, decoded a table a kind and folded in kind
         order (a rank's start before its work, a step after the work it closes). A batch whose whole fold
         would take the fold past :attr:`share` of its time (its thread's CPU against the wall clock, over the
         last second: :meth:`_too_long`) is folded without its :data:`BULK_KINDS` (counted in
-        :attr:`left_out`)."""
+        :attr:`left_out`). A batch without them (so, ``bulk_left_out``: left out before it came here; or a
+        fold that reads none) breaks no step down (:meth:`RunFold.next_batch`), and its steps are read
+        without their phase times, the largest part of their lines."""
         count, now = arrivals.count, time.perf_counter()
         too_long = self._too_long(count, now)
         folded, left = self._to_fold(arrivals, too_long)
-        tables = in_kind_order(arrival_tables(folded, self.kinds))
+        torn = bulk_left_out or bool(left) or not self.kinds >= BULK_KINDS
+        tables = in_kind_order(arrival_tables(folded, self.kinds, {"step": frozenset(PHASE_TIMES)} if torn else None))
         # Arrow parses big blocks on its own threads: the parse's wall time is its cost, not this thread's CPU
         # (counted so, a thousand ranks' collectives looked nearly free and were folded, seconds at a time)
         began = time.thread_time()
@@ -235,6 +246,7 @@ class SessionFold:
         with self.lock:
             for item in left:
                 self.left_out[item.kind] += event_count(item)
+            self.fold.next_batch(bulk_left_out=torn)
             for kind, table in tables:
                 self.fold.apply(kind, table)
             steps = self.fold.steps_since(self._steps_taken)

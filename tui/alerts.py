@@ -70,6 +70,7 @@ def alerts_of(state: DashboardState) -> list[Alert]:
         alerts.append(Alert("warning", text, now))
     with state.session.reading() as fold:
         left_out = sum(fold.rejected.values())
+        torn = fold.closed_torn
     if left_out:
         alerts.append(
             Alert(
@@ -84,6 +85,15 @@ def alerts_of(state: DashboardState) -> list[Alert]:
                 "info",
                 f"{state.coalesced:,} collective and sample events left out of the live view to keep up "
                 "(the recording has them all; summary reads them)",
+                now,
+            )
+        )
+    if torn and state.coalesced:
+        alerts.append(
+            Alert(
+                "info",
+                f"{torn:,} steps not broken down live: their collectives were left out to keep up "
+                "(summary breaks every step down)",
                 now,
             )
         )

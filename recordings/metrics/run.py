@@ -196,6 +196,16 @@ class RunFold:
         """The last steps closed, oldest first."""
         self.closed_count = 0
         """Steps closed so far."""
+        self.closed_torn = 0
+        """Steps closed without their breakdown and compute times: a live fold left collectives and stage
+        actions out while their events came (:meth:`next_batch`)."""
+        self._batch = 0
+        self._batch_torn = -1
+        """The last live batch whose collectives and stage actions this fold did not take (-1: none)."""
+        self._first_batch: dict[int, int] = {}
+        """The live batch that brought each open step's first report."""
+        self._torn: set[int] = set()
+        """Steps completed but not closed that the rule of :meth:`next_batch` leaves without a breakdown."""
         self.compute = ComputeTimes()
         """Each rank's compute time in its last closed steps: the straggler rule's input."""
         self.breakdown = BreakdownFold()
@@ -284,7 +294,7 @@ class RunFold:
         if completed is None:
             return False
         for step, indexes in rows.by_step.items():
-            rows.add_spans(self._spans.setdefault(step, StepSpans()), indexes)
+            rows.add_spans(self._spans_of(step), indexes)
         self._complete_steps(completed)
         return True
 
@@ -431,11 +441,28 @@ class RunFold:
             if timing.rank == 0 and (step := self._folder.add(timing)) is not None:
                 self._complete(step)
             return
-        self._spans.setdefault(timing.step, StepSpans()).add(
+        self._spans_of(timing.step).add(
             timing.rank, timing.start_ns, timing.duration_s, timing.forward_backward_s, Windows.of(timing)
         )
         if (step := self._folder.add(timing)) is not None:
             self._complete(step)
+
+    def next_batch(self, *, bulk_left_out: bool) -> None:
+        """A live session's next batch follows (``bulk_left_out``: without the collectives and stage actions it
+        brought, or this fold reads none). A step is broken down and its ranks' compute times taken only if
+        every batch from the one that brought the previous step's first report to the one that completed it
+        was taken whole: its collectives came in those (a rank sends a step's work between its reports of
+        the step before and of the step), and without them its communication would count as compute."""
+        self._batch += 1
+        if bulk_left_out:
+            self._batch_torn = self._batch
+
+    def _spans_of(self, step: int) -> StepSpans:
+        spans = self._spans.get(step)
+        if spans is None:
+            spans = self._spans[step] = StepSpans()
+            self._first_batch.setdefault(step, self._batch)
+        return spans
 
     def _complete(self, step: JobStep) -> None:
         self._complete_steps([step])
@@ -448,6 +475,9 @@ class RunFold:
             self.recent_steps.append(step)
             if self.training:
                 self._completed[step.step] = step
+                first = self._first_batch.pop(step.step - 1, None)
+                if (self._first_batch.get(step.step, self._batch) if first is None else first) <= self._batch_torn:
+                    self._torn.add(step.step)
                 closing += [
                     self._completed.pop(number)
                     for number in sorted(self._completed)
@@ -462,12 +492,17 @@ class RunFold:
             [(step.step, step.duration_s, ranks) for step, ranks in zip(steps, spans, strict=True)]
         )
         for step, ranks, (by_op, by_rank, waits) in zip(steps, spans, exposures, strict=True):
-            self._break_down(ranks, waits)
+            whole = step.step not in self._torn
+            self._torn.discard(step.step)
+            if whole:
+                self._break_down(ranks, waits)
             durations = ranks.durations_s()
             self.recent_by_rank.add_many("step", durations.keys(), durations.values())
             span_s, bubbles = self.stages.close(step.step, ranks.forward_backward_max_s())
-            self.compute.add_step(durations, by_rank)
+            if whole:
+                self.compute.add_step(durations, by_rank)
             self.closed_count += 1
+            self.closed_torn += not whole
             self.closed.append(ClosedStep(step.step, step.duration_s, by_op, by_rank, durations, span_s, bubbles))
 
     def _break_down(self, ranks: StepSpans, waits: Waits) -> None:
@@ -526,6 +561,8 @@ class RunFold:
         for number in self.stages.open_steps():
             self.stages.drop(number)
         self._spans.clear()
+        self._first_batch.clear()
+        self._torn.clear()
         if self.requests is not None:
             self.requests.ended_status = status
 

@@ -213,12 +213,18 @@ class PhaseTimes:
     lists cost 3 ms of the head's fold a step, as an array 0.1 ms."""
 
     __slots__ = ("at", "values")
+    values: Nanoseconds
+    at: list[int]
+    """Row ``i``'s times are ``values[at[i]:at[i + 1]]`` (none for a null list)."""
 
-    def __init__(self, column: pa.ChunkedArray) -> None:
-        self.values: Nanoseconds = pc.list_flatten(column).to_numpy().astype(np.int64, copy=False)
+    def __init__(self, column: pa.ChunkedArray | None) -> None:
+        """``None``: a table read without the column, every row's list empty."""
+        if column is None:
+            self.values, self.at = np.empty(0, dtype=np.int64), []
+            return
+        self.values = pc.list_flatten(column).to_numpy().astype(np.int64, copy=False)
         lengths = pc.fill_null(pc.list_value_length(column), 0).to_numpy()
-        self.at: list[int] = [0, *np.cumsum(lengths, dtype=np.int64).tolist()]
-        """Row ``i``'s times are ``values[at[i]:at[i + 1]]`` (none for a null list)."""
+        self.at = [0, *np.cumsum(lengths, dtype=np.int64).tolist()]
 
 
 @dataclass(frozen=True, slots=True)
@@ -243,11 +249,16 @@ class StepRows:
 
     @classmethod
     def of(cls, table: pa.Table) -> StepRows:
+        """``table``'s rows; read without its phase times (a live fold's, behind), as rows that measured no
+        phases."""
         columns = table.select([name for name in STEP_COLUMNS if name not in PHASE_TIMES]).to_pydict()
         by_step: dict[int, list[int]] = {}
         for index, step in enumerate(columns["step"]):
             by_step.setdefault(step, []).append(index)
-        starts, ends = (PhaseTimes(table.column(name)) for name in PHASE_TIMES)
+        read = set(PHASE_TIMES) <= set(table.column_names)
+        starts, ends = (PhaseTimes(table.column(name) if read else None) for name in PHASE_TIMES)
+        if not read:
+            columns["phases"] = [None] * len(table)
         return cls(**columns, phase_start_ns=starts, phase_end_ns=ends, by_step=by_step)
 
     def reports(self, indexes: list[int]) -> list[Report]:

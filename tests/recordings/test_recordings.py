@@ -357,6 +357,25 @@ def test_the_decoder_counts_a_line_that_is_no_event_and_keeps_the_rest(line: byt
     assert (decoded.table.num_rows, decoded.bad) == (clean, 1), why
 
 
+PHASED_STEP = (
+    b'{"rank":0,"step":1,"start_ns":5,"duration_s":0.5,"tokens":8,"loss":2.0,"phases":"fb",'
+    b'"phase_start_ns":[5,6],"phase_end_ns":[6,7],"kind":"step"}\n'
+)
+
+
+@pytest.mark.parametrize("clean", [1, 20_000], ids=["small block", "big block"])
+def test_a_block_read_without_some_columns_gives_the_same_rows_without_them(clean: int) -> None:
+    """A live fold behind reads steps without their phase times: the other columns as a whole read gives them,
+    whichever parser reads the block (a bad line sends it to the line-by-line one)."""
+    from meshtop.recordings.schema import decode_lines
+
+    without = frozenset({"phase_start_ns", "phase_end_ns"})
+    for block in (PHASED_STEP * clean, PHASED_STEP * clean + b"not json\n"):
+        whole, partial = decode_lines("step", block), decode_lines("step", block, without)
+        assert not without & set(partial.table.column_names) and partial.bad == whole.bad
+        assert partial.table == whole.table.drop_columns(list(without))
+
+
 def test_a_string_that_utf_8_cannot_hold_is_a_bad_line_not_an_error() -> None:
     from meshtop.recordings.schema import decode_lines
 

@@ -9,12 +9,14 @@ import time
 from pathlib import Path
 
 import pyarrow as pa
+import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from meshtop.probes.arrivals import Arrivals, EncodedEvents, encode_lines
 from meshtop.probes.events import Event
 from meshtop.recordings import session_fold
 from meshtop.recordings.manifest import Manifest, read_manifest, write_manifest
+from meshtop.recordings.metrics.stragglers import WINDOW
 from meshtop.recordings.prometheus import RunMetrics
 from meshtop.recordings.reader import open_recording
 from meshtop.recordings.recorder import Ending, SessionRecorder
@@ -276,3 +278,61 @@ def test_blocks_past_decode_bytes_are_parsed_a_piece_at_a_time_into_the_same_row
     assert pa.concat_tables(table for _, table in pieces).equals(whole)
     last = collective(1, 3, 0.002, waited=True, **every)  # node 3's last, 3 us behind the head's clock
     assert whole.column("start_ns").to_pylist()[-1] == last.start_ns + 3_000
+
+
+def phased_batches(steps: int) -> list[list[Event]]:
+    """A dp2 job's batches, a step's events of both ranks in each: data 0-2 ms, forward 2-5, backward 5-9,
+    optimizer 9-10 of a 10 ms step, the all-reduce waited 7-9 (2 ms of communication out of backward)."""
+    out: list[list[Event]] = [[rank_started(0, world_size=2), rank_started(1, world_size=2, dp_rank=1)]]
+    every = 20 * MS
+    for number in range(steps):
+        base = number * every
+        windows = [("d", 0, 2), ("f", 2, 5), ("b", 5, 9), ("o", 9, 10)]
+        phased = {
+            "phases": "".join(letter for letter, _, _ in windows),
+            "phase_start_ns": tuple(base + start * MS for _, start, _ in windows),
+            "phase_end_ns": tuple(base + end * MS for _, _, end in windows),
+        }
+        out.append(
+            [collective(rank, number, 0.002, waited=True, every_ns=every, offset_ns=7 * MS) for rank in (0, 1)]
+            + [step(rank, number, 0.010, every_ns=every, **phased) for rank in (0, 1)]
+        )
+    return out
+
+
+def test_steps_whose_collectives_a_live_fold_left_out_are_not_broken_down_nor_read_with_their_phases() -> None:
+    """Batches 3 and 4 (steps 2 and 3) come without their all-reduces, left out to keep up. Step 4 began
+    arriving in batch 4 too, so steps 2-4 close torn: counted, not in the breakdown or the stragglers' compute
+    times (without the all-reduce, its 2 ms would count as backward), and the torn batches' steps are read
+    without their phase times. Steps 0, 1 and 5 break down as a fold of everything does."""
+    run = description(dp=2)
+    whole, live = SessionFold(run), SessionFold(run)
+    read_columns = []
+    for number, events in enumerate(phased_batches(6)):
+        encoded = [
+            EncodedEvents(
+                kind, 0, encode_lines(e for e in events if e.kind == kind), sum(e.kind == kind for e in events)
+            )
+            for kind in dict.fromkeys(event.kind for event in events)
+        ]
+        whole.take(Arrivals(encoded))
+        torn = number in (3, 4)
+        kept = [item for item in encoded if not (torn and item.kind == "collective")]
+        folded = live.take(Arrivals(kept), bulk_left_out=torn)
+        read_columns += [set(table.column_names) for kind, table in folded.tables if kind == "step"]
+    for fold in (whole, live):
+        fold.finish("completed")
+    with_phases = [bool({"phase_start_ns", "phase_end_ns"} & columns) for columns in read_columns]
+    assert with_phases == [True, True, False, False, True, True]
+    everything, kept_whole = whole.figures().breakdown, live.figures().breakdown
+    assert everything is not None and kept_whole is not None
+    assert (whole.fold.closed_torn, live.fold.closed_torn) == (0, 3)
+    assert (everything.steps, kept_whole.steps) == (12, 6)  # rank-steps
+    for part, row in everything.parts.items():
+        assert kept_whole.parts[part] == pytest.approx(row), part
+    assert kept_whole.parts["communication"]["s_per_step"] == pytest.approx(0.002)
+    assert [len(times) for times in live.fold.compute.recent.values()] == [3, 3]
+    state = DashboardState(run, session=live)
+    state.coalesced = 4  # the all-reduces left out, as the live source counts them
+    assert any(alert.text.startswith("3 steps not broken down live") for alert in alerts_of(state))
+    assert [len(times) for times in whole.fold.compute.recent.values()] == [min(6, WINDOW)] * 2
