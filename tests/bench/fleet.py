@@ -74,6 +74,9 @@ POLL_S = 0.2
 SCREEN_HZ = 8.0
 STEP_KINDS = ("stage_action", "collective", "step", "memory")
 PER_RANK_STEP = 44
+DRAIN_S = 300
+"""How long after the run the head may take to take in what the nodes sent, before what is still on its way
+counts as lost (a head far behind, under a profiler, takes minutes)."""
 PROCESS_HZ, GPU_HZ = 2.0, 10.0
 SLOW_NODE, SLOW = 5, 1.5
 LAG_TARGET_S = 1.0
@@ -315,9 +318,10 @@ def measure(
         head_cpu_live = sum(os.times()[:2]) - head_cpu_at_start  # the run's, before its recording is closed
         head_sys_live = os.times()[1] - head_sys_at_start
         sent = sum(result[1] for result in results)
-        deadline = time.monotonic() + 120  # what the relays sent is on its way: the head takes it all first
+        deadline = time.monotonic() + DRAIN_S  # what the relays sent is on its way: the head takes it all first
         while collector.counts.events < sent and time.monotonic() < deadline:
             time.sleep(POLL_S)
+        undrained = max(0, sent - collector.counts.events)
         for worker in workers:
             worker.join(30)
         time.sleep(2 * POLL_S)
@@ -343,6 +347,7 @@ def measure(
         "head_per_s": sum(n for _, n in window[1:]) / span if span > 0 else 0.0,
         "sent": sent,
         "recorded": recorded,
+        "not_taken_in_drain": undrained,
         "dropped_at_nodes": dropped,
         "lag_p50_s": statistics.median(lags) if lags else None,
         "lag_p99_s": quantile(lags, 0.99) if lags else None,
@@ -375,7 +380,9 @@ def rows(
     current = got["lag_p99_s"] is not None and got["lag_p99_s"] <= LAG_TARGET_S
     value = got["head_per_s"] if lost == 0 and current else 0.0
     note = (
-        f"offered {rate:,.0f}/s; recorded {got['recorded']:,} of {got['sent']:,} sent ({lost:,} lost); dashboard "
+        f"offered {rate:,.0f}/s; recorded {got['recorded']:,} of {got['sent']:,} sent ({lost:,} lost"
+        + (f", {got['not_taken_in_drain']:,} of them still on their way {DRAIN_S} s after" if lost else "")
+        + "); dashboard "
         f"lag p99 {got['lag_p99_s'] or float('nan'):.2f} s (max {got['lag_max_s'] or float('nan'):.2f}); "
         f"{got['skipped_for_screen']:,} skipped for the screen"
     )
