@@ -231,33 +231,49 @@ def drained_steps(collector: Collector) -> list[int]:
     return [e.step for e in Arrivals(collector.drain()).events()]
 
 
-def test_collector_refuses_what_cannot_fit_and_stops_reading_near_its_bound() -> None:
+def queue_state(collector: Collector, expected: tuple[int, int], timeout_s: float = 10.0) -> tuple[int, int]:
+    """The collector's ``(queued, queue_full)`` once it is ``expected``, or as it is at the timeout: its reading
+    thread gets there late on a loaded machine."""
+    deadline = time.monotonic() + timeout_s
+    while (state := (collector.queued, collector.counts.queue_full)) != expected and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return state
+
+
+def test_collector_refuses_what_cannot_fit_and_stops_reading_near_its_bound(monkeypatch) -> None:
+    """The pause is made longer than any test's wait, so that a loaded machine cannot end it before the queue is
+    drained (the end of a pause has a test of its own, below). A state reached is held a while before it is
+    taken: the 10 sent last, were they read, would be refused, and the state would only pass through."""
+    monkeypatch.setattr(collector_module, "PAUSE_MAX_S", 60.0)
     small = Collector(max_queue_events=60).start()
     try:
         send_steps(small, range(70))  # can never fit: refused whole, counted
         send_steps(small, range(40))  # under three quarters of the bound: the next is read
         send_steps(small, range(20))  # fits exactly
         send_steps(small, range(10))  # past three quarters: waits in its socket, unread
-        time.sleep(0.3)
+        assert queue_state(small, (60, 70)) == (60, 70)
+        time.sleep(0.3)  # the 10 stay unread (read, they would be refused)
         assert (small.queued, small.counts.queue_full) == (60, 70)
         assert drained_steps(small) == [*range(40), *range(20)]
-        time.sleep(0.3)
-        assert small.queued == 10  # read once there was room: not lost
-        assert small.counts.queue_full == 70
+        assert queue_state(small, (10, 70)) == (10, 70)  # read once there was room: not lost
     finally:
         small.stop()
 
 
 def test_a_collector_full_for_long_serves_on_and_refuses_what_does_not_fit(monkeypatch) -> None:
-    monkeypatch.setattr(collector_module, "PAUSE_MAX_S", 0.3)  # a node's pings wait no longer
+    """The 20 wait out the pause, then are read and refused: they can be refused no sooner than the pause after
+    the first message was sent (a bound a loaded machine only makes easier), where a collector that did not
+    pause would refuse them as they came, within the 0.1 s the two sends take."""
+    monkeypatch.setattr(collector_module, "PAUSE_MAX_S", 0.5)  # a node's pings wait no longer
     small = Collector(max_queue_events=60).start()
     try:
+        started = time.monotonic()
         send_steps(small, range(50))
         send_steps(small, range(20))
-        time.sleep(0.1)
-        assert (small.queued, small.counts.queue_full) == (50, 0)  # paused: the 20 wait
-        time.sleep(0.5)
-        assert (small.queued, small.counts.queue_full) == (50, 20)  # not drained for long: read, refused
+        state = queue_state(small, (50, 20))
+        waited = time.monotonic() - started
+        assert state == (50, 20)  # not drained for long: read, refused
+        assert waited >= collector_module.PAUSE_MAX_S  # paused: the 20 waited
     finally:
         small.stop()
 
@@ -353,16 +369,18 @@ def test_lines_that_are_not_one_event_each_decode_to_none_without_raising() -> N
         assert block.bad == bad
 
 
-def test_the_queue_is_bounded_in_bytes_too() -> None:
+def test_the_queue_is_bounded_in_bytes_too(monkeypatch) -> None:
+    """As for the bound in events: the pause outlasts the test, and the state reached is held a while."""
+    monkeypatch.setattr(collector_module, "PAUSE_MAX_S", 60.0)
     small = Collector(max_queue_bytes=16_000).start()
     try:
         for _ in range(3):
             send_steps(small, range(30))  # 7,421 bytes each: two fit, the third waits past 12,000 bytes
-        time.sleep(0.3)
+        assert queue_state(small, (60, 0)) == (60, 0)
+        time.sleep(0.3)  # the third stays unread (read, it would be refused)
         assert (small.queued, small.counts.queue_full) == (60, 0)
         small.drain()
-        time.sleep(0.3)
-        assert (small.queued, small.counts.queue_full) == (30, 0)
+        assert queue_state(small, (30, 0)) == (30, 0)
     finally:
         small.stop()
 

@@ -10,11 +10,13 @@ the plugin writes when one fails).
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 
 import pytest
+from textual.command import Command, CommandList, CommandPalette
 
 from meshtop.recordings.compare import compare
 from meshtop.recordings.reader import open_recording
@@ -252,11 +254,24 @@ async def test_a_live_jobs_help_leaves_out_the_replays_keys(monkeypatch: pytest.
 
 
 async def test_command_palette_switches_views() -> None:
+    """The palette searches its commands on a worker, in batches a quarter of a second apart: enter is pressed
+    once the search has put the command typed at the top (however long that takes on a loaded machine)."""
     async with replay() as (app, pilot):
         await press(pilot, "ctrl+p", *"View: Pipeline")
-        await pilot.pause(0.3)
+        deadline = asyncio.get_running_loop().time() + 10.0
+        while top_command(app) != "View: Pipeline" and asyncio.get_running_loop().time() < deadline:
+            await pilot.pause(0.05)
+        assert top_command(app) == "View: Pipeline"
         await press(pilot, "enter")
         assert "bubble per stage" in screen_text(app)
+
+
+def top_command(app: MeshtopApp) -> str | None:
+    """The command the open palette would run on enter (its highlighted option: the best match, once found)."""
+    if not isinstance(app.screen, CommandPalette):
+        return None
+    option = app.screen.query_one(CommandList).highlighted_option
+    return str(option.hit.text) if isinstance(option, Command) else None
 
 
 async def test_q_quits_a_replay() -> None:
