@@ -498,13 +498,13 @@ def test_activations_saved_for_backward_are_measured_when_asked(tmp_path: Path) 
 @pytest.mark.slow
 def test_a_script_without_an_optimizer_has_collectives_memory_and_says_it_has_no_steps(tmp_path: Path) -> None:
     script = tmp_path / "evaluate.py"
-    script.write_text(  # a second of evaluating after its collectives: the process sampler's time to see each rank
+    script.write_text(  # seconds of evaluating after its collectives: the process sampler's time to see each rank
         "import time, torch, torch.distributed as dist\n"
         "dist.init_process_group('gloo')\n"
         "with torch.no_grad():\n"
         "    for _ in range(5):\n"
         "        dist.all_reduce(torch.ones(1000))\n"
-        "time.sleep(1.0)\n"
+        "time.sleep(3.0)\n"
         "dist.barrier()\n"
         "dist.destroy_process_group()\n"
     )

@@ -63,10 +63,10 @@ def test_a_server_is_waited_for_then_stopped_with_its_whole_tree(tmp_path: Path)
 
 def test_a_server_that_never_answers_or_exits_first_is_one_line(tmp_path: Path) -> None:
     loading = "print('loading...', flush=True); import time; time.sleep(60)"
-    silent = ServerCommand(command=(sys.executable, "-c", loading), startup_timeout_s=1.5)
+    silent = ServerCommand(command=(sys.executable, "-c", loading), startup_timeout_s=4)  # a loaded CI's start
     server = ServerProcess(silent, tmp_path / "a.log")
     with pytest.raises(
-        ServerFailed, match=r"did not answer .* within 1.5 s \(--startup-timeout\); its last lines: loading"
+        ServerFailed, match=r"did not answer .* within 4 s \(--startup-timeout\); its last lines: loading"
     ):
         server.wait_ready(Origin.parse(f"http://127.0.0.1:{free_port()}"), progress=lambda s, line: None)
     assert server.stop(QUICK_STOP).exit_code is not None
@@ -76,7 +76,7 @@ def test_a_server_that_never_answers_or_exits_first_is_one_line(tmp_path: Path) 
     begun = time.monotonic()
     with pytest.raises(StartupStopped):
         server.wait_ready(Origin.parse(f"http://127.0.0.1:{free_port()}"), progress=lambda s, line: None, stop=stop)
-    assert time.monotonic() - begun < 1.4  # at once, not at the startup timeout
+    assert time.monotonic() - begun < 3  # at once, not at the startup timeout
     server.stop(QUICK_STOP)
     dying = ServerCommand(command=(sys.executable, "-c", "raise SystemExit(5)"))
     server = ServerProcess(dying, tmp_path / "b.log")
