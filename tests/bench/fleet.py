@@ -59,6 +59,8 @@ from meshtop.runner.job.control import JobControl
 from meshtop.runner.multinode.fleet import Fleet
 from meshtop.runner.multinode.nodes import HeadAddress, Nodes
 from meshtop.runner.multinode.relay import Relay
+from meshtop.tui.app import GC_EVERY_S, WHOLE_GC_EVERY_S
+from meshtop.tui.gc_pacing import GcPacer
 from meshtop.tui.sources import ScreenBacklog, screen_batches
 from meshtop.tui.state import DashboardState
 from tests.bench.figures import Row, Spread, Target, quantile
@@ -168,7 +170,7 @@ def node_main(
 ) -> None:
     """Node ``node`` (1-based) of a fleet of ``ranks`` ranks: once ready, says so and waits for ``go`` (t0 and
     the end, wall seconds); then its relay, fed its ranks' steps on schedule; puts (node, events sent, steps
-    sent, events its relay dropped)."""
+    sent, events its relay dropped, its CPU and kernel seconds, why it lost the head or ``None``)."""
     keep_buffer_pages()  # as the node's meshtop does
     mine = list(range((node - 1) * per_node, node * per_node))
     source = SyntheticSource(ranks, warm_events=0, per_node=per_node)
@@ -225,7 +227,9 @@ def node_main(
         step += 1
     relay.finish(None)
     user, system = os.times()[:2]
-    report.put((node, sent, step, relay.dropped, user - ready_user + system - ready_sys, system - ready_sys))
+    report.put(
+        (node, sent, step, relay.dropped, user - ready_user + system - ready_sys, system - ready_sys, relay.head_lost)
+    )
 
 
 def measure(
@@ -282,15 +286,25 @@ def measure(
                         lags.append(now - (t0 + session.steps_completed * step_s))
                     stop.wait(1 / SCREEN_HZ)
                     continue
+                began = time.perf_counter()
                 batches, steps = backlog.take_with_steps()
                 for kind, table in in_kind_order(batches):
                     state.apply(kind, table)
                 state.take_steps(steps)
+                if pacer.frame_drawn():  # the dashboard's collections, after its frames
+                    pacer.collect(time.perf_counter() - began)
                 now = time.time()
                 if t0 + WARMUP_S <= now <= until and state.steps_done:
                     lags.append(now - (t0 + state.steps_done * step_s))  # its end was produced a step later
                 stop.wait(1 / SCREEN_HZ)
 
+        # As `meshtop run`'s app: what exists now frozen, full collections only after frames (a full collection
+        # of a thousand ranks' live objects at an allocation's whim took 30 % of the fold's time holding the lock)
+        pacer = GcPacer(
+            every_frames=max(1, round(SCREEN_HZ * GC_EVERY_S)), reclaim_every=round(WHOLE_GC_EVERY_S / GC_EVERY_S)
+        )
+        if not headless:
+            pacer.start()
         threads = [
             threading.Thread(target=session_loop, daemon=True),
             threading.Thread(target=screen_loop, daemon=True),
@@ -328,6 +342,7 @@ def measure(
         stop.set()
         for thread in threads:
             thread.join(60)
+        pacer.stop()
         collector.stop()
         folding.close()
         recorder.close(Ending(status="completed", duration_s=until - t0))
@@ -338,6 +353,7 @@ def measure(
         steps = min(result[2] for result in results)
         node_cpu = sum(result[4] for result in results)
         node_sys = sum(result[5] for result in results)
+        head_lost = sum(result[6] is not None for result in results)
         head_cpu = sum(os.times()[:2]) - head_cpu_at_start
     span = (window[-1][0] - window[0][0]) if len(window) > 1 else seconds
     return {
@@ -349,6 +365,7 @@ def measure(
         "recorded": recorded,
         "not_taken_in_drain": undrained,
         "dropped_at_nodes": dropped,
+        "nodes_that_lost_the_head": head_lost,
         "lag_p50_s": statistics.median(lags) if lags else None,
         "lag_p99_s": quantile(lags, 0.99) if lags else None,
         "lag_max_s": max(lags) if lags else None,
@@ -382,6 +399,7 @@ def rows(
     note = (
         f"offered {rate:,.0f}/s; recorded {got['recorded']:,} of {got['sent']:,} sent ({lost:,} lost"
         + (f", {got['not_taken_in_drain']:,} of them still on their way {DRAIN_S} s after" if lost else "")
+        + (f", {got['nodes_that_lost_the_head']} nodes lost the head" if got["nodes_that_lost_the_head"] else "")
         + "); dashboard "
         f"lag p99 {got['lag_p99_s'] or float('nan'):.2f} s (max {got['lag_max_s'] or float('nan'):.2f}); "
         f"{got['skipped_for_screen']:,} skipped for the screen"
