@@ -257,6 +257,7 @@ def measure(
         stop = threading.Event()
         taken: deque[tuple[float, int]] = deque()
         lags: list[float] = []
+        lag_times: list[float] = []
         busy: list[tuple[float, int, int]] = []
         t0 = until = math.inf  # known once the nodes are up
 
@@ -284,6 +285,7 @@ def measure(
                     now = time.time()
                     if t0 + WARMUP_S <= now <= until and session.steps_completed:
                         lags.append(now - (t0 + session.steps_completed * step_s))
+                        lag_times.append(now)
                     stop.wait(1 / SCREEN_HZ)
                     continue
                 began = time.perf_counter()
@@ -296,6 +298,7 @@ def measure(
                 now = time.time()
                 if t0 + WARMUP_S <= now <= until and state.steps_done:
                     lags.append(now - (t0 + state.steps_done * step_s))  # its end was produced a step later
+                    lag_times.append(now)
                 stop.wait(1 / SCREEN_HZ)
 
         # As `meshtop run`'s app: what exists now frozen, full collections only after frames (a full collection
@@ -369,6 +372,13 @@ def measure(
         "lag_p50_s": statistics.median(lags) if lags else None,
         "lag_p99_s": quantile(lags, 0.99) if lags else None,
         "lag_max_s": max(lags) if lags else None,
+        "lag_max_by_5_s": [  # where in the run the lag grew
+            round(
+                max((lag for lag, at in zip(lags, lag_times, strict=True) if start <= at - t0 < start + 5), default=0),
+                2,
+            )
+            for start in range(int(WARMUP_S), int(WARMUP_S + seconds), 5)
+        ],
         "steps_sent": steps,
         "steps_shown": session.steps_completed if headless else state.steps_done,
         "skipped_for_screen": backlog.skipped,
