@@ -54,8 +54,8 @@ from meshtop.probes.events import (
 )
 from meshtop.recordings.manifest import RunDescription
 from meshtop.recordings.metrics.attention import WINDOW
+from meshtop.recordings.metrics.figures import RunFigures
 from meshtop.recordings.metrics.requests import COMPLETED
-from meshtop.recordings.metrics.run import RunFigures
 from meshtop.recordings.schema import events_of
 from meshtop.recordings.session_fold import Folded, SessionFold
 

@@ -29,7 +29,8 @@ from meshtop.probes.arrivals import Arrival, Arrivals, EncodedEvents, event_coun
 from meshtop.probes.events import Event
 from meshtop.recordings.clock import on_head
 from meshtop.recordings.manifest import RunDescription
-from meshtop.recordings.metrics.run import COLUMNAR, EVENT_KINDS, RunFigures, RunFold
+from meshtop.recordings.metrics.figures import RunFigures
+from meshtop.recordings.metrics.run import COLUMNAR, EVENT_KINDS, RunFold
 from meshtop.recordings.metrics.steps import PHASE_TIMES, JobStep
 from meshtop.recordings.replay import in_kind_order
 from meshtop.recordings.schema import batches_of, decode_lines

@@ -43,10 +43,11 @@ from meshtop.probes.events import (
 )
 from meshtop.recordings.manifest import RunDescription
 from meshtop.recordings.metrics.attention import Attention
+from meshtop.recordings.metrics.figures import RunFigures
 from meshtop.recordings.metrics.memory import MemoryRow
 from meshtop.recordings.metrics.mfu import Mfu
 from meshtop.recordings.metrics.requests import LATENCIES
-from meshtop.recordings.metrics.run import COLUMNAR, RunFigures, RunFold
+from meshtop.recordings.metrics.run import COLUMNAR, RunFold
 from meshtop.recordings.metrics.steps import JobStep
 from meshtop.recordings.metrics.stragglers import Straggler
 from meshtop.recordings.replay import in_kind_order

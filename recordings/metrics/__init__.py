@@ -24,5 +24,7 @@ read these; none computes a figure of its own.
 - :mod:`~meshtop.recordings.metrics.rates`: the bus bandwidth and FLOP/s a run
   measured, for the planner;
 - :mod:`~meshtop.recordings.metrics.run`: :class:`~meshtop.recordings.metrics.run.RunFold`,
-  which folds a run's event tables into all of them.
+  which folds a run's event tables into all of them;
+- :mod:`~meshtop.recordings.metrics.figures`: what it gives,
+  :class:`~meshtop.recordings.metrics.figures.RunFigures` (every figure at one moment) and its JSON.
 """

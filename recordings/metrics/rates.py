@@ -12,8 +12,8 @@ from dataclasses import dataclass
 
 from meshtop.recordings.manifest import RunDescription
 from meshtop.recordings.metrics.collectives import typical_busbw_gbps
+from meshtop.recordings.metrics.figures import RunFigures
 from meshtop.recordings.metrics.mfu import achieved_flops_per_rank
-from meshtop.recordings.metrics.run import RunFigures
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

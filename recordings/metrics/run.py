@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from collections import Counter, deque
 from collections.abc import Callable, Hashable, Iterable
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass, replace
 from itertools import islice
 from typing import TypeVar, cast
 
@@ -42,20 +42,21 @@ from meshtop.probes.events import (
 from meshtop.recordings.manifest import GpuInfo, RunDescription
 from meshtop.recordings.metrics.attention import STEP_MEASURES, Attention, RankRecent, attention
 from meshtop.recordings.metrics.breakdown import PARTS, Breakdown, BreakdownFold, step_cells
-from meshtop.recordings.metrics.collectives import CollectiveFold, CollectiveRow, Waits
-from meshtop.recordings.metrics.gpus import GpuFold, GpuRow, first_sample_of_each_gpu
-from meshtop.recordings.metrics.memory import MemoryFold, MemoryRow
-from meshtop.recordings.metrics.mfu import GpuModel, Mfu, mfu, script_parameters
-from meshtop.recordings.metrics.pipeline import StageFold, StageRow, step_bubbles
-from meshtop.recordings.metrics.requests import RequestFigures, RequestFold
-from meshtop.recordings.metrics.server import ServerFigures, ServerFold
+from meshtop.recordings.metrics.collectives import CollectiveFold, Waits
+from meshtop.recordings.metrics.figures import RunFigures
+from meshtop.recordings.metrics.gpus import GpuFold, first_sample_of_each_gpu
+from meshtop.recordings.metrics.memory import MemoryFold
+from meshtop.recordings.metrics.mfu import GpuModel, mfu, script_parameters
+from meshtop.recordings.metrics.pipeline import StageFold, step_bubbles
+from meshtop.recordings.metrics.requests import RequestFold
+from meshtop.recordings.metrics.server import ServerFold
 from meshtop.recordings.metrics.steps import (
     JobStep,
-    StepFigures,
     StepFolder,
     StepRows,
     StepSpans,
     StepStats,
+    WholeSteps,
     Windows,
 )
 from meshtop.recordings.metrics.stragglers import ComputeTimes, Straggler
@@ -112,58 +113,6 @@ class ClosedStep:
     """Each pipeline stage's idle share of the span."""
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class RunFigures:
-    """Every figure of a run at one moment."""
-
-    steps: StepFigures
-    collectives: tuple[CollectiveRow, ...]
-    stages: tuple[StageRow, ...]
-    memory: tuple[MemoryRow, ...]
-    most_loaded_rank: int | None
-    headroom_bytes: int | None
-    """Device memory left on the most loaded rank's GPU at its peak (CUDA only)."""
-    requests: RequestFigures | None
-    """``None`` for training."""
-    mfu: Mfu
-    stragglers: tuple[Straggler, ...]
-    """Ranks whose recent compute time exceeds their stage peers' (training)."""
-    server: ServerFigures | None = None
-    """An endpoint's engine, from its scraped ``/metrics`` (``None`` without them)."""
-    gpus: tuple[GpuRow, ...] = ()
-    """Each GPU sampled (NVML): its peak memory used and mean utilisation."""
-    breakdown: Breakdown | None = None
-    """Where the steps went, per part (training ranks that measured their phases; ``None`` where none did)."""
-
-    def to_json(self) -> dict[str, object]:
-        return {
-            "steps": self.steps.to_json(),
-            "mfu": asdict(self.mfu),
-            "requests": self.requests.to_json() if self.requests is not None else None,
-            "collectives": [row.to_json() for row in self.collectives],
-            "stages": [asdict(row) for row in self.stages],
-            "memory": [asdict(row) for row in self.memory],
-            "most_loaded_rank": self.most_loaded_rank,
-            "headroom_bytes": self.headroom_bytes,
-            "stragglers": [straggler_json(straggler) for straggler in self.stragglers],
-            "server": self.server.to_json() if self.server is not None else None,
-            "gpus": [asdict(row) for row in self.gpus],
-            "breakdown": self._breakdown_json(),
-        }
-
-    def _breakdown_json(self) -> dict[str, object] | None:
-        """The breakdown, and the straggler it explains (the one furthest from its peers; ``None`` without)."""
-        if self.breakdown is None:
-            return None
-        explained = [straggler for straggler in self.stragglers if straggler.cause is not None]
-        worst = max(explained, key=lambda straggler: straggler.ratio, default=None)
-        return {**self.breakdown.to_json(), "straggler": straggler_json(worst) if worst is not None else None}
-
-
-def straggler_json(straggler: Straggler) -> dict[str, object]:
-    return {**asdict(straggler), "verdict": straggler.verdict}
-
-
 class RunFold:
     """Folds a run's events into its figures."""
 
@@ -198,14 +147,8 @@ class RunFold:
         """Steps closed so far."""
         self.closed_torn = 0
         """Steps closed without their breakdown and compute times: a live fold left collectives and stage
-        actions out while their events came (:meth:`next_batch`)."""
-        self._batch = 0
-        self._batch_torn = -1
-        """The last live batch whose collectives and stage actions this fold did not take (-1: none)."""
-        self._first_batch: dict[int, int] = {}
-        """The live batch that brought each open step's first report."""
-        self._torn: set[int] = set()
-        """Steps completed but not closed that the rule of :meth:`next_batch` leaves without a breakdown."""
+        actions out while their events came (:class:`WholeSteps`)."""
+        self._whole = WholeSteps()
         self.compute = ComputeTimes()
         """Each rank's compute time in its last closed steps: the straggler rule's input."""
         self.breakdown = BreakdownFold()
@@ -449,19 +392,14 @@ class RunFold:
 
     def next_batch(self, *, bulk_left_out: bool) -> None:
         """A live session's next batch follows (``bulk_left_out``: without the collectives and stage actions it
-        brought, or this fold reads none). A step is broken down and its ranks' compute times taken only if
-        every batch from the one that brought the previous step's first report to the one that completed it
-        was taken whole: its collectives came in those (a rank sends a step's work between its reports of
-        the step before and of the step), and without them its communication would count as compute."""
-        self._batch += 1
-        if bulk_left_out:
-            self._batch_torn = self._batch
+        brought, or this fold reads none): only whole steps are broken down (:class:`WholeSteps`)."""
+        self._whole.next_batch(bulk_left_out=bulk_left_out)
 
     def _spans_of(self, step: int) -> StepSpans:
         spans = self._spans.get(step)
         if spans is None:
             spans = self._spans[step] = StepSpans()
-            self._first_batch.setdefault(step, self._batch)
+            self._whole.first_report(step)
         return spans
 
     def _complete(self, step: JobStep) -> None:
@@ -475,9 +413,7 @@ class RunFold:
             self.recent_steps.append(step)
             if self.training:
                 self._completed[step.step] = step
-                first = self._first_batch.pop(step.step - 1, None)
-                if (self._first_batch.get(step.step, self._batch) if first is None else first) <= self._batch_torn:
-                    self._torn.add(step.step)
+                self._whole.completed(step.step)
                 closing += [
                     self._completed.pop(number)
                     for number in sorted(self._completed)
@@ -492,8 +428,7 @@ class RunFold:
             [(step.step, step.duration_s, ranks) for step, ranks in zip(steps, spans, strict=True)]
         )
         for step, ranks, (by_op, by_rank, waits) in zip(steps, spans, exposures, strict=True):
-            whole = step.step not in self._torn
-            self._torn.discard(step.step)
+            whole = self._whole.closes_whole(step.step)
             if whole:
                 self._break_down(ranks, waits)
             durations = ranks.durations_s()
@@ -561,8 +496,7 @@ class RunFold:
         for number in self.stages.open_steps():
             self.stages.drop(number)
         self._spans.clear()
-        self._first_batch.clear()
-        self._torn.clear()
+        self._whole.clear()
         if self.requests is not None:
             self.requests.ended_status = status
 

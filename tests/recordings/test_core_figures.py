@@ -18,10 +18,11 @@ from meshtop.recordings.metrics.collectives import (
     step_traffic,
     typical_busbw_gbps,
 )
+from meshtop.recordings.metrics.figures import straggler_json
 from meshtop.recordings.metrics.memory import MemoryFold, MemoryRow, accounted_bytes, other_bytes, plan_peak
 from meshtop.recordings.metrics.pipeline import StageRow, mean_bubble
 from meshtop.recordings.metrics.rates import measured_rates
-from meshtop.recordings.metrics.run import RunFold, straggler_json
+from meshtop.recordings.metrics.run import RunFold
 from meshtop.recordings.metrics.stragglers import ComputeTimes, compute_seconds
 from meshtop.recordings.reader import open_recording
 from meshtop.recordings.replay import in_kind_order

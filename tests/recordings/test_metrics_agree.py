@@ -12,8 +12,9 @@ import numpy as np
 import pytest
 
 from meshtop.probes.events import MemorySnapshot, StepTiming
+from meshtop.recordings.metrics.figures import straggler_json
 from meshtop.recordings.metrics.mfu import GpuModel, peak_flops
-from meshtop.recordings.metrics.run import RunFold, straggler_json
+from meshtop.recordings.metrics.run import RunFold
 from meshtop.recordings.reader import open_recording
 from meshtop.recordings.replay import KIND_ORDER
 from meshtop.recordings.samples import INFER_SAMPLE, SAMPLE
