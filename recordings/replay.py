@@ -51,12 +51,14 @@ KIND_RANK = {kind: index for index, kind in enumerate(KIND_ORDER)}
 
 def in_kind_order(batches: Iterable[tuple[str, pa.Table]]) -> list[tuple[str, pa.Table]]:
     """(kind, table) batches as one table per kind, in :data:`KIND_ORDER`: a slice of time (a replay's, or a
-    live frame's) folded kind by kind, each fold called once per kind."""
+    live frame's) folded kind by kind, each fold called once per kind. A kind's tables may differ in columns
+    (a live fold behind reads steps without their phase times): the one table has them all, null where a
+    table had not read them."""
     tables: dict[str, list[pa.Table]] = {}
     for kind, table in batches:
         tables.setdefault(kind, []).append(table)
     return [
-        (kind, parts[0] if len(parts) == 1 else pa.concat_tables(parts))
+        (kind, parts[0] if len(parts) == 1 else pa.concat_tables(parts, promote_options="default"))
         for kind, parts in sorted(tables.items(), key=lambda item: KIND_RANK.get(item[0], 0))
     ]
 

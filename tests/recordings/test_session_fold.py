@@ -304,10 +304,12 @@ def test_steps_whose_collectives_a_live_fold_left_out_are_not_broken_down_nor_re
     """Batches 3 and 4 (steps 2 and 3) come without their all-reduces, left out to keep up. Step 4 began
     arriving in batch 4 too, so steps 2-4 close torn: counted, not in the breakdown or the stragglers' compute
     times (without the all-reduce, its 2 ms would count as backward), and the torn batches' steps are read
-    without their phase times. Steps 0, 1 and 5 break down as a fold of everything does."""
+    without their phase times. Steps 0, 1 and 5 break down as a fold of everything does. A screen that takes
+    the batches of every take at once gets each kind as one table (a step table read with its phase times and
+    one read without them are one: a live screen's poll had failed on them)."""
     run = description(dp=2)
     whole, live = SessionFold(run), SessionFold(run)
-    read_columns = []
+    read_columns, to_screen = [], []
     for number, events in enumerate(phased_batches(6)):
         encoded = [
             EncodedEvents(
@@ -320,6 +322,7 @@ def test_steps_whose_collectives_a_live_fold_left_out_are_not_broken_down_nor_re
         kept = [item for item in encoded if not (torn and item.kind == "collective")]
         folded = live.take(Arrivals(kept), bulk_left_out=torn)
         read_columns += [set(table.column_names) for kind, table in folded.tables if kind == "step"]
+        to_screen += screen_batches(Arrivals(kept), folded.tables, left_out=folded.left_out)
     for fold in (whole, live):
         fold.finish("completed")
     with_phases = [bool({"phase_start_ns", "phase_end_ns"} & columns) for columns in read_columns]
@@ -333,6 +336,11 @@ def test_steps_whose_collectives_a_live_fold_left_out_are_not_broken_down_nor_re
     assert kept_whole.parts["communication"]["s_per_step"] == pytest.approx(0.002)
     assert [len(times) for times in live.fold.compute.recent.values()] == [3, 3]
     state = DashboardState(run, session=live)
+    screen = dict(in_kind_order(to_screen))
+    assert screen["step"].num_rows == 12 and screen["step"].column("phase_start_ns").null_count == 4
+    for kind, table in screen.items():
+        state.apply(kind, table)
+    assert sorted(state.ranks) == [0, 1]
     state.coalesced = 4  # the all-reduces left out, as the live source counts them
     assert any(alert.text.startswith("3 steps not broken down live") for alert in alerts_of(state))
     assert [len(times) for times in whole.fold.compute.recent.values()] == [min(6, WINDOW)] * 2
