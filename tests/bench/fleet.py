@@ -364,7 +364,7 @@ def measure(
         made = [report.get(timeout=make_s + 60) for _ in workers]
         if (late := time.time() - t0) > 0:
             raise RuntimeError(f"the nodes made their lines {late:.1f} s after the start: raise MAKE_S_A_MILLION")
-        time.sleep(t0 - time.time())
+        time.sleep(max(0.0, t0 - time.time()))
         head_cpu_at_start = sum(os.times()[:2])
         head_sys_at_start = os.times()[1]
         results = [report.get(timeout=seconds + WARMUP_S + 120) for _ in workers]
