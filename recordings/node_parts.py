@@ -23,6 +23,9 @@ clean close merges them into each kind's Parquet table and removes the parts
 from __future__ import annotations
 
 import json
+import mmap
+import os
+from collections.abc import Collection, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TypeGuard
@@ -75,29 +78,56 @@ class NodePart:
     do not decompress to its lines); 1 where its header did not say how many."""
 
 
+@dataclass(frozen=True, slots=True)
+class PartFrame:
+    """One frame of a part: ``lines`` its block (``None``: not read, of a kind not asked for, or damaged), and
+    ``lost`` the events a frame cut short or damaged holds (then the frames after a cut are not read)."""
+
+    kind: str
+    count: int
+    offset_ns: int
+    lines: bytes | None
+    lost: int = 0
+
+
+def part_frames(path: Path, kinds: Collection[str] | None = None) -> Iterator[PartFrame]:
+    """The frames of the part at ``path`` in the order written, the lines of ``kinds`` only (every kind's where
+    ``None``) read and decompressed: a clean close merges a kind at a time, and a thousand ranks' parts hold
+    tens of GB of lines. The file is mapped, not read whole. Reading stops at the first frame not whole."""
+    with path.open("rb") as file:
+        if os.fstat(file.fileno()).st_size == 0:
+            return
+        with mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ) as data:
+            position = 0
+            while position < len(data):
+                end = data.find(b"\n", position)
+                header = _header(data[position:end]) if end >= 0 else None
+                if header is None:
+                    yield PartFrame("", 0, 0, None, lost=1)
+                    return
+                kind, count, size, offset, raw = header
+                if end + 1 + size > len(data):
+                    yield PartFrame(kind, count, offset, None, lost=count)
+                    return
+                body_at, position = end + 1, end + 1 + size
+                if kinds is not None and kind not in kinds:
+                    yield PartFrame(kind, count, offset, None)
+                    continue
+                body = data[body_at:position]
+                lines = body if raw is None else _decompressed(body, raw)
+                # a whole frame whose bytes are not what it says: counted, and the frames after it are read
+                yield PartFrame(kind, count, offset, lines, lost=count if lines is None else 0)
+
+
 def read_part(path: Path, node: int) -> NodePart:
     """The frames of the part at ``path``; reading stops at the first frame that is not whole."""
-    data = path.read_bytes()
     part = NodePart(node)
-    position = 0
-    while position < len(data):
-        end = data.find(b"\n", position)
-        header = _header(data[position:end]) if end >= 0 else None
-        if header is None:
-            part.lost += 1
-            break
-        kind, count, size, offset, raw = header
-        body = data[end + 1 : end + 1 + size]
-        if len(body) != size:
-            part.lost += count
-            break
-        position = end + 1 + size
-        lines = body if raw is None else _decompressed(body, raw)
-        if lines is None:  # the frame is whole but its bytes are not what it says: the frames after it are read
-            part.lost += count
+    for got in part_frames(path):
+        part.lost += got.lost
+        if got.lines is None:
             continue
-        part.blocks.setdefault(kind, {}).setdefault(offset, []).append(lines)
-        part.counts[kind] = part.counts.get(kind, 0) + count
+        part.blocks.setdefault(got.kind, {}).setdefault(got.offset_ns, []).append(got.lines)
+        part.counts[got.kind] = part.counts.get(got.kind, 0) + got.count
     return part
 
 
@@ -139,9 +169,10 @@ def _whole(value: object, *, negative: bool = False) -> TypeGuard[int]:
 
 def read_parts(directory: Path) -> list[NodePart]:
     """Every node part in a recording's events folder, by node."""
-    parts = []
-    for path in sorted(directory.glob(f"{PART_PREFIX}*{PART_SUFFIX}")):
-        node = node_of_part(path)
-        if node is not None:
-            parts.append(read_part(path, node))
-    return sorted(parts, key=lambda part: part.node)
+    return [read_part(path, node) for node, path in part_paths(directory)]
+
+
+def part_paths(directory: Path) -> list[tuple[int, Path]]:
+    """(node, path) of every node part in a recording's events folder, by node."""
+    found = ((node_of_part(path), path) for path in directory.glob(f"{PART_PREFIX}*{PART_SUFFIX}"))
+    return sorted((node, path) for node, path in found if node is not None)

@@ -8,12 +8,14 @@ import socket
 import time
 from pathlib import Path
 
+import pyarrow.parquet as pq
 import pytest
 
 from meshtop.probes.arrivals import Arrivals, EncodedEvents, encode_lines
 from meshtop.probes.collector import Collector
 from meshtop.probes.events import Event, StepTiming, on_node
 from meshtop.probes.wire import FrameError, event_sections, pack, sections
+from meshtop.recordings import tables
 from meshtop.recordings.events_log import EVENTS_DIR, EventWriter
 from meshtop.recordings.manifest import Manifest
 from meshtop.recordings.node_parts import COMPRESS_FROM_BYTES, part_name
@@ -244,3 +246,29 @@ def test_a_compressed_frame_whose_bytes_are_damaged_is_counted_lost_and_the_next
     steps = {e.step for e in events_of("collective", live.arrow("collective"))}  # type: ignore[attr-defined]
     assert sorted(steps) == list(range(200, 300))
     assert any("400 event(s) in a frame cut short or damaged" in problem for problem in live.problems)
+
+
+def test_a_clean_close_merges_the_parts_a_few_blocks_at_a_time_in_whole_row_groups(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The close writes a kind as it reads it (a thousand ranks' parts do not fit in memory): with row groups
+    of 150 rows and blocks merged up to 1 KB, node 1's 700 collectives in 7 frames, its clock moved by 1 ms
+    after the third, come out whole, each on its own frame's clock, in the order written, in groups of 150."""
+    monkeypatch.setattr(tables, "ROW_GROUP_ROWS", 150)
+    monkeypatch.setattr(tables, "MERGE_BLOCK_BYTES", 1024)
+    directory = write_recording(tmp_path / "rec", [], run=fleet_description(4, 2), status="running")
+    writer = EventWriter(directory)
+    for number in range(7):
+        writer.write(big_block(50 * number, 50, offset_ns=OFFSET if number < 3 else OFFSET + 1_000_000))
+    writer.close()
+    live = open_recording(directory)
+    want = sorted(map(repr, events_of("collective", live.arrow("collective"))))
+    assert len(want) == 700 and not live.problems
+    compact(directory)
+    path = directory / EVENTS_DIR / "collective.parquet"
+    file = pq.ParquetFile(path)
+    assert [file.metadata.row_group(i).num_rows for i in range(file.metadata.num_row_groups)] == [150] * 4 + [100]
+    merged = events_of("collective", open_recording(directory).arrow("collective"))
+    assert sorted(map(repr, merged)) == want
+    assert [event.step for event in merged] == sorted(event.step for event in merged)  # type: ignore[attr-defined]
+    assert not (directory / EVENTS_DIR / part_name(1)).exists()
