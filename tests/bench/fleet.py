@@ -173,6 +173,26 @@ def node_templates(rank_templates: dict[int, list[Template]]) -> list[NodeTempla
     return [NodeTemplate.of(listed) for listed in by_kind.values()]
 
 
+def node_kinds(node: int, ranks: int, per_node: int) -> list[NodeTemplate]:
+    """Node ``node``'s (1-based) templates of a fleet of ``ranks`` ranks, ``per_node`` a node: its ranks' step
+    1 of the synthetic job."""
+    mine = set(range((node - 1) * per_node, node * per_node))
+    source = SyntheticSource(ranks, warm_events=0, per_node=per_node)
+    first_step: dict[int, list[Event]] = {rank: [] for rank in sorted(mine)}
+    start = None
+    for event in islice(source.job_events(), ranks, None):
+        step = getattr(event, "step", None)
+        if step == 2:
+            break
+        rank = getattr(event, "rank", None)
+        if step == 1 and event.kind in STEP_KINDS and rank in mine:
+            first_step[rank].append(event)
+            if event.kind == "step":
+                start = event.start_ns  # type: ignore[attr-defined]
+    assert start is not None
+    return node_templates({rank: templates(events, start) for rank, events in first_step.items()})
+
+
 def node_main(
     node: int, ranks: int, per_node: int, head: tuple[str, int, str], step_s: float, go: Any, report: Any
 ) -> None:
@@ -182,20 +202,7 @@ def node_main(
     relay dropped, its CPU and kernel seconds over the run, why it lost the head or ``None``)."""
     keep_buffer_pages()  # as the node's meshtop does
     mine = list(range((node - 1) * per_node, node * per_node))
-    source = SyntheticSource(ranks, warm_events=0, per_node=per_node)
-    first_step: dict[int, list[Event]] = {rank: [] for rank in mine}
-    start = None
-    for event in islice(source.job_events(), ranks, None):
-        step = getattr(event, "step", None)
-        if step == 2:
-            break
-        rank = getattr(event, "rank", None)
-        if step == 1 and event.kind in STEP_KINDS and rank in first_step:
-            first_step[rank].append(event)
-            if event.kind == "step":
-                start = event.start_ns  # type: ignore[attr-defined]
-    assert start is not None
-    kinds = node_templates({rank: templates(events, start) for rank, events in first_step.items()})
+    kinds = node_kinds(node, ranks, per_node)
     address = HeadAddress(address=(head[0], head[1]), token=head[2], host=f"node{node}")
     relay = Relay(
         Nodes(count=NODES + 1, rank=node, endpoint="127.0.0.1:1", run_id="bench"),
