@@ -57,13 +57,21 @@ def read_json_lines(path: Path, kind: str) -> LoadedTable:
 def read_node_rows(parts: Sequence[NodePart], kind: str) -> LoadedTable | None:
     """The events of ``kind`` that other nodes streamed (their parts), on the head's clock; ``None`` when no
     part holds any."""
-    tables, bad = [], 0
-    for part in parts:
-        for offset, blocks in part.blocks.get(kind, {}).items():
-            decoded = decode_lines(kind, b"".join(blocks))
-            tables.append(on_head(kind, decoded.table, offset_ns=offset, node=part.node))
-            bad += decoded.bad
-    return LoadedTable(pa.concat_tables(tables), bad) if tables else None
+    loaded = [
+        node_rows(kind, blocks, offset_ns=offset, node=part.node)
+        for part in parts
+        for offset, blocks in part.blocks.get(kind, {}).items()
+    ]
+    if not loaded:
+        return None
+    return LoadedTable(pa.concat_tables([got.table for got in loaded]), sum(got.lost_lines for got in loaded))
+
+
+def node_rows(kind: str, blocks: list[bytes], *, offset_ns: int, node: int) -> LoadedTable:
+    """Blocks of ``kind``'s lines that ``node`` streamed with its clock ``offset_ns`` ahead, as rows on the
+    head's clock."""
+    decoded = decode_lines(kind, b"".join(blocks))
+    return LoadedTable(on_head(kind, decoded.table, offset_ns=offset_ns, node=node), decoded.bad)
 
 
 def read_parquet(path: Path, kind: str, names: Sequence[str] | None = None) -> pa.Table:
@@ -179,13 +187,13 @@ def node_row_batches(parts: Sequence[tuple[int, Path]], kind: str) -> Iterator[p
             if got.lines is None or got.kind != kind:
                 continue
             if run and (got.offset_ns != offset or size >= MERGE_BLOCK_BYTES):
-                yield on_head(kind, decode_lines(kind, b"".join(run)).table, offset_ns=offset, node=node)
+                yield node_rows(kind, run, offset_ns=offset, node=node).table
                 run, size = [], 0
             run.append(got.lines)
             size += len(got.lines)
             offset = got.offset_ns
         if run:
-            yield on_head(kind, decode_lines(kind, b"".join(run)).table, offset_ns=offset, node=node)
+            yield node_rows(kind, run, offset_ns=offset, node=node).table
 
 
 def write_row_groups(path: Path, tables: Iterable[pa.Table], empty_schema: pa.Schema) -> None:
