@@ -6,8 +6,14 @@ not known is ``None``, never a sentinel.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, field, fields, replace
+from types import MappingProxyType
 from typing import Any, ClassVar, TypeVar
+
+NOT_FINITE_KEPT = MappingProxyType({"finite": False})
+"""A float field's metadata: its NaN or infinity is a measurement (a loss that diverged), kept where events are
+read. Every other float that is not finite is refused there as a malformed event
+(:mod:`meshtop.recordings.schema`)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -84,8 +90,10 @@ class StepTiming(Event):
     tokens: int
     """Tokens of the global batch consumed by this step; 0 where not known (a script run without
     ``--tokens-per-step``)."""
-    loss: float | None
-    """This rank's mean loss over its data; ``None`` where the rank computes no loss."""
+    loss: float | None = field(metadata=NOT_FINITE_KEPT)
+    """This rank's loss in the step; ``None`` where the rank computes no loss; NaN or infinite where it
+    diverged. A user's script's is the sum of the losses it differentiated in the step
+    (:mod:`meshtop.probes.losses`)."""
     forward_backward_s: float | None = None
     """Time in forward and backward (the pipeline schedule's step), without the optimizer."""
     instrumented: bool = True
@@ -101,7 +109,7 @@ class StepTiming(Event):
     phase_start_ns: tuple[int, ...] = ()
     phase_end_ns: tuple[int, ...] = ()
     losses: int | None = None
-    """A user's script: how many losses ``loss`` is the mean of (its backward calls in the step, or a pipeline
+    """A user's script: how many losses ``loss`` is made of (its backward calls in the step, or a pipeline
     schedule's microbatches; :mod:`meshtop.probes.losses`); ``None`` for the built-in runner's, or where the
     script's losses are not read (``--no-loss``)."""
 

@@ -10,8 +10,15 @@ Rules, in order:
   on the last stage only: the other stages have none). A rank that ran a schedule's loss in a step counts no
   other loss in that step, so the zero-bubble schedules (which differentiate the loss through
   ``torch.autograd.grad``) and the others read alike.
-- **A step's loss** is the mean of the losses differentiated in it (gradient accumulation: one a micro step;
-  a pipeline: one a microbatch), with their count, so a reader can say "mean of 4".
+- **A step's loss** is the sum of the losses differentiated in it, with their count: the loss whose
+  gradient the optimizer applies. Under gradient accumulation a loop that scales each micro-batch's loss by
+  1 / accumulation before ``backward()`` (the Hugging Face Trainer, accelerate, Lightning, most hand-written
+  loops) differentiates losses that sum to the mean of its micro-batches': what those frameworks log. A loop
+  that does not scale reads the sum of its micro-batches' losses, which is what its optimizer follows (its
+  gradients are summed). A pipeline schedule's losses are its microbatches' and the schedule itself scales the
+  gradients by 1 / microbatches (its ``scale_grads``, on by default): each counts as loss / microbatches
+  then, so a schedule's step reads the mean of its microbatches' losses, as the schedule's gradients are.
+- **Not a number**: a loss that is NaN or infinite is read as it is (a diverged step keeps its loss).
 - **Never a synchronisation**: on the CPU each value is read as it comes. On a GPU the step's losses are
   summed on the device; at the step's end the sum is copied to pinned host memory on the current stream with
   an event recorded after it, and read once the event has completed (:meth:`PendingLoss.ready`), so a GPU
@@ -38,7 +45,7 @@ class PendingLoss:
     count: int
     """Losses differentiated in the step."""
     _total: float | None = None
-    """Their sum, read already (CPU)."""
+    """Their (weighted) sum, read already (CPU)."""
     _host: torch.Tensor | None = None
     """The sum's pinned copy, valid once ``_copied`` has completed (GPU)."""
     _copied: Any = None
@@ -47,11 +54,10 @@ class PendingLoss:
         return self._copied is None or bool(self._copied.query())
 
     def value(self) -> float | None:
-        """The step's mean loss (call once :meth:`ready`); ``None`` for a step with none."""
+        """The step's loss (call once :meth:`ready`); ``None`` for a step with none."""
         if self.count == 0:
             return None
-        total = self._total if self._host is None else float(self._host)
-        return None if total is None else total / self.count
+        return self._total if self._host is None else float(self._host)
 
 
 def _local_scalar(tensor: Any) -> torch.Tensor | None:
@@ -62,6 +68,15 @@ def _local_scalar(tensor: Any) -> torch.Tensor | None:
             return None
         tensor = to_local()
     return tensor if isinstance(tensor, torch.Tensor) else None
+
+
+def _microbatch_weight(schedule: Any) -> float:
+    """What one microbatch's loss counts for in its schedule's step: 1 / microbatches where the schedule scales
+    its gradients so (``scale_grads``, torch's default), else 1 (a loss function that sums)."""
+    microbatches = getattr(schedule, "_n_microbatches", None)
+    if not getattr(schedule, "scale_grads", True) or not isinstance(microbatches, int) or microbatches < 1:
+        return 1.0
+    return 1.0 / microbatches
 
 
 class LossProbe:
@@ -138,7 +153,8 @@ class LossProbe:
         def compute_loss(self: Any, *args: Any, **kwargs: Any) -> Any:
             loss = original(self, *args, **kwargs)
             probe._from_schedule = True
-            probe._add(loss)
+            with contextlib.suppress(Exception):  # a probe never breaks the schedule it watches
+                probe._add(loss, weight=_microbatch_weight(self))
             return loss
 
         self._patches.replace(schedule, "_compute_loss", compute_loss)
@@ -155,15 +171,15 @@ class LossProbe:
             if grad is None and isinstance(output, torch.Tensor) and output.numel() == 1:
                 self._add(output)
 
-    def _add(self, loss: Any) -> None:
+    def _add(self, loss: Any, *, weight: float = 1.0) -> None:
         local = _local_scalar(loss)
         if local is None or local.numel() != 1:
             return
         value = local.detach()
         if value.device.type == "cpu":
-            self._total += float(value)
+            self._total += float(value) * weight
         else:  # summed on the device, read at the step's end
-            value = value.reshape(()).to(torch.float64)
+            value = value.reshape(()).to(torch.float64) * weight
             self._device_total = value if self._device_total is None else self._device_total + value
         self._count += 1
 

@@ -168,7 +168,7 @@ def _step_metrics(a: RunFold, b: RunFold) -> list[dict[str, Any]]:
     ]
     if fig_a.mfu.value is not None and fig_b.mfu.value is not None:
         rows.append(metric("MFU", fig_a.mfu.value, fig_b.mfu.value))
-    if fig_a.steps.last_loss is not None and fig_b.steps.last_loss is not None:
+    if all(loss is not None and math.isfinite(loss) for loss in (fig_a.steps.last_loss, fig_b.steps.last_loss)):
         rows.append(metric("loss (last step)", fig_a.steps.last_loss, fig_b.steps.last_loss))
     if fig_a.breakdown is not None and fig_b.breakdown is not None:
         for part in PARTS:

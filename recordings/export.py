@@ -9,6 +9,7 @@ JSON; a whole trace past the limit is refused in one line that says how to take 
 from __future__ import annotations
 
 import json
+import math
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -163,7 +164,8 @@ def row_events(kind: str, rows: list[dict[str, Any]], *, many_nodes: bool) -> li
 
 def _row_event(kind: str, row: dict[str, Any], many_nodes: bool) -> dict[str, Any]:
     if kind == "step":
-        args = {"loss": row["loss"], "tokens": row["tokens"]}
+        loss = row["loss"]  # a diverged step's as text: JSON has no NaN
+        args = {"loss": loss if loss is None or math.isfinite(loss) else str(loss), "tokens": row["tokens"]}
         return _slice(row, f"step {row['step']}", "step", "steps", row["duration_s"] * 1e6, args)
     if kind == "stage_action":
         name, args = f"{row['action']} mb{row['microbatch']}", {"stage": row["stage"], "step": row["step"]}

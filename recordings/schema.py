@@ -56,9 +56,12 @@ class Column:
     """The event cannot be made without it (the field has no default)."""
     default: Any = None
     """What a missing value of a field with a default reads as."""
+    finite: bool = True
+    """A float column refuses NaN and infinity (the row is dropped and counted), unless its field's metadata
+    says they are measurements (:data:`~meshtop.probes.events.NOT_FINITE_KEPT`: a diverged loss)."""
 
 
-def _column(name: str, hint: Any, required: bool, default: Any = None) -> Column:
+def _column(name: str, hint: Any, required: bool, default: Any = None, finite: bool = True) -> Column:
     nullable = False
     if isinstance(hint, types.UnionType) or typing.get_origin(hint) is typing.Union:
         members = [arg for arg in typing.get_args(hint) if arg is not type(None)]
@@ -71,7 +74,7 @@ def _column(name: str, hint: Any, required: bool, default: Any = None) -> Column
     arrow = {int: pa.int64(), float: pa.float64(), str: pa.string(), bool: pa.bool_()}.get(hint)
     if arrow is None:
         raise TypeError(f"{name}: {hint!r} has no column type")
-    return Column(name, arrow, hint, nullable, required, default)
+    return Column(name, arrow, hint, nullable, required, default, finite or hint is not float)
 
 
 @cache
@@ -85,6 +88,7 @@ def columns(kind: str) -> tuple[Column, ...]:
             hints[f.name],
             f.default is MISSING and f.default_factory is MISSING,
             None if f.default is MISSING else f.default,
+            f.metadata.get("finite", True),
         )
         for f in fields(cls)
     )
@@ -198,13 +202,14 @@ def _checked(kind: str, table: pa.Table) -> Decoded:
 
 def _completed(kind: str, table: pa.Table) -> Decoded:
     """A missing value of a field with a default takes the default; a row missing a value it cannot be
-    without, or with a number that is not finite (JSON's NaN and Infinity), is dropped (and counted)."""
+    without, or with a number that is not finite (JSON's NaN and Infinity) where its column refuses one, is
+    dropped (and counted)."""
     keep = None
     for column in columns(kind):
         index = table.schema.get_field_index(column.name)
         if index < 0:  # a table of some of the kind's columns
             continue
-        if column.python is float and len(table):
+        if column.python is float and column.finite and len(table):
             finite = pc.fill_null(pc.is_finite(table.column(index)), True)
             if not pc.all(finite).as_py():
                 keep = finite if keep is None else pc.and_(keep, finite)
@@ -268,6 +273,8 @@ def _validator(kind: str) -> typing.Callable[[dict[str, Any]], bool]:
         if value is None:
             return column.nullable or not column.required
         if column.python is float:  # an integer too, as Arrow's reader takes one (1e400 overflows: not finite)
+            if type(value) is float and not column.finite:
+                return True
             return type(value) in (int, float) and math.isfinite(float(value) if abs(value) < 1e308 else math.inf)
         if column.python is int:
             return type(value) is int and INT64_RANGE[0] <= value <= INT64_RANGE[1]

@@ -135,15 +135,23 @@ def steps_line(steps: dict[str, Any], inference: bool, script: bool = False) -> 
 
 
 def loss_line(loss: dict[str, Any]) -> str | None:
-    """``loss: 2.31 first, 1.95 last`` and, for a script's, what it is the mean of; ``None`` with no loss."""
-    if loss["first"] is None:
+    """``loss: 2.31 first, 1.95 last`` and, for a script's, what it is made of; from which step it was not a
+    number, where it diverged; ``None`` with no loss."""
+    not_finite_from = loss.get("not_finite_from")
+    if loss["first"] is None and not_finite_from is None:
         return None
-    line = f"loss: {loss['first']:.4g} first, {loss['last']:.4g} last"
     said = []
+    if loss["first"] is None:  # not a number from the first step on
+        line = f"loss: NaN or infinite from step {not_finite_from + 1}"
+    else:
+        last = "not finite" if loss["last"] is None else f"{loss['last']:.4g}"
+        line = f"loss: {loss['first']:.4g} first, {last} last"
+        if not_finite_from is not None:
+            said.append(f"NaN or infinite from step {not_finite_from + 1}")
     if loss.get("ranks") is not None and loss["ranks"] < loss["of_ranks"]:
         said.append(f"from {loss['ranks']} of {loss['of_ranks']} ranks: the others compute none")
     if loss.get("per_step") is not None and loss["per_step"] > 1:
-        said.append(f"each rank's the mean of its {loss['per_step']} losses a step")
+        said.append(f"each rank's from its {loss['per_step']} losses a step")
     return line + (f" ({'; '.join(said)})" if said else "")
 
 

@@ -6,6 +6,7 @@ the visible view only), so a busy job costs the screen nothing extra.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from functools import lru_cache
 
@@ -495,7 +496,7 @@ class StepsPanel(Panel):
             shown.append(
                 chart(
                     "loss",
-                    [s.loss for s in steps if s.loss is not None],
+                    [s.loss for s in steps if s.loss is not None and math.isfinite(s.loss)],
                     width=width,
                     height=height,
                     format_value=lambda v: f"{v:.4f}",

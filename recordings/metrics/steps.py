@@ -8,15 +8,19 @@
   different replicas are unrelated (each replica counts its own).
 - Step time: p50, p90 and mean of the complete job steps; throughput: the
   p50 of their tokens/s; loss: the first and the last job step's.
-- A user's script's loss on a rank is the mean of the losses it differentiated
-  in the step (:mod:`meshtop.probes.losses`): the run says how many a step (the
-  most any rank's step had: gradient accumulation's micro steps, a pipeline's
-  microbatches), and of how many ranks the loss came (a pipeline's first
-  stages have none).
+- A user's script's loss on a rank is the sum of the losses it differentiated
+  in the step, the loss whose gradient its optimizer applies (a pipeline
+  schedule's microbatches each weigh 1 / microbatches; :mod:`meshtop.probes.losses`):
+  the run says how many a step (the most any rank's step had: gradient
+  accumulation's micro steps, a pipeline's microbatches), and of how many ranks
+  the loss came (a pipeline's first stages have none).
+- A loss that is NaN or infinite is kept: a job step with one reads NaN or
+  infinite (the mean takes it in), and the run says from which step.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
@@ -68,7 +72,7 @@ class JobStep:
     """How many ranks had a loss (of ``ranks``)."""
     ranks: int = 0
     losses_per_step: int | None = None
-    """A script's: the most losses a rank's loss was the mean of (``None``: the built-in runner's)."""
+    """A script's: the most losses a rank's loss was made of (``None``: the built-in runner's)."""
 
 
 def job_step(
@@ -82,7 +86,7 @@ def job_step(
     """The job's step from its ranks' reports, in the order they came: time = max(durations), loss =
     sum(losses) / count over the ranks that have one (summed in that order), tokens the last report's,
     tokens/s = tokens / time (0 for a step of no time); ``loss_counts``: each report's count of losses its
-    loss is the mean of (a script's), the most of them kept."""
+    loss is made of (a script's), the most of them kept."""
     duration = max(durations_s)
     present = [loss for loss in losses if loss is not None]
     counts = [count for count in loss_counts if count is not None]
@@ -442,25 +446,35 @@ class StepFigures:
     """p50 of the steps' tokens/s (inference: the requests' output tokens/s)."""
     first_loss: float | None
     last_loss: float | None
+    """NaN or infinite where that step's loss was (a run that diverged)."""
     losses_per_step: int | None = None
-    """A script's: how many losses a rank's step loss is the mean of (the most seen)."""
+    """A script's: how many losses a rank's step loss is made of (the most seen)."""
     loss_ranks: int | None = None
     """How many of ``ranks`` had a loss (the most in any step), where any had one."""
     ranks: int | None = None
+    not_finite_from: int | None = None
+    """The first job step whose loss was NaN or infinite, where one was."""
 
     def to_json(self) -> dict[str, object]:
+        """JSON's values: a loss that is not a number is ``null`` there, and ``not_finite_from`` says from which
+        step."""
         return {
             "count": self.count,
             "time_s": self.time_s,
             "tokens_per_s": {"p50": self.tokens_per_s},
             "loss": {
-                "first": self.first_loss,
-                "last": self.last_loss,
+                "first": _finite_or_none(self.first_loss),
+                "last": _finite_or_none(self.last_loss),
+                "not_finite_from": self.not_finite_from,
                 "per_step": self.losses_per_step,
                 "ranks": self.loss_ranks,
                 "of_ranks": self.ranks,
             },
         }
+
+
+def _finite_or_none(value: float | None) -> float | None:
+    return value if value is not None and math.isfinite(value) else None
 
 
 class StepStats:
@@ -475,6 +489,7 @@ class StepStats:
         self._losses_per_step: int | None = None
         self._loss_ranks: tuple[int, int] | None = None
         """(ranks with a loss, ranks) of the step with the most ranks with one."""
+        self._not_finite_from: int | None = None
 
     def add(self, step: JobStep) -> None:
         self.count += 1
@@ -488,6 +503,8 @@ class StepStats:
                 self._last = (step.step, step.loss)
             if self._loss_ranks is None or step.loss_ranks > self._loss_ranks[0]:
                 self._loss_ranks = (step.loss_ranks, step.ranks)
+            if not math.isfinite(step.loss) and (self._not_finite_from is None or step.step < self._not_finite_from):
+                self._not_finite_from = step.step
         if step.losses_per_step is not None:
             self._losses_per_step = max(self._losses_per_step or 0, step.losses_per_step)
 
@@ -502,4 +519,5 @@ class StepStats:
             losses_per_step=self._losses_per_step,
             loss_ranks=self._loss_ranks[0] if self._loss_ranks else None,
             ranks=self._loss_ranks[1] if self._loss_ranks else None,
+            not_finite_from=self._not_finite_from,
         )

@@ -2,10 +2,13 @@
 
 ``torchrun --nproc-per-node N tests/kit/loss_script.py --parallel ddp|fsdp|pp --out DIR [--accum K] [--steps S]``
 
-Each rank writes ``DIR/rank{R}.jsonl``: one line a step, ``{"step": s, "loss": mean, "count": n}``, the mean of
-the ``.item()`` of every loss it differentiated in the step (``--accum K``: K micro steps a step, each loss
-divided by K as gradient accumulation does, then backpropagated), or, pipelined (``--parallel pp``, the 1F1B
-schedule over 4 microbatches), the mean of the schedule's losses on the last stage; the other stages write none.
+Each rank writes ``DIR/rank{R}.jsonl``: one line a step, ``{"step": s, "micro": [...], "count": n}``, the
+``.item()`` of each micro-batch's loss before any scaling: ``--accum K`` runs K micro steps a step, each loss
+divided by K before its backward, as gradient accumulation does in the frameworks (``--no-scale``: backpropagated
+as it is, the gradients summed); pipelined (``--parallel pp``, the 1F1B schedule over 4 microbatches), the
+schedule's losses on the last stage (``--no-scale``: the schedule told not to scale its gradients, its loss
+function summing); the other stages write none. What a loop of each kind logs is worked out in the test from
+``micro``.
 ``--device cuda``: nccl and a GPU a rank (DDP and FSDP2). ``--syncs FILE``: the steps after the first run under
 torch's profiler, and FILE gets rank 0's count of each call that makes the host wait for the device
 (:data:`WAITS`), so a run under meshtop and one without it can be compared (test_gpu.py). It imports nothing of
@@ -32,6 +35,7 @@ def main() -> None:
     parser.add_argument("--parallel", choices=("ddp", "fsdp", "pp"), required=True)
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--accum", type=int, default=1)
+    parser.add_argument("--no-scale", dest="scale", action="store_false", help="micro-batch losses not scaled")
     parser.add_argument("--steps", type=int, default=4)
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="cuda: nccl, a GPU a rank (ddp)")
     parser.add_argument("--syncs", type=Path, help="profile the steps after the first; write rank 0's waits here")
@@ -61,12 +65,12 @@ def main() -> None:
             values = []
             for _ in range(args.accum):
                 x = torch.randn(8, DIM, generator=data).to(device)
-                loss = (model(x) - x).pow(2).mean() / args.accum
-                loss.backward()
+                loss = (model(x) - x).pow(2).mean()
                 values.append(loss.item())
+                (loss / args.accum if args.scale else loss).backward()
             optimizer.step()
             optimizer.zero_grad()
-            lines.append({"step": step, "loss": sum(values) / len(values), "count": len(values)})
+            lines.append({"step": step, "micro": values, "count": len(values)})
         if profiler is not None:
             profiler.stop()
             if rank == 0:
@@ -101,7 +105,9 @@ def pipelined(args: argparse.Namespace, rank: int, world: int) -> list[dict[str,
     microbatches = 4
     stage_module = nn.Sequential(nn.Linear(DIM, DIM), nn.GELU())
     stage = PipelineStage(stage_module, rank, world, torch.device("cpu"))
-    schedule = Schedule1F1B(stage, n_microbatches=microbatches, loss_fn=lambda out, y: (out - y).pow(2).mean())
+    schedule = Schedule1F1B(
+        stage, n_microbatches=microbatches, loss_fn=lambda out, y: (out - y).pow(2).mean(), scale_grads=args.scale
+    )
     optimizer = torch.optim.SGD(stage_module.parameters(), lr=0.05)
     lines = []
     shared = torch.Generator().manual_seed(7)  # every stage draws the same batch; the first and last use it
@@ -113,7 +119,7 @@ def pipelined(args: argparse.Namespace, rank: int, world: int) -> list[dict[str,
             losses: list[torch.Tensor] = []
             schedule.step(target=x, losses=losses)
             values = [loss.item() for loss in losses]
-            lines.append({"step": step, "loss": sum(values) / len(values), "count": len(values)})
+            lines.append({"step": step, "micro": values, "count": len(values)})
         else:
             schedule.step()
         optimizer.step()

@@ -121,7 +121,7 @@ def test_a_script_step_goes_out_once_its_loss_and_its_device_windows_have_come()
     waiting = WaitingStep(timing, PendingLoss(count=2, _total=5.0), phases.take())
     assert not waiting.ready()
     given_up = waiting.finished()  # past the wait: the host's window, and the loss where it came
-    assert (given_up.phase_start_ns, given_up.loss) == ((1 * MS,), 2.5)
+    assert (given_up.phase_start_ns, given_up.loss) == ((1 * MS,), 5.0)  # the sum of its 2 losses
     device.reached_ns = 5 * MS
     assert waiting.ready()
     done = waiting.finished()
@@ -129,7 +129,7 @@ def test_a_script_step_goes_out_once_its_loss_and_its_device_windows_have_come()
         "f",
         (4 * MS,),
         (5 * MS,),
-        2.5,
+        5.0,
         2,
     )
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 from torch.distributed.pipelining import schedules
@@ -86,3 +88,54 @@ def test_the_built_in_runners_instrumentation_reads_no_loss() -> None:
     probes.read_schedule_losses()  # nothing to read them with
     probes.uninstall()
     assert patched() == before
+
+
+def test_a_steps_loss_is_the_sum_of_the_losses_differentiated_in_it() -> None:
+    """Gradient accumulation as the frameworks write it: micro-batch losses 3.0 and 5.0, each scaled by 1/2 before
+    its backward (1.5 and 2.5): the step's loss is 1.5 + 2.5 = 4.0, the mean of 3 and 5 that the frameworks log
+    and the loss whose gradient the optimizer applies; of 2 losses. A loop that does not scale: 3 + 5 = 8.0."""
+    probe = LossProbe(CPU)
+    probe.install()
+    try:
+        for value in (3.0, 5.0):
+            a_backward(value / 2)
+        scaled = probe.take()
+        for value in (3.0, 5.0):
+            a_backward(value)
+        unscaled = probe.take()
+    finally:
+        probe.uninstall()
+    assert (scaled.count, scaled.value()) == (2, 4.0)
+    assert (unscaled.count, unscaled.value()) == (2, 8.0)
+
+
+def test_a_scalar_given_its_own_gradient_is_no_loss() -> None:
+    """``backward(torch.tensor(0.5))`` on a one-element tensor: autograd is not seeding it with 1, so it is not
+    the objective (a pipeline stage's output, whose gradient came from the next stage): no loss is read, though
+    its backward runs."""
+    probe = LossProbe(CPU)
+    probe.install()
+    try:
+        weight = torch.ones(1, requires_grad=True)
+        (weight * 3.0).sum().backward(torch.tensor(0.5))
+        assert weight.grad is not None and weight.grad.tolist() == [1.5]
+        pending = probe.take()
+    finally:
+        probe.uninstall()
+    assert (pending.count, pending.value()) == (0, None)
+
+
+def test_a_loss_that_is_not_a_number_is_read_as_it_is() -> None:
+    """A diverged step: one loss NaN, or one infinite, makes the step's NaN or infinite (never left out)."""
+    probe = LossProbe(CPU)
+    probe.install()
+    try:
+        a_backward(1.0)
+        a_backward(float("nan"))
+        diverged = probe.take()
+        a_backward(float("inf"))
+        infinite = probe.take()
+    finally:
+        probe.uninstall()
+    assert diverged.count == 2 and math.isnan(diverged.value())
+    assert (infinite.count, infinite.value()) == (1, math.inf)

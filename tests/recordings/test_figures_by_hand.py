@@ -397,8 +397,8 @@ def test_a_job_step_is_its_slowest_rank_with_the_mean_loss_of_the_ranks_that_hav
     assert (figures.first_loss, figures.last_loss) == (2.5, 1.25)
 
 
-def test_a_scripts_loss_says_how_many_losses_and_ranks_it_is_the_mean_of() -> None:
-    """A 2-stage pipeline of 4 microbatches: only the last stage (rank 1) has a loss, the mean of its 4; in
+def test_a_scripts_loss_says_how_many_losses_and_ranks_it_is_made_of() -> None:
+    """A 2-stage pipeline of 4 microbatches: only the last stage (rank 1) has a loss, made of its 4; in
     step 1 it had 3 (an uneven last accumulation): the run says the most, 4, and 1 rank of 2."""
     first = job_step(0, durations_s=[0.2, 0.25], losses=[None, 2.0], tokens=0, loss_counts=[None, 4])
     assert (first.loss, first.loss_ranks, first.ranks, first.losses_per_step) == (2.0, 1, 2, 4)
@@ -406,9 +406,31 @@ def test_a_scripts_loss_says_how_many_losses_and_ranks_it_is_the_mean_of() -> No
     stats.add(first)
     stats.add(job_step(1, durations_s=[0.2, 0.2], losses=[None, 1.0], tokens=0, loss_counts=[None, 3]))
     loss = stats.figures().to_json()["loss"]
-    assert loss == {"first": 2.0, "last": 1.0, "per_step": 4, "ranks": 1, "of_ranks": 2}
+    assert loss == {"first": 2.0, "last": 1.0, "not_finite_from": None, "per_step": 4, "ranks": 1, "of_ranks": 2}
     built_in = job_step(0, durations_s=[0.1, 0.1], losses=[3.0, 5.0], tokens=0)  # no counts: the built-in runner's
     assert (built_in.loss, built_in.losses_per_step, built_in.loss_ranks) == (4.0, None, 2)
+
+
+def test_a_diverged_loss_makes_its_job_steps_loss_not_a_number_and_the_run_says_from_which_step() -> None:
+    """Step 0: (2 + 4) / 2 = 3.0. Step 1: rank 1's loss is NaN, so the ranks' mean is NaN (not rank 0's 1.5 alone:
+    a replica that diverged is not left out). Step 2: one rank +inf, the other 1.0: +inf. Step 3 came before
+    step 2 and was NaN too: the run says NaN from step 1, the first by number. JSON has no NaN: first is 3.0,
+    last null (step 3's NaN), not_finite_from 1."""
+    nan, inf = float("nan"), float("inf")
+    steps = [
+        job_step(0, durations_s=[0.1, 0.1], losses=[2.0, 4.0], tokens=0),
+        job_step(3, durations_s=[0.1, 0.1], losses=[nan, 1.0], tokens=0),
+        job_step(1, durations_s=[0.1, 0.1], losses=[1.5, nan], tokens=0),
+        job_step(2, durations_s=[0.1, 0.1], losses=[inf, 1.0], tokens=0),
+    ]
+    assert steps[0].loss == 3.0 and np.isnan(steps[2].loss) and steps[3].loss == inf and steps[2].loss_ranks == 2
+    stats = StepStats()
+    for job in steps:
+        stats.add(job)
+    figures = stats.figures()
+    assert figures.first_loss == 3.0 and np.isnan(figures.last_loss) and figures.not_finite_from == 1
+    loss = figures.to_json()["loss"]
+    assert (loss["first"], loss["last"], loss["not_finite_from"]) == (3.0, None, 1)
 
 
 def test_a_step_of_no_time_or_no_tokens_has_no_rate_in_the_median() -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import socket
 import subprocess
 import sys
@@ -341,7 +342,7 @@ GOOD_STEP = b'{"rank":0,"step":1,"start_ns":5,"duration_s":0.5,"tokens":8,"loss"
         (b'{"rank":0,"step":1,"start_ns":1.5,"duration_s":0.5,"tokens":8,"loss":2.0}\n', "a fraction for an integer"),
         (b'{"rank":0,"step":1,"start_ns":5,"duration_s":true,"tokens":8,"loss":2.0}\n', "a bool for a number"),
         (b'{"rank":0,"step":1,"start_ns":5,"duration_s":NaN,"tokens":8,"loss":2.0}\n', "not a number"),
-        (b'{"rank":0,"step":1,"start_ns":5,"duration_s":0.5,"tokens":8,"loss":Infinity}\n', "infinite"),
+        (b'{"rank":0,"step":1,"start_ns":5,"duration_s":0.5,"tokens":8,"loss":2.0,"cpu_s":Infinity}\n', "infinite"),
         (
             b'{"rank":0,"step":1,"start_ns":5,"duration_s":0.5,"tokens":8,"phases":"ff","phase_start_ns":[5,null],'
             b'"phase_end_ns":[6,7]}\n',
@@ -355,6 +356,23 @@ def test_the_decoder_counts_a_line_that_is_no_event_and_keeps_the_rest(line: byt
 
     decoded = decode_lines("step", GOOD_STEP * clean + line)
     assert (decoded.table.num_rows, decoded.bad) == (clean, 1), why
+
+
+@pytest.mark.parametrize("clean", [1, 20_000], ids=["small block", "big block"])
+@pytest.mark.parametrize("bad_tail", [b"", b"not json\n"], ids=["one call", "line by line"])
+def test_a_loss_that_is_not_a_number_is_kept_as_a_measurement(clean: int, bad_tail: bytes) -> None:
+    """A diverged step's loss (NaN, or infinite either way) is what the step measured: the step is kept with it,
+    whichever parser reads the block; the same value in another float column still makes the line bad."""
+    from meshtop.recordings.schema import decode_lines
+
+    diverged = b"".join(
+        b'{"rank":0,"step":%d,"start_ns":5,"duration_s":0.5,"tokens":8,"loss":%s,"kind":"step"}\n' % (step, value)
+        for step, value in ((2, b"NaN"), (3, b"Infinity"), (4, b"-Infinity"))
+    )
+    decoded = decode_lines("step", GOOD_STEP * clean + diverged + bad_tail)
+    assert (decoded.table.num_rows, decoded.bad) == (clean + 3, 1 if bad_tail else 0)
+    losses = decoded.table.column("loss").to_pylist()[-3:]
+    assert math.isnan(losses[0]) and losses[1:] == [math.inf, -math.inf]
 
 
 PHASED_STEP = (

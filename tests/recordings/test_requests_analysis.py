@@ -84,7 +84,7 @@ def test_inference_steps_are_rank_0_iterations_and_stages_come_from_pipeline_wai
     assert steps["count"] == 5  # rank 0's iterations, not steps numbered alike over the replicas
     assert steps["time_s"]["p50"] == pytest.approx(0.010) and steps["time_s"]["mean"] == pytest.approx(0.016)
     assert steps["tokens_per_s"]["p50"] == pytest.approx(10 / WINDOW_S)
-    assert steps["loss"] == {"first": None, "last": None, "per_step": None, "ranks": None, "of_ranks": None}
+    assert steps["loss"] == dict.fromkeys(("first", "last", "not_finite_from", "per_step", "ranks", "of_ranks"))
     stage0, stage1 = summary["stages"]
     assert stage0["busy_s"] == pytest.approx(79 / 8 / 1e3) and stage0["idle_s"] == pytest.approx(31 / 8 / 1e3)
     assert stage0["bubble_fraction"] == pytest.approx(31 / 110)
