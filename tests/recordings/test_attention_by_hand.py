@@ -44,6 +44,18 @@ def test_ranks_alike_to_the_microsecond_are_not_told_apart_by_a_tiny_mad() -> No
     assert attention("step", values, {}).flagged_ranks == ()
 
 
+@pytest.mark.parametrize(("off_ms", "flagged"), [(3, False), (6, True)])
+def test_a_rank_off_by_more_than_1_ms_but_less_than_5_percent_of_the_median_is_not_flagged(
+    off_ms: float, flagged: bool
+) -> None:
+    """Eight ranks at 100 ms (0.1 us apart: a MAD of 0.35 us, so z is in the thousands) and one 3 ms off:
+    past 1 ms but not past 5 % of 100 ms = 5 ms, the larger of the two: not flagged. 6 ms off is past both."""
+    values = {rank: 0.100 + rank * 1e-7 for rank in range(8)} | {8: 0.100 + off_ms * MS}
+    found = attention("step", values, {})
+    assert found.ranks[0].key == 8 and found.ranks[0].z > 1000
+    assert found.flagged_ranks == ((8,) if flagged else ())
+
+
 def test_with_no_spread_a_rank_waiting_on_data_alone_is_flagged_with_an_infinite_z() -> None:
     values = dict.fromkeys(range(7), 0.0) | {7: 40 * MS}
     rows = scored("data", values)

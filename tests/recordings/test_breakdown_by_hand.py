@@ -12,8 +12,11 @@ from meshtop.recordings.metrics.breakdown import (
     StepCells,
     cells_parts,
     rank_intervals,
+    step_cells,
     step_parts,
 )
+from meshtop.recordings.metrics.collectives import Waits
+from meshtop.recordings.metrics.steps import StepSpans, Windows
 
 MS = 1_000_000
 
@@ -59,6 +62,40 @@ def test_a_pipelined_step_idles_in_its_bubble_between_its_stage_actions() -> Non
     80-82 and 90-100 = 12."""
     step = rank_step(100, [("f", 0, 10), ("f", 30, 40), ("b", 50, 70), ("o", 82, 90)], schedule_end=80, p2p=[(10, 25)])
     assert ms(step_parts(step)) == {"forward": 20, "backward": 20, "optimizer": 8, "bubble": 40, "other": 12}
+
+
+def test_a_closed_steps_cells_from_its_reports_split_a_pipelined_and_a_data_parallel_rank_by_hand() -> None:
+    """The fold's own path, from the ranks' reports (``step_cells``), not a hand-made :class:`RankStep`.
+    Rank 1 (a pipeline stage, 100 ms from t = 1,000 ms): forward_backward_s 0.080, so its schedule runs
+    1,000-1,080 ms; forward 1,000-1,010 and 1,030-1,040, backward 1,050-1,070, optimizer 1,082-1,090; it waited
+    in a receive 1,010-1,025 (pipeline_wait_s 0.015). Bubble: the wait 15 + the schedule's idle 1,025-1,030,
+    1,040-1,050, 1,070-1,080 = 40 ms; forward 20, backward 20, optimizer 8, other 1,080-1,082 and 1,090-1,100 =
+    12 ms. Its bubble share 40 / 100 = 0.40 (a schedule end read in the wrong unit gives 15 / 100).
+    Rank 0 (data parallel, no pipeline wait measured, 50 ms from 1,000): forward 0-20, backward 20-45 and an
+    all-reduce waited 1,040-1,048: communication 8, backward 20 - 5 = 20, the rest other 50 - 20 - 20 - 8 = 2,
+    and no bubble though it has a forward_backward_s."""
+    t0 = 1_000 * MS
+    spans = StepSpans()
+    spans.add(0, t0, 0.050, 0.045, Windows("fb", (t0, t0 + 20 * MS), (t0 + 20 * MS, t0 + 45 * MS), None))
+    pipelined = Windows(
+        "ffbo",
+        tuple(t0 + ms_ * MS for ms_ in (0, 30, 50, 82)),
+        tuple(t0 + ms_ * MS for ms_ in (10, 40, 70, 90)),
+        0.015,
+    )
+    spans.add(1, t0, 0.100, 0.080, pipelined)
+    waits = Waits(
+        rank=np.array([0, 1]),
+        start_ns=np.array([t0 + 40 * MS, t0 + 10 * MS]),
+        end_ns=np.array([t0 + 48 * MS, t0 + 25 * MS]),
+        pipeline=np.array([False, True]),
+    )
+    data_parallel, stage = (
+        dict(zip(PARTS, row.tolist(), strict=True)) for row in cells_parts(step_cells(spans, [0, 1], waits))
+    )
+    assert ms(data_parallel) == {"forward": 20, "backward": 20, "communication": 8, "other": 2}
+    assert ms(stage) == {"forward": 20, "backward": 20, "optimizer": 8, "bubble": 40, "other": 12}
+    assert stage["bubble"] / 0.100 == pytest.approx(0.40)
 
 
 def test_recomputation_is_backward_and_windows_are_clipped_to_the_step() -> None:

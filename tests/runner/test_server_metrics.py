@@ -91,6 +91,58 @@ def test_the_scraper_keeps_changed_series_only_and_says_once_when_there_are_none
     assert off.reason == f"GET {server.url}/metrics answered HTTP 404: the server publishes no Prometheus metrics there"
 
 
+@pytest.mark.parametrize(
+    ("exposition", "expected"),
+    [
+        (
+            "sglang:num_running_reqs 3\nsglang:num_queue_reqs 7\nsglang:token_usage 0.25\n"
+            "sglang:prompt_tokens_total 1200\nsglang:generation_tokens_total 640\nsglang:cache_hit_rate 0.5\n",
+            {
+                ("sglang:num_running_reqs", 3.0, "requests_running"),
+                ("sglang:num_queue_reqs", 7.0, "requests_waiting"),
+                ("sglang:token_usage", 0.25, "kv_cache_usage"),
+                ("sglang:prompt_tokens_total", 1200.0, "prompt_tokens"),
+                ("sglang:generation_tokens_total", 640.0, "generation_tokens"),
+                ("sglang:cache_hit_rate", 0.5, None),
+            },
+        ),
+        (
+            "tgi_batch_current_size 4\ntgi_queue_size 9\ntgi_request_input_length_sum 800\n"
+            "tgi_request_generated_tokens_sum 320\ntgi_request_count 12\n",
+            {
+                ("tgi_batch_current_size", 4.0, "requests_running"),
+                ("tgi_queue_size", 9.0, "requests_waiting"),
+                ("tgi_request_input_length_sum", 800.0, "prompt_tokens"),
+                ("tgi_request_generated_tokens_sum", 320.0, "generation_tokens"),
+                ("tgi_request_count", 12.0, None),
+            },
+        ),
+        (
+            "vllm:num_requests_running 1\nvllm:num_requests_waiting 2\nvllm:gpu_cache_usage_perc 0.75\n"
+            "vllm:num_preemptions_total 5\nvllm:prompt_tokens_total 100\nvllm:generation_tokens_total 50\n",
+            {
+                ("vllm:num_requests_running", 1.0, "requests_running"),
+                ("vllm:num_requests_waiting", 2.0, "requests_waiting"),
+                ("vllm:gpu_cache_usage_perc", 0.75, "kv_cache_usage"),
+                ("vllm:num_preemptions_total", 5.0, "preemptions"),
+                ("vllm:prompt_tokens_total", 100.0, "prompt_tokens"),
+                ("vllm:generation_tokens_total", 50.0, "generation_tokens"),
+            },
+        ),
+    ],
+    ids=["sglang", "tgi", "vllm-v0"],
+)
+def test_each_engines_series_get_the_common_names_of_their_documented_meaning(
+    exposition: str, expected: set[tuple[str, float, str | None]]
+) -> None:
+    """Each engine's documented series, scraped from a live exposition: the common name of each is written out
+    here from the engines' documentation (running batch, queue, KV-cache share, token counters), not read from
+    meshtop's table; a series of no common meaning keeps none."""
+    with stub_server(metrics=lambda: exposition.encode()) as server:
+        events = Scraper(f"{server.url}/metrics", emit=lambda events: None).scrape_once()
+    assert {(e.name, e.value, e.common) for e in events if isinstance(e, ServerMetric)} == expected
+
+
 def metric(at_s: float, name: str, value: float, labels: str = "") -> ServerMetric:
     return ServerMetric(wall_ns=int(at_s * 1e9), name=name, labels=labels, value=value, common=COMMON.get(name))
 
