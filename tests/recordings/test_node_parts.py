@@ -248,27 +248,50 @@ def test_a_compressed_frame_whose_bytes_are_damaged_is_counted_lost_and_the_next
     assert any("400 event(s) in a frame cut short or damaged" in problem for problem in live.problems)
 
 
-def test_a_clean_close_merges_the_parts_a_few_blocks_at_a_time_in_whole_row_groups(
+def test_a_clean_close_merges_a_few_blocks_at_a_time_never_across_a_clock_change_in_whole_row_groups(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The close writes a kind as it reads it (a thousand ranks' parts do not fit in memory): with row groups
-    of 150 rows and blocks merged up to 1 KB, node 1's 700 collectives in 7 frames, its clock moved by 1 ms
-    after the third, come out whole, each on its own frame's clock, in the order written, in groups of 150."""
+    """The close writes a kind as it reads it (a thousand ranks' parts do not fit in memory), merging a run of
+    frames of one clock offset up to a limit. Node 1's 700 collectives come in 7 frames of 50 steps (ranks 2
+    and 3), its clock moved by 1 ms after the third; the limit is just over the first three frames' lines, so
+    the clock's change, not the limit, ends the first run (frames 0-2), the limit the second (3-5). Each row
+    is on its own frame's clock: collective ``step`` starts at ``step * 20 ms`` on node 1's clock and lasts
+    2 ms; steps 0-149 move by -5 s, steps 150-349 by -5 s + 1 ms = -4.999 s. Row groups of 150 rows."""
     monkeypatch.setattr(tables, "ROW_GROUP_ROWS", 150)
-    monkeypatch.setattr(tables, "MERGE_BLOCK_BYTES", 1024)
+    frames = [big_block(50 * n, 50, offset_ns=OFFSET if n < 3 else OFFSET + 1_000_000)[0] for n in range(7)]
+    first_three = sum(len(frame.lines) for frame in frames[:3])
+    monkeypatch.setattr(tables, "MERGE_BLOCK_BYTES", first_three + 1)
+    assert sum(len(frame.lines) for frame in frames[3:6]) > first_three  # the limit ends the second run
     directory = write_recording(tmp_path / "rec", [], run=fleet_description(4, 2), status="running")
     writer = EventWriter(directory)
-    for number in range(7):
-        writer.write(big_block(50 * number, 50, offset_ns=OFFSET if number < 3 else OFFSET + 1_000_000))
+    for frame in frames:
+        writer.write([frame])
     writer.close()
+
+    def shift(step: int) -> int:
+        return -5_000_000_000 if step < 150 else -4_999_000_000
+
+    want = [
+        (rank, step, step * 20_000_000 + shift(step), step * 20_000_000 + 2_000_000 + shift(step))
+        for step in range(350)
+        for rank in (2, 3)
+    ]
+    assert want[298:302] == [  # the last rows of the old clock, the first of the new
+        (2, 149, -2_020_000_000, -2_018_000_000),  # 149 * 20 ms = 2.98 s, - 5 s
+        (3, 149, -2_020_000_000, -2_018_000_000),
+        (2, 150, -1_999_000_000, -1_997_000_000),  # 150 * 20 ms = 3 s, - 4.999 s
+        (3, 150, -1_999_000_000, -1_997_000_000),
+    ]
+
+    def rows(merged: list[Event]) -> list[tuple[int, int, int, int]]:
+        return [(e.rank, e.step, e.start_ns, e.end_ns) for e in merged]  # type: ignore[attr-defined]
+
     live = open_recording(directory)
-    want = sorted(map(repr, events_of("collective", live.arrow("collective"))))
-    assert len(want) == 700 and not live.problems
+    assert not live.problems
+    assert sorted(rows(events_of("collective", live.arrow("collective")))) == sorted(want)
     compact(directory)
     path = directory / EVENTS_DIR / "collective.parquet"
     file = pq.ParquetFile(path)
     assert [file.metadata.row_group(i).num_rows for i in range(file.metadata.num_row_groups)] == [150] * 4 + [100]
-    merged = events_of("collective", open_recording(directory).arrow("collective"))
-    assert sorted(map(repr, merged)) == want
-    assert [event.step for event in merged] == sorted(event.step for event in merged)  # type: ignore[attr-defined]
+    assert rows(events_of("collective", open_recording(directory).arrow("collective"))) == want  # as written
     assert not (directory / EVENTS_DIR / part_name(1)).exists()

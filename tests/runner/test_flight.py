@@ -23,12 +23,14 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
 
+from meshtop.probes.flight import FlightDumps
 from meshtop.runner.job import flight
 from meshtop.runner.job.flight import FlightTriage, analyze, run_analyzer
 from tests.kit.commands import line_matching, meshtop, run_meshtop
@@ -165,6 +167,41 @@ def test_a_rank_that_does_not_answer_is_named_and_no_verdict_is_made(tmp_path: P
     assert verdict.lines() == ["torch's flight recorder: no verdict: no flight-recorder dump from rank 0 within 0.3 s"]
     on_nodes = FlightTriage(tmp_path / "flight", on_one_node=False).triage({0: os.getpid()})
     assert on_nodes.verdict is None and on_nodes.error is not None and "one node" in on_nodes.error
+
+
+@pytest.mark.slow
+def test_a_second_triage_waits_for_new_dumps_and_never_analyzes_the_first_ones(tmp_path: Path) -> None:
+    """One session's triage asked twice (two stack dumps, or a dump then a hang). Rank 0, this process,
+    answers the first request with a real dump (its recorder holds no collective), then stops answering: the
+    second triage must find no dump from it, not take the first request's dump for its answer."""
+    folder = tmp_path / "flight"
+    rank_0 = FlightDumps(0, folder)
+    answering = threading.Event()
+    answering.set()
+
+    def answer() -> None:  # the shipper's poll, while rank 0 still answers
+        while answering.is_set():
+            rank_0.poll()
+            time.sleep(0.02)
+
+    responder = threading.Thread(target=answer)
+    responder.start()
+    triage = FlightTriage(folder, collect_s=0.3)
+    try:
+        first = triage.triage({0: os.getpid()})
+    finally:
+        answering.clear()
+        responder.join()
+    assert (first.verdict, first.error) == (
+        "torch's flight recorder: the 0 collectives recorded match on every rank",
+        None,
+    )
+    assert (folder / "rank_0").exists()
+
+    second = triage.triage({0: os.getpid()})
+    assert (folder / "request").read_text().endswith(" 2")  # the second request
+    assert (second.verdict, second.error) == (None, "no flight-recorder dump from rank 0 within 0.3 s")
+    assert not (folder / "rank_0").exists(), "the first request's dump is gone, not left for torchfrtrace to mix in"
 
 
 def test_a_stopped_rank_is_not_waited_for_and_is_named_stopped(tmp_path: Path) -> None:

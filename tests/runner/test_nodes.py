@@ -9,18 +9,21 @@ from pathlib import Path
 
 import pytest
 
-from meshtop.probes.arrivals import Arrivals
+from meshtop.probes.arrivals import Arrivals, EncodedEvents, encode_lines
 from meshtop.probes.collector import Collector
-from meshtop.probes.events import CollectiveTiming, NodeClock, RequestDone, StepTiming, on_node
+from meshtop.probes.events import CollectiveTiming, EventsDropped, NodeClock, RequestDone, StepTiming, on_node
 from meshtop.probes.wire import event_sections, pack, read_frame
 from meshtop.recordings.manifest import RunDescription, read_manifest, start_manifest
 from meshtop.recordings.metrics.steps import StepFolder
 from meshtop.recordings.recorder import Ending, SessionRecorder
 from meshtop.recordings.session_fold import SessionFold
 from meshtop.runner.errors import PlanError
+from meshtop.runner.job.control import JobControl
 from meshtop.runner.job.results import JobResult, RankExit, root_cause
+from meshtop.runner.multinode import relay as relay_module
 from meshtop.runner.multinode.fleet import Fleet, SingleNode
-from meshtop.runner.multinode.nodes import Nodes, nodes_from_options, split_endpoint
+from meshtop.runner.multinode.nodes import HeadAddress, Nodes, nodes_from_options, split_endpoint
+from meshtop.runner.multinode.relay import Relay
 from meshtop.runner.plan import RunSpec, resolve
 from meshtop.tui.state import DashboardState
 from tests.kit import events
@@ -194,6 +197,53 @@ def test_the_heads_collector_takes_its_nodes_and_refuses_others() -> None:
         assert [e.rank for item in collector.drain() for e in item.events()] == [2]  # type: ignore[union-attr]
     finally:
         collector.stop()
+
+
+def test_a_relay_whose_queue_is_full_counts_each_dropped_event_and_the_head_records_the_count(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Node 1's relay holds 5 events at most; its ranks report before it has reached the head, so nothing
+    leaves the queue meanwhile. Steps 0-2 are queued (3 held), a block of 4 steps (3 + 4 = 7 > 5) is dropped
+    whole (4), steps 7-8 are queued (5 held), step 9 (6 > 5) is dropped (1): 5 forwarded, 4 + 1 = 5 dropped,
+    which the head's collector records as one ``events_dropped`` of 5 from node 1."""
+    monkeypatch.setattr(relay_module, "MAX_QUEUED", 5)
+    block = [events.step(1, number) for number in (3, 4, 5, 6)]
+    arrivals = Arrivals([events.step(1, 0), events.step(1, 1), events.step(1, 2)])
+    arrivals.items.append(EncodedEvents(kind=StepTiming.kind, rank=1, lines=encode_lines(block), count=4))
+    arrivals.add([events.step(1, 7), events.step(1, 8), events.step(1, 9)])
+
+    def answer(header: dict[str, object], connection: int) -> dict[str, object]:
+        return {"t1": time.time_ns()}
+
+    head = Collector(nodes=(1,), on_control=answer).start()
+    try:
+        address = HeadAddress(address=head.address, token=head.token, host="head")
+        node = Relay(
+            Nodes(count=2, rank=1, endpoint="127.0.0.1:29400", run_id="test"),
+            JobControl(),
+            find=lambda nodes, going: address,
+        )
+        node.forward(arrivals)
+        assert node.dropped == 5  # 4 (the block) + 1 (step 9)
+        node.start().finish(None)  # its last word: what is queued, and the count of what was not
+        assert node.head_lost is None and node.dropped == 0  # the count went to the head with the events
+        received: list[object] = []
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and not any(isinstance(item, EventsDropped) for item in received):
+            received += head.drain()
+            time.sleep(0.02)
+    finally:
+        head.stop()
+    received += head.drain()
+    steps = [
+        e.step
+        for item in received
+        if isinstance(item, EncodedEvents)
+        for e in item.events()
+        if isinstance(e, StepTiming)
+    ]
+    assert steps == [0, 1, 2, 7, 8]
+    assert [(e.rank, e.where, e.count) for e in received if isinstance(e, EventsDropped)] == [(None, "node 1", 5)]
 
 
 def test_a_single_node_has_the_fleets_interface_and_leaves_the_result_as_it_is(tmp_path: Path) -> None:
