@@ -188,9 +188,14 @@ def part_moved(metrics: list[dict[str, Any]]) -> str | None:
     return f"the step's {part} moved the most: {'+' if change >= 0 else '-'}{abs(change) * 1e3:.2f} ms a step"
 
 
+def milliseconds(seconds: float | None) -> float | None:
+    return None if seconds is None else seconds * 1e3
+
+
 def _request_metrics(a: RunFold, b: RunFold) -> list[dict[str, Any]]:
-    """Inference: rank 0's iteration time, each request latency, and the request / output-token rates
-    (goodput too when both runs set the same SLOs, else it measures different things)."""
+    """Inference: rank 0's iteration time, each request latency (in ms, as a request's latencies are read), and
+    the request / output-token rates (goodput too when both runs set the same SLOs, else it measures different
+    things)."""
     assert a.requests is not None and b.requests is not None
     fig_a, fig_b = a.figures(), b.figures()
     req_a, req_b = fig_a.requests, fig_b.requests
@@ -208,8 +213,8 @@ def _request_metrics(a: RunFold, b: RunFold) -> list[dict[str, Any]]:
     for key, name in LATENCIES.items():
         samples = (a.requests.latencies[key].values(), b.requests.latencies[key].values())
         for quantile in ("p50", "p90", "p99"):  # the whole distribution's test, at each of its quantiles
-            label = f"{name} (s)" if quantile == "p50" else f"{name} {quantile} (s)"
-            rows.append(metric(label, req_a.latencies[key][quantile], req_b.latencies[key][quantile], samples))
+            one, two = req_a.latencies[key][quantile], req_b.latencies[key][quantile]
+            rows.append(metric(f"{name} {quantile} (ms)", milliseconds(one), milliseconds(two), samples))
     rows.append(
         metric("request throughput (requests/s)", req_a.request_throughput_per_s, req_b.request_throughput_per_s)
     )
@@ -228,7 +233,8 @@ def _request_metrics(a: RunFold, b: RunFold) -> list[dict[str, Any]]:
                 metric("server preemptions", fig_a.server.counters["preemptions"], fig_b.server.counters["preemptions"])
             )
     if req_a.client is not None and req_b.client is not None:
-        rows.append(metric("client send lag p99 (s)", req_a.client.send_lag_p99_s, req_b.client.send_lag_p99_s))
+        lags = milliseconds(req_a.client.send_lag_p99_s), milliseconds(req_b.client.send_lag_p99_s)
+        rows.append(metric("client send lag p99 (ms)", *lags))
         if req_a.client.cpu_mean_pct is not None and req_b.client.cpu_mean_pct is not None:
             rows.append(metric("client CPU mean (% of a core)", req_a.client.cpu_mean_pct, req_b.client.cpu_mean_pct))
     return rows

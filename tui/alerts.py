@@ -48,6 +48,9 @@ def alerts_of(state: DashboardState) -> list[Alert]:
             Alert("error", f"job failed; rank {state.ended.root_cause_rank} failed first", state.ended.wall_ns)
         )
     for (probe, reason), ranks in sorted(state.probes_off.items()):
+        if state.info.endpoint is not None:  # its probes are this machine's and the server's, not ranks'
+            alerts.append(Alert("warning", f"probe off: {probe}: {reason}", now))
+            continue
         where = "every rank" if len(ranks) == state.info.world_size else f"ranks {ranks_text(ranks)}"
         alerts.append(Alert("warning", f"probe off: {probe} on {where}: {reason}", now))
     for straggler in state.stragglers():

@@ -109,26 +109,33 @@ BUILTIN_ONLY = (
 
 
 def parse_slo(text: str | None) -> tuple[float | None, float | None]:
-    """``ttft=200ms,tpot=50ms`` (ms or s, either key may be left out) as (TTFT ms, TPOT ms)."""
+    """``ttft=200ms,tpot=50ms`` (ms or s, either key may be left out) as (TTFT ms, TPOT ms). A number without
+    its unit is refused: ``ttft=0.5`` read as milliseconds was 0.5 s meant, an objective no request meets."""
     if text is None:
         return None, None
     values: dict[str, float] = {}
     for part in text.split(","):
         key, sep, value = part.strip().partition("=")
-        scale = 1.0
-        number = value.strip().lower()
-        if number.endswith("ms"):
-            number = number[:-2]
-        elif number.endswith("s"):
-            number, scale = number[:-1], 1000.0
+        key, number = key.strip().lower(), value.strip().lower()
+        unit = "ms" if number.endswith("ms") else "s" if number.endswith("s") else ""
         try:
-            parsed = float(number) * scale
+            parsed = float(number.removesuffix(unit)) * (1000.0 if unit == "s" else 1.0)
         except ValueError:
             parsed = -1.0
-        if not sep or key.strip().lower() not in ("ttft", "tpot") or not 0 < parsed < float("inf"):
-            raise PlanError(f"--slo {text!r}: give ttft=MS and/or tpot=MS, such as ttft=200ms,tpot=50ms")
-        values[key.strip().lower()] = parsed
+        if not sep or key not in ("ttft", "tpot") or not 0 < parsed < float("inf"):
+            raise PlanError(f"--slo {text!r}: give ttft=TIME and/or tpot=TIME, such as ttft=200ms,tpot=50ms")
+        if not unit:
+            raise PlanError(f"--slo {text!r}: {part.strip()} has no unit: give one, such as 500ms or 0.5s")
+        values[key] = parsed
     return values.get("ttft"), values.get("tpot")
+
+
+SAME_LOAD_SHAPE = {
+    "requests": "--requests", "concurrency": "--concurrency", "request_rate": "--request-rate",
+    "burstiness": "--burstiness", "duration": "--duration", "warmup": "--warmup", "prompts": "--prompts",
+    "prompt_len": "--input-len", "output_len": "--output-len",
+}  # fmt: skip
+"""The options that shape a load, which ``--same-load`` takes from its recording (``--seed`` too, when given)."""
 
 
 def endpoint_from_args(args: argparse.Namespace) -> EndpointRun:
@@ -156,17 +163,17 @@ def endpoint_from_args(args: argparse.Namespace) -> EndpointRun:
     for name in NODE_OPTIONS:
         if getattr(args, name) is not None:
             raise PlanError(f"{option(name)} is for jobs on many nodes; --endpoint runs on this one")
+    if args.same_load is not None:
+        given = [flag for name, flag in SAME_LOAD_SHAPE.items() if getattr(args, name) is not None]
+        given += ["--seed"] if args.seed != args.builtin_defaults["seed"] else []
+        if given:
+            listed = given[0] if len(given) == 1 else f"{', '.join(given[:-1])} and {given[-1]}"
+            raise PlanError(f"--same-load repeats a recorded load, its shape and seed included: leave out {listed}")
     if args.burstiness is not None and args.request_rate is None:
         raise PlanError("--burstiness shapes --request-rate's arrivals: give --request-rate too")
     slo_ttft, slo_tpot = parse_slo(args.slo)
     requests = None
     if args.same_load is not None:
-        if any(
-            getattr(args, name) is not None
-            for name in ("requests", "concurrency", "request_rate", "prompts", "duration")
-        ):
-            raise PlanError("--same-load repeats a recorded load: leave out --requests, --concurrency, "
-                            "--request-rate, --duration and --prompts")  # fmt: skip
         recorded, requests = same_load(args.same_load)
         load = replace(
             recorded,

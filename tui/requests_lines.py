@@ -22,19 +22,18 @@ def output_rate(value: float | None) -> str:
 
 
 def request_counts(view: RequestsView) -> str:
-    """``60/64 completed · 4 failed · 3.20 req/s · 1.2k tok/s out`` (and goodput with SLOs)."""
+    """``60/64 completed · 4 failed · 3.20 req/s · 1.2k tok/s out`` (and goodput with SLOs, and the requests
+    an endpoint's stopped load did not send)."""
     figures = view.figures
     done = f"{figures.completed:,}/{view.total:,}" if view.total is not None else f"{figures.completed:,}"
-    parts = [
-        f"{done} completed",
-        f"{figures.failed:,} failed",
-        per_second(figures.request_throughput_per_s, "req/s"),
-        f"{output_rate(figures.output_tokens_per_s)} out",
-    ]
+    parts = [f"{done} completed", f"{figures.failed:,} failed"]
+    if figures.not_sent:
+        parts.append(f"{figures.not_sent:,} not sent")
+    parts += [per_second(figures.request_throughput_per_s, "req/s"), f"{output_rate(figures.output_tokens_per_s)} out"]
     if figures.goodput_per_s is not None:
         parts.append(f"goodput {per_second(figures.goodput_per_s, 'req/s')}")
-    if figures.slo_met is not None:
-        parts.append(f"SLO met {figures.slo_met:.0%}")
+    if figures.slo_met_of_completed is not None:  # of the answers: over the load it would read as progress
+        parts.append(f"SLO met {figures.slo_met_of_completed:.0%} of completed")
     return " · ".join(parts)
 
 

@@ -72,7 +72,11 @@ TOKEN_SOURCES = {"usage": "the server's usage", "chunks": "streamed chunks (no u
 def request_lines(requests: dict[str, Any], *, endpoint: bool = False) -> list[str]:
     """An inference run's requests: counts and failures, latency quantiles in ms, rates, each replica."""
     warmup = f"  (after {requests['warmup']} warmup, left out)" if requests.get("warmup") else ""
-    lines = [f"requests: {requests['count']}  completed {requests['completed']}  failed {requests['failed']}{warmup}"]
+    not_sent = f"  not sent {requests['not_sent']}" if requests.get("not_sent") else ""
+    lines = [
+        f"requests: {requests['count']}  completed {requests['completed']}  failed {requests['failed']}{not_sent}"
+        f"{warmup}"
+    ]
     lines += [f"  failed {row['count']}: {row['reason']}" for row in requests["failures"]]
     lines.append(f"  {'latency (ms)':<14}{'p50':>10}{'p90':>10}{'p99':>10}")
     for key, label in LATENCIES.items():

@@ -14,10 +14,18 @@
   TPOT SLO does not apply to a one-token answer: it has no decode);
 - the rates (requests/s, output tokens/s, goodput) are over the window from
   the first arrival to the last end of the completed requests;
-- SLO met = good requests / all requests of the load;
+- SLO met = good requests / all requests of the load (a failed request did
+  not meet it); the SLO met of the completed = good requests / completed
+  requests, how the answers kept to the SLO whatever else failed or is still
+  to come (the dashboard's, read while the load runs: over the load's requests
+  it would rise with the progress);
 - a request reported twice counts by its first report (a replica reports each
   once; a second is counted as a duplicate and left out); the load's requests
-  that have none count as failed once the job ended ("not served");
+  that have none count as failed once the job ended ("not served"), except an
+  endpoint's: its load generator reports every request it sends (those in
+  flight at a stop as interrupted), so one without a report was not sent (the
+  load was stopped first: by the user, or because the server was gone), is
+  counted as such, and is not part of the load's requests nor failed;
 - a warmup request (an endpoint's ``--warmup``) is counted as such and left
   out of every figure;
 - a load sent for a duration (``--duration``) is the requests sent: those
@@ -235,6 +243,7 @@ class RequestFigures:
     goodput_per_s: float | None
     """``None`` unless the load set an SLO."""
     slo_met: float | None
+    """Good requests / the load's requests (``None`` unless the load set an SLO)."""
     per_replica: tuple[ReplicaRow, ...]
     warmup: int = 0
     """Warmup requests reported (left out of every figure)."""
@@ -242,6 +251,10 @@ class RequestFigures:
     """An endpoint's: (``usage`` or ``chunks``, requests counted so)."""
     client: ClientFigures | None = None
     """An endpoint's load generator: ``None`` for the built-in model's load."""
+    slo_met_of_completed: float | None = None
+    """Good requests / completed requests (``None`` unless the load set an SLO and one completed)."""
+    not_sent: int = 0
+    """An endpoint's requests the load generator never sent (its load was stopped first): not in ``count``."""
 
     def to_json(self) -> dict[str, object]:
         return {
@@ -256,6 +269,8 @@ class RequestFigures:
             "slo": {"ttft_s": self.slo.ttft_s, "tpot_s": self.slo.tpot_s} if self.slo.given else None,
             "goodput_per_s": self.goodput_per_s,
             "slo_met": self.slo_met,
+            "slo_met_of_completed": self.slo_met_of_completed,
+            "not_sent": self.not_sent,
             "per_replica": [row.to_json() for row in self.per_replica],
             "warmup": self.warmup,
             "tokens_from": dict(self.tokens_from),
@@ -266,8 +281,10 @@ class RequestFigures:
 class RequestFold:
     """An inference load's requests, folded as their reports arrive (a request id's first report counts)."""
 
-    def __init__(self, load: Load | None, *, replicas: int) -> None:
+    def __init__(self, load: Load | None, *, replicas: int, sent_by_client: bool = False) -> None:
         self.load = load
+        self.sent_by_client = sent_by_client
+        """An endpoint's load: a request without a report once the run ended was not sent (not failed)."""
         self.slo = Slo.of(load)
         self.replicas = replicas
         self._seen: set[int] = set()
@@ -363,7 +380,10 @@ class RequestFold:
     def figures(self) -> RequestFigures:
         reports, count = len(self._seen), self.total
         failures = Counter(self.failures)
-        if self.ended_status is not None and count > reports:
+        not_sent = 0
+        if self.ended_status is not None and count > reports and self.sent_by_client:
+            not_sent, count = count - reports, reports
+        elif self.ended_status is not None and count > reports:
             failures[unserved_reason(self.ended_status)] += count - reports
         failed = sum(failures.values())
         window = None
@@ -388,6 +408,8 @@ class RequestFold:
             slo=self.slo,
             goodput_per_s=per_s(self.good) if self.slo.given else None,
             slo_met=self.good / count if self.slo.given and count else None,
+            slo_met_of_completed=self.good / self.completed if self.slo.given and self.completed else None,
+            not_sent=not_sent,
             per_replica=tuple(self._replica_row(r, per_s) for r in replicas),
             warmup=self.warmup,
             tokens_from=tuple(sorted(self.tokens_from.items())),

@@ -122,7 +122,11 @@ class RunFold:
         self.collectives = CollectiveFold(per_step=self.training)
         self.stages = StageFold(pp=run.stage_period)
         self.memory = MemoryFold()
-        self.requests = RequestFold(run.load, replicas=run.plan.dp) if run.inference else None
+        self.requests = (
+            RequestFold(run.load, replicas=run.plan.dp, sent_by_client=run.endpoint is not None)
+            if run.inference
+            else None
+        )
         self.gpus = GpuFold()
         self.server = ServerFold() if run.endpoint is not None else None
         """An endpoint's engine, from its ``/metrics``."""

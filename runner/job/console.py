@@ -179,12 +179,16 @@ class Progress:
 
 
 def requests_line(figures: RequestFigures) -> str:
-    """``requests   12/64 (1 failed)  TTFT p50 35.2 ms  1,234 tok/s``: the load so far."""
+    """``requests   12/64 (1 failed)  TTFT p50 35.2 ms  1,234 tok/s``: the load so far (and the requests a stopped
+    load never sent: not failed)."""
     ttft = figures.latencies["ttft_s"]["p50"]
     ttft_text = f"TTFT p50 {ttft * 1e3:.1f} ms" if ttft is not None else "TTFT -"
     rate = figures.output_tokens_per_s
     rate_text = f"{rate:,.0f} tok/s" if rate is not None else "- tok/s"
-    failed = f" ({figures.failed} failed)" if figures.failed else ""
+    said = [f"{figures.failed} failed"] if figures.failed else []
+    if figures.not_sent:
+        said.append(f"{figures.not_sent} not sent")
+    failed = f" ({', '.join(said)})" if said else ""
     return f"requests {figures.completed + figures.failed:>4}/{figures.count}{failed}  {ttft_text}  {rate_text}"
 
 
@@ -203,7 +207,8 @@ def verdict(result: JobResult, steps: StepFigures | None, requests: RequestFigur
             f"{median:.3f} s{throughput}{final}"
         ]
     if result.status == "interrupted":
-        return [f"interrupted after {result.duration_s:.1f} s: every rank stopped"]
+        stopped = [f"interrupted after {result.duration_s:.1f} s: every rank stopped"]
+        return stopped + ([f"  {requests_line(requests)}"] if requests is not None else [])
     if result.node_lost is not None:
         return [f"failed after {result.duration_s:.1f} s: {result.node_lost}; the job was stopped"]
     if result.failure is not None:

@@ -6,9 +6,10 @@ shipper does (rank 0 is the load generator). It runs apart from the dashboard's 
 recording's writes, so neither delays a send, and its own lag (when a request was sent against when it
 was meant to be) is measured on every request.
 
-It ends with exit code 0 when the load ran to its end (whatever the server answered), 130 when it was
-stopped (SIGINT or SIGTERM: the requests in flight are reported as interrupted), and writes what
-happened to ``SPEC``'s ``status`` file: requests sent, completed, and failed by kind.
+It ends with exit code 0 when the load ran to its end (whatever the server answered) or stopped because the
+server is gone (:data:`GONE_AFTER_REFUSALS`), 130 when it was stopped (SIGINT or SIGTERM: the requests in
+flight are reported as interrupted), and writes what happened to ``SPEC``'s ``status`` file: requests sent,
+completed, failed by kind, not sent, and why the server is gone where it is.
 """
 
 from __future__ import annotations
@@ -29,6 +30,12 @@ from meshtop.runner.serving.http import Origin, Pool, RequestFailed
 from meshtop.runner.serving.load import LoadRequest
 
 INTERRUPTED = 130
+GONE_AFTER_REFUSALS = 5
+"""Requests refused in a row (each tried twice: :class:`~meshtop.runner.serving.http.Pool`) after which the
+server is gone: nothing listens on its port any more, and the rest of the load is not sent to it. A live
+server under load does not refuse (a full backlog drops a connection, it does not refuse it); a request the
+server answered in between, even with an error, starts the count again (a connection reset does not: a
+server that dies resets the requests it had)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -109,6 +116,9 @@ class LoadGenerator:
         self.sink = sink
         self.pool = Pool(Origin.parse(spec.url))
         self.counts: Counter[str] = Counter()
+        self.refused_in_a_row = 0
+        self.gone: str | None = None
+        """Why the server is taken for gone (then no more requests are sent), once it is."""
 
     async def send(self, request: LoadRequest, scheduled_ns: int) -> None:
         """Send ``request``, time it, and ship its event (completed or failed)."""
@@ -161,6 +171,12 @@ class LoadGenerator:
         end = outcome.end_ns or time.time_ns()
         from_usage = outcome.completion_tokens is not None
         self.counts["completed" if error is None else error.kind] += 0 if request.warmup else 1
+        if error is not None and error.kind == "refused":
+            self.refused_in_a_row += 1
+            if self.refused_in_a_row >= GONE_AFTER_REFUSALS and self.gone is None:
+                self.gone = f"{self.refused_in_a_row} requests in a row were refused"
+        elif error is None or error.kind not in ("reset", "interrupted"):  # the server answered, so it is there
+            self.refused_in_a_row = 0
         self.sink.emit(
             RequestDone(
                 rank=CLIENT_RANK,
@@ -189,7 +205,7 @@ class LoadGenerator:
 
         async def client() -> None:
             for request in queue:  # one iterator shared: each client takes the next request
-                if until is not None and time.monotonic() >= until:
+                if self.gone is not None or (until is not None and time.monotonic() >= until):
                     return
                 await self.send(request, time.time_ns())
 
@@ -206,6 +222,8 @@ class LoadGenerator:
             delay = start + offset - time.monotonic()
             if delay > 0:
                 await asyncio.sleep(delay)
+            if self.gone is not None:
+                break
             tasks.append(asyncio.create_task(self.send(request, start_ns + round(offset * 1e9))))
         await asyncio.gather(*tasks)
 
@@ -214,6 +232,8 @@ class LoadGenerator:
         own = [request for request in requests if not request.warmup]
         if warmup:
             await self.closed_loop(warmup, self.spec.concurrency or 1)
+        if self.gone is not None:
+            return
         if self.spec.concurrency is not None:
             until = time.monotonic() + self.spec.duration_s if self.spec.duration_s is not None else None
             await self.closed_loop(own, self.spec.concurrency, until=until)
@@ -244,9 +264,17 @@ async def main_async(spec: ClientSpec, sink: EventSink) -> bool:
         stopped = True
     finally:
         generator.pool.close()
-        Path(spec.status_path).write_text(
-            json.dumps({"sent": sum(generator.counts.values()), "by_kind": dict(generator.counts), "stopped": stopped})
-        )
+        sent = sum(generator.counts.values())
+        own = sum(not request.warmup for request in requests)
+        status = {
+            "sent": sent,
+            "by_kind": dict(generator.counts),
+            "stopped": stopped,
+            "gone": generator.gone,
+            # a load sent for a duration is the requests sent: those it did not reach are no part of it
+            "not_sent": own - sent if spec.duration_s is None else 0,
+        }
+        Path(spec.status_path).write_text(json.dumps(status))
     return not stopped
 
 

@@ -91,22 +91,22 @@ def served_models(origin: Origin) -> tuple[str, ...]:
     except urllib.error.URLError as error:
         reason = error.reason
         why = getattr(reason, "strerror", None) or str(reason)
-        raise PlanError(f"--endpoint {origin.base}: cannot reach the server ({why}): is it running?") from None
+        raise PlanError(f"--endpoint {origin.root}: cannot reach the server ({why}): is it running?") from None
     except (OSError, ValueError) as error:  # a timeout, a reset, a malformed response
-        raise PlanError(f"--endpoint {origin.base}: no answer from {url} ({error})") from None
+        raise PlanError(f"--endpoint {origin.root}: no answer from {url} ({error})") from None
     if status >= 500:
         raise PlanError(
-            f"--endpoint {origin.base}: the server failed to answer GET {url}: HTTP {status} "
+            f"--endpoint {origin.root}: the server failed to answer GET {url}: HTTP {status} "
             f"({error_message(raw)}): its own log says why"
         )
     if status != 200:
         raise PlanError(
-            f"--endpoint {origin.base}: GET {url} answered HTTP {status} ({error_message(raw)}): "
+            f"--endpoint {origin.root}: GET {url} answered HTTP {status} ({error_message(raw)}): "
             "not an OpenAI-compatible server?"
         )
     data = parsed.get("data") if isinstance(parsed, dict) else None
     if not isinstance(data, list):
-        raise PlanError(f"--endpoint {origin.base}: GET {url} gave no list of models: not an OpenAI-compatible server?")
+        raise PlanError(f"--endpoint {origin.root}: GET {url} gave no list of models: not an OpenAI-compatible server?")
     return tuple(str(model["id"]) for model in data if isinstance(model, dict) and "id" in model)
 
 
@@ -128,11 +128,11 @@ def probe_request(origin: Origin, api: str, model: str, load: EndpointLoad, time
     try:
         status, _, raw = _get_json(origin.url(path), body=body, timeout_s=timeout_s)
     except (OSError, ValueError) as error:
-        raise PlanError(f"--endpoint {origin.base}: POST {origin.url(path)} failed ({error})") from None
+        raise PlanError(f"--endpoint {origin.root}: POST {origin.url(path)} failed ({error})") from None
     if status != 200:
         hint = " (drop --ignore-eos: this server does not take it?)" if load.ignore_eos else ""
         raise PlanError(
-            f"--endpoint {origin.base}: the server refused a {api} request for {model!r}: HTTP {status}: "
+            f"--endpoint {origin.root}: the server refused a {api} request for {model!r}: HTTP {status}: "
             f"{error_message(raw) or 'no message'}{hint}"
         )
 
@@ -186,15 +186,15 @@ def check_server(run: EndpointRun, probe_timeout_s: float = PROBE_TIMEOUT_S) -> 
     models = served_models(origin)
     if not models:  # it may still serve --model's: the probe request below says whether it does
         if model is None:
-            raise PlanError(f"--endpoint {origin.base}: the server lists no models: name the one to load with --model")
+            raise PlanError(f"--endpoint {origin.root}: the server lists no models: name the one to load with --model")
     elif model is None:
         if len(models) > 1:
             raise PlanError(
-                f"--endpoint {origin.base} serves {len(models)} models: pick one with --model ({', '.join(models)})"
+                f"--endpoint {origin.root} serves {len(models)} models: pick one with --model ({', '.join(models)})"
             )
         model = models[0]
     elif model not in models:
-        raise PlanError(f"--model {model!r}: {origin.base} serves {', '.join(models)}")
+        raise PlanError(f"--model {model!r}: {origin.root} serves {', '.join(models)}")
     probe_request(origin, run.api, model, run.load, probe_timeout_s)
     return replace(run, model=model, models=models)
 

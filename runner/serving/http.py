@@ -4,7 +4,8 @@ POST whose Server-Sent Events arrive one ``data:`` payload at a time, each with 
 Written for the load generator's needs rather than taken from a general client: it adds nothing between a
 byte's arrival and its timestamp, it never buffers a stream, and everything it reads is bounded (a status
 line, the headers, an event, an error body), so a misbehaving server costs one request, not the client.
-Plain HTTP and HTTPS (the system's default certificates).
+Plain HTTP and HTTPS (the system's default certificates). A connection is not reused past
+:data:`IDLE_LIMIT_S` idle, before a server closes it on its side.
 """
 
 from __future__ import annotations
@@ -23,6 +24,11 @@ MAX_EVENT_BYTES = 4 << 20
 """One SSE line (a token's chunk is a few hundred bytes; a final one with logprobs can be large)."""
 MAX_ERROR_BODY = 64 << 10
 ERROR_MESSAGE_CHARS = 200
+IDLE_LIMIT_S = 4.0
+"""A kept-alive connection idle longer than this is closed, not reused. uvicorn (which ``transformers serve``,
+vLLM and SGLang run on) closes a connection idle for 5 s (its ``timeout_keep_alive``); a request written as
+the server closes it is lost on the way (the server never read it). Closing ours a second earlier leaves the
+event loop's and the scheduler's slack on our side of that race."""
 
 
 class RequestFailed(Exception):
@@ -32,6 +38,10 @@ class RequestFailed(Exception):
     def __init__(self, kind: str, message: str) -> None:
         super().__init__(message)
         self.kind = kind
+
+
+class _Unanswered(RequestFailed):
+    """Refused, or reset before any byte of the answer came back: the server did not take the request."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,6 +72,12 @@ class Origin:
         """``http://host:port`` (no prefix)."""
         host = f"[{self.host}]" if ":" in self.host else self.host
         return f"{self.scheme}://{host}:{self.port}"
+
+    @property
+    def root(self) -> str:
+        """The endpoint as ``--endpoint`` takes it: the base and any path before ``/v1`` (``http://h:8000/v2``),
+        what a message names."""
+        return f"{self.base}{self.prefix.removesuffix('/v1')}"
 
     def url(self, path: str) -> str:
         return f"{self.base}{self.prefix}{path}"
@@ -95,30 +111,45 @@ def error_message(body: bytes) -> str:
 class _Connection:
     def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self.reader, self.writer = reader, writer
+        self.idle_since = 0.0
+        """When its last answer ended (``time.monotonic()``)."""
 
     def close(self) -> None:
         self.writer.close()
 
 
 class Pool:
-    """Keep-alive connections to one origin, reused by the requests that follow."""
+    """Keep-alive connections to one origin, reused by the requests that follow (the one idle the shortest
+    first), none idle past :data:`IDLE_LIMIT_S`."""
 
     def __init__(self, origin: Origin) -> None:
         self.origin = origin
         self._idle: list[_Connection] = []
+        """Oldest first: a connection goes idle at the end and is taken from there."""
         self._ssl = ssl.create_default_context() if origin.scheme == "https" else None
 
-    async def _connect(self) -> _Connection:
-        if self._idle:
-            return self._idle.pop()
+    async def _connect(self, *, fresh: bool = False) -> _Connection:
+        """An idle connection the server has not closed and that has not idled past the limit, else a new one
+        (``fresh``: a new one whatever is idle)."""
+        now = time.monotonic()
+        while self._idle and not fresh:
+            connection = self._idle.pop()
+            if now - connection.idle_since > IDLE_LIMIT_S:  # and those under it, idle longer still
+                for stale in (connection, *self._idle):
+                    stale.close()
+                self._idle.clear()
+            elif connection.reader.at_eof():  # the server closed it already
+                connection.close()
+            else:
+                return connection
         try:
             reader, writer = await asyncio.open_connection(
                 self.origin.host, self.origin.port, ssl=self._ssl, limit=MAX_EVENT_BYTES
             )
         except OSError as error:  # asyncio says a refusal of every address as an OSError of ECONNREFUSED
             if isinstance(error, ConnectionRefusedError) or error.errno == errno.ECONNREFUSED:
-                raise RequestFailed("refused", "connection refused") from None
-            raise RequestFailed("refused", f"cannot connect: {error.strerror or error}") from None
+                raise _Unanswered("refused", "connection refused") from None
+            raise _Unanswered("refused", f"cannot connect: {error.strerror or error}") from None
         return _Connection(reader, writer)
 
     def close(self) -> None:
@@ -131,19 +162,17 @@ class Pool:
         ``time.time_ns()`` as it was read, up to ``[DONE]`` or the stream's end.
 
         The request is written when the first item is asked for; the caller times its send right before.
-        A status other than 2xx raises :class:`RequestFailed` with the server's message.
+        One the server did not take (refused, or reset before any byte of its answer) is sent once more on a
+        fresh connection. A status other than 2xx raises :class:`RequestFailed` with the server's message.
         """
         payload = json.dumps(body).encode()
         head = (
             f"POST {self.origin.prefix}{path} HTTP/1.1\r\nHost: {self.origin.host}:{self.origin.port}\r\n"
             f"Content-Type: application/json\r\nAccept: text/event-stream\r\nContent-Length: {len(payload)}\r\n\r\n"
         ).encode()
-        connection = await self._connect()
+        connection, status, headers = await self._exchange(head + payload)
         reusable = False
         try:
-            connection.writer.write(head + payload)
-            await connection.writer.drain()
-            status, headers = await _read_head(connection.reader)
             chunked = "chunked" in headers.get("transfer-encoding", "").lower()
             length = int(headers["content-length"]) if "content-length" in headers and not chunked else None
             body_bytes = _body(connection.reader, chunked=chunked, length=length)
@@ -179,9 +208,45 @@ class Pool:
             raise RequestFailed("protocol", "a line longer than the client's limit") from None
         finally:
             if reusable:
+                connection.idle_since = time.monotonic()
                 self._idle.append(connection)
             else:
                 connection.close()
+
+    async def _exchange(self, request: bytes) -> tuple[_Connection, int, dict[str, str]]:
+        """Write ``request`` and read its answer's status line and headers: the connection, the status, the
+        headers.
+
+        A request refused, or reset before any byte of its answer came back, is sent once more on a fresh
+        connection: a kept-alive connection the server closed as we wrote to it ends so (a server closes idle
+        connections on its own clock, and never read the request), while a server that is gone refuses the
+        second too.
+        """
+        try:
+            return await self._send_once(request, fresh=False)
+        except _Unanswered:
+            return await self._send_once(request, fresh=True)
+
+    async def _send_once(self, request: bytes, *, fresh: bool) -> tuple[_Connection, int, dict[str, str]]:
+        connection = await self._connect(fresh=fresh)
+        try:
+            connection.writer.write(request)
+            await connection.writer.drain()
+            status, headers = await _read_head(connection.reader)
+        except (ConnectionResetError, BrokenPipeError):
+            connection.close()
+            raise _Unanswered("reset", "connection reset by the server") from None
+        except asyncio.IncompleteReadError as error:
+            connection.close()
+            kind = RequestFailed if error.partial else _Unanswered
+            raise kind("reset", "the server closed the connection mid-answer") from None
+        except asyncio.LimitOverrunError:
+            connection.close()
+            raise RequestFailed("protocol", "a line longer than the client's limit") from None
+        except BaseException:  # a malformed head, a timeout, a stop (cancelled): not sent again
+            connection.close()
+            raise
+        return connection, status, headers
 
 
 async def _read_head(reader: asyncio.StreamReader) -> tuple[int, dict[str, str]]:

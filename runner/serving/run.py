@@ -183,13 +183,18 @@ def _send_load(
     scraper = Scraper(run.metrics_url, emit=node_events.put)
     scraper.start()
     interrupted = False
+    server_gone: str | None = None
     try:
         while client.poll() is None and not control.stop.is_set():
             deliver()
             if server is not None:
                 server.watch()
+                if (code := server.exited()) is not None:  # the rest of the load would only be refused
+                    how = f"code {code}" if code >= 0 else f"signal {signal.Signals(-code).name}"
+                    server_gone = f"the server exited with {how} during the load"
+                    break
             control.stop.wait(POLL_S)
-        interrupted = client.poll() is None
+        interrupted = client.poll() is None and server_gone is None
     except KeyboardInterrupt:
         interrupted = True
     finally:
@@ -214,22 +219,52 @@ def _send_load(
         interrupted=interrupted,
         duration_s=time.monotonic() - started,
         log_path=session_dir / CLIENT_LOG,
+        server_gone=server_gone,
     )
     on_events(Arrivals(lifecycle_events(result)))
     return result
 
 
 def endpoint_result(
-    run: EndpointRun, code: int, status_path: Path, *, interrupted: bool, duration_s: float, log_path: Path
+    run: EndpointRun,
+    code: int,
+    status_path: Path,
+    *,
+    interrupted: bool,
+    duration_s: float,
+    log_path: Path,
+    server_gone: str | None = None,
 ) -> JobResult:
     """How the load ended: ``completed`` when every request was answered, ``failed`` when one was not (the
-    failures counted by kind) or the load generator itself failed, ``interrupted`` when stopped."""
+    failures counted by kind), when the server was gone before the load's end (``server_gone``: the server
+    meshtop started exited; or the load generator's own verdict) or the load generator itself failed,
+    ``interrupted`` when stopped."""
     try:
         status = json.loads(status_path.read_text())
         counts = {str(kind): int(n) for kind, n in status["by_kind"].items()}
+        server_gone = server_gone or (f"the server is gone ({status['gone']})" if status.get("gone") else None)
+        not_sent = int(status.get("not_sent") or 0)
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
-        counts = None
+        counts, not_sent = None, 0
     status_path.unlink(missing_ok=True)
+    if server_gone is not None:
+        sent = sum((counts or {}).values())
+        unsent = f", {not_sent:,} of {sent + not_sent:,} requests not sent" if not_sent else ""
+        failed = failure_line(counts or {}, sent)
+        return JobResult(
+            status="failed",
+            ranks=(
+                RankExit(
+                    rank=CLIENT_RANK,
+                    exit_code=0 if code == 0 else None,
+                    signal="SIGINT" if code == INTERRUPTED else None,  # stopped by us: the server exited
+                    error="the server is gone",
+                ),
+            ),
+            duration_s=duration_s,
+            log_path=log_path,
+            failure=f"{server_gone}: the load was stopped{unsent}" + (f"; {failed}" if failed else ""),
+        )
     if interrupted or code == INTERRUPTED:
         return JobResult(
             status="interrupted",

@@ -1,8 +1,9 @@
 """A minimal OpenAI-style streaming server on asyncio (no model): ``/v1/models`` lists one model and
 ``/v1/completions`` or ``/v1/chat/completions`` stream ``chunks`` chunks of one token each, the first
 ``first_s`` after the request (a prefill), the others ``gap_s`` apart, then at once a usage chunk and
-``[DONE]``, chunked and kept alive. For the HTTP client's tests and the load generator's benchmarks, where the
-server must cost next to nothing and its timing be known; the serving tests use a real ``transformers serve``.
+``[DONE]``, chunked and kept alive (closed once idle ``keep_alive_s``, as uvicorn closes them). For the HTTP
+client's tests and the load generator's benchmarks, where the server must cost next to nothing and its timing
+be known; the serving tests use a real ``transformers serve``.
 """
 
 from __future__ import annotations
@@ -32,9 +33,20 @@ class StubServer:
     """What ``GET /v1/models`` lists (any model is served)."""
     models_status: int = 200
     """``GET /v1/models``'s status (a plain-text error body when not 200)."""
+    keep_alive_s: float | None = None
+    """Close a connection that waits this long for its next request (uvicorn's ``timeout_keep_alive``, 5 s by
+    default; ``None``: never)."""
+    usage: bool = True
+    """End each stream with a usage chunk (``False``: a server that reports no token counts)."""
+    unanswered: frozenset[int] = frozenset()
+    """The POSTs (numbered from 1 as they come) whose connection is closed as they arrive, unanswered: a
+    request written to a connection as its server closed it."""
     port: int = 0
     connections: int = 0
     requests: int = 0
+    posts: int = 0
+    closed_idle: int = 0
+    """Connections closed for waiting past ``keep_alive_s``."""
     bodies: list[dict[str, object]] = field(default_factory=list)
     handlers: set[asyncio.Task[None]] = field(default_factory=set)
 
@@ -45,7 +57,11 @@ class StubServer:
         self.handlers.add(task)
         try:
             while True:
-                head = await reader.readuntil(b"\r\n\r\n")
+                try:
+                    head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), self.keep_alive_s)
+                except asyncio.TimeoutError:
+                    self.closed_idle += 1
+                    return
                 lines = head.decode("latin-1").split("\r\n")
                 method, path = lines[0].split(" ")[:2]
                 headers = {k.strip().lower(): v.strip() for k, _, v in (line.partition(":") for line in lines[1:])}
@@ -69,6 +85,9 @@ class StubServer:
                     continue
                 request = json.loads(body)
                 self.bodies.append(request)
+                self.posts += 1
+                if self.posts in self.unanswered:
+                    return
                 if self.status != 200:
                     payload = json.dumps({"error": {"message": "stub refuses", "code": self.status}}).encode()
                     writer.write(
@@ -91,8 +110,9 @@ class StubServer:
                     choice = {"delta": {"content": f"t{index}"}} if chat else {"text": f"t{index}"}
                     self._event(writer, {"choices": [{"index": 0, **choice}]})
                     await writer.drain()
-                usage = {"prompt_tokens": 3, "completion_tokens": self.chunks, "total_tokens": 3 + self.chunks}
-                self._event(writer, {"choices": [], "usage": usage})
+                if self.usage:
+                    usage = {"prompt_tokens": 3, "completion_tokens": self.chunks, "total_tokens": 3 + self.chunks}
+                    self._event(writer, {"choices": [], "usage": usage})
                 data = b"data: [DONE]\n\n"
                 writer.write(f"{len(data):x}\r\n".encode() + data + b"\r\n0\r\n\r\n")
                 await writer.drain()
@@ -113,15 +133,15 @@ class StubServer:
 
 
 @contextmanager
-def stub_server(**options: object) -> Iterator[StubServer]:
-    """A :class:`StubServer` on a thread of its own, on a free port, until the block ends."""
+def stub_server(*, listen_port: int = 0, **options: object) -> Iterator[StubServer]:
+    """A :class:`StubServer` on a thread of its own, on ``listen_port`` (0: a free port), until the block ends."""
     server = StubServer(**options)  # type: ignore[arg-type]
     loop = asyncio.new_event_loop()
     started = threading.Event()
     holder: list[asyncio.Server] = []
 
     async def start() -> None:
-        listening = await asyncio.start_server(server.handle, "127.0.0.1", 0)
+        listening = await asyncio.start_server(server.handle, "127.0.0.1", listen_port)
         server.port = listening.sockets[0].getsockname()[1]
         holder.append(listening)
         started.set()
@@ -147,10 +167,15 @@ def stub_server(**options: object) -> Iterator[StubServer]:
 
 
 def main(argv: list[str]) -> None:
-    """``python -m tests.kit.sse_server [CHUNKS [GAP_MS [FIRST_MS]]]``: serve on a free port (printed first) until
-    killed, in a process of its own (the benchmarks: the server must not share the measuring process's GIL)."""
+    """``python -m tests.kit.sse_server [CHUNKS [GAP_MS [FIRST_MS]]] [--port PORT]``: serve on PORT (else a free
+    port, printed first) until killed, in a process of its own (the benchmarks: the server must not share the
+    measuring process's GIL; the serving tests: a server that can be killed, or one meshtop starts)."""
+    port = 0
+    if "--port" in argv:
+        at = argv.index("--port")
+        port, argv = int(argv[at + 1]), argv[:at] + argv[at + 2 :]
     chunks, gap_ms, first_ms = [*(float(value) for value in argv[:3]), *(8.0, 0.0, 0.0)[len(argv[:3]) :]]
-    with stub_server(chunks=int(chunks), gap_s=gap_ms / 1e3, first_s=first_ms / 1e3) as server:
+    with stub_server(chunks=int(chunks), gap_s=gap_ms / 1e3, first_s=first_ms / 1e3, listen_port=port) as server:
         print(server.port, flush=True)
         threading.Event().wait()
 

@@ -134,10 +134,11 @@ def test_compare_flags_a_doubled_ttft_and_calls_a_different_concurrency_unfair(t
     comparison = compare(before, after)
     rows = {row["name"]: row for row in comparison["metrics"]}
     assert comparison["warnings"] == []
-    assert rows["TTFT (s)"]["ratio"] == pytest.approx(42 / 22) and rows["TTFT (s)"]["significant"]
-    assert not rows["TPOT (s)"]["significant"] and rows["TPOT (s)"]["ratio"] == pytest.approx(1.0)
-    assert not rows["ITL (s)"]["significant"]
-    assert rows["e2e (s)"]["significant"]
+    assert rows["TTFT p50 (ms)"]["ratio"] == pytest.approx(42 / 22) and rows["TTFT p50 (ms)"]["significant"]
+    assert (rows["TTFT p50 (ms)"]["a"], rows["TTFT p50 (ms)"]["b"]) == (pytest.approx(22.0), pytest.approx(42.0))
+    assert not rows["TPOT p50 (ms)"]["significant"] and rows["TPOT p50 (ms)"]["ratio"] == pytest.approx(1.0)
+    assert not rows["ITL p50 (ms)"]["significant"]
+    assert rows["e2e p50 (ms)"]["significant"]
     assert {
         "request throughput (requests/s)",
         "output throughput (tokens/s)",
@@ -146,8 +147,9 @@ def test_compare_flags_a_doubled_ttft_and_calls_a_different_concurrency_unfair(t
         "stage 0 bubble",
     } <= set(rows)
     assert "step time (s)" not in rows
-    [line] = [line for line in comparison_lines(comparison) if line.startswith("  TTFT (s)")]
-    assert line.split()[2:] == ["22.00", "ms", "42.00", "ms", "1.909", "*"]
+    # TTFT 20 to 24 ms, 8 requests each: p50 22 ms; B's 40 to 44: 42 ms. The heading says the unit of its values
+    [line] = [line for line in comparison_lines(comparison) if line.startswith("  TTFT p50 (ms) ")]
+    assert line.split()[3:] == ["22.000", "42.000", "1.909", "*"]
 
     other = open_recording(shifted_load(tmp_path / "c", ttft_ms=20, concurrency=4))
     assert compare(before, other)["warnings"] == ["the runs differ in load concurrency (2 vs 4)"]
