@@ -11,10 +11,12 @@ Rules, per rank and closed step:
      time [start, end], an upper bound, as the exposed time of
      :mod:`~meshtop.recordings.metrics.collectives` (DDP's reducer waits where no probe sees it);
   2. **bubble**, a pipelined rank's: a moment it waited on a pipeline send or receive, by the same rule;
-  3. **optimizer**, 4. **backward**, 5. **forward**, 6. **data**: the rank's phase windows
+  3. **backward**, 4. **forward**, 5. **optimizer**, 6. **data**: the rank's phase windows
      (:mod:`meshtop.probes.phases`; a forward inside backward, activation checkpointing's recomputation, is
-     backward; data last: on a GPU the host waits for its next batch while the device still runs the work
-     it queued, and that moment is the device's work, not a wait for data);
+     backward; a forward and a backward inside an optimizer step, a closure's (``optimizer.step(closure)``:
+     Lightning's automatic optimization, LBFGS), are forward and backward, the optimizer its own work
+     around them; data last: on a GPU the host waits for its next batch while the device still runs the
+     work it queued, and that moment is the device's work, not a wait for data);
   7. **bubble**, again a pipelined rank's: a moment of its pipeline schedule (from the step's start to its
      optimizer step, ``forward_backward_s``) in none of the above: it idled between stage actions;
   8. **other**: the rest (the loop's own code, logging, a host sync the script made).
@@ -45,7 +47,7 @@ PARTS = ("data", "forward", "backward", "optimizer", "communication", "bubble", 
 WORK_PARTS = ("data", "forward", "backward", "optimizer", "other")
 """The parts of a rank's own work (not waiting on others): where a straggler's cause is looked for."""
 PHASE_PARTS = {"d": "data", "f": "forward", "b": "backward", "o": "optimizer"}
-_LABELS = ("communication", "bubble", "optimizer", "backward", "forward", "data", "bubble", "other")
+_LABELS = ("communication", "bubble", "backward", "forward", "optimizer", "data", "bubble", "other")
 """The part of each precedence level (the index), first wins: see the module's rules."""
 COMM, P2P, SCHEDULE, OTHER = 0, 1, 6, 7
 """Levels: a collective's wait, a pipelined rank's send or receive wait, its schedule, and none of the rules."""
@@ -53,7 +55,7 @@ ABOVE_MEAN = 0.01
 """A rank's part counts as above the job's when its share is at least this much higher (1 point)."""
 HISTORY = 240
 """Closed steps whose parts the dashboard charts."""
-_PHASE_LEVEL = {"o": 2, "b": 3, "f": 4, "d": 5}
+_PHASE_LEVEL = {"b": 2, "f": 3, "o": 4, "d": 5}
 """The level of each phase's letter."""
 _COMPUTE = np.array([part not in ("communication", "bubble") for part in PARTS])
 """The parts of a rank's compute time (its step less communication and bubble)."""

@@ -105,6 +105,14 @@ def test_recomputation_is_backward_and_windows_are_clipped_to_the_step() -> None
     assert ms(step_parts(step)) == {"data": 5, "backward": 40, "communication": 5, "other": 10}
 
 
+def test_a_closures_forward_and_backward_inside_the_optimizer_step_are_forward_and_backward() -> None:
+    """``optimizer.step(closure)`` (Lightning, LBFGS): the optimizer's window 5-95 holds the closure's forward
+    10-30 and backward 30-70, whose all-reduce waited 60-75. Forward 20, backward 30-60 = 30, communication 15,
+    optimizer 5-10 and 75-95 = 25; other 0-5 and 95-100 = 10. 20 + 30 + 15 + 25 + 10 = 100."""
+    step = rank_step(100, [("o", 5, 95), ("f", 10, 30), ("b", 30, 70)], comm=[(60, 75)])
+    assert ms(step_parts(step)) == {"forward": 20, "backward": 30, "communication": 15, "optimizer": 25, "other": 10}
+
+
 def test_a_step_of_no_time_has_no_parts() -> None:
     assert step_parts(rank_step(0, [("f", 0, 10)])) == dict.fromkeys(PARTS, 0.0)
 
@@ -131,7 +139,7 @@ def by_each_moment(step: RankStep) -> dict[str, float]:
     (lowest level) that covers it. Slow, so for steps of a few hundred ns only."""
     parts = dict.fromkeys(PARTS, 0.0)
     intervals = rank_intervals(step)
-    labels = ("communication", "bubble", "optimizer", "backward", "forward", "data", "bubble", "other")
+    labels = ("communication", "bubble", "backward", "forward", "optimizer", "data", "bubble", "other")
     for moment in range(step.start_ns, step.end_ns):
         level = min((lvl for s, e, lvl in intervals if s <= moment < e), default=len(labels) - 1)
         parts[labels[level]] += 1e-9
