@@ -204,8 +204,8 @@ def test_every_nccl_op_kind_on_one_gpu_is_timed_with_cuda_events(
 @pytest.mark.skipif(GPUS < 1, reason="needs a CUDA GPU")
 def test_a_scripts_loss_on_the_gpu_is_read_from_pinned_memory_as_the_script_computed_it(tmp_path: Path) -> None:
     """A DDP script on one GPU with 2 micro steps a step: each step's loss, summed on the device and read once
-    its copy to pinned memory completed, equals the mean of the script's own micro-batch ``.item()``s (each
-scaled by 1/2 before its backward: their sum); the breakdown adds up."""
+        its copy to pinned memory completed, equals the mean of the script's own micro-batch ``.item()``s (each
+    scaled by 1/2 before its backward: their sum); the breakdown adds up."""
     out, written = tmp_path / "rec", tmp_path / "written"
     script = ["tests/kit/loss_script.py", "--parallel", "ddp", "--accum", "2", "--device", "cuda", "--steps", "6"]
     done = run_meshtop(
