@@ -54,13 +54,10 @@ from dataclasses import dataclass
 from itertools import count, pairwise
 from pathlib import Path
 
-import numpy as np
-from scipy import stats
-
 from meshtop.probes.events import Event, RankStarted, StepTiming
 from meshtop.runner.job.control import JobControl
 from meshtop.runner.plan import ResolvedRun, RunSpec, resolve
-from tests.bench.figures import Row, Spread, Target, median, quantile
+from tests.bench.figures import Row, Spread, Target, median, median_interval, quantile
 from tests.kit.jobs import LaunchedRun, launch
 
 WARMUP_STEPS = 5
@@ -120,21 +117,6 @@ def turn_order(pairs: int) -> list[str]:
     for index in range(pairs):
         order += ["meshtop", "loop"] if index % 2 == 0 else ["loop", "meshtop"]
     return order
-
-
-def median_interval(ratios: list[float]) -> tuple[float, float]:
-    """The bootstrap :data:`CONFIDENCE` interval of the median of ``ratios`` (percentile method, fixed seed)."""
-    if len(ratios) < 2:
-        return float("nan"), float("nan")
-    found = stats.bootstrap(
-        (np.asarray(ratios),),
-        np.median,
-        confidence_level=CONFIDENCE,
-        method="percentile",
-        n_resamples=9999,
-        random_state=np.random.default_rng(0),
-    )
-    return float(found.confidence_interval.low), float(found.confidence_interval.high)
 
 
 def plain_loop(run: ResolvedRun, *, going: Callable[[], bool], warm: Callable[[], None]) -> list[int]:
@@ -336,7 +318,7 @@ def measure(model: str, pairs: int, window_s: float = WINDOW_S) -> Row:
             loop.kill()
     starts = {"meshtop": meshtop_starts, "loop": loop_starts}
     meshtop_s, loop_s, ratios = pair_ratios(windows, starts)
-    low, high = median_interval(ratios)
+    low, high = median_interval(ratios, CONFIDENCE)
     value = median(ratios)
     periods = [len(window_periods(starts[w.side], w)) for w in windows]
     waited = [w.waited_s * 1e9 / (w.end_ns - w.start_ns) for w in windows]  # other jobs held the CPU

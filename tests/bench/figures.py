@@ -14,6 +14,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import numpy as np
+from scipy import stats
 
 from meshtop.recordings.metrics.stats import quantile as core_quantile
 
@@ -99,3 +100,19 @@ def quantile(values: Sequence[float], q: float) -> float:
 
 def median(values: Sequence[float]) -> float:
     return statistics.median(values) if values else math.nan
+
+
+def median_interval(values: Sequence[float], confidence: float = 0.95) -> tuple[float, float]:
+    """The bootstrap ``confidence`` interval of the median of ``values`` (percentile method, a fixed seed, so a
+    run's figures can be reproduced from its values); NaN for fewer than 2 values."""
+    if len(values) < 2:
+        return math.nan, math.nan
+    found = stats.bootstrap(
+        (np.asarray(values, dtype=float),),
+        np.median,
+        confidence_level=confidence,
+        method="percentile",
+        n_resamples=9999,
+        random_state=np.random.default_rng(0),
+    )
+    return float(found.confidence_interval.low), float(found.confidence_interval.high)
