@@ -19,6 +19,10 @@ Rules, in order:
   gradients by 1 / microbatches (its ``scale_grads``, on by default): each counts as loss / microbatches
   then, so a schedule's step reads the mean of its microbatches' losses, as the schedule's gradients are.
 - **Not a number**: a loss that is NaN or infinite is read as it is (a diverged step keeps its loss).
+- **Mixed precision's loss scaling**: ``GradScaler.scale(loss)`` multiplies the loss by the scaler's factor
+  before ``backward()`` and divides the gradients by it before the optimizer steps, so the loss read is the
+  one handed to ``scale``. An iteration whose ``GradScaler.step`` did not step the optimizer (an inf or NaN in
+  the gradients: the gradients are thrown away) has its losses thrown away too, not added to the next step's.
 - **Never a synchronisation**: on the CPU each value is read as it comes. On a GPU the step's losses are
   summed on the device; at the step's end the sum is copied to pinned host memory on the current stream with
   an event recorded after it, and read once the event has completed (:meth:`PendingLoss.ready`), so a GPU
@@ -29,11 +33,14 @@ Rules, in order:
 from __future__ import annotations
 
 import contextlib
+import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import torch
+from torch.amp.grad_scaler import GradScaler
+from torch.optim.optimizer import register_optimizer_step_post_hook
 
 from meshtop.probes.patching import Patches, require
 
@@ -79,6 +86,10 @@ def _microbatch_weight(schedule: Any) -> float:
     return 1.0 / microbatches
 
 
+MAX_SCALED = 64
+"""Scaled losses kept waiting for their ``backward()`` (a step scales one a micro-batch)."""
+
+
 class LossProbe:
     """Sees each loss a rank differentiates and hands out each step's (:meth:`take`)."""
 
@@ -92,6 +103,11 @@ class LossProbe:
         self._schedule = False
         """Pipeline schedules' losses are read too (:meth:`want_schedule`): each :meth:`install` wraps them."""
         self._installed = False
+        self._scaled: dict[int, tuple[weakref.ref[torch.Tensor], torch.Tensor]] = {}
+        """A ``GradScaler``'s scaled losses since the last step, by id: (the scaled tensor, the loss it scaled)."""
+        self._optimizer_steps = 0
+        """Optimizer steps seen (any optimizer's): a ``GradScaler.step`` that adds none skipped its step."""
+        self._counting: Any = None
 
     # -- hooks -------------------------------------------------------------------------
 
@@ -118,9 +134,39 @@ class LossProbe:
 
         backward.__wrapped__ = original  # type: ignore[attr-defined]
         self._patches.replace(torch.autograd, "backward", backward)
+        self._wrap_grad_scaler()
         self._installed = True
         if self._schedule:
             self._wrap_schedule()
+
+    def _wrap_grad_scaler(self) -> None:
+        """``GradScaler.scale`` remembers each scaled loss's own; ``GradScaler.step`` that steps no optimizer
+        drops the iteration's losses."""
+        scale, step = GradScaler.scale, GradScaler.step
+        probe = self
+
+        def scaled(self: GradScaler, outputs: Any) -> Any:
+            result = scale(self, outputs)
+            if isinstance(outputs, torch.Tensor) and isinstance(result, torch.Tensor) and result is not outputs:
+                with contextlib.suppress(Exception):  # a probe never breaks the loss it reads
+                    if len(probe._scaled) >= MAX_SCALED:  # scaled and never differentiated: the oldest go
+                        probe._scaled.pop(next(iter(probe._scaled)))
+                    probe._scaled[id(result)] = (weakref.ref(result), outputs)
+            return result
+
+        def stepped(self: GradScaler, optimizer: Any, *args: Any, **kwargs: Any) -> Any:
+            before = probe._optimizer_steps
+            result = step(self, optimizer, *args, **kwargs)
+            if probe._optimizer_steps == before:  # inf or NaN found: no step, its gradients and losses dropped
+                probe._drop()
+            return result
+
+        self._patches.replace(GradScaler, "scale", scaled)
+        self._patches.replace(GradScaler, "step", stepped)
+        self._counting = register_optimizer_step_post_hook(self._optimizer_stepped)
+
+    def _optimizer_stepped(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        self._optimizer_steps += 1
 
     def want_schedule(self) -> None:
         """Read pipeline schedules' losses where they compute them, from now on and at each :meth:`install`
@@ -136,6 +182,9 @@ class LossProbe:
     def uninstall(self) -> None:
         """Every patch out (:meth:`install` again puts them back, the schedules' with them)."""
         self._patches.restore()
+        if self._counting is not None:
+            self._counting.remove()
+            self._counting = None
         self._installed = False
 
     @staticmethod
@@ -169,7 +218,12 @@ class LossProbe:
             grads = tuple(grad_tensors)
         for output, grad in zip(outputs, grads, strict=False):
             if grad is None and isinstance(output, torch.Tensor) and output.numel() == 1:
-                self._add(output)
+                self._add(self._unscaled(output))
+
+    def _unscaled(self, output: torch.Tensor) -> torch.Tensor:
+        """The loss a ``GradScaler`` scaled into ``output``, else ``output``."""
+        found = self._scaled.pop(id(output), None)
+        return found[1] if found is not None and found[0]() is output else output
 
     def _add(self, loss: Any, *, weight: float = 1.0) -> None:
         local = _local_scalar(loss)
@@ -194,5 +248,10 @@ class LossProbe:
             copied = torch.cuda.Event()
             copied.record()
             pending = PendingLoss(count=self._count, _host=host, _copied=copied)
-        self._count, self._total, self._device_total, self._from_schedule = 0, 0.0, None, False
+        self._drop()
         return pending
+
+    def _drop(self) -> None:
+        """Forget the losses since the last step."""
+        self._count, self._total, self._device_total, self._from_schedule = 0, 0.0, None, False
+        self._scaled.clear()

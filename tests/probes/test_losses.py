@@ -139,3 +139,28 @@ def test_a_loss_that_is_not_a_number_is_read_as_it_is() -> None:
         probe.uninstall()
     assert diverged.count == 2 and math.isnan(diverged.value())
     assert (infinite.count, infinite.value()) == (1, math.inf)
+
+
+def test_a_grad_scalers_loss_is_read_unscaled_and_a_skipped_steps_losses_are_dropped() -> None:
+    """Mixed precision's loss scaling, on the CPU's ``GradScaler`` (scale 1024). Step 1: loss 3w = 3.0 at
+    w = 1, handed to backward as 3072: read 3.0; SGD at lr 0.1 moves w to 1 - 0.1 x 3 = 0.7. Iteration 2: an
+    infinite loss, whose gradient the scaler finds infinite: no optimizer step, and its loss is dropped with its
+    gradients. Step 2 (iteration 3): 2w = 1.4, read alone (not inf + 1.4 of 2 losses)."""
+    probe = LossProbe(CPU)
+    probe.install()
+    try:
+        weight = torch.nn.Parameter(torch.ones(1))
+        optimizer = torch.optim.SGD([weight], lr=0.1)
+        scaler = torch.amp.GradScaler("cpu", init_scale=1024.0)
+        taken = []
+        for factor in (3.0, math.inf, 2.0):
+            scaler.scale((weight * factor).sum()).backward()
+            scaler.step(optimizer)
+            scaler.update()
+            optimizer.zero_grad()
+            if factor != math.inf:  # a step closed (meshtop's step hook takes the loss at each optimizer step)
+                taken.append(probe.take())
+    finally:
+        probe.uninstall()
+    assert weight.item() == pytest.approx(0.7 - 0.1 * 2)  # stepped twice: the infinite iteration was skipped
+    assert [(pending.count, pending.value()) for pending in taken] == [(1, 3.0), (1, pytest.approx(1.4))]
