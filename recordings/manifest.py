@@ -145,8 +145,9 @@ class Script:
     command: tuple[str, ...]
     """What followed ``--`` on meshtop's command line."""
     launcher_args: tuple[str, ...]
-    """torchrun's arguments as meshtop passed them on (its own ``--standalone --nproc-per-node`` where the
-    command gave none), the script and its arguments included."""
+    """The launcher's arguments as meshtop passed them on: torchrun's (its own ``--standalone --nproc-per-node``
+    where the command gave none), or accelerate's (what follows ``accelerate launch``), the script and its
+    arguments included."""
     path: str | None
     """Absolute path of the script (``None`` for ``-m MODULE``)."""
     module: str | None
@@ -161,6 +162,8 @@ class Script:
     """Whether the activations saved for backward were measured (a hook on every saved tensor)."""
     loss: bool = True
     """Whether the script's losses were read (``--no-loss`` turns it off)."""
+    launcher: str = "torchrun"
+    """What started its ranks: ``torchrun``, or ``accelerate`` (``accelerate launch``, through torchrun)."""
 
     @property
     def name(self) -> str:
@@ -175,8 +178,9 @@ LOAD_WORK = ("requests", "concurrency", "request_rate_per_s", "prompt_len", "out
 """What makes two loads the same work (the seed and the SLOs do not change the work done)."""
 
 
-def script_plan(name: str, world_size: int) -> Plan:
-    """A script's plan: its world size alone (meshtop does not know how the script splits it)."""
+def script_plan(name: str, world_size: int, launcher: str = "torchrun") -> Plan:
+    """A script's plan: its world size alone (meshtop does not know how the script splits it), labelled with its
+    launcher."""
     return Plan(
         dp=world_size,
         tp=1,
@@ -185,7 +189,7 @@ def script_plan(name: str, world_size: int) -> Plan:
         world_size=world_size,
         schedule=None,
         microbatches=None,
-        label=f"torchrun {name} ({world_size} ranks)",
+        label=f"{launcher} {name} ({world_size} ranks)",
     )
 
 
@@ -258,7 +262,7 @@ class RunDescription:
         then; the built-in runner's plan fixes its own. ``self`` where nothing changes."""
         if self.script is None or world_size <= 0 or world_size == self.plan.world_size:
             return self
-        return replace(self, plan=script_plan(self.script.name, world_size))
+        return replace(self, plan=script_plan(self.script.name, world_size, self.script.launcher))
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> RunDescription:

@@ -1,12 +1,16 @@
 """The launcher child: torchrun itself, plus a file that says how each rank ended.
 
-``python -m meshtop.runner.job.agent STATUS_JSON [torchrun arguments...]`` runs
+``python -m meshtop.runner.job.agent STATUS_JSON torchrun [torchrun arguments...]`` runs
 ``torch.distributed.run`` with the given arguments (so every torchrun option,
 multi-node rendezvous included, works as documented) and writes, however the
 job ends, a JSON status: ``completed``, ``failed`` with each failed rank's exit
 code, signal and error line, or ``interrupted``. Before the ranks start, it
 builds the C++ collective probe where needed (:mod:`meshtop.probes.native`; once per
 torch version) and tells them where it is.
+
+``... STATUS_JSON accelerate [accelerate launch arguments...]`` runs ``accelerate launch`` instead, which
+prepares the ranks' environment and starts them with torchrun's run, in this process: that run is meshtop's
+(:func:`accelerate_launch`), with the same status file.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ from typing import Any
 from torch.distributed import run as torchrun
 from torch.distributed.elastic.multiprocessing.api import SignalException
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+from torch.distributed.run import run as run_ranks_with_torchrun  # torchrun's, while accelerate's launch gets ours
 
 from meshtop.probes.native import NATIVE_ENV, built, environment_value
 from meshtop.runner.job.files import PHASE_NAME, TORCHELASTIC_NAME
@@ -89,9 +94,18 @@ def say_phase(status_path: Path, phase: str) -> None:
 
 
 def main(argv: list[str]) -> int:
-    status_path, torchrun_args = Path(argv[0]), argv[1:]
+    status_path, launcher, launcher_args = Path(argv[0]), argv[1], argv[2:]
     stop_when_orphaned()
-    args = torchrun.parse_args(torchrun_args)
+    if launcher == "accelerate":
+        return accelerate_launch(launcher_args, status_path)
+    if launcher != "torchrun":
+        raise SystemExit(f"meshtop launcher: {launcher!r} is neither torchrun nor accelerate")
+    return run_torchrun(torchrun.parse_args(launcher_args), status_path)
+
+
+def run_torchrun(args: Any, status_path: Path) -> int:
+    """torchrun's run with its parsed ``args``, its logs in meshtop's session folder unless the user named a
+    folder; the exit code."""
     own_log_dir = args.log_dir is None  # a user's --log-dir is theirs to keep
     if own_log_dir:
         args.log_dir = str(status_path.parent / TORCHELASTIC_NAME)
@@ -102,6 +116,36 @@ def main(argv: list[str]) -> int:
             shutil.rmtree(args.log_dir, ignore_errors=True)
 
 
+def accelerate_launch(accelerate_args: list[str], status_path: Path) -> int:
+    """``accelerate launch`` with ``accelerate_args``, its torchrun run meshtop's; the exit code.
+
+    accelerate's launch reads its options and config file, prepares the ranks' environment (its
+    ``ACCELERATE_*`` variables over this process's, which carry meshtop's bootstrap) and then calls
+    ``torch.distributed.run.run`` in this process. That function is swapped for :func:`run_torchrun` while the
+    launch runs, so every step of accelerate's stays its own, and the ranks' ending is written as torchrun's is:
+    accelerate's own handling would turn a signal into an exit and print a failure, with no status file.
+    The command was checked before it came here (:func:`meshtop.runner.script.command.accelerate_launch`).
+    """
+    from accelerate.commands.launch import launch_command, launch_command_parser
+
+    codes: list[int] = []
+
+    def run_ranks(args: Any) -> None:
+        codes.append(run_torchrun(args, status_path))
+
+    args = launch_command_parser().parse_args(accelerate_args)
+    accelerate_run = torchrun.run
+    torchrun.run = run_ranks
+    try:
+        launch_command(args)
+    finally:
+        torchrun.run = accelerate_run
+    if not codes:  # it ran the script some other way, which the check before should have refused
+        print("meshtop: accelerate launch did not start the ranks with torchrun", file=sys.stderr)
+        return 1
+    return codes[0]
+
+
 def launch(args: Any, status_path: Path) -> int:
     """torchrun with ``args``, then the status file; the exit code."""
     if NATIVE_ENV not in os.environ:
@@ -110,7 +154,7 @@ def launch(args: Any, status_path: Path) -> int:
         os.environ[NATIVE_ENV] = environment_value()
     say_phase(status_path, "starting the ranks (rendezvous, import torch)")
     try:
-        torchrun.run(args)
+        run_ranks_with_torchrun(args)
         status: dict[str, Any] = {"status": "completed", "ranks": {}}
         code = 0
     except ChildFailedError as error:

@@ -65,7 +65,8 @@ def headline(run: Work) -> str:
             + (f" · the load of {run.same_load}" if run.same_load else "")
         )
     if isinstance(run, ScriptRun):
-        return f"meshtop: {script_plan(run.name, run.world_size).label} · {run.device} · {shlex.join(run.command)}"
+        label = script_plan(run.name, run.world_size, run.launcher).label
+        return f"meshtop: {label} · {run.device} · {shlex.join(run.command)}"
     params = run.shape.parameter_count()
     size = f"{params / 1e9:.1f}B" if params >= 1e9 else f"{params / 1e6:.1f}M"
     recipe = recipe_words(run.dtype, run.precision, run.checkpoint)

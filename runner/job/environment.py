@@ -21,6 +21,7 @@ from meshtop.runner.load import longest_gap_s
 from meshtop.runner.multinode.nodes import Nodes
 from meshtop.runner.plan import ResolvedRun
 from meshtop.runner.rank.until import STOP_ENV, STOP_NAME
+from meshtop.runner.script.command import Launcher
 
 ATTACHED_ENV = "MESHTOP_ATTACHED_PID"
 """Set by the bootstrap in a process it attached to (``runner/script/bootstrap/sitecustomize.py``)."""
@@ -36,7 +37,7 @@ class Launch:
     """
 
     launcher_args: tuple[str, ...]
-    """torchrun's arguments, the program and its arguments included."""
+    """The ``launcher``'s arguments, the program and its arguments included."""
     world_size: int
     native_kernel: bool
     """Time gloo's collectives with the C++ kernel (the launcher builds it); off for nccl and unhooked runs."""
@@ -50,6 +51,9 @@ class Launch:
     """The job's nodes, when it runs on many; ``world_size`` counts the ranks of all of them."""
     stop_file: Path | None = None
     """A run until stopped (:mod:`meshtop.runner.rank.until`): the file that asks its ranks to end it."""
+    launcher: Launcher = "torchrun"
+    """What the launcher child runs with ``launcher_args``: torchrun, or ``accelerate launch`` (which starts the
+    ranks with torchrun's run, in the launcher child: :func:`meshtop.runner.job.agent.accelerate_launch`)."""
 
     @property
     def local_world_size(self) -> int:

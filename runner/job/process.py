@@ -59,7 +59,7 @@ class Job:
         self.session_dir.mkdir(parents=True, exist_ok=True)
         self.collector.start()
         agent = [sys.executable, *SAFE_PATH, "-m", "meshtop.runner.job.agent"]
-        command = [*agent, str(self._status_path), *self.launch.launcher_args]
+        command = [*agent, str(self._status_path), self.launch.launcher, *self.launch.launcher_args]
         with self.log_path.open("ab") as log:
             self._log_start = log.seek(0, os.SEEK_END)
             self._process = subprocess.Popen(

@@ -77,7 +77,7 @@ def ending_of(result: JobResult) -> Ending:
 
 
 def script_launch(script: ScriptRun) -> Launch:
-    """The script under torchrun, with meshtop's bootstrap first on its path."""
+    """The script under torchrun (or ``accelerate launch``), with meshtop's bootstrap first on its path."""
     env = {ATTACH_ENV: "1", DEVICE_ENV: script.device, INSTRUMENT_ENV: "1" if script.instrument else "0"}
     if script.tokens_per_step is not None:
         env[TOKENS_ENV] = str(script.tokens_per_step)
@@ -92,6 +92,7 @@ def script_launch(script: ScriptRun) -> Launch:
         env=env,
         pythonpath=(str(BOOTSTRAP_DIR),),
         nodes=script.nodes,
+        launcher=script.launcher,
     )
 
 
@@ -188,9 +189,10 @@ def endpoint_description(run: EndpointRun, server: ServerReport | None = None) -
 
 def script_description(script: ScriptRun, environment: dict[str, str]) -> RunDescription:
     """The run description of ``script``: its world size as the plan, the rest its own."""
-    plan = script_plan(script.name, script.world_size)
+    plan = script_plan(script.name, script.world_size, script.launcher)
     section = Script(
         command=script.command,
+        launcher=script.launcher,
         launcher_args=script.launcher_args,
         path=str(script.script) if script.script is not None else None,
         module=script.module,

@@ -5,28 +5,35 @@
 - ``torchrun [torchrun options] SCRIPT [ARGS...]`` (or ``-m MODULE``),
 - ``python -m torch.distributed.run [torchrun options] ...``, the same,
 - ``SCRIPT.py [ARGS...]``, ``python SCRIPT.py [ARGS...]`` or ``-m MODULE [ARGS...]``: meshtop adds
-  ``--standalone --nproc-per-node N`` (every GPU, or 2 CPU ranks).
+  ``--standalone --nproc-per-node N`` (every GPU, or 2 CPU ranks),
+- ``accelerate launch [accelerate's options] SCRIPT [ARGS...]`` (or ``accelerate-launch``, or
+  ``python -m accelerate.commands.launch``), where accelerate would start the ranks with torchrun.
 
 torchrun's options are read with torchrun's own parser, so every option a user
 already passes keeps its meaning, and they go to ``torch.distributed.run``
-unchanged in meshtop's launcher child (:mod:`meshtop.runner.job.agent`). What cannot run
+unchanged in meshtop's launcher child (:mod:`meshtop.runner.job.agent`). accelerate's are read with
+accelerate's own parser and checks (its config file included), and the launcher child runs accelerate's
+launch, which prepares the ranks' environment and calls torchrun in-process. What cannot run
 is refused here, in one line that names the fix: a missing script, a file
 that is not Python, an unknown module, an option torchrun does not know,
 a multi-node job without c10d rendezvous or without ``--node-rank``
-(:mod:`meshtop.runner.multinode.nodes`), ``--no-python`` (meshtop's probes live in Python).
+(:mod:`meshtop.runner.multinode.nodes`), ``--no-python`` (meshtop's probes live in Python), and an accelerate
+launch that would not go through torchrun or would span machines (:func:`accelerate_launch`).
 """
 
 from __future__ import annotations
 
 import argparse
 import hashlib
+import importlib.util
+import logging
 import os
 import re
 import sys
 from dataclasses import dataclass
 from importlib.machinery import PathFinder
 from pathlib import Path
-from typing import NoReturn
+from typing import Any, Literal, NoReturn
 
 from meshtop.runner.errors import PlanError
 from meshtop.runner.multinode.nodes import Nodes, nodes_from_options
@@ -46,6 +53,11 @@ BOOTSTRAP_DIR = Path(__file__).resolve().parent / "bootstrap"
 """Put first on a script's ``PYTHONPATH``: its ``sitecustomize`` attaches meshtop to each rank."""
 DEFAULT_CPU_RANKS = 2
 TORCHRUN_MODULE = "torch.distributed.run"
+ACCELERATE_LAUNCH_MODULE = "accelerate.commands.launch"
+Launcher = Literal["torchrun", "accelerate"]
+"""What meshtop's launcher child runs with a job's arguments: torchrun's ``torch.distributed.run``, or
+``accelerate launch`` (which runs torchrun's in-process)."""
+NO_PYTHON = "--no-python runs a program that is not Python; meshtop's probes run inside Python ranks"
 ENVIRONMENT_THAT_MATTERS = re.compile(r"^(.*_NUM_THREADS|NCCL_.*|TORCH_.*|CUDA_VISIBLE_DEVICES|PYTORCH_.*)$")
 """Variables that change how a distributed job runs: recorded in the manifest so it can be run again."""
 
@@ -57,7 +69,7 @@ class ScriptRun:
     command: tuple[str, ...]
     """What the user gave after ``--``."""
     launcher_args: tuple[str, ...]
-    """torchrun's arguments, script and script arguments included, as meshtop's launcher passes them on."""
+    """The ``launcher``'s arguments, script and script arguments included, as meshtop's launcher passes them on."""
     script: Path | None
     """The script's absolute path (``None`` for ``-m MODULE``)."""
     module: str | None
@@ -78,6 +90,8 @@ class ScriptRun:
     """Read the loss of each step (``--no-loss`` turns it off)."""
     nodes: Nodes | None = None
     """The job's nodes, from torchrun's options, when it runs on many."""
+    launcher: Launcher = "torchrun"
+    """``accelerate`` for ``accelerate launch``: ``launcher_args`` are then accelerate's."""
 
     @property
     def name(self) -> str:
@@ -100,22 +114,44 @@ def torchrun_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def split_command(command: list[str]) -> tuple[list[str], bool]:
-    """The torchrun arguments of ``command``, and whether they are the user's own (else meshtop picks the
+@dataclass(frozen=True, slots=True, kw_only=True)
+class _Launched:
+    """What a launcher's arguments say of the job: enough for a :class:`ScriptRun`."""
+
+    launcher_args: tuple[str, ...]
+    target: str
+    """The script's path as given, or the module's name."""
+    module: bool
+    script_args: tuple[str, ...]
+    world_size: int
+    nodes: Nodes | None = None
+
+
+def split_command(command: list[str]) -> tuple[Launcher, list[str], bool]:
+    """The launcher ``command`` names, its arguments, and whether they are the user's own (else meshtop picks the
     ranks)."""
     if not command:
         raise PlanError("nothing after --: give a script (`-- torchrun --nproc-per-node 2 train.py`)")
     first = Path(command[0]).name
     if first == "torchrun":
-        return command[1:], True
+        return "torchrun", command[1:], True
+    if first == "accelerate-launch":
+        return "accelerate", command[1:], True
+    if first == "accelerate":
+        if command[1:2] != ["launch"]:
+            given = f"accelerate {command[1]}" if len(command) > 1 else "accelerate"
+            raise PlanError(f"{given}: meshtop runs `accelerate launch [options] SCRIPT`; give that after --")
+        return "accelerate", command[2:], True
     if re.fullmatch(r"python[\d.]*", first):
         rest = command[1:]
         if rest[:2] == ["-m", TORCHRUN_MODULE]:
-            return rest[2:], True
+            return "torchrun", rest[2:], True
+        if rest[:2] == ["-m", ACCELERATE_LAUNCH_MODULE]:
+            return "accelerate", rest[2:], True
         if not rest:
             raise PlanError(f"{command[0]} with no script: give one (`-- {command[0]} train.py`)")
-        return rest, False
-    return command, False
+        return "torchrun", rest, False
+    return "torchrun", command, False
 
 
 def resolve_script(
@@ -131,14 +167,46 @@ def resolve_script(
     head_node: int | None = None,
 ) -> ScriptRun:
     """The :class:`ScriptRun` of ``command``, or a :class:`PlanError` that says what to fix."""
-    args_given, own = split_command(command)
+    launcher, args_given, own = split_command(command)
+    if launcher == "accelerate":
+        launched = accelerate_launch(args_given)
+    else:
+        launched = torchrun_launch(
+            args_given, own=own, gpus_visible=gpus_visible, collector_bind=collector_bind, head_node=head_node
+        )
+    if tokens_per_step is not None and tokens_per_step <= 0:
+        raise PlanError(f"--tokens-per-step must be a positive number of tokens, got {tokens_per_step}")
+    script, module, sha256 = _check_target(launched.target, module=launched.module)
+    return ScriptRun(
+        command=tuple(command),
+        launcher_args=launched.launcher_args,
+        script=script,
+        module=module,
+        script_args=launched.script_args,
+        sha256=sha256,
+        world_size=launched.world_size,
+        device="cuda" if gpus_visible else "cpu",
+        instrument=instrument,
+        tokens_per_step=tokens_per_step,
+        dtype=dtype,
+        activations=activations,
+        loss=loss,
+        nodes=launched.nodes,
+        launcher=launcher,
+    )
+
+
+def torchrun_launch(
+    args_given: list[str], *, own: bool, gpus_visible: int, collector_bind: str | None, head_node: int | None
+) -> _Launched:
+    """torchrun's arguments read with torchrun's parser; meshtop's ranks added where they are not ``own``."""
     launcher_args = list(args_given)
     if not own:
         ranks = gpus_visible or DEFAULT_CPU_RANKS
         launcher_args = ["--standalone", f"--nproc-per-node={ranks}", *launcher_args]
     args = torchrun_parser().parse_args(launcher_args)
     if args.no_python:
-        raise PlanError("--no-python runs a program that is not Python; meshtop's probes run inside Python ranks")
+        raise PlanError(NO_PYTHON)
     rank_given = any(arg.split("=")[0] in ("--node-rank", "--node_rank") for arg in launcher_args)
     nodes = nodes_from_options(
         nnodes=args.nnodes,
@@ -152,25 +220,95 @@ def resolve_script(
     )
     # an elastic job's ranks are counted for MAX nodes until they say how many they are
     world_size = _local_world_size(args.nproc_per_node) * (nodes.count if nodes is not None else 1)
-    if tokens_per_step is not None and tokens_per_step <= 0:
-        raise PlanError(f"--tokens-per-step must be a positive number of tokens, got {tokens_per_step}")
-    script, module, sha256 = _check_target(args.training_script, module=args.module)
-    return ScriptRun(
-        command=tuple(command),
+    return _Launched(
         launcher_args=tuple(launcher_args),
-        script=script,
-        module=module,
+        target=args.training_script,
+        module=args.module,
         script_args=tuple(args.training_script_args),
-        sha256=sha256,
         world_size=world_size,
-        device="cuda" if gpus_visible else "cpu",
-        instrument=instrument,
-        tokens_per_step=tokens_per_step,
-        dtype=dtype,
-        activations=activations,
-        loss=loss,
         nodes=nodes,
     )
+
+
+def accelerate_launch(args_given: list[str]) -> _Launched:
+    """``accelerate launch``'s arguments, read as accelerate reads them: its parser, then its own checks, which
+    also fill in what its config file (``accelerate config``) or the machine decides (the number of processes,
+    the kind of launch).
+
+    meshtop records the ranks torchrun starts, so only the launches accelerate runs through torchrun, on one
+    machine, are accepted: ``--multi_gpu`` (also where no GPU is visible: its ranks then run on the CPU),
+    ``--use_fsdp``, ``--use_megatron_lm`` and ``--use_deepspeed``. The rest are refused, as accelerate would run
+    them: ``--cpu`` and a single process without ``--multi_gpu`` (the script itself, or mpirun's ranks), TPUs
+    (torch_xla), SageMaker (AWS), and several machines (meshtop follows a job on many nodes through torchrun's
+    own options, :mod:`meshtop.runner.multinode.nodes`).
+    """
+    if importlib.util.find_spec("accelerate") is None:
+        raise PlanError("accelerate is not installed here: `pip install accelerate`, or give `-- torchrun ...`")
+    try:
+        from accelerate.commands import launch
+        from accelerate.utils import ComputeEnvironment, is_deepspeed_available
+    except ImportError as error:
+        raise PlanError(f"accelerate cannot be imported here: {_one_line(error)}") from None
+
+    parser = launch.launch_command_parser()
+    parser.error = _accelerate_option_error  # one line, not its usage and exit
+    args = parser.parse_args(args_given)
+    if args.no_python:
+        raise PlanError(NO_PYTHON)
+    # accelerate's notes on the defaults it used belong in the launcher log, where its launch writes them again
+    notes = logging.getLogger(launch.__name__)
+    level, notes.level = notes.level, logging.ERROR
+    try:
+        args, config, _ = launch._validate_launch_command(args)
+    except Exception as error:  # its checks raise ValueError; reading its config file, whatever YAML and I/O raise
+        raise PlanError(f"accelerate launch: {_one_line(error)}") from None
+    finally:
+        notes.level = level
+    sagemaker = config is not None and config.compute_environment == ComputeEnvironment.AMAZON_SAGEMAKER
+    refusal = _why_not_torchrun(args, sagemaker=sagemaker)
+    if refusal is not None:
+        raise PlanError(refusal)
+    if args.num_machines > 1:
+        raise PlanError(
+            f"accelerate launch on {args.num_machines} machines: meshtop records accelerate on one; on many, give "
+            "torchrun's command on each (`-- torchrun --nnodes N --rdzv-backend c10d --rdzv-endpoint HOST:PORT ...`)"
+        )
+    if args.use_deepspeed and not is_deepspeed_available():
+        raise PlanError("accelerate launch --use_deepspeed: DeepSpeed is not installed here (`pip install deepspeed`)")
+    if args.num_processes < 1:
+        raise PlanError(f"accelerate launch --num_processes {args.num_processes}: give 1 or more")
+    return _Launched(
+        launcher_args=tuple(args_given),
+        target=args.training_script,
+        module=bool(args.module),
+        script_args=tuple(args.training_script_args),
+        world_size=int(args.num_processes),
+    )
+
+
+def _why_not_torchrun(args: Any, *, sagemaker: bool) -> str | None:
+    """``None`` where accelerate's ``launch_command`` would start the ranks with torchrun, else why meshtop cannot
+    record the launch it would make instead (the branches are ``launch_command``'s, in its order)."""
+    if not args.cpu and (args.use_deepspeed or args.use_fsdp or args.use_megatron_lm or args.multi_gpu):
+        return None
+    if not args.cpu and args.tpu:
+        return "accelerate launch --tpu runs its processes with torch_xla, not torchrun: meshtop cannot record them"
+    if sagemaker:
+        return "the accelerate config's SageMaker environment launches on AWS, not here: meshtop cannot record it"
+    how = "mpirun's processes" if args.mpirun_hostfile else f"{args.training_script} as one process"
+    return (
+        f"accelerate launch would run {how}, not torchrun's ranks: give --multi_gpu --num_processes N (where no "
+        "GPU is visible the ranks run on the CPU), or `-- SCRIPT` (meshtop starts the ranks with torchrun)"
+    )
+
+
+def _accelerate_option_error(message: str) -> NoReturn:
+    raise PlanError(f"accelerate launch option: {message}")
+
+
+def _one_line(error: BaseException) -> str:
+    """``error``'s message on one line (a YAML error's spans several)."""
+    return " ".join(line.strip() for line in str(error).splitlines() if line.strip()) or type(error).__name__
 
 
 def _local_world_size(nproc_per_node: str) -> int:

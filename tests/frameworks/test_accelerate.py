@@ -72,12 +72,6 @@ def test_memory_is_what_the_inner_optimizer_holds(loop: FrameworkRun) -> None:
     assert_memory_is_the_optimizers(loop, sharded=False)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason="meshtop reads the command after -- as torchrun's (runner/script/command.py split_command): "
-    "`accelerate launch ...` is refused with 'accelerate: no such script', exit 2",
-)
 def test_accelerate_launch_is_recorded_as_torchrun_is(tmp_path_factory: pytest.TempPathFactory) -> None:
     """``accelerate launch --multi_gpu`` starts the ranks through torchrun's own code (on a machine without GPUs
     they run on the CPU with gloo); under meshtop it records what the torchrun launch records."""
