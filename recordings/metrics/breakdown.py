@@ -222,20 +222,6 @@ class Breakdown:
         share, mean = own[part]["share"], self.parts[part]["share"]
         return (part, share, mean) if share - mean >= ABOVE_MEAN else None
 
-    def cause(self, rank: int, peers: Sequence[int]) -> tuple[str, float, float] | None:
-        """The part of ``rank``'s own work whose share of its step exceeds ``peers``' mean share the most:
-        (part, its share, the peers' mean share); ``None`` without the phases of both."""
-        own = self.per_rank.get(rank)
-        others = [self.per_rank[peer] for peer in peers if peer in self.per_rank and peer != rank]
-        if own is None or not others:
-            return None
-
-        def peers_share(part: str) -> float:
-            return sum(parts[part]["share"] for parts in others) / len(others)
-
-        part = max(WORK_PARTS, key=lambda name: own[name]["share"] - peers_share(name))
-        return part, own[part]["share"], peers_share(part)
-
     def biggest(self) -> str | None:
         """The part that took the most of the step (``None`` before any step)."""
         if not self.steps:

@@ -33,7 +33,7 @@ class RunFigures:
     """``None`` for training."""
     mfu: Mfu
     stragglers: tuple[Straggler, ...]
-    """Ranks whose recent compute time exceeds their stage peers' (training)."""
+    """Ranks named stragglers now: slower than their stage peers beyond chance, for long enough (training)."""
     server: ServerFigures | None = None
     """An endpoint's engine, from its scraped ``/metrics`` (``None`` without them)."""
     gpus: tuple[GpuRow, ...] = ()

@@ -20,10 +20,11 @@ from __future__ import annotations
 
 from collections import Counter, deque
 from collections.abc import Callable, Hashable, Iterable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from itertools import islice
 from typing import TypeVar, cast
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -433,52 +434,38 @@ class RunFold:
         )
         for step, ranks, (by_op, by_rank, waits) in zip(steps, spans, exposures, strict=True):
             whole = self._whole.closes_whole(step.step)
-            if whole:
-                self._break_down(ranks, waits)
+            parts = self._break_down(ranks, waits) if whole else None
             durations = ranks.durations_s()
             self.recent_by_rank.add_many("step", durations.keys(), durations.values())
             span_s, bubbles = self.stages.close(step.step, ranks.forward_backward_max_s())
             if whole:
-                self.compute.add_step(durations, by_rank)
+                self.compute.add_step(
+                    durations,
+                    by_rank,
+                    span_ns=(min(ranks.start_ns, default=0), max(ranks.end_ns, default=0)),
+                    stage_of=lambda rank: self.position(rank)[0],
+                    parts=parts,
+                )
             self.closed_count += 1
             self.closed_torn += not whole
             self.closed.append(ClosedStep(step.step, step.duration_s, by_op, by_rank, durations, span_s, bubbles))
 
-    def _break_down(self, ranks: StepSpans, waits: Waits) -> None:
+    def _break_down(self, ranks: StepSpans, waits: Waits) -> tuple[list[int], np.ndarray] | None:
         """Each rank's parts of a closed step (ranks that measured their phases, all at once), and its slowest
-        ranks."""
+        ranks: the ranks and a row of parts each (``None`` where none measured them)."""
         phased = list(ranks.windows)
         if not phased:
-            return
+            return None
         parts = self.breakdown.add_cells(phased, step_cells(ranks, phased, waits))
         self.breakdown.add_step(phased, parts, [self.position(rank)[0] for rank in phased])
         for measure in STEP_MEASURES[1:]:
             self.recent_by_rank.add_many(measure, phased, parts[:, PARTS.index(measure)].tolist())
+        return phased, parts
 
     def _closed_figures(self) -> tuple[Breakdown, tuple[Straggler, ...]]:
         """The figures that change only when a step closes (or a rank's start moves it): the breakdown and
-        the stragglers."""
-        breakdown = self.breakdown.figures()
-        return breakdown, self._stragglers(breakdown)
-
-    def _stragglers(self, breakdown: Breakdown) -> tuple[Straggler, ...]:
-        """The stragglers, each with its cause where the ranks measured their phases (``breakdown``)."""
-        found = self.compute.stragglers(lambda rank: self.position(rank)[0])
-        explained = []
-        for straggler in found:
-            peers = [rank for rank in breakdown.per_rank if self.position(rank)[0] == straggler.stage]
-            cause = breakdown.cause(straggler.rank, peers)
-            if cause is not None and straggler.rank in breakdown.slowest_in:
-                part, own, others = cause
-                straggler = replace(
-                    straggler,
-                    slowest_in=breakdown.slowest_in[straggler.rank],
-                    cause=part,
-                    cause_share=own,
-                    peers_cause_share=others,
-                )
-            explained.append(straggler)
-        return tuple(explained)
+        the stragglers, each with its cause where the ranks measured their phases."""
+        return self.breakdown.figures(), tuple(self.compute.stragglers())
 
     def step_bubbles(self, number: int) -> tuple[float, dict[int, float]]:
         """A completed step's span and stage bubbles: as decided if it closed (recently), else as far as its

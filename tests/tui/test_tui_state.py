@@ -100,17 +100,17 @@ def test_without_a_seen_wait_the_exposed_time_is_the_in_flight_bound_within_the_
 def test_a_rank_slower_than_its_peers_is_called_a_straggler() -> None:
     state = dashboard(dp=4)
     state.apply_events([rank_started(rank, dp_rank=rank) for rank in range(4)])
-    for number in range(8):
+    for number in range(24):  # 1 s steps: the straggler rule holds 10 s of steps before it names a rank
         for rank in range(4):
-            compute = 0.020 if rank == 3 else 0.010  # the others wait for rank 3 in their all-reduce
+            compute = 0.8 if rank == 3 else 0.4  # the others wait for rank 3 in their all-reduce
             state.apply_events(
                 [
-                    collective(rank, number, 0.025 - compute, offset_ns=round(compute * 1e9)),
-                    step(rank, number, 0.025, start_ns=number * 30 * MS),
+                    collective(rank, number, 1.0 - compute, offset_ns=round(compute * 1e9), every_ns=1100 * MS),
+                    step(rank, number, 1.0, start_ns=number * 1100 * MS),
                 ]
             )
     assert [straggler.rank for straggler in state.stragglers()] == [3]
-    assert any("rank 3 is a straggler: 2.00x" in alert.text for alert in alerts_of(state))
+    assert any("rank 3 is the slowest in 100 % of steps: 2.00x" in alert.text for alert in alerts_of(state))
 
 
 def test_alerts_name_a_failed_rank_low_headroom_dropped_telemetry_refused_frames_and_a_probe_that_is_off() -> None:
