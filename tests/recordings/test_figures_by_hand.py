@@ -444,3 +444,20 @@ def test_a_step_of_no_time_or_no_tokens_has_no_rate_in_the_median() -> None:
     figures = stats.figures()
     assert figures.count == 3 and figures.tokens_per_s == 2000.0 and (figures.first_loss, figures.last_loss) == (4, 3)
     assert figures.time_s == {"p50": 0.1, "p90": pytest.approx(0.42), "mean": pytest.approx(0.2)}  # 0.1 + 0.8 x 0.4
+
+
+def test_past_the_exact_limit_the_values_are_their_buckets_middles_and_zeros(monkeypatch: pytest.MonkeyPatch) -> None:
+    """With room for 4 values exactly, 5 go to buckets. 1.0 = 0.5 x 2^1: bucket 1 x 128 + 0, whose middle is
+    (0.5 + 0.5 / 256) x 2 = 1.00390625; 3.0 = 0.75 x 2^2: bucket 2 x 128 + 64, middle (0.5 + 64.5 / 256) x 4 =
+    3.0078125; the two zeros stay zeros. Values at most 0.5, 1.00390625, 2 and 10: 2, 4, 4 and 5 (a middle
+    counts itself)."""
+    from meshtop.recordings.metrics import stats
+
+    monkeypatch.setattr(stats, "EXACT_LIMIT", 4)
+    distribution = Distribution([1.0, 0.0, 3.0, 1.0, 0.0])
+    assert sorted(distribution.values().tolist()) == [0.0, 0.0, 1.00390625, 1.00390625, 3.0078125]
+    assert distribution.counts_at_most([0.5, 1.00390625, 2.0, 10.0]) == [2, 4, 4, 5]
+    assert distribution.total() == 1.00390625 * 2 + 3.0078125 and distribution.count == 5
+    distribution.add(0.0)
+    distribution.add(3.0)  # one at a time, bucketed too
+    assert sorted(distribution.values().tolist()) == [0.0, 0.0, 0.0, 1.00390625, 1.00390625, 3.0078125, 3.0078125]
