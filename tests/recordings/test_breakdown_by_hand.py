@@ -98,6 +98,53 @@ def test_a_closed_steps_cells_from_its_reports_split_a_pipelined_and_a_data_para
     assert stage["bubble"] / 0.100 == pytest.approx(0.40)
 
 
+def test_which_ranks_are_pipelined_and_which_waits_are_theirs_by_hand() -> None:
+    """Six ranks' reports from t = 1,000 ms (``step_cells``), a rule each:
+
+    - rank 0, data parallel (no pipeline wait measured), 50 ms, forward_backward_s 0.048: forward 0-20, backward
+      20-45, an all-reduce waited 46-48. Not pipelined, so its forward_backward_s makes no bubble: communication 2,
+      other 45-46 and 48-50 = 3.
+    - rank 1, pipelined, 100 ms (as above), and an all-reduce waited 90-95: a collective's wait is communication
+      (5) even on a pipelined rank, its receive's wait bubble: bubble 40, other 80-82 and 95-100 = 7.
+    - rank 2, a wait of 0.0 measured but a send waited 10-12: pipelined by that send; 40 ms, schedule to 30,
+      forward 0-10, backward 15-25: bubble 2 + 12-15 + 25-30 = 10, other 30-40 = 10.
+    - rank 3, a wait of 0.0 and no send or receive: not pipelined; 30 ms, forward 0-10, backward 10-20: other 10.
+    - rank 4, a wait of 0.010 and no send or receive seen: pipelined by its wait; 30 ms, schedule to 25, forward
+      0-10: bubble 10-25 = 15, other 5.
+    - rank 5, 10 ms, phases "f" 0-5 and a letter no rule knows ("é", 2-8: hostile input): forward 5, other 5.
+
+    An all-reduce of rank 9, not among the ranks, covers the whole step: it belongs to no one here."""
+    t0 = 1_000 * MS
+
+    def windows(phases: str, spans: list[tuple[int, int]], wait_s: float | None) -> Windows:
+        return Windows(phases, tuple(t0 + s * MS for s, _ in spans), tuple(t0 + e * MS for _, e in spans), wait_s)
+
+    steps = StepSpans()
+    steps.add(0, t0, 0.050, 0.048, windows("fb", [(0, 20), (20, 45)], None))
+    steps.add(1, t0, 0.100, 0.080, windows("ffbo", [(0, 10), (30, 40), (50, 70), (82, 90)], 0.015))
+    steps.add(2, t0, 0.040, 0.030, windows("fb", [(0, 10), (15, 25)], 0.0))
+    steps.add(3, t0, 0.030, 0.030, windows("fb", [(0, 10), (10, 20)], 0.0))
+    steps.add(4, t0, 0.030, 0.025, windows("f", [(0, 10)], 0.010))
+    steps.add(5, t0, 0.010, None, windows("f\u00e9", [(0, 5), (2, 8)], None))
+    waited = [(0, 46, 48, False), (1, 10, 25, True), (1, 90, 95, False), (2, 10, 12, True), (9, -10, 200, False)]
+    waits = Waits(
+        rank=np.array([rank for rank, _, _, _ in waited]),
+        start_ns=np.array([t0 + start * MS for _, start, _, _ in waited]),
+        end_ns=np.array([t0 + end * MS for _, _, end, _ in waited]),
+        pipeline=np.array([pipeline for _, _, _, pipeline in waited]),
+    )
+    rows = cells_parts(step_cells(steps, [0, 1, 2, 3, 4, 5], waits))
+    parts = [ms(dict(zip(PARTS, row.tolist(), strict=True))) for row in rows]
+    assert parts == [
+        {"forward": 20, "backward": 25, "communication": 2, "other": 3},
+        {"forward": 20, "backward": 20, "optimizer": 8, "bubble": 40, "communication": 5, "other": 7},
+        {"forward": 10, "backward": 10, "bubble": 10, "other": 10},
+        {"forward": 10, "backward": 10, "other": 10},
+        {"forward": 10, "bubble": 15, "other": 5},
+        {"forward": 5, "other": 5},
+    ]
+
+
 def test_recomputation_is_backward_and_windows_are_clipped_to_the_step() -> None:
     """Backward 10-50 with a forward 20-30 inside it (checkpointing's recompute): backward 40, no forward.
     A data window -10-5 began before the step (0-60): data 5. A collective waited 55-70 ends past it: 5."""
