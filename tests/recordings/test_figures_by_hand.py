@@ -238,8 +238,14 @@ def test_an_inference_stages_bubble_is_its_waits_over_its_iteration_time() -> No
         for rank, pairs in iterations.items()
         for number, (seconds, wait) in enumerate(pairs)
     ]
-    stages = folded(description(pp=2, mode="infer"), events).figures().stages
+    fold = folded(description(pp=2, mode="infer"), events)
+    stages = fold.figures().stages
     assert [row.bubble_fraction for row in stages] == [pytest.approx(1 / 3), pytest.approx(0.2)]
+    # each iteration's own bubble (what compare tests a change of the stage's bubble on, and the sparkline):
+    # stage 0: 2 / 10 and 8 / 20; stage 1: 5 / 10 and 3 / 30
+    per_iteration = {stage: sorted(fold.stages.stages[stage].bubble.values().tolist()) for stage in (0, 1)}
+    assert per_iteration == {0: [pytest.approx(0.2), pytest.approx(0.4)], 1: [pytest.approx(0.1), pytest.approx(0.5)]}
+    assert list(fold.stages.stages[0].recent) == [pytest.approx(0.2), pytest.approx(0.4)]
     assert [row.busy_s for row in stages] == [pytest.approx(0.010), pytest.approx(0.016)]
     assert [row.idle_s for row in stages] == [pytest.approx(0.005), pytest.approx(0.004)]
     assert mean_bubble(stages) == pytest.approx(4 / 15)  # (1 / 3 + 1 / 5) / 2
