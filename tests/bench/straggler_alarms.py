@@ -22,10 +22,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from meshtop.runner.job.session import describe
-from meshtop.runner.plan import RunSpec, resolve
 from tests.kit.commands import run_meshtop
 from tests.kit.jobs import launch
+from tests.kit.recordings import description
 from tests.kit.straggler_watch import StragglerWatch, watch_recording
 
 REPO = Path(__file__).resolve().parents[2]
@@ -34,7 +33,7 @@ REPO = Path(__file__).resolve().parents[2]
 def healthy(ranks: int, seconds: float, session_dir: Path) -> StragglerWatch:
     """The built-in job on ``ranks`` CPU ranks for ``seconds``, watched live."""
     spec = {"dp": ranks, "time_limit_s": seconds}
-    watch = StragglerWatch.of(describe(resolve(RunSpec(device="cpu", **spec), gpus_visible=0)))  # type: ignore[arg-type]
+    watch = StragglerWatch.of(description(**spec))
     launched = launch(session_dir, on_events=watch.take_events, **spec)
     assert launched.result.status == "completed", launched.result
     return watch

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import os
+import subprocess
+import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -12,6 +15,7 @@ from typing import Any
 import psutil
 import pytest
 
+from meshtop.probes import native
 from meshtop.probes.events import Event, RankStarted, StepTiming
 from meshtop.recordings.metrics.run import RunFold
 from meshtop.recordings.metrics.steps import JobStep, StepFolder
@@ -125,3 +129,17 @@ def assert_parts_add_up(breakdown: dict[str, Any] | None, ranks: int, *, pipelin
         assert sum(row["share"] for row in parts.values()) == pytest.approx(1.0, abs=0.01), (rank, parts)
         assert parts["forward"]["share"] > 0 and parts["backward"]["share"] > 0, (rank, parts)
         assert (parts["bubble"]["share"] > 0) == pipelined, (rank, parts)
+
+
+def two_rank_reports(module: str, out: Path, native_env: str) -> list[dict[str, Any]]:
+    """Run ``python -m module OUT`` as two gloo ranks under torchrun, with the collective kernel ``native_env``
+    names (:data:`meshtop.probes.native.NATIVE_ENV`), and read each rank's ``OUT/rank-R.json``."""
+    done = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", "-m", module, str(out)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "OMP_NUM_THREADS": "1", native.NATIVE_ENV: native_env},
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    return [json.loads((out / f"rank-{rank}.json").read_text()) for rank in range(2)]

@@ -4,10 +4,6 @@ loaded as the launcher arranges (or its absence said in one line)."""
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -15,27 +11,7 @@ import pytest
 from meshtop.probes import native
 from meshtop.probes.errors import ProbeError
 from tests.kernel_worker import LATE_S, NAMING_STEPS, ODD_NAMES, SCENARIOS, WORK_BEFORE_WAIT_S
-
-
-def run_kernel_worker(tmp_path: Path, native_env: str) -> list[dict]:
-    done = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--standalone",
-            "--nproc-per-node=2",
-            "-m",
-            "tests.kernel_worker",
-            str(tmp_path),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env={**os.environ, "OMP_NUM_THREADS": "1", native.NATIVE_ENV: native_env},
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    return [json.loads((tmp_path / f"rank-{rank}.json").read_text()) for rank in range(2)]
+from tests.kit.jobs import two_rank_reports
 
 
 @pytest.fixture(scope="module", params=["cpp", "python"])
@@ -43,7 +19,7 @@ def reports(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFac
     """Each kernel's two rank reports, from one worker run per kernel shared by this module's tests."""
     kernel = request.param
     native_env = str(request.getfixturevalue("native_probe")) if kernel == "cpp" else "off"
-    return kernel, run_kernel_worker(tmp_path_factory.mktemp(kernel), native_env)
+    return kernel, two_rank_reports("tests.kernel_worker", tmp_path_factory.mktemp(kernel), native_env)
 
 
 def before_scenarios(report: dict) -> list[dict]:

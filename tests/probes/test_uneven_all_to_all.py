@@ -4,38 +4,13 @@ bytes, nccl-tests' S for all-to-all, by both collective kernels: two real gloo r
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from meshtop.probes import native
+from tests.kit.jobs import two_rank_reports
 
 pytestmark = pytest.mark.slow
-
-
-def run_all_to_all_worker(tmp_path: Path, native_env: str) -> list[dict]:
-    done = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--standalone",
-            "--nproc-per-node=2",
-            "-m",
-            "tests.all_to_all_worker",
-            str(tmp_path),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env={**os.environ, "OMP_NUM_THREADS": "1", native.NATIVE_ENV: native_env},
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    return [json.loads((tmp_path / f"rank-{rank}.json").read_text()) for rank in range(2)]
 
 
 def test_an_uneven_all_to_all_is_recorded_by_the_bytes_each_rank_sends(
@@ -46,7 +21,7 @@ def test_an_uneven_all_to_all_is_recorded_by_the_bytes_each_rank_sends(
     2 rows to rank 0 and 3 to itself: input 5 * 32 = 160 bytes, output 1 + 3 = 4 rows, 128 bytes. Both
     ``all_to_all_single`` (step 1) and the functional one (step 2) are recorded by the input's bytes."""
     kernel, native_env = collective_kernel
-    ranks = run_all_to_all_worker(tmp_path, native_env)
+    ranks = two_rank_reports("tests.all_to_all_worker", tmp_path, native_env)
     sends = {0: 4 * 32, 1: 5 * 32}
     for rank, report in enumerate(ranks):
         assert (report["kernel"], report["errors"]) == (kernel, []), f"rank {rank}"

@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 
 from meshtop.recordings.compare import metric, unfair_differences
-from meshtop.recordings.manifest import LOAD_FILE, Endpoint, RunDescription, script_plan
+from meshtop.recordings.manifest import LOAD_FILE, Endpoint
 from meshtop.recordings.reader import open_recording
-from tests.kit.recordings import write_recording
+from tests.kit.recordings import elastic_script, write_recording
 
 
 def test_a_change_past_1_percent_that_is_noise_is_not_significant() -> None:
@@ -37,20 +37,8 @@ def test_a_change_beyond_noise_but_under_1_percent_is_not_significant() -> None:
 
 def endpoint_run(directory: Path, load: list[str]) -> Path:
     """An endpoint run's recording whose ``load.jsonl`` holds ``load``."""
-    run = RunDescription(
-        plan=script_plan("endpoint", 1),
-        mode="infer",
-        model=None,
-        dtype=None,
-        device="cpu",
-        steps=None,
-        batch_size=None,
-        microbatch_size=None,
-        seq_len=None,
-        seed=None,
-        instrumented=True,
-    )
-    run = dataclasses.replace(run, endpoint=Endpoint(url="http://127.0.0.1:8000/v1", api="completions", model="m"))
+    endpoint = Endpoint(url="http://127.0.0.1:8000/v1", api="completions", model="m")
+    run = dataclasses.replace(elastic_script(1), mode="infer", script=None, endpoint=endpoint)
     write_recording(directory, [], run=run)
     (directory / LOAD_FILE).write_text("".join(line + "\n" for line in load))
     return directory

@@ -10,9 +10,8 @@ from pathlib import Path
 import pytest
 
 from meshtop.recordings.metrics.stragglers import HOLD_S
-from meshtop.runner.job.session import describe
-from meshtop.runner.plan import RunSpec, resolve
 from tests.kit.jobs import launch
+from tests.kit.recordings import description
 from tests.kit.straggler_watch import StragglerWatch
 
 SECONDS = 30.0
@@ -24,7 +23,7 @@ python -m tests.bench.straggler_alarms, docs/benchmarks.md)."""
 @pytest.mark.parametrize("ranks", [2, 4, 8])
 def test_a_healthy_job_names_no_straggler(tmp_path: Path, ranks: int) -> None:
     spec = {"dp": ranks, "time_limit_s": SECONDS}
-    watch = StragglerWatch.of(describe(resolve(RunSpec(device="cpu", **spec), gpus_visible=0)))  # type: ignore[arg-type]
+    watch = StragglerWatch.of(description(**spec))
     launched = launch(tmp_path, on_events=watch.take_events, **spec)
     assert launched.result.status == "completed", launched.result
     assert watch.seconds > 2 * HOLD_S and watch.closed_steps >= 100, watch.report()
