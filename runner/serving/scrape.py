@@ -27,6 +27,7 @@ A server with no ``/metrics`` (``transformers serve``), or one that stops answer
 
 from __future__ import annotations
 
+import http.client
 import math
 import threading
 import time
@@ -113,7 +114,8 @@ class Scraper:
         self._thread.join(TIMEOUT_S + 1)
 
     def scrape_once(self) -> list[Event]:
-        """One scrape's events; ``OSError`` or ``ValueError`` when the server does not answer with metrics."""
+        """One scrape's events; ``OSError``, ``ValueError`` or ``http.client.HTTPException`` (an answer that is not
+        HTTP) when the server does not answer with metrics."""
         try:
             with urllib.request.urlopen(self.url, timeout=TIMEOUT_S) as response:
                 body = response.read(MAX_BYTES + 1)
@@ -139,12 +141,13 @@ class Scraper:
                 failures = 0
                 if events:
                     self.emit(events)
-            except (OSError, ValueError) as error:  # refused, timed out, reset, an HTTP error, a bad answer
+            except (OSError, ValueError, http.client.HTTPException) as error:  # refused, an HTTP error, not HTTP
                 failures += 1
                 first_answer = not self._last
                 if failures >= FAILURES_BEFORE_OFF or (first_answer and isinstance(error, ValueError)):
-                    reason = f"{error}: the server publishes no Prometheus metrics there" if first_answer else (
-                        f"{failures} scrapes in a row failed ({error}); not asked again"
+                    said = " ".join(str(error).split())  # one line, whatever the server sent
+                    reason = f"{said}: the server publishes no Prometheus metrics there" if first_answer else (
+                        f"{failures} scrapes in a row failed ({said}); not asked again"
                     )  # fmt: skip
                     self.emit([ProbeOff(rank=CLIENT_RANK, wall_ns=time.time_ns(), probe=PROBE, reason=reason)])
                     return

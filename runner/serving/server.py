@@ -13,6 +13,7 @@ version it printed, the environment that decides its devices and network (``CUDA
 from __future__ import annotations
 
 import contextlib
+import http.client
 import os
 import re
 import signal
@@ -141,7 +142,7 @@ class ServerProcess:
                 )
             for url in (f"{origin.base}/health", origin.url("/models")):
                 with (
-                    contextlib.suppress(OSError, urllib.error.URLError, ValueError),
+                    contextlib.suppress(OSError, http.client.HTTPException, ValueError),  # not HTTP yet too
                     urllib.request.urlopen(url, timeout=2) as response,
                 ):
                     if response.status == 200:
@@ -182,10 +183,11 @@ class ServerProcess:
             if not alive:
                 break
             with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(self.process.pid, signum)  # its session: the engine and the workers it forked
-            for process in alive:  # and any that left its session
-                with contextlib.suppress(psutil.Error):
-                    process.send_signal(signum)
+                os.killpg(self.process.pid, signum)  # its process group: the engine and the workers it forked
+            for process in alive:  # and, once, each that left the group (killpg has signalled the others)
+                with contextlib.suppress(psutil.Error, OSError):
+                    if os.getpgid(process.pid) != self.process.pid:
+                        process.send_signal(signum)
             deadline = time.monotonic() + grace_s
             while self._alive() and time.monotonic() < deadline:
                 time.sleep(0.05)
@@ -194,9 +196,15 @@ class ServerProcess:
         return self.report
 
     def _alive(self) -> list[psutil.Process]:
-        """The processes of its tree still running (its own reaped here by Popen, which keeps its exit code:
-        psutil's wait would reap it and leave Popen none)."""
+        """The processes of its tree or its session still running (a worker whose parent exited has left the
+        tree, not the session); its own reaped here by Popen, which keeps its exit code: psutil's wait would
+        reap it and leave Popen none."""
         self.process.poll()
+        for pid in psutil.pids():
+            if pid not in self._seen:
+                with contextlib.suppress(OSError, psutil.Error):
+                    if os.getsid(pid) == self.process.pid:
+                        self._seen[pid] = psutil.Process(pid)
         alive = []
         for pid, process in self._seen.items():
             if pid == self.process.pid and self.process.returncode is not None:
