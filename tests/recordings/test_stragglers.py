@@ -7,6 +7,7 @@ Every step here is 1 s long; a rank computes the milliseconds given and waits in
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Sequence
 
 import numpy as np
@@ -21,7 +22,9 @@ from meshtop.recordings.metrics.stragglers import (
     WINDOW,
     ComputeTimes,
     Straggler,
+    compute_seconds,
     fewest_beyond_chance,
+    median_without,
 )
 
 STEP_S = 1.0
@@ -271,3 +274,210 @@ def test_the_hold_is_in_seconds_of_the_steps_own_clock(every_s: float, named_at:
         times.add_step({0: 0.5, 1: 0.5}, {0: 0.49, 1: 0.48}, span_ns=(start, start + SECOND_NS // 2))
         named.append([straggler.rank for straggler in times.stragglers()])
     assert named[named_at - 2] == [] and named[named_at - 1] == [1] and HOLD_S == 10.0
+
+
+def test_compute_time_is_the_step_less_its_exposed_communication_and_all_of_it_where_none_was_measured() -> None:
+    assert compute_seconds({0: 1.0, 1: 2.0}, {0: 0.25}) == {0: 0.75, 1: 2.0}
+
+
+@pytest.mark.parametrize(
+    ("ordered", "index", "median"),
+    [
+        ([1.0, 2.0, 3.0, 4.0, 5.0], 0, 3.5),  # 2 3 4 5
+        ([1.0, 2.0, 3.0, 4.0, 5.0], 2, 3.0),  # 1 2 4 5: (2 + 4) / 2
+        ([1.0, 2.0, 3.0, 4.0, 5.0], 4, 2.5),  # 1 2 3 4
+        ([1.0, 2.0, 3.0, 4.0], 0, 3.0),  # 2 3 4
+        ([1.0, 2.0, 3.0, 4.0], 1, 3.0),  # 1 3 4
+        ([1.0, 2.0, 3.0, 4.0], 3, 2.0),  # 1 2 3
+        ([1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0], 6, 6.0),  # 1 2 4 8 16 32: (4 + 8) / 2
+    ],
+)
+def test_the_median_without_one_element_worked_by_hand(ordered: list[float], index: int, median: float) -> None:
+    assert median_without(ordered, index) == median
+
+
+def test_a_one_rank_job_and_a_rank_that_joins_later_are_judged_without_error() -> None:
+    """One rank has no peers: never a straggler. A third rank that first closes a step at step 5 is judged
+    from its own 10th step, at twice its peers' compute time: a suspect at step 14 (its 10th), for that 1 s."""
+    alone = ComputeTimes()
+    for _ in range(30):
+        add(alone, {0: 10.0})
+    assert alone.steps == 30 and alone.suspects() == {} and alone.stragglers() == []
+    times = ComputeTimes()
+    for number in range(14):
+        add(times, {0: 10.0, 1: 10.0} if number < 4 else {0: 10.0, 1: 10.0, 2: 20.0})
+        if number == 12:
+            assert times.suspects() == {}
+    assert times.steps == 14 and times.suspects() == {2: 1.0}
+
+
+def test_the_ratio_and_the_gap_are_strictly_above_their_bounds() -> None:
+    """Binary fractions, so the bounds are met exactly: 0.3125 s is exactly 1.25 x 0.25 s (not above it);
+    0.004 s is exactly 2 ms above 0.002 s (not more); a hair more of each is a suspect, at step 11 (of two
+    ranks, the slowest in 11 of 11 steps is beyond chance, in 10 of 10 not)."""
+
+    def suspects(own_s: float, peer_s: float) -> dict[int, float]:
+        times = ComputeTimes()
+        for number in range(11):
+            times.add_step({0: peer_s, 1: own_s}, {}, span_ns=(number * SECOND_NS, (number + 1) * SECOND_NS))
+        return times.suspects()
+
+    assert suspects(0.3125, 0.25) == {} and suspects(0.3125 + 2**-20, 0.25) == {1: 1.0}
+    assert suspects(0.004, 0.002) == {} and suspects(0.004 + 2**-20, 0.002) == {1: 1.0}
+
+
+def test_peers_that_computed_nothing_make_no_suspect() -> None:
+    """Rank 0 waits the whole of every step (its compute time 0): there is no ratio to take."""
+    times = ComputeTimes()
+    for number in range(24):
+        times.add_step({0: 1.0, 1: 1.0}, {0: 1.0, 1: 0.98}, span_ns=(number * SECOND_NS, (number + 1) * SECOND_NS))
+    assert times.suspects() == {} and times.stragglers() == []
+
+
+def test_a_straggler_in_the_second_of_two_stages_is_named() -> None:
+    """Stage 0 (ranks 0, 1) alike; in stage 1 (ranks 2, 3) rank 3 computes 40 ms against 20 ms: named, at 2x."""
+    times = ComputeTimes()
+    for number in range(24):
+        times.add_step(
+            dict.fromkeys(range(4), STEP_S),
+            {0: 0.99, 1: 0.99, 2: 0.98, 3: 0.96},
+            span_ns=(number * SECOND_NS, (number + 1) * SECOND_NS),
+            stage_of=lambda rank: rank // 2,
+        )
+    assert [(s.rank, s.stage, s.ratio) for s in times.stragglers()] == [(3, 1, pytest.approx(2.0))]
+
+
+def test_the_hold_is_exact_at_epoch_nanoseconds() -> None:
+    """Steps on the wall clock of 2026 (1.8e18 ns, where a float64 is exact to 256 ns only): a suspect whose
+    first step starts 255 ns past a multiple of 256 and whose last ends exactly HOLD_S later is held exactly
+    10 s, and named."""
+    epoch = 1_800_000_000_000_000_000 // 256 * 256 + 255
+    times = ComputeTimes()
+    for number in range(20):  # a suspect from step 10 (its 10th), named at step 19 (10 steps of 1 s later)
+        start = epoch + number * SECOND_NS
+        times.add_step({0: 1.0, 1: 1.0}, {0: 0.99, 1: 0.98}, span_ns=(start, start + SECOND_NS))
+    assert times.suspects() == {1: 10.0} and [s.rank for s in times.stragglers()] == [1]
+
+
+def test_a_cause_is_looked_for_in_the_steps_and_ranks_that_measured_their_phases_only() -> None:
+    """Rank 1 is the straggler of :func:`test_a_part_that_explains_most_of_the_extra_is_the_cause` (data 31 % of
+    its step against 1 %), but only every other step measured its phases, and in those rank 2 (a third rank,
+    alike to rank 0) did not: the shares are of the measured steps and ranks alone, the same 31 % and 1 %."""
+    slower = {**WORK_S, "data": 0.31}
+    compute_ms = {0: 400.0, 1: 700.0, 2: 400.0}
+    times = ComputeTimes()
+    for number in range(24):
+        add(times, compute_ms, {0: WORK_S, 1: slower} if number % 2 else None)
+    [straggler] = times.stragglers()
+    assert (straggler.rank, straggler.cause, straggler.cause_share, straggler.peers_cause_share) == (
+        1,
+        "data",
+        pytest.approx(0.31),
+        pytest.approx(0.01),
+    )
+
+
+def test_a_part_the_peers_spend_all_their_work_in_grew_alone_is_the_cause() -> None:
+    """Rank 0's work is data only (10 ms of its 1 s step); rank 1's data 40 ms and forward 2 ms. Data: s = 4 %,
+    p = 1 %, the rest of the peers' work 0, so g = 1 and its own extra is 3 points; forward: s = 0.2 %, p = 0,
+    g = 4 / 1, own extra 0.2 points. The extra is 4.2 - 1 = 3.2 points, and data's 3 is over half of it."""
+    times = ComputeTimes()
+    for _ in range(24):
+        add(times, {0: 10.0, 1: 42.0}, {0: {"data": 0.010}, 1: {"data": 0.040, "forward": 0.002}})
+    [straggler] = times.stragglers()
+    assert (straggler.cause, straggler.cause_share, straggler.peers_cause_share) == (
+        "data",
+        pytest.approx(0.04),
+        pytest.approx(0.01),
+    )
+
+
+def test_a_rank_slowed_whole_whose_work_is_mostly_one_part_has_no_cause() -> None:
+    """Rank 0: forward 60 ms, backward 40 ms; rank 1 twice each. Forward holds 12 - 6 = 6 of the 10 points of
+    extra, but it grew as the rest did (g = 8 / 4 = 2): its own extra is 12 - 6 x 2 = 0."""
+    times = ComputeTimes()
+    for _ in range(24):
+        add(
+            times,
+            {0: 100.0, 1: 200.0},
+            {0: {"forward": 0.060, "backward": 0.040}, 1: {"forward": 0.120, "backward": 0.080}},
+        )
+    [straggler] = times.stragglers()
+    assert (straggler.ratio, straggler.cause) == (pytest.approx(2.0), None)
+
+
+def test_a_rank_whose_shares_are_its_peers_has_no_cause() -> None:
+    """Rank 1's steps take 2 s and its work twice rank 0's (forward and backward 20 ms each against 10 ms, in
+    1 s): the same 1 % shares, an extra of exactly 0 points: slowed whole, no cause."""
+    times = ComputeTimes()
+    rows = np.zeros((2, len(PARTS)))
+    for row, (forward_s, step_s) in enumerate([(0.01, 1.0), (0.02, 2.0)]):
+        rows[row, PARTS.index("forward")] = rows[row, PARTS.index("backward")] = forward_s
+        rows[row, PARTS.index("communication")] = step_s - 2 * forward_s
+    for number in range(24):
+        times.add_step(
+            {0: 1.0, 1: 2.0},
+            {0: 0.98, 1: 1.96},
+            span_ns=(2 * number * SECOND_NS, 2 * (number + 1) * SECOND_NS),
+            parts=([0, 1], rows),
+        )
+    [straggler] = times.stragglers()
+    assert (straggler.rank, straggler.ratio, straggler.cause) == (1, pytest.approx(2.0), None)
+
+
+def test_a_part_with_exactly_half_of_the_extra_as_its_own_is_the_cause() -> None:
+    """Binary fractions of 1 s steps, exact: rank 0 spends 0.125 s in each of data, forward and backward; rank
+    1 0.375, 0.25 and 0.125. Its extra is 0.75 - 0.375 = 0.375; data's own extra 0.375 - 0.125 x (0.375 /
+    0.25) = 0.1875, exactly half of it: at least half, the cause."""
+    times = ComputeTimes()
+    peer = {"data": 0.125, "forward": 0.125, "backward": 0.125}
+    for _ in range(24):
+        add(times, {0: 375.0, 1: 750.0}, {0: peer, 1: {"data": 0.375, "forward": 0.25, "backward": 0.125}})
+    [straggler] = times.stragglers()
+    assert (straggler.cause, straggler.cause_share) == ("data", 0.375)
+
+
+def test_a_cause_is_found_in_steps_shorter_than_a_second() -> None:
+    """Steps of 40 ms (the window's 20 add up to 0.8 s): rank 1 spends 16 ms in data against rank 0's 0.8 ms,
+    forward 8 ms on both: data 40 % of its step vs 2 %. Beyond chance from its 11th step (0.4 s in), named
+    once that has lasted 10 s: by step 300 (12 s)."""
+    times = ComputeTimes()
+    step_ns = SECOND_NS // 25
+    rows = np.zeros((2, len(PARTS)))
+    for row, data_s in enumerate([0.0008, 0.016]):
+        rows[row, PARTS.index("data")], rows[row, PARTS.index("forward")] = data_s, 0.008
+        rows[row, PARTS.index("communication")] = 0.04 - data_s - 0.008
+    for number in range(300):
+        times.add_step(
+            {0: 0.04, 1: 0.04},
+            {0: 0.0312, 1: 0.016},
+            span_ns=(number * step_ns, (number + 1) * step_ns),
+            parts=([0, 1], rows),
+        )
+    [straggler] = times.stragglers()
+    assert (straggler.cause, straggler.cause_share, straggler.peers_cause_share) == (
+        "data",
+        pytest.approx(0.40),
+        pytest.approx(0.02),
+    )
+
+
+def test_an_extra_in_parts_the_peers_do_not_do_spread_over_three_is_no_cause() -> None:
+    """Rank 0's work is data only, 30 ms; rank 1's data 30 ms too and 10 ms of each of forward, backward and
+    optimizer. Data did not grow (its own extra 3 - 3 x 1 = 0, g = 1 where the peers have no other work);
+    each of the others' own extra is 1 point of the 3 of extra, under half: no cause."""
+    times = ComputeTimes()
+    spread = {"data": 0.030, "forward": 0.010, "backward": 0.010, "optimizer": 0.010}
+    for _ in range(24):
+        add(times, {0: 30.0, 1: 60.0}, {0: {"data": 0.030}, 1: spread})
+    [straggler] = times.stragglers()
+    assert (straggler.ratio, straggler.cause) == (pytest.approx(2.0), None)
+
+
+def test_no_phases_measured_warns_nothing() -> None:
+    """The shares of a rank with no measured step are NaN, quietly: a warning would print into the dashboard."""
+    times, _ = run([{0: 400.0, 1: 700.0}] * 24)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        [straggler] = times.stragglers()
+    assert straggler.cause is None
