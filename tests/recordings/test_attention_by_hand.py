@@ -90,3 +90,66 @@ def test_a_recorded_job_with_a_slow_node_has_that_node_and_its_ranks_flagged(tmp
     assert found.median == pytest.approx(0.1, rel=0.02)
     assert found.flagged_nodes == (5,) and set(found.flagged_ranks) == set(range(40, 48))
     assert fold.attention("data", {}).ranks == ()  # no phases measured: nothing to score
+
+
+def test_three_ranks_are_enough_to_be_scored() -> None:
+    # median 0.1 s, deviations 0, 0 and 0.4 s: a MAD of 0, and 0.4 s is past 1 ms and 5 % of 0.1 s
+    rows = scored("step", {0: 0.1, 1: 0.1, 2: 0.5})
+    assert [(row.key, row.z, row.flagged) for row in rows] == [(2, math.inf, True), (0, 0.0, False), (1, 0.0, False)]
+
+
+MIB = float(1 << 20)
+GIB = float(1 << 30)
+
+
+def test_headroom_exactly_64_mib_under_the_median_is_not_far_enough_to_be_flagged() -> None:
+    """1 GiB of median headroom: 5 % of it is 51.2 MiB, less than 64 MiB, so a rank needs more than 64 MiB less.
+    Deviations 64, 1, 0, 1 and 1 MiB: a MAD of 1 MiB, z = 0.6745 x 64 MiB / 1 MiB = 43.168 (on the low side,
+    positive) but only 64 MiB off."""
+    values = {0: GIB - 64 * MIB, 1: GIB - MIB, 2: GIB, 3: GIB + MIB, 4: GIB + MIB}
+    rows = scored("headroom", values)
+    assert rows[0].key == 0 and rows[0].z == pytest.approx(43.168) and not rows[0].flagged
+    assert [row.key for row in rows] == [0, 1, 2, 3, 4]  # z 0.6745, 0, -0.6745 twice: the lowest headroom first
+    assert rows[1].z == pytest.approx(0.6745) and rows[3].z == pytest.approx(-0.6745)
+
+
+@pytest.mark.parametrize(("under", "z"), [(64 * MIB, 0.0), (64 * MIB + 1, math.inf)])
+def test_with_no_spread_headroom_64_mib_under_is_alike_and_a_byte_more_is_infinitely_off(
+    under: float, z: float
+) -> None:
+    values = dict.fromkeys(range(4), GIB) | {4: GIB - under}  # median 1 GiB, MAD 0
+    low = {row.key: row for row in scored("headroom", values)}[4]
+    assert (low.z, low.flagged) == (z, z > 0)
+
+
+def test_a_z_of_exactly_3_5_is_not_past_the_limit() -> None:
+    """Headroom around a median of 8 GiB (5 %: 409.6 MiB) with deviations of 0, 256 MiB four times and 512 MiB:
+    a MAD of 256 MiB (2^28 bytes). The low rank is 1,392,919,341.73 bytes under (about 1.3 GiB, far enough),
+    where 0.6745 x off comes to exactly 3.5 x 2^28 in floating point: z = 3.5, at the limit, not past it."""
+    median, mad = 8 * GIB, 256 * MIB
+    low = 7197015250.265382  # about 8 GiB - 3.5 x 2^28 / 0.6745: the double there whose z rounds to 3.5
+    values = {
+        0: low,
+        1: median - mad,
+        2: median - mad,
+        3: median,
+        4: median + mad,
+        5: median + mad,
+        6: median + 2 * mad,
+    }
+    rows = scored("headroom", values)
+    assert (rows[0].key, rows[0].z, rows[0].flagged) == (0, 3.5, False)
+
+
+def test_ranks_missing_from_the_node_map_are_on_node_0_with_its_own_ranks() -> None:
+    """Ranks 0 and 1 have no node, ranks 2 and 3 are node 0's: node 0 is ranks 0 to 3, all at 200 ms, its median
+    200 ms; nodes 1 and 2 are at 100 ms. Three nodes: the median 100 ms, a MAD of 0, node 0 100 ms off."""
+    node_of = {2: 0, 3: 0, 4: 1, 5: 1, 6: 2, 7: 2}
+    values = dict.fromkeys(range(4), 200 * MS) | dict.fromkeys(range(4, 8), 100 * MS)
+    found = attention("step", values, node_of)
+    assert [(node.key, node.value, node.z) for node in found.nodes] == [
+        (0, 200 * MS, math.inf),
+        (1, 100 * MS, 0.0),
+        (2, 100 * MS, 0.0),
+    ]
+    assert found.flagged_nodes == (0,)
