@@ -33,6 +33,8 @@ from meshtop.runner.serving.http import Origin
 SERVER_LOG = "server.log"
 DEFAULT_STARTUP_TIMEOUT_S = 600.0
 POLL_S = 0.5
+ASK_TIMEOUT_S = 2.0
+"""How long one readiness poll waits for its answer (a server that accepts and never answers)."""
 PROGRESS_EVERY_S = 5.0
 """How often the startup is said while waiting."""
 STOP_STEPS = ((signal.SIGINT, 20.0), (signal.SIGTERM, 10.0), (signal.SIGKILL, 5.0))
@@ -143,7 +145,7 @@ class ServerProcess:
             for url in (f"{origin.base}/health", origin.url("/models")):
                 with (
                     contextlib.suppress(OSError, http.client.HTTPException, ValueError),  # not HTTP yet too
-                    urllib.request.urlopen(url, timeout=2) as response,
+                    urllib.request.urlopen(url, timeout=ASK_TIMEOUT_S) as response,
                 ):
                     if response.status == 200:
                         self.report.startup_s = time.monotonic() - self._started

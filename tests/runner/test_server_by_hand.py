@@ -679,3 +679,19 @@ def test_a_worker_that_left_the_tree_and_ignores_sigint_is_stopped_by_the_next_s
     finally:
         if running(orphan):
             os.kill(orphan, signal.SIGKILL)
+
+
+def test_a_server_that_accepts_and_never_answers_is_asked_again_after_the_ask_timeout(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each poll waits ASK_TIMEOUT_S for its answer (50 ms here, 2 s in production), then the wait goes on:
+    both URLs asked, the startup timeout (0 s) said, well within a second."""
+    monkeypatch.setattr(server, "ASK_TIMEOUT_S", 0.05)
+    with raw_server(lambda n, path: b"", hold=True) as (url, asked):
+        started = ServerProcess(ServerCommand(command=SLEEPER, startup_timeout_s=0), tmp_path / "server.log")
+        begun = time.monotonic()
+        with pytest.raises(ServerFailed):
+            started.wait_ready(Origin.parse(url), progress=lambda s, line: None)
+        took_s = time.monotonic() - begun
+    started.stop(QUICK_STOP)
+    assert asked == ["/health", "/v1/models"] and 0.1 <= took_s < 1.0
