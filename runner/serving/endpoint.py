@@ -9,6 +9,7 @@ anything is recorded. That request is not part of the load and is not recorded.
 
 from __future__ import annotations
 
+import http.client
 import json
 import urllib.error
 import urllib.request
@@ -81,6 +82,11 @@ def _get_json(
     return status, parsed, raw
 
 
+def one_line(error: BaseException) -> str:
+    """An error's words on one line, whatever the server sent."""
+    return " ".join(str(error).split())
+
+
 def served_models(origin: Origin) -> tuple[str, ...]:
     """The ids ``/v1/models`` lists, maybe none (``transformers serve`` 5.17 lists only its hub cache's, not
     the model it was started with); one line when the server cannot be reached, fails, or does not answer
@@ -94,6 +100,10 @@ def served_models(origin: Origin) -> tuple[str, ...]:
         raise PlanError(f"--endpoint {origin.root}: cannot reach the server ({why}): is it running?") from None
     except (OSError, ValueError) as error:  # a timeout, a reset, a malformed response
         raise PlanError(f"--endpoint {origin.root}: no answer from {url} ({error})") from None
+    except http.client.HTTPException as error:  # another service on the port (after OSError: a hang-up is both)
+        raise PlanError(
+            f"--endpoint {origin.root}: {url} did not answer in HTTP ({one_line(error)}): is it the server's port?"
+        ) from None
     if status >= 500:
         raise PlanError(
             f"--endpoint {origin.root}: the server failed to answer GET {url}: HTTP {status} "
@@ -127,8 +137,8 @@ def probe_request(origin: Origin, api: str, model: str, load: EndpointLoad, time
     path, body = request_body(spec, LoadRequest(id=-1, prompt=Prompt(text="hello"), max_tokens=1, offset_s=None))
     try:
         status, _, raw = _get_json(origin.url(path), body=body, timeout_s=timeout_s)
-    except (OSError, ValueError) as error:
-        raise PlanError(f"--endpoint {origin.root}: POST {origin.url(path)} failed ({error})") from None
+    except (OSError, ValueError, http.client.HTTPException) as error:
+        raise PlanError(f"--endpoint {origin.root}: POST {origin.url(path)} failed ({one_line(error)})") from None
     if status != 200:
         hint = " (drop --ignore-eos: this server does not take it?)" if load.ignore_eos else ""
         raise PlanError(
