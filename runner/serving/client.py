@@ -214,17 +214,23 @@ class LoadGenerator:
     async def open_loop(self, requests: list[LoadRequest]) -> None:
         """Each request sent at its offset, whatever is in flight."""
         start_ns, start = time.time_ns(), time.monotonic()
-        tasks = []
-        for request in requests:
-            offset = request.offset_s or 0.0
-            if self.spec.duration_s is not None and offset > self.spec.duration_s:
-                break  # due after the load's duration: not part of it
-            delay = start + offset - time.monotonic()
-            if delay > 0:
-                await asyncio.sleep(delay)
-            if self.gone is not None:
-                break
-            tasks.append(asyncio.create_task(self.send(request, start_ns + round(offset * 1e9))))
+        tasks: list[asyncio.Task[None]] = []
+        try:
+            for request in requests:
+                offset = request.offset_s or 0.0
+                if self.spec.duration_s is not None and offset > self.spec.duration_s:
+                    break  # due after the load's duration: not part of it
+                delay = start + offset - time.monotonic()
+                if delay > 0:
+                    await asyncio.sleep(delay)
+                if self.gone is not None:
+                    break
+                tasks.append(asyncio.create_task(self.send(request, start_ns + round(offset * 1e9))))
+        except asyncio.CancelledError:  # stopped between two sends: those in flight end interrupted, reported
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            raise
         await asyncio.gather(*tasks)
 
     async def run(self, requests: list[LoadRequest]) -> None:
