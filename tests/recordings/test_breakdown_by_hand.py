@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import tracemalloc
+
 import numpy as np
 import pytest
 
@@ -220,3 +222,148 @@ def test_many_rank_steps_at_once_split_as_each_moment_would_one_at_a_time() -> N
     for step, row in zip(steps, together, strict=True):
         assert row == pytest.approx([by_each_moment(step)[part] for part in PARTS], abs=1e-12)
         assert row.sum() == pytest.approx(max(step.end_ns - step.start_ns, 0) / 1e9)
+
+
+def test_a_step_with_no_window_and_no_wait_is_all_the_loops_own() -> None:
+    """Nothing covered any moment of the 50 ms step: it is all other."""
+    assert ms(step_parts(rank_step(50, []))) == {"other": 50}
+
+
+def test_a_rank_steps_phase_letters_and_times_must_pair_up() -> None:
+    """Two letters and one window: refused, not cut to the shorter."""
+    torn = RankStep(
+        start_ns=0,
+        end_ns=100 * MS,
+        schedule_end_ns=None,
+        phases="fb",
+        phase_start_ns=[0],
+        phase_end_ns=[10 * MS],
+        communication=[],
+        pipeline_waits=[],
+    )
+    with pytest.raises(ValueError, match="zip"):
+        step_parts(torn)
+
+
+def test_a_closed_step_on_a_real_wall_clock_splits_to_the_nanosecond() -> None:
+    """Wall-clock nanoseconds of today's size (1.7e18 ns: past 2**53, so a float would round them to 256 ns),
+    offsets in ns from t0:
+
+    - rank 0, pipelined by its measured wait (0.25 s, no send or receive seen), 3 s from t0, forward_backward_s
+      2.0: its schedule is 0-2,000,000,000. Forward 0-1,000,000,001, backward 1,200,000,000-2,000,000,000,
+      optimizer 2,500,000,000-2,999,999,999. Bubble: the schedule's idle 1,000,000,001-1,200,000,000 =
+      199,999,999; other 2,000,000,000-2,500,000,000 and the last 1 ns = 500,000,001 (none of it bubble: the
+      schedule ends at 2 s, not a ns later); backward 800,000,000, optimizer 499,999,999.
+    - rank 1, data parallel, 1 s from t0 + 5, measured phases but no window (``""``), an all-reduce waited
+      t0 + 100 to t0 + 400,000,103: communication 400,000,003, other 1,000,000,000 - 400,000,003 = 599,999,997.
+    """
+    t0 = 1_700_000_000_000_000_001
+    spans = StepSpans()
+    offsets = ((0, 1_000_000_001), (1_200_000_000, 2_000_000_000), (2_500_000_000, 2_999_999_999))
+    phases = Windows("fbo", tuple(t0 + s for s, _ in offsets), tuple(t0 + e for _, e in offsets), 0.25)
+    spans.add(0, t0, 3.0, 2.0, phases)
+    spans.add(1, t0 + 5, 1.0, None, Windows("", (), (), None))
+    waits = Waits(
+        rank=np.array([1]),
+        start_ns=np.array([t0 + 100]),
+        end_ns=np.array([t0 + 400_000_103]),
+        pipeline=np.array([False]),
+    )
+    rows = cells_parts(step_cells(spans, [0, 1], waits))
+    # data, forward, backward, optimizer, communication, bubble, other (seconds: exact, ns / 1e9)
+    assert rows.tolist() == [
+        [0.0, 1.000000001, 0.8, 0.499999999, 0.0, 0.199999999, 0.500000001],
+        [0.0, 0.0, 0.0, 0.0, 0.400000003, 0.0, 0.599999997],
+    ]
+
+
+def test_a_step_of_ranks_with_torn_windows_and_no_waits_is_all_other() -> None:
+    """Rank 0's windows are torn (two letters, one start): no phases. No operation waited in the step. Its
+    30 ms are all the loop's own."""
+    t0 = 1_000 * MS
+    spans = StepSpans()
+    spans.add(0, t0, 0.030, 0.020, Windows("fb", (t0,), (t0 + 10 * MS, t0 + 20 * MS), None))
+    rows = cells_parts(step_cells(spans, [0], Waits.none()))
+    assert [ms(dict(zip(PARTS, row.tolist(), strict=True))) for row in rows] == [{"other": 30}]
+
+
+def test_a_rank_above_the_jobs_share_by_exactly_one_point_is_named() -> None:
+    """Two ranks, a step of 100 ms each: rank 0 measured nothing (other 100), rank 1 loaded data 0-2 ms. The
+    job's data share 2 / 200 = 0.01, rank 1's 2 / 100 = 0.02: one point above, the bound itself, which counts
+    (0.02 - 0.01 is 0.01 in floats too). Rank 0: other 100 / 100 against the job's 198 / 200 = 0.99: one point
+    above too. A rank that reported no step has no row."""
+    fold = BreakdownFold()
+    fold.add(0, rank_step(100, []))
+    fold.add(1, rank_step(100, [("d", 0, 2)]))
+    figures = fold.figures()
+    assert figures.above_mean(1) == ("data", 0.02, 0.01)
+    assert figures.above_mean(0) == ("other", 1.0, pytest.approx(0.99))
+    assert figures.above_mean(7) is None
+
+
+def test_a_rank_alone_is_above_no_mean_and_its_biggest_part_is_data() -> None:
+    """One rank, two steps of 100 ms: data 0-80 then 0-70: data 150 of 200 ms (s_per_step 0.075, share 0.75),
+    other 50 (0.025, 0.25). Its shares are the job's: above the mean in nothing. Biggest: data."""
+    fold = BreakdownFold()
+    fold.add(0, rank_step(100, [("d", 0, 80)]))
+    fold.add(0, rank_step(100, [("d", 0, 70)]))
+    figures = fold.figures()
+    assert figures.above_mean(0) is None
+    assert figures.biggest() == "data"
+    exact = {"rel": 1e-12}  # a step's seconds are its ns / 1e9: off by a part in 1e9 is wrong
+    as_json = figures.to_json()
+    assert list(as_json) == ["parts", "per_rank", "biggest", "slowest_in"]
+    assert (as_json["biggest"], as_json["slowest_in"], list(as_json["per_rank"])) == ("data", {}, ["0"])
+    for parts in (as_json["parts"], as_json["per_rank"]["0"]):
+        assert parts["data"] == {"s_per_step": pytest.approx(0.075, **exact), "share": pytest.approx(0.75, **exact)}
+        assert parts["other"] == {"s_per_step": pytest.approx(0.025, **exact), "share": pytest.approx(0.25, **exact)}
+
+
+def test_the_slowest_rank_of_each_stage_of_two_or_more_by_its_compute_time() -> None:
+    """Five ranks in stages 0, 0, 1, 1, 2 (rows: data, forward, backward, optimizer, communication, bubble,
+    other; ms). Compute is the step less communication and bubble.
+
+    - step 1: stage 0: rank 0 computes 10, rank 1 20: rank 1. Stage 1: rank 2 10 (and 50 of communication),
+      rank 3 10: alike, so the higher rank, 3. Rank 4 is alone in stage 2: slowest in nothing, not counted.
+    - step 2: stage 0: rank 0 30, rank 1 20: rank 0. Stage 1: rank 2 10 + 5 other (and 100 of bubble) = 15,
+      rank 3 10 + 2 = 12: rank 2.
+
+    Each of ranks 0-3 was the slowest in 1 of its stage's 2 steps. The forward's mean over the ranks: (10 + 20 +
+    10 + 10 + 30) / 5 = 16, then (30 + 20 + 10 + 10 + 30) / 5 = 20."""
+
+    def row(forward: int, communication: int = 0, bubble: int = 0, other: int = 0) -> list[float]:
+        return [0.0, forward / 1e3, 0.0, 0.0, communication / 1e3, bubble / 1e3, other / 1e3]
+
+    fold = BreakdownFold()
+    stages = [0, 0, 1, 1, 2]
+    fold.add_step([0, 1, 2, 3, 4], np.array([row(10), row(20), row(10, communication=50), row(10), row(30)]), stages)
+    fold.add_step(
+        [0, 1, 2, 3, 4], np.array([row(30), row(20), row(10, bubble=100, other=5), row(10, other=2), row(30)]), stages
+    )
+    figures = fold.figures()
+    assert figures.slowest_in == {0: 0.5, 1: 0.5, 2: 0.5, 3: 0.5}
+    assert figures.history["forward"] == pytest.approx((0.016, 0.020))
+
+
+def test_a_steps_parts_must_be_a_row_of_every_part() -> None:
+    """Six numbers for seven parts: refused (a part left out is not taken for zero)."""
+    with pytest.raises(ValueError, match="zip"):
+        BreakdownFold().add_step([0], np.zeros((1, len(PARTS) - 1)), [0])
+
+
+def test_a_long_runs_fold_keeps_a_row_a_rank_not_a_row_a_step() -> None:
+    """A rank's 16 more steps leave the fold no bigger than its first did (within 64 KiB of Python's own
+    churn): its sums are a row a rank, summed in place."""
+    fold = BreakdownFold()
+    step = rank_step(100, [("f", 0, 50)])
+    fold.add(0, step)
+    tracemalloc.start()
+    try:
+        before, _ = tracemalloc.get_traced_memory()
+        for _ in range(16):
+            fold.add(0, step)
+        after, _ = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert after - before < 64 * 1024
+    assert fold.figures().per_rank[0]["forward"]["share"] == pytest.approx(0.5)
