@@ -65,13 +65,14 @@ class EndpointRun:
 
 
 def _get_json(
-    url: str, *, body: dict[str, object] | None = None, timeout_s: float = PROBE_TIMEOUT_S
+    url: str, *, body: dict[str, object] | None = None, timeout_s: float | None = None
 ) -> tuple[int, object, bytes]:
-    """GET (or POST ``body``) ``url``: the status, the parsed JSON (``None`` when it is not) and the raw body."""
+    """GET (or POST ``body``) ``url``, within ``timeout_s`` (``None``: :data:`PROBE_TIMEOUT_S`): the status, the
+    parsed JSON (``None`` when it is not) and the raw body."""
     data = json.dumps(body).encode() if body is not None else None
     request = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"} if data else {})
     try:
-        with urllib.request.urlopen(request, timeout=timeout_s) as response:
+        with urllib.request.urlopen(request, timeout=PROBE_TIMEOUT_S if timeout_s is None else timeout_s) as response:
             status, raw = response.status, response.read(MAX_PROBE_BYTES)
     except urllib.error.HTTPError as error:
         status, raw = error.code, error.read(MAX_PROBE_BYTES)

@@ -176,7 +176,7 @@ def test_a_proxy_urllib_cannot_speak_is_said_in_urllibs_words(monkeypatch: pytes
 def test_a_server_that_takes_no_connection_in_time_is_said_to_time_out(monkeypatch: pytest.MonkeyPatch) -> None:
     """A listener whose queue of connections is full (it never accepts) drops the next one's SYN: the connect
     times out, an error with no ``strerror`` (its words are ``timed out``)."""
-    monkeypatch.setitem(endpoint._get_json.__kwdefaults__, "timeout_s", 0.2)
+    monkeypatch.setattr(endpoint, "PROBE_TIMEOUT_S", 0.2)
     with ExitStack() as stack:
         listener = stack.enter_context(socket.socket())
         listener.bind(("127.0.0.1", 0))
