@@ -166,7 +166,7 @@ class LoadGenerator:
         outcome.end_ns = time.time_ns()
 
     def _report(self, request: LoadRequest, scheduled_ns: int, outcome: Outcome, error: RequestFailed | None) -> None:
-        if not outcome.sent_ns:  # failed before it was written (a refused connection)
+        if not outcome.sent_ns:  # stopped before _stream began (wait_for's task on Python 3.10 not yet run)
             outcome.sent_ns = time.time_ns()
         end = outcome.end_ns or time.time_ns()
         from_usage = outcome.completion_tokens is not None
