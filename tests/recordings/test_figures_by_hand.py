@@ -1,6 +1,6 @@
 """The core's figures against numbers worked out by hand from known events, not against meshtop itself: the
 quantile rule (exact and bucketed), bus bandwidth per op, the pipeline bubble (training and inference),
-exposed communication, MFU, and how per-rank step reports fold into the job's steps.
+exposed communication, MFU, how per-rank step reports fold into the job's steps, and the run's JSON.
 
 The dashboard, ``summary`` and ``/metrics`` read one fold, so a test that compares them passes whatever the fold
 computes; each figure here is written down as a literal, with the arithmetic beside it."""
@@ -8,6 +8,7 @@ computes; each figure here is written down as a literal, with the arithmetic bes
 from __future__ import annotations
 
 import dataclasses
+import warnings
 from collections.abc import Iterable
 
 import numpy as np
@@ -16,12 +17,16 @@ import pytest
 from meshtop.probes.events import Event, StageAction
 from meshtop.recordings.manifest import RunDescription
 from meshtop.recordings.metrics.bandwidth import algbw_gbps, bus_factor, busbw_column, busbw_gbps
+from meshtop.recordings.metrics.breakdown import Breakdown
 from meshtop.recordings.metrics.collectives import communication_share
+from meshtop.recordings.metrics.gpus import GpuRow
 from meshtop.recordings.metrics.mfu import GpuModel, flops_per_token, mfu, script_parameters
 from meshtop.recordings.metrics.pipeline import mean_bubble, theoretical_bubble
 from meshtop.recordings.metrics.run import RunFold
+from meshtop.recordings.metrics.server import ServerFigures
 from meshtop.recordings.metrics.stats import EXACT_LIMIT, Distribution, quantile
 from meshtop.recordings.metrics.steps import JobStep, StepStats, job_step
+from meshtop.recordings.metrics.stragglers import Straggler
 from meshtop.recordings.replay import in_kind_order
 from meshtop.recordings.schema import batches_of
 from tests.kit.events import collective, gpu_sample, step
@@ -467,3 +472,83 @@ def test_past_the_exact_limit_the_values_are_their_buckets_middles_and_zeros(mon
     distribution.add(0.0)
     distribution.add(3.0)  # one at a time, bucketed too
     assert sorted(distribution.values().tolist()) == [0.0, 0.0, 0.0, 1.00390625, 1.00390625, 3.0078125, 3.0078125]
+
+
+# -- the run's JSON and the bandwidth column's edges ---------------------------------------------------------
+
+
+def test_a_runs_json_names_each_figure_and_its_breakdown_explains_the_furthest_straggler_with_a_cause() -> None:
+    """Three stragglers: rank 1 is 3x its peers but of no known cause, rank 2 1.5x (its data loading), rank 3 2x
+    (its compute): the breakdown explains rank 3's, the furthest of those with a cause. Rank 3's verdict: the
+    slowest in 80 % of steps, compute 40 % of its step vs 10 % on the others."""
+
+    def straggler(rank: int, ratio: float, cause: str | None) -> Straggler:
+        known = cause is not None
+        return Straggler(
+            rank=rank,
+            stage=0,
+            compute_s=0.1 * ratio,
+            peers_compute_s=0.1,
+            ratio=ratio,
+            slowest_in=0.8,
+            cause=cause,
+            cause_share=0.4 if known else None,
+            peers_cause_share=0.1 if known else None,
+        )
+
+    gpu = GpuRow(
+        node=0,
+        gpu=0,
+        name="NVIDIA H100 80GB HBM3",
+        samples=3,
+        peak_used_bytes=1 << 30,
+        total_bytes=80 << 30,
+        utilization_mean_pct=50.0,
+    )
+    figures = dataclasses.replace(
+        folded(description(dp=4), []).figures(),
+        headroom_bytes=79 << 30,
+        server=ServerFigures(scrapes=2, series=5, gauges={}, counters={"prompt_tokens": 12.0}),
+        gpus=(gpu,),
+        breakdown=Breakdown(parts={}, per_rank={}, steps=0, slowest_in={}),
+        stragglers=(straggler(1, 3.0, None), straggler(2, 1.5, "data"), straggler(3, 2.0, "compute")),
+    )
+    found = figures.to_json()
+    assert found["headroom_bytes"] == 79 << 30
+    assert found["server"] == {"scrapes": 2, "series": 5, "prompt_tokens": 12.0}
+    assert found["gpus"] == [
+        {
+            "node": 0,
+            "gpu": 0,
+            "name": "NVIDIA H100 80GB HBM3",
+            "samples": 3,
+            "peak_used_bytes": 1 << 30,
+            "total_bytes": 80 << 30,
+            "utilization_mean_pct": 50.0,
+        }
+    ]
+    breakdown = found["breakdown"]
+    assert isinstance(breakdown, dict)
+    assert breakdown["straggler"] == {
+        "rank": 3,
+        "stage": 0,
+        "compute_s": pytest.approx(0.2),
+        "peers_compute_s": 0.1,
+        "ratio": 2.0,
+        "slowest_in": 0.8,
+        "cause": "compute",
+        "cause_share": 0.4,
+        "peers_cause_share": 0.1,
+        "verdict": "rank 3 is the slowest in 80 % of steps: compute 40 % of its step vs 10 % on the others",
+    }
+
+
+def test_the_bus_bandwidth_column_is_exact_and_silent_where_it_is_undefined() -> None:
+    """1 GB in 0.5 s at factor 1: 2 GB/s exactly. 1 MiB in no time (a division by zero) and nothing in no time
+    (0 / 0, invalid) are NaN, and numpy warns of neither."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        column = busbw_column(
+            np.array([1_000_000_000, 1 << 20, 0]), np.array([0.5, 0.0, 0.0]), np.array([1.0, 1.5, 1.5])
+        )
+    assert column[0] == 2.0 and np.isnan(column[1]) and np.isnan(column[2])

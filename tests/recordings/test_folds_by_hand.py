@@ -1,8 +1,8 @@
 """The folds under the run's figures, each against numbers worked out by hand: the GPUs' samples, the
-collectives' rows and open steps, memory's change count, MFU's peaks and achieved FLOP/s, the serving
-engine's counters, the inference stages' iterations, and what the run fold hands its readers (the rows of
-the job, the ranks and nodes that need attention, what attention is kept by). The comment beside an
-assertion says what it pins."""
+collectives' rows and open steps, memory's change count, MFU's peaks, achieved FLOP/s and reasons for none,
+the serving engine's series, the pipeline stages' actions and iterations, and what the run fold hands its
+readers (the rows of the job, the ranks and nodes that need attention, what attention is kept by). The
+comment beside an assertion says what it pins."""
 
 from __future__ import annotations
 
@@ -10,17 +10,18 @@ import dataclasses
 
 import pytest
 
-from meshtop.probes.events import Event, ServerMetric
+from meshtop.probes.events import Event, ProcessSample, ServerMetric
+from meshtop.recordings.manifest import RunDescription
 from meshtop.recordings.metrics.collectives import CollectiveFold, last_full_step
 from meshtop.recordings.metrics.gpus import GpuFold, GpuRow
 from meshtop.recordings.metrics.memory import MemoryFold
-from meshtop.recordings.metrics.mfu import GpuModel, achieved_flops_per_rank, peak_flops
-from meshtop.recordings.metrics.pipeline import StageFold, StageRow
+from meshtop.recordings.metrics.mfu import GpuModel, achieved_flops_per_rank, mfu, peak_flops, script_parameters
+from meshtop.recordings.metrics.pipeline import StageFold, StageRow, step_bubbles
 from meshtop.recordings.metrics.run import RunFold
-from meshtop.recordings.metrics.server import ServerFold
+from meshtop.recordings.metrics.server import ServerFigures, ServerFold
 from meshtop.recordings.schema import table_of
-from tests.kit.events import collective, gpu_sample, memory_snapshot, step
-from tests.kit.recordings import description, with_model
+from tests.kit.events import collective, gpu_sample, memory_snapshot, stage_action, step
+from tests.kit.recordings import description, elastic_script, with_model
 
 GIB = 1 << 30
 
@@ -272,3 +273,166 @@ def test_attention_is_kept_by_the_steps_closed_or_by_the_memory_changes() -> Non
     fold = memory_job()
     assert fold.closed_count == 3
     assert [fold.attention_input(measure) for measure in ("step", "communication", "headroom")] == [3, 3, 8]
+
+
+# -- survivors of the run of 2026-12-05 17:00 ----------------------------------------------------------------
+
+
+def test_memory_of_nothing_peaks_at_nothing_and_each_process_tables_rises_are_counted() -> None:
+    """Rank 0's snapshot holding 0 bytes (its peak 0, not 1), resident 500: 1 last snapshot + 1 allocator
+    peak + 1 resident peak = 3 changes. A process table of rank 0 at 800 (risen) and rank 1 at 300 (a first
+    reading): 5; the same table again raises nothing: still 5."""
+    fold = MemoryFold()
+    fold.add(memory_snapshot(0, 0, rss_bytes=500))
+    assert fold.changes == 3
+    assert fold.peaks() == {0: 0}
+    processes = table_of(
+        [
+            ProcessSample(rank=0, pid=10, wall_ns=2, cpu_pct=None, rss_bytes=800, threads=None),
+            ProcessSample(rank=1, pid=11, wall_ns=2, cpu_pct=None, rss_bytes=300, threads=None),
+        ]
+    )
+    fold.add_process_table(processes)
+    assert fold.changes == 5
+    fold.add_process_table(processes)
+    assert fold.changes == 5
+    assert fold.peaks() == {0: 0, 1: 300}  # rank 0's is its allocator's; rank 1 has only a resident set
+
+
+def test_a_scripts_parameters_are_the_most_a_pipeline_rank_trains_summed_and_none_before_any() -> None:
+    """Pipeline rank 0: 100 then 50 (a replica reporting less later): 100; rank 1: 0 (it trains nothing): 0."""
+    assert script_parameters([]) is None
+    assert script_parameters([(0, 100), (1, 0), (0, 50)]) == 100 + 0
+    assert script_parameters([(1, 0)]) == 0
+
+
+def test_a_run_without_mfu_says_why() -> None:
+    training = with_model(description(dp=4, device="cuda", dtype="bf16"), parameters=1_000_000_000)
+    h100 = [GpuModel("NVIDIA H100 80GB HBM3", 700.0)]
+
+    def why_not(run: RunDescription, gpus: list[GpuModel] = h100, parameters: int | None = None) -> str | None:
+        found = mfu(run, gpus=gpus, tokens_per_s=20_480.0, script_parameters=parameters)
+        assert found.value is None
+        return found.why_not
+
+    assert why_not(description(dp=1, mode="infer")) == (
+        "MFU is a training figure (6N FLOPs per token is forward and backward)"
+    )
+    assert why_not(description(dp=1)) == "no peak FLOP/s for a cpu device"
+    script = dataclasses.replace(elastic_script(2), device="cuda")
+    needs = "a script's MFU needs --tokens-per-step and --dtype (its compute dtype)"
+    assert why_not(script) == needs  # neither
+    with_tokens = dataclasses.replace(script, script=dataclasses.replace(script.script, tokens_per_step=4096))
+    assert why_not(with_tokens, parameters=10**6) == needs  # tokens but no dtype
+    assert why_not(dataclasses.replace(with_tokens, dtype="bf16")) == (
+        "the script's parameter count comes with its first optimizer step"
+    )
+    no_shape = "the run description has no model shape or sequence length"
+    assert why_not(dataclasses.replace(training, dtype=None)) == no_shape  # a model and a length, no dtype
+    assert why_not(dataclasses.replace(training, model=None)) == no_shape  # a dtype and a length, no model
+    found = mfu(training, gpus=[], tokens_per_s=20_480.0)
+    assert (found.value, found.why_not, found.flops_per_token) == (None, "no GPU seen yet", 6_000_098_304.0)
+
+
+def test_gpus_of_one_name_with_and_without_a_power_limit_have_their_mfu() -> None:
+    """An H100 whose limit was not read and one at 700 W: both SXM modules, 989e12 each. 20,480 tokens/s x
+    6,000,098,304 FLOPs a token = 122,882,013,265,920 FLOP/s over 4 x 989e12 = 3.956e15: 0.0310621873776."""
+    run = with_model(description(dp=4, device="cuda", dtype="bf16"), parameters=1_000_000_000)
+    found = mfu(run, gpus=[GpuModel("NVIDIA H100", None), GpuModel("NVIDIA H100", 700.0)], tokens_per_s=20_480.0)
+    assert (found.why_not, found.peak_flops_per_s, found.gpus) == (None, 989e12, 4)
+    assert found.value == pytest.approx(0.0310621873776)
+
+
+def test_a_step_or_a_stage_of_no_time_has_no_bubble() -> None:
+    """No stage busy and no forward-backward time: a span of 0 and no bubbles; a forward-backward of 0.5 s with
+    no stage busy: span 0.5, still none; a stage busy for 0 s: span 0, none (nothing to divide by). Inference:
+    stage 0's one iteration took no time (fraction 0, not 0 / 0), stage 1's 0.1 s all waiting (busy 0), stage
+    2's 0.1 s without a wait (idle 0)."""
+    assert step_bubbles({}, None) == (0.0, {})
+    assert step_bubbles({}, 0.5) == (0.5, {})
+    assert step_bubbles({0: 0.0}, None) == (0.0, {})
+    fold = StageFold(pp=3)
+    fold.add_iteration(0, 0.0, 0.0, shown=False)
+    fold.add_iteration(1, 0.1, 0.1, shown=False)
+    fold.add_iteration(2, 0.1, 0.0, shown=False)
+    assert fold.rows() == [
+        StageRow(stage=0, busy_s=0.0, idle_s=0.0, bubble_fraction=0.0),
+        StageRow(stage=1, busy_s=0.0, idle_s=0.1, bubble_fraction=1.0),
+        StageRow(stage=2, busy_s=0.1, idle_s=0.0, bubble_fraction=0.0),
+    ]
+
+
+def test_stage_actions_go_to_their_pipeline_rank_and_a_closed_step_takes_no_more() -> None:
+    """pp 2; each action 1 ms. Actions outside any step are no step's. Step 0: rank 0 runs stage 0, rank 1
+    stages 3 and 1 (interleaved: 3 mod 2 = pipeline rank 1): stage 0 busy 1 ms, stage 1 2 ms to the
+    nanosecond. Closed with a forward-backward of 4 ms: bubbles (4 - 1) / 4 = 0.75 and (4 - 2) / 4 = 0.5.
+    A late action of step 0 is not taken; step 1's, after it in the same table, is. With no pp, a stage is
+    its own pipeline rank."""
+    fold = StageFold(pp=2)
+    fold.add_actions(table_of([stage_action(0, None), stage_action(1, None)]))
+    assert fold.open_steps() == []
+    fold.add_actions(
+        table_of([stage_action(0, 0, stage=0), stage_action(1, 0, stage=3), stage_action(1, 0, "backward", stage=1)])
+    )
+    assert fold.busy_by_stage(0) == {0: 0.001, 1: 0.002}
+    assert fold.close(0, 0.004) == (0.004, {0: pytest.approx(0.75), 1: pytest.approx(0.5)})
+    assert fold.open_steps() == []
+    assert list(fold.stages[0].recent) == [pytest.approx(0.75)]
+    fold.add_actions(table_of([stage_action(0, 0, "backward"), stage_action(0, 1)]))
+    assert fold.open_steps() == [1]
+    alone = StageFold(pp=None)
+    alone.add_actions(table_of([stage_action(0, 0, stage=3)]))
+    assert alone.busy_by_stage(0) == {3: 0.001}
+
+
+def labelled(wall_ns: int, name: str, labels: str, value: float, common: str) -> ServerMetric:
+    return ServerMetric(wall_ns=wall_ns, name=name, labels=labels, value=value, common=common)
+
+
+def test_the_engines_queues_are_summed_its_caches_the_fullest_and_each_scrape_is_on_the_timeline() -> None:
+    """Two engines (labels a, b). Scrape 1: running 2 + 1 = 3, cache max(0.5, 0.25) = 0.5, prompt tokens 100.
+    Scrape 2: running a 1 (b unchanged 1): 2, cache b 0.75: 0.75. Scrape 3 (still open): generation tokens 7,
+    a first reading. Running: last 2, mean (3 + 2 + 2) / 3 = 7 / 3, max 3; cache: last 0.75, mean (0.5 +
+    0.75 + 0.75) / 3 = 2 / 3, max 0.75. Prompt tokens never rose, generation tokens read once: 0 each.
+    Series: running a, b, cache a, b, prompt, generation: 6."""
+    fold = ServerFold()
+    assert fold.figures() is None
+    assert fold.timeline() == []
+    for event in [
+        labelled(1, "vllm:num_requests_running", "a", 2.0, "requests_running"),
+        labelled(1, "vllm:num_requests_running", "b", 1.0, "requests_running"),
+        labelled(1, "vllm:gpu_cache_usage_perc", "a", 0.5, "kv_cache_usage"),
+        labelled(1, "vllm:gpu_cache_usage_perc", "b", 0.25, "kv_cache_usage"),
+        labelled(1, "vllm:prompt_tokens_total", "", 100.0, "prompt_tokens"),
+        labelled(2, "vllm:num_requests_running", "a", 1.0, "requests_running"),
+        labelled(2, "vllm:gpu_cache_usage_perc", "b", 0.75, "kv_cache_usage"),
+        labelled(3, "vllm:generation_tokens_total", "", 7.0, "generation_tokens"),
+    ]:
+        fold.add(event)
+    assert fold.figures() == ServerFigures(
+        scrapes=3,
+        series=6,
+        gauges={
+            "requests_running": {"last": 2.0, "mean": pytest.approx(7 / 3), "max": 3.0},
+            "kv_cache_usage": {"last": 0.75, "mean": pytest.approx(2 / 3), "max": 0.75},
+        },
+        counters={"prompt_tokens": 0.0, "generation_tokens": 0.0},
+    )
+    assert list(fold.recent["requests_running"]) == [3.0, 2.0]  # the scrapes closed: 1 and 2
+    assert list(fold.recent["kv_cache_usage"]) == [0.5, 0.75]
+    assert fold.timeline() == [
+        (1, "requests_running", 3.0), (1, "kv_cache_usage", 0.5), (1, "prompt_tokens", 100.0),
+        (2, "requests_running", 2.0), (2, "kv_cache_usage", 0.75), (2, "prompt_tokens", 100.0),
+        (3, "requests_running", 2.0), (3, "kv_cache_usage", 0.75), (3, "prompt_tokens", 100.0),
+        (3, "generation_tokens", 7.0),
+    ]  # fmt: skip
+
+
+def test_the_dashboard_keeps_a_gauges_last_240_scrapes() -> None:
+    """Scrapes 0 .. 241 of one gauge, valued as their number: 241 closed (the last is open), the latest 240
+    kept: 1 .. 240."""
+    fold = ServerFold()
+    for wall_ns in range(242):
+        fold.add(metric(wall_ns, "vllm:num_requests_running", float(wall_ns), "requests_running"))
+    recent = list(fold.recent["requests_running"])
+    assert (len(recent), recent[0], recent[-1]) == (240, 1.0, 240.0)
