@@ -281,7 +281,7 @@ class RunFold:
 
     def of_the_job(self, event: Event) -> bool:
         """Whether ``event`` can be this job's: a rank of the job (or none), a step time no less than 0."""
-        rank = getattr(event, "rank", 0)
+        rank = getattr(event, "rank", None)
         return (rank is None or 0 <= rank < self._rank_limit) and not (
             isinstance(event, StepTiming) and event.duration_s < 0
         )

@@ -315,9 +315,12 @@ def _local_world_size(nproc_per_node: str) -> int:
     from torch.distributed import run as torchrun
 
     try:
-        return int(torchrun.determine_local_world_size(nproc_per_node))
+        count = int(torchrun.determine_local_world_size(nproc_per_node))
     except (ValueError, RuntimeError) as error:
         raise PlanError(f"torchrun option: --nproc-per-node {nproc_per_node}: {error}") from None
+    if count < 1:
+        raise PlanError(f"torchrun option: --nproc-per-node {nproc_per_node}: at least 1 process a node")
+    return count
 
 
 def _check_target(target: str, *, module: bool) -> tuple[Path | None, str | None, str | None]:

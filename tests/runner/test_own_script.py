@@ -167,6 +167,10 @@ def groups_by_op(recording: Path) -> dict[str, set[str]]:
     [
         (["torchrun", "--standalone", "missing.py"], "missing.py: no such script"),
         (["torchrun", "--bogus", "examples/ddp.py"], "torchrun option: unrecognized arguments: --bogus"),
+        (
+            ["torchrun", "--nproc-per-node", "0", "examples/ddp.py"],
+            "torchrun option: --nproc-per-node 0: at least 1 process a node",
+        ),
         (["torchrun", "--nnodes", "2", "examples/ddp.py"], "--nnodes 2 needs --node-rank I on every node"),
         (
             ["torchrun", "--nnodes", "2", "--node-rank", "1", "examples/ddp.py"],
@@ -181,6 +185,7 @@ def groups_by_op(recording: Path) -> dict[str, set[str]]:
     ids=[
         "missing",
         "bad-option",
+        "no-process",
         "two-nodes",
         "static-rendezvous",
         "elastic",
