@@ -13,3 +13,9 @@ class MeshtopError(Exception):
 
 class ProbeError(MeshtopError):
     """A measurement or the telemetry stream cannot be set up as asked."""
+
+
+def one_line(error: BaseException) -> str:
+    """``error``'s words on one line, whatever it quoted (a server's answer, a YAML error's spans); its type's
+    name where it has none."""
+    return " ".join(str(error).split()) or type(error).__name__

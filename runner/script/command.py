@@ -35,6 +35,7 @@ from importlib.machinery import PathFinder
 from pathlib import Path
 from typing import Any, Literal, NoReturn
 
+from meshtop.probes.errors import one_line
 from meshtop.runner.errors import PlanError
 from meshtop.runner.multinode.nodes import Nodes, nodes_from_options
 
@@ -248,7 +249,7 @@ def accelerate_launch(args_given: list[str]) -> _Launched:
         from accelerate.commands import launch
         from accelerate.utils import ComputeEnvironment, is_deepspeed_available
     except ImportError as error:
-        raise PlanError(f"accelerate cannot be imported here: {_one_line(error)}") from None
+        raise PlanError(f"accelerate cannot be imported here: {one_line(error)}") from None
 
     parser = launch.launch_command_parser()
     parser.error = _accelerate_option_error  # one line, not its usage and exit
@@ -261,7 +262,7 @@ def accelerate_launch(args_given: list[str]) -> _Launched:
     try:
         args, config, _ = launch._validate_launch_command(args)
     except Exception as error:  # its checks raise ValueError; reading its config file, whatever YAML and I/O raise
-        raise PlanError(f"accelerate launch: {_one_line(error)}") from None
+        raise PlanError(f"accelerate launch: {one_line(error)}") from None
     finally:
         notes.level = level
     sagemaker = config is not None and config.compute_environment == ComputeEnvironment.AMAZON_SAGEMAKER
@@ -304,11 +305,6 @@ def _why_not_torchrun(args: Any, *, sagemaker: bool) -> str | None:
 
 def _accelerate_option_error(message: str) -> NoReturn:
     raise PlanError(f"accelerate launch option: {message}")
-
-
-def _one_line(error: BaseException) -> str:
-    """``error``'s message on one line (a YAML error's spans several)."""
-    return " ".join(line.strip() for line in str(error).splitlines() if line.strip()) or type(error).__name__
 
 
 def _local_world_size(nproc_per_node: str) -> int:

@@ -17,6 +17,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from meshtop.probes.errors import one_line
 from meshtop.runner.errors import PlanError
 from meshtop.runner.serving.http import Origin, error_message
 from meshtop.runner.serving.load import EndpointLoad, LoadRequest, Prompt, check_load, plan_load, read_prompts
@@ -81,11 +82,6 @@ def _get_json(
     except ValueError:
         parsed = None
     return status, parsed, raw
-
-
-def one_line(error: BaseException) -> str:
-    """An error's words on one line, whatever the server sent."""
-    return " ".join(str(error).split())
 
 
 def served_models(origin: Origin) -> tuple[str, ...]:

@@ -35,6 +35,7 @@ import urllib.error
 import urllib.request
 from collections.abc import Callable
 
+from meshtop.probes.errors import one_line
 from meshtop.probes.events import Event, ProbeOff, ServerMetric
 from meshtop.runner.serving.client import CLIENT_RANK
 
@@ -145,7 +146,7 @@ class Scraper:
                 failures += 1
                 first_answer = not self._last
                 if failures >= FAILURES_BEFORE_OFF or (first_answer and isinstance(error, ValueError)):
-                    said = " ".join(str(error).split())  # one line, whatever the server sent
+                    said = one_line(error)
                     reason = f"{said}: the server publishes no Prometheus metrics there" if first_answer else (
                         f"{failures} scrapes in a row failed ({said}); not asked again"
                     )  # fmt: skip
