@@ -224,19 +224,26 @@ def test_a_server_that_answers_models_only_is_ready_and_its_version_read(tmp_pat
     assert started.report.version is None
 
 
-def test_a_port_that_drops_the_connection_or_a_host_that_cannot_be_asked_is_waited_on(tmp_path: Path) -> None:
-    """A listener that closes each connection unanswered (an engine's port before its app is up), and a host
-    name the resolver refuses (``a..b``: an empty label): each poll fails and the wait goes on, until the
-    startup timeout (0 s: one round) says so in one line."""
+def never_ready(tmp_path: Path, answer: Callable[[int, str], bytes | None]) -> tuple[str, list[str], ServerFailed]:
+    """A server that printed "loading weights", waited on at :func:`raw_server` (``answer``) with a startup
+    timeout of 0 s (one round of polls): the URL, the paths asked, and the failure the wait ended in."""
     log = tmp_path / "server.log"
     log.write_text("loading weights\n")
-    with raw_server(lambda n, path: None) as (url, asked):
+    with raw_server(answer) as (url, asked):
         started = ServerProcess(ServerCommand(command=SLEEPER, startup_timeout_s=0), log)
         with pytest.raises(ServerFailed) as failed:
             started.wait_ready(Origin.parse(url), progress=lambda s, line: None)
     started.stop(QUICK_STOP)
+    return url, asked, failed.value
+
+
+def test_a_port_that_drops_the_connection_or_a_host_that_cannot_be_asked_is_waited_on(tmp_path: Path) -> None:
+    """A listener that closes each connection unanswered (an engine's port before its app is up), and a host
+    name the resolver refuses (``a..b``: an empty label): each poll fails and the wait goes on, until the
+    startup timeout (0 s: one round) says so in one line."""
+    url, asked, failed = never_ready(tmp_path, lambda n, path: None)
     assert asked == ["/health", "/v1/models"]
-    assert str(failed.value) == (
+    assert str(failed) == (
         f"the server did not answer {url}/health or /v1/models within 0 s (--startup-timeout); "
         "its last lines: loading weights"
     )
@@ -624,15 +631,9 @@ ValueError."""
 def test_a_port_that_answers_something_other_than_http_is_waited_on_and_scraped_as_a_failure(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    log = tmp_path / "server.log"
-    log.write_text("loading weights\n")
-    with raw_server(lambda n, path: NOT_HTTP) as (url, asked):
-        started = ServerProcess(ServerCommand(command=SLEEPER, startup_timeout_s=0), log)
-        with pytest.raises(ServerFailed) as failed:
-            started.wait_ready(Origin.parse(url), progress=lambda s, line: None)
-    started.stop(QUICK_STOP)
+    url, asked, failed = never_ready(tmp_path, lambda n, path: NOT_HTTP)
     assert asked == ["/health", "/v1/models"]
-    assert str(failed.value).startswith(f"the server did not answer {url}/health or /v1/models within 0 s")
+    assert str(failed).startswith(f"the server did not answer {url}/health or /v1/models within 0 s")
     emitted, asked, _url, _clock = scraped(monkeypatch, lambda n, path: NOT_HTTP)
     assert len(asked) == 3  # FAILURES_BEFORE_OFF: not a ValueError, so not off at the first
     [[off]] = emitted
