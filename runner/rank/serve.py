@@ -123,6 +123,10 @@ class ServingJob:
         self.cache.begin(torch.tensor(op.slots, device=self.device), op.tokens_per_row)
         out = self.model(inputs, cache=self.cache)
         self.cache.commit()
+        if self.run.tp > 1:
+            from meshtop.runner.rank.tensor_parallel import completed  # DTensor's import, only for tp
+
+            out = completed(out)
         return out
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import torch
+from torch.distributed._functional_collectives import AsyncCollectiveTensor
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Replicate
 from torch.distributed.tensor.parallel import (
@@ -45,6 +46,17 @@ def apply_tensor_parallel(model: Transformer, *, tp_mesh: DeviceMesh) -> None:
     }
     for block in model.layers.values():
         parallelize_module(block, tp_mesh, block_plan)
+
+
+def completed(output: torch.Tensor) -> torch.Tensor:
+    """``output`` once the collective that made it has completed.
+
+    A tensor-parallel module's output comes from a functional collective (the output projection's
+    all-gather) that is waited on only when the output is first used. A serving rank that is not the
+    leader never uses its logits, so without this its works stayed unwaited: the op's time ended before its
+    last collective did, and gloo could abort the process at exit with them still registered.
+    """
+    return output.wait() if isinstance(output, AsyncCollectiveTensor) else output
 
 
 def keep_gradients_sharded(model: Transformer) -> None:

@@ -94,6 +94,15 @@ def test_every_plan_generates_the_single_process_tokens(recordings: dict[str, Pa
 
 
 @pytest.mark.slow  # launches ranks
+def test_no_rank_leaves_a_collective_unwaited(recordings: dict[str, Path]) -> None:
+    """A tp rank that is not the leader never reads its logits; their all-gather must still be waited on,
+    or torch warns of unwaited collectives at exit, and gloo could abort the rank there (SIGABRT after
+    every request was served)."""
+    for name, path in recordings.items():
+        assert "unwaited collective" not in (path / "launcher.log").read_text(), name
+
+
+@pytest.mark.slow  # launches ranks
 def test_replicas_share_the_load_round_robin_and_report_requests(recordings: dict[str, Path]) -> None:
     table = served(recordings["dp2"])
     assert dict(zip(table.request, table.replica, strict=False)) == {i: i % 2 for i in range(10)}
