@@ -53,8 +53,8 @@ def completed(output: torch.Tensor) -> torch.Tensor:
 
     A tensor-parallel module's output comes from a functional collective (the output projection's
     all-gather) that is waited on only when the output is first used. A serving rank that is not the
-    leader never uses its logits, so without this its works stayed unwaited: the op's time ended before its
-    last collective did, and gloo could abort the process at exit with them still registered.
+    leader never uses its logits: unwaited, their works would end the op's time before its last collective
+    does, and stay registered until exit, where gloo can abort the process (docs/runner.md).
     """
     return output.wait() if isinstance(output, AsyncCollectiveTensor) else output
 
