@@ -23,6 +23,7 @@ MAX_HEADER_BYTES = 64 << 10
 MAX_EVENT_BYTES = 4 << 20
 """One SSE line (a token's chunk is a few hundred bytes; a final one with logprobs can be large)."""
 MAX_ERROR_BODY = 64 << 10
+HEX_DIGITS = b"0123456789abcdefABCDEF"
 ERROR_MESSAGE_CHARS = 200
 IDLE_LIMIT_S = 4.0
 """A kept-alive connection idle longer than this is closed, not reused. uvicorn (which ``transformers serve``,
@@ -174,7 +175,7 @@ class Pool:
         reusable = False
         try:
             chunked = "chunked" in headers.get("transfer-encoding", "").lower()
-            length = int(headers["content-length"]) if "content-length" in headers and not chunked else None
+            length = _content_length(headers) if not chunked else None
             body_bytes = _body(connection.reader, chunked=chunked, length=length)
             if not 200 <= status < 300:
                 received = bytearray()
@@ -255,7 +256,7 @@ async def _read_head(reader: asyncio.StreamReader) -> tuple[int, dict[str, str]]
         raise RequestFailed("protocol", "response headers too large")
     lines = raw.decode("latin-1").split("\r\n")
     parts = lines[0].split(" ", 2)
-    if len(parts) < 2 or not parts[0].startswith("HTTP/") or not parts[1].isdigit():
+    if len(parts) < 2 or not parts[0].startswith("HTTP/") or not _is_decimal(parts[1]):
         raise RequestFailed("protocol", f"not an HTTP response: {lines[0][:80]!r}")
     headers = {}
     for line in lines[1:]:
@@ -265,15 +266,31 @@ async def _read_head(reader: asyncio.StreamReader) -> tuple[int, dict[str, str]]
     return int(parts[1]), headers
 
 
+def _is_decimal(text: str) -> bool:
+    """Whether ``text`` is a number as HTTP writes one: ASCII digits only (``str.isdigit`` also takes '²',
+    which ``int`` refuses)."""
+    return text.isascii() and text.isdigit()
+
+
+def _content_length(headers: dict[str, str]) -> int | None:
+    """The body's length as its head gives it, or None where it runs to the connection's end."""
+    if "content-length" not in headers:
+        return None
+    value = headers["content-length"]
+    if not _is_decimal(value):
+        raise RequestFailed("protocol", f"a malformed Content-Length: {value[:40]!r}")
+    return int(value)
+
+
 async def _body(reader: asyncio.StreamReader, *, chunked: bool, length: int | None) -> AsyncIterator[tuple[bytes, int]]:
     """The body's bytes as they arrive, each part with its arrival time."""
     if chunked:
         while True:
             size_line = await reader.readuntil(b"\r\n")
-            try:
-                size = int(size_line.split(b";")[0].strip(), 16)
-            except ValueError:
-                raise RequestFailed("protocol", "a malformed chunk size") from None
+            digits = size_line.split(b";")[0].strip()
+            if not digits or digits.strip(HEX_DIGITS):  # int() would also take a sign and underscores
+                raise RequestFailed("protocol", "a malformed chunk size")
+            size = int(digits, 16)
             if size > MAX_EVENT_BYTES:
                 raise RequestFailed("protocol", f"a chunk of {size:,} bytes, more than {MAX_EVENT_BYTES:,}")
             if size == 0:

@@ -108,3 +108,184 @@ def test_a_connection_idle_exactly_the_limit_is_reused_and_one_idle_longer_is_no
 
     with stub_server(chunks=1) as server:
         assert asyncio.run(spaced()) == [1, 1, 2]
+
+
+async def read_request(reader: asyncio.StreamReader) -> None:
+    """Read one request whole: its head, then the body its ``Content-Length`` gives."""
+    head = await reader.readuntil(b"\r\n\r\n")
+    for line in head.split(b"\r\n"):
+        name, _, value = line.partition(b":")
+        if name.strip().lower() == b"content-length":
+            await reader.readexactly(int(value))
+
+
+def answered(answer: bytes) -> list[bytes] | tuple[str, str]:
+    """One streamed POST to a server that reads the request, writes ``answer`` as it is and hangs up: the
+    events' payloads, or the failure's kind and message."""
+
+    async def reply(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_request(reader)
+        writer.write(answer)
+        await writer.drain()
+        writer.close()
+
+    async def main() -> list[bytes] | tuple[str, str]:
+        listener = await asyncio.start_server(reply, "127.0.0.1", 0)
+        async with listener:
+            pool = Pool(Origin.parse(f"http://127.0.0.1:{listener.sockets[0].getsockname()[1]}"))
+            try:
+                return [data async for _, data in pool.stream("/completions", {"prompt": "x"})]
+            except RequestFailed as error:
+                return (error.kind, str(error))
+            finally:
+                pool.close()
+
+    return asyncio.run(main())
+
+
+def test_a_head_of_exactly_the_header_limit_is_taken() -> None:
+    """A head of 65,536 bytes, the limit itself (17 of status line, 19 of Content-Length, 7 + 65,489 + 2 of
+    padding header, 2 of blank line): read, and its one event with it; only a longer head is refused."""
+    head = b"HTTP/1.1 200 OK\r\nContent-Length: 9\r\nX-Pad: " + b"p" * 65_489 + b"\r\n\r\n"
+    assert answered(head + b"data: a\n\n") == [b"a"]
+
+
+@pytest.mark.parametrize(
+    ("status_line", "body", "outcome"),
+    [
+        (b"HTTP/1.1 200", b"data: a\n\n", [b"a"]),  # no reason phrase: two parts are enough
+        (b"HTTP/1.1 404 Not Found", b'{"detail": "gone"}', ("http", "HTTP 404: gone")),  # a reason of two words
+        (b"ICY 200 OK", b"data: a\n\n", ("protocol", "not an HTTP response: 'ICY 200 OK'")),  # no HTTP version
+        (b"HTTP/1.1  200 OK", b"data: a\n\n", ("protocol", "not an HTTP response: 'HTTP/1.1  200 OK'")),
+        (b"x" * 100, b"", ("protocol", "not an HTTP response: '" + "x" * 80 + "'")),  # its first 80 chars
+    ],
+    ids=["no-reason", "two-word-reason", "icy", "two-spaces", "100-chars"],
+)
+def test_a_status_line_is_split_at_its_first_two_spaces(
+    status_line: bytes, body: bytes, outcome: list[bytes] | tuple[str, str]
+) -> None:
+    """The status line is the version, one space, the status's digits, then anything: a 2xx streams its event,
+    another status raises with the server's words, and a line that is not so (no ``HTTP/``, two spaces before
+    the status) is named in the failure, cut at 80 characters."""
+    answer = status_line + b"\r\nContent-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body
+    assert answered(answer) == outcome
+
+
+def test_a_header_is_named_up_to_its_first_colon() -> None:
+    """``Transfer-Encoding: chunked; note="a:b"`` (a quoted parameter may hold a colon) is still chunked: the
+    event split over two chunks (``data: hel``, ``lo``) comes back whole, not with the chunks' framing."""
+    head = b'HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked; note="a:b"\r\n\r\n'
+    assert answered(head + b"9\r\ndata: hel\r\n4\r\nlo\n\n\r\n0\r\n\r\n") == [b"hello"]
+
+
+CHUNKED_HEAD = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
+
+
+@pytest.mark.parametrize(
+    ("chunks", "outcome"),
+    [
+        (b"9;name=value\r\ndata: a\n\n\r\n0\r\n\r\n", [b"a"]),  # a chunk extension: the size is before the ";"
+        (b"zz\r\n", ("protocol", "a malformed chunk size")),
+        (b"400001\r\n", ("protocol", "a chunk of 4,194,305 bytes, more than 4,194,304")),  # 4 MiB + 1
+    ],
+    ids=["extension", "not-hex", "over-4-MiB"],
+)
+def test_a_chunk_size_line(chunks: bytes, outcome: list[bytes] | tuple[str, str]) -> None:
+    """A chunk's size is the hex before any ``;`` extension; one that is no hex, or over 4 MiB, is a protocol
+    failure that says so (the size written with thousands separators)."""
+    assert answered(CHUNKED_HEAD + chunks) == outcome
+
+
+def test_a_chunk_of_exactly_4_MiB_is_taken() -> None:
+    """A chunk of 0x400000 = 4,194,304 bytes, the limit itself: ``data: a`` and its blank line (9 bytes), then
+    a comment line of ``:``, 4,194,293 bytes of padding and its newline: read whole, the event in it kept."""
+    chunk = b"data: a\n\n:" + b"p" * 4_194_293 + b"\n"
+    assert answered(CHUNKED_HEAD + b"400000\r\n" + chunk + b"\r\n0\r\n\r\n") == [b"a"]
+
+
+def test_a_body_shorter_than_its_content_length_is_a_reset() -> None:
+    """``Content-Length: 50`` and 9 bytes, then the server hangs up: the answer was cut, said as a reset."""
+    answer = b"HTTP/1.1 200 OK\r\nContent-Length: 50\r\n\r\ndata: a\n\n"
+    assert answered(answer) == ("reset", "the server closed the connection mid-answer")
+
+
+def test_a_body_with_no_length_runs_to_the_connections_end() -> None:
+    """Neither ``Content-Length`` nor chunked: the body is what comes until the server hangs up, both events."""
+    assert answered(b"HTTP/1.1 200 OK\r\n\r\ndata: a\n\ndata: b\n\n") == [b"a", b"b"]
+
+
+@pytest.mark.parametrize(
+    "length_header",
+    [b"Content-Length: 70029\r\n", b""],  # 9 bytes of "data: a" then the 70,020 below; or until the hang-up
+    ids=["content-length", "until-closed"],
+)
+def test_a_body_is_read_64_KiB_at_a_time(monkeypatch: pytest.MonkeyPatch, length_header: bytes) -> None:
+    """Each read of the body takes at most 64 KiB, and each read's events carry its own arrival time (a clock
+    that ticks once per read). The server sends ``data: a``, and once it is read, 70,020 bytes: ``data: b`` at
+    their start and ``data: c`` ending 70,011 bytes further, all waiting in the client's buffer when the next
+    read comes: ``b`` and ``c`` cannot arrive in one read, so their times differ."""
+    ticks = iter(range(1, 1000))
+    monkeypatch.setattr(http, "time", SimpleNamespace(monotonic=time.monotonic, time_ns=lambda: next(ticks)))
+    rest = b"data: b\n\n:" + b"p" * 70_000 + b"\ndata: c\n\n"
+
+    async def main() -> list[tuple[int, bytes]]:
+        asked, sent = asyncio.Event(), asyncio.Event()
+
+        async def reply(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            await read_request(reader)
+            writer.write(b"HTTP/1.1 200 OK\r\n" + length_header + b"\r\ndata: a\n\n")
+            await writer.drain()
+            await asked.wait()
+            writer.transport.set_write_buffer_limits(0)  # drained: every byte handed to the kernel
+            writer.write(rest)
+            await writer.drain()
+            sent.set()
+            writer.close()
+
+        listener = await asyncio.start_server(reply, "127.0.0.1", 0)
+        async with listener:
+            pool = Pool(Origin.parse(f"http://127.0.0.1:{listener.sockets[0].getsockname()[1]}"))
+            events = []
+            async for at_ns, data in pool.stream("/completions", {"prompt": "x"}):
+                events.append((at_ns, data))
+                if data == b"a":
+                    asked.set()
+                    await sent.wait()
+                    await asyncio.sleep(0.1)  # the loopback's bytes into the client's buffer, before it reads on
+            pool.close()
+            return events
+
+    events = asyncio.run(main())
+    assert [data for _, data in events] == [b"a", b"b", b"c"]
+    assert events[1][0] != events[2][0]
+
+
+@pytest.mark.parametrize(
+    ("head", "message"),
+    [
+        (b"HTTP/1.1 200 OK\r\nContent-Length: abc\r\n\r\n", "a malformed Content-Length: 'abc'"),
+        (b"HTTP/1.1 200 OK\r\nContent-Length: -5\r\n\r\n", "a malformed Content-Length: '-5'"),
+        (b"HTTP/1.1 200 OK\r\nContent-Length: 1_0\r\n\r\n", "a malformed Content-Length: '1_0'"),
+        (b"HTTP/1.1 \xb200 OK\r\n\r\n", "not an HTTP response: 'HTTP/1.1 \xb200 OK'"),
+        (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n-5\r\n", "a malformed chunk size"),
+        (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n+5\r\n", "a malformed chunk size"),
+        (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n1_0\r\n", "a malformed chunk size"),
+        (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n\r\n", "a malformed chunk size"),
+    ],
+    ids=[
+        "length-not-a-number",
+        "length-negative",
+        "length-underscore",
+        "status-superscript-two",
+        "chunk-negative",
+        "chunk-plus",
+        "chunk-underscore",
+        "chunk-empty",
+    ],
+)
+def test_a_number_python_reads_but_http_does_not_is_a_protocol_failure(head: bytes, message: str) -> None:
+    """Numbers in an answer's head and chunk sizes are ASCII digits (hex ones for a chunk), where ``int`` also
+    takes a sign, underscores and '²' (byte 0xB2 read as latin-1) and ``isdigit`` takes '²'. Read with those
+    alone, each would escape the request as a bare ValueError, which ends the whole load (or, for a negative
+    length, read to the connection's end): each is the request's own protocol failure."""
+    assert answered(head) == ("protocol", message)
