@@ -113,6 +113,8 @@ class ServerProcess:
 
     def watch(self) -> None:
         """Note every process of its tree and their CPU and memory (called while it runs)."""
+        if self.process.returncode is not None:  # reaped: its pid may be another process's by now
+            return
         try:
             root = psutil.Process(self.process.pid)
             tree = [root, *root.children(recursive=True)]

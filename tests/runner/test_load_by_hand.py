@@ -4,6 +4,8 @@ bounds, the bound itself on both sides."""
 
 from __future__ import annotations
 
+import codecs
+import locale
 import math
 import os
 import subprocess
@@ -130,6 +132,23 @@ def test_a_prompts_file_is_read_as_utf8_in_an_ascii_locale_too(tmp_path: Path) -
         [sys.executable, "-X", "utf8=0", "-c", script, str(path)], env=env, capture_output=True, timeout=30
     )
     assert done.returncode == 0, done.stderr.decode("ascii", "replace")[-500:]
+
+
+def test_a_prompts_file_is_read_as_utf8_while_this_process_is_in_the_c_locale(tmp_path: Path) -> None:
+    """The same rule in this process (the test above reads in a child, which a run that follows which tests
+    call ``read_prompts`` does not see): LC_CTYPE set to "C" for the read, with Python's UTF-8 mode off, makes
+    the locale's encoding ASCII, and "café" (its é the two bytes C3 A9) is read all the same."""
+    if sys.flags.utf8_mode:
+        pytest.skip("in Python's UTF-8 mode the locale's encoding is never used")
+    path = tmp_path / "prompts.jsonl"
+    path.write_bytes(b'{"prompt": "caf\xc3\xa9"}\n')
+    before = locale.setlocale(locale.LC_CTYPE)
+    locale.setlocale(locale.LC_CTYPE, "C")
+    try:
+        assert codecs.lookup(locale.getpreferredencoding(False)).name == "ascii"
+        assert read_prompts(path) == [Prompt(text="caf\u00e9")]
+    finally:
+        locale.setlocale(locale.LC_CTYPE, before)
 
 
 # -- the seeded plan -----------------------------------------------------------------------------------------

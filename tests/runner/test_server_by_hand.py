@@ -11,9 +11,11 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import math
 import os
 import signal
 import socket
+import subprocess
 import sys
 import threading
 import time
@@ -696,3 +698,173 @@ def test_a_server_that_accepts_and_never_answers_is_asked_again_after_the_ask_ti
         took_s = time.monotonic() - begun
     started.stop(QUICK_STOP)
     assert asked == ["/health", "/v1/models"] and 0.1 <= took_s < 1.0
+
+
+# -- the clock's boundaries, a signal refused, a pid taken again -------------------------------------------
+
+
+def clock(*readings: float) -> Callable[[], float]:
+    """A ``time.monotonic`` that reads ``readings`` in turn, then the last one for good (a clock that stands
+    still), so a boundary is met exactly rather than some microseconds past it."""
+    left = list(readings)
+    return lambda: left.pop(0) if len(left) > 1 else left[0]
+
+
+def test_the_startup_timeout_is_said_once_the_clock_is_past_it_not_at_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A startup timeout of 0 s, the clock read as 1,000 s at the start: the deadline is 1,000 s. Read at 1,000 s
+    again after the polls, the time is not past it: the wait goes on, here to the user's stop (set before);
+    read at the next float after 1,000 s, it is: the one-line failure."""
+    stop = threading.Event()
+    stop.set()
+    origin = nowhere()
+    for after_the_polls, ended in ((1000.0, StartupStopped), (math.nextafter(1000.0, math.inf), ServerFailed)):
+        with monkeypatch.context() as patch:
+            patch.setattr(time, "monotonic", clock(1000.0, after_the_polls))
+            started = ServerProcess(ServerCommand(command=SLEEPER, startup_timeout_s=0), tmp_path / "server.log")
+            with pytest.raises(ended):
+                started.wait_ready(origin, progress=lambda s, line: None, stop=stop)
+        started.stop(QUICK_STOP)
+
+
+def said_on_a_clock(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, after_the_polls: float) -> list[tuple[float, str]]:
+    """What a wait says about the startup of a server that printed "loading weights", the clock read as 1,000 s
+    at the start and ``after_the_polls`` from then on, until the user's stop (set before) ends it at once."""
+    log = tmp_path / "server.log"
+    log.write_text("loading weights\n")
+    stop = threading.Event()
+    stop.set()
+    origin = nowhere()
+    heard: list[tuple[float, str]] = []
+    with monkeypatch.context() as patch:
+        patch.setattr(time, "monotonic", clock(1000.0, after_the_polls))
+        started = ServerProcess(ServerCommand(command=SLEEPER), log)
+        with pytest.raises(StartupStopped):
+            started.wait_ready(origin, progress=lambda s, line: heard.append((s, line)), stop=stop)
+    started.stop(QUICK_STOP)
+    return heard
+
+
+def test_the_startup_is_said_once_the_progress_interval_has_passed_to_the_last_float(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """PROGRESS_EVERY_S is 5 s: read at 1,005 s after the first polls (5 s since the start, exactly), the
+    startup is said, with the 5 s and the log's last line; read at the float just below 1,005 s, not yet."""
+    assert said_on_a_clock(tmp_path, monkeypatch, 1005.0) == [(5.0, "loading weights")]
+    assert said_on_a_clock(tmp_path, monkeypatch, math.nextafter(1005.0, 0.0)) == []
+
+
+SLOW_TO_END_AT_SIGINT = """
+import signal, sys, time
+def shut_down(signum, frame):
+    time.sleep(1.5)  # a clean shutdown that takes a while
+    sys.exit(7)
+signal.signal(signal.SIGINT, shut_down)
+print("ready", flush=True)
+time.sleep(30)
+"""
+
+
+def test_a_grace_of_zero_goes_on_to_the_next_signal_at_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """On a clock that stands still at 1,000 s, SIGINT's grace of 0 s ends at 1,000 s: the clock at the grace's
+    end is not within it, so SIGTERM follows at once, during the server's clean shutdown (1.5 s): it ends by
+    SIGTERM, not with its own code 7. A timer kills it after 5 s should the stop wait on a clock that never
+    moves."""
+    log = tmp_path / "server.log"
+    started = ServerProcess(ServerCommand(command=(sys.executable, "-c", SLOW_TO_END_AT_SIGINT)), log)
+    wait_for(lambda: log_tail(log))
+
+    def kill_it() -> None:
+        if running(started.process.pid):
+            os.kill(started.process.pid, signal.SIGKILL)
+
+    safety = threading.Timer(5.0, kill_it)
+    safety.start()
+    try:
+        with monkeypatch.context() as patch:
+            patch.setattr(time, "monotonic", clock(1000.0))
+            report = started.stop(((signal.SIGINT, 0.0), (signal.SIGTERM, 2.0)))
+    finally:
+        safety.cancel()
+        started.stop(QUICK_STOP)
+    assert report.exit_code == -signal.SIGTERM
+
+
+@contextmanager
+def as_nobody() -> Iterator[None]:
+    """This process as the user nobody (65534), real and effective, its saved user id kept root so that it
+    can come back: without CAP_KILL meanwhile, so a signal to a process of root's is refused (EPERM)."""
+    os.setresuid(65534, 65534, 0)
+    try:
+        yield
+    finally:
+        os.setresuid(0, 0, 0)
+
+
+def test_a_stop_refused_the_right_to_signal_reports_the_server_still_running(tmp_path: Path) -> None:
+    """Stopped by a user who may not signal the server (this process as nobody, the server root's): the
+    signal to its process group and the one to its worker in a session of its own are both refused (EPERM),
+    which is no error: the stop gives up after the grace (50 ms) with no exit code, and both still run."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root, to start a server as root and then lose the right to signal it")
+    log = tmp_path / "server.log"
+    started = ServerProcess(ServerCommand(command=(sys.executable, "-c", WORKER_IN_ITS_OWN_SESSION)), log)
+    wait_for(lambda: log_tail(log))
+    worker = int(log_tail(log)[0])
+    try:
+        with as_nobody():
+            report = started.stop(((signal.SIGINT, 0.05),))
+        assert report.exit_code is None
+        assert running(started.process.pid) and running(worker)
+    finally:
+        started.stop(QUICK_STOP)
+        if running(worker):
+            os.kill(worker, signal.SIGKILL)
+
+
+CLONE_AT = """
+import ctypes, os, signal, struct, sys
+wanted = (ctypes.c_int * 1)(int(sys.argv[1]))
+# struct clone_args, 11 x u64: flags, pidfd, child_tid, parent_tid, exit_signal, stack, stack_size, tls,
+# set_tid, set_tid_size, cgroup
+args = struct.pack("11Q", 0, 0, 0, 0, signal.SIGCHLD, 0, 0, 0, ctypes.addressof(wanted), 1, 0)
+syscall = ctypes.PyDLL(None, use_errno=True).syscall  # PyDLL: the GIL is held across the fork
+syscall.restype = ctypes.c_long
+pid = syscall(ctypes.c_long(435), ctypes.c_char_p(args), ctypes.c_size_t(len(args)))  # clone3
+if pid == 0:
+    os.execvp("sleep", ["sleep", "30"])
+print(pid if pid > 0 else -ctypes.get_errno(), flush=True)
+if pid > 0:
+    os.waitpid(pid, 0)
+"""
+"""Starts ``sleep 30`` at the pid given (clone3's set_tid, Linux 5.5; root), prints the pid (or minus the errno),
+and waits for it."""
+
+
+def test_a_process_that_took_the_pid_of_a_server_that_ended_is_neither_signalled_nor_measured(tmp_path: Path) -> None:
+    """The server (``true``) ended and was reaped; a process unrelated to it (``sleep``, in this test's session,
+    placed at that pid by clone3) now holds its pid. The stop finds nothing of the server running and signals
+    nothing: the exit code is the server's, 0, and the unrelated process still runs. Nor is it measured as the
+    server: the server was never watched while it ran, so its report has no CPU time and no peak memory."""
+    if os.geteuid() != 0:
+        pytest.skip("placing a process at a given pid needs root")
+    started = ServerProcess(ServerCommand(command=("true",)), tmp_path / "server.log")
+    wait_for(lambda: started.exited() is not None)  # reaped: its pid is free again
+    pid = started.process.pid
+    helper = subprocess.Popen([sys.executable, "-c", CLONE_AT, str(pid)], stdout=subprocess.PIPE, text=True)
+    assert helper.stdout is not None
+    placed = int(helper.stdout.readline())
+    try:
+        if placed in (-38, -1):  # ENOSYS (clone3 filtered, as under Docker's default seccomp), EPERM
+            pytest.skip("this machine cannot place a process at a given pid")
+        assert placed == pid
+        wait_for(lambda: psutil.Process(pid).cmdline() == ["sleep", "30"])
+        report = started.stop(QUICK_STOP)
+        assert (report.exit_code, report.cpu_s, report.peak_rss_bytes) == (0, None, None)
+        assert running(pid)
+    finally:
+        if placed > 0:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(placed, signal.SIGKILL)
+        helper.wait(5)
