@@ -6,6 +6,8 @@ still reused: only one idle longer is closed)."""
 from __future__ import annotations
 
 import asyncio
+import socket
+import struct
 import time
 from types import SimpleNamespace
 
@@ -289,3 +291,212 @@ def test_a_number_python_reads_but_http_does_not_is_a_protocol_failure(head: byt
     alone, each would escape the request as a bare ValueError, which ends the whole load (or, for a negative
     length, read to the connection's end): each is the request's own protocol failure."""
     assert answered(head) == ("protocol", message)
+
+
+def kept_alive(*answers: bytes) -> tuple[list[list[bytes] | tuple[str, str]], int]:
+    """Streamed POSTs one after another through one pool, to a server that keeps its connections open and
+    writes the next of ``answers`` to each request it reads (whatever the answer's head says), and hangs up once
+    the last is written: each request's events or failure's kind and message, and how many connections the
+    server took."""
+    left = list(answers)
+    connections = 0
+
+    async def reply(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        nonlocal connections
+        connections += 1
+        try:
+            while left:
+                await read_request(reader)
+                writer.write(left.pop(0))
+                await writer.drain()
+        except asyncio.IncompleteReadError:  # the client closed this one
+            pass
+        finally:
+            writer.close()
+
+    async def main() -> list[list[bytes] | tuple[str, str]]:
+        listener = await asyncio.start_server(reply, "127.0.0.1", 0)
+        async with listener:
+            pool = Pool(Origin.parse(f"http://127.0.0.1:{listener.sockets[0].getsockname()[1]}"))
+            outcomes: list[list[bytes] | tuple[str, str]] = []
+            for _ in answers:
+                try:
+                    outcomes.append([data async for _, data in pool.stream("/completions", {"prompt": "x"})])
+                except RequestFailed as error:
+                    outcomes.append((error.kind, str(error)))
+            pool.close()
+            return outcomes
+
+    outcomes = asyncio.run(main())
+    return outcomes, connections
+
+
+def test_chunked_wins_over_any_content_length() -> None:
+    """A head with ``Transfer-Encoding: chunked`` and a ``Content-Length: abc`` as well: the chunks are the
+    body (RFC 9112 6.3: Transfer-Encoding overrides Content-Length), so the length is never read and its not
+    being a number fails nothing; the event comes back."""
+    head = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nContent-Length: abc\r\n\r\n"
+    assert answered(head + b"9\r\ndata: a\n\n\r\n0\r\n\r\n") == [b"a"]
+
+
+@pytest.mark.parametrize(
+    ("status_line", "outcome"),
+    [
+        (b"HTTP/1.1 299 X", [b"a"]),  # the last 2xx: a success
+        (b"HTTP/1.1 300 Multiple Choices", ("http", "HTTP 300: data: a")),  # the first past it: the body's words
+    ],
+    ids=["299", "300"],
+)
+def test_a_status_is_a_success_up_to_299(status_line: bytes, outcome: list[bytes] | tuple[str, str]) -> None:
+    """2xx streams its events; 300 is no success, so its body (``data: a`` and a blank line, no JSON) is the
+    failure's message, its first line stripped."""
+    assert answered(status_line + b"\r\nContent-Length: 9\r\n\r\ndata: a\n\n") == outcome
+
+
+def test_an_error_with_an_empty_body_says_no_message() -> None:
+    """A 503 with ``Content-Length: 0``: the server said nothing, and the failure says so in those words."""
+    answer = b"HTTP/1.1 503 Service Unavailable\r\nContent-Length: 0\r\n\r\n"
+    assert answered(answer) == ("http", "HTTP 503: no message")
+
+
+@pytest.mark.parametrize(
+    ("chunks", "message"),
+    [
+        # '{"detail": ' (11 bytes, 0xb) then '"gone"}' (7): the JSON whole only once both parts are joined
+        (b'b\r\n{"detail": \r\n7\r\n"gone"}\r\n', "HTTP 500: gone"),
+        # '{"detail": "gone", "pad": "' (27 bytes, 0x1b), then 65,536 p's and '"}' (65,538, 0x10002): only 65,509
+        # bytes of the second part fit under the 64 KiB kept, so the JSON is cut and its first 200 chars are said
+        (
+            b'1b\r\n{"detail": "gone", "pad": "\r\n10002\r\n' + b"p" * 65_536 + b'"}\r\n',
+            'HTTP 500: {"detail": "gone", "pad": "' + "p" * 173 + "...",
+        ),
+    ],
+    ids=["two-parts", "past-64-KiB"],
+)
+def test_an_error_body_is_kept_across_its_parts_up_to_64_KiB(chunks: bytes, message: str) -> None:
+    """An error body in two chunks (each chunk one part of the body): the parts are joined, the first 64 KiB
+    kept: JSON split over them is read whole, and JSON that runs past 64 KiB is cut there, no longer JSON."""
+    head = b"HTTP/1.1 500 Internal Server Error\r\nTransfer-Encoding: chunked\r\n\r\n"
+    assert answered(head + chunks + b"0\r\n\r\n") == ("http", message)
+
+
+@pytest.mark.parametrize(
+    ("after", "outcome"),
+    [
+        (b"\ndata: a\n\n", [b"a"]),  # 4 MiB pending at most: the line ends in the next chunk, its event follows
+        (b"p", ("protocol", "an event of more than 4,194,304 bytes")),  # 4 MiB + 1 pending: refused
+    ],
+    ids=["4-MiB", "4-MiB-and-1"],
+)
+def test_an_unfinished_line_of_4_MiB_is_waited_on_and_one_longer_is_not(
+    after: bytes, outcome: list[bytes] | tuple[str, str]
+) -> None:
+    """A first chunk of 0x400000 = 4,194,304 bytes with no newline (``:`` then 4,194,303 of padding): a line
+    of exactly 4 MiB not yet ended, the limit itself, kept while the next chunk comes; one byte more without
+    a newline is an event past the limit, a protocol failure that says so."""
+    first = b"400000\r\n:" + b"p" * 4_194_303 + b"\r\n"
+    then = f"{len(after):x}".encode() + b"\r\n" + after + b"\r\n0\r\n\r\n"
+    assert answered(CHUNKED_HEAD + first + then) == outcome
+
+
+@pytest.mark.parametrize(
+    ("chunk", "events"),
+    [
+        (b"data:a\n\n", [b"a"]),  # no space after the colon: the payload starts right after it
+        (b"data: MAX\n\n", [b"MAX"]),  # a payload ending in X: only a CR is cut from a line's end
+        (b": ping\ndata: a\n\n", [b"a"]),  # a comment first, in the same chunk: skipped, the line after it read
+    ],
+    ids=["no-space", "ends-in-X", "comment-first"],
+)
+def test_an_events_lines(chunk: bytes, events: list[bytes]) -> None:
+    """One chunk of SSE lines, each case's payloads written out: ``data:`` then the payload, with or without
+    a space; any other line (a comment) is skipped and the lines after it in the same part still read."""
+    size = f"{len(chunk):x}".encode()
+    assert answered(CHUNKED_HEAD + size + b"\r\n" + chunk + b"\r\n0\r\n\r\n") == events
+
+
+def test_events_after_done_are_read_but_not_yielded_and_the_connection_is_reused() -> None:
+    """A first answer whose first chunk holds ``data: a`` and ``data: [DONE]`` (23 bytes, 0x17) and whose second
+    chunk holds ``data: b``: ``b`` comes after the end and is not an event, but the rest of the body is read to
+    its last chunk, so the connection is clean and the second request (``data: c``, by Content-Length) goes on
+    it: one connection in all."""
+    first = CHUNKED_HEAD + b"17\r\ndata: a\n\ndata: [DONE]\n\n\r\n9\r\ndata: b\n\n\r\n0\r\n\r\n"
+    second = b"HTTP/1.1 200 OK\r\nContent-Length: 9\r\n\r\ndata: c\n\n"
+    assert kept_alive(first, second) == ([[b"a"], [b"c"]], 1)
+
+
+@pytest.mark.parametrize(
+    ("connection", "connections"),
+    [(b"", 1), (b"Connection: Close\r\n", 2)],  # the header's value in any case
+    ids=["kept-alive", "close"],
+)
+def test_a_connection_is_reused_after_a_content_length_unless_the_server_says_close(
+    connection: bytes, connections: int
+) -> None:
+    """Two answers of ``Content-Length: 9`` from a server that keeps its connections open whatever it says:
+    a body whose end its length gives leaves the connection ready for the next request (one connection); a
+    ``Connection: Close`` is taken at its word (a new connection for the second)."""
+    first = b"HTTP/1.1 200 OK\r\n" + connection + b"Content-Length: 9\r\n\r\ndata: a\n\n"
+    second = b"HTTP/1.1 200 OK\r\nContent-Length: 9\r\n\r\ndata: b\n\n"
+    assert kept_alive(first, second) == ([[b"a"], [b"b"]], connections)
+
+
+def test_a_reset_mid_body_is_said_so() -> None:
+    """The server writes its head and a chunk ``data: a``, and once the client has yielded that event closes
+    with SO_LINGER 0: a TCP reset (RST), not a FIN, so the client's next read fails with ECONNRESET. The event
+    before it came back, and the failure is a reset in those words."""
+
+    async def main() -> tuple[list[bytes], tuple[str, str] | None]:
+        yielded = asyncio.Event()
+
+        async def reply(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            await read_request(reader)
+            writer.write(CHUNKED_HEAD + b"9\r\ndata: a\n\n\r\n")
+            await writer.drain()
+            await yielded.wait()
+            linger = struct.pack("ii", 1, 0)  # on, 0 s: close with a reset
+            writer.get_extra_info("socket").setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, linger)
+            writer.transport.abort()
+
+        listener = await asyncio.start_server(reply, "127.0.0.1", 0)
+        async with listener:
+            pool = Pool(Origin.parse(f"http://127.0.0.1:{listener.sockets[0].getsockname()[1]}"))
+            events: list[bytes] = []
+            try:
+                async for _, data in pool.stream("/completions", {"prompt": "x"}):
+                    events.append(data)
+                    yielded.set()
+            except RequestFailed as error:
+                return events, (error.kind, str(error))
+            finally:
+                pool.close()
+            return events, None
+
+    assert asyncio.run(main()) == ([b"a"], ("reset", "connection reset by the server"))
+
+
+def test_a_chunk_size_line_past_the_readers_limit_is_said_so() -> None:
+    """A chunk-size line of ``1;`` then a 4,194,304-byte extension before its CRLF: longer than the 4 MiB the
+    reader takes in one line, refused as a line past the client's limit (a protocol failure), not read."""
+    assert answered(CHUNKED_HEAD + b"1;" + b"x" * 4_194_304 + b"\r\n") == (
+        "protocol",
+        "a line longer than the client's limit",
+    )
+
+
+@pytest.mark.parametrize(
+    "body",
+    [b"data: a\r\rdata: b\r\r", b"data: a\n\rdata: b\r\r\n", b"data: a\r\n\r\ndata: b\n\n"],
+    ids=["lone-cr", "mixed", "crlf-and-lf"],
+)
+def test_an_event_line_ends_at_crlf_lf_or_a_lone_cr(body: bytes) -> None:
+    """The SSE format ends a line at CRLF, LF or a lone CR, so each of these bodies holds the events a and b."""
+    assert answered(b"HTTP/1.1 200 OK\r\n\r\n" + body) == [b"a", b"b"]
+
+
+def test_a_crlf_cut_between_two_reads_ends_one_line() -> None:
+    """A CR at the end of one chunk and its LF at the start of the next end one line (the blank line it seems
+    to leave is skipped): the two events a and b come out whole from a body cut inside each CRLF."""
+    parts = [b"data: a\r", b"\n\r", b"\ndata: b\r", b"\n\r\n"]  # "data: a\r\n\r\ndata: b\r\n\r\n", cut in each CRLF
+    body = b"".join(b"%x\r\n%s\r\n" % (len(part), part) for part in parts) + b"0\r\n\r\n"
+    assert answered(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n" + body) == [b"a", b"b"]
