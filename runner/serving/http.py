@@ -188,9 +188,9 @@ class Pool:
                 if done:
                     continue  # read the rest of the body, so the connection can be reused
                 pending += part
-                # SSE ends a line at CRLF, LF or a lone CR; a CRLF cut between two parts reads as a line end and
-                # a blank line, and blank lines are skipped below
-                *lines, pending = pending.replace(b"\r\n", b"\n").replace(b"\r", b"\n").split(b"\n")
+                # SSE ends a line at CRLF, LF or a lone CR: a CRLF reads as a line end and a blank line, and blank
+                # lines are skipped below
+                *lines, pending = pending.replace(b"\r", b"\n").split(b"\n")
                 if len(pending) > MAX_EVENT_BYTES:
                     raise RequestFailed("protocol", f"an event of more than {MAX_EVENT_BYTES:,} bytes")
                 for line in lines:

@@ -268,6 +268,10 @@ def test_a_body_is_read_64_KiB_at_a_time(monkeypatch: pytest.MonkeyPatch, length
         (b"HTTP/1.1 200 OK\r\nContent-Length: abc\r\n\r\n", "a malformed Content-Length: 'abc'"),
         (b"HTTP/1.1 200 OK\r\nContent-Length: -5\r\n\r\n", "a malformed Content-Length: '-5'"),
         (b"HTTP/1.1 200 OK\r\nContent-Length: 1_0\r\n\r\n", "a malformed Content-Length: '1_0'"),
+        (
+            b"HTTP/1.1 200 OK\r\nContent-Length: " + b"9" * 50 + b"x\r\n\r\n",
+            f"a malformed Content-Length: '{'9' * 40}'",
+        ),
         (b"HTTP/1.1 \xb200 OK\r\n\r\n", "not an HTTP response: 'HTTP/1.1 \xb200 OK'"),
         (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n-5\r\n", "a malformed chunk size"),
         (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n+5\r\n", "a malformed chunk size"),
@@ -278,6 +282,7 @@ def test_a_body_is_read_64_KiB_at_a_time(monkeypatch: pytest.MonkeyPatch, length
         "length-not-a-number",
         "length-negative",
         "length-underscore",
+        "length-quoted-to-40-chars",
         "status-superscript-two",
         "chunk-negative",
         "chunk-plus",
