@@ -15,6 +15,7 @@ import pytest
 
 from meshtop.runner.serving import http
 from meshtop.runner.serving.http import Origin, Pool, RequestFailed, error_message
+from tests.kit.raw_http import Outcome, answered, kept_alive, read_request
 from tests.kit.sse_server import stub_server
 
 
@@ -112,39 +113,6 @@ def test_a_connection_idle_exactly_the_limit_is_reused_and_one_idle_longer_is_no
         assert asyncio.run(spaced()) == [1, 1, 2]
 
 
-async def read_request(reader: asyncio.StreamReader) -> None:
-    """Read one request whole: its head, then the body its ``Content-Length`` gives."""
-    head = await reader.readuntil(b"\r\n\r\n")
-    for line in head.split(b"\r\n"):
-        name, _, value = line.partition(b":")
-        if name.strip().lower() == b"content-length":
-            await reader.readexactly(int(value))
-
-
-def answered(answer: bytes) -> list[bytes] | tuple[str, str]:
-    """One streamed POST to a server that reads the request, writes ``answer`` as it is and hangs up: the
-    events' payloads, or the failure's kind and message."""
-
-    async def reply(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        await read_request(reader)
-        writer.write(answer)
-        await writer.drain()
-        writer.close()
-
-    async def main() -> list[bytes] | tuple[str, str]:
-        listener = await asyncio.start_server(reply, "127.0.0.1", 0)
-        async with listener:
-            pool = Pool(Origin.parse(f"http://127.0.0.1:{listener.sockets[0].getsockname()[1]}"))
-            try:
-                return [data async for _, data in pool.stream("/completions", {"prompt": "x"})]
-            except RequestFailed as error:
-                return (error.kind, str(error))
-            finally:
-                pool.close()
-
-    return asyncio.run(main())
-
-
 def test_a_head_of_exactly_the_header_limit_is_taken() -> None:
     """A head of 65,536 bytes, the limit itself (17 of status line, 19 of Content-Length, 7 + 65,489 + 2 of
     padding header, 2 of blank line): read, and its one event with it; only a longer head is refused."""
@@ -163,9 +131,7 @@ def test_a_head_of_exactly_the_header_limit_is_taken() -> None:
     ],
     ids=["no-reason", "two-word-reason", "icy", "two-spaces", "100-chars"],
 )
-def test_a_status_line_is_split_at_its_first_two_spaces(
-    status_line: bytes, body: bytes, outcome: list[bytes] | tuple[str, str]
-) -> None:
+def test_a_status_line_is_split_at_its_first_two_spaces(status_line: bytes, body: bytes, outcome: Outcome) -> None:
     """The status line is the version, one space, the status's digits, then anything: a 2xx streams its event,
     another status raises with the server's words, and a line that is not so (no ``HTTP/``, two spaces before
     the status) is named in the failure, cut at 80 characters."""
@@ -192,7 +158,7 @@ CHUNKED_HEAD = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
     ],
     ids=["extension", "not-hex", "over-4-MiB"],
 )
-def test_a_chunk_size_line(chunks: bytes, outcome: list[bytes] | tuple[str, str]) -> None:
+def test_a_chunk_size_line(chunks: bytes, outcome: Outcome) -> None:
     """A chunk's size is the hex before any ``;`` extension; one that is no hex, or over 4 MiB, is a protocol
     failure that says so (the size written with thousands separators)."""
     assert answered(CHUNKED_HEAD + chunks) == outcome
@@ -298,44 +264,6 @@ def test_a_number_python_reads_but_http_does_not_is_a_protocol_failure(head: byt
     assert answered(head) == ("protocol", message)
 
 
-def kept_alive(*answers: bytes) -> tuple[list[list[bytes] | tuple[str, str]], int]:
-    """Streamed POSTs one after another through one pool, to a server that keeps its connections open and
-    writes the next of ``answers`` to each request it reads (whatever the answer's head says), and hangs up once
-    the last is written: each request's events or failure's kind and message, and how many connections the
-    server took."""
-    left = list(answers)
-    connections = 0
-
-    async def reply(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        nonlocal connections
-        connections += 1
-        try:
-            while left:
-                await read_request(reader)
-                writer.write(left.pop(0))
-                await writer.drain()
-        except asyncio.IncompleteReadError:  # the client closed this one
-            pass
-        finally:
-            writer.close()
-
-    async def main() -> list[list[bytes] | tuple[str, str]]:
-        listener = await asyncio.start_server(reply, "127.0.0.1", 0)
-        async with listener:
-            pool = Pool(Origin.parse(f"http://127.0.0.1:{listener.sockets[0].getsockname()[1]}"))
-            outcomes: list[list[bytes] | tuple[str, str]] = []
-            for _ in answers:
-                try:
-                    outcomes.append([data async for _, data in pool.stream("/completions", {"prompt": "x"})])
-                except RequestFailed as error:
-                    outcomes.append((error.kind, str(error)))
-            pool.close()
-            return outcomes
-
-    outcomes = asyncio.run(main())
-    return outcomes, connections
-
-
 def test_chunked_wins_over_any_content_length() -> None:
     """A head with ``Transfer-Encoding: chunked`` and a ``Content-Length: abc`` as well: the chunks are the
     body (RFC 9112 6.3: Transfer-Encoding overrides Content-Length), so the length is never read and its not
@@ -352,7 +280,7 @@ def test_chunked_wins_over_any_content_length() -> None:
     ],
     ids=["299", "300"],
 )
-def test_a_status_is_a_success_up_to_299(status_line: bytes, outcome: list[bytes] | tuple[str, str]) -> None:
+def test_a_status_is_a_success_up_to_299(status_line: bytes, outcome: Outcome) -> None:
     """2xx streams its events; 300 is no success, so its body (``data: a`` and a blank line, no JSON) is the
     failure's message, its first line stripped."""
     assert answered(status_line + b"\r\nContent-Length: 9\r\n\r\ndata: a\n\n") == outcome
@@ -393,9 +321,7 @@ def test_an_error_body_is_kept_across_its_parts_up_to_64_KiB(chunks: bytes, mess
     ],
     ids=["4-MiB", "4-MiB-and-1"],
 )
-def test_an_unfinished_line_of_4_MiB_is_waited_on_and_one_longer_is_not(
-    after: bytes, outcome: list[bytes] | tuple[str, str]
-) -> None:
+def test_an_unfinished_line_of_4_MiB_is_waited_on_and_one_longer_is_not(after: bytes, outcome: Outcome) -> None:
     """A first chunk of 0x400000 = 4,194,304 bytes with no newline (``:`` then 4,194,303 of padding): a line
     of exactly 4 MiB not yet ended, the limit itself, kept while the next chunk comes; one byte more without
     a newline is an event past the limit, a protocol failure that says so."""

@@ -6,53 +6,9 @@ the default ports and path prefix an endpoint's URL gives."""
 from __future__ import annotations
 
 import asyncio
-import socket
-import struct
 
 from meshtop.runner.serving.http import Origin, Pool, RequestFailed
-from tests.runner.test_http_by_hand import read_request
-
-RESET = None
-"""In :func:`served`'s answers: the connection is reset (TCP RST) once the request is read, no byte written."""
-
-
-def served(answers: list[bytes | None]) -> tuple[list[bytes] | tuple[str, str], int]:
-    """One streamed POST to a server whose ``n``-th connection reads the request, writes ``answers[n]`` as it
-    is and hangs up (``RESET``: resets it instead): the events' payloads or the failure's kind and message,
-    and how many connections the server took."""
-    connections = 0
-
-    async def reply(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        nonlocal connections
-        connections += 1
-        try:
-            answer = answers[connections - 1]  # past the list (a request sent once too often): hung up on
-            await read_request(reader)
-            if answer is RESET:
-                # a linger of 0 s: close() sends RST, not FIN
-                writer.get_extra_info("socket").setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
-            else:
-                writer.write(answer)
-                await writer.drain()
-        except (ConnectionError, asyncio.IncompleteReadError):
-            pass  # the client hung up first
-        finally:
-            writer.close()
-
-    async def main() -> list[bytes] | tuple[str, str]:
-        listener = await asyncio.start_server(reply, "127.0.0.1", 0)
-        async with listener:
-            pool = Pool(Origin.parse(f"http://127.0.0.1:{listener.sockets[0].getsockname()[1]}"))
-            try:
-                return [data async for _, data in pool.stream("/completions", {"prompt": "x"})]
-            except RequestFailed as error:
-                return (error.kind, str(error))
-            finally:
-                pool.close()
-
-    outcome = asyncio.run(main())
-    return outcome, connections
-
+from tests.kit.raw_http import RESET, read_request, served
 
 ANSWER_A = b"HTTP/1.1 200 OK\r\nContent-Length: 9\r\n\r\ndata: a\n\n"
 
