@@ -106,7 +106,8 @@ def dtype_names(native: ModuleType) -> dict[int, str]:
 
 def native_table() -> tuple[list[OpShape], list[tuple[str, int, int, int, int, bool]]]:
     """The ops the C++ kernel hooks, and its install rows: (name, index, group, buffer, peer or -1, times_group)."""
-    shapes, rows = [], []
+    shapes: list[OpShape] = []
+    rows: list[tuple[str, int, int, int, int, bool]] = []
     for name, shape in {**C10D_OPS, **P2P_OPS}.items():
         if getattr(torch.ops.c10d, name, None) is None:  # an op this torch release does not have
             continue

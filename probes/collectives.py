@@ -183,7 +183,7 @@ class CollectiveProbe:
         (a functional collective's wait, in C++, never calls Python's ``Work.wait``)."""
         self._without_future: set[str] = set()
         """c10d ops whose works have no future on this backend."""
-        self._device_pending: list[tuple[Work, _Issued]] = []
+        self._device_pending: list[tuple[Work | StreamSpan, _Issued]] = []
         self._device_lock = threading.Lock()
         self._patches = Patches()
         self._watcher: threading.Thread | None = None
@@ -427,7 +427,7 @@ class CollectiveProbe:
         future = None
         if not self.device_timing and name not in self._without_future:
             try:
-                future = work.get_future()
+                future = work.get_future()  # type: ignore[union-attr]  # not device-timed: no StreamSpan
             except RuntimeError:  # "Work::getFuture not implemented" (gloo send / recv / reduce-scatter)
                 self._without_future.add(name)
         issued.ends_at_wait = future is None and not self.device_timing
@@ -437,13 +437,13 @@ class CollectiveProbe:
                 return  # would never be seen to end: it could not be told apart from a hang
             self._mark_overlaps(issued)
             self._in_flight[id(issued)] = issued
-            if waitable:
+            if waitable:  # (so not device-timed: no StreamSpan)
                 issued.work_key = id(work)
-                self._waitable[id(work)] = (work, issued)
+                self._waitable[id(work)] = (work, issued)  # type: ignore[assignment]
                 if issued.ends_at_wait and shape.group_arg >= 0:  # a c10d op: its outputs are its first argument
                     issued.storages = storages_of(args[0])
                     for storage in issued.storages:
-                        self._by_storage[storage] = work
+                        self._by_storage[storage] = work  # type: ignore[assignment]
         if self.device_timing:
             with self._device_lock:
                 self._device_pending.append((work, issued))
@@ -570,7 +570,7 @@ class CollectiveProbe:
                     if not work.is_completed():
                         still.append((work, issued))
                         continue
-                    duration_ms = work._get_duration()
+                    duration_ms = work._get_duration()  # type: ignore[union-attr]  # Work's is not in its stubs
                     end_ns = issued.start_ns + int(duration_ms * 1e6)
                     self._completed(issued, end_ns=end_ns, clock="cuda_events")
                 except Exception as error:

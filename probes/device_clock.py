@@ -41,7 +41,7 @@ class Mark(Protocol):
 def cuda_event() -> Mark:
     import torch
 
-    return torch.cuda.Event(enable_timing=True)  # type: ignore[no-any-return]
+    return torch.cuda.Event(enable_timing=True)
 
 
 def cuda_stream_idle() -> bool:

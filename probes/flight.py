@@ -40,7 +40,7 @@ def group_table() -> dict[str, dict[str, str]]:
     import torch.distributed as dist  # only in a rank: the launcher and the planner never load torch for this
 
     world = dist.distributed_c10d._world
-    table = {}
+    table: dict[str, dict[str, str]] = {}
     for group, name in list(world.pg_names.items()):
         try:
             ranks = sorted(dist.get_process_group_ranks(group))
@@ -90,7 +90,7 @@ class FlightDumps:
                 self.on_error(f"flight recorder dump: {type(error).__name__}: {error}")
 
     def dump(self) -> None:
-        from torch._C._distributed_c10d import _dump_fr_trace  # in every supported torch; found at first use
+        from torch._C._distributed_c10d import _dump_fr_trace  # type: ignore[attr-defined]  # not in torch's stubs
 
         assert self.folder is not None
         target = dump_path(self.folder, self.rank)

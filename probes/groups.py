@@ -75,7 +75,9 @@ class GroupDirectory:
     def from_mesh(cls, mesh: Any) -> GroupDirectory:
         directory = cls()
         directory.add_mesh(mesh)
-        directory.add("world", dist.group.WORLD)
+        world = dist.group.WORLD
+        assert world is not None, "a mesh is built in an initialised process group"
+        directory.add("world", world)
         return directory
 
     def lookup(self, group_object: Any) -> GroupInfo:
@@ -103,7 +105,7 @@ def _unnamed_group(group_name: str, size: int) -> GroupInfo:
     """A group nobody named: ``world``, or its global ranks, as c10d's registry has them (``other`` where it
     no longer does)."""
     try:
-        group = c10d._resolve_process_group(group_name)
+        group = c10d._resolve_process_group(group_name)  # type: ignore[arg-type]  # a GroupName is a str
         ranks = tuple(dist.get_process_group_ranks(group))
     except Exception:  # a private registry, or a group already destroyed: the figures still have its size
         return GroupInfo("other", size, (), group_name)

@@ -25,7 +25,7 @@ import socket
 import struct
 from collections.abc import Iterable
 from itertools import accumulate
-from typing import Any
+from typing import Any, TypeGuard
 
 import numpy as np
 
@@ -174,7 +174,11 @@ def sections(header: dict[str, Any], body: bytes | memoryview) -> list[EncodedEv
         if lines_in != count or not nbytes or body[end - 1] != NEWLINE:
             raise FrameError(f"section {kind} does not hold {count} lines in {nbytes} bytes")
         block = bytes(body[offset:end])  # the one copy of a block, a bytes of its own to keep
-        blocks.append(EncodedEvents(kind, rank, block, count, node=node if streamed else None, offset_ns=clock or 0))
+        blocks.append(
+            EncodedEvents(
+                kind, rank, block, count, node=node if streamed else None, offset_ns=clock if clock is not None else 0
+            )
+        )
         offset = end
     return blocks
 
@@ -196,7 +200,7 @@ def lines_between(body: bytes | memoryview, ends: list[int]) -> list[int]:
     return np.diff(np.searchsorted(newlines, ends), prepend=0).tolist()
 
 
-def is_count(value: object) -> bool:
+def is_count(value: object) -> TypeGuard[int]:
     """A non-negative integer (not a bool), as a header's numbers must be."""
     return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
@@ -205,7 +209,7 @@ MAX_OFFSET_NS = 10**15
 """Clocks further apart than this (11 days) are not two clocks of one job: a node that says so is refused."""
 
 
-def is_offset(value: object) -> bool:
+def is_offset(value: object) -> TypeGuard[int]:
     """A clock offset a node may send: an integer of at most :data:`MAX_OFFSET_NS` either way."""
     return isinstance(value, int) and not isinstance(value, bool) and abs(value) <= MAX_OFFSET_NS
 

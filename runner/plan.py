@@ -232,7 +232,7 @@ class ResolvedRun:
         values = dict(fields)
         shape = values["shape"]
         values["shape"] = ModelShape(**shape) if isinstance(shape, dict) else preset(str(shape))
-        values["stage_layers"] = tuple(tuple(layers) for layers in values["stage_layers"])  # type: ignore[union-attr]
+        values["stage_layers"] = tuple(tuple(layers) for layers in values["stage_layers"])  # type: ignore[attr-defined]
         load = values.get("load")
         values["load"] = InferenceLoad.from_json(load) if isinstance(load, dict) else None
         return cls(**values)  # type: ignore[arg-type]

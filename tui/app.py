@@ -7,7 +7,7 @@ import os
 import signal
 import time
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from functools import cached_property
 from typing import Any, ClassVar
@@ -26,6 +26,7 @@ from meshtop.tui.rank_grid import GridPanel
 from meshtop.tui.sources import Playback, Source
 from meshtop.tui.state import LIVE_FIGURES_EVERY_S, DashboardState
 from meshtop.tui.terminal import TerminalGuard
+from meshtop.tui.view_records import RankView
 from meshtop.tui.views import (
     AlertsPanel,
     CollectivesPanel,
@@ -136,7 +137,7 @@ class MeshtopApp(App[None]):
         self.headroom_alert = headroom_alert
         self.state = self._new_state()
         self.rank_filter_text = ""
-        self._rank_filter = every_rank
+        self._rank_filter: Callable[[RankView], bool] = every_rank
         self.frame_times_s: deque[float] = deque(maxlen=256)
         self.messages: deque[str] = deque(maxlen=32)
         """What the app told the user in notifications, newest last."""
@@ -159,7 +160,7 @@ class MeshtopApp(App[None]):
     def on_unmount(self) -> None:
         self.gc_pacer.stop()
 
-    def notify(self, message: str, **options: object) -> None:  # type: ignore[override]
+    def notify(self, message: str, **options: object) -> None:
         self.messages.append(message)
         super().notify(message, **options)  # type: ignore[arg-type]
 
@@ -424,7 +425,7 @@ class MeshtopApp(App[None]):
         self.source.wait()
         self.call_from_thread(self.exit)
 
-    def get_system_commands(self, screen: Screen) -> Iterable[SystemCommand]:  # type: ignore[override]
+    def get_system_commands(self, screen: Screen) -> Iterable[SystemCommand]:
         yield from super().get_system_commands(screen)
         for view, label, panel in VIEWS:
             yield SystemCommand(f"View: {label}", panel.__doc__ or "", lambda view=view: self.action_view(view))

@@ -168,7 +168,7 @@ class LineView(Widget):
                 else:
                     yield Line(key=text_key(part), text=part)
             else:  # a table: drawn whole now, each row a line
-                for strip in self._render(part, width, height=None):
+                for strip in self._strips_of(part, width, height=None):
                     yield Line(key=tuple(strip), strip=strip)
 
     def get_content_height(self, container: object, viewport: object, width: int) -> int:
@@ -187,18 +187,20 @@ class LineView(Widget):
         strip = self._strips.get(line.key)
         if strip is None:
             text = line.row_text()
-            strip = self._strips[line.key] = line.strip if text is None else self._draw_text(text, width)
+            drawn = line.strip if text is None else self._draw_text(text, width)
+            assert drawn is not None, "a line without text is drawn already"
+            strip = self._strips[line.key] = drawn
         return strip
 
     def _draw_text(self, text: Text, width: int) -> Strip:
-        """A row of text as :meth:`_render` draws it: the text cut at ``width`` (its overflow), its spans under
+        """A row of text as :meth:`_strips_of` draws it: the text cut at ``width`` (its overflow), its spans under
         the widget's style. A left-aligned row without tabs (every row of the panels) is drawn straight from
         its spans, without the console's wrapping and its copies: 0.22 ms a row of 200 columns, not 0.36."""
         plain = text.plain
         if not plain or "\t" in plain or text.justify not in (None, "default") or self.app.console_options.justify:
             text = text.copy()
             text.no_wrap, text.overflow = True, "ellipsis"
-            drawn = self._render(text, width, height=1)
+            drawn = self._strips_of(text, width, height=1)
             return drawn[0] if drawn else Strip([], 0)
         if text.cell_len > width:
             text = text.copy()
@@ -210,7 +212,7 @@ class LineView(Widget):
             segments = [Segment(text.plain, console.get_style(text.style) if text.style else None)]
         return Strip(Segment.apply_style(segments, self.visual_style.rich_style))
 
-    def _render(self, renderable: RenderableType, width: int, height: int | None) -> list[Strip]:
+    def _strips_of(self, renderable: RenderableType, width: int, height: int | None) -> list[Strip]:
         """What a ``Static`` draws of ``renderable`` at ``width`` (textual.visual.RichVisual.render_strips)."""
         app = self.app
         options = app.console_options.update(highlight=False, width=width, height=height)

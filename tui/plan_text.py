@@ -49,7 +49,7 @@ def plan_lines(report: dict[str, Any]) -> list[str]:
     memory = report["device_memory_bytes"]
     head += f", device memory {human_bytes(memory)}" if memory is not None else ", no device memory given"
     lines = [head, "", "per most loaded rank (bytes); traffic per step summed over ranks"]
-    columns = MEMORY_COLUMNS
+    columns: tuple[tuple[str, str], ...] = MEMORY_COLUMNS
     if any(row["runs"] and row["peak"].get("recompute_bytes") for row in report["plans"]):
         columns += (("+recomp", "recompute_bytes"),)  # held during a block's backward: in fits, not in total
     header = f"{'plan':<14}{'schedule':<13}" + "".join(f"{label:>8}" for label, _ in columns)

@@ -9,7 +9,7 @@ stand out, or hold a rank that does, are drawn, and their other ranks are dimmed
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from itertools import groupby
 from operator import itemgetter
 
@@ -47,7 +47,7 @@ def cell_style(scored: Scored | None, *, chosen: bool = False) -> str:
 
 def grid_text(
     attention: Attention,
-    nodes: dict[int, Sequence[int]],
+    nodes: Mapping[int, Sequence[int]],
     node_label: Callable[[int], str],
     width: int,
     *,

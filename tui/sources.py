@@ -63,13 +63,17 @@ Batch = tuple[str, pa.Table]
 class Source(Protocol):
     description: RunDescription
     """What runs: plan, model, device, lengths, load."""
-    recording: str | None
-    """Where the session is recorded, if it is."""
     error: BaseException | None
     """What broke the session (a full disk, say), once it did; the app quits and the CLI reports it."""
-    session: SessionFold | None
-    """A live session's fold, which the dashboard's state reads (``None``: the state folds what ``poll`` gives
-    it, as a replay's does)."""
+
+    @property
+    def recording(self) -> str | None:
+        """Where the session is recorded, if it is."""
+
+    @property
+    def session(self) -> SessionFold | None:
+        """A live session's fold, which the dashboard's state reads (``None``: the state folds what ``poll``
+        gives it, as a replay's does)."""
 
     def start(self) -> None: ...
     def poll(self, state: DashboardState) -> DashboardState:

@@ -146,6 +146,7 @@ def loss_line(loss: dict[str, Any]) -> str | None:
         return None
     said = []
     if loss["first"] is None:  # not a number from the first step on
+        assert not_finite_from is not None, "no first loss, so one that was not finite"
         line = f"loss: NaN or infinite from step {not_finite_from + 1}"
     else:
         last = "not finite" if loss["last"] is None else f"{loss['last']:.4g}"

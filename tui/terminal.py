@@ -40,7 +40,7 @@ class TerminalGuard:
         self.lost_at: float | None = None
         """``time.time()`` when the terminal was lost, if it was."""
         self.why: str | None = None
-        self.on_lost: Callable[[], None] = lambda: None
+        self.on_lost: Callable[[], object] = lambda: None
         """Called, from whichever thread noticed, once the terminal is lost and replaced (the app sets it)."""
         self._lock = threading.Lock()
         self._real_stderr: Any = None
@@ -59,14 +59,14 @@ class TerminalGuard:
         """Guard the output Textual writes to (``sys.__stderr__``, read when the app starts) and take SIGHUP
         (the app's event loop takes it over while it runs)."""
         self._real_stderr = sys.__stderr__
-        sys.__stderr__ = GuardedOutput(sys.__stderr__, self)  # type: ignore[misc,assignment]
+        sys.__stderr__ = GuardedOutput(sys.__stderr__, self)  # type: ignore[misc,assignment,arg-type]
         self.take_sighup()
 
     def uninstall(self) -> None:
         """The app has ended: its output is the real one again; SIGHUP stays taken (a terminal lost while the
         session closes, or goes on headless, is swapped the same way: nothing is printed to a dead one)."""
         if self._real_stderr is not None:
-            sys.__stderr__ = self._real_stderr
+            sys.__stderr__ = self._real_stderr  # type: ignore[misc]
         self.take_sighup()
 
     def take_sighup(self) -> None:

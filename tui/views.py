@@ -14,6 +14,7 @@ from rich.cells import cell_len, set_cell_size
 from rich.console import Group
 from rich.table import Table
 from rich.text import Span, Text
+from textual.widget import Widget
 
 from meshtop.recordings.metrics.breakdown import PARTS
 from meshtop.recordings.metrics.memory import MemoryRow, other_bytes
@@ -53,7 +54,7 @@ def memory_parts(row: MemoryRow | None) -> tuple[dict[str, int | None], int | No
         return {"other": None}, None
     if row.weights_bytes is None or row.grads_bytes is None or row.optimizer_bytes is None:  # no snapshot
         return {"other": row.peak_bytes}, row.device_total_bytes
-    parts = {
+    parts: dict[str, int | None] = {
         "weights": row.weights_bytes,
         "grads": row.grads_bytes,
         "optimizer": row.optimizer_bytes,
@@ -82,7 +83,7 @@ class Panel(LineView):
     def usable_height(self) -> int:
         """The height of the view around the panel (the panel itself is as tall as its content)."""
         container = self.parent
-        return max(10, container.size.height if container is not None else self.size.height)
+        return max(10, container.size.height if isinstance(container, Widget) else self.size.height)
 
 
 def memory_lines(
@@ -427,8 +428,8 @@ class PipelinePanel(Panel):
                     letter, style = ACTION_STYLE.get(segment.action, ("?", "on grey50"))
                     for cell in range(first, min(last, per_step)):
                         cells[cell], styles[cell] = letter if cell == first else " ", style
-                for cell, style in zip(cells, styles, strict=False):
-                    text.append(cell, style=style)
+                for glyph, style in zip(cells, styles, strict=False):
+                    text.append(glyph, style=style)
                 text.append(" ")
             text.append("\n")
         text.append("F forward  B backward  W weight grad  dark: idle\n\n", style="dim")

@@ -104,7 +104,11 @@ class HeaderBar(Static):
 class ReplayBar(Static):
     """The replay's position: a bar to click, the step, the speed and whether it is paused."""
 
+    source: Source | None = None
+    """The one it shows (a click seeks it)."""
+
     def show(self, source: Source) -> None:
+        self.source = source
         playback = source.playback
         if playback is None:
             self.display = False
@@ -121,7 +125,7 @@ class ReplayBar(Static):
         self.update(text, layout=False)  # one row always
 
     def on_click(self, event: events.Click) -> None:
-        playback = self.app.source.playback
+        playback = self.source.playback if self.source is not None else None
         width = max(10, self.size.width - 40)
         if playback is not None and 3 <= event.x < 3 + width:
             playback.seek_fraction((event.x - 3) / width)

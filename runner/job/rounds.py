@@ -65,7 +65,8 @@ class Rounds:
 
     def _starts(self, arrivals: Arrivals, index: int) -> list[RankStarted]:
         events = _events(arrivals, index)
-        began, stamped = [], []
+        began: list[RankStarted] = []
+        stamped: list[RankStarted] = []
         for event in events:
             assert isinstance(event, RankStarted)
             latest = event.restart >= self.restart
@@ -78,14 +79,14 @@ class Rounds:
                 self.restart = event.restart
                 began.append(stamped[-1])
         if any(event.first_step for event in stamped):
-            _put(arrivals, index, stamped)
+            _put(arrivals, index, [*stamped])
         return began
 
     def _renumber(self, arrivals: Arrivals, index: int) -> None:
         """Each event by its own rank's round (a block another node forwarded holds many ranks)."""
         events = _events(arrivals, index)
         renumbered = [
-            dataclasses.replace(event, step=event.step + base)  # type: ignore[attr-defined]
+            dataclasses.replace(event, step=event.step + base)  # type: ignore[attr-defined, call-arg]
             if (base := self._base_of(event))
             else event
             for event in events

@@ -30,8 +30,12 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
+from typing import TYPE_CHECKING
 
 from meshtop.runner.errors import PlanError
+
+if TYPE_CHECKING:
+    from torch.distributed import TCPStore
 
 DEFAULT_RDZV_PORT = 29400
 """torchrun's, for an endpoint given without a port."""
@@ -260,7 +264,7 @@ class HeadAddress:
         return cls(address=(host, int(port)), token=str(data["token"]), host=str(data["host"]))
 
 
-def _store(nodes: Nodes):  # type: ignore[no-untyped-def]
+def _store(nodes: Nodes) -> TCPStore:
     """A client of the rendezvous store; an ``OSError`` while nothing listens there yet (asked with a plain
     connection first: torch's client logs every failed try of its own)."""
     from torch.distributed import TCPStore

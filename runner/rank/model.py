@@ -22,6 +22,8 @@ scores.
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -97,9 +99,9 @@ class Block(nn.Module):
         if self.recompute == "none" or not torch.is_grad_enabled():
             return self._block(x, cos, sin, cache)
         if self.recompute == "full":
-            return checkpoint(self._block, x, cos, sin, cache, use_reentrant=False)  # type: ignore[no-any-return]
+            return checkpoint(self._block, x, cos, sin, cache, use_reentrant=False)
         h = x + self.attention(self.attention_norm(x), cos, sin, cache)
-        return h + checkpoint(self._feed_forward, h, use_reentrant=False)  # type: ignore[operator]
+        return h + checkpoint(self._feed_forward, h, use_reentrant=False)
 
     def _block(
         self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: LayerCache | None = None
@@ -108,7 +110,7 @@ class Block(nn.Module):
         return h + self._feed_forward(h)
 
     def _feed_forward(self, h: torch.Tensor) -> torch.Tensor:
-        return self.feed_forward(self.ffn_norm(h))  # type: ignore[no-any-return]
+        return self.feed_forward(self.ffn_norm(h))
 
 
 class Transformer(nn.Module):
@@ -161,9 +163,11 @@ class _SkipInit(TorchFunctionMode):
     and meta ``normal_`` goes through torch's Python references, whose first call imports torch._dynamo (some 2 s
     of CPU at each rank's start)."""
 
-    def __torch_function__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+    def __torch_function__(
+        self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: dict[str, Any] | None = None
+    ) -> Any:
         if getattr(func, "__module__", None) == "torch.nn.init":
-            return args[0] if args else kwargs["tensor"]
+            return args[0] if args else (kwargs or {})["tensor"]
         return func(*args, **(kwargs or {}))
 
 

@@ -16,8 +16,8 @@ step as the single tied parameter would.
 from __future__ import annotations
 
 import copy
-from collections.abc import Callable
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
@@ -63,7 +63,7 @@ def build_schedule(
     from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B
 
     group = pp_mesh.get_group()
-    stages = [
+    stages: list[Any] = [  # the schedules take their stages' private base class
         PipelineStage(module, index, run.num_stages, device, group=group)
         for module, index in zip(modules, stage_indices, strict=True)
     ]
@@ -92,7 +92,7 @@ def embedding_group(run: ResolvedRun, *, mesh: DeviceMesh) -> dist.ProcessGroup 
     return mine
 
 
-def tied_ends(modules: list[torch.nn.Module]) -> list[torch.nn.Parameter]:
+def tied_ends(modules: Sequence[torch.nn.Module]) -> list[torch.Tensor]:
     """The tied embedding copies this rank's stages hold: the embedding of the first, the output of the last."""
     ends = []
     for module in modules:
@@ -105,7 +105,7 @@ def tied_ends(modules: list[torch.nn.Module]) -> list[torch.nn.Parameter]:
 
 
 @torch.no_grad()
-def sum_tied_gradients(ends: list[torch.nn.Parameter], *, group: dist.ProcessGroup) -> None:
+def sum_tied_gradients(ends: list[torch.Tensor], *, group: dist.ProcessGroup) -> None:
     """Add the other end's gradient to each of this rank's tied copies.
 
     A DTensor gradient is summed by its local shard: both ends' parameters have the same placements, and

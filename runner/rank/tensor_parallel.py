@@ -8,6 +8,7 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Replicate
 from torch.distributed.tensor.parallel import (
     ColwiseParallel,
+    ParallelStyle,
     RowwiseParallel,
     parallelize_module,
 )
@@ -27,7 +28,7 @@ def apply_tensor_parallel(model: Transformer, *, tp_mesh: DeviceMesh) -> None:
     so a tied output projection uses the embedding's DTensor; it is tied back
     after ``parallelize_module``, which gave each module a DTensor of its own.
     """
-    top_plan = {}
+    top_plan: dict[str, ParallelStyle] = {}
     if model.tok_embeddings is not None:
         top_plan["tok_embeddings"] = RowwiseParallel(input_layouts=Replicate(), output_layouts=Replicate())
     if model.output is not None:

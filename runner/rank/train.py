@@ -40,7 +40,7 @@ class TrainingJob:
     schedule: _PipelineSchedule | None
     embedding_group: dist.ProcessGroup | None = None
     """Pipelines of a tied model: the ranks of the two ends, whose gradients are summed each step."""
-    tied_ends: list[nn.Parameter] = field(default_factory=list)
+    tied_ends: list[torch.Tensor] = field(default_factory=list)
     """This rank's copies of the tied embedding (none unless it holds the first or the last stage)."""
 
     def local_parameters(self) -> int:

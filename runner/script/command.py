@@ -332,7 +332,7 @@ def _check_target(target: str, *, module: bool) -> tuple[Path | None, str | None
     try:
         compile(source, str(path), "exec", dont_inherit=True)
     except (SyntaxError, ValueError) as error:  # ValueError: null bytes, on older Pythons
-        where = f"line {error.lineno}: " if getattr(error, "lineno", None) else ""
+        where = f"line {line}: " if (line := getattr(error, "lineno", None)) else ""
         raise PlanError(f"{target} is not a Python script: {where}{getattr(error, 'msg', error)}") from None
     return path.resolve(), None, hashlib.sha256(source).hexdigest()
 

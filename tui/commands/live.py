@@ -91,7 +91,7 @@ def live_metrics(args: argparse.Namespace, run: Work) -> tuple[RunMetrics | None
     from meshtop.runner.job.session import describe
 
     metrics = RunMetrics(describe(run), per_rank=args.metrics_per_rank) if args.metrics_port is not None else None
-    return metrics, serve_metrics(args, (lambda: metrics) if metrics is not None else None)  # type: ignore[return-value]
+    return metrics, serve_metrics(args, (lambda: metrics) if metrics is not None else None)
 
 
 def metrics_line(server: MetricsServer) -> str:
