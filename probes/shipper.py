@@ -29,7 +29,7 @@ CLOSE_TIMEOUT_S = 5.0
 
 
 class EventShipper(EventSink):
-    """Buffers events and ships them to the collector at ``address`` every 50 ms."""
+    """Buffers events and ships them to the collector at ``address`` every :data:`SHIP_INTERVAL_S`."""
 
     def __init__(self, *, address: tuple[str, int], token: str, rank: int, capacity: int = DEFAULT_CAPACITY) -> None:
         self.before_shipment: Callable[[], list[Event]] | None = None
