@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import signal
 from pathlib import Path
 
 import pytest
@@ -17,8 +18,14 @@ def launch_cpu(tmp_path: Path):
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:
-    """Build the C++ collective probe before any test runs, so no job's hang timeout waits on the compiler."""
+    """Build the C++ collective probe before any test runs, so no job's hang timeout waits on the compiler.
+
+    And let the commands the tests start take SIGINT (ctrl-c, q): a shell without job control starts a
+    command it puts in the background with SIGINT ignored, and a child inherits that, so under such a shell
+    every test that interrupts meshtop waited on a meshtop that never heard it."""
     native.environment_value()
+    if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)  # a handler: children start with the default
 
 
 @pytest.fixture(scope="session")
