@@ -25,6 +25,7 @@ async def read_request(reader: asyncio.StreamReader) -> None:
 
 
 async def stream_once(pool: Pool) -> Outcome:
+    """One streamed POST through ``pool``: its outcome."""
     try:
         return [data async for _, data in pool.stream("/completions", {"prompt": "x"})]
     except RequestFailed as error:

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import asyncio
 
-from meshtop.runner.serving.http import Origin, Pool, RequestFailed
-from tests.kit.raw_http import RESET, read_request, served
+from meshtop.runner.serving.http import Origin, Pool
+from tests.kit.raw_http import RESET, Outcome, read_request, served, stream_once
 
 ANSWER_A = b"HTTP/1.1 200 OK\r\nContent-Length: 9\r\n\r\ndata: a\n\n"
 
@@ -57,20 +57,13 @@ def test_a_request_unanswered_on_a_kept_alive_connection_is_sent_again_on_a_new_
         finally:
             writer.close()
 
-    async def main() -> list[list[bytes] | tuple[str, str]]:
+    async def main() -> list[Outcome]:
         listener = await asyncio.start_server(one_answer_each, "127.0.0.1", 0)
         async with listener:
             pool = Pool(Origin.parse(f"http://127.0.0.1:{listener.sockets[0].getsockname()[1]}"))
-
-            async def events() -> list[bytes] | tuple[str, str]:
-                try:
-                    return [data async for _, data in pool.stream("/completions", {"prompt": "x"})]
-                except RequestFailed as error:
-                    return (error.kind, str(error))
-
             try:
-                outcomes = list(await asyncio.gather(events(), events()))
-                outcomes.append(await events())
+                outcomes = list(await asyncio.gather(stream_once(pool), stream_once(pool)))
+                outcomes.append(await stream_once(pool))
                 return outcomes
             finally:
                 pool.close()
