@@ -43,7 +43,7 @@ async def test_a_row_of_text_is_drawn_as_the_console_draws_it() -> None:
             for text in texts():
                 fast = view._draw_text(text, width)
                 text.no_wrap, text.overflow = True, "ellipsis"  # what the view does to every row
-                slow = view._render(text, width, height=1)
+                slow = view._strips_of(text, width, height=1)
                 assert cells(fast) == cells(slow[0] if slow else Strip([])), (text.plain[:20], width)
                 assert fast.cell_length <= width
 
