@@ -6,6 +6,8 @@ from __future__ import annotations
 import asyncio
 import socket
 import struct
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
 
 from meshtop.runner.serving.http import Origin, Pool, RequestFailed
 
@@ -13,6 +15,8 @@ Outcome = list[bytes] | tuple[str, str]
 """A streamed request's events (their ``data:`` payloads), or its failure's kind and message."""
 RESET = None
 """In :func:`served`'s answers: the connection is reset (TCP RST) once the request is read, no byte written."""
+Reply = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
+T = TypeVar("T")
 
 
 async def read_request(reader: asyncio.StreamReader) -> None:
@@ -22,6 +26,17 @@ async def read_request(reader: asyncio.StreamReader) -> None:
         name, _, value = line.partition(b":")
         if name.strip().lower() == b"content-length":
             await reader.readexactly(int(value))
+
+
+async def through_pool(reply: Reply, streams: Callable[[Pool], Awaitable[T]]) -> T:
+    """What ``streams`` makes of a pool whose server answers each connection with ``reply``."""
+    listener = await asyncio.start_server(reply, "127.0.0.1", 0)
+    async with listener:
+        pool = Pool(Origin.parse(f"http://127.0.0.1:{listener.sockets[0].getsockname()[1]}"))
+        try:
+            return await streams(pool)
+        finally:
+            pool.close()
 
 
 async def stream_once(pool: Pool) -> Outcome:
@@ -56,16 +71,7 @@ def served(answers: list[bytes | None]) -> tuple[Outcome, int]:
         finally:
             writer.close()
 
-    async def main() -> Outcome:
-        listener = await asyncio.start_server(reply, "127.0.0.1", 0)
-        async with listener:
-            pool = Pool(Origin.parse(f"http://127.0.0.1:{listener.sockets[0].getsockname()[1]}"))
-            try:
-                return await stream_once(pool)
-            finally:
-                pool.close()
-
-    return asyncio.run(main()), connections
+    return asyncio.run(through_pool(reply, stream_once)), connections
 
 
 def answered(answer: bytes) -> Outcome:
@@ -93,13 +99,8 @@ def kept_alive(*answers: bytes) -> tuple[list[Outcome], int]:
         finally:
             writer.close()
 
-    async def main() -> list[Outcome]:
-        listener = await asyncio.start_server(reply, "127.0.0.1", 0)
-        async with listener:
-            pool = Pool(Origin.parse(f"http://127.0.0.1:{listener.sockets[0].getsockname()[1]}"))
-            outcomes = [await stream_once(pool) for _ in answers]
-            pool.close()
-            return outcomes
+    async def one_after_another(pool: Pool) -> list[Outcome]:
+        return [await stream_once(pool) for _ in answers]
 
-    outcomes = asyncio.run(main())
+    outcomes = asyncio.run(through_pool(reply, one_after_another))
     return outcomes, connections

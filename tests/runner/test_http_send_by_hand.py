@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 
 from meshtop.runner.serving.http import Origin, Pool
-from tests.kit.raw_http import RESET, Outcome, read_request, served, stream_once
+from tests.kit.raw_http import RESET, Outcome, read_request, served, stream_once, through_pool
 
 ANSWER_A = b"HTTP/1.1 200 OK\r\nContent-Length: 9\r\n\r\ndata: a\n\n"
 
@@ -57,18 +57,10 @@ def test_a_request_unanswered_on_a_kept_alive_connection_is_sent_again_on_a_new_
         finally:
             writer.close()
 
-    async def main() -> list[Outcome]:
-        listener = await asyncio.start_server(one_answer_each, "127.0.0.1", 0)
-        async with listener:
-            pool = Pool(Origin.parse(f"http://127.0.0.1:{listener.sockets[0].getsockname()[1]}"))
-            try:
-                outcomes = list(await asyncio.gather(stream_once(pool), stream_once(pool)))
-                outcomes.append(await stream_once(pool))
-                return outcomes
-            finally:
-                pool.close()
+    async def two_at_once_then_one(pool: Pool) -> list[Outcome]:
+        return [*await asyncio.gather(stream_once(pool), stream_once(pool)), await stream_once(pool)]
 
-    assert asyncio.run(main()) == [[b"a"], [b"a"], [b"a"]]
+    assert asyncio.run(through_pool(one_answer_each, two_at_once_then_one)) == [[b"a"], [b"a"], [b"a"]]
     assert connections == 3
 
 
