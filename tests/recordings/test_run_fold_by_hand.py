@@ -13,7 +13,6 @@ import pytest
 
 from meshtop.probes.events import (
     Event,
-    GpuSample,
     JobEnded,
     ProcessSample,
     RankExited,
@@ -25,7 +24,7 @@ from meshtop.recordings.manifest import Endpoint, GpuInfo, Load, RunDescription
 from meshtop.recordings.metrics.mfu import GpuModel
 from meshtop.recordings.metrics.run import ClosedStep, RunFold, fold_tables
 from meshtop.recordings.schema import table_of
-from tests.kit.events import collective, rank_started, step
+from tests.kit.events import collective, gpu_sample, rank_started, step
 from tests.kit.inference import BASE_NS, MS, served
 from tests.kit.recordings import description, elastic_script
 
@@ -320,26 +319,6 @@ def test_an_endpoints_client_cpu_taken_as_events_is_its_rank_0s_and_a_built_in_s
     assert requests.client.cpu_mean_pct is None
 
 
-def gpu_sample() -> GpuSample:
-    return GpuSample(
-        gpu=0,
-        wall_ns=BASE_NS,
-        name="NVIDIA H100 80GB HBM3",
-        memory_used_bytes=1,
-        memory_total_bytes=2,
-        utilization_pct=50.0,
-        memory_utilization_pct=None,
-        power_w=None,
-        sm_clock_mhz=None,
-        temperature_c=None,
-        pcie_tx_bytes_per_s=None,
-        pcie_rx_bytes_per_s=None,
-        nvlink_tx_bytes_per_s=None,
-        nvlink_rx_bytes_per_s=None,
-        power_limit_w=700.0,
-    )
-
-
 def test_an_endpoints_requests_left_when_the_job_ended_were_not_sent_and_its_gpus_and_end_are_not_the_servers() -> None:
     """An endpoint's load of 3 requests; 1 reported, a GPU sampled, a scrape, then the job ends (interrupted),
     each as an event: the 2 requests without a report were never sent (not failed): count 1, not sent 2. The
@@ -355,7 +334,15 @@ def test_an_endpoints_requests_left_when_the_job_ended_were_not_sent_and_its_gpu
     )
     fold = RunFold(endpoint_run(load))
     metric = ServerMetric(wall_ns=1, name="vllm:num_requests_running", labels="", value=2.0, common="running")
-    fold.apply_events([sent(0, 0), gpu_sample(), metric])
+    sampled = gpu_sample(
+        wall_ns=BASE_NS,
+        name="NVIDIA H100 80GB HBM3",
+        memory_used_bytes=1,
+        memory_total_bytes=2,
+        utilization_pct=50.0,
+        power_limit_w=700.0,
+    )
+    fold.apply_events([sent(0, 0), sampled, metric])
     fold.apply_events([JobEnded(wall_ns=BASE_NS + 50 * MS, status="interrupted", duration_s=1.0, root_cause_rank=None)])
     figures = fold.figures()
     assert figures.requests is not None
