@@ -30,8 +30,9 @@ from collections import Counter, deque
 from collections.abc import Callable
 
 from meshtop.probes.arrivals import Arrivals, event_count
+from meshtop.probes.events import BULK_KINDS
 from meshtop.recordings.recorder import SessionRecorder
-from meshtop.recordings.session_fold import BULK_KINDS, Folded
+from meshtop.recordings.session_fold import Folded
 
 FOLD_BACKLOG = 1_000_000
 """Events waiting for the fold past which the bulk kinds' blocks waiting are left out of it (the collector's

@@ -71,7 +71,8 @@ REQUEST_SERIES = (
 )
 """Each request latency served as a histogram: the fold's key, the series, its help."""
 COUNTED_KINDS = frozenset({"collective", "gpu", "events_dropped", "rank_started", "rank_exited"})
-"""The kinds counted as they arrive (the session's fold gives the rest)."""
+"""The kinds counted as they arrive: the series the fold keeps none of (the session's fold gives the rest).
+The endpoint's own choice, not a role of :data:`~meshtop.probes.events.KINDS`: no other reader counts them so."""
 SMALL_KINDS = COUNTED_KINDS - {"collective"}
 """Counted as events: a few a second, where collectives come by the thousand (counted from their table)."""
 
@@ -151,7 +152,7 @@ class RunMetrics:
         for _, table in tables:
             if self.session is not None:
                 with self.session.reading() as fold:
-                    table = fold.plausible("collective", table)
+                    table = fold.of_the_job("collective", table)
             table = table.filter(pc.is_valid(table.column("step")))
             columns = table.select(["op", "group", "rank", "start_ns", "end_ns", "bytes"]).to_pydict()
             for op, group, rank, start_ns, end_ns, size in zip(*columns.values(), strict=True):

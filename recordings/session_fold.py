@@ -26,27 +26,17 @@ import numpy as np
 import pyarrow as pa
 
 from meshtop.probes.arrivals import Arrival, Arrivals, EncodedEvents, event_count
-from meshtop.probes.events import Event
+from meshtop.probes.events import BULK_KINDS, FOLDED_KINDS, Event
 from meshtop.recordings.clock import on_head
 from meshtop.recordings.manifest import RunDescription
 from meshtop.recordings.metrics.figures import RunFigures
-from meshtop.recordings.metrics.run import COLUMNAR, EVENT_KINDS, RunFold
+from meshtop.recordings.metrics.run import RunFold
 from meshtop.recordings.metrics.steps import PHASE_TIMES, JobStep
 from meshtop.recordings.replay import in_kind_order
-from meshtop.recordings.schema import batches_of, decode_lines
+from meshtop.recordings.schema import decode_lines, table_of
 
 Batch = tuple[str, pa.Table]
-FOLDED_KINDS = COLUMNAR | EVENT_KINDS
-"""The kinds whose events change a figure."""
-PROGRESS_KINDS = frozenset({"step", "rank_started", "request", "job_ended"})
-"""The kinds job steps, requests and the world size come from: all that ``record``'s console and the
-manifest read. Decoding and folding the others (collectives above all) would halve what ``record`` takes
-in (docs/benchmarks.md), for figures nobody reads until ``summary`` reads the recording."""
 
-
-BULK_KINDS = COLUMNAR
-"""Collectives and stage actions: 42 of the 44 events a rank sends a step, what a live fold leaves out when
-it cannot keep up."""
 FOLD_SHARE = 0.5
 """The most of its thread's time a live fold may take: a batch whose fold would take more (at the cost per
 event of the last batches folded whole) is folded without the bulk kinds. Past it the thread that receives
@@ -92,7 +82,8 @@ def arrival_tables(
     for kind in order:
         left = (without or {}).get(kind, frozenset())
         batches += [(kind, table) for table in _decoded(kind, blocks.get(kind, {}), left)]
-        batches.extend((kind, table.drop_columns(list(left))) for kind, table in batches_of(made.get(kind, [])))
+        if kind in made:
+            batches.append((kind, table_of(made[kind]).drop_columns(list(left))))
     return batches
 
 
@@ -173,9 +164,11 @@ class Folded:
 class SessionFold:
     """A run's one fold and the lock its readers share.
 
-    It folds the kinds its readers read (``kinds``): every figure (:data:`FOLDED_KINDS`) where a dashboard
-    or ``/metrics`` reads it, only :data:`PROGRESS_KINDS` for a headless ``record`` without ``/metrics``,
-    whose figures are read from the recording when the job ends."""
+    It folds the kinds its readers read (``kinds``): every figure (:data:`~meshtop.probes.events.FOLDED_KINDS`)
+    where a dashboard or ``/metrics`` reads it, only :data:`~meshtop.probes.events.PROGRESS_KINDS` for a
+    headless ``record`` without ``/metrics``, whose figures are read from the recording when the job ends:
+    decoding and folding the others (collectives above all) would halve what ``record`` takes in, for figures
+    nobody reads until ``summary`` reads the recording."""
 
     def __init__(
         self, run: RunDescription, *, kinds: Collection[str] = FOLDED_KINDS, share: float | None = None

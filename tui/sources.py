@@ -26,8 +26,8 @@ import pyarrow as pa
 
 from meshtop.probes.arrivals import Arrivals
 from meshtop.probes.errors import MeshtopError
+from meshtop.probes.events import BULK_KINDS
 from meshtop.recordings.manifest import Manifest, RunDescription
-from meshtop.recordings.metrics.run import COLUMNAR
 from meshtop.recordings.metrics.steps import JobStep
 from meshtop.recordings.prometheus import RunMetrics
 from meshtop.recordings.reader import Recording
@@ -49,7 +49,7 @@ COALESCIBLE = frozenset({"collective", "stage_action", "gpu", "process"})
 """High-rate kinds the screen may skip when it falls behind: a newer sample or operation of the same kind
 follows. Lifecycle events (starts, exits, the end), steps, requests and memory are never skipped: a lost
 start would leave a rank on the wrong stage, a lost step a hole in every figure."""
-SCREEN_KINDS = UI_KINDS | COLUMNAR
+SCREEN_KINDS = UI_KINDS | BULK_KINDS
 """What the screen decodes of a live job (the rest goes to the recording only)."""
 ROWS_PER_FRAME = 250_000
 """A replay folds at most this many rows a frame; a longer seek goes on over the next frames."""

@@ -23,6 +23,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from meshtop.probes.events import (
+    BULK_KINDS,
     Event,
     EventsDropped,
     FlightVerdict,
@@ -47,7 +48,7 @@ from meshtop.recordings.metrics.figures import RunFigures
 from meshtop.recordings.metrics.memory import MemoryRow
 from meshtop.recordings.metrics.mfu import Mfu
 from meshtop.recordings.metrics.requests import LATENCIES
-from meshtop.recordings.metrics.run import COLUMNAR, RunFold
+from meshtop.recordings.metrics.run import RunFold
 from meshtop.recordings.metrics.steps import JobStep
 from meshtop.recordings.metrics.stragglers import Straggler
 from meshtop.recordings.replay import in_kind_order
@@ -191,7 +192,7 @@ class DashboardState:
         if not len(table):
             return
         self.events += len(table)
-        if kind in COLUMNAR:
+        if kind in BULK_KINDS:
             if self.feeds_fold:
                 self.session.apply(kind, table)
             if kind == "stage_action" and self.info.may_pipeline:
@@ -203,7 +204,7 @@ class DashboardState:
             return
         if kind in ROW_KINDS and not self.feeds_fold:  # the kinds a live screen reads most: a column at a time
             with self.session.reading() as fold:
-                table = fold.rows_of_the_job(kind, table)
+                table = fold.of_the_job(kind, table)
             if kind == "process":
                 self._on_process_rows(table)
             else:  # a step or memory snapshot tells the screen of its rank, the session's fold the rest
@@ -213,10 +214,11 @@ class DashboardState:
         if kind == "gpu" and not self.feeds_fold:
             self._on_gpu_rows(table)
             return
-        decoded = events_of(kind, table)  # outside the lock: a live session's thread folds meanwhile
-        with self.session.reading() as fold:  # the events that can be this job's
-            events = fold.apply_events(decoded) if self.feeds_fold else [e for e in decoded if fold.of_the_job(e)]
-        for event in events:
+        with self.session.reading() as fold:  # the rows that can be this job's
+            if self.feeds_fold:
+                fold.apply(kind, table)
+            table = fold.of_the_job(kind, table)
+        for event in events_of(kind, table):
             handler = self._HANDLERS.get(type(event))
             if handler is not None:
                 handler(self, event)

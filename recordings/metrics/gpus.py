@@ -21,8 +21,6 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from meshtop.probes.events import GpuSample
-
 
 def first_sample_of_each_gpu(table: pa.Table, names: Sequence[str]) -> dict[tuple[int, int], tuple[Any, ...]]:
     """Each GPU's first row of a ``gpu`` table (rows in arrival order), by (node, index): its ``names`` columns.
@@ -56,20 +54,14 @@ class _Gpu:
 
 
 class GpuFold:
-    """The GPUs' samples, folded as they come (an event or a table at a time)."""
+    """The GPUs' samples, folded a table at a time as they come."""
 
     def __init__(self) -> None:
         self._gpus: dict[tuple[int, int], _Gpu] = {}
 
-    def add(self, sample: GpuSample) -> None:
-        self._take(
-            sample.node, sample.gpu, sample.name, sample.memory_used_bytes, sample.memory_total_bytes,
-            sample.utilization_pct,
-        )  # fmt: skip
-
-    def add_table(self, table: pa.Table) -> None:
-        """Fold a ``gpu`` table as :meth:`add` of each row in order would: per GPU at once (a fleet's hour is
-        tens of millions of samples)."""
+    def add(self, table: pa.Table) -> None:
+        """Fold a ``gpu`` table, its rows in the order they came: per GPU at once (a fleet's hour is tens of
+        millions of samples)."""
         if not len(table):
             return
         name = table.column("name")
@@ -100,20 +92,6 @@ class GpuFold:
                 state.total = total
             state.busy_sum += busy_sum or 0.0
             state.busy_count += busy_count
-
-    def _take(
-        self, node: int, gpu: int, name: str | None, used: int | None, total: int | None, busy: float | None
-    ) -> None:
-        state = self._gpus.setdefault((node, gpu), _Gpu())
-        state.samples += 1
-        state.name = name or state.name
-        if used is not None:
-            state.peak = used if state.peak is None else max(state.peak, used)
-        if total is not None:
-            state.total = total
-        if busy is not None:
-            state.busy_sum += busy
-            state.busy_count += 1
 
     def rows(self) -> list[GpuRow]:
         return [

@@ -30,7 +30,6 @@ import numpy.typing as npt
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from meshtop.probes.events import StepTiming
 from meshtop.recordings.metrics.stats import Distribution
 
 Nanoseconds = npt.NDArray[np.int64]
@@ -49,12 +48,6 @@ class Windows(NamedTuple):
     start_ns: Sequence[int] | Nanoseconds
     end_ns: Sequence[int] | Nanoseconds
     pipeline_wait_s: float | None
-
-    @classmethod
-    def of(cls, timing: StepTiming) -> Windows | None:
-        if timing.phases is None:
-            return None
-        return cls(timing.phases, timing.phase_start_ns, timing.phase_end_ns, timing.pipeline_wait_s)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -308,7 +301,7 @@ class StepRows:
             columns["phases"] = [None] * len(table)
         return cls(**columns, phase_start_ns=starts, phase_end_ns=ends, by_step=by_step)
 
-    def reports(self, indexes: list[int]) -> list[Report]:
+    def reports(self, indexes: Sequence[int]) -> list[Report]:
         """Rows ``indexes`` as what a step still waiting for ranks keeps of each."""
         rank, duration, loss, tokens, losses = self.rank, self.duration_s, self.loss, self.tokens, self.losses
         return [_new_tuple(Report, (rank[i], duration[i], loss[i], tokens[i], losses[i])) for i in indexes]
@@ -348,10 +341,6 @@ class Report(NamedTuple):
     tokens: int
     losses: int | None
 
-    @classmethod
-    def of(cls, timing: StepTiming) -> Report:
-        return cls(timing.rank, timing.duration_s, timing.loss, timing.tokens, timing.losses)
-
 
 class StepFolder:
     """Collects :class:`StepTiming` of ``ranks`` ranks; yields each step when the last of them reports it.
@@ -374,14 +363,6 @@ class StepFolder:
             ranks = count
         return ranks
 
-    def add(self, timing: StepTiming) -> JobStep | None:
-        """Take one rank's timing; the job's step if this was the last rank missing."""
-        reports = self.pending.setdefault(timing.step, {})
-        reports[timing.rank] = Report.of(timing)
-        if len(reports) < self.expected(timing.step):
-            return None
-        return self._fold(timing.step)
-
     def started(self, world_size: int, first_step: int = 0) -> list[JobStep]:
         """The ranks started, ``world_size`` of them (an elastic job's), their steps numbered from
         ``first_step``: the steps that completes (0 ranks: not said)."""
@@ -402,17 +383,16 @@ class StepFolder:
             loss_counts=[r.losses for r in reports],
         )
 
-    def add_rows(self, rows: StepRows) -> list[JobStep] | None:
-        """Take a whole table of timings: the job steps it completes, in the order :meth:`add` would complete
-        them row by row. Only where each rank reports a step once and no step gets more reports than its
-        ranks (so a step completes at its last report); otherwise ``None``, nothing is taken, and the caller
-        adds the rows one by one."""
+    def add(self, rows: StepRows) -> list[JobStep]:
+        """Take a table's reports, in the order they came: the job steps they complete, each at the report that
+        makes its ranks' reports as many as its ranks (a rank's later report of a step replaces its earlier one),
+        in that order."""
         completing = []
         for step, indexes in rows.by_step.items():
             earlier, expected = self.pending.get(step, {}), self.expected(step)
             ranks = {rows.rank[i] for i in indexes} | earlier.keys()
             if len(ranks) < len(indexes) + len(earlier) or len(ranks) > expected:  # a rank twice, or too many
-                return None
+                return self._add_each(rows)
             if len(ranks) == expected:
                 completing.append((indexes[-1], step))
         done = []
@@ -429,11 +409,23 @@ class StepFolder:
                 )
             )
         completed = {job.step for job in done}
-        for step, indexes in rows.by_step.items():  # still waiting for ranks: kept as the row-by-row path keeps them
+        for step, indexes in rows.by_step.items():  # still waiting for ranks
             if step not in completed:
                 reports = self.pending.setdefault(step, {})
                 for report in rows.reports(indexes):
                     reports[report.rank] = report
+        return done
+
+    def _add_each(self, rows: StepRows) -> list[JobStep]:
+        """:meth:`add` a report at a time: where a rank reports a step twice, or a step gets more reports than
+        its ranks (all at once, a step would not complete at its last report)."""
+        done = []
+        for index, report in enumerate(rows.reports(range(len(rows.rank)))):
+            step = rows.step[index]
+            reports = self.pending.setdefault(step, {})
+            reports[report.rank] = report
+            if len(reports) >= self.expected(step):
+                done.append(self._fold(step))
         return done
 
 

@@ -12,6 +12,8 @@ from typing import TextIO
 
 from meshtop.probes.arrivals import Arrivals
 from meshtop.probes.events import (
+    FOLDED_KINDS,
+    PROGRESS_KINDS,
     EventsDropped,
     FlightVerdict,
     FramesRefused,
@@ -24,7 +26,7 @@ from meshtop.recordings.manifest import Manifest, script_plan
 from meshtop.recordings.metrics.requests import RequestFigures
 from meshtop.recordings.metrics.steps import JobStep, StepFigures
 from meshtop.recordings.prometheus import RunMetrics
-from meshtop.recordings.session_fold import FOLD_SHARE, FOLDED_KINDS, PROGRESS_KINDS, Folded, SessionFold
+from meshtop.recordings.session_fold import FOLD_SHARE, Folded, SessionFold
 from meshtop.runner.job.control import JobControl
 from meshtop.runner.job.launch import NodeProbes
 from meshtop.runner.job.results import JobResult

@@ -49,13 +49,13 @@ import numpy as np
 import numpy.typing as npt
 
 from meshtop.probes.arrivals import Arrivals, EncodedEvents, encode_lines
-from meshtop.probes.events import DURATION_FIELDS, EVENT_TYPES, Event, ProcessSample, clock_fields
+from meshtop.probes.events import DURATION_FIELDS, EVENT_TYPES, PROGRESS_KINDS, Event, ProcessSample, clock_fields
 from meshtop.recordings.folding import FoldThread
 from meshtop.recordings.manifest import start_manifest, write_manifest
 from meshtop.recordings.reader import open_recording
 from meshtop.recordings.recorder import Ending, SessionRecorder
 from meshtop.recordings.replay import in_kind_order
-from meshtop.recordings.session_fold import FOLD_SHARE, PROGRESS_KINDS, Folded, SessionFold
+from meshtop.recordings.session_fold import FOLD_SHARE, Folded, SessionFold
 from meshtop.runner.job.allocator import keep_buffer_pages
 from meshtop.runner.job.control import JobControl
 from meshtop.runner.multinode.fleet import Fleet

@@ -12,33 +12,38 @@ from meshtop.recordings.metrics.stats import EXACT_LIMIT, Distribution
 from meshtop.recordings.metrics.steps import (
     ClosedSteps,
     JobStep,
-    Report,
     StepFolder,
+    StepRows,
     StepSpans,
     StepStats,
     WholeSteps,
-    Windows,
     step_end_ns,
 )
-from tests.kit.events import step
+from meshtop.recordings.schema import table_of
+from tests.kit.events import reported, step
 
 # ---- steps.py: what a rank's report keeps, and its span
 
 
 def test_a_ranks_report_keeps_its_rank_time_loss_tokens_and_count_of_losses() -> None:
     timing = step(3, 1, duration_s=0.5, loss=2.0, tokens=100, losses=4, pipeline_wait_s=0.25)
-    assert Report.of(timing) == (3, 0.5, 2.0, 100, 4)
-    assert Report.of(timing).rank == 3
+    rows = StepRows.of(table_of([timing]))
+    assert rows.reports([0]) == [(3, 0.5, 2.0, 100, 4)]
+    assert rows.reports([0])[0].rank == 3
     timing = step(3, 1, phases="f", phase_start_ns=(10,), phase_end_ns=(20,), pipeline_wait_s=0.25)
-    assert Windows.of(timing) == Windows("f", (10,), (20,), 0.25)
+    (windows,) = StepRows.of(table_of([timing])).windows([0])
+    assert windows is not None and (windows.phases, windows.pipeline_wait_s) == ("f", 0.25)
+    assert (list(windows.start_ns), list(windows.end_ns)) == ([10], [20])
 
 
 def test_a_one_rank_step_folds_with_its_count_of_losses() -> None:
     """One rank: its report completes the step; 64 tokens / 0.5 s = 128 tokens/s; its loss was made of 3."""
-    folded = StepFolder(1).add(step(0, 7, duration_s=0.5, loss=3.0, losses=3, tokens=64))
-    assert folded == JobStep(
-        step=7, loss=3.0, duration_s=0.5, tokens=64, tokens_per_s=128.0, loss_ranks=1, ranks=1, losses_per_step=3
-    )
+    folded = reported(StepFolder(1), step(0, 7, duration_s=0.5, loss=3.0, losses=3, tokens=64))
+    assert folded == [
+        JobStep(
+            step=7, loss=3.0, duration_s=0.5, tokens=64, tokens_per_s=128.0, loss_ranks=1, ranks=1, losses_per_step=3
+        )
+    ]
 
 
 def test_a_step_of_two_seconds_ends_two_billion_nanoseconds_after_it_started() -> None:
@@ -131,16 +136,16 @@ def test_the_ranks_of_each_start_report_the_steps_from_its_first_step() -> None:
     assert folder.started(3, first_step=5) == []
     assert folder.started(4, first_step=10) == []
     assert [folder.expected(n) for n in (0, 4, 5, 9, 10, 11)] == [2, 2, 3, 3, 4, 4]
-    assert folder.add(step(0, 5)) is None
-    assert folder.add(step(1, 5)) is None
-    assert folder.add(step(2, 5)) is not None
+    assert not reported(folder, step(0, 5))
+    assert not reported(folder, step(1, 5))
+    assert reported(folder, step(2, 5))
 
 
 def test_a_job_started_again_with_one_rank_completes_the_step_that_rank_had_reported() -> None:
     """Two ranks; rank 0 reported step 0 (0.5 s, loss 3.0 of 2 losses, 64 tokens); the job starts again with one
     rank from step 0 (the default): step 0 has all its ranks now, 64 / 0.5 = 128 tokens/s."""
     folder = StepFolder(2)
-    assert folder.add(step(0, 0, duration_s=0.5, loss=3.0, losses=2, tokens=64)) is None
+    assert not reported(folder, step(0, 0, duration_s=0.5, loss=3.0, losses=2, tokens=64))
     assert folder.started(1) == [
         JobStep(
             step=0, loss=3.0, duration_s=0.5, tokens=64, tokens_per_s=128.0, loss_ranks=1, ranks=1, losses_per_step=2
