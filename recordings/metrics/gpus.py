@@ -25,11 +25,20 @@ import pyarrow.compute as pc
 def first_sample_of_each_gpu(table: pa.Table, names: Sequence[str]) -> dict[tuple[int, int], tuple[Any, ...]]:
     """Each GPU's first row of a ``gpu`` table (rows in arrival order), by (node, index): its ``names`` columns.
     A column at a time: one Python object a sample cost the head 25 us a sample on many nodes."""
+    return _sample_of_each_gpu(table, names, "min")
+
+
+def _sample_of_each_gpu(table: pa.Table, names: Sequence[str], which: str) -> dict[tuple[int, int], tuple[Any, ...]]:
+    """Each GPU's first (``which`` ``min``) or last (``max``) row of a ``gpu`` table: its ``names`` columns."""
     rows = pa.array(np.arange(len(table)))
     keyed = table.select(["node", "gpu"]).append_column("row", rows)
-    first = keyed.group_by(["node", "gpu"]).aggregate([("row", "min")]).column("row_min")
-    taken = table.take(first).select(["node", "gpu", *names]).to_pydict()
+    chosen = keyed.group_by(["node", "gpu"]).aggregate([("row", which)]).column(f"row_{which}")
+    taken = table.take(chosen).select(["node", "gpu", *names]).to_pydict()
     return {(node, gpu): tuple(rest) for node, gpu, *rest in zip(*taken.values(), strict=True)}
+
+
+LAST_READ = ("uuid", "utilization_pct", "memory_used_bytes", "power_w", "temperature_c", "sm_clock_mhz")
+"""What is kept of each GPU's last sample: what a reader shows of the GPU now (``/metrics``'s gauges)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -58,12 +67,16 @@ class GpuFold:
 
     def __init__(self) -> None:
         self._gpus: dict[tuple[int, int], _Gpu] = {}
+        self.last: dict[tuple[int, int], dict[str, Any]] = {}
+        """Each GPU's last sample, by (node, index): its :data:`LAST_READ` (a reading it could not take: ``None``)."""
 
     def add(self, table: pa.Table) -> None:
         """Fold a ``gpu`` table, its rows in the order they came: per GPU at once (a fleet's hour is tens of
         millions of samples)."""
         if not len(table):
             return
+        for key, values in _sample_of_each_gpu(table, LAST_READ, "max").items():
+            self.last[key] = dict(zip(LAST_READ, values, strict=True))
         name = table.column("name")
         per_gpu = (
             table.select(["node", "gpu", "memory_used_bytes", "memory_total_bytes", "utilization_pct"])

@@ -114,6 +114,8 @@ class RunFold:
         """The node of each rank that reported its start."""
         self.hosts: dict[int, str] = {}
         """The host of each node whose ranks reported their start."""
+        self.exits: dict[int, int | None] = {}
+        """Each rank that exited: its exit code (negative: a signal; ``None`` where not known)."""
         self.trained: dict[int, tuple[int, int]] = {}
         """A script's ranks: (pipeline rank, parameter elements its optimizer trains at their global size)."""
         self.gpu_models: dict[tuple[int, int], GpuModel] = {}
@@ -189,6 +191,9 @@ class RunFold:
             if self.server is not None:
                 for metric in events_of(kind, table):
                     self.server.add(cast(ServerMetric, metric))
+        elif kind == "rank_exited":
+            columns = table.select(["rank", "exit_code"]).to_pydict()
+            self.exits.update(zip(columns["rank"], columns["exit_code"], strict=True))
         elif kind == "job_ended":
             for status in table.column("status").to_pylist():
                 self.finish(status)

@@ -14,6 +14,7 @@ import pytest
 from meshtop.probes.events import (
     Event,
     JobEnded,
+    ProbeOff,
     ProcessSample,
     RankExited,
     RequestDone,
@@ -404,8 +405,9 @@ def test_a_fold_keeps_the_last_240_closed_steps_each_with_its_ranks_times() -> N
 
 def test_rows_of_ranks_outside_the_job_are_counted_across_tables_and_a_step_of_no_time_is_kept() -> None:
     """dp 2 (ranks 0 and 1): two step tables, each with a row of a rank outside (5, then 7): 2 counted. Rank 2,
-    the world size itself, is outside too (1 more). A step of 0 s is the job's. A rank that exited is no
-    figure's: its table is not checked or counted."""
+    the world size itself, is outside too (1 more). A step of 0 s is the job's. A probe that was off is no
+    figure's: its table is not checked or counted. A rank outside the job that exited is counted (1 more);
+    rank 1's exit, code 1, is followed."""
     fold = RunFold(description(dp=2))
     fold.apply("step", table_of([step(0, 0), step(5, 0)]))
     fold.apply("step", table_of([step(0, 1), step(7, 1)]))
@@ -414,8 +416,11 @@ def test_rows_of_ranks_outside_the_job_are_counted_across_tables_and_a_step_of_n
     fold_events(fold, [step(2, 2)])
     assert fold.rejected == {"step": 3}
     assert len(fold.of_the_job("step", table_of([step(1, 0, 0.0)]))) == 1
-    fold.apply("rank_exited", table_of([RankExited(rank=5, wall_ns=0, exit_code=1, signal=None, error=None)]))
+    fold.apply("probe_off", table_of([ProbeOff(rank=5, wall_ns=0, probe="loss", reason="off")]))
     assert fold.rejected == {"step": 3}
+    exits = [RankExited(rank=rank, wall_ns=0, exit_code=1, signal=None, error=None) for rank in (5, 1)]
+    fold.apply("rank_exited", table_of(exits))
+    assert fold.rejected == {"step": 3, "rank_exited": 1} and fold.exits == {1: 1}
 
 
 # -- a step completed after the end --------------------------------------------------------------------------
