@@ -26,7 +26,7 @@ from meshtop.recordings.manifest import Manifest, script_plan
 from meshtop.recordings.metrics.requests import RequestFigures
 from meshtop.recordings.metrics.steps import JobStep, StepFigures
 from meshtop.recordings.prometheus import RunMetrics
-from meshtop.recordings.session_fold import FOLD_SHARE, Folded, SessionFold
+from meshtop.recordings.session_fold import Folded, SessionFold
 from meshtop.runner.job.control import JobControl
 from meshtop.runner.job.launch import NodeProbes
 from meshtop.runner.job.results import JobResult
@@ -273,7 +273,7 @@ def follow_job(
     progress = Progress(run.steps if isinstance(run, ResolvedRun) else None, out)
     # /metrics reads every figure live; without it the console and the manifest read steps and requests only
     kinds = FOLDED_KINDS if metrics is not None else PROGRESS_KINDS
-    session = SessionFold(manifest.run if manifest is not None else describe(run), kinds=kinds, share=FOLD_SHARE)
+    session = SessionFold(manifest.run if manifest is not None else describe(run), kinds=kinds)
     inference = session.run.inference
     probes_off: set[tuple[str, str]] = set()
 
