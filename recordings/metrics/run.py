@@ -16,6 +16,7 @@ from __future__ import annotations
 from collections import Counter, deque
 from collections.abc import Callable, Hashable, Iterable
 from dataclasses import dataclass
+from functools import reduce
 from itertools import islice
 from typing import TypeVar, cast
 
@@ -217,22 +218,21 @@ class RunFold:
         """Which rows can be this job's (``None``: all): a rank of the job, where the kind has one; a step time
         no less than 0; an operation that ends no earlier than it starts, a collective of a group of one rank or
         more, a stage action of a stage. A line can be well-formed and still not describe the job."""
-        names = table.column_names
         checks = []
-        if "rank" in names:
+        if "rank" in table.column_names:
             rank = table.column("rank")
             checks += [pc.greater_equal(rank, 0), pc.less(rank, self._rank_limit)]
         if kind == "step":
             checks.append(pc.greater_equal(table.column("duration_s"), 0))
-        elif kind in BULK_KINDS:
+        if kind in BULK_KINDS:
             checks.append(pc.greater_equal(table.column("end_ns"), table.column("start_ns")))
-            column = "group_size" if kind == "collective" else "stage"
-            checks.append(pc.greater_equal(table.column(column), 1 if kind == "collective" else 0))
+        if kind == "collective":
+            checks.append(pc.greater_equal(table.column("group_size"), 1))
+        if kind == "stage_action":
+            checks.append(pc.greater_equal(table.column("stage"), 0))
         if not checks:
             return None
-        keep = checks[0]
-        for check in checks[1:]:
-            keep = pc.and_(keep, check)
+        keep = reduce(pc.and_, checks)
         return None if (pc.sum(keep).as_py() or 0) == len(table) else keep
 
     def _on_steps(self, table: pa.Table) -> None:
