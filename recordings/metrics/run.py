@@ -24,7 +24,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from meshtop.probes.events import BULK_KINDS, CLIENT_RANK, FOLDED_KINDS, RequestDone, ServerMetric
+from meshtop.probes.events import BULK_KINDS, CLIENT_RANK, FOLD_ORDER, FOLDED_KINDS, RequestDone, ServerMetric
 from meshtop.recordings.manifest import GpuInfo, RunDescription
 from meshtop.recordings.metrics.attention import STEP_MEASURES, Attention, RankRecent, attention
 from meshtop.recordings.metrics.breakdown import PARTS, Breakdown, BreakdownFold, step_cells
@@ -462,11 +462,11 @@ class RunFold:
 
 def fold_tables(run: RunDescription, tables: Iterable[tuple[str, Iterable[pa.Table]]], *, status: str) -> RunFold:
     """A whole run's tables folded, the job ended with ``status``: each kind's batches (a table, or its parts
-    in any number; read only as they are folded) in turn, the ranks' starts first and the steps after the
-    operations they close."""
+    in any number; read only as they are folded) in turn, in the fold's order
+    (:data:`~meshtop.probes.events.FOLD_ORDER`: the ranks' starts first, the steps after the operations they
+    close)."""
     fold = RunFold(run)
-    order = {"rank_started": 0, "collective": 1, "stage_action": 1, "step": 2, "job_ended": 3}
-    for kind, batches in sorted(tables, key=lambda item: order.get(item[0], 1)):
+    for kind, batches in sorted(tables, key=lambda item: FOLD_ORDER.get(item[0], 0)):
         if kind != "job_ended":
             for batch in batches:
                 fold.apply(kind, batch)
