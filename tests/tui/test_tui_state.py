@@ -11,6 +11,7 @@ import pytest
 from meshtop.probes.arrivals import Arrivals
 from meshtop.probes.errors import MeshtopError
 from meshtop.probes.events import (
+    COALESCIBLE_KINDS,
     EventsDropped,
     FramesRefused,
     ProbeOff,
@@ -27,7 +28,7 @@ from meshtop.recordings.session_fold import SessionFold
 from meshtop.runner.plan import RunSpec, resolve
 from meshtop.tui.alerts import alerts_of
 from meshtop.tui.filters import parse_rank_filter
-from meshtop.tui.sources import COALESCIBLE, LiveSource, Playback, ReplaySource, ScreenBacklog
+from meshtop.tui.sources import LiveSource, Playback, ReplaySource, ScreenBacklog
 from meshtop.tui.state import DashboardState
 from meshtop.tui.view_records import HISTORY, RankView
 from meshtop.tui.views import memory_lines
@@ -354,7 +355,7 @@ def test_the_backlog_keeps_order_and_skips_the_oldest_high_rate_batches_first() 
     for batch in batches:
         backlog.put([batch])
     kinds = [kind for kind, _ in backlog.take()]
-    assert kinds == ["rank_started", "collective"] and backlog.skipped == 8 and "collective" in COALESCIBLE
+    assert kinds == ["rank_started", "collective"] and backlog.skipped == 8 and "collective" in COALESCIBLE_KINDS
 
 
 def test_a_live_job_says_what_it_does_before_its_first_step() -> None:
