@@ -166,16 +166,16 @@ def test_memory_bars_draw_only_ranks_the_dashboard_shows_even_when_the_most_load
     assert memory_lines(state, parse_rank_filter("1"), 80, 1).plain.splitlines()[0].startswith(" rank 1")
 
 
-def test_the_hosts_and_nodes_kept_between_frames_follow_each_ranks_start() -> None:
-    """The grid labels every node a frame from :meth:`DashboardState.hosts`, kept until a rank is first seen or
-    starts: a rank seen first by its samples (node 0, no host yet) moves to its node when its start comes."""
+def test_the_hosts_and_nodes_follow_each_ranks_start_as_the_fold_has_it() -> None:
+    """The grid labels every node a frame from :meth:`DashboardState.hosts`, the fold's: a rank seen first by its
+    samples (its view on node 0, no host yet) moves to its node when its start comes."""
     state = DashboardState(description(dp=4))
     state.apply_events([rank_started(0, host="a", node=0), rank_started(1, host="a", node=0)])
-    assert state.hosts() == {0: "a"} and state.node_of() == {0: 0, 1: 0}
+    assert state.hosts() == {0: "a"} and state.fold.nodes == {0: 0, 1: 0}
     state.apply_events([memory_snapshot(2, 100)])
-    assert state.node_of() == {0: 0, 1: 0, 2: 0}
+    assert state.ranks[2].node == 0 and state.hosts() == {0: "a"}
     state.apply_events([rank_started(2, host="b", node=1), rank_started(3, host="b", node=1)])
-    assert state.hosts() == {0: "a", 1: "b"} and state.node_of() == {0: 0, 1: 0, 2: 1, 3: 1}
+    assert state.hosts() == {0: "a", 1: "b"} and state.ranks[2].node == 1
     assert state.host_label(1) == "n1 b" and state.attention("step").measure == "step"
 
 
