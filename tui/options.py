@@ -64,26 +64,18 @@ class OneLineParser(argparse.ArgumentParser):
         self.exit(EXIT_USAGE, f"meshtop: error: {message} (see {self.prog} --help)\n")
 
 
-RUN_STEPS = (
-    f"training steps (default: until q, {WATCH_LIMIT_S / 60:g} minutes at most; record, or on many nodes: "
-    f"{DEFAULT_STEPS})"
-)
-"""``--steps``'s help where it launches one run (``run``, ``record``)."""
-RUN_BATCH = "4 per microbatch per replica"
-"""``--batch-size``'s default where one plan runs (``run``, ``record``); the planner's is per rank."""
-PLANNER_BATCH = "4 per rank, the same for every plan"
-
-
 def add_plan_options(parser: argparse.ArgumentParser) -> None:
     """Every option of ``run`` and ``record``: the built-in runner's (its plan, model and load), an endpoint's
     load, a script's, and the probes. ``plan`` and ``sweep`` take the groups they share
     (:mod:`meshtop.tui.commands.planning`)."""
-    builtin = [
-        add_parallel_options(parser, degrees=True),
-        add_model_options(parser, steps=RUN_STEPS, batch=RUN_BATCH, device=True),
-        add_load_options(parser),
-    ]
-    keep_builtin_defaults(parser, builtin)
+    add_builtin_options(
+        parser,
+        degrees=True,
+        steps=f"training steps (default: until q, {WATCH_LIMIT_S / 60:g} minutes at most; record, or on many "
+        f"nodes: {DEFAULT_STEPS})",
+        batch="4 per microbatch per replica",
+        device=True,
+    )
     add_endpoint_options(parser)
     script = parser.add_argument_group("your own script (after --)")
     script.add_argument(
@@ -95,6 +87,22 @@ def add_plan_options(parser: argparse.ArgumentParser) -> None:
         "with --dtype, its compute dtype, MFU on a GPU)",
     )
     add_probe_options(parser, hooks=True)
+
+
+def add_builtin_options(
+    parser: argparse.ArgumentParser, *, degrees: bool, steps: str | None, batch: str, device: bool
+) -> None:
+    """The built-in runner's groups (:func:`add_parallel_options`, :func:`add_model_options`,
+    :func:`add_load_options`), their defaults kept in ``args.builtin_defaults``: an option changed from its default
+    is refused beside a script or an endpoint, which set up their own. A script's device and dtype (for its MFU)
+    are not among them."""
+    groups = [
+        add_parallel_options(parser, degrees=degrees),
+        add_model_options(parser, steps=steps, batch=batch, device=device),
+        add_load_options(parser),
+    ]
+    builtin = [action for group in groups for action in group._group_actions if action.dest not in ("device", "dtype")]
+    parser.set_defaults(builtin_defaults={action.dest: action.default for action in builtin})
 
 
 def add_parallel_options(parser: argparse.ArgumentParser, *, degrees: bool) -> argparse._ArgumentGroup:
@@ -228,14 +236,6 @@ def add_load_options(parser: argparse.ArgumentParser) -> argparse._ArgumentGroup
         "--slo-tpot-ms", type=float, default=None, metavar="MS", help="goodput: time per output token at most MS"
     )
     return load
-
-
-def keep_builtin_defaults(parser: argparse.ArgumentParser, groups: list[argparse._ArgumentGroup]) -> None:
-    """Keep the defaults of the built-in runner's options (``args.builtin_defaults``): an option changed from
-    its default is refused beside a script or an endpoint, which set up their own. A script's device and dtype
-    (for its MFU) are not among them."""
-    builtin = [action for group in groups for action in group._group_actions if action.dest not in ("device", "dtype")]
-    parser.set_defaults(builtin_defaults={action.dest: action.default for action in builtin})
 
 
 def add_probe_options(parser: argparse.ArgumentParser, *, hooks: bool) -> None:

@@ -16,15 +16,11 @@ from meshtop.runner.planner.plans import SWEEP_STEPS, Question, candidates, chec
 from meshtop.runner.planner.report import Budget, check_budget, parse_size, report
 from meshtop.tui.options import (
     EXIT_OK,
-    PLANNER_BATCH,
-    add_load_options,
-    add_model_options,
-    add_parallel_options,
+    add_builtin_options,
     add_probe_options,
     exit_code,
     gpus_visible,
     hang_timeout_from_args,
-    keep_builtin_defaults,
     node_probes_from_args,
     spec_from_args,
 )
@@ -79,12 +75,9 @@ def add_plan_commands(commands: Any) -> None:
             help="only these plans, comma-separated: dp4,fsdp4,tp2xpp2,dp2xtp2 ...",
         )
         steps = f"training steps (default {SWEEP_STEPS})" if command == "sweep" else None  # plan launches nothing
-        builtin = [
-            add_parallel_options(parser, degrees=False),
-            add_model_options(parser, steps=steps, batch=PLANNER_BATCH, device=False),
-            add_load_options(parser),
-        ]
-        keep_builtin_defaults(parser, builtin)
+        add_builtin_options(
+            parser, degrees=False, steps=steps, batch="4 per rank, the same for every plan", device=False
+        )
         if command == "sweep":
             add_probe_options(parser, hooks=False)
         parser.set_defaults(
