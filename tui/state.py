@@ -162,6 +162,8 @@ class DashboardState:
         """(the memory rows, :meth:`low_headroom` of them)."""
         self._starts_read = 0
         """Ranks' starts this state read: a rank's node may change with one."""
+        self._hosts: tuple[int, dict[int, str]] | None = None
+        """(starts read, :meth:`hosts`) as they were last read."""
         self.final = False
         """The run is over and every step decided: figures are always fresh."""
 
@@ -430,9 +432,12 @@ class DashboardState:
             return {stage: tuple(stages[stage].recent) for stage in sorted(stages) if stages[stage].recent}
 
     def hosts(self) -> dict[int, str]:
-        """The host of each node the ranks reported their start from (one entry on one machine)."""
-        with self.session.reading() as fold:
-            return dict(fold.hosts)
+        """The host of each node the ranks reported their start from (one entry on one machine), as the fold has
+        them when this state last read a start (the grid labels each of 128 nodes a frame)."""
+        if self._hosts is None or self._hosts[0] != self._starts_read:
+            with self.session.reading() as fold:
+                self._hosts = (self._starts_read, dict(fold.hosts))
+        return self._hosts[1]
 
     def host_label(self, node: int) -> str:
         return node_label(node, self.hosts())
