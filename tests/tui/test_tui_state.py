@@ -12,6 +12,7 @@ from meshtop.probes.arrivals import Arrivals
 from meshtop.probes.errors import MeshtopError
 from meshtop.probes.events import (
     COALESCIBLE_KINDS,
+    SHOWN_KINDS,
     EventsDropped,
     FramesRefused,
     ProbeOff,
@@ -371,3 +372,9 @@ def test_a_live_job_says_what_it_does_before_its_first_step() -> None:
     assert state.startup() == "every rank started, waiting for the first step"
     state.apply_events([step(0, 0, 0.005), step(1, 0, 0.005)])
     assert state.steps_done == 1 and state.startup() is None
+
+
+def test_every_kind_the_screen_reads_is_one_a_live_screen_is_handed() -> None:
+    """A live source hands the screen the shown kinds only (:data:`meshtop.probes.events.SHOWN_KINDS`): a reader
+    of another kind would read it in a replay and never live."""
+    assert DashboardState._READERS.keys() <= SHOWN_KINDS
