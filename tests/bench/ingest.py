@@ -38,7 +38,7 @@ from pathlib import Path
 
 from meshtop.probes.arrivals import Arrivals
 from meshtop.probes.collector import Collector
-from meshtop.probes.events import Event
+from meshtop.probes.events import PRINTED_KINDS, Event
 from meshtop.probes.wire import encode_events
 from meshtop.runner.job.allocator import keep_buffer_pages
 from tests.bench.figures import NO_TARGET, Row, Spread, Target, median
@@ -101,13 +101,12 @@ class Consumer:
         run = RunDescription.from_json(
             resolve(RunSpec(dp=RANKS // 4, tp=2, pp=2, device="cpu"), gpus_visible=0).describe()
         )
-        from meshtop.runner.job.console import CONSOLE_KINDS
         from meshtop.tui.sources import screen_batches
 
         kinds = PROGRESS_KINDS if front_end == "record" else FOLDED_KINDS  # record without /metrics, as console.py
         self.recorder = SessionRecorder(SessionFold(run, kinds=kinds), directory, Manifest(run=run))
         if front_end == "record":
-            self.decode: Callable[[Arrivals, Folded], object] = lambda arrivals, folded: arrivals.events(CONSOLE_KINDS)
+            self.decode: Callable[[Arrivals, Folded], object] = lambda arrivals, folded: arrivals.events(PRINTED_KINDS)
         else:
             self.decode = lambda arrivals, folded: screen_batches(arrivals, folded.tables)  # what the fold left
 
