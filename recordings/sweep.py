@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from meshtop.recordings.manifest import Model
+from meshtop.recordings.manifest import ModelShape
 from meshtop.recordings.metrics.collectives import communication_share, last_full_step, step_traffic
 from meshtop.recordings.metrics.memory import CATEGORIES, accounted_bytes, plan_peak
 from meshtop.recordings.metrics.pipeline import mean_bubble, theoretical_bubble
@@ -129,7 +129,7 @@ class PlanPrediction:
 class SweepReport:
     """The planner's report the sweep ran from (``meshtop plan --json``'s)."""
 
-    model: Model | None
+    model: ModelShape | None
     ranks: int
     device: str
     mode: str

@@ -18,9 +18,9 @@ import math
 from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 
+from meshtop.recordings.manifest import ModelShape
 from meshtop.runner.errors import PlanError
 from meshtop.runner.plan import ResolvedRun, RunSpec, check_mode_options, check_positive, model_shape, resolve
-from meshtop.runner.presets import ModelShape
 
 ELEMENT_BYTES = {"fp32": 4, "bf16": 2}
 FLOAT32 = 4

@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from meshtop.recordings.typed_json import dump
 from meshtop.runner.errors import PlanError
 from meshtop.runner.plan import ResolvedRun
 from meshtop.runner.planner.plans import Candidate, Prediction, Question, RankMemory, in_flight
@@ -164,7 +165,7 @@ def report(question: Question, found: list[Candidate], budget: Budget) -> dict[s
             row.update(plan_figures(candidate.prediction, budget))
         plans.append(row)
     return {
-        "model": first.shape.describe() if first is not None else None,
+        "model": dump(first.shape.counted()) if first is not None else None,
         "ranks": question.ranks,
         "device": "cuda" if question.gpus else "cpu",
         "mode": question.base.mode,
