@@ -31,10 +31,11 @@ SESSION_MODULES = {
     "runner/planner/report.py",
 }
 """The runner's modules that run in meshtop's own process and keep a recording."""
-RUN_TYPES = {"meshtop.recordings.manifest", "meshtop.recordings.typed_json"}
-"""The run's description and its JSON, which every runner module may import: the manifest, the planner, the
-runner and serving share one set of types (a model's shape, a load, a plan), defined at the lowest layer that
-records them. Plain dataclasses: they import no pandas and no pyarrow, so a rank stays free of both."""
+RUN_TYPES = {"meshtop.recordings.manifest", "meshtop.recordings.predictions", "meshtop.recordings.typed_json"}
+"""The run's description, the planner's predictions and their JSON, which every runner module may import: the
+manifest, the planner, the runner and serving share one set of types (a model's shape, a load, a plan, a
+plan's predicted traffic), defined at the lowest layer that records them. Plain dataclasses: they import no
+pandas and no pyarrow, so a rank stays free of both."""
 UI_LIBRARIES = {"textual", "rich"}
 
 
