@@ -5,6 +5,10 @@ uses, and :func:`read_manifest` refuses, in one line, a file with a field it
 does not know, a field of the wrong type or a required field missing, so no
 reader guesses with ``.get(...) or 1`` (:mod:`meshtop.recordings.typed_json`). On disk it is one JSON object; the run
 description's fields sit at its top level beside the manifest's own.
+
+The run description's types (:class:`Plan`, :class:`ModelShape`, :class:`Load`, :class:`ServerInfo`) are the
+runner's own: the presets, the planner, the built-in inference and serving use these, so what runs is what is
+recorded, field for field. The module imports no pandas and no pyarrow, so a rank can import it.
 """
 
 from __future__ import annotations
@@ -36,16 +40,16 @@ INFER_MODE = "infer"
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Plan:
-    """The parallel plan."""
+    """The parallel plan (a script's, or an endpoint's load generator: its ranks alone, each a replica)."""
 
     dp: int
-    tp: int
-    pp: int
-    fsdp: bool
+    tp: int = 1
+    pp: int = 1
+    fsdp: bool = False
     world_size: int
-    schedule: str | None
+    schedule: str | None = None
     """``None`` without a pipeline."""
-    microbatches: int | None
+    microbatches: int | None = None
     virtual_stages: int = 1
     stage_layers: tuple[tuple[int, ...], ...] = ()
     label: str
@@ -237,16 +241,7 @@ LOAD_WORK = ("requests", "concurrency", "request_rate_per_s", "prompt_len", "out
 def script_plan(name: str, world_size: int, launcher: str = "torchrun") -> Plan:
     """A script's plan: its world size alone (meshtop does not know how the script splits it), labelled with its
     launcher."""
-    return Plan(
-        dp=world_size,
-        tp=1,
-        pp=1,
-        fsdp=False,
-        world_size=world_size,
-        schedule=None,
-        microbatches=None,
-        label=f"{launcher} {name} ({world_size} ranks)",
-    )
+    return Plan(dp=world_size, world_size=world_size, label=f"{launcher} {name} ({world_size} ranks)")
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

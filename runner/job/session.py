@@ -122,16 +122,7 @@ def endpoint_description(run: EndpointRun, server: ServerInfo | None = None) -> 
     if server is None and run.server is not None:  # not started yet: its command
         server = ServerInfo(command=run.server.command)
     return RunDescription(
-        plan=Plan(
-            dp=1,
-            tp=1,
-            pp=1,
-            fsdp=False,
-            world_size=1,
-            schedule=None,
-            microbatches=None,
-            label=f"endpoint {run.origin.base} ({run.api})",
-        ),
+        plan=Plan(dp=1, world_size=1, label=f"endpoint {run.origin.base} ({run.api})"),
         mode="infer",
         model=None,
         dtype=None,
