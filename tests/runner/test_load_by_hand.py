@@ -23,6 +23,7 @@ from meshtop.runner.serving.load import (
     LoadRequest,
     Prompt,
     check_load,
+    endpoint_load,
     plan_load,
     prompt_of,
     read_prompts,
@@ -186,6 +187,20 @@ def test_seed_1_draws_its_prompts_and_lengths_from_the_generator_seeded_2() -> N
 def test_an_open_loop_for_a_duration_plans_a_quarter_more_than_rate_times_duration_and_ten() -> None:
     assert requests_for(10.0, 2.0, None) == 35  # 2 / s x 10 s = 20, x 1.25 = 25, + 10
     assert requests_for(4.0, 0.3, None) == 12  # 0.3 x 4 = 1.2, x 1.25 = 1.5, up to 2, + 10
+
+
+def test_an_endpoint_load_fills_its_timeout_its_shape_and_its_most_in_flight() -> None:
+    """A closed loop of 3 clients: the default 120 s timeout, no gamma shape (answers pace it), max_batch 3.
+    An open loop: shape 1 (Poisson) where none was given, max_batch 0 (no bound of meshtop's); given values
+    stay."""
+    closed = endpoint_load(Load(requests=4, concurrency=3, request_rate_per_s=None))
+    assert (closed.timeout_s, closed.burstiness, closed.max_batch) == (120.0, None, 3)
+    opened = endpoint_load(Load(requests=4, concurrency=None, request_rate_per_s=2.0))
+    assert (opened.timeout_s, opened.burstiness, opened.max_batch) == (120.0, 1.0, 0)
+    given = endpoint_load(Load(requests=4, concurrency=None, request_rate_per_s=2.0, burstiness=0.5, timeout_s=9.0))
+    assert (given.timeout_s, given.burstiness) == (9.0, 0.5)
+    with pytest.raises(PlanError, match="--burstiness must be above 0"):
+        endpoint_load(Load(requests=4, concurrency=None, request_rate_per_s=2.0, burstiness=0.0))
 
 
 # -- the options' bounds -------------------------------------------------------------------------------------
