@@ -16,15 +16,10 @@ from typing import TYPE_CHECKING, NoReturn
 
 from meshtop.probes.errors import MeshtopError
 from meshtop.probes.samplers import DEFAULT_GPU_HZ, DEFAULT_PROCESS_HZ
+from meshtop.recordings.manifest import DEFAULT_OUTPUT_LEN, DEFAULT_PROMPT_LEN
 from meshtop.runner.errors import PlanError
 from meshtop.runner.job.launch import NodeProbes
-from meshtop.runner.load import (
-    DEFAULT_CONCURRENCY,
-    DEFAULT_MAX_BATCH,
-    DEFAULT_OUTPUT_LEN,
-    DEFAULT_PROMPT_LEN,
-    DEFAULT_REQUESTS,
-)
+from meshtop.runner.load import DEFAULT_CONCURRENCY, DEFAULT_MAX_BATCH, DEFAULT_REQUESTS
 from meshtop.runner.multinode.nodes import NODE_OPTIONS, Nodes, nodes_from_options
 from meshtop.runner.plan import (
     CHECKPOINTS,

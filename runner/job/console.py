@@ -42,7 +42,7 @@ def headline(run: Work) -> str:
             else f"{sent.request_rate_per_s:g} req/s "
             + ("Poisson" if sent.burstiness == 1 else f"gamma (burstiness {sent.burstiness:g})")
         )
-        prompts = f"prompts from {sent.prompts}" if sent.prompts else f"prompt {span(sent.input_len)} words"
+        prompts = f"prompts from {sent.prompts}" if sent.prompts else f"prompt {span(sent.prompt_len)} words"
         warmup = f" after {sent.warmup} warmup" if sent.warmup else ""
         if sent.duration_s is not None:
             warmup += f", for {sent.duration_s:g} s at most"

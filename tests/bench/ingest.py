@@ -93,14 +93,12 @@ class Consumer:
 
     def __init__(self, directory: Path, front_end: str) -> None:
         # Imported here: the producer processes import this module and need neither torch nor textual.
-        from meshtop.recordings.manifest import Manifest, RunDescription
+        from meshtop.recordings.manifest import Manifest
         from meshtop.recordings.recorder import SessionRecorder
         from meshtop.recordings.session_fold import FOLDED_KINDS, PROGRESS_KINDS, Folded, SessionFold
         from meshtop.runner.plan import RunSpec, resolve
 
-        run = RunDescription.from_json(
-            resolve(RunSpec(dp=RANKS // 4, tp=2, pp=2, device="cpu"), gpus_visible=0).describe()
-        )
+        run = resolve(RunSpec(dp=RANKS // 4, tp=2, pp=2, device="cpu"), gpus_visible=0).describe()
         from meshtop.tui.sources import screen_batches
 
         kinds = PROGRESS_KINDS if front_end == "record" else FOLDED_KINDS  # record without /metrics, as console.py
