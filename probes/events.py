@@ -608,6 +608,11 @@ class KindRole:
     while the job runs."""
     printed: bool
     """``record`` prints it as a notice (the dashboard shows the same notices in its Alerts)."""
+    coalescible: bool
+    """A newer event of the kind follows soon and says as much (an operation of a rank's next step, a sampler's
+    next reading): a live screen that falls behind may skip it (the recording and the session's fold keep it).
+    A start, an exit, a step, a request or a memory snapshot is never skipped: a lost start would leave a rank
+    on the wrong stage, a lost step a hole in every figure."""
     forwarded: bool
     """A node forwards it to the head. A node's own view of how its ranks ended is not: its ``bye`` carries
     that, and the head records the job's."""
@@ -620,16 +625,16 @@ class KindRole:
 _ROLES: tuple[tuple[str, str], ...] = (
     # The order is the fold's within one slice of time: a rank's start before its work, a step after the work
     # it closes, the job's end last. Flags: b bulk, f folded, s shown, p progress, n printed (notice),
-    # w forwarded; the digit is the section.
+    # c coalescible, w forwarded; the digit is the section.
     ("rank_started",   "f s p w 0"),
     ("nvml_state",     "  s   w 1"),
     ("gpu_link",       "      w 1"),
     ("probe_off",      "  s n w 1"),
-    ("collective",     "b f s w 1"),
-    ("stage_action",   "b f s w 1"),
+    ("collective",     "b f s c w 1"),
+    ("stage_action",   "b f s c w 1"),
     ("memory",         "f s   w 1"),
-    ("process",        "f s   w 1"),
-    ("gpu",            "f s   w 1"),
+    ("process",        "f s c w 1"),
+    ("gpu",            "f s c w 1"),
     ("server_state",   "  s n w 1"),
     ("server_metric",  "f s   w 1"),
     ("request",        "f s p w 2"),
@@ -656,6 +661,7 @@ def _role(flags: str) -> KindRole:
         shown="s" in words,
         progress="p" in words,
         printed="n" in words,
+        coalescible="c" in words,
         forwarded="w" in words,
         section=int(words[-1]),
     )
@@ -673,4 +679,5 @@ FOLDED_KINDS = frozenset(kind for kind, role in KINDS.items() if role.folded)
 SHOWN_KINDS = frozenset(kind for kind, role in KINDS.items() if role.shown)
 PROGRESS_KINDS = frozenset(kind for kind, role in KINDS.items() if role.progress)
 PRINTED_KINDS = frozenset(kind for kind, role in KINDS.items() if role.printed)
+COALESCIBLE_KINDS = frozenset(kind for kind, role in KINDS.items() if role.coalescible)
 FORWARDED_KINDS = frozenset(kind for kind, role in KINDS.items() if role.forwarded)

@@ -5,6 +5,10 @@ uses, and :func:`read_manifest` refuses, in one line, a file with a field it
 does not know, a field of the wrong type or a required field missing, so no
 reader guesses with ``.get(...) or 1`` (:mod:`meshtop.recordings.typed_json`). On disk it is one JSON object; the run
 description's fields sit at its top level beside the manifest's own.
+
+The run description's types (:class:`Plan`, :class:`ModelShape`, :class:`Load`, :class:`ServerInfo`) are the
+runner's own: the presets, the planner, the built-in inference and serving use these, so what runs is what is
+recorded, field for field. The module imports no pandas and no pyarrow, so a rank can import it.
 """
 
 from __future__ import annotations
@@ -36,16 +40,16 @@ INFER_MODE = "infer"
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Plan:
-    """The parallel plan."""
+    """The parallel plan (a script's, or an endpoint's load generator: its ranks alone, each a replica)."""
 
     dp: int
-    tp: int
-    pp: int
-    fsdp: bool
+    tp: int = 1
+    pp: int = 1
+    fsdp: bool = False
     world_size: int
-    schedule: str | None
+    schedule: str | None = None
     """``None`` without a pipeline."""
-    microbatches: int | None
+    microbatches: int | None = None
     virtual_stages: int = 1
     stage_layers: tuple[tuple[int, ...], ...] = ()
     label: str
@@ -57,48 +61,102 @@ class Plan:
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
-class Model:
-    """The model's shape."""
+class ModelShape:
+    """The shape of a Llama-style decoder (RMSNorm, rotary attention, SwiGLU): a preset's, a ``config.json``'s,
+    or the one a recording ran."""
 
     name: str
+    """The preset's name, as given to ``--model`` (a config's: its model's)."""
     n_layers: int
+    """Number of transformer blocks."""
     dim: int
+    """Width of the residual stream."""
     n_heads: int
+    """Attention (query) heads."""
     n_kv_heads: int
+    """Key / value heads (grouped-query attention when fewer than ``n_heads``)."""
     ffn_dim: int
+    """Hidden width of the SwiGLU MLP."""
     vocab_size: int
+    """Number of token ids."""
     default_seq_len: int
+    """Sequence length used when ``--seq-len`` is not given."""
     norm_eps: float = 1e-5
+    """Epsilon of every RMSNorm."""
     rope_theta: float = 10000.0
+    """Base of the rotary position embedding."""
     tie_embeddings: bool = False
-    """The output projection shares the token embedding's matrix."""
-    parameters: int
-    """Parameter elements of the whole model."""
+    """The output projection is the token embedding's matrix (one parameter, as ``tie_word_embeddings``)."""
+    parameters: int | None = None
+    """Parameter elements of the whole model as a recording states them (``None``: counted from the shape)."""
+
+    @property
+    def head_dim(self) -> int:
+        return self.dim // self.n_heads
+
+    def parameter_count(self) -> int:
+        """Parameters of the whole model (embedding and output counted apart unless tied), or the count the
+        recording states."""
+        if self.parameters is not None:
+            return self.parameters
+        attention = self.dim * self.head_dim * (2 * self.n_heads + 2 * self.n_kv_heads)
+        mlp = 3 * self.dim * self.ffn_dim
+        norms = 2 * self.dim
+        per_layer = attention + mlp + norms
+        ends = (1 if self.tie_embeddings else 2) * self.vocab_size * self.dim
+        return self.n_layers * per_layer + ends + self.dim
+
+    def counted(self) -> ModelShape:
+        """This shape with its parameter count stated, as a recording keeps it."""
+        return replace(self, parameters=self.parameter_count())
+
+
+DEFAULT_PROMPT_LEN = (32, 32)
+DEFAULT_OUTPUT_LEN = (32, 32)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Load:
-    """An inference run's requests and how they arrive."""
+    """The requests of an inference run and how they arrive: the built-in model's (``--mode infer``) or those
+    meshtop sends to a serving endpoint (``--endpoint``).
+
+    Closed loop (``concurrency``: C clients, each sends its next request when the previous one is answered)
+    or open loop (``request_rate_per_s``: gaps drawn from a gamma distribution of mean 1/R and shape
+    ``burstiness``, :func:`meshtop.runner.load.arrival_offsets_s`)."""
 
     requests: int
     concurrency: int | None
+    """Closed loop: requests in flight at once (``None`` in open loop)."""
     request_rate_per_s: float | None
-    prompt_len: tuple[int, int]
-    output_len: tuple[int, int]
-    max_batch: int
-    seed: int
+    """Open loop: the mean arrival rate (``None`` in closed loop)."""
+    prompt_len: tuple[int, int] = DEFAULT_PROMPT_LEN
+    """Lowest and highest prompt length (equal for a fixed length): tokens for the built-in model, words of a
+    generated prompt for an endpoint (unused with a prompts file)."""
+    output_len: tuple[int, int] = DEFAULT_OUTPUT_LEN
+    """Lowest and highest tokens to generate (an endpoint's ``max_tokens``)."""
+    max_batch: int = 0
+    """The built-in model's: requests one replica decodes together, at most. An endpoint's: its concurrency (0
+    in open loop), the most meshtop has in flight."""
+    seed: int = 0
     slo_ttft_ms: float | None = None
     slo_tpot_ms: float | None = None
     burstiness: float | None = None
-    """An endpoint's open loop: the gamma shape of the gaps (1: Poisson)."""
+    """Open loop: the gamma shape of the gaps (1: Poisson, below 1 burstier, above 1 more even; ``None``: 1)."""
     warmup: int = 0
     """An endpoint's: requests sent first and left out of every figure."""
     prompts: str | None = None
     """An endpoint's prompts file (``None``: generated prompts of ``prompt_len`` words)."""
     timeout_s: float | None = None
+    """An endpoint's: per request, from its send to its last byte."""
     ignore_eos: bool = False
     duration_s: float | None = None
-    """An endpoint's ``--duration``: sent for this long at most; the load is then the requests sent."""
+    """An endpoint's ``--duration``: sent for this long at most (from the first of the load's own requests); a
+    request due later is not sent, and the load is the requests sent."""
+
+    @property
+    def max_sequence(self) -> int:
+        """Prompt plus output, the longest (the built-in model's KV cache holds this many positions a slot)."""
+        return self.prompt_len[1] + self.output_len[1]
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -112,11 +170,13 @@ class ServerInfo:
     """What decides its devices and network: ``CUDA_VISIBLE_DEVICES``, ``NCCL_*``, the engine's own."""
     log_tail: tuple[str, ...] = ()
     exit_code: int | None = None
+    """As it ended (negative: the signal that ended it)."""
     startup_s: float | None = None
     """From its start to its first answer."""
     cpu_s: float | None = None
-    """CPU seconds of its process tree."""
+    """CPU seconds of its process tree, as last seen."""
     peak_rss_bytes: int | None = None
+    """The largest resident memory of its process tree seen."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -181,16 +241,7 @@ LOAD_WORK = ("requests", "concurrency", "request_rate_per_s", "prompt_len", "out
 def script_plan(name: str, world_size: int, launcher: str = "torchrun") -> Plan:
     """A script's plan: its world size alone (meshtop does not know how the script splits it), labelled with its
     launcher."""
-    return Plan(
-        dp=world_size,
-        tp=1,
-        pp=1,
-        fsdp=False,
-        world_size=world_size,
-        schedule=None,
-        microbatches=None,
-        label=f"{launcher} {name} ({world_size} ranks)",
-    )
+    return Plan(dp=world_size, world_size=world_size, label=f"{launcher} {name} ({world_size} ranks)")
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -201,7 +252,7 @@ class RunDescription:
     plan: Plan
     mode: str
     """``train`` or ``infer``."""
-    model: Model | None
+    model: ModelShape | None
     """``None`` for a script."""
     dtype: str | None
     """The compute dtype; a script's: the one the user named for MFU, else ``None``."""
@@ -263,14 +314,6 @@ class RunDescription:
         if self.script is None or world_size <= 0 or world_size == self.plan.world_size:
             return self
         return replace(self, plan=script_plan(self.script.name, world_size, self.script.launcher))
-
-    @classmethod
-    def from_json(cls, data: dict[str, Any]) -> RunDescription:
-        """A run description (``ResolvedRun.describe()``); a :class:`RecordingError` if it is not one."""
-        return load(cls, data, whole="the run description")
-
-    def to_json(self) -> dict[str, Any]:
-        return dump(self)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -19,14 +19,14 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from meshtop.recordings.manifest import Model
 from meshtop.recordings.metrics.collectives import communication_share, last_full_step, step_traffic
 from meshtop.recordings.metrics.memory import CATEGORIES, accounted_bytes, plan_peak
 from meshtop.recordings.metrics.pipeline import mean_bubble, theoretical_bubble
+from meshtop.recordings.predictions import PlanPrediction, PlanReport
 from meshtop.recordings.reader import open_recording
 from meshtop.recordings.summary import fold_recording, job_status
 from meshtop.recordings.typed_json import RecordingError, dump, load
@@ -60,99 +60,13 @@ class PlanEntry:
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
-class RankPrediction:
-    """The planner's bytes for one rank."""
-
-    rank: int
-    weights_bytes: int
-    grads_bytes: int
-    optimizer_bytes: int
-    activations_bytes: int
-    kv_cache_bytes: int
-    total_bytes: int
-    recompute_bytes: int = 0
-    """A block's recomputation during its backward (activation checkpointing): not measured, not in the total."""
-    fit_bytes: int | None = None
-    """The total and the recomputation: what must fit (``None`` in a sweep from before recipes)."""
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class PredictedTraffic:
-    """The planner's bytes of one (rank, group, op) in a step."""
-
-    rank: int
-    op: str
-    group: str
-    group_size: int
-    bytes: int
-    count: int
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class PlanPrediction:
-    """One plan of the planner's report: why it cannot run, or what it predicts (``runs``)."""
-
-    key: str
-    runs: bool
-    reason: str | None
-    label: str | None = None
-    dp: int | None = None
-    tp: int | None = None
-    pp: int | None = None
-    fsdp: bool | None = None
-    schedule: str | None = None
-    microbatches: int | None = None
-    virtual_stages: int = 1
-    in_flight: tuple[int, ...] | None = None
-    """Microbatches each pipeline rank holds at once (training)."""
-    peak_rank: int | None = None
-    peak: RankPrediction | None = None
-    """The most loaded rank's bytes."""
-    ranks: tuple[RankPrediction, ...] = ()
-    fits: bool | None = None
-    headroom_bytes: int | None = None
-    traffic: tuple[PredictedTraffic, ...] = ()
-    step_bytes: dict[str, int] = field(default_factory=dict)
-    groups: dict[str, tuple[tuple[int, ...], ...]] = field(default_factory=dict)
-    warnings: tuple[str, ...] = ()
-    group_nodes: dict[str, tuple[tuple[int, ...], ...]] = field(default_factory=dict)
-    comm_s: float | None = None
-    compute_s: float | None = None
-    comm_share: float | None = None
-
-    def __post_init__(self) -> None:
-        if self.runs and (self.peak is None or self.pp is None):
-            raise RecordingError(f"plan {self.key} runs, but its prediction is missing (peak, pp)")
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class SweepReport:
-    """The planner's report the sweep ran from (``meshtop plan --json``'s)."""
-
-    model: Model | None
-    ranks: int
-    device: str
-    mode: str
-    """``train`` or ``infer``: what the plans are ranked by."""
-    dtype: str | None
-    batch_size: int | None
-    seq_len: int | None
-    device_memory_bytes: int | None
-    precision: str | None = None
-    checkpoint: str | None = None
-    busbw_bytes_per_s: float | None
-    flops_per_s: float | None
-    plans: tuple[PlanPrediction, ...]
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
 class SweepFile:
     """``OUT/sweep.json``: what was asked, the planner's report, and what became of each plan."""
 
     version: int
     started_at: str
     command_line: tuple[str, ...]
-    report: SweepReport
+    report: PlanReport
     plans: tuple[PlanEntry, ...]
 
 

@@ -39,8 +39,8 @@ from __future__ import annotations
 import json
 from pathlib import Path, PurePosixPath
 
+from meshtop.recordings.manifest import ModelShape
 from meshtop.runner.errors import ModelConfigError
-from meshtop.runner.presets import ModelShape
 
 MODEL_TYPES = ("llama", "mistral")
 ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM")

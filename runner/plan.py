@@ -8,21 +8,23 @@ torch, so a bad command line is refused at once.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
+from typing import Any
 
-from meshtop.runner.errors import PlanError
-from meshtop.runner.load import (
-    DEFAULT_CONCURRENCY,
-    DEFAULT_MAX_BATCH,
+from meshtop.recordings import typed_json
+from meshtop.recordings.manifest import (
     DEFAULT_OUTPUT_LEN,
     DEFAULT_PROMPT_LEN,
-    DEFAULT_REQUESTS,
-    MAX_REQUESTS,
-    MAX_SEQUENCE,
-    InferenceLoad,
+    INFER_MODE,
+    Load,
+    ModelShape,
+    Plan,
+    RunDescription,
 )
+from meshtop.runner.errors import PlanError
+from meshtop.runner.load import DEFAULT_CONCURRENCY, DEFAULT_MAX_BATCH, DEFAULT_REQUESTS, MAX_REQUESTS, MAX_SEQUENCE
 from meshtop.runner.model_config import load_model_config
-from meshtop.runner.presets import ModelShape, preset
+from meshtop.runner.presets import preset
 
 SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b")
 DTYPES = ("fp32", "bf16")
@@ -164,7 +166,7 @@ class ResolvedRun:
     stage_layers: tuple[tuple[int, ...], ...] = field(default=())
     """Layer indices of each pipeline stage, stage 0 first."""
     mode: str = "train"
-    load: InferenceLoad | None = None
+    load: Load | None = None
     """The requests to serve (inference only)."""
     mixed: bool = False
     """Mixed precision: bf16 compute over fp32 master weights and fp32 optimizer state (training)."""
@@ -220,59 +222,45 @@ class ResolvedRun:
             label += f" ({self.schedule}, {self.microbatches} mb)"
         return label
 
-    def to_json(self) -> dict[str, object]:
-        fields = asdict(self)
-        fields["shape"] = asdict(self.shape)
-        fields["stage_layers"] = [list(layers) for layers in self.stage_layers]
-        fields["load"] = self.load.describe() if self.load is not None else None
-        return fields
+    def to_json(self) -> dict[str, Any]:
+        """What a rank is handed (``run.json``): every field as plain JSON."""
+        return typed_json.dump(self)
 
     @classmethod
-    def from_json(cls, fields: dict[str, object]) -> ResolvedRun:
-        values = dict(fields)
-        shape = values["shape"]
-        values["shape"] = ModelShape(**shape) if isinstance(shape, dict) else preset(str(shape))
-        values["stage_layers"] = tuple(tuple(layers) for layers in values["stage_layers"])  # type: ignore[attr-defined]
-        load = values.get("load")
-        values["load"] = InferenceLoad.from_json(load) if isinstance(load, dict) else None
-        return cls(**values)  # type: ignore[arg-type]
+    def from_json(cls, fields: dict[str, Any]) -> ResolvedRun:
+        return typed_json.load(cls, fields, whole="the run")
 
-    def describe(self) -> dict[str, object]:
-        """The full run description for a manifest."""
-        description = self._describe_plan()
-        if self.load is not None:
-            description["load"] = self.load.describe()
-            for key in ("steps", "batch_size", "microbatch_size", "seq_len"):
-                description[key] = None
-        return description
-
-    def _describe_plan(self) -> dict[str, object]:
-        return {
-            "plan": {
-                "dp": self.dp,
-                "tp": self.tp,
-                "pp": self.pp,
-                "fsdp": self.fsdp,
-                "world_size": self.world_size,
-                "schedule": self.schedule,
-                "microbatches": self.microbatches,
-                "virtual_stages": self.virtual_stages,
-                "stage_layers": [list(layers) for layers in self.stage_layers],
-                "label": self.plan_label(),
-            },
-            "mode": self.mode,
-            "model": self.shape.describe(),
-            "dtype": self.dtype,
-            "precision": self.precision,
-            "checkpoint": self.checkpoint,
-            "device": self.device,
-            "steps": self.steps,
-            "batch_size": self.batch_size,
-            "microbatch_size": self.microbatch_size,
-            "seq_len": self.seq_len,
-            "seed": self.seed,
-            "instrumented": self.instrument,
-        }
+    def describe(self) -> RunDescription:
+        """The run description a recording of this run holds (inference has no steps, batch or length of
+        training: its load says what ran)."""
+        serving = self.mode == INFER_MODE
+        return RunDescription(
+            plan=Plan(
+                dp=self.dp,
+                tp=self.tp,
+                pp=self.pp,
+                fsdp=self.fsdp,
+                world_size=self.world_size,
+                schedule=self.schedule,
+                microbatches=self.microbatches,
+                virtual_stages=self.virtual_stages,
+                stage_layers=self.stage_layers,
+                label=self.plan_label(),
+            ),
+            mode=self.mode,
+            model=self.shape.counted(),
+            dtype=self.dtype,
+            precision=self.precision,
+            checkpoint=self.checkpoint,
+            device=self.device,
+            steps=None if serving else self.steps,
+            batch_size=None if serving else self.batch_size,
+            microbatch_size=None if serving else self.microbatch_size,
+            seq_len=None if serving else self.seq_len,
+            seed=self.seed,
+            instrumented=self.instrument,
+            load=self.load,
+        )
 
 
 def recipe_words(dtype: str | None, precision: str | None, checkpoint: str | None) -> str:
@@ -506,7 +494,7 @@ def _resolve_inference(spec: RunSpec, *, dp: int, device: str, dtype: str, shape
             f"--concurrency {concurrency} leaves some of the {dp} replicas without a client: "
             f"use --concurrency {dp} or more, or fewer replicas"
         )
-    load = InferenceLoad(
+    load = Load(
         requests=requests,
         concurrency=concurrency,
         request_rate_per_s=spec.request_rate,

@@ -2,60 +2,12 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
-
 from meshtop.probes.errors import MeshtopError
+from meshtop.recordings.manifest import ModelShape
 
 
 class PresetError(MeshtopError):
     """An unknown model preset was asked for."""
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class ModelShape:
-    """The shape of a Llama-style decoder (RMSNorm, rotary attention, SwiGLU)."""
-
-    name: str
-    """The preset's name, as given to ``--model``."""
-    n_layers: int
-    """Number of transformer blocks."""
-    dim: int
-    """Width of the residual stream."""
-    n_heads: int
-    """Attention (query) heads."""
-    n_kv_heads: int
-    """Key / value heads (grouped-query attention when fewer than ``n_heads``)."""
-    ffn_dim: int
-    """Hidden width of the SwiGLU MLP."""
-    vocab_size: int
-    """Number of token ids."""
-    default_seq_len: int
-    """Sequence length used when ``--seq-len`` is not given."""
-    norm_eps: float = 1e-5
-    """Epsilon of every RMSNorm."""
-    rope_theta: float = 10000.0
-    """Base of the rotary position embedding."""
-    tie_embeddings: bool = False
-    """The output projection is the token embedding's matrix (one parameter, as ``tie_word_embeddings``)."""
-
-    @property
-    def head_dim(self) -> int:
-        return self.dim // self.n_heads
-
-    def parameter_count(self) -> int:
-        """Parameters of the whole model (embedding and output counted apart unless tied)."""
-        attention = self.dim * self.head_dim * (2 * self.n_heads + 2 * self.n_kv_heads)
-        mlp = 3 * self.dim * self.ffn_dim
-        norms = 2 * self.dim
-        per_layer = attention + mlp + norms
-        ends = (1 if self.tie_embeddings else 2) * self.vocab_size * self.dim
-        return self.n_layers * per_layer + ends + self.dim
-
-    def describe(self) -> dict[str, object]:
-        """Plain fields for manifests, plus the parameter count."""
-        fields = asdict(self)
-        fields["parameters"] = self.parameter_count()
-        return fields
 
 
 PRESETS: dict[str, ModelShape] = {

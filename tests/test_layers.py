@@ -31,6 +31,11 @@ SESSION_MODULES = {
     "runner/planner/report.py",
 }
 """The runner's modules that run in meshtop's own process and keep a recording."""
+RUN_TYPES = {"meshtop.recordings.manifest", "meshtop.recordings.predictions", "meshtop.recordings.typed_json"}
+"""The run's description, the planner's predictions and their JSON, which every runner module may import: the
+manifest, the planner, the runner and serving share one set of types (a model's shape, a load, a plan, a
+plan's predicted traffic), defined at the lowest layer that records them. Plain dataclasses: they import no
+pandas and no pyarrow, so a rank stays free of both."""
 UI_LIBRARIES = {"textual", "rich"}
 
 
@@ -70,13 +75,21 @@ def test_package_imports_only_layers_below_it(package: str) -> None:
     assert files
     for path in files:
         imported = set(imports_of(path))
-        layers = {layer for module in imported if (layer := layer_of(module)) is not None}
+        shared = RUN_TYPES if package == "runner" else set()
+        layers = {layer for module in imported - shared if (layer := layer_of(module)) is not None}
         allowed = MAY_IMPORT[package] | ({"recordings"} if str(path.relative_to(ROOT)) in SESSION_MODULES else set())
         wrong = layers - allowed
         assert not wrong, f"{path.relative_to(ROOT)} imports {sorted(wrong)}"
         if package != "tui":
             tops = {module.split(".")[0] for module in imported}
             assert not tops & UI_LIBRARIES, f"{path.relative_to(ROOT)} imports a UI library"
+
+
+def test_the_run_types_import_only_the_standard_library_and_each_other() -> None:
+    for module in RUN_TYPES:
+        imported = {name for name in imports_of(MODULES[module]) if layer_of(name) is not None}
+        assert imported <= RUN_TYPES | {"meshtop.probes.errors"}, f"{module} imports {sorted(imported - RUN_TYPES)}"
+        assert not {name.split(".")[0] for name in imports_of(MODULES[module])} & {"pandas", "pyarrow"}
 
 
 def test_the_layer_rule_sees_a_wrong_import() -> None:

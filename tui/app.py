@@ -222,7 +222,7 @@ class MeshtopApp(App[None]):
 
     def _ask_about_hang(self) -> None:
         """On a live job, a newly reported hang opens the report with the choice to stop or wait."""
-        hang = self.state.hang
+        hang = self.state.notices.hang
         if hang is None or hang is self._hang_asked or self.source.playback is not None or self.source.finished:
             return
         self._hang_asked = hang

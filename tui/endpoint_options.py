@@ -14,13 +14,13 @@ import json
 from dataclasses import replace
 from pathlib import Path
 
-from meshtop.recordings.manifest import LOAD_FILE, read_manifest
+from meshtop.recordings.manifest import DEFAULT_OUTPUT_LEN, DEFAULT_PROMPT_LEN, LOAD_FILE, Load, read_manifest
 from meshtop.runner.errors import PlanError
-from meshtop.runner.load import DEFAULT_CONCURRENCY, DEFAULT_OUTPUT_LEN, DEFAULT_PROMPT_LEN
+from meshtop.runner.load import DEFAULT_CONCURRENCY
 from meshtop.runner.multinode.nodes import NODE_OPTIONS
 from meshtop.runner.plan import option, parse_length
 from meshtop.runner.serving.endpoint import EndpointRun, resolve_endpoint
-from meshtop.runner.serving.load import APIS, DEFAULT_TIMEOUT_S, EndpointLoad, LoadRequest, requests_for
+from meshtop.runner.serving.load import APIS, DEFAULT_TIMEOUT_S, LoadRequest, requests_for
 from meshtop.runner.serving.server import DEFAULT_STARTUP_TIMEOUT_S, ServerCommand
 
 
@@ -184,20 +184,20 @@ def endpoint_from_args(args: argparse.Namespace) -> EndpointRun:
         )
     else:
         concurrency = args.concurrency or (None if args.request_rate is not None else DEFAULT_CONCURRENCY)
-        load = EndpointLoad(
+        load = Load(
             requests=requests_for(args.duration, args.request_rate, args.requests),
             duration_s=args.duration,
             concurrency=concurrency,
             request_rate_per_s=args.request_rate,
-            burstiness=args.burstiness if args.burstiness is not None else 1.0,
+            burstiness=args.burstiness,
             warmup=args.warmup or 0,
-            input_len=parse_length("--input-len", args.prompt_len, DEFAULT_PROMPT_LEN),
+            prompt_len=parse_length("--input-len", args.prompt_len, DEFAULT_PROMPT_LEN),
             output_len=parse_length("--output-len", args.output_len, DEFAULT_OUTPUT_LEN),
             prompts=args.prompts,
             seed=args.seed,
             slo_ttft_ms=slo_ttft or args.slo_ttft_ms,
             slo_tpot_ms=slo_tpot or args.slo_tpot_ms,
-            timeout_s=args.timeout if args.timeout is not None else DEFAULT_TIMEOUT_S,
+            timeout_s=args.timeout,
             ignore_eos=args.ignore_eos,
         )
     return resolve_endpoint(
@@ -212,7 +212,7 @@ def endpoint_from_args(args: argparse.Namespace) -> EndpointRun:
     )
 
 
-def same_load(recording: str) -> tuple[EndpointLoad, list[LoadRequest]]:
+def same_load(recording: str) -> tuple[Load, list[LoadRequest]]:
     """The load a recording sent (its manifest's load and its ``load.jsonl``); one line when it has none."""
     directory = Path(recording)
     manifest = read_manifest(directory)
@@ -227,20 +227,4 @@ def same_load(recording: str) -> tuple[EndpointLoad, list[LoadRequest]]:
         ]
     except (OSError, ValueError, KeyError, TypeError) as error:
         raise PlanError(f"--same-load {recording}: cannot read {LOAD_FILE}: {error}") from None
-    endpoint_load = EndpointLoad(
-        requests=load.requests,
-        concurrency=load.concurrency,
-        request_rate_per_s=load.request_rate_per_s,
-        burstiness=load.burstiness or 1.0,
-        warmup=load.warmup,
-        input_len=load.prompt_len,
-        output_len=load.output_len,
-        prompts=load.prompts,
-        seed=load.seed,
-        slo_ttft_ms=load.slo_ttft_ms,
-        slo_tpot_ms=load.slo_tpot_ms,
-        timeout_s=load.timeout_s or DEFAULT_TIMEOUT_S,
-        ignore_eos=load.ignore_eos,
-        duration_s=load.duration_s,
-    )
-    return endpoint_load, requests
+    return load, requests

@@ -16,15 +16,10 @@ from typing import TYPE_CHECKING, NoReturn
 
 from meshtop.probes.errors import MeshtopError
 from meshtop.probes.samplers import DEFAULT_GPU_HZ, DEFAULT_PROCESS_HZ
+from meshtop.recordings.manifest import DEFAULT_OUTPUT_LEN, DEFAULT_PROMPT_LEN
 from meshtop.runner.errors import PlanError
 from meshtop.runner.job.launch import NodeProbes
-from meshtop.runner.load import (
-    DEFAULT_CONCURRENCY,
-    DEFAULT_MAX_BATCH,
-    DEFAULT_OUTPUT_LEN,
-    DEFAULT_PROMPT_LEN,
-    DEFAULT_REQUESTS,
-)
+from meshtop.runner.load import DEFAULT_CONCURRENCY, DEFAULT_MAX_BATCH, DEFAULT_REQUESTS
 from meshtop.runner.multinode.nodes import NODE_OPTIONS, Nodes, nodes_from_options
 from meshtop.runner.plan import (
     CHECKPOINTS,
@@ -41,7 +36,6 @@ from meshtop.runner.plan import (
     option,
     resolve,
 )
-from meshtop.runner.planner.plans import SWEEP_STEPS
 from meshtop.runner.presets import PRESETS
 from meshtop.runner.script.command import ScriptRun, resolve_script
 from meshtop.tui.endpoint_options import ENDPOINT_ONLY, add_endpoint_options, endpoint_from_args
@@ -65,11 +59,52 @@ class OneLineParser(argparse.ArgumentParser):
         self.exit(EXIT_USAGE, f"meshtop: error: {message} (see {self.prog} --help)\n")
 
 
-def add_plan_options(parser: argparse.ArgumentParser, *, command: str = "run") -> None:
-    """The plan options shared by ``run`` and ``record``, defined once; ``plan`` and ``sweep`` choose the
-    degrees themselves (``sweep`` launches, ``plan`` only computes)."""
+def add_plan_options(parser: argparse.ArgumentParser) -> None:
+    """Every option of ``run`` and ``record``: the built-in runner's (its plan, model and load), an endpoint's
+    load, a script's, and the probes. ``plan`` and ``sweep`` take the groups they share
+    (:mod:`meshtop.tui.commands.planning`)."""
+    add_builtin_options(
+        parser,
+        degrees=True,
+        steps=f"training steps (default: until q, {WATCH_LIMIT_S / 60:g} minutes at most; record, or on many "
+        f"nodes: {DEFAULT_STEPS})",
+        batch="4 per microbatch per replica",
+        device=True,
+    )
+    add_endpoint_options(parser)
+    script = parser.add_argument_group("your own script (after --)")
+    script.add_argument(
+        "--tokens-per-step",
+        type=int,
+        default=None,
+        metavar="N",
+        help="tokens the script's global batch holds per optimizer step: gives tokens/s (and, "
+        "with --dtype, its compute dtype, MFU on a GPU)",
+    )
+    add_probe_options(parser, hooks=True)
+
+
+def add_builtin_options(
+    parser: argparse.ArgumentParser, *, degrees: bool, steps: str | None, batch: str, device: bool
+) -> None:
+    """The built-in runner's groups (:func:`add_parallel_options`, :func:`add_model_options`,
+    :func:`add_load_options`), their defaults kept in ``args.builtin_defaults``: an option changed from its default
+    is refused beside a script or an endpoint, which set up their own. A script's device and dtype (for its MFU)
+    are not among them."""
+    groups = [
+        add_parallel_options(parser, degrees=degrees),
+        add_model_options(parser, steps=steps, batch=batch, device=device),
+        add_load_options(parser),
+    ]
+    builtin = [action for group in groups for action in group._group_actions if action.dest not in ("device", "dtype")]
+    parser.set_defaults(builtin_defaults={action.dest: action.default for action in builtin})
+
+
+def add_parallel_options(parser: argparse.ArgumentParser, *, degrees: bool) -> argparse._ArgumentGroup:
+    """The parallel plan: its degrees where the user gives them (``degrees``; the planner chooses its own), FSDP,
+    the pipeline's schedule and microbatches."""
     plan = parser.add_argument_group("parallel plan")
-    if command == "run":
+    if degrees:
         plan.add_argument(
             "--dp",
             type=int,
@@ -90,6 +125,15 @@ def add_plan_options(parser: argparse.ArgumentParser, *, command: str = "run") -
     plan.add_argument(
         "--microbatches", type=int, default=None, metavar="M", help="pipeline microbatches per step (default 2 x pp)"
     )
+    return plan
+
+
+def add_model_options(
+    parser: argparse.ArgumentParser, *, steps: str | None, batch: str, device: bool
+) -> argparse._ArgumentGroup:
+    """The model and its data. ``steps``: ``--steps``'s help where the command launches (with ``--seed``; ``None``:
+    it only computes); ``batch``: the default global batch in words; ``device``: ``--device`` (the planner
+    takes ``--gpus`` or ``--ranks`` instead)."""
     work = parser.add_argument_group("model and data")
     work.add_argument(
         "--model",
@@ -120,33 +164,26 @@ def add_plan_options(parser: argparse.ArgumentParser, *, command: str = "run") -
         help="training's activation checkpointing: none (default), full (each block recomputed in backward) "
         "or selective (each block's feed-forward)",
     )
-    if command == "run":  # plan and sweep: --gpus or --ranks
+    if device:
         work.add_argument("--device", choices=DEVICES, default="auto", help="auto: cuda when a GPU is visible")
     work.add_argument(
         "--mode", choices=MODES, default="train", help="train (default), or infer: serve a load of generation requests"
     )
-    if command != "plan":
-        work.add_argument(
-            "--steps",
-            type=int,
-            default=None,
-            metavar="N",
-            help=(
-                f"training steps (default: until q, {WATCH_LIMIT_S / 60:g} minutes at most; "
-                f"record, or on many nodes: {DEFAULT_STEPS})"
-                if command == "run"
-                else f"training steps (default {SWEEP_STEPS})"
-            ),
-        )
-    batch = "4 per microbatch per replica" if command == "run" else "4 per rank, the same for every plan"
+    if steps is not None:
+        work.add_argument("--steps", type=int, default=None, metavar="N", help=steps)
     work.add_argument(
         "--batch-size", type=int, default=None, metavar="N", help=f"global batch in sequences (default {batch})"
     )
     work.add_argument(
         "--seq-len", type=int, default=None, metavar="N", help="tokens per sequence (default: the model's)"
     )
-    if command != "plan":
+    if steps is not None:
         work.add_argument("--seed", type=int, default=0, metavar="N", help="seed of weights and data (default 0)")
+    return work
+
+
+def add_load_options(parser: argparse.ArgumentParser) -> argparse._ArgumentGroup:
+    """The built-in model's inference load (``--mode infer``), or the one sent to an endpoint."""
     load = parser.add_argument_group("inference load (--mode infer)")
     load.add_argument(
         "--requests", type=int, default=None, metavar="N", help=f"requests to serve (default {DEFAULT_REQUESTS})"
@@ -193,36 +230,20 @@ def add_plan_options(parser: argparse.ArgumentParser, *, command: str = "run") -
     load.add_argument(
         "--slo-tpot-ms", type=float, default=None, metavar="MS", help="goodput: time per output token at most MS"
     )
-    builtin = [
-        action
-        for group in (plan, work, load)
-        for action in group._group_actions
-        if action.dest not in ("device", "dtype")
-    ]  # a script's device, and its dtype for MFU
-    parser.set_defaults(builtin_defaults={action.dest: action.default for action in builtin})
-    if command == "plan":
-        return
-    if command == "run":
-        add_endpoint_options(parser)
-    if command == "run":
-        script = parser.add_argument_group("your own script (after --)")
-        script.add_argument(
-            "--tokens-per-step",
-            type=int,
-            default=None,
-            metavar="N",
-            help="tokens the script's global batch holds per optimizer step: gives tokens/s (and, "
-            "with --dtype, its compute dtype, MFU on a GPU)",
-        )
+    return load
+
+
+def add_probe_options(parser: argparse.ArgumentParser, *, hooks: bool) -> None:
+    """The probes: the worker hooks, the hang timeout and the samplers' rates; with ``hooks``, the hooks a
+    run may add (``--activations``) or leave out (a script's ``--no-loss``)."""
     probes = parser.add_argument_group("probes")
-    if command == "run":
+    if hooks:
         probes.add_argument(
             "--activations",
             action="store_true",
             help="measure the activations each step saves for backward (a hook on every saved "
             "tensor; not traced by torch.compile)",
         )
-    if command == "run":
         probes.add_argument(
             "--no-loss",
             dest="loss",
@@ -344,7 +365,12 @@ def nodes_from_args(args: argparse.Namespace) -> Nodes | None:
 
 
 def spec_from_args(args: argparse.Namespace) -> RunSpec:
-    """The built-in runner's spec as typed; :func:`meshtop.runner.plan.resolve` checks it."""
+    """The built-in runner's spec as typed; :func:`meshtop.runner.plan.resolve` checks it. ``--model`` given
+    beside ``--model-config`` is refused even as the default preset's name: both were asked for."""
+    if args.model is not None and args.model_config is not None:
+        raise PlanError(
+            f"--model {args.model} and --model-config {args.model_config} each name the model: give one of them"
+        )
     return RunSpec(
         dp=args.dp,
         tp=args.tp,

@@ -26,7 +26,7 @@ import pyarrow as pa
 
 from meshtop.probes.arrivals import Arrivals
 from meshtop.probes.errors import MeshtopError
-from meshtop.probes.events import BULK_KINDS
+from meshtop.probes.events import COALESCIBLE_KINDS, SHOWN_KINDS
 from meshtop.recordings.manifest import Manifest, RunDescription
 from meshtop.recordings.metrics.steps import JobStep
 from meshtop.recordings.prometheus import RunMetrics
@@ -40,17 +40,11 @@ from meshtop.runner.job.launch import NodeProbes
 from meshtop.runner.job.results import JobResult
 from meshtop.runner.job.session import Work, describe, run_session
 from meshtop.runner.multinode.nodes import Nodes
-from meshtop.tui.state import UI_KINDS, DashboardState
+from meshtop.tui.state import DashboardState
 
 SCREEN_BACKLOG = 200_000
 """Events a live source holds for the screen between two frames; beyond it the oldest high-rate events are
 skipped, for the screen only (the recording keeps every event), and counted."""
-COALESCIBLE = frozenset({"collective", "stage_action", "gpu", "process"})
-"""High-rate kinds the screen may skip when it falls behind: a newer sample or operation of the same kind
-follows. Lifecycle events (starts, exits, the end), steps, requests and memory are never skipped: a lost
-start would leave a rank on the wrong stage, a lost step a hole in every figure."""
-SCREEN_KINDS = UI_KINDS | BULK_KINDS
-"""What the screen decodes of a live job (the rest goes to the recording only)."""
 ROWS_PER_FRAME = 250_000
 """A replay folds at most this many rows a frame; a longer seek goes on over the next frames."""
 SNAPSHOT_ROWS = 200_000
@@ -108,8 +102,8 @@ class Source(Protocol):
 class ScreenBacklog:
     """Batches of events waiting for the next frame, safe across threads.
 
-    Beyond ``limit`` events the oldest batches of :data:`COALESCIBLE` kinds are skipped, for the screen only,
-    and counted; every other batch waits whatever the count, and order is kept.
+    Beyond ``limit`` events the oldest batches of the coalescible kinds (:data:`meshtop.probes.events.KINDS`)
+    are skipped, for the screen only, and counted; every other batch waits whatever the count, and order is kept.
     """
 
     def __init__(self, limit: int = SCREEN_BACKLOG) -> None:
@@ -137,7 +131,7 @@ class ScreenBacklog:
         kept: deque[Batch] = deque()
         while self._batches:
             kind, table = self._batches.popleft()
-            if self._count > self.limit and kind in COALESCIBLE:
+            if self._count > self.limit and kind in COALESCIBLE_KINDS:
                 self._count -= len(table)
                 self.skipped += len(table)
             else:
@@ -162,8 +156,8 @@ def screen_batches(
     """What the screen reads of ``arrivals``, a table a kind: those of ``decoded`` (the tables the session's fold
     already decoded) as they are, the rest decoded here (each kind's blocks together) but ``left_out``, the
     kinds the session's fold left out to keep up (the screen would fall behind on them too)."""
-    taken = [(kind, table) for kind, table in decoded or () if kind in SCREEN_KINDS]
-    return [*taken, *arrival_tables(arrivals, SCREEN_KINDS - {kind for kind, _ in taken} - set(left_out))]
+    taken = [(kind, table) for kind, table in decoded or () if kind in SHOWN_KINDS]
+    return [*taken, *arrival_tables(arrivals, SHOWN_KINDS - {kind for kind, _ in taken} - set(left_out))]
 
 
 class LiveSource:

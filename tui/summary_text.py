@@ -7,8 +7,8 @@ from typing import Any
 
 from meshtop.recordings.metrics.attention import LABELS, Z_LIMIT
 from meshtop.recordings.metrics.requests import LATENCIES, Slo
+from meshtop.recordings.notices import ranks_text
 from meshtop.runner.plan import recipe_words
-from meshtop.tui.state import ranks_text
 
 
 def human_bytes(count: float | None) -> str:

@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 
-from meshtop.probes.events import GpuSample, RankExited, StackDump
+from meshtop.probes.events import GpuSample, RankExited
 from meshtop.recordings.metrics.collectives import CollectiveRow
 from meshtop.recordings.metrics.requests import RequestFigures
 from meshtop.recordings.metrics.server import ServerFigures
@@ -34,7 +34,6 @@ class RankView:
     threads: int | None = None
     cpu_history: deque[float] = field(default_factory=lambda: deque(maxlen=HISTORY))
     exited: RankExited | None = None
-    stack: StackDump | None = None
 
     @property
     def status(self) -> str:

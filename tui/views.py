@@ -575,8 +575,8 @@ class ProcessesPanel(Panel):
             hint = f"ranks {window[0].rank}-{window[-1].rank} of {len(views)} · " + hint
         parts: list[Text | Table] = [table, Text(hint, style="dim")]
         chosen = state.ranks.get(self.selected) if self.selected is not None else None
-        if chosen is not None and chosen.stack is not None:
-            dump = chosen.stack
+        dump = state.notices.stacks.get(chosen.rank) if chosen is not None else None
+        if dump is not None:
             parts.append(section(f"stack of rank {dump.rank} (pid {dump.pid})"))
             parts.append(Text(dump.error, style="red") if dump.error else Text(dump.text or "", overflow="ellipsis"))
         self.paint(Group(*parts))

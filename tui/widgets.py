@@ -29,7 +29,7 @@ class HeaderBar(Static):
     def show(self, state: DashboardState, status: str, extra: str = "") -> None:
         info = state.info
         if info.model is not None:
-            params = info.model.parameters
+            params = info.model.parameter_count()
             size = f"{params / 1e9:.1f}B" if params >= 1e9 else f"{params / 1e6:.1f}M"
             what = f"{info.model.name} {size} · {info.world_size}× {info.device} {info.dtype}"
         elif info.endpoint is not None:

@@ -30,7 +30,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from meshtop.recordings.manifest import Model, RunDescription
+from meshtop.recordings.manifest import ModelShape, RunDescription
 
 
 @dataclass(frozen=True, slots=True)
@@ -175,9 +175,9 @@ def achieved_flops_per_rank(run: RunDescription, tokens_per_s: float | None) -> 
     return tokens_per_s * model_flops_per_token(run.model, run.seq_len) / run.world_size
 
 
-def model_flops_per_token(model: Model, seq_len: int) -> float:
+def model_flops_per_token(model: ModelShape, seq_len: int) -> float:
     """:func:`flops_per_token` of a recorded built-in model's shape."""
     looked_up = looked_up_parameters(vocab_size=model.vocab_size, dim=model.dim, tie_embeddings=model.tie_embeddings)
     return flops_per_token(
-        parameters=model.parameters, n_layers=model.n_layers, dim=model.dim, seq_len=seq_len, looked_up=looked_up
+        parameters=model.parameter_count(), n_layers=model.n_layers, dim=model.dim, seq_len=seq_len, looked_up=looked_up
     )

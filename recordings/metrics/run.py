@@ -219,9 +219,10 @@ class RunFold:
         no less than 0; an operation that ends no earlier than it starts, a collective of a group of one rank or
         more, a stage action of a stage. A line can be well-formed and still not describe the job."""
         checks = []
-        if "rank" in table.column_names:
+        if "rank" in table.column_names:  # a rank of none (the collector's) is the job's
             rank = table.column("rank")
-            checks += [pc.greater_equal(rank, 0), pc.less(rank, self._rank_limit)]
+            in_job = pc.and_(pc.greater_equal(rank, 0), pc.less(rank, self._rank_limit))
+            checks.append(pc.fill_null(in_job, True) if rank.null_count else in_job)
         if kind == "step":
             checks.append(pc.greater_equal(table.column("duration_s"), 0))
         if kind in BULK_KINDS:

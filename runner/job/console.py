@@ -11,20 +11,11 @@ from pathlib import Path
 from typing import TextIO
 
 from meshtop.probes.arrivals import Arrivals
-from meshtop.probes.events import (
-    FOLDED_KINDS,
-    PROGRESS_KINDS,
-    EventsDropped,
-    FlightVerdict,
-    FramesRefused,
-    HangDetected,
-    ProbeOff,
-    ServerState,
-    StackDump,
-)
+from meshtop.probes.events import FOLDED_KINDS, PRINTED_KINDS, PROGRESS_KINDS
 from meshtop.recordings.manifest import Manifest, script_plan
 from meshtop.recordings.metrics.requests import RequestFigures
 from meshtop.recordings.metrics.steps import JobStep, StepFigures
+from meshtop.recordings.notices import Notices
 from meshtop.recordings.prometheus import RunMetrics
 from meshtop.recordings.session_fold import Folded, SessionFold
 from meshtop.runner.job.control import JobControl
@@ -40,10 +31,6 @@ PROGRESS_LINES = 20
 """About this many step lines per run, evenly spaced..."""
 QUIET_LIMIT_S = 5.0
 """...but never longer than this without one."""
-CONSOLE_KINDS = (
-    "stack_dump", "hang", "flight_verdict", "events_dropped", "frames_refused", "probe_off", "server_state",
-)  # fmt: skip
-"""The kinds ``record`` prints from beside the session's fold (its steps and requests)."""
 
 
 def headline(run: Work) -> str:
@@ -55,7 +42,7 @@ def headline(run: Work) -> str:
             else f"{sent.request_rate_per_s:g} req/s "
             + ("Poisson" if sent.burstiness == 1 else f"gamma (burstiness {sent.burstiness:g})")
         )
-        prompts = f"prompts from {sent.prompts}" if sent.prompts else f"prompt {span(sent.input_len)} words"
+        prompts = f"prompts from {sent.prompts}" if sent.prompts else f"prompt {span(sent.prompt_len)} words"
         warmup = f" after {sent.warmup} warmup" if sent.warmup else ""
         if sent.duration_s is not None:
             warmup += f", for {sent.duration_s:g} s at most"
@@ -235,21 +222,6 @@ def verdict(result: JobResult, steps: StepFigures | None, requests: RequestFigur
     return lines
 
 
-def server_state_line(event: ServerState) -> str:
-    """``server starting (12 s): Loading weights...``, ``server ready after 41.2 s``, ``server stopped``."""
-    if event.state == "starting":
-        return f"server starting ({event.elapsed_s:.0f} s): {event.line or ''}".rstrip(": ")
-    if event.state == "ready":
-        return f"server ready after {event.elapsed_s:.1f} s"
-    return f"server {event.state}" + (f": {event.line}" if event.line else "")
-
-
-def stack_dump_lines(dump: StackDump) -> list[str]:
-    if dump.error is not None:
-        return [f"stack of rank {dump.rank} (pid {dump.pid}): {dump.error}"]
-    return [f"stack of rank {dump.rank} (pid {dump.pid}):", *("  " + line for line in (dump.text or "").splitlines())]
-
-
 def follow_job(
     run: Work,
     *,
@@ -275,37 +247,13 @@ def follow_job(
     kinds = FOLDED_KINDS if metrics is not None else PROGRESS_KINDS
     session = SessionFold(manifest.run if manifest is not None else describe(run), kinds=kinds)
     inference = session.run.inference
-    probes_off: set[tuple[str, str]] = set()
+    notices = Notices()
 
     def on_events(arrivals: Arrivals, folded: Folded) -> None:
         nonlocal received
         received += arrivals.count
-        hang_reported = False
-        for event in arrivals.events(CONSOLE_KINDS):
-            if isinstance(event, StackDump):
-                progress.message("\n".join(stack_dump_lines(event)))
-            elif isinstance(event, FlightVerdict) and not hang_reported:  # a hang's report holds it already
-                progress.message("\n".join(event.lines()))
-            elif isinstance(event, HangDetected):
-                hang_reported = True
-                progress.message(
-                    f"no rank made progress for {event.silent_s:.0f} s (hang timeout "
-                    f"{event.timeout_s:.0f} s): {event.report}\nstack dumps of every rank follow; "
-                    "stopping the job"
-                )
-            elif isinstance(event, EventsDropped):
-                where = f"rank {event.rank}" if event.rank is not None else "the collector"
-                progress.message(f"warning: {event.count} telemetry events dropped by {where} (buffer full)")
-            elif isinstance(event, FramesRefused):
-                progress.message(
-                    f"warning: the collector refused {event.count} message{'s' * (event.count != 1)} "
-                    f"({event.reason}): not from this job's ranks, whose events are unaffected"
-                )
-            elif isinstance(event, ServerState) and event.state != "failed":  # a failure is the verdict's line
-                progress.message(server_state_line(event))
-            elif isinstance(event, ProbeOff) and (event.probe, event.reason) not in probes_off:
-                probes_off.add((event.probe, event.reason))  # once, not once per rank
-                progress.message(f"warning: probe off: {event.probe}: {event.reason}; the job runs on without it")
+        for notice in notices.take(arrivals.events(PRINTED_KINDS)):
+            progress.message(("warning: " if notice.severity == "warning" else "") + notice.text)
         if inference and any(kind == "request" for kind, _ in folded.tables):
             progress.request_done(session, received)
         for step in folded.steps if not inference else ():

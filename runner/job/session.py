@@ -20,7 +20,6 @@ from meshtop.recordings.folding import FoldThread
 from meshtop.recordings.manifest import (
     LOAD_FILE,
     Endpoint,
-    Load,
     Manifest,
     Plan,
     RankEnd,
@@ -58,7 +57,6 @@ from meshtop.runner.script.command import (
 )
 from meshtop.runner.serving.endpoint import EndpointRun
 from meshtop.runner.serving.run import run_endpoint
-from meshtop.runner.serving.server import ServerReport
 
 Work = ResolvedRun | ScriptRun | EndpointRun
 """What a session runs: the built-in runner's plan, a user's own script, or a load sent to a serving
@@ -111,43 +109,20 @@ def nodes_of(work: Work, nodes: Nodes | None) -> Nodes | None:
 def describe(work: Work) -> RunDescription:
     """The run description a recording of ``work`` holds."""
     if isinstance(work, ResolvedRun):
-        return RunDescription.from_json(work.describe())
+        return work.describe()
     if isinstance(work, EndpointRun):
         return endpoint_description(work)
     environment = environment_that_matters(rank_environment(script_launch(work)))
     return script_description(work, environment)
 
 
-def server_info(report: ServerReport) -> ServerInfo:
-    return ServerInfo(
-        command=report.command,
-        version=report.version,
-        environment=report.environment,
-        log_tail=report.log_tail,
-        exit_code=report.exit_code,
-        startup_s=round(report.startup_s, 3) if report.startup_s is not None else None,
-        cpu_s=round(report.cpu_s, 3) if report.cpu_s is not None else None,
-        peak_rss_bytes=report.peak_rss_bytes,
-    )
-
-
-def endpoint_description(run: EndpointRun, server: ServerReport | None = None) -> RunDescription:
+def endpoint_description(run: EndpointRun, server: ServerInfo | None = None) -> RunDescription:
     """The run description of a load sent to ``run``'s endpoint: the load, the server (how a server meshtop
     started ran, once it is known), and no plan of meshtop's own (one process, the load generator)."""
-    started = server_info(server) if server is not None else None
-    if started is None and run.server is not None:  # not started yet: its command
-        started = ServerInfo(command=run.server.command)
+    if server is None and run.server is not None:  # not started yet: its command
+        server = ServerInfo(command=run.server.command)
     return RunDescription(
-        plan=Plan(
-            dp=1,
-            tp=1,
-            pp=1,
-            fsdp=False,
-            world_size=1,
-            schedule=None,
-            microbatches=None,
-            label=f"endpoint {run.origin.base} ({run.api})",
-        ),
+        plan=Plan(dp=1, world_size=1, label=f"endpoint {run.origin.base} ({run.api})"),
         mode="infer",
         model=None,
         dtype=None,
@@ -158,23 +133,7 @@ def endpoint_description(run: EndpointRun, server: ServerReport | None = None) -
         seq_len=None,
         seed=run.load.seed,
         instrumented=False,
-        load=Load(
-            requests=run.load.requests,
-            concurrency=run.load.concurrency,
-            request_rate_per_s=run.load.request_rate_per_s,
-            prompt_len=run.load.input_len,
-            output_len=run.load.output_len,
-            max_batch=run.load.concurrency or 0,
-            seed=run.load.seed,
-            slo_ttft_ms=run.load.slo_ttft_ms,
-            slo_tpot_ms=run.load.slo_tpot_ms,
-            burstiness=run.load.burstiness if run.load.request_rate_per_s is not None else None,
-            warmup=run.load.warmup,
-            prompts=run.load.prompts,
-            timeout_s=run.load.timeout_s,
-            ignore_eos=run.load.ignore_eos,
-            duration_s=run.load.duration_s,
-        ),
+        load=run.load,
         endpoint=Endpoint(
             url=run.url,
             api=run.api,
@@ -182,7 +141,7 @@ def endpoint_description(run: EndpointRun, server: ServerReport | None = None) -
             models=run.models,
             same_load=run.same_load,
             server_metrics=run.metrics_url,
-            server=started,
+            server=server,
         ),
     )
 
@@ -286,7 +245,7 @@ def run_session(
     try:
         if isinstance(work, EndpointRun):
 
-            def resolved(run: EndpointRun, server: ServerReport | None) -> None:
+            def resolved(run: EndpointRun, server: ServerInfo | None) -> None:
                 if work.server is not None:  # the model and how the server ran: known only now
                     ran.append(endpoint_description(run, server))
 

@@ -18,9 +18,10 @@ import math
 from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 
+from meshtop.recordings.manifest import ModelShape
+from meshtop.recordings.predictions import PredictedTraffic
 from meshtop.runner.errors import PlanError
 from meshtop.runner.plan import ResolvedRun, RunSpec, check_mode_options, check_positive, model_shape, resolve
-from meshtop.runner.presets import ModelShape
 
 ELEMENT_BYTES = {"fp32": 4, "bf16": 2}
 FLOAT32 = 4
@@ -117,22 +118,6 @@ class RankMemory:
         """What must fit in the device's memory: :attr:`total_bytes` and a block's recomputation (an upper
         bound: by the last block's backward the loss's log-softmax is already freed)."""
         return self.total_bytes + self.recompute_bytes
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class Traffic:
-    """Predicted collective traffic of one rank in one training step."""
-
-    rank: int
-    op: str
-    """The probes' op names: all_reduce, all_gather, reduce_scatter, send, recv."""
-    group: str
-    """dp, tp, pp, or embedding (the first and last stage's tied embedding copies)."""
-    group_size: int
-    bytes: int
-    """S summed over the step's operations (for gathers and scatters, the whole buffer)."""
-    count: int
-    """Operations in the step."""
 
 
 def rank_memory(run: ResolvedRun, rank: int) -> RankMemory:
@@ -287,7 +272,7 @@ def activation_bytes(run: ResolvedRun, pp_rank: int) -> int:
     return forwards + batch_index_bytes(run, pp_rank)
 
 
-def rank_traffic(run: ResolvedRun, rank: int) -> list[Traffic]:
+def rank_traffic(run: ResolvedRun, rank: int) -> list[PredictedTraffic]:
     """The collectives ``rank`` issues in one training step, summed per op and group."""
     pp_rank, dp_rank, _ = run.position(rank)
     e = ELEMENT_BYTES[run.dtype]  # activations, and what FSDP2 gathers: the compute dtype
@@ -346,7 +331,7 @@ def rank_traffic(run: ResolvedRun, rank: int) -> list[Traffic]:
         entry = totals.pop(("all_reduce", "dp"))
         totals[("all_reduce", "dp")] = [entry[0], ddp_buckets(entry[0])]
     return [
-        Traffic(rank=rank, op=op, group=group, group_size=sizes[group], bytes=nbytes, count=count)
+        PredictedTraffic(rank=rank, op=op, group=group, group_size=sizes[group], bytes=nbytes, count=count)
         for (op, group), (nbytes, count) in sorted(totals.items(), key=lambda item: (item[0][1], item[0][0]))
     ]
 
@@ -419,7 +404,7 @@ class Prediction:
 
     run: ResolvedRun
     memory: tuple[RankMemory, ...]
-    traffic: tuple[Traffic, ...]
+    traffic: tuple[PredictedTraffic, ...]
     """Training: per rank and step. Serving: none predicted (each op's rows depend on how the load batches)."""
 
     @property

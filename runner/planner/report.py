@@ -10,7 +10,10 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Any
 
+from meshtop.recordings.predictions import PlanPrediction, PlanReport, RankPrediction
+from meshtop.recordings.typed_json import dump
 from meshtop.runner.errors import PlanError
 from meshtop.runner.plan import ResolvedRun
 from meshtop.runner.planner.plans import Candidate, Prediction, Question, RankMemory, in_flight
@@ -150,96 +153,93 @@ def check_budget(budget: Budget, *, mode: str) -> None:
         )
 
 
+REFUSED = ("key", "runs", "reason")
+"""What the report says of a plan that cannot run: why, and nothing else."""
+
+
 def report(question: Question, found: list[Candidate], budget: Budget) -> dict[str, object]:
-    """The plan report as plain data: ``meshtop plan --json`` prints it, the text view and the sweep read it."""
+    """The plan report as plain data: ``meshtop plan --json`` prints it, the text view and the sweep read it
+    (:class:`~meshtop.recordings.predictions.PlanReport`)."""
     first = next((c.prediction.run for c in found if c.prediction is not None), None)
-    plans = []
-    for candidate in found:
-        row: dict[str, object] = {
-            "key": candidate.label,
-            "runs": candidate.prediction is not None,
-            "reason": candidate.reason,
-        }
-        if candidate.prediction is not None:
-            row.update(plan_figures(candidate.prediction, budget))
-        plans.append(row)
-    return {
-        "model": first.shape.describe() if first is not None else None,
-        "ranks": question.ranks,
-        "device": "cuda" if question.gpus else "cpu",
-        "mode": question.base.mode,
-        "dtype": first.dtype if first is not None else question.base.dtype,
-        "precision": first.precision if first is not None else question.base.precision,
-        "checkpoint": first.checkpoint if first is not None else question.base.checkpoint,
-        "batch_size": first.batch_size if first is not None and first.mode == "train" else None,
-        "seq_len": first.seq_len if first is not None else None,
-        "device_memory_bytes": budget.device_memory_bytes,
-        "busbw_bytes_per_s": budget.busbw_bytes_per_s,
-        "flops_per_s": budget.flops_per_s,
-        "plans": plans,
-    }
+    plans = tuple(
+        plan_prediction(candidate.label, candidate.prediction, budget)
+        if candidate.prediction is not None
+        else PlanPrediction(key=candidate.label, runs=False, reason=candidate.reason)
+        for candidate in found
+    )
+    whole = PlanReport(
+        model=first.shape.counted() if first is not None else None,
+        ranks=question.ranks,
+        device="cuda" if question.gpus else "cpu",
+        mode=question.base.mode,
+        dtype=first.dtype if first is not None else question.base.dtype,
+        precision=first.precision if first is not None else question.base.precision,
+        checkpoint=first.checkpoint if first is not None else question.base.checkpoint,
+        batch_size=first.batch_size if first is not None and first.mode == "train" else None,
+        seq_len=first.seq_len if first is not None else None,
+        device_memory_bytes=budget.device_memory_bytes,
+        busbw_bytes_per_s=budget.busbw_bytes_per_s,
+        flops_per_s=budget.flops_per_s,
+        plans=plans,
+    )
+    data: dict[str, Any] = dump(whole)
+    data["plans"] = [row if row["runs"] else {key: row[key] for key in REFUSED} for row in data["plans"]]
+    return data
 
 
-def plan_figures(prediction: Prediction, budget: Budget) -> dict[str, object]:
+def plan_prediction(key: str, prediction: Prediction, budget: Budget) -> PlanPrediction:
+    """One plan that runs: its predictions, held against the budget where one was given."""
     run, peak = prediction.run, prediction.peak
     memory_cap = budget.device_memory_bytes
-    where = placement(run, ranks_per_node=budget.ranks_per_node or run.world_size, slow_pairs=budget.slow_pairs)
-    figures: dict[str, object] = {
-        "label": run.plan_label(),
-        "dp": run.dp,
-        "tp": run.tp,
-        "pp": run.pp,
-        "fsdp": run.fsdp,
-        "schedule": run.schedule,
-        "microbatches": run.microbatches if run.pp > 1 else None,
-        "virtual_stages": run.virtual_stages,
-        "in_flight": [len(in_flight(run, pp_rank)) for pp_rank in range(run.pp)] if run.mode == "train" else None,
-        "peak_rank": peak.rank,
-        "peak": memory_json(peak),
-        "ranks": [memory_json(m) for m in prediction.memory],
-        "fits": None if memory_cap is None else peak.fit_bytes <= memory_cap,
-        "headroom_bytes": None if memory_cap is None else memory_cap - peak.fit_bytes,
-        "traffic": [
-            {
-                "rank": t.rank,
-                "op": t.op,
-                "group": t.group,
-                "group_size": t.group_size,
-                "bytes": t.bytes,
-                "count": t.count,
-            }
-            for t in prediction.traffic
-        ],
-        "step_bytes": {f"{group} {op}": nbytes for (group, op), nbytes in sorted(prediction.step_bytes().items())},
-        "groups": where.groups,
-        "warnings": where.warnings,
-        "group_nodes": {
-            dim: [sorted({rank // (budget.ranks_per_node or run.world_size) for rank in ranks}) for ranks in spans]
-            for dim, spans in where.groups.items()
-        },
-        "comm_s": None,
-        "compute_s": None,
-        "comm_share": None,
-    }
+    ranks_per_node = budget.ranks_per_node or run.world_size
+    where = placement(run, ranks_per_node=ranks_per_node, slow_pairs=budget.slow_pairs)
+    comm = compute = share = None
     if budget.busbw_bytes_per_s and run.mode == "train":
         comm = comm_seconds(prediction, budget.busbw_bytes_per_s)
-        figures["comm_s"] = comm
         if budget.flops_per_s:
             compute = compute_seconds(run, budget.flops_per_s)
-            figures["compute_s"] = compute
-            figures["comm_share"] = comm / (comm + compute) if comm + compute > 0 else None
-    return figures
+            share = comm / (comm + compute) if comm + compute > 0 else None
+    return PlanPrediction(
+        key=key,
+        runs=True,
+        reason=None,
+        label=run.plan_label(),
+        dp=run.dp,
+        tp=run.tp,
+        pp=run.pp,
+        fsdp=run.fsdp,
+        schedule=run.schedule,
+        microbatches=run.microbatches if run.pp > 1 else None,
+        virtual_stages=run.virtual_stages,
+        in_flight=tuple(len(in_flight(run, pp_rank)) for pp_rank in range(run.pp)) if run.mode == "train" else None,
+        peak_rank=peak.rank,
+        peak=rank_prediction(peak),
+        ranks=tuple(rank_prediction(m) for m in prediction.memory),
+        fits=None if memory_cap is None else peak.fit_bytes <= memory_cap,
+        headroom_bytes=None if memory_cap is None else memory_cap - peak.fit_bytes,
+        traffic=prediction.traffic,
+        step_bytes={f"{group} {op}": nbytes for (group, op), nbytes in sorted(prediction.step_bytes().items())},
+        groups={dim: tuple(tuple(ranks) for ranks in spans) for dim, spans in where.groups.items()},
+        warnings=tuple(where.warnings),
+        group_nodes={
+            dim: tuple(tuple(sorted({rank // ranks_per_node for rank in ranks})) for ranks in spans)
+            for dim, spans in where.groups.items()
+        },
+        comm_s=comm,
+        compute_s=compute,
+        comm_share=share,
+    )
 
 
-def memory_json(memory: RankMemory) -> dict[str, int]:
-    return {
-        "rank": memory.rank,
-        "weights_bytes": memory.weights_bytes,
-        "grads_bytes": memory.grads_bytes,
-        "optimizer_bytes": memory.optimizer_bytes,
-        "activations_bytes": memory.activations_bytes,
-        "kv_cache_bytes": memory.kv_cache_bytes,
-        "total_bytes": memory.total_bytes,
-        "recompute_bytes": memory.recompute_bytes,
-        "fit_bytes": memory.fit_bytes,
-    }
+def rank_prediction(memory: RankMemory) -> RankPrediction:
+    return RankPrediction(
+        rank=memory.rank,
+        weights_bytes=memory.weights_bytes,
+        grads_bytes=memory.grads_bytes,
+        optimizer_bytes=memory.optimizer_bytes,
+        activations_bytes=memory.activations_bytes,
+        kv_cache_bytes=memory.kv_cache_bytes,
+        total_bytes=memory.total_bytes,
+        recompute_bytes=memory.recompute_bytes,
+        fit_bytes=memory.fit_bytes,
+    )

@@ -30,7 +30,7 @@ from torch import nn
 from torch.overrides import TorchFunctionMode
 from torch.utils.checkpoint import checkpoint
 
-from meshtop.runner.presets import ModelShape
+from meshtop.recordings.manifest import ModelShape
 from meshtop.runner.rank.kv_cache import KVCache, LayerCache
 from meshtop.runner.rank.rotary import apply_rotary, rotary_tables
 

@@ -34,13 +34,8 @@ from torch.distributed.device_mesh import DeviceMesh
 
 from meshtop.probes.events import Event, RequestDone
 from meshtop.probes.memory import local_numel
-from meshtop.runner.load import (
-    InferenceLoad,
-    PlannedRequest,
-    plan_requests,
-    replica_concurrency,
-    replica_share,
-)
+from meshtop.recordings.manifest import Load
+from meshtop.runner.load import PlannedRequest, plan_requests, replica_concurrency, replica_share
 from meshtop.runner.plan import ResolvedRun
 from meshtop.runner.rank.kv_cache import KVCache
 from meshtop.runner.rank.mesh import MeshCoordinates
@@ -82,7 +77,7 @@ class ServingJob:
     """This rank's part of its replica: its layers, its cache, and who its neighbours are."""
 
     run: ResolvedRun
-    load: InferenceLoad
+    load: Load
     coords: MeshCoordinates
     device: torch.device
     model: Transformer

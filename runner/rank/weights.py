@@ -19,7 +19,7 @@ import zlib
 import torch
 from torch import nn
 
-from meshtop.runner.presets import ModelShape
+from meshtop.recordings.manifest import ModelShape
 
 INIT_STD = 0.02
 TIED_OUTPUT, EMBEDDING = "output.weight", "tok_embeddings.weight"

@@ -18,9 +18,17 @@ from pathlib import Path
 from typing import Any
 
 from meshtop.probes.errors import one_line
+from meshtop.recordings.manifest import Load
 from meshtop.runner.errors import PlanError
 from meshtop.runner.serving.http import Origin, error_message
-from meshtop.runner.serving.load import EndpointLoad, LoadRequest, Prompt, check_load, plan_load, read_prompts
+from meshtop.runner.serving.load import (
+    DEFAULT_TIMEOUT_S,
+    LoadRequest,
+    Prompt,
+    endpoint_load,
+    plan_load,
+    read_prompts,
+)
 from meshtop.runner.serving.server import ServerCommand
 
 PROBE_TIMEOUT_S = 30.0
@@ -39,7 +47,7 @@ class EndpointRun:
     model: str
     models: tuple[str, ...]
     """Every model the server listed."""
-    load: EndpointLoad
+    load: Load
     requests: tuple[LoadRequest, ...]
     """The load, planned: the warmup first."""
     same_load: str | None = None
@@ -117,7 +125,7 @@ def served_models(origin: Origin) -> tuple[str, ...]:
     return tuple(str(model["id"]) for model in data if isinstance(model, dict) and "id" in model)
 
 
-def probe_request(origin: Origin, api: str, model: str, load: EndpointLoad, timeout_s: float = PROBE_TIMEOUT_S) -> None:
+def probe_request(origin: Origin, api: str, model: str, load: Load, timeout_s: float = PROBE_TIMEOUT_S) -> None:
     """One request of the load's shape (1 token), so a body the server refuses is one line before the load."""
     from meshtop.runner.serving.client import ClientSpec, request_body
 
@@ -126,7 +134,7 @@ def probe_request(origin: Origin, api: str, model: str, load: EndpointLoad, time
         api=api,
         model=model,
         concurrency=None,
-        timeout_s=load.timeout_s,
+        timeout_s=load.timeout_s or DEFAULT_TIMEOUT_S,
         ignore_eos=load.ignore_eos,
         requests_path="",
         status_path="",
@@ -149,7 +157,7 @@ def plan_endpoint(
     *,
     api: str,
     model: str | None,
-    load: EndpointLoad,
+    load: Load,
     requests: list[LoadRequest] | None = None,
     same_load: str | None = None,
     server_metrics: str | None = None,
@@ -158,7 +166,7 @@ def plan_endpoint(
     """The endpoint run with every option checked and the load planned, the server not asked yet (its
     ``model`` is ``--model``'s, or empty until :func:`check_server`); ``requests`` (``--same-load``'s) replace
     the planned load."""
-    check_load(load)
+    load = endpoint_load(load)
     try:
         origin = Origin.parse(url)
         if server_metrics is not None:
@@ -206,7 +214,7 @@ def check_server(run: EndpointRun, probe_timeout_s: float = PROBE_TIMEOUT_S) -> 
     return replace(run, model=model, models=models)
 
 
-def resolve_endpoint(url: str, *, api: str, model: str | None, load: EndpointLoad, **options: Any) -> EndpointRun:
+def resolve_endpoint(url: str, *, api: str, model: str | None, load: Load, **options: Any) -> EndpointRun:
     """:func:`plan_endpoint`, then :func:`check_server` (a server meshtop starts is asked once it is up)."""
     run = plan_endpoint(url, api=api, model=model, load=load, **options)
     return run if run.server is not None else check_server(run)

@@ -8,14 +8,15 @@ and the same send offsets, on any machine (what ``--same-load`` relies on, throu
 
 - Prompts: from ``--prompts FILE`` (JSON lines of ``{"prompt": TEXT}`` or ``{"messages": [...]}``, or a
   ShareGPT-style JSON array of ``{"conversations": [{"from": "human", "value": TEXT}, ...]}``, its first
-  human turn), drawn with replacement by the seed; else ``--input-len`` words drawn from :data:`WORDS`, a
-  list of short common English words each of which is one token in the usual BPE vocabularies (the
-  server's own count, from its ``usage``, is what the recording keeps; meshtop never tokenizes).
+  human turn), drawn with replacement by the seed; else ``--input-len`` (the load's ``prompt_len``) words
+  drawn from :data:`WORDS`, a list of short common English words each of which is one token in the usual
+  BPE vocabularies (the server's own count, from its ``usage``, is what the recording keeps; meshtop never
+  tokenizes).
 - Answers: ``max_tokens`` drawn from ``--output-len``; with ``--ignore-eos`` the server is asked to go on
   past its end-of-sequence token (vLLM and SGLang accept ``ignore_eos``), so lengths hold.
 - Arrivals: closed loop (``--concurrency C``: C clients, each sends its next request when the previous is
   answered) or open loop (``--request-rate R``: gaps drawn from a gamma distribution of mean 1/R and shape
-  ``--burstiness`` K, as vLLM's benchmark does: K = 1 is Poisson, K < 1 burstier, K > 1 more even).
+  ``--burstiness`` K, as the built-in inference's are: :func:`meshtop.runner.load.arrival_offsets_s`).
 - Warmup: ``--warmup N`` requests are sent first (closed loop at the load's concurrency, else one at a
   time) and answered before the load's own requests start; they are recorded, marked, and left out of
   every figure.
@@ -27,15 +28,14 @@ import json
 import math
 import random
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
+from meshtop.recordings.manifest import Load
 from meshtop.runner.errors import PlanError
-from meshtop.runner.load import DEFAULT_OUTPUT_LEN, DEFAULT_PROMPT_LEN, DEFAULT_REQUESTS
+from meshtop.runner.load import DEFAULT_REQUESTS, arrival_offsets_s
 
 APIS = ("completions", "chat")
-DEFAULT_INPUT_LEN = DEFAULT_PROMPT_LEN
-"""The load's defaults are the built-in inference's (:mod:`meshtop.runner.load`): the options are shared."""
 DEFAULT_TIMEOUT_S = 120.0
 MAX_REQUESTS = 1_000_000
 MAX_PROMPTS_BYTES = 1 << 30
@@ -55,35 +55,6 @@ high every near add food between own below country
 """.split()  # noqa: SIM905 (a list of 200 words reads better as text)
 )
 """Short, common English words: each one token in the usual BPE vocabularies (GPT-2's, Llama's, Qwen's)."""
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class EndpointLoad:
-    """The requests sent to a serving endpoint and how they arrive."""
-
-    requests: int
-    concurrency: int | None
-    """Closed loop: requests in flight at once (``None`` in open loop)."""
-    request_rate_per_s: float | None
-    """Open loop: the mean arrival rate (``None`` in closed loop)."""
-    burstiness: float = 1.0
-    """Open loop: the gamma shape of the gaps (1: Poisson)."""
-    warmup: int = 0
-    input_len: tuple[int, int] = DEFAULT_INPUT_LEN
-    """Words of a generated prompt, lowest and highest (unused with a prompts file)."""
-    output_len: tuple[int, int] = DEFAULT_OUTPUT_LEN
-    """``max_tokens`` of each request, lowest and highest."""
-    prompts: str | None = None
-    """The prompts file, as given (``None``: generated prompts)."""
-    seed: int = 0
-    slo_ttft_ms: float | None = None
-    slo_tpot_ms: float | None = None
-    timeout_s: float = DEFAULT_TIMEOUT_S
-    """Per request, from its send to its last byte."""
-    ignore_eos: bool = False
-    duration_s: float | None = None
-    """Send for this long at most (from the first of the load's own requests): a request due later is not
-    sent, and the load is the requests sent."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -196,26 +167,11 @@ def read_prompts(path: Path) -> list[Prompt]:
     return prompts
 
 
-def arrival_offsets_s(load: EndpointLoad) -> list[float] | None:
-    """Open loop: each of the load's own requests' send offset in seconds (gamma gaps of mean 1/rate and
-    shape ``burstiness``); ``None`` in closed loop. Drawn from their own random stream, so they do not
-    depend on the prompts."""
-    if load.request_rate_per_s is None:
-        return None
-    shape = load.burstiness
-    scale = 1.0 / (load.request_rate_per_s * shape)
-    rng, clock, offsets = random.Random(2 * load.seed + 1), 0.0, []
-    for _ in range(load.requests):
-        clock += rng.gammavariate(shape, scale)
-        offsets.append(clock)
-    return offsets
-
-
 def synthetic_prompt(rng: random.Random, words: int) -> Prompt:
     return Prompt(text=" ".join(rng.choice(WORDS) for _ in range(words)))
 
 
-def plan_load(load: EndpointLoad, prompts: Sequence[Prompt] | None = None) -> list[LoadRequest]:
+def plan_load(load: Load, prompts: Sequence[Prompt] | None = None) -> list[LoadRequest]:
     """Every request of the load, the warmup first, in the order they are sent (closed loop) or with their
     offsets (open loop)."""
     rng = random.Random(2 * load.seed)
@@ -225,7 +181,7 @@ def plan_load(load: EndpointLoad, prompts: Sequence[Prompt] | None = None) -> li
         if prompts:
             prompt = prompts[rng.randrange(len(prompts))]
         else:
-            prompt = synthetic_prompt(rng, rng.randint(*load.input_len))
+            prompt = synthetic_prompt(rng, rng.randint(*load.prompt_len))
         own = index - load.warmup
         planned.append(
             LoadRequest(
@@ -256,7 +212,22 @@ def requests_for(duration_s: float | None, rate_per_s: float | None, requests: i
     return DURATION_REQUESTS
 
 
-def check_load(load: EndpointLoad) -> None:
+def endpoint_load(load: Load) -> Load:
+    """``load`` checked (:func:`check_load`), with an endpoint's own fields filled in: the timeout
+    (:data:`DEFAULT_TIMEOUT_S` where none was given), an open loop's gamma shape (1, Poisson, where none was
+    given; ``None`` in closed loop) and ``max_batch``, the most requests in flight (the concurrency; 0 in open
+    loop)."""
+    check_load(load)
+    open_loop = load.request_rate_per_s is not None
+    return replace(
+        load,
+        timeout_s=DEFAULT_TIMEOUT_S if load.timeout_s is None else load.timeout_s,
+        burstiness=(1.0 if load.burstiness is None else load.burstiness) if open_loop else None,
+        max_batch=load.concurrency or 0,
+    )
+
+
+def check_load(load: Load) -> None:
     """Every value of ``load`` in range, each error naming the option to change."""
     if load.requests < 1 or load.requests > MAX_REQUESTS:
         raise PlanError(f"--requests must be 1 to {MAX_REQUESTS:,}, got {load.requests}")

@@ -25,14 +25,16 @@ from meshtop.probes.collector import Collector
 from meshtop.probes.events import Event, EventsDropped, ServerState
 from meshtop.probes.samplers import GpuSampler, ProcessSampler
 from meshtop.probes.wire import ADDRESS_ENV, TOKEN_ENV
+from meshtop.recordings.manifest import ServerInfo
 from meshtop.runner.errors import PlanError
 from meshtop.runner.job.control import JobControl
 from meshtop.runner.job.launch import NodeProbes
 from meshtop.runner.job.results import JobResult, RankExit, lifecycle_events
 from meshtop.runner.serving.client import CLIENT_RANK, INTERRUPTED, ClientSpec
 from meshtop.runner.serving.endpoint import PROBE_TIMEOUT_S, EndpointRun, check_server
+from meshtop.runner.serving.load import DEFAULT_TIMEOUT_S
 from meshtop.runner.serving.scrape import Scraper
-from meshtop.runner.serving.server import SERVER_LOG, ServerFailed, ServerProcess, ServerReport, StartupStopped
+from meshtop.runner.serving.server import SERVER_LOG, ServerFailed, ServerProcess, StartupStopped
 
 CLIENT_LOG = "client.log"
 STATUS_NAME = "load-status.json"
@@ -64,7 +66,7 @@ def run_endpoint(
     on_events: Callable[[Arrivals], None] = lambda arrivals: None,
     node_probes: NodeProbes = NodeProbes(),
     control: JobControl | None = None,
-    on_resolved: Callable[[EndpointRun, ServerReport | None], None] = lambda run, report: None,
+    on_resolved: Callable[[EndpointRun, ServerInfo | None], None] = lambda run, report: None,
 ) -> JobResult:
     """Send ``run``'s load from a load-generator process, passing its events (and the node samplers') to
     ``on_events``; stop it on ``control.stop`` or Ctrl-C (its requests in flight reported as interrupted).
@@ -141,7 +143,7 @@ def _send_load(
         api=run.api,
         model=run.model,
         concurrency=run.load.concurrency,
-        timeout_s=run.load.timeout_s,
+        timeout_s=run.load.timeout_s or DEFAULT_TIMEOUT_S,
         ignore_eos=run.load.ignore_eos,
         requests_path=str(requests_path),
         status_path=str(status_path),

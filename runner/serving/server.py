@@ -23,11 +23,12 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import psutil
 
+from meshtop.recordings.manifest import ServerInfo
 from meshtop.runner.serving.http import Origin
 
 SERVER_LOG = "server.log"
@@ -60,23 +61,6 @@ class ServerCommand:
     startup_timeout_s: float = DEFAULT_STARTUP_TIMEOUT_S
 
 
-@dataclass(slots=True, kw_only=True)
-class ServerReport:
-    """What ran, for the manifest."""
-
-    command: tuple[str, ...]
-    version: str | None = None
-    environment: dict[str, str] = field(default_factory=dict)
-    log_tail: tuple[str, ...] = ()
-    exit_code: int | None = None
-    """As it ended (negative: the signal that ended it)."""
-    startup_s: float | None = None
-    cpu_s: float | None = None
-    """CPU seconds of its process tree, as last seen."""
-    peak_rss_bytes: int | None = None
-    """The largest resident memory of its process tree seen."""
-
-
 def log_tail(path: Path, lines: int = TAIL_LINES) -> list[str]:
     """The last non-empty lines of ``path`` (empty when there is none)."""
     try:
@@ -98,7 +82,8 @@ class ServerProcess:
     def __init__(self, spec: ServerCommand, log_path: Path) -> None:
         self.spec = spec
         self.log_path = log_path
-        self.report = ServerReport(command=spec.command, environment=environment_that_matters(dict(os.environ)))
+        self.report = ServerInfo(command=spec.command, environment=environment_that_matters(dict(os.environ)))
+        """What ran, for the manifest: filled in as it runs and when it stops."""
         self._seen: dict[int, psutil.Process] = {}
         self._cpu: dict[int, float] = {}
         self._started = time.monotonic()
@@ -127,8 +112,8 @@ class ServerProcess:
                 times = process.cpu_times()
                 self._cpu[process.pid] = times.user + times.system
                 rss += process.memory_info().rss
-        self.report.cpu_s = sum(self._cpu.values())
-        self.report.peak_rss_bytes = max(self.report.peak_rss_bytes or 0, rss)
+        peak = max(self.report.peak_rss_bytes or 0, rss)
+        self.report = replace(self.report, cpu_s=sum(self._cpu.values()), peak_rss_bytes=peak)
 
     def wait_ready(
         self, origin: Origin, *, progress: Callable[[float, str], None], stop: threading.Event | None = None
@@ -150,8 +135,9 @@ class ServerProcess:
                     urllib.request.urlopen(url, timeout=ASK_TIMEOUT_S) as response,
                 ):
                     if response.status == 200:
-                        self.report.startup_s = time.monotonic() - self._started
-                        self._read_version()
+                        self.report = replace(
+                            self.report, startup_s=time.monotonic() - self._started, version=self._version()
+                        )
                         return
             now = time.monotonic()
             if now > deadline:
@@ -169,17 +155,18 @@ class ServerProcess:
         lines = log_tail(self.log_path, 3)
         return ("; its last lines: " + " | ".join(lines)) if lines else "; it printed nothing"
 
-    def _read_version(self) -> None:
+    def _version(self) -> str | None:
+        """The version the log says, where it says one."""
         for line in log_tail(self.log_path, 200):
             if found := VERSION.search(line):
-                self.report.version = found.group(1)
-                return
+                return found.group(1)
+        return None
 
     def exited(self) -> int | None:
         """Its exit code once it ended by itself (``None`` while it runs)."""
         return self.process.poll()
 
-    def stop(self, steps: tuple[tuple[signal.Signals, float], ...] = STOP_STEPS) -> ServerReport:
+    def stop(self, steps: tuple[tuple[signal.Signals, float], ...] = STOP_STEPS) -> ServerInfo:
         """SIGINT, then SIGTERM, then SIGKILL to its whole tree, each with time to end; what ran."""
         self.watch()
         for signum, grace_s in steps:
@@ -195,8 +182,7 @@ class ServerProcess:
             deadline = time.monotonic() + grace_s
             while self._alive() and time.monotonic() < deadline:
                 time.sleep(0.05)
-        self.report.exit_code = self.process.poll()
-        self.report.log_tail = tuple(log_tail(self.log_path))
+        self.report = replace(self.report, exit_code=self.process.poll(), log_tail=tuple(log_tail(self.log_path)))
         return self.report
 
     def _alive(self) -> list[psutil.Process]:

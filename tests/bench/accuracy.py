@@ -21,7 +21,6 @@ import tempfile
 from pathlib import Path
 
 from meshtop.probes.native import NATIVE_ENV, environment_value
-from meshtop.recordings.manifest import RunDescription
 from meshtop.recordings.metrics.pipeline import theoretical_bubble
 from meshtop.recordings.metrics.run import RunFold
 from meshtop.recordings.schema import tables_of
@@ -72,7 +71,7 @@ def measure_bubble(schedule: str, microbatches: int) -> dict[str, object]:
             steps=STEPS,
         )
     assert launched.result.status == "completed", launched.result
-    fold = RunFold(RunDescription.from_json(launched.run.describe()))
+    fold = RunFold(launched.run.describe())
     for kind, table in tables_of(launched.events):
         fold.apply(kind, table)
     fold.finish("completed")

@@ -30,7 +30,6 @@ from pathlib import Path
 from typing import Any
 
 from meshtop.probes.events import GpuSample, MemorySnapshot, StepTiming
-from meshtop.recordings.manifest import RunDescription
 from meshtop.recordings.metrics.mfu import GpuModel, mfu
 from meshtop.tui.options import gpus_visible
 from tests.bench import overhead, sampler_cost
@@ -105,7 +104,7 @@ def mfu_row(
         if isinstance(event, GpuSample) and event.name:
             gpu_model = GpuModel(event.name, event.power_limit_w)
             break
-    figure = mfu(RunDescription.from_json(launched.run.describe()), gpus=[gpu_model], tokens_per_s=tokens_per_s)
+    figure = mfu(launched.run.describe(), gpus=[gpu_model], tokens_per_s=tokens_per_s)
     flops, peak = figure.flops_per_token, figure.peak_flops_per_s
     memory = [e for e in launched.events if isinstance(e, MemorySnapshot)]
     peak_bytes = max((e.peak_allocated_bytes or 0 for e in memory), default=0)

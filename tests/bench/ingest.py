@@ -38,7 +38,7 @@ from pathlib import Path
 
 from meshtop.probes.arrivals import Arrivals
 from meshtop.probes.collector import Collector
-from meshtop.probes.events import Event
+from meshtop.probes.events import PRINTED_KINDS, Event
 from meshtop.probes.wire import encode_events
 from meshtop.runner.job.allocator import keep_buffer_pages
 from tests.bench.figures import NO_TARGET, Row, Spread, Target, median
@@ -94,21 +94,18 @@ class Consumer:
     def __init__(self, directory: Path, front_end: str) -> None:
         # Imported here: the producer processes import this module and need neither torch nor textual.
         from meshtop.probes.events import FOLDED_KINDS, PROGRESS_KINDS
-        from meshtop.recordings.manifest import Manifest, RunDescription
+        from meshtop.recordings.manifest import Manifest
         from meshtop.recordings.recorder import SessionRecorder
         from meshtop.recordings.session_fold import Folded, SessionFold
         from meshtop.runner.plan import RunSpec, resolve
 
-        run = RunDescription.from_json(
-            resolve(RunSpec(dp=RANKS // 4, tp=2, pp=2, device="cpu"), gpus_visible=0).describe()
-        )
-        from meshtop.runner.job.console import CONSOLE_KINDS
+        run = resolve(RunSpec(dp=RANKS // 4, tp=2, pp=2, device="cpu"), gpus_visible=0).describe()
         from meshtop.tui.sources import screen_batches
 
         kinds = PROGRESS_KINDS if front_end == "record" else FOLDED_KINDS  # record without /metrics, as console.py
         self.recorder = SessionRecorder(SessionFold(run, kinds=kinds), directory, Manifest(run=run))
         if front_end == "record":
-            self.decode: Callable[[Arrivals, Folded], object] = lambda arrivals, folded: arrivals.events(CONSOLE_KINDS)
+            self.decode: Callable[[Arrivals, Folded], object] = lambda arrivals, folded: arrivals.events(PRINTED_KINDS)
         else:
             self.decode = lambda arrivals, folded: screen_batches(arrivals, folded.tables)  # what the fold left
 

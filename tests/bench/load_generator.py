@@ -29,11 +29,12 @@ from meshtop.probes.arrivals import Arrivals
 from meshtop.probes.collector import Collector
 from meshtop.probes.events import RequestDone
 from meshtop.probes.wire import ADDRESS_ENV, TOKEN_ENV
+from meshtop.recordings.manifest import Load
 from meshtop.recordings.metrics.requests import CLIENT_LAG_LIMIT_S
 from meshtop.runner.serving.client import ClientSpec
 from meshtop.runner.serving.endpoint import EndpointRun
 from meshtop.runner.serving.http import Origin
-from meshtop.runner.serving.load import EndpointLoad, plan_load
+from meshtop.runner.serving.load import plan_load
 from meshtop.runner.serving.run import write_load
 from tests.kit.commands import run_meshtop
 from tests.kit.sse_server import MODEL
@@ -64,7 +65,7 @@ def recorded(url: str, rate: float, requests: int, out: Path, seed: int = 0, *, 
 
 def bare_ttfts(url: str, rate: float, requests: int, directory: Path, seed: int = 0) -> list[float]:
     """The load sent by the load generator alone, its events kept in memory by a bare collector."""
-    load = EndpointLoad(requests=requests, concurrency=None, request_rate_per_s=rate, output_len=(8, 8), seed=seed)
+    load = Load(requests=requests, concurrency=None, request_rate_per_s=rate, output_len=(8, 8), seed=seed)
     run = EndpointRun(
         url=url, origin=Origin.parse(url), api="completions", model=MODEL, models=(MODEL,), load=load,
         requests=tuple(plan_load(load)),

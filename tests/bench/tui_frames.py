@@ -113,7 +113,7 @@ from meshtop.probes.events import (
     StageAction,
     StepTiming,
 )
-from meshtop.recordings.manifest import Model, Plan, RunDescription
+from meshtop.recordings.manifest import ModelShape, Plan, RunDescription
 from meshtop.recordings.replay import in_kind_order
 from meshtop.recordings.session_fold import SessionFold
 from meshtop.tui.app import VIEWS, MeshtopApp
@@ -238,7 +238,7 @@ class SyntheticSource:
                 label=f"dp{self.dp} x tp{TP} x pp{PP} (1f1b, {MICROBATCHES} mb)",
             ),
             mode="train",
-            model=Model(
+            model=ModelShape(
                 name="synthetic",
                 n_layers=16,
                 dim=2048,

@@ -20,7 +20,7 @@ from meshtop.runner.plan import RunSpec, resolve
 def description(*, device: str | None = None, dtype: str | None = None, **spec: Any) -> RunDescription:
     """The run description meshtop writes for ``RunSpec(**spec)`` on CPU, with the device and dtype
     changed afterwards where given (a CUDA run described without a GPU here)."""
-    run = RunDescription.from_json(resolve(RunSpec(device="cpu", **spec), gpus_visible=0).describe())
+    run = resolve(RunSpec(device="cpu", **spec), gpus_visible=0).describe()
     changes = {name: value for name, value in (("device", device), ("dtype", dtype)) if value is not None}
     return dataclasses.replace(run, **changes) if changes else run
 
@@ -121,4 +121,4 @@ def fleet_recording(
 def fleet_description(ranks: int, nodes: int) -> RunDescription:
     """A data-parallel GPU job of ``ranks`` ranks on ``nodes`` nodes, as meshtop describes it."""
     plan = resolve(RunSpec(dp=ranks, model="tiny", device="cuda"), gpus_visible=ranks // nodes, nodes=nodes)
-    return RunDescription.from_json(plan.describe())
+    return plan.describe()

@@ -23,7 +23,6 @@ from meshtop.probes.groups import GroupDirectory
 from meshtop.probes.instrument import OVERHEAD_BLOCK_ENV, Instrumentation
 from meshtop.probes.patching import MissingInternal, require
 from meshtop.probes.pipeline import STAGE_METHODS, StageProbe
-from meshtop.recordings.manifest import RunDescription
 from meshtop.runner.errors import PlanError
 from meshtop.runner.rank.data_parallel import apply_replicate
 from meshtop.runner.rank.mesh import build_mesh
@@ -178,6 +177,6 @@ def test_a_pipeline_job_runs_on_without_stage_hooks_where_torch_lacks_one_and_ev
     assert all(e.pipeline_wait_s is None for e in launched.events if isinstance(e, StepTiming))
     p2p = {(e.rank, e.op) for e in launched.events if isinstance(e, CollectiveTiming) and e.step is not None}
     assert {(0, "send"), (1, "recv")} <= p2p
-    state = DashboardState(RunDescription.from_json(launched.run.describe()))  # what the dashboard says
+    state = DashboardState(launched.run.describe())  # what the dashboard says
     state.apply_events(launched.events)
     assert f"probe off: pipeline stages on every rank: {reason}" in [alert.text for alert in alerts_of(state)]

@@ -11,17 +11,18 @@ import threading
 import urllib.request
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
 
+from meshtop.recordings.manifest import Load
 from meshtop.runner.errors import PlanError
 from meshtop.runner.serving import endpoint
 from meshtop.runner.serving.endpoint import EndpointRun, check_server, plan_endpoint, resolve_endpoint, served_models
 from meshtop.runner.serving.http import Origin
-from meshtop.runner.serving.load import EndpointLoad, LoadRequest, Prompt
+from meshtop.runner.serving.load import LoadRequest, Prompt
 from meshtop.runner.serving.server import ServerCommand
 from tests.kit.commands import run_meshtop
 from tests.kit.ports import free_port
@@ -33,7 +34,7 @@ STREAM = (200, b"data: [DONE]\n\n")
 """A probe's answer: the stream's end at once."""
 HANG_UP = None
 """An answer: the connection closed with none."""
-LOAD = EndpointLoad(requests=3, concurrency=1, request_rate_per_s=None)
+LOAD = Load(requests=3, concurrency=1, request_rate_per_s=None)
 
 
 def listing(*models: str) -> tuple[int, bytes]:
@@ -198,7 +199,7 @@ def test_a_server_that_takes_no_connection_in_time_is_said_to_time_out(monkeypat
 
 
 def test_the_probe_is_one_token_of_hello_to_the_named_model_in_the_loads_api() -> None:
-    load = EndpointLoad(requests=3, concurrency=1, request_rate_per_s=None, ignore_eos=True)
+    load = Load(requests=3, concurrency=1, request_rate_per_s=None, ignore_eos=True)
     with scripted_server({MODELS: listing("a", "b"), CHAT: STREAM}) as server:
         run = check_server(plan_endpoint(server.url, api="chat", model="b", load=load))
     assert (run.model, run.models) == ("b", ("a", "b"))
@@ -268,7 +269,7 @@ def test_a_model_that_cannot_be_told_or_is_not_served_is_one_line_before_any_pro
 def test_a_refused_probe_says_the_servers_words_and_the_ignore_eos_hint_only_with_it(
     ignore_eos: bool, answer: tuple[int, bytes], words: str
 ) -> None:
-    load = EndpointLoad(requests=3, concurrency=1, request_rate_per_s=None, ignore_eos=ignore_eos)
+    load = Load(requests=3, concurrency=1, request_rate_per_s=None, ignore_eos=ignore_eos)
     with scripted_server({MODELS: listing("a"), COMPLETIONS: answer}) as server:
         run = plan_endpoint(server.url, api="completions", model=None, load=load)
         assert (
@@ -303,7 +304,7 @@ def test_a_bad_url_names_the_option_that_gave_it(url: str, server_metrics: str |
 
 def test_every_option_is_in_the_planned_run_and_given_requests_replace_the_load(tmp_path: Path) -> None:
     """``--same-load``'s requests are the load: the prompts file is not read (here it does not exist)."""
-    load = EndpointLoad(requests=3, concurrency=1, request_rate_per_s=None, prompts=str(tmp_path / "missing.jsonl"))
+    load = Load(requests=3, concurrency=1, request_rate_per_s=None, prompts=str(tmp_path / "missing.jsonl"))
     again = LoadRequest(id=0, prompt=Prompt(text="again"), max_tokens=5, offset_s=None)
     server = ServerCommand(command=("vllm", "serve", "m"))
     run = plan_endpoint(
@@ -322,7 +323,7 @@ def test_every_option_is_in_the_planned_run_and_given_requests_replace_the_load(
         api="chat",
         model="",
         models=(),
-        load=load,
+        load=replace(load, max_batch=1, timeout_s=120.0),  # an endpoint's own: its concurrency, the default timeout
         requests=(again,),
         same_load="runs/first",
         server_metrics="http://h:9090/metrics",
@@ -337,7 +338,7 @@ def test_the_load_is_planned_from_the_prompts_file_and_chat_prompts_need_the_cha
     chats.write_text('{"messages": [{"role": "user", "content": "hi"}]}\n')
 
     def planned(prompts: Path, api: str) -> list[Prompt]:
-        load = EndpointLoad(requests=3, concurrency=1, request_rate_per_s=None, prompts=str(prompts))
+        load = Load(requests=3, concurrency=1, request_rate_per_s=None, prompts=str(prompts))
         return [request.prompt for request in plan_endpoint("http://h", api=api, model=None, load=load).requests]
 
     assert planned(texts, "completions") == [Prompt(text="only")] * 3  # one prompt in the file: each request's

@@ -7,19 +7,15 @@ import itertools
 import json
 import statistics
 import subprocess
+from dataclasses import replace
 from pathlib import Path
 
 import pandas as pd
 import pytest
 import torch
 
-from meshtop.runner.load import (
-    InferenceLoad,
-    arrival_times_s,
-    plan_requests,
-    replica_concurrency,
-    replica_share,
-)
+from meshtop.recordings.manifest import Load
+from meshtop.runner.load import arrival_offsets_s, plan_requests, replica_concurrency, replica_share
 from meshtop.runner.presets import PRESETS
 from meshtop.runner.rank.model import Transformer
 from meshtop.runner.rank.weights import init_weights
@@ -77,7 +73,7 @@ def test_every_plan_generates_the_single_process_tokens(recordings: dict[str, Pa
     shape = PRESETS["tiny"]
     model = Transformer(shape)
     init_weights(model, model=shape, seed=5, device=torch.device("cpu"))
-    load = InferenceLoad(
+    load = Load(
         requests=10, concurrency=4, request_rate_per_s=None, prompt_len=(3, 20), output_len=(1, 9), max_batch=3, seed=5
     )
     expected = {
@@ -164,7 +160,7 @@ def test_open_loop_requests_arrive_on_their_poisson_schedule(tmp_path: Path) -> 
     )
     assert done.returncode == 0, done.stdout + done.stderr
     table = served(tmp_path / "open")
-    load = InferenceLoad(
+    load = Load(
         requests=12,
         concurrency=None,
         request_rate_per_s=40.0,
@@ -173,7 +169,7 @@ def test_open_loop_requests_arrive_on_their_poisson_schedule(tmp_path: Path) -> 
         max_batch=16,
         seed=0,
     )
-    planned = arrival_times_s(load)
+    planned = arrival_offsets_s(load)
     assert planned is not None
     offsets = [(t - table.arrival_ns.iloc[0]) / 1e9 for t in table.arrival_ns]
     assert offsets == pytest.approx([p - planned[0] for p in planned], abs=2e-3)
@@ -210,7 +206,7 @@ def test_a_killed_replica_leaves_its_requests_counted_as_not_served(tmp_path: Pa
 
 
 def test_the_load_is_a_function_of_its_options_and_seed() -> None:
-    load = InferenceLoad(
+    load = Load(
         requests=2000,
         concurrency=None,
         request_rate_per_s=50.0,
@@ -225,12 +221,12 @@ def test_the_load_is_a_function_of_its_options_and_seed() -> None:
     gaps = [b.arrival_s - a.arrival_s for a, b in itertools.pairwise(first)]  # type: ignore[operator]
     assert statistics.mean(gaps) == pytest.approx(1 / 50, rel=0.05)  # 2,000 draws: the mean within 5 %
     assert statistics.stdev(gaps) == pytest.approx(1 / 50, rel=0.1)  # exponential: sd equals the mean
-    other_lengths = InferenceLoad(**{**load.describe(), "prompt_len": (1, 2), "output_len": (1, 1)})  # type: ignore[arg-type]
-    assert arrival_times_s(other_lengths) == [r.arrival_s for r in first]
+    other_lengths = replace(load, prompt_len=(1, 2), output_len=(1, 1))
+    assert arrival_offsets_s(other_lengths) == [r.arrival_s for r in first]
 
 
 def test_replicas_split_requests_and_clients() -> None:
-    load = InferenceLoad(
+    load = Load(
         requests=7, concurrency=5, request_rate_per_s=None, prompt_len=(2, 2), output_len=(1, 1), max_batch=2, seed=0
     )
     requests = plan_requests(load, vocab_size=16)

@@ -14,15 +14,16 @@ from pathlib import Path
 
 import pytest
 
+from meshtop.recordings.manifest import Load
 from meshtop.runner.errors import PlanError
+from meshtop.runner.load import arrival_offsets_s
 from meshtop.runner.serving import load as load_module
 from meshtop.runner.serving.load import (
     MAX_REQUESTS,
-    EndpointLoad,
     LoadRequest,
     Prompt,
-    arrival_offsets_s,
     check_load,
+    endpoint_load,
     plan_load,
     prompt_of,
     read_prompts,
@@ -163,9 +164,9 @@ def test_seed_1_sends_at_the_exponential_gaps_of_the_generator_seeded_3() -> Non
     0.23796462709189137, 0.5442292252959519, 0.36995516654807925; at 2 a second: gaps -ln(0.76203537) / 2 =
     0.1358812, -ln(0.45577077) / 2 = 0.3928826 and -ln(0.63004483) / 2 = 0.2309822: sent at 0.1358812,
     0.5287638 and 0.7597459 s."""
-    load = EndpointLoad(requests=3, concurrency=None, request_rate_per_s=2.0, seed=1)
+    load = Load(requests=3, concurrency=None, request_rate_per_s=2.0, seed=1)
     assert arrival_offsets_s(load) == pytest.approx([0.1358812, 0.5287638, 0.7597459], abs=1e-7)
-    assert arrival_offsets_s(EndpointLoad(requests=1, concurrency=None, request_rate_per_s=2.0, seed=0)) == (
+    assert arrival_offsets_s(Load(requests=1, concurrency=None, request_rate_per_s=2.0, seed=0)) == (
         pytest.approx([0.0721455], abs=1e-7)  # seed 0: random.Random(1)'s first draw 0.1343642441: -ln(0.8656358) / 2
     )
 
@@ -173,8 +174,8 @@ def test_seed_1_sends_at_the_exponential_gaps_of_the_generator_seeded_3() -> Non
 def test_seed_1_draws_its_prompts_and_lengths_from_the_generator_seeded_2() -> None:
     """random.Random(2), drawn in the plan's order (a request's words, the words themselves, its max_tokens):
     1 word "or", 4 tokens (the warmup); 2 words "she letter", 6 tokens; 2 words "must then", 8 tokens."""
-    load = EndpointLoad(
-        requests=2, concurrency=1, request_rate_per_s=None, warmup=1, input_len=(1, 3), output_len=(4, 8), seed=1
+    load = Load(
+        requests=2, concurrency=1, request_rate_per_s=None, warmup=1, prompt_len=(1, 3), output_len=(4, 8), seed=1
     )
     assert plan_load(load) == [
         LoadRequest(id=0, prompt=Prompt(text="or"), max_tokens=4, offset_s=None, warmup=True),
@@ -186,6 +187,20 @@ def test_seed_1_draws_its_prompts_and_lengths_from_the_generator_seeded_2() -> N
 def test_an_open_loop_for_a_duration_plans_a_quarter_more_than_rate_times_duration_and_ten() -> None:
     assert requests_for(10.0, 2.0, None) == 35  # 2 / s x 10 s = 20, x 1.25 = 25, + 10
     assert requests_for(4.0, 0.3, None) == 12  # 0.3 x 4 = 1.2, x 1.25 = 1.5, up to 2, + 10
+
+
+def test_an_endpoint_load_fills_its_timeout_its_shape_and_its_most_in_flight() -> None:
+    """A closed loop of 3 clients: the default 120 s timeout, no gamma shape (answers pace it), max_batch 3.
+    An open loop: shape 1 (Poisson) where none was given, max_batch 0 (no bound of meshtop's); given values
+    stay."""
+    closed = endpoint_load(Load(requests=4, concurrency=3, request_rate_per_s=None))
+    assert (closed.timeout_s, closed.burstiness, closed.max_batch) == (120.0, None, 3)
+    opened = endpoint_load(Load(requests=4, concurrency=None, request_rate_per_s=2.0))
+    assert (opened.timeout_s, opened.burstiness, opened.max_batch) == (120.0, 1.0, 0)
+    given = endpoint_load(Load(requests=4, concurrency=None, request_rate_per_s=2.0, burstiness=0.5, timeout_s=9.0))
+    assert (given.timeout_s, given.burstiness) == (9.0, 0.5)
+    with pytest.raises(PlanError, match="--burstiness must be above 0"):
+        endpoint_load(Load(requests=4, concurrency=None, request_rate_per_s=2.0, burstiness=0.0))
 
 
 # -- the options' bounds -------------------------------------------------------------------------------------
@@ -205,7 +220,7 @@ BASE = {"requests": 4, "concurrency": 2, "request_rate_per_s": None}
     ],
 )
 def test_a_load_at_its_bounds_is_accepted(changes: dict[str, object]) -> None:
-    check_load(EndpointLoad(**{**BASE, **changes}))  # type: ignore[arg-type]
+    check_load(Load(**{**BASE, **changes}))  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize(
@@ -227,5 +242,5 @@ def test_a_load_at_its_bounds_is_accepted(changes: dict[str, object]) -> None:
 )
 def test_a_load_past_a_bound_is_refused_naming_its_option(changes: dict[str, object], message: str) -> None:
     with pytest.raises(PlanError) as raised:
-        check_load(EndpointLoad(**{**BASE, **changes}))  # type: ignore[arg-type]
+        check_load(Load(**{**BASE, **changes}))  # type: ignore[arg-type]
     assert str(raised.value) == message

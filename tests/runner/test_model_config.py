@@ -14,9 +14,10 @@ import pytest
 import torch
 
 from meshtop.probes.events import CollectiveTiming
+from meshtop.recordings.manifest import Load
 from meshtop.recordings.reader import open_recording
 from meshtop.runner.errors import ModelConfigError, PlanError
-from meshtop.runner.load import InferenceLoad, plan_requests
+from meshtop.runner.load import plan_requests
 from meshtop.runner.model_config import load_model_config
 from meshtop.runner.plan import ResolvedRun, RunSpec, resolve
 from meshtop.runner.presets import preset
@@ -293,7 +294,8 @@ def test_a_resolved_run_carries_the_configs_shape_to_the_workers(tmp_path: Path)
     config = write_config(tmp_path / "Llama-3.2-1B", LLAMA_3_2_1B)
     run = resolve(RunSpec(dp=1, model_config=str(config), device="cpu"), gpus_visible=0)
     assert ResolvedRun.from_json(json.loads(json.dumps(run.to_json()))) == run
-    assert run.describe()["model"]["tie_embeddings"] is True  # type: ignore[index]
+    model = run.describe().model
+    assert model is not None and model.tie_embeddings is True
 
 
 def test_tying_moves_the_losses_beyond_the_parity_tolerance() -> None:
@@ -412,7 +414,7 @@ def test_tied_inference_generates_the_single_process_tokens(plan: list[str], tie
     assert done.returncode == 0, done.stdout + done.stderr
     model = tied_tiny()
     init_weights(model, model=model.shape, seed=5, device=torch.device("cpu"))
-    load = InferenceLoad(
+    load = Load(
         requests=6, concurrency=3, request_rate_per_s=None, prompt_len=(3, 12), output_len=(2, 6), max_batch=3, seed=5
     )
     expected = {

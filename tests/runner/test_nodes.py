@@ -13,7 +13,7 @@ from meshtop.probes.arrivals import Arrivals, EncodedEvents, encode_lines
 from meshtop.probes.collector import Collector
 from meshtop.probes.events import CollectiveTiming, EventsDropped, NodeClock, RequestDone, StepTiming, on_node
 from meshtop.probes.wire import event_sections, pack, read_frame
-from meshtop.recordings.manifest import RunDescription, read_manifest, start_manifest
+from meshtop.recordings.manifest import read_manifest, start_manifest
 from meshtop.recordings.metrics.steps import StepFolder
 from meshtop.recordings.recorder import Ending, SessionRecorder
 from meshtop.recordings.session_fold import SessionFold
@@ -509,5 +509,5 @@ def test_an_elastic_scripts_world_is_what_its_ranks_say(tmp_path: Path) -> None:
     recorder.close(Ending(status="completed", duration_s=1.0))
     assert read_manifest(tmp_path).run.plan.world_size == 2
     builtin = resolve(RunSpec(device="cpu", dp=2), gpus_visible=0)
-    described = RunDescription.from_json(builtin.describe())
+    described = builtin.describe()
     assert described.started_with(4) is described and elastic_script(2).started_with(0).world_size == 2

@@ -7,6 +7,7 @@ import asyncio
 import json
 import statistics
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -16,6 +17,7 @@ from meshtop.probes.sink import EventSink
 from meshtop.recordings.manifest import Load
 from meshtop.recordings.metrics.requests import RequestFold
 from meshtop.runner.errors import PlanError
+from meshtop.runner.load import arrival_offsets_s
 from meshtop.runner.serving import endpoint
 from meshtop.runner.serving.client import ClientSpec, LoadGenerator, chunk_text, request_body
 from meshtop.runner.serving.endpoint import served_models
@@ -23,10 +25,8 @@ from meshtop.runner.serving.http import Origin, Pool, RequestFailed, error_messa
 from meshtop.runner.serving.load import (
     DURATION_REQUESTS,
     WORDS,
-    EndpointLoad,
     LoadRequest,
     Prompt,
-    arrival_offsets_s,
     check_load,
     plan_load,
     read_prompts,
@@ -38,10 +38,10 @@ from tests.kit.sse_server import MODEL, stub_server
 
 
 def test_the_same_options_and_seed_plan_the_same_load_and_another_seed_another() -> None:
-    load = EndpointLoad(requests=50, concurrency=None, request_rate_per_s=5.0, warmup=3, input_len=(4, 9), seed=7)
+    load = Load(requests=50, concurrency=None, request_rate_per_s=5.0, warmup=3, prompt_len=(4, 9), seed=7)
     planned = plan_load(load)
     assert plan_load(load) == planned
-    assert plan_load(EndpointLoad(**{**_fields(load), "seed": 8})) != planned
+    assert plan_load(replace(load, seed=8)) != planned
     assert [request.id for request in planned] == list(range(53))
     assert [request.warmup for request in planned] == [True] * 3 + [False] * 50
     assert all(request.offset_s is None for request in planned[:3])
@@ -54,21 +54,17 @@ def test_the_same_options_and_seed_plan_the_same_load_and_another_seed_another()
     assert [LoadRequest.from_json(json.loads(json.dumps(r.to_json()))) for r in planned] == planned
 
 
-def _fields(load: EndpointLoad) -> dict[str, object]:
-    return {name: getattr(load, name) for name in load.__slots__}  # type: ignore[attr-defined]
-
-
 @pytest.mark.parametrize("burstiness", [0.25, 1.0, 4.0])
 def test_open_loop_gaps_have_the_asked_mean_and_the_burstiness_spread(burstiness: float) -> None:
     """Gamma gaps of shape k: mean 1 / rate, coefficient of variation 1 / sqrt(k) (k = 1: Poisson)."""
-    load = EndpointLoad(requests=20_000, concurrency=None, request_rate_per_s=10.0, burstiness=burstiness, seed=1)
+    load = Load(requests=20_000, concurrency=None, request_rate_per_s=10.0, burstiness=burstiness, seed=1)
     offsets = arrival_offsets_s(load)
     assert offsets is not None
     gaps = [b - a for a, b in zip([0.0, *offsets], offsets, strict=False)]
     mean = statistics.fmean(gaps)
     assert mean == pytest.approx(0.1, rel=0.05)
     assert statistics.pstdev(gaps) / mean == pytest.approx(burstiness**-0.5, rel=0.06)
-    assert arrival_offsets_s(EndpointLoad(requests=5, concurrency=4, request_rate_per_s=None)) is None
+    assert arrival_offsets_s(Load(requests=5, concurrency=4, request_rate_per_s=None)) is None
 
 
 def test_prompts_files_of_each_shape_and_each_fault(tmp_path: Path) -> None:
@@ -80,7 +76,7 @@ def test_prompts_files_of_each_shape_and_each_fault(tmp_path: Path) -> None:
         json.dumps([{"conversations": [{"from": "system", "value": "s"}, {"from": "human", "value": "q"}]}])
     )
     assert read_prompts(sharegpt) == [Prompt(text="q")]
-    load = EndpointLoad(requests=20, concurrency=2, request_rate_per_s=None, seed=3)
+    load = Load(requests=20, concurrency=2, request_rate_per_s=None, seed=3)
     planned = plan_load(load, read_prompts(lines))
     assert {request.prompt for request in planned} == set(read_prompts(lines))
     faults = {
@@ -114,7 +110,7 @@ def test_load_values_out_of_range_name_their_option() -> None:
         ({"warmup": -1}, "--warmup must be 0"),
     ):
         with pytest.raises(PlanError, match=words):
-            check_load(EndpointLoad(**{**base, **changes}))  # type: ignore[arg-type]
+            check_load(Load(**{**base, **changes}))  # type: ignore[arg-type]
 
 
 def test_slo_and_urls_and_server_messages() -> None:
@@ -158,7 +154,7 @@ def test_the_probe_request_waits_as_long_as_it_is_given(monkeypatch: pytest.Monk
     """A server meshtop started gets what --startup-timeout leaves for its first answer (transformers serve
     starts its batching loop at its first request), others the probe's own timeout."""
     monkeypatch.setattr(endpoint, "PROBE_TIMEOUT_S", 0.3)
-    load = EndpointLoad(requests=2, concurrency=1, request_rate_per_s=None, output_len=(1, 1))
+    load = Load(requests=2, concurrency=1, request_rate_per_s=None, output_len=(1, 1))
     with stub_server(chunks=1, first_s=0.6) as server:
         run = endpoint.plan_endpoint(server.url, api="completions", model=None, load=load)
         with pytest.raises(PlanError, match="timed out"):
@@ -209,7 +205,7 @@ def run_load(spec: ClientSpec, requests: list[LoadRequest]) -> list[RequestDone]
 
 
 def test_the_client_streams_every_chunk_over_kept_alive_connections() -> None:
-    planned = plan_load(EndpointLoad(requests=12, concurrency=3, request_rate_per_s=None, output_len=(5, 5), warmup=2))
+    planned = plan_load(Load(requests=12, concurrency=3, request_rate_per_s=None, output_len=(5, 5), warmup=2))
     with stub_server(chunks=5, gap_s=0.002) as server:
         events = run_load(spec_for(server.url, concurrency=3), planned)
         connections = server.connections
@@ -328,14 +324,14 @@ def test_an_http_error_of_the_stream_is_one_line() -> None:
 def test_a_load_sent_for_a_duration_stops_sending_at_it_and_is_what_it_sent() -> None:
     """Closed loop: no client takes a request past the duration; open loop: none due past it is sent. The
     fold counts the requests sent, none of the rest as failed."""
-    closed = plan_load(EndpointLoad(requests=400, concurrency=2, request_rate_per_s=None, duration_s=0.4))
+    closed = plan_load(Load(requests=400, concurrency=2, request_rate_per_s=None, duration_s=0.4))
     with stub_server(chunks=4, gap_s=0.01) as server:  # about 40 ms a request: 2 clients send about 20
         begun = time.monotonic()
         events = run_load(spec_for(server.url, duration_s=0.4), closed)
         took = time.monotonic() - begun
     assert 4 <= len(events) < 60 and took < 0.4 + 3, (len(events), took)  # the spread below is the tight bound
     assert max(e.arrival_ns for e in events) - min(e.arrival_ns for e in events) < 0.45e9
-    load = EndpointLoad(requests=200, concurrency=None, request_rate_per_s=50.0, duration_s=1.0, seed=2)
+    load = Load(requests=200, concurrency=None, request_rate_per_s=50.0, duration_s=1.0, seed=2)
     planned = plan_load(load)
     due = [r for r in planned if (r.offset_s or 0) <= 1.0]
     with stub_server(chunks=2) as server:

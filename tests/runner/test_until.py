@@ -50,7 +50,7 @@ def test_a_run_until_stopped_takes_no_step_count() -> None:
     with pytest.raises(PlanError, match="no --steps"):
         resolve(RunSpec(device="cpu", steps=5, time_limit_s=60), gpus_visible=0)
     run = resolve(RunSpec(device="cpu", time_limit_s=60), gpus_visible=0)
-    assert run.steps is None and run.describe()["steps"] is None
+    assert run.steps is None and run.describe().steps is None
 
 
 def steps_of_each_rank(events: list[object]) -> dict[int, list[int]]:

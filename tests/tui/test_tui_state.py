@@ -11,6 +11,8 @@ import pytest
 from meshtop.probes.arrivals import Arrivals
 from meshtop.probes.errors import MeshtopError
 from meshtop.probes.events import (
+    COALESCIBLE_KINDS,
+    SHOWN_KINDS,
     EventsDropped,
     FramesRefused,
     ProbeOff,
@@ -27,7 +29,7 @@ from meshtop.recordings.session_fold import SessionFold
 from meshtop.runner.plan import RunSpec, resolve
 from meshtop.tui.alerts import alerts_of
 from meshtop.tui.filters import parse_rank_filter
-from meshtop.tui.sources import COALESCIBLE, LiveSource, Playback, ReplaySource, ScreenBacklog
+from meshtop.tui.sources import LiveSource, Playback, ReplaySource, ScreenBacklog
 from meshtop.tui.state import DashboardState
 from meshtop.tui.view_records import HISTORY, RankView
 from meshtop.tui.views import memory_lines
@@ -165,16 +167,16 @@ def test_memory_bars_draw_only_ranks_the_dashboard_shows_even_when_the_most_load
     assert memory_lines(state, parse_rank_filter("1"), 80, 1).plain.splitlines()[0].startswith(" rank 1")
 
 
-def test_the_hosts_and_nodes_kept_between_frames_follow_each_ranks_start() -> None:
-    """The grid labels every node a frame from :meth:`DashboardState.hosts`, kept until a rank is first seen or
-    starts: a rank seen first by its samples (node 0, no host yet) moves to its node when its start comes."""
+def test_the_hosts_and_nodes_follow_each_ranks_start_as_the_fold_has_it() -> None:
+    """The grid labels every node a frame from :meth:`DashboardState.hosts`, the fold's: a rank seen first by its
+    samples (its view on node 0, no host yet) moves to its node when its start comes."""
     state = DashboardState(description(dp=4))
     state.apply_events([rank_started(0, host="a", node=0), rank_started(1, host="a", node=0)])
-    assert state.hosts() == {0: "a"} and state.node_of() == {0: 0, 1: 0}
+    assert state.hosts() == {0: "a"} and state.fold.nodes == {0: 0, 1: 0}
     state.apply_events([memory_snapshot(2, 100)])
-    assert state.node_of() == {0: 0, 1: 0, 2: 0}
+    assert state.ranks[2].node == 0 and state.hosts() == {0: "a"}
     state.apply_events([rank_started(2, host="b", node=1), rank_started(3, host="b", node=1)])
-    assert state.hosts() == {0: "a", 1: "b"} and state.node_of() == {0: 0, 1: 0, 2: 1, 3: 1}
+    assert state.hosts() == {0: "a", 1: "b"} and state.ranks[2].node == 1
     assert state.host_label(1) == "n1 b" and state.attention("step").measure == "step"
 
 
@@ -358,7 +360,7 @@ def test_the_backlog_keeps_order_and_skips_the_oldest_high_rate_batches_first() 
     for batch in batches:
         backlog.put([batch])
     kinds = [kind for kind, _ in backlog.take()]
-    assert kinds == ["rank_started", "collective"] and backlog.skipped == 8 and "collective" in COALESCIBLE
+    assert kinds == ["rank_started", "collective"] and backlog.skipped == 8 and "collective" in COALESCIBLE_KINDS
 
 
 def test_a_live_job_says_what_it_does_before_its_first_step() -> None:
@@ -374,3 +376,9 @@ def test_a_live_job_says_what_it_does_before_its_first_step() -> None:
     assert state.startup() == "every rank started, waiting for the first step"
     state.apply_events([step(0, 0, 0.005), step(1, 0, 0.005)])
     assert state.steps_done == 1 and state.startup() is None
+
+
+def test_every_kind_the_screen_reads_is_one_a_live_screen_is_handed() -> None:
+    """A live source hands the screen the shown kinds only (:data:`meshtop.probes.events.SHOWN_KINDS`): a reader
+    of another kind would read it in a replay and never live."""
+    assert DashboardState._READERS.keys() <= SHOWN_KINDS

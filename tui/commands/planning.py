@@ -12,11 +12,12 @@ from pathlib import Path
 from typing import Any
 
 from meshtop.runner.errors import PlanError
-from meshtop.runner.planner.plans import Question, candidates, check_counts
+from meshtop.runner.planner.plans import SWEEP_STEPS, Question, candidates, check_counts
 from meshtop.runner.planner.report import Budget, check_budget, parse_size, report
 from meshtop.tui.options import (
     EXIT_OK,
-    add_plan_options,
+    add_builtin_options,
+    add_probe_options,
     exit_code,
     gpus_visible,
     hang_timeout_from_args,
@@ -73,7 +74,12 @@ def add_plan_commands(commands: Any) -> None:
             metavar="LIST",
             help="only these plans, comma-separated: dp4,fsdp4,tp2xpp2,dp2xtp2 ...",
         )
-        add_plan_options(parser, command=command)
+        steps = f"training steps (default {SWEEP_STEPS})" if command == "sweep" else None  # plan launches nothing
+        add_builtin_options(
+            parser, degrees=False, steps=steps, batch="4 per rank, the same for every plan", device=False
+        )
+        if command == "sweep":
+            add_probe_options(parser, hooks=False)
         parser.set_defaults(
             dp=None,
             tp=1,
