@@ -10,7 +10,7 @@ import dataclasses
 
 import pytest
 
-from meshtop.probes.events import Event, ProcessSample, ServerMetric
+from meshtop.probes.events import Event, EventsDropped, ProcessSample, ServerMetric
 from meshtop.recordings.manifest import RunDescription
 from meshtop.recordings.metrics.collectives import CollectiveFold, last_full_step
 from meshtop.recordings.metrics.gpus import GpuFold, GpuRow
@@ -197,7 +197,8 @@ def test_an_iteration_of_no_time_has_no_bubble_and_the_others_theirs_wait_over_d
 
 def test_the_rows_of_the_job_leave_out_other_ranks_and_negative_steps_without_counting_them() -> None:
     """A job of 2 ranks: rank 1's step of -0.5 s and rank 7's are not the job's; a table that is all the job's
-    comes back as it is (the screen asks every frame: no copy); a one-row table of another rank's, empty."""
+        comes back as it is (the screen asks every frame: no copy); a one-row table of another rank's, empty. Drops
+    reported by the collector (rank none) and by rank 1 are the job's, rank 7's are not."""
     fold = RunFold(description(dp=2))
     mixed = table_of([step(0, 0), step(1, 0, -0.5), step(7, 0)])
     assert fold.of_the_job("step", mixed).column("rank").to_pylist() == [0]
@@ -208,6 +209,11 @@ def test_the_rows_of_the_job_leave_out_other_ranks_and_negative_steps_without_co
     assert fold.of_the_job("collective", operations) is operations
     of_no_group = table_of([collective(0, 0), collective(1, 0, group_size=0)])
     assert fold.of_the_job("collective", of_no_group).column("rank").to_pylist() == [0]
+    dropped = [EventsDropped(wall_ns=0, rank=rank, where="w", count=1) for rank in (None, 1, 7)]
+    assert fold.of_the_job("events_dropped", table_of(dropped)).column("rank").to_pylist() == [
+        None,
+        1,
+    ]  # None: the collector's
     assert fold.rejected == {}  # for a reader beside the fold: not counted again
 
 
