@@ -188,14 +188,16 @@ class SessionFold:
         """Fold a live session's batch: its events of :attr:`kinds`, decoded a table a kind and folded in kind
         order (a rank's start before its work, a step after the work it closes). A batch without the bulk kinds
         (``bulk_left_out``: left out to keep up, :mod:`meshtop.recordings.folding`; or a fold that reads none)
-        breaks no step down (:meth:`RunFold.next_batch`), and its steps are read without their phase times, the
-        largest part of their lines."""
+        does not break down the steps it may have torn (:meth:`RunFold.apply_torn`), and its steps are read
+        without their phase times, the largest part of their lines."""
         torn = bulk_left_out or not self.kinds >= BULK_KINDS
         tables = in_kind_order(arrival_tables(arrivals, self.kinds, {"step": frozenset(PHASE_TIMES)} if torn else None))
         with self.lock:
-            self.fold.next_batch(bulk_left_out=torn)
-            for kind, table in tables:
-                self.fold.apply(kind, table)
+            if torn:
+                self.fold.apply_torn(tables)
+            else:
+                for kind, table in tables:
+                    self.fold.apply(kind, table)
             steps = self.fold.steps_since(self._steps_taken)
             self._steps_taken = self.fold.steps_completed
         return Folded(tables, steps, self.kinds & BULK_KINDS if bulk_left_out else frozenset())

@@ -42,7 +42,6 @@ from meshtop.recordings.metrics.steps import (
     StepRows,
     StepSpans,
     StepStats,
-    WholeSteps,
 )
 from meshtop.recordings.metrics.stragglers import ComputeTimes, Straggler
 from meshtop.recordings.schema import events_of
@@ -131,8 +130,14 @@ class RunFold:
         """Steps closed so far."""
         self.closed_torn = 0
         """Steps closed without their breakdown and compute times: a live fold left collectives and stage
-        actions out while their events came (:class:`WholeSteps`)."""
-        self._whole = WholeSteps()
+        actions out while their events came (:meth:`apply_torn`)."""
+        self._torn: set[int] = set()
+        """Steps not closed yet that a batch without the bulk kinds tore (:meth:`apply_torn`; forgotten once
+        closed)."""
+        self._tearing = False
+        """The tables folded now come without the bulk kinds (:meth:`apply_torn`)."""
+        self._last_reported = -1
+        """The highest step a rank reported."""
         self.compute = ComputeTimes()
         """Each rank's compute time in its last closed steps: the straggler rule's input."""
         self.breakdown = BreakdownFold()
@@ -323,16 +328,27 @@ class RunFold:
         """(pp, dp, tp) of ``rank``: as it reported, else where the plan puts it."""
         return self.positions.get(rank) or self.run.plan.coordinates(rank)
 
-    def next_batch(self, *, bulk_left_out: bool) -> None:
-        """A live session's next batch follows (``bulk_left_out``: without the collectives and stage actions it
-        brought, or this fold reads none): only whole steps are broken down (:class:`WholeSteps`)."""
-        self._whole.next_batch(bulk_left_out=bulk_left_out)
+    def apply_torn(self, tables: Iterable[tuple[str, pa.Table]]) -> None:
+        """Fold a live batch's tables that come without its collectives and stage actions (left out to keep up,
+        or a fold that reads none). A rank sends a step's work between its reports of the step before and of the
+        step, so the work of these steps may be missing: those the batch completes, those still open after it
+        (reported, not completed) and the one after the last reported. Such a torn step is closed without its
+        breakdown and its ranks' compute times: without its communication, that time would count as compute."""
+        self._tearing = self.training
+        try:
+            for kind, table in tables:
+                self.apply(kind, table)
+        finally:
+            self._tearing = False
+        if self.training:
+            self._torn |= self._spans.keys() - self._completed.keys()
+            self._torn.add(self._last_reported + 1)
 
     def _spans_of(self, step: int) -> StepSpans:
         spans = self._spans.get(step)
         if spans is None:
             spans = self._spans[step] = StepSpans()
-            self._whole.first_report(step)
+            self._last_reported = max(self._last_reported, step)
         return spans
 
     def _complete_steps(self, steps: list[JobStep]) -> None:
@@ -343,7 +359,8 @@ class RunFold:
             self.recent_steps.append(step)
             if self.training:
                 self._completed[step.step] = step
-                self._whole.completed(step.step)
+                if self._tearing:
+                    self._torn.add(step.step)
                 closing += [
                     self._completed.pop(number)
                     for number in sorted(self._completed)
@@ -358,7 +375,8 @@ class RunFold:
             [(step.step, step.duration_s, ranks) for step, ranks in zip(steps, spans, strict=True)]
         )
         for step, ranks, (by_op, by_rank, waits) in zip(steps, spans, exposures, strict=True):
-            whole = self._whole.closes_whole(step.step)
+            whole = step.step not in self._torn
+            self._torn.discard(step.step)
             parts = self._break_down(ranks, waits) if whole else None
             durations = ranks.durations_s()
             self.recent_by_rank.add_many("step", durations.keys(), durations.values())
@@ -412,7 +430,7 @@ class RunFold:
         for number in self.stages.open_steps():
             self.stages.drop(number)
         self._spans.clear()
-        self._whole.clear()
+        self._torn.clear()
         if self.requests is not None:
             self.requests.ended_status = status
 

@@ -117,49 +117,6 @@ class ClosedSteps:
         return isinstance(step, int) and (step < self._below or step in self._numbers)
 
 
-class WholeSteps:
-    """Which steps a live fold took every collective of: a step is whole only if every batch from the one that
-    brought the previous step's first report to the one that completed it was taken with its collectives and
-    stage actions (a rank sends a step's work between its reports of the step before and of the step).
-    Without them a step's communication would count as compute: a torn step is not broken down."""
-
-    def __init__(self) -> None:
-        self._batch = 0
-        self._torn_batch = -1
-        """The last live batch taken without its collectives and stage actions (-1: none)."""
-        self._first_batch: dict[int, int] = {}
-        """The batch that brought each open step's first report."""
-        self._torn: set[int] = set()
-        """Steps completed but not closed that are torn."""
-
-    def next_batch(self, *, bulk_left_out: bool) -> None:
-        """A live batch follows (``bulk_left_out``: without its collectives and stage actions)."""
-        self._batch += 1
-        if bulk_left_out:
-            self._torn_batch = self._batch
-
-    def first_report(self, step: int) -> None:
-        """``step``'s first report came, in the current batch."""
-        self._first_batch.setdefault(step, self._batch)
-
-    def completed(self, step: int) -> None:
-        """Every rank reported ``step``: decide whether it is whole."""
-        first = self._first_batch.pop(step - 1, None)
-        if (self._first_batch.get(step, self._batch) if first is None else first) <= self._torn_batch:
-            self._torn.add(step)
-
-    def closes_whole(self, step: int) -> bool:
-        """Whether ``step``, closing now, is whole (forgotten after)."""
-        whole = step not in self._torn
-        self._torn.discard(step)
-        return whole
-
-    def clear(self) -> None:
-        """The run ended: no step is open."""
-        self._first_batch.clear()
-        self._torn.clear()
-
-
 def step_end_ns(start_ns: int, duration_s: float) -> int:
     """When a rank's step that started at ``start_ns`` and took ``duration_s`` ended: start + duration,
     rounded to the nanosecond."""

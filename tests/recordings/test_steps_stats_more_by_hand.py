@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from meshtop.recordings.metrics.attention import WINDOW, RankRecent, attention
+from meshtop.recordings.metrics.run import RunFold
 from meshtop.recordings.metrics.stats import EXACT_LIMIT, Distribution
 from meshtop.recordings.metrics.steps import (
     ClosedSteps,
@@ -16,11 +17,11 @@ from meshtop.recordings.metrics.steps import (
     StepRows,
     StepSpans,
     StepStats,
-    WholeSteps,
     step_end_ns,
 )
 from meshtop.recordings.schema import table_of
 from tests.kit.events import reported, step
+from tests.kit.recordings import description
 
 # ---- steps.py: what a rank's report keeps, and its span
 
@@ -104,27 +105,33 @@ def test_past_twice_the_kept_steps_the_latest_kept_stay_and_every_older_step_is_
     ]
 
 
-# ---- steps.py: whole steps
+# ---- run.py: steps a live batch without the bulk kinds tore
 
 
-def test_a_step_whose_first_report_came_before_a_torn_batch_is_torn_and_forgotten_once_closed() -> None:
-    """Step 0's first report came in batch 0; batch 1 was taken without its collectives; step 0 completed in batch
-    2: batches 0 to 2 include the torn one, so step 0 is torn. Closing it forgets it: closing a step 0 again (a
-    job numbering its steps again) finds it whole."""
-    whole = WholeSteps()
-    whole.first_report(0)
-    whole.next_batch(bulk_left_out=True)
-    whole.next_batch(bulk_left_out=False)
-    whole.completed(0)
-    assert whole.closes_whole(0) is False
-    assert whole.closes_whole(0) is True
+def test_a_step_open_during_a_torn_batch_and_the_next_are_torn_and_the_one_after_whole() -> None:
+    """dp 2. Rank 0 reports step 0; a batch comes without its collectives (nothing else in it): step 0 is open,
+    so torn, and step 1 (after the last reported) too. Steps 0 to 4 then complete in whole batches: closing
+    steps 0 and 1 counts 2 torn, step 2 (its step before first reported after the torn batch) closes whole."""
+    fold = RunFold(description(dp=2))
+    fold.apply("step", table_of([step(0, 0)]))
+    fold.apply_torn([])
+    fold.apply("step", table_of([step(1, 0)]))
+    for number in range(1, 5):
+        fold.apply("step", table_of([step(0, number), step(1, number)]))
+    assert (fold.closed_count, fold.closed_torn) == (3, 2)
 
 
-def test_a_step_completed_in_the_batch_that_brought_its_first_report_is_whole() -> None:
-    """No batch torn, and no first report of step 0 noted: it completes in the current batch, 0."""
-    whole = WholeSteps()
-    whole.completed(0)
-    assert whole.closes_whole(0) is True
+def test_a_step_completed_before_a_torn_batch_is_whole_and_one_it_completes_is_torn() -> None:
+    """dp 2. Step 0 completes in a whole batch; a batch without its collectives brings both reports of step 1:
+    step 0 closes whole, step 1 (completed in it) and step 2 (after the last reported) torn."""
+    fold = RunFold(description(dp=2))
+    fold.apply("step", table_of([step(0, 0), step(1, 0)]))
+    fold.apply_torn([("step", table_of([step(0, 1), step(1, 1)]))])
+    for number in range(2, 5):
+        fold.apply("step", table_of([step(0, number), step(1, number)]))
+    assert (fold.closed_count, fold.closed_torn) == (3, 2)
+    fold.apply("step", table_of([step(0, 5), step(1, 5)]))
+    assert (fold.closed_count, fold.closed_torn) == (4, 2)
 
 
 # ---- steps.py: a job that starts again
