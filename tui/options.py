@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, NoReturn
 from meshtop.probes.errors import MeshtopError
 from meshtop.probes.samplers import DEFAULT_GPU_HZ, DEFAULT_PROCESS_HZ
 from meshtop.runner.errors import PlanError
-from meshtop.runner.job.launch import NodeProbes
+from meshtop.runner.job.supervise import NodeProbes
 from meshtop.runner.load import (
     DEFAULT_CONCURRENCY,
     DEFAULT_MAX_BATCH,

@@ -36,9 +36,9 @@ from meshtop.recordings.session_fold import FOLD_SHARE, Folded, SessionFold, arr
 from meshtop.recordings.summary import job_status
 from meshtop.runner.job.control import JobControl
 from meshtop.runner.job.files import PHASE_NAME
-from meshtop.runner.job.launch import NodeProbes
 from meshtop.runner.job.results import JobResult
 from meshtop.runner.job.session import Work, describe, run_session
+from meshtop.runner.job.supervise import NodeProbes
 from meshtop.runner.multinode.nodes import Nodes
 from meshtop.tui.state import UI_KINDS, DashboardState
 

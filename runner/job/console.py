@@ -26,9 +26,9 @@ from meshtop.recordings.metrics.steps import JobStep, StepFigures
 from meshtop.recordings.prometheus import RunMetrics
 from meshtop.recordings.session_fold import FOLD_SHARE, FOLDED_KINDS, PROGRESS_KINDS, Folded, SessionFold
 from meshtop.runner.job.control import JobControl
-from meshtop.runner.job.launch import NodeProbes
 from meshtop.runner.job.results import JobResult
 from meshtop.runner.job.session import Work, describe, run_session
+from meshtop.runner.job.supervise import NodeProbes
 from meshtop.runner.multinode.nodes import Nodes
 from meshtop.runner.plan import ResolvedRun, recipe_words
 from meshtop.runner.script.command import ScriptRun

@@ -40,8 +40,9 @@ from meshtop.recordings.recorder import Ending, SessionRecorder
 from meshtop.recordings.session_fold import Folded, SessionFold
 from meshtop.runner.job.control import JobControl
 from meshtop.runner.job.environment import Launch, builtin_launch, rank_environment
-from meshtop.runner.job.launch import NodeProbes, run_job
+from meshtop.runner.job.launch import run_job
 from meshtop.runner.job.results import JobResult
+from meshtop.runner.job.supervise import NodeProbes
 from meshtop.runner.multinode.fleet import Fleet, SingleNode
 from meshtop.runner.multinode.nodes import Nodes
 from meshtop.runner.plan import ResolvedRun

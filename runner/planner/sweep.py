@@ -17,8 +17,8 @@ from meshtop.recordings.manifest import RecordingError
 from meshtop.recordings.sweep import SWEEP_VERSION, write_sweep
 from meshtop.runner.errors import PlanError
 from meshtop.runner.job.console import follow_job, verdict
-from meshtop.runner.job.launch import NodeProbes
 from meshtop.runner.job.session import start_recording
+from meshtop.runner.job.supervise import NodeProbes
 from meshtop.runner.planner.plans import SWEEP_STEPS, Candidate, Question
 from meshtop.runner.planner.report import Budget, report
 

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from meshtop.runner.job.allocator import keep_buffer_pages
-from meshtop.runner.job.launch import NodeProbes
+from meshtop.runner.job.supervise import NodeProbes
 from meshtop.runner.multinode.nodes import Nodes
 from meshtop.runner.script.command import ScriptRun
 from meshtop.runner.serving.endpoint import EndpointRun
