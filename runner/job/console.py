@@ -12,6 +12,7 @@ from typing import TextIO
 
 from meshtop.probes.arrivals import Arrivals
 from meshtop.probes.events import (
+    PRINTED_KINDS,
     EventsDropped,
     FlightVerdict,
     FramesRefused,
@@ -38,10 +39,6 @@ PROGRESS_LINES = 20
 """About this many step lines per run, evenly spaced..."""
 QUIET_LIMIT_S = 5.0
 """...but never longer than this without one."""
-CONSOLE_KINDS = (
-    "stack_dump", "hang", "flight_verdict", "events_dropped", "frames_refused", "probe_off", "server_state",
-)  # fmt: skip
-"""The kinds ``record`` prints from beside the session's fold (its steps and requests)."""
 
 
 def headline(run: Work) -> str:
@@ -279,7 +276,7 @@ def follow_job(
         nonlocal received
         received += arrivals.count
         hang_reported = False
-        for event in arrivals.events(CONSOLE_KINDS):
+        for event in arrivals.events(PRINTED_KINDS):
             if isinstance(event, StackDump):
                 progress.message("\n".join(stack_dump_lines(event)))
             elif isinstance(event, FlightVerdict) and not hang_reported:  # a hang's report holds it already

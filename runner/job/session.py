@@ -273,14 +273,14 @@ def run_session(
     ran: list[RunDescription] = []
     """The run as it turned out, where it says more than at its start."""
 
-    def pass_on(arrivals: Arrivals, folded: Folded) -> None:
+    def count_and_show(arrivals: Arrivals, folded: Folded) -> None:
         if metrics is not None:
             metrics.take(arrivals, folded)
         on_events(arrivals, folded)
 
-    folding = FoldThread(recorder, then=pass_on)
+    folding = FoldThread(recorder, count_and_show)
 
-    def deliver(arrivals: Arrivals) -> None:
+    def record_and_fold(arrivals: Arrivals) -> None:
         recorder.write(arrivals)  # on disk first, then folded on the fold's own thread
         folding.put(arrivals)
 
@@ -295,7 +295,7 @@ def run_session(
                 work,
                 session_dir=directory,
                 requests_path=directory / LOAD_FILE,
-                on_events=deliver,
+                on_events=record_and_fold,
                 node_probes=node_probes,
                 control=control,
                 on_resolved=resolved,
@@ -305,7 +305,7 @@ def run_session(
         result = run_job(
             launch_of(work, directory, nodes),
             session_dir=directory,
-            on_events=deliver,
+            on_events=record_and_fold,
             node_probes=node_probes,
             control=control,
             hang_timeout_s=hang_timeout_s,

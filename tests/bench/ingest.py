@@ -101,13 +101,13 @@ class Consumer:
         run = RunDescription.from_json(
             resolve(RunSpec(dp=RANKS // 4, tp=2, pp=2, device="cpu"), gpus_visible=0).describe()
         )
-        from meshtop.runner.job.console import CONSOLE_KINDS
+        from meshtop.probes.events import PRINTED_KINDS
         from meshtop.tui.sources import screen_batches
 
         kinds = PROGRESS_KINDS if front_end == "record" else FOLDED_KINDS  # record without /metrics, as console.py
         self.recorder = SessionRecorder(SessionFold(run, kinds=kinds), directory, Manifest(run=run))
         if front_end == "record":
-            self.decode: Callable[[Arrivals, Folded], object] = lambda arrivals, folded: arrivals.events(CONSOLE_KINDS)
+            self.decode: Callable[[Arrivals, Folded], object] = lambda arrivals, folded: arrivals.events(PRINTED_KINDS)
         else:
             self.decode = lambda arrivals, folded: screen_batches(arrivals, folded.tables)  # what the fold left
 
