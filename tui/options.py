@@ -43,12 +43,12 @@ from meshtop.runner.plan import (
 )
 from meshtop.runner.planner.plans import SWEEP_STEPS
 from meshtop.runner.presets import PRESETS
-from meshtop.runner.script.command import ScriptRun, resolve_script
+from meshtop.runner.script.command import resolve_script
 from meshtop.tui.endpoint_options import ENDPOINT_ONLY, add_endpoint_options, endpoint_from_args
 
 if TYPE_CHECKING:
     from meshtop.recordings.prometheus import MetricsServer, RunMetrics
-    from meshtop.runner.job.session import Work
+    from meshtop.runner.job.session import Run, Work
 
 EXIT_OK, EXIT_JOB_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
 
@@ -415,7 +415,7 @@ def gpus_visible() -> int:
     return torch.cuda.device_count() if torch.cuda.is_available() else 0
 
 
-def resolve_args(args: argparse.Namespace) -> Work:
+def resolve_args(args: argparse.Namespace) -> Run:
     """The built-in runner's plan, or the user's script given after ``--``."""
     if getattr(args, "endpoint", None) is not None:
         return endpoint_from_args(args)
@@ -463,7 +463,7 @@ def resolve_args(args: argparse.Namespace) -> Work:
 
 def work_nodes(args: argparse.Namespace, work: Work) -> Nodes | None:
     """The nodes ``work`` runs on (a script's from its torchrun options)."""
-    return work.nodes if isinstance(work, ScriptRun) else nodes_from_args(args)
+    return work.on_nodes(lambda: nodes_from_args(args))
 
 
 def require_terminal(what: str, instead: str) -> None:
