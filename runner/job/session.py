@@ -70,7 +70,8 @@ endpoint."""
 
 class Work(Protocol):
     """A run as a session runs it: each kind of :data:`Run` says how it is described, headed and run
-    (:func:`work_of` finds a run's)."""
+    (:func:`work_of` finds a run's). By default it is a job torchrun launches on this node, which
+    :func:`run_job` follows."""
 
     def describe(self) -> RunDescription:
         """The run description a recording of it holds."""
@@ -86,15 +87,15 @@ class Work(Protocol):
 
     def total_steps(self) -> int | None:
         """Steps it runs, where it says."""
-        ...
+        return None
 
     def on_nodes(self, given: Callable[[], Nodes | None]) -> Nodes | None:
         """The nodes it runs on: a script's, its torchrun options'; the others', meshtop's own (``given``)."""
-        ...
+        return given()
 
     def launch(self, directory: Path, nodes: Nodes | None = None) -> Launch:
         """How it is launched on this node (a node other than the head launches its own ranks)."""
-        ...
+        raise TypeError(f"{type(self).__name__} has no torchrun launch")
 
     def run(
         self,
@@ -109,7 +110,16 @@ class Work(Protocol):
     ) -> JobResult:
         """Run it to its end, its events to ``on_events``; ``on_described`` gets its description again where
         running it told more (a server's model and how it ran)."""
-        ...
+        nodes = self.on_nodes(lambda: nodes)
+        return run_job(
+            self.launch(directory, nodes),
+            session_dir=directory,
+            on_events=on_events,
+            node_probes=node_probes,
+            control=control,
+            hang_timeout_s=hang_timeout_s,
+            fleet=Fleet(nodes) if nodes is not None else SingleNode(),
+        )
 
 
 def ending_of(result: JobResult) -> Ending:
@@ -257,40 +267,8 @@ def work_of(run: Run) -> Work:
     return ScriptWork(run) if isinstance(run, ScriptRun) else EndpointWork(run)
 
 
-class _Launched:
-    """A job torchrun launches on this node, which :func:`run_job` follows."""
-
-    def launch(self, directory: Path, nodes: Nodes | None = None) -> Launch:
-        raise NotImplementedError
-
-    def on_nodes(self, given: Callable[[], Nodes | None]) -> Nodes | None:
-        return given()
-
-    def run(
-        self,
-        directory: Path,
-        *,
-        on_events: Callable[[Arrivals], None],
-        on_described: Callable[[RunDescription], None],
-        node_probes: NodeProbes,
-        control: JobControl | None,
-        hang_timeout_s: float | None,
-        nodes: Nodes | None,
-    ) -> JobResult:
-        nodes = self.on_nodes(lambda: nodes)
-        return run_job(
-            self.launch(directory, nodes),
-            session_dir=directory,
-            on_events=on_events,
-            node_probes=node_probes,
-            control=control,
-            hang_timeout_s=hang_timeout_s,
-            fleet=Fleet(nodes) if nodes is not None else SingleNode(),
-        )
-
-
 @dataclass(frozen=True, slots=True)
-class BuiltinWork(_Launched):
+class BuiltinWork(Work):
     """The built-in runner's model on a parallel plan: trained, or serving a load of requests."""
 
     plan: ResolvedRun
@@ -336,7 +314,7 @@ class BuiltinWork(_Launched):
 
 
 @dataclass(frozen=True, slots=True)
-class ScriptWork(_Launched):
+class ScriptWork(Work):
     """A user's own script under torchrun (or ``accelerate launch``), meshtop's bootstrap first on its path."""
 
     script: ScriptRun
@@ -352,9 +330,6 @@ class ScriptWork(_Launched):
     def folder_name(self) -> str:
         return self.script.script.stem if self.script.script else str(self.script.module)
 
-    def total_steps(self) -> int | None:
-        return None
-
     def on_nodes(self, given: Callable[[], Nodes | None]) -> Nodes | None:
         return self.script.nodes
 
@@ -363,7 +338,7 @@ class ScriptWork(_Launched):
 
 
 @dataclass(frozen=True, slots=True)
-class EndpointWork:
+class EndpointWork(Work):
     """A load of requests sent to a serving endpoint (and the server meshtop starts for it, if asked)."""
 
     endpoint: EndpointRun
@@ -393,15 +368,6 @@ class EndpointWork:
 
     def folder_name(self) -> str:
         return f"endpoint-{self.endpoint.name}"
-
-    def total_steps(self) -> int | None:
-        return None
-
-    def on_nodes(self, given: Callable[[], Nodes | None]) -> Nodes | None:
-        return given()
-
-    def launch(self, directory: Path, nodes: Nodes | None = None) -> Launch:
-        raise TypeError("an endpoint's load has no torchrun launch")
 
     def run(
         self,

@@ -75,7 +75,7 @@ class Supervisor:
             sampler.stop()
 
     def send_batch(self) -> None:
-        """What came in since the last batch, to ``on_batch``."""
+        """What came in since the last batch, through ``examine`` to ``on_events``."""
         arrivals = Arrivals(self.collector.drain())
         while not self._node_events.empty():
             events = self._node_events.get()
