@@ -48,7 +48,7 @@ from meshtop.tui.endpoint_options import ENDPOINT_ONLY, add_endpoint_options, en
 
 if TYPE_CHECKING:
     from meshtop.recordings.prometheus import MetricsServer, RunMetrics
-    from meshtop.runner.job.session import Run, Work
+    from meshtop.runner.session.session import Run, Work
 
 EXIT_OK, EXIT_JOB_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
 

@@ -36,10 +36,10 @@ from meshtop.recordings.session_fold import FOLD_SHARE, Folded, SessionFold, arr
 from meshtop.recordings.summary import job_status
 from meshtop.runner.job.control import JobControl
 from meshtop.runner.job.files import PHASE_NAME
-from meshtop.runner.job.results import JobResult
-from meshtop.runner.job.session import Work, run_session
 from meshtop.runner.job.supervise import NodeProbes
 from meshtop.runner.multinode.nodes import Nodes
+from meshtop.runner.results import JobResult
+from meshtop.runner.session.session import Work, run_session
 from meshtop.tui.state import UI_KINDS, DashboardState
 
 SCREEN_BACKLOG = 200_000

@@ -4,7 +4,7 @@ for hangs, answer the user's requests, and say how it ended.
 The parts live beside this module: what is started and with which environment
 (:mod:`meshtop.runner.job.environment`), the launcher's process and how it ended
 (:mod:`meshtop.runner.job.process`), the user's requests (:mod:`meshtop.runner.job.control`), the
-result types (:mod:`meshtop.runner.job.results`), and on the head of a job on many nodes, the other
+result types (:mod:`meshtop.runner.results`), and on the head of a job on many nodes, the other
 nodes (:class:`meshtop.runner.multinode.fleet.Fleet`; a job on one node has a
 :class:`meshtop.runner.multinode.fleet.SingleNode`, which does nothing).
 """
@@ -24,11 +24,11 @@ from meshtop.runner.job.environment import Launch
 from meshtop.runner.job.flight import FLIGHT_DIR, FlightTriage
 from meshtop.runner.job.hangs import HangWatch
 from meshtop.runner.job.process import Job
-from meshtop.runner.job.results import JobResult
 from meshtop.runner.job.rounds import Rounds
 from meshtop.runner.job.supervise import POLL_S, NodeProbes, Supervisor
 from meshtop.runner.multinode.fleet import Fleet, SingleNode
 from meshtop.runner.rank.until import FinishRequest
+from meshtop.runner.results import JobResult
 
 REMOTE_STACKS_S = 15.0
 """On a hang, how long the head waits for the other nodes' stack dumps before it stops the job."""

@@ -28,7 +28,7 @@ from meshtop.runner.job.environment import Launch, worker_environment
 from meshtop.runner.job.files import LAUNCHER_LOG, STATUS_NAME, TORCHELASTIC_NAME
 from meshtop.runner.job.flight import is_stopped
 from meshtop.runner.job.last_words import last_words, read_tail
-from meshtop.runner.job.results import JobResult, RankExit, root_cause
+from meshtop.runner.results import JobResult, RankExit, root_cause
 
 STOP_GRACE_S = 15.0
 SAFE_PATH = ("-P",) if sys.version_info >= (3, 11) else ()

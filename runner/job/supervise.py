@@ -19,7 +19,7 @@ from meshtop.probes.arrivals import Arrivals
 from meshtop.probes.collector import Collector
 from meshtop.probes.events import Event, EventsDropped, FramesRefused, on_node
 from meshtop.probes.samplers import DEFAULT_GPU_HZ, DEFAULT_PROCESS_HZ, GpuSampler, ProcessSampler
-from meshtop.runner.job.results import JobResult, lifecycle_events
+from meshtop.runner.results import JobResult, lifecycle_events
 
 POLL_S = 0.2
 """How often a batch is gathered while the child runs."""

@@ -1,6 +1,6 @@
 """The head's view of the other nodes of a multi-node job: who is there, their clocks, how they ended.
 
-Each node's relay (:mod:`meshtop.runner.multinode.relay`) speaks to the head's collector in
+Each node's relay (:mod:`meshtop.runner.session.relay`) speaks to the head's collector in
 control messages, answered on the same connection:
 
 - ``ping`` (twice a second): the node's time ``t0``, its host, and its last clock measurement; the answer holds
@@ -32,8 +32,8 @@ from typing import Any
 from meshtop.probes.collector import Collector
 from meshtop.probes.events import Event, NodeClock
 from meshtop.probes.wire import is_count
-from meshtop.runner.job.results import PEER_GONE, JobResult, RankExit, root_cause
 from meshtop.runner.multinode.nodes import HeadAddress, Nodes, publish_head
+from meshtop.runner.results import PEER_GONE, JobResult, RankExit, root_cause
 
 NODE_SILENT_S = 10.0
 """A node that said nothing (its pings come twice a second) for this long is lost."""

@@ -25,8 +25,8 @@ from meshtop.probes.events import ServerState
 from meshtop.probes.wire import ADDRESS_ENV, TOKEN_ENV
 from meshtop.runner.errors import PlanError
 from meshtop.runner.job.control import JobControl
-from meshtop.runner.job.results import JobResult, RankExit, lifecycle_events
 from meshtop.runner.job.supervise import NodeProbes, Supervisor
+from meshtop.runner.results import JobResult, RankExit, lifecycle_events
 from meshtop.runner.serving.client import CLIENT_RANK, INTERRUPTED, ClientSpec
 from meshtop.runner.serving.endpoint import PROBE_TIMEOUT_S, EndpointRun, check_server
 from meshtop.runner.serving.scrape import Scraper

@@ -24,8 +24,8 @@ from meshtop.recordings.replay import load_timeline
 from meshtop.recordings.samples import SAMPLE
 from meshtop.recordings.schema import batches_of, table_of
 from meshtop.recordings.session_fold import SessionFold
-from meshtop.runner.job.session import BuiltinWork
 from meshtop.runner.plan import RunSpec, resolve
+from meshtop.runner.session.session import BuiltinWork
 from meshtop.tui.alerts import alerts_of
 from meshtop.tui.filters import parse_rank_filter
 from meshtop.tui.sources import COALESCIBLE, LiveSource, Playback, ReplaySource, ScreenBacklog

@@ -32,7 +32,7 @@ from meshtop.tui.terminal import TerminalGuard, go_on_headless
 if TYPE_CHECKING:
     from meshtop.recordings.manifest import Manifest
     from meshtop.recordings.prometheus import MetricsServer, RunMetrics
-    from meshtop.runner.job.session import Work
+    from meshtop.runner.session.session import Work
 
 RUNS_DIR_ENV = "MESHTOP_RUNS_DIR"
 DEFAULT_RUNS_DIR = "meshtop-runs"
@@ -116,8 +116,8 @@ def new_session_path(runs: Path, run: Work) -> Path:
 def command_run(args: argparse.Namespace) -> int:
     """Launch the job and show it live; once it ends, its verdict and where it was recorded."""
     from meshtop.recordings.manifest import note_terminal_lost
-    from meshtop.runner.job.console import verdict
-    from meshtop.runner.job.session import start_recording, work_of
+    from meshtop.runner.session.console import verdict
+    from meshtop.runner.session.session import start_recording, work_of
     from meshtop.tui.app import MeshtopApp
     from meshtop.tui.sources import LiveSource
 
@@ -180,8 +180,8 @@ def command_record(args: argparse.Namespace) -> int:
     """Launch the job headless into ``OUT``, its progress as lines, then the recording's summary."""
     from meshtop.recordings.reader import open_recording
     from meshtop.recordings.summary import summarize
-    from meshtop.runner.job.console import follow_job
-    from meshtop.runner.job.session import start_recording, work_of
+    from meshtop.runner.session.console import follow_job
+    from meshtop.runner.session.session import start_recording, work_of
     from meshtop.tui.summary_text import summary_lines
 
     run = work_of(resolve_args(args))
@@ -219,7 +219,7 @@ def command_node(run: Work, nodes: Nodes, probes: NodeProbes) -> int:
     """A node other than the head: run its ranks and stream to the head, which records and shows the job;
     exit as the whole job ended. Its launcher log stays in a temporary folder where the job did not complete
     (the head's recording folder may be shared with this node: it is never written here)."""
-    from meshtop.runner.multinode.relay import serve_as_node
+    from meshtop.runner.session.relay import serve_as_node
 
     directory = Path(tempfile.mkdtemp(prefix=f"meshtop-node{nodes.rank}-"))
     status = serve_as_node(

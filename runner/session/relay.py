@@ -36,9 +36,9 @@ from meshtop.probes.wire import FrameError, event_sections, pack, read_frame
 from meshtop.runner.job.control import JobControl
 from meshtop.runner.job.environment import Launch
 from meshtop.runner.job.launch import run_job
-from meshtop.runner.job.results import JobResult
 from meshtop.runner.job.supervise import NodeProbes
 from meshtop.runner.multinode.nodes import HeadAddress, Nodes, find_head
+from meshtop.runner.results import JobResult
 
 PING_S = 0.5
 CLOCK_EVERY_S = 10.0

@@ -26,10 +26,10 @@ from meshtop.recordings.metrics.steps import JobStep, StepFigures
 from meshtop.recordings.prometheus import RunMetrics
 from meshtop.recordings.session_fold import FOLD_SHARE, FOLDED_KINDS, PROGRESS_KINDS, Folded, SessionFold
 from meshtop.runner.job.control import JobControl
-from meshtop.runner.job.results import JobResult
-from meshtop.runner.job.session import Work, run_session
 from meshtop.runner.job.supervise import NodeProbes
 from meshtop.runner.multinode.nodes import Nodes
+from meshtop.runner.results import JobResult
+from meshtop.runner.session.session import Work, run_session
 
 PROGRESS_LINES = 20
 """About this many step lines per run, evenly spaced..."""

@@ -43,11 +43,11 @@ from meshtop.recordings.session_fold import Folded, SessionFold
 from meshtop.runner.job.control import JobControl
 from meshtop.runner.job.environment import Launch, builtin_launch, rank_environment
 from meshtop.runner.job.launch import run_job
-from meshtop.runner.job.results import JobResult
 from meshtop.runner.job.supervise import NodeProbes
 from meshtop.runner.multinode.fleet import Fleet, SingleNode
 from meshtop.runner.multinode.nodes import Nodes
 from meshtop.runner.plan import ResolvedRun, recipe_words
+from meshtop.runner.results import JobResult
 from meshtop.runner.script.command import (
     ACTIVATIONS_ENV,
     ATTACH_ENV,
@@ -434,7 +434,7 @@ def run_session(
     Every batch is folded once, into ``session`` (the session's fold, made here unless the front end made it
     to read it), which ``metrics`` (``--metrics-port``) reads; ``metrics`` counts each batch's events too. On
     many nodes this is the head's session (``nodes.rank`` 0): the other nodes' events come to it too
-    (:mod:`meshtop.runner.multinode.relay`).
+    (:mod:`meshtop.runner.session.relay`).
 
     ``on_events`` sees each batch after it is on disk and folded, with what the
     fold took of it (its tables, the job steps it completed), on the fold's own
