@@ -22,6 +22,7 @@ import pytest
 from meshtop.recordings.samples import __file__ as samples_init
 from meshtop.runner.presets import PRESETS
 from meshtop.tui.cli import build_parser, main
+from tests.kit.commands import run_meshtop
 from tests.kit.docs import (
     LANGUAGES,
     PAGES,
@@ -32,12 +33,14 @@ from tests.kit.docs import (
     commands,
     differences,
     in_folder,
+    missing_programs,
     same_line,
     shell,
     small,
     transcript,
     unknown_markers,
 )
+from tests.kit.sse_server import stub_server
 
 BLOCKS = all_blocks()
 RUN = [block for block in BLOCKS if block.language in RUN_LANGUAGES and block.illustrative is None]
@@ -50,11 +53,7 @@ CHOICES = {"--model": tuple(PRESETS)}
 
 SUMMARY_SECTION = ("`meshtop summary REC --json` prints:", "`meshtop compare A B [--json]`")
 REQUESTS_SECTION = ("The summary's `requests` key holds these", "In inference\n")
-NOT_HERE = {
-    "gpus": "NVML, a GPU",
-    "server": "an endpoint's server that publishes /metrics",
-    "stragglers": "a rank slower than its peers for 10 s of steps",
-}
+NOT_HERE = {"gpus": "NVML, a GPU", "stragglers": "a rank slower than its peers for 10 s of steps"}
 """The summary's sections that no recording made on a CPU machine in a test's time fills: their keys are held
 to the docs one way only (every key printed is named)."""
 
@@ -114,6 +113,9 @@ def test_a_block_runs_and_prints_what_it_shows(block: Block, tmp_path: Path) -> 
     if block.language == "console":
         check_transcript(block, tmp_path)
         return
+    missing = [program for command in commands(block.text) for program in missing_programs(command)]
+    if missing:
+        pytest.skip(f"{block.where} pipes through {', '.join(missing)}, not installed here")
     script = "\n".join(
         small(in_folder(command, tmp_path), tmp_path, number) for number, command in enumerate(commands(block.text))
     )
@@ -229,8 +231,9 @@ def summary_of(recording: Path) -> dict[str, Any]:
 
 
 def keys_of(value: object) -> set[str]:
+    """Every key at any depth, but numbers (a mapping by rank holds data, not names)."""
     if isinstance(value, dict):
-        return set(value) | {key for item in value.values() for key in keys_of(item)}
+        return {key for key in value if not key.isdigit()} | {key for item in value.values() for key in keys_of(item)}
     if isinstance(value, list):
         return {key for item in value for key in keys_of(item)}
     return set()
@@ -265,11 +268,22 @@ def check_keys_named(summaries: list[dict[str, Any]]) -> None:
     assert not unnamed, f"summary --json keys docs/recordings.md does not name: {unnamed}"
 
 
+ENGINE_METRICS = (
+    b"vllm:num_requests_running 2\nvllm:num_requests_waiting 1\nvllm:kv_cache_usage_perc 0.5\n"
+    b"vllm:num_preemptions_total 0\nvllm:prompt_tokens_total 64\nvllm:generation_tokens_total 32\n"
+)
+"""A vLLM server's /metrics: every series meshtop reads by a common name."""
+
+
 @pytest.mark.slow
-def test_every_documented_summary_key_is_in_a_real_recording(recorded: Path) -> None:
-    """The shipped samples and a fresh dp2 x pp2 recording (its breakdown and stages) hold every key the docs
-    name, but those of the sections no CPU recording fills (:data:`NOT_HERE`)."""
-    summaries = [summary_of(recording) for recording in (*SAMPLES, recorded)]
+def test_every_documented_summary_key_is_in_a_real_recording(recorded: Path, tmp_path: Path) -> None:
+    """The shipped samples, a fresh dp2 x pp2 recording (its breakdown and stages) and a load sent to a
+    server that streams and publishes vLLM's metrics (the endpoint's keys) hold every key the docs name, but
+    those of the sections no CPU recording fills (:data:`NOT_HERE`)."""
+    with stub_server(chunks=4, metrics=lambda: ENGINE_METRICS) as server:
+        done = run_meshtop("record", tmp_path / "served", "--endpoint", server.url, "--requests", "8")
+    assert done.returncode == 0, done.stdout + done.stderr
+    summaries = [summary_of(recording) for recording in (*SAMPLES, recorded, tmp_path / "served")]
     check_keys_named(summaries)
     printed = set().union(*(keys_of(summary) for summary in summaries))
     _, named = documented_keys()

@@ -35,6 +35,7 @@ import math
 import os
 import re
 import shlex
+import shutil
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -156,6 +157,12 @@ def commands(script: str) -> list[str]:
     ]
 
 
+def missing_programs(command: str) -> list[str]:
+    """The programs a command pipes through that this machine lacks (``jq``, say): its block is skipped."""
+    programs = (shlex.split(part)[0] for part in command.split("|") if part.strip())
+    return [program for program in programs if program != "meshtop" and shutil.which(program) is None]
+
+
 def in_folder(text: str, folder: Path) -> str:
     """``/tmp/NAME`` and ``runs/NAME`` as ``NAME`` in ``folder``."""
     return _TEMPORARY.sub(f"{folder}/", text)
@@ -163,9 +170,10 @@ def in_folder(text: str, folder: Path) -> str:
 
 def small(command: str, folder: Path, number: int) -> str:
     """An ``sh`` block's command as this runner runs it: ``run`` headless, a short job (the module's rules)."""
+    command, background, _ = command.partition(" &")  # a node of two on one machine: `meshtop record ... &`
     words = shlex.split(command)
     if words[:2] != ["meshtop", "run"] and words[:2] != ["meshtop", "record"]:
-        return command
+        return command + background
     if words[1] == "run":
         words[1:2] = ["record", str(folder / f"run-{number}")]
     ours, script = (words, []) if "--" not in words else (words[: words.index("--")], words[words.index("--") :])
@@ -176,12 +184,13 @@ def small(command: str, folder: Path, number: int) -> str:
         ours[ours.index("--steps") + 1] = SMALL_STEPS
     else:
         ours += ["--steps", SMALL_STEPS]
-    return shlex.join(ours + script)
+    return shlex.join(ours + script) + background
 
 
 def shell(script: str, folder: Path, *, timeout_s: float = 300) -> subprocess.CompletedProcess[str]:
-    """Run ``script`` with bash from the repository's root (``-e``: the first command that fails ends it),
-    ``meshtop`` on the PATH this Python's, stdout and stderr together as a terminal shows them."""
+    """Run ``script`` with bash from the repository's root (``-e``: the first command that fails ends it, one
+    it started in the background too),
+        ``meshtop`` on the PATH this Python's, stdout and stderr together as a terminal shows them."""
     bin_folder = folder / ".bin"
     bin_folder.mkdir(exist_ok=True)
     wrapper = bin_folder / "meshtop"
@@ -192,7 +201,7 @@ def shell(script: str, folder: Path, *, timeout_s: float = 300) -> subprocess.Co
         python.symlink_to(sys.executable)
     environment = {**os.environ, "PATH": f"{bin_folder}{os.pathsep}{os.environ['PATH']}"}
     return subprocess.run(
-        ["bash", "-e", "-o", "pipefail", "-c", f"{script}\nwait"],
+        ["bash", "-e", "-o", "pipefail", "-c", f"{script}\nfor job in $(jobs -p); do wait $job; done"],
         cwd=ROOT,
         env=environment,
         stdout=subprocess.PIPE,
