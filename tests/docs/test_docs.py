@@ -177,7 +177,7 @@ def defaults_said(action: argparse.Action) -> list[str]:
         said.append(f"{action.default:g}" if isinstance(action.default, float) else str(action.default))
     help_ = action.help or ""
     said += re.findall(r"\(default:? ([^;()]*(?:\([^)]*\)[^;()]*)*)", help_)
-    said += re.findall(r"([\w.]+) \(default", help_)
+    said += re.findall(r"([\w.]+) \(default\)", help_)
     said += re.findall(r"\(([\w.]+), the default", help_)
     return [plain(text).rstrip(",") for text in said]
 
