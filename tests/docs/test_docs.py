@@ -2,13 +2,14 @@
 here), its shown output is what meshtop prints, the option tables are the parsers', and the ``summary --json``
 keys the docs name are the ones a recording has (the runner and its rules: tests/kit/docs.py).
 
-The text-only checks (markers, option tables, the planner's tables, a refused plan, the shipped samples' keys)
-run in the fast lane; the blocks that launch ranks are slow."""
+The text-only checks (markers, option tables, the planner's tables and a sweep's predictions, a refused plan,
+the shipped samples' keys) run in the fast lane; the blocks that launch ranks are slow."""
 
 from __future__ import annotations
 
 import argparse
 import io
+import itertools
 import json
 import re
 import shlex
@@ -29,6 +30,7 @@ from tests.kit.docs import (
     ROOT,
     RUN_LANGUAGES,
     Block,
+    Shown,
     all_blocks,
     commands,
     differences,
@@ -105,6 +107,45 @@ def test_a_plan_transcript_is_what_meshtop_prints(block: Block, tmp_path: Path) 
     """The planner's tables and the refused plans, produced by meshtop here: a formula that changes them
     changes the page, or fails."""
     check_transcript(block, tmp_path)
+
+
+SWEEPS = [
+    (block, shown)
+    for block in BLOCKS
+    if block.language == "console"
+    for shown in transcript(block)
+    if " sweep " in shown.command
+]
+
+
+@pytest.mark.parametrize(("block", "shown"), SWEEPS, ids=[block.where for block, _ in SWEEPS])
+def test_a_sweep_transcripts_predictions_are_the_planners(block: Block, shown: Shown, tmp_path: Path) -> None:
+    """A sweep's measured columns cannot be checked without its jobs (minutes), but its ``pred`` column is
+    the planner's: each shown row's prediction is ``meshtop plan``'s total for that plan, today."""
+    words = shlex.split(shown.command)
+    out, options = words.index("sweep") + 1, words[words.index("sweep") + 2 :]
+    if "--steps" in options:
+        del options[options.index("--steps") : options.index("--steps") + 2]
+    planned = shell(shlex.join(["meshtop", "plan", *options]), tmp_path)
+    assert planned.returncode == 0, planned.stdout
+    totals = {row[0]: value for row, value in column(planned.stdout, "plan", "total")}
+    predicted = {row[1]: value for row, value in column("\n".join(shown.lines), "#", "pred")}
+    assert predicted and all(totals[plan] == value for plan, value in predicted.items()), (
+        words[out],
+        predicted,
+        totals,
+    )
+
+
+def column(table: str, first: str, name: str) -> list[tuple[list[str], str]]:
+    """Each row of the table whose header starts with ``first`` (up to a blank line or ``...``), with its value
+    in column ``name``, counted from the right (a schedule, ``1f1b 4mb``, or a time, ``5.33 s``, is two words)."""
+    lines = table.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.split()[:1] == [first])
+    header = lines[start].split()
+    at = header.index(name) - len(header)
+    body = itertools.takewhile(lambda line: line.strip() not in ("", "..."), lines[start + 1 :])
+    return [(row, row[at]) for row in map(str.split, body)]
 
 
 @pytest.mark.slow
