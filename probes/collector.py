@@ -12,7 +12,7 @@ message that still does not fit is refused whole and counted.
 A non-loopback bind is allowed only with a token (there always is one).
 
 On the head of a multi-node job it also takes the other nodes' streams
-(:mod:`meshtop.runner.multinode.relay`): their messages name their ``node``, which must be one
+(:mod:`meshtop.runner.session.relay`): their messages name their ``node``, which must be one
 of the job's (else refused and counted), and a message with a ``control``
 field is handed to the ``on_control`` callback, whose answer goes back on
 the same connection (the ping exchange that measures a node's clock, a

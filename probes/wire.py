@@ -3,7 +3,7 @@
 A frame is a 4-byte big-endian length and that many bytes of payload. The
 payload is a header, one line of JSON,
 ``{"token": str, "rank": int, "dropped": int, "sections": [[kind, count, nbytes], ...]}``
-(and ``"node": int`` from another node of a multi-node job, :mod:`meshtop.runner.multinode.relay`, with
+(and ``"node": int`` from another node of a multi-node job, :mod:`meshtop.runner.session.relay`, with
 ``"offset_ns": int`` when its events are on that node's clock, the offset saying how far behind the head's),
 then the sections' bytes back to back: each is ``count`` events of ``kind``
 as JSON lines (``nbytes`` in all), exactly the lines the recording keeps, so
@@ -149,7 +149,7 @@ def sections(header: dict[str, Any], body: bytes | memoryview) -> list[EncodedEv
     if not is_count(rank) or not isinstance(listed, list):
         raise FrameError("a message needs a rank and a list of sections")
     node, clock = header.get("node"), header.get("offset_ns")
-    streamed = clock is not None  # a node's blocks, on its clock (meshtop.runner.multinode.relay)
+    streamed = clock is not None  # a node's blocks, on its clock (meshtop.runner.session.relay)
     if streamed and not (is_count(node) and is_offset(clock)):
         raise FrameError("a node's message needs its node and its clock's offset, in ns")
     for section in listed:

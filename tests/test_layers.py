@@ -25,8 +25,8 @@ MAY_IMPORT = {
     "tui": {"tui", "recordings", "runner", "probes"},
 }
 SESSION_MODULES = {
-    "runner/job/session.py",
-    "runner/job/console.py",
+    "runner/session/session.py",
+    "runner/session/console.py",
     "runner/planner/sweep.py",
     "runner/planner/report.py",
 }
@@ -168,3 +168,34 @@ def test_circle_finder_finds_a_circle_through_three_modules() -> None:
 
 def test_no_import_circles_lazy_imports_included() -> None:
     assert circles(import_graph()) == []
+
+
+def folder_of(module: str) -> str:
+    """The folder (package) a module sits in; a package's ``__init__`` is its own folder."""
+    return module if MODULES[module].name == "__init__.py" else module.rpartition(".")[0]
+
+
+def folder_graph(layer: str) -> dict[str, set[str]]:
+    """The folders of ``layer`` and the other folders of it that each one's modules import."""
+    graph: dict[str, set[str]] = {}
+    for module, imported in import_graph().items():
+        if layer_of(module) != layer:
+            continue
+        folder = folder_of(module)
+        graph.setdefault(folder, set()).update(
+            other for name in imported if layer_of(name) == layer and (other := folder_of(name)) != folder
+        )
+    return graph
+
+
+def test_circle_finder_sees_two_folders_that_import_each_other() -> None:
+    graph = {"meshtop.runner.job": {"meshtop.runner.session"}, "meshtop.runner.session": {"meshtop.runner.job"}}
+    assert circles(graph) == [["meshtop.runner.job", "meshtop.runner.session"]]
+
+
+def test_the_runner_s_folders_form_a_tree() -> None:
+    """No folder of the runner imports one that imports it back, through any path: each folder can be read
+    knowing only those below it (the session above the job, the load and the nodes; they never import it)."""
+    graph = folder_graph("runner")
+    assert {"meshtop.runner.job", "meshtop.runner.session"} <= graph.keys()
+    assert circles(graph) == []

@@ -18,7 +18,7 @@ from meshtop.probes.errors import MeshtopError
 from meshtop.probes.samplers import DEFAULT_GPU_HZ, DEFAULT_PROCESS_HZ
 from meshtop.recordings.manifest import DEFAULT_OUTPUT_LEN, DEFAULT_PROMPT_LEN
 from meshtop.runner.errors import PlanError
-from meshtop.runner.job.launch import NodeProbes
+from meshtop.runner.job.supervise import NodeProbes
 from meshtop.runner.load import DEFAULT_CONCURRENCY, DEFAULT_MAX_BATCH, DEFAULT_REQUESTS
 from meshtop.runner.multinode.nodes import NODE_OPTIONS, Nodes, nodes_from_options
 from meshtop.runner.plan import (
@@ -37,12 +37,12 @@ from meshtop.runner.plan import (
     resolve,
 )
 from meshtop.runner.presets import PRESETS
-from meshtop.runner.script.command import ScriptRun, resolve_script
+from meshtop.runner.script.command import resolve_script
 from meshtop.tui.endpoint_options import ENDPOINT_ONLY, add_endpoint_options, endpoint_from_args
 
 if TYPE_CHECKING:
     from meshtop.recordings.prometheus import MetricsServer, RunMetrics
-    from meshtop.runner.job.session import Work
+    from meshtop.runner.session.session import Run, Work
 
 EXIT_OK, EXIT_JOB_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
 
@@ -441,7 +441,7 @@ def gpus_visible() -> int:
     return torch.cuda.device_count() if torch.cuda.is_available() else 0
 
 
-def resolve_args(args: argparse.Namespace) -> Work:
+def resolve_args(args: argparse.Namespace) -> Run:
     """The built-in runner's plan, or the user's script given after ``--``."""
     if getattr(args, "endpoint", None) is not None:
         return endpoint_from_args(args)
@@ -489,7 +489,7 @@ def resolve_args(args: argparse.Namespace) -> Work:
 
 def work_nodes(args: argparse.Namespace, work: Work) -> Nodes | None:
     """The nodes ``work`` runs on (a script's from its torchrun options)."""
-    return work.nodes if isinstance(work, ScriptRun) else nodes_from_args(args)
+    return work.on_nodes(lambda: nodes_from_args(args))
 
 
 def require_terminal(what: str, instead: str) -> None:

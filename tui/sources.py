@@ -36,10 +36,10 @@ from meshtop.recordings.session_fold import Folded, SessionFold, arrival_tables
 from meshtop.recordings.summary import job_status
 from meshtop.runner.job.control import JobControl
 from meshtop.runner.job.files import PHASE_NAME
-from meshtop.runner.job.launch import NodeProbes
-from meshtop.runner.job.results import JobResult
-from meshtop.runner.job.session import Work, describe, run_session
+from meshtop.runner.job.supervise import NodeProbes
 from meshtop.runner.multinode.nodes import Nodes
+from meshtop.runner.results import JobResult
+from meshtop.runner.session.session import Work, run_session
 from meshtop.tui.state import DashboardState
 
 SCREEN_BACKLOG = 200_000
@@ -180,7 +180,7 @@ class LiveSource:
         self.metrics = metrics
         self.directory = directory
         self.manifest = manifest
-        self.description = manifest.run if manifest is not None else describe(run)
+        self.description = manifest.run if manifest is not None else run.describe()
         self.session: SessionFold | None = SessionFold(self.description)
         """The session's fold: the session thread feeds it, the dashboard and ``/metrics`` read it."""
         self.recording = str(directory) if manifest is not None else None

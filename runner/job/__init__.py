@@ -1,2 +1,2 @@
-"""Launch and supervise a job: the launcher child (torchrun), exits and hangs, torchrun's restarts, and the
-session that records it with ``record``'s console."""
+"""Launch and supervise a job: the launcher child (torchrun), its samplers, exits and hangs, and torchrun's
+restarts."""

@@ -1,7 +1,7 @@
 """What a job is started with: torchrun's arguments, and the environment of the launcher and its ranks.
 
 :class:`Launch` says what :class:`meshtop.runner.job.process.Job` starts; the built-in runner's is
-:func:`builtin_launch`, a user's script's is :func:`meshtop.runner.job.session.script_launch`. The
+:func:`builtin_launch`, a user's script's is :func:`meshtop.runner.session.session.script_launch`. The
 environment is the user's own, with what meshtop's probes need added and what would mislead them left out.
 """
 
@@ -33,7 +33,7 @@ class Launch:
     environment adds.
 
     The built-in runner's is :func:`builtin_launch`; a user's script's is
-    :func:`meshtop.runner.job.session.script_launch`.
+    :func:`meshtop.runner.session.session.script_launch`.
     """
 
     launcher_args: tuple[str, ...]

@@ -15,7 +15,7 @@ import os
 import re
 from pathlib import Path
 
-from meshtop.runner.job.results import PEER_GONE
+from meshtop.runner.results import PEER_GONE
 
 TAIL_BYTES = 8192
 """How much of the log's end is read: a traceback of some thirty frames."""

@@ -4,44 +4,34 @@ for hangs, answer the user's requests, and say how it ended.
 The parts live beside this module: what is started and with which environment
 (:mod:`meshtop.runner.job.environment`), the launcher's process and how it ended
 (:mod:`meshtop.runner.job.process`), the user's requests (:mod:`meshtop.runner.job.control`), the
-result types (:mod:`meshtop.runner.job.results`), and on the head of a job on many nodes, the other
+result types (:mod:`meshtop.runner.results`), and on the head of a job on many nodes, the other
 nodes (:class:`meshtop.runner.multinode.fleet.Fleet`; a job on one node has a
 :class:`meshtop.runner.multinode.fleet.SingleNode`, which does nothing).
 """
 
 from __future__ import annotations
 
-import queue
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 
 from meshtop.probes.arrivals import Arrivals
-from meshtop.probes.events import Event, RankStarted, on_node
-from meshtop.probes.samplers import DEFAULT_GPU_HZ, DEFAULT_PROCESS_HZ, GpuSampler, ProcessSampler
+from meshtop.probes.events import RankStarted
 from meshtop.probes.stacks import dump_stacks
 from meshtop.runner.job.control import JobControl
 from meshtop.runner.job.environment import Launch
 from meshtop.runner.job.flight import FLIGHT_DIR, FlightTriage
 from meshtop.runner.job.hangs import HangWatch
 from meshtop.runner.job.process import Job
-from meshtop.runner.job.results import JobResult, lifecycle_events
 from meshtop.runner.job.rounds import Rounds
+from meshtop.runner.job.supervise import POLL_S, NodeProbes, Supervisor
 from meshtop.runner.multinode.fleet import Fleet, SingleNode
 from meshtop.runner.rank.until import FinishRequest
+from meshtop.runner.results import JobResult
 
 REMOTE_STACKS_S = 15.0
 """On a hang, how long the head waits for the other nodes' stack dumps before it stops the job."""
-POLL_S = 0.2
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class NodeProbes:
-    """The samplers meshtop runs beside the job, and their rates."""
-
-    gpu_hz: float = DEFAULT_GPU_HZ
-    process_hz: float = DEFAULT_PROCESS_HZ
 
 
 def run_job(
@@ -74,20 +64,12 @@ def run_job(
     hangs = HangWatch(launch.world_size, timeout_s=hang_timeout_s, quiet_s=launch.quiet_s)
     flight = FlightTriage(session_dir / FLIGHT_DIR, on_one_node=launch.nodes is None)
     job = Job(launch, session_dir, fleet.collector())
-    node_events: queue.SimpleQueue[list[Event]] = queue.SimpleQueue()
-    processes = ProcessSampler(rate_hz=node_probes.process_hz, emit=node_events.put)
-    samplers = (GpuSampler(rate_hz=node_probes.gpu_hz, emit=node_events.put), processes)
     pids: dict[int, int] = {}
     lost: list[int] = []
     rounds = Rounds() if launch.nodes is None or launch.nodes.head else None  # the head numbers the steps
     finishing = FinishRequest(launch.stop_file)
 
-    here = launch.nodes.rank if launch.nodes is not None else 0
-
-    def deliver() -> None:
-        arrivals = job.read_events()
-        while not node_events.empty():  # this node's samplers: their events name this node
-            arrivals.add([on_node(e, offset_ns=0, node=here) if here else e for e in node_events.get()])
+    def watch_ranks(arrivals: Arrivals) -> None:
         if rounds is not None:
             for start in rounds.admit(arrivals):  # the ranks started: an elastic job's say how many they are
                 hangs.ranks_started(start.world_size or launch.world_size, restart=start.restart)
@@ -100,7 +82,7 @@ def run_job(
                 fleet.note_ranks(event.node, event.rank)
                 continue
             pids[event.rank] = event.pid
-            processes.watch(event.rank, event.pid)
+            supervisor.processes.watch(event.rank, event.pid)
         arrivals.add(fleet.take_events())
         for dump in arrivals.events(("stack_dump",)):
             fleet.note_stack(dump.rank)  # type: ignore[attr-defined]
@@ -128,27 +110,28 @@ def run_job(
             arrivals.add(dump_stacks(wanted))
             fleet.ask_stacks()  # the other nodes dump their own ranks (every one of them)
             arrivals.add([flight.triage(pids, hung=control.hang is not None)])
-        on_events(arrivals)
 
-    for sampler in samplers:
-        sampler.start()
+    def finish_asked() -> bool:
+        if control.finish.is_set() and finishing.stop_now():
+            control.stop.set()
+        return True
+
+    here = launch.nodes.rank if launch.nodes is not None else 0
+    supervisor = Supervisor(job.collector, node_probes, on_events=on_events, examine=watch_ranks, node=here)
+    supervisor.start_sampling()
     job.start()
     fleet.publish(job.collector, going=job.poll)
     interrupted = False
     try:
-        while job.poll() and not control.stop.is_set():
-            deliver()
-            if control.finish.is_set() and finishing.stop_now():
-                control.stop.set()
-            control.stop.wait(POLL_S)
+        supervisor.follow(job.poll, control.stop, go_on=finish_asked)
         interrupted = control.stop.is_set() and job.poll()  # a job that ended by itself is not interrupted
         if control.stacks_asked and job.poll():  # asked with the stop: dump the ranks before they are stopped
-            deliver()
+            supervisor.send_batch()
         if control.hang is not None and not lost:  # the other nodes' dumps, first
             deadline = time.monotonic() + REMOTE_STACKS_S
             while not fleet.stacks_in() and time.monotonic() < deadline:
                 control.stop.wait(POLL_S)
-                deliver()
+                supervisor.send_batch()
     except KeyboardInterrupt:
         interrupted = True
     finally:
@@ -156,17 +139,15 @@ def run_job(
             failed_elsewhere = lost or control.hang is not None or fleet.failed() is not None
             fleet.stop("failed" if failed_elsewhere else "interrupted")
         job.stop()
-        for sampler in samplers:
-            sampler.stop()
+        supervisor.stop_sampling()
     if job.result(interrupted=False).status == "failed":
         fleet.stop("failed")
     fleet.settle()
-    deliver()
-    job.collector.stop()
+    supervisor.last_batch()
     hung = control.hang if interrupted and control.hang is not None else None
     local_ranks = set(pids) if launch.nodes is not None else None
     interrupted_here = interrupted and hung is None and not lost and fleet.failed() is None
     result = job.result(interrupted=interrupted_here, hang=hung, ranks=local_ranks)
     result = fleet.merge(result, {rank.rank for rank in result.ranks}, hangs.world_size)
-    on_events(Arrivals(lifecycle_events(result)))
+    supervisor.say_ended(result)
     return result

@@ -22,14 +22,13 @@ from pathlib import Path
 
 import psutil
 
-from meshtop.probes.arrivals import Arrivals
 from meshtop.probes.collector import Collector
-from meshtop.probes.events import EventsDropped, FramesRefused, HangDetected
+from meshtop.probes.events import HangDetected
 from meshtop.runner.job.environment import Launch, worker_environment
 from meshtop.runner.job.files import LAUNCHER_LOG, STATUS_NAME, TORCHELASTIC_NAME
 from meshtop.runner.job.flight import is_stopped
 from meshtop.runner.job.last_words import last_words, read_tail
-from meshtop.runner.job.results import JobResult, RankExit, root_cause
+from meshtop.runner.results import JobResult, RankExit, root_cause
 
 STOP_GRACE_S = 15.0
 SAFE_PATH = ("-P",) if sys.version_info >= (3, 11) else ()
@@ -47,8 +46,6 @@ class Job:
         self.log_path = session_dir / LAUNCHER_LOG
         self._status_path = session_dir / STATUS_NAME
         self.collector = collector
-        self._collector_drops = 0
-        self._refused: dict[str, int] = {}
         self._seen: dict[int, psutil.Process] = {}
         self._process: subprocess.Popen[bytes] | None = None
         self._started = 0.0
@@ -81,33 +78,6 @@ class Job:
         except psutil.NoSuchProcess:
             pass
         return self._process.poll() is None
-
-    def read_events(self) -> Arrivals:
-        """What the ranks sent since the last call, and a count of any events the collector had to drop."""
-        arrivals = Arrivals(self.collector.drain())
-        full = self.collector.counts.queue_full
-        if full != self._collector_drops:
-            arrivals.add(
-                [
-                    EventsDropped(
-                        wall_ns=time.time_ns(), rank=None, where="collector", count=full - self._collector_drops
-                    )
-                ]
-            )
-            self._collector_drops = full
-        counts = self.collector.counts
-        for reason, count in (
-            ("bad token", counts.bad_token),
-            ("malformed", counts.malformed),
-            ("oversized", counts.oversized),
-            ("unknown node", counts.unknown_node),
-        ):
-            if count != self._refused.get(reason, 0):
-                arrivals.add(
-                    [FramesRefused(wall_ns=time.time_ns(), reason=reason, count=count - self._refused.get(reason, 0))]
-                )
-                self._refused[reason] = count
-        return arrivals
 
     def stop(self, grace_s: float = STOP_GRACE_S) -> None:
         """SIGTERM the launcher (which stops the ranks), then SIGKILL whatever is left."""

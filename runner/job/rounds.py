@@ -26,10 +26,10 @@ from __future__ import annotations
 import dataclasses
 
 from meshtop.probes.arrivals import Arrivals, EncodedEvents, encode_lines
-from meshtop.probes.events import Event, RankStarted, StepTiming
+from meshtop.probes.events import EVENT_TYPES, Event, RankStarted, StepTiming
 
-STEPPED = frozenset({"step", "collective", "stage_action", "memory", "rank_progress"})
-"""Kinds whose events name a step (a field ``step``)."""
+STEPPED = frozenset(kind for kind, cls in EVENT_TYPES.items() if "step" in {f.name for f in dataclasses.fields(cls)})
+"""Kinds whose events name a step (a field ``step``): their steps are renumbered."""
 
 
 class Rounds:

@@ -1,2 +1,2 @@
-"""Many nodes: the options and the rendezvous key (``nodes``), the head's view of the other nodes
-(``fleet``), and a node that streams its ranks' events to the head (``relay``)."""
+"""Many nodes: the options and the rendezvous key (``nodes``) and the head's view of the other nodes (``fleet``);
+a node streams its ranks' events to the head from its session (:mod:`meshtop.runner.session.relay`)."""

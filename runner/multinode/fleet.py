@@ -1,6 +1,6 @@
 """The head's view of the other nodes of a multi-node job: who is there, their clocks, how they ended.
 
-Each node's relay (:mod:`meshtop.runner.multinode.relay`) speaks to the head's collector in
+Each node's relay (:mod:`meshtop.runner.session.relay`) speaks to the head's collector in
 control messages, answered on the same connection:
 
 - ``ping`` (twice a second): the node's time ``t0``, its host, and its last clock measurement; the answer holds
@@ -32,8 +32,8 @@ from typing import Any
 from meshtop.probes.collector import Collector
 from meshtop.probes.events import Event, NodeClock
 from meshtop.probes.wire import is_count
-from meshtop.runner.job.results import PEER_GONE, JobResult, RankExit, root_cause
 from meshtop.runner.multinode.nodes import HeadAddress, Nodes, publish_head
+from meshtop.runner.results import PEER_GONE, JobResult, RankExit, root_cause
 
 NODE_SILENT_S = 10.0
 """A node that said nothing (its pings come twice a second) for this long is lost."""
@@ -41,6 +41,45 @@ RECONNECT_S = 2.0
 """A node whose connection closed has this long to come back on another (a relay reconnects at once)."""
 SETTLE_S = 20.0
 """After the head's own ranks ended, how long it waits for every other node's last word."""
+
+
+STATUSES = ("completed", "interrupted", "failed")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class NodeEnd:
+    """A node's last word (``bye``): how its part of the job ended, and its ranks' exits."""
+
+    status: str
+    """One of :data:`STATUSES`."""
+    ranks: tuple[RankExit, ...]
+    failure_times: dict[int, float]
+    """When each rank that said so failed, on the head's clock (seconds)."""
+
+    @classmethod
+    def read(cls, header: dict[str, Any]) -> NodeEnd:
+        """What the ``bye`` in ``header`` says, checked as the wire checks a header: a field of the wrong type is
+        left out, and a status other than :data:`STATUSES` is ``failed`` (a node that cannot say how it ended
+        did not complete)."""
+        said = header.get("ranks")
+        ranks: list[RankExit] = []
+        times: dict[int, float] = {}
+        for rank, end in said.items() if isinstance(said, dict) else ():
+            if not (str(rank).isdigit() and isinstance(end, dict)):
+                continue
+            code, signal, error = end.get("exit_code"), end.get("signal"), end.get("error")
+            ranks.append(
+                RankExit(
+                    rank=int(rank),
+                    exit_code=code if isinstance(code, int) and not isinstance(code, bool) else None,
+                    signal=signal if isinstance(signal, str) else None,
+                    error=error if isinstance(error, str) else None,
+                )
+            )
+            if isinstance(when := end.get("timestamp"), (int, float)) and not isinstance(when, bool):
+                times[int(rank)] = float(when)
+        status = header.get("status")
+        return cls(status=status if status in STATUSES else "failed", ranks=tuple(ranks), failure_times=times)
 
 
 @dataclass
@@ -57,7 +96,7 @@ class NodeState:
     """When that connection closed, if it did."""
     offset_ns: int | None = None
     rtt_ns: int | None = None
-    bye: dict[str, Any] | None = None
+    bye: NodeEnd | None = None
     lost: str | None = None
     """Why the node is lost, once it is."""
     ranks: set[int] = field(default_factory=set)
@@ -106,7 +145,7 @@ class Fleet:
             if what == "data":
                 return {}
             if what == "bye":
-                state.bye = header
+                state.bye = NodeEnd.read(header)
                 return {"t1": time.time_ns()}
             host, offset, rtt = header.get("host"), header.get("offset_ns"), header.get("rtt_ns")
             if isinstance(host, str):
@@ -185,7 +224,7 @@ class Fleet:
                 (
                     replace(state)
                     for state in self._nodes.values()
-                    if state.bye is not None and state.bye.get("status") == "failed"
+                    if state.bye is not None and state.bye.status == "failed"
                 ),
                 None,
             )
@@ -250,23 +289,22 @@ class Fleet:
                 continue
             if state.lost is not None and lost is None:
                 lost = state
-            bye = state.bye or {}
-            statuses.add(str(bye.get("status", "failed")))
-            if bye.get("status") == "failed" and node_failed is None:  # why, if no rank of it is to blame
-                said = [end.get("error") for end in (bye.get("ranks") or {}).values() if isinstance(end, dict)]
-                node_failed = f"node {state.node} (host {state.host or '?'}) failed" + next(
-                    (f": {error}" for error in said if isinstance(error, str) and error), ""
-                )
-            for rank, end in (bye.get("ranks") or {}).items():
-                if str(rank).isdigit() and isinstance(end, dict):
-                    ranks[int(rank)] = RankExit(
-                        rank=int(rank), exit_code=end.get("exit_code"), signal=end.get("signal"), error=end.get("error")
-                    )
-                    if end.get("exit_code") not in (0, None):
-                        failures[str(rank)] = end
-        for rank in local.failed:
+            end = state.bye
+            if end is None:
+                statuses.add("failed")
+                continue
+            statuses.add(end.status)
+            if end.status == "failed" and node_failed is None:  # why, if no rank of it is to blame
+                said = next((ended.error for ended in end.ranks if ended.error), None)
+                node_failed = f"node {state.node} (host {state.host or '?'}) failed" + (f": {said}" if said else "")
+            for ended in end.ranks:
+                ranks[ended.rank] = ended
+                if ended.exit_code not in (0, None):
+                    when = end.failure_times.get(ended.rank)
+                    failures[str(ended.rank)] = {"signal": ended.signal, "error": ended.error, "timestamp": when}
+        for ended in local.failed:
             failures.setdefault(
-                str(rank.rank), {"signal": rank.signal, "timestamp": local.failure_times.get(rank.rank)}
+                str(ended.rank), {"signal": ended.signal, "timestamp": local.failure_times.get(ended.rank)}
             )
         with self._lock:
             asked = self._stop

@@ -7,7 +7,7 @@ HOST:PORT --rdzv-id ID``) or to torchrun after ``--``. Every node's launcher
 joins torchrun's c10d rendezvous, and meshtop adds one key to the same
 store: the head (node 0, or the node ``--head-node`` names) publishes where
 its collector listens and the session's token; every other node reads them
-there (:mod:`meshtop.runner.multinode.relay`) and streams its ranks' and samplers' events to it.
+there (:mod:`meshtop.runner.session.relay`) and streams its ranks' and samplers' events to it.
 Nothing else is configured.
 
 torchrun numbers the nodes by the order the rendezvous sorts them in, not by

@@ -16,11 +16,11 @@ from meshtop.probes.errors import MeshtopError
 from meshtop.recordings.manifest import RecordingError
 from meshtop.recordings.sweep import SWEEP_VERSION, write_sweep
 from meshtop.runner.errors import PlanError
-from meshtop.runner.job.console import follow_job, verdict
-from meshtop.runner.job.launch import NodeProbes
-from meshtop.runner.job.session import start_recording
+from meshtop.runner.job.supervise import NodeProbes
 from meshtop.runner.planner.plans import SWEEP_STEPS, Candidate, Question
 from meshtop.runner.planner.report import Budget, report
+from meshtop.runner.session.console import follow_job, verdict
+from meshtop.runner.session.session import BuiltinWork, start_recording
 
 MIN_SWEEP_STEPS = 3
 
@@ -95,9 +95,10 @@ def run_sweep(
             row.update(status="running", recording=row["key"])
             write_sweep(out, sweep)
             directory = out / row["key"]
-            manifest = start_recording(directory, run, node_probes, command_line)
+            work = BuiltinWork(run)
+            manifest = start_recording(directory, work, node_probes, command_line)
             result = follow_job(
-                run,
+                work,
                 session_dir=directory,
                 out=stream,
                 manifest=manifest,

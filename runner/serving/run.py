@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import os
-import queue
 import shlex
 import signal
 import subprocess
@@ -22,14 +21,13 @@ from pathlib import Path
 
 from meshtop.probes.arrivals import Arrivals
 from meshtop.probes.collector import Collector
-from meshtop.probes.events import Event, EventsDropped, ServerState
-from meshtop.probes.samplers import GpuSampler, ProcessSampler
+from meshtop.probes.events import ServerState
 from meshtop.probes.wire import ADDRESS_ENV, TOKEN_ENV
 from meshtop.recordings.manifest import ServerInfo
 from meshtop.runner.errors import PlanError
 from meshtop.runner.job.control import JobControl
-from meshtop.runner.job.launch import NodeProbes
-from meshtop.runner.job.results import JobResult, RankExit, lifecycle_events
+from meshtop.runner.job.supervise import NodeProbes, Supervisor
+from meshtop.runner.results import JobResult, RankExit, lifecycle_events
 from meshtop.runner.serving.client import CLIENT_RANK, INTERRUPTED, ClientSpec
 from meshtop.runner.serving.endpoint import PROBE_TIMEOUT_S, EndpointRun, check_server
 from meshtop.runner.serving.load import DEFAULT_TIMEOUT_S
@@ -39,7 +37,6 @@ from meshtop.runner.serving.server import SERVER_LOG, ServerFailed, ServerProces
 CLIENT_LOG = "client.log"
 STATUS_NAME = "load-status.json"
 SPEC_NAME = ".client.json"
-POLL_S = 0.2
 STOP_GRACE_S = 10.0
 """After SIGINT, how long the load generator has to report its requests in flight before SIGKILL."""
 
@@ -99,23 +96,18 @@ def run_endpoint(
         run = check_server(run, probe_timeout_s=max(PROBE_TIMEOUT_S, left_s))
         said("ready", None)
         return _send_load(run, session_dir, requests_path, on_events, node_probes, control, started, server)
-    except StartupStopped:  # q, ctrl+c in the dashboard or SIGTERM while it loaded: nothing was sent
+    except (StartupStopped, ServerFailed, PlanError) as error:
+        # stopped (q, ctrl+c in the dashboard or SIGTERM) while it loaded, it never came up, or it serves not what
+        # the load asks: nothing was sent
+        stopped = isinstance(error, StartupStopped)
+        if not stopped:
+            said("failed", str(error))
         result = JobResult(
-            status="interrupted",
+            status="interrupted" if stopped else "failed",
             ranks=(RankExit(rank=CLIENT_RANK, exit_code=None, signal=None, error="not started"),),
             duration_s=time.monotonic() - started,
             log_path=session_dir / SERVER_LOG,
-        )
-        on_events(Arrivals(lifecycle_events(result)))
-        return result
-    except (ServerFailed, PlanError) as error:  # it never came up, or serves not what the load asks
-        said("failed", str(error))
-        result = JobResult(
-            status="failed",
-            ranks=(RankExit(rank=CLIENT_RANK, exit_code=None, signal=None, error="not started"),),
-            duration_s=time.monotonic() - started,
-            log_path=session_dir / SERVER_LOG,
-            failure=str(error),
+            failure=None if stopped else str(error),
         )
         on_events(Arrivals(lifecycle_events(result)))
         return result
@@ -152,26 +144,9 @@ def _send_load(
     spec_path = session_dir / SPEC_NAME
     spec_path.write_text(json.dumps(spec.to_json()))
     collector = Collector().start()
-    node_events: queue.SimpleQueue[list[Event]] = queue.SimpleQueue()
-    processes = ProcessSampler(rate_hz=node_probes.process_hz, emit=node_events.put)
-    samplers = (GpuSampler(rate_hz=node_probes.gpu_hz, emit=node_events.put), processes)
+    supervisor = Supervisor(collector, node_probes, on_events=on_events)
     env = {**os.environ, ADDRESS_ENV: "{}:{}".format(*collector.address), TOKEN_ENV: collector.token}
-    dropped_seen = 0
-
-    def deliver() -> None:
-        nonlocal dropped_seen
-        arrivals = Arrivals(collector.drain())
-        while not node_events.empty():
-            arrivals.add(node_events.get())
-        if (full := collector.counts.queue_full) != dropped_seen:
-            arrivals.add(
-                [EventsDropped(wall_ns=time.time_ns(), rank=None, where="collector", count=full - dropped_seen)]
-            )
-            dropped_seen = full
-        on_events(arrivals)
-
-    for sampler in samplers:
-        sampler.start()
+    supervisor.start_sampling()
     with (session_dir / CLIENT_LOG).open("ab") as log:
         client = subprocess.Popen(
             [sys.executable, "-m", "meshtop.runner.serving.client", str(spec_path)],
@@ -181,21 +156,24 @@ def _send_load(
             env=env,
             start_new_session=True,
         )
-    processes.watch(CLIENT_RANK, client.pid)
-    scraper = Scraper(run.metrics_url, emit=node_events.put)
+    supervisor.processes.watch(CLIENT_RANK, client.pid)
+    scraper = Scraper(run.metrics_url, emit=supervisor.emit)
     scraper.start()
-    interrupted = False
     server_gone: str | None = None
+
+    def server_still_up() -> bool:
+        nonlocal server_gone
+        if server is not None:
+            server.watch()
+            if (code := server.exited()) is not None:  # the rest of the load would only be refused
+                how = f"code {code}" if code >= 0 else f"signal {signal.Signals(-code).name}"
+                server_gone = f"the server exited with {how} during the load"
+                return False
+        return True
+
+    interrupted = False
     try:
-        while client.poll() is None and not control.stop.is_set():
-            deliver()
-            if server is not None:
-                server.watch()
-                if (code := server.exited()) is not None:  # the rest of the load would only be refused
-                    how = f"code {code}" if code >= 0 else f"signal {signal.Signals(-code).name}"
-                    server_gone = f"the server exited with {how} during the load"
-                    break
-            control.stop.wait(POLL_S)
+        supervisor.follow(lambda: client.poll() is None, control.stop, go_on=server_still_up)
         interrupted = client.poll() is None and server_gone is None
     except KeyboardInterrupt:
         interrupted = True
@@ -208,11 +186,9 @@ def _send_load(
                 client.kill()
                 client.wait()
         scraper.stop()
-        for sampler in samplers:
-            sampler.stop()
+        supervisor.stop_sampling()
         time.sleep(0.05)  # the shipper's last frame is in once its process ended; let the collector queue it
-        deliver()
-        collector.stop()
+        supervisor.last_batch()
         spec_path.unlink(missing_ok=True)
     result = endpoint_result(
         run,
@@ -223,7 +199,7 @@ def _send_load(
         log_path=session_dir / CLIENT_LOG,
         server_gone=server_gone,
     )
-    on_events(Arrivals(lifecycle_events(result)))
+    supervisor.say_ended(result)
     return result
 
 

@@ -2,7 +2,7 @@
 
 ``python -m tests.bench.fleet [--ranks 1024] [--nodes 16] [--rate 1030000] [--seconds 20] [--json PATH]``
 
-Each node is a process of its own running meshtop's :class:`meshtop.runner.multinode.relay.Relay` (the
+Each node is a process of its own running meshtop's :class:`meshtop.runner.session.relay.Relay` (the
 node's side of a multi-node job: its framing, its clock exchanges and pings, its queue), fed on schedule
 with its ranks' steps: every rank sends, each step, the event mix of a dp x tp2 x pp2 1F1B job with 8
 microbatches (:class:`tests.bench.tui_frames.SyntheticSource`: 26 collectives, 16 stage actions, a step and
@@ -60,7 +60,7 @@ from meshtop.runner.job.allocator import keep_buffer_pages
 from meshtop.runner.job.control import JobControl
 from meshtop.runner.multinode.fleet import Fleet
 from meshtop.runner.multinode.nodes import HeadAddress, Nodes
-from meshtop.runner.multinode.relay import Relay
+from meshtop.runner.session.relay import Relay
 from meshtop.tui.app import GC_EVERY_S, WHOLE_GC_EVERY_S
 from meshtop.tui.gc_pacing import GcPacer
 from meshtop.tui.sources import ScreenBacklog, screen_batches

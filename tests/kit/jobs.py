@@ -22,9 +22,9 @@ from meshtop.recordings.metrics.steps import JobStep, StepFolder
 from meshtop.runner.job.control import JobControl
 from meshtop.runner.job.environment import builtin_launch
 from meshtop.runner.job.launch import run_job
-from meshtop.runner.job.results import JobResult
-from meshtop.runner.job.session import describe
 from meshtop.runner.plan import ResolvedRun, RunSpec, resolve
+from meshtop.runner.results import JobResult
+from meshtop.runner.session.session import describe
 from meshtop.tui.options import gpus_visible
 from tests.kit.events import fold_events, reported
 

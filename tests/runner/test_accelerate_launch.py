@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 
 from meshtop.runner.errors import PlanError
-from meshtop.runner.job.session import script_launch
 from meshtop.runner.script.command import BOOTSTRAP_DIR, resolve_script
+from meshtop.runner.session.session import script_launch
 from tests.kit.commands import one_line_error, run_meshtop, summary_json
 
 REPO = Path(__file__).resolve().parents[2]

@@ -6,7 +6,7 @@ import io
 
 import pytest
 
-from meshtop.runner.job.console import PROGRESS_LINES, Progress
+from meshtop.runner.session.console import PROGRESS_LINES, Progress
 
 
 @pytest.mark.parametrize("jump", [1, 7, 30])

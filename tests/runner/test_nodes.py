@@ -19,12 +19,12 @@ from meshtop.recordings.recorder import Ending, SessionRecorder
 from meshtop.recordings.session_fold import SessionFold
 from meshtop.runner.errors import PlanError
 from meshtop.runner.job.control import JobControl
-from meshtop.runner.job.results import JobResult, RankExit, root_cause
-from meshtop.runner.multinode import relay as relay_module
 from meshtop.runner.multinode.fleet import Fleet, SingleNode
 from meshtop.runner.multinode.nodes import HeadAddress, Nodes, nodes_from_options, split_endpoint
-from meshtop.runner.multinode.relay import Relay
 from meshtop.runner.plan import RunSpec, resolve
+from meshtop.runner.results import JobResult, RankExit, root_cause
+from meshtop.runner.session import relay as relay_module
+from meshtop.runner.session.relay import Relay
 from meshtop.tui.state import DashboardState
 from tests.kit import events
 from tests.kit.commands import run_meshtop

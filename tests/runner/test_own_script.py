@@ -28,9 +28,9 @@ from torch import nn
 from meshtop.probes.events import RankStarted, StepTiming
 from meshtop.recordings.metrics.run import fold_tables
 from meshtop.runner.errors import PlanError
-from meshtop.runner.job.session import script_description
 from meshtop.runner.script.attach import after_import
 from meshtop.runner.script.command import resolve_script
+from meshtop.runner.session.session import script_description
 from meshtop.tui.cli import main
 from tests.kit.commands import one_line_error, run_meshtop, summary_json
 from tests.kit.events import gpu_sample

@@ -27,6 +27,7 @@ from meshtop.recordings.samples import SAMPLE
 from meshtop.recordings.schema import table_of
 from meshtop.recordings.session_fold import SessionFold
 from meshtop.runner.plan import RunSpec, resolve
+from meshtop.runner.session.session import BuiltinWork
 from meshtop.tui.alerts import alerts_of
 from meshtop.tui.filters import parse_rank_filter
 from meshtop.tui.sources import LiveSource, Playback, ReplaySource, ScreenBacklog
@@ -333,7 +334,7 @@ def test_playback_speed_moves_through_fixed_steps() -> None:
 
 def test_a_full_screen_backlog_skips_only_high_rate_events_and_never_a_rank_start_or_a_step(tmp_path: Path) -> None:
     run = resolve(RunSpec(device="cpu", dp=2, pp=2), gpus_visible=0)
-    source = LiveSource(run, directory=tmp_path, manifest=None, backlog=100)
+    source = LiveSource(BuiltinWork(run), directory=tmp_path, manifest=None, backlog=100)
     events = [rank_started(rank, pp_rank=rank // 2, dp_rank=rank % 2) for rank in range(4)]
     for number in range(30):
         events += [collective(rank, number, 0.001) for rank in range(4) for _ in range(10)]

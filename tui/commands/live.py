@@ -13,10 +13,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from meshtop.runner.job.allocator import keep_buffer_pages
-from meshtop.runner.job.launch import NodeProbes
+from meshtop.runner.job.supervise import NodeProbes
 from meshtop.runner.multinode.nodes import Nodes
-from meshtop.runner.script.command import ScriptRun
-from meshtop.runner.serving.endpoint import EndpointRun
 from meshtop.tui.options import (
     add_metrics_options,
     add_node_options,
@@ -34,7 +32,7 @@ from meshtop.tui.terminal import TerminalGuard, go_on_headless
 if TYPE_CHECKING:
     from meshtop.recordings.manifest import Manifest
     from meshtop.recordings.prometheus import MetricsServer, RunMetrics
-    from meshtop.runner.job.session import Work
+    from meshtop.runner.session.session import Work
 
 RUNS_DIR_ENV = "MESHTOP_RUNS_DIR"
 DEFAULT_RUNS_DIR = "meshtop-runs"
@@ -88,9 +86,8 @@ def add_live_commands(commands: Any) -> None:
 def live_metrics(args: argparse.Namespace, run: Work) -> tuple[RunMetrics | None, MetricsServer | None]:
     """The series a live session feeds and the server of ``--metrics-port``, started (``None`` without)."""
     from meshtop.recordings.prometheus import RunMetrics
-    from meshtop.runner.job.session import describe
 
-    metrics = RunMetrics(describe(run), per_rank=args.metrics_per_rank) if args.metrics_port is not None else None
+    metrics = RunMetrics(run.describe(), per_rank=args.metrics_per_rank) if args.metrics_port is not None else None
     return metrics, serve_metrics(args, (lambda: metrics) if metrics is not None else None)
 
 
@@ -108,14 +105,7 @@ def runs_directory(args: argparse.Namespace) -> Path:
 def new_session_path(runs: Path, run: Work) -> Path:
     """``RUNS/20261129-154501-dp2-tp1-pp1`` (a script: ``RUNS/20261129-154501-train``; an endpoint:
     ``RUNS/20261129-154501-endpoint-MODEL``), with a suffix if that exists already."""
-    if isinstance(run, ScriptRun):
-        stem = f"{time.strftime('%Y%m%d-%H%M%S')}-{run.script.stem if run.script else run.module}"
-    elif isinstance(run, EndpointRun):
-        stem = f"{time.strftime('%Y%m%d-%H%M%S')}-endpoint-{run.name}"
-    else:
-        stem = f"{time.strftime('%Y%m%d-%H%M%S')}-{'fsdp' if run.fsdp else 'dp'}{run.dp}-tp{run.tp}-pp{run.pp}"
-        if run.mode == "infer":
-            stem += "-infer"
+    stem = f"{time.strftime('%Y%m%d-%H%M%S')}-{run.folder_name()}"
     path, n = runs / stem, 1
     while path.exists():
         n += 1
@@ -126,12 +116,12 @@ def new_session_path(runs: Path, run: Work) -> Path:
 def command_run(args: argparse.Namespace) -> int:
     """Launch the job and show it live; once it ends, its verdict and where it was recorded."""
     from meshtop.recordings.manifest import note_terminal_lost
-    from meshtop.runner.job.console import verdict
-    from meshtop.runner.job.session import start_recording
+    from meshtop.runner.session.console import verdict
+    from meshtop.runner.session.session import start_recording, work_of
     from meshtop.tui.app import MeshtopApp
     from meshtop.tui.sources import LiveSource
 
-    run = resolve_args(args)
+    run = work_of(resolve_args(args))
     keep_buffer_pages()  # this process only: the ranks it starts are the user's
     probes = node_probes_from_args(args)
     hang_timeout = hang_timeout_from_args(args)
@@ -190,11 +180,11 @@ def command_record(args: argparse.Namespace) -> int:
     """Launch the job headless into ``OUT``, its progress as lines, then the recording's summary."""
     from meshtop.recordings.reader import open_recording
     from meshtop.recordings.summary import summarize
-    from meshtop.runner.job.console import follow_job
-    from meshtop.runner.job.session import start_recording
+    from meshtop.runner.session.console import follow_job
+    from meshtop.runner.session.session import start_recording, work_of
     from meshtop.tui.summary_text import summary_lines
 
-    run = resolve_args(args)
+    run = work_of(resolve_args(args))
     keep_buffer_pages()  # this process only: the ranks it starts are the user's
     probes = node_probes_from_args(args)
     hang_timeout = hang_timeout_from_args(args)
@@ -229,12 +219,11 @@ def command_node(run: Work, nodes: Nodes, probes: NodeProbes) -> int:
     """A node other than the head: run its ranks and stream to the head, which records and shows the job;
     exit as the whole job ended. Its launcher log stays in a temporary folder where the job did not complete
     (the head's recording folder may be shared with this node: it is never written here)."""
-    from meshtop.runner.job.session import launch_of
-    from meshtop.runner.multinode.relay import serve_as_node
+    from meshtop.runner.session.relay import serve_as_node
 
     directory = Path(tempfile.mkdtemp(prefix=f"meshtop-node{nodes.rank}-"))
     status = serve_as_node(
-        launch_of(run, directory, nodes), nodes, session_dir=directory, out=sys.stdout, node_probes=probes
+        run.launch(directory, nodes), nodes, session_dir=directory, out=sys.stdout, node_probes=probes
     )
     if status == "completed":
         shutil.rmtree(directory, ignore_errors=True)

@@ -1,7 +1,7 @@
 """meshtop's bootstrap: attach meshtop's probes to a rank of a user's script before the script runs.
 
 meshtop puts this folder first on the ``PYTHONPATH`` of a script it launches
-(:func:`meshtop.runner.job.session.script_launch`), so every Python process of the job
+(:func:`meshtop.runner.session.session.script_launch`), so every Python process of the job
 imports this module at start-up. It does nothing but hand over to the user's
 own ``sitecustomize`` (there may be one further down the path, and it must
 still run) unless :data:`meshtop.runner.script.command.ATTACH_ENV` is set and the process is a

@@ -11,9 +11,11 @@ read that one fold.
 from __future__ import annotations
 
 import os
+import shlex
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Protocol
 
 from meshtop.probes.arrivals import Arrivals
 from meshtop.recordings.folding import FoldThread
@@ -39,11 +41,12 @@ from meshtop.recordings.recorder import Ending, SessionRecorder
 from meshtop.recordings.session_fold import Folded, SessionFold
 from meshtop.runner.job.control import JobControl
 from meshtop.runner.job.environment import Launch, builtin_launch, rank_environment
-from meshtop.runner.job.launch import NodeProbes, run_job
-from meshtop.runner.job.results import JobResult
+from meshtop.runner.job.launch import run_job
+from meshtop.runner.job.supervise import NodeProbes
 from meshtop.runner.multinode.fleet import Fleet, SingleNode
 from meshtop.runner.multinode.nodes import Nodes
-from meshtop.runner.plan import ResolvedRun
+from meshtop.runner.plan import ResolvedRun, recipe_words
+from meshtop.runner.results import JobResult
 from meshtop.runner.script.command import (
     ACTIVATIONS_ENV,
     ATTACH_ENV,
@@ -58,9 +61,63 @@ from meshtop.runner.script.command import (
 from meshtop.runner.serving.endpoint import EndpointRun
 from meshtop.runner.serving.run import run_endpoint
 
-Work = ResolvedRun | ScriptRun | EndpointRun
-"""What a session runs: the built-in runner's plan, a user's own script, or a load sent to a serving
+Run = ResolvedRun | ScriptRun | EndpointRun
+"""What the user asked to run: the built-in runner's plan, a user's own script, or a load sent to a serving
 endpoint."""
+
+
+class Work(Protocol):
+    """A run as a session runs it: each kind of :data:`Run` says how it is described, headed and run
+    (:func:`work_of` finds a run's). By default it is a job torchrun launches on this node, which
+    :func:`run_job` follows."""
+
+    def describe(self) -> RunDescription:
+        """The run description a recording of it holds."""
+        ...
+
+    def headline(self) -> str:
+        """The line ``record`` prints first."""
+        ...
+
+    def folder_name(self) -> str:
+        """The end of the name of a session's folder (after its time), e.g. ``dp2-tp1-pp1``."""
+        ...
+
+    def total_steps(self) -> int | None:
+        """Steps it runs, where it says."""
+        return None
+
+    def on_nodes(self, given: Callable[[], Nodes | None]) -> Nodes | None:
+        """The nodes it runs on: a script's, its torchrun options'; the others', meshtop's own (``given``)."""
+        return given()
+
+    def launch(self, directory: Path, nodes: Nodes | None = None) -> Launch:
+        """How it is launched on this node (a node other than the head launches its own ranks)."""
+        raise TypeError(f"{type(self).__name__} has no torchrun launch")
+
+    def run(
+        self,
+        directory: Path,
+        *,
+        on_events: Callable[[Arrivals], None],
+        on_described: Callable[[RunDescription], None],
+        node_probes: NodeProbes,
+        control: JobControl | None,
+        hang_timeout_s: float | None,
+        nodes: Nodes | None,
+    ) -> JobResult:
+        """Run it to its end, its events to ``on_events``; ``on_described`` gets its description again where
+        running it told more (a server's model and how it ran)."""
+        nodes = self.on_nodes(lambda: nodes)
+        return run_job(
+            self.launch(directory, nodes),
+            session_dir=directory,
+            on_events=on_events,
+            node_probes=node_probes,
+            control=control,
+            hang_timeout_s=hang_timeout_s,
+            fleet=Fleet(nodes) if nodes is not None else SingleNode(),
+        )
 
 
 def ending_of(result: JobResult) -> Ending:
@@ -94,26 +151,9 @@ def script_launch(script: ScriptRun) -> Launch:
     )
 
 
-def launch_of(work: Work, directory: Path, nodes: Nodes | None = None) -> Launch:
-    """How ``work`` is launched on this node (a script's nodes are its own torchrun options); a load sent to an
-    endpoint is not launched by torchrun (:func:`meshtop.runner.serving.run.run_endpoint`)."""
-    if isinstance(work, EndpointRun):
-        raise TypeError("an endpoint's load has no torchrun launch")
-    return builtin_launch(work, directory, nodes) if isinstance(work, ResolvedRun) else script_launch(work)
-
-
-def nodes_of(work: Work, nodes: Nodes | None) -> Nodes | None:
-    return work.nodes if isinstance(work, ScriptRun) else nodes
-
-
-def describe(work: Work) -> RunDescription:
-    """The run description a recording of ``work`` holds."""
-    if isinstance(work, ResolvedRun):
-        return work.describe()
-    if isinstance(work, EndpointRun):
-        return endpoint_description(work)
-    environment = environment_that_matters(rank_environment(script_launch(work)))
-    return script_description(work, environment)
+def describe(run: Run) -> RunDescription:
+    """The run description a recording of ``run`` holds."""
+    return work_of(run).describe()
 
 
 def endpoint_description(run: EndpointRun, server: ServerInfo | None = None) -> RunDescription:
@@ -179,11 +219,151 @@ def script_description(script: ScriptRun, environment: dict[str, str]) -> RunDes
     )
 
 
+def work_of(run: Run) -> Work:
+    """``run`` as a session runs it."""
+    if isinstance(run, ResolvedRun):
+        return BuiltinWork(run)
+    return ScriptWork(run) if isinstance(run, ScriptRun) else EndpointWork(run)
+
+
+@dataclass(frozen=True, slots=True)
+class BuiltinWork(Work):
+    """The built-in runner's model on a parallel plan: trained, or serving a load of requests."""
+
+    plan: ResolvedRun
+
+    def describe(self) -> RunDescription:
+        return self.plan.describe()
+
+    def headline(self) -> str:
+        run = self.plan
+        params = run.shape.parameter_count()
+        size = f"{params / 1e9:.1f}B" if params >= 1e9 else f"{params / 1e6:.1f}M"
+        recipe = recipe_words(run.dtype, run.precision, run.checkpoint)
+        start = f"meshtop: {run.plan_label()} · model {run.shape.name} ({size} params) · {run.device} {recipe} · "
+        if run.load is None:
+            length = (
+                f"{run.steps} steps"
+                if run.steps is not None
+                else f"steps until stopped ({run.time_limit_s or 0:g} s at most)"
+            )
+            return start + f"{run.world_size} ranks · {length} of {run.batch_size} x {run.seq_len} tokens"
+        load = run.load
+        arrivals = (
+            f"{load.concurrency} in flight"
+            if load.concurrency is not None
+            else f"{load.request_rate_per_s:g} req/s Poisson"
+        )
+        return start + (
+            f"{run.world_size} ranks · {load.requests} requests ({arrivals}), prompt {span(load.prompt_len)}, "
+            f"output {span(load.output_len)} tokens, max batch {load.max_batch}"
+        )
+
+    def folder_name(self) -> str:
+        run = self.plan
+        return f"{'fsdp' if run.fsdp else 'dp'}{run.dp}-tp{run.tp}-pp{run.pp}" + (
+            "-infer" if run.mode == "infer" else ""
+        )
+
+    def total_steps(self) -> int | None:
+        return self.plan.steps
+
+    def launch(self, directory: Path, nodes: Nodes | None = None) -> Launch:
+        return builtin_launch(self.plan, directory, nodes)
+
+
+@dataclass(frozen=True, slots=True)
+class ScriptWork(Work):
+    """A user's own script under torchrun (or ``accelerate launch``), meshtop's bootstrap first on its path."""
+
+    script: ScriptRun
+
+    def describe(self) -> RunDescription:
+        return script_description(self.script, environment_that_matters(rank_environment(script_launch(self.script))))
+
+    def headline(self) -> str:
+        run = self.script
+        label = script_plan(run.name, run.world_size, run.launcher).label
+        return f"meshtop: {label} · {run.device} · {shlex.join(run.command)}"
+
+    def folder_name(self) -> str:
+        return self.script.script.stem if self.script.script else str(self.script.module)
+
+    def on_nodes(self, given: Callable[[], Nodes | None]) -> Nodes | None:
+        return self.script.nodes
+
+    def launch(self, directory: Path, nodes: Nodes | None = None) -> Launch:
+        return script_launch(self.script)
+
+
+@dataclass(frozen=True, slots=True)
+class EndpointWork(Work):
+    """A load of requests sent to a serving endpoint (and the server meshtop starts for it, if asked)."""
+
+    endpoint: EndpointRun
+
+    def describe(self) -> RunDescription:
+        return endpoint_description(self.endpoint)
+
+    def headline(self) -> str:
+        run, sent = self.endpoint, self.endpoint.load
+        arrivals = (
+            f"{sent.concurrency} in flight"
+            if sent.concurrency is not None
+            else f"{sent.request_rate_per_s:g} req/s "
+            + ("Poisson" if sent.burstiness == 1 else f"gamma (burstiness {sent.burstiness:g})")
+        )
+        prompts = f"prompts from {sent.prompts}" if sent.prompts else f"prompt {span(sent.prompt_len)} words"
+        warmup = f" after {sent.warmup} warmup" if sent.warmup else ""
+        if sent.duration_s is not None:
+            warmup += f", for {sent.duration_s:g} s at most"
+        model = run.model or "(the server's)"
+        started = f" · started by meshtop: {shlex.join(run.server.command)}" if run.server is not None else ""
+        return (
+            f"meshtop: endpoint {run.origin.base} · {run.api} · model {model}{started} · {sent.requests} requests "
+            f"({arrivals}){warmup}, {prompts}, output {span(sent.output_len)} tokens"
+            + (f" · the load of {run.same_load}" if run.same_load else "")
+        )
+
+    def folder_name(self) -> str:
+        return f"endpoint-{self.endpoint.name}"
+
+    def run(
+        self,
+        directory: Path,
+        *,
+        on_events: Callable[[Arrivals], None],
+        on_described: Callable[[RunDescription], None],
+        node_probes: NodeProbes,
+        control: JobControl | None,
+        hang_timeout_s: float | None,
+        nodes: Nodes | None,
+    ) -> JobResult:
+        def resolved(run: EndpointRun, server: ServerInfo | None) -> None:
+            if self.endpoint.server is not None:  # the model and how the server ran: known only now
+                on_described(endpoint_description(run, server))
+
+        return run_endpoint(
+            self.endpoint,
+            session_dir=directory,
+            requests_path=directory / LOAD_FILE,
+            on_events=on_events,
+            node_probes=node_probes,
+            control=control,
+            on_resolved=resolved,
+        )
+
+
+def span(bounds: tuple[int, int]) -> str:
+    """``128`` for one length, ``64-128`` for a range."""
+    return str(bounds[0]) if bounds[0] == bounds[1] else f"{bounds[0]}-{bounds[1]}"
+
+
 def start_recording(directory: Path, run: Work, probes: NodeProbes, command_line: list[str]) -> Manifest:
     """Make ``directory`` a new recording with its starting manifest (status ``running``)."""
     new_recording(directory)
     manifest = start_manifest(
-        describe(run),
+        run.describe(),
         command_line=command_line,
         node_probes=SampleRates(gpu_hz=probes.gpu_hz, process_hz=probes.process_hz),
     )
@@ -213,7 +393,7 @@ def run_session(
     Every batch is folded once, into ``session`` (the session's fold, made here unless the front end made it
     to read it), which ``metrics`` (``--metrics-port``) reads; ``metrics`` counts each batch's events too. On
     many nodes this is the head's session (``nodes.rank`` 0): the other nodes' events come to it too
-    (:mod:`meshtop.runner.multinode.relay`).
+    (:mod:`meshtop.runner.session.relay`).
 
     ``on_events`` sees each batch after it is on disk and folded, with what the
     fold took of it (its tables, the job steps it completed), on the fold's own
@@ -221,7 +401,7 @@ def run_session(
     drains and writes); it decodes any other kind it needs. The recording is
     closed however the session ends, once every batch is folded.
     """
-    description = manifest.run if manifest is not None else describe(work)
+    description = manifest.run if manifest is not None else work.describe()
     session = session if session is not None else SessionFold(description)
     recorder = SessionRecorder(session, directory, manifest)
     if metrics is not None:
@@ -231,43 +411,26 @@ def run_session(
     ran: list[RunDescription] = []
     """The run as it turned out, where it says more than at its start."""
 
-    def pass_on(arrivals: Arrivals, folded: Folded) -> None:
+    def count_and_show(arrivals: Arrivals, folded: Folded) -> None:
         if metrics is not None:
             metrics.take(arrivals, folded)
         on_events(arrivals, folded)
 
-    folding = FoldThread(recorder, then=pass_on)
+    folding = FoldThread(recorder, count_and_show)
 
-    def deliver(arrivals: Arrivals) -> None:
+    def record_and_fold(arrivals: Arrivals) -> None:
         recorder.write(arrivals)  # on disk first, then folded on the fold's own thread
         folding.put(arrivals)
 
     try:
-        if isinstance(work, EndpointRun):
-
-            def resolved(run: EndpointRun, server: ServerInfo | None) -> None:
-                if work.server is not None:  # the model and how the server ran: known only now
-                    ran.append(endpoint_description(run, server))
-
-            result = run_endpoint(
-                work,
-                session_dir=directory,
-                requests_path=directory / LOAD_FILE,
-                on_events=deliver,
-                node_probes=node_probes,
-                control=control,
-                on_resolved=resolved,
-            )
-            return result
-        nodes = nodes_of(work, nodes)
-        result = run_job(
-            launch_of(work, directory, nodes),
-            session_dir=directory,
-            on_events=deliver,
+        result = work.run(
+            directory,
+            on_events=record_and_fold,
+            on_described=ran.append,
             node_probes=node_probes,
             control=control,
             hang_timeout_s=hang_timeout_s,
-            fleet=Fleet(nodes) if nodes is not None else SingleNode(),
+            nodes=nodes,
         )
     except KeyboardInterrupt:
         broken = Ending(status="interrupted", duration_s=None)

@@ -31,13 +31,14 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from meshtop.probes.arrivals import Arrival, Arrivals, EncodedEvents, event_count
-from meshtop.probes.events import Event
+from meshtop.probes.events import FORWARDED_KINDS, Event
 from meshtop.probes.wire import FrameError, event_sections, pack, read_frame
 from meshtop.runner.job.control import JobControl
 from meshtop.runner.job.environment import Launch
-from meshtop.runner.job.launch import NodeProbes, run_job
-from meshtop.runner.job.results import JobResult
+from meshtop.runner.job.launch import run_job
+from meshtop.runner.job.supervise import NodeProbes
 from meshtop.runner.multinode.nodes import HeadAddress, Nodes, find_head
+from meshtop.runner.results import JobResult
 
 PING_S = 0.5
 CLOCK_EVERY_S = 10.0
@@ -50,8 +51,6 @@ FRAME_EVENTS = 5_000
 MAX_QUEUED = 1_000_000
 """Events held for the head at most; more are counted as dropped."""
 CONNECT_S = 5.0
-NOT_FORWARDED = frozenset({"rank_exited", "job_ended"})
-"""This node's own view of how its ranks ended: the ``bye`` carries it, and the head records the job's."""
 
 
 class HeadLost(Exception):
@@ -104,7 +103,7 @@ class Relay:
         ended goes in the last word instead (the head decides how the job ended)."""
         with self._lock:
             for item in arrivals.items:
-                if item.kind in NOT_FORWARDED and not isinstance(item, EncodedEvents):
+                if item.kind not in FORWARDED_KINDS and not isinstance(item, EncodedEvents):
                     continue
                 count = event_count(item)
                 if self._queued + count > MAX_QUEUED:

@@ -3,7 +3,6 @@ read from the session's fold (the one the manifest, ``/metrics`` and the recordi
 
 from __future__ import annotations
 
-import shlex
 import signal
 import time
 from collections.abc import Callable
@@ -12,75 +11,22 @@ from typing import TextIO
 
 from meshtop.probes.arrivals import Arrivals
 from meshtop.probes.events import FOLDED_KINDS, PRINTED_KINDS, PROGRESS_KINDS
-from meshtop.recordings.manifest import Manifest, script_plan
+from meshtop.recordings.manifest import Manifest
 from meshtop.recordings.metrics.requests import RequestFigures
 from meshtop.recordings.metrics.steps import JobStep, StepFigures
 from meshtop.recordings.notices import Notices
 from meshtop.recordings.prometheus import RunMetrics
 from meshtop.recordings.session_fold import Folded, SessionFold
 from meshtop.runner.job.control import JobControl
-from meshtop.runner.job.launch import NodeProbes
-from meshtop.runner.job.results import JobResult
-from meshtop.runner.job.session import Work, describe, run_session
+from meshtop.runner.job.supervise import NodeProbes
 from meshtop.runner.multinode.nodes import Nodes
-from meshtop.runner.plan import ResolvedRun, recipe_words
-from meshtop.runner.script.command import ScriptRun
-from meshtop.runner.serving.endpoint import EndpointRun
+from meshtop.runner.results import JobResult
+from meshtop.runner.session.session import Work, run_session
 
 PROGRESS_LINES = 20
 """About this many step lines per run, evenly spaced..."""
 QUIET_LIMIT_S = 5.0
 """...but never longer than this without one."""
-
-
-def headline(run: Work) -> str:
-    if isinstance(run, EndpointRun):
-        sent = run.load
-        arrivals = (
-            f"{sent.concurrency} in flight"
-            if sent.concurrency is not None
-            else f"{sent.request_rate_per_s:g} req/s "
-            + ("Poisson" if sent.burstiness == 1 else f"gamma (burstiness {sent.burstiness:g})")
-        )
-        prompts = f"prompts from {sent.prompts}" if sent.prompts else f"prompt {span(sent.prompt_len)} words"
-        warmup = f" after {sent.warmup} warmup" if sent.warmup else ""
-        if sent.duration_s is not None:
-            warmup += f", for {sent.duration_s:g} s at most"
-        model = run.model or "(the server's)"
-        started = f" · started by meshtop: {shlex.join(run.server.command)}" if run.server is not None else ""
-        return (
-            f"meshtop: endpoint {run.origin.base} · {run.api} · model {model}{started} · {sent.requests} requests "
-            f"({arrivals}){warmup}, {prompts}, output {span(sent.output_len)} tokens"
-            + (f" · the load of {run.same_load}" if run.same_load else "")
-        )
-    if isinstance(run, ScriptRun):
-        label = script_plan(run.name, run.world_size, run.launcher).label
-        return f"meshtop: {label} · {run.device} · {shlex.join(run.command)}"
-    params = run.shape.parameter_count()
-    size = f"{params / 1e9:.1f}B" if params >= 1e9 else f"{params / 1e6:.1f}M"
-    recipe = recipe_words(run.dtype, run.precision, run.checkpoint)
-    start = f"meshtop: {run.plan_label()} · model {run.shape.name} ({size} params) · {run.device} {recipe} · "
-    if run.load is None:
-        length = (
-            f"{run.steps} steps"
-            if run.steps is not None
-            else f"steps until stopped ({run.time_limit_s or 0:g} s at most)"
-        )
-        return start + f"{run.world_size} ranks · {length} of {run.batch_size} x {run.seq_len} tokens"
-    load = run.load
-    arrivals = (
-        f"{load.concurrency} in flight"
-        if load.concurrency is not None
-        else f"{load.request_rate_per_s:g} req/s Poisson"
-    )
-    return start + (
-        f"{run.world_size} ranks · {load.requests} requests ({arrivals}), prompt {span(load.prompt_len)}, "
-        f"output {span(load.output_len)} tokens, max batch {load.max_batch}"
-    )
-
-
-def span(bounds: tuple[int, int]) -> str:
-    return str(bounds[0]) if bounds[0] == bounds[1] else f"{bounds[0]}-{bounds[1]}"
 
 
 def step_line(step: JobStep, total: int | None) -> str:
@@ -238,14 +184,14 @@ def follow_job(
     SIGUSR1 to meshtop dumps every rank's Python stack (py-spy) to ``out``
     and, when recording, into the recording.
     """
-    print(headline(run), file=out, flush=True)
+    print(run.headline(), file=out, flush=True)
     control = JobControl()
     previous_usr1 = signal.signal(signal.SIGUSR1, lambda signum, frame: control.ask_stacks())
     received = 0
-    progress = Progress(run.steps if isinstance(run, ResolvedRun) else None, out)
+    progress = Progress(run.total_steps(), out)
     # /metrics reads every figure live; without it the console and the manifest read steps and requests only
     kinds = FOLDED_KINDS if metrics is not None else PROGRESS_KINDS
-    session = SessionFold(manifest.run if manifest is not None else describe(run), kinds=kinds)
+    session = SessionFold(manifest.run if manifest is not None else run.describe(), kinds=kinds)
     inference = session.run.inference
     notices = Notices()
 
