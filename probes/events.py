@@ -599,7 +599,8 @@ class KindRole:
     """Tens a rank a step (collectives, stage actions): decoded a column at a time, and the part of a batch a live
     view leaves out, counted and said, when it cannot keep up."""
     folded: bool
-    """It changes a figure of the metrics core (:class:`meshtop.recordings.metrics.run.RunFold`)."""
+    """It changes a figure of the metrics core (:class:`meshtop.recordings.metrics.run.RunFold`), or a rank's
+    place in its lifecycle, which the core follows (started, where; exited, how)."""
     shown: bool
     """The live dashboard reads it; a live screen decodes no other kind."""
     progress: bool
@@ -645,7 +646,7 @@ _ROLES: tuple[tuple[str, str], ...] = (
     ("stack_dump",     "  s n w 1"),
     ("hang",           "  s n w 1"),
     ("flight_verdict", "  s n w 1"),
-    ("rank_exited",    "  s     1"),
+    ("rank_exited",    "f s     1"),
     ("job_ended",      "f s p   1"),
     ("node_clock",     "      w 1"),
 )

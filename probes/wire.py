@@ -30,7 +30,7 @@ from typing import Any, TypeGuard
 import numpy as np
 
 from meshtop.probes.arrivals import EncodedEvents, encode_lines
-from meshtop.probes.events import EVENT_TYPES, Event
+from meshtop.probes.events import EVENT_TYPES, KINDS, Event
 
 HEADER = struct.Struct(">I")
 MAX_FRAME_BYTES = 8 * 1024 * 1024
@@ -65,19 +65,16 @@ def pack(header: dict[str, Any], body: bytes = b"") -> bytes:
     return HEADER.pack(len(payload)) + payload
 
 
-FIRST_KINDS = frozenset({"rank_started"})
-LAST_KINDS = frozenset({"step", "request"})
-"""Kinds that close what a rank sent before them in the same message."""
-
-
-def section_order(kind: str) -> int:
-    return 0 if kind in FIRST_KINDS else 2 if kind in LAST_KINDS else 1
+def _section(kind: str) -> int:
+    """Where ``kind`` goes in a rank's message (a kind meshtop does not know: between)."""
+    role = KINDS.get(kind)
+    return 1 if role is None else role.section
 
 
 def event_sections(events: Iterable[Event], encoded: Iterable[EncodedEvents] = ()) -> tuple[list[list[Any]], bytes]:
     """The ``sections`` of a message holding ``events`` and the ``encoded`` blocks, and its body: grouped by
     kind, each kind in the order it was emitted (the events before the blocks), the kinds in
-    :func:`section_order` (then in the order they first came)."""
+    :attr:`~meshtop.probes.events.KindRole.section` order (then in the order they first came)."""
     by_kind: dict[str, list[Event]] = {}
     for event in events:
         by_kind.setdefault(event.kind, []).append(event)
@@ -86,7 +83,7 @@ def event_sections(events: Iterable[Event], encoded: Iterable[EncodedEvents] = (
     for block in encoded:
         lines_of.setdefault(block.kind, []).append(block.lines)
         counts[block.kind] = counts.get(block.kind, 0) + block.count
-    kinds = sorted(lines_of, key=section_order)  # stable: first come first among equals
+    kinds = sorted(lines_of, key=_section)  # stable: first come first among equals
     bodies = [b"".join(lines_of[kind]) for kind in kinds]
     return [[kind, counts[kind], len(body)] for kind, body in zip(kinds, bodies, strict=True)], b"".join(bodies)
 

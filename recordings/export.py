@@ -122,8 +122,9 @@ def _rows(recording: Recording, kind: str, part: TracePart, window: tuple[int, i
     return table
 
 
-ROW_KINDS = ("step", "stage_action", "collective", "memory", "request", "process", "gpu")
-"""The kinds whose rows become trace events, in the trace's order."""
+TRACE_KINDS = ("step", "stage_action", "collective", "memory", "request", "process", "gpu")
+"""The kinds whose rows become trace events, in the trace's order: the trace's own (a step's slice above the work
+it spans, then the samples), not the fold's (:data:`~meshtop.probes.events.FOLD_ORDER`)."""
 
 
 def trace_events(recording: Recording, part: TracePart = TracePart()) -> list[dict[str, Any]]:
@@ -147,7 +148,7 @@ def trace_events(recording: Recording, part: TracePart = TracePart()) -> list[di
         )
         for track, tid in TRACKS.items():
             events.append({"ph": "M", "name": "thread_name", "pid": rank, "tid": tid, "args": {"name": track}})
-    for kind in ROW_KINDS:
+    for kind in TRACE_KINDS:
         rows = _rows(recording, kind, part, window).to_pylist()
         events += row_events(kind, rows, many_nodes=len(nodes) > 1)
     events += server_events(recording)
@@ -155,7 +156,7 @@ def trace_events(recording: Recording, part: TracePart = TracePart()) -> list[di
 
 
 def row_events(kind: str, rows: list[dict[str, Any]], *, many_nodes: bool) -> list[dict[str, Any]]:
-    """The trace events of ``rows`` of ``kind`` (one of :data:`ROW_KINDS`; ``many_nodes``: a GPU's track names
+    """The trace events of ``rows`` of ``kind`` (one of :data:`TRACE_KINDS`; ``many_nodes``: a GPU's track names
     its node)."""
     if kind == "request":
         return request_events(rows)
@@ -263,7 +264,7 @@ def estimated_bytes(recording: Recording, part: TracePart = TracePart()) -> int:
     window = _window(recording, part)
     many_nodes = len(recording.manifest.nodes) > 1
     total = 0
-    for kind in ROW_KINDS:
+    for kind in TRACE_KINDS:
         table = _rows(recording, kind, part, window)
         if not table.num_rows:
             continue

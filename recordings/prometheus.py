@@ -9,10 +9,12 @@ Two kinds of series, each value defined where the rest of meshtop defines it:
   (:class:`meshtop.recordings.metrics.run.RunFigures`);
   requests by how they ended and their TTFT / TPOT / E2E histograms (the fold's
   :class:`meshtop.recordings.metrics.requests.RequestFold`: a request reported twice counts once);
+  each rank's state (the ranks' lifecycle as the fold follows it: where each started, how it exited), and each
+  GPU's samples and its latest readings (the fold's :class:`meshtop.recordings.metrics.gpus.GpuFold`);
 - counted as events arrive (counters and histograms of what the fold keeps no per-event series of): each
   collective's in-flight seconds and bytes per op, group and node (:class:`meshtop.probes.events.CollectiveTiming`,
-  from the tables the session's fold decoded: the rows it keeps, inside a step, as the core counts them), GPU
-  samples and dropped events, and the latest GPU readings and each rank's state.
+  from the tables the session's fold decoded: the rows it keeps, inside a step, as the core counts them), and
+  dropped events.
 
 Base units (seconds, bytes, ratios 0-1), ``_total`` counters, and labels bounded by the job's shape
 (groups, ops, stages, nodes, GPUs). Per rank only the series that need a rank: whether it runs, its step time
@@ -45,13 +47,7 @@ from prometheus_client.utils import floatToGoString
 
 from meshtop.probes.arrivals import Arrivals
 from meshtop.probes.errors import MeshtopError
-from meshtop.probes.events import (
-    Event,
-    EventsDropped,
-    GpuSample,
-    RankExited,
-    RankStarted,
-)
+from meshtop.probes.events import Event, EventsDropped
 from meshtop.recordings.manifest import RunDescription
 from meshtop.recordings.metrics.attention import WINDOW
 from meshtop.recordings.metrics.figures import RunFigures
@@ -70,10 +66,6 @@ REQUEST_SERIES = (
     ("e2e_s", "meshtop_request_e2e_seconds", "Request latency, arrival to last token"),
 )
 """Each request latency served as a histogram: the fold's key, the series, its help."""
-COUNTED_KINDS = frozenset({"collective", "gpu", "events_dropped", "rank_started", "rank_exited"})
-"""The kinds counted as they arrive (the session's fold gives the rest)."""
-SMALL_KINDS = COUNTED_KINDS - {"collective"}
-"""Counted as events: a few a second, where collectives come by the thousand (counted from their table)."""
 
 
 prometheus_client.disable_created_metrics()  # no `_created` series: a scrape holds the figures and nothing else
@@ -96,10 +88,6 @@ class RunMetrics:
         """The fold the gauges read (until the session gives it: no figure yet)."""
         self.registry = CollectorRegistry(auto_describe=False)
         self._lock = threading.Lock()
-        self._ranks: dict[int, RankStarted] = {}
-        self._exits: dict[int, RankExited] = {}
-        self._gpus: dict[tuple[int, int], GpuSample] = {}
-        self._hosts: dict[int, str] = {}
         registry = self.registry
         where = ["op", "group", "node", "rank"] if per_rank else ["op", "group", "node"]
         self.collective_seconds = Histogram(
@@ -111,9 +99,6 @@ class RunMetrics:
         )
         self.collective_bytes = Counter(
             "meshtop_collective_bytes", "Bytes the collectives moved", where, registry=registry
-        )
-        self.gpu_samples = Counter(
-            "meshtop_gpu_samples", "NVML readings taken", ["gpu", "UUID", "Hostname"], registry=registry
         )
         self.dropped = Counter(
             "meshtop_events_dropped", "Telemetry events lost to a full buffer", ["where"], registry=registry
@@ -128,60 +113,53 @@ class RunMetrics:
 
     def take(self, arrivals: Arrivals, folded: Folded) -> None:
         """What a live session delivered: its collectives from the tables its fold decoded (``folded``: no
-        second decoding), the other kinds of :data:`COUNTED_KINDS` from ``arrivals``."""
+        second decoding), its reports of dropped events from ``arrivals``. These two are counted as they come:
+        the fold keeps no series of each operation, and none of the drops."""
         collectives = [(kind, table) for kind, table in folded.tables if kind == "collective"]
         with self._lock:
-            for event in arrivals.events(SMALL_KINDS):  # first: a rank's start says its node to its collectives
-                self._count(event)
+            self._count_dropped(arrivals.events({"events_dropped"}))
             self._count_collectives(collectives)
 
     def count(self, tables: Iterable[tuple[str, pa.Table]]) -> None:
-        """Tables of events, in the order a replay plays them: those of :data:`COUNTED_KINDS` counted."""
+        """Tables of events, in the order a replay plays them: the collectives and dropped events counted."""
         with self._lock:
             for kind, table in tables:
                 if kind == "collective":
                     self._count_collectives([(kind, table)])
-                elif kind in SMALL_KINDS:
-                    for event in events_of(kind, table):
-                        self._count(event)
+                elif kind == "events_dropped":
+                    self._count_dropped(events_of(kind, table))
 
     def _count_collectives(self, tables: Iterable[tuple[str, pa.Table]]) -> None:
         """Each collective the fold keeps (a rank of the job, an end after its start) inside a step (set-up
         and tear-down are outside every step, as the metrics core counts them)."""
         for _, table in tables:
+            nodes: dict[int, int] = {}
             if self.session is not None:
-                with self.session.reading() as fold:
-                    table = fold.plausible("collective", table)
+                with self.session.reading() as fold:  # a rank's start, folded first, says its node
+                    table, nodes = fold.of_the_job("collective", table), dict(fold.nodes)
             table = table.filter(pc.is_valid(table.column("step")))
             columns = table.select(["op", "group", "rank", "start_ns", "end_ns", "bytes"]).to_pydict()
             for op, group, rank, start_ns, end_ns, size in zip(*columns.values(), strict=True):
-                node = str(self._ranks[rank].node) if rank in self._ranks else ""
+                node = str(nodes[rank]) if rank in nodes else ""
                 labels = (op, group, node, str(rank)) if self.per_rank else (op, group, node)
                 self.collective_seconds.labels(*labels).observe((end_ns - start_ns) / 1e9)
                 self.collective_bytes.labels(*labels).inc(size)
 
-    def _count(self, event: Event) -> None:
-        if isinstance(event, GpuSample):
-            self._gpus[event.node, event.gpu] = event
-            self.gpu_samples.labels(*self._gpu_labels(event)).inc()
-        elif isinstance(event, EventsDropped):
-            self.dropped.labels(event.where).inc(event.count)
-        elif isinstance(event, RankStarted):
-            self._ranks[event.rank] = event
-            self._hosts.setdefault(event.node, event.host)
-        elif isinstance(event, RankExited):
-            self._exits[event.rank] = event
-
-    def _gpu_labels(self, sample: GpuSample) -> tuple[str, str, str]:
-        return str(sample.gpu), sample.uuid or "", self._hosts.get(sample.node, "")
+    def _count_dropped(self, events: Iterable[Event]) -> None:
+        for event in events:
+            if isinstance(event, EventsDropped):
+                self.dropped.labels(event.where).inc(event.count)
 
     # -- read at each scrape ----------------------------------------------------------------------
 
     def gauges(self) -> Iterator[Any]:
         """The series read from the fold (every family, empty before the session gives its fold)."""
-        with self._lock:
-            ranks, exits, gpus = dict(self._ranks), dict(self._exits), dict(self._gpus)
         figures, steps, buckets, total_s = None, 0, [0] * len(STEP_BUCKETS), 0.0
+        ranks: dict[int, tuple[str, str]] = {}
+        """Each rank that started: its host and node."""
+        exits: dict[int, int | None] = {}
+        gpus: list[tuple[tuple[str, str, str], int, dict[str, Any]]] = []
+        """Each GPU's labels, samples and last readings."""
         rank_steps: dict[int, float] = {}
         ended: dict[str, int] = {}
         latencies = {key: ([0] * len(REQUEST_BUCKETS), 0, 0.0) for key, _, _ in REQUEST_SERIES}
@@ -189,6 +167,11 @@ class RunMetrics:
             with self.session.reading() as fold:
                 figures = fold.figures()
                 rank_steps = fold.recent_by_rank.medians("step")
+                ranks = {rank: (fold.hosts.get(node, ""), str(node)) for rank, node in fold.nodes.items()}
+                exits = dict(fold.exits)
+                for row in fold.gpus.rows():
+                    last = fold.gpus.last[row.node, row.gpu]
+                    gpus.append(((str(row.gpu), last["uuid"] or "", fold.hosts.get(row.node, "")), row.samples, last))
                 steps, buckets, total_s = (
                     fold.steps.count,
                     fold.steps.durations_s.counts_at_most(STEP_BUCKETS),
@@ -234,18 +217,18 @@ class RunMetrics:
             "How an exited rank ended (negative: a signal)",
             labels=["rank", "Hostname", "node"],
         )
-        for rank, started in sorted(ranks.items()):
-            labels = [str(rank), started.host, str(started.node)]
+        for rank, (host, node) in sorted(ranks.items()):
+            labels = [str(rank), host, node]
             state.add_metric(labels, 0 if rank in exits else 1)
             if rank in rank_steps:
                 rank_step.add_metric(labels, rank_steps[rank])
-            if rank in exits and exits[rank].exit_code is not None:
-                code.add_metric(labels, exits[rank].exit_code)  # type: ignore[arg-type]
+            if (exit_code := exits.get(rank)) is not None:
+                code.add_metric(labels, exit_code)
         yield state
         yield code
         yield rank_step
 
-    def _figures(self, figures: RunFigures | None, ranks: dict[int, RankStarted]) -> Iterator[GaugeMetricFamily]:
+    def _figures(self, figures: RunFigures | None, ranks: dict[int, tuple[str, str]]) -> Iterator[GaugeMetricFamily]:
         rate = GaugeMetricFamily("meshtop_tokens_per_second", "Tokens per second, p50 of the steps")
         mfu = GaugeMetricFamily("meshtop_mfu_ratio", "Model FLOPs utilisation (GPU runs with a known peak)")
         busbw = GaugeMetricFamily(
@@ -280,14 +263,21 @@ class RunMetrics:
                 bubble.add_metric([str(stage.stage)], stage.bubble_fraction)
             for memory_row in figures.memory:
                 rank = memory_row.rank
-                where = [ranks[rank].host, str(ranks[rank].node)] if rank in ranks else ["", ""]
+                where = list(ranks.get(rank, ("", "")))
                 for category in ("peak", "weights", "grads", "optimizer", "activations", "kv_cache"):
                     value = getattr(memory_row, f"{category}_bytes")
                     if value is not None:
                         memory.add_metric([str(rank), *where, category], value)
         yield from (rate, mfu, busbw, share, bubble, memory)
 
-    def _gpu_gauges(self, gpus: dict[tuple[int, int], GpuSample]) -> Iterator[GaugeMetricFamily]:
+    def _gpu_gauges(
+        self, gpus: list[tuple[tuple[str, str, str], int, dict[str, Any]]]
+    ) -> Iterator[CounterMetricFamily | GaugeMetricFamily]:
+        """Each GPU's samples taken and its last readings, labelled as the DCGM exporter labels its own."""
+        samples = CounterMetricFamily("meshtop_gpu_samples", "NVML readings taken", labels=["gpu", "UUID", "Hostname"])
+        for labels, count, _ in gpus:
+            samples.add_metric(list(labels), count)
+        yield samples
         series = (
             ("meshtop_gpu_utilization_ratio", "GPU busy share (NVML)", "utilization_pct", 0.01),
             ("meshtop_gpu_memory_used_bytes", "GPU memory in use (NVML)", "memory_used_bytes", 1.0),
@@ -297,10 +287,9 @@ class RunMetrics:
         )
         for name, documentation, field, scale in series:
             family = GaugeMetricFamily(name, documentation, labels=["gpu", "UUID", "Hostname"])
-            for sample in gpus.values():
-                value = getattr(sample, field)
-                if value is not None:
-                    family.add_metric(list(self._gpu_labels(sample)), value * scale)
+            for labels, _, last in gpus:
+                if last[field] is not None:
+                    family.add_metric(list(labels), last[field] * scale)
             yield family
 
     def exposition(self) -> bytes:

@@ -16,50 +16,21 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from meshtop.probes.events import FOLD_ORDER
 from meshtop.recordings.reader import Recording
-
-KIND_ORDER = (
-    "rank_started",
-    "nvml_state",
-    "gpu_link",
-    "probe_off",
-    "collective",
-    "stage_action",
-    "memory",
-    "process",
-    "gpu",
-    "server_state",
-    "server_metric",
-    "request",
-    "rank_progress",
-    "step",
-    "sampler_error",
-    "events_dropped",
-    "frames_refused",
-    "stack_dump",
-    "hang",
-    "flight_verdict",
-    "rank_exited",
-    "job_ended",
-)
-"""The order kinds are folded in within one slice: starts first (a rank's position before its work), a step
-after the work it closes, the end last."""
-
-
-KIND_RANK = {kind: index for index, kind in enumerate(KIND_ORDER)}
 
 
 def in_kind_order(batches: Iterable[tuple[str, pa.Table]]) -> list[tuple[str, pa.Table]]:
-    """(kind, table) batches as one table per kind, in :data:`KIND_ORDER`: a slice of time (a replay's, or a
-    live frame's) folded kind by kind, each fold called once per kind. A kind's tables may differ in columns
-    (a live fold behind reads steps without their phase times): the one table has them all, null where a
-    table had not read them."""
+    """(kind, table) batches as one table per kind, in the fold's order (:data:`~meshtop.probes.events.FOLD_ORDER`):
+    a slice of time (a replay's, or a live frame's) folded kind by kind, each fold called once per kind. A kind's
+    tables may differ in columns (a live fold behind reads steps without their phase times): the one table has
+    them all, null where a table had not read them."""
     tables: dict[str, list[pa.Table]] = {}
     for kind, table in batches:
         tables.setdefault(kind, []).append(table)
     return [
         (kind, parts[0] if len(parts) == 1 else pa.concat_tables(parts, promote_options="default"))
-        for kind, parts in sorted(tables.items(), key=lambda item: KIND_RANK.get(item[0], 0))
+        for kind, parts in sorted(tables.items(), key=lambda item: FOLD_ORDER.get(item[0], 0))
     ]
 
 
@@ -157,7 +128,7 @@ def load_timeline(recording: Recording) -> Timeline:
     """Every table the recording holds, each sorted by event time."""
     kinds = []
     present = set(recording.kinds())
-    for kind in (k for k in KIND_ORDER if k in present):
+    for kind in (k for k in FOLD_ORDER if k in present):
         table = recording.arrow(kind)
         if not len(table):
             continue

@@ -28,7 +28,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.json as pa_json
 
-from meshtop.probes.events import EVENT_TYPES, Event, event_from_record
+from meshtop.probes.events import EVENT_TYPES, FOLD_ORDER, Event, event_from_record
 
 INT64_RANGE = (-(1 << 63), (1 << 63) - 1)
 ARROW_JSON_FROM_BYTES = 256 << 10
@@ -315,30 +315,27 @@ def conform(kind: str, table: pa.Table, names: Sequence[str] | None = None) -> p
 
 
 def table_of(events: Sequence[Event]) -> pa.Table:
-    """Events of one kind as their table."""
+    """Events of one kind as their table: the door where event objects come in (meshtop's own events, tests);
+    the fold and every reader past it take tables only."""
     kind = events[0].kind
     records = [event.to_record() for event in events]
     return pa.Table.from_pylist(records, schema=schema(kind))
 
 
+def tables_of(events: Iterable[Event]) -> list[tuple[str, pa.Table]]:
+    """Events of any kinds as one table a kind (:func:`table_of`), in the fold's order
+    (:data:`~meshtop.probes.events.FOLD_ORDER`): a rank's start before its work, a step after the work it
+    closes."""
+    by_kind: dict[str, list[Event]] = {}
+    for event in events:
+        by_kind.setdefault(event.kind, []).append(event)
+    return [(kind, table_of(by_kind[kind])) for kind in sorted(by_kind, key=FOLD_ORDER.__getitem__)]
+
+
 def events_of(kind: str, table: pa.Table) -> list[Event]:
-    """The rows of ``kind``'s table as event objects."""
+    """The rows of ``kind``'s table as event objects (for a reader that handles a few rows one at a time)."""
     events = []
     for record in table.to_pylist():
         record["kind"] = kind
         events.append(event_from_record(record))
     return events
-
-
-def batches_of(events: Iterable[Event]) -> list[tuple[str, pa.Table]]:
-    """Events as (kind, table) for each run of consecutive events of one kind, in order."""
-    out: list[tuple[str, pa.Table]] = []
-    run: list[Event] = []
-    for event in events:
-        if run and event.kind != run[0].kind:
-            out.append((run[0].kind, table_of(run)))
-            run = []
-        run.append(event)
-    if run:
-        out.append((run[0].kind, table_of(run)))
-    return out

@@ -15,8 +15,7 @@ from __future__ import annotations
 
 import copy
 import threading
-import time
-from collections import Counter, deque
+from collections import Counter
 from collections.abc import Collection, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -25,45 +24,17 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from meshtop.probes.arrivals import Arrival, Arrivals, EncodedEvents, event_count
-from meshtop.probes.events import Event
+from meshtop.probes.arrivals import Arrivals, EncodedEvents
+from meshtop.probes.events import BULK_KINDS, FOLDED_KINDS, Event
 from meshtop.recordings.clock import on_head
 from meshtop.recordings.manifest import RunDescription
 from meshtop.recordings.metrics.figures import RunFigures
-from meshtop.recordings.metrics.run import COLUMNAR, EVENT_KINDS, RunFold
+from meshtop.recordings.metrics.run import RunFold
 from meshtop.recordings.metrics.steps import PHASE_TIMES, JobStep
 from meshtop.recordings.replay import in_kind_order
-from meshtop.recordings.schema import batches_of, decode_lines
+from meshtop.recordings.schema import decode_lines, table_of
 
 Batch = tuple[str, pa.Table]
-FOLDED_KINDS = COLUMNAR | EVENT_KINDS
-"""The kinds whose events change a figure."""
-PROGRESS_KINDS = frozenset({"step", "rank_started", "request", "job_ended"})
-"""The kinds job steps, requests and the world size come from: all that ``record``'s console and the
-manifest read. Decoding and folding the others (collectives above all) would halve what ``record`` takes
-in (docs/benchmarks.md), for figures nobody reads until ``summary`` reads the recording."""
-
-
-BULK_KINDS = COLUMNAR
-"""Collectives and stage actions: 42 of the 44 events a rank sends a step, what a live fold leaves out when
-it cannot keep up."""
-FOLD_SHARE = 0.5
-"""The most of its thread's time a live fold may take: a batch whose fold would take more (at the cost per
-event of the last batches folded whole) is folded without the bulk kinds. Past it the thread that receives
-the events would fall behind, and the collector refuse what it cannot queue: lost to the recording too."""
-SHARE_WINDOW_S = 1.0
-"""The span a live fold's share is judged over: its CPU in the takes of the last second, and the batch's
-estimated cost, against the share of that second (or of the time since the last take, if longer). Judged a
-batch at a time, against the time since the take before alone, two batches taken back to back (the second a
-few ms after the first began) looked behind: at 64 ranks and 10,000 events a second a fold busy 15 % of its
-time left the bulk of one batch in seven out."""
-PROBE_S = 2.0
-"""A fold that has left the bulk kinds out this long folds the next batch whole, to measure its cost again:
-an estimate once too high (a first batch folded cold, its imports and all) would keep them out for good."""
-PROBE_EVENTS = 20_000
-"""The most bulk events such a probe folds (the batch's first blocks; the rest are left out and counted): at a
-thousand ranks a batch holds 100,000 of them and more, and folding all of them to measure the cost again held
-the dashboard's steps back half a second every :data:`PROBE_S`."""
 
 Clock = tuple[int | None, int]
 """Where a block's times are: (the node that streamed it, its offset), ``(None, 0)`` on this machine's clock."""
@@ -92,7 +63,8 @@ def arrival_tables(
     for kind in order:
         left = (without or {}).get(kind, frozenset())
         batches += [(kind, table) for table in _decoded(kind, blocks.get(kind, {}), left)]
-        batches.extend((kind, table.drop_columns(list(left))) for kind, table in batches_of(made.get(kind, [])))
+        if kind in made:
+            batches.append((kind, table_of(made[kind]).drop_columns(list(left))))
     return batches
 
 
@@ -167,39 +139,27 @@ class Folded:
     steps: list[JobStep]
     """The job steps the batch completed, in order."""
     left_out: frozenset[str] = frozenset()
-    """Kinds of the fold's that it left out of this batch to keep up (:data:`BULK_KINDS`; recorded all the same)."""
+    """Kinds of the fold's left out of this batch to keep up (the bulk kinds, :mod:`meshtop.recordings.folding`;
+    recorded all the same)."""
 
 
 class SessionFold:
     """A run's one fold and the lock its readers share.
 
-    It folds the kinds its readers read (``kinds``): every figure (:data:`FOLDED_KINDS`) where a dashboard
-    or ``/metrics`` reads it, only :data:`PROGRESS_KINDS` for a headless ``record`` without ``/metrics``,
-    whose figures are read from the recording when the job ends."""
+    It folds the kinds its readers read (``kinds``): every figure (:data:`~meshtop.probes.events.FOLDED_KINDS`)
+    where a dashboard or ``/metrics`` reads it, only :data:`~meshtop.probes.events.PROGRESS_KINDS` for a
+    headless ``record`` without ``/metrics``, whose figures are read from the recording when the job ends:
+    decoding and folding the others (collectives above all) would halve what ``record`` takes in, for figures
+    nobody reads until ``summary`` reads the recording."""
 
-    def __init__(
-        self, run: RunDescription, *, kinds: Collection[str] = FOLDED_KINDS, share: float | None = None
-    ) -> None:
+    def __init__(self, run: RunDescription, *, kinds: Collection[str] = FOLDED_KINDS) -> None:
         self.fold = RunFold(run)
         self.kinds = frozenset(kinds)
-        self.share = share
-        """The most of its thread's time :meth:`take` spends folding before it leaves :data:`BULK_KINDS` out
-        (``None``: never; a live session's is :data:`FOLD_SHARE`)."""
         self.left_out: Counter[str] = Counter()
-        """Events of :data:`BULK_KINDS` left out to keep up, by kind (the recording has them)."""
+        """Events of the bulk kinds left out of a live fold to keep up, by kind (the recording has them)."""
         self.lock = threading.RLock()
         self._steps_taken = 0
         """Job steps completed before the last :meth:`take` returned (what :meth:`take` reports from)."""
-        self._cost_s: float | None = None
-        """CPU seconds an event costs the fold's thread, every kind folded (a moving mean over the takes that
-        folded all). Its CPU, not the wall time: sharing the interpreter's lock with the screen, a fold timed by
-        the wall clock judged itself behind when it was only waiting, and left out what it had time for."""
-        self._last_take: float | None = None
-        self._spent: deque[tuple[float, float]] = deque()
-        """(when, CPU seconds) of the takes in the last :data:`SHARE_WINDOW_S`."""
-        self._behind_since: float | None = None
-        """When the takes began leaving the bulk out (``None``: the last folded whole)."""
-        self._probing = False
 
     def __deepcopy__(self, memo: dict[int, Any]) -> SessionFold:
         """A copy with its own lock (a replay keeps copies of its state to seek back to)."""
@@ -208,12 +168,9 @@ class SessionFold:
             memo[id(self)] = copied
             copied.fold = copy.deepcopy(self.fold, memo)
             copied.kinds = self.kinds
-            copied.share = self.share
             copied.left_out = Counter(self.left_out)
             copied.lock = threading.RLock()
             copied._steps_taken = self._steps_taken
-            copied._cost_s, copied._last_take, copied._spent = self._cost_s, self._last_take, deque(self._spent)
-            copied._behind_since, copied._probing = self._behind_since, self._probing
         return copied
 
     @property
@@ -229,79 +186,21 @@ class SessionFold:
 
     def take(self, arrivals: Arrivals, *, bulk_left_out: bool = False) -> Folded:
         """Fold a live session's batch: its events of :attr:`kinds`, decoded a table a kind and folded in kind
-        order (a rank's start before its work, a step after the work it closes). A batch whose whole fold
-        would take the fold past :attr:`share` of its time (its thread's CPU against the wall clock, over the
-        last second: :meth:`_too_long`) is folded without its :data:`BULK_KINDS` (counted in
-        :attr:`left_out`). A batch without them (so, ``bulk_left_out``: left out before it came here; or a
-        fold that reads none) breaks no step down (:meth:`RunFold.next_batch`), and its steps are read
+        order (a rank's start before its work, a step after the work it closes). A batch without the bulk kinds
+        (``bulk_left_out``: left out to keep up, :mod:`meshtop.recordings.folding`; or a fold that reads none)
+        does not break down the steps it may have torn (:meth:`RunFold.apply_torn`), and its steps are read
         without their phase times, the largest part of their lines."""
-        count, now = arrivals.count, time.perf_counter()
-        too_long = self._too_long(count, now)
-        folded, left = self._to_fold(arrivals, too_long)
-        torn = bulk_left_out or bool(left) or not self.kinds >= BULK_KINDS
-        tables = in_kind_order(arrival_tables(folded, self.kinds, {"step": frozenset(PHASE_TIMES)} if torn else None))
-        # Arrow parses big blocks on its own threads: the parse's wall time is its cost, not this thread's CPU
-        # (counted so, a thousand ranks' collectives looked nearly free and were folded, seconds at a time)
-        began = time.thread_time()
-        parsed = time.perf_counter() - now
+        torn = bulk_left_out or not self.kinds >= BULK_KINDS
+        tables = in_kind_order(arrival_tables(arrivals, self.kinds, {"step": frozenset(PHASE_TIMES)} if torn else None))
         with self.lock:
-            for item in left:
-                self.left_out[item.kind] += event_count(item)
-            self.fold.next_batch(bulk_left_out=torn)
-            for kind, table in tables:
-                self.fold.apply(kind, table)
+            if torn:
+                self.fold.apply_torn(tables)
+            else:
+                for kind, table in tables:
+                    self.fold.apply(kind, table)
             steps = self.fold.steps_since(self._steps_taken)
             self._steps_taken = self.fold.steps_completed
-        spent = parsed + time.thread_time() - began  # then its own CPU: not the time it waited for the GIL
-        self._spent.append((now, spent))
-        if folded.count and (not left or self._probing):
-            cost = spent / folded.count
-            self._cost_s = cost if self._cost_s is None or self._probing else 0.8 * self._cost_s + 0.2 * cost
-            self._probing = False
-        left_kinds = self.kinds & BULK_KINDS if too_long else frozenset(item.kind for item in left)
-        return Folded(tables, steps, left_kinds)
-
-    def _to_fold(self, arrivals: Arrivals, too_long: bool) -> tuple[Arrivals, list[Arrival]]:
-        """What of ``arrivals`` to fold, and what to leave out: every block of :data:`BULK_KINDS` when the fold
-        would take ``too_long``, all but :data:`PROBE_EVENTS` of them when it measures its cost again, else
-        nothing."""
-        bulk = self.kinds & BULK_KINDS
-        if not too_long and not self._probing:
-            return arrivals, []
-        kept: list[Arrival] = []
-        left: list[Arrival] = []
-        room = 0 if too_long else PROBE_EVENTS
-        for item in arrivals.items:
-            if item.kind not in bulk:
-                kept.append(item)
-            elif event_count(item) <= room:
-                kept.append(item)
-                room -= event_count(item)
-            else:
-                left.append(item)
-                room = 0  # the blocks after it are left out too: a probe folds the batch's first
-        return (Arrivals(kept), left) if left else (arrivals, [])
-
-    def _too_long(self, count: int, now: float) -> bool:
-        """Whether folding ``count`` events whole would take the fold past :attr:`share` of its time, over the
-        last :data:`SHARE_WINDOW_S` (or since the last take began, if longer); after :data:`PROBE_S` of saying
-        so, no once (that take measures the cost again)."""
-        since, self._last_take = (None if self._last_take is None else now - self._last_take), now
-        span = max(SHARE_WINDOW_S, since or 0.0)
-        while self._spent and self._spent[0][0] < now - span:
-            self._spent.popleft()
-        if self.share is None or self._cost_s is None or since is None:
-            self._behind_since = None
-            return False
-        if sum(cpu for _, cpu in self._spent) + count * self._cost_s <= self.share * span:
-            self._behind_since = None
-            return False
-        if self._behind_since is None:
-            self._behind_since = now
-        elif now - self._behind_since >= PROBE_S:
-            self._behind_since, self._probing = None, True
-            return False
-        return True
+        return Folded(tables, steps, self.kinds & BULK_KINDS if bulk_left_out else frozenset())
 
     def apply(self, kind: str, table: pa.Table) -> None:
         """Fold a table of ``kind``'s events (a replay's slice)."""

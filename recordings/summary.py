@@ -10,9 +10,10 @@ from collections.abc import Iterable
 from dataclasses import asdict
 from typing import Any
 
+from meshtop.probes.events import FOLDED_KINDS
 from meshtop.recordings.metrics.memory import MemoryRow
 from meshtop.recordings.metrics.rates import measured_rates as rates_of
-from meshtop.recordings.metrics.run import COLUMNAR, COLUMNS_READ, EVENT_KINDS, RunFold, fold_tables
+from meshtop.recordings.metrics.run import COLUMNS_READ, RunFold, fold_tables
 from meshtop.recordings.reader import Recording
 from meshtop.recordings.tables import BATCH_ROWS
 
@@ -25,7 +26,7 @@ def job_status(recording: Recording) -> str:
 def fold_recording(recording: Recording, *, batch_rows: int = BATCH_ROWS) -> RunFold:
     """The recording's tables folded by the metrics core (the job taken as ended, as it was recorded), each
     ``batch_rows`` rows at a time: a long run of many ranks does not fit in memory whole."""
-    kinds = [kind for kind in recording.kinds() if kind in COLUMNAR | EVENT_KINDS]
+    kinds = [kind for kind in recording.kinds() if kind in FOLDED_KINDS]
     fold = fold_tables(
         recording.manifest.run,
         ((kind, recording.batches(kind, COLUMNS_READ.get(kind), rows=batch_rows)) for kind in kinds),

@@ -32,7 +32,7 @@ from meshtop.recordings.metrics.steps import JobStep
 from meshtop.recordings.prometheus import RunMetrics
 from meshtop.recordings.reader import Recording
 from meshtop.recordings.replay import Timeline, in_kind_order, load_timeline
-from meshtop.recordings.session_fold import FOLD_SHARE, Folded, SessionFold, arrival_tables
+from meshtop.recordings.session_fold import Folded, SessionFold, arrival_tables
 from meshtop.recordings.summary import job_status
 from meshtop.runner.job.control import JobControl
 from meshtop.runner.job.files import PHASE_NAME
@@ -181,7 +181,7 @@ class LiveSource:
         self.directory = directory
         self.manifest = manifest
         self.description = manifest.run if manifest is not None else run.describe()
-        self.session: SessionFold | None = SessionFold(self.description, share=FOLD_SHARE)
+        self.session: SessionFold | None = SessionFold(self.description)
         """The session's fold: the session thread feeds it, the dashboard and ``/metrics`` read it."""
         self.recording = str(directory) if manifest is not None else None
         self.node_probes = node_probes

@@ -42,8 +42,7 @@ from meshtop.recordings.metrics.run import RunFold
 from meshtop.recordings.metrics.steps import JobStep
 from meshtop.recordings.metrics.stragglers import Straggler
 from meshtop.recordings.notices import Notices
-from meshtop.recordings.replay import in_kind_order
-from meshtop.recordings.schema import events_of, table_of
+from meshtop.recordings.schema import events_of, tables_of
 from meshtop.recordings.session_fold import SessionFold
 from meshtop.tui.view_records import (
     HISTORY,
@@ -199,11 +198,9 @@ class DashboardState:
         self.take_steps(steps)
 
     def apply_events(self, events: Iterable[Event]) -> None:
-        """Fold event objects (tests, benchmarks' warm-up), one table per kind, as a replay folds a slice."""
-        by_kind: dict[str, list[Event]] = {}
-        for event in events:  # one table a kind, not one a run of a kind: a job's kinds interleave
-            by_kind.setdefault(event.kind, []).append(event)
-        for kind, table in in_kind_order((kind, table_of(listed)) for kind, listed in by_kind.items()):
+        """Fold event objects (tests, benchmarks' warm-up) through the door they come in by: one table a kind, in
+        the fold's order, as a replay folds a slice."""
+        for kind, table in tables_of(events):
             self.apply(kind, table)
 
     def finish(self, status: str) -> None:
@@ -272,14 +269,14 @@ class DashboardState:
     def _see_ranks(self, kind: str, table: pa.Table) -> None:
         """A step or memory snapshot tells the screen of its rank (the fold has the rest)."""
         with self.session.reading() as fold:
-            table = fold.rows_of_the_job(kind, table)
+            table = fold.of_the_job(kind, table)
         for rank in pc.unique(table.column("rank")).to_pylist():
             self._rank(rank)
 
     def _read_processes(self, kind: str, table: pa.Table) -> None:
         """Each rank's process samples, a column at a time (the kind a live screen reads most)."""
         with self.session.reading() as fold:
-            table = fold.rows_of_the_job(kind, table)
+            table = fold.of_the_job(kind, table)
         columns = table.select(["rank", "pid", "cpu_pct", "rss_bytes", "threads"]).to_pydict()
         for rank, pid, cpu_pct, rss_bytes, threads in zip(*columns.values(), strict=True):
             view = self._rank(rank)
@@ -310,11 +307,11 @@ class DashboardState:
             view.power_w.extend(power[key])
 
     def _read_events(self, kind: str, table: pa.Table) -> None:
-        """The kinds the screen keeps as events: decoded (outside the lock: a live session's thread folds
-        meanwhile), those that can be this job's kept; the notices' kinds go to :attr:`notices`."""
-        decoded = events_of(kind, table)
+        """The kinds the screen keeps as events: the rows that can be this job's, decoded (outside the lock: a
+        live session's thread folds meanwhile); the notices' kinds go to :attr:`notices`."""
         with self.session.reading() as fold:
-            events = [event for event in decoded if fold.of_the_job(event)]
+            table = fold.of_the_job(kind, table)
+        events = events_of(kind, table)
         self.notices.take(events)
         for event in events:
             if isinstance(event, RankStarted):

@@ -21,17 +21,24 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from meshtop.probes.events import GpuSample
-
 
 def first_sample_of_each_gpu(table: pa.Table, names: Sequence[str]) -> dict[tuple[int, int], tuple[Any, ...]]:
     """Each GPU's first row of a ``gpu`` table (rows in arrival order), by (node, index): its ``names`` columns.
     A column at a time: one Python object a sample cost the head 25 us a sample on many nodes."""
+    return _sample_of_each_gpu(table, names, "min")
+
+
+def _sample_of_each_gpu(table: pa.Table, names: Sequence[str], which: str) -> dict[tuple[int, int], tuple[Any, ...]]:
+    """Each GPU's first (``which`` ``min``) or last (``max``) row of a ``gpu`` table: its ``names`` columns."""
     rows = pa.array(np.arange(len(table)))
     keyed = table.select(["node", "gpu"]).append_column("row", rows)
-    first = keyed.group_by(["node", "gpu"]).aggregate([("row", "min")]).column("row_min")
-    taken = table.take(first).select(["node", "gpu", *names]).to_pydict()
+    chosen = keyed.group_by(["node", "gpu"]).aggregate([("row", which)]).column(f"row_{which}")
+    taken = table.take(chosen).select(["node", "gpu", *names]).to_pydict()
     return {(node, gpu): tuple(rest) for node, gpu, *rest in zip(*taken.values(), strict=True)}
+
+
+LAST_READ = ("uuid", "utilization_pct", "memory_used_bytes", "power_w", "temperature_c", "sm_clock_mhz")
+"""What is kept of each GPU's last sample: what a reader shows of the GPU now (``/metrics``'s gauges)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -56,22 +63,20 @@ class _Gpu:
 
 
 class GpuFold:
-    """The GPUs' samples, folded as they come (an event or a table at a time)."""
+    """The GPUs' samples, folded a table at a time as they come."""
 
     def __init__(self) -> None:
         self._gpus: dict[tuple[int, int], _Gpu] = {}
+        self.last: dict[tuple[int, int], dict[str, Any]] = {}
+        """Each GPU's last sample, by (node, index): its :data:`LAST_READ` (a reading it could not take: ``None``)."""
 
-    def add(self, sample: GpuSample) -> None:
-        self._take(
-            sample.node, sample.gpu, sample.name, sample.memory_used_bytes, sample.memory_total_bytes,
-            sample.utilization_pct,
-        )  # fmt: skip
-
-    def add_table(self, table: pa.Table) -> None:
-        """Fold a ``gpu`` table as :meth:`add` of each row in order would: per GPU at once (a fleet's hour is
-        tens of millions of samples)."""
+    def add(self, table: pa.Table) -> None:
+        """Fold a ``gpu`` table, its rows in the order they came: per GPU at once (a fleet's hour is tens of
+        millions of samples)."""
         if not len(table):
             return
+        for key, values in _sample_of_each_gpu(table, LAST_READ, "max").items():
+            self.last[key] = dict(zip(LAST_READ, values, strict=True))
         name = table.column("name")
         per_gpu = (
             table.select(["node", "gpu", "memory_used_bytes", "memory_total_bytes", "utilization_pct"])
@@ -100,20 +105,6 @@ class GpuFold:
                 state.total = total
             state.busy_sum += busy_sum or 0.0
             state.busy_count += busy_count
-
-    def _take(
-        self, node: int, gpu: int, name: str | None, used: int | None, total: int | None, busy: float | None
-    ) -> None:
-        state = self._gpus.setdefault((node, gpu), _Gpu())
-        state.samples += 1
-        state.name = name or state.name
-        if used is not None:
-            state.peak = used if state.peak is None else max(state.peak, used)
-        if total is not None:
-            state.total = total
-        if busy is not None:
-            state.busy_sum += busy
-            state.busy_count += 1
 
     def rows(self) -> list[GpuRow]:
         return [

@@ -36,8 +36,6 @@ from typing import NamedTuple
 import numpy as np
 import pyarrow as pa
 
-from meshtop.probes.events import MemorySnapshot, ProcessSample
-
 CATEGORIES = ("weights_bytes", "grads_bytes", "optimizer_bytes", "activations_bytes", "kv_cache_bytes")
 """What a memory snapshot names, in the planner's order."""
 _new_tuple = tuple.__new__
@@ -57,10 +55,6 @@ class LastMemory(NamedTuple):
     activations_bytes: int | None
     kv_cache_bytes: int | None
     device_total_bytes: int | None
-
-    @classmethod
-    def of(cls, snapshot: MemorySnapshot) -> LastMemory:
-        return cls(*(getattr(snapshot, name) for name in cls._fields))
 
 
 _READ = slice(3, None)
@@ -146,24 +140,16 @@ class MemoryFold:
         """Grows when a rank's peak rises or its last snapshot is replaced (a sample under the peak changes
         nothing): what a reader's figures of memory are kept by."""
 
-    def add(self, snapshot: MemorySnapshot) -> None:
-        self._keep_last(LastMemory.of(snapshot))
-        self.changes += _raise(self._allocator_peak, snapshot.rank, snapshot.peak_allocated_bytes)
-        self.changes += _raise(self._rss_peak, snapshot.rank, snapshot.rss_bytes)
-
-    def add_process(self, sample: ProcessSample) -> None:
-        self.changes += _raise(self._rss_peak, sample.rank, sample.rss_bytes)
-
-    def add_table(self, table: pa.Table) -> None:
-        """Fold a ``memory`` table at once: as :meth:`add` of each row in order."""
+    def add(self, table: pa.Table) -> None:
+        """Fold a ``memory`` table, its rows in the order they came."""
         last = table.take(_last_rows(table)).select(LastMemory._fields).to_pydict()  # one conversion a column
         for row in zip(*last.values(), strict=True):
             self._keep_last(_new_tuple(LastMemory, row))
         self.changes += _raise_all(self._allocator_peak, table, "peak_allocated_bytes")
         self.changes += _raise_all(self._rss_peak, table, "rss_bytes")
 
-    def add_process_table(self, table: pa.Table) -> None:
-        """Fold a ``process`` table at once: as :meth:`add_process` of each row."""
+    def add_process(self, table: pa.Table) -> None:
+        """Fold a ``process`` table: its resident sets raise the ranks' peaks."""
         self.changes += _raise_all(self._rss_peak, table, "rss_bytes")
 
     def _keep_last(self, snapshot: LastMemory) -> None:
@@ -234,7 +220,7 @@ def _raise_all(peaks: dict[int, int], table: pa.Table, column: str) -> int:
 
 def _last_rows(table: pa.Table) -> list[int]:
     """Each rank's last snapshot in ``table``: the row of the greatest (step, wall clock), the later row on a
-    tie (what taking the rows one by one with :meth:`MemoryFold.add` keeps)."""
+    tie."""
     if not len(table):
         return []
     rank = table.column("rank").to_numpy()

@@ -1,19 +1,14 @@
 """One run's figures, folded from its event tables: what the dashboard, ``summary``, ``compare``, ``export``
 and the metrics endpoint all read.
 
-:class:`RunFold` takes a run's events a table at a time, in any grouping: the
-dashboard gives it what arrived since the last frame, ``summary`` a
-recording's whole tables. Collectives and stage actions, the bulk of a run,
-are folded column-wise. Steps and memory, process and GPU samples are folded
-column-wise too when they come as tables (:meth:`RunFold.apply`: ``summary``),
-or as events (:meth:`RunFold.apply_events`: the dashboard); both ways meet in
-the same functions per job step and per rank (:func:`~meshtop.recordings.metrics.steps.job_step`,
-:class:`~meshtop.recordings.metrics.steps.StepSpans`, :class:`~meshtop.recordings.metrics.memory.MemoryFold`),
-so they give the same figures. Anything decided per step (exposed
-communication, stage bubbles) is decided when the step closes: two job steps
-after it completes, or when the job ends (:meth:`RunFold.finish`), so
-operations that arrive a little after their step still count, and the result
-does not depend on how the events were grouped.
+:class:`RunFold` takes a run's events a table at a time (:meth:`RunFold.apply`), in any grouping: the
+dashboard gives it what arrived since the last frame, ``summary`` a recording's whole tables. Events made as
+objects become a table where they come in (:func:`meshtop.recordings.schema.tables_of`): the fold has one
+path. Collectives and stage actions, the bulk of a run, are folded column-wise, and so are steps and memory,
+process and GPU samples. Anything decided per step (exposed communication, stage bubbles) is decided when the
+step closes: two job steps after it completes, or when the job ends (:meth:`RunFold.finish`), so operations
+that arrive a little after their step still count, and the result does not depend on how the events were
+grouped.
 """
 
 from __future__ import annotations
@@ -21,6 +16,7 @@ from __future__ import annotations
 from collections import Counter, deque
 from collections.abc import Callable, Hashable, Iterable
 from dataclasses import dataclass
+from functools import reduce
 from itertools import islice
 from typing import TypeVar, cast
 
@@ -28,18 +24,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from meshtop.probes.events import (
-    CLIENT_RANK,
-    Event,
-    GpuSample,
-    JobEnded,
-    MemorySnapshot,
-    ProcessSample,
-    RankStarted,
-    RequestDone,
-    ServerMetric,
-    StepTiming,
-)
+from meshtop.probes.events import BULK_KINDS, CLIENT_RANK, FOLD_ORDER, FOLDED_KINDS, RequestDone, ServerMetric
 from meshtop.recordings.manifest import GpuInfo, RunDescription
 from meshtop.recordings.metrics.attention import STEP_MEASURES, Attention, RankRecent, attention
 from meshtop.recordings.metrics.breakdown import PARTS, Breakdown, BreakdownFold, step_cells
@@ -57,8 +42,6 @@ from meshtop.recordings.metrics.steps import (
     StepRows,
     StepSpans,
     StepStats,
-    WholeSteps,
-    Windows,
 )
 from meshtop.recordings.metrics.stragglers import ComputeTimes, Straggler
 from meshtop.recordings.schema import events_of
@@ -71,8 +54,6 @@ STEPS_KEPT = 4096
 """Completed job steps kept for readers that take them as they come (the console, the dashboard's charts)."""
 CLOSE_AFTER = 2
 """A job step's per-step figures are decided when the step this many later completes."""
-COLUMNAR = frozenset({"collective", "stage_action"})
-"""Kinds folded column-wise (:meth:`RunFold.apply` with a table)."""
 COLUMNS_READ = {
     "collective": (
         "rank",
@@ -88,13 +69,8 @@ COLUMNS_READ = {
     ),
     "stage_action": ("rank", "step", "stage", "start_ns", "end_ns"),
 }
-"""The columns the fold reads of the :data:`COLUMNAR` kinds (a reader of a whole recording may load only
-these); the other kinds' tables are taken whole."""
-EVENT_KINDS = frozenset({"step", "rank_started", "memory", "process", "request", "gpu", "job_ended", "server_metric"})
-"""Kinds folded as events; the others do not change a figure."""
-TABLE_KINDS = frozenset({"step", "memory", "process", "gpu"})
-"""Kinds of :data:`EVENT_KINDS` that :meth:`RunFold.apply` folds column-wise (steps falling back to events
-where a table is not plain: see :meth:`StepFolder.add_rows`)."""
+"""The columns the fold reads of the bulk kinds (a reader of a whole recording may load only these); the other
+kinds' tables are taken whole."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -138,6 +114,8 @@ class RunFold:
         """The node of each rank that reported its start."""
         self.hosts: dict[int, str] = {}
         """The host of each node whose ranks reported their start."""
+        self.exits: dict[int, int | None] = {}
+        """Each rank that exited: its exit code (negative: a signal; ``None`` where not known)."""
         self.trained: dict[int, tuple[int, int]] = {}
         """A script's ranks: (pipeline rank, parameter elements its optimizer trains at their global size)."""
         self.gpu_models: dict[tuple[int, int], GpuModel] = {}
@@ -152,8 +130,14 @@ class RunFold:
         """Steps closed so far."""
         self.closed_torn = 0
         """Steps closed without their breakdown and compute times: a live fold left collectives and stage
-        actions out while their events came (:class:`WholeSteps`)."""
-        self._whole = WholeSteps()
+        actions out while their events came (:meth:`apply_torn`)."""
+        self._torn: set[int] = set()
+        """Steps not closed yet that a batch without the bulk kinds tore (:meth:`apply_torn`; forgotten once
+        closed)."""
+        self._tearing = False
+        """The tables folded now come without the bulk kinds (:meth:`apply_torn`)."""
+        self._last_reported = -1
+        """The highest step a rank reported."""
         self.compute = ComputeTimes()
         """Each rank's compute time in its last closed steps: the straggler rule's input."""
         self.breakdown = BreakdownFold()
@@ -177,168 +161,131 @@ class RunFold:
 
     # -- input ---------------------------------------------------------------------------------
     def apply(self, kind: str, table: pa.Table) -> None:
-        """Fold a table of ``kind``'s events."""
-        if kind in COLUMNAR:
-            self.apply_table(kind, table)
-        elif kind in TABLE_KINDS and len(table):
-            self._apply_samples(kind, table)
-        elif kind in EVENT_KINDS and len(table):
-            self.apply_events(events_of(kind, table))
-
-    def _apply_samples(self, kind: str, table: pa.Table) -> None:
-        """Fold a ``step``, ``memory``, ``process`` or ``gpu`` table column-wise: as :meth:`apply_events` of
-        its rows would."""
-        self.version += 1
-        if kind == "gpu":
-            self._know_gpu_samples(table)
-            self.gpus.add_table(table)
+        """Fold a table of ``kind``'s events (a kind of :data:`FOLDED_KINDS`; the others change no figure); rows
+        that cannot be this job's (:meth:`of_the_job`) are left out and counted in :attr:`rejected`."""
+        if kind not in FOLDED_KINDS or not len(table):
             return
-        table = self._of_the_job(kind, table)
-        if kind == "memory":
-            self.memory.add_table(table)
+        self.version += 1
+        if kind == "rank_started":  # how many ranks there are: before a rank is checked against it
+            self._started(table)
+        table = self._counted_out(kind, table)
+        if kind == "collective":
+            self.collectives.add(table)
+        elif kind == "stage_action":
+            if self.training:
+                self.stages.add_actions(table)
+        elif kind == "step":
+            self._on_steps(table)
+        elif kind == "memory":
+            self.memory.add(table)
         elif kind == "process":
-            self.memory.add_process_table(table)
+            self.memory.add_process(table)
             if self.server is not None and self.requests is not None:
                 client = table.filter(pc.equal(table.column("rank"), CLIENT_RANK)).select(["wall_ns", "cpu_pct"])
                 for wall_ns, cpu_pct in zip(*client.to_pydict().values(), strict=True):
                     self.requests.add_client_cpu(wall_ns, cpu_pct)
-        elif not self._add_step_rows(StepRows.of(table)):
-            self.apply_events(events_of(kind, table))
+        elif kind == "gpu":
+            self._know_gpu_samples(table)
+            self.gpus.add(table)
+        elif kind == "rank_started":
+            self._placed(table)
+        elif kind == "request":
+            if self.requests is not None:
+                for done in events_of(kind, table):
+                    self.requests.add(cast(RequestDone, done))
+        elif kind == "server_metric":
+            if self.server is not None:
+                for metric in events_of(kind, table):
+                    self.server.add(cast(ServerMetric, metric))
+        elif kind == "rank_exited":
+            columns = table.select(["rank", "exit_code"]).to_pydict()
+            self.exits.update(zip(columns["rank"], columns["exit_code"], strict=True))
+        elif kind == "job_ended":
+            for status in table.column("status").to_pylist():
+                self.finish(status)
 
-    def _of_the_job(self, kind: str, table: pa.Table) -> pa.Table:
-        """The rows :meth:`_fits` keeps: a rank of the job, a step time no less than 0 (the rest counted)."""
-        return self._kept(kind, table, self._job_rows(kind, table))
+    def of_the_job(self, kind: str, table: pa.Table) -> pa.Table:
+        """The rows of ``table`` that can be this job's, the others left out and not counted: for a reader beside
+        the fold that leaves out what the fold leaves out (a live screen, ``/metrics``)."""
+        keep = self._of_the_job(kind, table)
+        return table if keep is None else table.filter(keep)
 
-    def rows_of_the_job(self, kind: str, table: pa.Table) -> pa.Table:
-        """The rows of a ``step``, ``memory`` or ``process`` table that :meth:`of_the_job` keeps, the others
-        left out and not counted again: for a reader beside the fold (a live session's screen)."""
-        keep = self._job_rows(kind, table)
-        return table if (pc.sum(keep).as_py() or 0) == len(table) else table.filter(keep)
-
-    def _job_rows(self, kind: str, table: pa.Table) -> pa.ChunkedArray:
-        keep = self._of_a_rank(table)
-        if kind == "step":
-            keep = pc.and_(keep, pc.greater_equal(table.column("duration_s"), 0))
-        return keep
-
-    def _of_a_rank(self, table: pa.Table) -> pa.ChunkedArray:
-        rank = table.column("rank")
-        return pc.and_(pc.greater_equal(rank, 0), pc.less(rank, self._rank_limit))
-
-    def _kept(self, kind: str, table: pa.Table, keep: pa.ChunkedArray) -> pa.Table:
-        """``table``'s rows where ``keep``; the others counted as rejected."""
-        kept = pc.sum(keep).as_py() or 0
-        if kept == len(table):
+    def _counted_out(self, kind: str, table: pa.Table) -> pa.Table:
+        """:meth:`of_the_job`, counting in :attr:`rejected` the rows left out."""
+        keep = self._of_the_job(kind, table)
+        if keep is None:
             return table
-        self.rejected[kind] += len(table) - kept
-        return table.filter(keep)
+        kept = table.filter(keep)
+        self.rejected[kind] += len(table) - len(kept)
+        return kept
 
-    def _add_step_rows(self, rows: StepRows) -> bool:
-        """Fold a training run's step table as :meth:`_on_step` of each row would; False (nothing folded)
-        where it cannot be done a table at a time."""
-        if not self.training or not self._completed.keys().isdisjoint(rows.step):
-            return False  # inference, or a late report of a step completed but not yet closed
-        completed = self._folder.add_rows(rows)
-        if completed is None:
-            return False
-        for step, indexes in rows.by_step.items():
-            rows.add_spans(self._spans_of(step), indexes)
-        self._complete_steps(completed)
-        return True
+    def _of_the_job(self, kind: str, table: pa.Table) -> pa.ChunkedArray | None:
+        """Which rows can be this job's (``None``: all): a rank of the job, where the kind has one; a step time
+        no less than 0; an operation that ends no earlier than it starts, a collective of a group of one rank or
+        more, a stage action of a stage. A line can be well-formed and still not describe the job."""
+        checks = []
+        if "rank" in table.column_names:  # a rank of none (the collector's) is the job's
+            rank = table.column("rank")
+            in_job = pc.and_(pc.greater_equal(rank, 0), pc.less(rank, self._rank_limit))
+            checks.append(pc.fill_null(in_job, True) if rank.null_count else in_job)
+        if kind == "step":
+            checks.append(pc.greater_equal(table.column("duration_s"), 0))
+        if kind in BULK_KINDS:
+            checks.append(pc.greater_equal(table.column("end_ns"), table.column("start_ns")))
+        if kind == "collective":
+            checks.append(pc.greater_equal(table.column("group_size"), 1))
+        if kind == "stage_action":
+            checks.append(pc.greater_equal(table.column("stage"), 0))
+        if not checks:
+            return None
+        keep = reduce(pc.and_, checks)
+        return None if (pc.sum(keep).as_py() or 0) == len(table) else keep
+
+    def _on_steps(self, table: pa.Table) -> None:
+        """A training run's step reports into their steps' spans and the job's steps; an inference run's are its
+        engine's iterations: rank 0's make the job's steps, and a pipeline's each stage's idle share."""
+        if self.training:
+            rows = StepRows.of(table)
+            for step, indexes in rows.by_step.items():
+                rows.add_spans(self._spans_of(step), indexes)
+            self._complete_steps(self._folder.add(rows))
+            return
+        if self.run.plan.pp > 1:
+            waits = table.filter(pc.is_valid(table.column("pipeline_wait_s")))
+            columns = waits.select(["rank", "duration_s", "pipeline_wait_s"]).to_pydict()
+            for rank, duration_s, wait_s in zip(*columns.values(), strict=True):
+                pp, dp, tp = self.position(rank)
+                self.stages.add_iteration(pp, duration_s, wait_s, shown=dp == 0 and tp == 0)
+        self._complete_steps(self._folder.add(StepRows.of(table.filter(pc.equal(table.column("rank"), 0)))))
 
     def _know_gpu_samples(self, table: pa.Table) -> None:
-        """Each GPU's model from its first sample that names it (as :meth:`apply_events` takes them)."""
+        """Each GPU's model from its first sample that names it."""
         named = table.filter(pc.fill_null(pc.not_equal(table.column("name"), ""), False))
         for key, (name, power_limit_w) in first_sample_of_each_gpu(named, ["name", "power_limit_w"]).items():
             if key not in self.gpu_models:
                 self.gpu_models[key] = GpuModel(name, power_limit_w)
 
-    def apply_table(self, kind: str, table: pa.Table) -> None:
-        """Fold a ``collective`` or ``stage_action`` table (rows that cannot be this job's left out, counted)."""
-        self.version += 1
-        table = self._plausible(kind, table)
-        if kind == "collective":
-            self.collectives.add(table)
-        elif self.training:
-            self.stages.add_actions(table)
+    def _placed(self, table: pa.Table) -> None:
+        """Where each rank that started sits: its mesh position, node and host, and a script's trained
+        parameters."""
+        columns = table.select(["rank", "pp_rank", "dp_rank", "tp_rank", "node", "host", "model_parameters"])
+        for rank, pp, dp, tp, node, host, parameters in zip(*columns.to_pydict().values(), strict=True):
+            self.positions[rank] = (pp, dp, tp)
+            self._starts_seen += 1
+            self.nodes[rank], self.hosts[node] = node, host
+            if parameters is not None:
+                self.trained[rank] = (pp, parameters)
 
-    def _plausible(self, kind: str, table: pa.Table) -> pa.Table:
-        """The rows that can be this job's: a rank of the job, a group of one rank or more, an end no
-        earlier than the start (a line can be well-formed and still not describe the job)."""
-        return self._kept(kind, table, self._plausible_rows(kind, table))
-
-    def plausible(self, kind: str, table: pa.Table) -> pa.Table:
-        """The rows of a ``collective`` or ``stage_action`` table the fold keeps (those it folds), the others
-        left out and not counted again: for a reader that counts what the fold counts (``/metrics``)."""
-        keep = self._plausible_rows(kind, table)
-        return table if (pc.sum(keep).as_py() or 0) == len(table) else table.filter(keep)
-
-    def _plausible_rows(self, kind: str, table: pa.Table) -> pa.ChunkedArray:
-        keep = pc.and_(self._of_a_rank(table), pc.greater_equal(table.column("end_ns"), table.column("start_ns")))
-        if kind == "collective":
-            return pc.and_(keep, pc.greater_equal(table.column("group_size"), 1))
-        return pc.and_(keep, pc.greater_equal(table.column("stage"), 0))
-
-    def of_the_job(self, event: Event) -> bool:
-        """Whether ``event`` can be this job's: a rank of the job (or none), a step time no less than 0."""
-        rank = getattr(event, "rank", None)
-        return (rank is None or 0 <= rank < self._rank_limit) and not (
-            isinstance(event, StepTiming) and event.duration_s < 0
-        )
-
-    def _fits(self, event: Event) -> bool:
-        """:meth:`of_the_job`, counting what is not."""
-        if not self.of_the_job(event):
-            self.rejected[event.kind] += 1
-            return False
-        return True
-
-    def apply_events(self, events: Iterable[Event]) -> list[Event]:
-        """Fold events of any kinds (those of :data:`EVENT_KINDS` count); those that cannot be this job's are
-        left out and counted. The events kept."""
-        self.version += 1
-        kept = []
-        for event in events:
-            if isinstance(event, RankStarted):  # how many ranks there are: before a rank is checked against it
-                self._started(event)
-            if self._fits(event):
-                kept.append(event)
-        for event in kept:
-            if isinstance(event, StepTiming):
-                self._on_step(event)
-            elif isinstance(event, RankStarted):
-                self.positions[event.rank] = (event.pp_rank, event.dp_rank, event.tp_rank)
-                self._starts_seen += 1
-                self.nodes[event.rank], self.hosts[event.node] = event.node, event.host
-                if event.model_parameters is not None:
-                    self.trained[event.rank] = (event.pp_rank, event.model_parameters)
-            elif isinstance(event, MemorySnapshot):
-                self.memory.add(event)
-            elif isinstance(event, ProcessSample):
-                self.memory.add_process(event)
-                if self.server is not None and self.requests is not None and event.rank == CLIENT_RANK:
-                    self.requests.add_client_cpu(event.wall_ns, event.cpu_pct)
-            elif isinstance(event, RequestDone) and self.requests is not None:
-                self.requests.add(event)
-            elif isinstance(event, ServerMetric) and self.server is not None:
-                self.server.add(event)
-            elif isinstance(event, GpuSample):
-                self.gpus.add(event)
-                if event.name:
-                    self.gpu_models.setdefault((event.node, event.gpu), GpuModel(event.name, event.power_limit_w))
-            elif isinstance(event, JobEnded):
-                self.finish(event.status)
-        return kept
-
-    def _started(self, event: RankStarted) -> None:
+    def _started(self, table: pa.Table) -> None:
         """The ranks say how many they are: an elastic script's were counted for MAX nodes until then, and a
         start after a restart may have another number of them from its first step on."""
-        self.run = self.run.started_with(event.world_size)
-        self._rank_limit = max(self._rank_limit, event.world_size)
-        self.starts.setdefault(event.restart, (event.world_size or self.run.world_size, event.first_step))
-        if self.training:
-            for step in self._folder.started(event.world_size, event.first_step):
-                self._complete(step)
+        columns = table.select(["world_size", "restart", "first_step"]).to_pydict()
+        for world_size, restart, first_step in zip(*columns.values(), strict=True):
+            self.run = self.run.started_with(world_size)
+            self._rank_limit = max(self._rank_limit, world_size)
+            self.starts.setdefault(restart, (world_size or self.run.world_size, first_step))
+            if self.training:
+                self._complete_steps(self._folder.started(world_size, first_step))
 
     def know_gpus(self, gpus: Iterable[GpuInfo]) -> None:
         """The GPUs a recording's manifest names (its GPU samples may be gone): what MFU's peak is looked up by."""
@@ -381,34 +328,28 @@ class RunFold:
         """(pp, dp, tp) of ``rank``: as it reported, else where the plan puts it."""
         return self.positions.get(rank) or self.run.plan.coordinates(rank)
 
-    def _on_step(self, timing: StepTiming) -> None:
-        if not self.training:
-            pp, dp, tp = self.position(timing.rank)
-            if timing.pipeline_wait_s is not None and self.run.plan.pp > 1:
-                self.stages.add_iteration(pp, timing.duration_s, timing.pipeline_wait_s, shown=dp == 0 and tp == 0)
-            if timing.rank == 0 and (step := self._folder.add(timing)) is not None:
-                self._complete(step)
-            return
-        self._spans_of(timing.step).add(
-            timing.rank, timing.start_ns, timing.duration_s, timing.forward_backward_s, Windows.of(timing)
-        )
-        if (step := self._folder.add(timing)) is not None:
-            self._complete(step)
-
-    def next_batch(self, *, bulk_left_out: bool) -> None:
-        """A live session's next batch follows (``bulk_left_out``: without the collectives and stage actions it
-        brought, or this fold reads none): only whole steps are broken down (:class:`WholeSteps`)."""
-        self._whole.next_batch(bulk_left_out=bulk_left_out)
+    def apply_torn(self, tables: Iterable[tuple[str, pa.Table]]) -> None:
+        """Fold a live batch's tables that come without its collectives and stage actions (left out to keep up,
+        or a fold that reads none). A rank sends a step's work between its reports of the step before and of the
+        step, so the work of these steps may be missing: those the batch completes, those still open after it
+        (reported, not completed) and the one after the last reported. Such a torn step is closed without its
+        breakdown and its ranks' compute times: without its communication, that time would count as compute."""
+        self._tearing = self.training
+        try:
+            for kind, table in tables:
+                self.apply(kind, table)
+        finally:
+            self._tearing = False
+        if self.training:
+            self._torn |= self._spans.keys() - self._completed.keys()
+            self._torn.add(self._last_reported + 1)
 
     def _spans_of(self, step: int) -> StepSpans:
         spans = self._spans.get(step)
         if spans is None:
             spans = self._spans[step] = StepSpans()
-            self._whole.first_report(step)
+            self._last_reported = max(self._last_reported, step)
         return spans
-
-    def _complete(self, step: JobStep) -> None:
-        self._complete_steps([step])
 
     def _complete_steps(self, steps: list[JobStep]) -> None:
         """Take job steps as they completed, in order, and close each step :data:`CLOSE_AFTER` behind one."""
@@ -418,7 +359,8 @@ class RunFold:
             self.recent_steps.append(step)
             if self.training:
                 self._completed[step.step] = step
-                self._whole.completed(step.step)
+                if self._tearing:
+                    self._torn.add(step.step)
                 closing += [
                     self._completed.pop(number)
                     for number in sorted(self._completed)
@@ -433,7 +375,8 @@ class RunFold:
             [(step.step, step.duration_s, ranks) for step, ranks in zip(steps, spans, strict=True)]
         )
         for step, ranks, (by_op, by_rank, waits) in zip(steps, spans, exposures, strict=True):
-            whole = self._whole.closes_whole(step.step)
+            whole = step.step not in self._torn
+            self._torn.discard(step.step)
             parts = self._break_down(ranks, waits) if whole else None
             durations = ranks.durations_s()
             self.recent_by_rank.add_many("step", durations.keys(), durations.values())
@@ -487,7 +430,7 @@ class RunFold:
         for number in self.stages.open_steps():
             self.stages.drop(number)
         self._spans.clear()
-        self._whole.clear()
+        self._torn.clear()
         if self.requests is not None:
             self.requests.ended_status = status
 
@@ -538,11 +481,11 @@ class RunFold:
 
 def fold_tables(run: RunDescription, tables: Iterable[tuple[str, Iterable[pa.Table]]], *, status: str) -> RunFold:
     """A whole run's tables folded, the job ended with ``status``: each kind's batches (a table, or its parts
-    in any number; read only as they are folded) in turn, the ranks' starts first and the steps after the
-    operations they close."""
+    in any number; read only as they are folded) in turn, in the fold's order
+    (:data:`~meshtop.probes.events.FOLD_ORDER`: the ranks' starts first, the steps after the operations they
+    close)."""
     fold = RunFold(run)
-    order = {"rank_started": 0, "collective": 1, "stage_action": 1, "step": 2, "job_ended": 3}
-    for kind, batches in sorted(tables, key=lambda item: order.get(item[0], 1)):
+    for kind, batches in sorted(tables, key=lambda item: FOLD_ORDER.get(item[0], 0)):
         if kind != "job_ended":
             for batch in batches:
                 fold.apply(kind, batch)

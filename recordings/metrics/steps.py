@@ -30,7 +30,6 @@ import numpy.typing as npt
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from meshtop.probes.events import StepTiming
 from meshtop.recordings.metrics.stats import Distribution
 
 Nanoseconds = npt.NDArray[np.int64]
@@ -49,12 +48,6 @@ class Windows(NamedTuple):
     start_ns: Sequence[int] | Nanoseconds
     end_ns: Sequence[int] | Nanoseconds
     pipeline_wait_s: float | None
-
-    @classmethod
-    def of(cls, timing: StepTiming) -> Windows | None:
-        if timing.phases is None:
-            return None
-        return cls(timing.phases, timing.phase_start_ns, timing.phase_end_ns, timing.pipeline_wait_s)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -122,49 +115,6 @@ class ClosedSteps:
 
     def __contains__(self, step: object) -> bool:
         return isinstance(step, int) and (step < self._below or step in self._numbers)
-
-
-class WholeSteps:
-    """Which steps a live fold took every collective of: a step is whole only if every batch from the one that
-    brought the previous step's first report to the one that completed it was taken with its collectives and
-    stage actions (a rank sends a step's work between its reports of the step before and of the step).
-    Without them a step's communication would count as compute: a torn step is not broken down."""
-
-    def __init__(self) -> None:
-        self._batch = 0
-        self._torn_batch = -1
-        """The last live batch taken without its collectives and stage actions (-1: none)."""
-        self._first_batch: dict[int, int] = {}
-        """The batch that brought each open step's first report."""
-        self._torn: set[int] = set()
-        """Steps completed but not closed that are torn."""
-
-    def next_batch(self, *, bulk_left_out: bool) -> None:
-        """A live batch follows (``bulk_left_out``: without its collectives and stage actions)."""
-        self._batch += 1
-        if bulk_left_out:
-            self._torn_batch = self._batch
-
-    def first_report(self, step: int) -> None:
-        """``step``'s first report came, in the current batch."""
-        self._first_batch.setdefault(step, self._batch)
-
-    def completed(self, step: int) -> None:
-        """Every rank reported ``step``: decide whether it is whole."""
-        first = self._first_batch.pop(step - 1, None)
-        if (self._first_batch.get(step, self._batch) if first is None else first) <= self._torn_batch:
-            self._torn.add(step)
-
-    def closes_whole(self, step: int) -> bool:
-        """Whether ``step``, closing now, is whole (forgotten after)."""
-        whole = step not in self._torn
-        self._torn.discard(step)
-        return whole
-
-    def clear(self) -> None:
-        """The run ended: no step is open."""
-        self._first_batch.clear()
-        self._torn.clear()
 
 
 def step_end_ns(start_ns: int, duration_s: float) -> int:
@@ -308,7 +258,7 @@ class StepRows:
             columns["phases"] = [None] * len(table)
         return cls(**columns, phase_start_ns=starts, phase_end_ns=ends, by_step=by_step)
 
-    def reports(self, indexes: list[int]) -> list[Report]:
+    def reports(self, indexes: Sequence[int]) -> list[Report]:
         """Rows ``indexes`` as what a step still waiting for ranks keeps of each."""
         rank, duration, loss, tokens, losses = self.rank, self.duration_s, self.loss, self.tokens, self.losses
         return [_new_tuple(Report, (rank[i], duration[i], loss[i], tokens[i], losses[i])) for i in indexes]
@@ -348,10 +298,6 @@ class Report(NamedTuple):
     tokens: int
     losses: int | None
 
-    @classmethod
-    def of(cls, timing: StepTiming) -> Report:
-        return cls(timing.rank, timing.duration_s, timing.loss, timing.tokens, timing.losses)
-
 
 class StepFolder:
     """Collects :class:`StepTiming` of ``ranks`` ranks; yields each step when the last of them reports it.
@@ -374,14 +320,6 @@ class StepFolder:
             ranks = count
         return ranks
 
-    def add(self, timing: StepTiming) -> JobStep | None:
-        """Take one rank's timing; the job's step if this was the last rank missing."""
-        reports = self.pending.setdefault(timing.step, {})
-        reports[timing.rank] = Report.of(timing)
-        if len(reports) < self.expected(timing.step):
-            return None
-        return self._fold(timing.step)
-
     def started(self, world_size: int, first_step: int = 0) -> list[JobStep]:
         """The ranks started, ``world_size`` of them (an elastic job's), their steps numbered from
         ``first_step``: the steps that completes (0 ranks: not said)."""
@@ -402,17 +340,16 @@ class StepFolder:
             loss_counts=[r.losses for r in reports],
         )
 
-    def add_rows(self, rows: StepRows) -> list[JobStep] | None:
-        """Take a whole table of timings: the job steps it completes, in the order :meth:`add` would complete
-        them row by row. Only where each rank reports a step once and no step gets more reports than its
-        ranks (so a step completes at its last report); otherwise ``None``, nothing is taken, and the caller
-        adds the rows one by one."""
+    def add(self, rows: StepRows) -> list[JobStep]:
+        """Take a table's reports, in the order they came: the job steps they complete, each at the report that
+        makes its ranks' reports as many as its ranks (a rank's later report of a step replaces its earlier one),
+        in that order."""
         completing = []
         for step, indexes in rows.by_step.items():
             earlier, expected = self.pending.get(step, {}), self.expected(step)
             ranks = {rows.rank[i] for i in indexes} | earlier.keys()
             if len(ranks) < len(indexes) + len(earlier) or len(ranks) > expected:  # a rank twice, or too many
-                return None
+                return self._add_each(rows)
             if len(ranks) == expected:
                 completing.append((indexes[-1], step))
         done = []
@@ -429,11 +366,23 @@ class StepFolder:
                 )
             )
         completed = {job.step for job in done}
-        for step, indexes in rows.by_step.items():  # still waiting for ranks: kept as the row-by-row path keeps them
+        for step, indexes in rows.by_step.items():  # still waiting for ranks
             if step not in completed:
                 reports = self.pending.setdefault(step, {})
                 for report in rows.reports(indexes):
                     reports[report.rank] = report
+        return done
+
+    def _add_each(self, rows: StepRows) -> list[JobStep]:
+        """:meth:`add` a report at a time: where a rank reports a step twice, or a step gets more reports than
+        its ranks (all at once, a step would not complete at its last report)."""
+        done = []
+        for index, report in enumerate(rows.reports(range(len(rows.rank)))):
+            step = rows.step[index]
+            reports = self.pending.setdefault(step, {})
+            reports[report.rank] = report
+            if len(reports) >= self.expected(step):
+                done.append(self._fold(step))
         return done
 
 

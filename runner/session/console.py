@@ -10,13 +10,13 @@ from pathlib import Path
 from typing import TextIO
 
 from meshtop.probes.arrivals import Arrivals
-from meshtop.probes.events import PRINTED_KINDS
+from meshtop.probes.events import FOLDED_KINDS, PRINTED_KINDS, PROGRESS_KINDS
 from meshtop.recordings.manifest import Manifest
 from meshtop.recordings.metrics.requests import RequestFigures
 from meshtop.recordings.metrics.steps import JobStep, StepFigures
 from meshtop.recordings.notices import Notices
 from meshtop.recordings.prometheus import RunMetrics
-from meshtop.recordings.session_fold import FOLD_SHARE, FOLDED_KINDS, PROGRESS_KINDS, Folded, SessionFold
+from meshtop.recordings.session_fold import Folded, SessionFold
 from meshtop.runner.job.control import JobControl
 from meshtop.runner.job.supervise import NodeProbes
 from meshtop.runner.multinode.nodes import Nodes
@@ -191,7 +191,7 @@ def follow_job(
     progress = Progress(run.total_steps(), out)
     # /metrics reads every figure live; without it the console and the manifest read steps and requests only
     kinds = FOLDED_KINDS if metrics is not None else PROGRESS_KINDS
-    session = SessionFold(manifest.run if manifest is not None else run.describe(), kinds=kinds, share=FOLD_SHARE)
+    session = SessionFold(manifest.run if manifest is not None else run.describe(), kinds=kinds)
     inference = session.run.inference
     notices = Notices()
 

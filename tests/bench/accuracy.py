@@ -23,8 +23,7 @@ from pathlib import Path
 from meshtop.probes.native import NATIVE_ENV, environment_value
 from meshtop.recordings.metrics.pipeline import theoretical_bubble
 from meshtop.recordings.metrics.run import RunFold
-from meshtop.recordings.replay import KIND_ORDER
-from meshtop.recordings.schema import batches_of
+from meshtop.recordings.schema import tables_of
 from tests.kit.jobs import launch
 
 SCHEDULES = ("gpipe", "1f1b")
@@ -73,7 +72,7 @@ def measure_bubble(schedule: str, microbatches: int) -> dict[str, object]:
         )
     assert launched.result.status == "completed", launched.result
     fold = RunFold(launched.run.describe())
-    for kind, table in batches_of(sorted(launched.events, key=lambda e: KIND_ORDER.index(e.kind))):
+    for kind, table in tables_of(launched.events):
         fold.apply(kind, table)
     fold.finish("completed")
     steady = [step for step in fold.closed if step.step >= 1]  # the metrics core's per-step bubbles

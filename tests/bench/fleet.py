@@ -49,13 +49,13 @@ import numpy as np
 import numpy.typing as npt
 
 from meshtop.probes.arrivals import Arrivals, EncodedEvents, encode_lines
-from meshtop.probes.events import DURATION_FIELDS, EVENT_TYPES, Event, ProcessSample, clock_fields
+from meshtop.probes.events import DURATION_FIELDS, EVENT_TYPES, PROGRESS_KINDS, Event, ProcessSample, clock_fields
 from meshtop.recordings.folding import FoldThread
 from meshtop.recordings.manifest import start_manifest, write_manifest
 from meshtop.recordings.reader import open_recording
 from meshtop.recordings.recorder import Ending, SessionRecorder
 from meshtop.recordings.replay import in_kind_order
-from meshtop.recordings.session_fold import FOLD_SHARE, PROGRESS_KINDS, Folded, SessionFold
+from meshtop.recordings.session_fold import Folded, SessionFold
 from meshtop.runner.job.allocator import keep_buffer_pages
 from meshtop.runner.job.control import JobControl
 from meshtop.runner.multinode.fleet import Fleet
@@ -287,7 +287,7 @@ def measure(
         fleet = Fleet(Nodes(count=nodes + 1, rank=0, endpoint="127.0.0.1:1", run_id="bench"))
         collector = fleet.collector().start()
         session = (  # as meshtop record and run make theirs
-            SessionFold(description, kinds=PROGRESS_KINDS) if headless else SessionFold(description, share=FOLD_SHARE)
+            SessionFold(description, kinds=PROGRESS_KINDS) if headless else SessionFold(description)
         )
         recorder = SessionRecorder(session, directory, manifest)
         backlog = ScreenBacklog()

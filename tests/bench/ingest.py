@@ -93,9 +93,10 @@ class Consumer:
 
     def __init__(self, directory: Path, front_end: str) -> None:
         # Imported here: the producer processes import this module and need neither torch nor textual.
+        from meshtop.probes.events import FOLDED_KINDS, PROGRESS_KINDS
         from meshtop.recordings.manifest import Manifest
         from meshtop.recordings.recorder import SessionRecorder
-        from meshtop.recordings.session_fold import FOLDED_KINDS, PROGRESS_KINDS, Folded, SessionFold
+        from meshtop.recordings.session_fold import Folded, SessionFold
         from meshtop.runner.plan import RunSpec, resolve
 
         run = resolve(RunSpec(dp=RANKS // 4, tp=2, pp=2, device="cpu"), gpus_visible=0).describe()

@@ -115,7 +115,7 @@ from meshtop.probes.events import (
 )
 from meshtop.recordings.manifest import ModelShape, Plan, RunDescription
 from meshtop.recordings.replay import in_kind_order
-from meshtop.recordings.session_fold import FOLD_SHARE, SessionFold
+from meshtop.recordings.session_fold import SessionFold
 from meshtop.tui.app import VIEWS, MeshtopApp
 from meshtop.tui.sources import SCREEN_BACKLOG, ScreenBacklog, screen_batches
 from meshtop.tui.state import DashboardState
@@ -258,7 +258,7 @@ class SyntheticSource:
             seed=0,
             instrumented=True,
         )
-        self.session = SessionFold(self.description, share=FOLD_SHARE)
+        self.session = SessionFold(self.description)
         """The session's fold, as a live job's: fed on the producer's thread (a live job's fold thread), read by
         the screen."""
         self.recording: str | None = None

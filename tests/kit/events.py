@@ -8,10 +8,12 @@ with :func:`functools.partial`.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 from meshtop.probes.events import (
     CollectiveTiming,
+    Event,
     GpuSample,
     MemorySnapshot,
     RankProgress,
@@ -19,6 +21,9 @@ from meshtop.probes.events import (
     StageAction,
     StepTiming,
 )
+from meshtop.recordings.metrics.run import RunFold
+from meshtop.recordings.metrics.steps import JobStep, StepFolder, StepRows
+from meshtop.recordings.schema import table_of, tables_of
 
 SECOND_NS = 1_000_000_000
 
@@ -166,3 +171,14 @@ def memory_snapshot(rank: int, peak_bytes: int, *, step: int = 0, wall_ns: int =
         "rss_bytes": None,
     }
     return MemorySnapshot(rank=rank, step=step, wall_ns=wall_ns, **{**measured, **fields})
+
+
+def fold_events(fold: RunFold, events: Iterable[Event]) -> None:
+    """Fold events made by hand through the door events come in by: a table a kind, in the fold's order."""
+    for kind, table in tables_of(events):
+        fold.apply(kind, table)
+
+
+def reported(folder: StepFolder, *timings: StepTiming) -> list[JobStep]:
+    """The job steps ``timings`` complete, taken as one table."""
+    return folder.add(StepRows.of(table_of(timings))) if timings else []

@@ -26,6 +26,7 @@ from meshtop.runner.plan import ResolvedRun, RunSpec, resolve
 from meshtop.runner.results import JobResult
 from meshtop.runner.session.session import describe
 from meshtop.tui.options import gpus_visible
+from tests.kit.events import fold_events, reported
 
 RTOL = 2e-5
 """How close a parallel plan's per-step losses are to one process's: float32 reductions in another order
@@ -42,7 +43,7 @@ class LaunchedRun:
     @property
     def steps(self) -> list[JobStep]:
         folder = StepFolder(self.run.world_size)
-        done = [step for e in self.events if isinstance(e, StepTiming) and (step := folder.add(e)) is not None]
+        done = reported(folder, *(e for e in self.events if isinstance(e, StepTiming)))
         return sorted(done, key=lambda s: s.step)
 
     @property
@@ -59,7 +60,7 @@ class LaunchedRun:
     def breakdown(self) -> dict[str, Any] | None:
         """Where its steps went, as ``summary --json`` says it (its events folded by the metrics core)."""
         fold = RunFold(describe(self.run))
-        fold.apply_events(self.events)
+        fold_events(fold, self.events)
         fold.finish(self.result.status)
         figures = fold.figures().breakdown
         return figures.to_json() if figures is not None else None

@@ -15,7 +15,7 @@ from meshtop.recordings.manifest import RunDescription
 from meshtop.recordings.metrics.run import RunFold
 from meshtop.recordings.reader import open_recording
 from meshtop.recordings.replay import event_times_ns, in_kind_order, load_timeline
-from meshtop.recordings.schema import batches_of
+from meshtop.recordings.schema import tables_of
 
 
 @dataclass
@@ -52,7 +52,7 @@ class StragglerWatch:
 
     def take_events(self, events: list[Event]) -> None:
         """One delivery of events, as the runner hands them over."""
-        self.take(batches_of(events))
+        self.take(tables_of(events))
 
     def take(self, tables: Iterable[tuple[str, pa.Table]]) -> None:
         """One delivery, as (kind, table) pairs."""

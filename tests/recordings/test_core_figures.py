@@ -25,8 +25,7 @@ from meshtop.recordings.metrics.rates import measured_rates
 from meshtop.recordings.metrics.run import RunFold
 from meshtop.recordings.metrics.stragglers import compute_seconds
 from meshtop.recordings.reader import open_recording
-from meshtop.recordings.replay import in_kind_order
-from meshtop.recordings.schema import batches_of
+from meshtop.recordings.schema import table_of, tables_of
 from meshtop.recordings.summary import summarize
 from meshtop.recordings.sweep import measure
 from meshtop.tui.alerts import alerts_of
@@ -35,7 +34,7 @@ from meshtop.tui.sources import ReplaySource
 from meshtop.tui.state import DashboardState
 from meshtop.tui.summary_text import summary_lines
 from meshtop.tui.views import memory_lines, memory_parts
-from tests.kit.events import collective, gpu_sample, step
+from tests.kit.events import collective, fold_events, gpu_sample, step
 from tests.kit.recordings import description, write_recording
 from tests.kit.screen import screen_text
 
@@ -77,7 +76,7 @@ STRAGGLING = {"steps": 24, "step_ms": 1000}
 def folded(run_events: list[Event], **spec: object) -> RunFold:
     """A finished run of ``run_events`` folded as ``summary`` folds a recording: a table a kind."""
     fold = RunFold(description(**spec))  # type: ignore[arg-type]
-    for kind, table in in_kind_order(batches_of(run_events)):
+    for kind, table in tables_of(run_events):
         fold.apply(kind, table)
     fold.finish("completed")
     return fold
@@ -209,8 +208,7 @@ SNAPSHOTS = [
 
 def test_headroom_is_the_device_total_less_the_allocators_peak() -> None:
     memory = MemoryFold()
-    for event in SNAPSHOTS:
-        memory.add(event)
+    memory.add(table_of(SNAPSHOTS))
     rows = {row.rank: row for row in memory.rows()}
     assert (rows[0].peak_bytes, rows[0].headroom_bytes, rows[0].headroom_share) == (30 * GIB, 50 * GIB, 0.625)
     assert (rows[1].peak_bytes, rows[1].headroom_bytes, rows[1].headroom_share) == (28 * GIB, 52 * GIB, 0.65)
@@ -222,15 +220,15 @@ def test_memory_changes_only_when_a_peak_rises_or_the_last_snapshot_says_somethi
     """What a live dashboard's figures are kept by: a thousand ranks' memory rows are built again only after a
     change the rows would show."""
     memory = MemoryFold()
-    memory.add(SNAPSHOTS[0])
+    memory.add(table_of([SNAPSHOTS[0]]))
     changes = memory.changes
-    memory.add(replace(SNAPSHOTS[0], step=1, wall_ns=1, peak_allocated_bytes=10 * GIB, rss_bytes=GIB))
+    memory.add(table_of([replace(SNAPSHOTS[0], step=1, wall_ns=1, peak_allocated_bytes=10 * GIB, rss_bytes=GIB)]))
     assert memory.changes == changes  # a later step that held the same and peaked lower
-    memory.add_process(ProcessSample(rank=0, pid=1, wall_ns=2, cpu_pct=1.0, rss_bytes=2 * GIB, threads=1))
+    memory.add_process(table_of([ProcessSample(rank=0, pid=1, wall_ns=2, cpu_pct=1.0, rss_bytes=2 * GIB, threads=1)]))
     assert memory.changes == changes  # a resident set under the peak
-    memory.add_process(ProcessSample(rank=0, pid=1, wall_ns=3, cpu_pct=1.0, rss_bytes=4 * GIB, threads=1))
+    memory.add_process(table_of([ProcessSample(rank=0, pid=1, wall_ns=3, cpu_pct=1.0, rss_bytes=4 * GIB, threads=1)]))
     assert memory.changes == changes + 1  # the resident set's peak rose
-    memory.add(replace(SNAPSHOTS[0], step=2, wall_ns=2, activations_bytes=GIB))
+    memory.add(table_of([replace(SNAPSHOTS[0], step=2, wall_ns=2, activations_bytes=GIB)]))
     assert memory.changes == changes + 2  # its last snapshot's activations changed
 
 
@@ -238,18 +236,18 @@ def test_a_runs_figures_kept_between_changes_follow_each_change() -> None:
     """The per-rank figures are computed again only when their input changed (a GPU sample changes no rank's
     memory and closes no step), and always when it did."""
     fold = RunFold(description(dp=4, device="cuda"))
-    fold.apply_events(SNAPSHOTS[:2])
+    fold_events(fold, SNAPSHOTS[:2])
     first = fold.figures()
-    fold.apply_events([gpu_sample(wall_ns=5)])
+    fold_events(fold, [gpu_sample(wall_ns=5)])
     kept = fold.figures()
     assert kept is not first and kept.memory is first.memory and kept.breakdown is first.breakdown
-    fold.apply_events([replace(SNAPSHOTS[1], step=2, wall_ns=2, peak_allocated_bytes=40 * GIB)])
+    fold_events(fold, [replace(SNAPSHOTS[1], step=2, wall_ns=2, peak_allocated_bytes=40 * GIB)])
     moved = fold.figures()
     assert {row.rank: row.peak_bytes for row in moved.memory} == {0: 40 * GIB}
     assert moved.headroom_bytes == 40 * GIB
     assert moved.breakdown is None and moved.stragglers == ()
     job = lagging_job({0: 400, 1: 400, 2: 400, 3: 800}, data_ms={0: 40, 1: 40, 2: 40, 3: 400}, **STRAGGLING)
-    for kind, table in in_kind_order(batches_of(job)):  # as in the test above
+    for kind, table in tables_of(job):  # as in the test above
         fold.apply(kind, table)
     closed = fold.figures()
     assert fold.closed_count == 22 and closed.breakdown is not None and closed.breakdown.steps == 4 * 22

@@ -27,9 +27,8 @@ from meshtop.recordings.metrics.server import ServerFigures
 from meshtop.recordings.metrics.stats import EXACT_LIMIT, Distribution, quantile
 from meshtop.recordings.metrics.steps import JobStep, StepStats, job_step
 from meshtop.recordings.metrics.stragglers import Straggler
-from meshtop.recordings.replay import in_kind_order
-from meshtop.recordings.schema import batches_of
-from tests.kit.events import collective, gpu_sample, step
+from meshtop.recordings.schema import tables_of
+from tests.kit.events import collective, fold_events, gpu_sample, step
 from tests.kit.recordings import description, elastic_script, with_model
 
 MS = 1_000_000
@@ -42,10 +41,10 @@ def folded(run: RunDescription, run_events: list[Event], *, as_tables: bool = Tr
     for the kinds folded as events: steps) an event at a time as the dashboard does."""
     fold = RunFold(run)
     if as_tables:
-        for kind, table in in_kind_order(batches_of(run_events)):
+        for kind, table in tables_of(run_events):
             fold.apply(kind, table)
     else:
-        fold.apply_events(run_events)
+        fold_events(fold, run_events)
     fold.finish("completed")
     return fold
 

@@ -10,7 +10,7 @@ import dataclasses
 
 import pytest
 
-from meshtop.probes.events import Event, ProcessSample, ServerMetric
+from meshtop.probes.events import Event, EventsDropped, ProcessSample, ServerMetric
 from meshtop.recordings.manifest import RunDescription
 from meshtop.recordings.metrics.collectives import CollectiveFold, last_full_step
 from meshtop.recordings.metrics.gpus import GpuFold, GpuRow
@@ -20,7 +20,7 @@ from meshtop.recordings.metrics.pipeline import StageFold, StageRow, step_bubble
 from meshtop.recordings.metrics.run import RunFold
 from meshtop.recordings.metrics.server import ServerFigures, ServerFold
 from meshtop.recordings.schema import table_of
-from tests.kit.events import collective, gpu_sample, memory_snapshot, stage_action, step
+from tests.kit.events import collective, fold_events, gpu_sample, memory_snapshot, stage_action, step
 from tests.kit.recordings import description, elastic_script, with_model
 
 GIB = 1 << 30
@@ -35,7 +35,7 @@ def test_gpu_tables_folded_one_after_another_keep_the_peak_the_name_and_idle_sam
     table, 50 % in the second. Peak 70 GiB (not the second table's 60); utilisation (0 + 0 + 30) / 3 = 10 %
     (an idle table adds 0, not 1); GPU 1 50 / 1 = 50 %; the empty name is no name: "NVIDIA H100" stays."""
     fold = GpuFold()
-    fold.add_table(
+    fold.add(
         table_of(
             [
                 gpu_sample(gpu=0, wall_ns=1, name="NVIDIA H100", memory_used_bytes=70 * GIB, utilization_pct=0.0),
@@ -44,7 +44,7 @@ def test_gpu_tables_folded_one_after_another_keep_the_peak_the_name_and_idle_sam
             ]
         )
     )
-    fold.add_table(
+    fold.add(
         table_of(
             [
                 gpu_sample(gpu=0, wall_ns=3, name=None, memory_used_bytes=60 * GIB, utilization_pct=30.0),
@@ -120,11 +120,11 @@ def test_a_memory_table_counts_each_replaced_last_snapshot_and_each_risen_peak_o
         memory_snapshot(1, 150, step=1, rss_bytes=2000),
     ]
     fold = MemoryFold()
-    fold.add_table(table_of(snapshots))
+    fold.add(table_of(snapshots))
     assert fold.changes == 6
     assert fold.peaks() == {0: 120, 1: 200}
     assert {rank: last.weights_bytes for rank, last in fold.last.items()} == {0: 120, 1: 150}
-    fold.add_table(table_of(snapshots))
+    fold.add(table_of(snapshots))
     assert fold.changes == 6
 
 
@@ -197,17 +197,23 @@ def test_an_iteration_of_no_time_has_no_bubble_and_the_others_theirs_wait_over_d
 
 def test_the_rows_of_the_job_leave_out_other_ranks_and_negative_steps_without_counting_them() -> None:
     """A job of 2 ranks: rank 1's step of -0.5 s and rank 7's are not the job's; a table that is all the job's
-    comes back as it is (the screen asks every frame: no copy); a one-row table of another rank's, empty."""
+        comes back as it is (the screen asks every frame: no copy); a one-row table of another rank's, empty. Drops
+    reported by the collector (rank none) and by rank 1 are the job's, rank 7's are not."""
     fold = RunFold(description(dp=2))
     mixed = table_of([step(0, 0), step(1, 0, -0.5), step(7, 0)])
-    assert fold.rows_of_the_job("step", mixed).column("rank").to_pylist() == [0]
+    assert fold.of_the_job("step", mixed).column("rank").to_pylist() == [0]
     whole = table_of([step(0, 0), step(1, 0)])
-    assert fold.rows_of_the_job("step", whole) is whole
-    assert len(fold.rows_of_the_job("step", table_of([step(7, 0)]))) == 0
+    assert fold.of_the_job("step", whole) is whole
+    assert len(fold.of_the_job("step", table_of([step(7, 0)]))) == 0
     operations = table_of([collective(0, 0), collective(1, 0)])
-    assert fold.plausible("collective", operations) is operations
+    assert fold.of_the_job("collective", operations) is operations
     of_no_group = table_of([collective(0, 0), collective(1, 0, group_size=0)])
-    assert fold.plausible("collective", of_no_group).column("rank").to_pylist() == [0]
+    assert fold.of_the_job("collective", of_no_group).column("rank").to_pylist() == [0]
+    dropped = [EventsDropped(wall_ns=0, rank=rank, where="w", count=1) for rank in (None, 1, 7)]
+    assert fold.of_the_job("events_dropped", table_of(dropped)).column("rank").to_pylist() == [
+        None,
+        1,
+    ]  # None: the collector's
     assert fold.rejected == {}  # for a reader beside the fold: not counted again
 
 
@@ -251,7 +257,7 @@ def memory_job() -> RunFold:
         memory_snapshot(rank, peak * GIB, device_total_bytes=80 * GIB) for rank, peak in enumerate((40, 40, 40, 70))
     ]
     events += [step(rank, number) for number in range(3) for rank in range(4)]
-    fold.apply_events(events)
+    fold_events(fold, events)
     fold.finish("completed")
     return fold
 
@@ -283,7 +289,7 @@ def test_memory_of_nothing_peaks_at_nothing_and_each_process_tables_rises_are_co
     peak + 1 resident peak = 3 changes. A process table of rank 0 at 800 (risen) and rank 1 at 300 (a first
     reading): 5; the same table again raises nothing: still 5."""
     fold = MemoryFold()
-    fold.add(memory_snapshot(0, 0, rss_bytes=500))
+    fold.add(table_of([memory_snapshot(0, 0, rss_bytes=500)]))
     assert fold.changes == 3
     assert fold.peaks() == {0: 0}
     processes = table_of(
@@ -292,9 +298,9 @@ def test_memory_of_nothing_peaks_at_nothing_and_each_process_tables_rises_are_co
             ProcessSample(rank=1, pid=11, wall_ns=2, cpu_pct=None, rss_bytes=300, threads=None),
         ]
     )
-    fold.add_process_table(processes)
+    fold.add_process(processes)
     assert fold.changes == 5
-    fold.add_process_table(processes)
+    fold.add_process(processes)
     assert fold.changes == 5
     assert fold.peaks() == {0: 0, 1: 300}  # rank 0's is its allocator's; rank 1 has only a resident set
 

@@ -163,7 +163,7 @@ def test_an_mfu_without_a_value_still_names_its_flops_a_token() -> None:
 def test_a_rank_seen_only_by_its_resident_set_has_a_row_with_its_peak_and_nothing_else() -> None:
     """Rank 2: a process sample of 300 bytes, no memory snapshot: a row of its peak, every category unknown."""
     fold = MemoryFold()
-    fold.add_process(ProcessSample(rank=2, pid=7, wall_ns=1, cpu_pct=None, rss_bytes=300, threads=None))
+    fold.add_process(table_of([ProcessSample(rank=2, pid=7, wall_ns=1, cpu_pct=None, rss_bytes=300, threads=None)]))
     unknown = dict.fromkeys(
         ("weights_bytes", "grads_bytes", "optimizer_bytes", "activations_bytes", "kv_cache_bytes"), None
     )

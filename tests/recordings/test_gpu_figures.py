@@ -28,16 +28,10 @@ EXPECTED = [
 
 def test_each_gpu_peak_and_mean_utilisation_by_hand() -> None:
     fold = GpuFold()
-    for sample in SAMPLES:
-        fold.add(sample)
-    assert fold.rows() == EXPECTED
-
-
-def test_a_table_of_samples_folds_as_its_events() -> None:
-    fold = GpuFold()
-    fold.add_table(table_of(SAMPLES))
+    fold.add(table_of(SAMPLES))
     assert fold.rows() == EXPECTED
     assert GpuFold().rows() == []
+    assert EXPECTED[0].utilization_mean_pct == pytest.approx((40 + 80) / 2)
     assert EXPECTED[0].utilization_mean_pct == pytest.approx((40 + 80) / 2)
 
 

@@ -11,12 +11,11 @@ from typing import Any
 import numpy as np
 import pytest
 
-from meshtop.probes.events import MemorySnapshot, StepTiming
+from meshtop.probes.events import FOLD_ORDER, MemorySnapshot, StepTiming
 from meshtop.recordings.metrics.figures import straggler_json
 from meshtop.recordings.metrics.mfu import GpuModel, peak_flops
 from meshtop.recordings.metrics.run import RunFold
 from meshtop.recordings.reader import open_recording
-from meshtop.recordings.replay import KIND_ORDER
 from meshtop.recordings.samples import INFER_SAMPLE, SAMPLE
 from meshtop.recordings.summary import fold_recording
 from meshtop.tui.cli import main
@@ -224,7 +223,7 @@ def test_the_fold_gives_the_same_figures_however_the_tables_are_cut(capsys: pyte
     whole = fold_recording(recording).figures()
     rng = np.random.default_rng(7)
     pieces = []
-    for kind in KIND_ORDER:
+    for kind in FOLD_ORDER:
         if kind not in recording.kinds():
             continue
         table = recording.arrow(kind)
@@ -232,7 +231,7 @@ def test_the_fold_gives_the_same_figures_however_the_tables_are_cut(capsys: pyte
         edges = [0, *cuts.tolist(), len(table)]
         pieces += [(kind, table.slice(a, b - a)) for a, b in pairwise(edges) if b > a]
     fold = RunFold(recording.manifest.run)
-    for kind, piece in sorted(pieces, key=lambda item: KIND_ORDER.index(item[0])):
+    for kind, piece in sorted(pieces, key=lambda item: FOLD_ORDER[item[0]]):
         fold.apply(kind, piece)
     fold.finish("completed")
     assert fold.figures() == whole

@@ -13,7 +13,7 @@ import pytest
 
 from meshtop.probes.arrivals import Arrivals, EncodedEvents, encode_lines
 from meshtop.probes.collector import Collector
-from meshtop.probes.events import Event, StepTiming, on_node
+from meshtop.probes.events import FOLDED_KINDS, PROGRESS_KINDS, Event, StepTiming, on_node
 from meshtop.probes.wire import FrameError, event_sections, pack, sections
 from meshtop.recordings import tables
 from meshtop.recordings.events_log import EVENTS_DIR, EventWriter
@@ -22,7 +22,7 @@ from meshtop.recordings.node_parts import COMPRESS_FROM_BYTES, part_name
 from meshtop.recordings.reader import open_recording
 from meshtop.recordings.recorder import Ending, SessionRecorder
 from meshtop.recordings.schema import events_of
-from meshtop.recordings.session_fold import FOLDED_KINDS, PROGRESS_KINDS, SessionFold, arrival_tables
+from meshtop.recordings.session_fold import SessionFold, arrival_tables
 from meshtop.recordings.tables import compact
 from tests.kit import events
 from tests.kit.recordings import fleet_description, write_recording

@@ -14,7 +14,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from meshtop.probes.arrivals import Arrivals
-from meshtop.probes.events import RankStarted, RequestDone
+from meshtop.probes.events import RankExited, RankStarted, RequestDone
 from meshtop.recordings.prometheus import MetricsServer, RunMetrics
 from meshtop.recordings.reader import open_recording
 from meshtop.recordings.samples import SAMPLE
@@ -24,7 +24,7 @@ from meshtop.recordings.summary import summarize
 from meshtop.tui.sources import ReplaySource
 from meshtop.tui.state import DashboardState
 from tests.kit.commands import line_matching, meshtop
-from tests.kit.events import gpu_sample
+from tests.kit.events import gpu_sample, rank_started
 from tests.kit.recordings import description
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -140,6 +140,37 @@ def test_requests_and_gpus_in_base_units_with_the_dcgm_labels() -> None:
     assert samples["meshtop_request_e2e_seconds_sum"][0][1] == pytest.approx(0.4)
     assert samples["meshtop_gpu_utilization_ratio"] == [({"gpu": "0", "UUID": "GPU-1234", "Hostname": "gpu-a"}, 0.75)]
     assert samples["meshtop_gpu_sm_clock_hertz"][0][1] == 1.98e9
+
+
+def test_each_ranks_state_and_each_gpus_samples_are_the_folds() -> None:
+    """dp 2 on host ``h``: ranks 0 and 1 start, rank 1 exits by SIGKILL (-9); GPU 0 sampled twice, at 300 W then
+    400 W, its second reading of utilisation failed. rank_up 1 and 0; rank 1's exit code -9; GPU 0: 2 samples,
+    its last power 400 W, no utilisation (its last sample read none)."""
+    metrics = RunMetrics(description(dp=2))
+    session = SessionFold(metrics.run)
+    metrics.follow(session)
+    exited = RankExited(rank=1, wall_ns=5, exit_code=-9, signal="SIGKILL", error=None)
+    events = [rank_started(0), rank_started(1), exited, gpu_sample(wall_ns=1, power_w=300.0, utilization_pct=50.0)]
+    arrivals = Arrivals([*events, gpu_sample(wall_ns=2, power_w=400.0, utilization_pct=None)])
+    metrics.take(arrivals, session.take(arrivals))
+    samples = {
+        sample.name: sample
+        for family in text_string_to_metric_families(metrics.exposition().decode())
+        for sample in family.samples
+        if sample.name != "meshtop_rank_up"
+    }
+    up = {
+        sample.labels["rank"]: sample.value
+        for family in text_string_to_metric_families(metrics.exposition().decode())
+        for sample in family.samples
+        if sample.name == "meshtop_rank_up"
+    }
+    assert up == {"0": 1.0, "1": 0.0}
+    assert samples["meshtop_rank_exit_code"].labels == {"rank": "1", "Hostname": "h", "node": "0"}
+    assert samples["meshtop_rank_exit_code"].value == -9
+    assert samples["meshtop_gpu_samples_total"].value == 2
+    assert samples["meshtop_gpu_power_watts"].value == 400.0
+    assert "meshtop_gpu_utilization_ratio" not in samples
 
 
 @pytest.mark.slow

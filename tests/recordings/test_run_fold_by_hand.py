@@ -14,6 +14,7 @@ import pytest
 from meshtop.probes.events import (
     Event,
     JobEnded,
+    ProbeOff,
     ProcessSample,
     RankExited,
     RequestDone,
@@ -24,7 +25,7 @@ from meshtop.recordings.manifest import Endpoint, GpuInfo, Load, RunDescription
 from meshtop.recordings.metrics.mfu import GpuModel
 from meshtop.recordings.metrics.run import ClosedStep, RunFold, fold_tables
 from meshtop.recordings.schema import table_of
-from tests.kit.events import collective, gpu_sample, rank_started, step
+from tests.kit.events import collective, fold_events, gpu_sample, rank_started, step
 from tests.kit.inference import BASE_NS, MS, served
 from tests.kit.recordings import description, elastic_script
 
@@ -100,11 +101,11 @@ def test_a_start_that_says_no_size_keeps_the_runs_and_a_restart_counts_its_steps
     start says no size (0): it is 4 ranks from step 0. The restart (1) says 2 ranks from step 5: step 5 has
     its 2 and completes; step 3 is still the first start's, short of 2 of its 4."""
     fold = RunFold(elastic_script(4))
-    fold.apply_events([step(0, 3), step(1, 3), step(0, 5), step(1, 5)])
-    fold.apply_events([rank_started(0, world_size=0)])
+    fold_events(fold, [step(0, 3), step(1, 3), step(0, 5), step(1, 5)])
+    fold_events(fold, [rank_started(0, world_size=0)])
     assert fold.starts == {0: (4, 0)}
     assert fold.steps_completed == 0
-    fold.apply_events([rank_started(0, world_size=2, restart=1, first_step=5)])
+    fold_events(fold, [rank_started(0, world_size=2, restart=1, first_step=5)])
     assert fold.starts == {0: (4, 0), 1: (2, 5)}
     assert fold.run.world_size == 2
     assert [job.step for job in fold.steps_since(0)] == [5]
@@ -114,7 +115,7 @@ def test_a_rank_is_where_its_start_said_else_where_the_plan_puts_it() -> None:
     """dp 2 x pp 2: the plan puts rank 1 at (pp 0, dp 1, tp 0); its start says pp 1, dp 0. Rank 2 said nothing:
     the plan's (1, 0, 0)."""
     fold = RunFold(description(dp=2, pp=2))
-    fold.apply_events([rank_started(1, pp_rank=1, dp_rank=0)])
+    fold_events(fold, [rank_started(1, pp_rank=1, dp_rank=0)])
     assert fold.position(1) == (1, 0, 0)
     assert fold.position(2) == fold.run.plan.coordinates(2) == (1, 0, 0)
     assert fold.run.plan.coordinates(1) == (0, 1, 0)
@@ -140,8 +141,8 @@ def test_the_gpus_a_manifest_names_give_a_scripts_mfu_its_peak() -> None:
         ]
     )
     assert fold.gpu_models == {(0, 1): GpuModel("NVIDIA A100-SXM4-80GB", 400.0)}
-    fold.apply_events([rank_started(0, world_size=1, model_parameters=100_000_000)])
-    fold.apply_events([step(0, number, 0.1, tokens=4096) for number in range(3)])
+    fold_events(fold, [rank_started(0, world_size=1, model_parameters=100_000_000)])
+    fold_events(fold, [step(0, number, 0.1, tokens=4096) for number in range(3)])
     found = fold.figures().mfu
     assert (found.flops_per_token, found.peak_flops_per_s, found.gpus) == (6e8, 312e12, 1)
     assert found.value == pytest.approx(2.4576e13 / 3.12e14)
@@ -184,7 +185,7 @@ def pipeline_fold() -> RunFold:
     fold = RunFold(description(pp=2))
     events = pipeline_events()
     fold.apply("stage_action", table_of([event for event in events if event.kind == "stage_action"]))
-    fold.apply_events([event for event in events if event.kind == "step"])
+    fold_events(fold, [event for event in events if event.kind == "step"])
     return fold
 
 
@@ -215,12 +216,13 @@ def test_a_ranks_communication_in_its_closed_steps_is_what_attention_reads() -> 
     fold = RunFold(description(dp=2))
     fold.apply("collective", table_of([collective(0, n, 0.002, offset_ns=8 * MS, waited=True) for n in range(3)]))
     starts = [n * 10**9 for n in range(3)]  # step n starts at n s
-    fold.apply_events(
+    fold_events(
+        fold,
         [
             step(rank, n, 0.010, phases="fb", phase_start_ns=(t, t + 4 * MS), phase_end_ns=(t + 4 * MS, t + 8 * MS))
             for n, t in enumerate(starts)
             for rank in range(2)
-        ]
+        ],
     )
     fold.finish("completed")
     assert fold.recent_by_rank.medians("communication") == {0: pytest.approx(0.002), 1: 0.0}
@@ -243,13 +245,13 @@ def test_figures_asked_again_after_the_job_ended_are_the_ended_jobs() -> None:
     assert fold.figures().stages == ()
     events = pipeline_events()
     fold.apply("stage_action", table_of([event for event in events if event.kind == "stage_action"]))
-    fold.apply_events([event for event in events if event.kind == "step"])
+    fold_events(fold, [event for event in events if event.kind == "step"])
     before = fold.figures().stages
     assert [row.stage for row in before] == [0, 1]
     # stage 0 busy (6 + 5) / 2 = 5.5 ms a step, idle (4 + 15) / 2 = 9.5 ms
     assert [row.busy_s for row in before] == [pytest.approx(0.0055), pytest.approx(0.009)]
     fold.finish("completed")
-    fold.apply_events([])
+    fold_events(fold, [])
     # stage 0 busy (6 + 5 + 4 + 8) / 4 = 5.75 ms; step 2: span 4, idle 0 and 0; step 3: idle 8 and 14
     after = fold.figures().stages
     assert [row.busy_s for row in after] == [pytest.approx(0.00575), pytest.approx(0.006)]
@@ -306,14 +308,14 @@ def test_an_endpoints_client_cpu_taken_as_events_is_its_rank_0s_and_a_built_in_s
     at 500 ms (past the window): mean (40 + 60) / 2 = 50 %, max 60 %. Built-in serving: rank 0 is a replica,
     its 40 % is no client's."""
     fold = RunFold(endpoint_run())
-    fold.apply_events([sent(0, 0), sent(1, 100)])
-    fold.apply_events([process(0, 10, 40.0), process(0, 50, None), process(0, 110, 60.0), process(0, 500, 99.0)])
+    fold_events(fold, [sent(0, 0), sent(1, 100)])
+    fold_events(fold, [process(0, 10, 40.0), process(0, 50, None), process(0, 110, 60.0), process(0, 500, 99.0)])
     requests = fold.figures().requests
     assert requests is not None and requests.client is not None
     assert (requests.client.cpu_mean_pct, requests.client.cpu_max_pct) == (50.0, 60.0)
 
     built_in = RunFold(description(mode="infer", dp=1))
-    built_in.apply_events([sent(0, 0), sent(1, 100), process(0, 10, 40.0)])
+    fold_events(built_in, [sent(0, 0), sent(1, 100), process(0, 10, 40.0)])
     requests = built_in.figures().requests
     assert requests is not None and requests.client is not None
     assert requests.client.cpu_mean_pct is None
@@ -342,8 +344,8 @@ def test_an_endpoints_requests_left_when_the_job_ended_were_not_sent_and_its_gpu
         utilization_pct=50.0,
         power_limit_w=700.0,
     )
-    fold.apply_events([sent(0, 0), sampled, metric])
-    fold.apply_events([JobEnded(wall_ns=BASE_NS + 50 * MS, status="interrupted", duration_s=1.0, root_cause_rank=None)])
+    fold_events(fold, [sent(0, 0), sampled, metric])
+    fold_events(fold, [JobEnded(wall_ns=BASE_NS + 50 * MS, status="interrupted", duration_s=1.0, root_cause_rank=None)])
     figures = fold.figures()
     assert figures.requests is not None
     assert (figures.requests.count, figures.requests.not_sent, figures.requests.failed) == (1, 2, 0)
@@ -379,7 +381,7 @@ def test_an_interleaved_pipelines_later_stages_are_their_ranks_pipeline_stages()
 def test_a_fold_keeps_the_last_4096_completed_steps() -> None:
     """A served run's 4097 iterations of rank 0: all count, the last 4096 (steps 1 to 4096) are kept."""
     fold = RunFold(description(mode="infer", dp=1))
-    fold.apply_events([step(0, number, 0.01) for number in range(4097)])
+    fold_events(fold, [step(0, number, 0.01) for number in range(4097)])
     assert fold.steps_completed == 4097
     kept = fold.steps_since(0)
     assert (len(kept), kept[0].step, kept[-1].step) == (4096, 1, 4096)
@@ -389,7 +391,7 @@ def test_a_fold_keeps_the_last_240_closed_steps_each_with_its_ranks_times() -> N
     """One rank, 243 steps of 0.1 s; the job ends and all 243 close: the last 240 (steps 3 to 242) are kept,
     each with its step time and rank 0's."""
     fold = RunFold(description(dp=1))
-    fold.apply_events([step(0, number, 0.1) for number in range(243)])
+    fold_events(fold, [step(0, number, 0.1) for number in range(243)])
     fold.finish("completed")
     assert fold.closed_count == 243
     assert (len(fold.closed), fold.closed[0].step, fold.closed[-1].step) == (240, 3, 242)
@@ -403,18 +405,22 @@ def test_a_fold_keeps_the_last_240_closed_steps_each_with_its_ranks_times() -> N
 
 def test_rows_of_ranks_outside_the_job_are_counted_across_tables_and_a_step_of_no_time_is_kept() -> None:
     """dp 2 (ranks 0 and 1): two step tables, each with a row of a rank outside (5, then 7): 2 counted. Rank 2,
-    the world size itself, is outside too (1 more). A step of 0 s is the job's. A rank that exited is no
-    figure's: its table is not checked or counted."""
+    the world size itself, is outside too (1 more). A step of 0 s is the job's. A probe that was off is no
+    figure's: its table is not checked or counted. A rank outside the job that exited is counted (1 more);
+    rank 1's exit, code 1, is followed."""
     fold = RunFold(description(dp=2))
     fold.apply("step", table_of([step(0, 0), step(5, 0)]))
     fold.apply("step", table_of([step(0, 1), step(7, 1)]))
     assert fold.rejected == {"step": 2}
-    assert not fold.of_the_job(step(2, 2))
-    assert fold.apply_events([step(2, 2)]) == []
+    assert len(fold.of_the_job("step", table_of([step(2, 2)]))) == 0
+    fold_events(fold, [step(2, 2)])
     assert fold.rejected == {"step": 3}
-    assert fold.of_the_job(step(1, 0, 0.0))
-    fold.apply("rank_exited", table_of([RankExited(rank=5, wall_ns=0, exit_code=1, signal=None, error=None)]))
+    assert len(fold.of_the_job("step", table_of([step(1, 0, 0.0)]))) == 1
+    fold.apply("probe_off", table_of([ProbeOff(rank=5, wall_ns=0, probe="loss", reason="off")]))
     assert fold.rejected == {"step": 3}
+    exits = [RankExited(rank=rank, wall_ns=0, exit_code=1, signal=None, error=None) for rank in (5, 1)]
+    fold.apply("rank_exited", table_of(exits))
+    assert fold.rejected == {"step": 3, "rank_exited": 1} and fold.exits == {1: 1}
 
 
 # -- a step completed after the end --------------------------------------------------------------------------
@@ -425,10 +431,10 @@ def test_a_step_completed_after_the_job_ended_closes_without_its_ranks_spans() -
     its spans forgotten), then the ranks' start says there was 1 rank: step 0 completes, and closes at the
     next end with its step time but no rank's span (nothing left of it): no rank times, span 0."""
     fold = RunFold(elastic_script(2))
-    fold.apply_events([step(0, 0, 0.1)])
+    fold_events(fold, [step(0, 0, 0.1)])
     fold.finish("completed")
     assert fold.closed_count == 0
-    fold.apply_events([rank_started(0, world_size=1)])
+    fold_events(fold, [rank_started(0, world_size=1)])
     assert fold.steps_completed == 1
     fold.finish("completed")
     assert list(fold.closed) == [ClosedStep(0, pytest.approx(0.1), {}, {}, {}, 0.0, {})]
@@ -438,5 +444,5 @@ def test_an_event_of_no_rank_is_the_jobs_whatever_its_size_says() -> None:
     """The job's end names no rank: it is the job's even while the job is counted at no rank yet (an elastic
     job's size before its ranks say it): not refused."""
     fold = RunFold(elastic_script(0))
-    fold.apply_events([JobEnded(wall_ns=5, status="completed", duration_s=1.0, root_cause_rank=None)])
+    fold_events(fold, [JobEnded(wall_ns=5, status="completed", duration_s=1.0, root_cause_rank=None)])
     assert fold.rejected == {}

@@ -5,7 +5,6 @@ takes a step from another; a reader on another thread never sees a batch half fo
 from __future__ import annotations
 
 import threading
-import time
 from pathlib import Path
 
 import pyarrow as pa
@@ -18,10 +17,8 @@ from meshtop.recordings import session_fold
 from meshtop.recordings.manifest import Manifest, read_manifest, write_manifest
 from meshtop.recordings.metrics.stragglers import WINDOW
 from meshtop.recordings.prometheus import RunMetrics
-from meshtop.recordings.reader import open_recording
 from meshtop.recordings.recorder import Ending, SessionRecorder
 from meshtop.recordings.replay import in_kind_order
-from meshtop.recordings.schema import ARROW_JSON_FROM_BYTES
 from meshtop.recordings.session_fold import SessionFold, arrival_tables
 from meshtop.tui.alerts import alerts_of
 from meshtop.tui.sources import screen_batches
@@ -123,137 +120,6 @@ def test_a_reader_on_another_thread_never_sees_a_batch_half_folded() -> None:
         reader.join()
     assert not failures, failures
     assert session.steps_completed == 200 and session.figures().steps.count == 200
-
-
-def test_a_live_fold_past_its_share_of_the_time_leaves_collectives_out_counted_and_records_them(
-    tmp_path: Path,
-) -> None:
-    """Share 0: every take after the first (the ranks' starts) finds the fold over its share. The 10
-    all-reduces are left out of the fold and the screen, counted, and still recorded; every step completes
-    (steps are never left out) and the dashboard says so."""
-    run = description(dp=2)
-    write_manifest(tmp_path, Manifest(run=run))
-    session = SessionFold(run, share=0.0)
-    recorder = SessionRecorder(session, tmp_path, Manifest(run=run))
-    state = DashboardState(run, session=session)
-    left_out, on_screen = [], 0
-    for events in batches(5):
-        arrivals = Arrivals(events)
-        folded = recorder.take(arrivals)
-        left_out.append(sorted(folded.left_out))
-        screen = screen_batches(arrivals, folded.tables, left_out=folded.left_out)
-        on_screen += sum(len(table) for kind, table in screen if kind == "collective")
-        state.take_steps(folded.steps)
-    assert left_out == [[]] + [["collective", "stage_action"]] * 10
-    assert session.left_out == {"collective": 10} and on_screen == 0
-    assert session.figures().collectives == () and session.steps_completed == 5
-    state.coalesced = session.left_out.total()
-    assert any(alert.text.startswith("10 collective and sample events left out") for alert in alerts_of(state))
-    recorder.close(Ending(status="completed", duration_s=1.0))
-    assert len(open_recording(tmp_path).arrow("collective")) == 10
-
-
-def test_a_fold_that_only_waited_for_the_lock_is_not_judged_behind() -> None:
-    """The share counts the fold's own CPU: takes that each spent 0.25 s waiting (here for the session's lock,
-    live for the interpreter's, held by the screen) fold every batch whole. Timed by the wall clock, the
-    waits made the fold look slower at each take, and from the fifth on the collectives were left out."""
-    run = description(dp=2)
-    for events in batches(1):  # warm: a cold first fold (imports) costs far more than the rest
-        SessionFold(run).take(Arrivals(events))
-    session = SessionFold(run, share=0.5)
-    starts, *work = [Arrivals(events) for events in batches(3)]
-    session.take(starts)  # the fold's cost per event, its first measure
-    time.sleep(0.05)  # the next batch comes later, as a session's do
-    left_out = []
-    for arrivals in work:
-        held = threading.Event()
-
-        def hold_the_lock(held: threading.Event = held) -> None:
-            with session.lock:
-                held.set()
-                time.sleep(0.25)
-
-        holder = threading.Thread(target=hold_the_lock)
-        holder.start()
-        held.wait()
-        left_out.append(sorted(session.take(arrivals).left_out))  # waits for the lock inside the timed take
-        holder.join()
-    assert left_out == [[]] * 6 and not session.left_out
-    assert session.figures().collectives[0].count == 6
-
-
-def test_batches_taken_back_to_back_are_folded_whole_while_the_fold_keeps_within_its_share() -> None:
-    """Two batches can come together (a collector's read, a producer catching up): the second a moment after
-    the first began. Judged against that moment alone, the second looked behind and lost its collectives;
-    judged over the last second, a fold busy a few ms of it folds both whole."""
-    run = description(dp=2)
-    for events in batches(1):  # warm: a cold first fold (imports) costs far more than the rest
-        SessionFold(run).take(Arrivals(events))
-    session = SessionFold(run, share=0.5)
-    starts, *work = [Arrivals(events) for events in batches(6)]
-    session.take(starts)
-    time.sleep(0.05)
-    left_out = []
-    for first, second in zip(work[::2], work[1::2], strict=True):
-        left_out += [sorted(session.take(first).left_out), sorted(session.take(second).left_out)]  # back to back
-        time.sleep(0.05)
-    assert left_out == [[]] * 12 and not session.left_out
-    assert session.figures().collectives[0].count == 12
-
-
-def test_a_fold_that_thought_itself_too_slow_measures_again_and_takes_the_bulk_back(monkeypatch) -> None:
-    """A cost once measured far too high (here set: 1 s an event, as a cold first fold can measure) leaves the
-    bulk out; after PROBE_S of that, one take folds whole and measures again, and the next keep the bulk."""
-    monkeypatch.setattr(session_fold, "PROBE_S", 0.5)
-    run = description(dp=2)
-    session = SessionFold(run, share=0.5)
-    starts, *work = [Arrivals(events) for events in batches(4)]
-    session.take(starts)
-    session._cost_s = 1.0
-    left_out = []
-    for arrivals in work:
-        left_out.append(bool(session.take(arrivals).left_out))
-        time.sleep(0.1)
-    assert left_out[:2] == [True, True]  # behind since the first, and still within PROBE_S
-    assert left_out[-3:] == [False] * 3  # 0.5 s on: one probe folds whole, and the cost is small since
-    assert left_out == sorted(left_out, reverse=True)
-    assert session._cost_s < 0.1  # measured again: a few ms an event here, not the 1 s set (a loaded CI's 10)
-
-
-def test_a_probe_folds_at_most_probe_events_of_the_bulk_and_counts_the_rest(monkeypatch) -> None:
-    """Measuring its cost again, a fold behind for PROBE_S folds the batch's first PROBE_EVENTS bulk events
-    (here 3 of a batch of 10 all-reduces), not all of them: the rest are left out and counted."""
-    monkeypatch.setattr(session_fold, "PROBE_S", 0.0)
-    monkeypatch.setattr(session_fold, "PROBE_EVENTS", 3)
-    run = description(dp=2)
-    session = SessionFold(run, share=0.5)
-    session.take(Arrivals(batches(0)[0]))
-    session._cost_s = 1.0  # far too high: the next take is behind
-    every = {"every_ns": 20 * MS}
-    ten = [collective(rank, 0, 0.002, waited=True, **every) for rank in (0, 1) for _ in range(5)]
-    assert sorted(session.take(Arrivals(ten)).left_out) == ["collective", "stage_action"]  # behind: all out
-    probe = session.take(Arrivals(ten))  # behind for PROBE_S (0 s): measures again on 3 of them
-    assert sorted(probe.left_out) == ["collective"]
-    assert sum(len(table) for kind, table in probe.tables if kind == "collective") == 3
-    assert session.left_out == {"collective": 10 + 7}
-    assert session._cost_s < 1.0
-
-
-def test_the_cost_a_fold_measures_counts_the_parse_on_arrows_threads() -> None:
-    """A block parsed by Arrow's reader (past ARROW_JSON_FROM_BYTES) is parsed on Arrow's threads, outside
-    the fold thread's CPU: the fold's cost counts the parse's wall time, so 20,000 collectives do not look
-    free (counted by the thread's CPU alone, a thousand ranks' collectives were folded seconds at a time)."""
-    run = description(dp=2)
-    session = SessionFold(run)
-    session.take(Arrivals(batches(0)[0]))
-    every = {"every_ns": 20 * MS}
-    many = [collective(rank % 2, 0, 0.002, waited=True, **every) for rank in range(20_000)]
-    lines = encode_lines(many)
-    assert len(lines) >= ARROW_JSON_FROM_BYTES
-    began = time.perf_counter()
-    session.take(Arrivals([EncodedEvents("collective", 0, lines, len(many))]))
-    wall = time.perf_counter() - began
-    assert session._spent[-1][1] >= 0.5 * wall  # the parse and the fold, not the fold's CPU alone
 
 
 def test_blocks_past_decode_bytes_are_parsed_a_piece_at_a_time_into_the_same_rows(monkeypatch) -> None:

@@ -9,7 +9,7 @@ import pytest
 
 from meshtop.recordings.metrics.steps import JobStep, StepFolder, StepRows, StepSpans, Windows
 from meshtop.recordings.schema import schema, table_of
-from tests.kit.events import step
+from tests.kit.events import reported, step
 
 MS = 1_000_000
 T0 = 1_700_000_000_000_000_001
@@ -90,13 +90,13 @@ def test_a_step_tables_phase_times_read_back_to_the_nanosecond_past_a_row_withou
     assert all(type(ns) is int for ns in [*first.start_ns.tolist(), *last.end_ns.tolist()])
 
 
-def test_a_table_that_repeats_a_pending_ranks_report_is_left_to_the_row_by_row_path() -> None:
-    """Two ranks; rank 0's step 1 came alone, then a table with rank 0's step 1 again: not taken whole (``None``),
-    rank 0's first report still waits."""
+def test_a_table_that_repeats_a_pending_ranks_report_replaces_it() -> None:
+    """Two ranks; rank 0's step 1 came alone, then a table with rank 0's step 1 again: the later report replaces
+    the first, and the step still waits for rank 1."""
     folder = StepFolder(2)
-    assert folder.add(step(0, 1, duration_s=0.5)) is None
-    assert folder.add_rows(StepRows.of(table_of([step(0, 1, duration_s=0.25)]))) is None
-    assert folder.pending[1][0].duration_s == 0.5
+    assert not reported(folder, step(0, 1, duration_s=0.5))
+    assert folder.add(StepRows.of(table_of([step(0, 1, duration_s=0.25)]))) == []
+    assert folder.pending[1][0].duration_s == 0.25
 
 
 def test_a_table_of_reports_folds_the_steps_it_completes_with_their_losses() -> None:
@@ -106,7 +106,7 @@ def test_a_table_of_reports_folds_the_steps_it_completes_with_their_losses() -> 
     Step 1: time 0.2 (the slowest), loss 2.0 (one rank of two had one), 64 / 0.2 = 320 tokens/s, 4 losses a step.
     Step 2: time max(0.5, 0.25) = 0.5, loss (3.0 + 1.0) / 2 = 2.0, 128 tokens/s, max(2, 3) = 3 losses a step."""
     folder = StepFolder(2)
-    assert folder.add(step(1, 2, duration_s=0.5, loss=3.0, losses=2, tokens=64)) is None
+    assert not reported(folder, step(1, 2, duration_s=0.5, loss=3.0, losses=2, tokens=64))
     table = table_of(
         [
             step(0, 1, duration_s=0.1, loss=2.0, losses=4, tokens=64),
@@ -114,7 +114,7 @@ def test_a_table_of_reports_folds_the_steps_it_completes_with_their_losses() -> 
             step(0, 2, duration_s=0.25, loss=1.0, losses=3, tokens=64),
         ]
     )
-    assert folder.add_rows(StepRows.of(table)) == [
+    assert folder.add(StepRows.of(table)) == [
         JobStep(
             step=1, loss=2.0, duration_s=0.2, tokens=64, tokens_per_s=320.0, loss_ranks=1, ranks=2, losses_per_step=4
         ),

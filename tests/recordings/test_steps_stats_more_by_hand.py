@@ -8,37 +8,43 @@ import numpy as np
 import pytest
 
 from meshtop.recordings.metrics.attention import WINDOW, RankRecent, attention
+from meshtop.recordings.metrics.run import RunFold
 from meshtop.recordings.metrics.stats import EXACT_LIMIT, Distribution
 from meshtop.recordings.metrics.steps import (
     ClosedSteps,
     JobStep,
-    Report,
     StepFolder,
+    StepRows,
     StepSpans,
     StepStats,
-    WholeSteps,
-    Windows,
     step_end_ns,
 )
-from tests.kit.events import step
+from meshtop.recordings.schema import table_of
+from tests.kit.events import reported, step
+from tests.kit.recordings import description
 
 # ---- steps.py: what a rank's report keeps, and its span
 
 
 def test_a_ranks_report_keeps_its_rank_time_loss_tokens_and_count_of_losses() -> None:
     timing = step(3, 1, duration_s=0.5, loss=2.0, tokens=100, losses=4, pipeline_wait_s=0.25)
-    assert Report.of(timing) == (3, 0.5, 2.0, 100, 4)
-    assert Report.of(timing).rank == 3
+    rows = StepRows.of(table_of([timing]))
+    assert rows.reports([0]) == [(3, 0.5, 2.0, 100, 4)]
+    assert rows.reports([0])[0].rank == 3
     timing = step(3, 1, phases="f", phase_start_ns=(10,), phase_end_ns=(20,), pipeline_wait_s=0.25)
-    assert Windows.of(timing) == Windows("f", (10,), (20,), 0.25)
+    (windows,) = StepRows.of(table_of([timing])).windows([0])
+    assert windows is not None and (windows.phases, windows.pipeline_wait_s) == ("f", 0.25)
+    assert (list(windows.start_ns), list(windows.end_ns)) == ([10], [20])
 
 
 def test_a_one_rank_step_folds_with_its_count_of_losses() -> None:
     """One rank: its report completes the step; 64 tokens / 0.5 s = 128 tokens/s; its loss was made of 3."""
-    folded = StepFolder(1).add(step(0, 7, duration_s=0.5, loss=3.0, losses=3, tokens=64))
-    assert folded == JobStep(
-        step=7, loss=3.0, duration_s=0.5, tokens=64, tokens_per_s=128.0, loss_ranks=1, ranks=1, losses_per_step=3
-    )
+    folded = reported(StepFolder(1), step(0, 7, duration_s=0.5, loss=3.0, losses=3, tokens=64))
+    assert folded == [
+        JobStep(
+            step=7, loss=3.0, duration_s=0.5, tokens=64, tokens_per_s=128.0, loss_ranks=1, ranks=1, losses_per_step=3
+        )
+    ]
 
 
 def test_a_step_of_two_seconds_ends_two_billion_nanoseconds_after_it_started() -> None:
@@ -99,27 +105,33 @@ def test_past_twice_the_kept_steps_the_latest_kept_stay_and_every_older_step_is_
     ]
 
 
-# ---- steps.py: whole steps
+# ---- run.py: steps a live batch without the bulk kinds tore
 
 
-def test_a_step_whose_first_report_came_before_a_torn_batch_is_torn_and_forgotten_once_closed() -> None:
-    """Step 0's first report came in batch 0; batch 1 was taken without its collectives; step 0 completed in batch
-    2: batches 0 to 2 include the torn one, so step 0 is torn. Closing it forgets it: closing a step 0 again (a
-    job numbering its steps again) finds it whole."""
-    whole = WholeSteps()
-    whole.first_report(0)
-    whole.next_batch(bulk_left_out=True)
-    whole.next_batch(bulk_left_out=False)
-    whole.completed(0)
-    assert whole.closes_whole(0) is False
-    assert whole.closes_whole(0) is True
+def test_a_step_open_during_a_torn_batch_and_the_next_are_torn_and_the_one_after_whole() -> None:
+    """dp 2. Rank 0 reports step 0; a batch comes without its collectives (nothing else in it): step 0 is open,
+    so torn, and step 1 (after the last reported) too. Steps 0 to 4 then complete in whole batches: closing
+    steps 0 and 1 counts 2 torn, step 2 (its step before first reported after the torn batch) closes whole."""
+    fold = RunFold(description(dp=2))
+    fold.apply("step", table_of([step(0, 0)]))
+    fold.apply_torn([])
+    fold.apply("step", table_of([step(1, 0)]))
+    for number in range(1, 5):
+        fold.apply("step", table_of([step(0, number), step(1, number)]))
+    assert (fold.closed_count, fold.closed_torn) == (3, 2)
 
 
-def test_a_step_completed_in_the_batch_that_brought_its_first_report_is_whole() -> None:
-    """No batch torn, and no first report of step 0 noted: it completes in the current batch, 0."""
-    whole = WholeSteps()
-    whole.completed(0)
-    assert whole.closes_whole(0) is True
+def test_a_step_completed_before_a_torn_batch_is_whole_and_one_it_completes_is_torn() -> None:
+    """dp 2. Step 0 completes in a whole batch; a batch without its collectives brings both reports of step 1:
+    step 0 closes whole, step 1 (completed in it) and step 2 (after the last reported) torn."""
+    fold = RunFold(description(dp=2))
+    fold.apply("step", table_of([step(0, 0), step(1, 0)]))
+    fold.apply_torn([("step", table_of([step(0, 1), step(1, 1)]))])
+    for number in range(2, 5):
+        fold.apply("step", table_of([step(0, number), step(1, number)]))
+    assert (fold.closed_count, fold.closed_torn) == (3, 2)
+    fold.apply("step", table_of([step(0, 5), step(1, 5)]))
+    assert (fold.closed_count, fold.closed_torn) == (4, 2)
 
 
 # ---- steps.py: a job that starts again
@@ -131,16 +143,16 @@ def test_the_ranks_of_each_start_report_the_steps_from_its_first_step() -> None:
     assert folder.started(3, first_step=5) == []
     assert folder.started(4, first_step=10) == []
     assert [folder.expected(n) for n in (0, 4, 5, 9, 10, 11)] == [2, 2, 3, 3, 4, 4]
-    assert folder.add(step(0, 5)) is None
-    assert folder.add(step(1, 5)) is None
-    assert folder.add(step(2, 5)) is not None
+    assert not reported(folder, step(0, 5))
+    assert not reported(folder, step(1, 5))
+    assert reported(folder, step(2, 5))
 
 
 def test_a_job_started_again_with_one_rank_completes_the_step_that_rank_had_reported() -> None:
     """Two ranks; rank 0 reported step 0 (0.5 s, loss 3.0 of 2 losses, 64 tokens); the job starts again with one
     rank from step 0 (the default): step 0 has all its ranks now, 64 / 0.5 = 128 tokens/s."""
     folder = StepFolder(2)
-    assert folder.add(step(0, 0, duration_s=0.5, loss=3.0, losses=2, tokens=64)) is None
+    assert not reported(folder, step(0, 0, duration_s=0.5, loss=3.0, losses=2, tokens=64))
     assert folder.started(1) == [
         JobStep(
             step=0, loss=3.0, duration_s=0.5, tokens=64, tokens_per_s=128.0, loss_ranks=1, ranks=1, losses_per_step=2

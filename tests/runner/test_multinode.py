@@ -24,6 +24,7 @@ from meshtop.recordings.metrics.steps import StepFolder
 from meshtop.recordings.reader import open_recording
 from meshtop.recordings.schema import events_of
 from tests.kit.commands import meshtop, run_meshtop
+from tests.kit.events import reported
 from tests.kit.jobs import RTOL, LaunchedRun, alive, launch
 from tests.kit.ports import free_port
 from tests.kit.recordings import recorded_so_far, wait_for_steps
@@ -86,7 +87,7 @@ def two_nodes(
 
 def job_losses(steps: list[StepTiming], world: int) -> list[float]:
     folder = StepFolder(world)
-    done = sorted((s for e in steps if (s := folder.add(e)) is not None), key=lambda s: s.step)
+    done = sorted(reported(folder, *steps), key=lambda s: s.step)
     return [s.loss for s in done if s.loss is not None]
 
 

@@ -28,7 +28,7 @@ from meshtop.runner.session.relay import Relay
 from meshtop.tui.state import DashboardState
 from tests.kit import events
 from tests.kit.commands import run_meshtop
-from tests.kit.events import gpu_sample
+from tests.kit.events import fold_events, gpu_sample, reported
 from tests.kit.recordings import elastic_script
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -478,14 +478,14 @@ def test_a_step_folder_counts_the_ranks_of_each_start() -> None:
     """Told of 2 ranks, it completes the steps they finished; a later start of 3 ranks from step 5 on waits for 3
     there and for 2 before."""
     folder = StepFolder(4)
-    assert folder.add(step(0, 0)) is None and folder.add(step(1, 0)) is None and folder.add(step(0, 1)) is None
+    assert not reported(folder, step(0, 0)) and not reported(folder, step(1, 0)) and not reported(folder, step(0, 1))
     done = folder.started(2)
     assert [s.step for s in done] == [0] and done[0].loss == 1.5 and list(folder.pending) == [1]
     assert folder.started(2) == [] and folder.started(0) == []
-    assert folder.add(step(1, 1)) is not None
+    assert reported(folder, step(1, 1))
     assert folder.started(3, first_step=5) == []
-    assert folder.add(step(0, 5)) is None and folder.add(step(1, 5)) is None and folder.add(step(2, 5)) is not None
-    assert folder.add(step(0, 4)) is None and folder.add(step(1, 4)) is not None
+    assert not reported(folder, step(0, 5)) and not reported(folder, step(1, 5)) and reported(folder, step(2, 5))
+    assert not reported(folder, step(0, 4)) and reported(folder, step(1, 4))
 
 
 def test_an_elastic_scripts_world_is_what_its_ranks_say(tmp_path: Path) -> None:
@@ -502,7 +502,7 @@ def test_an_elastic_scripts_world_is_what_its_ranks_say(tmp_path: Path) -> None:
     assert [s.step for s in completed] == [0]
     assert read_manifest(tmp_path).run.plan.world_size == 2  # at once: a crash keeps it
     assert read_manifest(tmp_path).run.plan.label == "torchrun train.py (2 ranks)"
-    state.fold.apply_events([*early, *started, step(0, 1), step(1, 1)])
+    fold_events(state.fold, [*early, *started, step(0, 1), step(1, 1)])
     assert state.info.world_size == 2
     state.fold.finish("completed")
     assert state.fold.steps.count == 2

@@ -7,7 +7,7 @@ from meshtop.probes.arrivals import Arrivals, EncodedEvents, decode_lines, encod
 from meshtop.probes.events import Event
 from meshtop.recordings.metrics.run import RunFold
 from meshtop.runner.job.rounds import Rounds
-from tests.kit.events import collective, memory_snapshot, rank_progress, rank_started, stage_action, step
+from tests.kit.events import collective, fold_events, memory_snapshot, rank_progress, rank_started, stage_action, step
 from tests.kit.recordings import elastic_script
 
 
@@ -44,7 +44,7 @@ def test_a_restarts_steps_follow_the_earlier_starts_and_each_start_counts_its_ra
     began = rounds.admit(first)
     assert [(s.restart, s.first_step, s.world_size) for s in began] == [(0, 0, 2)]
     assert [e.step for e in recorded(first, "step")] == [0, 1, 2, 0, 1, 2]  # the first start: untouched
-    fold.apply_events(first.events())
+    fold_events(fold, first.events())
 
     # node 1 joined: torchrun starts all four ranks again; its events come through its relay, many ranks a block
     again = Arrivals(
@@ -62,7 +62,7 @@ def test_a_restarts_steps_follow_the_earlier_starts_and_each_start_counts_its_ra
     assert sorted({e.step for e in recorded(again, "step")}) == [3, 4]
     assert [e.step for e in recorded(again, "collective")] == [3, None]  # type: ignore[attr-defined]
     assert [e.step for e in again.events(("step",))] == [e.step for e in recorded(again, "step")]  # type: ignore[attr-defined]
-    fold.apply_events(again.events())
+    fold_events(fold, again.events())
     fold.finish("completed")
     assert fold.steps.count == 5 and fold.run.world_size == 4  # 3 steps of 2 ranks, then 2 of 4
 
@@ -86,7 +86,7 @@ def test_a_restarts_memory_snapshots_stage_actions_and_heartbeats_are_renumbered
     assert steps_recorded(first, "memory") == [0, 1, 2, 0, 1, 2]  # the first start: untouched
     assert steps_recorded(first, "stage_action") == [2, 2]
     assert steps_recorded(first, "rank_progress") == [2]
-    fold.apply_events(first.events())
+    fold_events(fold, first.events())
 
     again = Arrivals(
         [
@@ -107,6 +107,6 @@ def test_a_restarts_memory_snapshots_stage_actions_and_heartbeats_are_renumbered
     assert steps_recorded(again, "memory") == [3, 4, 3, 4, 3, 4, 3, 4, 4]
     assert steps_recorded(again, "stage_action") == [3, 4, 3, None, 3, None, 3]
     assert steps_recorded(again, "rank_progress") == [4, 3, None, 4]
-    fold.apply_events(again.events())
+    fold_events(fold, again.events())
     fold.finish("completed")
     assert [(row.rank, row.weights_bytes) for row in fold.figures().memory] == [(r, 50) for r in range(4)]

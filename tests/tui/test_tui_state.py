@@ -24,7 +24,7 @@ from meshtop.recordings.metrics.run import CLOSE_AFTER
 from meshtop.recordings.reader import open_recording
 from meshtop.recordings.replay import load_timeline
 from meshtop.recordings.samples import SAMPLE
-from meshtop.recordings.schema import batches_of, table_of
+from meshtop.recordings.schema import table_of
 from meshtop.recordings.session_fold import SessionFold
 from meshtop.runner.plan import RunSpec, resolve
 from meshtop.runner.session.session import BuiltinWork
@@ -353,7 +353,11 @@ def test_a_full_screen_backlog_skips_only_high_rate_events_and_never_a_rank_star
 
 def test_the_backlog_keeps_order_and_skips_the_oldest_high_rate_batches_first() -> None:
     backlog = ScreenBacklog(limit=10)
-    batches = batches_of([collective(0, 0, 0.001)] * 8 + [rank_started(0)] + [collective(0, 1, 0.001)] * 8)
+    batches = [
+        ("collective", table_of([collective(0, 0, 0.001)] * 8)),
+        ("rank_started", table_of([rank_started(0)])),
+        ("collective", table_of([collective(0, 1, 0.001)] * 8)),
+    ]
     for batch in batches:
         backlog.put([batch])
     kinds = [kind for kind, _ in backlog.take()]
