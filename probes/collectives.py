@@ -151,7 +151,7 @@ class CollectiveProbe:
         self._require_internals()
         if self.native is not None:
             self.native.install()
-            self._patches.replace(Work, "wait", self.native.native.make_wait(Work.wait))
+            self._patches.replace(Work, "wait", self.native.module.make_wait(Work.wait))
         else:
             self._install_python()
             self._patches.replace(Work, "wait", self._in_flight.wrap_wait(Work.wait, self._completed))
@@ -199,7 +199,7 @@ class CollectiveProbe:
         if self._nccl is not None:
             self._nccl.stop()
         if self.native is not None:
-            self.native.native.uninstall()
+            self.native.module.uninstall()
         for library in (self._library, self._functional_library):
             if library is not None:
                 library._destroy()
@@ -209,7 +209,7 @@ class CollectiveProbe:
     def step_changed(self, step: int | None) -> None:
         """The C++ kernel tags operations with the step it was last told (the Python one asks ``step``)."""
         if self.native is not None:
-            self.native.native.set_step(step)
+            self.native.module.set_step(step)
 
     def flush(self) -> int:
         """Emit the operations the C++ kernel finished since the last call; how many it had to drop."""

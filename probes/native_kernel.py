@@ -1,11 +1,6 @@
-"""The C++ collective kernel (``c10d_kernel.cpp``) as the probe drives it: installed, told the step and the
-groups' names, and drained.
-
-The kernel keeps finished operations until :meth:`NativeKernel.drain` takes them, off the training thread,
-already written as the wire's JSON lines. It names an operation's process group only once Python taught it
-the name (from the group's first operation, or the directory's groups before each drain); an operation of a
-group it cannot name comes back as a record, named here.
-"""
+"""The C++ collective kernel (``c10d_kernel.cpp``) as :mod:`meshtop.probes.collectives` drives it: installed,
+taught the groups' names, and drained of the operations it finished (an operation of a group it cannot name
+yet comes back as a record, named here)."""
 
 from __future__ import annotations
 
@@ -28,7 +23,7 @@ class NativeKernel:
     """One process's C++ kernel (``native``: the module :mod:`meshtop.probes.native` built)."""
 
     def __init__(self, native: ModuleType, *, rank: int, groups: GroupDirectory) -> None:
-        self.native = native
+        self.module = native
         self.rank = rank
         self.groups = groups
         self._ops, self._rows = native_table()
@@ -42,8 +37,8 @@ class NativeKernel:
         """The shipper thread and the training thread (at uninstall) both drain."""
 
     def install(self) -> None:
-        self.native.set_names(self.rank, [shape.op for shape in self._ops], self._dtype_names)
-        self.native.install(self._rows)
+        self.module.set_names(self.rank, [shape.op for shape in self._ops], self._dtype_names)
+        self.module.install(self._rows)
 
     def drain(
         self,
@@ -61,7 +56,7 @@ class NativeKernel:
             for group in self.groups.known():
                 self._teach(group)
             while True:
-                lines, count, unnamed, dropped_now, errors = self.native.drain_lines(NATIVE_BLOCK)
+                lines, count, unnamed, dropped_now, errors = self.module.drain_lines(NATIVE_BLOCK)
                 dropped += dropped_now
                 for message in errors:
                     on_error(f"collective probe: {message}")
@@ -80,7 +75,7 @@ class NativeKernel:
 
     def in_flight(self) -> tuple[int, Issued | None]:
         """How many operations the kernel has in flight, and the one issued first."""
-        count, oldest = self.native.in_flight()
+        count, oldest = self.module.in_flight()
         return count, None if oldest is None else self.issued(oldest)
 
     def issued(self, record: tuple[Any, ...]) -> Issued:
@@ -101,7 +96,7 @@ class NativeKernel:
     def _forget_stale_names(self) -> None:
         """Under ``_naming``: the directory renamed or forgot groups since the kernel learnt its names."""
         if self._named_generation != self.groups.generation:
-            self.native.forget_groups()
+            self.module.forget_groups()
             self._named.clear()
             self._named_generation = self.groups.generation
 
@@ -112,7 +107,7 @@ class NativeKernel:
         if group.name == "other" or group.c10d_name in self._named:
             return
         try:
-            self.native.name_group(group.c10d_name, group.name, list(group.ranks))
+            self.module.name_group(group.c10d_name, group.name, list(group.ranks))
         except (TypeError, UnicodeError, RuntimeError):  # a name C++ cannot take: Python keeps naming it
             return
         self._named.add(group.c10d_name)

@@ -1,9 +1,5 @@
-"""nccl's operations, timed on the device and read off the training thread.
-
-An nccl work's future completes when the work is queued, so its own CUDA-event timing
-(``TORCH_NCCL_ENABLE_TIMING=1``) says when it ran. A watcher thread polls each pending work's
-``is_completed`` and reads its duration once it is done, so the host never blocks on the device.
-"""
+"""nccl's operations, timed by their CUDA events (an nccl future completes when the work is queued) and read
+by a watcher thread once done, so the host never blocks on the device."""
 
 from __future__ import annotations
 
