@@ -35,7 +35,7 @@ from meshtop.probes.memory import local_shard
 def holder(tensor: torch.Tensor) -> torch.Tensor:
     """The plain tensor whose storage ``tensor`` uses: a DTensor's local shard; the buffer inside a functional
     collective's ``AsyncCollectiveTensor`` (tensor parallelism's all-reduced outputs), which has no storage of
-    its own (skipping it measured tp's activations 2-4 % short)."""
+    its own (skipping it counts tp's activations short: docs/benchmarks.md)."""
     local = local_shard(tensor)
     inner = getattr(local, "elem", None)
     return inner if isinstance(inner, torch.Tensor) else local

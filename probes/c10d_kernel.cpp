@@ -522,7 +522,7 @@ py::object none_or(int64_t value) {
   return value == kNone ? py::none() : py::object(py::int_(value));
 }
 
-// The layout probes/collectives.py's _native_issued and flush unpack.
+// The layout probes/native_kernel.py's NativeKernel.issued and drain unpack.
 py::tuple as_tuple(const Record& r) {
   return py::make_tuple(r.op, r.group, r.group_size, none_or(r.peer), r.nbytes, none_or(r.dtype),
                         none_or(r.step), r.start_ns, none_or(r.waited_ns), r.overlapped, r.end_ns);

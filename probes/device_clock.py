@@ -59,12 +59,12 @@ def cuda_capturing() -> bool:
 
 
 class StreamSpan:
-    """A blocking nccl operation's time on the device where torch returns no work to follow: torch 2.11's
-    python collectives without ``async_op`` (``dist.all_reduce(t)``, ``dist.barrier()``) gave the kernel none
-    on an H200 (2026-12-04), where DDP's and the functional collectives' ops had one. Two CUDA events on the
-    current stream, recorded before the call and after it, bracket the operation: nccl's stream waits for the
-    current one before it starts, and a blocking call leaves the current stream waiting for its end. It reads
-    as a work does (:meth:`meshtop.probes.collectives.CollectiveProbe._watch_device`)."""
+    """A blocking nccl operation's time on the device where torch returns no work to follow: python collectives
+    without ``async_op`` (``dist.all_reduce(t)``, ``dist.barrier()``) may reach the kernel with none, where DDP's
+    and the functional collectives' ops have one. Two CUDA events on the current stream, recorded before the
+    call and after it, bracket the operation: nccl's stream waits for the current one before it starts, and a
+    blocking call leaves the current stream waiting for its end. It reads as a work does
+    (:class:`meshtop.probes.nccl_timing.NcclTimings`)."""
 
     __slots__ = ("closed", "opened")
 

@@ -64,7 +64,7 @@ class RankStarted(Event):
     """The meshtop node the rank runs on (its ``--node-rank``; 0 on one machine): ``host`` may repeat."""
     world_size: int = 0
     """Ranks in the job as torchrun started it (its ``WORLD_SIZE``): what an elastic job (``--nnodes MIN:MAX``)
-    settled on; 0 in recordings made before 2026-12."""
+    settled on; 0 where the recording does not say."""
     restart: int = 0
     """torchrun's count of restarts of the ranks before this start (``TORCHELASTIC_RESTART_COUNT``): after a
     failure (``--max-restarts``), or when an elastic job's nodes changed."""

@@ -275,7 +275,10 @@ class Instrumentation:
         self.emit(ProbeOff(rank=self.rank, wall_ns=time.time_ns(), probe=name, reason=reason))
 
     def _switch_for_benchmark(self, step: int) -> None:
-        """:data:`OVERHEAD_BLOCK_ENV`: hooks on in even blocks of steps, off in odd ones, switched between steps."""
+        """:data:`OVERHEAD_BLOCK_ENV`: hooks on in even blocks of steps, off in odd ones, switched between steps;
+        it lives here, not in tests/bench/, because only the instrumentation sees every rank's steps and inference
+        ops in every kind of job, and a rank's process has no other door a benchmark could use (the script
+        runner's bootstrap takes its ``sitecustomize``)."""
         if self._overhead_block and step % self._overhead_block == 0:
             self.set_enabled((step // self._overhead_block) % 2 == 0)
 

@@ -7,9 +7,10 @@ Counted from the tensors themselves (the local shard of a DTensor), so the
 figures are the same on CPU and CUDA. Weights are counted once; gradients
 and optimizer state on the first steps and then every ``RECOUNT_EVERY``
 steps, since their sizes do not change between steps of a fixed model and
-counting them walks every tensor (about 180 us for the tiny model). On CUDA the allocator's allocated /
-reserved / peak and the device's used / total complete them, and activations
-are the step's peak minus the static part; on CPU the process RSS.
+counting them walks every tensor (docs/history.md, "Probes"). On CUDA the
+allocator's allocated / reserved / peak and the device's used / total
+complete them, and activations are the step's peak minus the static part; on
+CPU the process RSS.
 """
 
 from __future__ import annotations
@@ -89,7 +90,7 @@ def optimizer_bytes(optimizer: torch.optim.Optimizer, *, model: Iterable[torch.T
 class ResidentSize:
     """This process's resident set size, as psutil reads it on Linux (``/proc/<pid>/statm``'s second field
     times the page size), but from a file kept open: psutil opens the file on every call, which after a
-    training step (cold caches) took about 170 us of the step; one ``pread`` of an open file about 25 us.
+    training step (cold caches) costs several times one ``pread`` of an open file (docs/history.md, "Probes").
     Elsewhere, or if the file cannot be read, psutil."""
 
     def __init__(self) -> None:

@@ -1,11 +1,11 @@
 """Build and load the C++ collective probe (``c10d_kernel.cpp``), the fast path of the collective hooks.
 
-The Python kernel of :mod:`meshtop.probes.collectives` costs 30-60 us of the calling
-thread per collective on the 2-core test machine, and more in wall time,
-most of it in running a Python completion callback on gloo's thread (the GIL
-hand-over). The C++ kernel does the same work for about 1-2 us, with no
-Python on either end, and writes the finished operations as the wire's JSON
-lines (about 1 us each, on the shipper's thread).
+The Python kernel of :mod:`meshtop.probes.collectives` costs the calling
+thread tens of microseconds per collective, most of it in running a Python
+completion callback on gloo's thread (the GIL hand-over). The C++ kernel does
+the same work in about a microsecond, with no Python on either end, and
+writes the finished operations as the wire's JSON lines, on the shipper's
+thread (docs/benchmarks.md, "Per-op cost of the collective hooks").
 
 It is compiled with ``torch.utils.cpp_extension`` against the installed
 torch, once per torch version and source (about 30 s), into

@@ -19,10 +19,9 @@ T = TypeVar("T")
 KIB = 1024
 PCIE_PERIOD_S = 1.0
 """How often a GPU's PCIe rate is read. ``nvmlDeviceGetPcieThroughput`` watches the bus for 20 ms inside the
-call: on an H200 (driver 580.159) each of its two calls, tx and rx, took 21 ms of wall time and 0.85 ms of CPU,
-83 % of the CPU of a whole 10 Hz sample of every other reading (``python -m tests.bench.nvml_calls``, 2026-12-04;
-the sampler then cost 2.5 % of a core). So the rate is read once a second a GPU, for one GPU a sample at most
-(the one read longest ago), and the samples between repeat that GPU's last reading."""
+call, and its two calls (tx, rx) cost more CPU than every other reading of a sample together (docs/benchmarks.md,
+"What each NVML call costs"). So the rate is read once a second a GPU, for one GPU a sample at most (the one
+read longest ago), and the samples between repeat that GPU's last reading."""
 PATHS = {  # nvmlGpuTopologyLevel_t -> how the two GPUs reach each other over PCIe
     0: "same board",
     10: "PCIe switch",
