@@ -35,17 +35,17 @@ send about 10,000 a second), so it keeps its collectives on a busy machine, wher
 
 
 class FoldThread:
-    """Folds a live session's recorded batches on a thread of its own, in order, then hands each to ``then``."""
+    """Folds a live session's recorded batches on a thread of its own, in order, then hands each to ``on_folded``."""
 
     def __init__(
         self,
         recorder: SessionRecorder,
-        then: Callable[[Arrivals, Folded], None],
+        on_folded: Callable[[Arrivals, Folded], None],
         *,
         backlog: int = FOLD_BACKLOG,
     ) -> None:
         self.recorder = recorder
-        self.then = then
+        self.on_folded = on_folded
         self.backlog = backlog
         self._waiting: deque[Arrivals] = deque()
         self._count = 0
@@ -109,7 +109,7 @@ class FoldThread:
                 with self.recorder.session.lock:
                     self.recorder.session.left_out.update(left_out)
             try:
-                self.then(batch, self.recorder.fold(batch, bulk_left_out=bool(left_out)))
+                self.on_folded(batch, self.recorder.fold(batch, bulk_left_out=bool(left_out)))
             except BaseException as error:  # raised again on the session's thread
                 self._error = error
                 with self._changed:

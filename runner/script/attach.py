@@ -234,12 +234,12 @@ class ScriptSteps:
             hook.remove()
 
 
-class _ThenLoader(Loader):
-    """``loader``, then ``then()`` once the module has run (a wrapper: another module may share ``loader``)."""
+class _ImportedLoader(Loader):
+    """``loader``, then ``on_imported()`` once the module has run (a wrapper: another module may share ``loader``)."""
 
-    def __init__(self, loader: Any, then: Callable[[], None]) -> None:
+    def __init__(self, loader: Any, on_imported: Callable[[], None]) -> None:
         self._loader = loader
-        self._then = then
+        self._on_imported = on_imported
 
     def create_module(self, spec: ModuleSpec) -> ModuleType | None:
         return self._loader.create_module(spec)
@@ -247,22 +247,22 @@ class _ThenLoader(Loader):
     def exec_module(self, module: ModuleType) -> None:
         self._loader.exec_module(module)
         with never_raises(f"after importing {module.__name__}"):
-            self._then()
+            self._on_imported()
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._loader, name)
 
 
 class _AfterImport(MetaPathFinder):
-    """Runs ``then`` once the module ``name`` has been imported (Python has no post-import hook of its own).
+    """Runs ``on_imported`` once the module ``name`` has been imported (Python has no post-import hook).
 
     It stays on ``sys.meta_path`` until the module has run: a ``find_spec`` probe that imports nothing does not
     use it up.
     """
 
-    def __init__(self, name: str, then: Callable[[], None]) -> None:
+    def __init__(self, name: str, on_imported: Callable[[], None]) -> None:
         self.name = name
-        self.then = then
+        self.on_imported = on_imported
 
     def find_spec(self, fullname: str, path: Any, target: ModuleType | None = None) -> ModuleSpec | None:
         if fullname != self.name:
@@ -276,21 +276,21 @@ class _AfterImport(MetaPathFinder):
         else:
             return None
         if spec.loader is not None and hasattr(spec.loader, "exec_module"):
-            spec.loader = _ThenLoader(spec.loader, self._ran)
+            spec.loader = _ImportedLoader(spec.loader, self._ran)
         return spec
 
     def _ran(self) -> None:
         if self in sys.meta_path:
             sys.meta_path.remove(self)
-        self.then()
+        self.on_imported()
 
 
-def after_import(name: str, then: Callable[[], None]) -> None:
-    """``then()`` now if ``name`` is imported already, else right after it is."""
+def after_import(name: str, on_imported: Callable[[], None]) -> None:
+    """``on_imported()`` now if ``name`` is imported already, else right after it is."""
     if name in sys.modules:
-        then()
+        on_imported()
     else:
-        sys.meta_path.insert(0, _AfterImport(name, then))
+        sys.meta_path.insert(0, _AfterImport(name, on_imported))
 
 
 class Attachment:
