@@ -169,7 +169,8 @@ class LoadGenerator:
         if not outcome.sent_ns:  # stopped before _stream began (wait_for's task on Python 3.10 not yet run)
             outcome.sent_ns = time.time_ns()
         end = outcome.end_ns or time.time_ns()
-        from_usage = outcome.completion_tokens is not None
+        counted = outcome.completion_tokens
+        from_usage = counted is not None
         self.counts["completed" if error is None else error.kind] += 0 if request.warmup else 1
         if error is not None and error.kind == "refused":
             self.refused_in_a_row += 1
@@ -186,7 +187,7 @@ class LoadGenerator:
                 first_token_ns=outcome.token_ns[0] if outcome.token_ns else None,
                 end_ns=end,
                 prompt_tokens=outcome.prompt_tokens or 0,
-                output_tokens=outcome.completion_tokens if from_usage else len(outcome.token_ns),  # type: ignore[arg-type]
+                output_tokens=counted if counted is not None else len(outcome.token_ns),
                 token_ns=tuple(outcome.token_ns),
                 output_ids=(),
                 status="completed" if error is None else "failed",

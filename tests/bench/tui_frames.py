@@ -893,7 +893,7 @@ def main() -> None:
     sizes = [tuple(int(v) for v in s.split("x")) for s in args.sizes.split(",")]
     profile = cProfile.Profile() if args.profile else None
     started = time.perf_counter()
-    rows = asyncio.run(run_all(ranks, sizes, args.seconds, args.rate, args.backlog, profile, args.gc_freeze))  # type: ignore[arg-type]
+    rows = asyncio.run(run_all(ranks, sizes, args.seconds, args.rate, args.backlog, profile, args.gc_freeze))
     for row in rows:
         limit = target_ms(row)
         if limit is not None:

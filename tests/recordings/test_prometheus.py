@@ -250,7 +250,7 @@ def test_collectives_go_per_node_unless_asked_per_rank_and_each_rank_has_its_ste
         for rank in range(64):
             events.append(collective(rank, number, group="dp", group_size=64))
             events.append(step(rank, number, 0.2 if rank == 9 else 0.1))
-    recording = open_recording(write_recording(tmp_path / "rec", events, run=description(dp=64)))  # type: ignore[arg-type]
+    recording = open_recording(write_recording(tmp_path / "rec", events, run=description(dp=64)))
     source = ReplaySource(recording, clock=lambda: 0.0, metrics=True, metrics_per_rank=per_rank)
     source.playback.seek_fraction(1.0)
     state = DashboardState(recording.manifest.run)

@@ -296,7 +296,7 @@ def test_an_elastic_job_runs_on_the_nodes_that_came(tmp_path: Path) -> None:
     assert manifest.run.plan.label == "torchrun restart_job.py (2 ranks)"
     assert [(node.node, node.ranks) for node in manifest.nodes] == [(0, (0, 1))]
     assert manifest.steps_completed == 6  # folded over the 2 ranks there are, not the 4 of two nodes
-    assert {e.world_size for e in events_of("rank_started", recording.arrow("rank_started"))} == {2}  # type: ignore[attr-defined]
+    assert {e.world_size for e in events_of("rank_started", recording.arrow("rank_started"))} == {2}
 
 
 def test_a_rank_that_fails_once_is_restarted_by_torchrun_and_the_job_completes(tmp_path: Path) -> None:

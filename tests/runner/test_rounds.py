@@ -61,7 +61,7 @@ def test_a_restarts_steps_follow_the_earlier_starts_and_each_start_counts_its_ra
     assert {e.first_step for e in recorded(again, "rank_started")} == {3}  # type: ignore[attr-defined]
     assert sorted({e.step for e in recorded(again, "step")}) == [3, 4]
     assert [e.step for e in recorded(again, "collective")] == [3, None]  # type: ignore[attr-defined]
-    assert [e.step for e in again.events(("step",))] == [e.step for e in recorded(again, "step")]  # type: ignore[attr-defined]
+    assert [e.step for e in again.events(("step",))] == [e.step for e in recorded(again, "step")]
     fold_events(fold, again.events())
     fold.finish("completed")
     assert fold.steps.count == 5 and fold.run.world_size == 4  # 3 steps of 2 ranks, then 2 of 4

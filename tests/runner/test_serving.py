@@ -37,7 +37,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
 def requests_of(directory: Path) -> list[RequestDone]:
     """The recording's request events, in request id order."""
     table = open_recording(directory).table("request")
-    events = [RequestDone(**{k: v for k, v in row.items()}) for row in table.to_dict("records")]  # type: ignore[arg-type]
+    events = [RequestDone(**{k: v for k, v in row.items()}) for row in table.to_dict("records")]
     return sorted(events, key=lambda event: event.request)
 
 
@@ -84,7 +84,7 @@ def test_a_closed_loop_load_is_recorded_request_by_request_as_the_server_counted
         assert (event.prompt_tokens, event.output_tokens) == (alone["prompt_tokens"], alone["completion_tokens"])
         assert 1 <= len(event.token_ns) <= event.output_tokens  # a chunk holds one token or more
     figures = summary(out)["requests"]
-    assert (figures["count"], figures["completed"], figures["failed"], figures["warmup"]) == (16, 16, 0, 2)  # type: ignore[index]
+    assert (figures["count"], figures["completed"], figures["failed"], figures["warmup"]) == (16, 16, 0, 2)
     assert figures["tokens_from"] == {"usage": 16}  # type: ignore[index]
     measured = [event for event in events if not event.warmup]
     assert figures["output_tokens_per_s"] == pytest.approx(  # type: ignore[index]
@@ -106,7 +106,7 @@ def test_the_same_seed_and_same_load_send_the_same_prompts_at_the_same_offsets(s
         planned = {request.id: request.offset_s for request in load_of(out) if not request.warmup}
         events = [event for event in requests_of(out) if not event.warmup]
         assert len(events) == 16
-        starts = {event.scheduled_ns - round(planned[event.request] * 1e9) for event in events}  # type: ignore[operator]
+        starts = {event.scheduled_ns - round(planned[event.request] * 1e9) for event in events}
         assert max(starts) - min(starts) <= 1_000  # every request meant for its own offset from one start
         start = min(starts)
         for event in events:
