@@ -112,6 +112,12 @@ class MeshtopApp(App[None]):
         Binding("end", "playback('to_end')", "End", show=False, priority=True),
     ]
     REPLAY_ACTIONS = frozenset({"playback", "seek"})
+    VIEW_ACTIONS: ClassVar[dict[str, tuple[str, ...]]] = {
+        "select_rank": ("processes", "grid"),
+        "stacks": ("processes",),
+        **dict.fromkeys(("grid_measure", "grid_attention", "open_rank"), ("grid",)),
+    }
+    """The actions of some views only, and those views."""
 
     def __init__(
         self,
@@ -275,12 +281,8 @@ class MeshtopApp(App[None]):
             return False
         if action in self.REPLAY_ACTIONS:
             return self.source.playback is not None
-        if action == "select_rank":
-            return self.query_one(TabbedContent).active in ("processes", "grid")
-        if action == "stacks":
-            return self.query_one(TabbedContent).active == "processes"
-        if action in ("grid_measure", "grid_attention", "open_rank"):
-            return self.query_one(TabbedContent).active == "grid"
+        if action in self.VIEW_ACTIONS:
+            return self.query_one(TabbedContent).active in self.VIEW_ACTIONS[action]
         return True
 
     async def action_interrupt(self) -> None:

@@ -316,8 +316,13 @@ def memory_lines(summary: dict[str, Any], node_of: dict[int, int]) -> list[str]:
     return lines
 
 
-SERVER_GAUGES = {"requests_running": ("running", 1.0, ""), "requests_waiting": ("waiting", 1.0, ""),
-                 "kv_cache_usage": ("KV cache", 100.0, " %")}  # fmt: skip
+SERVER_GAUGES = {
+    "requests_running": ("running", 1.0, ""),
+    "requests_waiting": ("waiting", 1.0, ""),
+    "kv_cache_usage": ("KV cache", 100.0, " %"),
+}
+"""The engine's gauges meshtop reads, as the summary and the requests panel write them: name -> (label, scale,
+unit)."""
 
 
 def server_lines(server: dict[str, Any] | None) -> list[str]:

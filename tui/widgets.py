@@ -15,11 +15,10 @@ from textual.widgets import Input, Static
 
 from meshtop.probes.events import HangDetected
 from meshtop.tui.alerts import alerts_of
-from meshtop.tui.charts import human_seconds
 from meshtop.tui.requests_lines import output_rate
 from meshtop.tui.sources import Source
 from meshtop.tui.state import DashboardState
-from meshtop.tui.summary_text import per_second
+from meshtop.tui.summary_text import human_seconds, per_second
 
 
 class HeaderBar(Static):
@@ -157,7 +156,7 @@ class HelpScreen(ModalScreen[None]):
                     text.append(f"{views[0].key + '-' + views[-1].key:<18}", style="bold cyan")
                     text.append("Views, as the tabs number them\n")
                 continue
-            keys = ", ".join(display_key(key) for key in binding.key.split(","))
+            keys = ", ".join(KEY_NAMES.get(key, key) for key in binding.key.split(","))
             text.append(f"{keys:<18}", style="bold cyan")
             text.append(f"{binding.description}\n")
         text.append("\nctrl+p            command palette (every action by name)\n", style="dim")
@@ -231,18 +230,15 @@ class PromptScreen(ModalScreen[str | None]):
         self.dismiss(None)
 
 
-def display_key(key: str) -> str:
-    return {
-        "question_mark": "?",
-        "slash": "/",
-        "space": "space",
-        "plus": "+",
-        "minus": "-",
-        "left": "←",
-        "right": "→",
-        "up": "↑",
-        "down": "↓",
-        "shift+tab": "shift+tab",
-        "ctrl+c": "ctrl+c",
-        "equals_sign": "=",
-    }.get(key, key)
+KEY_NAMES = {
+    "question_mark": "?",
+    "slash": "/",
+    "plus": "+",
+    "minus": "-",
+    "left": "←",
+    "right": "→",
+    "up": "↑",
+    "down": "↓",
+    "equals_sign": "=",
+}
+"""How the help writes a key whose Textual name is not how it reads (any other key: its name)."""
