@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from meshtop.tui.summary_text import human_bytes, human_seconds
+from meshtop.tui.summary_text import aligned, human_bytes, human_seconds
 
 MEMORY_COLUMNS = (
     ("weights", "weights_bytes"),
@@ -52,30 +52,35 @@ def plan_lines(report: dict[str, Any]) -> list[str]:
     columns: tuple[tuple[str, str], ...] = MEMORY_COLUMNS
     if any(row["runs"] and row["peak"].get("recompute_bytes") for row in report["plans"]):
         columns += (("+recomp", "recompute_bytes"),)  # held during a block's backward: in fits, not in total
-    header = f"{'plan':<14}{'schedule':<13}" + "".join(f"{label:>8}" for label, _ in columns)
     groups = ["dp", "tp", "pp"]
     if any(key.split()[0] == "embedding" for row in report["plans"] if row["runs"] for key in row["step_bytes"]):
         groups.append("embedding")  # a tied model's two pipeline ends
-    header += f"{'fits':>6}{'headroom':>10}" + "".join(f"{group[:5]:>8}" for group in groups)
+    titles = [
+        "plan",
+        "schedule",
+        *(label for label, _ in columns),
+        "fits",
+        "headroom",
+        *(group[:5] for group in groups),
+    ]
+    widths = [-14, -13, *(8 for _ in columns), 6, 10, *(8 for _ in groups)]
     timed = any(row.get("comm_s") is not None for row in report["plans"])
     if timed:
-        header += f"{'comm':>10}{'share':>7}"
-    lines.append(header)
+        titles, widths = [*titles, "comm", "share"], [*widths, 10, 7]
+    lines.append(aligned(titles, widths))
     notes: list[str] = []
     for row in report["plans"]:
         if not row["runs"]:
             notes.append(f"  {row['key']}: {row['reason']}")
             continue
         schedule = f"{row['schedule']} {row['microbatches']}mb" if row["schedule"] else "-"
-        cells = "".join(f"{short_bytes(row['peak'].get(key)):>8}" for _, key in columns)
         fits = "-" if row["fits"] is None else ("yes" if row["fits"] else "NO")
-        headroom = short_bytes(row["headroom_bytes"]) if row["headroom_bytes"] is not None else "-"
-        line = f"{row['key']:<14}{schedule:<13}{cells}{fits:>6}{headroom:>10}"
-        line += "".join(f"{traffic_cell(row['step_bytes'], group):>8}" for group in groups)
+        cells = [row["key"], schedule, *(short_bytes(row["peak"].get(key)) for _, key in columns), fits]
+        cells += [short_bytes(row["headroom_bytes"]), *(traffic_cell(row["step_bytes"], group) for group in groups)]
         if timed:
             share = row.get("comm_share")
-            line += f"{human_seconds(row.get('comm_s')):>10}{'-' if share is None else f'{share:.0%}':>7}"
-        lines.append(line)
+            cells += [human_seconds(row.get("comm_s")), "-" if share is None else f"{share:.0%}"]
+        lines.append(aligned(cells, widths))
         notes += [f"  {row['key']}: warning: {warning}" for warning in row["warnings"]]
     if len(columns) > len(MEMORY_COLUMNS):
         lines += ["", "+recomp: what a block's recomputation holds in its backward (checkpointing); fits counts it"]
@@ -195,13 +200,6 @@ def sweep_notes(ranking: dict[str, Any]) -> list[str]:
 def sweep_lines(ranking: dict[str, Any]) -> list[str]:
     """The sweep's ranked table: measured figures, then each prediction's error, then what did not run."""
     mode = ranking["mode"]
-    columns = sweep_columns(mode)
-
-    def line(cells: list[str]) -> str:
-        return " ".join(
-            f"{cell:<{-width}}" if width < 0 else f"{cell:>{width}}"
-            for cell, (_, width) in zip(cells, columns, strict=True)
-        )
-
-    ranked = [line(sweep_cells(row, mode)) for row in ranking["plans"] if row["rank"] is not None]
-    return [sweep_title(ranking), "", line([title for title, _ in columns]), *ranked, "", *sweep_notes(ranking)]
+    titles, widths = zip(*sweep_columns(mode), strict=True)
+    ranked = [aligned(sweep_cells(row, mode), widths, " ") for row in ranking["plans"] if row["rank"] is not None]
+    return [sweep_title(ranking), "", aligned(titles, widths, " "), *ranked, "", *sweep_notes(ranking)]

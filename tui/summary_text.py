@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import shlex
+from collections.abc import Iterable
 from typing import Any
 
 from meshtop.recordings.metrics.attention import LABELS, Z_LIMIT
@@ -48,6 +49,13 @@ def busbw_text(gbps: float | None) -> str:
     return f"{gbps / 1e-9:.3g} B/s"
 
 
+def aligned(cells: Iterable[str], widths: Iterable[int], between: str = "") -> str:
+    """A row of a text table: each cell padded to its width (a negative width aligns it left), ``between``
+    between two."""
+    pairs = zip(cells, widths, strict=True)
+    return between.join(f"{cell:<{-width}}" if width < 0 else f"{cell:>{width}}" for cell, width in pairs)
+
+
 def seconds(value: float | None) -> str:
     if value is None:
         return "-"
@@ -65,6 +73,9 @@ def per_second(value: float | None, unit: str) -> str:
 MEMORY_RANKS = 16
 """Past this many ranks, the memory lines name the most loaded ones and sum up the rest (``--json`` has each)."""
 MEMORY_TOP = 8
+COLLECTIVE_TITLES = ("group", "op", "count", "bytes", "in flight", "p50", "p99", "busbw p50", "exposed/step", "% step")
+COLLECTIVE_WIDTHS = (-6, -16, 7, 12, 12, 11, 11, 13, 14, 8)
+"""The summary's collectives table: each column's width (a negative width aligns left)."""
 
 TOKEN_SOURCES = {"usage": "the server's usage", "chunks": "streamed chunks (no usage reported)"}
 
@@ -236,21 +247,15 @@ def summary_lines(summary: dict[str, Any]) -> list[str]:
             "collectives (all ranks, in steps; in flight: issue to completion; exposed: what the ranks "
             "waited, ≤ a bound where no wait was seen):"
         )
-        lines.append(
-            f"  {'group':<6}{'op':<16}{'count':>7}{'bytes':>12}{'in flight':>12}{'p50':>11}{'p99':>11}"
-            f"{'busbw p50':>13}{'exposed/step':>14}{'% step':>8}"
-        )
+        lines.append("  " + aligned(COLLECTIVE_TITLES, COLLECTIVE_WIDTHS))
         for row in summary["collectives"]:
             busbw, flight, exposed = row["busbw_gbps"]["p50"], row["in_flight_s"], row["exposed_s"]
             bound = "" if exposed["measured"] or exposed["measured"] is None else "≤"
             per_step = f"{bound}{seconds(exposed['per_step'])}" if exposed["per_step"] is not None else "-"
             share = f"{bound}{exposed['share']:.0%}" if exposed["share"] is not None else "-"
-            lines.append(
-                f"  {row['group']:<6}{row['op']:<16}{row['count']:>7}{human_bytes(row['bytes']):>12}"
-                f"{seconds(flight['total']):>12}{human_seconds(flight['p50']):>11}"
-                f"{human_seconds(flight['p99']):>11}"
-                f"{busbw_text(busbw):>13}{per_step:>14}{share:>8}"
-            )
+            cells = [row["group"], row["op"], str(row["count"]), human_bytes(row["bytes"]), seconds(flight["total"])]
+            cells += [human_seconds(flight["p50"]), human_seconds(flight["p99"]), busbw_text(busbw), per_step, share]
+            lines.append("  " + aligned(cells, COLLECTIVE_WIDTHS))
     if summary["stages"]:
         lines.append(f"pipeline stages (mean per {'iteration' if requests is not None else 'step'}):")
         for row in summary["stages"]:
