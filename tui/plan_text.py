@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from meshtop.tui.summary_text import aligned, human_bytes, human_seconds
+from meshtop.tui.summary_text import aligned, human_bytes, human_seconds, or_dash
 
 MEMORY_COLUMNS = (
     ("weights", "weights_bytes"),
@@ -79,7 +79,7 @@ def plan_lines(report: dict[str, Any]) -> list[str]:
         cells += [short_bytes(row["headroom_bytes"]), *(traffic_cell(row["step_bytes"], group) for group in groups)]
         if timed:
             share = row.get("comm_share")
-            cells += [human_seconds(row.get("comm_s")), "-" if share is None else f"{share:.0%}"]
+            cells += [human_seconds(row.get("comm_s")), or_dash(share, ".0%")]
         lines.append(aligned(cells, widths))
         notes += [f"  {row['key']}: warning: {warning}" for warning in row["warnings"]]
     if len(columns) > len(MEMORY_COLUMNS):
@@ -116,36 +116,23 @@ def sweep_columns(mode: str) -> tuple[tuple[str, int], ...]:
     return SWEEP_COLUMNS[mode] + ERROR_COLUMNS
 
 
-def _milliseconds(value: float | None) -> str:
-    return "-" if value is None else f"{value * 1e3:.1f}ms"
-
-
-def _rate(value: float | None) -> str:
-    return "-" if value is None else f"{value:.2f}"
-
-
-def _share(value: float | None) -> str:
-    return "-" if value is None else f"{value:.0%}"
-
-
 def sweep_cells(row: dict[str, Any], mode: str) -> list[str]:
     """One ranked plan's cells, in :func:`sweep_columns` order."""
     measured, errors, predicted = row["measured"], row["errors"] or {}, row["predicted"] or {}
     assert measured is not None, "only ranked plans have cells"
     if mode == "infer":
         cells = [
-            _rate(measured["goodput_per_s"]),
-            _rate(measured["requests_per_s"]),
-            _milliseconds(measured["ttft_p50_s"]),
-            _milliseconds(measured["tpot_p50_s"]),
+            or_dash(measured["goodput_per_s"], ".2f"),
+            or_dash(measured["requests_per_s"], ".2f"),
+            or_dash(measured["ttft_p50_s"], ".1f", scale=1e3, unit="ms"),
+            or_dash(measured["tpot_p50_s"], ".1f", scale=1e3, unit="ms"),
         ]
     else:
-        tokens = measured["tokens_per_s"]
         cells = [
-            "-" if tokens is None else f"{tokens:,.0f}",
+            or_dash(measured["tokens_per_s"], ",.0f"),
             human_seconds(measured["step_s"]),
-            _share(measured["comm_share"]),
-            _share(measured["bubble"]),
+            or_dash(measured["comm_share"], ".0%"),
+            or_dash(measured["bubble"], ".0%"),
         ]
     state_keys = ("weights_bytes", "grads_bytes", "optimizer_bytes")
     state = (
@@ -155,7 +142,6 @@ def sweep_cells(row: dict[str, Any], mode: str) -> list[str]:
     )
     traffic = errors.get("traffic_bytes")
     traffic_text = "-" if traffic is None else percent_error(traffic) + ("=" if errors.get("traffic_exact") else "")
-    bubble = errors.get("bubble")
     cells += [
         short_bytes(measured["peak_bytes"]),
         short_bytes(predicted.get("peak_bytes")),
@@ -163,7 +149,7 @@ def sweep_cells(row: dict[str, Any], mode: str) -> list[str]:
         percent_error(state),
         percent_error(errors.get("activations_bytes")),
         traffic_text,
-        "-" if bubble is None else f"{bubble * 100:+.0f}pt",
+        or_dash(errors.get("bubble"), "+.0f", scale=100, unit="pt"),
     ]
     return [str(row["rank"]), row["key"], *cells]
 

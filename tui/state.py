@@ -390,14 +390,6 @@ class DashboardState:
             return f"{started} of {world} ranks started"
         return "every rank started, waiting for the first " + ("iteration" if self.info.inference else "step")
 
-    @property
-    def last_step(self) -> JobStep | None:
-        return self.steps[-1] if self.steps else None
-
-    def tokens_per_s(self) -> float | None:
-        """p50 of the job steps' tokens/s (the summary's figure)."""
-        return self.figures().steps.tokens_per_s
-
     def mfu(self) -> Mfu:
         return self.figures().mfu
 

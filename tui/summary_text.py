@@ -56,6 +56,11 @@ def aligned(cells: Iterable[str], widths: Iterable[int], between: str = "") -> s
     return between.join(f"{cell:<{-width}}" if width < 0 else f"{cell:>{width}}" for cell, width in pairs)
 
 
+def or_dash(value: float | None, spec: str, *, scale: float = 1.0, unit: str = "") -> str:
+    """``value`` times ``scale`` formatted by ``spec`` (``.0%``), then ``unit``; ``-`` where there is none."""
+    return "-" if value is None else f"{format(value * scale, spec)}{unit}"
+
+
 def seconds(value: float | None) -> str:
     if value is None:
         return "-"
@@ -63,7 +68,7 @@ def seconds(value: float | None) -> str:
 
 
 def milliseconds(value: float | None) -> str:
-    return "-" if value is None else f"{value * 1e3:,.2f}"
+    return or_dash(value, ",.2f", scale=1e3)
 
 
 def per_second(value: float | None, unit: str) -> str:
@@ -371,7 +376,7 @@ def gpu_lines(summary: dict[str, Any]) -> list[str]:
     lines = []
     for row in summary.get("gpus") or []:
         where = f"node {row['node']} " if row["node"] else ""
-        busy = "-" if row["utilization_mean_pct"] is None else f"{row['utilization_mean_pct']:.0f} %"
+        busy = or_dash(row["utilization_mean_pct"], ".0f", unit=" %")
         lines.append(
             f"{where}GPU {row['gpu']} ({row['name'] or '?'}): peak {human_bytes(row['peak_used_bytes'])} used of "
             f"{human_bytes(row['total_bytes'])}, utilisation mean {busy}"
@@ -394,7 +399,7 @@ def comparison_lines(comparison: dict[str, Any]) -> list[str]:
         kept = {id(row) for row in moved[:MEMORY_TOP]}
         metrics = [row for row in metrics if not _per_rank_peak(row) or id(row) in kept]
     for row in metrics:
-        ratio = f"{row['ratio']:.3f}" if row["ratio"] is not None else "-"
+        ratio = or_dash(row["ratio"], ".3f")
         mark = "  *" if row["significant"] else ""
         lines.append(
             f"  {row['name']:<44}{figure(row['name'], row['a']):>14}{figure(row['name'], row['b']):>14}{ratio:>9}{mark}"

@@ -74,12 +74,12 @@ class HeaderBar(Static):
     @staticmethod
     def _steps(line: Text, state: DashboardState) -> None:
         """Training: the step, its time, tokens/s and MFU."""
-        step = state.last_step
+        step = state.steps[-1] if state.steps else None
         total = f"/{state.info.steps}" if state.info.steps else ""
         line.append(f" step {state.steps_done}{total}", style="bold")
         line.append(f"  {human_seconds(step.duration_s) if step else '-'}")
-        rate = state.tokens_per_s()
-        line.append(f"  p50 {rate:,.0f} tok/s" if rate is not None else "  - tok/s")  # the summary's figure
+        rate = state.figures().steps.tokens_per_s  # the job steps' p50, the summary's figure
+        line.append(f"  p50 {rate:,.0f} tok/s" if rate is not None else "  - tok/s")
         mfu = state.mfu().value
         if mfu is not None:
             line.append(f"  MFU {mfu:.1%}")
