@@ -132,7 +132,7 @@ def memory_bar(parts: dict[str, int | None], capacity: int | None, width: int, *
         return Text("·" * width, style="dim")
     values = [(parts.get(name) or 0, colour) for name, colour in MEMORY_PARTS]
     runs = [(max(round(value / scale * width), 1 if value > 0 else 0), colour) for value, colour in values]
-    # headroom; a CPU rank's bar just ends where it uses less
+    # the headroom after the parts; a CPU rank's bar (no capacity) just ends where it uses less
     return stacked_bar(runs, width, rest="░" if capacity else " ", rest_style="#303030" if capacity else None)
 
 
