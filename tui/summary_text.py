@@ -61,6 +61,12 @@ def or_dash(value: float | None, spec: str, *, scale: float = 1.0, unit: str = "
     return "-" if value is None else f"{format(value * scale, spec)}{unit}"
 
 
+def exposed_share(value: float | None, measured: bool | None) -> str:
+    """An exposed share of the step as the dashboard and the summary print it: ``≤`` where some step's figure is
+    the in-flight bound."""
+    return "-" if value is None else f"{'' if measured else '≤'}{value:.0%}"
+
+
 def seconds(value: float | None) -> str:
     if value is None:
         return "-"
@@ -257,9 +263,9 @@ def summary_lines(summary: dict[str, Any]) -> list[str]:
             busbw, flight, exposed = row["busbw_gbps"]["p50"], row["in_flight_s"], row["exposed_s"]
             bound = "" if exposed["measured"] or exposed["measured"] is None else "≤"
             per_step = f"{bound}{seconds(exposed['per_step'])}" if exposed["per_step"] is not None else "-"
-            share = f"{bound}{exposed['share']:.0%}" if exposed["share"] is not None else "-"
             cells = [row["group"], row["op"], str(row["count"]), human_bytes(row["bytes"]), seconds(flight["total"])]
-            cells += [human_seconds(flight["p50"]), human_seconds(flight["p99"]), busbw_text(busbw), per_step, share]
+            cells += [human_seconds(flight["p50"]), human_seconds(flight["p99"]), busbw_text(busbw), per_step]
+            cells.append(exposed_share(exposed["share"], exposed["measured"]))
             lines.append("  " + aligned(cells, COLLECTIVE_WIDTHS))
     if summary["stages"]:
         lines.append(f"pipeline stages (mean per {'iteration' if requests is not None else 'step'}):")

@@ -24,7 +24,7 @@ from meshtop.tui.charts import MEMORY_PARTS, STEP_PARTS, chart, human_rate, lege
 from meshtop.tui.line_view import LineView
 from meshtop.tui.requests_lines import output_rate, requests_lines
 from meshtop.tui.state import DashboardState
-from meshtop.tui.summary_text import breakdown_line, busbw_text, human_bytes, human_seconds
+from meshtop.tui.summary_text import breakdown_line, busbw_text, exposed_share, human_bytes, human_seconds
 from meshtop.tui.view_records import PipelineStep, RankView
 
 RankFilter = Callable[[RankView], bool]
@@ -144,13 +144,6 @@ def rank_memory_row(
     return text
 
 
-def share(value: float | None, measured: bool | None) -> str:
-    """An exposed share of the step: ``≤`` where some step's figure is the in-flight bound."""
-    if value is None:
-        return "-"
-    return f"{'' if measured else '≤'}{value:.0%}"
-
-
 def collectives_table(state: DashboardState, *, limit: int | None, history_width: int, width: int) -> Text:
     """Per (group, op): count, bytes, in-flight p50 / p99, busbw, exposed share of the step and its history."""
     columns = [*COLLECTIVE_COLUMNS, *([("exposed per step", "left")] if history_width else [])]
@@ -166,7 +159,7 @@ def collectives_table(state: DashboardState, *, limit: int | None, history_width
             human_seconds(row.in_flight_p50_s),
             human_seconds(row.in_flight_p99_s),
             busbw_text(row.busbw_p50_gbps),
-            share(row.exposed_share, row.exposed_measured),
+            exposed_share(row.exposed_share, row.exposed_measured),
         ]
         if history_width:
             cells.append(sparkline(line.history, history_width, low=0.0))
