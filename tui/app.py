@@ -183,8 +183,8 @@ class MeshtopApp(App[None]):
     def compose(self) -> ComposeResult:
         yield HeaderBar(id="header")
         with TabbedContent(initial="overview"):
-            for view, label, panel in VIEWS:
-                with TabPane(f"{VIEWS.index((view, label, panel)) + 1} {label}", id=view), VerticalScroll():
+            for number, (view, label, panel) in enumerate(VIEWS, 1):
+                with TabPane(f"{number} {label}", id=view), VerticalScroll():
                     yield panel(id=f"{view}-panel")
         yield ReplayBar(id="replay")
         yield Footer()
@@ -247,9 +247,7 @@ class MeshtopApp(App[None]):
         dashboard = self.screen_stack[0] if self.screen_stack else None
         if dashboard is None or not dashboard.is_attached or not self._widgets.header.is_attached:  # closing
             return
-        extra = ""
-        if self.rank_filter_text:
-            extra = f"ranks {self.rank_filter_text}"
+        extra = f"ranks {self.rank_filter_text}" if self.rank_filter_text else ""
         self._widgets.header.show(self.state, self.source.status, extra)
         self._widgets.replay_bar.show(self.source)
         self.active_panel().show(self.state, self._rank_filter)
@@ -307,16 +305,9 @@ class MeshtopApp(App[None]):
     def action_help(self) -> None:
         """Every key that does something here: a live job's help leaves out the replay's keys."""
         replay = self.source.playback is not None
-        self.push_screen(
-            HelpScreen(
-                (
-                    b
-                    for b in self.BINDINGS
-                    if isinstance(b, Binding) and (replay or b.action.split("(")[0] not in self.REPLAY_ACTIONS)
-                ),
-                replay=replay,
-            )
-        )
+        bindings = [b for b in self.BINDINGS if isinstance(b, Binding)]
+        shown = [b for b in bindings if replay or b.action.split("(")[0] not in self.REPLAY_ACTIONS]
+        self.push_screen(HelpScreen(shown, replay=replay))
 
     def action_filter(self) -> None:
         def apply(text: str | None) -> None:

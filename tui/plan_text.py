@@ -103,21 +103,18 @@ def percent_error(value: float | None) -> str:
     return "-" if value is None else f"{value:+.0%}" if abs(value) >= 0.005 else "0%"
 
 
-SWEEP_COLUMNS = {
+MEASURED_COLUMNS = {
     "train": (("#", 2), ("plan", -14), ("tok/s", 10), ("step p50", 10), ("comm", 6), ("bubble", 8)),
     "infer": (("#", 2), ("plan", -14), ("goodput/s", 10), ("req/s", 8), ("TTFT p50", 10), ("TPOT p50", 10)),
 }
 ERROR_COLUMNS = (("peak", 8), ("pred", 8), ("err", 6), ("state", 7), ("activ", 7), ("traffic", 9), ("bubble", 8))
 """The prediction side: measured and predicted peak, then the error of each predicted figure."""
-
-
-def sweep_columns(mode: str) -> tuple[tuple[str, int], ...]:
-    """(title, width) of each column of the ranked table; a negative width aligns left."""
-    return SWEEP_COLUMNS[mode] + ERROR_COLUMNS
+SWEEP_COLUMNS = {mode: columns + ERROR_COLUMNS for mode, columns in MEASURED_COLUMNS.items()}
+"""(title, width) of each column of a sweep's ranked table, by mode; a negative width aligns left."""
 
 
 def sweep_cells(row: dict[str, Any], mode: str) -> list[str]:
-    """One ranked plan's cells, in :func:`sweep_columns` order."""
+    """One ranked plan's cells, in :data:`SWEEP_COLUMNS` order."""
     measured, errors, predicted = row["measured"], row["errors"] or {}, row["predicted"] or {}
     assert measured is not None, "only ranked plans have cells"
     if mode == "infer":
@@ -186,6 +183,6 @@ def sweep_notes(ranking: dict[str, Any]) -> list[str]:
 def sweep_lines(ranking: dict[str, Any]) -> list[str]:
     """The sweep's ranked table: measured figures, then each prediction's error, then what did not run."""
     mode = ranking["mode"]
-    titles, widths = zip(*sweep_columns(mode), strict=True)
+    titles, widths = zip(*SWEEP_COLUMNS[mode], strict=True)
     ranked = [aligned(sweep_cells(row, mode), widths, " ") for row in ranking["plans"] if row["rank"] is not None]
     return [sweep_title(ranking), "", aligned(titles, widths, " "), *ranked, "", *sweep_notes(ranking)]

@@ -341,20 +341,16 @@ class PipelinePanel(Panel):
         pp = info.plan.pp
         steps = state.pipeline_steps()
         bubbles = state.bubble_history()
+        note = None  # why there is no timeline to draw
         if info.script is not None and not steps:
-            self.paint(
-                Text("no pipeline stage seen (the script has run no torch.distributed.pipelining stage)", style="dim")
-            )
-            return
-        if pp <= 1 and info.script is None:
-            self.paint(Text("no pipeline in this plan (pp 1)", style="dim"))
-            return
-        if not steps and not (info.inference and bubbles):
-            note = (
-                "waiting for the first step"
-                if info.instrumented
-                else "stage timing needs the hooks (run without --no-instrument)"
-            )
+            note = "no pipeline stage seen (the script has run no torch.distributed.pipelining stage)"
+        elif pp <= 1 and info.script is None:
+            note = "no pipeline in this plan (pp 1)"
+        elif not steps and not (info.inference and bubbles):
+            note = "waiting for the first step"
+            if not info.instrumented:
+                note = "stage timing needs the hooks (run without --no-instrument)"
+        if note is not None:
             self.paint(Text(note, style="dim"))
             return
         width = self.usable_width - 8
