@@ -82,16 +82,10 @@ def add_recording_commands(commands: Any) -> None:
     export.set_defaults(handler=command_export)
 
 
-def sample_recording() -> Path:
-    """The recording shipped with meshtop, that ``replay`` opens without ``REC``."""
-    from meshtop.recordings.samples import SAMPLE
-
-    return SAMPLE
-
-
 def command_replay(args: argparse.Namespace) -> int:
     """Play a recording back in the dashboard; a sweep's folder opens its ranked plans."""
     from meshtop.recordings.reader import open_recording
+    from meshtop.recordings.samples import SAMPLE
     from meshtop.recordings.sweep import is_sweep
     from meshtop.tui.sources import ReplaySource
 
@@ -109,7 +103,7 @@ def command_replay(args: argparse.Namespace) -> int:
         if args.paused_at is not None:
             raise PlanError("--paused-at is a step of one recording, not of a sweep: replay one of its plans")
         return replay_sweep(args)
-    recording = open_recording(args.recording or sample_recording())
+    recording = open_recording(args.recording or SAMPLE)  # no REC: the recording shipped with meshtop
     source = ReplaySource(recording, metrics=args.metrics_port is not None, metrics_per_rank=args.metrics_per_rank)
     server = serve_metrics(args, lambda: source.metrics)  # type: ignore[arg-type,return-value]
     if args.paused_at is not None:
