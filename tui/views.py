@@ -12,7 +12,6 @@ from functools import lru_cache
 
 from rich.cells import cell_len, set_cell_size
 from rich.console import Group
-from rich.table import Table
 from rich.text import Span, Text
 from textual.widget import Widget
 
@@ -283,7 +282,7 @@ class DevicesPanel(Panel):
 
     def show(self, state: DashboardState, ranks: RankFilter) -> None:
         width = self.usable_width
-        parts: list[Text | Table] = []
+        parts: list[Text] = []
         if not state.gpus:
             why = "no GPU" if state.nvml is None or state.nvml.state != "no_library" else "no NVML library"
             parts.append(Text(f"process metrics only ({why}): memory is the rank's resident set", style="yellow"))
@@ -524,7 +523,7 @@ class ProcessesPanel(Panel):
         hint = "↑/↓ rank · s: its stack (py-spy) · S: every rank's stack"
         if len(window) < len(views):
             hint = f"ranks {window[0].rank}-{window[-1].rank} of {len(views)} · " + hint
-        parts: list[Text | Table] = [table, Text(hint, style="dim")]
+        parts: list[Text] = [table, Text(hint, style="dim")]
         chosen = state.ranks.get(self.selected) if self.selected is not None else None
         dump = state.notices.stacks.get(chosen.rank) if chosen is not None else None
         if dump is not None:

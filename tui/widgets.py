@@ -20,6 +20,16 @@ from meshtop.tui.sources import Source
 from meshtop.tui.state import DashboardState
 from meshtop.tui.summary_text import human_seconds, per_second
 
+STATUS_COLOURS = {
+    "running": "green",
+    "completed": "green",
+    "replaying": "cyan",
+    "failed": "bold red",
+    "interrupted": "yellow",
+    "stopping": "yellow",
+}
+"""The colour of the session's status in the header (any other: white)."""
+
 
 class HeaderBar(Static):
     """Plan, model, device, step, step time, tokens/s, MFU (inference: requests, req/s, TTFT p50, output
@@ -37,15 +47,7 @@ class HeaderBar(Static):
             what = f"{info.world_size}× {info.device}"
         first = Text(no_wrap=True, overflow="ellipsis")
         first.append(" meshtop ", style="bold reverse")
-        colour = {
-            "running": "green",
-            "completed": "green",
-            "replaying": "cyan",
-            "failed": "bold red",
-            "interrupted": "yellow",
-            "stopping": "yellow",
-        }.get(status, "white")
-        first.append(f" ● {status} ", style=colour)
+        first.append(f" ● {status} ", style=STATUS_COLOURS.get(status, "white"))
         first.append(f" {info.plan.label} · {what}")
         second = Text(no_wrap=True, overflow="ellipsis")
         if extra:
