@@ -18,7 +18,7 @@ def alerts_of(state: DashboardState) -> list[Notice]:
     (:class:`meshtop.recordings.notices.Notices`), and what the figures show."""
     now = state.clock_ns or 0
     alerts = []
-    for view in sorted((view for view in state.ranks.values() if view.exited is not None), key=lambda v: v.rank):
+    for view in state.rank_views(lambda view: view.exited is not None):
         exited = view.exited
         if exited is not None and exited.exit_code not in (0, None):
             why = f": {exited.error}" if exited.error else ""

@@ -43,8 +43,8 @@ FRAME_HZ = 8.0
 """Redraws per second, whatever the event rate."""
 GC_EVERY_S = 1.0
 """A paced garbage collection this often, between two frames (tui/gc_pacing.py): each pause is as long as
-what came since the last is large (at 64 ranks and 10,000 events/s: 11 ms at worst every second, 24 ms every
-5 s, 2026-12-04); the one over everything comes every :data:`WHOLE_GC_EVERY_S`."""
+what came since the last is large, so short pauses often keep each one short (docs/benchmarks.md); the one over
+everything comes every :data:`WHOLE_GC_EVERY_S`."""
 WHOLE_GC_EVERY_S = 60.0
 """How often a paced collection also looks at the objects the earlier ones froze (their cycles)."""
 
@@ -254,8 +254,8 @@ class MeshtopApp(App[None]):
 
     @cached_property
     def _widgets(self) -> DashboardWidgets:
-        """The dashboard's widgets, looked up once: a query walks the screen's widgets each time (1-2 ms a frame
-        for the three a frame used)."""
+        """The dashboard's widgets, looked up once: a query walks the screen's widgets each time, and a
+        frame uses three."""
         dashboard = self.screen_stack[0]
         return DashboardWidgets(
             dashboard.query_one(HeaderBar),
@@ -292,7 +292,7 @@ class MeshtopApp(App[None]):
             shown, panel = self.active_panel(), self._widgets.panels[view]
             # Drawn before it is shown, at the width of the view it replaces (the same place on the screen):
             # the switch lays out and renders the view's rows once, where a panel painted after would draw
-            # them all again a frame later (a whole 200 x 60 pane: 40 ms).
+            # them all again a frame later (a whole pane's worth of rows).
             panel.hidden_width = shown.size.width
             panel.show(self.state, self._rank_filter)
         tabs.active = view

@@ -45,6 +45,7 @@ COLLECTIVE_COLUMNS = (
     ("busbw", "right"),
     ("% step", "right"),
 )
+"""The collectives table's columns, (title, justify) each; a history column follows where there is room."""
 
 
 def memory_parts(row: MemoryRow | None) -> tuple[dict[str, int | None], int | None]:
@@ -145,7 +146,9 @@ def rank_memory_row(
 
 def collectives_table(state: DashboardState, *, limit: int | None, history_width: int, width: int) -> Text:
     """Per (group, op): count, bytes, in-flight p50 / p99, busbw, exposed share of the step and its history."""
-    columns = [*COLLECTIVE_COLUMNS, *([("exposed per step", "left")] if history_width else [])]
+    columns = list(COLLECTIVE_COLUMNS)
+    if history_width:
+        columns.append(("exposed per step", "left"))
     rows = state.collective_rows()
     lines: list[tuple[list[tuple[str, str]], str]] = []
     for line in rows if limit is None else rows[:limit]:
@@ -191,8 +194,8 @@ def section(title: str) -> Text:
 def plain_table(columns: list[tuple[str, str]], rows: list[tuple[list[tuple[str, str]], str]], width: int) -> Text:
     """What ``Table(box=None, padding=(0, 1), header_style="bold")`` draws for no-wrap columns of
     (name, justify) and rows of ((text, style) cells, row style), as one Text: Rich measures and pads
-    every cell of a Table, which takes a frame's budget at a few dozen rows (48 rows of 9 columns: 65 ms, and
-    1.4 ms so); this is one string. A table wider than ``width`` is cut as Rich cuts columns that do not
+    every cell of a Table, which takes a frame's budget at a few dozen rows (docs/benchmarks.md); this is
+    one string. A table wider than ``width`` is cut as Rich cuts columns that do not
     wrap: each column by an even share of the excess (its padding included), its cells then cut with an
     ellipsis (tests/tui/test_plain_table.py: the same cells as Rich's on 400 random tables)."""
     widths = [cell_len(name) for name, _ in columns]
