@@ -18,7 +18,7 @@ def alerts_of(state: DashboardState) -> list[Notice]:
     (:class:`meshtop.recordings.notices.Notices`), and what the figures show."""
     now = state.clock_ns or 0
     alerts = []
-    for view in sorted((view for view in state.ranks.values() if view.exited is not None), key=lambda v: v.rank):
+    for view in state.rank_views(lambda view: view.exited is not None):
         exited = view.exited
         if exited is not None and exited.exit_code not in (0, None):
             why = f": {exited.error}" if exited.error else ""
@@ -28,47 +28,31 @@ def alerts_of(state: DashboardState) -> list[Notice]:
             Notice("error", f"job failed; rank {state.ended.root_cause_rank} failed first", state.ended.wall_ns)
         )
     alerts += state.notices.standing(state.info, now)
-    for straggler in state.stragglers():
-        alerts.append(Notice("warning", straggler.verdict, now))
+    said = [("warning", straggler.verdict) for straggler in state.stragglers()]
     for row, room in state.low_headroom():
         text = f"rank {row.rank} memory headroom {room:.0%} at its peak (below {state.headroom_alert:.0%})"
-        alerts.append(Notice("warning", text, now))
+        said.append(("warning", text))
     requests = state.figures().requests
     if requests is not None and requests.failed and requests.failures:
         reason, count = requests.failures[0]
-        text = f"failed requests: {requests.failed:,}; most often ({count:,}): {reason}"
-        alerts.append(Notice("warning", text, now))
+        said.append(("warning", f"failed requests: {requests.failed:,}; most often ({count:,}): {reason}"))
     if requests is not None and requests.client is not None and requests.client.limited:
-        alerts.append(Notice("warning", requests.client.limited, now))
+        said.append(("warning", requests.client.limited))
     with state.session.reading() as fold:
         left_out = sum(fold.rejected.values())
         torn = fold.closed_torn
     if left_out:
-        alerts.append(
-            Notice(
-                "warning",
-                f"{left_out:,} events that cannot be this job's left out (a rank outside it, an end before its start)",
-                now,
-            )
-        )
+        text = f"{left_out:,} events that cannot be this job's left out (a rank outside it, an end before its start)"
+        said.append(("warning", text))
     if state.coalesced:
-        alerts.append(
-            Notice(
-                "info",
-                f"{state.coalesced:,} collective and sample events left out of the live view to keep up "
-                "(the recording has them all; summary reads them)",
-                now,
-            )
+        why = "(the recording has them all; summary reads them)"
+        said.append(
+            ("info", f"{state.coalesced:,} collective and sample events left out of the live view to keep up {why}")
         )
     if torn and state.coalesced:
-        alerts.append(
-            Notice(
-                "info",
-                f"{torn:,} steps not broken down live: their collectives were left out to keep up "
-                "(summary breaks every step down)",
-                now,
-            )
-        )
+        why = "(summary breaks every step down)"
+        said.append(("info", f"{torn:,} steps not broken down live: their collectives were left out to keep up {why}"))
     if state.sampler_errors:
-        alerts.append(Notice("info", f"{state.sampler_errors} sampler errors; last: {state.last_sampler_error}", now))
+        said.append(("info", f"{state.sampler_errors} sampler errors; last: {state.last_sampler_error}"))
+    alerts += [Notice(severity, text, now) for severity, text in said]
     return sorted(alerts, key=lambda alert: SEVERITIES.index(alert.severity))

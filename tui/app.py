@@ -43,8 +43,8 @@ FRAME_HZ = 8.0
 """Redraws per second, whatever the event rate."""
 GC_EVERY_S = 1.0
 """A paced garbage collection this often, between two frames (tui/gc_pacing.py): each pause is as long as
-what came since the last is large (at 64 ranks and 10,000 events/s: 11 ms at worst every second, 24 ms every
-5 s, 2026-12-04); the one over everything comes every :data:`WHOLE_GC_EVERY_S`."""
+what came since the last is large, so short pauses often keep each one short (docs/benchmarks.md); the one over
+everything comes every :data:`WHOLE_GC_EVERY_S`."""
 WHOLE_GC_EVERY_S = 60.0
 """How often a paced collection also looks at the objects the earlier ones froze (their cycles)."""
 
@@ -112,6 +112,12 @@ class MeshtopApp(App[None]):
         Binding("end", "playback('to_end')", "End", show=False, priority=True),
     ]
     REPLAY_ACTIONS = frozenset({"playback", "seek"})
+    VIEW_ACTIONS: ClassVar[dict[str, tuple[str, ...]]] = {
+        "select_rank": ("processes", "grid"),
+        "stacks": ("processes",),
+        **dict.fromkeys(("grid_measure", "grid_attention", "open_rank"), ("grid",)),
+    }
+    """The actions of some views only, and those views."""
 
     def __init__(
         self,
@@ -177,8 +183,8 @@ class MeshtopApp(App[None]):
     def compose(self) -> ComposeResult:
         yield HeaderBar(id="header")
         with TabbedContent(initial="overview"):
-            for view, label, panel in VIEWS:
-                with TabPane(f"{VIEWS.index((view, label, panel)) + 1} {label}", id=view), VerticalScroll():
+            for number, (view, label, panel) in enumerate(VIEWS, 1):
+                with TabPane(f"{number} {label}", id=view), VerticalScroll():
                     yield panel(id=f"{view}-panel")
         yield ReplayBar(id="replay")
         yield Footer()
@@ -241,17 +247,15 @@ class MeshtopApp(App[None]):
         dashboard = self.screen_stack[0] if self.screen_stack else None
         if dashboard is None or not dashboard.is_attached or not self._widgets.header.is_attached:  # closing
             return
-        extra = ""
-        if self.rank_filter_text:
-            extra = f"ranks {self.rank_filter_text}"
+        extra = f"ranks {self.rank_filter_text}" if self.rank_filter_text else ""
         self._widgets.header.show(self.state, self.source.status, extra)
         self._widgets.replay_bar.show(self.source)
         self.active_panel().show(self.state, self._rank_filter)
 
     @cached_property
     def _widgets(self) -> DashboardWidgets:
-        """The dashboard's widgets, looked up once: a query walks the screen's widgets each time (1-2 ms a frame
-        for the three a frame used)."""
+        """The dashboard's widgets, looked up once: a query walks the screen's widgets each time, and a
+        frame uses three."""
         dashboard = self.screen_stack[0]
         return DashboardWidgets(
             dashboard.query_one(HeaderBar),
@@ -275,12 +279,8 @@ class MeshtopApp(App[None]):
             return False
         if action in self.REPLAY_ACTIONS:
             return self.source.playback is not None
-        if action == "select_rank":
-            return self.query_one(TabbedContent).active in ("processes", "grid")
-        if action == "stacks":
-            return self.query_one(TabbedContent).active == "processes"
-        if action in ("grid_measure", "grid_attention", "open_rank"):
-            return self.query_one(TabbedContent).active == "grid"
+        if action in self.VIEW_ACTIONS:
+            return self.query_one(TabbedContent).active in self.VIEW_ACTIONS[action]
         return True
 
     async def action_interrupt(self) -> None:
@@ -292,7 +292,7 @@ class MeshtopApp(App[None]):
             shown, panel = self.active_panel(), self._widgets.panels[view]
             # Drawn before it is shown, at the width of the view it replaces (the same place on the screen):
             # the switch lays out and renders the view's rows once, where a panel painted after would draw
-            # them all again a frame later (a whole 200 x 60 pane: 40 ms).
+            # them all again a frame later (a whole pane's worth of rows).
             panel.hidden_width = shown.size.width
             panel.show(self.state, self._rank_filter)
         tabs.active = view
@@ -305,16 +305,9 @@ class MeshtopApp(App[None]):
     def action_help(self) -> None:
         """Every key that does something here: a live job's help leaves out the replay's keys."""
         replay = self.source.playback is not None
-        self.push_screen(
-            HelpScreen(
-                (
-                    b
-                    for b in self.BINDINGS
-                    if isinstance(b, Binding) and (replay or b.action.split("(")[0] not in self.REPLAY_ACTIONS)
-                ),
-                replay=replay,
-            )
-        )
+        bindings = [b for b in self.BINDINGS if isinstance(b, Binding)]
+        shown = [b for b in bindings if replay or b.action.split("(")[0] not in self.REPLAY_ACTIONS]
+        self.push_screen(HelpScreen(shown, replay=replay))
 
     def action_filter(self) -> None:
         def apply(text: str | None) -> None:

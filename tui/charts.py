@@ -3,31 +3,24 @@
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from itertools import islice
 
 from rich.text import Span, Text
-
-from meshtop.tui.summary_text import human_bytes, human_seconds
-
-__all__ = [
-    "chart", "column_chart", "human_bytes", "human_rate", "human_seconds", "legend", "memory_bar", "part_legend",
-    "parts_bar", "sparkline",
-]  # fmt: skip
 
 BLOCKS = " ▁▂▃▄▅▆▇█"
 MAX_COLUMNS_PER_VALUE = 8
 """A chart widens each value to at most this many columns (a short history on a wide screen)."""
 
 MEMORY_PARTS = (
-    ("weights", "W", "#5f87d7"),
-    ("grads", "G", "#d7875f"),
-    ("optimizer", "O", "#af87d7"),
-    ("activations", "A", "#87af5f"),
-    ("kv cache", "K", "#d7af5f"),
-    ("other", "·", "#808080"),
+    ("weights", "#5f87d7"),
+    ("grads", "#d7875f"),
+    ("optimizer", "#af87d7"),
+    ("activations", "#87af5f"),
+    ("kv cache", "#d7af5f"),
+    ("other", "#808080"),
 )
-"""Memory categories in bar order: name, legend letter, colour."""
+"""Memory categories in bar order, with their colours."""
 
 STEP_PARTS = (
     ("data", "#d7af5f"),
@@ -130,52 +123,45 @@ def chart(
 def memory_bar(parts: dict[str, int | None], capacity: int | None, width: int, *, largest: int | None = None) -> Text:
     """Memory as one bar: a run of cells per category (MEMORY_PARTS), then the headroom left. Without a
     ``capacity`` (a CPU rank) the bar is drawn against ``largest``, the most any rank shown uses, so that
-    the bars compare."""
+    the bars compare; a category above zero takes a cell at least."""
     total = sum(v for v in parts.values() if v)
     scale = capacity if capacity and capacity >= total else max(total, largest or 0)
     if width <= 0:
         return Text()
     if not scale:
         return Text("·" * width, style="dim")
-    spans, used_cells = [], 0  # one string and its spans: a bar per rank per frame, so no Text.append
-    for name, _, colour in MEMORY_PARTS:
-        value = parts.get(name) or 0
-        cells = min(max(round(value / scale * width), 1 if value > 0 else 0), width - used_cells)
-        if cells:
-            spans.append(Span(used_cells, used_cells + cells, colour))
-            used_cells += cells
-    if used_cells < width and capacity:  # headroom; a CPU rank's bar just ends where it uses less
-        spans.append(Span(used_cells, width, "#303030"))
-    return Text("█" * used_cells + ("░" if capacity else " ") * (width - used_cells), spans=spans)
+    values = [(parts.get(name) or 0, colour) for name, colour in MEMORY_PARTS]
+    runs = [(max(round(value / scale * width), 1 if value > 0 else 0), colour) for value, colour in values]
+    # the headroom after the parts; a CPU rank's bar (no capacity) just ends where it uses less
+    return stacked_bar(runs, width, rest="░" if capacity else " ", rest_style="#303030" if capacity else None)
 
 
 def parts_bar(shares: dict[str, float], width: int) -> Text:
     """A step's parts as one bar: a run of cells per part (STEP_PARTS order), as long as its share."""
     if width <= 0:
         return Text()
+    return stacked_bar([(round(shares.get(name, 0.0) * width), colour) for name, colour in STEP_PARTS], width)
+
+
+def stacked_bar(runs: Iterable[tuple[int, str]], width: int, *, rest: str = " ", rest_style: str | None = None) -> Text:
+    """Runs of full cells, (cells, colour) each, one after the other up to ``width``; the rest of the width
+    ``rest`` in ``rest_style``. One string and its spans: a bar per rank per frame, so no Text.append."""
     spans, used = [], 0
-    for name, colour in STEP_PARTS:
-        cells = min(round(shares.get(name, 0.0) * width), width - used)
+    for cells, colour in runs:
+        cells = min(cells, width - used)
         if cells > 0:
             spans.append(Span(used, used + cells, colour))
             used += cells
-    return Text("█" * used + " " * (width - used), spans=spans)
+    if used < width and rest_style:
+        spans.append(Span(used, width, rest_style))
+    return Text("█" * used + rest * (width - used), spans=spans)
 
 
-def part_legend() -> Text:
-    """The parts bars' key."""
+def legend(parts: Iterable[tuple[str, str]], present: set[str] | None = None, *, headroom: bool = False) -> Text:
+    """A bars' key: a swatch and the name of each of ``parts`` (name, colour) ``present`` (every one when
+    ``None``), and the headroom where the bars have a capacity."""
     text = Text()
-    for name, colour in STEP_PARTS:
-        text.append("█", style=colour)
-        text.append(f" {name} ")
-    return text
-
-
-def legend(present: set[str] | None = None, *, headroom: bool = True) -> Text:
-    """The memory bars' key: the categories ``present`` (every one when ``None``), and the headroom where
-    the bars have a capacity."""
-    text = Text()
-    for name, _, colour in MEMORY_PARTS:
+    for name, colour in parts:
         if present is None or name in present:
             text.append("█", style=colour)
             text.append(f" {name} ")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from meshtop.tui.summary_text import human_bytes, human_seconds
+from meshtop.tui.summary_text import aligned, human_bytes, human_seconds, or_dash
 
 MEMORY_COLUMNS = (
     ("weights", "weights_bytes"),
@@ -52,30 +52,35 @@ def plan_lines(report: dict[str, Any]) -> list[str]:
     columns: tuple[tuple[str, str], ...] = MEMORY_COLUMNS
     if any(row["runs"] and row["peak"].get("recompute_bytes") for row in report["plans"]):
         columns += (("+recomp", "recompute_bytes"),)  # held during a block's backward: in fits, not in total
-    header = f"{'plan':<14}{'schedule':<13}" + "".join(f"{label:>8}" for label, _ in columns)
     groups = ["dp", "tp", "pp"]
     if any(key.split()[0] == "embedding" for row in report["plans"] if row["runs"] for key in row["step_bytes"]):
         groups.append("embedding")  # a tied model's two pipeline ends
-    header += f"{'fits':>6}{'headroom':>10}" + "".join(f"{group[:5]:>8}" for group in groups)
+    titles = [
+        "plan",
+        "schedule",
+        *(label for label, _ in columns),
+        "fits",
+        "headroom",
+        *(group[:5] for group in groups),
+    ]
+    widths = [-14, -13, *(8 for _ in columns), 6, 10, *(8 for _ in groups)]
     timed = any(row.get("comm_s") is not None for row in report["plans"])
     if timed:
-        header += f"{'comm':>10}{'share':>7}"
-    lines.append(header)
+        titles, widths = [*titles, "comm", "share"], [*widths, 10, 7]
+    lines.append(aligned(titles, widths))
     notes: list[str] = []
     for row in report["plans"]:
         if not row["runs"]:
             notes.append(f"  {row['key']}: {row['reason']}")
             continue
         schedule = f"{row['schedule']} {row['microbatches']}mb" if row["schedule"] else "-"
-        cells = "".join(f"{short_bytes(row['peak'].get(key)):>8}" for _, key in columns)
         fits = "-" if row["fits"] is None else ("yes" if row["fits"] else "NO")
-        headroom = short_bytes(row["headroom_bytes"]) if row["headroom_bytes"] is not None else "-"
-        line = f"{row['key']:<14}{schedule:<13}{cells}{fits:>6}{headroom:>10}"
-        line += "".join(f"{traffic_cell(row['step_bytes'], group):>8}" for group in groups)
+        cells = [row["key"], schedule, *(short_bytes(row["peak"].get(key)) for _, key in columns), fits]
+        cells += [short_bytes(row["headroom_bytes"]), *(traffic_cell(row["step_bytes"], group) for group in groups)]
         if timed:
             share = row.get("comm_share")
-            line += f"{human_seconds(row.get('comm_s')):>10}{'-' if share is None else f'{share:.0%}':>7}"
-        lines.append(line)
+            cells += [human_seconds(row.get("comm_s")), or_dash(share, ".0%")]
+        lines.append(aligned(cells, widths))
         notes += [f"  {row['key']}: warning: {warning}" for warning in row["warnings"]]
     if len(columns) > len(MEMORY_COLUMNS):
         lines += ["", "+recomp: what a block's recomputation holds in its backward (checkpointing); fits counts it"]
@@ -98,49 +103,33 @@ def percent_error(value: float | None) -> str:
     return "-" if value is None else f"{value:+.0%}" if abs(value) >= 0.005 else "0%"
 
 
-SWEEP_COLUMNS = {
+MEASURED_COLUMNS = {
     "train": (("#", 2), ("plan", -14), ("tok/s", 10), ("step p50", 10), ("comm", 6), ("bubble", 8)),
     "infer": (("#", 2), ("plan", -14), ("goodput/s", 10), ("req/s", 8), ("TTFT p50", 10), ("TPOT p50", 10)),
 }
 ERROR_COLUMNS = (("peak", 8), ("pred", 8), ("err", 6), ("state", 7), ("activ", 7), ("traffic", 9), ("bubble", 8))
 """The prediction side: measured and predicted peak, then the error of each predicted figure."""
-
-
-def sweep_columns(mode: str) -> tuple[tuple[str, int], ...]:
-    """(title, width) of each column of the ranked table; a negative width aligns left."""
-    return SWEEP_COLUMNS[mode] + ERROR_COLUMNS
-
-
-def _milliseconds(value: float | None) -> str:
-    return "-" if value is None else f"{value * 1e3:.1f}ms"
-
-
-def _rate(value: float | None) -> str:
-    return "-" if value is None else f"{value:.2f}"
-
-
-def _share(value: float | None) -> str:
-    return "-" if value is None else f"{value:.0%}"
+SWEEP_COLUMNS = {mode: columns + ERROR_COLUMNS for mode, columns in MEASURED_COLUMNS.items()}
+"""(title, width) of each column of a sweep's ranked table, by mode; a negative width aligns left."""
 
 
 def sweep_cells(row: dict[str, Any], mode: str) -> list[str]:
-    """One ranked plan's cells, in :func:`sweep_columns` order."""
+    """One ranked plan's cells, in :data:`SWEEP_COLUMNS` order."""
     measured, errors, predicted = row["measured"], row["errors"] or {}, row["predicted"] or {}
     assert measured is not None, "only ranked plans have cells"
     if mode == "infer":
         cells = [
-            _rate(measured["goodput_per_s"]),
-            _rate(measured["requests_per_s"]),
-            _milliseconds(measured["ttft_p50_s"]),
-            _milliseconds(measured["tpot_p50_s"]),
+            or_dash(measured["goodput_per_s"], ".2f"),
+            or_dash(measured["requests_per_s"], ".2f"),
+            or_dash(measured["ttft_p50_s"], ".1f", scale=1e3, unit="ms"),
+            or_dash(measured["tpot_p50_s"], ".1f", scale=1e3, unit="ms"),
         ]
     else:
-        tokens = measured["tokens_per_s"]
         cells = [
-            "-" if tokens is None else f"{tokens:,.0f}",
+            or_dash(measured["tokens_per_s"], ",.0f"),
             human_seconds(measured["step_s"]),
-            _share(measured["comm_share"]),
-            _share(measured["bubble"]),
+            or_dash(measured["comm_share"], ".0%"),
+            or_dash(measured["bubble"], ".0%"),
         ]
     state_keys = ("weights_bytes", "grads_bytes", "optimizer_bytes")
     state = (
@@ -150,7 +139,6 @@ def sweep_cells(row: dict[str, Any], mode: str) -> list[str]:
     )
     traffic = errors.get("traffic_bytes")
     traffic_text = "-" if traffic is None else percent_error(traffic) + ("=" if errors.get("traffic_exact") else "")
-    bubble = errors.get("bubble")
     cells += [
         short_bytes(measured["peak_bytes"]),
         short_bytes(predicted.get("peak_bytes")),
@@ -158,7 +146,7 @@ def sweep_cells(row: dict[str, Any], mode: str) -> list[str]:
         percent_error(state),
         percent_error(errors.get("activations_bytes")),
         traffic_text,
-        "-" if bubble is None else f"{bubble * 100:+.0f}pt",
+        or_dash(errors.get("bubble"), "+.0f", scale=100, unit="pt"),
     ]
     return [str(row["rank"]), row["key"], *cells]
 
@@ -195,13 +183,6 @@ def sweep_notes(ranking: dict[str, Any]) -> list[str]:
 def sweep_lines(ranking: dict[str, Any]) -> list[str]:
     """The sweep's ranked table: measured figures, then each prediction's error, then what did not run."""
     mode = ranking["mode"]
-    columns = sweep_columns(mode)
-
-    def line(cells: list[str]) -> str:
-        return " ".join(
-            f"{cell:<{-width}}" if width < 0 else f"{cell:>{width}}"
-            for cell, (_, width) in zip(cells, columns, strict=True)
-        )
-
-    ranked = [line(sweep_cells(row, mode)) for row in ranking["plans"] if row["rank"] is not None]
-    return [sweep_title(ranking), "", line([title for title, _ in columns]), *ranked, "", *sweep_notes(ranking)]
+    titles, widths = zip(*SWEEP_COLUMNS[mode], strict=True)
+    ranked = [aligned(sweep_cells(row, mode), widths, " ") for row in ranking["plans"] if row["rank"] is not None]
+    return [sweep_title(ranking), "", aligned(titles, widths, " "), *ranked, "", *sweep_notes(ranking)]

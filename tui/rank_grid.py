@@ -17,8 +17,8 @@ from rich.console import Group
 from rich.text import Text
 
 from meshtop.recordings.metrics.attention import LABELS, STEP_MEASURES, Z_LIMIT, Attention, Scored
-from meshtop.tui.charts import human_bytes, human_seconds
 from meshtop.tui.state import DashboardState
+from meshtop.tui.summary_text import human_bytes, human_seconds
 from meshtop.tui.views import Panel, RankFilter, section
 
 MEASURES = ("step", "communication", "data", "bubble", "headroom")
@@ -163,7 +163,7 @@ class GridPanel(Panel):
 
     def show(self, state: DashboardState, ranks: RankFilter) -> None:
         found = state.attention(self.measure)
-        views = sorted((view for view in state.ranks.values() if ranks(view)), key=lambda view: view.rank)
+        views = state.rank_views(ranks)
         nodes: dict[int, list[int]] = {}
         for view in views:
             nodes.setdefault(view.node, []).append(view.rank)

@@ -6,13 +6,9 @@ from __future__ import annotations
 from rich.text import Text
 
 from meshtop.recordings.metrics.requests import LATENCIES
-from meshtop.tui.charts import (
-    human_rate,
-    human_seconds,
-    sparkline,
-)
+from meshtop.tui.charts import human_rate, sparkline
 from meshtop.tui.state import DashboardState
-from meshtop.tui.summary_text import per_second
+from meshtop.tui.summary_text import SERVER_GAUGES, human_seconds, per_second
 from meshtop.tui.view_records import RequestsView
 
 
@@ -71,11 +67,7 @@ def requests_lines(state: DashboardState, width: int) -> Text:
     if (server := view.server) is not None:  # the engine's own view: its queue and KV cache, as it says them
         text.append("  server", style="bold")
         spark = max(0, (width - 60) // 2)
-        for name, label, scale, unit in (
-            ("requests_running", "running", 1.0, ""),
-            ("requests_waiting", "waiting", 1.0, ""),
-            ("kv_cache_usage", "KV cache", 100.0, " %"),
-        ):
+        for name, (label, scale, unit) in SERVER_GAUGES.items():
             if (gauge := server.gauges.get(name)) is not None:
                 text.append(
                     f"  {label} {(gauge['last'] or 0) * scale:,.0f}{unit} (max {(gauge['max'] or 0) * scale:,.0f})"

@@ -366,6 +366,10 @@ class DashboardState:
             return 0.0
         return max(0.0, (self.clock_ns - self.first_ns) / 1e9)
 
+    def rank_views(self, shown: Callable[[RankView], bool]) -> list[RankView]:
+        """The ranks the screen knows that ``shown`` keeps (the rank filter), by rank."""
+        return [view for view in sorted(self.ranks.values(), key=lambda view: view.rank) if shown(view)]
+
     def ranks_started(self) -> int:
         """Ranks that reported their start."""
         return sum(1 for rank in self.ranks.values() if rank.pid is not None)
@@ -382,14 +386,6 @@ class DashboardState:
         if started < world:
             return f"{started} of {world} ranks started"
         return "every rank started, waiting for the first " + ("iteration" if self.info.inference else "step")
-
-    @property
-    def last_step(self) -> JobStep | None:
-        return self.steps[-1] if self.steps else None
-
-    def tokens_per_s(self) -> float | None:
-        """p50 of the job steps' tokens/s (the summary's figure)."""
-        return self.figures().steps.tokens_per_s
 
     def mfu(self) -> Mfu:
         return self.figures().mfu
@@ -438,9 +434,6 @@ class DashboardState:
 
     def host_label(self, node: int) -> str:
         return node_label(node, self.hosts())
-
-    def gpu_label(self, gpu: GpuView) -> str:
-        return f"GPU {gpu.gpu}" if len(self.hosts()) <= 1 else f"GPU {gpu.gpu} of {self.host_label(gpu.node)}"
 
     def most_loaded_rank(self) -> int | None:
         return self.figures().most_loaded_rank

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import shlex
+from collections.abc import Iterable
 from typing import Any
 
 from meshtop.recordings.metrics.attention import LABELS, Z_LIMIT
@@ -48,6 +49,24 @@ def busbw_text(gbps: float | None) -> str:
     return f"{gbps / 1e-9:.3g} B/s"
 
 
+def aligned(cells: Iterable[str], widths: Iterable[int], between: str = "") -> str:
+    """A row of a text table: each cell padded to its width (a negative width aligns it left), ``between``
+    between two."""
+    pairs = zip(cells, widths, strict=True)
+    return between.join(f"{cell:<{-width}}" if width < 0 else f"{cell:>{width}}" for cell, width in pairs)
+
+
+def or_dash(value: float | None, spec: str, *, scale: float = 1.0, unit: str = "") -> str:
+    """``value`` times ``scale`` formatted by ``spec`` (``.0%``), then ``unit``; ``-`` where there is none."""
+    return "-" if value is None else f"{format(value * scale, spec)}{unit}"
+
+
+def exposed_share(value: float | None, measured: bool | None) -> str:
+    """An exposed share of the step as the dashboard and the summary print it: ``≤`` where some step's figure is
+    the in-flight bound."""
+    return "-" if value is None else f"{'' if measured else '≤'}{value:.0%}"
+
+
 def seconds(value: float | None) -> str:
     if value is None:
         return "-"
@@ -55,7 +74,7 @@ def seconds(value: float | None) -> str:
 
 
 def milliseconds(value: float | None) -> str:
-    return "-" if value is None else f"{value * 1e3:,.2f}"
+    return or_dash(value, ",.2f", scale=1e3)
 
 
 def per_second(value: float | None, unit: str) -> str:
@@ -65,6 +84,9 @@ def per_second(value: float | None, unit: str) -> str:
 MEMORY_RANKS = 16
 """Past this many ranks, the memory lines name the most loaded ones and sum up the rest (``--json`` has each)."""
 MEMORY_TOP = 8
+COLLECTIVE_TITLES = ("group", "op", "count", "bytes", "in flight", "p50", "p99", "busbw p50", "exposed/step", "% step")
+COLLECTIVE_WIDTHS = (-6, -16, 7, 12, 12, 11, 11, 13, 14, 8)
+"""The summary's collectives table: each column's width (a negative width aligns left)."""
 
 TOKEN_SOURCES = {"usage": "the server's usage", "chunks": "streamed chunks (no usage reported)"}
 
@@ -236,21 +258,15 @@ def summary_lines(summary: dict[str, Any]) -> list[str]:
             "collectives (all ranks, in steps; in flight: issue to completion; exposed: what the ranks "
             "waited, ≤ a bound where no wait was seen):"
         )
-        lines.append(
-            f"  {'group':<6}{'op':<16}{'count':>7}{'bytes':>12}{'in flight':>12}{'p50':>11}{'p99':>11}"
-            f"{'busbw p50':>13}{'exposed/step':>14}{'% step':>8}"
-        )
+        lines.append("  " + aligned(COLLECTIVE_TITLES, COLLECTIVE_WIDTHS))
         for row in summary["collectives"]:
             busbw, flight, exposed = row["busbw_gbps"]["p50"], row["in_flight_s"], row["exposed_s"]
             bound = "" if exposed["measured"] or exposed["measured"] is None else "≤"
             per_step = f"{bound}{seconds(exposed['per_step'])}" if exposed["per_step"] is not None else "-"
-            share = f"{bound}{exposed['share']:.0%}" if exposed["share"] is not None else "-"
-            lines.append(
-                f"  {row['group']:<6}{row['op']:<16}{row['count']:>7}{human_bytes(row['bytes']):>12}"
-                f"{seconds(flight['total']):>12}{human_seconds(flight['p50']):>11}"
-                f"{human_seconds(flight['p99']):>11}"
-                f"{busbw_text(busbw):>13}{per_step:>14}{share:>8}"
-            )
+            cells = [row["group"], row["op"], str(row["count"]), human_bytes(row["bytes"]), seconds(flight["total"])]
+            cells += [human_seconds(flight["p50"]), human_seconds(flight["p99"]), busbw_text(busbw), per_step]
+            cells.append(exposed_share(exposed["share"], exposed["measured"]))
+            lines.append("  " + aligned(cells, COLLECTIVE_WIDTHS))
     if summary["stages"]:
         lines.append(f"pipeline stages (mean per {'iteration' if requests is not None else 'step'}):")
         for row in summary["stages"]:
@@ -316,8 +332,13 @@ def memory_lines(summary: dict[str, Any], node_of: dict[int, int]) -> list[str]:
     return lines
 
 
-SERVER_GAUGES = {"requests_running": ("running", 1.0, ""), "requests_waiting": ("waiting", 1.0, ""),
-                 "kv_cache_usage": ("KV cache", 100.0, " %")}  # fmt: skip
+SERVER_GAUGES = {
+    "requests_running": ("running", 1.0, ""),
+    "requests_waiting": ("waiting", 1.0, ""),
+    "kv_cache_usage": ("KV cache", 100.0, " %"),
+}
+"""The engine's gauges meshtop reads, as the summary and the requests panel write them: name -> (label, scale,
+unit)."""
 
 
 def server_lines(server: dict[str, Any] | None) -> list[str]:
@@ -361,7 +382,7 @@ def gpu_lines(summary: dict[str, Any]) -> list[str]:
     lines = []
     for row in summary.get("gpus") or []:
         where = f"node {row['node']} " if row["node"] else ""
-        busy = "-" if row["utilization_mean_pct"] is None else f"{row['utilization_mean_pct']:.0f} %"
+        busy = or_dash(row["utilization_mean_pct"], ".0f", unit=" %")
         lines.append(
             f"{where}GPU {row['gpu']} ({row['name'] or '?'}): peak {human_bytes(row['peak_used_bytes'])} used of "
             f"{human_bytes(row['total_bytes'])}, utilisation mean {busy}"
@@ -384,7 +405,7 @@ def comparison_lines(comparison: dict[str, Any]) -> list[str]:
         kept = {id(row) for row in moved[:MEMORY_TOP]}
         metrics = [row for row in metrics if not _per_rank_peak(row) or id(row) in kept]
     for row in metrics:
-        ratio = f"{row['ratio']:.3f}" if row["ratio"] is not None else "-"
+        ratio = or_dash(row["ratio"], ".3f")
         mark = "  *" if row["significant"] else ""
         lines.append(
             f"  {row['name']:<44}{figure(row['name'], row['a']):>14}{figure(row['name'], row['b']):>14}{ratio:>9}{mark}"

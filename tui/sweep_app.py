@@ -14,7 +14,7 @@ from textual.app import App, ComposeResult
 from textual.binding import Binding, BindingType
 from textual.widgets import DataTable, Footer, Static
 
-from meshtop.tui.plan_text import sweep_cells, sweep_columns, sweep_notes, sweep_title
+from meshtop.tui.plan_text import SWEEP_COLUMNS, sweep_cells, sweep_notes, sweep_title
 
 
 class SweepApp(App[Path | None]):
@@ -46,17 +46,18 @@ class SweepApp(App[Path | None]):
     def on_mount(self) -> None:
         table = self.query_one(DataTable)
         mode = self.ranking["mode"]
-        for title, width in sweep_columns(mode):
+        columns = SWEEP_COLUMNS[mode]
+        for title, width in columns:
             table.add_column(title, width=abs(width))
         table.add_column("status")
         for row in self.openable:
             if row["rank"] is not None:
                 cells = [
                     Text(cell, justify="left" if width < 0 else "right")
-                    for cell, (_, width) in zip(sweep_cells(row, mode), sweep_columns(mode), strict=True)
+                    for cell, (_, width) in zip(sweep_cells(row, mode), columns, strict=True)
                 ]
             else:
-                cells = [Text("-"), Text(row["key"])] + [Text("")] * (len(sweep_columns(mode)) - 2)
+                cells = [Text("-"), Text(row["key"])] + [Text("")] * (len(columns) - 2)
             table.add_row(*cells, Text(row["status"], style="" if row["status"] == "completed" else "bold red"))
         if self.openable:
             table.move_cursor(row=min(self.cursor, len(self.openable) - 1))

@@ -12,7 +12,6 @@ from functools import lru_cache
 
 from rich.cells import cell_len, set_cell_size
 from rich.console import Group
-from rich.table import Table
 from rich.text import Span, Text
 from textual.widget import Widget
 
@@ -20,21 +19,11 @@ from meshtop.recordings.metrics.breakdown import PARTS
 from meshtop.recordings.metrics.memory import MemoryRow, other_bytes
 from meshtop.recordings.metrics.pipeline import theoretical_bubble
 from meshtop.tui.alerts import alerts_of
-from meshtop.tui.charts import (
-    chart,
-    human_bytes,
-    human_rate,
-    human_seconds,
-    legend,
-    memory_bar,
-    part_legend,
-    parts_bar,
-    sparkline,
-)
+from meshtop.tui.charts import MEMORY_PARTS, STEP_PARTS, chart, human_rate, legend, memory_bar, parts_bar, sparkline
 from meshtop.tui.line_view import LineView
-from meshtop.tui.requests_lines import requests_lines
+from meshtop.tui.requests_lines import output_rate, requests_lines
 from meshtop.tui.state import DashboardState
-from meshtop.tui.summary_text import breakdown_line, busbw_text
+from meshtop.tui.summary_text import breakdown_line, busbw_text, exposed_share, human_bytes, human_seconds
 from meshtop.tui.view_records import PipelineStep, RankView
 
 RankFilter = Callable[[RankView], bool]
@@ -44,6 +33,19 @@ MAX_RANK_ROWS = 64
 
 ACTION_STYLE = {"forward": ("F", "on #2a6f97"), "backward": ("B", "on #a23e48"), "backward_weight": ("W", "on #c77d30")}
 SEVERITY_STYLE = {"error": "bold red", "warning": "yellow", "info": "dim"}
+STATUS_STYLE = {"running": "green", "exited 0": "green", "stopped": "yellow", "starting": "yellow"}
+"""A rank's status cell; any other status (a failure) is bold red."""
+COLLECTIVE_COLUMNS = (
+    ("group", "left"),
+    ("op", "left"),
+    ("count", "right"),
+    ("bytes", "right"),
+    ("p50", "right"),
+    ("p99", "right"),
+    ("busbw", "right"),
+    ("% step", "right"),
+)
+"""The collectives table's columns, (title, justify) each; a history column follows where there is room."""
 
 
 def memory_parts(row: MemoryRow | None) -> tuple[dict[str, int | None], int | None]:
@@ -101,7 +103,7 @@ def memory_rows(
     figure: each rank's peak over the run."""
     loaded = state.most_loaded_rank()
     rows = state.memory_rows()
-    views = [v for v in sorted(state.ranks.values(), key=lambda v: v.rank) if ranks(v)]
+    views = state.rank_views(ranks)
     shown = views if limit is None else views[:limit]
     # The most loaded rank keeps its bar when the limit cuts rows, if it is among the ranks shown at all: the
     # core may know its memory before the dashboard has its view (no rank_started read yet), or a filter hides it.
@@ -120,16 +122,10 @@ def memory_rows(
     if limit is not None and len(views) > len(shown):
         hint = "view 2" if limit < MAX_RANK_ROWS else "/ to filter"
         lines.append(Text(f"  … {len(views) - len(shown)} more ranks ({hint})", style="dim"))
+    lines.append(Text())
     if with_legend:
-        lines.append(Text())
-        lines.append(
-            legend(
-                {name for _, parts, _ in drawn for name, value in parts.items() if value},
-                headroom=any(capacity for _, _, capacity in drawn),
-            )
-        )
-    else:
-        lines.append(Text())
+        present = {name for _, parts, _ in drawn for name, value in parts.items() if value}
+        lines.append(legend(MEMORY_PARTS, present, headroom=any(capacity for _, _, capacity in drawn)))
     return lines
 
 
@@ -148,25 +144,9 @@ def rank_memory_row(
     return text
 
 
-def share(value: float | None, measured: bool | None) -> str:
-    """An exposed share of the step: ``≤`` where some step's figure is the in-flight bound."""
-    if value is None:
-        return "-"
-    return f"{'' if measured else '≤'}{value:.0%}"
-
-
 def collectives_table(state: DashboardState, *, limit: int | None, history_width: int, width: int) -> Text:
     """Per (group, op): count, bytes, in-flight p50 / p99, busbw, exposed share of the step and its history."""
-    columns = [
-        ("group", "left"),
-        ("op", "left"),
-        ("count", "right"),
-        ("bytes", "right"),
-        ("p50", "right"),
-        ("p99", "right"),
-        ("busbw", "right"),
-        ("% step", "right"),
-    ]
+    columns = list(COLLECTIVE_COLUMNS)
     if history_width:
         columns.append(("exposed per step", "left"))
     rows = state.collective_rows()
@@ -181,7 +161,7 @@ def collectives_table(state: DashboardState, *, limit: int | None, history_width
             human_seconds(row.in_flight_p50_s),
             human_seconds(row.in_flight_p99_s),
             busbw_text(row.busbw_p50_gbps),
-            share(row.exposed_share, row.exposed_measured),
+            exposed_share(row.exposed_share, row.exposed_measured),
         ]
         if history_width:
             cells.append(sparkline(line.history, history_width, low=0.0))
@@ -214,8 +194,8 @@ def section(title: str) -> Text:
 def plain_table(columns: list[tuple[str, str]], rows: list[tuple[list[tuple[str, str]], str]], width: int) -> Text:
     """What ``Table(box=None, padding=(0, 1), header_style="bold")`` draws for no-wrap columns of
     (name, justify) and rows of ((text, style) cells, row style), as one Text: Rich measures and pads
-    every cell of a Table, which takes a frame's budget at a few dozen rows (48 rows of 9 columns: 65 ms, and
-    1.4 ms so); this is one string. A table wider than ``width`` is cut as Rich cuts columns that do not
+    every cell of a Table, which takes a frame's budget at a few dozen rows (docs/benchmarks.md); this is
+    one string. A table wider than ``width`` is cut as Rich cuts columns that do not
     wrap: each column by an even share of the excess (its padding included), its cells then cut with an
     ellipsis (tests/tui/test_plain_table.py: the same cells as Rich's on 400 random tables)."""
     widths = [cell_len(name) for name, _ in columns]
@@ -305,7 +285,7 @@ class DevicesPanel(Panel):
 
     def show(self, state: DashboardState, ranks: RankFilter) -> None:
         width = self.usable_width
-        parts: list[Text | Table] = []
+        parts: list[Text] = []
         if not state.gpus:
             why = "no GPU" if state.nvml is None or state.nvml.state != "no_library" else "no NVML library"
             parts.append(Text(f"process metrics only ({why}): memory is the rank's resident set", style="yellow"))
@@ -328,16 +308,12 @@ class DevicesPanel(Panel):
                 line.append(f"      {s.sm_clock_mhz or 0:.0f} MHz  {s.temperature_c or 0:.0f}°C")
                 if s.memory_total_bytes:
                     line.append(f"  mem {human_bytes(s.memory_used_bytes)}/{human_bytes(s.memory_total_bytes)}")
-                if s.nvlink_tx_bytes_per_s is not None:
-                    line.append(
-                        f"  NVLink tx {human_rate(s.nvlink_tx_bytes_per_s, 'B/s')} "
-                        f"rx {human_rate(s.nvlink_rx_bytes_per_s, 'B/s')}"
-                    )
-                if s.pcie_tx_bytes_per_s is not None:
-                    line.append(
-                        f"  PCIe tx {human_rate(s.pcie_tx_bytes_per_s, 'B/s')} "
-                        f"rx {human_rate(s.pcie_rx_bytes_per_s, 'B/s')}"
-                    )
+                for link, tx, rx in (
+                    ("NVLink", s.nvlink_tx_bytes_per_s, s.nvlink_rx_bytes_per_s),
+                    ("PCIe", s.pcie_tx_bytes_per_s, s.pcie_rx_bytes_per_s),
+                ):
+                    if tx is not None:
+                        line.append(f"  {link} tx {human_rate(tx, 'B/s')} rx {human_rate(rx, 'B/s')}")
                 parts.append(line)
         measure = "allocator's peak" if state.info.device == "cuda" else "resident set"  # the peak over the run
         parts.append(section(f"memory per rank ({measure})"))
@@ -367,20 +343,16 @@ class PipelinePanel(Panel):
         pp = info.plan.pp
         steps = state.pipeline_steps()
         bubbles = state.bubble_history()
+        note = None  # why there is no timeline to draw
         if info.script is not None and not steps:
-            self.paint(
-                Text("no pipeline stage seen (the script has run no torch.distributed.pipelining stage)", style="dim")
-            )
-            return
-        if pp <= 1 and info.script is None:
-            self.paint(Text("no pipeline in this plan (pp 1)", style="dim"))
-            return
-        if not steps and not (info.inference and bubbles):
-            note = (
-                "waiting for the first step"
-                if info.instrumented
-                else "stage timing needs the hooks (run without --no-instrument)"
-            )
+            note = "no pipeline stage seen (the script has run no torch.distributed.pipelining stage)"
+        elif pp <= 1 and info.script is None:
+            note = "no pipeline in this plan (pp 1)"
+        elif not steps and not (info.inference and bubbles):
+            note = "waiting for the first step"
+            if not info.instrumented:
+                note = "stage timing needs the hooks (run without --no-instrument)"
+        if note is not None:
             self.paint(Text(note, style="dim"))
             return
         width = self.usable_width - 8
@@ -441,7 +413,7 @@ def breakdown_lines(state: DashboardState, ranks: RankFilter, width: int, limit:
     breakdown = state.figures().breakdown
     if breakdown is None:
         return Text("  none yet: no rank has a closed step with its phases timed\n", style="dim")
-    views = [v for v in sorted(state.ranks.values(), key=lambda v: v.rank) if ranks(v) and v.rank in breakdown.per_rank]
+    views = [view for view in state.rank_views(ranks) if view.rank in breakdown.per_rank]
     text = Text()
     bar_width = max(10, width - 42)
     for view in views[:limit]:
@@ -453,7 +425,7 @@ def breakdown_lines(state: DashboardState, ranks: RankFilter, width: int, limit:
         text.append(f"  {said}\n".replace("%", " %"))
     if len(views) > limit:
         text.append(f"  … {len(views) - limit} more ranks (/ to filter)\n", style="dim")
-    text.append_text(part_legend())
+    text.append_text(legend(STEP_PARTS))
     line = "\n per step:"
     for part in PARTS:  # each part's mean over the ranks in the last closed steps, wrapped to the width
         values = breakdown.history.get(part, ())
@@ -471,39 +443,23 @@ class StepsPanel(Panel):
     is trained, so there is no loss to chart); training: where each rank's step goes."""
 
     def show(self, state: DashboardState, ranks: RankFilter) -> None:
-        width = self.usable_width
-        charts = 2 if state.info.inference else 3
-        rank_rows = 0 if state.info.inference else min(8, max(2, len(state.ranks)))
+        width, inference = self.usable_width, state.info.inference
+        rank_rows = 0 if inference else min(8, max(2, len(state.ranks)))
         breakdown_rows = rank_rows + 3 if rank_rows else 0
-        height = max(2, (self.usable_height - 7 - breakdown_rows) // charts)
+        height = max(2, (self.usable_height - 7 - breakdown_rows) // (2 if inference else 3))
         steps = list(state.steps)
-        shown = [
-            chart(
-                "iteration time (rank 0)" if state.info.inference else "step time",
-                [s.duration_s for s in steps],
-                width=width,
-                height=height,
-                format_value=human_seconds,
-            ),
-            chart(
-                "throughput (rank 0)" if state.info.inference else "throughput",
-                [s.tokens_per_s for s in steps],
-                width=width,
-                height=height,
-                format_value=lambda v: human_rate(v, " tok/s"),
-            ),
+        charts: list[tuple[str, list[float], Callable[[float], str]]] = [
+            ("iteration time (rank 0)" if inference else "step time", [s.duration_s for s in steps], human_seconds),
+            ("throughput (rank 0)" if inference else "throughput", [s.tokens_per_s for s in steps], output_rate),
         ]
-        if not state.info.inference:
-            shown.append(
-                chart(
-                    "loss",
-                    [s.loss for s in steps if s.loss is not None and math.isfinite(s.loss)],
-                    width=width,
-                    height=height,
-                    format_value=lambda v: f"{v:.4f}",
-                    from_zero=False,
-                )
-            )
+        if not inference:  # the loss's axis from its smallest: its changes are small beside its size
+            finite = [s.loss for s in steps if s.loss is not None and math.isfinite(s.loss)]
+            charts.append(("loss", finite, lambda v: f"{v:.4f}"))
+        shown = [
+            chart(title, values, width=width, height=height, format_value=fmt, from_zero=title != "loss")
+            for title, values, fmt in charts
+        ]
+        if not inference:
             shown += [
                 section("where the step goes (each rank's share)"),
                 breakdown_lines(state, ranks, width, rank_rows),
@@ -538,7 +494,7 @@ class ProcessesPanel(Panel):
             for name, justify in self.COLUMNS
             if (history or name != "cpu history") and (many_hosts or name != "host")
         ]
-        views = [v for v in sorted(state.ranks.values(), key=lambda v: v.rank) if ranks(v)]
+        views = state.rank_views(ranks)
         if self.selected is None and views:
             self.selected = views[0].rank
         order = [v.rank for v in views]
@@ -548,9 +504,6 @@ class ProcessesPanel(Panel):
         window = views[first : first + rows_shown]  # the rows around the chosen rank
         rows: list[tuple[list[tuple[str, str]], str]] = []
         for view in window:
-            status_style = "green" if view.status in ("running", "exited 0") else "bold red"
-            if view.status in ("stopped", "starting"):
-                status_style = "yellow"
             gone = view.exited is not None  # its last samples are no reading of now
             cells = [
                 str(view.rank),
@@ -565,7 +518,7 @@ class ProcessesPanel(Panel):
             cells += ["-" if gone else human_bytes(view.rss_bytes), "-" if gone else str(view.threads or "-")]
             rows.append(
                 (
-                    [(cell, "") for cell in cells] + [(view.status, status_style)],
+                    [(cell, "") for cell in cells] + [(view.status, STATUS_STYLE.get(view.status, "bold red"))],
                     "reverse" if view.rank == self.selected else "",
                 )
             )
@@ -573,7 +526,7 @@ class ProcessesPanel(Panel):
         hint = "↑/↓ rank · s: its stack (py-spy) · S: every rank's stack"
         if len(window) < len(views):
             hint = f"ranks {window[0].rank}-{window[-1].rank} of {len(views)} · " + hint
-        parts: list[Text | Table] = [table, Text(hint, style="dim")]
+        parts: list[Text] = [table, Text(hint, style="dim")]
         chosen = state.ranks.get(self.selected) if self.selected is not None else None
         dump = state.notices.stacks.get(chosen.rank) if chosen is not None else None
         if dump is not None:
@@ -582,7 +535,7 @@ class ProcessesPanel(Panel):
         self.paint(Group(*parts))
 
     def move(self, state: DashboardState, ranks: RankFilter, delta: int) -> None:
-        order = [v.rank for v in sorted(state.ranks.values(), key=lambda v: v.rank) if ranks(v)]
+        order = [view.rank for view in state.rank_views(ranks)]
         if not order:
             return
         index = order.index(self.selected) if self.selected in order else 0

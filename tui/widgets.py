@@ -15,11 +15,20 @@ from textual.widgets import Input, Static
 
 from meshtop.probes.events import HangDetected
 from meshtop.tui.alerts import alerts_of
-from meshtop.tui.charts import human_seconds
 from meshtop.tui.requests_lines import output_rate
 from meshtop.tui.sources import Source
 from meshtop.tui.state import DashboardState
-from meshtop.tui.summary_text import per_second
+from meshtop.tui.summary_text import human_seconds, per_second
+
+STATUS_COLOURS = {
+    "running": "green",
+    "completed": "green",
+    "replaying": "cyan",
+    "failed": "bold red",
+    "interrupted": "yellow",
+    "stopping": "yellow",
+}
+"""The colour of the session's status in the header (any other: white)."""
 
 
 class HeaderBar(Static):
@@ -38,15 +47,7 @@ class HeaderBar(Static):
             what = f"{info.world_size}× {info.device}"
         first = Text(no_wrap=True, overflow="ellipsis")
         first.append(" meshtop ", style="bold reverse")
-        colour = {
-            "running": "green",
-            "completed": "green",
-            "replaying": "cyan",
-            "failed": "bold red",
-            "interrupted": "yellow",
-            "stopping": "yellow",
-        }.get(status, "white")
-        first.append(f" ● {status} ", style=colour)
+        first.append(f" ● {status} ", style=STATUS_COLOURS.get(status, "white"))
         first.append(f" {info.plan.label} · {what}")
         second = Text(no_wrap=True, overflow="ellipsis")
         if extra:
@@ -75,12 +76,12 @@ class HeaderBar(Static):
     @staticmethod
     def _steps(line: Text, state: DashboardState) -> None:
         """Training: the step, its time, tokens/s and MFU."""
-        step = state.last_step
+        step = state.steps[-1] if state.steps else None
         total = f"/{state.info.steps}" if state.info.steps else ""
         line.append(f" step {state.steps_done}{total}", style="bold")
         line.append(f"  {human_seconds(step.duration_s) if step else '-'}")
-        rate = state.tokens_per_s()
-        line.append(f"  p50 {rate:,.0f} tok/s" if rate is not None else "  - tok/s")  # the summary's figure
+        rate = state.figures().steps.tokens_per_s  # the job steps' p50, the summary's figure
+        line.append(f"  p50 {rate:,.0f} tok/s" if rate is not None else "  - tok/s")
         mfu = state.mfu().value
         if mfu is not None:
             line.append(f"  MFU {mfu:.1%}")
@@ -157,7 +158,7 @@ class HelpScreen(ModalScreen[None]):
                     text.append(f"{views[0].key + '-' + views[-1].key:<18}", style="bold cyan")
                     text.append("Views, as the tabs number them\n")
                 continue
-            keys = ", ".join(display_key(key) for key in binding.key.split(","))
+            keys = ", ".join(KEY_NAMES.get(key, key) for key in binding.key.split(","))
             text.append(f"{keys:<18}", style="bold cyan")
             text.append(f"{binding.description}\n")
         text.append("\nctrl+p            command palette (every action by name)\n", style="dim")
@@ -231,18 +232,15 @@ class PromptScreen(ModalScreen[str | None]):
         self.dismiss(None)
 
 
-def display_key(key: str) -> str:
-    return {
-        "question_mark": "?",
-        "slash": "/",
-        "space": "space",
-        "plus": "+",
-        "minus": "-",
-        "left": "←",
-        "right": "→",
-        "up": "↑",
-        "down": "↓",
-        "shift+tab": "shift+tab",
-        "ctrl+c": "ctrl+c",
-        "equals_sign": "=",
-    }.get(key, key)
+KEY_NAMES = {
+    "question_mark": "?",
+    "slash": "/",
+    "plus": "+",
+    "minus": "-",
+    "left": "←",
+    "right": "→",
+    "up": "↑",
+    "down": "↓",
+    "equals_sign": "=",
+}
+"""How the help writes a key whose Textual name is not how it reads (any other key: its name)."""

@@ -8,11 +8,14 @@ import json
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from meshtop.runner.errors import PlanError
 from meshtop.tui.options import EXIT_OK, add_metrics_options, require_terminal, serve_metrics
 from meshtop.tui.terminal import TerminalGuard
+
+if TYPE_CHECKING:
+    from meshtop.tui.sources import ReplaySource
 
 
 def add_recording_commands(commands: Any) -> None:
@@ -79,22 +82,15 @@ def add_recording_commands(commands: Any) -> None:
     export.set_defaults(handler=command_export)
 
 
-def sample_recording() -> Path:
-    """The recording shipped with meshtop, that ``replay`` opens without ``REC``."""
-    from meshtop.recordings.samples import SAMPLE
-
-    return SAMPLE
-
-
 def command_replay(args: argparse.Namespace) -> int:
     """Play a recording back in the dashboard; a sweep's folder opens its ranked plans."""
     from meshtop.recordings.reader import open_recording
-    from meshtop.tui.app import MeshtopApp
+    from meshtop.recordings.samples import SAMPLE
+    from meshtop.recordings.sweep import is_sweep
     from meshtop.tui.sources import ReplaySource
 
     if not 0 < args.speed <= 1000:
         raise PlanError(f"--speed must be above 0 and at most 1000, got {args.speed:g}")
-    from meshtop.recordings.sweep import is_sweep
 
     if args.recording is not None and is_sweep(args.recording):
         for flag, given in (
@@ -107,29 +103,38 @@ def command_replay(args: argparse.Namespace) -> int:
         if args.paused_at is not None:
             raise PlanError("--paused-at is a step of one recording, not of a sweep: replay one of its plans")
         return replay_sweep(args)
-    recording = open_recording(args.recording or sample_recording())
+    recording = open_recording(args.recording or SAMPLE)  # no REC: the recording shipped with meshtop
     source = ReplaySource(recording, metrics=args.metrics_port is not None, metrics_per_rank=args.metrics_per_rank)
     server = serve_metrics(args, lambda: source.metrics)  # type: ignore[arg-type,return-value]
-    source.playback.speed = args.speed
     if args.paused_at is not None:
         source.playback.seek_step(args.paused_at - 1)
         source.playback.paused = True
     try:
         require_terminal("meshtop replay", "use `meshtop summary REC` for the figures as text")
-        MeshtopApp(source, quit_on_signals=True, terminal=TerminalGuard()).run()
+        replay_in_dashboard(source, args.speed)
     finally:
         if server is not None:
             server.stop()
+    return EXIT_OK
+
+
+def replay_in_dashboard(source: ReplaySource, speed: float) -> TerminalGuard:
+    """Play ``source`` back in the dashboard at ``speed`` until it is closed; what could not be read, as warnings
+    on stderr. The terminal's guard says whether the terminal was lost."""
+    from meshtop.tui.app import MeshtopApp
+
+    source.playback.speed = speed
+    terminal = TerminalGuard()
+    MeshtopApp(source, quit_on_signals=True, terminal=terminal).run()
     for problem in source.problems:
         print(f"meshtop: warning: {problem}", file=sys.stderr)
-    return EXIT_OK
+    return terminal
 
 
 def replay_sweep(args: argparse.Namespace) -> int:
     """The sweep's ranked plans; Enter replays one in the dashboard, and closing it comes back to the list."""
     from meshtop.recordings.reader import open_recording
     from meshtop.recordings.sweep import ranking
-    from meshtop.tui.app import MeshtopApp
     from meshtop.tui.sources import ReplaySource
     from meshtop.tui.sweep_app import SweepApp
 
@@ -142,13 +147,7 @@ def replay_sweep(args: argparse.Namespace) -> int:
         if chosen is None:
             return EXIT_OK
         cursor = next((i for i, row in enumerate(app.openable) if args.recording / row["recording"] == chosen), 0)
-        source = ReplaySource(open_recording(chosen))
-        source.playback.speed = args.speed
-        dashboard = MeshtopApp(source, quit_on_signals=True, terminal=TerminalGuard())
-        dashboard.run()
-        for problem in source.problems:
-            print(f"meshtop: warning: {problem}", file=sys.stderr)
-        if dashboard.terminal is not None and dashboard.terminal.lost:
+        if replay_in_dashboard(ReplaySource(open_recording(chosen)), args.speed).lost:
             return EXIT_OK
 
 
