@@ -36,12 +36,12 @@ def entries(question: Question, found: list[Candidate], budget: Budget) -> list[
         elif (
             not question.plans
             and budget.device_memory_bytes is not None
-            and prediction.peak.fit_bytes > budget.device_memory_bytes
+            and prediction.peak_fit_bytes > budget.device_memory_bytes
         ):
             gib = 2**30
             row.update(
                 status="skipped",
-                reason=f"predicted peak {prediction.peak.fit_bytes / gib:.1f} GiB on rank "
+                reason=f"predicted peak {prediction.peak_fit_bytes / gib:.1f} GiB on rank "
                 f"{prediction.peak.rank} exceeds the "
                 f"{budget.device_memory_bytes / gib:.1f} GiB of device memory",
             )
@@ -91,7 +91,7 @@ def run_sweep(
     for index, row in enumerate(todo, 1):
         try:
             run = runs[row["key"]]
-            print(f"\n[{index}/{len(todo)}] {row['key']}: {run.plan_label()}", file=stream, flush=True)
+            print(f"\n[{index}/{len(todo)}] {row['key']}: {run.plan.label}", file=stream, flush=True)
             row.update(status="running", recording=row["key"])
             write_sweep(out, sweep)
             directory = out / row["key"]
