@@ -321,23 +321,20 @@ def resolve(spec: RunSpec, *, gpus_visible: int, nodes: int = 1) -> ResolvedRun:
     else:
         dp = 1
     world = dp * spec.tp * spec.pp
+    product = f"dp {dp} x tp {spec.tp} x pp {spec.pp} = {world}"
     if world % nodes:
         raise PlanError(
-            f"dp {dp} x tp {spec.tp} x pp {spec.pp} = {world} ranks do not split evenly over "
-            f"{nodes} nodes: make the product a multiple of {nodes}"
+            f"{product} ranks do not split evenly over {nodes} nodes: make the product a multiple of {nodes}"
         )
     if device == "cuda" and world > gpus_visible * nodes:
         where = "are visible" if nodes == 1 else f"are visible on this node ({world // nodes} ranks each)"
         raise PlanError(
-            f"dp {dp} x tp {spec.tp} x pp {spec.pp} = {world} ranks but {gpus_visible} GPU(s) {where}: "
-            f"lower the degrees so their product is at most {gpus_visible * nodes} (nccl needs one GPU per rank)"
+            f"{product} ranks but {gpus_visible} GPU(s) {where}: lower the degrees so their product is at most "
+            f"{gpus_visible * nodes} (nccl needs one GPU per rank)"
         )
     if device == "cpu" and world // nodes > MAX_CPU_RANKS:
         each = "" if nodes == 1 else f" ({world // nodes} on each of {nodes} nodes)"
-        raise PlanError(
-            f"dp {dp} x tp {spec.tp} x pp {spec.pp} = {world} CPU ranks{each}: lower the degrees to at "
-            f"most {MAX_CPU_RANKS * nodes} ranks"
-        )
+        raise PlanError(f"{product} CPU ranks{each}: lower the degrees to at most {MAX_CPU_RANKS * nodes} ranks")
     if spec.fsdp and dp < 2:
         raise PlanError("--fsdp shards over the data-parallel ranks: give --dp 2 or more")
 

@@ -140,11 +140,10 @@ def layer_activation_bytes(run: ResolvedRun, sequences: int) -> int:
     """Bytes one block saves for backward for ``sequences`` sequences, as its checkpointing leaves them
     (docs/planner.md derives each term).
 
-    Per token: each RMSNorm computes in float32 and keeps its input and normalised input in float32 (8 h
-    bytes; in fp32 the input is the block's own), a float32 rstd and its scaled output (h, the next linear's
-    input);
-    attention keeps q, k and v (repeated to the query heads), its output (4 a d / t) and a float32
-    log-sum-exp per head; the SwiGLU MLP keeps w1's and w3's outputs, silu's output and the product (4 f / t).
+    Per token: each RMSNorm keeps :func:`norm_bytes` (its float32 input, normalised input and rstd, and its
+    output, the next linear's input); attention keeps q, k and v (repeated to the query heads), its output
+    (4 a d / t) and a float32 log-sum-exp per head; the SwiGLU MLP keeps w1's and w3's outputs, silu's output
+    and the product (4 f / t).
     ``full`` checkpointing keeps the block's input alone (h); ``selective`` keeps the attention half and the
     feed-forward's input (h) in place of the feed-forward's norm and MLP.
     """
