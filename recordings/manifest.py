@@ -515,12 +515,13 @@ def host_description() -> Host:
     return Host(hostname=socket.gethostname(), platform=platform.platform(), cpu_count=os.cpu_count())
 
 
-def new_recording(directory: Path) -> None:
-    """Make ``directory`` for a new recording; refuses one that already holds files."""
+def new_recording(directory: Path, *, command: str = "record") -> None:
+    """Make ``directory`` for a new recording (or a sweep of them, made by ``command``); refuses one that already
+    holds files."""
     if directory.exists() and not directory.is_dir():
-        raise RecordingError(f"{directory} is a file: give record a new directory")
+        raise RecordingError(f"{directory} is a file: give {command} a new directory")
     if directory.is_dir() and any(directory.iterdir()):
-        raise RecordingError(f"{directory} is not empty: give record a new directory (nothing was overwritten)")
+        raise RecordingError(f"{directory} is not empty: give {command} a new directory (nothing was overwritten)")
     try:
         directory.mkdir(parents=True, exist_ok=True)
     except OSError as error:

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from meshtop.probes.errors import MeshtopError
-from meshtop.recordings.manifest import RecordingError
+from meshtop.recordings.manifest import new_recording
 from meshtop.recordings.sweep import SWEEP_VERSION, write_sweep
 from meshtop.runner.errors import PlanError
 from meshtop.runner.job.supervise import NodeProbes
@@ -49,15 +49,6 @@ def entries(question: Question, found: list[Candidate], budget: Budget) -> list[
     return rows
 
 
-def new_sweep_directory(out: Path) -> None:
-    if out.exists() and (not out.is_dir() or any(out.iterdir())):
-        raise RecordingError(f"{out} exists and is not empty: give sweep a new directory (nothing was overwritten)")
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-    except OSError as error:
-        raise RecordingError(f"cannot create {out}: {error.strerror or error}") from None
-
-
 def run_sweep(
     question: Question,
     found: list[Candidate],
@@ -77,7 +68,7 @@ def run_sweep(
     if not todo:
         reasons = "; ".join(f"{row['key']}: {row['reason']}" for row in plans)
         raise PlanError(f"no plan to run ({reasons})")
-    new_sweep_directory(out)
+    new_recording(out, command="sweep")
     sweep = {
         "version": SWEEP_VERSION,
         "started_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
