@@ -108,7 +108,7 @@ class RunSpec:
     slo_tpot_ms: float | None = None
 
 
-TRAIN_ONLY = (
+TRAIN_ONLY: tuple[str, ...] = (
     "fsdp",
     "schedule",
     "microbatches",
@@ -120,7 +120,7 @@ TRAIN_ONLY = (
     "precision",
     "checkpoint",
 )
-INFER_ONLY = (
+INFER_ONLY: tuple[str, ...] = (
     "requests",
     "concurrency",
     "request_rate",
@@ -444,15 +444,13 @@ def _resolve_pipeline(spec: RunSpec) -> tuple[str | None, int]:
 
 def check_mode_options(spec: RunSpec) -> None:
     """Options of the other mode are refused, not silently ignored."""
-    given = [name for name in TRAIN_ONLY + INFER_ONLY if getattr(spec, name) not in (None, False)]
     if spec.mode == "infer":
-        wrong = [name for name in given if name in TRAIN_ONLY]
-        if wrong:
-            raise PlanError(f"{option(wrong[0])} is a training option: leave it out with --mode infer")
+        other, fix = TRAIN_ONLY, "a training option: leave it out with --mode infer"
     else:
-        wrong = [name for name in given if name in INFER_ONLY]
-        if wrong:
-            raise PlanError(f"{option(wrong[0])} is an inference option: add --mode infer")
+        other, fix = INFER_ONLY, "an inference option: add --mode infer"
+    for name in other:
+        if getattr(spec, name) not in (None, False):
+            raise PlanError(f"{option(name)} is {fix}")
 
 
 def parse_length(name: str, text: str | None, default: tuple[int, int]) -> tuple[int, int]:
