@@ -412,8 +412,7 @@ class Candidate:
     """One plan: resolved with its prediction, or refused with the runner's reason."""
 
     label: str
-    """``dp2 x tp2 x pp1`` style; the key ``--plans`` uses."""
-    spec: RunSpec
+    """Its key (:func:`plan_key`: ``dp2xtp2``), as ``--plans`` spells it."""
     prediction: Prediction | None
     reason: str | None = None
 
@@ -518,9 +517,9 @@ def candidates(question: Question) -> list[Candidate]:
         try:
             run = resolve(spec, gpus_visible=question.ranks if question.gpus else 0)
         except PlanError as error:
-            found.append(Candidate(label=key, spec=spec, prediction=None, reason=str(error)))
+            found.append(Candidate(label=key, prediction=None, reason=str(error)))
             continue
-        found.append(Candidate(label=key, spec=spec, prediction=predict(run)))
+        found.append(Candidate(label=key, prediction=predict(run)))
     reasons = {candidate.reason for candidate in found}
     if len(reasons) == 1 and None not in reasons and len(found) > 1:  # the question, not a plan, is wrong
         raise PlanError(str(reasons.pop()))
