@@ -36,10 +36,8 @@ from meshtop.recordings.session_fold import Folded, SessionFold, arrival_tables
 from meshtop.recordings.summary import job_status
 from meshtop.runner.job.control import JobControl
 from meshtop.runner.job.files import PHASE_NAME
-from meshtop.runner.job.supervise import NodeProbes
-from meshtop.runner.multinode.nodes import Nodes
 from meshtop.runner.results import JobResult
-from meshtop.runner.session.session import Work, run_session
+from meshtop.runner.session.session import SessionOptions, Work, run_session
 from meshtop.tui.state import DashboardState
 
 SCREEN_BACKLOG = 200_000
@@ -169,25 +167,19 @@ class LiveSource:
         *,
         directory: Path,
         manifest: Manifest | None,
-        node_probes: NodeProbes = NodeProbes(),
+        options: SessionOptions = SessionOptions(),
         backlog: int = SCREEN_BACKLOG,
-        hang_timeout_s: float | None = None,
-        nodes: Nodes | None = None,
-        metrics: RunMetrics | None = None,
     ) -> None:
         self.run = run
-        self.nodes = nodes
-        self.metrics = metrics
+        self.options = options
         self.directory = directory
         self.manifest = manifest
         self.description = manifest.run if manifest is not None else run.describe()
         self.session = SessionFold(self.description)
         """The session's fold: the session thread feeds it, the dashboard and ``/metrics`` read it."""
         self.recording = str(directory) if manifest is not None else None
-        self.node_probes = node_probes
         self.control = JobControl()
         self.control.stop_on_hang = False  # the dashboard shows the report and asks
-        self.hang_timeout_s = hang_timeout_s
         self.result: JobResult | None = None
         self.error: BaseException | None = None
         self.backlog = ScreenBacklog(backlog)
@@ -213,11 +205,8 @@ class LiveSource:
                 directory=self.directory,
                 manifest=self.manifest,
                 on_events=self._take,
-                node_probes=self.node_probes,
+                options=self.options,
                 control=self.control,
-                hang_timeout_s=self.hang_timeout_s,
-                nodes=self.nodes,
-                metrics=self.metrics,
                 session=self.session,
             )
         except BaseException as error:  # handed to the app, which reports it and exits
