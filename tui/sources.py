@@ -136,10 +136,6 @@ class ScreenBacklog:
                 kept.append((kind, table))
         self._batches = kept
 
-    def take(self) -> list[Batch]:
-        """Every batch waiting, oldest first."""
-        return self.take_with_steps()[0]
-
     def take_with_steps(self) -> tuple[list[Batch], list[JobStep]]:
         """Every batch waiting, oldest first, and the job steps they completed, at once."""
         with self._lock:
