@@ -1,14 +1,15 @@
 """One session's fold: the :class:`~meshtop.recordings.metrics.run.RunFold` every reader of a session shares.
 
 A session folds its event stream once. The thread that receives the events feeds the fold (live: the
-session thread, as each batch reaches meshtop; a replay: the screen, as it plays the recording); every
+fold thread, as each batch reaches meshtop, :mod:`meshtop.recordings.folding`; a replay: the replay source, as it
+plays the recording); every
 reader reads the same fold: ``record``'s progress lines and verdict, the manifest's step count, the
 ``/metrics`` endpoint (its scrapes come on the HTTP server's threads) and the dashboard. A lock keeps a
 reader from seeing a batch half folded; :meth:`SessionFold.figures` and any read of the fold's own fields
 hold it.
 
-Job steps completed are read by position (:meth:`SessionFold.steps_since`), so any number of readers each
-take every step once: none takes a step from another.
+The thread that feeds the fold takes the job steps each batch completed (:meth:`SessionFold.take`,
+:meth:`SessionFold.take_tables`) and hands them on with the batch: every step once, in order.
 """
 
 from __future__ import annotations
@@ -159,7 +160,7 @@ class SessionFold:
         """Events of the bulk kinds left out of a live fold to keep up, by kind (the recording has them)."""
         self.lock = threading.RLock()
         self._steps_taken = 0
-        """Job steps completed before the last :meth:`take` returned (what :meth:`take` reports from)."""
+        """Job steps completed before the last :meth:`take_tables` returned (what it reports from)."""
 
     def __deepcopy__(self, memo: dict[int, Any]) -> SessionFold:
         """A copy with its own lock (a replay keeps copies of its state to seek back to)."""
@@ -192,37 +193,38 @@ class SessionFold:
         without their phase times, the largest part of their lines."""
         torn = bulk_left_out or not self.kinds >= BULK_KINDS
         tables = in_kind_order(arrival_tables(arrivals, self.kinds, {"step": frozenset(PHASE_TIMES)} if torn else None))
+        steps = self.take_tables(tables, torn=torn)
+        return Folded(tables, steps, self.kinds & BULK_KINDS if bulk_left_out else frozenset())
+
+    def take_tables(self, tables: list[Batch], *, torn: bool = False) -> list[JobStep]:
+        """Fold ``tables`` (a live batch's; a replay's slice), in the order given; the job steps they completed.
+        ``torn``: the batch may have lost its bulk kinds (:meth:`RunFold.apply_torn`)."""
         with self.lock:
             if torn:
                 self.fold.apply_torn(tables)
             else:
                 for kind, table in tables:
                     self.fold.apply(kind, table)
-            steps = self.fold.steps_since(self._steps_taken)
-            self._steps_taken = self.fold.steps_completed
-        return Folded(tables, steps, self.kinds & BULK_KINDS if bulk_left_out else frozenset())
+            return self._completed()
 
-    def apply(self, kind: str, table: pa.Table) -> None:
-        """Fold a table of ``kind``'s events (a replay's slice)."""
+    def finish(self, status: str) -> list[JobStep]:
+        """The run ended with ``status`` and no end event said so (a session that broke, a recording cut
+        short): decide what is left; the job steps that completed."""
         with self.lock:
-            self.fold.apply(kind, table)
+            self.fold.finish(status)
+            return self._completed()
+
+    def _completed(self) -> list[JobStep]:
+        """The job steps completed since the last call (the caller holds the lock)."""
+        steps = self.fold.steps_since(self._steps_taken)
+        self._steps_taken = self.fold.steps_completed
+        return steps
 
     def figures(self) -> RunFigures:
         """Every figure now."""
         with self.lock:
             return self.fold.figures()
 
-    def steps_since(self, seen: int) -> list[JobStep]:
-        """The job steps completed after the first ``seen`` (a reader's position: :attr:`steps_completed`)."""
-        with self.lock:
-            return self.fold.steps_since(seen)
-
     @property
     def steps_completed(self) -> int:
         return self.fold.steps_completed
-
-    def finish(self, status: str) -> None:
-        """The run ended with ``status`` and no end event said so (a session that broke, a recording cut
-        short): decide what is left."""
-        with self.lock:
-            self.fold.finish(status)

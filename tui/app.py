@@ -177,7 +177,7 @@ class MeshtopApp(App[None]):
             recording=self.source.recording,
             headroom_alert=self.headroom_alert,
             figures_every_s=LIVE_FIGURES_EVERY_S if live else 0.0,
-            session=self.source.session,  # a live session's fold; a replay's state folds its own
+            session=self.source.session,
         )
 
     def compose(self) -> ComposeResult:

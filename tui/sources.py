@@ -4,10 +4,10 @@ Once a frame the app hands its state to ``source.poll(state)``, which gives
 it what the source has (``DashboardState.apply``, typed tables from
 :mod:`meshtop.recordings.schema`'s decoder either way) and returns the state to draw:
 the same one, or for a replay that moved back, an earlier snapshot carried
-forward. A live job's figures come from its session's fold, which the session
-thread feeds (:attr:`LiveSource.session`; the state reads it); a replay's state
-folds what it plays itself. The app cannot tell a live job from a replay,
-except that a replay also offers :class:`Playback` controls.
+forward. The figures come from the source's session fold (:attr:`Source.session`;
+the state reads it): a live session's fold thread feeds it, a replay as it plays.
+The app cannot tell a live job from a replay, except that a replay also offers
+:class:`Playback` controls.
 """
 
 from __future__ import annotations
@@ -36,10 +36,8 @@ from meshtop.recordings.session_fold import Folded, SessionFold, arrival_tables
 from meshtop.recordings.summary import job_status
 from meshtop.runner.job.control import JobControl
 from meshtop.runner.job.files import PHASE_NAME
-from meshtop.runner.job.supervise import NodeProbes
-from meshtop.runner.multinode.nodes import Nodes
 from meshtop.runner.results import JobResult
-from meshtop.runner.session.session import Work, run_session
+from meshtop.runner.session.session import SessionOptions, Work, run_session
 from meshtop.tui.state import DashboardState
 
 SCREEN_BACKLOG = 200_000
@@ -65,9 +63,9 @@ class Source(Protocol):
         """Where the session is recorded, if it is."""
 
     @property
-    def session(self) -> SessionFold | None:
-        """A live session's fold, which the dashboard's state reads (``None``: the state folds what ``poll``
-        gives it, as a replay's does)."""
+    def session(self) -> SessionFold:
+        """The session's fold, which the dashboard's state reads (a replay's state after a jump back reads a
+        snapshot's copy)."""
 
     def start(self) -> None: ...
     def poll(self, state: DashboardState) -> DashboardState:
@@ -138,10 +136,6 @@ class ScreenBacklog:
                 kept.append((kind, table))
         self._batches = kept
 
-    def take(self) -> list[Batch]:
-        """Every batch waiting, oldest first."""
-        return self.take_with_steps()[0]
-
     def take_with_steps(self) -> tuple[list[Batch], list[JobStep]]:
         """Every batch waiting, oldest first, and the job steps they completed, at once."""
         with self._lock:
@@ -169,25 +163,19 @@ class LiveSource:
         *,
         directory: Path,
         manifest: Manifest | None,
-        node_probes: NodeProbes = NodeProbes(),
+        options: SessionOptions = SessionOptions(),
         backlog: int = SCREEN_BACKLOG,
-        hang_timeout_s: float | None = None,
-        nodes: Nodes | None = None,
-        metrics: RunMetrics | None = None,
     ) -> None:
         self.run = run
-        self.nodes = nodes
-        self.metrics = metrics
+        self.options = options
         self.directory = directory
         self.manifest = manifest
         self.description = manifest.run if manifest is not None else run.describe()
-        self.session: SessionFold | None = SessionFold(self.description)
+        self.session = SessionFold(self.description)
         """The session's fold: the session thread feeds it, the dashboard and ``/metrics`` read it."""
         self.recording = str(directory) if manifest is not None else None
-        self.node_probes = node_probes
         self.control = JobControl()
         self.control.stop_on_hang = False  # the dashboard shows the report and asks
-        self.hang_timeout_s = hang_timeout_s
         self.result: JobResult | None = None
         self.error: BaseException | None = None
         self.backlog = ScreenBacklog(backlog)
@@ -213,11 +201,8 @@ class LiveSource:
                 directory=self.directory,
                 manifest=self.manifest,
                 on_events=self._take,
-                node_probes=self.node_probes,
+                options=self.options,
                 control=self.control,
-                hang_timeout_s=self.hang_timeout_s,
-                nodes=self.nodes,
-                metrics=self.metrics,
                 session=self.session,
             )
         except BaseException as error:  # handed to the app, which reports it and exits
@@ -244,7 +229,7 @@ class LiveSource:
         for kind, table in in_kind_order(batches):
             state.apply(kind, table)
         state.take_steps(steps)
-        state.coalesced = self.backlog.skipped + (self.session.left_out.total() if self.session is not None else 0)
+        state.coalesced = self.backlog.skipped + self.session.left_out.total()
         return state
 
     def launcher_phase(self) -> str | None:
@@ -400,7 +385,9 @@ class ReplaySource:
         metrics_per_rank: bool = False,
     ) -> None:
         self.description = recording.manifest.run
-        self.session = None  # the state folds what is played
+        self.session = SessionFold(self.description)
+        """The fold of what has been played, for the first state (``poll`` folds into the state's own: after a
+        jump, a snapshot's copy)."""
         self._per_rank = metrics_per_rank
         self.metrics = RunMetrics(self.description, per_rank=metrics_per_rank) if metrics else None
         """The Prometheus series of what has been played (``--metrics-port``), started anew at each jump; they
@@ -452,9 +439,8 @@ class ReplaySource:
             return state
         until = self.timeline.time_within(after if after is not None else -1, target, self.rows_per_frame)
         played = self.timeline.between(after, until)
-        for kind, table in played:
-            state.apply(kind, table)
-            self._since_snapshot += len(table)
+        state.play(played)
+        self._since_snapshot += sum(len(table) for _, table in played)
         if self.metrics is not None:
             self.metrics.count(played)
         self._folded_ns = until

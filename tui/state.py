@@ -4,11 +4,12 @@ pipeline timeline, per-rank and per-GPU views, the session's notices; the alerts
 
 Every figure (step time, p50 / p99, busbw, exposed share, bubbles, peaks,
 stragglers, request latencies, MFU) comes from :class:`meshtop.recordings.metrics.run.RunFold`,
-the same fold ``meshtop summary`` runs. Where that fold is, is the state's one difference by mode
-(:class:`LiveMode`, :class:`ReplayMode`): a live session's, fed by the session thread and read here, or in a
-replay one of the state's own, fed each table it is given. Either way the state reads the same tables
-beside it and keeps only what a screen shows, in bounded windows, so memory stays flat however long a run
-goes. No Textual here: tests and benchmarks drive it directly.
+the same fold ``meshtop summary`` runs, held by the source's
+:class:`~meshtop.recordings.session_fold.SessionFold`. A live session's fold thread feeds it, and the source
+hands the state the same tables and the job steps they completed; a replay plays its tables through
+:meth:`DashboardState.play`, which feeds the fold first. The state keeps only what a screen shows beside the
+figures, in bounded windows, so memory stays flat however long a run goes. No Textual here: tests and
+benchmarks drive it directly.
 """
 
 from __future__ import annotations
@@ -43,7 +44,7 @@ from meshtop.recordings.metrics.steps import JobStep
 from meshtop.recordings.metrics.stragglers import Straggler
 from meshtop.recordings.notices import Notices
 from meshtop.recordings.schema import events_of, tables_of
-from meshtop.recordings.session_fold import SessionFold
+from meshtop.recordings.session_fold import Batch, SessionFold
 from meshtop.tui.view_records import (
     HISTORY,
     CollectiveLine,
@@ -64,51 +65,6 @@ LIVE_FIGURES_EVERY_S = 0.25
 event at once; the quantiles over a long run's values are what costs)."""
 
 
-class LiveMode:
-    """A live dashboard: its figures come from the session's fold, which the session thread feeds with each batch
-    as it comes; the job steps that completed come with the batches (:meth:`DashboardState.take_steps`)."""
-
-    feeds_fold: ClassVar[bool] = False
-
-    def __init__(self, session: SessionFold) -> None:
-        self.session = session
-
-    def fold(self, kind: str, table: pa.Table) -> list[JobStep]:
-        """Nothing to fold: the session's thread folded the table before the screen was handed it."""
-        return []
-
-    def finish(self, status: str) -> list[JobStep]:
-        self.session.finish(status)
-        return []
-
-
-class ReplayMode:
-    """A replay (and a test): the state folds each table it is given into a fold of its own, and takes the job
-    steps each completed."""
-
-    feeds_fold: ClassVar[bool] = True
-
-    def __init__(self, run: RunDescription) -> None:
-        self.session = SessionFold(run)
-        self._steps_seen = 0
-        """Job steps of the fold this state took."""
-
-    def fold(self, kind: str, table: pa.Table) -> list[JobStep]:
-        """Fold ``table`` (the kinds no figure reads pass by); the job steps it completed."""
-        self.session.apply(kind, table)
-        return self._completed()
-
-    def finish(self, status: str) -> list[JobStep]:
-        self.session.finish(status)
-        return self._completed()
-
-    def _completed(self) -> list[JobStep]:
-        with self.session.reading() as fold:
-            steps = fold.steps_since(self._steps_seen)
-            self._steps_seen = fold.steps_completed
-        return steps
-
-
 class DashboardState:
     """Folds event tables into what the screen shows. ``apply`` is cheap; the views compute on demand."""
 
@@ -123,10 +79,8 @@ class DashboardState:
     ) -> None:
         self.recording = recording
         """Where the session is recorded, if it is."""
-        self.mode: LiveMode | ReplayMode = LiveMode(session) if session is not None else ReplayMode(run)
-        """Where the figures are folded: a live session's fold, given; else this state's own (a replay, tests)."""
-        self.session = self.mode.session
-        """The fold the figures come from (read it through ``session.reading()``)."""
+        self.session = session if session is not None else SessionFold(run)
+        """The fold the figures come from (read it through ``session.reading()``): the source's."""
         self.headroom_alert = headroom_alert
         self.events = 0
         self.first_ns: int | None = None
@@ -169,11 +123,6 @@ class DashboardState:
     # -- input -----------------------------------------------------------------
 
     @property
-    def feeds_fold(self) -> bool:
-        """Whether this state folds what it is given (a replay's, tests'), rather than read a session's fold."""
-        return self.mode.feeds_fold
-
-    @property
     def fold(self) -> RunFold:
         """The run's fold (a live session's changes under its lock: read it through ``session.reading()``)."""
         return self.session.fold
@@ -185,28 +134,34 @@ class DashboardState:
         return self.session.run
 
     def apply(self, kind: str, table: pa.Table) -> None:
-        """Take a table of ``kind``'s events (live: what arrived since the last frame; replay: a slice): folded
-        where this state has a fold of its own, then read for what the screen keeps beside the figures (a kind
-        the screen keeps nothing of, a request say, only folded)."""
+        """Take a table of ``kind``'s events the session's fold has folded (live: what arrived since the last
+        frame; replay: a slice), for what the screen keeps beside the figures (a kind the screen keeps nothing
+        of, a request say, is only counted)."""
         if not len(table):
             return
         self.events += len(table)
-        steps = self.mode.fold(kind, table)
         read = self._READERS.get(kind)
         if read is not None:
             read(self, kind, table)
-        self.take_steps(steps)
+
+    def play(self, tables: Iterable[Batch]) -> None:
+        """Fold ``tables`` into the session's fold and show them, a table at a time: how a source without a
+        session thread feeds the screen (a replay's slice; tests' and benchmarks' events)."""
+        for kind, table in tables:
+            steps = self.session.take_tables([(kind, table)])
+            self.apply(kind, table)
+            self.take_steps(steps)
 
     def apply_events(self, events: Iterable[Event]) -> None:
-        """Fold event objects (tests, benchmarks' warm-up) through the door they come in by: one table a kind, in
-        the fold's order, as a replay folds a slice."""
-        for kind, table in tables_of(events):
-            self.apply(kind, table)
+        """Play event objects (tests, benchmarks' warm-up) through the door they come in by: one table a kind, in
+        the fold's order, as a replay plays a slice."""
+        self.play(tables_of(events))
 
     def finish(self, status: str) -> None:
-        """The run is over with ``status`` (a replay reached the end of a recording with no end event)."""
+        """The run is over with ``status`` (a replay reached the end of a recording with no end event): the
+        session's fold decides what is left."""
         if self.ended is None:
-            self.take_steps(self.mode.finish(status))
+            self.take_steps(self.session.finish(status))
         self.final = True
 
     def set_clock(self, now_ns: int, origin_ns: int | None) -> None:

@@ -20,7 +20,7 @@ from meshtop.runner.job.supervise import NodeProbes
 from meshtop.runner.planner.plans import SWEEP_STEPS, Candidate, Question
 from meshtop.runner.planner.report import Budget, report
 from meshtop.runner.session.console import follow_job, verdict
-from meshtop.runner.session.session import BuiltinWork, start_recording
+from meshtop.runner.session.session import BuiltinWork, SessionOptions, start_recording
 
 MIN_SWEEP_STEPS = 3
 
@@ -93,8 +93,7 @@ def run_sweep(
                 session_dir=directory,
                 out=stream,
                 manifest=manifest,
-                node_probes=node_probes,
-                hang_timeout_s=hang_timeout_s,
+                options=SessionOptions(node_probes=node_probes, hang_timeout_s=hang_timeout_s),
             )
             if result.status == "interrupted":  # Ctrl-C (or SIGTERM) reached meshtop while the job ran
                 raise KeyboardInterrupt

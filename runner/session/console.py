@@ -15,13 +15,10 @@ from meshtop.recordings.manifest import Manifest
 from meshtop.recordings.metrics.requests import RequestFigures
 from meshtop.recordings.metrics.steps import JobStep, StepFigures
 from meshtop.recordings.notices import Notices
-from meshtop.recordings.prometheus import RunMetrics
 from meshtop.recordings.session_fold import Folded, SessionFold
 from meshtop.runner.job.control import JobControl
-from meshtop.runner.job.supervise import NodeProbes
-from meshtop.runner.multinode.nodes import Nodes
 from meshtop.runner.results import JobResult
-from meshtop.runner.session.session import Work, run_session
+from meshtop.runner.session.session import SessionOptions, Work, run_session
 
 PROGRESS_LINES = 20
 """About this many step lines per run, evenly spaced..."""
@@ -174,10 +171,7 @@ def follow_job(
     session_dir: Path,
     out: TextIO,
     manifest: Manifest | None = None,
-    node_probes: NodeProbes = NodeProbes(),
-    hang_timeout_s: float | None = None,
-    nodes: Nodes | None = None,
-    metrics: RunMetrics | None = None,
+    options: SessionOptions = SessionOptions(),
 ) -> JobResult:
     """Run the job, printing progress to ``out``; record it when a ``manifest`` is given.
 
@@ -190,7 +184,7 @@ def follow_job(
     received = 0
     progress = Progress(run.total_steps(), out)
     # /metrics reads every figure live; without it the console and the manifest read steps and requests only
-    kinds = FOLDED_KINDS if metrics is not None else PROGRESS_KINDS
+    kinds = FOLDED_KINDS if options.metrics is not None else PROGRESS_KINDS
     session = SessionFold(manifest.run if manifest is not None else run.describe(), kinds=kinds)
     inference = session.run.inference
     notices = Notices()
@@ -211,11 +205,8 @@ def follow_job(
             directory=session_dir,
             manifest=manifest,
             on_events=on_events,
-            node_probes=node_probes,
+            options=options,
             control=control,
-            hang_timeout_s=hang_timeout_s,
-            nodes=nodes,
-            metrics=metrics,
             session=session,
         )
     finally:

@@ -95,29 +95,47 @@ class Work(Protocol):
         """How it is launched on this node (a node other than the head launches its own ranks)."""
         raise TypeError(f"{type(self).__name__} has no torchrun launch")
 
-    def run(
-        self,
-        directory: Path,
-        *,
-        on_events: Callable[[Arrivals], None],
-        on_described: Callable[[RunDescription], None],
-        node_probes: NodeProbes,
-        control: JobControl | None,
-        hang_timeout_s: float | None,
-        nodes: Nodes | None,
-    ) -> JobResult:
-        """Run it to its end, its events to ``on_events``; ``on_described`` gets its description again where
-        running it told more (a server's model and how it ran)."""
-        nodes = self.on_nodes(lambda: nodes)
+    def run(self, context: RunContext) -> JobResult:
+        """Run it to its end (:class:`RunContext`: what the session gives it)."""
+        nodes = self.on_nodes(lambda: context.options.nodes)
         return run_job(
-            self.launch(directory, nodes),
-            session_dir=directory,
-            on_events=on_events,
-            node_probes=node_probes,
-            control=control,
-            hang_timeout_s=hang_timeout_s,
+            self.launch(context.directory, nodes),
+            session_dir=context.directory,
+            on_events=context.on_events,
+            node_probes=context.options.node_probes,
+            control=context.control,
+            hang_timeout_s=context.options.hang_timeout_s,
             fleet=Fleet(nodes) if nodes is not None else SingleNode(),
         )
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SessionOptions:
+    """What the command line asks of a session beside the work it runs (``run``, ``record`` and a sweep alike)."""
+
+    node_probes: NodeProbes = NodeProbes()
+    """The node's samplers and their rates."""
+    hang_timeout_s: float | None = None
+    """How long no rank may make progress before the job is reported hung (``None``:
+    :func:`meshtop.runner.job.hangs.default_timeout_s`)."""
+    nodes: Nodes | None = None
+    """The nodes the job spans, meshtop's own (``None``: this machine alone, or a script's torchrun options)."""
+    metrics: RunMetrics | None = None
+    """The series ``--metrics-port`` serves, fed every batch."""
+
+
+@dataclass(frozen=True, slots=True)
+class RunContext:
+    """What a session gives the work it runs."""
+
+    directory: Path
+    """The session's folder: the launcher's logs, and the recording where there is one."""
+    on_events: Callable[[Arrivals], None]
+    """Takes each batch of events (the session records it, then folds it)."""
+    on_described: Callable[[RunDescription], None]
+    """Takes the run's description again where running it told more (a server's model and how it ran)."""
+    control: JobControl | None
+    options: SessionOptions
 
 
 def ending_of(result: JobResult) -> Ending:
@@ -328,28 +346,18 @@ class EndpointWork(Work):
     def folder_name(self) -> str:
         return f"endpoint-{self.endpoint.name}"
 
-    def run(
-        self,
-        directory: Path,
-        *,
-        on_events: Callable[[Arrivals], None],
-        on_described: Callable[[RunDescription], None],
-        node_probes: NodeProbes,
-        control: JobControl | None,
-        hang_timeout_s: float | None,
-        nodes: Nodes | None,
-    ) -> JobResult:
+    def run(self, context: RunContext) -> JobResult:
         def resolved(run: EndpointRun, server: ServerInfo | None) -> None:
             if self.endpoint.server is not None:  # the model and how the server ran: known only now
-                on_described(endpoint_description(run, server))
+                context.on_described(endpoint_description(run, server))
 
         return run_endpoint(
             self.endpoint,
-            session_dir=directory,
-            requests_path=directory / LOAD_FILE,
-            on_events=on_events,
-            node_probes=node_probes,
-            control=control,
+            session_dir=context.directory,
+            requests_path=context.directory / LOAD_FILE,
+            on_events=context.on_events,
+            node_probes=context.options.node_probes,
+            control=context.control,
             on_resolved=resolved,
         )
 
@@ -381,18 +389,15 @@ def run_session(
     directory: Path,
     manifest: Manifest | None,
     on_events: Callable[[Arrivals, Folded], None],
-    node_probes: NodeProbes = NodeProbes(),
+    options: SessionOptions = SessionOptions(),
     control: JobControl | None = None,
-    hang_timeout_s: float | None = None,
-    nodes: Nodes | None = None,
-    metrics: RunMetrics | None = None,
     session: SessionFold | None = None,
 ) -> JobResult:
     """Run the job, recording into ``directory`` when a ``manifest`` is given (else it only holds the logs).
 
     Every batch is folded once, into ``session`` (the session's fold, made here unless the front end made it
-    to read it), which ``metrics`` (``--metrics-port``) reads; ``metrics`` counts each batch's events too. On
-    many nodes this is the head's session (``nodes.rank`` 0): the other nodes' events come to it too
+    to read it), which ``options.metrics`` (``--metrics-port``) reads and counts each batch's events of. On
+    many nodes this is the head's session (``options.nodes.rank`` 0): the other nodes' events come to it too
     (:mod:`meshtop.runner.session.relay`).
 
     ``on_events`` sees each batch after it is on disk and folded, with what the
@@ -404,6 +409,7 @@ def run_session(
     description = manifest.run if manifest is not None else work.describe()
     session = session if session is not None else SessionFold(description)
     recorder = SessionRecorder(session, directory, manifest)
+    metrics = options.metrics
     if metrics is not None:
         metrics.follow(session)
     result = None
@@ -423,15 +429,7 @@ def run_session(
         folding.put(arrivals)
 
     try:
-        result = work.run(
-            directory,
-            on_events=record_and_fold,
-            on_described=ran.append,
-            node_probes=node_probes,
-            control=control,
-            hang_timeout_s=hang_timeout_s,
-            nodes=nodes,
-        )
+        result = work.run(RunContext(directory, record_and_fold, ran.append, control, options))
     except KeyboardInterrupt:
         broken = Ending(status="interrupted", duration_s=None)
         raise

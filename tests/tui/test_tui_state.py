@@ -158,7 +158,7 @@ def test_memory_bars_draw_only_ranks_the_dashboard_shows_even_when_the_most_load
     once ended a live inference session) or draw a rank the dashboard does not show."""
     session = SessionFold(description(dp=2))
     state = DashboardState(session.run, session=session)
-    session.apply("memory", table_of([memory_snapshot(0, 900), memory_snapshot(1, 300)]))
+    session.take_tables([("memory", table_of([memory_snapshot(0, 900), memory_snapshot(1, 300)]))])
     state.apply("rank_started", table_of([rank_started(1)]))
     assert state.most_loaded_rank() == 0 and 0 not in state.ranks
     lines = memory_lines(state, lambda view: True, 80, 1).plain.splitlines()
@@ -192,8 +192,8 @@ def test_a_live_screen_takes_process_samples_a_table_at_a_time_as_a_replay_takes
     ]
     session = SessionFold(description(dp=2))
     live, replay = DashboardState(session.run, session=session), DashboardState(description(dp=2))
-    for state in (live, replay):
-        state.apply("process", table_of(samples))
+    live.apply("process", table_of(samples))
+    replay.play([("process", table_of(samples))])
     assert sorted(live.ranks) == [0, 1] and live.ranks == replay.ranks
     zero = live.ranks[0]
     assert (zero.pid, zero.cpu_pct, zero.rss_bytes, list(zero.cpu_history)) == (100, 70.0, None, [50.0, 70.0])
@@ -213,10 +213,13 @@ def test_a_live_screen_takes_gpu_samples_steps_and_memory_a_table_at_a_time_as_a
     steps = [kit.step(1, 0, 0.5), kit.step(7, 0, 0.5), kit.step(0, 0, -1.0)]
     session = SessionFold(description(dp=2))
     live, replay = DashboardState(session.run, session=session), DashboardState(description(dp=2))
-    for state in (live, replay):
-        state.apply("gpu", table_of(gpus))
-        state.apply("step", table_of(steps))
-        state.apply("memory", table_of([memory_snapshot(0, 10)]))
+    for kind, table in [
+        ("gpu", table_of(gpus)),
+        ("step", table_of(steps)),
+        ("memory", table_of([memory_snapshot(0, 10)])),
+    ]:
+        live.apply(kind, table)
+        replay.play([(kind, table)])
     assert list(live.ranks) == [1, 0] and live.ranks == replay.ranks
     assert live.gpus.keys() == replay.gpus.keys() == {(0, 0), (0, 1), (1, 0)}
     for key, view in live.gpus.items():
@@ -340,7 +343,6 @@ def test_a_full_screen_backlog_skips_only_high_rate_events_and_never_a_rank_star
         events += [collective(rank, number, 0.001) for rank in range(4) for _ in range(10)]
         events += [step(rank, number, 0.01) for rank in range(4)]
     arrivals = Arrivals(events)
-    assert source.session is not None
     source._take(arrivals, source.session.take(arrivals))  # the session thread's, with far more than the screen holds
     state = source.poll(DashboardState(source.description, session=source.session))
     assert {rank: view.pp_rank for rank, view in state.ranks.items()} == {0: 0, 1: 0, 2: 1, 3: 1}
@@ -360,7 +362,7 @@ def test_the_backlog_keeps_order_and_skips_the_oldest_high_rate_batches_first() 
     ]
     for batch in batches:
         backlog.put([batch])
-    kinds = [kind for kind, _ in backlog.take()]
+    kinds = [kind for kind, _ in backlog.take_with_steps()[0]]
     assert kinds == ["rank_started", "collective"] and backlog.skipped == 8 and "collective" in COALESCIBLE_KINDS
 
 

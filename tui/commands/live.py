@@ -9,6 +9,7 @@ import shutil
 import sys
 import tempfile
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -31,8 +32,8 @@ from meshtop.tui.terminal import TerminalGuard, go_on_headless
 
 if TYPE_CHECKING:
     from meshtop.recordings.manifest import Manifest
-    from meshtop.recordings.prometheus import MetricsServer, RunMetrics
-    from meshtop.runner.session.session import Work
+    from meshtop.recordings.prometheus import MetricsServer
+    from meshtop.runner.session.session import SessionOptions, Work
 
 RUNS_DIR_ENV = "MESHTOP_RUNS_DIR"
 DEFAULT_RUNS_DIR = "meshtop-runs"
@@ -83,12 +84,28 @@ def add_live_commands(commands: Any) -> None:
     record.set_defaults(handler=command_record)
 
 
-def live_metrics(args: argparse.Namespace, run: Work) -> tuple[RunMetrics | None, MetricsServer | None]:
-    """The series a live session feeds and the server of ``--metrics-port``, started (``None`` without)."""
+def session_of(args: argparse.Namespace) -> tuple[Work, SessionOptions]:
+    """The work ``run`` and ``record`` launch and how its session runs, from their options (``--metrics-port``'s
+    series are made once the command knows it goes on: :func:`live_metrics`)."""
+    from meshtop.runner.session.session import SessionOptions, work_of
+
+    work = work_of(resolve_args(args))
+    keep_buffer_pages()  # this process only: the ranks it starts are the user's
+    nodes = work_nodes(args, work)
+    return work, SessionOptions(
+        node_probes=node_probes_from_args(args), hang_timeout_s=hang_timeout_from_args(args), nodes=nodes
+    )
+
+
+def live_metrics(
+    args: argparse.Namespace, work: Work, options: SessionOptions
+) -> tuple[SessionOptions, MetricsServer | None]:
+    """``options`` with the series a live session feeds, and the server of ``--metrics-port``, started (``None``
+    without)."""
     from meshtop.recordings.prometheus import RunMetrics
 
-    metrics = RunMetrics(run.describe(), per_rank=args.metrics_per_rank) if args.metrics_port is not None else None
-    return metrics, serve_metrics(args, (lambda: metrics) if metrics is not None else None)
+    metrics = RunMetrics(work.describe(), per_rank=args.metrics_per_rank) if args.metrics_port is not None else None
+    return replace(options, metrics=metrics), serve_metrics(args, (lambda: metrics) if metrics is not None else None)
 
 
 def metrics_line(server: MetricsServer) -> str:
@@ -117,34 +134,22 @@ def command_run(args: argparse.Namespace) -> int:
     """Launch the job and show it live; once it ends, its verdict and where it was recorded."""
     from meshtop.recordings.manifest import note_terminal_lost
     from meshtop.runner.session.console import verdict
-    from meshtop.runner.session.session import start_recording, work_of
+    from meshtop.runner.session.session import start_recording
     from meshtop.tui.app import MeshtopApp
     from meshtop.tui.sources import LiveSource
 
-    run = work_of(resolve_args(args))
-    keep_buffer_pages()  # this process only: the ranks it starts are the user's
-    probes = node_probes_from_args(args)
-    hang_timeout = hang_timeout_from_args(args)
-    nodes = work_nodes(args, run)
-    if nodes is not None and not nodes.head:
-        return command_node(run, nodes, probes)
+    run, options = session_of(args)
+    if options.nodes is not None and not options.nodes.head:
+        return command_node(run, options.nodes, options.node_probes)
     require_terminal("meshtop run", "use `meshtop record OUT` to record a job headless")
-    metrics, server = live_metrics(args, run)
+    options, server = live_metrics(args, run, options)
     manifest: Manifest | None = None
     if args.record:
         directory = new_session_path(runs_directory(args), run)
-        manifest = start_recording(directory, run, probes, args.argv)
+        manifest = start_recording(directory, run, options.node_probes, args.argv)
     else:
         directory = Path(tempfile.mkdtemp(prefix="meshtop-run-"))
-    source = LiveSource(
-        run,
-        directory=directory,
-        manifest=manifest,
-        node_probes=probes,
-        hang_timeout_s=hang_timeout,
-        nodes=nodes,
-        metrics=metrics,
-    )
+    source = LiveSource(run, directory=directory, manifest=manifest, options=options)
     app = MeshtopApp(source, quit_on_signals=True, terminal=TerminalGuard())
     try:
         app.run()
@@ -181,32 +186,19 @@ def command_record(args: argparse.Namespace) -> int:
     from meshtop.recordings.reader import open_recording
     from meshtop.recordings.summary import summarize
     from meshtop.runner.session.console import follow_job
-    from meshtop.runner.session.session import start_recording, work_of
+    from meshtop.runner.session.session import start_recording
     from meshtop.tui.summary_text import summary_lines
 
-    run = work_of(resolve_args(args))
-    keep_buffer_pages()  # this process only: the ranks it starts are the user's
-    probes = node_probes_from_args(args)
-    hang_timeout = hang_timeout_from_args(args)
-    nodes = work_nodes(args, run)
-    if nodes is not None and not nodes.head:
-        return command_node(run, nodes, probes)
+    run, options = session_of(args)
+    if options.nodes is not None and not options.nodes.head:
+        return command_node(run, options.nodes, options.node_probes)
     out: Path = args.out
-    metrics, server = live_metrics(args, run)
+    options, server = live_metrics(args, run, options)
     if server is not None:
         print(metrics_line(server), flush=True)
     try:
-        manifest = start_recording(out, run, probes, args.argv)
-        result = follow_job(
-            run,
-            session_dir=out,
-            out=sys.stdout,
-            manifest=manifest,
-            node_probes=probes,
-            hang_timeout_s=hang_timeout,
-            nodes=nodes,
-            metrics=metrics,
-        )
+        manifest = start_recording(out, run, options.node_probes, args.argv)
+        result = follow_job(run, session_dir=out, out=sys.stdout, manifest=manifest, options=options)
     finally:
         if server is not None:
             server.stop()
