@@ -58,9 +58,19 @@ class Plan:
     label: str
     """``dp2 x tp1 x pp2 (1f1b, 4 mb)``."""
 
+    @property
+    def num_stages(self) -> int:
+        return self.pp * self.virtual_stages
+
     def coordinates(self, rank: int) -> tuple[int, int, int]:
-        """(pp, dp, tp) of ``rank`` in the runner's mesh (tp innermost, then dp, then pp)."""
+        """(pp, dp, tp) of ``rank`` in the runner's mesh: tp innermost, then dp, then pp
+        (rank = (pp x dp_degree + dp) x tp_degree + tp)."""
         return rank // (self.dp * self.tp), (rank // self.tp) % self.dp, rank % self.tp
+
+    def stages_of(self, pp_rank: int) -> list[int]:
+        """Stage indices held by pipeline rank ``pp_rank``, in execution order (looped for interleaved 1F1B;
+        ``[0]`` without a pipeline, whose one stage is the whole model)."""
+        return [pp_rank + loop * self.pp for loop in range(self.virtual_stages)]
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -504,12 +514,13 @@ def host_description() -> Host:
     return Host(hostname=socket.gethostname(), platform=platform.platform(), cpu_count=os.cpu_count())
 
 
-def new_recording(directory: Path) -> None:
-    """Make ``directory`` for a new recording; refuses one that already holds files."""
+def new_recording(directory: Path, *, command: str = "record") -> None:
+    """Make ``directory`` for a new recording (or a sweep of them, made by ``command``); refuses one that already
+    holds files."""
     if directory.exists() and not directory.is_dir():
-        raise RecordingError(f"{directory} is a file: give record a new directory")
+        raise RecordingError(f"{directory} is a file: give {command} a new directory")
     if directory.is_dir() and any(directory.iterdir()):
-        raise RecordingError(f"{directory} is not empty: give record a new directory (nothing was overwritten)")
+        raise RecordingError(f"{directory} is not empty: give {command} a new directory (nothing was overwritten)")
     try:
         directory.mkdir(parents=True, exist_ok=True)
     except OSError as error:

@@ -16,19 +16,23 @@ from meshtop.recordings.typed_json import RecordingError
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class RankPrediction:
-    """The planner's bytes for one rank."""
+    """The planner's bytes for one rank at its peak, by category."""
 
     rank: int
     weights_bytes: int
     grads_bytes: int
     optimizer_bytes: int
     activations_bytes: int
+    """Training: the peak bytes saved for backward. Serving: ``0`` (nothing is kept between ops but the cache)."""
     kv_cache_bytes: int
     total_bytes: int
+    """The categories above summed: what a recording measures."""
     recompute_bytes: int = 0
-    """A block's recomputation during its backward (activation checkpointing): not measured, not in the total."""
+    """Activation checkpointing: what one block's recomputation holds during its backward, on top of what is
+    saved (not measured, so not in the total)."""
     fit_bytes: int | None = None
-    """The total and the recomputation: what must fit (``None`` in a sweep from before recipes)."""
+    """What must fit in the device's memory: the total and a block's recomputation, an upper bound (by the last
+    block's backward the loss's log-softmax is already freed); ``None`` in a sweep from before recipes."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -99,12 +99,22 @@ def measure(directory: Path) -> dict[str, Any]:
         | {"peak_bytes": row.peak_bytes, "accounted_bytes": accounted_bytes(row)}
         for row in figures.memory
     }
-    peak = plan_peak(figures.memory, cuda=recording.manifest.run.device == "cuda")
+    cuda = recording.manifest.run.device == "cuda"
+    peak = plan_peak(figures.memory, cuda=cuda)
     step = last_full_step(figures.steps.count)
     traffic: dict[tuple[int, str, str], tuple[int, int]] = {}
     if step is not None and "collective" in recording.kinds():
         traffic = step_traffic(recording.arrow("collective"), step)
     requests = figures.requests
+    served: dict[str, float | None] = dict.fromkeys(("ttft_p50_s", "tpot_p50_s", "requests_per_s", "goodput_per_s"))
+    if requests is not None:
+        throughput = requests.request_throughput_per_s
+        served = {
+            "ttft_p50_s": requests.latencies["ttft_s"]["p50"],
+            "tpot_p50_s": requests.latencies["tpot_s"]["p50"],
+            "requests_per_s": throughput,
+            "goodput_per_s": throughput if requests.goodput_per_s is None else requests.goodput_per_s,
+        }
     return {
         "status": job_status(recording),
         "tokens_per_s": figures.steps.tokens_per_s,
@@ -114,7 +124,7 @@ def measure(directory: Path) -> dict[str, Any]:
         "memory": {str(rank): row for rank, row in sorted(memory.items())},
         "peak_rank": peak.rank if peak is not None else None,
         "peak_bytes": peak.bytes if peak is not None else None,
-        "peak_kind": "allocator" if recording.manifest.run.device == "cuda" else "accounted",
+        "peak_kind": "allocator" if cuda else "accounted",
         "comm_share": communication_share(figures.collectives),
         "bubble": mean_bubble(figures.stages),
         "traffic_step": step if traffic else None,
@@ -122,16 +132,7 @@ def measure(directory: Path) -> dict[str, Any]:
             {"rank": rank, "group": group, "op": op, "bytes": nbytes, "count": count}
             for (rank, group, op), (nbytes, count) in sorted(traffic.items())
         ],
-        "ttft_p50_s": requests.latencies["ttft_s"]["p50"] if requests is not None else None,
-        "tpot_p50_s": requests.latencies["tpot_s"]["p50"] if requests is not None else None,
-        "requests_per_s": requests.request_throughput_per_s if requests is not None else None,
-        "goodput_per_s": (
-            requests.goodput_per_s
-            if requests is not None and requests.goodput_per_s is not None
-            else requests.request_throughput_per_s
-            if requests is not None
-            else None
-        ),
+        **served,
         "problems": recording.problems,
     }
 

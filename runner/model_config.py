@@ -224,8 +224,9 @@ def _name(config: dict[str, object], source: Path) -> str:
     """``meta-llama/Llama-3.2-1B`` -> ``Llama-3.2-1B``; else ``.../Llama-3.2-1B/config.json`` -> its folder's
     name; else the file's stem (``my-model.json`` -> ``my-model``)."""
     given = config.get("_name_or_path")
-    if isinstance(given, str) and PurePosixPath(given.replace("\\", "/").rstrip("/")).name:
-        return PurePosixPath(given.replace("\\", "/").rstrip("/")).name
+    named = PurePosixPath(given.replace("\\", "/").rstrip("/")).name if isinstance(given, str) else ""
+    if named:
+        return named
     if source.name == "config.json":
         folder = source.absolute().parent.name
         if folder:

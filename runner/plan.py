@@ -8,7 +8,7 @@ torch, so a bad command line is refused at once.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from meshtop.recordings import typed_json
@@ -108,7 +108,7 @@ class RunSpec:
     slo_tpot_ms: float | None = None
 
 
-TRAIN_ONLY = (
+TRAIN_ONLY: tuple[str, ...] = (
     "fsdp",
     "schedule",
     "microbatches",
@@ -120,7 +120,7 @@ TRAIN_ONLY = (
     "precision",
     "checkpoint",
 )
-INFER_ONLY = (
+INFER_ONLY: tuple[str, ...] = (
     "requests",
     "concurrency",
     "request_rate",
@@ -141,15 +141,8 @@ def option(name: str) -> str:
 class ResolvedRun:
     """A validated run with every value concrete: what the workers execute."""
 
-    dp: int
-    tp: int
-    pp: int
-    fsdp: bool
-    schedule: str | None
-    """``None`` when there is no pipeline (pp = 1)."""
-    microbatches: int
-    virtual_stages: int
-    """Pipeline stages per pp rank (2 for interleaved-1f1b, else 1)."""
+    plan: Plan
+    """The mesh and its pipeline (no schedule and 1 microbatch without one; serving's is a plain plan)."""
     shape: ModelShape
     dtype: str
     """The compute dtype (bf16 under mixed precision)."""
@@ -163,8 +156,6 @@ class ResolvedRun:
     instrument: bool = True
     activations: bool = False
     """Measure the bytes saved for backward per step (training)."""
-    stage_layers: tuple[tuple[int, ...], ...] = field(default=())
-    """Layer indices of each pipeline stage, stage 0 first."""
     mode: str = "train"
     load: Load | None = None
     """The requests to serve (inference only)."""
@@ -182,45 +173,22 @@ class ResolvedRun:
     def master_weights(self) -> bool:
         """Mixed precision kept by the optimizer: the model's parameters in bf16, an fp32 copy of each in the
         optimizer (every plan but FSDP2's, which keeps fp32 shards and computes in bf16 by its policy)."""
-        return self.mixed and not self.fsdp
+        return self.mixed and not self.plan.fsdp
 
     @property
     def parameter_dtype(self) -> str:
         """The dtype of the model's parameters (and so of their gradients): fp32 shards under FSDP2's mixed
         precision, else the compute dtype."""
-        return "fp32" if self.mixed and self.fsdp else self.dtype
+        return "fp32" if self.mixed and self.plan.fsdp else self.dtype
 
     @property
-    def world_size(self) -> int:
-        return self.dp * self.tp * self.pp
-
-    @property
-    def num_stages(self) -> int:
-        return self.pp * self.virtual_stages
+    def microbatches(self) -> int:
+        """Microbatches per step: the pipeline's, 1 without one."""
+        return self.plan.microbatches or 1
 
     @property
     def microbatch_size(self) -> int:
-        return self.batch_size // (self.dp * self.microbatches)
-
-    def position(self, rank: int) -> tuple[int, int, int]:
-        """(pp, dp, tp) of global ``rank`` in the mesh: tp innermost, then dp, then pp
-        (rank = (pp x dp_degree + dp) x tp_degree + tp)."""
-        return rank // (self.dp * self.tp), (rank // self.tp) % self.dp, rank % self.tp
-
-    def stages_of(self, pp_rank: int) -> list[int]:
-        """Stage indices held by pipeline rank ``pp_rank``, in execution order (looped for interleaved 1F1B;
-        ``[0]`` without a pipeline, whose one stage is the whole model)."""
-        return [pp_rank + loop * self.pp for loop in range(self.virtual_stages)]
-
-    def plan_label(self) -> str:
-        """``dp2 x tp2 x pp2 (1f1b, 4 mb)`` style label for headers and logs."""
-        dp = f"fsdp{self.dp}" if self.fsdp else f"dp{self.dp}"
-        label = f"{dp} x tp{self.tp} x pp{self.pp}"
-        if self.mode == "infer":
-            label += " (serving)"
-        elif self.pp > 1:
-            label += f" ({self.schedule}, {self.microbatches} mb)"
-        return label
+        return self.batch_size // (self.plan.dp * self.microbatches)
 
     def to_json(self) -> dict[str, Any]:
         """What a rank is handed (``run.json``): every field as plain JSON."""
@@ -235,18 +203,7 @@ class ResolvedRun:
         training: its load says what ran)."""
         serving = self.mode == INFER_MODE
         return RunDescription(
-            plan=Plan(
-                dp=self.dp,
-                tp=self.tp,
-                pp=self.pp,
-                fsdp=self.fsdp,
-                world_size=self.world_size,
-                schedule=self.schedule,
-                microbatches=self.microbatches,
-                virtual_stages=self.virtual_stages,
-                stage_layers=self.stage_layers,
-                label=self.plan_label(),
-            ),
+            plan=self.plan,
             mode=self.mode,
             model=self.shape.counted(),
             dtype=self.dtype,
@@ -261,6 +218,39 @@ class ResolvedRun:
             instrumented=self.instrument,
             load=self.load,
         )
+
+
+def mesh_plan(
+    *,
+    dp: int,
+    tp: int,
+    pp: int,
+    n_layers: int,
+    fsdp: bool = False,
+    schedule: str | None = None,
+    microbatches: int = 1,
+    serving: bool = False,
+) -> Plan:
+    """The plan of a built-in run: its label (``dp2 x tp2 x pp2 (1f1b, 4 mb)``, or ``(serving)``) and each
+    stage's layers, interleaved 1F1B looping two stages a rank; ``schedule`` ``None`` without a pipeline."""
+    virtual = 2 if schedule == "interleaved-1f1b" else 1
+    label = f"{'fsdp' if fsdp else 'dp'}{dp} x tp{tp} x pp{pp}"
+    if serving:
+        label += " (serving)"
+    elif schedule is not None:
+        label += f" ({schedule}, {microbatches} mb)"
+    return Plan(
+        dp=dp,
+        tp=tp,
+        pp=pp,
+        fsdp=fsdp,
+        world_size=dp * tp * pp,
+        schedule=schedule,
+        microbatches=microbatches,
+        virtual_stages=virtual,
+        stage_layers=split_layers(n_layers, pp * virtual),
+        label=label,
+    )
 
 
 def recipe_words(dtype: str | None, precision: str | None, checkpoint: str | None) -> str:
@@ -308,16 +298,8 @@ def resolve(spec: RunSpec, *, gpus_visible: int, nodes: int = 1) -> ResolvedRun:
     """Fill in defaults and check that the run can be launched on this host (on each of ``nodes`` hosts, each
     with ``gpus_visible`` GPUs, running an equal share of the ranks)."""
     check_hooks(instrument=spec.instrument, activations=spec.activations)
-    for name, value in (
-        ("--dp", spec.dp),
-        ("--tp", spec.tp),
-        ("--pp", spec.pp),
-        ("--microbatches", spec.microbatches),
-        ("--steps", spec.steps),
-        ("--batch-size", spec.batch_size),
-        ("--seq-len", spec.seq_len),
-    ):
-        check_positive(name, value)
+    for name in ("dp", "tp", "pp", "microbatches", "steps", "batch_size", "seq_len"):
+        check_positive(option(name), getattr(spec, name))
     if spec.seed < 0:
         raise PlanError(f"--seed must be 0 or more, got {spec.seed}")
     if spec.time_limit_s is not None and (spec.steps is not None or not 0 < spec.time_limit_s < float("inf")):
@@ -339,23 +321,20 @@ def resolve(spec: RunSpec, *, gpus_visible: int, nodes: int = 1) -> ResolvedRun:
     else:
         dp = 1
     world = dp * spec.tp * spec.pp
+    product = f"dp {dp} x tp {spec.tp} x pp {spec.pp} = {world}"
     if world % nodes:
         raise PlanError(
-            f"dp {dp} x tp {spec.tp} x pp {spec.pp} = {world} ranks do not split evenly over "
-            f"{nodes} nodes: make the product a multiple of {nodes}"
+            f"{product} ranks do not split evenly over {nodes} nodes: make the product a multiple of {nodes}"
         )
     if device == "cuda" and world > gpus_visible * nodes:
         where = "are visible" if nodes == 1 else f"are visible on this node ({world // nodes} ranks each)"
         raise PlanError(
-            f"dp {dp} x tp {spec.tp} x pp {spec.pp} = {world} ranks but {gpus_visible} GPU(s) {where}: "
-            f"lower the degrees so their product is at most {gpus_visible * nodes} (nccl needs one GPU per rank)"
+            f"{product} ranks but {gpus_visible} GPU(s) {where}: lower the degrees so their product is at most "
+            f"{gpus_visible * nodes} (nccl needs one GPU per rank)"
         )
     if device == "cpu" and world // nodes > MAX_CPU_RANKS:
         each = "" if nodes == 1 else f" ({world // nodes} on each of {nodes} nodes)"
-        raise PlanError(
-            f"dp {dp} x tp {spec.tp} x pp {spec.pp} = {world} CPU ranks{each}: lower the degrees to at "
-            f"most {MAX_CPU_RANKS * nodes} ranks"
-        )
+        raise PlanError(f"{product} CPU ranks{each}: lower the degrees to at most {MAX_CPU_RANKS * nodes} ranks")
     if spec.fsdp and dp < 2:
         raise PlanError("--fsdp shards over the data-parallel ranks: give --dp 2 or more")
 
@@ -379,16 +358,37 @@ def resolve(spec: RunSpec, *, gpus_visible: int, nodes: int = 1) -> ResolvedRun:
     if dtype not in DTYPES:
         raise PlanError(f"unknown --dtype {dtype!r}: use one of {', '.join(DTYPES)}")
 
-    if spec.mode == "infer":
-        return _resolve_inference(spec, dp=dp, device=device, dtype=dtype, shape=shape)
-    schedule, microbatches, virtual = _resolve_pipeline(spec)
-    if shape.n_layers < spec.pp * virtual:
-        stages = f"{spec.pp * virtual} pipeline stages" + (
-            f" ({virtual} per rank for {schedule})" if virtual > 1 else ""
-        )
+    load = _resolve_load(spec, dp=dp) if spec.mode == "infer" else None
+    schedule, microbatches = _resolve_pipeline(spec) if load is None else (None, 1)
+    plan = mesh_plan(
+        dp=dp,
+        tp=spec.tp,
+        pp=spec.pp,
+        n_layers=shape.n_layers,
+        fsdp=spec.fsdp,  # refused with --mode infer
+        schedule=schedule,
+        microbatches=microbatches,
+        serving=load is not None,
+    )
+    if shape.n_layers < plan.num_stages:
+        per_rank = f" ({plan.virtual_stages} per rank for {plan.schedule})" if plan.virtual_stages > 1 else ""
         raise PlanError(
-            f"model {shape.name} has {shape.n_layers} layers, fewer than the {stages}: "
-            "lower --pp or pick a deeper --model"
+            f"model {shape.name} has {shape.n_layers} layers, fewer than the {plan.num_stages} pipeline "
+            f"stages{per_rank}: lower --pp or pick a deeper --model"
+        )
+    if load is not None:
+        return ResolvedRun(
+            plan=plan,
+            shape=shape,
+            dtype=dtype,
+            device=device,
+            steps=0,
+            batch_size=load.max_batch * dp,
+            seq_len=load.max_sequence,
+            seed=spec.seed,
+            instrument=spec.instrument,
+            mode="infer",
+            load=load,
         )
 
     batch = spec.batch_size if spec.batch_size is not None else 4 * dp * microbatches
@@ -398,13 +398,7 @@ def resolve(spec: RunSpec, *, gpus_visible: int, nodes: int = 1) -> ResolvedRun:
             f"--batch-size {batch} cannot be split evenly into {split}: use a multiple of {dp * microbatches}"
         )
     return ResolvedRun(
-        dp=dp,
-        tp=spec.tp,
-        pp=spec.pp,
-        fsdp=spec.fsdp,
-        schedule=schedule,
-        microbatches=microbatches,
-        virtual_stages=virtual,
+        plan=plan,
         shape=shape,
         dtype=dtype,
         device=device,
@@ -415,7 +409,6 @@ def resolve(spec: RunSpec, *, gpus_visible: int, nodes: int = 1) -> ResolvedRun:
         seed=spec.seed,
         instrument=spec.instrument,
         activations=spec.activations,
-        stage_layers=split_layers(shape.n_layers, spec.pp * virtual),
         mixed=mixed,
         checkpoint=spec.checkpoint or "none",
     )
@@ -428,8 +421,8 @@ def check_hooks(*, instrument: bool, activations: bool) -> None:
         raise PlanError("--activations needs the hooks: leave out --no-instrument")
 
 
-def _resolve_pipeline(spec: RunSpec) -> tuple[str | None, int, int]:
-    """Schedule, microbatches and virtual stages per rank; checks that they fit pp."""
+def _resolve_pipeline(spec: RunSpec) -> tuple[str | None, int]:
+    """Schedule and microbatches; checks that they fit pp."""
     if spec.schedule is not None and spec.schedule not in SCHEDULES:
         raise PlanError(f"unknown --schedule {spec.schedule!r}: use one of {', '.join(SCHEDULES)}")
     if spec.pp == 1:
@@ -437,7 +430,7 @@ def _resolve_pipeline(spec: RunSpec) -> tuple[str | None, int, int]:
             raise PlanError(f"--schedule {spec.schedule} orders pipeline stages: it needs --pp 2 or more")
         if spec.microbatches not in (None, 1):
             raise PlanError("--microbatches splits the batch between pipeline stages: it needs --pp 2 or more")
-        return None, 1, 1
+        return None, 1
     schedule = spec.schedule or "1f1b"
     microbatches = spec.microbatches or 2 * spec.pp
     if schedule in ("1f1b", "interleaved-1f1b") and microbatches < spec.pp:
@@ -446,20 +439,18 @@ def _resolve_pipeline(spec: RunSpec) -> tuple[str | None, int, int]:
         )
     if schedule == "interleaved-1f1b" and microbatches % spec.pp:
         raise PlanError(f"--schedule interleaved-1f1b needs --microbatches a multiple of --pp {spec.pp}")
-    return schedule, microbatches, 2 if schedule == "interleaved-1f1b" else 1
+    return schedule, microbatches
 
 
 def check_mode_options(spec: RunSpec) -> None:
     """Options of the other mode are refused, not silently ignored."""
-    given = [name for name in TRAIN_ONLY + INFER_ONLY if getattr(spec, name) not in (None, False)]
     if spec.mode == "infer":
-        wrong = [name for name in given if name in TRAIN_ONLY]
-        if wrong:
-            raise PlanError(f"{option(wrong[0])} is a training option: leave it out with --mode infer")
+        other, fix = TRAIN_ONLY, "a training option: leave it out with --mode infer"
     else:
-        wrong = [name for name in given if name in INFER_ONLY]
-        if wrong:
-            raise PlanError(f"{option(wrong[0])} is an inference option: add --mode infer")
+        other, fix = INFER_ONLY, "an inference option: add --mode infer"
+    for name in other:
+        if getattr(spec, name) not in (None, False):
+            raise PlanError(f"{option(name)} is {fix}")
 
 
 def parse_length(name: str, text: str | None, default: tuple[int, int]) -> tuple[int, int]:
@@ -476,7 +467,8 @@ def parse_length(name: str, text: str | None, default: tuple[int, int]) -> tuple
     return bounds
 
 
-def _resolve_inference(spec: RunSpec, *, dp: int, device: str, dtype: str, shape: ModelShape) -> ResolvedRun:
+def _resolve_load(spec: RunSpec, *, dp: int) -> Load:
+    """The load of an inference run; checks that its counts, rates and lengths can be served by ``dp`` replicas."""
     for name in ("requests", "concurrency", "max_batch"):
         check_positive(option(name), getattr(spec, name))
     for name in ("request_rate", "slo_ttft_ms", "slo_tpot_ms"):
@@ -510,28 +502,4 @@ def _resolve_inference(spec: RunSpec, *, dp: int, device: str, dtype: str, shape
             f"prompt plus output can reach {load.max_sequence} tokens, more than {MAX_SEQUENCE}: "
             f"shorten --prompt-len or --output-len"
         )
-    if shape.n_layers < spec.pp:
-        raise PlanError(
-            f"model {shape.name} has {shape.n_layers} layers, fewer than the {spec.pp} pipeline stages: "
-            f"lower --pp or pick a deeper --model"
-        )
-    return ResolvedRun(
-        dp=dp,
-        tp=spec.tp,
-        pp=spec.pp,
-        fsdp=False,
-        schedule=None,
-        microbatches=1,
-        virtual_stages=1,
-        shape=shape,
-        dtype=dtype,
-        device=device,
-        steps=0,
-        batch_size=load.max_batch * dp,
-        seq_len=load.max_sequence,
-        seed=spec.seed,
-        instrument=spec.instrument,
-        stage_layers=split_layers(shape.n_layers, spec.pp),
-        mode="infer",
-        load=load,
-    )
+    return load

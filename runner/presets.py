@@ -10,60 +10,30 @@ class PresetError(MeshtopError):
     """An unknown model preset was asked for."""
 
 
+ROPE_THETA_LLAMA3 = 500000.0
+"""The rotary base of the Llama 3 releases (1b, 8b); the others keep :class:`ModelShape`'s 10000."""
+_SHAPES = (
+    # name, n_layers, dim, n_heads, n_kv_heads, ffn_dim, vocab_size, default_seq_len, rope_theta
+    ("tiny", 4, 64, 4, 2, 128, 256, 64, 10000.0),  # a step in milliseconds on two CPU cores; tp=2, pp=2 x v=2
+    ("small", 8, 256, 8, 4, 768, 512, 128, 10000.0),  # compute-bound on CPU; a small vocabulary balances stages
+    ("125m", 12, 768, 12, 12, 2048, 32000, 1024, 10000.0),
+    ("1b", 16, 2048, 32, 8, 8192, 128256, 2048, ROPE_THETA_LLAMA3),
+    ("7b", 32, 4096, 32, 32, 11008, 32000, 4096, 10000.0),
+    ("8b", 32, 4096, 32, 8, 14336, 128256, 4096, ROPE_THETA_LLAMA3),
+)
 PRESETS: dict[str, ModelShape] = {
-    shape.name: shape
-    for shape in (
-        # Runs a step in milliseconds on two CPU cores; divisible by tp=2 and pp=2 x v=2.
-        ModelShape(
-            name="tiny", n_layers=4, dim=64, n_heads=4, n_kv_heads=2, ffn_dim=128, vocab_size=256, default_seq_len=64
-        ),
-        # Compute-bound on CPU, with a small vocabulary so that pipeline stages stay balanced.
-        ModelShape(
-            name="small", n_layers=8, dim=256, n_heads=8, n_kv_heads=4, ffn_dim=768, vocab_size=512, default_seq_len=128
-        ),
-        ModelShape(
-            name="125m",
-            n_layers=12,
-            dim=768,
-            n_heads=12,
-            n_kv_heads=12,
-            ffn_dim=2048,
-            vocab_size=32000,
-            default_seq_len=1024,
-        ),
-        ModelShape(
-            name="1b",
-            n_layers=16,
-            dim=2048,
-            n_heads=32,
-            n_kv_heads=8,
-            ffn_dim=8192,
-            vocab_size=128256,
-            default_seq_len=2048,
-            rope_theta=500000.0,
-        ),
-        ModelShape(
-            name="7b",
-            n_layers=32,
-            dim=4096,
-            n_heads=32,
-            n_kv_heads=32,
-            ffn_dim=11008,
-            vocab_size=32000,
-            default_seq_len=4096,
-        ),
-        ModelShape(
-            name="8b",
-            n_layers=32,
-            dim=4096,
-            n_heads=32,
-            n_kv_heads=8,
-            ffn_dim=14336,
-            vocab_size=128256,
-            default_seq_len=4096,
-            rope_theta=500000.0,
-        ),
+    name: ModelShape(
+        name=name,
+        n_layers=n_layers,
+        dim=dim,
+        n_heads=n_heads,
+        n_kv_heads=n_kv_heads,
+        ffn_dim=ffn_dim,
+        vocab_size=vocab_size,
+        default_seq_len=seq_len,
+        rope_theta=rope_theta,
     )
+    for name, n_layers, dim, n_heads, n_kv_heads, ffn_dim, vocab_size, seq_len, rope_theta in _SHAPES
 }
 
 

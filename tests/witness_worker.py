@@ -177,8 +177,8 @@ def main(run_path: str, out_dir: str) -> None:
     dist.init_process_group("gloo")
     sink = ListSink()
     probes = Instrumentation(rank=rank, sink=sink, device=device, enabled=True)
-    mesh = build_mesh(device_type=run.device, pp=run.pp, dp=run.dp, tp=run.tp)
-    probes.install(groups=GroupDirectory.from_mesh(mesh), pipeline=run.pp > 1)
+    mesh = build_mesh(device_type=run.device, pp=run.plan.pp, dp=run.plan.dp, tp=run.plan.tp)
+    probes.install(groups=GroupDirectory.from_mesh(mesh), pipeline=run.plan.pp > 1)
     job = build_training(run, mesh=mesh, coords=coordinates(run, rank), device=device)
     # The groups by the names the hooks give them, from the mesh and the pipeline, not from the probes.
     groups = {dim: sorted(dist.get_process_group_ranks(mesh.get_group(dim))) for dim in MESH_DIMS}

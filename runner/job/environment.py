@@ -68,16 +68,16 @@ def builtin_launch(run: ResolvedRun, session_dir: Path, nodes: Nodes | None = No
     run_path = session_dir / "run.json"
     run_path.write_text(json.dumps(run.to_json(), indent=2))
     where = (
-        ("--standalone", "--nnodes=1", f"--nproc-per-node={run.world_size}")
+        ("--standalone", "--nnodes=1", f"--nproc-per-node={run.plan.world_size}")
         if nodes is None
-        else nodes.launcher_args(run.world_size // nodes.count)
+        else nodes.launcher_args(run.plan.world_size // nodes.count)
     )
     stop_file = session_dir / STOP_NAME if run.steps is None and run.mode == "train" else None
     if stop_file is not None:
         stop_file.unlink(missing_ok=True)
     return Launch(
         launcher_args=(*where, "--max-restarts=0", "-m", "meshtop.runner.rank.worker", str(run_path)),
-        world_size=run.world_size,
+        world_size=run.plan.world_size,
         native_kernel=run.device == "cpu" and run.instrument,
         quiet_s=longest_gap_s(run.load) if run.load is not None else 0.0,
         nodes=nodes,

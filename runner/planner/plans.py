@@ -19,7 +19,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 
 from meshtop.recordings.manifest import ModelShape
-from meshtop.recordings.predictions import PredictedTraffic
+from meshtop.recordings.predictions import PredictedTraffic, RankPrediction
 from meshtop.runner.errors import PlanError
 from meshtop.runner.plan import ResolvedRun, RunSpec, check_mode_options, check_positive, model_shape, resolve
 
@@ -43,7 +43,7 @@ class Matrix:
 
 def chunk_rows(rows: int, parts: int, index: int) -> int:
     """Rows of part ``index`` when ``rows`` are cut as ``torch.chunk`` cuts them (FSDP2's dim-0 shards)."""
-    size = -(-rows // parts)
+    size = padded_rows(rows, parts)
     return max(0, min(size, rows - index * size))
 
 
@@ -79,8 +79,8 @@ class Unit:
 
 def chunk_units(run: ResolvedRun, stage: int) -> list[Unit]:
     """The FSDP units of pipeline stage ``stage`` (the whole model without a pipeline), root first."""
-    shape, tp = run.shape, run.tp
-    first, last = stage == 0, stage == run.num_stages - 1
+    shape, tp = run.shape, run.plan.tp
+    first, last = stage == 0, stage == run.plan.num_stages - 1
     ends: list[Matrix] = []
     if first:
         ends.append(Matrix(shape.vocab_size // tp, shape.dim))
@@ -88,69 +88,41 @@ def chunk_units(run: ResolvedRun, stage: int) -> list[Unit]:
         ends.append(Matrix(shape.dim))
         if not (first and shape.tie_embeddings):  # a tied output is the embedding itself
             ends.append(Matrix(shape.vocab_size // tp, shape.dim))
-    blocks = [Unit("block", tuple(layer_matrices(shape, tp))) for _ in run.stage_layers[stage]]
+    blocks = [Unit("block", tuple(layer_matrices(shape, tp))) for _ in run.plan.stage_layers[stage]]
     return [Unit("root", tuple(ends)), *blocks]
 
 
-@dataclass(frozen=True, kw_only=True, slots=True)
-class RankMemory:
-    """Predicted bytes one rank holds at its peak, by category."""
-
-    rank: int
-    weights_bytes: int
-    grads_bytes: int
-    optimizer_bytes: int
-    activations_bytes: int
-    """Training: the peak bytes saved for backward. Serving: ``0`` (nothing is kept between ops but the cache)."""
-    kv_cache_bytes: int
-    recompute_bytes: int = 0
-    """Activation checkpointing: what one block's recomputation holds during its backward, on top of what is
-    saved (not in :attr:`total_bytes`, which is what a recording measures; in :attr:`fit_bytes`)."""
-
-    @property
-    def total_bytes(self) -> int:
-        return (
-            self.weights_bytes + self.grads_bytes + self.optimizer_bytes + self.activations_bytes + self.kv_cache_bytes
-        )
-
-    @property
-    def fit_bytes(self) -> int:
-        """What must fit in the device's memory: :attr:`total_bytes` and a block's recomputation (an upper
-        bound: by the last block's backward the loss's log-softmax is already freed)."""
-        return self.total_bytes + self.recompute_bytes
-
-
-def rank_memory(run: ResolvedRun, rank: int) -> RankMemory:
+def rank_memory(run: ResolvedRun, rank: int) -> RankPrediction:
     """What ``rank`` holds: its parameters (tp split, fsdp sharded), their gradients, AdamW's state, the
     activations saved for backward at the step's peak, and the KV cache when serving.
 
     Mixed precision (:mod:`meshtop.runner.rank.precision`): under FSDP2 the shards, their gradients and AdamW's
     moments are fp32; elsewhere the parameters and gradients are bf16 and the optimizer holds an fp32 copy of
     each parameter beside fp32 moments (4 + 8 bytes a parameter)."""
-    pp_rank, dp_rank, _ = run.position(rank)
+    pp_rank, dp_rank, _ = run.plan.coordinates(rank)
     e = ELEMENT_BYTES[run.parameter_dtype]
-    matrices = [m for stage in run.stages_of(pp_rank) for unit in chunk_units(run, stage) for m in unit.matrices]
-    shard = run.dp if run.fsdp else 1
-    elements = sum(chunk_rows(m.rows, shard, dp_rank if run.fsdp else 0) * m.cols for m in matrices)
+    matrices = [m for stage in run.plan.stages_of(pp_rank) for unit in chunk_units(run, stage) for m in unit.matrices]
+    shard = run.plan.dp if run.plan.fsdp else 1
+    elements = sum(chunk_rows(m.rows, shard, dp_rank if run.plan.fsdp else 0) * m.cols for m in matrices)
     weights = elements * e
     if run.mode == "infer":
-        return RankMemory(
-            rank=rank,
-            weights_bytes=weights,
-            grads_bytes=0,
-            optimizer_bytes=0,
-            activations_bytes=0,
-            kv_cache_bytes=kv_cache_bytes(run, pp_rank),
-        )
-    optimizer = 3 * elements * FLOAT32 if run.master_weights else 2 * weights
-    return RankMemory(
+        grads = optimizer = activations = recompute = 0
+        kv_cache = kv_cache_bytes(run, pp_rank)
+    else:
+        grads, kv_cache = weights, 0
+        optimizer = (3 * elements * FLOAT32 if run.master_weights else 2 * weights) + STEP_COUNTER * len(matrices)
+        activations, recompute = activation_bytes(run, pp_rank), recompute_bytes(run)
+    total = weights + grads + optimizer + activations + kv_cache
+    return RankPrediction(
         rank=rank,
         weights_bytes=weights,
-        grads_bytes=weights,
-        optimizer_bytes=optimizer + STEP_COUNTER * len(matrices),
-        activations_bytes=activation_bytes(run, pp_rank),
-        kv_cache_bytes=0,
-        recompute_bytes=recompute_bytes(run),
+        grads_bytes=grads,
+        optimizer_bytes=optimizer,
+        activations_bytes=activations,
+        kv_cache_bytes=kv_cache,
+        total_bytes=total,
+        recompute_bytes=recompute,
+        fit_bytes=total + recompute,
     )
 
 
@@ -159,8 +131,8 @@ def kv_cache_bytes(run: ResolvedRun, pp_rank: int) -> int:
     ``2 x slots x max_sequence x kv_heads / tp x head_dim x bytes`` per layer."""
     assert run.load is not None
     shape = run.shape
-    layers = len(run.stage_layers[pp_rank])
-    per_layer = 2 * run.load.max_batch * run.load.max_sequence * (shape.n_kv_heads // run.tp) * shape.head_dim
+    layers = len(run.plan.stage_layers[pp_rank])
+    per_layer = 2 * run.load.max_batch * run.load.max_sequence * (shape.n_kv_heads // run.plan.tp) * shape.head_dim
     return per_layer * layers * ELEMENT_BYTES[run.dtype]
 
 
@@ -168,11 +140,10 @@ def layer_activation_bytes(run: ResolvedRun, sequences: int) -> int:
     """Bytes one block saves for backward for ``sequences`` sequences, as its checkpointing leaves them
     (docs/planner.md derives each term).
 
-    Per token: each RMSNorm computes in float32 and keeps its input and normalised input in float32 (8 h
-    bytes; in fp32 the input is the block's own), a float32 rstd and its scaled output (h, the next linear's
-    input);
-    attention keeps q, k and v (repeated to the query heads), its output (4 a d / t) and a float32
-    log-sum-exp per head; the SwiGLU MLP keeps w1's and w3's outputs, silu's output and the product (4 f / t).
+    Per token: each RMSNorm keeps :func:`norm_bytes` (its float32 input, normalised input and rstd, and its
+    output, the next linear's input); attention keeps q, k and v (repeated to the query heads), its output
+    (4 a d / t) and a float32 log-sum-exp per head; the SwiGLU MLP keeps w1's and w3's outputs, silu's output
+    and the product (4 f / t).
     ``full`` checkpointing keeps the block's input alone (h); ``selective`` keeps the attention half and the
     feed-forward's input (h) in place of the feed-forward's norm and MLP.
     """
@@ -188,7 +159,7 @@ def layer_activation_bytes(run: ResolvedRun, sequences: int) -> int:
 
 def _block_parts(run: ResolvedRun) -> tuple[int, int, int]:
     """Bytes a token of one block saves in each RMSNorm, in attention and in the MLP, without checkpointing."""
-    shape, t, e = run.shape, run.tp, ELEMENT_BYTES[run.dtype]
+    shape, t, e = run.shape, run.plan.tp, ELEMENT_BYTES[run.dtype]
     local_heads = shape.n_heads // t
     attention = 4 * local_heads * shape.head_dim * e + local_heads * FLOAT32
     return norm_bytes(run), attention, 4 * (shape.ffn_dim // t) * e
@@ -221,16 +192,16 @@ def stage_activation_bytes(run: ResolvedRun, stage: int, sequences: int) -> int:
     casts its floating inputs to bf16, so each block keeps its own bf16 copy instead."""
     shape = run.shape
     tokens = sequences * run.seq_len
-    layers = len(run.stage_layers[stage])
+    layers = len(run.plan.stage_layers[stage])
     tables = 2 * run.seq_len * (shape.head_dim // 2)
-    rotary = layers * tables * ELEMENT_BYTES[run.dtype] if run.mixed and run.fsdp else tables * FLOAT32
+    rotary = layers * tables * ELEMENT_BYTES[run.dtype] if run.mixed and run.plan.fsdp else tables * FLOAT32
     total = layers * layer_activation_bytes(run, sequences) + rotary
-    if stage == 0 and (run.pp == 1 or run.tp > 1):
+    if stage == 0 and (run.plan.pp == 1 or run.plan.tp > 1):
         total += tokens * INDEX  # the ids (under tp, the vocabulary shard's masked copy of them)
-    if stage == run.num_stages - 1:
+    if stage == run.plan.num_stages - 1:
         total += tokens * norm_bytes(run)  # the final RMSNorm
         total += tokens * shape.vocab_size * FLOAT32  # the log-softmax of the logits
-        total += tokens * INDEX if run.pp == 1 else 0  # the targets
+        total += tokens * INDEX if run.plan.pp == 1 else 0  # the targets
     return total
 
 
@@ -238,11 +209,11 @@ def batch_index_bytes(run: ResolvedRun, pp_rank: int) -> int:
     """A pipeline's token ids and targets: its schedule splits the rank's batch into microbatches as views of
     the whole, so the first stage's embedding (without tp) and the last stage's loss keep the storage of the
     rank's whole batch, ``m T 8`` bytes each, from the first forward on; ``0`` without a pipeline."""
-    if run.pp == 1:
+    if run.plan.pp == 1:
         return 0
-    stages = run.stages_of(pp_rank)
+    stages = run.plan.stages_of(pp_rank)
     whole = run.microbatches * run.microbatch_size * run.seq_len * INDEX
-    return whole * ((0 in stages and run.tp == 1) + (run.num_stages - 1 in stages))
+    return whole * ((0 in stages and run.plan.tp == 1) + (run.plan.num_stages - 1 in stages))
 
 
 def in_flight(run: ResolvedRun, pp_rank: int) -> list[int]:
@@ -274,12 +245,12 @@ def activation_bytes(run: ResolvedRun, pp_rank: int) -> int:
 
 def rank_traffic(run: ResolvedRun, rank: int) -> list[PredictedTraffic]:
     """The collectives ``rank`` issues in one training step, summed per op and group."""
-    pp_rank, dp_rank, _ = run.position(rank)
+    pp_rank, dp_rank, _ = run.plan.coordinates(rank)
     e = ELEMENT_BYTES[run.dtype]  # activations, and what FSDP2 gathers: the compute dtype
     gradient = ELEMENT_BYTES[run.parameter_dtype]  # what replication all-reduces and the tied ends sum
     reduced = FLOAT32 if run.mixed else e  # what FSDP2 reduce-scatters: its policy's reduce_dtype under mixed
     totals: dict[tuple[str, str], list[int]] = {}
-    sizes = {"dp": run.dp, "tp": run.tp, "pp": run.pp, "embedding": 2}
+    sizes = {"dp": run.plan.dp, "tp": run.plan.tp, "pp": run.plan.pp, "embedding": 2}
 
     def add(op: str, group: str, nbytes: int, count: int = 1) -> None:
         if count and sizes[group] > 1:
@@ -287,12 +258,12 @@ def rank_traffic(run: ResolvedRun, rank: int) -> list[PredictedTraffic]:
             entry[0] += nbytes * count
             entry[1] += count
 
-    local_stages = run.stages_of(pp_rank)
+    local_stages = run.plan.stages_of(pp_rank)
     forwards = _chunk_actions(run, pp_rank)
     activation = run.microbatch_size * run.seq_len * run.shape.dim * e
     for stage in local_stages:
         passes = sum(1 for action in forwards if action == ("F", stage))
-        layers = len(run.stage_layers[stage])
+        layers = len(run.plan.stage_layers[stage])
         # Megatron-style tp as DTensor runs it: wo and w2 reduce their output in forward; q, k, v, w1 and w3
         # each reduce their input's gradient in backward (five, not two: they are separate column linears).
         # A recomputed block reduces wo's output again under full checkpointing; not w2's: torch stops a
@@ -301,33 +272,35 @@ def rank_traffic(run: ResolvedRun, rank: int) -> list[PredictedTraffic]:
         add("all_reduce", "tp", activation, passes * layers * (2 + 5 + again))
         if stage == 0:
             add("all_reduce", "tp", activation, passes)  # the vocabulary-split embedding's output
-        if stage == run.num_stages - 1:
+        if stage == run.plan.num_stages - 1:
             logits = run.microbatch_size * run.seq_len * run.shape.vocab_size * e
             add("all_gather", "tp", logits, passes)  # the whole logits for the loss
             add("all_reduce", "tp", activation, passes)  # the output projection's input gradient
-        if run.pp > 1:
+        if run.plan.pp > 1:
             if stage > 0:
                 add("recv", "pp", activation, passes)
                 add("send", "pp", activation, passes)
-            if stage < run.num_stages - 1:
+            if stage < run.plan.num_stages - 1:
                 add("send", "pp", activation, passes)
                 add("recv", "pp", activation, passes)
-    if run.dp > 1:
+    if run.plan.dp > 1:
         for stage in local_stages:
             units = [unit for unit in chunk_units(run, stage) if unit.matrices]
-            if run.fsdp:
+            if run.plan.fsdp:
                 for unit, (gathers, scatters) in zip(units, _fsdp_collectives(run, pp_rank, stage, units), strict=True):
-                    flat = sum(padded_rows(m.rows, run.dp) * m.cols for m in unit.matrices) * run.dp
+                    flat = sum(padded_rows(m.rows, run.plan.dp) * m.cols for m in unit.matrices) * run.plan.dp
                     add("all_gather", "dp", flat * e, gathers)
                     add("reduce_scatter", "dp", flat * reduced, scatters)
             else:  # DDP's buckets, or replicate's one all-reduce per unit: every gradient once
                 for unit in units:
                     add("all_reduce", "dp", sum(m.rows * m.cols for m in unit.matrices) * gradient)
-    if run.pp > 1 and run.shape.tie_embeddings and (pp_rank == 0 or pp_rank == run.pp - 1):
-        rows = run.shape.vocab_size // run.tp
-        local = chunk_rows(rows, run.dp, dp_rank) if run.fsdp else rows
+    if run.plan.pp > 1 and run.shape.tie_embeddings and (pp_rank == 0 or pp_rank == run.plan.pp - 1):
+        rows = run.shape.vocab_size // run.plan.tp
+        local = chunk_rows(rows, run.plan.dp, dp_rank) if run.plan.fsdp else rows
         add("all_reduce", "embedding", local * run.shape.dim * gradient)
-    if run.dp > 1 and not run.fsdp and run.tp == 1 and run.pp == 1:  # classic DDP: one op per bucket, not unit
+    if (
+        run.plan.dp > 1 and not run.plan.fsdp and run.plan.tp == 1 and run.plan.pp == 1
+    ):  # classic DDP: one op per bucket, not unit
         entry = totals.pop(("all_reduce", "dp"))
         totals[("all_reduce", "dp")] = [entry[0], ddp_buckets(entry[0])]
     return [
@@ -349,13 +322,13 @@ def ddp_buckets(gradient_bytes: int) -> int:
 
 def _chunk_actions(run: ResolvedRun, pp_rank: int) -> list[tuple[str, int]]:
     """This rank's forwards (``F``) and backwards (``B``) in the order its schedule runs them, by stage."""
-    if run.pp == 1:
+    if run.plan.pp == 1:
         return [("F", 0), ("B", 0)]
-    m, p, v = run.microbatches, run.pp, run.virtual_stages
+    m, p, v = run.microbatches, run.plan.pp, run.plan.virtual_stages
     stage = pp_rank
-    if run.schedule == "gpipe":
+    if run.plan.schedule == "gpipe":
         return [("F", stage)] * m + [("B", stage)] * m
-    if run.schedule == "1f1b":
+    if run.plan.schedule == "1f1b":
         warmup = min(m, p - pp_rank)
         actions = [("F", stage)] * warmup
         for _ in range(m - warmup):
@@ -363,7 +336,7 @@ def _chunk_actions(run: ResolvedRun, pp_rank: int) -> list[tuple[str, int]]:
         return actions + [("B", stage)] * warmup
     per_round = m // max(1, m // p)
     warmup = min((v - 1) * per_round + 2 * (p - 1 - pp_rank), v * m)
-    local = run.stages_of(pp_rank)
+    local = run.plan.stages_of(pp_rank)
     actions = [("F", local[(op // per_round) % v]) for op in range(warmup)]
     for op in range(warmup, v * m):
         actions.append(("F", local[(op // per_round) % v]))
@@ -390,10 +363,10 @@ def _fsdp_collectives(run: ResolvedRun, pp_rank: int, stage: int, units: list[Un
                 sharded = False
             if kind == "F" and unit.kind == "block":
                 sharded = True
-            elif kind == "B" and run.pp == 1:
+            elif kind == "B" and run.plan.pp == 1:
                 sharded = True
                 scatters += 1
-        if run.pp > 1:
+        if run.plan.pp > 1:
             scatters += 1
         yield gathers, scatters
 
@@ -403,14 +376,20 @@ class Prediction:
     """Everything the planner says of one resolved plan."""
 
     run: ResolvedRun
-    memory: tuple[RankMemory, ...]
+    memory: tuple[RankPrediction, ...]
     traffic: tuple[PredictedTraffic, ...]
     """Training: per rank and step. Serving: none predicted (each op's rows depend on how the load batches)."""
 
     @property
-    def peak(self) -> RankMemory:
+    def peak(self) -> RankPrediction:
         """The most loaded rank (the first of equals)."""
         return max(self.memory, key=lambda memory: (memory.total_bytes, -memory.rank))
+
+    @property
+    def peak_fit_bytes(self) -> int:
+        """What the most loaded rank must fit in the device's memory (:attr:`RankPrediction.fit_bytes`)."""
+        assert self.peak.fit_bytes is not None  # the planner states it
+        return self.peak.fit_bytes
 
     def step_bytes(self) -> dict[tuple[str, str], int]:
         """Bytes per (group, op) in one step, summed over ranks."""
@@ -421,8 +400,10 @@ class Prediction:
 
 
 def predict(run: ResolvedRun) -> Prediction:
-    memory = tuple(rank_memory(run, rank) for rank in range(run.world_size))
-    traffic = () if run.mode == "infer" else tuple(t for rank in range(run.world_size) for t in rank_traffic(run, rank))
+    memory = tuple(rank_memory(run, rank) for rank in range(run.plan.world_size))
+    traffic = (
+        () if run.mode == "infer" else tuple(t for rank in range(run.plan.world_size) for t in rank_traffic(run, rank))
+    )
     return Prediction(run=run, memory=memory, traffic=traffic)
 
 
@@ -431,8 +412,7 @@ class Candidate:
     """One plan: resolved with its prediction, or refused with the runner's reason."""
 
     label: str
-    """``dp2 x tp2 x pp1`` style; the key ``--plans`` uses."""
-    spec: RunSpec
+    """Its key (:func:`plan_key`: ``dp2xtp2``), as ``--plans`` spells it."""
     prediction: Prediction | None
     reason: str | None = None
 
@@ -537,9 +517,9 @@ def candidates(question: Question) -> list[Candidate]:
         try:
             run = resolve(spec, gpus_visible=question.ranks if question.gpus else 0)
         except PlanError as error:
-            found.append(Candidate(label=key, spec=spec, prediction=None, reason=str(error)))
+            found.append(Candidate(label=key, prediction=None, reason=str(error)))
             continue
-        found.append(Candidate(label=key, spec=spec, prediction=predict(run)))
+        found.append(Candidate(label=key, prediction=predict(run)))
     reasons = {candidate.reason for candidate in found}
     if len(reasons) == 1 and None not in reasons and len(found) > 1:  # the question, not a plan, is wrong
         raise PlanError(str(reasons.pop()))

@@ -12,11 +12,11 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from meshtop.recordings.predictions import PlanPrediction, PlanReport, RankPrediction
+from meshtop.recordings.predictions import PlanPrediction, PlanReport
 from meshtop.recordings.typed_json import dump
 from meshtop.runner.errors import PlanError
 from meshtop.runner.plan import ResolvedRun
-from meshtop.runner.planner.plans import Candidate, Prediction, Question, RankMemory, in_flight
+from meshtop.runner.planner.plans import Candidate, Prediction, Question, in_flight
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -31,8 +31,8 @@ def placement(run: ResolvedRun, *, ranks_per_node: int, slow_pairs: Iterable[tup
     """The dp / tp / pp groups of ``run`` as rank lists; a warning where a tp group crosses a node boundary
     or a GPU pair without NVLink (``slow_pairs``, local GPU indices), since tp all-reduces every layer."""
     spans: dict[str, dict[tuple[int, int], list[int]]] = {"pp": {}, "dp": {}, "tp": {}}
-    for rank in range(run.world_size):
-        pp, dp, tp = run.position(rank)
+    for rank in range(run.plan.world_size):
+        pp, dp, tp = run.plan.coordinates(rank)
         spans["tp"].setdefault((pp, dp), []).append(rank)
         spans["dp"].setdefault((pp, tp), []).append(rank)
         spans["pp"].setdefault((dp, tp), []).append(rank)
@@ -87,25 +87,15 @@ def compute_seconds(run: ResolvedRun, flops_per_s: float) -> float:
         per_token += per_token / 3 - mlp
     elif run.checkpoint == "selective":
         per_token += 2 * mlp
-    return per_token * run.batch_size * run.seq_len / run.world_size / flops_per_s
+    return per_token * run.batch_size * run.seq_len / run.plan.world_size / flops_per_s
 
 
-SIZE_UNITS = {
-    "": 1,
-    "b": 1,
-    "kib": 1 << 10,
-    "mib": 1 << 20,
-    "gib": 1 << 30,
-    "tib": 1 << 40,
-    "kb": 10**3,
-    "mb": 10**6,
-    "gb": 10**9,
-    "tb": 10**12,
-    "k": 1 << 10,
-    "m": 1 << 20,
-    "g": 1 << 30,
-    "t": 1 << 40,
+SIZE_UNITS = {"": 1, "b": 1} | {
+    unit: scale
+    for power, prefix in enumerate("kmgt", 1)
+    for unit, scale in ((f"{prefix}ib", 1 << 10 * power), (f"{prefix}b", 1000**power), (prefix, 1 << 10 * power))
 }
+"""Bytes of each unit, lower case: KiB and a bare K are binary, as device memory is counted; KB is decimal."""
 
 
 def parse_size(text: str, *, flag: str = "--device-memory") -> int:
@@ -191,7 +181,7 @@ def plan_prediction(key: str, prediction: Prediction, budget: Budget) -> PlanPre
     """One plan that runs: its predictions, held against the budget where one was given."""
     run, peak = prediction.run, prediction.peak
     memory_cap = budget.device_memory_bytes
-    ranks_per_node = budget.ranks_per_node or run.world_size
+    ranks_per_node = budget.ranks_per_node or run.plan.world_size
     where = placement(run, ranks_per_node=ranks_per_node, slow_pairs=budget.slow_pairs)
     comm = compute = share = None
     if budget.busbw_bytes_per_s and run.mode == "train":
@@ -203,20 +193,22 @@ def plan_prediction(key: str, prediction: Prediction, budget: Budget) -> PlanPre
         key=key,
         runs=True,
         reason=None,
-        label=run.plan_label(),
-        dp=run.dp,
-        tp=run.tp,
-        pp=run.pp,
-        fsdp=run.fsdp,
-        schedule=run.schedule,
-        microbatches=run.microbatches if run.pp > 1 else None,
-        virtual_stages=run.virtual_stages,
-        in_flight=tuple(len(in_flight(run, pp_rank)) for pp_rank in range(run.pp)) if run.mode == "train" else None,
+        label=run.plan.label,
+        dp=run.plan.dp,
+        tp=run.plan.tp,
+        pp=run.plan.pp,
+        fsdp=run.plan.fsdp,
+        schedule=run.plan.schedule,
+        microbatches=run.microbatches if run.plan.pp > 1 else None,
+        virtual_stages=run.plan.virtual_stages,
+        in_flight=tuple(len(in_flight(run, pp_rank)) for pp_rank in range(run.plan.pp))
+        if run.mode == "train"
+        else None,
         peak_rank=peak.rank,
-        peak=rank_prediction(peak),
-        ranks=tuple(rank_prediction(m) for m in prediction.memory),
-        fits=None if memory_cap is None else peak.fit_bytes <= memory_cap,
-        headroom_bytes=None if memory_cap is None else memory_cap - peak.fit_bytes,
+        peak=peak,
+        ranks=prediction.memory,
+        fits=None if memory_cap is None else prediction.peak_fit_bytes <= memory_cap,
+        headroom_bytes=None if memory_cap is None else memory_cap - prediction.peak_fit_bytes,
         traffic=prediction.traffic,
         step_bytes={f"{group} {op}": nbytes for (group, op), nbytes in sorted(prediction.step_bytes().items())},
         groups={dim: tuple(tuple(ranks) for ranks in spans) for dim, spans in where.groups.items()},
@@ -228,18 +220,4 @@ def plan_prediction(key: str, prediction: Prediction, budget: Budget) -> PlanPre
         comm_s=comm,
         compute_s=compute,
         comm_share=share,
-    )
-
-
-def rank_prediction(memory: RankMemory) -> RankPrediction:
-    return RankPrediction(
-        rank=memory.rank,
-        weights_bytes=memory.weights_bytes,
-        grads_bytes=memory.grads_bytes,
-        optimizer_bytes=memory.optimizer_bytes,
-        activations_bytes=memory.activations_bytes,
-        kv_cache_bytes=memory.kv_cache_bytes,
-        total_bytes=memory.total_bytes,
-        recompute_bytes=memory.recompute_bytes,
-        fit_bytes=memory.fit_bytes,
     )

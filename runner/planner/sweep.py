@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from meshtop.probes.errors import MeshtopError
-from meshtop.recordings.manifest import RecordingError
+from meshtop.recordings.manifest import new_recording
 from meshtop.recordings.sweep import SWEEP_VERSION, write_sweep
 from meshtop.runner.errors import PlanError
 from meshtop.runner.job.supervise import NodeProbes
@@ -36,26 +36,17 @@ def entries(question: Question, found: list[Candidate], budget: Budget) -> list[
         elif (
             not question.plans
             and budget.device_memory_bytes is not None
-            and prediction.peak.fit_bytes > budget.device_memory_bytes
+            and prediction.peak_fit_bytes > budget.device_memory_bytes
         ):
             gib = 2**30
             row.update(
                 status="skipped",
-                reason=f"predicted peak {prediction.peak.fit_bytes / gib:.1f} GiB on rank "
+                reason=f"predicted peak {prediction.peak_fit_bytes / gib:.1f} GiB on rank "
                 f"{prediction.peak.rank} exceeds the "
                 f"{budget.device_memory_bytes / gib:.1f} GiB of device memory",
             )
         rows.append(row)
     return rows
-
-
-def new_sweep_directory(out: Path) -> None:
-    if out.exists() and (not out.is_dir() or any(out.iterdir())):
-        raise RecordingError(f"{out} exists and is not empty: give sweep a new directory (nothing was overwritten)")
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-    except OSError as error:
-        raise RecordingError(f"cannot create {out}: {error.strerror or error}") from None
 
 
 def run_sweep(
@@ -77,7 +68,7 @@ def run_sweep(
     if not todo:
         reasons = "; ".join(f"{row['key']}: {row['reason']}" for row in plans)
         raise PlanError(f"no plan to run ({reasons})")
-    new_sweep_directory(out)
+    new_recording(out, command="sweep")
     sweep = {
         "version": SWEEP_VERSION,
         "started_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
@@ -91,7 +82,7 @@ def run_sweep(
     for index, row in enumerate(todo, 1):
         try:
             run = runs[row["key"]]
-            print(f"\n[{index}/{len(todo)}] {row['key']}: {run.plan_label()}", file=stream, flush=True)
+            print(f"\n[{index}/{len(todo)}] {row['key']}: {run.plan.label}", file=stream, flush=True)
             row.update(status="running", recording=row["key"])
             write_sweep(out, sweep)
             directory = out / row["key"]

@@ -25,7 +25,7 @@ class MeshCoordinates:
 
 def coordinates(run: ResolvedRun, rank: int) -> MeshCoordinates:
     """The mesh position of global ``rank`` (:meth:`ResolvedRun.position`)."""
-    pp, dp, tp = run.position(rank)
+    pp, dp, tp = run.plan.coordinates(rank)
     return MeshCoordinates(rank=rank, pp=pp, dp=dp, tp=tp)
 
 

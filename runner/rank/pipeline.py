@@ -38,13 +38,13 @@ LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 def cut_stage(model: Transformer, *, run: ResolvedRun, stage_index: int) -> Transformer:
     """A copy of ``model`` that keeps only the layers (and ends) of ``stage_index``."""
     stage = copy.deepcopy(model)
-    keep = {str(layer) for layer in run.stage_layers[stage_index]}
+    keep = {str(layer) for layer in run.plan.stage_layers[stage_index]}
     for name in list(stage.layers.keys()):
         if name not in keep:
             del stage.layers[name]
     if stage_index != 0:
         stage.tok_embeddings = None
-    if stage_index != run.num_stages - 1:
+    if stage_index != run.plan.num_stages - 1:
         stage.norm = None
         stage.output = None
     return stage
@@ -64,12 +64,12 @@ def build_schedule(
 
     group = pp_mesh.get_group()
     stages: list[Any] = [  # the schedules take their stages' private base class
-        PipelineStage(module, index, run.num_stages, device, group=group)
+        PipelineStage(module, index, run.plan.num_stages, device, group=group)
         for module, index in zip(modules, stage_indices, strict=True)
     ]
-    if run.schedule == "interleaved-1f1b":
+    if run.plan.schedule == "interleaved-1f1b":
         return ScheduleInterleaved1F1B(stages, n_microbatches=run.microbatches, loss_fn=loss_fn)
-    single = Schedule1F1B if run.schedule == "1f1b" else ScheduleGPipe
+    single = Schedule1F1B if run.plan.schedule == "1f1b" else ScheduleGPipe
     return single(stages[0], n_microbatches=run.microbatches, loss_fn=loss_fn)
 
 
@@ -79,13 +79,13 @@ def embedding_group(run: ResolvedRun, *, mesh: DeviceMesh) -> dist.ProcessGroup 
 
     Every rank must call this, as every rank creates every group (in the same order, as c10d requires).
     """
-    if not run.shape.tie_embeddings or run.pp == 1:
+    if not run.shape.tie_embeddings or run.plan.pp == 1:
         return None
     ranks = mesh.mesh  # [pp, dp, tp] -> global rank
     mine = None
-    for dp in range(run.dp):
-        for tp in range(run.tp):
-            ends = [int(ranks[0, dp, tp]), int(ranks[run.pp - 1, dp, tp])]
+    for dp in range(run.plan.dp):
+        for tp in range(run.plan.tp):
+            ends = [int(ranks[0, dp, tp]), int(ranks[run.plan.pp - 1, dp, tp])]
             group = dist.new_group(ends)
             if dist.get_rank() in ends:
                 mine = group

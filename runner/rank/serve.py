@@ -87,7 +87,7 @@ class ServingJob:
 
     def global_rank(self, *, pp: int, tp: int) -> int:
         """The rank at stage ``pp``, tp index ``tp`` of this rank's replica."""
-        return (pp * self.run.dp + self.coords.dp) * self.run.tp + tp
+        return (pp * self.run.plan.dp + self.coords.dp) * self.run.plan.tp + tp
 
     @property
     def leader_rank(self) -> int:
@@ -104,7 +104,7 @@ class ServingJob:
 
     @property
     def is_last_stage(self) -> bool:
-        return self.coords.pp == self.run.pp - 1
+        return self.coords.pp == self.run.plan.pp - 1
 
     def local_parameters(self) -> int:
         return sum(local_numel(p) for p in self.model.parameters())
@@ -118,7 +118,7 @@ class ServingJob:
         self.cache.begin(torch.tensor(op.slots, device=self.device), op.tokens_per_row)
         out = self.model(inputs, cache=self.cache)
         self.cache.commit()
-        if self.run.tp > 1:
+        if self.run.plan.tp > 1:
             from meshtop.runner.rank.tensor_parallel import completed  # DTensor's import, only for tp
 
             out = completed(out)
@@ -129,9 +129,9 @@ def build_serving(run: ResolvedRun, *, mesh: DeviceMesh, coords: MeshCoordinates
     """This rank's stage of the model, tensor-parallel if asked, initialised as a single process would be."""
     assert run.load is not None, "an inference run has a load"
     model = meta_transformer(run.shape, TORCH_DTYPES[run.dtype])
-    if run.pp > 1:
+    if run.plan.pp > 1:
         model = cut_stage(model, run=run, stage_index=coords.pp)
-    if run.tp > 1:
+    if run.plan.tp > 1:
         from meshtop.runner.rank.tensor_parallel import apply_tensor_parallel  # DTensor's import, only for tp
 
         apply_tensor_parallel(model, tp_mesh=mesh["tp"])
@@ -174,7 +174,9 @@ class Scheduler:
         self.job, self.emit = job, emit
         self.max_batch = job.load.max_batch
         share = replica_share(
-            token_requests(job.load, vocab_size=job.run.shape.vocab_size), replica=job.coords.dp, replicas=job.run.dp
+            token_requests(job.load, vocab_size=job.run.shape.vocab_size),
+            replica=job.coords.dp,
+            replicas=job.run.plan.dp,
         )
         self.start_ns = start_ns
         self.upcoming: deque[TokenRequest] = deque(share)
@@ -182,7 +184,7 @@ class Scheduler:
         self.active: dict[int, Serving] = {}
         self.free_slots = list(range(self.max_batch - 1, -1, -1))
         self.next_op_id = 0
-        clients = replica_concurrency(job.load, replica=job.coords.dp, replicas=job.run.dp)
+        clients = replica_concurrency(job.load, replica=job.coords.dp, replicas=job.run.plan.dp)
         for _ in range(min(clients or 0, len(self.upcoming))):  # closed loop: every client sends its first
             self.waiting.append((self.upcoming.popleft(), start_ns))
 
@@ -287,7 +289,7 @@ def lead(job: ServingJob, *, emit: Callable[[Event], None], on_op: OnOp) -> None
     wait_s = 0.0
     while not scheduler.done:
         scheduler.release_arrivals(time.time_ns())
-        step = None if len(in_flight) >= job.run.pp else scheduler.next_op()
+        step = None if len(in_flight) >= job.run.plan.pp else scheduler.next_op()
         if step is None:
             if in_flight:  # the oldest op's tokens come back from the last stage
                 waited = time.perf_counter()
@@ -304,7 +306,7 @@ def lead(job: ServingJob, *, emit: Callable[[Event], None], on_op: OnOp) -> None
         start_ns = time.time_ns()
         announce(job, op, inputs)
         out = job.forward(op, inputs)
-        if job.run.pp > 1:
+        if job.run.plan.pp > 1:
             outbox.onward(op, out)
             in_flight.append(op)
         else:
@@ -314,14 +316,14 @@ def lead(job: ServingJob, *, emit: Callable[[Event], None], on_op: OnOp) -> None
         wait_s = 0.0
     stop = Op(kind=STOP, id=-1, slots=(), tokens_per_row=0)
     announce(job, stop, None)
-    if job.run.pp > 1:
+    if job.run.plan.pp > 1:
         outbox.onward(stop, None)
     outbox.flush()
 
 
 def announce(job: ServingJob, op: Op, inputs: torch.Tensor | None) -> None:
     """The leader tells stage 0's other tp ranks the op (header, then its input tokens)."""
-    if job.run.tp > 1:
+    if job.run.plan.tp > 1:
         dist.broadcast(op.header(job.load.max_batch, job.device), src=job.leader_rank, group=job.tp_group)
         if inputs is not None:
             dist.broadcast(inputs, src=job.leader_rank, group=job.tp_group)
@@ -358,7 +360,7 @@ def follow(job: ServingJob, *, on_op: OnOp) -> None:
         out = job.forward(op, inputs)
         if not job.is_last_stage:
             outbox.onward(op, out)
-        elif job.run.pp > 1 and job.coords.tp == 0:
+        elif job.run.plan.pp > 1 and job.coords.tp == 0:
             outbox.send(out[:, -1].argmax(dim=-1), dst=job.leader_rank)
         synchronize(job.device)
         on_op(OpTiming(op, start_ns, time.time_ns(), wait_s if not first else 0.0))
@@ -400,5 +402,5 @@ class Outbox:
 
 def receive_tokens(job: ServingJob, *, rows: int) -> list[int]:
     tokens = torch.empty(rows, dtype=torch.long, device=job.device)
-    dist.recv(tokens, src=job.global_rank(pp=job.run.pp - 1, tp=0), group=job.pp_group)
+    dist.recv(tokens, src=job.global_rank(pp=job.run.plan.pp - 1, tp=0), group=job.pp_group)
     return tokens.tolist()

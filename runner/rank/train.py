@@ -53,7 +53,7 @@ class TrainingJob:
 
     @property
     def holds_last_stage(self) -> bool:
-        return self.schedule is None or self.run.num_stages - 1 in self.stage_indices
+        return self.schedule is None or self.run.plan.num_stages - 1 in self.stage_indices
 
 
 def build_training(run: ResolvedRun, *, mesh: DeviceMesh, coords: MeshCoordinates, device: torch.device) -> TrainingJob:
@@ -61,22 +61,22 @@ def build_training(run: ResolvedRun, *, mesh: DeviceMesh, coords: MeshCoordinate
     (``run.precision``, ``run.checkpoint``) applied."""
     whole = meta_transformer(run.shape, TORCH_DTYPES[run.parameter_dtype])
     checkpoint_blocks(whole, run.checkpoint)
-    stage_indices = run.stages_of(coords.pp)  # [0] without a pipeline
-    chunks = [cut_stage(whole, run=run, stage_index=s) for s in stage_indices] if run.pp > 1 else [whole]
-    classic_ddp = run.dp > 1 and not run.fsdp and run.tp == 1 and run.pp == 1
-    if run.tp > 1:  # DTensor's import (meshtop.runner.rank.data_parallel says why here)
+    stage_indices = run.plan.stages_of(coords.pp)  # [0] without a pipeline
+    chunks = [cut_stage(whole, run=run, stage_index=s) for s in stage_indices] if run.plan.pp > 1 else [whole]
+    classic_ddp = run.plan.dp > 1 and not run.plan.fsdp and run.plan.tp == 1 and run.plan.pp == 1
+    if run.plan.tp > 1:  # DTensor's import (meshtop.runner.rank.data_parallel says why here)
         from meshtop.runner.rank.tensor_parallel import apply_tensor_parallel, keep_gradients_sharded
     for chunk in chunks:
-        if run.tp > 1:
+        if run.plan.tp > 1:
             apply_tensor_parallel(chunk, tp_mesh=mesh["tp"])
-        if run.fsdp:
+        if run.plan.fsdp:
             apply_fsdp(chunk, dp_mesh=mesh["dp"], policy=fsdp_policy(run))
-        elif run.dp > 1 and not classic_ddp:
+        elif run.plan.dp > 1 and not classic_ddp:
             apply_replicate(chunk, dp_mesh=mesh["dp"])
         chunk.to_empty(device=device)
         chunk.tie_weights()  # to_empty gives a plain tied parameter a new one in each module
         init_weights(chunk, model=run.shape, seed=run.seed, device=device)
-        if run.tp > 1 and run.dp == 1:  # with dp, FSDP2 / replicate reduce gradients to each shard already
+        if run.plan.tp > 1 and run.plan.dp == 1:  # with dp, FSDP2 / replicate reduce gradients to each shard already
             keep_gradients_sharded(chunk)
     modules: list[nn.Module] = list(chunks)
     if classic_ddp:
@@ -88,7 +88,7 @@ def build_training(run: ResolvedRun, *, mesh: DeviceMesh, coords: MeshCoordinate
         else torch.optim.AdamW(parameters, lr=1e-3, weight_decay=0.0)
     )
     schedule = None
-    if run.pp > 1:
+    if run.plan.pp > 1:
         schedule = build_schedule(
             modules, run=run, stage_indices=stage_indices, pp_mesh=mesh["pp"], device=device, loss_fn=next_token_loss
         )
@@ -118,7 +118,7 @@ def train_step(job: TrainingJob, step: int, phases: Phases | None = None) -> tup
     tokens = synthetic_tokens(
         step=step, seed=run.seed, batch_size=run.batch_size, seq_len=run.seq_len, vocab_size=run.shape.vocab_size
     )
-    inputs, targets = replica_batch(tokens, dp_rank=job.coords.dp, dp=run.dp)
+    inputs, targets = replica_batch(tokens, dp_rank=job.coords.dp, dp=run.plan.dp)
     inputs, targets = inputs.to(job.device), targets.to(job.device)
     if phases is not None:
         phases.end(DATA)

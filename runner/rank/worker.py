@@ -86,7 +86,7 @@ def train_rank(
         rank_started(
             coords,
             device,
-            stages=tuple(job.stage_indices) if run.pp > 1 else (),
+            stages=tuple(job.stage_indices) if run.plan.pp > 1 else (),
             local_parameters=job.local_parameters(),
         )
     )
@@ -141,7 +141,9 @@ def serve_rank(
     job = build_serving(run, mesh=mesh, coords=coords, device=device)
     probes.watch_memory(parameters=parameters_of([job.model]), optimizer=None)
     sink.emit(
-        rank_started(coords, device, stages=(coords.pp,) if run.pp > 1 else (), local_parameters=job.local_parameters())
+        rank_started(
+            coords, device, stages=(coords.pp,) if run.plan.pp > 1 else (), local_parameters=job.local_parameters()
+        )
     )
     dist.barrier()  # the replicas start their loads together
     step, last_end_ns, memory_at_ns = 0, time.time_ns(), 0
@@ -160,7 +162,7 @@ def serve_rank(
                 loss=None,
                 forward_backward_s=(timing.end_ns - timing.start_ns) / 1e9,
                 instrumented=probes.enabled,
-                pipeline_wait_s=timing.wait_s if run.pp > 1 else None,
+                pipeline_wait_s=timing.wait_s if run.plan.pp > 1 else None,
             )
         )
         if probes.enabled:
@@ -200,9 +202,9 @@ def main(argv: list[str]) -> None:
     if isinstance(sink, EventShipper):
         sink.before_shipment = probes.shipment
     try:
-        mesh = build_mesh(device_type=run.device, pp=run.pp, dp=run.dp, tp=run.tp)
+        mesh = build_mesh(device_type=run.device, pp=run.plan.pp, dp=run.plan.dp, tp=run.plan.tp)
         groups = GroupDirectory.from_mesh(mesh)
-        probes.install(groups=groups, pipeline=run.pp > 1 and run.mode == "train", phases=run.mode == "train")
+        probes.install(groups=groups, pipeline=run.plan.pp > 1 and run.mode == "train", phases=run.mode == "train")
         coords = coordinates(run, rank)
         if run.mode == "infer":
             serve_rank(run, mesh=mesh, coords=coords, device=device, sink=sink, probes=probes, fault=fault)

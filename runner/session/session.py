@@ -239,14 +239,14 @@ class BuiltinWork(Work):
         params = run.shape.parameter_count()
         size = f"{params / 1e9:.1f}B" if params >= 1e9 else f"{params / 1e6:.1f}M"
         recipe = recipe_words(run.dtype, run.precision, run.checkpoint)
-        start = f"meshtop: {run.plan_label()} · model {run.shape.name} ({size} params) · {run.device} {recipe} · "
+        start = f"meshtop: {run.plan.label} · model {run.shape.name} ({size} params) · {run.device} {recipe} · "
         if run.load is None:
             length = (
                 f"{run.steps} steps"
                 if run.steps is not None
                 else f"steps until stopped ({run.time_limit_s or 0:g} s at most)"
             )
-            return start + f"{run.world_size} ranks · {length} of {run.batch_size} x {run.seq_len} tokens"
+            return start + f"{run.plan.world_size} ranks · {length} of {run.batch_size} x {run.seq_len} tokens"
         load = run.load
         arrivals = (
             f"{load.concurrency} in flight"
@@ -254,14 +254,14 @@ class BuiltinWork(Work):
             else f"{load.request_rate_per_s:g} req/s Poisson"
         )
         return start + (
-            f"{run.world_size} ranks · {load.requests} requests ({arrivals}), prompt {span(load.prompt_len)}, "
+            f"{run.plan.world_size} ranks · {load.requests} requests ({arrivals}), prompt {span(load.prompt_len)}, "
             f"output {span(load.output_len)} tokens, max batch {load.max_batch}"
         )
 
     def folder_name(self) -> str:
-        run = self.plan
-        return f"{'fsdp' if run.fsdp else 'dp'}{run.dp}-tp{run.tp}-pp{run.pp}" + (
-            "-infer" if run.mode == "infer" else ""
+        plan = self.plan.plan
+        return f"{'fsdp' if plan.fsdp else 'dp'}{plan.dp}-tp{plan.tp}-pp{plan.pp}" + (
+            "-infer" if self.plan.mode == "infer" else ""
         )
 
     def total_steps(self) -> int | None:

@@ -103,7 +103,7 @@ def measure(name: str, plan: dict[str, object], steps: int, block: int = BLOCK) 
         launched = launch(Path(tmp), env={OVERHEAD_BLOCK_ENV: str(block)}, steps=steps, batch_size=8, **plan)
     assert launched.result.status == "completed", launched.result
     timings = [e for e in launched.events if isinstance(e, StepTiming)]
-    return {"config": name, "plan": launched.run.plan_label(), **compare_blocks(timings, block)}
+    return {"config": name, "plan": launched.run.plan.label, **compare_blocks(timings, block)}
 
 
 def measure_inference(plan: dict[str, object], requests: int, block: int = BLOCK) -> dict[str, object]:
@@ -129,7 +129,7 @@ def measure_inference(plan: dict[str, object], requests: int, block: int = BLOCK
     decodes = {t.step for t in timings if t.tokens > 1}
     return {
         "config": "infer",
-        "plan": launched.run.plan_label(),
+        "plan": launched.run.plan.label,
         **compare_blocks(timings, block, keep=lambda step: step in decodes),
     }
 

@@ -42,7 +42,7 @@ class LaunchedRun:
 
     @property
     def steps(self) -> list[JobStep]:
-        folder = StepFolder(self.run.world_size)
+        folder = StepFolder(self.run.plan.world_size)
         done = reported(folder, *(e for e in self.events if isinstance(e, StepTiming)))
         return sorted(done, key=lambda s: s.step)
 

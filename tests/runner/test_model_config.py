@@ -370,15 +370,17 @@ def test_tied_parallel_losses_match_one_process(
     assert parallel.losses == pytest.approx(tied_single_process.losses, rel=RTOL)
     shape, run = parallel.run.shape, parallel.run
     local = sum(started.local_parameters for started in parallel.started)
-    if run.pp > 1:  # each end holds its own copy of the matrix, summed over each (dp, tp) pair of ends
+    if run.plan.pp > 1:  # each end holds its own copy of the matrix, summed over each (dp, tp) pair of ends
         sums = [e for e in parallel.events if isinstance(e, CollectiveTiming) and e.group == "embedding"]
-        ends = 2 * run.dp * run.tp
+        ends = 2 * run.plan.dp * run.plan.tp
         assert len(sums) == STEPS * ends
-        assert {(e.op, e.bytes) for e in sums} == {("all_reduce", shape.vocab_size * shape.dim * 4 // run.tp)}
-        assert local == run.dp * (
-            shape.parameter_count() + shape.vocab_size * shape.dim + (2 * shape.n_layers + 1) * shape.dim * (run.tp - 1)
+        assert {(e.op, e.bytes) for e in sums} == {("all_reduce", shape.vocab_size * shape.dim * 4 // run.plan.tp)}
+        assert local == run.plan.dp * (
+            shape.parameter_count()
+            + shape.vocab_size * shape.dim
+            + (2 * shape.n_layers + 1) * shape.dim * (run.plan.tp - 1)
         )
-    elif run.fsdp:
+    elif run.plan.fsdp:
         assert local == shape.parameter_count()
 
 

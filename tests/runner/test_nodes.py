@@ -120,7 +120,7 @@ def test_endpoints() -> None:
 
 def test_a_plan_splits_evenly_over_the_nodes() -> None:
     run = resolve(RunSpec(device="cpu"), gpus_visible=0, nodes=2)
-    assert run.world_size == 4  # two CPU ranks on each node by default
+    assert run.plan.world_size == 4  # two CPU ranks on each node by default
     with pytest.raises(PlanError, match="do not split evenly over 2 nodes"):
         resolve(RunSpec(device="cpu", dp=3), gpus_visible=0, nodes=2)
 

@@ -61,7 +61,7 @@ def test_parallel_losses_match_one_process(
     assert len(run.losses) == STEPS
     assert run.losses == pytest.approx(single_process.losses, rel=RTOL)
     # where each rank's steps went: every part measured, adding up to its step
-    assert_parts_add_up(run.breakdown(), run.run.world_size, pipelined=run.run.pp > 1)
+    assert_parts_add_up(run.breakdown(), run.run.plan.world_size, pipelined=run.run.plan.pp > 1)
 
 
 @pytest.mark.parametrize(("plan", "shards"), [("fsdp2", "dp"), ("tp2", "tp"), ("pp2-1f1b", "pp")])

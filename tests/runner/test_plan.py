@@ -114,21 +114,21 @@ def test_cuda_plan_needs_one_gpu_per_rank() -> None:
 
 def test_defaults_fill_the_devices() -> None:
     cpu = resolve(RunSpec(), gpus_visible=0)
-    assert (cpu.device, cpu.dp, cpu.world_size, cpu.dtype) == ("cpu", 2, 2, "fp32")
+    assert (cpu.device, cpu.plan.dp, cpu.plan.world_size, cpu.dtype) == ("cpu", 2, 2, "fp32")
     gpu = resolve(RunSpec(), gpus_visible=4)
-    assert (gpu.device, gpu.dp, gpu.world_size, gpu.dtype) == ("cuda", 4, 4, "bf16")
-    assert resolve(RunSpec(tp=2), gpus_visible=0).dp == 1
+    assert (gpu.device, gpu.plan.dp, gpu.plan.world_size, gpu.dtype) == ("cuda", 4, 4, "bf16")
+    assert resolve(RunSpec(tp=2), gpus_visible=0).plan.dp == 1
     assert resolve(RunSpec(device="cpu"), gpus_visible=8).device == "cpu"
 
 
 def test_pipeline_defaults() -> None:
     run = resolve(RunSpec(pp=2), gpus_visible=0)
-    assert (run.schedule, run.microbatches, run.virtual_stages) == ("1f1b", 4, 1)
-    assert run.batch_size % (run.dp * run.microbatches) == 0
-    assert run.stage_layers == ((0, 1), (2, 3))
+    assert (run.plan.schedule, run.microbatches, run.plan.virtual_stages) == ("1f1b", 4, 1)
+    assert run.batch_size % (run.plan.dp * run.microbatches) == 0
+    assert run.plan.stage_layers == ((0, 1), (2, 3))
     interleaved = resolve(RunSpec(pp=2, schedule="interleaved-1f1b"), gpus_visible=0)
-    assert interleaved.num_stages == 4
-    assert interleaved.stage_layers == ((0,), (1,), (2,), (3,))
+    assert interleaved.plan.num_stages == 4
+    assert interleaved.plan.stage_layers == ((0,), (1,), (2,), (3,))
 
 
 def test_split_layers_is_contiguous_and_even() -> None:

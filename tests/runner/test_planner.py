@@ -52,9 +52,9 @@ def test_the_shards_of_every_plan_add_up_to_the_model() -> None:
         assert candidate.prediction is not None
         run = candidate.prediction.run
         weights = sum(m.weights_bytes for m in candidate.prediction.memory) // 4  # fp32
-        copies = run.dp // (run.dp if run.fsdp else 1)  # replicas hold a copy each; fsdp shards hold one
+        copies = run.plan.dp // (run.plan.dp if run.plan.fsdp else 1)  # replicas hold a copy each; fsdp shards hold one
         norms = 2 * shape.dim * shape.n_layers + shape.dim  # replicated over tp
-        assert weights == copies * (shape.parameter_count() + (run.tp - 1) * norms), candidate.label
+        assert weights == copies * (shape.parameter_count() + (run.plan.tp - 1) * norms), candidate.label
 
 
 def test_fsdp_shards_rows_as_torch_chunk_does() -> None:

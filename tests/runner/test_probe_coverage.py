@@ -55,7 +55,7 @@ def watch_one_step(tmp_path: Path, native_env: str, **spec: object) -> tuple[Any
             "-m",
             "torch.distributed.run",
             "--standalone",
-            f"--nproc-per-node={run.world_size}",
+            f"--nproc-per-node={run.plan.world_size}",
             "-m",
             "tests.witness_worker",
             str(run_path),
@@ -67,7 +67,7 @@ def watch_one_step(tmp_path: Path, native_env: str, **spec: object) -> tuple[Any
         env={**os.environ, "OMP_NUM_THREADS": "1", NATIVE_ENV: native_env, "TORCH_FR_BUFFER_SIZE": "20000"},
     )
     assert done.returncode == 0, done.stderr[-3000:]
-    ranks = [json.loads((out / f"rank-{r}.json").read_text()) for r in range(run.world_size)]
+    ranks = [json.loads((out / f"rank-{r}.json").read_text()) for r in range(run.plan.world_size)]
     if not all(rank["witness_available"] for rank in ranks):
         pytest.skip("this torch's gloo keeps no flight record: the witness saw nothing")
     return run, ranks
@@ -97,12 +97,12 @@ def test_hooks_record_each_operation_as_torch_records_it(
         hooks, witness = split(seen["hooks"]), split(seen["witness"])
         assert hooks[0] == witness[0], f"rank {rank}: collectives [op, ranks, bytes, dtype, peer]"
         assert hooks[1] == witness[1], f"rank {rank}: sends and receives [op, ranks, bytes, dtype, peer]"
-        sizes = {"dp": run.dp, "tp": run.tp, "pp": run.pp}
+        sizes = {"dp": run.plan.dp, "tp": run.plan.tp, "pp": run.plan.pp}
         expected_ops = sum(size > 1 for size in sizes.values())
         assert len({tuple(op[1]) for op in witness[0] + witness[1]}) == expected_ops, (
             f"rank {rank}: an operation on each group the plan has, and on no other"
         )
-        if run.pp > 1:
+        if run.plan.pp > 1:
             # Each pipeline boundary moves one activation forward and one gradient back per microbatch.
             assert [op[0] for op in witness[1]].count("send") == run.microbatches, f"rank {rank}"
         else:

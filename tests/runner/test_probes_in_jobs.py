@@ -63,7 +63,7 @@ def test_collectives_carry_group_bytes_and_the_step(launch_cpu) -> None:
     tp_reduce = [c for c in in_steps if c.group == "tp" and c.op == "all_reduce" and c.rank == 0]
     # A tensor-parallel all-reduce carries activations: microbatch x seq x dim floats.
     run = launched.run
-    activation = (run.batch_size // run.dp) * run.seq_len * run.shape.dim * 4
+    activation = (run.batch_size // run.plan.dp) * run.seq_len * run.shape.dim * 4
     assert Counter(c.bytes for c in tp_reduce).most_common(1)[0][0] == activation
 
 

@@ -269,7 +269,11 @@ def test_a_sweep_never_writes_into_an_existing_one_and_a_question_without_a_plan
     out.mkdir()
     (out / "sweep.json").write_text('{"version": 1, "plans": []}')  # partial: no report
     done = sweep(out, "--ranks", "2", "--plans", "dp2")
-    assert done.returncode == 2 and "exists and is not empty" in done.stderr and "Traceback" not in done.stderr
+    assert (
+        done.returncode == 2
+        and "is not empty: give sweep a new directory" in done.stderr
+        and "Traceback" not in done.stderr
+    )
     assert sorted(p.name for p in out.iterdir()) == ["sweep.json"]  # no ranking written over it
     replay = run_meshtop("replay", str(out), cwd=REPO, timeout_s=60)
     assert replay.returncode == 2 and "is not a sweep file this meshtop reads" in replay.stderr
