@@ -161,10 +161,6 @@ def read_prompts(path: Path) -> list[Prompt]:
     return prompts
 
 
-def synthetic_prompt(rng: random.Random, words: int) -> Prompt:
-    return Prompt(text=" ".join(rng.choice(WORDS) for _ in range(words)))
-
-
 def plan_load(load: Load, prompts: Sequence[Prompt] | None = None) -> list[LoadRequest]:
     """Every request of the load (:func:`meshtop.runner.load.plan_requests`), each prompt one of ``prompts``
     drawn with replacement, else ``prompt_len`` words."""
@@ -172,7 +168,7 @@ def plan_load(load: Load, prompts: Sequence[Prompt] | None = None) -> list[LoadR
     def draw_prompt(rng: random.Random) -> Prompt:
         if prompts:
             return prompts[rng.randrange(len(prompts))]
-        return synthetic_prompt(rng, rng.randint(*load.prompt_len))
+        return Prompt(text=" ".join(rng.choice(WORDS) for _ in range(rng.randint(*load.prompt_len))))
 
     return plan_requests(load, draw_prompt)
 
