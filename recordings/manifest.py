@@ -8,7 +8,9 @@ description's fields sit at its top level beside the manifest's own.
 
 The run description's types (:class:`Plan`, :class:`ModelShape`, :class:`Load`, :class:`ServerInfo`) are the
 runner's own: the presets, the planner, the built-in inference and serving use these, so what runs is what is
-recorded, field for field. The module imports no pandas and no pyarrow, so a rank can import it.
+recorded, field for field. Each rank's end is the launcher's :class:`RankExit`, and the GPUs' links the probes'
+:class:`~meshtop.probes.events.GpuLink` events. The module imports no pandas and no pyarrow, so a rank can import
+it.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+from meshtop.probes.events import GpuLink
 from meshtop.recordings.typed_json import RecordingError, dump, load
 
 SCHEMA_VERSION = 3
@@ -351,17 +354,22 @@ class SampleRates:
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
-class RankEnd:
-    """How one rank ended."""
+class RankExit:
+    """How one rank ended: the launcher's, the head's view of another node's, and the manifest's."""
 
     rank: int
     exit_code: int | None
+    """The process's exit code (negative for a signal); ``None`` if it was stopped by the launcher."""
     signal: str | None
     error: str | None
+    """The rank's last error line, or why it was stopped."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class NvmlInfo:
+    """The head's :class:`~meshtop.probes.events.NvmlState` as the manifest keeps it: without its time and node,
+    its fields in this order on disk."""
+
     state: str
     detail: str | None
     driver_version: str | None
@@ -376,15 +384,6 @@ class GpuInfo:
     node: int = 0
     power_limit_w: float | None = None
     """The default power limit (W), which tells an SXM module from a PCIe card of the same name."""
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class GpuPair:
-    gpu_a: int
-    gpu_b: int
-    path: str
-    nvlinks: int | None
-    node: int = 0
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -422,7 +421,7 @@ class Manifest:
     ended_at: str | None = None
     duration_s: float | None = None
     steps_completed: int | None = None
-    ranks: tuple[RankEnd, ...] = ()
+    ranks: tuple[RankExit, ...] = ()
     root_cause_rank: int | None = None
     hang: str | None = None
     reason: str | None = None
@@ -430,7 +429,7 @@ class Manifest:
     rank_devices: dict[str, str] = field(default_factory=dict)
     nvml: NvmlInfo | None = None
     gpus: tuple[GpuInfo, ...] = ()
-    topology: tuple[GpuPair, ...] = ()
+    topology: tuple[GpuLink, ...] = ()
     nodes: tuple[NodeInfo, ...] = ()
     """The machines of the job (one entry on one machine)."""
     terminal_lost: str | None = None

@@ -22,11 +22,10 @@ from meshtop.probes.events import GpuLink, NodeClock, NvmlState, RankStarted
 from meshtop.recordings.events_log import EventWriter
 from meshtop.recordings.manifest import (
     GpuInfo,
-    GpuPair,
     Manifest,
     NodeInfo,
     NvmlInfo,
-    RankEnd,
+    RankExit,
     RunDescription,
     release_room,
     write_manifest,
@@ -43,7 +42,7 @@ class Ending:
     status: str
     """completed, failed or interrupted."""
     duration_s: float | None
-    ranks: tuple[RankEnd, ...] = ()
+    ranks: tuple[RankExit, ...] = ()
     root_cause_rank: int | None = None
     hang: str | None = None
     reason: str | None = None
@@ -76,7 +75,7 @@ class SessionRecorder:
         self._node_ranks: dict[int, dict[int, set[int]]] = {}
         """Each node's ranks, by torchrun's restart count of their start (the nodes hold the latest's)."""
         self._clocks: dict[int, NodeClock] = {}
-        self._topology: list[GpuPair] = []
+        self._topology: list[GpuLink] = []
 
     @property
     def steps_completed(self) -> int:
@@ -109,18 +108,9 @@ class SessionRecorder:
                 self._hosts.setdefault(event.node, event.host)
                 self._node_ranks.setdefault(event.restart, {}).setdefault(event.node, set()).add(event.rank)
             elif isinstance(event, NvmlState):
-                self._nvml = NvmlInfo(
-                    state=event.state,
-                    detail=event.detail,
-                    driver_version=event.driver_version,
-                    gpu_count=event.gpu_count,
-                )
+                self._nvml = NvmlInfo(**{f.name: getattr(event, f.name) for f in dataclasses.fields(NvmlInfo)})
             elif isinstance(event, GpuLink):
-                self._topology.append(
-                    GpuPair(
-                        gpu_a=event.gpu_a, gpu_b=event.gpu_b, path=event.path, nvlinks=event.nvlinks, node=event.node
-                    )
-                )
+                self._topology.append(event)
             elif isinstance(event, NodeClock):
                 self._clocks[event.node] = event
         return folded

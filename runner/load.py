@@ -4,10 +4,11 @@ Everything here is a function of the load's options and its seed, and
 imports no torch: every rank computes the same requests on its own, and the
 plan checks the options before anything is launched.
 
+One planner (:func:`plan_requests`) plans the built-in model's requests and
+those sent to an endpoint alike; they differ only in how a prompt is drawn.
 Arrivals are closed loop (``concurrency``: C clients, each sends its next
 request when the previous one is answered) or open loop (``request_rate_per_s``:
-gamma gaps, :func:`arrival_offsets_s`, which the load sent to an endpoint draws
-too). DP replicas share the load round-robin:
+gamma gaps, :func:`arrival_offsets_s`). DP replicas share the load round-robin:
 request i goes to replica i mod dp, and in closed loop replica r holds its
 share of the C clients (C // dp, the first C mod dp replicas one more), the
 steady state of a round-robin balancer in front of equal replicas.
@@ -16,7 +17,9 @@ steady state of a round-robin balancer in front of equal replicas.
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Generic, TypeAlias, TypeVar
 
 from meshtop.recordings.manifest import Load
 
@@ -28,15 +31,27 @@ MAX_SEQUENCE = 32_768
 """Prompt plus output, per request: the KV cache holds this many positions per slot."""
 
 
+P = TypeVar("P")
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
-class PlannedRequest:
-    """One request of the load: its prompt, how many tokens it wants, and (open loop) when it arrives."""
+class PlannedRequest(Generic[P]):
+    """One request of the load: its prompt, how many tokens it wants, and (open loop) when it arrives. The prompt
+    is the built-in model's token ids, or what an endpoint is sent (:class:`meshtop.runner.serving.load.Prompt`).
+
+    Built by this class, never by a subscripted name (``TokenRequest``, ``LoadRequest``): those are for annotations,
+    since calling a subscripted slotted, frozen dataclass fails (it sets ``__orig_class__`` on the instance)."""
 
     id: int
-    prompt: tuple[int, ...]
+    """Its place in the load: the warmup's first (0 .. warmup - 1), then the load's own."""
+    prompt: P
     output_len: int
-    arrival_s: float | None
-    """Seconds after the load starts (open loop); ``None`` in closed loop, where answers pace arrivals."""
+    """Tokens to generate (an endpoint's ``max_tokens``)."""
+    offset_s: float | None
+    """Open loop: seconds after the load's own requests start; ``None`` in closed loop, where answers pace
+    arrivals, and for the warmup."""
+    warmup: bool = False
+    """An endpoint's: sent first and left out of every figure."""
 
 
 def arrival_offsets_s(load: Load) -> list[float] | None:
@@ -57,25 +72,40 @@ def arrival_offsets_s(load: Load) -> list[float] | None:
     return offsets
 
 
-def plan_requests(load: Load, *, vocab_size: int) -> list[PlannedRequest]:
-    """Every request of the load, in id order (the same list on every rank)."""
+TokenRequest: TypeAlias = "PlannedRequest[tuple[int, ...]]"
+"""A request of the built-in model: its prompt is token ids."""
+
+
+def plan_requests(load: Load, draw_prompt: Callable[[random.Random], P]) -> list[PlannedRequest[P]]:
+    """Every request of the load, the warmup first, in id order: the same list on every rank and machine. Each
+    request's prompt is drawn by ``draw_prompt``, then its output length, from one random stream (seeded
+    2 x seed); the arrivals come from their own (:func:`arrival_offsets_s`)."""
     rng = random.Random(2 * load.seed)
-    arrivals = arrival_offsets_s(load)
+    offsets = arrival_offsets_s(load)
     requests = []
-    for index in range(load.requests):
-        prompt = tuple(rng.randrange(vocab_size) for _ in range(rng.randint(*load.prompt_len)))
+    for index in range(load.warmup + load.requests):
+        prompt = draw_prompt(rng)
+        own = index - load.warmup
         requests.append(
             PlannedRequest(
                 id=index,
                 prompt=prompt,
                 output_len=rng.randint(*load.output_len),
-                arrival_s=arrivals[index] if arrivals is not None else None,
+                offset_s=offsets[own] if offsets is not None and own >= 0 else None,
+                warmup=own < 0,
             )
         )
     return requests
 
 
-def replica_share(requests: list[PlannedRequest], *, replica: int, replicas: int) -> list[PlannedRequest]:
+def token_requests(load: Load, *, vocab_size: int) -> list[TokenRequest]:
+    """The built-in model's requests: each prompt ``prompt_len`` token ids below ``vocab_size``."""
+    return plan_requests(
+        load, lambda rng: tuple(rng.randrange(vocab_size) for _ in range(rng.randint(*load.prompt_len)))
+    )
+
+
+def replica_share(requests: list[PlannedRequest[P]], *, replica: int, replicas: int) -> list[PlannedRequest[P]]:
     """The requests replica ``replica`` serves: every ``replicas``-th, round-robin."""
     return requests[replica::replicas]
 

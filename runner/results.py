@@ -1,4 +1,5 @@
-"""How a job ended: each rank's exit, the job's result, and which rank's failure brought it down.
+"""How a job ended: each rank's exit (the manifest's :class:`RankExit`, recorded as it is), the job's result,
+and which rank's failure brought it down.
 
 The launcher of this node (:mod:`meshtop.runner.job.process`) and the head's view of the other nodes
 (:mod:`meshtop.runner.multinode.fleet`) both build these, so they live below both.
@@ -13,18 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from meshtop.probes.events import Event, JobEnded, RankExited
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class RankExit:
-    """How one rank ended."""
-
-    rank: int
-    exit_code: int | None
-    """The process's exit code (negative for a signal); ``None`` if it was stopped by the launcher."""
-    signal: str | None
-    error: str | None
-    """The rank's last error line, or why it was stopped."""
+from meshtop.recordings.manifest import RankExit
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

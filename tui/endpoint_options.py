@@ -20,7 +20,7 @@ from meshtop.runner.load import DEFAULT_CONCURRENCY
 from meshtop.runner.multinode.nodes import NODE_OPTIONS
 from meshtop.runner.plan import option, parse_length
 from meshtop.runner.serving.endpoint import EndpointRun, resolve_endpoint
-from meshtop.runner.serving.load import APIS, DEFAULT_TIMEOUT_S, LoadRequest, requests_for
+from meshtop.runner.serving.load import APIS, DEFAULT_TIMEOUT_S, LoadRequest, request_from_json, requests_for
 from meshtop.runner.serving.server import DEFAULT_STARTUP_TIMEOUT_S, ServerCommand
 
 
@@ -221,7 +221,7 @@ def same_load(recording: str) -> tuple[Load, list[LoadRequest]]:
         raise PlanError(f"--same-load {recording}: not a recording of a load sent to an endpoint (no {LOAD_FILE})")
     try:
         requests = [
-            LoadRequest.from_json(json.loads(line))
+            request_from_json(json.loads(line))
             for line in (directory / LOAD_FILE).read_text().splitlines()
             if line.strip()
         ]

@@ -35,7 +35,7 @@ from torch.distributed.device_mesh import DeviceMesh
 from meshtop.probes.events import Event, RequestDone
 from meshtop.probes.memory import local_numel
 from meshtop.recordings.manifest import Load
-from meshtop.runner.load import PlannedRequest, plan_requests, replica_concurrency, replica_share
+from meshtop.runner.load import TokenRequest, replica_concurrency, replica_share, token_requests
 from meshtop.runner.plan import ResolvedRun
 from meshtop.runner.rank.kv_cache import KVCache
 from meshtop.runner.rank.mesh import MeshCoordinates
@@ -159,7 +159,7 @@ def build_serving(run: ResolvedRun, *, mesh: DeviceMesh, coords: MeshCoordinates
 class Serving:
     """A request admitted into a cache slot."""
 
-    request: PlannedRequest
+    request: TokenRequest
     slot: int
     arrival_ns: int
     tokens: list[int] = field(default_factory=list)
@@ -174,13 +174,13 @@ class Scheduler:
         self.job, self.emit = job, emit
         self.max_batch = job.load.max_batch
         share = replica_share(
-            plan_requests(job.load, vocab_size=job.run.shape.vocab_size),
+            token_requests(job.load, vocab_size=job.run.shape.vocab_size),
             replica=job.coords.dp,
             replicas=job.run.plan.dp,
         )
         self.start_ns = start_ns
-        self.upcoming: deque[PlannedRequest] = deque(share)
-        self.waiting: deque[tuple[PlannedRequest, int]] = deque()
+        self.upcoming: deque[TokenRequest] = deque(share)
+        self.waiting: deque[tuple[TokenRequest, int]] = deque()
         self.active: dict[int, Serving] = {}
         self.free_slots = list(range(self.max_batch - 1, -1, -1))
         self.next_op_id = 0
@@ -194,15 +194,15 @@ class Scheduler:
 
     def release_arrivals(self, now_ns: int) -> None:
         """Open loop: requests whose arrival time has come join the queue, stamped with that time."""
-        while self.upcoming and self.upcoming[0].arrival_s is not None:
-            arrival_ns = self.start_ns + int(self.upcoming[0].arrival_s * 1e9)
+        while self.upcoming and self.upcoming[0].offset_s is not None:
+            arrival_ns = self.start_ns + int(self.upcoming[0].offset_s * 1e9)
             if arrival_ns > now_ns:
                 break
             self.waiting.append((self.upcoming.popleft(), arrival_ns))
 
     def next_arrival_ns(self) -> int | None:
-        if self.upcoming and self.upcoming[0].arrival_s is not None:
-            return self.start_ns + int(self.upcoming[0].arrival_s * 1e9)
+        if self.upcoming and self.upcoming[0].offset_s is not None:
+            return self.start_ns + int(self.upcoming[0].offset_s * 1e9)
         return None
 
     def next_op(self) -> tuple[Op, torch.Tensor] | None:
@@ -257,7 +257,7 @@ class Scheduler:
                 error=None,
             )
         )
-        if self.upcoming and self.upcoming[0].arrival_s is None:  # closed loop: the client sends its next
+        if self.upcoming and self.upcoming[0].offset_s is None:  # closed loop: the client sends its next
             self.waiting.append((self.upcoming.popleft(), now_ns))
 
 

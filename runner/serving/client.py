@@ -27,7 +27,7 @@ from meshtop.probes.events import CLIENT_RANK, RequestDone
 from meshtop.probes.shipper import open_sink
 from meshtop.probes.sink import EventSink
 from meshtop.runner.serving.http import Origin, Pool, RequestFailed
-from meshtop.runner.serving.load import LoadRequest
+from meshtop.runner.serving.load import LoadRequest, request_from_json
 
 INTERRUPTED = 130
 GONE_AFTER_REFUSALS = 5
@@ -64,7 +64,7 @@ def request_body(spec: ClientSpec, request: LoadRequest) -> tuple[str, dict[str,
     """The path and JSON body of ``request`` for the spec's API: streamed, greedy, usage asked for."""
     body: dict[str, object] = {
         "model": spec.model,
-        "max_tokens": request.max_tokens,
+        "max_tokens": request.output_len,
         "stream": True,
         "stream_options": {"include_usage": True},
         "temperature": 0.0,
@@ -253,7 +253,7 @@ def _count(value: object) -> int | None:
 
 
 def read_requests(path: Path) -> list[LoadRequest]:
-    return [LoadRequest.from_json(json.loads(line)) for line in path.read_text().splitlines() if line.strip()]
+    return [request_from_json(json.loads(line)) for line in path.read_text().splitlines() if line.strip()]
 
 
 async def main_async(spec: ClientSpec, sink: EventSink) -> bool:

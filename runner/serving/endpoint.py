@@ -20,6 +20,7 @@ from typing import Any
 from meshtop.probes.errors import one_line
 from meshtop.recordings.manifest import Load
 from meshtop.runner.errors import PlanError
+from meshtop.runner.load import PlannedRequest
 from meshtop.runner.serving.http import Origin, error_message
 from meshtop.runner.serving.load import (
     DEFAULT_TIMEOUT_S,
@@ -139,7 +140,7 @@ def probe_request(origin: Origin, api: str, model: str, load: Load, timeout_s: f
         requests_path="",
         status_path="",
     )
-    path, body = request_body(spec, LoadRequest(id=-1, prompt=Prompt(text="hello"), max_tokens=1, offset_s=None))
+    path, body = request_body(spec, PlannedRequest(id=-1, prompt=Prompt(text="hello"), output_len=1, offset_s=None))
     try:
         status, _, raw = _get_json(origin.url(path), body=body, timeout_s=timeout_s)
     except (OSError, ValueError, http.client.HTTPException) as error:

@@ -30,10 +30,11 @@ import random
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import TypeAlias
 
 from meshtop.recordings.manifest import Load
 from meshtop.runner.errors import PlanError
-from meshtop.runner.load import DEFAULT_REQUESTS, arrival_offsets_s
+from meshtop.runner.load import DEFAULT_REQUESTS, PlannedRequest, plan_requests
 
 APIS = ("completions", "chat")
 DEFAULT_TIMEOUT_S = 120.0
@@ -66,43 +67,36 @@ class Prompt:
     """(role, content) pairs."""
 
 
-@dataclass(frozen=True, kw_only=True, slots=True)
-class LoadRequest:
-    """One request of the load, as it will be sent."""
+LoadRequest: TypeAlias = "PlannedRequest[Prompt]"
+"""One request of the load, as it will be sent."""
 
-    id: int
-    """Its place in the load: the warmup's first (0 .. warmup - 1), then the load's own."""
-    prompt: Prompt
-    max_tokens: int
-    offset_s: float | None
-    """Open loop: seconds after the load's own requests start; ``None`` in closed loop and for the warmup."""
-    warmup: bool = False
 
-    def to_json(self) -> dict[str, object]:
-        """A line of the recording's ``load.jsonl``."""
-        prompt: dict[str, object] = (
-            {"prompt": self.prompt.text}
-            if self.prompt.messages is None
-            else {"messages": [{"role": role, "content": content} for role, content in self.prompt.messages]}
-        )
-        return {
-            "id": self.id,
-            **prompt,
-            "max_tokens": self.max_tokens,
-            "offset_s": self.offset_s,
-            "warmup": self.warmup,
-        }
+def request_to_json(request: LoadRequest) -> dict[str, object]:
+    """A line of the recording's ``load.jsonl``."""
+    prompt: dict[str, object] = (
+        {"prompt": request.prompt.text}
+        if request.prompt.messages is None
+        else {"messages": [{"role": role, "content": content} for role, content in request.prompt.messages]}
+    )
+    return {
+        "id": request.id,
+        **prompt,
+        "max_tokens": request.output_len,
+        "offset_s": request.offset_s,
+        "warmup": request.warmup,
+    }
 
-    @classmethod
-    def from_json(cls, record: dict[str, object]) -> LoadRequest:
-        offset = record.get("offset_s")
-        return cls(
-            id=int(record["id"]),  # type: ignore[call-overload]
-            prompt=prompt_of(record),
-            max_tokens=int(record["max_tokens"]),  # type: ignore[call-overload]
-            offset_s=None if offset is None else float(offset),  # type: ignore[arg-type]
-            warmup=bool(record.get("warmup", False)),
-        )
+
+def request_from_json(record: dict[str, object]) -> LoadRequest:
+    """A request of a recording's ``load.jsonl``, as it was sent."""
+    offset = record.get("offset_s")
+    return PlannedRequest(
+        id=int(record["id"]),  # type: ignore[call-overload]
+        prompt=prompt_of(record),
+        output_len=int(record["max_tokens"]),  # type: ignore[call-overload]
+        offset_s=None if offset is None else float(offset),  # type: ignore[arg-type]
+        warmup=bool(record.get("warmup", False)),
+    )
 
 
 def prompt_of(record: object) -> Prompt:
@@ -167,32 +161,16 @@ def read_prompts(path: Path) -> list[Prompt]:
     return prompts
 
 
-def synthetic_prompt(rng: random.Random, words: int) -> Prompt:
-    return Prompt(text=" ".join(rng.choice(WORDS) for _ in range(words)))
-
-
 def plan_load(load: Load, prompts: Sequence[Prompt] | None = None) -> list[LoadRequest]:
-    """Every request of the load, the warmup first, in the order they are sent (closed loop) or with their
-    offsets (open loop)."""
-    rng = random.Random(2 * load.seed)
-    offsets = arrival_offsets_s(load)
-    planned = []
-    for index in range(load.warmup + load.requests):
+    """Every request of the load (:func:`meshtop.runner.load.plan_requests`), each prompt one of ``prompts``
+    drawn with replacement, else ``prompt_len`` words."""
+
+    def draw_prompt(rng: random.Random) -> Prompt:
         if prompts:
-            prompt = prompts[rng.randrange(len(prompts))]
-        else:
-            prompt = synthetic_prompt(rng, rng.randint(*load.prompt_len))
-        own = index - load.warmup
-        planned.append(
-            LoadRequest(
-                id=index,
-                prompt=prompt,
-                max_tokens=rng.randint(*load.output_len),
-                offset_s=offsets[own] if offsets is not None and own >= 0 else None,
-                warmup=own < 0,
-            )
-        )
-    return planned
+            return prompts[rng.randrange(len(prompts))]
+        return Prompt(text=" ".join(rng.choice(WORDS) for _ in range(rng.randint(*load.prompt_len))))
+
+    return plan_requests(load, draw_prompt)
 
 
 DURATION_REQUESTS = 20_000

@@ -30,7 +30,7 @@ from meshtop.runner.job.supervise import NodeProbes, Supervisor
 from meshtop.runner.results import JobResult, RankExit, lifecycle_events
 from meshtop.runner.serving.client import CLIENT_RANK, INTERRUPTED, ClientSpec
 from meshtop.runner.serving.endpoint import PROBE_TIMEOUT_S, EndpointRun, check_server
-from meshtop.runner.serving.load import DEFAULT_TIMEOUT_S
+from meshtop.runner.serving.load import DEFAULT_TIMEOUT_S, request_to_json
 from meshtop.runner.serving.scrape import Scraper
 from meshtop.runner.serving.server import SERVER_LOG, ServerFailed, ServerProcess, StartupStopped
 
@@ -43,7 +43,7 @@ STOP_GRACE_S = 10.0
 
 def write_load(path: Path, run: EndpointRun) -> None:
     """The planned requests into ``path``, one a line (the recording's ``load.jsonl``)."""
-    path.write_text("".join(json.dumps(request.to_json()) + "\n" for request in run.requests))
+    path.write_text("".join(json.dumps(request_to_json(request)) + "\n" for request in run.requests))
 
 
 def failure_line(counts: dict[str, int], requests: int) -> str | None:

@@ -24,7 +24,6 @@ from meshtop.recordings.manifest import (
     Endpoint,
     Manifest,
     Plan,
-    RankEnd,
     RecordingError,
     RunDescription,
     SampleRates,
@@ -142,7 +141,7 @@ def ending_of(result: JobResult) -> Ending:
     return Ending(
         status=result.status,
         duration_s=result.duration_s,
-        ranks=tuple(RankEnd(rank=r.rank, exit_code=r.exit_code, signal=r.signal, error=r.error) for r in result.ranks),
+        ranks=result.ranks,
         root_cause_rank=result.root_cause,
         hang=result.hang,
         reason=result.node_lost or result.failure,

@@ -25,8 +25,9 @@ import pytest
 
 from meshtop.probes.events import Event, RequestDone
 from meshtop.probes.sink import EventSink
+from meshtop.runner.load import PlannedRequest
 from meshtop.runner.serving.client import ClientSpec, chunk_text, main_async, request_body
-from meshtop.runner.serving.load import LoadRequest, Prompt
+from meshtop.runner.serving.load import LoadRequest, Prompt, request_to_json
 
 MS = 1_000_000
 GONE = "5 requests in a row were refused"
@@ -203,7 +204,7 @@ def run_load(
     """``requests`` written to the load's file and run by :func:`main_async` against ``server`` (listening from
     the start, or not), one client unless ``spec_changes`` say otherwise."""
     load_file, status_file = tmp_path / "load.jsonl", tmp_path / "status.json"
-    load_file.write_text("".join(json.dumps(request.to_json()) + "\n" for request in requests))
+    load_file.write_text("".join(json.dumps(request_to_json(request)) + "\n" for request in requests))
     fields: dict[str, object] = {
         "url": server.url, "api": "completions", "model": "m", "concurrency": 1, "timeout_s": 5.0,
         "ignore_eos": False, "requests_path": str(load_file), "status_path": str(status_file),
@@ -224,7 +225,7 @@ def run_load(
 
 
 def asked(request_id: int, prompt: str, *, offset_s: float | None = None, warmup: bool = False) -> LoadRequest:
-    return LoadRequest(id=request_id, prompt=Prompt(text=prompt), max_tokens=4, offset_s=offset_s, warmup=warmup)
+    return PlannedRequest(id=request_id, prompt=Prompt(text=prompt), output_len=4, offset_s=offset_s, warmup=warmup)
 
 
 def assert_well_formed(event: RequestDone) -> None:
@@ -252,7 +253,7 @@ def test_each_api_gets_a_streamed_greedy_body_with_the_prompt_in_its_own_shape()
     def body(prompt: Prompt, **changes: object) -> tuple[str, dict[str, object]]:
         return request_body(
             ClientSpec(**{**spec.to_json(), **changes}),  # type: ignore[arg-type]
-            LoadRequest(id=0, prompt=prompt, max_tokens=16, offset_s=None),
+            PlannedRequest(id=0, prompt=prompt, output_len=16, offset_s=None),
         )
 
     assert body(Prompt(text="Say hi")) == ("/completions", {**common, "temperature": 0.0, "prompt": "Say hi"})
@@ -340,7 +341,7 @@ def test_a_chat_request_goes_to_chat_completions_and_its_reasoning_chunks_are_to
     content = '{"choices": [{"delta": {"content": "because"}}]}'
     server = ScriptedServer({"Why?": Answer((role, reasoning, content))})
     chat = Prompt(messages=(("system", "Be brief."), ("user", "Why?")))
-    ran = run_load(tmp_path, server, [LoadRequest(id=0, prompt=chat, max_tokens=4, offset_s=None)], api="chat")
+    ran = run_load(tmp_path, server, [PlannedRequest(id=0, prompt=chat, output_len=4, offset_s=None)], api="chat")
     [(path, body)] = server.posts
     assert path == "/v1/chat/completions"
     assert body["messages"] == [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Why?"}]

@@ -19,10 +19,11 @@ import pytest
 
 from meshtop.recordings.manifest import Load
 from meshtop.runner.errors import PlanError
+from meshtop.runner.load import PlannedRequest
 from meshtop.runner.serving import endpoint
 from meshtop.runner.serving.endpoint import EndpointRun, check_server, plan_endpoint, resolve_endpoint, served_models
 from meshtop.runner.serving.http import Origin
-from meshtop.runner.serving.load import LoadRequest, Prompt
+from meshtop.runner.serving.load import Prompt
 from meshtop.runner.serving.server import ServerCommand
 from tests.kit.commands import run_meshtop
 from tests.kit.ports import free_port
@@ -305,7 +306,7 @@ def test_a_bad_url_names_the_option_that_gave_it(url: str, server_metrics: str |
 def test_every_option_is_in_the_planned_run_and_given_requests_replace_the_load(tmp_path: Path) -> None:
     """``--same-load``'s requests are the load: the prompts file is not read (here it does not exist)."""
     load = Load(requests=3, concurrency=1, request_rate_per_s=None, prompts=str(tmp_path / "missing.jsonl"))
-    again = LoadRequest(id=0, prompt=Prompt(text="again"), max_tokens=5, offset_s=None)
+    again = PlannedRequest(id=0, prompt=Prompt(text="again"), output_len=5, offset_s=None)
     server = ServerCommand(command=("vllm", "serve", "m"))
     run = plan_endpoint(
         "http://h:8000",

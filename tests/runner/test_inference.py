@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from meshtop.recordings.manifest import Load
-from meshtop.runner.load import arrival_offsets_s, plan_requests, replica_concurrency, replica_share
+from meshtop.runner.load import arrival_offsets_s, replica_concurrency, replica_share, token_requests
 from meshtop.runner.presets import PRESETS
 from meshtop.runner.rank.model import Transformer
 from meshtop.runner.rank.weights import init_weights
@@ -78,7 +78,7 @@ def test_every_plan_generates_the_single_process_tokens(recordings: dict[str, Pa
     )
     expected = {
         r.id: greedy_without_cache(model.eval(), r.prompt, r.output_len)
-        for r in plan_requests(load, vocab_size=shape.vocab_size)
+        for r in token_requests(load, vocab_size=shape.vocab_size)
     }
     assert len({len(tokens) for tokens in expected.values()}) > 3, "the load mixes output lengths"
     for name, path in recordings.items():
@@ -215,21 +215,21 @@ def test_the_load_is_a_function_of_its_options_and_seed() -> None:
         max_batch=4,
         seed=11,
     )
-    first, again = plan_requests(load, vocab_size=256), plan_requests(load, vocab_size=256)
+    first, again = token_requests(load, vocab_size=256), token_requests(load, vocab_size=256)
     assert first == again
     assert {len(r.prompt) for r in first} == set(range(4, 10)) and {r.output_len for r in first} == {1, 2, 3}
-    gaps = [b.arrival_s - a.arrival_s for a, b in itertools.pairwise(first)]  # type: ignore[operator]
+    gaps = [b.offset_s - a.offset_s for a, b in itertools.pairwise(first)]  # type: ignore[operator]
     assert statistics.mean(gaps) == pytest.approx(1 / 50, rel=0.05)  # 2,000 draws: the mean within 5 %
     assert statistics.stdev(gaps) == pytest.approx(1 / 50, rel=0.1)  # exponential: sd equals the mean
     other_lengths = replace(load, prompt_len=(1, 2), output_len=(1, 1))
-    assert arrival_offsets_s(other_lengths) == [r.arrival_s for r in first]
+    assert arrival_offsets_s(other_lengths) == [r.offset_s for r in first]
 
 
 def test_replicas_split_requests_and_clients() -> None:
     load = Load(
         requests=7, concurrency=5, request_rate_per_s=None, prompt_len=(2, 2), output_len=(1, 1), max_batch=2, seed=0
     )
-    requests = plan_requests(load, vocab_size=16)
+    requests = token_requests(load, vocab_size=16)
     shares = [replica_share(requests, replica=r, replicas=3) for r in range(3)]
     assert [[q.id for q in share] for share in shares] == [[0, 3, 6], [1, 4], [2, 5]]
     assert [replica_concurrency(load, replica=r, replicas=3) for r in range(3)] == [2, 2, 1]

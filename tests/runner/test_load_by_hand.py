@@ -16,17 +16,18 @@ import pytest
 
 from meshtop.recordings.manifest import Load
 from meshtop.runner.errors import PlanError
-from meshtop.runner.load import arrival_offsets_s
+from meshtop.runner.load import PlannedRequest, arrival_offsets_s
 from meshtop.runner.serving import load as load_module
 from meshtop.runner.serving.load import (
     MAX_REQUESTS,
-    LoadRequest,
     Prompt,
     check_load,
     endpoint_load,
     plan_load,
     prompt_of,
     read_prompts,
+    request_from_json,
+    request_to_json,
     requests_for,
 )
 
@@ -34,12 +35,12 @@ from meshtop.runner.serving.load import (
 
 
 def test_a_load_line_holds_a_text_as_prompt_and_chat_messages_by_their_openai_names() -> None:
-    text = LoadRequest(id=3, prompt=Prompt(text="a b"), max_tokens=16, offset_s=0.25)
-    assert text.to_json() == {"id": 3, "prompt": "a b", "max_tokens": 16, "offset_s": 0.25, "warmup": False}
-    chat = LoadRequest(
-        id=0, prompt=Prompt(messages=(("system", "be brief"), ("user", "hi"))), max_tokens=8, offset_s=None, warmup=True
+    text = PlannedRequest(id=3, prompt=Prompt(text="a b"), output_len=16, offset_s=0.25)
+    assert request_to_json(text) == {"id": 3, "prompt": "a b", "max_tokens": 16, "offset_s": 0.25, "warmup": False}
+    chat = PlannedRequest(
+        id=0, prompt=Prompt(messages=(("system", "be brief"), ("user", "hi"))), output_len=8, offset_s=None, warmup=True
     )
-    assert chat.to_json() == {
+    assert request_to_json(chat) == {
         "id": 0,
         "messages": [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"}],
         "max_tokens": 8,
@@ -49,8 +50,8 @@ def test_a_load_line_holds_a_text_as_prompt_and_chat_messages_by_their_openai_na
 
 
 def test_a_load_line_without_a_warmup_key_is_one_of_the_loads_own_requests() -> None:
-    assert LoadRequest.from_json({"id": 7, "prompt": "q", "max_tokens": 4}) == LoadRequest(
-        id=7, prompt=Prompt(text="q"), max_tokens=4, offset_s=None, warmup=False
+    assert request_from_json({"id": 7, "prompt": "q", "max_tokens": 4}) == PlannedRequest(
+        id=7, prompt=Prompt(text="q"), output_len=4, offset_s=None, warmup=False
     )
 
 
@@ -178,9 +179,9 @@ def test_seed_1_draws_its_prompts_and_lengths_from_the_generator_seeded_2() -> N
         requests=2, concurrency=1, request_rate_per_s=None, warmup=1, prompt_len=(1, 3), output_len=(4, 8), seed=1
     )
     assert plan_load(load) == [
-        LoadRequest(id=0, prompt=Prompt(text="or"), max_tokens=4, offset_s=None, warmup=True),
-        LoadRequest(id=1, prompt=Prompt(text="she letter"), max_tokens=6, offset_s=None),
-        LoadRequest(id=2, prompt=Prompt(text="must then"), max_tokens=8, offset_s=None),
+        PlannedRequest(id=0, prompt=Prompt(text="or"), output_len=4, offset_s=None, warmup=True),
+        PlannedRequest(id=1, prompt=Prompt(text="she letter"), output_len=6, offset_s=None),
+        PlannedRequest(id=2, prompt=Prompt(text="must then"), output_len=8, offset_s=None),
     ]
 
 

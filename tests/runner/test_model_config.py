@@ -17,7 +17,7 @@ from meshtop.probes.events import CollectiveTiming
 from meshtop.recordings.manifest import Load
 from meshtop.recordings.reader import open_recording
 from meshtop.runner.errors import ModelConfigError, PlanError
-from meshtop.runner.load import plan_requests
+from meshtop.runner.load import token_requests
 from meshtop.runner.model_config import load_model_config
 from meshtop.runner.plan import ResolvedRun, RunSpec, resolve
 from meshtop.runner.presets import preset
@@ -421,7 +421,7 @@ def test_tied_inference_generates_the_single_process_tokens(plan: list[str], tie
     )
     expected = {
         r.id: greedy_without_cache(model.eval(), r.prompt, r.output_len)
-        for r in plan_requests(load, vocab_size=model.shape.vocab_size)
+        for r in token_requests(load, vocab_size=model.shape.vocab_size)
     }
     table = pd.read_parquet(out / "events" / "request.parquet")
     assert {int(r.request): [int(t) for t in r.output_ids] for r in table.itertuples()} == expected

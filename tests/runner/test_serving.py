@@ -20,7 +20,7 @@ import pytest
 from meshtop.probes.events import RequestDone
 from meshtop.recordings.compare import compare
 from meshtop.recordings.reader import open_recording
-from meshtop.runner.serving.load import LoadRequest
+from meshtop.runner.serving.load import LoadRequest, request_from_json
 from tests.kit.commands import meshtop, run_meshtop
 from tests.kit.hf_server import Server, needs_serving, serving
 from tests.kit.ports import free_port
@@ -42,7 +42,7 @@ def requests_of(directory: Path) -> list[RequestDone]:
 
 
 def load_of(directory: Path) -> list[LoadRequest]:
-    return [LoadRequest.from_json(json.loads(line)) for line in (directory / "load.jsonl").read_text().splitlines()]
+    return [request_from_json(json.loads(line)) for line in (directory / "load.jsonl").read_text().splitlines()]
 
 
 def summary(directory: Path) -> dict[str, object]:
@@ -53,7 +53,7 @@ def summary(directory: Path) -> dict[str, object]:
 
 def answer_alone(server: Server, request: LoadRequest) -> dict[str, int]:
     """The server's usage for ``request`` sent on its own, not streamed: what the load should have counted."""
-    body = {"model": server.model, "prompt": request.prompt.text, "max_tokens": request.max_tokens, "temperature": 0.0}
+    body = {"model": server.model, "prompt": request.prompt.text, "max_tokens": request.output_len, "temperature": 0.0}
     call = urllib.request.Request(
         f"{server.url}/v1/completions", data=json.dumps(body).encode(), headers={"Content-Type": "application/json"}
     )

@@ -17,7 +17,7 @@ from meshtop.probes.sink import EventSink
 from meshtop.recordings.manifest import Load
 from meshtop.recordings.metrics.requests import RequestFold
 from meshtop.runner.errors import PlanError
-from meshtop.runner.load import arrival_offsets_s
+from meshtop.runner.load import PlannedRequest, arrival_offsets_s
 from meshtop.runner.serving import endpoint
 from meshtop.runner.serving.client import ClientSpec, LoadGenerator, chunk_text, request_body
 from meshtop.runner.serving.endpoint import served_models
@@ -30,6 +30,8 @@ from meshtop.runner.serving.load import (
     check_load,
     plan_load,
     read_prompts,
+    request_from_json,
+    request_to_json,
     requests_for,
 )
 from meshtop.tui.endpoint_options import parse_slo
@@ -50,8 +52,8 @@ def test_the_same_options_and_seed_plan_the_same_load_and_another_seed_another()
     for request in planned:
         words = (request.prompt.text or "").split()
         assert 4 <= len(words) <= 9 and set(words) <= set(WORDS)
-        assert 32 <= request.max_tokens <= 32
-    assert [LoadRequest.from_json(json.loads(json.dumps(r.to_json()))) for r in planned] == planned
+        assert 32 <= request.output_len <= 32
+    assert [request_from_json(json.loads(json.dumps(request_to_json(r)))) for r in planned] == planned
 
 
 @pytest.mark.parametrize("burstiness", [0.25, 1.0, 4.0])
@@ -171,7 +173,7 @@ def test_chunks_with_text_count_and_role_or_usage_chunks_do_not() -> None:
         url="http://h/v1", api="chat", model="m", concurrency=1, timeout_s=1, ignore_eos=True, requests_path="",
         status_path="",
     )  # fmt: skip
-    path, body = request_body(spec, LoadRequest(id=0, prompt=Prompt(text="q"), max_tokens=4, offset_s=None))
+    path, body = request_body(spec, PlannedRequest(id=0, prompt=Prompt(text="q"), output_len=4, offset_s=None))
     assert path == "/chat/completions" and body["messages"] == [{"role": "user", "content": "q"}]
     assert body["stream_options"] == {"include_usage": True} and body["ignore_eos"] is True
 
@@ -219,7 +221,7 @@ def test_the_client_streams_every_chunk_over_kept_alive_connections() -> None:
 
 
 def test_the_client_names_each_failure() -> None:
-    request = LoadRequest(id=0, prompt=Prompt(text="q"), max_tokens=4, offset_s=None)
+    request = PlannedRequest(id=0, prompt=Prompt(text="q"), output_len=4, offset_s=None)
     with stub_server(status=429) as server:
         [refused] = run_load(spec_for(server.url), [request])
     assert (refused.status, refused.error_kind, refused.error) == ("failed", "http", "HTTP 429: stub refuses")
@@ -236,7 +238,7 @@ def test_the_client_names_each_failure() -> None:
 
 
 def test_without_a_usage_chunk_the_output_tokens_are_the_chunks_with_text() -> None:
-    request = LoadRequest(id=0, prompt=Prompt(text="q"), max_tokens=5, offset_s=None)
+    request = PlannedRequest(id=0, prompt=Prompt(text="q"), output_len=5, offset_s=None)
     with stub_server(chunks=5, usage=False) as server:
         [event] = run_load(spec_for(server.url), [request])
     assert (event.status, event.output_tokens, event.tokens_from, event.prompt_tokens) == ("completed", 5, "chunks", 0)
@@ -264,7 +266,7 @@ def test_a_connection_idle_3_s_is_reused_and_one_idle_4_5_s_is_not() -> None:
 def test_a_load_against_a_server_that_closes_connections_idle_1_s_loses_no_request() -> None:
     """Issue 47's open loop whose gaps outlast the server's keep-alive, here 1 s: requests 1.5 s apart, each
     answered on a connection of its own."""
-    requests = [LoadRequest(id=i, prompt=Prompt(text="q"), max_tokens=2, offset_s=1.5 * i) for i in range(3)]
+    requests = [PlannedRequest(id=i, prompt=Prompt(text="q"), output_len=2, offset_s=1.5 * i) for i in range(3)]
     with stub_server(chunks=2, keep_alive_s=1.0) as server:
         events = run_load(spec_for(server.url, concurrency=None), requests)
         connections, closed_idle = server.connections, server.closed_idle
@@ -275,7 +277,7 @@ def test_a_load_against_a_server_that_closes_connections_idle_1_s_loses_no_reque
 def test_a_request_its_server_closed_unanswered_is_sent_once_more_on_a_fresh_connection() -> None:
     """A server that closes a kept-alive connection as a request comes (its keep-alive ran out) never read
     it: the request goes once more on a new connection. Once: a second such close fails it."""
-    requests = [LoadRequest(id=i, prompt=Prompt(text=f"q{i}"), max_tokens=2, offset_s=None) for i in range(3)]
+    requests = [PlannedRequest(id=i, prompt=Prompt(text=f"q{i}"), output_len=2, offset_s=None) for i in range(3)]
     with stub_server(chunks=2, unanswered=frozenset({2})) as server:
         events = run_load(spec_for(server.url, concurrency=1), requests)
         posts, connections = server.posts, server.connections
