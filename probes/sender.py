@@ -19,10 +19,11 @@ from typing import Any
 
 from meshtop.probes.arrivals import Arrival, EncodedEvents, event_count
 from meshtop.probes.events import Event
+from meshtop.probes.sink import EventSink
 from meshtop.probes.wire import event_sections, pack, read_frame
 
 
-class Outbox:
+class Outbox(EventSink):
     """Events and encoded blocks waiting to be sent, at most ``capacity`` events; thread-safe, and adding an
     event takes no lock (the training thread adds them)."""
 
@@ -40,13 +41,13 @@ class Outbox:
         """Events dropped and not yet reported in a message."""
         return self._dropped
 
-    def put(self, event: Event) -> None:
+    def emit(self, event: Event) -> None:
         if len(self._items) + self._in_blocks >= self.capacity:
             self.drop(1)
             return
         self._items.append(event)
 
-    def put_block(self, block: EncodedEvents) -> None:
+    def emit_block(self, block: EncodedEvents) -> None:
         with self._lock:
             if len(self._items) + self._in_blocks + block.count > self.capacity:
                 self._dropped += block.count

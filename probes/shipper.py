@@ -22,39 +22,29 @@ from meshtop.probes.sink import EventSink
 from meshtop.probes.wire import ADDRESS_ENV, TOKEN_ENV, parse_address
 
 DEFAULT_CAPACITY = 200_000
+"""Events a rank holds for the collector at most (a block of lines counts its events)."""
 SHIP_INTERVAL_S = 0.25
 BATCH_MAX = 20_000
 CONNECT_TIMEOUT_S = 5.0
 CLOSE_TIMEOUT_S = 5.0
 
 
-class EventShipper(EventSink):
+class EventShipper(Outbox):
     """Buffers events and ships them to the collector at ``address`` every :data:`SHIP_INTERVAL_S`."""
 
     def __init__(self, *, address: tuple[str, int], token: str, rank: int, capacity: int = DEFAULT_CAPACITY) -> None:
         self.before_shipment: Callable[[], list[Event]] | None = None
         """Called on the shipper thread before each shipment; its events go out with it (the heartbeat of
         the hang reports, the C++ probe's collectives)."""
+        super().__init__(capacity)
         self.rank = rank
-        self._outbox = Outbox(capacity)
         self._link = Link(address, {"token": token, "rank": rank}, timeout_s=CONNECT_TIMEOUT_S)
         self._closing = threading.Event()
         self._thread = threading.Thread(target=self._run, name="meshtop-shipper", daemon=True)
         self._thread.start()
 
-    @property
-    def dropped(self) -> int:
-        """Events refused because the buffer was full (or lost in a failed send), not yet reported."""
-        return self._outbox.dropped
-
-    def emit(self, event: Event) -> None:
-        self._outbox.put(event)
-
     def emit_lines(self, kind: str, lines: bytes, count: int) -> None:
-        self._outbox.put_block(EncodedEvents(kind, self.rank, lines, count))
-
-    def drop(self, count: int) -> None:
-        self._outbox.drop(count)
+        self.emit_block(EncodedEvents(kind, self.rank, lines, count))
 
     def close(self) -> None:
         self._closing.set()
@@ -70,10 +60,10 @@ class EventShipper(EventSink):
                         self.emit(event)
                 except Exception:  # a probe must never stop the shipping
                     pass
-            while (message := self._outbox.take(BATCH_MAX)) is not None:
+            while (message := self.take(BATCH_MAX)) is not None:
                 fields, body, events = message
                 if not self._send(fields, body):
-                    self._outbox.drop(events)
+                    self.drop(events)
                     break
             if closing:
                 return

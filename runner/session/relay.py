@@ -37,6 +37,7 @@ from meshtop.runner.job.control import JobControl
 from meshtop.runner.job.environment import Launch
 from meshtop.runner.job.launch import run_job
 from meshtop.runner.job.supervise import NodeProbes
+from meshtop.runner.multinode.fleet import HeadAnswer, NodeEnd, Ping, message, read
 from meshtop.runner.multinode.nodes import HeadAddress, Nodes, find_head
 from meshtop.runner.results import JobResult
 
@@ -104,9 +105,9 @@ class Relay:
         ended goes in the last word instead (the head decides how the job ended)."""
         for item in arrivals.items:
             if isinstance(item, EncodedEvents):
-                self._outbox.put_block(item)
+                self._outbox.emit_block(item)
             elif item.kind in FORWARDED_KINDS:
-                self._outbox.put(item)
+                self._outbox.emit(item)
 
     def finish(self, result: JobResult | None) -> None:
         """Send what is left and how this node's ranks ended (``None``: meshtop itself broke), then stop.
@@ -170,21 +171,14 @@ class Relay:
     def _ping(self) -> tuple[int, int, int]:
         """One exchange: (t0, the head's t1, t2); acts on what the head asks."""
         t0 = time.time_ns()
-        reply = (
-            self._exchange(
-                {"control": "ping", "t0": t0, "host": self.host, "offset_ns": self.offset_ns, "rtt_ns": self.rtt_ns},
-                answer=True,
-            )
-            or {}
-        )
-        t2 = time.time_ns()
-        if isinstance(reply.get("stop"), str) and self.head_status is None:
-            self.head_status = reply["stop"]
+        ping = Ping(t0=t0, host=self.host, offset_ns=self.offset_ns, rtt_ns=self.rtt_ns)
+        answer = read(HeadAnswer, self._exchange(message("ping", ping), answer=True)) or HeadAnswer(t1=t0)
+        if answer.stop is not None and self.head_status is None:
+            self.head_status = answer.stop
             self.control.stop.set()
-        if reply.get("stacks") is True:
+        if answer.stacks:
             self.control.ask_stacks()
-        t1 = reply.get("t1")
-        return t0, t1 if isinstance(t1, int) else t0, t2
+        return t0, answer.t1, time.time_ns()
 
     def _measure_clock(self) -> None:
         """A round of pings; the shortest round trip gives the offset (:class:`meshtop.probes.events.NodeClock`)."""
@@ -203,20 +197,8 @@ class Relay:
         return True
 
     def _bye(self) -> None:
-        result = self._result
-        if result is None:
-            return
-        offset_s = (self.offset_ns or 0) / 1e9
-        ranks = {
-            str(r.rank): {
-                "exit_code": r.exit_code,
-                "signal": r.signal,
-                "error": r.error,
-                "timestamp": result.failure_times[r.rank] + offset_s if r.rank in result.failure_times else None,
-            }
-            for r in result.ranks
-        }
-        self._exchange({"control": "bye", "status": result.status, "ranks": ranks}, answer=True)
+        if self._result is not None:
+            self._exchange(message("bye", NodeEnd.of(self._result, self.offset_ns or 0)), answer=True)
 
 
 def serve_as_node(
