@@ -334,7 +334,7 @@ class Fleet:
         with self._lock:
             asked = self._stop
         lost = next((state for state in seen if state.lost is not None), None) if asked != "interrupted" else None
-        node_failed = next((failure_line(state) for state in seen if state.bye and state.bye.status == "failed"), None)
+        node_failed = next((failure_line(s) for s in seen if lost is None and s.bye and s.bye.status == "failed"), None)
         if lost is not None:
             status, first = "failed", min(lost.ranks, default=None)
         elif local.hang is not None or asked == "interrupted":
@@ -342,9 +342,9 @@ class Fleet:
         else:
             status = "failed" if "failed" in statuses else "interrupted" if "interrupted" in statuses else "completed"
             first = root_cause(failures) if status == "failed" else None
-            if node_failed is not None and first is not None and PEER_GONE.search(str(ranks[first].error or "")):
-                first = None  # it lost its peers with the node that failed: the node is the cause
-        if lost is not None or status != "failed" or first is not None or local.hang is not None:
+        if node_failed is not None and first is not None and PEER_GONE.search(str(ranks[first].error or "")):
+            first = None  # it lost its peers with the node that failed: the node is the cause
+        if status != "failed" or first is not None or local.hang is not None:
             node_failed = None
         node_lost = node_line(lost) if lost is not None else None
         why = (

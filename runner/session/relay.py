@@ -145,7 +145,8 @@ class Relay:
                     self._closing.wait(0.05)
             while self._send_frame():
                 pass
-            self._bye()
+            if self._result is not None:  # the last word
+                self._exchange(message("bye", NodeEnd.of(self._result, self.offset_ns or 0)), answer=True)
         except HeadLost as error:
             self.head_lost = str(error)
             self.control.stop.set()
@@ -189,16 +190,12 @@ class Relay:
         """Forward about :data:`FRAME_EVENTS` queued events (whole blocks, one at least), with this node's
         clock offset; whether there were any."""
         assert self.offset_ns is not None, "the clock is measured before anything is forwarded"
-        message = self._outbox.take(FRAME_EVENTS)
-        if message is None:
+        taken = self._outbox.take(FRAME_EVENTS)
+        if taken is None:
             return False
-        fields, body, _events = message
+        fields, body, _events = taken
         self._exchange({**fields, "offset_ns": self.offset_ns}, body, answer=False)
         return True
-
-    def _bye(self) -> None:
-        if self._result is not None:
-            self._exchange(message("bye", NodeEnd.of(self._result, self.offset_ns or 0)), answer=True)
 
 
 def serve_as_node(
