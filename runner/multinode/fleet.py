@@ -252,14 +252,8 @@ class Fleet:
     def failed(self) -> NodeState | None:
         """The first node that said its ranks failed, if any."""
         with self._lock:
-            return next(
-                (
-                    replace(state)
-                    for state in self._nodes.values()
-                    if state.bye is not None and state.bye.status == "failed"
-                ),
-                None,
-            )
+            failed = [state for state in self._nodes.values() if state.bye is not None and state.bye.status == "failed"]
+            return replace(failed[0]) if failed else None
 
     def stop(self, status: str) -> None:
         """Ask every node to stop its ranks; the job ends ``status`` (what they exit with)."""
