@@ -5,8 +5,8 @@ The parts live beside this module: what is started and with which environment
 (:mod:`meshtop.runner.job.environment`), the launcher's process and how it ended
 (:mod:`meshtop.runner.job.process`), the user's requests (:mod:`meshtop.runner.job.control`), the
 result types (:mod:`meshtop.runner.results`), and on the head of a job on many nodes, the other
-nodes (:class:`meshtop.runner.multinode.fleet.Fleet`; a job on one node has a
-:class:`meshtop.runner.multinode.fleet.SingleNode`, which does nothing).
+nodes (:class:`meshtop.runner.multinode.fleet.Fleet`; a job on one node has a fleet of no other nodes, which
+does nothing).
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from meshtop.runner.job.hangs import HangWatch
 from meshtop.runner.job.process import Job
 from meshtop.runner.job.rounds import Rounds
 from meshtop.runner.job.supervise import POLL_S, NodeProbes, Supervisor
-from meshtop.runner.multinode.fleet import Fleet, SingleNode
+from meshtop.runner.multinode.fleet import Fleet
 from meshtop.runner.rank.until import FinishRequest
 from meshtop.runner.results import JobResult
 
@@ -42,7 +42,7 @@ def run_job(
     node_probes: NodeProbes = NodeProbes(),
     control: JobControl | None = None,
     hang_timeout_s: float | None = None,
-    fleet: Fleet | SingleNode = SingleNode(),
+    fleet: Fleet | None = None,
 ) -> JobResult:
     """Start ``launch``, pass its events (and the node samplers') to ``on_events``, and wait for the end.
 
@@ -61,6 +61,7 @@ def run_job(
     job's, once every node said how it ended (:mod:`meshtop.runner.multinode.fleet`).
     """
     control = control if control is not None else JobControl()
+    fleet = fleet if fleet is not None else Fleet()
     hangs = HangWatch(launch.world_size, timeout_s=hang_timeout_s, quiet_s=launch.quiet_s)
     flight = FlightTriage(session_dir / FLIGHT_DIR, on_one_node=launch.nodes is None)
     job = Job(launch, session_dir, fleet.collector())

@@ -1,11 +1,14 @@
 """The head's view of the other nodes of a multi-node job: who is there, their clocks, how they ended.
 
 Each node's relay (:mod:`meshtop.runner.session.relay`) speaks to the head's collector in
-control messages, answered on the same connection:
+control messages, a ``control`` field naming it and a ``says`` field holding it (:func:`message`), each answered
+on the same connection by a :class:`HeadAnswer`:
 
-- ``ping`` (twice a second): the node's time ``t0``, its host, and its last clock measurement; the answer holds
-  the head's time ``t1`` and what the head asks of the node: stop the job (and how it ended), dump stacks.
-- ``bye``: how the node's part of the job ended, its ranks' exit codes and errors (times on the head's clock).
+- ``ping`` (twice a second, a :class:`Ping`): the node's time ``t0``, its host, and its last clock measurement;
+  the answer holds the head's time ``t1`` and what the head asks of the node: stop the job (and how it ended),
+  dump stacks.
+- ``bye`` (a :class:`NodeEnd`): how the node's part of the job ended, its ranks' exit codes and errors (times on
+  the head's clock).
 
 and the collector says when a node's events came (``data``) and when its
 connection closed (``closed``), each with the connection's number.
@@ -15,8 +18,7 @@ A node whose connection closed and did not come back on a new one within
 :data:`NODE_SILENT_S`, is lost: the head stops the job and names the node and
 its ranks. A node whose ranks failed stops the job too.
 
-:class:`SingleNode` has the same interface and does nothing: the fleet of a job on one node, and of a node
-other than the head (whose relay, not a fleet, speaks to the head), so
+A fleet of no other nodes (a job on one node, a node other than the head) does nothing, so
 :func:`meshtop.runner.job.launch.run_job` follows every job the same way.
 """
 
@@ -27,11 +29,12 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, TypeVar
 
 from meshtop.probes.collector import Collector
 from meshtop.probes.events import Event, NodeClock
 from meshtop.probes.wire import is_count
+from meshtop.recordings.typed_json import RecordingError, dump, load
 from meshtop.runner.multinode.nodes import HeadAddress, Nodes, publish_head
 from meshtop.runner.results import PEER_GONE, JobResult, RankExit, root_cause
 
@@ -44,6 +47,37 @@ SETTLE_S = 20.0
 
 
 STATUSES = ("completed", "interrupted", "failed")
+Said = TypeVar("Said")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Ping:
+    """A node's ``ping``: its time, its host, and its last clock measurement."""
+
+    t0: int
+    host: str
+    offset_ns: int | None = None
+    rtt_ns: int | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class HeadAnswer:
+    """The head's answer to a ``ping`` or a ``bye``: its time, and what it asks of the node."""
+
+    t1: int
+    stop: str | None = None
+    """Stop the node's ranks: the job ended so."""
+    stacks: bool = False
+    """Dump the node's ranks' stacks."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RankEnded:
+    """A rank of another node, as its node says it ended."""
+
+    exit: RankExit
+    failed_at: float | None = None
+    """When it failed, on the head's clock (torchrun's timestamp, seconds)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -52,34 +86,28 @@ class NodeEnd:
 
     status: str
     """One of :data:`STATUSES`."""
-    ranks: tuple[RankExit, ...]
-    failure_times: dict[int, float]
-    """When each rank that said so failed, on the head's clock (seconds)."""
+    ranks: tuple[RankEnded, ...]
 
     @classmethod
-    def read(cls, header: dict[str, Any]) -> NodeEnd:
-        """What the ``bye`` in ``header`` says, checked as the wire checks a header: a field of the wrong type is
-        left out, and a status other than :data:`STATUSES` is ``failed`` (a node that cannot say how it ended
-        did not complete)."""
-        said = header.get("ranks")
-        ranks: list[RankExit] = []
-        times: dict[int, float] = {}
-        for rank, end in said.items() if isinstance(said, dict) else ():
-            if not (str(rank).isdigit() and isinstance(end, dict)):
-                continue
-            code, signal, error = end.get("exit_code"), end.get("signal"), end.get("error")
-            ranks.append(
-                RankExit(
-                    rank=int(rank),
-                    exit_code=code if isinstance(code, int) and not isinstance(code, bool) else None,
-                    signal=signal if isinstance(signal, str) else None,
-                    error=error if isinstance(error, str) else None,
-                )
-            )
-            if isinstance(when := end.get("timestamp"), (int, float)) and not isinstance(when, bool):
-                times[int(rank)] = float(when)
-        status = header.get("status")
-        return cls(status=status if status in STATUSES else "failed", ranks=tuple(ranks), failure_times=times)
+    def of(cls, result: JobResult, offset_ns: int) -> NodeEnd:
+        """How ``result`` ended, its times moved onto the head's clock (this node's is ``offset_ns`` behind)."""
+        times = {rank: when + offset_ns / 1e9 for rank, when in result.failure_times.items()}
+        return cls(
+            status=result.status, ranks=tuple(RankEnded(exit=r, failed_at=times.get(r.rank)) for r in result.ranks)
+        )
+
+
+def message(control: str, says: object) -> dict[str, Any]:
+    """A control message's fields: what it is, and what it says (a dataclass, as JSON)."""
+    return {"control": control, "says": dump(says)}
+
+
+def read(hint: type[Said], said: object) -> Said | None:
+    """What a node or the head said, as ``hint``; ``None`` where it is not one (checked as the manifest is)."""
+    try:
+        return load(hint, said, whole=hint.__name__)
+    except RecordingError:
+        return None
 
 
 @dataclass
@@ -106,11 +134,13 @@ class NodeState:
 
 class Fleet:
     """The other nodes of ``nodes``, as their control messages tell the head; thread-safe (the collector's
-    threads call :meth:`on_control`, the session's loop the rest)."""
+    threads call :meth:`on_control`, the session's loop the rest). Without ``nodes`` (a job on one node, or a
+    node other than the head, whose relay speaks to the head) it has no other node to hear from, stop, wait
+    for or merge."""
 
     def __init__(
         self,
-        nodes: Nodes,
+        nodes: Nodes | None = None,
         *,
         silent_s: float = NODE_SILENT_S,
         reconnect_s: float = RECONNECT_S,
@@ -123,7 +153,7 @@ class Fleet:
         self._clock = clock
         """Seconds, for silences and reconnects (a test's own clock: a busy machine stretches real ones)."""
         self._lock = threading.Lock()
-        self._nodes = {node: NodeState(node) for node in nodes.others}
+        self._nodes = {node: NodeState(node) for node in (nodes.others if nodes is not None else ())}
         self._events: list[Event] = []
         self._stop: str | None = None
         self._stacks_from: set[int] = set()
@@ -144,33 +174,35 @@ class Fleet:
             state.last_seen = now
             if what == "data":
                 return {}
-            if what == "bye":
-                state.bye = NodeEnd.read(header)
-                return {"t1": time.time_ns()}
-            host, offset, rtt = header.get("host"), header.get("offset_ns"), header.get("rtt_ns")
-            if isinstance(host, str):
-                state.host = host[:255]
-            if isinstance(offset, int) and is_count(rtt) and (offset, rtt) != (state.offset_ns, state.rtt_ns):
-                state.offset_ns, state.rtt_ns = offset, rtt
-                self._events.append(
-                    NodeClock(
-                        node=state.node, host=state.host or "?", wall_ns=time.time_ns(), offset_ns=offset, rtt_ns=rtt
+            if what == "bye":  # a node that cannot say how it ended did not complete
+                end = read(NodeEnd, header.get("says")) or NodeEnd(status="failed", ranks=())
+                state.bye = end if end.status in STATUSES else replace(end, status="failed")
+                return dump(HeadAnswer(t1=time.time_ns()))
+            if (ping := read(Ping, header.get("says"))) is not None:
+                state.host = ping.host[:255]
+                offset, rtt = ping.offset_ns, ping.rtt_ns
+                if offset is not None and is_count(rtt) and (offset, rtt) != (state.offset_ns, state.rtt_ns):
+                    state.offset_ns, state.rtt_ns = offset, rtt
+                    clock = NodeClock(
+                        node=state.node, host=state.host, wall_ns=time.time_ns(), offset_ns=offset, rtt_ns=rtt
                     )
-                )
+                    self._events.append(clock)
             stacks, state.stacks = state.stacks, False
-            return {"t1": time.time_ns(), "stop": self._stop, "stacks": stacks}
+            return dump(HeadAnswer(t1=time.time_ns(), stop=self._stop, stacks=stacks))
 
     # -- the session's side
 
     def collector(self) -> Collector:
         """The head's collector: it listens where the other nodes reach it and hands their control messages
-        to :meth:`on_control`."""
-        host, port = self._head.bind_address()
-        return Collector(host=host, port=port, nodes=self._head.others, on_control=self.on_control)
+        to :meth:`on_control` (on loopback, for this node's ranks alone, without other nodes)."""
+        host, port = self._head.bind_address() if self._head is not None else ("127.0.0.1", 0)
+        return Collector(host=host, port=port, nodes=tuple(self._nodes), on_control=self.on_control)
 
     def publish(self, collector: Collector, *, going: Callable[[], bool]) -> None:
         """Put the collector's address and token into the rendezvous store, from a thread (the store is up
         once a launcher joined the rendezvous; ``going``: whether the launcher still runs)."""
+        if self._head is None:
+            return
         head = HeadAddress(
             address=self._head.advertised(collector.address), token=collector.token, host=socket.gethostname()
         )
@@ -220,14 +252,8 @@ class Fleet:
     def failed(self) -> NodeState | None:
         """The first node that said its ranks failed, if any."""
         with self._lock:
-            return next(
-                (
-                    replace(state)
-                    for state in self._nodes.values()
-                    if state.bye is not None and state.bye.status == "failed"
-                ),
-                None,
-            )
+            failed = [state for state in self._nodes.values() if state.bye is not None and state.bye.status == "failed"]
+            return replace(failed[0]) if failed else None
 
     def stop(self, status: str) -> None:
         """Ask every node to stop its ranks; the job ends ``status`` (what they exit with)."""
@@ -280,55 +306,32 @@ class Fleet:
         A node lost ends the job ``failed``, naming it; a stop the head asked for (the user's, or a hang)
         keeps the head's status, whatever the other nodes' ranks did once their peers were gone; else the
         first failure over every node is the root cause."""
+        if not self._nodes:
+            return local
         ranks: dict[int, RankExit] = {r.rank: r for r in local.ranks if r.rank in local_ranks}
-        failures: dict[str, dict[str, object]] = {}
+        failures: dict[str, dict[str, object]] = {
+            str(r.rank): {"signal": r.signal, "timestamp": local.failure_times.get(r.rank)} for r in local.failed
+        }
         statuses = {local.status}
-        lost, node_failed = None, None
-        for state in self.nodes():
-            if not state.last_seen:  # never came: an elastic job ran without it
-                continue
-            if state.lost is not None and lost is None:
-                lost = state
-            end = state.bye
-            if end is None:
-                statuses.add("failed")
-                continue
+        seen = [state for state in self.nodes() if state.last_seen]  # one never seen: an elastic job ran without it
+        for state in seen:
+            end = state.bye or NodeEnd(status="failed", ranks=())
             statuses.add(end.status)
-            if end.status == "failed" and node_failed is None:  # why, if no rank of it is to blame
-                said = next((ended.error for ended in end.ranks if ended.error), None)
-                node_failed = f"node {state.node} (host {state.host or '?'}) failed" + (f": {said}" if said else "")
             for ended in end.ranks:
-                ranks[ended.rank] = ended
-                if ended.exit_code not in (0, None):
-                    when = end.failure_times.get(ended.rank)
-                    failures[str(ended.rank)] = {"signal": ended.signal, "error": ended.error, "timestamp": when}
-        for ended in local.failed:
-            failures.setdefault(
-                str(ended.rank), {"signal": ended.signal, "timestamp": local.failure_times.get(ended.rank)}
-            )
+                ranks[ended.exit.rank] = ended.exit
+                if ended.exit.exit_code not in (0, None):
+                    failures[str(ended.exit.rank)] = {
+                        "signal": ended.exit.signal,
+                        "error": ended.exit.error,
+                        "timestamp": ended.failed_at,
+                    }
         with self._lock:
             asked = self._stop
-        if lost is not None and asked != "interrupted":
-            what = node_line(lost)
-            for rank in range(world_size):
-                ranks.setdefault(
-                    rank,
-                    RankExit(
-                        rank=rank,
-                        exit_code=None,
-                        signal=None,
-                        error=f"on the lost node {lost.node}" if rank in lost.ranks else f"stopped: {what}",
-                    ),
-                )
-            return JobResult(
-                status="failed",
-                ranks=tuple(ranks[r] for r in sorted(ranks)),
-                duration_s=local.duration_s,
-                log_path=local.log_path,
-                root_cause=min(lost.ranks) if lost.ranks else None,
-                node_lost=what,
-            )
-        if local.hang is not None or asked == "interrupted":
+        lost = next((state for state in seen if state.lost is not None), None) if asked != "interrupted" else None
+        node_failed = next((failure_line(s) for s in seen if lost is None and s.bye and s.bye.status == "failed"), None)
+        if lost is not None:
+            status, first = "failed", min(lost.ranks, default=None)
+        elif local.hang is not None or asked == "interrupted":
             status, first = local.status, local.root_cause
         else:
             status = "failed" if "failed" in statuses else "interrupted" if "interrupted" in statuses else "completed"
@@ -337,19 +340,20 @@ class Fleet:
             first = None  # it lost its peers with the node that failed: the node is the cause
         if status != "failed" or first is not None or local.hang is not None:
             node_failed = None
+        node_lost = node_line(lost) if lost is not None else None
         why = (
-            "stopped on request"
+            f"stopped: {node_lost}"
+            if node_lost is not None
+            else "stopped on request"
             if status == "interrupted"
-            else (
-                f"stopped after rank {first} failed"
-                if first is not None
-                else (local.hang and "stopped: hang") or (node_failed and f"stopped: {node_failed}")
-            )
+            else f"stopped after rank {first} failed"
+            if first is not None
+            else (local.hang and "stopped: hang") or (node_failed and f"stopped: {node_failed}")
         )
         for rank in range(world_size):
+            error = f"on the lost node {lost.node}" if lost is not None and rank in lost.ranks else why or None
             ranks.setdefault(
-                rank,
-                RankExit(rank=rank, exit_code=0 if status == "completed" else None, signal=None, error=why or None),
+                rank, RankExit(rank=rank, exit_code=0 if status == "completed" else None, signal=None, error=error)
             )
         return JobResult(
             status=status,
@@ -357,61 +361,19 @@ class Fleet:
             duration_s=local.duration_s,
             log_path=local.log_path,
             root_cause=first,
-            hang=local.hang,
+            hang=local.hang if lost is None else None,
+            node_lost=node_lost,
             node_failed=node_failed,
         )
+
+
+def failure_line(state: NodeState) -> str:
+    """``node 1 (host b) failed: ...``, with the first error its ranks said."""
+    said = next((ended.exit.error for ended in state.bye.ranks if ended.exit.error), None) if state.bye else None
+    return f"node {state.node} (host {state.host or '?'}) failed" + (f": {said}" if said else "")
 
 
 def node_line(state: NodeState) -> str:
     """``node 1 (host b, ranks 2, 3) lost: ...``."""
     ranks = ", ".join(map(str, sorted(state.ranks))) or "none started"
     return f"node {state.node} (host {state.host or '?'}, ranks {ranks}) lost: {state.lost}"
-
-
-class SingleNode:
-    """The fleet of a job that no other node reports to here: one node, or a node other than the head. It has
-    :class:`Fleet`'s interface and does nothing: no other node to hear from, stop, wait for or merge."""
-
-    def collector(self) -> Collector:
-        """A collector on loopback, for this node's ranks alone."""
-        return Collector()
-
-    def publish(self, collector: Collector, *, going: Callable[[], bool]) -> None:
-        """Nothing to publish: no other node looks for this one."""
-
-    def is_other(self, node: int) -> bool:
-        return False
-
-    def take_events(self) -> list[Event]:
-        return []
-
-    def note_ranks(self, node: int, rank: int) -> None:
-        """No other node's ranks to note."""
-
-    def restarted(self) -> None:
-        """No other node's ranks to forget."""
-
-    def lost(self) -> NodeState | None:
-        return None
-
-    def failed(self) -> NodeState | None:
-        return None
-
-    def stop(self, status: str) -> None:
-        """No other node to stop."""
-
-    def ask_stacks(self) -> None:
-        """No other node to dump its ranks."""
-
-    def note_stack(self, rank: int) -> None:
-        """No other node's dumps to count."""
-
-    def stacks_in(self) -> bool:
-        return True
-
-    def settle(self, timeout_s: float = SETTLE_S) -> None:
-        """No other node to wait for."""
-
-    def merge(self, local: JobResult, local_ranks: set[int], world_size: int) -> JobResult:
-        """This node's result is the job's."""
-        return local

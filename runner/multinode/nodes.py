@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import TYPE_CHECKING
 
+from meshtop.recordings.typed_json import RecordingError, dump, load
 from meshtop.runner.errors import PlanError
 
 if TYPE_CHECKING:
@@ -254,15 +255,6 @@ class HeadAddress:
     token: str
     host: str
 
-    def to_json(self) -> str:
-        return json.dumps({"address": f"{self.address[0]}:{self.address[1]}", "token": self.token, "host": self.host})
-
-    @classmethod
-    def from_json(cls, text: bytes) -> HeadAddress:
-        data = json.loads(text)
-        host, _, port = str(data["address"]).rpartition(":")
-        return cls(address=(host, int(port)), token=str(data["token"]), host=str(data["host"]))
-
 
 def _store(nodes: Nodes) -> TCPStore:
     """A client of the rendezvous store; an ``OSError`` while nothing listens there yet (asked with a plain
@@ -279,7 +271,7 @@ def publish_head(nodes: Nodes, head: HeadAddress, *, going: Callable[[], bool]) 
     got there before ``going()`` turned false."""
     while going():
         try:
-            _store(nodes).set(nodes.store_key, head.to_json())
+            _store(nodes).set(nodes.store_key, json.dumps(dump(head)))
             return True
         except (RuntimeError, OSError, ValueError):  # the store is not up yet (the launchers start it)
             time.sleep(LOOK_EVERY_S)
@@ -293,10 +285,10 @@ def find_head(nodes: Nodes, *, going: Callable[[], bool]) -> HeadAddress | None:
         try:
             store = store or _store(nodes)
             if store.check([nodes.store_key]):
-                return HeadAddress.from_json(store.get(nodes.store_key))
+                return load(HeadAddress, json.loads(store.get(nodes.store_key)))
+        except RecordingError:
+            pass  # not what a head writes: keep looking for it
         except (RuntimeError, OSError, ValueError):
             store = None
-        except (KeyError, TypeError, json.JSONDecodeError):
-            pass  # not what a head writes: keep looking for it
         time.sleep(LOOK_EVERY_S)
     return None

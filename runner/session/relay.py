@@ -25,18 +25,19 @@ import math
 import socket
 import threading
 import time
-from collections import deque
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TextIO
 
-from meshtop.probes.arrivals import Arrival, Arrivals, EncodedEvents, event_count
-from meshtop.probes.events import FORWARDED_KINDS, Event
-from meshtop.probes.wire import FrameError, event_sections, pack, read_frame
+from meshtop.probes.arrivals import Arrivals, EncodedEvents
+from meshtop.probes.events import FORWARDED_KINDS
+from meshtop.probes.sender import Link, Outbox
+from meshtop.probes.wire import FrameError
 from meshtop.runner.job.control import JobControl
 from meshtop.runner.job.environment import Launch
 from meshtop.runner.job.launch import run_job
 from meshtop.runner.job.supervise import NodeProbes
+from meshtop.runner.multinode.fleet import HeadAnswer, NodeEnd, Ping, message, read
 from meshtop.runner.multinode.nodes import HeadAddress, Nodes, find_head
 from meshtop.runner.results import JobResult
 
@@ -83,14 +84,10 @@ class Relay:
         self.head_status: str | None = None
         """How the head said the job ended, when it asked this node to stop."""
         self.head_lost: str | None = None
-        self.dropped = 0
-        self._lock = threading.Lock()
-        self._queue: deque[Arrival] = deque()
-        self._queued = 0
-        """Events in :attr:`_queue` (a block counts its events)."""
+        self._outbox = Outbox(MAX_QUEUED)
+        self._link: Link | None = None
         self._result: JobResult | None = None
         self._closing = threading.Event()
-        self._socket: socket.socket | None = None
         self._last_answer = 0.0
         self._thread = threading.Thread(target=self._run, name="meshtop-relay", daemon=True)
 
@@ -98,19 +95,19 @@ class Relay:
         self._thread.start()
         return self
 
+    @property
+    def dropped(self) -> int:
+        """Events the queue refused, not yet reported to the head."""
+        return self._outbox.dropped
+
     def forward(self, arrivals: Arrivals) -> None:
         """Queue what this node's ranks and samplers reported (``run_job``'s ``on_events``); how its ranks
         ended goes in the last word instead (the head decides how the job ended)."""
-        with self._lock:
-            for item in arrivals.items:
-                if item.kind not in FORWARDED_KINDS and not isinstance(item, EncodedEvents):
-                    continue
-                count = event_count(item)
-                if self._queued + count > MAX_QUEUED:
-                    self.dropped += count
-                    continue
-                self._queue.append(item)
-                self._queued += count
+        for item in arrivals.items:
+            if isinstance(item, EncodedEvents):
+                self._outbox.emit_block(item)
+            elif item.kind in FORWARDED_KINDS:
+                self._outbox.emit(item)
 
     def finish(self, result: JobResult | None) -> None:
         """Send what is left and how this node's ranks ended (``None``: meshtop itself broke), then stop.
@@ -130,8 +127,10 @@ class Relay:
         self.head = head
         self._last_answer = time.monotonic()  # from here the head has HEAD_SILENT_S to answer
         self.on_head(head)
+        self._link = link = Link(
+            head.address, {"token": head.token, "rank": 0, "node": self.nodes.rank}, timeout_s=CONNECT_S
+        )
         try:
-            self._connect()
             self._measure_clock()
             next_ping = next_clock = time.monotonic()
             while not self._closing.is_set():
@@ -146,74 +145,41 @@ class Relay:
                     self._closing.wait(0.05)
             while self._send_frame():
                 pass
-            self._bye()
+            if self._result is not None:  # the last word
+                self._exchange(message("bye", NodeEnd.of(self._result, self.offset_ns or 0)), answer=True)
         except HeadLost as error:
             self.head_lost = str(error)
             self.control.stop.set()
         finally:
-            if self._socket is not None:
-                self._socket.close()
+            link.close()
 
-    def _connect(self) -> None:
-        """(Re)connect to the head, for as long as it may still come back."""
-        assert self.head is not None
-        deadline = self._last_answer + HEAD_SILENT_S
+    def _exchange(self, fields: dict[str, Any], body: bytes = b"", *, answer: bool) -> dict[str, Any] | None:
+        """Send one message (and read the head's answer), reconnecting for as long as the head may still come
+        back."""
+        assert self._link is not None
         while True:
             try:
-                self._socket = socket.create_connection(self.head.address, timeout=CONNECT_S)
-                self._socket.settimeout(CONNECT_S)
-                return
-            except OSError as error:
-                if time.monotonic() > deadline:
-                    raise HeadLost(
-                        f"cannot reach the head at {self.head.address[0]}:{self.head.address[1]}: "
-                        f"{error.strerror or error}"
-                    ) from None
-                time.sleep(0.5)
-
-    def _exchange(self, header: dict[str, Any], body: bytes = b"", *, answer: bool) -> dict[str, Any] | None:
-        """Send one message (and read the head's answer), reconnecting where the connection broke."""
-        assert self.head is not None
-        header = {"token": self.head.token, "rank": 0, "node": self.nodes.rank, **header}
-        frame = pack(header, body)
-        while True:
-            try:
-                if self._socket is None:
-                    self._connect()
-                assert self._socket is not None
-                self._socket.sendall(frame)
-                if not answer:
-                    return None
-                reply = read_frame(self._socket)
-                if reply is None:
-                    raise OSError("the head closed the connection")
-                self._last_answer = time.monotonic()
-                return reply[0]
+                reply = self._link.send(fields, body, answer=answer)
+                if answer:
+                    self._last_answer = time.monotonic()
+                return reply
             except (OSError, FrameError) as error:
-                if self._socket is not None:
-                    self._socket.close()
-                self._socket = None
                 if time.monotonic() - self._last_answer > HEAD_SILENT_S:
-                    raise HeadLost(f"the head stopped answering ({error})") from None
+                    where = f"{self._link.address[0]}:{self._link.address[1]}"
+                    raise HeadLost(f"the head at {where} stopped answering ({error})") from None
+                time.sleep(0.5)
 
     def _ping(self) -> tuple[int, int, int]:
         """One exchange: (t0, the head's t1, t2); acts on what the head asks."""
         t0 = time.time_ns()
-        reply = (
-            self._exchange(
-                {"control": "ping", "t0": t0, "host": self.host, "offset_ns": self.offset_ns, "rtt_ns": self.rtt_ns},
-                answer=True,
-            )
-            or {}
-        )
-        t2 = time.time_ns()
-        if isinstance(reply.get("stop"), str) and self.head_status is None:
-            self.head_status = reply["stop"]
+        ping = Ping(t0=t0, host=self.host, offset_ns=self.offset_ns, rtt_ns=self.rtt_ns)
+        answer = read(HeadAnswer, self._exchange(message("ping", ping), answer=True)) or HeadAnswer(t1=t0)
+        if answer.stop is not None and self.head_status is None:
+            self.head_status = answer.stop
             self.control.stop.set()
-        if reply.get("stacks") is True:
+        if answer.stacks:
             self.control.ask_stacks()
-        t1 = reply.get("t1")
-        return t0, t1 if isinstance(t1, int) else t0, t2
+        return t0, answer.t1, time.time_ns()
 
     def _measure_clock(self) -> None:
         """A round of pings; the shortest round trip gives the offset (:class:`meshtop.probes.events.NodeClock`)."""
@@ -224,40 +190,12 @@ class Relay:
         """Forward about :data:`FRAME_EVENTS` queued events (whole blocks, one at least), with this node's
         clock offset; whether there were any."""
         assert self.offset_ns is not None, "the clock is measured before anything is forwarded"
-        events: list[Event] = []
-        blocks: list[EncodedEvents] = []
-        with self._lock:
-            dropped, self.dropped = self.dropped, 0
-            taken = 0
-            while self._queue and (taken == 0 or taken + event_count(self._queue[0]) <= FRAME_EVENTS):
-                item = self._queue.popleft()
-                taken += event_count(item)
-                if isinstance(item, EncodedEvents):
-                    blocks.append(item)
-                else:
-                    events.append(item)
-            self._queued -= taken
-        if not taken and not dropped:
+        taken = self._outbox.take(FRAME_EVENTS)
+        if taken is None:
             return False
-        listed, body = event_sections(events, blocks)
-        self._exchange({"dropped": dropped, "sections": listed, "offset_ns": self.offset_ns}, body, answer=False)
+        fields, body, _events = taken
+        self._exchange({**fields, "offset_ns": self.offset_ns}, body, answer=False)
         return True
-
-    def _bye(self) -> None:
-        result = self._result
-        if result is None:
-            return
-        offset_s = (self.offset_ns or 0) / 1e9
-        ranks = {
-            str(r.rank): {
-                "exit_code": r.exit_code,
-                "signal": r.signal,
-                "error": r.error,
-                "timestamp": result.failure_times[r.rank] + offset_s if r.rank in result.failure_times else None,
-            }
-            for r in result.ranks
-        }
-        self._exchange({"control": "bye", "status": result.status, "ranks": ranks}, answer=True)
 
 
 def serve_as_node(

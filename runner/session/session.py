@@ -42,7 +42,7 @@ from meshtop.runner.job.control import JobControl
 from meshtop.runner.job.environment import Launch, builtin_launch, rank_environment
 from meshtop.runner.job.launch import run_job
 from meshtop.runner.job.supervise import NodeProbes
-from meshtop.runner.multinode.fleet import Fleet, SingleNode
+from meshtop.runner.multinode.fleet import Fleet
 from meshtop.runner.multinode.nodes import Nodes
 from meshtop.runner.plan import ResolvedRun, recipe_words
 from meshtop.runner.results import JobResult
@@ -104,7 +104,7 @@ class Work(Protocol):
             node_probes=context.options.node_probes,
             control=context.control,
             hang_timeout_s=context.options.hang_timeout_s,
-            fleet=Fleet(nodes) if nodes is not None else SingleNode(),
+            fleet=Fleet(nodes),
         )
 
 

@@ -72,12 +72,12 @@ def test_events_already_written_as_lines_are_shipped_as_they_are_beside_the_othe
     blocks = [[collective(5, 1_000 * b + n) for n in range(count)] for b, count in enumerate((12_000, 9_000, 9_000))]
     lines = [encode_lines(block) for block in blocks]
     one_too_many = encode_lines(blocks[0][:5_000])
-    shipper = EventShipper(address=collector.address, token=collector.token, rank=5, capacity=30_000)
+    shipper = EventShipper(address=collector.address, token=collector.token, rank=5, capacity=30_003)
     for number in range(3):
         shipper.emit(step(5, number))
     for block, encoded in zip(blocks, lines, strict=True):  # well within one shipping period
         shipper.emit_lines("collective", encoded, len(block))
-    shipper.emit_lines("collective", one_too_many, 5_000)  # 35,000 queued > capacity
+    shipper.emit_lines("collective", one_too_many, 5_000)  # 35,003 held > capacity (a block counts its events)
     shipper.close()
     received = wait_for(collector, 30_003 + 1)
     assert sorted(e.step for e in received if isinstance(e, StepTiming)) == [0, 1, 2]

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import inspect
 import socket
 import time
 from pathlib import Path
@@ -19,7 +18,7 @@ from meshtop.recordings.recorder import Ending, SessionRecorder
 from meshtop.recordings.session_fold import SessionFold
 from meshtop.runner.errors import PlanError
 from meshtop.runner.job.control import JobControl
-from meshtop.runner.multinode.fleet import Fleet, SingleNode
+from meshtop.runner.multinode.fleet import Fleet, NodeEnd, Ping, RankEnded, message
 from meshtop.runner.multinode.nodes import HeadAddress, Nodes, nodes_from_options, split_endpoint
 from meshtop.runner.plan import RunSpec, resolve
 from meshtop.runner.results import JobResult, RankExit, root_cause
@@ -42,6 +41,20 @@ class Clock:
 
     def __call__(self) -> float:
         return self.now
+
+
+def ping(node: int, host: str = "b", **clock: int) -> dict[str, object]:
+    """Node ``node``'s ping, as the head's collector hands it to the fleet."""
+    return {"node": node, **message("ping", Ping(t0=0, host=host, **clock))}
+
+
+def bye(node: int, status: str, *ranks: tuple[int, int, str | None, str | None, float]) -> dict[str, object]:
+    """Node ``node``'s last word: ``status``, and each rank's (rank, exit code, signal, error, failed at)."""
+    ended = tuple(
+        RankEnded(exit=RankExit(rank=rank, exit_code=code, signal=signal, error=error), failed_at=when)
+        for rank, code, signal, error, when in ranks
+    )
+    return {"node": node, **message("bye", NodeEnd(status=status, ranks=ended))}
 
 
 def head_of(count: int) -> Nodes:
@@ -246,13 +259,9 @@ def test_a_relay_whose_queue_is_full_counts_each_dropped_event_and_the_head_reco
     assert [(e.rank, e.where, e.count) for e in received if isinstance(e, EventsDropped)] == [(None, "node 1", 5)]
 
 
-def test_a_single_node_has_the_fleets_interface_and_leaves_the_result_as_it_is(tmp_path: Path) -> None:
-    """run_job calls the same methods on either; only the collector's callback and the node list are the head's."""
-    for name, method in inspect.getmembers(Fleet, inspect.isfunction):
-        if name.startswith("_") or name in ("on_control", "nodes"):
-            continue
-        assert inspect.signature(getattr(SingleNode, name)) == inspect.signature(method), name
-    single = SingleNode()
+def test_a_fleet_of_no_other_nodes_leaves_the_result_as_it_is(tmp_path: Path) -> None:
+    """A job on one node: run_job follows it as the head's, with nothing to hear from, stop, wait for or merge."""
+    single = Fleet()
     local = JobResult(
         status="failed",
         ranks=(RankExit(rank=0, exit_code=1, signal=None, error=None),),
@@ -260,6 +269,7 @@ def test_a_single_node_has_the_fleets_interface_and_leaves_the_result_as_it_is(t
         log_path=tmp_path,
         root_cause=0,
     )
+    single.settle()
     assert single.merge(local, {0}, 1) is local
     assert (single.lost(), single.failed(), single.stacks_in(), single.is_other(0), single.take_events()) == (
         None,
@@ -273,17 +283,7 @@ def test_a_single_node_has_the_fleets_interface_and_leaves_the_result_as_it_is(t
 def test_the_fleet_names_a_lost_node_and_merges_how_each_node_ended(tmp_path: Path) -> None:
     fleet = Fleet(head_of(3), silent_s=0.2, clock=Clock())  # no time passes: no node falls silent
     for node in (1, 2):
-        reply = fleet.on_control(
-            {
-                "node": node,
-                "control": "ping",
-                "t0": 0,
-                "host": f"h{node}",
-                "offset_ns": -5_000_000_000,
-                "rtt_ns": 40_000,
-            },
-            1,
-        )
+        reply = fleet.on_control(ping(node, f"h{node}", offset_ns=-5_000_000_000, rtt_ns=40_000), 1)
         assert reply["stop"] is None and reply["stacks"] is False
     clocks = fleet.take_events()
     assert [(e.node, e.offset_ns) for e in clocks if isinstance(e, NodeClock)] == [
@@ -292,18 +292,7 @@ def test_the_fleet_names_a_lost_node_and_merges_how_each_node_ended(tmp_path: Pa
     ]
     fleet.note_ranks(1, 2)
     fleet.note_ranks(1, 3)
-    fleet.on_control(
-        {
-            "node": 2,
-            "control": "bye",
-            "status": "failed",
-            "ranks": {
-                "4": {"exit_code": -9, "signal": "SIGKILL", "error": None, "timestamp": 101.0},
-                "5": {"exit_code": 1, "signal": None, "error": "peer", "timestamp": 100.0},
-            },
-        },
-        1,
-    )
+    fleet.on_control(bye(2, "failed", (4, -9, "SIGKILL", None, 101.0), (5, 1, None, "peer", 100.0)), 1)
     assert fleet.failed() is not None and fleet.failed().node == 2  # type: ignore[union-attr]
     local = JobResult(
         status="failed",
@@ -316,7 +305,7 @@ def test_the_fleet_names_a_lost_node_and_merges_how_each_node_ended(tmp_path: Pa
         root_cause=0,
         failure_times={0: 100.0, 1: 100.0},
     )
-    fleet.on_control({"node": 1, "control": "bye", "status": "failed", "ranks": {}}, 1)
+    fleet.on_control(bye(1, "failed"), 1)
     merged = fleet.merge(local, {0, 1}, 6)
     # a rank a signal killed, not its peers' errors, though its launcher noticed it a second after they raised
     assert merged.status == "failed" and merged.root_cause == 4
@@ -324,7 +313,7 @@ def test_the_fleet_names_a_lost_node_and_merges_how_each_node_ended(tmp_path: Pa
 
     clock = Clock()
     fleet = Fleet(head_of(2), silent_s=0.2, clock=clock)
-    fleet.on_control({"node": 1, "control": "ping", "t0": 0, "host": "b"}, 1)
+    fleet.on_control(ping(1), 1)
     fleet.note_ranks(1, 2)
     clock.now += 0.19
     assert fleet.lost() is None
@@ -335,7 +324,7 @@ def test_the_fleet_names_a_lost_node_and_merges_how_each_node_ended(tmp_path: Pa
     assert merged.status == "failed" and merged.root_cause == 2
     assert merged.node_lost is not None and merged.node_lost.startswith("node 1 (host b, ranks 2) lost: nothing")
     fleet.stop("failed")
-    assert fleet.on_control({"node": 1, "control": "ping", "t0": 0}, 1)["stop"] == "failed"
+    assert fleet.on_control(ping(1), 1)["stop"] == "failed"
 
 
 @pytest.mark.parametrize(
@@ -374,7 +363,7 @@ def test_bad_node_options_are_one_line(argv: list[str], message: str, tmp_path: 
 def test_a_node_that_reconnects_is_not_lost_and_one_that_does_not_is() -> None:
     clock = Clock()
     fleet = Fleet(head_of(2), reconnect_s=0.2, silent_s=10, clock=clock)
-    fleet.on_control({"node": 1, "control": "ping", "t0": 0, "host": "b"}, 1)
+    fleet.on_control(ping(1), 1)
     fleet.on_control({"node": 1, "control": "closed"}, 1)
     fleet.on_control({"node": 1, "control": "data"}, 2)  # back on a new connection at once
     clock.now += 0.3
@@ -394,17 +383,9 @@ def test_a_stop_the_head_asked_for_keeps_the_heads_status(tmp_path: Path) -> Non
     """Ctrl-C on the head: the other nodes' ranks then fail against their stopped peers; the job was
     interrupted all the same."""
     fleet = Fleet(head_of(2))
-    fleet.on_control({"node": 1, "control": "ping", "t0": 0, "host": "b"}, 1)
+    fleet.on_control(ping(1), 1)
     fleet.stop("interrupted")
-    fleet.on_control(
-        {
-            "node": 1,
-            "control": "bye",
-            "status": "failed",
-            "ranks": {"1": {"exit_code": 1, "signal": None, "error": "peer", "timestamp": 5.0}},
-        },
-        1,
-    )
+    fleet.on_control(bye(1, "failed", (1, 1, None, "peer", 5.0)), 1)
     local = JobResult(
         status="interrupted",
         ranks=(RankExit(rank=0, exit_code=None, signal=None, error="stopped"),),
@@ -418,11 +399,11 @@ def test_a_stop_the_head_asked_for_keeps_the_heads_status(tmp_path: Path) -> Non
 
 def test_a_node_silent_at_the_end_is_lost_and_told_to_stop() -> None:
     fleet = Fleet(head_of(2))
-    fleet.on_control({"node": 1, "control": "ping", "t0": 0, "host": "b"}, 1)
+    fleet.on_control(ping(1), 1)
     fleet.settle(timeout_s=0.3)
     lost = fleet.lost()
     assert lost is not None and "did not say how its ranks ended" in (lost.lost or "")
-    assert fleet.on_control({"node": 1, "control": "ping", "t0": 0}, 1)["stop"] == "failed"
+    assert fleet.on_control(ping(1), 1)["stop"] == "failed"
 
 
 def test_the_root_cause_is_told_from_its_effects_within_a_second() -> None:
@@ -511,3 +492,14 @@ def test_an_elastic_scripts_world_is_what_its_ranks_say(tmp_path: Path) -> None:
     builtin = resolve(RunSpec(device="cpu", dp=2), gpus_visible=0)
     described = builtin.describe()
     assert described.started_with(4) is described and elastic_script(2).started_with(0).world_size == 2
+
+
+def test_a_last_word_that_is_not_one_is_a_failure() -> None:
+    """Checked as the manifest is: a field of the wrong type, or a status meshtop does not know, says the node's
+    part did not complete."""
+    for says in ({"status": "completed", "ranks": "all fine"}, {"status": "done", "ranks": []}):
+        fleet = Fleet(head_of(2))
+        fleet.on_control(ping(1), 1)
+        fleet.on_control({"node": 1, "control": "bye", "says": says}, 1)
+        failed = fleet.failed()
+        assert failed is not None and failed.bye is not None and failed.bye.ranks == ()
