@@ -80,7 +80,7 @@ class FoldThread:
     def _leave_out_bulk(self) -> None:
         """Drop the waiting batches' bulk blocks, oldest first, until the backlog is within its bound."""
         kinds = self.recorder.session.kinds
-        for arrivals in self._waiting:
+        for index, arrivals in enumerate(self._waiting):
             if self._count <= self.backlog:
                 return
             kept = []
@@ -92,7 +92,7 @@ class FoldThread:
                         self._left_out[item.kind] += count
                 else:
                     kept.append(item)
-            arrivals.items = kept
+            self._waiting[index] = Arrivals(kept)  # a batch of its own: the caller's stays whole
 
     def _run(self) -> None:
         while True:

@@ -29,12 +29,15 @@ def recorder_in(directory: Path) -> SessionRecorder:
     return SessionRecorder(SessionFold(run), directory, Manifest(run=run))
 
 
-def hand_over(recorder: SessionRecorder, folding: FoldThread, given: list[list[Event]]) -> None:
-    """Each batch recorded, then handed to the fold, as the session thread does."""
+def hand_over(recorder: SessionRecorder, folding: FoldThread, given: list[list[Event]]) -> list[Arrivals]:
+    """Each batch recorded, then handed to the fold, as the session thread does; the batches handed over."""
+    handed = []
     for events in given:
         arrivals = Arrivals(events)
         recorder.write(arrivals)
         folding.put(arrivals)
+        handed.append(arrivals)
+    return handed
 
 
 def test_every_batch_is_folded_once_in_order_and_passed_on(tmp_path: Path) -> None:
@@ -74,11 +77,12 @@ def test_past_the_backlog_only_the_bulk_kinds_waiting_are_left_out_and_all_is_re
     first, *rest = batches(5)
     hand_over(recorder, folding, [first])
     assert holding.wait(30)
-    hand_over(recorder, folding, rest)
+    handed = hand_over(recorder, folding, rest)
     release.set()
     folding.close()
     session = recorder.session
     assert session.left_out == {"collective": 6}
+    assert [arrivals.count for arrivals in handed] == [2] * 10  # what the caller handed over stays whole
     assert session.steps_completed == 5
     [row] = session.figures().collectives
     assert row.count == 4
