@@ -125,9 +125,10 @@ class Timeline:
 
 
 def load_timeline(recording: Recording) -> Timeline:
-    """Every table the recording holds, each sorted by event time."""
+    """Every table the recording holds, each sorted by event time, but a node's clock measurements: taken when
+    a node connects, before its ranks start, they are no moment of the job (the recorder keeps them)."""
     kinds = []
-    present = set(recording.kinds())
+    present = set(recording.kinds()) - {"node_clock"}
     for kind in (k for k in FOLD_ORDER if k in present):
         table = recording.arrow(kind)
         if not len(table):

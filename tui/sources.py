@@ -428,9 +428,9 @@ class ReplaySource:
             state, self._folded_ns, self._since_snapshot = copy.deepcopy(nearest.state), nearest.folded_ns, 0
             if self.metrics is not None:  # counters only grow: the series start again, up to the snapshot
                 restarted = RunMetrics(self.description, per_rank=self._per_rank)  # published whole, never half-built
+                restarted.follow(state.session)  # first: the collectives counted again are labelled by its nodes
                 if nearest.folded_ns is not None:
                     restarted.count(self.timeline.between(None, nearest.folded_ns))
-                restarted.follow(state.session)
                 self.metrics = restarted
         if self.metrics is not None:
             self.metrics.follow(state.session)  # the state's fold: a jump carries on from a copy

@@ -42,6 +42,28 @@ def scrape(url: str) -> dict[str, list[tuple[dict[str, str], float]]]:
     return samples
 
 
+def test_a_replay_moved_back_counts_its_collectives_again_on_their_nodes() -> None:
+    """Counters only grow, so a jump back starts the series again up to the nearest snapshot: the collectives
+    counted again carry the node their rank runs on ("0" in the one-node sample), as the first pass's did."""
+    recording = open_recording(SAMPLE)
+    source = ReplaySource(recording, clock=lambda: 0.0, metrics=True, snapshot_rows=1)  # snapshots to go back to
+    state = DashboardState(recording.manifest.run)
+    for fraction in (0.3, 1.0, 0.6):  # a snapshot at 0.3, the end, then back past it
+        source.playback.seek_fraction(fraction)
+        state = source.poll(state)
+        while not source.caught_up:
+            state = source.poll(state)
+    assert source.metrics is not None
+    server = MetricsServer(lambda: source.metrics, port=0).start()  # type: ignore[arg-type,return-value]
+    try:
+        host, port = server.address
+        samples = scrape(f"http://{host}:{port}/metrics")
+    finally:
+        server.stop()
+    counted = samples["meshtop_collective_bytes_total"]
+    assert counted and {labels["node"] for labels, _ in counted} == {"0"}
+
+
 def test_a_replay_serves_the_recordings_figures() -> None:
     recording = open_recording(SAMPLE)
     source = ReplaySource(recording, clock=lambda: 0.0, metrics=True)
