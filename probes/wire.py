@@ -30,7 +30,8 @@ from typing import Any, TypeGuard
 import numpy as np
 
 from meshtop.probes.arrivals import EncodedEvents, encode_lines
-from meshtop.probes.events import EVENT_TYPES, KINDS, Event
+from meshtop.probes.events import EVENT_TYPES, Event
+from meshtop.probes.kinds import KINDS
 
 HEADER = struct.Struct(">I")
 MAX_FRAME_BYTES = 8 * 1024 * 1024
@@ -74,7 +75,7 @@ def _section(kind: str) -> int:
 def event_sections(events: Iterable[Event], encoded: Iterable[EncodedEvents] = ()) -> tuple[list[list[Any]], bytes]:
     """The ``sections`` of a message holding ``events`` and the ``encoded`` blocks, and its body: grouped by
     kind, each kind in the order it was emitted (the events before the blocks), the kinds in
-    :attr:`~meshtop.probes.events.KindRole.section` order (then in the order they first came)."""
+    :attr:`~meshtop.probes.kinds.KindRole.section` order (then in the order they first came)."""
     by_kind: dict[str, list[Event]] = {}
     for event in events:
         by_kind.setdefault(event.kind, []).append(event)

@@ -124,7 +124,7 @@ def _rows(recording: Recording, kind: str, part: TracePart, window: tuple[int, i
 
 TRACE_KINDS = ("step", "stage_action", "collective", "memory", "request", "process", "gpu")
 """The kinds whose rows become trace events, in the trace's order: the trace's own (a step's slice above the work
-it spans, then the samples), not the fold's (:data:`~meshtop.probes.events.FOLD_ORDER`)."""
+it spans, then the samples), not the fold's (:data:`~meshtop.probes.kinds.FOLD_ORDER`)."""
 
 
 def trace_events(recording: Recording, part: TracePart = TracePart()) -> list[dict[str, Any]]:

@@ -9,7 +9,7 @@ Rules:
 
 - batches are folded in the order they came, each once; the fold takes every batch waiting at once;
 - the events waiting for the fold are bounded (:data:`FOLD_BACKLOG`): past the bound, the waiting batches'
-  bulk kinds (:data:`~meshtop.probes.events.BULK_KINDS`) are left out of the fold, oldest first, and so out of
+  bulk kinds (:data:`~meshtop.probes.kinds.BULK_KINDS`) are left out of the fold, oldest first, and so out of
   the live view (already on disk: counted in the session's ``left_out``, which the dashboard says); no other
   kind is ever left out (a lost start or step would be a hole in every figure);
 - an error raised on the fold thread is raised again by the next :meth:`FoldThread.put` or by
@@ -23,7 +23,7 @@ from collections import Counter, deque
 from collections.abc import Callable
 
 from meshtop.probes.arrivals import Arrivals, event_count
-from meshtop.probes.events import BULK_KINDS
+from meshtop.probes.kinds import BULK_KINDS
 from meshtop.recordings.recorder import SessionRecorder
 from meshtop.recordings.session_fold import Folded
 

@@ -1,5 +1,5 @@
 """A session's notices: what ``record`` prints as it happens and the dashboard shows in its Alerts, from the kinds
-the table marks printed (:data:`meshtop.probes.events.PRINTED_KINDS`): a rank's stack, a hang and torch's
+the table marks printed (:data:`meshtop.probes.kinds.PRINTED_KINDS`): a rank's stack, a hang and torch's
 flight-recorder verdict on it, telemetry dropped or refused, a probe off, a server meshtop started.
 
 One fold takes these events for both readers. :meth:`Notices.take` folds a batch and returns the notices it

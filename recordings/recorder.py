@@ -58,7 +58,7 @@ class SessionRecorder:
 
     KINDS = ("rank_started", "nvml_state", "gpu_link", "node_clock")
     """The kinds it decodes as events: what the manifest says of the ranks' places, the GPUs and the nodes'
-    clocks (the recorder's own need, not a role of :data:`~meshtop.probes.events.KINDS`: few events; the GPU
+    clocks (the recorder's own need, not a role of :data:`~meshtop.probes.kinds.KINDS`: few events; the GPU
     samples it reads as a table, and the fold decodes what it reads itself)."""
 
     def __init__(self, session: SessionFold, directory: Path, manifest: Manifest | None) -> None:

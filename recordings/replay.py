@@ -16,12 +16,12 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from meshtop.probes.events import FOLD_ORDER
+from meshtop.probes.kinds import FOLD_ORDER
 from meshtop.recordings.reader import Recording
 
 
 def in_kind_order(batches: Iterable[tuple[str, pa.Table]]) -> list[tuple[str, pa.Table]]:
-    """(kind, table) batches as one table per kind, in the fold's order (:data:`~meshtop.probes.events.FOLD_ORDER`):
+    """(kind, table) batches as one table per kind, in the fold's order (:data:`~meshtop.probes.kinds.FOLD_ORDER`):
     a slice of time (a replay's, or a live frame's) folded kind by kind, each fold called once per kind. A kind's
     tables may differ in columns (a live fold behind reads steps without their phase times): the one table has
     them all, null where a table had not read them."""

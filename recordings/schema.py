@@ -28,7 +28,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.json as pa_json
 
-from meshtop.probes.events import EVENT_TYPES, FOLD_ORDER, Event, event_from_record
+from meshtop.probes.events import EVENT_TYPES, Event, event_from_record
+from meshtop.probes.kinds import FOLD_ORDER
 
 INT64_RANGE = (-(1 << 63), (1 << 63) - 1)
 ARROW_JSON_FROM_BYTES = 256 << 10
@@ -324,7 +325,7 @@ def table_of(events: Sequence[Event]) -> pa.Table:
 
 def tables_of(events: Iterable[Event]) -> list[tuple[str, pa.Table]]:
     """Events of any kinds as one table a kind (:func:`table_of`), in the fold's order
-    (:data:`~meshtop.probes.events.FOLD_ORDER`): a rank's start before its work, a step after the work it
+    (:data:`~meshtop.probes.kinds.FOLD_ORDER`): a rank's start before its work, a step after the work it
     closes."""
     by_kind: dict[str, list[Event]] = {}
     for event in events:

@@ -26,7 +26,8 @@ import numpy as np
 import pyarrow as pa
 
 from meshtop.probes.arrivals import Arrivals, EncodedEvents
-from meshtop.probes.events import BULK_KINDS, FOLDED_KINDS, Event
+from meshtop.probes.events import Event
+from meshtop.probes.kinds import BULK_KINDS, FOLDED_KINDS
 from meshtop.recordings.clock import on_head
 from meshtop.recordings.manifest import RunDescription
 from meshtop.recordings.metrics.figures import RunFigures
@@ -147,8 +148,8 @@ class Folded:
 class SessionFold:
     """A run's one fold and the lock its readers share.
 
-    It folds the kinds its readers read (``kinds``): every figure (:data:`~meshtop.probes.events.FOLDED_KINDS`)
-    where a dashboard or ``/metrics`` reads it, only :data:`~meshtop.probes.events.PROGRESS_KINDS` for a
+    It folds the kinds its readers read (``kinds``): every figure (:data:`~meshtop.probes.kinds.FOLDED_KINDS`)
+    where a dashboard or ``/metrics`` reads it, only :data:`~meshtop.probes.kinds.PROGRESS_KINDS` for a
     headless ``record`` without ``/metrics``, whose figures are read from the recording when the job ends:
     decoding and folding the others (collectives above all) would halve what ``record`` takes in, for figures
     nobody reads until ``summary`` reads the recording."""

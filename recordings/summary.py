@@ -10,7 +10,7 @@ from collections.abc import Iterable
 from dataclasses import asdict
 from typing import Any
 
-from meshtop.probes.events import FOLDED_KINDS
+from meshtop.probes.kinds import FOLDED_KINDS
 from meshtop.recordings.metrics.memory import MemoryRow
 from meshtop.recordings.metrics.rates import measured_rates as rates_of
 from meshtop.recordings.metrics.run import COLUMNS_READ, RunFold, fold_tables

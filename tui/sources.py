@@ -26,7 +26,7 @@ import pyarrow as pa
 
 from meshtop.probes.arrivals import Arrivals
 from meshtop.probes.errors import MeshtopError
-from meshtop.probes.events import COALESCIBLE_KINDS, SHOWN_KINDS
+from meshtop.probes.kinds import COALESCIBLE_KINDS, SHOWN_KINDS
 from meshtop.recordings.manifest import Manifest, RunDescription
 from meshtop.recordings.metrics.steps import JobStep
 from meshtop.recordings.prometheus import RunMetrics
@@ -100,7 +100,7 @@ class Source(Protocol):
 class ScreenBacklog:
     """Batches of events waiting for the next frame, safe across threads.
 
-    Beyond ``limit`` events the oldest batches of the coalescible kinds (:data:`meshtop.probes.events.KINDS`)
+    Beyond ``limit`` events the oldest batches of the coalescible kinds (:data:`meshtop.probes.kinds.KINDS`)
     are skipped, for the screen only, and counted; every other batch waits whatever the count, and order is kept.
     """
 

@@ -23,7 +23,6 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from meshtop.probes.events import (
-    PRINTED_KINDS,
     Event,
     GpuSample,
     JobEnded,
@@ -33,6 +32,7 @@ from meshtop.probes.events import (
     SamplerError,
     StackDump,
 )
+from meshtop.probes.kinds import PRINTED_KINDS
 from meshtop.recordings.manifest import RunDescription
 from meshtop.recordings.metrics.attention import Attention
 from meshtop.recordings.metrics.figures import RunFigures

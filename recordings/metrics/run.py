@@ -24,7 +24,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from meshtop.probes.events import BULK_KINDS, CLIENT_RANK, FOLD_ORDER, FOLDED_KINDS, RequestDone, ServerMetric
+from meshtop.probes.events import CLIENT_RANK, RequestDone, ServerMetric
+from meshtop.probes.kinds import BULK_KINDS, FOLD_ORDER, FOLDED_KINDS
 from meshtop.recordings.manifest import GpuInfo, RunDescription
 from meshtop.recordings.metrics.attention import STEP_MEASURES, Attention, RankRecent, attention
 from meshtop.recordings.metrics.breakdown import PARTS, Breakdown, BreakdownFold, step_cells
@@ -482,7 +483,7 @@ class RunFold:
 def fold_tables(run: RunDescription, tables: Iterable[tuple[str, Iterable[pa.Table]]], *, status: str) -> RunFold:
     """A whole run's tables folded, the job ended with ``status``: each kind's batches (a table, or its parts
     in any number; read only as they are folded) in turn, in the fold's order
-    (:data:`~meshtop.probes.events.FOLD_ORDER`: the ranks' starts first, the steps after the operations they
+    (:data:`~meshtop.probes.kinds.FOLD_ORDER`: the ranks' starts first, the steps after the operations they
     close)."""
     fold = RunFold(run)
     for kind, batches in sorted(tables, key=lambda item: FOLD_ORDER.get(item[0], 0)):

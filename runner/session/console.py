@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import TextIO
 
 from meshtop.probes.arrivals import Arrivals
-from meshtop.probes.events import FOLDED_KINDS, PRINTED_KINDS, PROGRESS_KINDS
+from meshtop.probes.kinds import FOLDED_KINDS, PRINTED_KINDS, PROGRESS_KINDS
 from meshtop.recordings.manifest import Manifest
 from meshtop.recordings.metrics.requests import RequestFigures
 from meshtop.recordings.metrics.steps import JobStep, StepFigures

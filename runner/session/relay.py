@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from meshtop.probes.arrivals import Arrivals, EncodedEvents
-from meshtop.probes.events import FORWARDED_KINDS
+from meshtop.probes.kinds import FORWARDED_KINDS
 from meshtop.probes.sender import Link, Outbox
 from meshtop.probes.wire import FrameError
 from meshtop.runner.job.control import JobControl

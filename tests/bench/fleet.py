@@ -49,7 +49,8 @@ import numpy as np
 import numpy.typing as npt
 
 from meshtop.probes.arrivals import Arrivals, EncodedEvents, encode_lines
-from meshtop.probes.events import DURATION_FIELDS, EVENT_TYPES, PROGRESS_KINDS, Event, ProcessSample, clock_fields
+from meshtop.probes.events import DURATION_FIELDS, EVENT_TYPES, Event, ProcessSample, clock_fields
+from meshtop.probes.kinds import PROGRESS_KINDS
 from meshtop.recordings.folding import FoldThread
 from meshtop.recordings.manifest import start_manifest, write_manifest
 from meshtop.recordings.reader import open_recording

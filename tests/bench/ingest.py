@@ -38,7 +38,8 @@ from pathlib import Path
 
 from meshtop.probes.arrivals import Arrivals
 from meshtop.probes.collector import Collector
-from meshtop.probes.events import PRINTED_KINDS, Event
+from meshtop.probes.events import Event
+from meshtop.probes.kinds import PRINTED_KINDS
 from meshtop.probes.wire import encode_events
 from meshtop.runner.job.allocator import keep_buffer_pages
 from tests.bench.figures import NO_TARGET, Row, Spread, Target, median
@@ -93,7 +94,7 @@ class Consumer:
 
     def __init__(self, directory: Path, front_end: str) -> None:
         # Imported here: the producer processes import this module and need neither torch nor textual.
-        from meshtop.probes.events import FOLDED_KINDS, PROGRESS_KINDS
+        from meshtop.probes.kinds import FOLDED_KINDS, PROGRESS_KINDS
         from meshtop.recordings.manifest import Manifest
         from meshtop.recordings.recorder import SessionRecorder
         from meshtop.recordings.session_fold import Folded, SessionFold

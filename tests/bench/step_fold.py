@@ -6,7 +6,7 @@ The fleet benchmark (:mod:`tests.bench.fleet`) measures the head whole, its node
 cores; this one measures the part that sets its lag: :meth:`meshtop.recordings.session_fold.SessionFold.take`
 of each step's blocks as the head's collector hands them over (a block a kind and node, every node's
 ranks' lines of the fleet's step, :func:`tests.bench.fleet.templates`), one step a take, in one thread.
-The kinds folded are a headless ``record``'s (:data:`~meshtop.probes.events.PROGRESS_KINDS`),
+The kinds folded are a headless ``record``'s (:data:`~meshtop.probes.kinds.PROGRESS_KINDS`),
 or with ``--all`` a dashboard's (every kind, nothing left out), or with ``--behind`` a dashboard's that
 leaves the bulk kinds out, as a live fold that fell behind does (its steps then torn: not broken down, read
 without their phase times). ``--profile`` prints cProfile's top 25.
@@ -23,7 +23,8 @@ import time
 from itertools import islice
 
 from meshtop.probes.arrivals import Arrivals, EncodedEvents
-from meshtop.probes.events import BULK_KINDS, FOLDED_KINDS, PROGRESS_KINDS, Event
+from meshtop.probes.events import Event
+from meshtop.probes.kinds import BULK_KINDS, FOLDED_KINDS, PROGRESS_KINDS
 from meshtop.recordings.session_fold import SessionFold
 from meshtop.runner.job.allocator import keep_buffer_pages
 from tests.bench.fleet import STEP_KINDS, Template, templates

@@ -8,7 +8,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from meshtop.probes.events import FOLD_ORDER
+from meshtop.probes.kinds import FOLD_ORDER
 from meshtop.recordings.metrics.run import COLUMNS_READ, RunFold
 from meshtop.recordings.reader import open_recording
 from meshtop.recordings.samples import SAMPLE

@@ -11,7 +11,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from meshtop.probes.events import FOLD_ORDER, MemorySnapshot, StepTiming
+from meshtop.probes.events import MemorySnapshot, StepTiming
+from meshtop.probes.kinds import FOLD_ORDER
 from meshtop.recordings.metrics.figures import straggler_json
 from meshtop.recordings.metrics.mfu import GpuModel, peak_flops
 from meshtop.recordings.metrics.run import RunFold

@@ -13,7 +13,8 @@ import pytest
 
 from meshtop.probes.arrivals import Arrivals, EncodedEvents, encode_lines
 from meshtop.probes.collector import Collector
-from meshtop.probes.events import FOLDED_KINDS, PROGRESS_KINDS, Event, StepTiming, on_node
+from meshtop.probes.events import Event, StepTiming, on_node
+from meshtop.probes.kinds import FOLDED_KINDS, PROGRESS_KINDS
 from meshtop.probes.wire import FrameError, event_sections, pack, sections
 from meshtop.recordings import tables
 from meshtop.recordings.events_log import EVENTS_DIR, EventWriter

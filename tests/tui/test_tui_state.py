@@ -10,16 +10,8 @@ import pytest
 
 from meshtop.probes.arrivals import Arrivals
 from meshtop.probes.errors import MeshtopError
-from meshtop.probes.events import (
-    COALESCIBLE_KINDS,
-    SHOWN_KINDS,
-    EventsDropped,
-    FramesRefused,
-    ProbeOff,
-    ProcessSample,
-    RankExited,
-    StageAction,
-)
+from meshtop.probes.events import EventsDropped, FramesRefused, ProbeOff, ProcessSample, RankExited, StageAction
+from meshtop.probes.kinds import COALESCIBLE_KINDS, SHOWN_KINDS
 from meshtop.recordings.metrics.run import CLOSE_AFTER
 from meshtop.recordings.reader import open_recording
 from meshtop.recordings.replay import load_timeline
@@ -382,6 +374,6 @@ def test_a_live_job_says_what_it_does_before_its_first_step() -> None:
 
 
 def test_every_kind_the_screen_reads_is_one_a_live_screen_is_handed() -> None:
-    """A live source hands the screen the shown kinds only (:data:`meshtop.probes.events.SHOWN_KINDS`): a reader
+    """A live source hands the screen the shown kinds only (:data:`meshtop.probes.kinds.SHOWN_KINDS`): a reader
     of another kind would read it in a replay and never live."""
     assert DashboardState._READERS.keys() <= SHOWN_KINDS
