@@ -81,13 +81,15 @@ class NodePart:
 @dataclass(frozen=True, slots=True)
 class PartFrame:
     """One frame of a part: ``lines`` its block (``None``: not read, of a kind not asked for, or damaged), and
-    ``lost`` the events a frame cut short or damaged holds (then the frames after a cut are not read)."""
+    ``lost`` the events a frame cut short or damaged holds (then the frames after a cut are not read); ``end``
+    where the next frame begins."""
 
     kind: str
     count: int
     offset_ns: int
     lines: bytes | None
     lost: int = 0
+    end: int = 0
 
 
 def part_frames(path: Path, kinds: Collection[str] | None = None) -> Iterator[PartFrame]:
@@ -98,25 +100,31 @@ def part_frames(path: Path, kinds: Collection[str] | None = None) -> Iterator[Pa
         if os.fstat(file.fileno()).st_size == 0:
             return
         with mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ) as data:
-            position = 0
-            while position < len(data):
-                end = data.find(b"\n", position)
-                header = _header(data[position:end]) if end >= 0 else None
-                if header is None:
-                    yield PartFrame("", 0, 0, None, lost=1)
-                    return
-                kind, count, size, offset, raw = header
-                if end + 1 + size > len(data):
-                    yield PartFrame(kind, count, offset, None, lost=count)
-                    return
-                body_at, position = end + 1, end + 1 + size
-                if kinds is not None and kind not in kinds:
-                    yield PartFrame(kind, count, offset, None)
-                    continue
-                body = data[body_at:position]
-                lines = body if raw is None else _decompressed(body, raw)
-                # a whole frame whose bytes are not what it says: counted, and the frames after it are read
-                yield PartFrame(kind, count, offset, lines, lost=count if lines is None else 0)
+            yield from frames_in(data, kinds)
+
+
+def frames_in(data: bytes | mmap.mmap, kinds: Collection[str] | None = None, start: int = 0) -> Iterator[PartFrame]:
+    """The frames of a part's bytes ``data`` from ``start`` (a frame's beginning), as :func:`part_frames` reads
+    them: the last one yielded is cut short (``lost``) where ``data`` ends within a frame."""
+    position = start
+    while position < len(data):
+        end = data.find(b"\n", position)
+        header = _header(data[position:end]) if end >= 0 else None
+        if header is None:
+            yield PartFrame("", 0, 0, None, lost=1, end=position)
+            return
+        kind, count, size, offset, raw = header
+        if end + 1 + size > len(data):
+            yield PartFrame(kind, count, offset, None, lost=count, end=position)
+            return
+        body_at, position = end + 1, end + 1 + size
+        if kinds is not None and kind not in kinds:
+            yield PartFrame(kind, count, offset, None, end=position)
+            continue
+        body = data[body_at:position]
+        lines = body if raw is None else _decompressed(body, raw)
+        # a whole frame whose bytes are not what it says: counted, and the frames after it are read
+        yield PartFrame(kind, count, offset, lines, lost=count if lines is None else 0, end=position)
 
 
 def read_part(path: Path, node: int) -> NodePart:

@@ -110,8 +110,11 @@ class MeshtopApp(App[None]):
         Binding("g", "seek", "Seek", priority=True),
         Binding("home", "playback('to_start')", "Start", show=False, priority=True),
         Binding("end", "playback('to_end')", "End", show=False, priority=True),
+        Binding("k", "stop_job", "Stop the job", priority=True),
     ]
     REPLAY_ACTIONS = frozenset({"playback", "seek"})
+    VIEWER_ACTIONS = frozenset({"stop_job"})
+    """A viewer's only (``meshtop watch``): the dashboard that owns its job stops it with q."""
     VIEW_ACTIONS: ClassVar[dict[str, tuple[str, ...]]] = {
         "select_rank": ("processes", "grid"),
         "stacks": ("processes",),
@@ -127,6 +130,7 @@ class MeshtopApp(App[None]):
         headroom_alert: float = 0.10,
         quit_on_signals: bool = False,
         terminal: TerminalGuard | None = None,
+        notice: str | None = None,
     ) -> None:
         super().__init__()
         if "TEXTUAL_ANIMATIONS" not in os.environ:  # a user's own choice is kept
@@ -139,6 +143,8 @@ class MeshtopApp(App[None]):
         self.terminal = terminal
         """The guard of the terminal (the CLI's): once it is lost, the app exits and leaves the job running."""
         self.source = source
+        self.notice = notice
+        """Said once the dashboard is up (what a viewer opened, say)."""
         self.frame_hz = frame_hz
         self.headroom_alert = headroom_alert
         self.state = self._new_state()
@@ -207,6 +213,8 @@ class MeshtopApp(App[None]):
         self.source.start()
         self.frame()
         self.set_interval(1 / self.frame_hz, self.frame)
+        if self.notice:
+            self.notify(self.notice, timeout=8)
 
     # -- the frame ---------------------------------------------------------------
 
@@ -236,8 +244,9 @@ class MeshtopApp(App[None]):
             return
 
         def decide(stop: bool | None) -> None:
-            if stop:
-                self.source.stop()
+            if stop and (refusal := self.source.ask_stop()):
+                self.notify(refusal, severity="error")
+            elif stop:
                 self.notify("stopping every rank; the recording is kept with the hang report")
 
         self.push_screen(HangScreen(hang), decide)
@@ -279,6 +288,8 @@ class MeshtopApp(App[None]):
             return False
         if action in self.REPLAY_ACTIONS:
             return self.source.playback is not None
+        if action in self.VIEWER_ACTIONS:
+            return self.source.playback is None and not self.source.owns_job
         if action in self.VIEW_ACTIONS:
             return self.query_one(TabbedContent).active in self.VIEW_ACTIONS[action]
         return True
@@ -358,6 +369,20 @@ class MeshtopApp(App[None]):
             who = "every rank" if ranks is None else f"rank {selected}"
             self.notify(f"py-spy is dumping {who}; the stack appears below the table")
 
+    def action_stop_job(self) -> None:
+        """k, in a viewer: stop the job through its writer, once confirmed."""
+
+        def go(answer: str | None) -> None:
+            if (answer or "").strip().lower() not in ("y", "yes"):
+                return
+            refusal = self.source.ask_stop()
+            if refusal:
+                self.notify(refusal, severity="error")
+            else:
+                self.notify("stopping every rank; the writer closes the recording", timeout=30)
+
+        self.push_screen(PromptScreen("Stop the job for everyone? Type y and Enter (Escape: no):"), go)
+
     def action_playback(self, control: str) -> None:
         """A replay control (a :class:`Playback` method without arguments), shown at once."""
         if (playback := self.source.playback) is not None:
@@ -392,11 +417,12 @@ class MeshtopApp(App[None]):
     def _quit(self, *, finish: bool) -> None:
         source = self.source
         if self.quitting:
-            if not finish and source.playback is None and not source.finished:
+            if not finish and source.owns_job and not source.finished:
                 source.stop()
             return
         self.quitting = True
-        if source.playback is not None or source.finished:
+        if not source.owns_job or source.finished:  # a replay, or a viewer: the job is not the dashboard's
+            source.stop()
             self.exit()
             return
         if finish and self.state.info.until_stopped:

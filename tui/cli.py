@@ -20,6 +20,7 @@ from meshtop.probes.errors import MeshtopError
 from meshtop.tui.commands.live import add_live_commands
 from meshtop.tui.commands.planning import add_plan_commands
 from meshtop.tui.commands.recordings import add_recording_commands
+from meshtop.tui.commands.watching import add_watch_command
 from meshtop.tui.options import EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE, OneLineParser
 
 
@@ -30,6 +31,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     commands = parser.add_subparsers(dest="command", required=True, parser_class=OneLineParser)
     add_live_commands(commands)
+    add_watch_command(commands)
     add_recording_commands(commands)
     add_plan_commands(commands)
     return parser

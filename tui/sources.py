@@ -86,6 +86,13 @@ class Source(Protocol):
     def ask_stacks(self, ranks: Iterable[int] | None) -> str | None:
         """Ask for py-spy dumps; a reason when this source cannot take them."""
 
+    def ask_stop(self) -> str | None:
+        """Stop the job as a run with a fixed number of steps is stopped; a reason when this source cannot."""
+
+    @property
+    def owns_job(self) -> bool:
+        """Whether closing the dashboard ends the job (``run``), or leaves it as it is (a replay, a viewer)."""
+
     def launcher_phase(self) -> str | None:
         """What a live job's launcher does before the ranks report (``None``: nothing to say)."""
 
@@ -135,6 +142,12 @@ class ScreenBacklog:
             else:
                 kept.append((kind, table))
         self._batches = kept
+
+    @property
+    def waiting(self) -> bool:
+        """Whether anything waits for the next frame."""
+        with self._lock:
+            return bool(self._batches or self._steps)
 
     def take_with_steps(self) -> tuple[list[Batch], list[JobStep]]:
         """Every batch waiting, oldest first, and the job steps they completed, at once."""
@@ -233,10 +246,7 @@ class LiveSource:
         return state
 
     def launcher_phase(self) -> str | None:
-        try:
-            return (self.directory / PHASE_NAME).read_text()[:200] or None
-        except OSError:  # not written yet
-            return None
+        return launcher_phase_in(self.directory)
 
     def now_ns(self) -> int:
         """Wall time, until the session ended: its end from then (the elapsed clock stops with the job)."""
@@ -258,6 +268,10 @@ class LiveSource:
         self.control.ask_stacks(ranks)
         return None
 
+    def ask_stop(self) -> str | None:
+        self.stop()
+        return None
+
     @property
     def finished(self) -> bool:
         return self._ended.is_set()
@@ -272,6 +286,18 @@ class LiveSource:
 
     @property
     def playback(self) -> None:
+        return None
+
+    @property
+    def owns_job(self) -> bool:
+        return True
+
+
+def launcher_phase_in(directory: Path) -> str | None:
+    """What a live job's launcher in ``directory`` does before its ranks report, in words."""
+    try:
+        return (directory / PHASE_NAME).read_text()[:200] or None
+    except OSError:  # not written yet
         return None
 
 
@@ -478,6 +504,13 @@ class ReplaySource:
 
     def ask_stacks(self, ranks: Iterable[int] | None) -> str | None:
         return "a replay shows the stack dumps taken while recording; it cannot take new ones"
+
+    def ask_stop(self) -> str | None:
+        return "a replay has no job to stop"
+
+    @property
+    def owns_job(self) -> bool:
+        return False
 
     @property
     def finished(self) -> bool:

@@ -59,6 +59,7 @@ from meshtop.runner.script.command import (
 )
 from meshtop.runner.serving.endpoint import EndpointRun
 from meshtop.runner.serving.run import run_endpoint
+from meshtop.runner.session.control_socket import ControlServer
 
 Run = ResolvedRun | ScriptRun | EndpointRun
 """What the user asked to run: the built-in runner's plan, a user's own script, or a load sent to a serving
@@ -407,6 +408,10 @@ def run_session(
     """
     description = manifest.run if manifest is not None else work.describe()
     session = session if session is not None else SessionFold(description)
+    control = control if control is not None else JobControl()
+    viewers = ControlServer(directory, control) if manifest is not None else None
+    if viewers is not None and not viewers.start():  # how a viewer (``meshtop watch``) acts on the job
+        viewers = None
     recorder = SessionRecorder(session, directory, manifest)
     metrics = options.metrics
     if metrics is not None:
@@ -436,6 +441,8 @@ def run_session(
         broken = Ending(status="failed", duration_s=None, reason=str(error).splitlines()[0] if str(error) else None)
         raise
     finally:
+        if viewers is not None:
+            viewers.close()
         try:
             folding.close()  # every batch folded before the manifest says what the fold counted
         finally:

@@ -1,0 +1,85 @@
+"""``meshtop watch``: the live dashboard of a job that another meshtop (``run`` or ``record``) records, from any
+terminal, without owning it: q leaves the viewer and nothing else."""
+
+from __future__ import annotations
+
+import argparse
+import os
+from pathlib import Path
+from typing import Any
+
+from meshtop.runner.errors import PlanError
+from meshtop.tui.options import EXIT_OK, require_terminal
+from meshtop.tui.terminal import TerminalGuard
+
+
+def add_watch_command(commands: Any) -> None:
+    watch = commands.add_parser(
+        "watch",
+        help="watch a job that another meshtop records, from any terminal",
+        description="Open the live dashboard on a recording that `meshtop run` or `meshtop record` is writing "
+        "on this machine, with its history from the start. q leaves the viewer and the job goes on; "
+        "k stops the job (its owner only). With no REC, the newest live session in the runs folder. "
+        "A finished recording opens as a replay.",
+    )
+    watch.add_argument("recording", type=Path, nargs="?", default=None, metavar="REC", help="a recording directory")
+    watch.add_argument(
+        "--runs-dir",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="where to look for a live session without REC (default $MESHTOP_RUNS_DIR or ./meshtop-runs)",
+    )
+    watch.set_defaults(handler=command_watch)
+
+
+def command_watch(args: argparse.Namespace) -> int:
+    """Follow a live recording in the dashboard until q; an ended one (or one whose writer is gone) replays."""
+    from meshtop.recordings.reader import open_recording
+    from meshtop.tui.app import MeshtopApp
+    from meshtop.tui.following import WatchSource, writer_note
+    from meshtop.tui.sources import ReplaySource, Source
+
+    path: Path = args.recording
+    others: list[Path] = []
+    if args.recording is None:
+        path, others = newest_live(runs_folder(args.runs_dir))
+    recording = open_recording(path)
+    require_terminal("meshtop watch", f"use `meshtop summary {path}` for its figures as text")
+    gone = writer_note(path) if recording.status == "running" else None
+    source: Source
+    if recording.status == "running" and gone is None:
+        source = WatchSource(recording)
+        notice = f"watching {path}: q leaves the viewer, the job goes on"
+        if others:
+            notice += f"; {len(others)} other live session{'s' if len(others) > 1 else ''}: `meshtop ls`"
+    else:
+        source = ReplaySource(recording)
+        if gone is not None:
+            source.playback.to_end()
+        notice = f"{path}: {gone}" if gone else f"{path}: this session has ended ({recording.status}): replaying it"
+    MeshtopApp(source, quit_on_signals=True, terminal=TerminalGuard(), notice=notice).run()
+    if source.error is not None:
+        raise source.error
+    return EXIT_OK
+
+
+def runs_folder(given: Path | None) -> Path:
+    """``--runs-dir``, else ``$MESHTOP_RUNS_DIR``, else ``./meshtop-runs`` (where ``run`` records)."""
+    from meshtop.tui.commands.live import DEFAULT_RUNS_DIR, RUNS_DIR_ENV
+
+    return given or Path(os.environ.get(RUNS_DIR_ENV) or DEFAULT_RUNS_DIR)
+
+
+def newest_live(runs: Path) -> tuple[Path, list[Path]]:
+    """The newest session of ``runs`` whose writer is alive, and the other live ones; a one-line error when
+    there is none."""
+    from meshtop.recordings.writers import session_status
+
+    if not runs.is_dir():
+        raise PlanError(f"no runs folder at {runs}: name a recording, or the folder with --runs-dir")
+    live = [path for path in runs.iterdir() if (path / "manifest.json").is_file() and session_status(path) == "running"]
+    if not live:
+        raise PlanError(f"no live session in {runs} (`meshtop ls {runs}` lists its sessions)")
+    live.sort(key=lambda path: (path / "manifest.json").stat().st_mtime_ns, reverse=True)
+    return live[0], live[1:]
