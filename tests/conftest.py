@@ -10,6 +10,7 @@ import pytest
 from meshtop.probes import native
 from tests.kit.commands import run_meshtop
 from tests.kit.jobs import launch
+from tests.kit.terminal import terminal  # noqa: F401  (the real-terminal tests' fixture)
 
 
 @pytest.fixture

@@ -167,4 +167,4 @@ def writer_note(directory: Path) -> str | None:
     writer = read_writer(directory)
     if writer is None or writer_state(writer) != "gone":
         return None
-    return f"its writer (pid {writer.pid} on {writer.host}) is gone: showing what it wrote"
+    return f"writer gone (pid {writer.pid} on {writer.host}): what it wrote"

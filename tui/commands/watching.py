@@ -50,14 +50,14 @@ def command_watch(args: argparse.Namespace) -> int:
     source: Source
     if recording.status == "running" and gone is None:
         source = WatchSource(recording)
-        notice = f"watching {path}: q leaves the viewer, the job goes on"
+        notice = "watching: q leaves the viewer, the job goes on"
         if others:
-            notice += f"; {len(others)} other live session{'s' if len(others) > 1 else ''}: `meshtop ls`"
+            notice += f" ({len(others)} more live: meshtop ls)"
     else:
         source = ReplaySource(recording)
         if gone is not None:
             source.playback.to_end()
-        notice = f"{path}: {gone}" if gone else f"{path}: this session has ended ({recording.status}): replaying it"
+        notice = gone or f"the session has ended ({recording.status}): replaying it"
     MeshtopApp(source, quit_on_signals=True, terminal=TerminalGuard(), notice=notice).run()
     if source.error is not None:
         raise source.error
