@@ -89,7 +89,7 @@ def session_entry(path: Path, *, now_unix_s: float) -> SessionEntry:
     writer, progress = read_writer(path), read_progress(path)
     try:
         manifest = read_manifest(path)
-    except RecordingError as error:
+    except (RecordingError, OSError, RecursionError) as error:  # a folder it may not read; a hostile file
         return SessionEntry(
             path=str(path),
             run=None,
@@ -103,7 +103,7 @@ def session_entry(path: Path, *, now_unix_s: float) -> SessionEntry:
             elapsed_s=None,
             pid=writer.pid if writer is not None else None,
             host=writer.host if writer is not None else None,
-            problem=str(error),
+            problem=str(error) if isinstance(error, RecordingError) else f"{path / MANIFEST_NAME}: {_why(error)}",
         )
     status = manifest.status if manifest.status != "running" else running_status(writer)
     started = writer.started_unix_s if writer is not None else _unix_s(manifest.started_at)
@@ -130,6 +130,11 @@ def session_entry(path: Path, *, now_unix_s: float) -> SessionEntry:
         host=writer.host if writer is not None else None,
         problem=None,
     )
+
+
+def _why(error: OSError | RecursionError) -> str:
+    """Why a manifest could not be read, in a few words."""
+    return error.strerror or str(error) if isinstance(error, OSError) else "nested too deep to be one"
 
 
 def _unix_s(started_at: str | None) -> float | None:

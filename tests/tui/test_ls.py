@@ -231,6 +231,25 @@ def test_the_text_is_a_table_of_the_same_sessions(runs: Path) -> None:
     assert rows["running"][at["pid"] :].split()[0] == str(os.getpid())
 
 
+def test_a_manifest_nested_past_the_parsers_depth_is_listed_unreadable(tmp_path: Path) -> None:
+    (tmp_path / "deep").mkdir()
+    (tmp_path / "deep" / "manifest.json").write_text("[" * 100_000 + "]" * 100_000)
+    (entry,) = ls_json(tmp_path)
+    assert (entry["status"], entry["run"]) == ("unreadable", None)
+    assert entry["problem"].endswith("manifest.json: nested too deep to be one")
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root reads a folder whatever its mode")
+def test_a_folder_it_may_not_read_is_listed_unreadable(tmp_path: Path) -> None:
+    locked = made(tmp_path / "locked", Manifest(run=description(dp=2, steps=4), status="completed"))
+    (locked / "manifest.json").chmod(0)
+    try:
+        (entry,) = ls_json(tmp_path)
+    finally:
+        (locked / "manifest.json").chmod(0o644)
+    assert entry["status"] == "unreadable" and "Permission denied" in entry["problem"]
+
+
 def test_a_folder_that_is_a_recording_lists_itself(runs: Path) -> None:
     assert [entry["status"] for entry in ls_json(runs / "completed")] == ["completed"]
 
@@ -243,16 +262,18 @@ def test_an_empty_folder_lists_nothing(tmp_path: Path) -> None:
 def test_a_folder_that_is_missing_or_a_file_is_a_one_line_error(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    assert "no folder" in one_line_error(["ls", str(tmp_path / "missing")], capsys)
+    assert one_line_error(["ls", str(tmp_path / "missing")], capsys).endswith(f"no folder {tmp_path / 'missing'}")
     (tmp_path / "file").write_text("")
     assert "is not a folder" in one_line_error(["ls", str(tmp_path / "file"), "--json"], capsys)
 
 
 def test_without_a_folder_it_lists_the_runs_folder_as_run_records_into(
-    runs: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    runs: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     monkeypatch.setenv("MESHTOP_RUNS_DIR", str(runs))
     assert len(ls_json()) == 7
+    monkeypatch.setenv("MESHTOP_RUNS_DIR", str(tmp_path / "none"))
+    assert "(the runs folder: give DIR, or set $MESHTOP_RUNS_DIR)" in one_line_error(["ls"], capsys)
     monkeypatch.delenv("MESHTOP_RUNS_DIR")
     (tmp_path / "meshtop-runs").mkdir()
     (runs / "running").rename(tmp_path / "meshtop-runs" / "running")

@@ -48,7 +48,10 @@ def command_ls(args: argparse.Namespace) -> int:
 
     directory = runs_directory(args)
     if not directory.is_dir():
-        raise RecordingError(f"{directory} is not a folder" if directory.exists() else f"no folder {directory}")
+        default = "" if args.runs_dir is not None else f" (the runs folder: give DIR, or set ${RUNS_DIR_ENV})"
+        raise RecordingError(
+            (f"{directory} is not a folder" if directory.exists() else f"no folder {directory}") + default
+        )
     entries = list_sessions(directory)
     if args.json:
         print(json.dumps([asdict(entry) for entry in entries], indent=2))
