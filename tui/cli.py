@@ -1,5 +1,5 @@
-"""The ``meshtop`` command line: ``run``, ``record``, ``replay``, ``summary``, ``compare``, ``export``, ``plan``
-and ``sweep``.
+"""The ``meshtop`` command line: ``run``, ``record``, ``watch``, ``ls``, ``replay``, ``summary``, ``compare``,
+``export``, ``plan`` and ``sweep``.
 
 The parser is assembled here from the command families of :mod:`meshtop.tui.commands`, whose options are
 defined once in :mod:`meshtop.tui.options`. Every error the user can fix is one line on stderr and exit
@@ -20,6 +20,7 @@ from meshtop.probes.errors import MeshtopError
 from meshtop.tui.commands.live import add_live_commands
 from meshtop.tui.commands.planning import add_plan_commands
 from meshtop.tui.commands.recordings import add_recording_commands
+from meshtop.tui.commands.sessions import add_session_commands
 from meshtop.tui.commands.watching import add_watch_command
 from meshtop.tui.options import EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE, OneLineParser
 
@@ -32,6 +33,7 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True, parser_class=OneLineParser)
     add_live_commands(commands)
     add_watch_command(commands)
+    add_session_commands(commands)
     add_recording_commands(commands)
     add_plan_commands(commands)
     return parser

@@ -38,6 +38,7 @@ from meshtop.recordings.manifest import (
 from meshtop.recordings.prometheus import RunMetrics
 from meshtop.recordings.recorder import Ending, SessionRecorder
 from meshtop.recordings.session_fold import Folded, SessionFold
+from meshtop.recordings.writers import ProgressWriter, claim_recording, progress_of
 from meshtop.runner.job.control import JobControl
 from meshtop.runner.job.environment import Launch, builtin_launch, rank_environment
 from meshtop.runner.job.launch import run_job
@@ -370,6 +371,7 @@ def span(bounds: tuple[int, int]) -> str:
 def start_recording(directory: Path, run: Work, probes: NodeProbes, command_line: list[str]) -> Manifest:
     """Make ``directory`` a new recording with its starting manifest (status ``running``)."""
     new_recording(directory)
+    claim_recording(directory)  # before the manifest: one that says running beside no writer is from before writers
     manifest = start_manifest(
         run.describe(),
         command_line=command_line,
@@ -421,9 +423,13 @@ def run_session(
     ran: list[RunDescription] = []
     """The run as it turned out, where it says more than at its start."""
 
+    progress = ProgressWriter(directory, lambda: progress_of(session)) if manifest is not None else None
+
     def count_and_show(arrivals: Arrivals, folded: Folded) -> None:
         if metrics is not None:
             metrics.take(arrivals, folded)
+        if progress is not None:
+            progress.offer()
         on_events(arrivals, folded)
 
     folding = FoldThread(recorder, count_and_show)
@@ -446,6 +452,8 @@ def run_session(
         try:
             folding.close()  # every batch folded before the manifest says what the fold counted
         finally:
+            if progress is not None:
+                progress.write()  # the final counts, for the requests the manifest does not count
             ending = ending_of(result) if result is not None else broken
             unwritten = recorder.close(replace(ending, run=ran[-1]) if ran else ending)
             if unwritten is not None and directory.is_dir():  # the folder turned read-only: say what it holds

@@ -4,11 +4,11 @@ terminal, without owning it: q leaves the viewer and nothing else."""
 from __future__ import annotations
 
 import argparse
-import os
 from pathlib import Path
 from typing import Any
 
 from meshtop.runner.errors import PlanError
+from meshtop.tui.commands.live import runs_directory
 from meshtop.tui.options import EXIT_OK, require_terminal
 from meshtop.tui.terminal import TerminalGuard
 
@@ -43,7 +43,7 @@ def command_watch(args: argparse.Namespace) -> int:
     path: Path = args.recording
     others: list[Path] = []
     if args.recording is None:
-        path, others = newest_live(runs_folder(args.runs_dir))
+        path, others = newest_live(runs_directory(args))
     recording = open_recording(path)
     require_terminal("meshtop watch", f"use `meshtop summary {path}` for its figures as text")
     gone = writer_note(path) if recording.status == "running" else None
@@ -64,22 +64,14 @@ def command_watch(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def runs_folder(given: Path | None) -> Path:
-    """``--runs-dir``, else ``$MESHTOP_RUNS_DIR``, else ``./meshtop-runs`` (where ``run`` records)."""
-    from meshtop.tui.commands.live import DEFAULT_RUNS_DIR, RUNS_DIR_ENV
-
-    return given or Path(os.environ.get(RUNS_DIR_ENV) or DEFAULT_RUNS_DIR)
-
-
 def newest_live(runs: Path) -> tuple[Path, list[Path]]:
     """The newest session of ``runs`` whose writer is alive, and the other live ones; a one-line error when
     there is none."""
-    from meshtop.recordings.writers import session_status
+    from meshtop.recordings.sessions import list_sessions
 
     if not runs.is_dir():
         raise PlanError(f"no runs folder at {runs}: name a recording, or the folder with --runs-dir")
-    live = [path for path in runs.iterdir() if (path / "manifest.json").is_file() and session_status(path) == "running"]
+    live = [Path(entry.path) for entry in list_sessions(runs) if entry.status == "running"]
     if not live:
         raise PlanError(f"no live session in {runs} (`meshtop ls {runs}` lists its sessions)")
-    live.sort(key=lambda path: (path / "manifest.json").stat().st_mtime_ns, reverse=True)
     return live[0], live[1:]
