@@ -182,3 +182,27 @@ def test_a_finished_recording_opens_as_a_replay_and_says_so(
     assert header_rows(screen)[0].startswith(" meshtop  ● replaying"), screen
     viewer.press("q")
     assert viewer.wait_exit() == 0
+
+
+def test_watch_finds_the_live_session_and_after_its_writer_is_killed_shows_what_it_wrote(
+    terminal: Callable[..., Terminal], writer: Callable[..., Writer], tmp_path: Path
+) -> None:
+    runs = tmp_path / "runs"
+    runs.mkdir()
+    job = writer(runs / "20261206-000000-train")
+    viewer = terminal(["watch", "--runs-dir", str(runs)], width=120, height=40)
+    viewer.wait_for(watched_step, "a step of the only live session", STARTUP_S + JOB_S)
+    job.kill()  # the writer dies without closing its recording: it still says running
+    screen = viewer.wait_text("● writer gone", timeout_s=JOB_S)
+    assert re.match(r" step [1-9]", header_rows(screen)[1]), screen
+    viewer.press("q")
+    assert viewer.wait_exit() == 0
+    assert manifest_status(job.out) == "running"
+
+    again = terminal(["watch", str(job.out)], width=120, height=40)
+    again.wait_text(f"writer gone (pid {job.process.pid}")
+    again.press("q")
+    assert again.wait_exit() == 0
+    none_live = terminal(["watch", "--runs-dir", str(runs)], width=120, height=40)
+    assert none_live.wait_exit() == 2
+    assert f"meshtop: error: no live session in {runs}" in none_live.everything()
