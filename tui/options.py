@@ -21,7 +21,7 @@ from meshtop.runner.errors import PlanError
 from meshtop.runner.job.supervise import NodeProbes
 from meshtop.runner.load import DEFAULT_CONCURRENCY, DEFAULT_MAX_BATCH, DEFAULT_REQUESTS
 from meshtop.runner.multinode.nodes import NODE_OPTIONS, Nodes
-from meshtop.runner.multinode.scheduler import node_values, scheduled_nodes
+from meshtop.runner.multinode.scheduler import node_count, node_values, scheduled_nodes
 from meshtop.runner.plan import (
     CHECKPOINTS,
     DEFAULT_MODEL,
@@ -407,8 +407,10 @@ def spec_from_args(args: argparse.Namespace) -> RunSpec:
 
 def watching(args: argparse.Namespace) -> bool:
     """``meshtop run`` training the built-in model on one node without ``--steps``: until q, ``WATCH_LIMIT_S``
-    at most. On many nodes every node must run the same steps, whichever command each was given: 20."""
-    return args.command == "run" and args.mode == "train" and args.steps is None and args.nnodes is None
+    at most. On many nodes (a scheduler's too) every node must run the same steps, whichever command each was
+    given: 20."""
+    on_one_node = args.command == "run" and args.nnodes is None and node_count(None, os.environ) == 1
+    return on_one_node and args.mode == "train" and args.steps is None
 
 
 def hang_timeout_from_args(args: argparse.Namespace) -> float | None:

@@ -108,13 +108,8 @@ def node_values(
     """The job's node values: those the command line gives (``None``: not given), the rest from ``env`` by the
     module's order, or a :class:`PlanError` naming a variable that does not hold what it should. On one node
     nothing more is read."""
-    found: list[str] = []
-    if nnodes is None and (given := _first(env, COUNT_VARIABLES)) is not None:
-        name, nnodes = given
-        counts = re.fullmatch(r"0*([1-9]\d*)(?::(\d+))?", nnodes)
-        good = counts is not None and int(counts.group(2) or counts.group(1)) >= int(counts.group(1))
-        _check(name, nnodes, good, "a node count N (or MIN:MAX)")
-        found.append(name)
+    nnodes, name = _nnodes(nnodes, env)
+    found = [name] if name is not None else []
     count = node_range(nnodes)[1] if nnodes is not None else 1
     if count == 1:
         return NodeValues(nnodes=nnodes, node_rank=node_rank, endpoint=endpoint, found_in=tuple(found))
@@ -134,6 +129,23 @@ def node_values(
     if endpoint is None:
         endpoint = _head(env, found)
     return NodeValues(nnodes=nnodes, node_rank=node_rank, endpoint=endpoint, found_in=tuple(found))
+
+
+def node_count(nnodes: str | None, env: Mapping[str, str]) -> int:
+    """The most nodes the job runs on: ``nnodes`` (the command line's), else the environment's count, else 1."""
+    nnodes, _ = _nnodes(nnodes, env)
+    return node_range(nnodes)[1] if nnodes is not None else 1
+
+
+def _nnodes(nnodes: str | None, env: Mapping[str, str]) -> tuple[str | None, str | None]:
+    """The node count the command line gives, else the environment, checked; and the variable it came from."""
+    if nnodes is not None or (given := _first(env, COUNT_VARIABLES)) is None:
+        return nnodes, None
+    name, nnodes = given
+    counts = re.fullmatch(r"0*([1-9]\d*)(?::(\d+))?", nnodes)
+    good = counts is not None and int(counts.group(2) or counts.group(1)) >= int(counts.group(1))
+    _check(name, nnodes, good, "a node count N (or MIN:MAX)")
+    return nnodes, name
 
 
 def _first(env: Mapping[str, str], names: tuple[str, ...]) -> tuple[str, str] | None:

@@ -5,13 +5,15 @@
 - ``torchrun [torchrun options] SCRIPT [ARGS...]`` (or ``-m MODULE``),
 - ``python -m torch.distributed.run [torchrun options] ...``, the same,
 - ``SCRIPT.py [ARGS...]``, ``python SCRIPT.py [ARGS...]`` or ``-m MODULE [ARGS...]``: meshtop adds
-  ``--standalone --nproc-per-node N`` (every GPU, or 2 CPU ranks),
+  ``--standalone --nproc-per-node N`` (every GPU, or 2 CPU ranks; ``$PET_NPROC_PER_NODE`` where a pod sets it,
+  and the scheduler's nodes instead of ``--standalone`` where it places the job on many),
 - ``accelerate launch [accelerate's options] SCRIPT [ARGS...]`` (or ``accelerate-launch``, or
   ``python -m accelerate.commands.launch``), where accelerate would start the ranks with torchrun.
 
 torchrun's options are read with torchrun's own parser, so every option a user
 already passes keeps its meaning, and they go to ``torch.distributed.run``
-unchanged in meshtop's launcher child (:mod:`meshtop.runner.job.agent`). accelerate's are read with
+unchanged in meshtop's launcher child (:mod:`meshtop.runner.job.agent`), after the node options a scheduler's
+environment gave (:mod:`meshtop.runner.multinode.scheduler`). accelerate's are read with
 accelerate's own parser and checks (its config file included), and the launcher child runs accelerate's
 launch, which prepares the ranks' environment and calls torchrun in-process. What cannot run
 is refused here, in one line that names the fix: a missing script, a file
@@ -211,7 +213,7 @@ def torchrun_launch(
     say them. A head found there is a c10d endpoint (``--rdzv-backend=c10d`` where none is given: meshtop
     follows many nodes through c10d); a rendezvous the command names stays as it is (a static one is refused)."""
     launcher_args = list(args_given)
-    if not own:
+    if not own and not os.environ.get("PET_NPROC_PER_NODE"):  # else torchrun's own variable says (a pod's)
         launcher_args = [f"--nproc-per-node={gpus_visible or DEFAULT_CPU_RANKS}", *launcher_args]
     args = torchrun_parser().parse_args(launcher_args)
     if args.no_python:

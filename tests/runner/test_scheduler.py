@@ -10,7 +10,7 @@ import pytest
 
 from meshtop.runner.errors import PlanError
 from meshtop.runner.multinode.nodes import DEFAULT_RDZV_PORT
-from meshtop.runner.multinode.scheduler import NodeValues, first_host, node_values
+from meshtop.runner.multinode.scheduler import NodeValues, first_host, node_count, node_values
 from meshtop.runner.script.command import resolve_script
 from tests.kit.commands import one_line_error
 
@@ -95,6 +95,15 @@ def test_the_command_line_wins_then_torchruns_variables_then_slurms_each_value_a
     assert values(SLURM, nnodes="4", node_rank=2, endpoint="h:1").note is None  # all on the command line
 
 
+def test_the_node_count_alone_follows_the_same_order() -> None:
+    """What ``meshtop run`` asks to know whether it trains until q (one node) or a fixed number of steps."""
+    assert node_count(None, SLURM) == 4
+    assert node_count(None, {**SLURM, **PYTORCHJOB}) == 2
+    assert node_count("1", SLURM) == 1
+    assert node_count(None, {"PET_NNODES": "1:3"}) == 3
+    assert node_count(None, {"MASTER_ADDR": "m"}) == 1
+
+
 def test_on_one_node_nothing_else_is_read() -> None:
     """A MASTER_ADDR exported for another tool, a bad host list, or --nnodes 1 over a scheduler's count."""
     found = values({"MASTER_ADDR": "elsewhere", "SLURM_JOB_NODELIST": "gpu[", "SLURM_NODEID": "x"})
@@ -157,7 +166,12 @@ def test_a_scripts_torchrun_is_given_what_the_scheduler_said(monkeypatch: pytest
     )
     assert "--standalone" not in script.launcher_args
 
+    monkeypatch.setenv("PET_NPROC_PER_NODE", "3")  # a pod's: torchrun's own variable, for meshtop's ranks too
+    script = resolve_script(["examples/ddp.py"], gpus_visible=0)
+    assert not any(arg.startswith("--nproc-per-node") for arg in script.launcher_args) and script.world_size == 12
+
     script = resolve_script(["torchrun", "--standalone", "--nproc-per-node", "2", "examples/ddp.py"], gpus_visible=0)
+
     assert script.nodes is None and script.launcher_args[0] == "--standalone"  # torchrun's one node
 
 
