@@ -12,7 +12,8 @@ scheduler puts them in the environment. Each value is taken, on its own, from th
    variable), then the unprefixed ``MASTER_ADDR`` / ``MASTER_PORT`` that a PyTorchJob sets in each pod (and an
    sbatch script often exports);
 3. **SLURM's**, which torchrun does not read: ``SLURM_NNODES``, ``SLURM_NODEID``, and the first host of
-   ``SLURM_JOB_NODELIST`` (the node that ``srun`` numbers 0) as the head.
+   the step's host list as the head (the node that ``srun`` numbers 0): ``SLURM_STEP_NODELIST``, set by
+   ``srun`` (a step on fewer nodes than the job's starts on its own first node), else ``SLURM_JOB_NODELIST``.
 
 The command line wins so that one option can correct a scheduler (``--nnodes 1`` runs on this node alone);
 torchrun's variables win over SLURM's because they are torchrun's own, set for this launch. A head found
@@ -36,7 +37,7 @@ ENDPOINT_VARIABLES = ("PET_RDZV_ENDPOINT",)
 HEAD_VARIABLES = ("PET_MASTER_ADDR", "MASTER_ADDR")
 """The head's host, after an endpoint, first to last (SLURM's comes from its node list)."""
 PORT_VARIABLES = ("PET_MASTER_PORT", "MASTER_PORT")
-NODELIST_VARIABLE = "SLURM_JOB_NODELIST"
+NODELIST_VARIABLES = ("SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST")
 
 _RANGE = r"\d+(?:-\d+)?"
 _ENTRY = rf"(?:[A-Za-z0-9._-]+|\[{_RANGE}(?:,{_RANGE})*\])+"
@@ -44,9 +45,10 @@ _HOSTLIST = re.compile(rf"{_ENTRY}(?:,{_ENTRY})*")
 _BRACKETS = re.compile(r"\[([^\]]*)\]")
 
 
-def first_host(nodelist: str) -> str:
+def first_host(nodelist: str, variable: str = "SLURM_JOB_NODELIST") -> str:
     """The first host of a SLURM host list (``gpu[01-04,07],login2`` gives ``gpu01``; ``node-[1-3]``,
-    ``node-1``; ``rack[1-2]-gpu[08-09]``, ``rack1-gpu08``), or a :class:`PlanError` for a list it cannot read.
+    ``node-1``; ``rack[1-2]-gpu[08-09]``, ``rack1-gpu08``), or a :class:`PlanError` naming ``variable`` for a
+    list it cannot read.
 
     A bracket holds numbers and ranges ``LO-HI``, each number written with its zeros (``[01-04]``); the first
     host takes the first number of each bracket of the list's first entry, as written. The whole list is
@@ -54,7 +56,7 @@ def first_host(nodelist: str) -> str:
     text = nodelist.strip()
     if not _HOSTLIST.fullmatch(text) or not all(_ranges_ascend(inside) for inside in _BRACKETS.findall(text)):
         raise PlanError(
-            f"{NODELIST_VARIABLE} {nodelist!r} is not a host list meshtop reads (like gpu[01-04,07],login2): "
+            f"{variable} {nodelist!r} is not a host list meshtop reads (like gpu[01-04,07],login2): "
             "give the head's address yourself (--rdzv-endpoint HOST:PORT)"
         )
     entry = re.split(r",(?![^\[]*\])", text, maxsplit=1)[0]
@@ -166,9 +168,10 @@ def _head(env: Mapping[str, str], found: list[str]) -> str | None:
     if (given := _first(env, HEAD_VARIABLES)) is not None:
         name, host = given
         found.append(name)
-    if host is None and env.get(NODELIST_VARIABLE, "").strip():
-        host = first_host(env[NODELIST_VARIABLE])
-        found.append(NODELIST_VARIABLE)
+    if host is None and (given := _first(env, NODELIST_VARIABLES)) is not None:
+        name, nodelist = given
+        host = first_host(nodelist, name)
+        found.append(name)
     if host is None:
         return None
     port = DEFAULT_RDZV_PORT

@@ -64,7 +64,7 @@ Launcher = Literal["torchrun", "accelerate"]
 NO_PYTHON = "--no-python runs a program that is not Python; meshtop's probes run inside Python ranks"
 ENVIRONMENT_THAT_MATTERS = re.compile(
     r"^(.*_NUM_THREADS|NCCL_.*|TORCH_.*|CUDA_VISIBLE_DEVICES|PYTORCH_.*|PET_.*|MASTER_ADDR|MASTER_PORT"
-    r"|SLURM_NNODES|SLURM_NODEID|SLURM_JOB_NODELIST)$"
+    r"|SLURM_NNODES|SLURM_NODEID|SLURM_STEP_NODELIST|SLURM_JOB_NODELIST)$"
 )
 """Variables that change how a distributed job runs: recorded in the manifest so it can be run again (a
 scheduler's among them: where the job's nodes came from, :mod:`meshtop.runner.multinode.scheduler`)."""

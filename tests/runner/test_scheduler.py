@@ -90,6 +90,8 @@ def test_the_command_line_wins_then_torchruns_variables_then_slurms_each_value_a
     assert found.endpoint == "pet:29400"
     found = values({**SLURM, "MASTER_PORT": "6000"})  # an sbatch script's exported port, on SLURM's host
     assert found.endpoint == "gpu01:6000"
+    found = values({**SLURM, "SLURM_STEP_NODELIST": "gpu[03-04]"})  # srun's step on 2 of the job's nodes
+    assert found.endpoint == "gpu03:29400" and found.found_in[-1] == "SLURM_STEP_NODELIST"
     found = values({**SLURM, "MASTER_ADDR": "fd00::1"})
     assert found.endpoint == "[fd00::1]:29400"
     assert values(SLURM, nnodes="4", node_rank=2, endpoint="h:1").note is None  # all on the command line
