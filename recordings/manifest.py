@@ -229,7 +229,8 @@ class Script:
     """Of the script file when it was launched."""
     working_dir: str
     environment: dict[str, str] = field(default_factory=dict)
-    """The ranks' ``*_NUM_THREADS``, ``NCCL_*``, ``TORCH_*``, ``PYTORCH_*`` and ``CUDA_VISIBLE_DEVICES``."""
+    """The ranks' ``*_NUM_THREADS``, ``NCCL_*``, ``TORCH_*``, ``PYTORCH_*`` and ``CUDA_VISIBLE_DEVICES``, and a
+    scheduler's node variables (``PET_*``, ``MASTER_ADDR``, ``MASTER_PORT``, four of ``SLURM_*``)."""
     tokens_per_step: int | None = None
     activations: bool = False
     """Whether the activations saved for backward were measured (a hook on every saved tensor)."""

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import re
 import signal
 from pathlib import Path
 
@@ -11,6 +13,8 @@ from meshtop.probes import native
 from tests.kit.commands import run_meshtop
 from tests.kit.jobs import launch
 from tests.kit.terminal import terminal  # noqa: F401  (the real-terminal tests' fixture)
+
+SCHEDULER_VARIABLE = re.compile(r"^(PET_.*|MASTER_ADDR|MASTER_PORT|SLURM_.*)$")
 
 
 @pytest.fixture
@@ -23,8 +27,13 @@ def pytest_sessionstart(session: pytest.Session) -> None:
 
     And let the commands the tests start take SIGINT (ctrl-c, q): a shell without job control starts a
     command it puts in the background with SIGINT ignored, and a child inherits that, so under such a shell
-    every test that interrupts meshtop waited on a meshtop that never heard it."""
+    every test that interrupts meshtop waited on a meshtop that never heard it.
+
+    And leave out a scheduler's node variables (meshtop.runner.multinode.scheduler), which would place every
+    job the tests start on many nodes; a test gives them where it means them."""
     native.environment_value()
+    for name in [name for name in os.environ if SCHEDULER_VARIABLE.match(name)]:
+        del os.environ[name]  # a test run under srun or in a pod: each job a test starts runs on this machine alone
     if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
         signal.signal(signal.SIGINT, signal.default_int_handler)  # a handler: children start with the default
 

@@ -20,7 +20,8 @@ from meshtop.recordings.manifest import DEFAULT_OUTPUT_LEN, DEFAULT_PROMPT_LEN
 from meshtop.runner.errors import PlanError
 from meshtop.runner.job.supervise import NodeProbes
 from meshtop.runner.load import DEFAULT_CONCURRENCY, DEFAULT_MAX_BATCH, DEFAULT_REQUESTS
-from meshtop.runner.multinode.nodes import NODE_OPTIONS, Nodes, nodes_from_options
+from meshtop.runner.multinode.nodes import NODE_OPTIONS, Nodes
+from meshtop.runner.multinode.scheduler import node_count, node_values, scheduled_nodes
 from meshtop.runner.plan import (
     CHECKPOINTS,
     DEFAULT_MODEL,
@@ -283,21 +284,27 @@ def add_probe_options(parser: argparse.ArgumentParser, *, hooks: bool) -> None:
 
 def add_node_options(parser: argparse.ArgumentParser) -> None:
     """torchrun's multi-node options, for the built-in runner (a script gives them to torchrun after --)."""
-    nodes = parser.add_argument_group("many nodes (torchrun's options: the same command on every node)")
-    nodes.add_argument("--nnodes", default=None, metavar="N", help="nodes of the job (default 1)")
+    nodes = parser.add_argument_group(
+        "many nodes (torchrun's options: the same command on every node; under SLURM or a PyTorchJob, "
+        "read from the environment where not given)"
+    )
+    nodes.add_argument(
+        "--nnodes", default=None, metavar="N", help="nodes of the job (default $PET_NNODES, $SLURM_NNODES, or 1)"
+    )
     nodes.add_argument(
         "--node-rank",
         type=int,
         default=None,
         metavar="I",
         help="this node: 0 is the head, which records and shows the dashboard; the others run "
-        "their ranks and stream to it",
+        "their ranks and stream to it (default $PET_NODE_RANK, $SLURM_NODEID)",
     )
     nodes.add_argument(
         "--rdzv-endpoint",
         default=None,
         metavar="HOST:PORT",
-        help="torchrun's c10d rendezvous endpoint, the same on every node (the head's address, say)",
+        help="torchrun's c10d rendezvous endpoint, the same on every node (the head's address, say; default "
+        "$PET_RDZV_ENDPOINT, $MASTER_ADDR:$MASTER_PORT, or SLURM's first node, port 29400)",
     )
     nodes.add_argument("--rdzv-id", default=None, metavar="ID", help="the job's rendezvous id (default none)")
     nodes.add_argument(
@@ -353,15 +360,10 @@ def serve_metrics(args: argparse.Namespace, metrics: Callable[[], RunMetrics] | 
 
 
 def nodes_from_args(args: argparse.Namespace) -> Nodes | None:
-    """The built-in runner's nodes, from meshtop's own node options."""
-    return nodes_from_options(
-        nnodes=args.nnodes,
-        node_rank=args.node_rank,
-        endpoint=args.rdzv_endpoint,
-        run_id=args.rdzv_id,
-        collector_bind=args.collector_bind,
-        head_node=args.head_node,
-    )
+    """The built-in runner's nodes: meshtop's own node options, and what they leave out from the scheduler's
+    environment (:mod:`meshtop.runner.multinode.scheduler`)."""
+    values = node_values(nnodes=args.nnodes, node_rank=args.node_rank, endpoint=args.rdzv_endpoint, env=os.environ)
+    return scheduled_nodes(values, run_id=args.rdzv_id, collector_bind=args.collector_bind, head_node=args.head_node)
 
 
 def spec_from_args(args: argparse.Namespace) -> RunSpec:
@@ -405,8 +407,10 @@ def spec_from_args(args: argparse.Namespace) -> RunSpec:
 
 def watching(args: argparse.Namespace) -> bool:
     """``meshtop run`` training the built-in model on one node without ``--steps``: until q, ``WATCH_LIMIT_S``
-    at most. On many nodes every node must run the same steps, whichever command each was given: 20."""
-    return args.command == "run" and args.mode == "train" and args.steps is None and args.nnodes is None
+    at most. On many nodes (a scheduler's too) every node must run the same steps, whichever command each was
+    given: 20."""
+    on_one_node = args.command == "run" and args.nnodes is None and node_count(None, os.environ) == 1
+    return on_one_node and args.mode == "train" and args.steps is None
 
 
 def hang_timeout_from_args(args: argparse.Namespace) -> float | None:

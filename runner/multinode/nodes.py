@@ -3,7 +3,9 @@
 meshtop follows torchrun onto many machines. The user runs the same
 ``meshtop run|record`` on every node with torchrun's own options, given to
 meshtop for the built-in runner (``--nnodes N --node-rank I --rdzv-endpoint
-HOST:PORT --rdzv-id ID``) or to torchrun after ``--``. Every node's launcher
+HOST:PORT --rdzv-id ID``) or to torchrun after ``--``, or none of them where
+a scheduler (SLURM, a Kubernetes PyTorchJob) says them in the environment
+(:mod:`meshtop.runner.multinode.scheduler`). Every node's launcher
 joins torchrun's c10d rendezvous, and meshtop adds one key to the same
 store: the head (node 0, or the node ``--head-node`` names) publishes where
 its collector listens and the session's token; every other node reads them
@@ -71,6 +73,9 @@ class Nodes:
     the rendezvous endpoint from (loopback for a loopback endpoint), on a free port."""
     min_count: int | None = None
     """The MIN of ``--nnodes MIN:MAX`` (``count`` is MAX); ``None`` for ``--nnodes N``."""
+    note: str | None = None
+    """Where the values came from, where the scheduler's environment gave any
+    (:mod:`meshtop.runner.multinode.scheduler`): a line of the session's output."""
 
     @property
     def elastic(self) -> bool:

@@ -5,13 +5,15 @@
 - ``torchrun [torchrun options] SCRIPT [ARGS...]`` (or ``-m MODULE``),
 - ``python -m torch.distributed.run [torchrun options] ...``, the same,
 - ``SCRIPT.py [ARGS...]``, ``python SCRIPT.py [ARGS...]`` or ``-m MODULE [ARGS...]``: meshtop adds
-  ``--standalone --nproc-per-node N`` (every GPU, or 2 CPU ranks),
+  ``--standalone --nproc-per-node N`` (every GPU, or 2 CPU ranks; ``$PET_NPROC_PER_NODE`` where a pod sets it,
+  and the scheduler's nodes instead of ``--standalone`` where it places the job on many),
 - ``accelerate launch [accelerate's options] SCRIPT [ARGS...]`` (or ``accelerate-launch``, or
   ``python -m accelerate.commands.launch``), where accelerate would start the ranks with torchrun.
 
 torchrun's options are read with torchrun's own parser, so every option a user
 already passes keeps its meaning, and they go to ``torch.distributed.run``
-unchanged in meshtop's launcher child (:mod:`meshtop.runner.job.agent`). accelerate's are read with
+unchanged in meshtop's launcher child (:mod:`meshtop.runner.job.agent`), after the node options a scheduler's
+environment gave (:mod:`meshtop.runner.multinode.scheduler`). accelerate's are read with
 accelerate's own parser and checks (its config file included), and the launcher child runs accelerate's
 launch, which prepares the ranks' environment and calls torchrun in-process. What cannot run
 is refused here, in one line that names the fix: a missing script, a file
@@ -37,7 +39,8 @@ from typing import Any, Literal, NoReturn
 
 from meshtop.probes.errors import one_line
 from meshtop.runner.errors import PlanError
-from meshtop.runner.multinode.nodes import Nodes, nodes_from_options
+from meshtop.runner.multinode.nodes import Nodes
+from meshtop.runner.multinode.scheduler import NodeValues, node_values, scheduled_nodes
 
 ATTACH_ENV = "MESHTOP_ATTACH"
 """Set (to ``1``) in a script's ranks: meshtop's bootstrap attaches its probes (:mod:`meshtop.runner.script.attach`)."""
@@ -59,8 +62,12 @@ Launcher = Literal["torchrun", "accelerate"]
 """What meshtop's launcher child runs with a job's arguments: torchrun's ``torch.distributed.run``, or
 ``accelerate launch`` (which runs torchrun's in-process)."""
 NO_PYTHON = "--no-python runs a program that is not Python; meshtop's probes run inside Python ranks"
-ENVIRONMENT_THAT_MATTERS = re.compile(r"^(.*_NUM_THREADS|NCCL_.*|TORCH_.*|CUDA_VISIBLE_DEVICES|PYTORCH_.*)$")
-"""Variables that change how a distributed job runs: recorded in the manifest so it can be run again."""
+ENVIRONMENT_THAT_MATTERS = re.compile(
+    r"^(.*_NUM_THREADS|NCCL_.*|TORCH_.*|CUDA_VISIBLE_DEVICES|PYTORCH_.*|PET_.*|MASTER_ADDR|MASTER_PORT"
+    r"|SLURM_NNODES|SLURM_NODEID|SLURM_STEP_NODELIST|SLURM_JOB_NODELIST)$"
+)
+"""Variables that change how a distributed job runs: recorded in the manifest so it can be run again (a
+scheduler's among them: where the job's nodes came from, :mod:`meshtop.runner.multinode.scheduler`)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -200,24 +207,41 @@ def resolve_script(
 def torchrun_launch(
     args_given: list[str], *, own: bool, gpus_visible: int, collector_bind: str | None, head_node: int | None
 ) -> _Launched:
-    """torchrun's arguments read with torchrun's parser; meshtop's ranks added where they are not ``own``."""
+    """torchrun's arguments read with torchrun's parser; meshtop's ranks added where they are not ``own``, and
+    the job's nodes where the command leaves them to a scheduler's environment
+    (:mod:`meshtop.runner.multinode.scheduler`): written out for torchrun, so the manifest's ``launcher_args``
+    say them. A head found there is a c10d endpoint (``--rdzv-backend=c10d`` where none is given: meshtop
+    follows many nodes through c10d); a rendezvous the command names stays as it is (a static one is refused)."""
     launcher_args = list(args_given)
-    if not own:
-        ranks = gpus_visible or DEFAULT_CPU_RANKS
-        launcher_args = ["--standalone", f"--nproc-per-node={ranks}", *launcher_args]
+    if not own and not os.environ.get("PET_NPROC_PER_NODE"):  # else torchrun's own variable says (a pod's)
+        launcher_args = [f"--nproc-per-node={gpus_visible or DEFAULT_CPU_RANKS}", *launcher_args]
     args = torchrun_parser().parse_args(launcher_args)
     if args.no_python:
         raise PlanError(NO_PYTHON)
-    rank_given = any(arg.split("=")[0] in ("--node-rank", "--node_rank") for arg in launcher_args)
-    nodes = nodes_from_options(
-        nnodes=args.nnodes,
-        node_rank=args.node_rank if rank_given else None,
-        endpoint=args.rdzv_endpoint or None,
-        run_id=args.rdzv_id,
-        backend=args.rdzv_backend,
-        collector_bind=collector_bind,
-        head_node=head_node,
-        elastic=True,
+    given = _given_options(launcher_args)
+    values = NodeValues()
+    if not args.standalone:  # torchrun's --standalone is one node, whatever the environment says
+        values = node_values(
+            nnodes=given.nnodes,
+            node_rank=given.node_rank,
+            endpoint=given.rdzv_endpoint,
+            env=os.environ,
+        )
+    backend = args.rdzv_backend
+    added: list[str] = []
+    if values.count > 1:
+        from_environment = given.rdzv_endpoint is None and given.master_addr is None and values.endpoint is not None
+        if from_environment and given.rdzv_backend is None and not os.environ.get("PET_RDZV_BACKEND"):
+            backend = "c10d"
+            added.append("--rdzv-backend=c10d")
+        found = {"--nnodes": values.nnodes, "--node-rank": values.node_rank, "--rdzv-endpoint": values.endpoint}
+        written = {"--nnodes": given.nnodes, "--node-rank": given.node_rank, "--rdzv-endpoint": given.rdzv_endpoint}
+        added += [f"{flag}={value}" for flag, value in found.items() if value is not None and written[flag] is None]
+    elif not own:
+        added.append("--standalone")
+    launcher_args = [*added, *launcher_args]
+    nodes = scheduled_nodes(
+        values, run_id=args.rdzv_id, backend=backend, collector_bind=collector_bind, head_node=head_node, elastic=True
     )
     # an elastic job's ranks are counted for MAX nodes until they say how many they are
     world_size = _local_world_size(args.nproc_per_node) * (nodes.count if nodes is not None else 1)
@@ -229,6 +253,14 @@ def torchrun_launch(
         world_size=world_size,
         nodes=nodes,
     )
+
+
+def _given_options(launcher_args: list[str]) -> argparse.Namespace:
+    """torchrun's node options as the command line gives them: ``None`` where it does not (torchrun's parser
+    would fill in its default, or its ``PET_*`` variable's value)."""
+    parser = torchrun_parser()
+    parser.set_defaults(nnodes=None, node_rank=None, rdzv_endpoint=None, rdzv_backend=None, master_addr=None)
+    return parser.parse_args(launcher_args)
 
 
 def accelerate_launch(args_given: list[str]) -> _Launched:

@@ -92,6 +92,8 @@ def session_of(args: argparse.Namespace) -> tuple[Work, SessionOptions]:
     work = work_of(resolve_args(args))
     keep_buffer_pages()  # this process only: the ranks it starts are the user's
     nodes = work_nodes(args, work)
+    if nodes is not None and nodes.note is not None:
+        print(nodes.note, flush=True)  # where the scheduler's environment placed this node
     return work, SessionOptions(
         node_probes=node_probes_from_args(args), hang_timeout_s=hang_timeout_from_args(args), nodes=nodes
     )
