@@ -131,18 +131,6 @@ class CollectiveProbe:
         self._nccl = NcclTimings(completed=self._completed, on_error=on_error) if device_timing else None
         self._patches = Patches()
 
-    @property
-    def _waitable(self) -> dict[int, tuple[Work, Issued]]:
-        return self._in_flight.waitable
-
-    @property
-    def _by_storage(self) -> dict[int, Work]:
-        return self._in_flight.by_storage
-
-    @property
-    def _device_pending(self) -> list[tuple[Work | StreamSpan, Issued]]:
-        return self._nccl.pending if self._nccl is not None else []
-
     # -- installing -------------------------------------------------------------------------
     def install(self) -> None:
         """Hook every c10d op and ``Work.wait``. Raises :class:`~meshtop.probes.patching.MissingInternal` before any

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 
@@ -58,6 +59,7 @@ def cuda_capturing() -> bool:
     return bool(torch.cuda.is_current_stream_capturing())
 
 
+@dataclass(frozen=True, slots=True)
 class StreamSpan:
     """A blocking nccl operation's time on the device where torch returns no work to follow: python collectives
     without ``async_op`` (``dist.all_reduce(t)``, ``dist.barrier()``) may reach the kernel with none, where DDP's
@@ -66,10 +68,8 @@ class StreamSpan:
     blocking call leaves the current stream waiting for its end. It reads as a work does
     (:class:`meshtop.probes.nccl_timing.NcclTimings`)."""
 
-    __slots__ = ("closed", "opened")
-
-    def __init__(self, opened: Any, closed: Any) -> None:
-        self.opened, self.closed = opened, closed
+    opened: Mark
+    closed: Mark
 
     def is_completed(self) -> bool:
         return bool(self.closed.query())

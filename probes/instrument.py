@@ -58,11 +58,6 @@ class HookProbe(Protocol):
     def uninstall(self) -> None: ...
 
 
-def overhead_block() -> int:
-    """N of :data:`OVERHEAD_BLOCK_ENV`, 0 where the hooks stay as the run asked."""
-    return int(os.environ.get(OVERHEAD_BLOCK_ENV, "0"))
-
-
 def why_off(error: BaseException) -> str:
     """A probe's failure in one line: a missing internal says itself, anything else its type and message."""
     if isinstance(error, MissingInternal):
@@ -86,7 +81,7 @@ class Instrumentation:
         self._installed = False
         self._off: set[str] = set()
         """Probes that could not be installed: reported once, never tried again in this process."""
-        self._overhead_block = overhead_block() if enabled else 0
+        self._overhead_block = int(os.environ.get(OVERHEAD_BLOCK_ENV, "0")) if enabled else 0
         """N of :data:`OVERHEAD_BLOCK_ENV` (0: off); a run without hooks has nothing to switch."""
         self._flight = FlightDumps.from_environment(rank, on_error=self.report_error)
         """Answers the launcher's requests for torch's flight-recorder dump (hooks or not)."""

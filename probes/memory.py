@@ -59,14 +59,6 @@ def parameters_of(modules: Iterable[nn.Module]) -> list[torch.Tensor]:
     return [p for module in modules for p in module.parameters()]
 
 
-def parameters_bytes(parameters: Iterable[torch.Tensor]) -> int:
-    return sum(tensor_bytes(p) for p in parameters)
-
-
-def gradients_bytes(parameters: Iterable[torch.Tensor]) -> int:
-    return sum(tensor_bytes(p.grad) for p in parameters if p.grad is not None)
-
-
 def optimizer_bytes(optimizer: torch.optim.Optimizer, *, model: Iterable[torch.Tensor] = ()) -> int:
     """The optimizer's state (AdamW's moments and step counters), and the parameters it updates that are not
     the ``model``'s: an fp32 master copy of each weight under mixed precision
@@ -140,7 +132,7 @@ class MemoryProbe:
         self.parameters = parameters
         self.optimizer = optimizer
         self.device = device
-        self.weights_bytes = parameters_bytes(parameters)  # parameters do not change size
+        self.weights_bytes = sum(tensor_bytes(p) for p in parameters)  # parameters do not change size
         self._resident = ResidentSize()
         self._static: tuple[int, int] | None = None
         self._snapshots = 0
@@ -158,7 +150,8 @@ class MemoryProbe:
             optimizer_state = (
                 optimizer_bytes(self.optimizer, model=self.parameters) if self.optimizer is not None else 0
             )
-            self._static = (gradients_bytes(self.parameters), optimizer_state)
+            gradients = sum(tensor_bytes(p.grad) for p in self.parameters if p.grad is not None)
+            self._static = (gradients, optimizer_state)
         self._snapshots += 1
         grads, optimizer = self._static
         allocated = reserved = peak = used = total = activations = rss = None

@@ -89,14 +89,6 @@ def event_sections(events: Iterable[Event], encoded: Iterable[EncodedEvents] = (
     return [[kind, counts[kind], len(body)] for kind, body in zip(kinds, bodies, strict=True)], b"".join(bodies)
 
 
-def encode_events(
-    *, token: str, rank: int, dropped: int, events: Iterable[Event], blocks: Iterable[EncodedEvents] = ()
-) -> bytes:
-    """A worker's message: ``events`` and the encoded ``blocks`` in :func:`event_sections`."""
-    listed, body = event_sections(events, blocks)
-    return pack({"token": token, "rank": rank, "dropped": dropped, "sections": listed}, body)
-
-
 def read_exactly(sock: socket.socket, count: int) -> bytes | None:
     """``count`` bytes, or ``None`` if the peer closed first."""
     chunks, remaining = [], count

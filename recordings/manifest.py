@@ -8,9 +8,9 @@ description's fields sit at its top level beside the manifest's own.
 
 The run description's types (:class:`Plan`, :class:`ModelShape`, :class:`Load`, :class:`ServerInfo`) are the
 runner's own: the presets, the planner, the built-in inference and serving use these, so what runs is what is
-recorded, field for field. Each rank's end is the launcher's :class:`RankExit`, and the GPUs' links the probes'
-:class:`~meshtop.probes.events.GpuLink` events. The module imports no pandas and no pyarrow, so a rank can import
-it.
+recorded, field for field. Each rank's end is the launcher's :class:`RankExit`; the GPUs' links and whether
+GPU sampling worked are the probes' events (:class:`~meshtop.probes.events.GpuLink`,
+:class:`~meshtop.probes.events.NvmlState`). The module imports no pandas and no pyarrow, so a rank can import it.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from meshtop.probes.events import GpuLink
+from meshtop.probes.events import GpuLink, NvmlState
 from meshtop.recordings.typed_json import RecordingError, dump, load
 
 SCHEMA_VERSION = 3
@@ -367,17 +367,6 @@ class RankExit:
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
-class NvmlInfo:
-    """The head's :class:`~meshtop.probes.events.NvmlState` as the manifest keeps it: without its time and node,
-    its fields in this order on disk."""
-
-    state: str
-    detail: str | None
-    driver_version: str | None
-    gpu_count: int
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
 class GpuInfo:
     gpu: int
     name: str | None
@@ -404,6 +393,9 @@ class NodeInfo:
 
 MANIFEST_OWN = ("schema_version", "status", "started_at", "command_line")
 """The manifest's own fields that come before the run description on disk."""
+NVML_KEPT = ("state", "detail", "driver_version", "gpu_count")
+"""What the manifest keeps of :class:`~meshtop.probes.events.NvmlState`, in this order on disk: whether GPU sampling
+worked in the run, not when or on which node it was said (read back, at ``wall_ns`` 0 on node 0)."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -428,7 +420,7 @@ class Manifest:
     reason: str | None = None
     """Why the session broke, where it did (a full disk, say)."""
     rank_devices: dict[str, str] = field(default_factory=dict)
-    nvml: NvmlInfo | None = None
+    nvml: NvmlState | None = None
     gpus: tuple[GpuInfo, ...] = ()
     topology: tuple[GpuLink, ...] = ()
     nodes: tuple[NodeInfo, ...] = ()
@@ -440,6 +432,8 @@ class Manifest:
     def to_json(self) -> dict[str, Any]:
         """The JSON object on disk: the manifest's first fields, the run description, then the rest."""
         data = dump(self)
+        if self.nvml is not None:
+            data["nvml"] = {name: data["nvml"][name] for name in NVML_KEPT}
         run = data.pop("run")
         first = {name: data.pop(name) for name in MANIFEST_OWN}
         return {**first, **run, **data}
@@ -451,6 +445,8 @@ class Manifest:
         run_names = {f.name for f in fields(RunDescription)}
         rest = {key: value for key, value in data.items() if key not in run_names and key != "run"}
         rest["run"] = {key: value for key, value in data.items() if key in run_names}
+        if isinstance(rest.get("nvml"), dict):
+            rest["nvml"] = {"wall_ns": 0, **rest["nvml"]}
         try:
             return load(cls, rest, flat=("run",), whole="the manifest")  # the run description is flat on disk
         except RecordingError as error:

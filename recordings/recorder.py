@@ -24,7 +24,6 @@ from meshtop.recordings.manifest import (
     GpuInfo,
     Manifest,
     NodeInfo,
-    NvmlInfo,
     RankExit,
     RunDescription,
     release_room,
@@ -69,7 +68,7 @@ class SessionRecorder:
         self.run = session.run
         """The run as the manifest on disk describes it."""
         self._devices: dict[int, str] = {}
-        self._nvml: NvmlInfo | None = None
+        self._nvml: NvmlState | None = None
         self._gpus: dict[tuple[int, int], GpuInfo] = {}
         self._hosts: dict[int, str] = {}
         self._node_ranks: dict[int, dict[int, set[int]]] = {}
@@ -108,7 +107,7 @@ class SessionRecorder:
                 self._hosts.setdefault(event.node, event.host)
                 self._node_ranks.setdefault(event.restart, {}).setdefault(event.node, set()).add(event.rank)
             elif isinstance(event, NvmlState):
-                self._nvml = NvmlInfo(**{f.name: getattr(event, f.name) for f in dataclasses.fields(NvmlInfo)})
+                self._nvml = event
             elif isinstance(event, GpuLink):
                 self._topology.append(event)
             elif isinstance(event, NodeClock):

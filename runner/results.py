@@ -47,6 +47,20 @@ class JobResult:
         return tuple(sorted(failed, key=lambda r: (r.rank != self.root_cause, r.rank)))
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RankFailure:
+    """How one rank failed, as its launcher's ``status.json`` says (:mod:`meshtop.runner.job.agent`, from
+    torchrun's failure), or the head knows of another node's rank (:mod:`meshtop.runner.multinode.fleet`)."""
+
+    exit_code: int | None
+    """The process's exit code (negative for a signal)."""
+    signal: str | None
+    error: str | None
+    """The rank's one-line error, where it left one."""
+    timestamp: float | None
+    """When it failed (torchrun's timestamp, seconds; on many nodes, on the head's clock)."""
+
+
 OWN_DEATHS = frozenset({"SIGKILL", "SIGSEGV", "SIGBUS", "SIGILL", "SIGFPE"})
 """Signals that end a rank from outside or for its own fault, never because a peer failed (SIGABRT can: an
 uncaught error of a communication thread aborts the process)."""
@@ -61,7 +75,7 @@ SIGNALLED = re.compile(r"^Signal \d+ \(\w+\) received by PID \d+")
 """torchrun's message for a rank a signal ended that left no error of its own (no error file)."""
 
 
-def root_cause(failures: dict[str, dict[str, object]]) -> int | None:
+def root_cause(failures: dict[int, RankFailure]) -> int | None:
     """The first rank to fail by itself; ranks the launcher then stopped with SIGTERM come last.
 
     torchrun's timestamps are whole seconds (compared as such: another node's carry a fraction, its clock
@@ -73,17 +87,16 @@ def root_cause(failures: dict[str, dict[str, object]]) -> int | None:
     error (an out-of-memory, say) was written while it shut down, and whose peer's "connection closed" ended
     first, is the cause all the same."""
 
-    def order(rank: str) -> tuple[bool, bool, bool, float, int]:
+    def order(rank: int) -> tuple[bool, bool, bool, float, int]:
         failure = failures[rank]
-        error = str(failure.get("error") or "")
-        died = failure.get("signal") in OWN_DEATHS
+        error = failure.error or ""
+        died = failure.signal in OWN_DEATHS
         peer_gone = PEER_GONE.search(error) is not None
         own_error = bool(error) and not peer_gone and SIGNALLED.match(error) is None
-        only_stopped = failure.get("signal") == "SIGTERM" and not own_error
-        seconds = math.floor(float(failure.get("timestamp") or 0))  # type: ignore[arg-type]
-        return only_stopped, not died, peer_gone, seconds, int(rank)
+        only_stopped = failure.signal == "SIGTERM" and not own_error
+        return only_stopped, not died, peer_gone, math.floor(failure.timestamp or 0), rank
 
-    return int(min(failures, key=order)) if failures else None
+    return min(failures, key=order) if failures else None
 
 
 def lifecycle_events(result: JobResult) -> list[Event]:

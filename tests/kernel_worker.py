@@ -163,8 +163,8 @@ def main(out_dir: str) -> None:
     assert probe is not None
     # every work has ended: nothing may stay where a wait finds a work (a stale output storage would keep
     # the work alive, and send a later functional wait on a reused storage to it)
-    left = {"in_flight": probes.progress().in_flight, "waitable": len(probe._waitable)}
-    left["by_storage"] = len(probe._by_storage)
+    left = {"in_flight": probes.progress().in_flight, "waitable": len(probe._in_flight.waitable)}
+    left["by_storage"] = len(probe._in_flight.by_storage)
     probes.uninstall()
     report = {
         "scenarios_from_ns": scenarios_from_ns,

@@ -12,7 +12,8 @@ import argparse
 import os
 import sys
 from collections.abc import Callable
-from typing import TYPE_CHECKING, NoReturn
+from dataclasses import fields
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from meshtop.probes.errors import MeshtopError
 from meshtop.probes.samplers import DEFAULT_GPU_HZ, DEFAULT_PROCESS_HZ
@@ -367,42 +368,21 @@ def nodes_from_args(args: argparse.Namespace) -> Nodes | None:
 
 
 def spec_from_args(args: argparse.Namespace) -> RunSpec:
-    """The built-in runner's spec as typed; :func:`meshtop.runner.plan.resolve` checks it. ``--model`` given
-    beside ``--model-config`` is refused even as the default preset's name: both were asked for."""
+    """The built-in runner's spec as typed; :func:`meshtop.runner.plan.resolve` checks it. Each ``RunSpec`` field
+    is the option of its name (:func:`meshtop.runner.plan.option`), so that a new field needs only its option;
+    two are worked out here: the model (the default preset where neither ``--model`` nor ``--model-config`` names
+    one) and the time limit (:func:`watching`). ``--model`` given beside ``--model-config`` is refused even as the
+    default preset's name: both were asked for."""
     if args.model is not None and args.model_config is not None:
         raise PlanError(
             f"--model {args.model} and --model-config {args.model_config} each name the model: give one of them"
         )
-    return RunSpec(
-        dp=args.dp,
-        tp=args.tp,
-        pp=args.pp,
-        fsdp=args.fsdp,
-        schedule=args.schedule,
-        microbatches=args.microbatches,
-        model=args.model or DEFAULT_MODEL,
-        model_config=args.model_config,
-        dtype=args.dtype,
-        precision=args.precision,
-        checkpoint=args.checkpoint,
-        device=args.device,
-        steps=args.steps,
-        time_limit_s=WATCH_LIMIT_S if watching(args) else None,
-        batch_size=args.batch_size,
-        seq_len=args.seq_len,
-        seed=args.seed,
-        instrument=args.instrument,
-        activations=getattr(args, "activations", False),
-        mode=args.mode,
-        requests=args.requests,
-        concurrency=args.concurrency,
-        request_rate=args.request_rate,
-        prompt_len=args.prompt_len,
-        output_len=args.output_len,
-        max_batch=args.max_batch,
-        slo_ttft_ms=args.slo_ttft_ms,
-        slo_tpot_ms=args.slo_tpot_ms,
-    )
+    worked_out: dict[str, Any] = {
+        "model": args.model or DEFAULT_MODEL,
+        "time_limit_s": WATCH_LIMIT_S if watching(args) else None,
+    }
+    given = {field.name: getattr(args, field.name) for field in fields(RunSpec) if field.name not in worked_out}
+    return RunSpec(**given, **worked_out)
 
 
 def watching(args: argparse.Namespace) -> bool:

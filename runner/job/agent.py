@@ -33,8 +33,10 @@ from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 from torch.distributed.run import run as run_ranks_with_torchrun  # torchrun's, while accelerate's launch gets ours
 
 from meshtop.probes.native import NATIVE_ENV, built, environment_value
-from meshtop.runner.job.files import PHASE_NAME, TORCHELASTIC_NAME
+from meshtop.recordings.typed_json import dump
+from meshtop.runner.job.files import PHASE_NAME, TORCHELASTIC_NAME, LauncherStatus
 from meshtop.runner.job.last_words import shortened
+from meshtop.runner.results import RankFailure
 
 PARENT_POLL_S = 0.5
 
@@ -62,17 +64,17 @@ def error_line(message: object) -> str | None:
     return shortened(lines[0])
 
 
-def failure_status(error: ChildFailedError) -> dict[str, Any]:
-    ranks = {}
-    for rank, failure in error.failures.items():
-        signal_name = failure.signal_name() if failure.exitcode < 0 else None
-        ranks[str(rank)] = {
-            "exit_code": failure.exitcode,
-            "signal": signal_name,
-            "error": error_line(failure.message),
-            "timestamp": failure.timestamp,
-        }
-    return {"status": "failed", "ranks": ranks}
+def failure_status(error: ChildFailedError) -> LauncherStatus:
+    ranks = {
+        str(rank): RankFailure(
+            exit_code=failure.exitcode,
+            signal=failure.signal_name() if failure.exitcode < 0 else None,
+            error=error_line(failure.message),
+            timestamp=failure.timestamp,
+        )
+        for rank, failure in error.failures.items()
+    }
+    return LauncherStatus(status="failed", ranks=ranks)
 
 
 def stop_when_orphaned() -> None:
@@ -155,16 +157,18 @@ def launch(args: Any, status_path: Path) -> int:
     say_phase(status_path, "starting the ranks (rendezvous, import torch)")
     try:
         run_ranks_with_torchrun(args)
-        status: dict[str, Any] = {"status": "completed", "ranks": {}}
-        code = 0
+        status, code = LauncherStatus(status="completed"), 0
     except ChildFailedError as error:
         status, code = failure_status(error), 1
     except SignalException as error:
-        status = {"status": "interrupted", "ranks": {}, "signal": error.sigval.name}
+        status = LauncherStatus(status="interrupted", signal=error.sigval.name)
         code = 128 + int(error.sigval)
+    written = dump(status)
+    if status.signal is None:
+        del written["signal"]
     tmp = status_path.with_suffix(".tmp")
     try:
-        tmp.write_text(json.dumps(status))
+        tmp.write_text(json.dumps(written))
         os.replace(tmp, status_path)
     except OSError:  # a full disk: meshtop goes by the exit code; no half-written file is left
         tmp.unlink(missing_ok=True)

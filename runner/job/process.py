@@ -18,14 +18,16 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterable
+from dataclasses import replace
 from pathlib import Path
 
 import psutil
 
 from meshtop.probes.collector import Collector
 from meshtop.probes.events import HangDetected
+from meshtop.recordings.typed_json import RecordingError, load
 from meshtop.runner.job.environment import Launch, worker_environment
-from meshtop.runner.job.files import LAUNCHER_LOG, STATUS_NAME, TORCHELASTIC_NAME
+from meshtop.runner.job.files import LAUNCHER_LOG, STATUS_NAME, TORCHELASTIC_NAME, LauncherStatus
 from meshtop.runner.job.flight import is_stopped
 from meshtop.runner.job.last_words import last_words, read_tail
 from meshtop.runner.results import JobResult, RankExit, root_cause
@@ -121,31 +123,27 @@ class Job:
         assert self._process is not None, "start() first"
         duration = time.monotonic() - self._started
         try:
-            status = json.loads(self._status_path.read_text())
-        except (FileNotFoundError, json.JSONDecodeError):
+            status = load(LauncherStatus, json.loads(self._status_path.read_text()), whole=STATUS_NAME)
+        except (FileNotFoundError, json.JSONDecodeError, RecordingError):
             status = None
-        failures = status["ranks"] if status is not None else {}
+        failures = {int(rank): failure for rank, failure in status.ranks.items()} if status is not None else {}
         # on many nodes: the ranks that reported, and those that failed before they could (torchrun names them)
-        world = (
-            sorted(set(ranks) | {int(rank) for rank in failures})
-            if ranks is not None
-            else range(self.launch.world_size)
-        )
+        world = sorted(set(ranks) | set(failures)) if ranks is not None else range(self.launch.world_size)
         if hang is not None:
             why = f"stopped: no rank made progress for {hang.silent_s:.0f} s (hang)"
             exits = tuple(RankExit(rank=r, exit_code=None, signal=None, error=why) for r in world)
             return JobResult(
                 status="failed", ranks=exits, duration_s=duration, log_path=self.log_path, hang=hang.report
             )
-        if interrupted or (status is not None and status["status"] == "interrupted"):
+        if interrupted or (status is not None and status.status == "interrupted"):
             exits = tuple(RankExit(rank=r, exit_code=None, signal=None, error="stopped on request") for r in world)
             return JobResult(status="interrupted", ranks=exits, duration_s=duration, log_path=self.log_path)
-        if status is not None and status["status"] == "completed":
+        if status is not None and status.status == "completed":
             exits = tuple(RankExit(rank=r, exit_code=0, signal=None, error=None) for r in world)
             return JobResult(status="completed", ranks=exits, duration_s=duration, log_path=self.log_path)
         first = root_cause(failures)
         # the launcher, or the rank that failed first, died without saying why: its last words in the log say it
-        said = self.last_words() if first is None or not failures[str(first)]["error"] else None
+        said = self.last_words() if first is None or not failures[first].error else None
         if first is None:
             code = self._process.returncode
             how = f"killed by {signal_name(-code)}" if code < 0 else f"exited with code {code}"
@@ -154,15 +152,10 @@ class Job:
         else:
             why = f"stopped after rank {first} failed"
             if said is not None:
-                failures[str(first)]["error"] = f"{said} (from the end of the launcher log)"
+                failures[first] = replace(failures[first], error=f"{said} (from the end of the launcher log)")
         exits = tuple(
-            RankExit(
-                rank=r,
-                exit_code=failures[str(r)]["exit_code"],
-                signal=failures[str(r)]["signal"],
-                error=failures[str(r)]["error"],
-            )
-            if str(r) in failures
+            RankExit(rank=r, exit_code=failures[r].exit_code, signal=failures[r].signal, error=failures[r].error)
+            if r in failures
             else RankExit(rank=r, exit_code=None, signal=None, error=why)
             for r in world
         )
@@ -172,7 +165,7 @@ class Job:
             duration_s=duration,
             log_path=self.log_path,
             root_cause=first,
-            failure_times={int(rank): float(failure.get("timestamp") or 0) for rank, failure in failures.items()},
+            failure_times={rank: float(failure.timestamp or 0) for rank, failure in failures.items()},
         )
 
     def last_words(self) -> str | None:

@@ -36,7 +36,7 @@ from meshtop.probes.events import Event, NodeClock
 from meshtop.probes.wire import is_count
 from meshtop.recordings.typed_json import RecordingError, dump, load
 from meshtop.runner.multinode.nodes import HeadAddress, Nodes, publish_head
-from meshtop.runner.results import PEER_GONE, JobResult, RankExit, root_cause
+from meshtop.runner.results import PEER_GONE, JobResult, RankExit, RankFailure, root_cause
 
 NODE_SILENT_S = 10.0
 """A node that said nothing (its pings come twice a second) for this long is lost."""
@@ -309,8 +309,11 @@ class Fleet:
         if not self._nodes:
             return local
         ranks: dict[int, RankExit] = {r.rank: r for r in local.ranks if r.rank in local_ranks}
-        failures: dict[str, dict[str, object]] = {
-            str(r.rank): {"signal": r.signal, "timestamp": local.failure_times.get(r.rank)} for r in local.failed
+        failures = {
+            r.rank: RankFailure(
+                exit_code=r.exit_code, signal=r.signal, error=None, timestamp=local.failure_times.get(r.rank)
+            )
+            for r in local.failed
         }
         statuses = {local.status}
         seen = [state for state in self.nodes() if state.last_seen]  # one never seen: an elastic job ran without it
@@ -320,11 +323,12 @@ class Fleet:
             for ended in end.ranks:
                 ranks[ended.exit.rank] = ended.exit
                 if ended.exit.exit_code not in (0, None):
-                    failures[str(ended.exit.rank)] = {
-                        "signal": ended.exit.signal,
-                        "error": ended.exit.error,
-                        "timestamp": ended.failed_at,
-                    }
+                    failures[ended.exit.rank] = RankFailure(
+                        exit_code=ended.exit.exit_code,
+                        signal=ended.exit.signal,
+                        error=ended.exit.error,
+                        timestamp=ended.failed_at,
+                    )
         with self._lock:
             asked = self._stop
         lost = next((state for state in seen if state.lost is not None), None) if asked != "interrupted" else None

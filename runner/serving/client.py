@@ -26,6 +26,7 @@ from pathlib import Path
 from meshtop.probes.events import CLIENT_RANK, RequestDone
 from meshtop.probes.shipper import open_sink
 from meshtop.probes.sink import EventSink
+from meshtop.recordings.typed_json import dump, load
 from meshtop.runner.serving.http import Origin, Pool, RequestFailed
 from meshtop.runner.serving.load import LoadRequest, request_from_json
 
@@ -52,12 +53,20 @@ class ClientSpec:
     status_path: str
     duration_s: float | None = None
 
-    def to_json(self) -> dict[str, object]:
-        return {name: getattr(self, name) for name in self.__slots__}
 
-    @classmethod
-    def from_json(cls, fields: dict[str, object]) -> ClientSpec:
-        return cls(**fields)  # type: ignore[arg-type]
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LoadStatus:
+    """The spec's ``status_path``: how the load ended, written as the load generator ends."""
+
+    sent: int
+    """The load's own requests sent (the warmup left out)."""
+    by_kind: dict[str, int]
+    """Those by how they ended: ``completed``, or the failure's kind."""
+    stopped: bool
+    gone: str | None
+    """Why the server is taken for gone, where it is."""
+    not_sent: int
+    """The load's own requests never sent (none where the load is sent for a duration: it is those sent)."""
 
 
 def request_body(spec: ClientSpec, request: LoadRequest) -> tuple[str, dict[str, object]]:
@@ -273,20 +282,19 @@ async def main_async(spec: ClientSpec, sink: EventSink) -> bool:
         generator.pool.close()
         sent = sum(generator.counts.values())
         own = sum(not request.warmup for request in requests)
-        status = {
-            "sent": sent,
-            "by_kind": dict(generator.counts),
-            "stopped": stopped,
-            "gone": generator.gone,
-            # a load sent for a duration is the requests sent: those it did not reach are no part of it
-            "not_sent": own - sent if spec.duration_s is None else 0,
-        }
-        Path(spec.status_path).write_text(json.dumps(status))
+        status = LoadStatus(
+            sent=sent,
+            by_kind=dict(generator.counts),
+            stopped=stopped,
+            gone=generator.gone,
+            not_sent=own - sent if spec.duration_s is None else 0,
+        )
+        Path(spec.status_path).write_text(json.dumps(dump(status)))
     return not stopped
 
 
 def main(argv: list[str]) -> int:
-    spec = ClientSpec.from_json(json.loads(Path(argv[0]).read_text()))
+    spec = load(ClientSpec, json.loads(Path(argv[0]).read_text()), whole="the load generator's spec")
     sink = open_sink(CLIENT_RANK)
     try:
         finished = asyncio.run(main_async(spec, sink))

@@ -109,11 +109,12 @@ def error_message(body: bytes) -> str:
     return line[:ERROR_MESSAGE_CHARS] + ("..." if len(line) > ERROR_MESSAGE_CHARS else "")
 
 
+@dataclass(slots=True)
 class _Connection:
-    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        self.reader, self.writer = reader, writer
-        self.idle_since = 0.0
-        """When its last answer ended (``time.monotonic()``)."""
+    reader: asyncio.StreamReader
+    writer: asyncio.StreamWriter
+    idle_since: float = 0.0
+    """When its last answer ended (``time.monotonic()``)."""
 
     def close(self) -> None:
         self.writer.close()

@@ -24,11 +24,12 @@ from meshtop.probes.collector import Collector
 from meshtop.probes.events import ServerState
 from meshtop.probes.wire import ADDRESS_ENV, TOKEN_ENV
 from meshtop.recordings.manifest import ServerInfo
+from meshtop.recordings.typed_json import RecordingError, dump, load
 from meshtop.runner.errors import PlanError
 from meshtop.runner.job.control import JobControl
 from meshtop.runner.job.supervise import NodeProbes, Supervisor
 from meshtop.runner.results import JobResult, RankExit, lifecycle_events
-from meshtop.runner.serving.client import CLIENT_RANK, INTERRUPTED, ClientSpec
+from meshtop.runner.serving.client import CLIENT_RANK, INTERRUPTED, ClientSpec, LoadStatus
 from meshtop.runner.serving.endpoint import PROBE_TIMEOUT_S, EndpointRun, check_server
 from meshtop.runner.serving.load import DEFAULT_TIMEOUT_S, request_to_json
 from meshtop.runner.serving.scrape import Scraper
@@ -142,7 +143,7 @@ def _send_load(
         duration_s=run.load.duration_s,
     )
     spec_path = session_dir / SPEC_NAME
-    spec_path.write_text(json.dumps(spec.to_json()))
+    spec_path.write_text(json.dumps(dump(spec)))
     collector = Collector().start()
     supervisor = Supervisor(collector, node_probes, on_events=on_events)
     env = {**os.environ, ADDRESS_ENV: "{}:{}".format(*collector.address), TOKEN_ENV: collector.token}
@@ -218,11 +219,11 @@ def endpoint_result(
     meshtop started exited; or the load generator's own verdict) or the load generator itself failed,
     ``interrupted`` when stopped."""
     try:
-        status = json.loads(status_path.read_text())
-        counts = {str(kind): int(n) for kind, n in status["by_kind"].items()}
-        server_gone = server_gone or (f"the server is gone ({status['gone']})" if status.get("gone") else None)
-        not_sent = int(status.get("not_sent") or 0)
-    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        status = load(LoadStatus, json.loads(status_path.read_text()), whole=status_path.name)
+        counts: dict[str, int] | None = status.by_kind
+        server_gone = server_gone or (f"the server is gone ({status.gone})" if status.gone else None)
+        not_sent = status.not_sent
+    except (OSError, ValueError, RecordingError):
         counts, not_sent = None, 0
     status_path.unlink(missing_ok=True)
     if server_gone is not None:

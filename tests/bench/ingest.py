@@ -2,7 +2,7 @@
 
 Each producer is a process that connects to a :class:`meshtop.probes.collector.Collector`
 in this process and sends frames of the shipper's wire format
-(``meshtop.probes.wire.encode_events``, 5,000 events a frame: a shipper sending
+(``tests.kit.wire.encode_events``, 5,000 events a frame: a shipper sending
 20,000 events / s in 250 ms batches) as fast as the socket takes them. The
 frames are encoded before the clock starts, so the producers' cost is the
 socket's only. A consumer thread drains the collector as meshtop's session
@@ -40,9 +40,9 @@ from meshtop.probes.arrivals import Arrivals
 from meshtop.probes.collector import Collector
 from meshtop.probes.events import Event
 from meshtop.probes.kinds import PRINTED_KINDS
-from meshtop.probes.wire import encode_events
 from meshtop.runner.job.allocator import keep_buffer_pages
 from tests.bench.figures import NO_TARGET, Row, Spread, Target, median
+from tests.kit.wire import encode_events
 
 PRODUCERS = 8
 FRAME_EVENTS = 5_000

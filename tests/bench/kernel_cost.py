@@ -38,7 +38,7 @@ bare operation's row is the rounds without hooks: their median and p25-p75.
 The shipper row (on gloo): the C++ kernel's finished operations of a
 20,000-operation round, taken by ``CollectiveProbe.flush`` (the kernel
 writes the wire's JSON lines) and put into a frame
-(``meshtop.probes.wire.encode_events``), in the shipper thread's CPU time per
+(``tests.kit.wire.encode_events``), in the shipper thread's CPU time per
 event; beside it, the same for the same operations as Python events (what
 every event cost before the kernel wrote them).
 """
@@ -80,7 +80,7 @@ def worker(out_path: str, backend: str) -> None:
     from meshtop.probes.collectives import CollectiveProbe, GroupDirectory
     from meshtop.probes.events import Event
     from meshtop.probes.native import build, load
-    from meshtop.probes.wire import encode_events
+    from tests.kit.wire import encode_events
 
     if backend == "fake":
         from torch.testing._internal.distributed.fake_pg import FakeStore

@@ -31,6 +31,7 @@ from meshtop.probes.events import RequestDone
 from meshtop.probes.wire import ADDRESS_ENV, TOKEN_ENV
 from meshtop.recordings.manifest import Load
 from meshtop.recordings.metrics.requests import CLIENT_LAG_LIMIT_S
+from meshtop.recordings.typed_json import dump
 from meshtop.runner.serving.client import ClientSpec
 from meshtop.runner.serving.endpoint import EndpointRun
 from meshtop.runner.serving.http import Origin
@@ -75,7 +76,7 @@ def bare_ttfts(url: str, rate: float, requests: int, directory: Path, seed: int 
         url=url + "/v1", api="completions", model=MODEL, concurrency=None, timeout_s=30.0, ignore_eos=False,
         requests_path=str(directory / "load.jsonl"), status_path=str(directory / "status.json"),
     )  # fmt: skip
-    (directory / "spec.json").write_text(json.dumps(spec.to_json()))
+    (directory / "spec.json").write_text(json.dumps(dump(spec)))
     collector = Collector().start()
     env = {**os.environ, ADDRESS_ENV: "{}:{}".format(*collector.address), TOKEN_ENV: collector.token}
     subprocess.run(

@@ -61,7 +61,8 @@ def test_a_blocking_op_without_work_is_timed_between_two_marks_on_the_current_st
         wait_for(events, 1)
         [hosted] = events  # no marks (a graph being captured, or no device timing): ended as the call returned
         assert hosted.clock == "completion" and hosted.end_ns >= start_ns
-        closed = probe._device_pending[0][0].closed  # type: ignore[attr-defined]
+        assert probe._nccl is not None
+        closed = probe._nccl.pending[0][0].closed  # type: ignore[union-attr]
         closed.done = True
         wait_for(events, 2)
     finally:

@@ -15,8 +15,9 @@ from meshtop.probes.arrivals import Arrivals, EncodedEvents, encode_lines
 from meshtop.probes.collector import Collector
 from meshtop.probes.events import CollectiveTiming, EventsDropped, StepTiming
 from meshtop.probes.shipper import EventShipper
-from meshtop.probes.wire import HEADER, MAX_FRAME_BYTES, FrameError, encode_events, pack, read_frame, sections
+from meshtop.probes.wire import HEADER, MAX_FRAME_BYTES, FrameError, pack, read_frame, sections
 from tests.kit.events import collective, step
+from tests.kit.wire import encode_events
 
 
 def wait_for(collector: Collector, count: int, timeout_s: float = 10.0) -> list:

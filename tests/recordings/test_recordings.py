@@ -14,7 +14,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from meshtop.recordings.manifest import Manifest, RecordingError, write_manifest
+from meshtop.recordings.manifest import Manifest, RecordingError, manifest_bytes, write_manifest
 from meshtop.recordings.reader import open_recording
 from meshtop.recordings.samples import SAMPLE
 from meshtop.recordings.summary import summarize
@@ -429,3 +429,14 @@ def test_the_manifest_names_torchs_own_versions_without_importing_torch() -> Non
     import torch
 
     assert json.loads(read.stdout) == [torch.__version__, torch.version.cuda, torch.version.cuda is not None]
+
+
+def test_a_manifest_keeps_nvml_as_earlier_meshtops_wrote_it() -> None:
+    """The shipped sample's manifest, written by an earlier meshtop, reads, and its ``nvml`` writes back the same,
+    key order included: the probes' NvmlState the manifest holds keeps only its state, detail, driver version and
+    GPU count on disk."""
+    written = json.loads((SAMPLE / "manifest.json").read_text())
+    manifest = Manifest.from_json(written)
+    assert manifest.nvml is not None and manifest.nvml.state == "no_library" and manifest.nvml.gpu_count == 0
+    again = json.loads(manifest_bytes(manifest))["nvml"]
+    assert list(again.items()) == list(written["nvml"].items())

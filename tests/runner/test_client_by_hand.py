@@ -18,7 +18,7 @@ import socket
 import ssl
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import pytest
@@ -252,7 +252,7 @@ def test_each_api_gets_a_streamed_greedy_body_with_the_prompt_in_its_own_shape()
 
     def body(prompt: Prompt, **changes: object) -> tuple[str, dict[str, object]]:
         return request_body(
-            ClientSpec(**{**spec.to_json(), **changes}),  # type: ignore[arg-type]
+            replace(spec, **changes),  # type: ignore[arg-type]
             PlannedRequest(id=0, prompt=prompt, output_len=16, offset_s=None),
         )
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import socket
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -21,7 +22,7 @@ from meshtop.runner.job.control import JobControl
 from meshtop.runner.multinode.fleet import Fleet, NodeEnd, Ping, RankEnded, message
 from meshtop.runner.multinode.nodes import HeadAddress, Nodes, nodes_from_options, split_endpoint
 from meshtop.runner.plan import RunSpec, resolve
-from meshtop.runner.results import JobResult, RankExit, root_cause
+from meshtop.runner.results import JobResult, RankExit, RankFailure, root_cause
 from meshtop.runner.session import relay as relay_module
 from meshtop.runner.session.relay import Relay
 from meshtop.tui.state import DashboardState
@@ -406,17 +407,18 @@ def test_a_node_silent_at_the_end_is_lost_and_told_to_stop() -> None:
     assert fleet.on_control(ping(1), 1)["stop"] == "failed"
 
 
+def failed(exit_code: int, error: str | None, timestamp: float, signal: str | None = None) -> RankFailure:
+    return RankFailure(exit_code=exit_code, signal=signal, error=error, timestamp=timestamp)
+
+
 def test_the_root_cause_is_told_from_its_effects_within_a_second() -> None:
     """torchrun's timestamps are whole seconds: rank 0's peer error and rank 1's own come in the same one."""
     peer = "RuntimeError: [gloo/transport/tcp/pair.cc:553] Connection closed by peer [127.0.0.1]:23426"
-    failures = {
-        "0": {"exit_code": 1, "signal": None, "error": peer, "timestamp": 100.0},
-        "1": {"exit_code": 1, "signal": None, "error": "InjectedFault: on rank 1", "timestamp": 100.0},
-    }
+    failures = {0: failed(1, peer, 100.0), 1: failed(1, "InjectedFault: on rank 1", 100.0)}
     assert root_cause(failures) == 1
-    failures["2"] = {"exit_code": -9, "signal": "SIGKILL", "error": None, "timestamp": 101.0}
+    failures[2] = failed(-9, None, 101.0, signal="SIGKILL")
     assert root_cause(failures) == 2  # killed from outside: its peers' errors follow from it
-    failures["3"] = {"exit_code": -15, "signal": "SIGTERM", "error": None, "timestamp": 99.0}
+    failures[3] = failed(-15, None, 99.0, signal="SIGTERM")
     assert root_cause(failures) == 2  # stopped by the launcher: never the cause
 
 
@@ -425,16 +427,13 @@ def test_a_rank_stopped_as_it_failed_by_itself_is_the_cause_not_the_peer_that_ex
     and the launcher then stopped rank 0 with SIGTERM."""
     oom = "OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB"
     peer = "RuntimeError: [gloo/transport/tcp/pair.cc:553] Connection closed by peer [127.0.0.1]:32411"
-    failures = {
-        "0": {"exit_code": -15, "signal": "SIGTERM", "error": oom, "timestamp": 101.0},
-        "1": {"exit_code": 1, "signal": None, "error": peer, "timestamp": 100.0},
-    }
+    failures = {0: failed(-15, oom, 101.0, signal="SIGTERM"), 1: failed(1, peer, 100.0)}
     assert root_cause(failures) == 0
-    failures["0"]["error"] = peer  # stopped while its own error was a peer's: an effect, after rank 1
+    failures[0] = replace(failures[0], error=peer)  # stopped while its own error was a peer's: an effect, after 1
     assert root_cause(failures) == 1
-    failures["0"]["error"] = "Signal 15 (SIGTERM) received by PID 4242"  # torchrun's words: no error of its own
-    failures["0"]["timestamp"] = 99.0  # even a second before the rank that failed
-    failures["1"]["error"] = None
+    # torchrun's words (no error of its own), even a second before the rank that failed
+    failures[0] = replace(failures[0], error="Signal 15 (SIGTERM) received by PID 4242", timestamp=99.0)
+    failures[1] = replace(failures[1], error=None)
     assert root_cause(failures) == 1
 
 
@@ -443,10 +442,7 @@ def test_a_gloo_error_that_blames_a_remote_worker_is_an_effect_even_a_second_ear
         "RuntimeError: [gloo/transport/tcp/pair.cc:598] Read error [127.0.0.1]:48151. This is typically "
         "caused by a remote worker crashing. Check the logs of the remote worker before reporting an error."
     )
-    failures = {
-        "0": {"exit_code": 1, "signal": None, "error": gloo, "timestamp": 100.0},
-        "1": {"exit_code": 1, "signal": None, "error": "InjectedFault: on rank 1", "timestamp": 101.0},
-    }
+    failures = {0: failed(1, gloo, 100.0), 1: failed(1, "InjectedFault: on rank 1", 101.0)}
     assert root_cause(failures) == 1
 
 
