@@ -311,7 +311,7 @@ class Fleet:
         ranks: dict[int, RankExit] = {r.rank: r for r in local.ranks if r.rank in local_ranks}
         failures = {
             r.rank: RankFailure(
-                exit_code=r.exit_code, signal=r.signal, error=None, timestamp=local.failure_times.get(r.rank)
+                exit_code=r.exit_code, signal=r.signal, error=r.error, timestamp=local.failure_times.get(r.rank)
             )
             for r in local.failed
         }

@@ -398,6 +398,25 @@ def test_a_stop_the_head_asked_for_keeps_the_heads_status(tmp_path: Path) -> Non
     assert [r.exit_code for r in merged.ranks] == [None, 1]
 
 
+def test_the_heads_own_rank_that_lost_its_peer_is_no_root_cause_beside_a_rank_that_failed_by_itself(
+    tmp_path: Path,
+) -> None:
+    """The head's rank 0 says its peer went away, in the same second as node 1's rank 1 fails by itself: rank 1
+    is the cause, as it would be were both on one node (the head's own ranks' errors count too)."""
+    fleet = Fleet(head_of(2))
+    fleet.on_control(ping(1), 1)
+    fleet.on_control(bye(1, "failed", (1, 1, None, "CUDA out of memory", 10.5)), 1)
+    local = JobResult(
+        status="failed",
+        ranks=(RankExit(rank=0, exit_code=1, signal=None, error="Connection closed by peer"),),
+        duration_s=1.0,
+        log_path=tmp_path,
+        failure_times={0: 10.0},
+    )
+    merged = fleet.merge(local, {0}, 2)
+    assert (merged.status, merged.root_cause) == ("failed", 1)
+
+
 def test_a_node_silent_at_the_end_is_lost_and_told_to_stop() -> None:
     fleet = Fleet(head_of(2))
     fleet.on_control(ping(1), 1)
