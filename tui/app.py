@@ -111,6 +111,7 @@ class MeshtopApp(App[None]):
         Binding("home", "playback('to_start')", "Start", show=False, priority=True),
         Binding("end", "playback('to_end')", "End", show=False, priority=True),
         Binding("k", "stop_job", "Stop the job", priority=True),
+        Binding("d", "detach", "Detach", priority=True),
     ]
     REPLAY_ACTIONS = frozenset({"playback", "seek"})
     VIEWER_ACTIONS = frozenset({"stop_job"})
@@ -131,6 +132,7 @@ class MeshtopApp(App[None]):
         quit_on_signals: bool = False,
         terminal: TerminalGuard | None = None,
         notice: str | None = None,
+        can_detach: bool = False,
     ) -> None:
         super().__init__()
         if "TEXTUAL_ANIMATIONS" not in os.environ:  # a user's own choice is kept
@@ -145,6 +147,9 @@ class MeshtopApp(App[None]):
         self.source = source
         self.notice = notice
         """Said once the dashboard is up (what a viewer opened, say)."""
+        self.can_detach = can_detach
+        """d leaves the dashboard and lets the job go on (a recorded ``run``'s, :mod:`meshtop.tui.detach`)."""
+        self.detached = False
         self.frame_hz = frame_hz
         self.headroom_alert = headroom_alert
         self.state = self._new_state()
@@ -290,6 +295,8 @@ class MeshtopApp(App[None]):
             return self.source.playback is not None
         if action in self.VIEWER_ACTIONS:
             return self.source.playback is None and not self.source.owns_job
+        if action == "detach":
+            return self.can_detach and not self.source.finished and not self.quitting
         if action in self.VIEW_ACTIONS:
             return self.query_one(TabbedContent).active in self.VIEW_ACTIONS[action]
         return True
@@ -368,6 +375,11 @@ class MeshtopApp(App[None]):
         else:
             who = "every rank" if ranks is None else f"rank {selected}"
             self.notify(f"py-spy is dumping {who}; the stack appears below the table")
+
+    def action_detach(self) -> None:
+        """d: leave the dashboard, the job going on headless (the CLI gives the shell back)."""
+        self.detached = self.quitting = True
+        self.exit()
 
     def action_stop_job(self) -> None:
         """k, in a viewer: stop the job through its writer, once confirmed."""

@@ -20,7 +20,7 @@ from collections import deque
 from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import Protocol, TextIO
 
 import pyarrow as pa
 
@@ -37,6 +37,7 @@ from meshtop.recordings.summary import job_status
 from meshtop.runner.job.control import JobControl
 from meshtop.runner.job.files import PHASE_NAME
 from meshtop.runner.results import JobResult
+from meshtop.runner.session.console import ProgressPrinter
 from meshtop.runner.session.session import SessionOptions, Work, run_session
 from meshtop.tui.state import DashboardState
 
@@ -195,6 +196,8 @@ class LiveSource:
         self._thread = threading.Thread(target=self._run, name="meshtop-session", daemon=True)
         self._started_ns: int | None = None
         self._screen = True
+        self._printer: ProgressPrinter | None = None
+        """``record``'s progress lines, once detached."""
         self._ended_ns: int | None = None
         self._ended = threading.Event()
         """Set when the session thread has ended: waited on instead of ``Thread.join``, which a signal's
@@ -225,9 +228,16 @@ class LiveSource:
         """The session thread's callback: decode what the screen reads there, not in the screen's frames."""
         if self._screen:
             self.backlog.put(screen_batches(arrivals, folded.tables, left_out=folded.left_out), folded.steps)
+        elif self._printer is not None:
+            self._printer.take(arrivals, folded)
 
-    def headless(self) -> None:
-        """No screen reads the events any more (its terminal went away): the session only records them."""
+    def headless(self, console: TextIO | None = None) -> None:
+        """No screen reads the events any more (its terminal went away, or it was detached): the session records
+        them, a hang stops the job as in ``record``, and ``console`` (where given) takes ``record``'s progress."""
+        self.control.stop_on_hang = True
+        if console is not None:
+            running_s = (time.time_ns() - (self._started_ns or time.time_ns())) / 1e9
+            self._printer = ProgressPrinter(self.run.total_steps(), self.session, console, running_s=running_s)
         self._screen = False
 
     def start(self) -> None:

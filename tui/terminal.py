@@ -109,10 +109,11 @@ class GuardedOutput:
         return getattr(self._real, name)
 
 
-def go_on_headless(source: LiveSource, *, recording: bool) -> None:
-    """After the dashboard's terminal went away: a recorded job goes on, headless, until it ends or SIGTERM /
-    Ctrl-C stops it, as ``record`` would; one not recorded is stopped (by the caller)."""
-    source.headless()
+def go_on_headless(source: LiveSource, *, recording: bool, console: TextIO | None = None) -> None:
+    """The dashboard is gone (its terminal went away, or d detached it): a recorded job goes on, headless, until
+    it ends or SIGTERM / Ctrl-C stops it, as ``record`` would run it (a hang stops it; ``console``, where given,
+    takes ``record``'s progress lines); one not recorded is stopped (by the caller)."""
+    source.headless(console)
     signal.signal(signal.SIGTERM, signal.default_int_handler)  # the app's event loop had it: a KeyboardInterrupt
     if not recording:
         return

@@ -43,15 +43,18 @@ class Progress:
     BAR = 24
     REDRAW_S = 0.1
 
-    def __init__(self, total_steps: int | None, out: TextIO) -> None:
+    def __init__(self, total_steps: int | None, out: TextIO, *, running_s: float = 0.0) -> None:
         self.total_steps = total_steps
         """``None`` where the job does not say (a user's script)."""
         self.out = out
         self.live = out.isatty()
-        self.started = time.monotonic()
+        self.started = time.monotonic() - running_s
+        """When the job started (``running_s`` ago: a detached run's progress goes on from there)."""
         self._last = 0.0
         self._drawn = False
         self._step_s = 0.0
+        self._steps = 0
+        """Steps seen, and their time (``_step_s``): from the first this follows, not the job's first."""
         self._stretch = -1
         """The last of the :data:`PROGRESS_LINES` even stretches of the total a line was printed in (in a file):
         ``done`` can jump several at a time (an inference load's requests come in batches)."""
@@ -60,7 +63,8 @@ class Progress:
         """A training step is complete."""
         done, total = step.step + 1, self.total_steps
         self._step_s += step.duration_s
-        eta_s = self._step_s / done * (total - done) if total else None  # steps to go at the mean step time so far
+        self._steps += 1
+        eta_s = self._step_s / self._steps * (total - done) if total else None  # steps to go at the mean step time
         self.show(done, total, step_line(step, total), events=events, eta_s=eta_s)
 
     def request_done(self, session: SessionFold, events: int) -> None:
@@ -165,6 +169,29 @@ def verdict(result: JobResult, steps: StepFigures | None, requests: RequestFigur
     return lines
 
 
+class ProgressPrinter:
+    """What ``record`` prints while a job runs, from each batch the session's fold took: the notices (warnings,
+    a stack dump's place) and the progress of its steps or requests."""
+
+    def __init__(self, total_steps: int | None, session: SessionFold, out: TextIO, *, running_s: float = 0.0) -> None:
+        self.session = session
+        self.progress = Progress(total_steps, out, running_s=running_s)
+        self.notices = Notices()
+        self.received = 0
+        """Events received so far."""
+
+    def take(self, arrivals: Arrivals, folded: Folded) -> None:
+        self.received += arrivals.count
+        for notice in self.notices.take(arrivals.events(PRINTED_KINDS)):
+            self.progress.message(("warning: " if notice.severity == "warning" else "") + notice.text)
+        if self.session.run.inference:
+            if any(kind == "request" for kind, _ in folded.tables):
+                self.progress.request_done(self.session, self.received)
+            return
+        for step in folded.steps:
+            self.progress.update(step, self.received)
+
+
 def follow_job(
     run: Work,
     *,
@@ -181,36 +208,23 @@ def follow_job(
     print(run.headline(), file=out, flush=True)
     control = JobControl()
     previous_usr1 = signal.signal(signal.SIGUSR1, lambda signum, frame: control.ask_stacks())
-    received = 0
-    progress = Progress(run.total_steps(), out)
     # /metrics reads every figure live; without it the console and the manifest read steps and requests only
     kinds = FOLDED_KINDS if options.metrics is not None else PROGRESS_KINDS
     session = SessionFold(manifest.run if manifest is not None else run.describe(), kinds=kinds)
-    inference = session.run.inference
-    notices = Notices()
-
-    def on_events(arrivals: Arrivals, folded: Folded) -> None:
-        nonlocal received
-        received += arrivals.count
-        for notice in notices.take(arrivals.events(PRINTED_KINDS)):
-            progress.message(("warning: " if notice.severity == "warning" else "") + notice.text)
-        if inference and any(kind == "request" for kind, _ in folded.tables):
-            progress.request_done(session, received)
-        for step in folded.steps if not inference else ():
-            progress.update(step, received)
+    printer = ProgressPrinter(run.total_steps(), session, out)
 
     try:
         result = run_session(
             run,
             directory=session_dir,
             manifest=manifest,
-            on_events=on_events,
+            on_events=printer.take,
             options=options,
             control=control,
             session=session,
         )
     finally:
-        progress.finish()
+        printer.progress.finish()
         signal.signal(signal.SIGUSR1, previous_usr1)
     figures = session.figures()  # the job's end is folded: every step decided, unserved requests counted
     for line in verdict(result, figures.steps, figures.requests):

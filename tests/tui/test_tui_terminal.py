@@ -122,8 +122,8 @@ def test_quitting_a_live_job_stops_every_rank_and_keeps_the_recording(
     workers = [p for p in job if python_module(p) == "meshtop.runner.rank.worker"]
     assert len(workers) == 2, [p.cmdline() for p in job]  # dp2: one per rank
 
-    if how == "SIGTERM":
-        [meshtop] = [p for p in job if python_module(p) == CLI_MODULE]
+    if how == "SIGTERM":  # to the pid the shell knows: the process that waits for meshtop's (tui/detach.py)
+        [meshtop] = [p for p in job if python_module(p) == CLI_MODULE and python_module(p.parent()) != CLI_MODULE]
         meshtop.terminate()
     else:
         term.press(how)
@@ -138,7 +138,10 @@ def test_quitting_a_live_job_stops_every_rank_and_keeps_the_recording(
 
 
 def meshtop_process(term: Terminal) -> psutil.Process:
-    [meshtop] = [p for p in term.job_processes() if python_module(p) == CLI_MODULE]
+    """The process that runs the session: a recorded ``run`` is the child of the one the shell waits for
+    (:mod:`meshtop.tui.detach`)."""
+    meshtops = [p for p in term.job_processes() if python_module(p) == CLI_MODULE]
+    [meshtop] = [p for p in meshtops if python_module(p.parent()) == CLI_MODULE] or meshtops
     return meshtop
 
 

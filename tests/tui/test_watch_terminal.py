@@ -206,3 +206,34 @@ def test_watch_finds_the_live_session_and_after_its_writer_is_killed_shows_what_
     none_live = terminal(["watch", "--runs-dir", str(runs)], width=120, height=40)
     assert none_live.wait_exit() == 2
     assert f"meshtop: error: no live session in {runs}" in none_live.everything()
+
+
+def test_d_in_run_gives_the_shell_back_the_job_goes_on_headless_and_watch_comes_back_to_it(
+    terminal: Callable[..., Terminal], tmp_path: Path
+) -> None:
+    runs = tmp_path / "runs"
+    script = ["torchrun", "--standalone", "--nproc-per-node=2", str(PACED), "--steps", str(STEPS)]
+    term = terminal(["run", "--runs-dir", str(runs), "--", *script], width=120, height=40, env=live_env())
+    term.wait_for(lambda s: "● running" in s and re.search(r" step [1-9]", header_rows(s)[1]), "a step", JOB_S)
+    term.press("d")
+    assert term.wait_exit() == 0, term.everything()  # the shell has its prompt back
+    [session] = list(runs.iterdir())
+    assert "detached: the job goes on headless (pid " in term.everything()
+    assert f"meshtop watch {session}" in term.everything()
+    writer_pid = json.loads((session / "writer.json").read_text())["pid"]
+    detached = psutil.Process(writer_pid)
+    assert detached.is_running() and os.getsid(writer_pid) == writer_pid, "the job left the terminal's session"
+    assert manifest_status(session) == "running"
+
+    viewer = terminal(["watch", "--runs-dir", str(runs)], width=120, height=40)
+    seen = viewer.wait_for(watched_step, "a step of the detached job", STARTUP_S)
+    viewer.wait_for(lambda s: (n := watched_step(s)) and n > seen, "steps going on", JOB_S)
+    viewer.wait_text("● completed", timeout_s=STEPS * 0.2 + JOB_S)
+    assert psutil.wait_procs([detached], timeout=30)[1] == []
+    assert manifest_status(session) == "completed"
+    assert summary_json(session)["steps"]["count"] == STEPS
+    console = (session / "console.log").read_text()
+    assert re.search(rf"^step  {STEPS}/\?", console, re.MULTILINE), console  # record's progress lines, to its end
+    assert "completed in" in console and f"recording: {session}" in console
+    viewer.press("q")
+    assert viewer.wait_exit() == 0

@@ -138,12 +138,14 @@ def command_run(args: argparse.Namespace) -> int:
     from meshtop.runner.session.console import verdict
     from meshtop.runner.session.session import start_recording
     from meshtop.tui.app import MeshtopApp
+    from meshtop.tui.detach import CONSOLE_LOG, detachable
     from meshtop.tui.sources import LiveSource
 
     run, options = session_of(args)
     if options.nodes is not None and not options.nodes.head:
         return command_node(run, options.nodes, options.node_probes)
     require_terminal("meshtop run", "use `meshtop record OUT` to record a job headless")
+    detacher = detachable() if args.record else None  # before any thread: d can then give the shell back
     options, server = live_metrics(args, run, options)
     manifest: Manifest | None = None
     if args.record:
@@ -152,10 +154,15 @@ def command_run(args: argparse.Namespace) -> int:
     else:
         directory = Path(tempfile.mkdtemp(prefix="meshtop-run-"))
     source = LiveSource(run, directory=directory, manifest=manifest, options=options)
-    app = MeshtopApp(source, quit_on_signals=True, terminal=TerminalGuard())
+    app = MeshtopApp(source, quit_on_signals=True, terminal=TerminalGuard(), can_detach=detacher is not None)
     try:
         app.run()
-        if app.terminal is not None and app.terminal.lost:
+        if app.detached and detacher is not None:
+            print(f"detached: the job goes on headless (pid {os.getpid()}), recording into {directory}")
+            print(f"  meshtop watch {directory}   comes back to it; its progress: {directory / CONSOLE_LOG}")
+            detacher.detach(directory / CONSOLE_LOG)
+            go_on_headless(source, recording=True, console=sys.stdout)
+        elif app.terminal is not None and app.terminal.lost:
             go_on_headless(source, recording=manifest is not None)
     finally:
         source.stop()
