@@ -20,7 +20,6 @@ from meshtop.probes.kinds import SHOWN_KINDS
 from meshtop.recordings.follow import Batch, RecordingTail
 from meshtop.recordings.manifest import RecordingError, read_manifest
 from meshtop.recordings.reader import Recording
-from meshtop.recordings.replay import in_kind_order
 from meshtop.recordings.session_fold import SessionFold
 from meshtop.recordings.writers import read_writer, writer_state
 from meshtop.runner.session.control_socket import ControlRefused, ask
@@ -92,10 +91,7 @@ class WatchSource:
         self._thread.start()
 
     def poll(self, state: DashboardState) -> DashboardState:
-        batches, steps = self.backlog.take_with_steps()
-        for kind, table in in_kind_order(batches):
-            state.apply(kind, table)
-        state.take_steps(steps)
+        self.backlog.show_on(state)
         state.coalesced = self.backlog.skipped
         if self.finished and state.ended is None and not self.backlog.waiting:
             state.finish("interrupted" if self._status == GONE else self._status)

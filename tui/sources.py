@@ -150,6 +150,13 @@ class ScreenBacklog:
         with self._lock:
             return bool(self._batches or self._steps)
 
+    def show_on(self, state: DashboardState) -> None:
+        """Apply every batch waiting to ``state`` (kinds in the fold's order), then the job steps they completed."""
+        batches, steps = self.take_with_steps()
+        for kind, table in in_kind_order(batches):
+            state.apply(kind, table)
+        state.take_steps(steps)
+
     def take_with_steps(self) -> tuple[list[Batch], list[JobStep]]:
         """Every batch waiting, oldest first, and the job steps they completed, at once."""
         with self._lock:
@@ -248,10 +255,7 @@ class LiveSource:
         return self._started_ns
 
     def poll(self, state: DashboardState) -> DashboardState:
-        batches, steps = self.backlog.take_with_steps()
-        for kind, table in in_kind_order(batches):
-            state.apply(kind, table)
-        state.take_steps(steps)
+        self.backlog.show_on(state)
         state.coalesced = self.backlog.skipped + self.session.left_out.total()
         return state
 
