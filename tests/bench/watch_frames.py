@@ -3,7 +3,7 @@
 ``python -m tests.bench.watch_frames [--seconds 6] [--rounds 3] [--ranks 64] [--sizes 200x60,80x24]
 [--rate 10000] [--follow-s 0.2] [--json PATH]``
 
-About 30 s a round pair at 64 ranks on 2 cores.
+About 25 s a pair of rounds at 64 ranks on 2 cores (76 s with the defaults).
 
 ``run``'s rounds are :mod:`tests.bench.tui_frames`' own (:class:`~tests.bench.tui_frames.SyntheticSource`: the
 job's events folded on a thread of the dashboard's process, as a live session's fold thread does). In
