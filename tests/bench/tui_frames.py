@@ -95,7 +95,7 @@ import threading
 import time
 from bisect import bisect_left
 from collections import deque
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from itertools import chain, islice, pairwise
 from pathlib import Path
 from typing import Any
@@ -507,9 +507,7 @@ class SyntheticSource:
         """Fold the warm history as a live session would have, whole, and give the screen its share; how many
         events it held."""
         arrivals = encoded(self.warm_history)
-        share, self.session.share = self.session.share, None
         folded = self.session.take(arrivals)
-        self.session.share = share
         for kind, table in in_kind_order(screen_batches(arrivals, folded.tables)):
             state.apply(kind, table)
         state.take_steps(folded.steps)
@@ -518,11 +516,15 @@ class SyntheticSource:
 
     # -- the Source protocol ---------------------------------------------------------------
 
-    def start(self) -> None:
+    def encode_ahead(self) -> None:
+        """Encode the next :data:`ENCODED_S` seconds of shipments, as the job's workers would send them."""
         shipment = max(1, int(self.rate * SHIP_S))
         self._shipments.extend(
             (shipment, encoded(list(islice(self._stream, shipment)))) for _ in range(int(ENCODED_S / SHIP_S))
         )
+
+    def start(self) -> None:
+        self.encode_ahead()
         self._started_ns = time.time_ns()
         self._thread.start()
 
@@ -553,6 +555,16 @@ class SyntheticSource:
 
     def ask_stacks(self, ranks: Iterable[int] | None) -> str | None:
         return "a synthetic job has no processes to dump"
+
+    def ask_stop(self) -> str | None:
+        return "a synthetic job has no processes to stop"
+
+    def launcher_phase(self) -> str | None:
+        return None
+
+    @property
+    def owns_job(self) -> bool:
+        return True
 
     @property
     def finished(self) -> bool:
@@ -649,11 +661,21 @@ class Stopwatch:
         return timed
 
 
+MakeSource = Callable[[int, float, int], Any]
+"""(ranks, rate, backlog) -> the source :func:`measure` measures the dashboard on: the app's Source protocol with
+:class:`SyntheticSource`'s figures (``warm_up``, ``produced``, ``backlog``, ``session``, ``largest_batch``,
+``producer_cpu_s``, ``steps_per_s``)."""
+
+
+def synthetic_source(ranks: int, rate: float, backlog: int) -> SyntheticSource:
+    return SyntheticSource(ranks, rate=rate, backlog=backlog)
+
+
 class BenchApp(MeshtopApp):
     """The dashboard, noting when each frame began, the loop's idle time then, frame()'s time, the view and
     the stopwatch's parts."""
 
-    def __init__(self, source: SyntheticSource, meter: IdleMeter) -> None:
+    def __init__(self, source: Any, meter: IdleMeter) -> None:
         super().__init__(source)  # type: ignore[arg-type]
         self.meter = meter
         self.frames: list[tuple[float, float, float, str, dict[str, float]]] = []
@@ -701,11 +723,13 @@ async def measure(
     backlog: int,
     profile: cProfile.Profile | None,
     gc_freeze: bool = False,
+    make_source: MakeSource | None = None,
 ) -> dict[str, Any]:
+    """One row: the dashboard on ``make_source(ranks, rate, backlog)`` (a :class:`SyntheticSource` by default)."""
     meter = IdleMeter(asyncio.get_running_loop())
     gc_meter = GcMeter()
     presses: list[float] = []
-    source = SyntheticSource(ranks, rate=rate, backlog=backlog)
+    source = (make_source or synthetic_source)(ranks, rate, backlog)
     app = BenchApp(source, meter)
     warm_events = source.warm_up(app.state)
     if gc_freeze:  # what the app could do once started: move what is already there out of the collector's sight
