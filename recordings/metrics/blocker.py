@@ -5,9 +5,9 @@ The rule, over a run's figures (:class:`~meshtop.recordings.metrics.figures.RunF
 errors, the first that holds:
 
 1. **fit**: a rank failed out of memory (its error matches :data:`OUT_OF_MEMORY`). Nothing else matters
-   while the job does not fit. A recording holds no planner prediction: a layout the planner says does not
-   fit is refused before launch (``meshtop plan --device-memory``; a sweep runs only plans that fit), so a
-   recording's fit rests on what its ranks ran into.
+   while the job does not fit. The planner's prediction is no part of a recording (``meshtop plan
+   --device-memory`` says before launch whether a layout fits, and a sweep runs only the plans that fit),
+   so a recording's fit rests on what its ranks ran into.
 2. No closed step: nothing to judge (``None``).
 3. Of the step's parts **beyond compute** (compute: forward + backward + optimizer, the model's own work),
    in :data:`BEYOND_COMPUTE` order: **data** (waiting for the next batch), **communication** (exposed: what
@@ -23,7 +23,8 @@ errors, the first that holds:
    outside the pipeline group (:func:`~meshtop.recordings.metrics.collectives.communication_share` of the
    rows whose group is not ``pp``, 0 where there are none: a pipeline's sends and receives are its bubble,
    as in the breakdown), at their mean exposed seconds per step summed; bubble is the run's mean bubble
-   (:func:`~meshtop.recordings.metrics.pipeline.mean_bubble`), at the stages' mean idle seconds per step;
+   (:func:`~meshtop.recordings.metrics.pipeline.mean_bubble`: of the schedule's span, the step less its
+   optimizer, so a little above its share of the whole step), at the stages' mean idle seconds per step;
    data is not measured and is left out. Where none of the three is known (no collectives, no stages and
    no breakdown), there is nothing to judge (``None``).
 
@@ -115,7 +116,7 @@ def step_parts(figures: RunFigures) -> dict[str, Part]:
     """The known parts beyond compute (of :data:`BEYOND_COMPUTE`): the breakdown's, else the fallback of the
     module's rule."""
     breakdown = figures.breakdown
-    if breakdown is not None and breakdown.steps:
+    if breakdown is not None:
         return {part: (breakdown.parts[part]["share"], breakdown.parts[part]["s_per_step"]) for part in BEYOND_COMPUTE}
     parts: dict[str, Part] = {}
     if figures.collectives:
@@ -133,7 +134,7 @@ def compute_evidence(figures: RunFigures, parts: Mapping[str, Part]) -> str:
     said = ", ".join(part_words(part, parts) for part in BEYOND_COMPUTE)
     evidence = f"{said} of the step: each under {percent(MATERIAL_SHARE)}"
     breakdown = figures.breakdown
-    if breakdown is not None and breakdown.steps:
+    if breakdown is not None:
         share = sum(breakdown.parts[part]["share"] for part in COMPUTE)
         seconds = sum(breakdown.parts[part]["s_per_step"] for part in COMPUTE)
         evidence += f"; forward, backward and optimizer {percent(share)}{per_step(seconds)}"

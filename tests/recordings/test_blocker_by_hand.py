@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -25,6 +26,17 @@ from tests.kit.screen import replayed
 
 STEP_S = 0.2
 """Every hand-made run's step: a part's seconds per step are its share x 0.2 s."""
+TRY = {
+    "fit": "make the most loaded rank fit: shard more (FSDP, a larger tp or pp), a smaller microbatch, activation "
+    "checkpointing or a lower precision; `meshtop plan --device-memory` checks a layout before launch",
+    "data": "more DataLoader workers (num_workers) and prefetch (prefetch_factor, pin_memory), so that the next "
+    "batch is ready when the step asks for it",
+    "communication": "overlap it with compute: a larger DDP bucket (bucket_cap_mb) or FSDP's forward and backward "
+    "prefetch; or keep the largest group within the fastest links",
+    "bubble": "more microbatches, or an interleaved schedule (virtual stages), to fill the pipeline",
+    "compute": "nothing to fix in the parallel layout: the step is the model's own work",
+}
+"""What each kind suggests, in the words a user reads."""
 
 
 def figures(
@@ -71,13 +83,17 @@ def collective(group: str, op: str, share: float, per_step_s: float) -> Collecti
     )
 
 
+def test_each_kind_suggests_what_to_try() -> None:
+    assert SUGGESTIONS == TRY
+
+
 def test_a_part_beyond_compute_blocks_at_a_tenth_of_the_step_and_not_below() -> None:
     """data 10 % (20.0 ms of 0.2 s), communication 5 %: data blocks; 9.99 %: no part does (compute)."""
     at = blocker_of(figures({"data": 0.10, "communication": 0.05, "forward": 0.85}), {})
     assert at == Blocker(
         kind="data",
         evidence="data 10 % of the step (20.0 ms a step), the largest beyond compute (communication 5 %, bubble 0 %)",
-        suggestion=SUGGESTIONS["data"],
+        suggestion=TRY["data"],
     )
     assert MATERIAL_SHARE == 0.10
     below = blocker_of(figures({"data": 0.0999, "communication": 0.05, "forward": 0.8501}), {})
@@ -94,12 +110,12 @@ def test_the_largest_part_beyond_compute_blocks() -> None:
     assert found == Blocker(
         kind="communication",
         evidence="communication 30 % of the step (60.0 ms a step), the largest beyond compute (data 12 %, bubble 20 %)",
-        suggestion=SUGGESTIONS["communication"],
+        suggestion=TRY["communication"],
     )
     bubble = blocker_of(figures({"bubble": 0.25, "communication": 0.24, "forward": 0.51}), {})
     assert bubble is not None and bubble.kind == "bubble"
     assert bubble.evidence.startswith("bubble 25 % of the step (50.0 ms a step)")
-    assert bubble.suggestion == SUGGESTIONS["bubble"]
+    assert bubble.suggestion == TRY["bubble"]
     tie = blocker_of(figures({"data": 0.2, "communication": 0.2, "forward": 0.6}), {})
     assert tie is not None and tie.kind == "data"
 
@@ -112,7 +128,7 @@ def test_compute_when_no_part_beyond_it_is_material() -> None:
         kind="compute",
         evidence="data 9 %, communication 5 %, bubble 0 % of the step: each under 10 %; forward, backward and "
         "optimizer 80 % (160.0 ms a step)",
-        suggestion="nothing to fix in the parallel layout: the step is the model's own work",
+        suggestion=TRY["compute"],
     )
 
 
@@ -123,9 +139,7 @@ def test_a_rank_out_of_memory_is_fit_before_anything_else() -> None:
     cuda = "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB"
     errors = {0: None, 1: "killed", 3: "OutOfMemoryError: boom", 2: cuda}
     found = blocker_of(figures({"communication": 0.5, "forward": 0.5}), errors)
-    assert found == Blocker(
-        kind="fit", evidence=f"ranks 2, 3 failed out of memory: {cuda}", suggestion=SUGGESTIONS["fit"]
-    )
+    assert found == Blocker(kind="fit", evidence=f"ranks 2, 3 failed out of memory: {cuda}", suggestion=TRY["fit"])
     cpu = "RuntimeError: DefaultCPUAllocator: can't allocate memory: you tried to allocate 8589934592 bytes"
     one = blocker_of(figures(steps=0), {1: cpu})
     assert one is not None and (one.kind, one.evidence) == ("fit", f"rank 1 failed out of memory: {cpu}")
@@ -136,8 +150,10 @@ def test_a_rank_out_of_memory_is_fit_before_anything_else() -> None:
 
 
 def test_nothing_is_judged_without_a_closed_step_or_a_measure() -> None:
-    """No closed step (a breakdown of none taken as none); no breakdown, no collectives, no stages."""
-    assert blocker_of(figures({"communication": 0.5}, steps=0), {}) is None
+    """No closed step, though a collective ran (its exposed time is decided when a step closes); no
+    breakdown, no collectives, no stages."""
+    opened = replace(collective("dp", "all_reduce", 0.0, 0.0), exposed_share=None, exposed_per_step_s=None)
+    assert blocker_of(figures(steps=0, collectives=(opened,)), {}) is None
     assert blocker_of(figures(), {}) is None
 
 
@@ -156,20 +172,20 @@ def test_without_a_breakdown_the_collectives_and_stages_judge() -> None:
         kind="communication",
         evidence="communication 35 % of the step (70.0 ms a step), the largest beyond compute (data not "
         "measured, bubble 15 %)",
-        suggestion=SUGGESTIONS["communication"],
+        suggestion=TRY["communication"],
     )
     pipeline_only = blocker_of(figures(collectives=rows[2:], stages=stages), {})
     assert pipeline_only == Blocker(
         kind="bubble",
         evidence="bubble 15 % of the step (30.0 ms a step), the largest beyond compute (data not measured, "
         "communication 0 %)",
-        suggestion=SUGGESTIONS["bubble"],
+        suggestion=TRY["bubble"],
     )
     calm = (StageRow(stage=0, busy_s=0.19, idle_s=0.01, bubble_fraction=0.05),)
     assert blocker_of(figures(stages=calm), {}) == Blocker(
         kind="compute",
         evidence="data not measured, communication not measured, bubble 5 % of the step: each under 10 %",
-        suggestion=SUGGESTIONS["compute"],
+        suggestion=TRY["compute"],
     )
 
 
@@ -177,7 +193,7 @@ SAMPLE_BLOCKER = {
     "kind": "bubble",
     "evidence": "bubble 25 % of the step (399.1 ms a step), the largest beyond compute (data not measured, "
     "communication 6 %)",
-    "suggestion": SUGGESTIONS["bubble"],
+    "suggestion": TRY["bubble"],
 }
 """The shipped dp2 x pp2 1F1B sample (4 microbatches; no phases measured): its stages' bubble fractions
 0.24960 and 0.25322 give a mean of 0.2514 (the (p - 1) / (m + p - 1) = 1 / 5 = 20 % of balanced stages, and
