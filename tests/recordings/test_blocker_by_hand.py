@@ -181,6 +181,8 @@ def test_without_a_breakdown_the_collectives_and_stages_judge() -> None:
         "communication 0 %)",
         suggestion=TRY["bubble"],
     )
+    by_share = blocker_of(figures(collectives=(collective("dp", "all_reduce", 0.12, 0.040),), stages=stages), {})
+    assert by_share is not None and by_share.kind == "bubble"  # 15 % of 30.0 ms over 12 % of 40.0 ms: by share
     calm = (StageRow(stage=0, busy_s=0.19, idle_s=0.01, bubble_fraction=0.05),)
     assert blocker_of(figures(stages=calm), {}) == Blocker(
         kind="compute",
