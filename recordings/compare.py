@@ -17,6 +17,9 @@ attention rule, :mod:`meshtop.recordings.metrics.attention`, at each run's
 end): per measure, those of A and those of B, and whether the change fixed
 them (``fixed``: A had some, B none), brought them (``new``), or neither
 (``still``, ``none``).
+
+What blocks each run (:mod:`meshtop.recordings.metrics.blocker`) is given for both, and whether its kind
+changed: the change fixed one limit and met the next, or moved nothing that mattered.
 """
 
 from __future__ import annotations
@@ -31,11 +34,12 @@ from scipy.stats import mannwhitneyu
 from meshtop.recordings.manifest import LOAD_FILE, LOAD_WORK, RunDescription, Script
 from meshtop.recordings.metrics.attention import MEASURES as GRID_MEASURES
 from meshtop.recordings.metrics.attention import Attention, Scored
+from meshtop.recordings.metrics.blocker import Blocker
 from meshtop.recordings.metrics.breakdown import PARTS
 from meshtop.recordings.metrics.requests import LATENCIES
 from meshtop.recordings.metrics.run import RunFold
 from meshtop.recordings.reader import Recording
-from meshtop.recordings.summary import fold_recording
+from meshtop.recordings.summary import blocker_json, fold_recording, recording_blocker
 
 P_VALUE = 0.01
 MIN_CHANGE = 0.01
@@ -388,5 +392,12 @@ def compare(a: Recording, b: Recording, folds: tuple[RunFold, RunFold] | None = 
         "moved": None if inference else part_moved(metrics),
         "failures": failure_differences(fold_a, fold_b) if inference else [],
         "standing_out": standing_out(grid_attention(fold_a), grid_attention(fold_b)),
+        "blocker": compared_blockers(recording_blocker(a, fold_a), recording_blocker(b, fold_b)),
         "problems": [*a.problems, *b.problems],
     }
+
+
+def compared_blockers(a: Blocker | None, b: Blocker | None) -> dict[str, Any]:
+    """What blocks each run (:mod:`meshtop.recordings.metrics.blocker`) and whether its kind changed."""
+    changed = (a.kind if a is not None else None) != (b.kind if b is not None else None)
+    return {"a": blocker_json(a), "b": blocker_json(b), "changed": changed}

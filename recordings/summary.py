@@ -11,6 +11,7 @@ from dataclasses import asdict
 from typing import Any
 
 from meshtop.probes.kinds import FOLDED_KINDS
+from meshtop.recordings.metrics.blocker import Blocker, blocker_of
 from meshtop.recordings.metrics.memory import MemoryRow
 from meshtop.recordings.metrics.rates import measured_rates as rates_of
 from meshtop.recordings.metrics.run import COLUMNS_READ, RunFold, fold_tables
@@ -125,7 +126,18 @@ def summarize(recording: Recording) -> dict[str, Any]:
             for restart, (world, first) in sorted(fold.starts.items())
         ],
         "problems": [*recording.problems, *rejected_problems(fold)],
+        "blocker": blocker_json(recording_blocker(recording, fold)),
     }
+
+
+def recording_blocker(recording: Recording, fold: RunFold) -> Blocker | None:
+    """What blocks the recorded run (:mod:`meshtop.recordings.metrics.blocker`), from its figures and its
+    ranks' errors."""
+    return blocker_of(fold.figures(), {rank.rank: rank.error for rank in recording.manifest.ranks})
+
+
+def blocker_json(blocker: Blocker | None) -> dict[str, str] | None:
+    return blocker.to_json() if blocker is not None else None
 
 
 def measured_rates(recording: Recording) -> tuple[float | None, float | None]:

@@ -6,6 +6,7 @@ computes one of its own.
 
 from __future__ import annotations
 
+from meshtop.recordings.metrics.blocker import blocker_of
 from meshtop.recordings.notices import Notice
 from meshtop.tui.state import DashboardState
 
@@ -15,12 +16,15 @@ SEVERITIES = ("error", "warning", "info")
 
 def alerts_of(state: DashboardState) -> list[Notice]:
     """What needs the user's eye now, the worst first: the ranks that failed, the session's notices
-    (:class:`meshtop.recordings.notices.Notices`), and what the figures show."""
+    (:class:`meshtop.recordings.notices.Notices`), and what the figures show (what blocks the run among them:
+    :mod:`meshtop.recordings.metrics.blocker`)."""
     now = state.clock_ns or 0
     alerts = []
+    errors: dict[int, str | None] = {}
     for view in state.rank_views(lambda view: view.exited is not None):
         exited = view.exited
         if exited is not None and exited.exit_code not in (0, None):
+            errors[view.rank] = exited.error
             why = f": {exited.error}" if exited.error else ""
             alerts.append(Notice("error", f"rank {view.rank} {view.status}{why}", exited.wall_ns))
     if state.ended is not None and state.ended.status == "failed" and state.ended.root_cause_rank is not None:
@@ -29,6 +33,9 @@ def alerts_of(state: DashboardState) -> list[Notice]:
         )
     alerts += state.notices.standing(state.info, now)
     said = [("warning", straggler.verdict) for straggler in state.stragglers()]
+    if (blocker := blocker_of(state.figures(), errors)) is not None:
+        severity = "warning" if blocker.kind == "fit" else "info"
+        said.append((severity, f"blocker: {blocker.kind}\n  {blocker.evidence}\n  try: {blocker.suggestion}"))
     for row, room in state.low_headroom():
         text = f"rank {row.rank} memory headroom {room:.0%} at its peak (below {state.headroom_alert:.0%})"
         said.append(("warning", text))

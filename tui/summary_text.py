@@ -211,6 +211,13 @@ def run_words(run: dict[str, Any]) -> str:
     return f"{plan} · model {run['model']} · {run['device']} {recipe}"
 
 
+def blocker_lines(blocker: dict[str, str] | None) -> list[str]:
+    """``blocker: bubble``, its evidence and its suggestion, a line each; none where the rule judged nothing."""
+    if blocker is None:
+        return []
+    return [f"blocker: {blocker['kind']}", f"  {blocker['evidence']}", f"  try: {blocker['suggestion']}"]
+
+
 def straggler_lines(stragglers: list[dict[str, Any]]) -> list[str]:
     """Each straggler as the dashboard's alert names it, with its compute time against its peers'."""
     return [
@@ -242,6 +249,7 @@ def summary_lines(summary: dict[str, Any]) -> list[str]:
         lines.append(loss)
     if (breakdown := breakdown_line((summary.get("breakdown") or {}).get("parts"))) is not None:
         lines.append(breakdown)
+    lines += blocker_lines(summary.get("blocker"))
     if run.get("hang"):  # meshtop's report of the hang that stopped it, torch's flight recorder's beside it
         first, *rest = run["hang"].splitlines()
         lines += [f"hung: {first}", *(f"  {line}" for line in rest)]
@@ -421,8 +429,21 @@ def comparison_lines(comparison: dict[str, Any]) -> list[str]:
     lines += [f"  {line}" for line in comparison.get("failures", [])]
     if comparison.get("moved"):
         lines.append(f"  {comparison['moved']}")
+    lines += compared_blocker_lines(comparison.get("blocker"))
     lines += standing_out_lines(comparison.get("standing_out", []))
     return lines
+
+
+def compared_blocker_lines(compared: dict[str, Any] | None) -> list[str]:
+    """``blocker changed: bubble in A, communication in B`` (then B's evidence), ``blocker: bubble in both``;
+    none where neither run has one."""
+    if compared is None or (compared["a"] is None and compared["b"] is None):
+        return []
+    a, b = (side["kind"] if side is not None else "none judged" for side in (compared["a"], compared["b"]))
+    if not compared["changed"]:
+        return [f"  blocker: {a} in both"]
+    evidence = [f"    B: {compared['b']['evidence']}"] if compared["b"] is not None else []
+    return [f"  blocker changed: {a} in A, {b} in B", *evidence]
 
 
 def _per_rank_peak(row: dict[str, Any]) -> bool:

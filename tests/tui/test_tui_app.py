@@ -77,7 +77,7 @@ VIEW_MARKS = {
     "4": ["stage 0", "stage 1", "bubble per stage", "ideal 20.0% at 2 stages x 4 mb"],
     "5": ["step time", "throughput", "loss"],
     "6": ["pid", "pp/dp/tp", "running"],
-    "7": ["no alerts"],
+    "7": ["blocker: bubble", "try: more microbatches"],
     "8": ["step time · median", "n0 ", "stand out most (step time)"],
 }
 
