@@ -63,7 +63,7 @@ class HeaderBar(Static):
         )
         if info.until_stopped and status == "running":
             second.append("  q ends the run", style="bold")
-        alerts = alerts_of(state)
+        alerts = [alert for alert in alerts_of(state) if alert.severity != "info"]  # a warning's sign: no info's
         if alerts:
             worst = alerts[0]
             second.append(f"  ⚠ {len(alerts)}", style="bold red" if worst.severity == "error" else "yellow")
