@@ -21,7 +21,7 @@ from meshtop.recordings.follow import Batch, RecordingTail
 from meshtop.recordings.manifest import RecordingError, read_manifest
 from meshtop.recordings.reader import Recording
 from meshtop.recordings.session_fold import SessionFold
-from meshtop.recordings.writers import read_writer, writer_state
+from meshtop.recordings.writers import read_writer, running_status, writer_state
 from meshtop.runner.session.control_socket import ControlRefused, ask
 from meshtop.tui.sources import SCREEN_BACKLOG, ScreenBacklog, launcher_phase_in
 from meshtop.tui.state import DashboardState
@@ -158,9 +158,11 @@ def _started_ns(recording: Recording) -> int | None:
 
 
 def writer_note(directory: Path) -> str | None:
-    """Why a recording that says running is not live, in words (``None``: its writer lives, or could not be
-    told: on another host)."""
+    """Why a recording that says running is not live (:func:`~meshtop.recordings.writers.running_status`'s rule),
+    in words; ``None`` where its writer lives, or runs on another host and cannot be asked."""
     writer = read_writer(directory)
-    if writer is None or writer_state(writer) != "gone":
+    if running_status(writer) == "running":
         return None
+    if writer is None:
+        return "no writer named (an older meshtop's recording, cut short): what it wrote"
     return f"writer gone (pid {writer.pid} on {writer.host}): what it wrote"

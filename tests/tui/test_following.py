@@ -4,6 +4,9 @@ shipped 40-step sample's events appended in two parts, as a writer appends them,
 from __future__ import annotations
 
 import dataclasses
+import json
+import socket
+import subprocess
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -15,7 +18,8 @@ from meshtop.recordings.manifest import write_manifest
 from meshtop.recordings.reader import open_recording
 from meshtop.recordings.samples import SAMPLE
 from meshtop.recordings.schema import events_of
-from meshtop.tui.following import WatchSource
+from meshtop.recordings.writers import WRITER_NAME, claim_recording
+from meshtop.tui.following import WatchSource, writer_note
 from meshtop.tui.state import DashboardState
 
 SAMPLE_STEPS = 40
@@ -62,3 +66,15 @@ def test_a_viewer_shows_what_is_written_as_it_is_written_and_ends_with_its_write
     assert state.steps_done == SAMPLE_STEPS
     assert source.tail.lost == 0
     assert source.ask_stop() == "the job has ended: nothing to act on"
+
+
+def test_a_viewer_is_told_why_a_recording_that_says_running_is_not_live(tmp_path: Path) -> None:
+    claim_recording(tmp_path)
+    assert writer_note(tmp_path) is None  # this process writes it: live
+    gone = subprocess.Popen(["true"])  # a process that has come and gone
+    gone.wait()
+    writer = json.loads((tmp_path / WRITER_NAME).read_text())
+    (tmp_path / WRITER_NAME).write_text(json.dumps({**writer, "pid": gone.pid, "process_start": None}))
+    assert writer_note(tmp_path) == f"writer gone (pid {gone.pid} on {socket.gethostname()}): what it wrote"
+    (tmp_path / WRITER_NAME).unlink()
+    assert writer_note(tmp_path) == "no writer named (an older meshtop's recording, cut short): what it wrote"
