@@ -16,7 +16,7 @@ import psutil
 import pytest
 
 from meshtop.runner.session.control_socket import ACTIONS_NAME, CONTROL_DIR
-from tests.kit.commands import CLI_MODULE, meshtop, summary_json
+from tests.kit.commands import CLI_MODULE, meshtop, run_meshtop, summary_json
 from tests.kit.terminal import (
     JOB_S,
     REPO,
@@ -122,6 +122,8 @@ def test_viewers_come_and_go_and_the_job_completes_every_step(
     job = writer(out)
     stays = terminal(["watch", str(out)], width=120, height=40, env=live_env())
     first_seen = stays.wait_for(watched_step, "a step in the first viewer", STARTUP_S + JOB_S)
+    [listed] = json.loads(run_meshtop("ls", "--json", tmp_path).stdout)
+    assert (listed["path"], listed["status"], listed["pid"]) == (str(out), "running", job.process.pid)
     leaves = terminal(["watch", str(out)], width=120, height=40)
     killed = terminal(["watch", str(out)], width=100, height=30)
     lost = terminal(["watch", str(out)], width=100, height=30)

@@ -51,8 +51,8 @@ def command_watch(args: argparse.Namespace) -> int:
     if recording.status == "running" and gone is None:
         source = WatchSource(recording)
         notice = "watching: q leaves the viewer, the job goes on"
-        if others:
-            notice += f" ({len(others)} more live: meshtop ls)"
+        if others:  # the newest is watched; the others are named, to watch one of them instead
+            notice += f"; also live: {', '.join(path.name for path in others[:3])}{' …' if len(others) > 3 else ''}"
     else:
         source = ReplaySource(recording)
         if gone is not None:
