@@ -9,13 +9,16 @@ Rules:
 - gauges (``requests_running``, ``requests_waiting``, ``kv_cache_usage``): mean and max over the scrapes
   during the load, and the recent values for the dashboard;
 - counters (``preemptions``, ``prompt_tokens``, ``generation_tokens``): their increase from the first
-  scrape to the last (what the load added; a counter that went down, a server restart, counts from there).
+  scrape to the last (what the load added; a counter that went down, a server restart, counts from there);
+- a gauge's thirds: its mean over the first third of the scrapes and over the last third (``n // 3`` scrapes
+  each, from 3 scrapes on), how it went through the run (a queue that grows: what blocks the run,
+  :mod:`~meshtop.recordings.metrics.blocker`).
 """
 
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from meshtop.probes.events import ServerMetric
 
@@ -36,6 +39,9 @@ class ServerFigures:
     """For each of :data:`GAUGES` the engine published: last, mean, max."""
     counters: dict[str, float]
     """For each of :data:`COUNTERS` it published: the increase over the run."""
+    thirds: dict[str, tuple[float, float]] = field(default_factory=dict)
+    """For each of :data:`GAUGES` of at least 3 scrapes: its mean over the first third of them, and over the
+    last third."""
 
     def to_json(self) -> dict[str, object]:
         return {"scrapes": self.scrapes, "series": self.series, **self.gauges, **self.counters}
@@ -110,7 +116,17 @@ class ServerFold:
                 if closed._count.get(name)
             },
             counters={name: closed._increase.get(name, 0.0) for name in COUNTERS if name in closed._last},
+            thirds=closed._thirds(),
         )
+
+    def _thirds(self) -> dict[str, tuple[float, float]]:
+        """Each gauge's mean over its first third of scrapes and its last third (by the rules above)."""
+        thirds = {}
+        for name in GAUGES:
+            values = [value for _, common, value in self._timeline if common == name]
+            if (third := len(values) // 3) > 0:
+                thirds[name] = (sum(values[:third]) / third, sum(values[-third:]) / third)
+        return thirds
 
     def _snapshot(self) -> ServerFold:
         """This fold with its scrape in progress closed (a copy: the next events may belong to it)."""

@@ -423,7 +423,8 @@ def test_the_engines_queues_are_summed_its_caches_the_fullest_and_each_scrape_is
             "kv_cache_usage": {"last": 0.75, "mean": pytest.approx(2 / 3), "max": 0.75},
         },
         counters={"prompt_tokens": 0.0, "generation_tokens": 0.0},
-    )
+        thirds={"requests_running": (3.0, 2.0), "kv_cache_usage": (0.5, 0.75)},
+    )  # thirds of 3 scrapes: the first scrape's value and the last's
     assert list(fold.recent["requests_running"]) == [3.0, 2.0]  # the scrapes closed: 1 and 2
     assert list(fold.recent["kv_cache_usage"]) == [0.5, 0.75]
     assert fold.timeline() == [
