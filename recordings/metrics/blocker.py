@@ -48,7 +48,7 @@ published them (:class:`~meshtop.recordings.metrics.server.ServerFigures`) and w
    beside the asked one is evidence, not a rule of its own: with every request sent on time the achieved
    rate is the seeded plan's, whose spread from the asked rate is the arrivals' chance, not the client's.
 4. **queue**: the waiting requests grow through the run: the server's ``requests_waiting`` gauge over the
-   last third of its scrapes averages at least :data:`QUEUE_FLOOR` and at least :data:`QUEUE_GROWTH` times
+   last third of its scrapes while the load was sent (a backlog drains after it) averages at least :data:`QUEUE_FLOOR` and at least :data:`QUEUE_GROWTH` times
    its first third's (from 3 scrapes on; fewer tell no trend). Where the server published no such gauge
    (the built-in model, a server without ``/metrics``), the requests tell instead: TTFT p50 over the last
    third of the completed requests by arrival at least :data:`TTFT_RISE` times the first third's (above 0)
@@ -66,7 +66,7 @@ published them (:class:`~meshtop.recordings.metrics.server.ServerFigures`) and w
    found.
 
 The evidence names the figures with their numbers: ``requests waiting grew from 0.30 on average over the
-first third of 30 scrapes to 6.20 over the last (at least 1 and 2 x the first)``.
+first third of the scrapes while the load was sent to 6.20 over the last (at least 1 and 2 x the first)``.
 """
 
 from __future__ import annotations
@@ -261,8 +261,8 @@ def serving_blocker(
         first, last = thirds
         if last >= QUEUE_FLOOR and last >= QUEUE_GROWTH * first:
             evidence = (
-                f"requests waiting grew from {first:.2f} on average over the first third of {server.scrapes} scrapes "
-                f"to {last:.2f} over the last (at least {QUEUE_FLOOR:g} and {QUEUE_GROWTH:g} x the first)"
+                f"requests waiting grew from {first:.2f} on average over the first third of the scrapes while the "
+                f"load was sent to {last:.2f} over the last (at least {QUEUE_FLOOR:g} and {QUEUE_GROWTH:g} x the first)"
             )
             return Blocker(kind="queue", evidence=evidence, suggestion=SERVING_SUGGESTIONS["queue"])
     elif waiting is None and (rise := ttft_rise(requests)) is not None:

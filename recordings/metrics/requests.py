@@ -376,6 +376,11 @@ class RequestFold:
         self._by_replica[event.replica] = (done + 1, tokens + event.output_tokens, ttft)
 
     @property
+    def sending_ns(self) -> tuple[int, int] | None:
+        """From the first send of the load's requests to the last (an endpoint's; ``None`` before a send)."""
+        return self._sends[:2] if self._sends is not None else None
+
+    @property
     def reported(self) -> int:
         """Requests with a report (completed or failed)."""
         return len(self._seen)

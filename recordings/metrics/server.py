@@ -11,8 +11,9 @@ Rules:
 - counters (``preemptions``, ``prompt_tokens``, ``generation_tokens``): their increase from the first
   scrape to the last (what the load added; a counter that went down, a server restart, counts from there);
 - a gauge's thirds: its mean over the first third of the scrapes and over the last third (``n // 3`` scrapes
-  each, from 3 scrapes on), how it went through the run (a queue that grows: what blocks the run,
-  :mod:`~meshtop.recordings.metrics.blocker`).
+  each, from 3 scrapes on), of the scrapes while the load was sent where that is known (from its first send
+  to its last: after it a backlog drains, and a queue that grew falls), how it went through the load (a queue
+  that grows: what blocks the run, :mod:`~meshtop.recordings.metrics.blocker`).
 """
 
 from __future__ import annotations
@@ -98,8 +99,8 @@ class ServerFold:
         """Each common series' value at each scrape, by the rules above: (wall_ns, name, value), in order."""
         return self._snapshot()._timeline if self._scrape_ns is not None else []
 
-    def figures(self) -> ServerFigures | None:
-        """``None`` until a scrape came."""
+    def figures(self, sending_ns: tuple[int, int] | None = None) -> ServerFigures | None:
+        """``None`` until a scrape came (``sending_ns``: the load's first and last send, for the thirds)."""
         if self._scrape_ns is None:
             return None
         closed = self._snapshot()
@@ -116,14 +117,19 @@ class ServerFold:
                 if closed._count.get(name)
             },
             counters={name: closed._increase.get(name, 0.0) for name in COUNTERS if name in closed._last},
-            thirds=closed._thirds(),
+            thirds=closed._thirds(sending_ns),
         )
 
-    def _thirds(self) -> dict[str, tuple[float, float]]:
+    def _thirds(self, sending_ns: tuple[int, int] | None) -> dict[str, tuple[float, float]]:
         """Each gauge's mean over its first third of scrapes and its last third (by the rules above)."""
+        start, end = sending_ns if sending_ns is not None else (None, None)
         thirds = {}
         for name in GAUGES:
-            values = [value for _, common, value in self._timeline if common == name]
+            values = [
+                value
+                for wall_ns, common, value in self._timeline
+                if common == name and (start is None or start <= wall_ns) and (end is None or wall_ns <= end)
+            ]
             if (third := len(values) // 3) > 0:
                 thirds[name] = (sum(values[:third]) / third, sum(values[-third:]) / third)
         return thirds

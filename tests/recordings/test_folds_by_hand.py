@@ -435,6 +435,21 @@ def test_the_engines_queues_are_summed_its_caches_the_fullest_and_each_scrape_is
     ]  # fmt: skip
 
 
+def test_a_gauges_thirds_are_of_the_scrapes_while_the_load_was_sent() -> None:
+    """Waiting 0, 2, 4, 6, 8, 10, 12 at scrapes 1 .. 7, then 3 as the backlog drains (scrape 8, open). Sent
+    from 2 to 7: 2, 4, 6, 8, 10, 12, thirds of 2: (2 + 4) / 2 = 3 and (10 + 12) / 2 = 11. All 8 scrapes:
+    thirds of 2: (0 + 2) / 2 = 1 and (12 + 3) / 2 = 7.5. Sent from 2 to 3: 2 scrapes, too few for thirds."""
+    fold = ServerFold()
+    for scrape, waiting in enumerate((0.0, 2.0, 4.0, 6.0, 8.0, 10.0, 12.0, 3.0), start=1):
+        fold.add(labelled(scrape, "vllm:num_requests_waiting", "", waiting, "requests_waiting"))
+    sent = fold.figures((2, 7))
+    assert sent is not None and sent.thirds == {"requests_waiting": (3.0, 11.0)}
+    every = fold.figures()
+    assert every is not None and every.thirds == {"requests_waiting": (1.0, 7.5)}
+    short = fold.figures((2, 3))
+    assert short is not None and short.thirds == {}
+
+
 def test_the_dashboard_keeps_a_gauges_last_240_scrapes() -> None:
     """Scrapes 0 .. 241 of one gauge, valued as their number: 241 closed (the last is open), the latest 240
     kept: 1 .. 240."""

@@ -191,14 +191,14 @@ def test_the_client_blocks_when_it_limited_the_run() -> None:
 
 
 def test_a_queue_grows_from_a_request_waiting_in_the_last_third_and_twice_the_first() -> None:
-    """Waiting 0.5 on average over the first third of 30 scrapes, 1.0 over the last: at the floor (1) and at
+    """Waiting 0.5 on average over the first third of the scrapes, 1.0 over the last: at the floor (1) and at
     2 x the first: queue. 0.99 is under the floor; 0.51 to 1.0 is under 2 x (1.02). From none waiting at all
     to 1: queue."""
     assert (QUEUE_FLOOR, QUEUE_GROWTH) == (1.0, 2.0)
     assert blocker_of(run(requests(), server(waiting=(0.5, 1.0), waiting_mean=0.7)), {}) == Blocker(
         kind="queue",
-        evidence="requests waiting grew from 0.50 on average over the first third of 30 scrapes to 1.00 over the "
-        "last (at least 1 and 2 x the first)",
+        evidence="requests waiting grew from 0.50 on average over the first third of the scrapes while the load "
+        "was sent to 1.00 over the last (at least 1 and 2 x the first)",
         suggestion=TRY["queue"],
     )
     assert kind(run(requests(), server(waiting=(0.49, 0.99), waiting_mean=0.7))) == "none"
