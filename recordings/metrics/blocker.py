@@ -48,8 +48,9 @@ published them (:class:`~meshtop.recordings.metrics.server.ServerFigures`) and w
    beside the asked one is evidence, not a rule of its own: with every request sent on time the achieved
    rate is the seeded plan's, whose spread from the asked rate is the arrivals' chance, not the client's.
 4. **queue**: the waiting requests grow through the run: the server's ``requests_waiting`` gauge over the
-   last third of its scrapes while the load was sent (a backlog drains after it) averages at least :data:`QUEUE_FLOOR` and at least :data:`QUEUE_GROWTH` times
-   its first third's (from 3 scrapes on; fewer tell no trend). Where the server published no such gauge
+   last third of its scrapes while the load was sent (a backlog drains after it) averages at least
+   :data:`QUEUE_FLOOR` and at least :data:`QUEUE_GROWTH` times its first third's (from 3 scrapes on; fewer
+   tell no trend). Where the server published no such gauge
    (the built-in model, a server without ``/metrics``), the requests tell instead: TTFT p50 over the last
    third of the completed requests by arrival at least :data:`TTFT_RISE` times the first third's (above 0)
    while TPOT p50 holds (the last third's at most :data:`TPOT_HOLD` times the first's, or no TPOT: one-token
