@@ -268,10 +268,11 @@ def serving_blocker(
             return Blocker(kind="queue", evidence=evidence, suggestion=SERVING_SUGGESTIONS["queue"])
     elif waiting is None and (rise := ttft_rise(requests)) is not None:
         return Blocker(kind="queue", evidence=rise, suggestion=SERVING_SUGGESTIONS["queue"])
-    waited = f"requests waiting {waiting['mean']:.2f} on average" if waiting is not None else ttft_thirds(requests)
+    mean = waiting["mean"] if waiting is not None else None
+    waited = f"requests waiting {mean:.2f} on average" if mean is not None else ttft_thirds(requests)
     latencies = f"TTFT p90 {ms_or_none(requests.latencies['ttft_s']['p90'])}, TPOT p90 {ms_or_none(tpot_p90(requests))}"
     problem = tpot_high(requests) or slo_missed(requests, latencies)
-    if problem is not None and waiting is not None and (waiting["mean"] or 0.0) >= QUEUE_FLOOR:
+    if problem is not None and mean is not None and mean >= QUEUE_FLOOR:
         evidence = f"{problem} with a standing queue ({waited})"
         return Blocker(kind="queue", evidence=evidence, suggestion=SERVING_SUGGESTIONS["queue"])
     if problem is not None:

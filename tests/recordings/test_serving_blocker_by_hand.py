@@ -88,7 +88,7 @@ def server(
     waiting: tuple[float, float] | None = None,
     waiting_mean: float = 0.0,
     cache_max: float = 0.5,
-    preemptions: float = 0.0,
+    preemptions: float | None = 0.0,
     scrapes: int = 30,
 ) -> ServerFigures:
     """The server's scraped figures: the waiting gauge's mean and its thirds (``None``: fewer than 3 scrapes)."""
@@ -100,7 +100,7 @@ def server(
         scrapes=scrapes,
         series=12,
         gauges=gauges,
-        counters={"preemptions": preemptions},
+        counters={"preemptions": preemptions} if preemptions is not None else {},
         thirds={"requests_waiting": waiting} if waiting is not None else {},
     )
 
@@ -319,3 +319,34 @@ def test_a_recorded_server_that_failed_out_of_memory_is_fit(tmp_path: Path, caps
     assert main(["compare", str(INFER_SAMPLE), str(failed), "--json"]) == 0
     compared = json.loads(capsys.readouterr().out)["blocker"]
     assert (compared["a"], compared["b"], compared["changed"]) == (INFER_BLOCKER, found, True)
+
+
+def test_what_a_run_lacks_is_said_and_judged_as_absent() -> None:
+    """One request out of memory: ``1 request``. A client-limited run with no achieved rate (a single send):
+    its verdict alone. A server without a preemptions counter (TGI publishes none) and a waiting gauge with no
+    mean: no fit, nothing waiting. Fewer than 3 requests, no gauge: no thirds, said so. One-token answers only:
+    no TPOT, said ``none``."""
+    cuda = "CUDA out of memory"
+    assert blocker_of(run(requests(failures=((cuda, 1),))), {}) == Blocker(
+        kind="fit", evidence=f"1 request failed out of memory: {cuda}", suggestion=TRY["fit"]
+    )
+    single = replace(LIMITED, achieved_rate_per_s=None)
+    found = blocker_of(run(requests(client=single)), {})
+    assert found is not None and (found.kind, found.evidence) == ("client", LIMITED.limited)
+    silent = server(preemptions=None)
+    silent.gauges["requests_waiting"]["mean"] = None
+    slow = {**FAST_TPOT, "p50": 0.2}
+    found = blocker_of(run(requests(tpot=slow), silent), {})
+    assert found is not None and found.kind == "latency"
+    assert blocker_of(run(requests(completed=2, tpot=slow, thirds={})), {}) == Blocker(
+        kind="latency",
+        evidence="TPOT p50 200.0 ms above 100.0 ms (no TPOT objective set) with nothing waiting (no waiting gauge, "
+        "and too few requests for thirds)",
+        suggestion=TRY["latency"],
+    )
+    no_tpot = dict.fromkeys(FAST_TPOT)
+    found = blocker_of(run(requests(tpot=no_tpot, thirds={})), {})
+    assert found is not None and found.evidence == (
+        "no SLO set and no limit found: TTFT p90 200.0 ms, TPOT p90 none, no waiting gauge, and too few requests "
+        "for thirds"
+    )
