@@ -131,9 +131,14 @@ def summarize(recording: Recording) -> dict[str, Any]:
 
 
 def recording_blocker(recording: Recording, fold: RunFold) -> Blocker | None:
-    """What blocks the recorded run (:mod:`meshtop.recordings.metrics.blocker`), from its figures and its
-    ranks' errors."""
-    return blocker_of(fold.figures(), {rank.rank: rank.error for rank in recording.manifest.ranks})
+    """What blocks the recorded run (:mod:`meshtop.recordings.metrics.blocker`), from its figures, its
+    ranks' errors and, where the server meshtop started failed, why and its log's last lines."""
+    manifest = recording.manifest
+    endpoint = manifest.run.endpoint
+    server_failure: tuple[str, ...] = ()
+    if manifest.status == "failed" and endpoint is not None and endpoint.server is not None:
+        server_failure = (*([manifest.reason] if manifest.reason else []), *endpoint.server.log_tail)
+    return blocker_of(fold.figures(), {rank.rank: rank.error for rank in manifest.ranks}, server_failure)
 
 
 def blocker_json(blocker: Blocker | None) -> dict[str, str] | None:

@@ -33,7 +33,12 @@ def alerts_of(state: DashboardState) -> list[Notice]:
         )
     alerts += state.notices.standing(state.info, now)
     said = [("warning", straggler.verdict) for straggler in state.stragglers()]
-    if (blocker := blocker_of(state.figures(), errors)) is not None:
+    server = state.notices.server
+    server_failure: tuple[str, ...] = ()
+    if server is not None and server.state == "failed":  # why, and its log's last lines where the run has them
+        started = state.info.endpoint.server if state.info.endpoint is not None else None
+        server_failure = (server.line or "", *(started.log_tail if started is not None else ()))
+    if (blocker := blocker_of(state.figures(), errors, server_failure)) is not None:
         severity = "warning" if blocker.kind == "fit" else "info"
         said.append((severity, f"blocker: {blocker.kind}\n  {blocker.evidence}\n  try: {blocker.suggestion}"))
     for row, room in state.low_headroom():

@@ -29,7 +29,12 @@
 - a warmup request (an endpoint's ``--warmup``) is counted as such and left
   out of every figure;
 - a load sent for a duration (``--duration``) is the requests sent: those
-  planned but due after it are not part of it (nor failed).
+  planned but due after it are not part of it (nor failed);
+- the thirds: TTFT and TPOT p50 over the first third of the completed
+  requests by arrival (of equal arrivals, the lower request id first) and
+  over the last third (``n // 3`` requests each, from 3 on; a latency where
+  each third has a value), how the answers went as the load went on (what
+  blocks the run, :mod:`~meshtop.recordings.metrics.blocker`).
 
 An endpoint's load (``--endpoint``) adds the client's own figures, so a result
 the load generator limited is told from one the server did:
@@ -57,7 +62,7 @@ from __future__ import annotations
 
 from collections import Counter, deque
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from itertools import pairwise
 
 import numpy as np
@@ -255,6 +260,9 @@ class RequestFigures:
     """Good requests / completed requests (``None`` unless the load set an SLO and one completed)."""
     not_sent: int = 0
     """An endpoint's requests the load generator never sent (its load was stopped first): not in ``count``."""
+    thirds: dict[str, tuple[float, float]] = field(default_factory=dict)
+    """``ttft_s`` and ``tpot_s``: p50 over the first third of the completed requests by arrival, and over the
+    last third (the module's rule)."""
 
     def to_json(self) -> dict[str, object]:
         return {
@@ -309,6 +317,8 @@ class RequestFold:
         self._sends: tuple[int, int, int] | None = None
         """(first send, last send, sends) of the load's requests that had a planned moment (an endpoint's)."""
         self._client_cpu: list[tuple[int, float]] = []
+        self._arrivals: list[tuple[int, int, float | None, float | None]] = []
+        """(arrival ns, request, TTFT, TPOT) of each completed request."""
         """(wall ns, CPU %) of the load generator's process samples (an endpoint's)."""
 
     def add_client_cpu(self, wall_ns: int, cpu_pct: float | None) -> None:
@@ -347,6 +357,7 @@ class RequestFold:
             token_ns=event.token_ns,
         )
         self.completed += 1
+        self._arrivals.append((event.arrival_ns, event.request, latency.ttft_s, latency.tpot_s))
         self.good += self.slo.met(latency)
         self.output_tokens += event.output_tokens
         for name in ("ttft_s", "tpot_s", "e2e_s"):
@@ -363,6 +374,11 @@ class RequestFold:
         if latency.ttft_s is not None:
             ttft.add(latency.ttft_s)
         self._by_replica[event.replica] = (done + 1, tokens + event.output_tokens, ttft)
+
+    @property
+    def sending_ns(self) -> tuple[int, int] | None:
+        """From the first send of the load's requests to the last (an endpoint's; ``None`` before a send)."""
+        return self._sends[:2] if self._sends is not None else None
 
     @property
     def reported(self) -> int:
@@ -418,7 +434,20 @@ class RequestFold:
                 if self._sends is not None
                 else None
             ),
+            thirds=self._thirds(),
         )
+
+    def _thirds(self) -> dict[str, tuple[float, float]]:
+        """TTFT and TPOT p50 of the first and the last third of the completed requests by arrival."""
+        ordered = sorted(self._arrivals)
+        third = len(ordered) // 3
+        thirds = {}
+        for name, values in (("ttft_s", [row[2] for row in ordered]), ("tpot_s", [row[3] for row in ordered])):
+            first = [value for value in values[:third] if value is not None]
+            last = [value for value in values[len(values) - third :] if value is not None]
+            if first and last:
+                thirds[name] = (float(np.median(first)), float(np.median(last)))
+        return thirds
 
     def _replica_row(self, replica: int, per_s: Callable[[int], float | None]) -> ReplicaRow:
         done, tokens, ttft = self._by_replica.get(replica, (0, 0, Distribution()))

@@ -472,7 +472,9 @@ class RunFold:
                 script_parameters=script_parameters(self.trained.values()),
             ),
             stragglers=stragglers,
-            server=self.server.figures() if self.server is not None else None,
+            server=self.server.figures(self.requests.sending_ns if self.requests is not None else None)
+            if self.server is not None
+            else None,
             gpus=tuple(self.gpus.rows()),
             breakdown=breakdown if breakdown.steps else None,
         )

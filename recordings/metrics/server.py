@@ -9,13 +9,17 @@ Rules:
 - gauges (``requests_running``, ``requests_waiting``, ``kv_cache_usage``): mean and max over the scrapes
   during the load, and the recent values for the dashboard;
 - counters (``preemptions``, ``prompt_tokens``, ``generation_tokens``): their increase from the first
-  scrape to the last (what the load added; a counter that went down, a server restart, counts from there).
+  scrape to the last (what the load added; a counter that went down, a server restart, counts from there);
+- a gauge's thirds: its mean over the first third of the scrapes and over the last third (``n // 3`` scrapes
+  each, from 3 scrapes on), of the scrapes while the load was sent where that is known (from its first send
+  to its last: after it a backlog drains, and a queue that grew falls), how it went through the load (a queue
+  that grows: what blocks the run, :mod:`~meshtop.recordings.metrics.blocker`).
 """
 
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from meshtop.probes.events import ServerMetric
 
@@ -36,6 +40,9 @@ class ServerFigures:
     """For each of :data:`GAUGES` the engine published: last, mean, max."""
     counters: dict[str, float]
     """For each of :data:`COUNTERS` it published: the increase over the run."""
+    thirds: dict[str, tuple[float, float]] = field(default_factory=dict)
+    """For each of :data:`GAUGES` of at least 3 scrapes: its mean over the first third of them, and over the
+    last third."""
 
     def to_json(self) -> dict[str, object]:
         return {"scrapes": self.scrapes, "series": self.series, **self.gauges, **self.counters}
@@ -92,8 +99,8 @@ class ServerFold:
         """Each common series' value at each scrape, by the rules above: (wall_ns, name, value), in order."""
         return self._snapshot()._timeline if self._scrape_ns is not None else []
 
-    def figures(self) -> ServerFigures | None:
-        """``None`` until a scrape came."""
+    def figures(self, sending_ns: tuple[int, int] | None = None) -> ServerFigures | None:
+        """``None`` until a scrape came (``sending_ns``: the load's first and last send, for the thirds)."""
         if self._scrape_ns is None:
             return None
         closed = self._snapshot()
@@ -110,7 +117,22 @@ class ServerFold:
                 if closed._count.get(name)
             },
             counters={name: closed._increase.get(name, 0.0) for name in COUNTERS if name in closed._last},
+            thirds=closed._thirds(sending_ns),
         )
+
+    def _thirds(self, sending_ns: tuple[int, int] | None) -> dict[str, tuple[float, float]]:
+        """Each gauge's mean over its first third of scrapes and its last third (by the rules above)."""
+        start, end = sending_ns if sending_ns is not None else (None, None)
+        thirds = {}
+        for name in GAUGES:
+            values = [
+                value
+                for wall_ns, common, value in self._timeline
+                if common == name and (start is None or start <= wall_ns) and (end is None or wall_ns <= end)
+            ]
+            if (third := len(values) // 3) > 0:
+                thirds[name] = (sum(values[:third]) / third, sum(values[-third:]) / third)
+        return thirds
 
     def _snapshot(self) -> ServerFold:
         """This fold with its scrape in progress closed (a copy: the next events may belong to it)."""

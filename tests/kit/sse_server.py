@@ -9,9 +9,10 @@ be known; the serving tests use a real ``transformers serve``.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
@@ -41,6 +42,11 @@ class StubServer:
     unanswered: frozenset[int] = frozenset()
     """The POSTs (numbered from 1 as they come) whose connection is closed as they arrive, unanswered: a
     request written to a connection as its server closed it."""
+    serial: bool = False
+    """Answer one POST at a time, the others waiting their turn (an engine of one slot: its queue grows while the
+    load asks more than it answers); :attr:`waiting` counts them."""
+    waiting: int = 0
+    lock: asyncio.Lock | None = None
     port: int = 0
     connections: int = 0
     requests: int = 0
@@ -95,32 +101,50 @@ class StubServer:
                     )
                     await writer.drain()
                     continue
-                writer.write(
-                    b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
-                )
-                chat = "messages" in request
-                await writer.drain()
-                for index in range(self.chunks):
-                    if self.close_after is not None and index == self.close_after:
-                        writer.close()
-                        return
-                    wait_s = self.first_s if index == 0 else self.gap_s
-                    if wait_s:
-                        await asyncio.sleep(wait_s)
-                    choice = {"delta": {"content": f"t{index}"}} if chat else {"text": f"t{index}"}
-                    self._event(writer, {"choices": [{"index": 0, **choice}]})
+                async with self._turn():  # one at a time where serial
+                    writer.write(
+                        b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
+                    )
+                    chat = "messages" in request
                     await writer.drain()
-                if self.usage:
-                    usage = {"prompt_tokens": 3, "completion_tokens": self.chunks, "total_tokens": 3 + self.chunks}
-                    self._event(writer, {"choices": [], "usage": usage})
-                data = b"data: [DONE]\n\n"
-                writer.write(f"{len(data):x}\r\n".encode() + data + b"\r\n0\r\n\r\n")
-                await writer.drain()
+                    for index in range(self.chunks):
+                        if self.close_after is not None and index == self.close_after:
+                            writer.close()
+                            return
+                        wait_s = self.first_s if index == 0 else self.gap_s
+                        if wait_s:
+                            await asyncio.sleep(wait_s)
+                        choice = {"delta": {"content": f"t{index}"}} if chat else {"text": f"t{index}"}
+                        self._event(writer, {"choices": [{"index": 0, **choice}]})
+                        await writer.drain()
+                    if self.usage:
+                        usage = {"prompt_tokens": 3, "completion_tokens": self.chunks, "total_tokens": 3 + self.chunks}
+                        self._event(writer, {"choices": [], "usage": usage})
+                    data = b"data: [DONE]\n\n"
+                    writer.write(f"{len(data):x}\r\n".encode() + data + b"\r\n0\r\n\r\n")
+                    await writer.drain()
         except (asyncio.IncompleteReadError, ConnectionError, asyncio.CancelledError):
             pass
         finally:
             writer.close()
             self.handlers.discard(task)
+
+    @contextlib.asynccontextmanager
+    async def _turn(self) -> AsyncIterator[None]:
+        """A serial stub's turn to answer (waited for, counted in :attr:`waiting`); at once otherwise."""
+        if not self.serial:
+            yield
+            return
+        self.lock = self.lock or asyncio.Lock()
+        self.waiting += 1
+        try:
+            await self.lock.acquire()
+        finally:
+            self.waiting -= 1
+        try:
+            yield
+        finally:
+            self.lock.release()
 
     @staticmethod
     def _event(writer: asyncio.StreamWriter, payload: dict[str, object]) -> None:

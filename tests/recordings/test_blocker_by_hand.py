@@ -212,7 +212,7 @@ def test_summary_of_the_sample_says_the_bubble_blocks_it(capsys: pytest.CaptureF
     at = text.index("blocker: bubble")
     assert text[at + 1 : at + 3] == [f"  {SAMPLE_BLOCKER['evidence']}", f"  try: {SAMPLE_BLOCKER['suggestion']}"]
     assert main(["summary", str(INFER_SAMPLE), "--json"]) == 0
-    assert json.loads(capsys.readouterr().out)["blocker"] is None
+    assert json.loads(capsys.readouterr().out)["blocker"]["kind"] == "none"  # test_serving_blocker_by_hand.py
 
 
 def test_compare_says_when_the_blocker_changed(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

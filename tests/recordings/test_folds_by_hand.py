@@ -423,7 +423,8 @@ def test_the_engines_queues_are_summed_its_caches_the_fullest_and_each_scrape_is
             "kv_cache_usage": {"last": 0.75, "mean": pytest.approx(2 / 3), "max": 0.75},
         },
         counters={"prompt_tokens": 0.0, "generation_tokens": 0.0},
-    )
+        thirds={"requests_running": (3.0, 2.0), "kv_cache_usage": (0.5, 0.75)},
+    )  # thirds of 3 scrapes: the first scrape's value and the last's
     assert list(fold.recent["requests_running"]) == [3.0, 2.0]  # the scrapes closed: 1 and 2
     assert list(fold.recent["kv_cache_usage"]) == [0.5, 0.75]
     assert fold.timeline() == [
@@ -432,6 +433,21 @@ def test_the_engines_queues_are_summed_its_caches_the_fullest_and_each_scrape_is
         (3, "requests_running", 2.0), (3, "kv_cache_usage", 0.75), (3, "prompt_tokens", 100.0),
         (3, "generation_tokens", 7.0),
     ]  # fmt: skip
+
+
+def test_a_gauges_thirds_are_of_the_scrapes_while_the_load_was_sent() -> None:
+    """Waiting 0, 2, 4, 6, 8, 10, 12 at scrapes 1 .. 7, then 3 as the backlog drains (scrape 8, open). Sent
+    from 2 to 7: 2, 4, 6, 8, 10, 12, thirds of 2: (2 + 4) / 2 = 3 and (10 + 12) / 2 = 11. All 8 scrapes:
+    thirds of 2: (0 + 2) / 2 = 1 and (12 + 3) / 2 = 7.5. Sent from 2 to 3: 2 scrapes, too few for thirds."""
+    fold = ServerFold()
+    for scrape, waiting in enumerate((0.0, 2.0, 4.0, 6.0, 8.0, 10.0, 12.0, 3.0), start=1):
+        fold.add(labelled(scrape, "vllm:num_requests_waiting", "", waiting, "requests_waiting"))
+    sent = fold.figures((2, 7))
+    assert sent is not None and sent.thirds == {"requests_waiting": (3.0, 11.0)}
+    every = fold.figures()
+    assert every is not None and every.thirds == {"requests_waiting": (1.0, 7.5)}
+    short = fold.figures((2, 3))
+    assert short is not None and short.thirds == {}
 
 
 def test_the_dashboard_keeps_a_gauges_last_240_scrapes() -> None:

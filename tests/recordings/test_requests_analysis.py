@@ -113,7 +113,8 @@ def test_summary_text_has_the_request_lines(recording: Path) -> None:
         "  replica 0: 2 completed  46.15 output tok/s  TTFT p50 40.00 ms",
         "  replica 1: 2 completed  30.77 output tok/s  TTFT p50 35.00 ms",
     ]
-    assert lines[3 : 3 + len(expected)] == expected
+    assert lines[3:5] == ["blocker: fit", f"  1 request failed out of memory: {OOM}"]  # the serving rule's
+    assert lines[6 : 6 + len(expected)] == expected
     assert "pipeline stages (mean per iteration):" in lines
     assert lines[-4].startswith("  rank 0: peak 300.0 MiB") and "  kv cache 64.0 MiB" in lines[-4]
 

@@ -225,3 +225,25 @@ def test_a_recorded_load_holds_the_engines_view_beside_its_requests(tmp_path: Pa
     ]
     assert {e["name"] for e in counters} >= {"requests_waiting", "kv_cache_usage"}
     assert all(e["args"]["requests_waiting"] == 9 for e in counters if e["name"] == "requests_waiting")
+
+
+@pytest.mark.slow
+def test_an_overloaded_server_is_blocked_by_its_queue(tmp_path: Path) -> None:
+    """A stub of one slot (each answer 6 chunks 50 ms apart: some 3.3 answers a second) asked 10 requests a
+    second for 4 s, publishing its waiting requests as vLLM names them: its backlog grows by some 6.7 a second
+    while the load is sent (about 4 waiting on average over the first third of that time, 22 over the last),
+    far past the queue's floor and twice the first third, so the blocker is ``queue``."""
+
+    def exposition() -> bytes:
+        return f'vllm:num_requests_waiting{{model_name="m"}} {server.waiting}\n'.encode()
+
+    with stub_server(chunks=6, gap_s=0.05, serial=True, metrics=exposition) as server:
+        done = run_meshtop(
+            "record", tmp_path / "a", "--endpoint", server.url, "--requests", "40", "--request-rate", "10",
+            "--output-len", "6",
+        )  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    summary = json.loads(run_meshtop("summary", tmp_path / "a", "--json").stdout)
+    blocker = summary["blocker"]
+    assert blocker["kind"] == "queue", (blocker, summary["requests"]["client"], summary["server"])
+    assert blocker["evidence"].startswith("requests waiting grew from "), blocker
