@@ -12,7 +12,7 @@ from meshtop.probes.events import (
     ServerState,
     StackDump,
 )
-from meshtop.recordings.notices import Notices
+from meshtop.recordings.notices import Notices, ranks_text, server_state_line, stack_dump_text
 from tests.kit.recordings import description
 
 REPORT = "rank 0 waits in a collective; rank 1 is not in one: look there first"
@@ -83,3 +83,41 @@ def test_the_dashboard_sees_what_holds_summed_grouped_and_until_progress() -> No
     assert notices.hang is None
     first = notices.standing(description(dp=4), 9)[0]  # torch's verdict, without a hang: for information
     assert (first.severity, first.text) == ("info", "rank 1 never entered all_reduce #4 of group 0")
+
+
+def test_a_servers_line_says_its_state_its_time_and_its_last_line_where_it_has_one() -> None:
+    """Starting: whole seconds, and the log line after a colon, none where there is no line (nor a trailing
+    colon); a line of its own ending in X keeps it. Ready: the time to ready, to a tenth of a second. Stopped
+    or failed: the state, and the line where there is one."""
+
+    def line_of(state: str, elapsed_s: float, line: str | None) -> str:
+        return server_state_line(ServerState(wall_ns=1, state=state, elapsed_s=elapsed_s, line=line))
+
+    assert line_of("starting", 12.3, None) == "server starting (12 s)"
+    assert line_of("starting", 3.0, "compiling graphs, mode MAX") == "server starting (3 s): compiling graphs, mode MAX"
+    assert line_of("ready", 41.2, None) == "server ready after 41.2 s"
+    assert line_of("stopped", 50.0, None) == "server stopped"
+    assert line_of("failed", 13.0, "exit code 1") == "server failed: exit code 1"
+
+
+def test_a_stack_that_came_empty_is_its_heading_alone() -> None:
+    dump = StackDump(rank=1, pid=42, wall_ns=4, text=None, error=None)
+    assert stack_dump_text(dump) == "stack of rank 1 (pid 42):"
+
+
+def test_ranks_in_a_row_are_a_range_and_a_rank_alone_is_itself() -> None:
+    """{0, 1, 2, 3, 7}: a range ends where the next rank is not one more (0-3), and 7 alone is 7, not 7-7."""
+    assert ranks_text({7, 0, 3, 1, 2}) == "0-3,7"
+    assert ranks_text([5]) == "5"
+
+
+def test_each_notice_has_its_events_time_and_a_ranks_stack_is_kept() -> None:
+    """A stack dump at 4 ns (info) and a hang at 5 ns (error) are noticed at their own times; the stack is kept as
+    the rank's last; torch's verdict alone, at 6 ns, is for information."""
+    notices = Notices()
+    dump = StackDump(rank=1, pid=42, wall_ns=4, text="File a.py", error=None)
+    said = notices.take([dump, HANG])
+    assert [(notice.severity, notice.wall_ns) for notice in said] == [("info", 4), ("error", 5)]
+    assert notices.stacks == {1: dump}
+    [verdict] = notices.take([VERDICT])
+    assert (verdict.severity, verdict.wall_ns) == ("info", 6)
