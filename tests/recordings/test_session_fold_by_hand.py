@@ -5,6 +5,8 @@ end event still fails the requests it never served."""
 
 from __future__ import annotations
 
+import copy
+
 import pyarrow as pa
 import pytest
 
@@ -12,9 +14,12 @@ from meshtop.probes.arrivals import Arrivals, EncodedEvents, encode_lines
 from meshtop.probes.events import Event
 from meshtop.recordings import session_fold
 from meshtop.recordings.metrics.steps import PHASE_TIMES
+from meshtop.recordings.replay import in_kind_order
+from meshtop.recordings.schema import tables_of
 from meshtop.recordings.session_fold import SessionFold, arrival_tables
 from tests.kit.events import rank_progress, rank_started, step
 from tests.kit.recordings import description
+from tests.recordings.test_session_fold import batches, phased_batches
 
 MS = 1_000_000
 WITHOUT_PHASES = {"step": frozenset(PHASE_TIMES)}
@@ -112,3 +117,33 @@ def test_a_session_that_ends_without_an_end_event_fails_the_requests_it_never_se
     figures = session.figures().requests
     assert figures is not None
     assert figures.failures == (("not served: the job ended failed first", 64),)
+
+
+def test_a_copy_folds_on_its_own_from_the_steps_the_session_had_taken() -> None:
+    """A dp-2 session took the starts and steps 0 and 1 (5 batches), and left 4 all-reduces out. Its copy (as a
+    replay keeps to seek back to) has its kinds and counts, a lock of its own, and is the copy of the same
+    session wherever it was referred to; it folds on alone: rank 1's step 2 completes step 2 in the copy, which
+    reports only that step, and the session stays at 2 steps and 4 left out."""
+    session = SessionFold(description(dp=2))
+    given = batches(3)
+    for events in given[:5]:
+        session.take(Arrivals(events))
+    session.left_out["collective"] = 4
+    copied, fold = copy.deepcopy((session, session.fold))
+    assert fold is copied.fold and copied.kinds == session.kinds and copied.lock is not session.lock
+    assert copied.take(Arrivals(given[5])).steps == []
+    assert [step.step for step in copied.take(Arrivals(given[6])).steps] == [2]
+    copied.left_out["collective"] += 1
+    assert (copied.steps_completed, copied.left_out) == (3, {"collective": 5})
+    assert (session.steps_completed, session.left_out) == (2, {"collective": 4})
+
+
+def test_tables_taken_as_they_are_are_whole_unless_said_torn() -> None:
+    """A replay's slices (tables given, not a live batch): by default nothing is torn, so the 4 closed steps of
+    phased_batches(4) all break down (2 ranks each: 8 rank-steps)."""
+    session = SessionFold(description(dp=2))
+    for events in phased_batches(4):
+        session.take_tables(in_kind_order(tables_of(events)))
+    session.finish("completed")
+    breakdown = session.figures().breakdown
+    assert session.fold.closed_torn == 0 and breakdown is not None and breakdown.steps == 8

@@ -14,6 +14,7 @@ from meshtop.probes.events import (
 )
 from meshtop.recordings.notices import Notices, ranks_text, server_state_line, stack_dump_text
 from tests.kit.recordings import description
+from tests.recordings.test_run_fold_by_hand import endpoint_run
 
 REPORT = "rank 0 waits in a collective; rank 1 is not in one: look there first"
 HANG = HangDetected(wall_ns=5, timeout_s=30.0, silent_s=31.4, report=REPORT)
@@ -121,3 +122,83 @@ def test_each_notice_has_its_events_time_and_a_ranks_stack_is_kept() -> None:
     assert notices.stacks == {1: dump}
     [verdict] = notices.take([VERDICT])
     assert (verdict.severity, verdict.wall_ns) == ("info", 6)
+
+
+def test_the_collectors_drops_refusals_summed_and_a_probe_off_on_one_rank_are_said_at_their_times() -> None:
+    """Drops the collector counted are the collector's; two refusals of one reason sum (1 + 2 = 3, said as
+    messages); a probe off on a single rank is said; each notice at its event's time."""
+    notices = Notices()
+    said = notices.take(
+        [
+            EventsDropped(wall_ns=10, rank=None, where="collector", count=5),
+            FramesRefused(wall_ns=11, reason="malformed", count=1),
+            FramesRefused(wall_ns=12, reason="malformed", count=2),
+            ProbeOff(rank=3, wall_ns=13, probe="memory", reason="no CUDA"),
+            ServerState(wall_ns=14, state="ready", elapsed_s=2.0, line=None),
+        ]
+    )
+    assert [(notice.text, notice.wall_ns) for notice in said] == [
+        ("5 telemetry events dropped by the collector (buffer full)", 10),
+        ("the collector refused 1 message (malformed): not from this job's ranks, whose events are unaffected", 11),
+        ("the collector refused 2 messages (malformed): not from this job's ranks, whose events are unaffected", 12),
+        ("probe off: memory: no CUDA; the job runs on without it", 13),
+        ("server ready after 2.0 s", 14),
+    ]
+    assert notices.refused == {"malformed": 3}
+
+
+def test_what_holds_is_nothing_at_first_then_the_server_starting_or_failed_at_its_time() -> None:
+    notices = Notices()
+    assert notices.standing(description(dp=2), 9) == []
+    notices.take([ServerState(wall_ns=7, state="starting", elapsed_s=12.3, line="Loading weights")])
+    [starting] = notices.standing(description(dp=2), 9)
+    assert (starting.severity, starting.text, starting.wall_ns) == (
+        "info",
+        "server starting (12 s): Loading weights",
+        7,
+    )
+    notices.take([ServerState(wall_ns=8, state="failed", elapsed_s=13.0, line="exit code 1")])
+    [failed] = notices.standing(description(dp=2), 9)
+    assert (failed.severity, failed.text, failed.wall_ns) == ("error", "server failed: exit code 1", 8)
+    notices.take([ServerState(wall_ns=9, state="ready", elapsed_s=14.0, line=None)])
+    assert notices.standing(description(dp=2), 9) == []
+
+
+def test_what_holds_is_timed_by_its_events_or_now_and_a_probe_off_everywhere_says_every_rank() -> None:
+    """dp 2: a probe off on ranks 0 and 1 is off on every rank. The hang (5 ns) and torch's verdict (6 ns) hold
+    at their own times; the probe off, the drops and the refusals, which have none of their own, at now (9 ns)."""
+    notices = Notices()
+    notices.take(
+        [ProbeOff(rank=rank, wall_ns=1, probe="stages", reason="old torch") for rank in (0, 1)]
+        + [
+            EventsDropped(wall_ns=2, rank=0, where="worker", count=7),
+            FramesRefused(wall_ns=3, reason="malformed", count=20),
+            HANG,
+            VERDICT,
+        ]
+    )
+    standing = [(notice.text, notice.wall_ns) for notice in notices.standing(description(dp=2), 9)]
+    assert standing == [
+        (f"hang: no progress for 31 s; {REPORT}", 5),
+        ("rank 1 never entered all_reduce #4 of group 0", 6),
+        ("probe off: stages on every rank: old torch", 9),
+        ("7 telemetry events dropped (buffers full)", 9),
+        ("the collector refused 20 messages not from this job (malformed 20)", 9),
+    ]
+
+
+def test_an_endpoints_probes_off_are_named_without_ranks() -> None:
+    """An endpoint's probes run on this machine and the server, not on ranks: each probe off is said as it is,
+    every one of them, as a warning at now."""
+    notices = Notices()
+    notices.take(
+        [
+            ProbeOff(rank=0, wall_ns=1, probe="gpu", reason="no NVML"),
+            ProbeOff(rank=0, wall_ns=1, probe="server metrics", reason="no /metrics"),
+        ]
+    )
+    standing = [(notice.severity, notice.text, notice.wall_ns) for notice in notices.standing(endpoint_run(), 9)]
+    assert standing == [
+        ("warning", "probe off: gpu: no NVML", 9),
+        ("warning", "probe off: server metrics: no /metrics", 9),
+    ]
