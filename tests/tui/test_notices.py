@@ -202,3 +202,9 @@ def test_an_endpoints_probes_off_are_named_without_ranks() -> None:
         ("warning", "probe off: gpu: no NVML", 9),
         ("warning", "probe off: server metrics: no /metrics", 9),
     ]
+
+
+def test_torch_verdict_of_several_findings_is_one_notice_a_finding_a_line() -> None:
+    verdict = FlightVerdict(wall_ns=6, verdict="rank 1 never entered all_reduce #4\nrank 3 too", error=None, dumps="fr")
+    [said] = Notices().take([verdict])
+    assert said.text == "rank 1 never entered all_reduce #4\nrank 3 too"
