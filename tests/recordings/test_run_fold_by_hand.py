@@ -446,3 +446,29 @@ def test_an_event_of_no_rank_is_the_jobs_whatever_its_size_says() -> None:
     fold = RunFold(elastic_script(0))
     fold_events(fold, [JobEnded(wall_ns=5, status="completed", duration_s=1.0, root_cause_rank=None)])
     assert fold.rejected == {}
+
+
+# -- issue 48's mutation run ---------------------------------------------------------------------------------
+
+
+def test_figures_asked_between_two_tables_and_again_after_the_end_count_both_steps() -> None:
+    """dp 1: step 0 folded (1 step), the figures asked; step 1 folded (2), the job ended; the figures then count 2
+    steps, not the 1 of the figures asked before (the end moves the fold on, never back to a version seen)."""
+    fold = RunFold(description(dp=1))
+    fold.apply("step", table_of([step(0, 0)]))
+    assert fold.figures().steps.count == 1
+    fold.apply("step", table_of([step(0, 1)]))
+    fold.finish("completed")
+    assert fold.figures().steps.count == 2
+
+
+def test_a_gpu_sample_that_read_an_empty_name_names_no_model() -> None:
+    """GPU 0's first sample read the name "" (NVML gave none), its second "NVIDIA H100 80GB HBM3" at 700 W: the
+    model is the second's, not an empty one kept as the first."""
+    fold = RunFold(description(dp=1, device="cuda", dtype="bf16"))
+    samples = [
+        gpu_sample(gpu=0, wall_ns=1, name="", power_limit_w=None),
+        gpu_sample(gpu=0, wall_ns=2, name="NVIDIA H100 80GB HBM3", power_limit_w=700.0),
+    ]
+    fold.apply("gpu", table_of(samples))
+    assert fold.gpu_models == {(0, 0): GpuModel("NVIDIA H100 80GB HBM3", 700.0)}
