@@ -472,3 +472,13 @@ def test_a_gpu_sample_that_read_an_empty_name_names_no_model() -> None:
     ]
     fold.apply("gpu", table_of(samples))
     assert fold.gpu_models == {(0, 0): GpuModel("NVIDIA H100 80GB HBM3", 700.0)}
+
+
+def test_a_training_run_has_no_request_figures_and_its_tokens_come_from_its_steps() -> None:
+    """dp 1, one step of 8 tokens in 0.1 s: no requests were sent, so no request figures (not a load's of 0), and
+    the step's own rate, 80 tokens/s."""
+    fold = RunFold(description(dp=1))
+    fold.apply("step", table_of([step(0, 0, 0.1, tokens=8)]))
+    figures = fold.figures()
+    assert figures.requests is None
+    assert figures.steps.tokens_per_s == pytest.approx(80.0)
