@@ -482,3 +482,14 @@ def test_a_training_run_has_no_request_figures_and_its_tokens_come_from_its_step
     figures = fold.figures()
     assert figures.requests is None
     assert figures.steps.tokens_per_s == pytest.approx(80.0)
+
+
+def test_a_batch_torn_before_any_report_tears_step_0_only() -> None:
+    """dp 1: the first batch came without its bulk kinds and held only the start, so step 0's work may be what
+    was left out (a rank sends a step's work before its report): step 0 closes torn, step 1 whole (1 of 2)."""
+    fold = RunFold(description(dp=1))
+    fold.apply_torn([("rank_started", table_of([rank_started(0, world_size=1)]))])
+    fold.apply("step", table_of([step(0, 0)]))
+    fold.apply("step", table_of([step(0, 1)]))
+    fold.finish("completed")
+    assert (fold.closed_count, fold.closed_torn) == (2, 1)
