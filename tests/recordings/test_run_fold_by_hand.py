@@ -25,7 +25,7 @@ from meshtop.recordings.manifest import Endpoint, GpuInfo, Load, RunDescription
 from meshtop.recordings.metrics.mfu import GpuModel
 from meshtop.recordings.metrics.run import ClosedStep, RunFold, fold_tables
 from meshtop.recordings.schema import table_of
-from tests.kit.events import collective, fold_events, gpu_sample, rank_started, step
+from tests.kit.events import collective, fold_events, gpu_sample, rank_started, stage_action, step
 from tests.kit.inference import BASE_NS, MS, served
 from tests.kit.recordings import description, elastic_script
 
@@ -493,3 +493,10 @@ def test_a_batch_torn_before_any_report_tears_step_0_only() -> None:
     fold.apply("step", table_of([step(0, 1)]))
     fold.finish("completed")
     assert (fold.closed_count, fold.closed_torn) == (2, 1)
+
+
+def test_a_stage_action_of_no_stage_is_left_out_and_counted() -> None:
+    """pp 2: rank 0's forward of stage -1 (no stage) is not the job's: left out and counted, 1 of the 2."""
+    fold = RunFold(description(pp=2))
+    fold.apply("stage_action", table_of([stage_action(0, 0, stage=-1), stage_action(0, 0, stage=0)]))
+    assert fold.rejected == {"stage_action": 1}
