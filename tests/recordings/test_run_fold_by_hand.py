@@ -25,7 +25,7 @@ from meshtop.recordings.manifest import Endpoint, GpuInfo, Load, RunDescription
 from meshtop.recordings.metrics.mfu import GpuModel
 from meshtop.recordings.metrics.run import ClosedStep, RunFold, fold_tables
 from meshtop.recordings.schema import table_of
-from tests.kit.events import collective, fold_events, gpu_sample, rank_started, step
+from tests.kit.events import collective, fold_events, gpu_sample, rank_started, stage_action, step
 from tests.kit.inference import BASE_NS, MS, served
 from tests.kit.recordings import description, elastic_script
 
@@ -446,3 +446,57 @@ def test_an_event_of_no_rank_is_the_jobs_whatever_its_size_says() -> None:
     fold = RunFold(elastic_script(0))
     fold_events(fold, [JobEnded(wall_ns=5, status="completed", duration_s=1.0, root_cause_rank=None)])
     assert fold.rejected == {}
+
+
+# -- issue 48's mutation run ---------------------------------------------------------------------------------
+
+
+def test_figures_asked_between_two_tables_and_again_after_the_end_count_both_steps() -> None:
+    """dp 1: step 0 folded (1 step), the figures asked; step 1 folded (2), the job ended; the figures then count 2
+    steps, not the 1 of the figures asked before (the end moves the fold on, never back to a version seen)."""
+    fold = RunFold(description(dp=1))
+    fold.apply("step", table_of([step(0, 0)]))
+    assert fold.figures().steps.count == 1
+    fold.apply("step", table_of([step(0, 1)]))
+    fold.finish("completed")
+    assert fold.figures().steps.count == 2
+
+
+def test_a_gpu_sample_that_read_an_empty_name_names_no_model() -> None:
+    """GPU 0's first sample read the name "" (NVML gave none), its second "NVIDIA H100 80GB HBM3" at 700 W: the
+    model is the second's, not an empty one kept as the first."""
+    fold = RunFold(description(dp=1, device="cuda", dtype="bf16"))
+    samples = [
+        gpu_sample(gpu=0, wall_ns=1, name="", power_limit_w=None),
+        gpu_sample(gpu=0, wall_ns=2, name="NVIDIA H100 80GB HBM3", power_limit_w=700.0),
+    ]
+    fold.apply("gpu", table_of(samples))
+    assert fold.gpu_models == {(0, 0): GpuModel("NVIDIA H100 80GB HBM3", 700.0)}
+
+
+def test_a_training_run_has_no_request_figures_and_its_tokens_come_from_its_steps() -> None:
+    """dp 1, one step of 8 tokens in 0.1 s: no requests were sent, so no request figures (not a load's of 0), and
+    the step's own rate, 80 tokens/s."""
+    fold = RunFold(description(dp=1))
+    fold.apply("step", table_of([step(0, 0, 0.1, tokens=8)]))
+    figures = fold.figures()
+    assert figures.requests is None
+    assert figures.steps.tokens_per_s == pytest.approx(80.0)
+
+
+def test_a_batch_torn_before_any_report_tears_step_0_only() -> None:
+    """dp 1: the first batch came without its bulk kinds and held only the start, so step 0's work may be what
+    was left out (a rank sends a step's work before its report): step 0 closes torn, step 1 whole (1 of 2)."""
+    fold = RunFold(description(dp=1))
+    fold.apply_torn([("rank_started", table_of([rank_started(0, world_size=1)]))])
+    fold.apply("step", table_of([step(0, 0)]))
+    fold.apply("step", table_of([step(0, 1)]))
+    fold.finish("completed")
+    assert (fold.closed_count, fold.closed_torn) == (2, 1)
+
+
+def test_a_stage_action_of_no_stage_is_left_out_and_counted() -> None:
+    """pp 2: rank 0's forward of stage -1 (no stage) is not the job's: left out and counted, 1 of the 2."""
+    fold = RunFold(description(pp=2))
+    fold.apply("stage_action", table_of([stage_action(0, 0, stage=-1), stage_action(0, 0, stage=0)]))
+    assert fold.rejected == {"stage_action": 1}
