@@ -500,3 +500,15 @@ def test_a_stage_action_of_no_stage_is_left_out_and_counted() -> None:
     fold = RunFold(description(pp=2))
     fold.apply("stage_action", table_of([stage_action(0, 0, stage=-1), stage_action(0, 0, stage=0)]))
     assert fold.rejected == {"stage_action": 1}
+
+
+def test_a_served_runs_tokens_per_s_are_its_requests_output_not_its_iterations() -> None:
+    """Built-in serving: requests 0 (tokens at 20, 30, 40 ms) and 1 (one token at 70 ms), arrivals at 0 and
+    10 ms: 4 output tokens over the window 0 to 70 ms, 4 / 0.07 = 57.1 tokens/s. Its one iteration says 64
+    tokens in 10 ms (6,400 a second): the run's rate, and its MFU's, is the requests' output."""
+    fold = RunFold(description(mode="infer", dp=1))
+    fold.apply("request", table_of([served(0, 0, 0, [20, 30, 40]), served(1, 0, 10, [70])]))
+    fold.apply("step", table_of([step(0, 0, 0.010, tokens=64)]))
+    figures = fold.figures()
+    assert figures.requests is not None and figures.requests.output_tokens_per_s == pytest.approx(4 / 0.07)
+    assert figures.steps.tokens_per_s == pytest.approx(4 / 0.07)
