@@ -25,8 +25,11 @@ from meshtop.runner.session.control_socket import (
 )
 
 
+Served = tuple[ControlServer, JobControl]
+
+
 @pytest.fixture
-def served(tmp_path: Path) -> Iterator[tuple[ControlServer, JobControl]]:
+def served(tmp_path: Path) -> Iterator[Served]:
     control = JobControl()
     server = ControlServer(tmp_path, control)
     assert server.start()
@@ -40,12 +43,12 @@ def actions(directory: Path) -> list[dict[str, object]]:
     return [json.loads(line) for line in (directory / CONTROL_DIR / ACTIONS_NAME).read_text().splitlines()]
 
 
-def test_the_folder_is_its_owners_alone_and_the_socket_too(tmp_path: Path, served: tuple) -> None:  # type: ignore[type-arg]
+def test_the_folder_is_its_owners_alone_and_the_socket_too(tmp_path: Path, served: Served) -> None:
     assert stat.S_IMODE((tmp_path / CONTROL_DIR).stat().st_mode) == 0o700
     assert stat.S_IMODE((tmp_path / CONTROL_DIR / SOCKET_NAME).stat().st_mode) == 0o600
 
 
-def test_a_stop_from_the_owner_stops_the_job_and_is_kept_with_who_asked(tmp_path: Path, served: tuple) -> None:  # type: ignore[type-arg]
+def test_a_stop_from_the_owner_stops_the_job_and_is_kept_with_who_asked(tmp_path: Path, served: Served) -> None:
     _, control = served
     answer = ask(tmp_path, "stop")
     assert "stopping every rank" in answer
@@ -55,7 +58,7 @@ def test_a_stop_from_the_owner_stops_the_job_and_is_kept_with_who_asked(tmp_path
     assert kept["uid"] == os.getuid() and kept["pid"] == os.getpid()  # the kernel's word: this process
 
 
-def test_stacks_of_some_ranks_are_asked_of_those_ranks(tmp_path: Path, served: tuple) -> None:  # type: ignore[type-arg]
+def test_stacks_of_some_ranks_are_asked_of_those_ranks(tmp_path: Path, served: Served) -> None:
     _, control = served
     assert ask(tmp_path, "stacks", [1, 3]) == "stack dumps asked of ranks 1,3"
     assert control.take_stack_request({0: 100, 1: 101, 3: 103}) == {1: 101, 3: 103}
@@ -64,7 +67,7 @@ def test_stacks_of_some_ranks_are_asked_of_those_ranks(tmp_path: Path, served: t
     assert control.take_stack_request({0: 100, 1: 101}) == {0: 100, 1: 101}
 
 
-def test_another_uid_is_refused_by_the_kernels_word_and_nothing_is_done(tmp_path: Path, served: tuple) -> None:  # type: ignore[type-arg]
+def test_another_uid_is_refused_by_the_kernels_word_and_nothing_is_done(tmp_path: Path, served: Served) -> None:
     server, control = served
     server.owner = os.getuid() + 1  # as if another user had started the job and this one reached its socket
     with pytest.raises(ControlRefused, match=rf"only uid {os.getuid() + 1}, who started this job, can act on it"):
@@ -140,7 +143,7 @@ def test_another_user_past_loosened_modes_is_refused_by_the_kernels_word(tmp_pat
     assert [(k["uid"], k["done"], k["action"]) for k in kept] == [(NOBODY, False, "stop")]
 
 
-def test_bad_requests_are_answered_and_refused(tmp_path: Path, served: tuple) -> None:  # type: ignore[type-arg]
+def test_bad_requests_are_answered_and_refused(tmp_path: Path, served: Served) -> None:
     _, control = served
     with pytest.raises(ControlRefused, match="the action must be one of stop, stacks"):
         ask(tmp_path, "reboot")
