@@ -120,7 +120,7 @@ def runs(tmp_path: Path) -> Path:
     made(
         runs / "running",
         Manifest(run=description(dp=2, steps=100), status="running", started_at="2026-12-01T14:00:00+0000"),
-        by=writer(os.getpid(), NOW - 30),
+        by=writer(os.getpid(), time.time() - 30),  # started 30 s before the test, whenever the module was read
         progress=Progress(steps=12, requests=None, updated_unix_s=NOW),
     )
     (runs / "unreadable").mkdir()
