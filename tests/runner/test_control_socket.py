@@ -24,7 +24,6 @@ from meshtop.runner.session.control_socket import (
     ask,
 )
 
-
 Served = tuple[ControlServer, JobControl]
 
 
