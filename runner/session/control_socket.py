@@ -128,7 +128,8 @@ class ControlServer:
             self._thread.join(timeout=2 * ANSWER_S)
         if self._socket is not None:
             self._socket.close()
-        (self.folder / SOCKET_NAME).unlink(missing_ok=True)
+        with contextlib.suppress(OSError):  # a folder turned read-only keeps it: the session says why it broke
+            (self.folder / SOCKET_NAME).unlink(missing_ok=True)
         with contextlib.suppress(OSError):  # kept where it holds the actions asked
             self.folder.rmdir()
 

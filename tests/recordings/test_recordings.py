@@ -79,8 +79,11 @@ def test_summary_json_has_the_documented_keys(recorded: Path, capsys: pytest.Cap
         "server",
         "gpus",
         "breakdown",
+        "blocker",
     }
     assert summary["server"] is None and isinstance(summary["gpus"], list)  # no endpoint here
+    assert set(summary["blocker"]) == {"kind", "evidence", "suggestion"}  # its kinds worked by hand elsewhere
+    assert summary["blocker"]["kind"] in ("data", "communication", "bubble", "compute")  # trained, fitted
     breakdown = summary["breakdown"]  # each rank's step parts add up to its step, a pipeline's idle in its bubble
     assert sorted(breakdown["per_rank"]) == ["0", "1", "2", "3"]
     for parts in breakdown["per_rank"].values():
