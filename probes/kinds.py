@@ -34,6 +34,9 @@ class KindRole:
     forwarded: bool
     """A node forwards it to the head. A node's own view of how its ranks ended is not: its ``bye`` carries
     that, and the head records the job's."""
+    described: bool
+    """The manifest says what it tells (a rank's place, the GPUs and their links, a node's clock): the recorder
+    decodes it as events, few as they are (the GPU samples it reads as a table)."""
     section: int
     """Where it goes in one rank's message: 0 first (a rank's place comes before its work), 2 last (a step or
     a request closes what the rank sent before it), 1 between."""
@@ -43,30 +46,30 @@ class KindRole:
 _ROLES: tuple[tuple[str, str], ...] = (
     # The order is the fold's within one slice of time: a rank's start before its work, a step after the work
     # it closes, the job's end last. Flags: b bulk, f folded, s shown, p progress, n printed (notice),
-    # c coalescible, w forwarded; the digit is the section.
-    ("rank_started",   "f s p w 0"),
-    ("nvml_state",     "  s   w 1"),
-    ("gpu_link",       "      w 1"),
-    ("probe_off",      "  s n w 1"),
-    ("collective",     "b f s c w 1"),
-    ("stage_action",   "b f s c w 1"),
-    ("memory",         "f s   w 1"),
-    ("process",        "f s c w 1"),
-    ("gpu",            "f s c w 1"),
-    ("server_state",   "  s n w 1"),
-    ("server_metric",  "f s   w 1"),
-    ("request",        "f s p w 2"),
-    ("rank_progress",  "      w 1"),
-    ("step",           "f s p w 2"),
-    ("sampler_error",  "  s   w 1"),
-    ("events_dropped", "  s n w 1"),
-    ("frames_refused", "  s n w 1"),
-    ("stack_dump",     "  s n w 1"),
-    ("hang",           "  s n w 1"),
-    ("flight_verdict", "  s n w 1"),
-    ("rank_exited",    "f s     1"),
-    ("job_ended",      "f s p   1"),
-    ("node_clock",     "      w 1"),
+    # c coalescible, w forwarded, m described in the manifest; the digit is the section.
+    ("rank_started",    "  f s p     w m 0"),
+    ("nvml_state",      "    s       w m 1"),
+    ("gpu_link",        "            w m 1"),
+    ("probe_off",       "    s   n   w   1"),
+    ("collective",      "b f s     c w   1"),
+    ("stage_action",    "b f s     c w   1"),
+    ("memory",          "  f s       w   1"),
+    ("process",         "  f s     c w   1"),
+    ("gpu",             "  f s     c w   1"),
+    ("server_state",    "    s   n   w   1"),
+    ("server_metric",   "  f s       w   1"),
+    ("request",         "  f s p     w   2"),
+    ("rank_progress",   "            w   1"),
+    ("step",            "  f s p     w   2"),
+    ("sampler_error",   "    s       w   1"),
+    ("events_dropped",  "    s   n   w   1"),
+    ("frames_refused",  "    s   n   w   1"),
+    ("stack_dump",      "    s   n   w   1"),
+    ("hang",            "    s   n   w   1"),
+    ("flight_verdict",  "    s   n   w   1"),
+    ("rank_exited",     "  f s           1"),
+    ("job_ended",       "  f s p         1"),
+    ("node_clock",      "            w m 1"),
 )
 # fmt: on
 
@@ -81,6 +84,7 @@ def _role(flags: str) -> KindRole:
         printed="n" in words,
         coalescible="c" in words,
         forwarded="w" in words,
+        described="m" in words,
         section=int(words[-1]),
     )
 
@@ -99,3 +103,4 @@ PROGRESS_KINDS = frozenset(kind for kind, role in KINDS.items() if role.progress
 PRINTED_KINDS = frozenset(kind for kind, role in KINDS.items() if role.printed)
 COALESCIBLE_KINDS = frozenset(kind for kind, role in KINDS.items() if role.coalescible)
 FORWARDED_KINDS = frozenset(kind for kind, role in KINDS.items() if role.forwarded)
+DESCRIBED_KINDS = frozenset(kind for kind, role in KINDS.items() if role.described)

@@ -19,6 +19,7 @@ import pyarrow as pa
 
 from meshtop.probes.arrivals import Arrivals
 from meshtop.probes.events import GpuLink, NodeClock, NvmlState, RankStarted
+from meshtop.probes.kinds import DESCRIBED_KINDS
 from meshtop.recordings.events_log import EventWriter
 from meshtop.recordings.manifest import (
     GpuInfo,
@@ -54,11 +55,6 @@ class Ending:
 class SessionRecorder:
     """Writes a session's events into its recording (when there is a manifest) and folds them into the
     session's fold."""
-
-    KINDS = ("rank_started", "nvml_state", "gpu_link", "node_clock")
-    """The kinds it decodes as events: what the manifest says of the ranks' places, the GPUs and the nodes'
-    clocks (the recorder's own need, not a role of :data:`~meshtop.probes.kinds.KINDS`: few events; the GPU
-    samples it reads as a table, and the fold decodes what it reads itself)."""
 
     def __init__(self, session: SessionFold, directory: Path, manifest: Manifest | None) -> None:
         self.session = session
@@ -101,7 +97,7 @@ class SessionRecorder:
             gpus = [table for _, table in arrival_tables(arrivals, {"gpu"})]
         for table in gpus:
             self._note_gpus(table)
-        for event in arrivals.events(self.KINDS):
+        for event in arrivals.events(DESCRIBED_KINDS):
             if isinstance(event, RankStarted):
                 self._devices[event.rank] = event.device
                 self._hosts.setdefault(event.node, event.host)

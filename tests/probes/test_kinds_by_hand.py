@@ -6,6 +6,7 @@ from __future__ import annotations
 from meshtop.probes.kinds import (
     BULK_KINDS,
     COALESCIBLE_KINDS,
+    DESCRIBED_KINDS,
     FOLD_ORDER,
     FOLDED_KINDS,
     FORWARDED_KINDS,
@@ -20,7 +21,7 @@ from meshtop.probes.kinds import (
 
 def role(*, section: int, **flags: bool) -> KindRole:
     """A role with the flags named true, the others false."""
-    names = ("bulk", "folded", "shown", "progress", "printed", "coalescible", "forwarded")
+    names = ("bulk", "folded", "shown", "progress", "printed", "coalescible", "forwarded", "described")
     return KindRole(**{name: flags.get(name, False) for name in names}, section=section)
 
 
@@ -31,6 +32,7 @@ def test_each_letter_of_a_kinds_flags_sets_its_own_role_and_the_digit_its_sectio
     assert _role("f s p w 2") == role(folded=True, shown=True, progress=True, forwarded=True, section=2)
     assert _role("f s p   1") == role(folded=True, shown=True, progress=True, section=1)
     assert _role("      w 1") == role(forwarded=True, section=1)
+    assert _role("      w m 1") == role(forwarded=True, described=True, section=1)
 
 
 def test_the_table_gives_each_kind_its_role_and_each_set_its_kinds() -> None:
@@ -64,4 +66,5 @@ def test_the_table_gives_each_kind_its_role_and_each_set_its_kinds() -> None:
     } == FOLDED_KINDS
     assert set(KINDS) - SHOWN_KINDS == {"gpu_link", "rank_progress", "node_clock"}
     assert set(KINDS) - FORWARDED_KINDS == {"rank_exited", "job_ended"}
+    assert {"rank_started", "nvml_state", "gpu_link", "node_clock"} == DESCRIBED_KINDS
     assert (FOLD_ORDER["rank_started"], FOLD_ORDER["step"], FOLD_ORDER["job_ended"]) == (0, 13, 21)
