@@ -317,9 +317,9 @@ class RequestFold:
         self._sends: tuple[int, int, int] | None = None
         """(first send, last send, sends) of the load's requests that had a planned moment (an endpoint's)."""
         self._client_cpu: list[tuple[int, float]] = []
+        """(wall ns, CPU %) of the load generator's process samples (an endpoint's)."""
         self._arrivals: list[tuple[int, int, float | None, float | None]] = []
         """(arrival ns, request, TTFT, TPOT) of each completed request."""
-        """(wall ns, CPU %) of the load generator's process samples (an endpoint's)."""
 
     def add_client_cpu(self, wall_ns: int, cpu_pct: float | None) -> None:
         """A process sample of the load generator (an endpoint's rank 0)."""
