@@ -2,6 +2,19 @@
 
 No NVML library, or a machine with no GPU, is a state (:attr:`Nvml.state`),
 never an exception; the samplers report it and the screen draws it.
+
+The link rates of a :class:`~meshtop.probes.events.GpuSample`, in bytes/s, and what NVML gives for them:
+
+- PCIe tx / rx: ``nvmlDeviceGetPcieThroughput(handle, NVML_PCIE_UTIL_TX_BYTES / _RX_BYTES)``, a rate in KB/s
+  that NVML measures over a 20 ms window inside the call; its KB taken as :data:`KIB` bytes, the unit of
+  NVML's other byte counters;
+- NVLink tx / rx: the field values ``NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX / _RX`` (ids 138 / 139), cumulative
+  counts of data bytes in KiB (protocol overhead left out: the ``_RAW_`` fields hold it), asked for with the
+  scope :data:`ALL_LINKS`, NVML's sum over every link (a field's scope is its link; pynvml sends scope 0, link
+  0 alone, for a bare field id). The rate is the difference of two samples' counts over the time between;
+- a GPU that does not have one (no NVLink: each field comes back ``NVML_ERROR_NOT_SUPPORTED``; PCIe
+  throughput not supported, a vGPU), the first NVLink sample (a rate needs two readings) and a count that went
+  down (a reset): ``None``, never 0.
 """
 
 from __future__ import annotations
@@ -17,6 +30,8 @@ from meshtop.probes.events import GpuLink, GpuSample, NvmlState
 
 T = TypeVar("T")
 KIB = 1024
+ALL_LINKS = 0xFFFFFFFF
+"""The field scope (``UINT_MAX``) for which NVML sums an NVLink counter over every link of the GPU."""
 PCIE_PERIOD_S = 1.0
 """How often a GPU's PCIe rate is read. ``nvmlDeviceGetPcieThroughput`` watches the bus for 20 ms inside the
 call, and its two calls (tx, rx) cost more CPU than every other reading of a sample together (docs/benchmarks.md,
@@ -152,7 +167,8 @@ class Nvml:
         return self._power_limits[gpu]
 
     def _pcie_rates(self, gpu: int) -> tuple[float | None, float | None]:
-        """GPU ``gpu``'s PCIe tx and rx in bytes/s over NVML's 20 ms window, read now and kept."""
+        """GPU ``gpu``'s PCIe tx and rx in bytes/s (NVML's KB/s x :data:`KIB`) over NVML's 20 ms window, read now
+        and kept."""
         nv, handle = self.nv, self.handles[gpu]
         assert nv is not None
         tx = self.call(nv.nvmlDeviceGetPcieThroughput, handle, nv.NVML_PCIE_UTIL_TX_BYTES)
@@ -176,13 +192,16 @@ class Nvml:
         return self._uuids[gpu]
 
     def _nvlink_rates(self, gpu: int) -> tuple[float | None, float | None]:
-        """NVLink data throughput from the cumulative KiB counters; ``None`` without NVLink."""
+        """NVLink data throughput over every link, from the cumulative KiB counters; ``None`` without NVLink."""
         nv = self.nv
         assert nv is not None
         fields = self.call(
             nv.nvmlDeviceGetFieldValues,
             self.handles[gpu],
-            [nv.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX, nv.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX],
+            [
+                (nv.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX, ALL_LINKS),
+                (nv.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX, ALL_LINKS),
+            ],
         )
         now = time.monotonic()
         counters = [_field_value(f) for f in fields] if fields else [None, None]
@@ -193,6 +212,8 @@ class Nvml:
         when, tx_before, rx_before = previous
         tx, rx = counters
         if tx is None or rx is None or tx_before is None or rx_before is None or now <= when:
+            return None, None
+        if tx < tx_before or rx < rx_before:  # the counters were reset: no rate this sample
             return None, None
         return (tx - tx_before) * KIB / (now - when), (rx - rx_before) * KIB / (now - when)
 

@@ -27,17 +27,35 @@ class FakeLibraryNotFound(FakeNvmlError):
     pass
 
 
+NOT_SUPPORTED = 3
+"""NVML_ERROR_NOT_SUPPORTED: a field value's ``nvmlReturn`` where the GPU has no such counter."""
+ALL_LINKS = 0xFFFFFFFF
+
+
 def fake_pynvml(gpus: int = 2, *, init_error: Exception | None = None, nvlink_pairs: int = 0) -> SimpleNamespace:
-    """A stand-in for the pynvml module at the one boundary this machine cannot reach."""
-    counters = {"tx": 0, "rx": 0}
+    """A stand-in for the pynvml module at the one boundary this machine cannot reach, following NVML's API:
+    PCIe throughput in KB/s; the NVLink data counters as field values 138 / 139 in KiB, each link's own
+    (the field's scope is the link; pynvml sends scope 0 for a bare field id) or their sum for the scope
+    ``UINT_MAX``, and ``NOT_SUPPORTED`` in the field of a link the GPU does not have (every link: no NVLink).
+    Each reading moves every link on by 1024 KiB sent and 2048 KiB received."""
+    readings = [0] * gpus
 
     def field_values(handle, fields):
-        counters["tx"] += 1024  # KiB per reading
-        counters["rx"] += 2048
-        return [
-            SimpleNamespace(nvmlReturn=0, value=SimpleNamespace(ullVal=counters["tx"])),
-            SimpleNamespace(nvmlReturn=0, value=SimpleNamespace(ullVal=counters["rx"])),
-        ]
+        readings[handle] += 1
+        values = []
+        for field in fields:
+            field_id, scope = field if isinstance(field, tuple) else (field, 0)
+            per_link = {138: 1024, 139: 2048}[field_id] * readings[handle]
+            links = nvlink_pairs if scope == ALL_LINKS else (1 if scope < nvlink_pairs else 0)
+            values.append(
+                SimpleNamespace(
+                    fieldId=field_id,
+                    scopeId=scope,
+                    nvmlReturn=0 if links else NOT_SUPPORTED,
+                    value=SimpleNamespace(ullVal=per_link * links),
+                )
+            )
+        return values
 
     def not_supported(*args):
         raise FakeNvmlError("Not Supported")
@@ -92,10 +110,34 @@ def test_gpu_readings_with_unsupported_fields_as_none() -> None:
     assert sample.power_limit_w == 700.0  # an SXM module's: what tells it from an NVL card for MFU's peak
     assert sample.temperature_c is None  # "Not Supported" is a missing value, not an error
     assert (sample.pcie_tx_bytes_per_s, sample.pcie_rx_bytes_per_s) == (100 * 1024, 200 * 1024)
-    assert sample.nvlink_tx_bytes_per_s is None  # a rate needs two readings
-    time.sleep(0.01)
+    assert sample.nvlink_tx_bytes_per_s is None  # no NVLink: NVML's field says NOT_SUPPORTED
     second = nvml.sample(1)
-    assert second.nvlink_tx_bytes_per_s > 0 and second.nvlink_rx_bytes_per_s > second.nvlink_tx_bytes_per_s
+    assert (second.nvlink_tx_bytes_per_s, second.nvlink_rx_bytes_per_s) == (None, None)  # unknown, never 0
+
+
+def test_nvlink_rates_are_every_links_kib_counters_over_the_time_between_two_samples(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Two links, each sending 1024 KiB and receiving 2048 KiB between two samples 0.5 s apart: tx = 2 x 1024 x
+    1024 B / 0.5 s = 4 MiB/s, rx 8 MiB/s (the scope of every link: link 0's alone would be half). A counter
+    that went down (a reset) gives no rate, not a negative one; one that stood still, 0."""
+    clock = [100.0]
+    monkeypatch.setattr(time, "monotonic", lambda: clock[0])
+    nv = fake_pynvml(nvlink_pairs=2)
+    nvml = Nvml(nv)
+    assert nvml.sample(0).nvlink_tx_bytes_per_s is None  # a rate needs two readings
+    clock[0] += 0.5
+    second = nvml.sample(0)
+    assert (second.nvlink_tx_bytes_per_s, second.nvlink_rx_bytes_per_s) == (4 * 2**20, 8 * 2**20)
+    nv.nvmlDeviceGetFieldValues = lambda handle, fields: [
+        SimpleNamespace(fieldId=f, scopeId=scope, nvmlReturn=0, value=SimpleNamespace(ullVal=0)) for f, scope in fields
+    ]
+    clock[0] += 0.5
+    reset = nvml.sample(0)
+    assert (reset.nvlink_tx_bytes_per_s, reset.nvlink_rx_bytes_per_s) == (None, None)
+    clock[0] += 0.5
+    idle = nvml.sample(0)
+    assert (idle.nvlink_tx_bytes_per_s, idle.nvlink_rx_bytes_per_s) == (0.0, 0.0)  # known idle: 0
 
 
 def test_pcie_is_read_once_a_period_for_one_gpu_a_sample_and_repeated_between(
