@@ -36,6 +36,7 @@ from meshtop.recordings.metrics.attention import MEASURES as GRID_MEASURES
 from meshtop.recordings.metrics.attention import Attention, Scored
 from meshtop.recordings.metrics.blocker import Blocker
 from meshtop.recordings.metrics.breakdown import PARTS
+from meshtop.recordings.metrics.gpus import LINK_LABELS
 from meshtop.recordings.metrics.requests import LATENCIES
 from meshtop.recordings.metrics.run import RunFold
 from meshtop.recordings.reader import Recording
@@ -245,7 +246,9 @@ def _request_metrics(a: RunFold, b: RunFold) -> list[dict[str, Any]]:
 
 
 def _gpu_metrics(a: RunFold, b: RunFold) -> list[dict[str, Any]]:
-    """Each GPU both runs sampled: its peak memory used (the whole device's, NVML) and mean utilisation."""
+    """Each GPU both runs sampled: its peak memory used (the whole device's, NVML), mean utilisation, and the
+    mean and peak of each link rate either run read (PCIe and NVLink, over the load for a serving run: the
+    metrics core's :mod:`~meshtop.recordings.metrics.gpus`); one value a run, so the 2 % rule."""
     rows_a = {(row.node, row.gpu): row for row in a.figures().gpus}
     rows_b = {(row.node, row.gpu): row for row in b.figures().gpus}
     rows = []
@@ -254,6 +257,11 @@ def _gpu_metrics(a: RunFold, b: RunFold) -> list[dict[str, Any]]:
         name = f"GPU {key[1]}" if not key[0] else f"node {key[0]} GPU {key[1]}"
         rows.append(metric(f"{name} peak memory used (bytes)", one.peak_used_bytes, two.peak_used_bytes))
         rows.append(metric(f"{name} utilisation mean (%)", one.utilization_mean_pct, two.utilization_mean_pct))
+        for link, label in LINK_LABELS.items():
+            for which in ("mean", "peak"):
+                pair = one.links[link][which], two.links[link][which]
+                if pair != (None, None):
+                    rows.append(metric(f"{name} {label} {which} (bytes/s)", *pair))
     return rows
 
 

@@ -51,6 +51,7 @@ from meshtop.probes.events import Event, EventsDropped
 from meshtop.recordings.manifest import RunDescription
 from meshtop.recordings.metrics.attention import WINDOW
 from meshtop.recordings.metrics.figures import RunFigures
+from meshtop.recordings.metrics.gpus import LINK_LABELS, LINKS
 from meshtop.recordings.metrics.requests import COMPLETED
 from meshtop.recordings.schema import events_of
 from meshtop.recordings.session_fold import Folded, SessionFold
@@ -284,6 +285,10 @@ class RunMetrics:
             ("meshtop_gpu_power_watts", "GPU power draw (NVML)", "power_w", 1.0),
             ("meshtop_gpu_temperature_celsius", "GPU temperature (NVML)", "temperature_c", 1.0),
             ("meshtop_gpu_sm_clock_hertz", "GPU SM clock (NVML)", "sm_clock_mhz", 1e6),
+            *(
+                (f"meshtop_gpu_{name}_bytes_per_second", f"GPU {LINK_LABELS[name]} rate (NVML)", column, 1.0)
+                for name, column in LINKS.items()
+            ),
         )
         for name, documentation, field, scale in series:
             family = GaugeMetricFamily(name, documentation, labels=["gpu", "UUID", "Hostname"])

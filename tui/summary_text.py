@@ -10,6 +10,7 @@ from meshtop.recordings.metrics.attention import LABELS, Z_LIMIT
 from meshtop.recordings.metrics.requests import LATENCIES, Slo
 from meshtop.recordings.notices import ranks_text
 from meshtop.runner.plan import recipe_words
+from meshtop.tui.charts import human_rate
 
 
 def human_bytes(count: float | None) -> str:
@@ -254,7 +255,7 @@ def summary_lines(summary: dict[str, Any]) -> list[str]:
         first, *rest = run["hang"].splitlines()
         lines += [f"hung: {first}", *(f"  {line}" for line in rest)]
     if requests is not None:
-        lines += request_lines(requests)
+        lines += request_lines(requests) + gpu_lines(summary)
     mfu = summary["mfu"]
     if mfu["value"] is not None:
         lines.append(
@@ -386,7 +387,8 @@ def started_server_lines(server: dict[str, Any] | None) -> list[str]:
 
 
 def gpu_lines(summary: dict[str, Any]) -> list[str]:
-    """Each GPU sampled (the whole device, whoever used it): its peak memory and mean utilisation."""
+    """Each GPU sampled (the whole device, whoever used it): its peak memory and mean utilisation; then its
+    links' mean and peak rates, where NVML read them (a link it read none of is left out: unknown)."""
     lines = []
     for row in summary.get("gpus") or []:
         where = f"node {row['node']} " if row["node"] else ""
@@ -395,7 +397,23 @@ def gpu_lines(summary: dict[str, Any]) -> list[str]:
             f"{where}GPU {row['gpu']} ({row['name'] or '?'}): peak {human_bytes(row['peak_used_bytes'])} used of "
             f"{human_bytes(row['total_bytes'])}, utilisation mean {busy}"
         )
+        if (rates := link_rates_text(row["links"], row["links_over"])) is not None:
+            lines.append(f"  {rates}")
     return lines
+
+
+def link_rates_text(links: dict[str, dict[str, float | None]], over: str) -> str | None:
+    """A GPU's link rates (the metrics core's ``GpuRow.links``) in words: each link's tx and rx, mean / peak over
+    ``over`` (the load or the run); a link NVML read none of is left out, and ``None`` where it read neither."""
+    words = []
+    for link, label in (("pcie", "PCIe"), ("nvlink", "NVLink")):
+        tx, rx = links[f"{link}_tx"], links[f"{link}_rx"]
+        if tx["mean"] is not None or rx["mean"] is not None:
+            words.append(
+                f"{label} tx {human_rate(tx['mean'])}/{human_rate(tx['peak'], 'B/s')} "
+                f"rx {human_rate(rx['mean'])}/{human_rate(rx['peak'], 'B/s')}"
+            )
+    return f"links over the {over}, mean/peak: " + ", ".join(words) if words else None
 
 
 def comparison_lines(comparison: dict[str, Any]) -> list[str]:

@@ -23,7 +23,14 @@ from meshtop.tui.charts import MEMORY_PARTS, STEP_PARTS, chart, human_rate, lege
 from meshtop.tui.line_view import LineView
 from meshtop.tui.requests_lines import output_rate, requests_lines
 from meshtop.tui.state import DashboardState
-from meshtop.tui.summary_text import breakdown_line, busbw_text, exposed_share, human_bytes, human_seconds
+from meshtop.tui.summary_text import (
+    breakdown_line,
+    busbw_text,
+    exposed_share,
+    human_bytes,
+    human_seconds,
+    link_rates_text,
+)
 from meshtop.tui.view_records import PipelineStep, RankView
 
 RankFilter = Callable[[RankView], bool]
@@ -292,6 +299,7 @@ class DevicesPanel(Panel):
         else:
             spark = max(8, (width - 56) // 2)  # two histories on the first row, the readings on the second
             hosts = state.hosts()
+            rows = {(row.node, row.gpu): row for row in state.figures().gpus}  # the run's, the metrics core's
             node = None
             for gpu in sorted(state.gpus.values(), key=lambda g: (g.node, g.gpu)):
                 if len(hosts) > 1 and gpu.node != node:
@@ -314,6 +322,9 @@ class DevicesPanel(Panel):
                 ):
                     if tx is not None:
                         line.append(f"  {link} tx {human_rate(tx, 'B/s')} rx {human_rate(rx, 'B/s')}")
+                row = rows.get((gpu.node, gpu.gpu))
+                if row is not None and (rates := link_rates_text(row.links, row.links_over)) is not None:
+                    line.append(f"\n      {rates}", style="dim")
                 parts.append(line)
         measure = "allocator's peak" if state.info.device == "cuda" else "resident set"  # the peak over the run
         parts.append(section(f"memory per rank ({measure})"))

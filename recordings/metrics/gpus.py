@@ -8,7 +8,17 @@ Rules:
   allocator of one rank;
 - utilisation = the mean of ``utilization_pct`` over the samples that read it (NVML's share of the last
   sample period in which a kernel ran: busy, not efficient);
-- a sample that could not read a value (``None``) counts for none of its figures.
+- link rates (PCIe and NVLink, each tx and rx, in bytes/s: :mod:`meshtop.probes.nvml` says what NVML gives):
+  per GPU the mean over the samples that read the rate and the peak, the largest of them. A PCIe reading is
+  NVML's 20 ms window, read once a second and repeated by the samples between, so its mean weighs each reading
+  by the time it stood for and its peak is a 20 ms burst; an NVLink rate is the mean between two samples;
+- the samples the link rates are over: a serving run's (:attr:`GpuFold.keeps_samples`), those of the load's
+  window, from the first request's arrival to the last completed request's end (the window the request rates
+  are over, so bytes/s sit beside requests/s); before it the engine loads its weights over PCIe and after it
+  the GPUs idle, and over the whole run the peak would be the weight load and the mean the idle's share. A
+  training run's, and a serving run's before a request completed: every sample of the run;
+- a sample that could not read a value (``None``) counts for none of its figures: a GPU without NVLink, or
+  none of whose samples fall in the window, has ``None`` mean and peak, never 0.
 """
 
 from __future__ import annotations
@@ -37,8 +47,27 @@ def _sample_of_each_gpu(table: pa.Table, names: Sequence[str], which: str) -> di
     return {(node, gpu): tuple(rest) for node, gpu, *rest in zip(*taken.values(), strict=True)}
 
 
-LAST_READ = ("uuid", "utilization_pct", "memory_used_bytes", "power_w", "temperature_c", "sm_clock_mhz")
+LINKS = {
+    "pcie_tx": "pcie_tx_bytes_per_s",
+    "pcie_rx": "pcie_rx_bytes_per_s",
+    "nvlink_tx": "nvlink_tx_bytes_per_s",
+    "nvlink_rx": "nvlink_rx_bytes_per_s",
+}
+"""Each link rate's name in the figures, and its sample column."""
+LINK_LABELS = {"pcie_tx": "PCIe tx", "pcie_rx": "PCIe rx", "nvlink_tx": "NVLink tx", "nvlink_rx": "NVLink rx"}
+"""Each link rate as a reader names it."""
+LAST_READ = (
+    "uuid",
+    "utilization_pct",
+    "memory_used_bytes",
+    "power_w",
+    "temperature_c",
+    "sm_clock_mhz",
+    *LINKS.values(),
+)
 """What is kept of each GPU's last sample: what a reader shows of the GPU now (``/metrics``'s gauges)."""
+_LinkSums = dict[str, tuple[float, int, float | None]]
+"""Per link rate: the sum and count of the samples that read it, and their largest."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -50,6 +79,10 @@ class GpuRow:
     peak_used_bytes: int | None
     total_bytes: int | None
     utilization_mean_pct: float | None
+    links: dict[str, dict[str, float | None]]
+    """Per link rate of :data:`LINKS`: its ``mean`` and ``peak`` in bytes/s (``None``: NVML gave none)."""
+    links_over: str
+    """The samples the link rates are over: ``load`` (the load's window) or ``run``."""
 
 
 @dataclass(slots=True)
@@ -60,13 +93,65 @@ class _Gpu:
     total: int | None = None
     busy_sum: float = 0.0
     busy_count: int = 0
+    links: _LinkSums | None = None
+
+
+def _link_sums(table: pa.Table) -> dict[tuple[int, int], _LinkSums]:
+    """Each GPU's link rates in ``table``: per rate, the sum, count and largest of the samples that read it."""
+    columns = list(LINKS.values())
+    per_gpu = (
+        table.select(["node", "gpu", *columns])
+        .group_by(["node", "gpu"], use_threads=False)
+        .aggregate([(column, how) for column in columns for how in ("sum", "count", "max")])
+        .to_pydict()
+    )
+    found = {}
+    for index, key in enumerate(zip(per_gpu["node"], per_gpu["gpu"], strict=True)):
+        found[key] = {
+            name: (
+                per_gpu[f"{column}_sum"][index] or 0.0,
+                per_gpu[f"{column}_count"][index],
+                per_gpu[f"{column}_max"][index],
+            )
+            for name, column in LINKS.items()
+        }
+    return found
+
+
+def _with(held: _LinkSums | None, more: _LinkSums) -> _LinkSums:
+    """Two spans' link sums as one."""
+    if held is None:
+        return more
+    return {
+        name: (
+            held[name][0] + more[name][0],
+            held[name][1] + more[name][1],
+            max((v for v in (held[name][2], more[name][2]) if v is not None), default=None),
+        )
+        for name in LINKS
+    }
+
+
+def _link_figures(sums: _LinkSums | None) -> dict[str, dict[str, float | None]]:
+    """Mean and peak of each link rate (``None`` where no sample read it)."""
+    return {
+        name: {
+            "mean": sums[name][0] / sums[name][1] if sums is not None and sums[name][1] else None,
+            "peak": sums[name][2] if sums is not None and sums[name][1] else None,
+        }
+        for name in LINKS
+    }
 
 
 class GpuFold:
-    """The GPUs' samples, folded a table at a time as they come."""
+    """The GPUs' samples, folded a table at a time as they come; ``keeps_samples`` (a serving run's): their
+    link rates kept with their times too, for the load's window (the rules above)."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, keeps_samples: bool = False) -> None:
         self._gpus: dict[tuple[int, int], _Gpu] = {}
+        self.keeps_samples = keeps_samples
+        self._kept: list[pa.Table] = []
+        """A serving run's samples: node, GPU, time and link rates."""
         self.last: dict[tuple[int, int], dict[str, Any]] = {}
         """Each GPU's last sample, by (node, index): its :data:`LAST_READ` (a reading it could not take: ``None``)."""
 
@@ -77,6 +162,11 @@ class GpuFold:
             return
         for key, values in _sample_of_each_gpu(table, LAST_READ, "max").items():
             self.last[key] = dict(zip(LAST_READ, values, strict=True))
+        for key, sums in _link_sums(table).items():
+            state = self._gpus.setdefault(key, _Gpu())
+            state.links = _with(state.links, sums)
+        if self.keeps_samples:
+            self._kept.append(table.select(["node", "gpu", "wall_ns", *LINKS.values()]))
         name = table.column("name")
         per_gpu = (
             table.select(["node", "gpu", "memory_used_bytes", "memory_total_bytes", "utilization_pct"])
@@ -106,7 +196,19 @@ class GpuFold:
             state.busy_sum += busy_sum or 0.0
             state.busy_count += busy_count
 
-    def rows(self) -> list[GpuRow]:
+    def rows(self, load_ns: tuple[int, int] | None = None) -> list[GpuRow]:
+        """Each GPU's figures; its link rates over ``load_ns`` (the load's first arrival and last end, ns) where
+        the samples are kept, else over the run."""
+        windowed = None
+        if load_ns is not None and self.keeps_samples:
+            if len(self._kept) > 1:
+                self._kept = [pa.concat_tables(self._kept).combine_chunks()]
+            kept = self._kept[0] if self._kept else None
+            windowed = {}
+            if kept is not None:
+                wall = kept.column("wall_ns")
+                within = pc.and_(pc.greater_equal(wall, load_ns[0]), pc.less_equal(wall, load_ns[1]))
+                windowed = _link_sums(kept.filter(within))
         return [
             GpuRow(
                 node=node,
@@ -116,6 +218,8 @@ class GpuFold:
                 peak_used_bytes=state.peak,
                 total_bytes=state.total,
                 utilization_mean_pct=state.busy_sum / state.busy_count if state.busy_count else None,
+                links=_link_figures(state.links if windowed is None else windowed.get((node, gpu))),
+                links_over="run" if windowed is None else "load",
             )
             for (node, gpu), state in sorted(self._gpus.items())
         ]

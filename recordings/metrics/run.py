@@ -105,7 +105,7 @@ class RunFold:
             if run.inference
             else None
         )
-        self.gpus = GpuFold()
+        self.gpus = GpuFold(keeps_samples=run.inference)
         self.server = ServerFold() if run.endpoint is not None else None
         """An endpoint's engine, from its ``/metrics``."""
         self.steps = StepStats()
@@ -445,6 +445,13 @@ class RunFold:
             held = self._parts[name] = (key, compute())
         return cast(_Part, held[1])
 
+    def _load_ns(self) -> tuple[int, int] | None:
+        """The load's window: its first request's arrival and its last completed request's end (ns)."""
+        requests = self.requests
+        if requests is None or requests.first_arrival_ns is None or requests.last_end_ns is None:
+            return None
+        return requests.first_arrival_ns, requests.last_end_ns
+
     def figures(self) -> RunFigures:
         """Every figure now (computed again only after a change)."""
         if self._figures is not None and self._figures[0] == self.version:
@@ -475,7 +482,7 @@ class RunFold:
             server=self.server.figures(self.requests.sending_ns if self.requests is not None else None)
             if self.server is not None
             else None,
-            gpus=tuple(self.gpus.rows()),
+            gpus=tuple(self.gpus.rows(self._load_ns())),
             breakdown=breakdown if breakdown.steps else None,
         )
         self._figures = (self.version, figures)

@@ -21,6 +21,7 @@ from meshtop.probes.events import (
     StageAction,
     StepTiming,
 )
+from meshtop.recordings.metrics.gpus import LINKS
 from meshtop.recordings.metrics.run import RunFold
 from meshtop.recordings.metrics.steps import JobStep, StepFolder, StepRows
 from meshtop.recordings.schema import table_of, tables_of
@@ -147,6 +148,10 @@ GPU_READINGS = (
     "nvlink_rx_bytes_per_s",
 )
 """The readings a :class:`GpuSample` must be given; :func:`gpu_sample` leaves those not named unread."""
+
+
+NO_LINKS = {name: {"mean": None, "peak": None} for name in LINKS}
+"""A GPU's link figures where NVML gave no link rate (no NVLink, PCIe throughput not supported): unknown, not 0."""
 
 
 def gpu_sample(*, gpu: int = 0, wall_ns: int = 0, **fields: Any) -> GpuSample:

@@ -28,7 +28,7 @@ from meshtop.recordings.metrics.stats import EXACT_LIMIT, Distribution, quantile
 from meshtop.recordings.metrics.steps import JobStep, StepStats, job_step
 from meshtop.recordings.metrics.stragglers import Straggler
 from meshtop.recordings.schema import tables_of
-from tests.kit.events import collective, fold_events, gpu_sample, step
+from tests.kit.events import NO_LINKS, collective, fold_events, gpu_sample, step
 from tests.kit.recordings import description, elastic_script, with_model
 
 MS = 1_000_000
@@ -503,6 +503,8 @@ def test_a_runs_json_names_each_figure_and_its_breakdown_explains_the_furthest_s
         peak_used_bytes=1 << 30,
         total_bytes=80 << 30,
         utilization_mean_pct=50.0,
+        links={**NO_LINKS, "pcie_tx": {"mean": 2e9, "peak": 8e9}},
+        links_over="load",
     )
     figures = dataclasses.replace(
         folded(description(dp=4), []).figures(),
@@ -524,6 +526,8 @@ def test_a_runs_json_names_each_figure_and_its_breakdown_explains_the_furthest_s
             "peak_used_bytes": 1 << 30,
             "total_bytes": 80 << 30,
             "utilization_mean_pct": 50.0,
+            "links": {**NO_LINKS, "pcie_tx": {"mean": 2e9, "peak": 8e9}},
+            "links_over": "load",
         }
     ]
     breakdown = found["breakdown"]

@@ -20,7 +20,7 @@ from meshtop.recordings.metrics.pipeline import StageFold, StageRow, step_bubble
 from meshtop.recordings.metrics.run import RunFold
 from meshtop.recordings.metrics.server import ServerFigures, ServerFold
 from meshtop.recordings.schema import table_of
-from tests.kit.events import collective, fold_events, gpu_sample, memory_snapshot, stage_action, step
+from tests.kit.events import NO_LINKS, collective, fold_events, gpu_sample, memory_snapshot, stage_action, step
 from tests.kit.recordings import description, elastic_script, with_model
 
 GIB = 1 << 30
@@ -54,9 +54,9 @@ def test_gpu_tables_folded_one_after_another_keep_the_peak_the_name_and_idle_sam
     )
     assert fold.rows() == [
         GpuRow(node=0, gpu=0, name="NVIDIA H100", samples=3, peak_used_bytes=70 * GIB, total_bytes=None,
-               utilization_mean_pct=10.0),
+               utilization_mean_pct=10.0, links=NO_LINKS, links_over="run"),
         GpuRow(node=0, gpu=1, name="NVIDIA H100", samples=2, peak_used_bytes=GIB, total_bytes=None,
-               utilization_mean_pct=50.0),
+               utilization_mean_pct=50.0, links=NO_LINKS, links_over="run"),
     ]  # fmt: skip
 
 

@@ -143,7 +143,9 @@ def test_requests_and_gpus_in_base_units_with_the_dcgm_labels() -> None:
         power_w=500.0,
         sm_clock_mhz=1980.0,
         uuid="GPU-1234",
-    )
+        pcie_tx_bytes_per_s=3e9,
+        pcie_rx_bytes_per_s=5e9,
+    )  # no NVLink: its rates unknown
     arrivals = Arrivals([started, request, request, gpu])
     metrics.take(arrivals, session.take(arrivals))
     samples = {}
@@ -157,6 +159,11 @@ def test_requests_and_gpus_in_base_units_with_the_dcgm_labels() -> None:
     assert samples["meshtop_request_e2e_seconds_sum"][0][1] == pytest.approx(0.4)
     assert samples["meshtop_gpu_utilization_ratio"] == [({"gpu": "0", "UUID": "GPU-1234", "Hostname": "gpu-a"}, 0.75)]
     assert samples["meshtop_gpu_sm_clock_hertz"][0][1] == 1.98e9
+    assert samples["meshtop_gpu_pcie_tx_bytes_per_second"] == [
+        ({"gpu": "0", "UUID": "GPU-1234", "Hostname": "gpu-a"}, 3e9)
+    ]
+    assert samples["meshtop_gpu_pcie_rx_bytes_per_second"][0][1] == 5e9
+    assert "meshtop_gpu_nvlink_tx_bytes_per_second" not in samples  # unknown is no series, never 0
 
 
 def test_each_ranks_state_and_each_gpus_samples_are_the_folds() -> None:

@@ -394,7 +394,7 @@ async def test_devices_view_draws_gpu_samples_with_history_clock_and_temperature
                 power_w=300.0 + i,
                 sm_clock_mhz=1980.0,
                 temperature_c=61.0,
-                nvlink_tx_bytes_per_s=2.5e9,
+                nvlink_tx_bytes_per_s=6.5e9 if i == 10 else 2.5e9,
                 nvlink_rx_bytes_per_s=2.5e9,
             )
             for i in range(40)
@@ -407,6 +407,8 @@ async def test_devices_view_draws_gpu_samples_with_history_clock_and_temperature
         first, second = rows[at], rows[at + 1]
         assert "NVIDIA H200" in first and " 89%" in first and first.rstrip().endswith(" 339 W")
         assert second.strip() == "1980 MHz  61°C  mem 70.0 GiB/141.0 GiB  NVLink tx 2.5GB/s rx 2.5GB/s"
+        # the run's link figures, the metrics core's: tx mean (39 x 2.5 + 6.5) / 40 = 2.6 GB/s, peak 6.5 GB/s
+        assert rows[at + 2].strip() == "links over the run, mean/peak: NVLink tx 2.6G/6.5GB/s rx 2.5G/2.5GB/s"
         assert "process metrics only" not in screen_text(app)
 
 
