@@ -11,7 +11,9 @@
 # py-spy or transformers serve's web stack: their wheels travel in .whl/ (git-ignored; fetched here with
 # tests/bench/device_wheels.sh) and go to /tmp/site there. Writes under $OUT: machine.txt, checks.log (every
 # part's output), dmon.log (nvidia-smi dmon), gpu-mfu.json, gpu-suite.json and recordings.tgz (every recording
-# but the served model). On one H200 (2026-12-04) every part took 326 s together.
+# but the served model). The serving part prints each GPU's PCIe and NVLink rates over the load (summary's links,
+# from NVML) beside dmon's PCIe columns and nvidia-smi's NVLink counters before and after it. On one H200
+# (2026-12-04) every part took 326 s together.
 #
 # PARTS=example,tests,record,mfu,serving,suite,nvml (all by default) runs only those; TESTS=EXPR narrows the GPU
 # tests (pytest -k). CHECK_DEVICE=cpu rehearses the call on a CPU machine: the same parts on small shapes (the
@@ -58,13 +60,14 @@ part() {
 {
     nvidia-smi
     nvidia-smi -q | grep -iE "product name|driver version|cuda version|power limit|max clocks" -A0
+    nvidia-smi nvlink -s # the NVLink links and their speed (none active: meshtop's NVLink rates are None)
     python3 -c 'import torch, transformers; print("torch", torch.__version__, "cuda", torch.version.cuda, "nccl",
         torch.cuda.nccl.version() if torch.cuda.is_available() else None, "transformers", transformers.__version__,
         torch.cuda.get_device_name(0) if torch.cuda.is_available() else "no GPU")'
 } >"$OUT/machine.txt" 2>&1
 DMON=
 if command -v nvidia-smi >/dev/null; then
-    nvidia-smi dmon -s pucm -o T >"$OUT/dmon.log" 2>&1 &
+    nvidia-smi dmon -s pucmt -o T >"$OUT/dmon.log" 2>&1 &  # t: PCIe rx/tx MB/s, beside meshtop's links
     DMON=$!
 fi
 
@@ -85,8 +88,10 @@ part mfu "MFU: 1b and 8b, one rank" 170 \
     python3 -m tests.bench.suite --device "$DEVICE" --only mfu,mfu8b --json "$OUT/gpu-mfu.json"
 wait "$BUILD" 2>/dev/null
 cat "$WORK/build.log" >>"$OUT/checks.log" 2>/dev/null
+command -v nvidia-smi >/dev/null && nvidia-smi nvlink -gt d >>"$OUT/checks.log" 2>&1 # NVLink KiB before the load
 part serving "serving: transformers serve on the GPU, loaded at concurrency 1, 8, 32" 210 \
     python3 -m tests.bench.gpu_serving "$WORK/serving" --model "$WORK/serving/model" --device "$DEVICE"
+command -v nvidia-smi >/dev/null && nvidia-smi nvlink -gt d >>"$OUT/checks.log" 2>&1 # and after
 pkill -f "transformers.cli.transformers" # a server left by a part cut at its limit would hold the GPU's memory
 part suite "suite: samplers, overhead" 200 \
     python3 -m tests.bench.suite --device "$DEVICE" --only samplers,overhead --json "$OUT/gpu-suite.json"

@@ -8,13 +8,18 @@ the whole vocabulary ("[UNK]" and ``t1`` ... ``t128255``): meshtop's generated p
 know, one token each, so a prompt's tokens are its words, and any token the random model generates decodes.
 
 Each recording's summary is printed (``meshtop record`` ends with it); the recordings stay in ``OUT`` (``c1``,
-``c8``, ``c32``). ``--device cpu --shape tiny`` runs the same path on a CPU in minutes (a rehearsal of the
-device call).
+``c8``, ``c32``). Then each GPU's link rates over the load, from ``summary --json`` (the metrics core's, NVML's
+counters: :mod:`meshtop.probes.nvml`), one line a GPU: PCIe must have been read on a GPU that served (NVML
+reads it on every bare-metal GPU since Maxwell: none is a broken sampler, and the run fails); NVLink is printed
+as read (``None`` on a GPU without NVLink peers), to hold against ``nvidia-smi dmon``'s PCIe columns and
+``nvidia-smi nvlink -gt d`` in the device call's logs. ``--device cpu --shape tiny`` runs the same path on a CPU in
+minutes (a rehearsal of the device call).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import subprocess
 import sys
@@ -88,6 +93,27 @@ def record(out: Path, model: Path, device: str, concurrency: int, requests: int,
     return done.returncode
 
 
+def link_rates(recording: Path, device: str) -> bool:
+    """Each sampled GPU's link rates over the load, printed; whether PCIe was read on each (a CPU run: none)."""
+    done = subprocess.run(meshtop("summary", recording, "--json"), capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        print(f"links {recording.name}: summary failed: {done.stderr.strip()}", flush=True)
+        return False
+    gpus = json.loads(done.stdout).get("gpus") or []
+
+    def gb(value: float | None) -> str:
+        return "None" if value is None else f"{value / 1e9:.3f}"
+
+    for gpu in gpus:
+        rates = "  ".join(f"{name} {gb(rate['mean'])}/{gb(rate['peak'])}" for name, rate in gpu["links"].items())
+        print(f"links {recording.name} GPU {gpu['gpu']} over the {gpu['links_over']} (GB/s mean/peak): {rates}")
+    unread = [gpu["gpu"] for gpu in gpus if gpu["links"]["pcie_rx"]["mean"] is None]
+    if device == "cuda" and (not gpus or unread):
+        print(f"links {recording.name}: FAILED: PCIe not read ({'no GPU sampled' if not gpus else unread})")
+        return False
+    return True
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("out", type=Path, help="a new directory: the model and a recording a concurrency")
@@ -108,6 +134,7 @@ def main() -> None:
     for concurrency in (int(c) for c in args.concurrency.split(",")):
         requests = max(16, concurrency * args.requests_per_client)
         failed += record(args.out / f"c{concurrency}", model, args.device, concurrency, requests, args) != 0
+        failed += not link_rates(args.out / f"c{concurrency}", args.device)
     sys.exit(1 if failed else 0)
 
 

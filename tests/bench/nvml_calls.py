@@ -13,6 +13,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from meshtop.probes.nvml import ALL_LINKS
+
 
 def queries(nv: Any, handle: Any) -> dict[str, Callable[[], Any]]:
     """The sampler's calls (and the cumulative PCIe counters, a cheaper source of the same rate)."""
@@ -23,7 +25,11 @@ def queries(nv: Any, handle: Any) -> dict[str, Callable[[], Any]]:
         "GetPcieThroughput TX": lambda: nv.nvmlDeviceGetPcieThroughput(handle, nv.NVML_PCIE_UTIL_TX_BYTES),
         "GetPcieThroughput RX": lambda: nv.nvmlDeviceGetPcieThroughput(handle, nv.NVML_PCIE_UTIL_RX_BYTES),
         "GetFieldValues NVLink TX+RX": lambda: nv.nvmlDeviceGetFieldValues(
-            handle, [nv.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX, nv.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX]
+            handle,
+            [
+                (nv.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX, ALL_LINKS),
+                (nv.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX, ALL_LINKS),
+            ],
         ),
         "GetFieldValues PCIe count TX+RX": lambda: nv.nvmlDeviceGetFieldValues(
             handle, [nv.NVML_FI_DEV_PCIE_COUNT_TX_BYTES, nv.NVML_FI_DEV_PCIE_COUNT_RX_BYTES]
