@@ -96,26 +96,27 @@ class _Gpu:
     links: _LinkSums | None = None
 
 
+LINK_AGGREGATES = [(column, how) for column in LINKS.values() for how in ("sum", "count", "max")]
+"""What a group-by of samples takes of the link rates: per rate, the sum, count and largest of those that read it."""
+
+
+def _link_sums_at(per_gpu: dict[str, list[Any]], index: int) -> _LinkSums:
+    """GPU ``index``'s link sums in a group-by's columns (:data:`LINK_AGGREGATES`)."""
+    return {
+        name: (
+            per_gpu[f"{column}_sum"][index] or 0.0,
+            per_gpu[f"{column}_count"][index],
+            per_gpu[f"{column}_max"][index],
+        )
+        for name, column in LINKS.items()
+    }
+
+
 def _link_sums(table: pa.Table) -> dict[tuple[int, int], _LinkSums]:
-    """Each GPU's link rates in ``table``: per rate, the sum, count and largest of the samples that read it."""
-    columns = list(LINKS.values())
-    per_gpu = (
-        table.select(["node", "gpu", *columns])
-        .group_by(["node", "gpu"], use_threads=False)
-        .aggregate([(column, how) for column in columns for how in ("sum", "count", "max")])
-        .to_pydict()
-    )
-    found = {}
-    for index, key in enumerate(zip(per_gpu["node"], per_gpu["gpu"], strict=True)):
-        found[key] = {
-            name: (
-                per_gpu[f"{column}_sum"][index] or 0.0,
-                per_gpu[f"{column}_count"][index],
-                per_gpu[f"{column}_max"][index],
-            )
-            for name, column in LINKS.items()
-        }
-    return found
+    """Each GPU's link sums in ``table``."""
+    per_gpu = table.group_by(["node", "gpu"], use_threads=False).aggregate(LINK_AGGREGATES).to_pydict()
+    keys = zip(per_gpu["node"], per_gpu["gpu"], strict=True)
+    return {key: _link_sums_at(per_gpu, index) for index, key in enumerate(keys)}
 
 
 def _with(held: _LinkSums | None, more: _LinkSums) -> _LinkSums:
@@ -162,14 +163,11 @@ class GpuFold:
             return
         for key, values in _sample_of_each_gpu(table, LAST_READ, "max").items():
             self.last[key] = dict(zip(LAST_READ, values, strict=True))
-        for key, sums in _link_sums(table).items():
-            state = self._gpus.setdefault(key, _Gpu())
-            state.links = _with(state.links, sums)
         if self.keeps_samples:
             self._kept.append(table.select(["node", "gpu", "wall_ns", *LINKS.values()]))
         name = table.column("name")
         per_gpu = (
-            table.select(["node", "gpu", "memory_used_bytes", "memory_total_bytes", "utilization_pct"])
+            table.select(["node", "gpu", "memory_used_bytes", "memory_total_bytes", "utilization_pct", *LINKS.values()])
             .append_column("name", pc.if_else(pc.equal(name, ""), pa.scalar(None, name.type), name))
             .group_by(["node", "gpu"], use_threads=False)  # one thread: "last" is the last in row order
             .aggregate(
@@ -180,13 +178,17 @@ class GpuFold:
                     ("memory_total_bytes", "last"),
                     ("utilization_pct", "sum"),
                     ("utilization_pct", "count"),
+                    *LINK_AGGREGATES,
                 ]
             )
+            .to_pydict()
         )
-        for node, gpu, samples, name_, peak, total, busy_sum, busy_count in zip(
-            *per_gpu.to_pydict().values(), strict=True
+        columns = [per_gpu[column] for column in list(per_gpu)[:8]]  # node, gpu, then the six above
+        for index, (node, gpu, samples, name_, peak, total, busy_sum, busy_count) in enumerate(
+            zip(*columns, strict=True)
         ):
             state = self._gpus.setdefault((node, gpu), _Gpu())
+            state.links = _with(state.links, _link_sums_at(per_gpu, index))
             state.samples += samples
             state.name = name_ or state.name
             if peak is not None:
