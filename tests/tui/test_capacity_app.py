@@ -1,6 +1,7 @@
 """``meshtop replay OUT`` on a capacity sweep, driven with Textual's pilot: the ranked configurations, the chart of
 the one under the cursor, and Enter on a run ending the app with that run's recording (a real one: the shipped
-inference sample, copied where the report says the run's recording is)."""
+inference sample, copied where the report says the run's recording is). Its screen snapshots are Textual's own, as
+the dashboard's (see tests/tui/test_tui_app.py)."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ import pytest
 from meshtop.recordings.reader import open_recording
 from meshtop.recordings.samples import INFER_SAMPLE
 from meshtop.tui.capacity_app import CapacityApp, config_charts, run_cells, run_index
-from tests.kit.screen import screen_text
+from tests.kit.screen import SnapCompare, screen_text
 
 pytestmark = pytest.mark.screen
 
@@ -183,3 +184,9 @@ def test_a_runs_row_marks_and_colours_what_kept_it_from_passing(report: dict[str
     assert missed[0].plain == "×" and missed[0].style == "bold red"
     not_run = run_cells(run("a=2", 2.0, None, met=None, saturated=None, client_limited=None, status="not run"))
     assert [cell.plain for cell in not_run[5:8]] == ["-", "-", "-"] and not_run[-1].plain == "not run"
+
+
+@pytest.mark.parametrize("size", [(80, 24), (200, 60)], ids=["80x24", "200x60"])
+def test_screen_snapshot(report: dict[str, Any], size: tuple[int, int], snap_compare: SnapCompare) -> None:
+    on_a_run = CapacityApp(report | {"sweep": "sweeps/capacity"}, cursor=2)  # the same path on every machine
+    assert snap_compare(on_a_run, terminal_size=size)
