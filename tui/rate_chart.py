@@ -139,7 +139,8 @@ def rate_chart(
     if cap_column is not None:
         for y in range(rows):
             cells[y][cap_column] = ("┼", SLO_LINE[1]) if y == slo_row else CAPACITY_LINE
-    placed = sorted(((column(p.rate), row(p.latency_s), p) for p in drawn if p.latency_s is not None), key=_by_rate)
+    placed = [(column(p.rate), row(p.latency_s), p) for p in drawn if p.latency_s is not None]
+    placed.sort(key=lambda cell: cell[2].rate)
     for (x0, y0, _), (x1, y1, _) in pairwise(placed):
         for x in range(x0 + 1, x1):
             cells[_half_up(y0 + (y1 - y0) * (x - x0) / (x1 - x0))][x] = CURVE
@@ -167,10 +168,6 @@ def rate_chart(
     lines.append(Text(" " * labels_width + "└" + "".join(axis), style=AXIS_STYLE))
     lines.append(_ticks(labels_width + 1, columns, lo, hi, cap_column, capacity))
     return lines
-
-
-def _by_rate(cell: tuple[int, int, RatePoint]) -> float:
-    return cell[2].rate
 
 
 def _ticks(indent: int, columns: int, lo: float, hi: float, cap_column: int | None, capacity: float | None) -> Text:
