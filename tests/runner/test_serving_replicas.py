@@ -10,6 +10,7 @@ import json
 from collections import Counter
 from pathlib import Path
 
+import pyarrow.parquet as pq
 import pytest
 
 from meshtop.probes.events import RequestDone, ServerMetric
@@ -187,3 +188,21 @@ def test_the_replicas_queues_add_up_at_each_scrape_and_the_kv_cache_is_the_fulle
     assert figures.gauges["requests_waiting"] == {"last": 3, "mean": 5.5, "max": 8}
     assert figures.gauges["kv_cache_usage"] == pytest.approx({"last": 0.5, "mean": 0.65, "max": 0.8})
     assert figures.counters["generation_tokens"] == 30
+
+
+def test_a_recording_from_before_replicas_reads_as_one_server(tmp_path: Path) -> None:
+    """A manifest without ``replicas`` and scraped series without ``replica``: one server, as they were."""
+    out = tmp_path / "old"
+    with stub_server(chunks=2, metrics=lambda: vllm_metrics(3, 0.5, [0])) as server:
+        done = run_meshtop("record", out, "--endpoint", server.url, "--requests", "4", "--output-len", "2")
+    assert done.returncode == 0, done.stdout + done.stderr
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["endpoint"].pop("replicas") == []
+    (out / "manifest.json").write_text(json.dumps(manifest))
+    scraped = out / "events" / "server_metric.parquet"
+    pq.write_table(pq.read_table(scraped).drop_columns(["replica"]), scraped)
+    endpoint = read_manifest(out).run.endpoint
+    assert endpoint is not None and endpoint.replicas == () and endpoint.server_metrics == f"{server.url}/metrics"
+    summary = summary_json(out)
+    assert summary["server"]["requests_waiting"]["max"] == 3 and summary["server"]["kv_cache_usage"]["max"] == 0.5
+    assert [row["completed"] for row in summary["requests"]["per_replica"]] == [4]
