@@ -491,6 +491,8 @@ class ServerMetric(Event):
     value: float
     common: str | None = None
     """meshtop's name for a series of a known engine (``requests_waiting``, ``kv_cache_usage``, ...)."""
+    replica: int = 0
+    """The replica whose ``/metrics`` it is (``--endpoint URL1,URL2``: its place in the list)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

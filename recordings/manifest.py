@@ -197,15 +197,19 @@ class Endpoint:
     """A serving endpoint meshtop loaded (``--endpoint``): the server, not meshtop, ran the model."""
 
     url: str
+    """As given: replicas' URLs comma-separated."""
     api: str
     """``completions`` or ``chat``."""
     model: str
     models: tuple[str, ...] = ()
     """Every model the server listed."""
+    replicas: tuple[str, ...] = ()
+    """Each replica's URL (``--endpoint URL1,URL2``), in the order the load's requests went round them; empty:
+    one server, ``url``."""
     same_load: str | None = None
     """The recording whose load this repeated (``--same-load``)."""
     server_metrics: str | None = None
-    """Where the server's Prometheus metrics were scraped."""
+    """Where the server's Prometheus metrics were scraped (replicas: each replica's, comma-separated)."""
     server: ServerInfo | None = None
     """The server meshtop started, where it started one."""
 

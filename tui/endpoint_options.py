@@ -31,8 +31,9 @@ def add_endpoint_options(parser: argparse.ArgumentParser) -> None:
     serving.add_argument(
         "--endpoint",
         default=None,
-        metavar="URL",
-        help="load this server (http://host:port, /v1 optional) instead of the built-in model",
+        metavar="URL[,URL...]",
+        help="load this server (http://host:port, /v1 optional) instead of the built-in model; several: replicas "
+        "of one model, the requests spread round-robin",
     )
     serving.add_argument(
         "--api",
@@ -80,7 +81,8 @@ def add_endpoint_options(parser: argparse.ArgumentParser) -> None:
         "--server-metrics",
         default=None,
         metavar="URL",
-        help="the server's Prometheus metrics, where not at /metrics of --endpoint (scraped twice a second)",
+        help="the server's Prometheus metrics, where not at /metrics of --endpoint (scraped twice a second; "
+        "replicas: one per replica, comma-separated)",
     )
     serving.add_argument(
         "--startup-timeout",

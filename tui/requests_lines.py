@@ -45,6 +45,12 @@ def requests_lines(state: DashboardState, width: int) -> Text:
     if view.figures.failures:
         reason, count = view.figures.failures[0]
         text.append(f"  failed {count:,}: {reason}\n", style="yellow")
+    if len(view.figures.per_replica) > 1:  # dp replicas, or an endpoint's (--endpoint URL1,URL2)
+        rows = (
+            f"{row.replica}: {row.completed:,} done, TTFT p50 {human_seconds(row.ttft_p50_s)}"
+            for row in view.figures.per_replica
+        )
+        text.append(f"  replicas  {' · '.join(rows)}\n")
     history = max(0, width - 34)
     text.append(f"  {'latency':<8}{'p50':>10}{'p99':>10}  {'recent' if history else ''}\n", style="bold")
     for key, label in LATENCIES.items():

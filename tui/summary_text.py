@@ -135,7 +135,7 @@ def request_lines(requests: dict[str, Any], *, endpoint: bool = False) -> list[s
         )
         if client["limited"]:
             lines.append(f"  {client['limited']}")
-    if endpoint:  # one server: no replicas of meshtop's
+    if endpoint and len(requests["per_replica"]) < 2:  # one server: no replicas
         return lines
     for row in requests["per_replica"]:
         lines.append(

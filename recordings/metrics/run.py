@@ -101,7 +101,11 @@ class RunFold:
         self.stages = StageFold(pp=run.stage_period)
         self.memory = MemoryFold()
         self.requests = (
-            RequestFold(run.load, replicas=run.plan.dp, sent_by_client=run.endpoint is not None)
+            RequestFold(
+                run.load,
+                replicas=(len(run.endpoint.replicas) or 1) if run.endpoint is not None else run.plan.dp,
+                sent_by_client=run.endpoint is not None,
+            )
             if run.inference
             else None
         )

@@ -3,8 +3,11 @@
 Rules:
 
 - a scrape is the series of one ``wall_ns``; a series left out of a scrape (unchanged) keeps its last value;
+  replicas (``--endpoint URL1,URL2``) are scraped in one round, at one ``wall_ns``, each series with its
+  replica's index;
 - a common series (``server_metric.common``, named by the scraper for the engines it knows) is, at each
-  scrape, the sum of its label sets' values (several engines or ranks each publish their own queue), except
+  scrape, the sum of its label sets' values over every replica (several engines, ranks or replicas each
+  publish their own queue: the requests waiting and running add up, as do the counters), except
   ``kv_cache_usage``, a share: its largest (the fullest cache is the one that preempts);
 - gauges (``requests_running``, ``requests_waiting``, ``kv_cache_usage``): mean and max over the scrapes
   during the load, and the recent values for the dashboard;
@@ -35,7 +38,7 @@ RECENT = 240
 class ServerFigures:
     scrapes: int
     series: int
-    """Distinct series the server published."""
+    """Distinct series the server published (replicas: each replica's counted)."""
     gauges: dict[str, dict[str, float | None]]
     """For each of :data:`GAUGES` the engine published: last, mean, max."""
     counters: dict[str, float]
@@ -52,9 +55,9 @@ class ServerFold:
     """A serving engine's scraped series, folded a scrape at a time."""
 
     def __init__(self) -> None:
-        self._values: dict[str, dict[tuple[str, str], float]] = {}
-        """Each common series' label sets: their last values."""
-        self._series: set[tuple[str, str]] = set()
+        self._values: dict[str, dict[tuple[int, str, str], float]] = {}
+        """Each common series' label sets, by replica: their last values."""
+        self._series: set[tuple[int, str, str]] = set()
         self._scrape_ns: int | None = None
         self.scrapes = 0
         self._sum: dict[str, float] = {}
@@ -70,9 +73,10 @@ class ServerFold:
         if self._scrape_ns is not None and event.wall_ns != self._scrape_ns:
             self._close_scrape()
         self._scrape_ns = event.wall_ns
-        self._series.add((event.name, event.labels))
+        key = (event.replica, event.name, event.labels)
+        self._series.add(key)
         if event.common is not None:
-            self._values.setdefault(event.common, {})[(event.name, event.labels)] = event.value
+            self._values.setdefault(event.common, {})[key] = event.value
 
     def _close_scrape(self) -> None:
         """The scrape that just ended: each common series' value at it."""

@@ -6,9 +6,15 @@ shipper does (rank 0 is the load generator). It runs apart from the dashboard's 
 recording's writes, so neither delays a send, and its own lag (when a request was sent against when it
 was meant to be) is measured on every request.
 
+Replicas (several URLs): request ``id`` goes to replica ``id % replicas``, so the same load sends the same
+request to the same replica, each replica with its own pool of connections, and each report names its
+replica. A replica that is gone (refusals, as below) keeps its share of the requests: each is sent, refused and
+counted as a failure of that replica, as a round-robin balancer in front of the replicas would fail them, and
+the load goes on to the live ones; the load stops for a gone server only once every replica is gone.
+
 It ends with exit code 0 when the load ran to its end (whatever the server answered) or stopped because the
-server is gone (:data:`GONE_AFTER_REFUSALS`), 130 when it was stopped (SIGINT or SIGTERM: the requests in
-flight are reported as interrupted), and writes what happened to ``SPEC``'s ``status`` file: requests sent,
+server is gone (:data:`GONE_AFTER_REFUSALS`; every replica), 130 when it was stopped (SIGINT or SIGTERM: the
+requests in flight are reported as interrupted), and writes what happened to ``SPEC``'s ``status`` file: requests sent,
 completed, failed by kind, not sent, and why the server is gone where it is.
 """
 
@@ -43,7 +49,8 @@ server that dies resets the requests it had)."""
 class ClientSpec:
     """What the load generator is told: where, which API and model, and the load's file."""
 
-    url: str
+    urls: tuple[str, ...]
+    """Each replica's base URL with its API prefix; one for a single server."""
     api: str
     model: str
     concurrency: int | None
@@ -67,6 +74,10 @@ class LoadStatus:
     """Why the server is taken for gone, where it is."""
     not_sent: int
     """The load's own requests never sent (none where the load is sent for a duration: it is those sent)."""
+    failed_by_replica: dict[str, int] = field(default_factory=dict)
+    """The load's own requests that failed, by replica index (replicas only)."""
+    gone_replicas: tuple[int, ...] = ()
+    """The replicas taken for gone, while others still answered (replicas only)."""
 
 
 def request_body(spec: ClientSpec, request: LoadRequest) -> tuple[str, dict[str, object]]:
@@ -123,23 +134,38 @@ class LoadGenerator:
     def __init__(self, spec: ClientSpec, sink: EventSink) -> None:
         self.spec = spec
         self.sink = sink
-        self.pool = Pool(Origin.parse(spec.url))
+        self.pools = [Pool(Origin.parse(url)) for url in spec.urls]
         self.counts: Counter[str] = Counter()
-        self.refused_in_a_row = 0
+        self.failed_by_replica: Counter[int] = Counter()
+        self.refused_in_a_row = [0] * len(self.pools)
         self.gone: str | None = None
-        """Why the server is taken for gone (then no more requests are sent), once it is."""
+        """Why the server (every replica) is taken for gone (then no more requests are sent), once it is."""
+
+    def replica(self, request: LoadRequest) -> int:
+        """The replica ``request`` goes to: round-robin by its id (the same load, the same replica)."""
+        return request.id % len(self.pools)
+
+    @property
+    def gone_replicas(self) -> tuple[int, ...]:
+        """The replicas whose last :data:`GONE_AFTER_REFUSALS` requests or more were refused."""
+        return tuple(i for i, refused in enumerate(self.refused_in_a_row) if refused >= GONE_AFTER_REFUSALS)
+
+    def close(self) -> None:
+        for pool in self.pools:
+            pool.close()
 
     async def send(self, request: LoadRequest, scheduled_ns: int) -> None:
-        """Send ``request``, time it, and ship its event (completed or failed)."""
+        """Send ``request`` to its replica, time it, and ship its event (completed or failed)."""
         path, body = request_body(self.spec, request)
+        pool = self.pools[self.replica(request)]
         outcome = Outcome()
         error: RequestFailed | None = None
         try:
             if sys.version_info >= (3, 11):  # in place: wait_for's own task would cost the send a loop turn
                 async with asyncio.timeout(self.spec.timeout_s):
-                    await self._stream(path, body, outcome)
+                    await self._stream(pool, path, body, outcome)
             else:
-                await asyncio.wait_for(self._stream(path, body, outcome), self.spec.timeout_s)
+                await asyncio.wait_for(self._stream(pool, path, body, outcome), self.spec.timeout_s)
         except RequestFailed as failure:
             error = failure
         except asyncio.TimeoutError:
@@ -153,9 +179,9 @@ class LoadGenerator:
             error = RequestFailed("reset", f"connection lost: {failure.strerror or failure}")
         self._report(request, scheduled_ns, outcome, error)
 
-    async def _stream(self, path: str, body: dict[str, object], outcome: Outcome) -> None:
+    async def _stream(self, pool: Pool, path: str, body: dict[str, object], outcome: Outcome) -> None:
         outcome.sent_ns = time.time_ns()
-        async for at_ns, data in self.pool.stream(path, body):
+        async for at_ns, data in pool.stream(path, body):
             try:
                 payload = json.loads(data)
             except ValueError:
@@ -180,17 +206,22 @@ class LoadGenerator:
         end = outcome.end_ns or time.time_ns()
         counted = outcome.completion_tokens
         from_usage = counted is not None
+        replica = self.replica(request)
         self.counts["completed" if error is None else error.kind] += 0 if request.warmup else 1
+        if error is not None and not request.warmup:
+            self.failed_by_replica[replica] += 1
         if error is not None and error.kind == "refused":
-            self.refused_in_a_row += 1
-            if self.refused_in_a_row >= GONE_AFTER_REFUSALS and self.gone is None:
-                self.gone = f"{self.refused_in_a_row} requests in a row were refused"
+            self.refused_in_a_row[replica] += 1
+            if min(self.refused_in_a_row) >= GONE_AFTER_REFUSALS and self.gone is None:
+                self.gone = f"{self.refused_in_a_row[replica]} requests in a row were refused" + (
+                    " by every replica" if len(self.pools) > 1 else ""
+                )
         elif error is None or error.kind not in ("reset", "interrupted"):  # the server answered, so it is there
-            self.refused_in_a_row = 0
+            self.refused_in_a_row[replica] = 0
         self.sink.emit(
             RequestDone(
                 rank=CLIENT_RANK,
-                replica=0,
+                replica=replica,
                 request=request.id,
                 arrival_ns=outcome.sent_ns,
                 first_token_ns=outcome.token_ns[0] if outcome.token_ns else None,
@@ -279,7 +310,7 @@ async def main_async(spec: ClientSpec, sink: EventSink) -> bool:
     except asyncio.CancelledError:
         stopped = True
     finally:
-        generator.pool.close()
+        generator.close()
         sent = sum(generator.counts.values())
         own = sum(not request.warmup for request in requests)
         status = LoadStatus(
@@ -288,6 +319,10 @@ async def main_async(spec: ClientSpec, sink: EventSink) -> bool:
             stopped=stopped,
             gone=generator.gone,
             not_sent=own - sent if spec.duration_s is None else 0,
+            failed_by_replica={str(i): n for i, n in sorted(generator.failed_by_replica.items())}
+            if len(generator.pools) > 1
+            else {},
+            gone_replicas=generator.gone_replicas if len(generator.pools) > 1 else (),
         )
         Path(spec.status_path).write_text(json.dumps(dump(status)))
     return not stopped

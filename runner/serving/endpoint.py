@@ -5,6 +5,10 @@
 load's own shape (``max_tokens`` 1, streamed, usage asked for), so an unreachable URL, a server that does not
 speak the OpenAI API, an unknown model and a refused request body are each one line (exit 2) before
 anything is recorded. That request is not part of the load and is not recorded.
+
+Replicas: ``--endpoint URL1,URL2`` names several servers of the same model, which the load generator spreads
+its requests over. Each is asked and probed as one server is, and they must serve the same model (a load
+spread over two different models measures neither).
 """
 
 from __future__ import annotations
@@ -41,8 +45,11 @@ class EndpointRun:
     """A load sent to a serving endpoint: what ``meshtop run|record --endpoint URL`` runs."""
 
     url: str
-    """The server's base URL as given."""
+    """The server's base URL as given (replicas: their comma-separated list)."""
     origin: Origin
+    """The first replica's."""
+    origins: tuple[Origin, ...]
+    """Each replica's, in the order the load's requests go round them."""
     api: str
     """``completions`` or ``chat``."""
     model: str
@@ -54,14 +61,17 @@ class EndpointRun:
     same_load: str | None = None
     """The recording whose load this repeats (``--same-load``)."""
     server_metrics: str | None = None
-    """The server's Prometheus metrics, where not at ``/metrics`` of the endpoint (``--server-metrics``)."""
+    """The server's Prometheus metrics, where not at ``/metrics`` of the endpoint (``--server-metrics``; replicas:
+    one URL, or one per replica, comma-separated)."""
     server: ServerCommand | None = None
     """The server meshtop starts (the command after ``--``), asked only once it is up."""
 
     @property
-    def metrics_url(self) -> str:
-        """Where the server's Prometheus metrics are scraped."""
-        return self.server_metrics or f"{self.origin.base}/metrics"
+    def metrics_urls(self) -> tuple[str, ...]:
+        """Where the servers' Prometheus metrics are scraped: each replica's ``/metrics``, or ``--server-metrics``'."""
+        if self.server_metrics is not None:
+            return tuple(url.strip() for url in self.server_metrics.split(","))
+        return tuple(f"{origin.base}/metrics" for origin in self.origins)
 
     @property
     def name(self) -> str:
@@ -131,7 +141,7 @@ def probe_request(origin: Origin, api: str, model: str, load: Load, timeout_s: f
     from meshtop.runner.serving.client import ClientSpec, request_body
 
     spec = ClientSpec(
-        url=origin.base + origin.prefix,
+        urls=(origin.base + origin.prefix,),
         api=api,
         model=model,
         concurrency=None,
@@ -153,6 +163,26 @@ def probe_request(origin: Origin, api: str, model: str, load: Load, timeout_s: f
         )
 
 
+def parse_origins(url: str) -> tuple[Origin, ...]:
+    """``--endpoint``'s URL, or its comma-separated replicas, each parsed; one line naming the bad one."""
+    items = [item.strip() for item in url.split(",")]
+    origins = []
+    for index, item in enumerate(items):
+        if not item:
+            where = f"item {index + 1} of {len(items)} is empty" if len(items) > 1 else "no URL given"
+            raise PlanError(f"--endpoint {url!r}: {where}: give URL or URL1,URL2,...")
+        try:
+            origins.append(Origin.parse(item))
+        except ValueError as error:
+            raise PlanError(f"--endpoint: {error}") from None
+    seen: set[Origin] = set()
+    for origin in origins:
+        if origin in seen:
+            raise PlanError(f"--endpoint {url}: {origin.root} is listed twice: each replica once")
+        seen.add(origin)
+    return tuple(origins)
+
+
 def plan_endpoint(
     url: str,
     *,
@@ -168,13 +198,23 @@ def plan_endpoint(
     ``model`` is ``--model``'s, or empty until :func:`check_server`); ``requests`` (``--same-load``'s) replace
     the planned load."""
     load = endpoint_load(load)
-    try:
-        origin = Origin.parse(url)
-        if server_metrics is not None:
-            Origin.parse(server_metrics)
-    except ValueError as error:
-        flag = "--endpoint" if server_metrics is None or str(error).startswith(repr(url)) else "--server-metrics"
-        raise PlanError(f"{flag}: {error}") from None
+    origins = parse_origins(url)
+    if server is not None and len(origins) > 1:
+        raise PlanError(
+            f"--endpoint {url}: meshtop starts one server (the command after --); give one URL, or start the "
+            "replicas yourself and leave out the command"
+        )
+    if server_metrics is not None:
+        metrics = server_metrics.split(",")
+        if len(metrics) not in (1, len(origins)):
+            raise PlanError(
+                f"--server-metrics {server_metrics}: give one URL, or one per --endpoint replica ({len(origins)})"
+            )
+        for item in metrics:
+            try:
+                Origin.parse(item.strip())
+            except ValueError as error:
+                raise PlanError(f"--server-metrics: {error}") from None
     prompts: list[Prompt] | None = None
     if requests is None and load.prompts is not None:
         prompts = read_prompts(Path(load.prompts))
@@ -183,7 +223,8 @@ def plan_endpoint(
     planned = requests if requests is not None else plan_load(load, prompts)
     return EndpointRun(
         url=url,
-        origin=origin,
+        origin=origins[0],
+        origins=origins,
         api=api,
         model=model or "",
         models=(),
@@ -197,10 +238,26 @@ def plan_endpoint(
 
 def check_server(run: EndpointRun, probe_timeout_s: float = PROBE_TIMEOUT_S) -> EndpointRun:
     """``run`` with the server asked what it serves (its model, when ``--model`` gave none) and one request of
-    the load's shape accepted, within ``probe_timeout_s``; one line (:class:`PlanError`) when it cannot be."""
-    origin, model = run.origin, run.model or None
+    the load's shape accepted, within ``probe_timeout_s``; one line (:class:`PlanError`) when it cannot be.
+    Replicas are each asked and probed; they must serve the same model."""
+    model, models = _served_model(run.origin, run.model or None)
+    for replica in run.origins[1:]:
+        other, listed = _served_model(replica, run.model or None)
+        if other != model:
+            raise PlanError(
+                f"--endpoint: the replicas serve different models: {run.origin.root} {model!r}, "
+                f"{replica.root} {other!r}: give replicas of one model"
+            )
+        models = models or listed
+    for origin in run.origins:
+        probe_request(origin, run.api, model, run.load, probe_timeout_s)
+    return replace(run, model=model, models=models)
+
+
+def _served_model(origin: Origin, model: str | None) -> tuple[str, tuple[str, ...]]:
+    """The model to load at ``origin`` (``--model``'s, or the one it serves) and every model it lists."""
     models = served_models(origin)
-    if not models:  # it may still serve --model's: the probe request below says whether it does
+    if not models:  # it may still serve --model's: the probe request says whether it does
         if model is None:
             raise PlanError(f"--endpoint {origin.root}: the server lists no models: name the one to load with --model")
     elif model is None:
@@ -211,8 +268,7 @@ def check_server(run: EndpointRun, probe_timeout_s: float = PROBE_TIMEOUT_S) -> 
         model = models[0]
     elif model not in models:
         raise PlanError(f"--model {model!r}: {origin.root} serves {', '.join(models)}")
-    probe_request(origin, run.api, model, run.load, probe_timeout_s)
-    return replace(run, model=model, models=models)
+    return model, models
 
 
 def resolve_endpoint(url: str, *, api: str, model: str | None, load: Load, **options: Any) -> EndpointRun:

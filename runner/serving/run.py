@@ -56,6 +56,18 @@ def failure_line(counts: dict[str, int], requests: int) -> str | None:
     return f"{sum(failed.values())} of {requests} requests failed ({kinds})"
 
 
+def replica_line(run: EndpointRun, status: LoadStatus) -> str:
+    """Replicas: ``"; by replica: 1 (http://h:8001) 8 (gone: it refused its requests)"``, where some failed."""
+    if not status.failed_by_replica:
+        return ""
+    parts = [
+        f"{index} ({run.origins[int(index)].root}) {n}"
+        + (" (gone: it refused its requests)" if int(index) in status.gone_replicas else "")
+        for index, n in status.failed_by_replica.items()
+    ]
+    return "; by replica: " + ", ".join(parts)
+
+
 def run_endpoint(
     run: EndpointRun,
     *,
@@ -132,7 +144,7 @@ def _send_load(
     """The load generator's run, from its start to how it ended."""
     status_path = session_dir / STATUS_NAME
     spec = ClientSpec(
-        url=run.origin.base + run.origin.prefix,
+        urls=tuple(origin.base + origin.prefix for origin in run.origins),
         api=run.api,
         model=run.model,
         concurrency=run.load.concurrency,
@@ -158,7 +170,7 @@ def _send_load(
             start_new_session=True,
         )
     supervisor.processes.watch(CLIENT_RANK, client.pid)
-    scraper = Scraper(run.metrics_url, emit=supervisor.emit)
+    scraper = Scraper(run.metrics_urls, emit=supervisor.emit)
     scraper.start()
     server_gone: str | None = None
 
@@ -218,11 +230,13 @@ def endpoint_result(
     failures counted by kind), when the server was gone before the load's end (``server_gone``: the server
     meshtop started exited; or the load generator's own verdict) or the load generator itself failed,
     ``interrupted`` when stopped."""
+    replicas = ""
     try:
         status = load(LoadStatus, json.loads(status_path.read_text()), whole=status_path.name)
         counts: dict[str, int] | None = status.by_kind
         server_gone = server_gone or (f"the server is gone ({status.gone})" if status.gone else None)
         not_sent = status.not_sent
+        replicas = replica_line(run, status)
     except (OSError, ValueError, RecordingError):
         counts, not_sent = None, 0
     status_path.unlink(missing_ok=True)
@@ -242,7 +256,7 @@ def endpoint_result(
             ),
             duration_s=duration_s,
             log_path=log_path,
-            failure=f"{server_gone}: the load was stopped{unsent}" + (f"; {failed}" if failed else ""),
+            failure=f"{server_gone}: the load was stopped{unsent}" + (f"; {failed}{replicas}" if failed else ""),
         )
     if interrupted or code == INTERRUPTED:
         return JobResult(
@@ -263,6 +277,8 @@ def endpoint_result(
         )
     sent = sum(counts.values()) if run.load.duration_s is not None else run.load.requests
     failed = failure_line(counts, sent)
+    if failed is not None:
+        failed += replicas
     return JobResult(
         status="failed" if failed is not None else "completed",
         ranks=(RankExit(rank=CLIENT_RANK, exit_code=0, signal=None, error=None),),

@@ -23,6 +23,11 @@ common name                   vLLM / SGLang                                TGI
 
 A server with no ``/metrics`` (``transformers serve``), or one that stops answering, is said once as a
 ``probe_off`` event and not asked again; the load goes on.
+
+Replicas (``--endpoint URL1,URL2``): each replica's ``/metrics`` is scraped in the same round, and every series
+of one round carries the round's time and its replica's index, so that the server's figures add the replicas
+up at each scrape (:mod:`~meshtop.recordings.metrics.server`). A replica that stops answering is said and left
+out; the others are still asked.
 """
 
 from __future__ import annotations
@@ -97,13 +102,15 @@ def parse_exposition(text: str) -> list[tuple[str, str, float]]:
 
 
 class Scraper:
-    """Scrapes ``url`` every :data:`SCRAPE_INTERVAL_S` on a thread of its own, emitting a list of events a
-    scrape (the series that changed), until :meth:`stop`."""
+    """Scrapes each of ``urls`` (a replica's each) every :data:`SCRAPE_INTERVAL_S` on a thread of its own,
+    emitting a list of events a round (the series that changed), until :meth:`stop`."""
 
-    def __init__(self, url: str, *, emit: Callable[[list[Event]], None]) -> None:
-        self.url = url
+    def __init__(self, urls: tuple[str, ...], *, emit: Callable[[list[Event]], None]) -> None:
+        self.urls = urls
         self.emit = emit
-        self._last: dict[tuple[str, str], float] = {}
+        self._last: dict[tuple[int, str, str], float] = {}
+        self._answered: set[int] = set()
+        """The replicas that answered with a series once."""
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="meshtop-server-metrics", daemon=True)
 
@@ -112,44 +119,66 @@ class Scraper:
 
     def stop(self) -> None:
         self._stop.set()
-        self._thread.join(TIMEOUT_S + 1)
+        self._thread.join(len(self.urls) * TIMEOUT_S + 1)
 
-    def scrape_once(self) -> list[Event]:
-        """One scrape's events; ``OSError``, ``ValueError`` or ``http.client.HTTPException`` (an answer that is not
-        HTTP) when the server does not answer with metrics."""
+    def fetch(self, replica: int) -> bytes:
+        """Replica ``replica``'s ``/metrics`` answer; ``OSError``, ``ValueError`` or ``http.client.HTTPException``
+        (an answer that is not HTTP) when it does not answer with metrics."""
+        url = self.urls[replica]
         try:
-            with urllib.request.urlopen(self.url, timeout=TIMEOUT_S) as response:
-                body = response.read(MAX_BYTES + 1)
+            with urllib.request.urlopen(url, timeout=TIMEOUT_S) as response:
+                body: bytes = response.read(MAX_BYTES + 1)
         except urllib.error.HTTPError as error:
-            raise ValueError(f"GET {self.url} answered HTTP {error.code}") from None
-        at_ns = time.time_ns()
-        if len(body) > MAX_BYTES:
-            body = body[:MAX_BYTES].rsplit(b"\n", 1)[0]
+            raise ValueError(f"GET {url} answered HTTP {error.code}") from None
+        return body[:MAX_BYTES].rsplit(b"\n", 1)[0] if len(body) > MAX_BYTES else body
+
+    def series(self, replica: int, body: bytes, at_ns: int) -> list[Event]:
+        """The series of one answer that changed since the replica's last, as events at ``at_ns``."""
         events: list[Event] = []
-        for name, labels, value in parse_exposition(body.decode("utf-8", "replace"))[:MAX_SERIES]:
-            key = (name, labels)
+        samples = parse_exposition(body.decode("utf-8", "replace"))[:MAX_SERIES]
+        if samples:
+            self._answered.add(replica)
+        for name, labels, value in samples:
+            key = (replica, name, labels)
             if self._last.get(key) == value:
                 continue
             self._last[key] = value
-            events.append(ServerMetric(wall_ns=at_ns, name=name, labels=labels, value=value, common=COMMON.get(name)))
+            events.append(
+                ServerMetric(
+                    wall_ns=at_ns, name=name, labels=labels, value=value, common=COMMON.get(name), replica=replica
+                )
+            )
         return events
 
+    def scrape_once(self) -> list[Event]:
+        """One scrape of the first replica (a single server's): its events, or the error it raised."""
+        body = self.fetch(0)
+        return self.series(0, body, time.time_ns())
+
     def _run(self) -> None:
-        failures = 0
-        while not self._stop.is_set():
-            try:
-                events = self.scrape_once()
-                failures = 0
-                if events:
-                    self.emit(events)
-            except (OSError, ValueError, http.client.HTTPException) as error:  # refused, an HTTP error, not HTTP
-                failures += 1
-                first_answer = not self._last
-                if failures >= FAILURES_BEFORE_OFF or (first_answer and isinstance(error, ValueError)):
-                    said = one_line(error)
-                    reason = f"{said}: the server publishes no Prometheus metrics there" if first_answer else (
-                        f"{failures} scrapes in a row failed ({said}); not asked again"
-                    )  # fmt: skip
-                    self.emit([ProbeOff(rank=CLIENT_RANK, wall_ns=time.time_ns(), probe=PROBE, reason=reason)])
-                    return
+        failures = [0] * len(self.urls)
+        asked = set(range(len(self.urls)))
+        while asked and not self._stop.is_set():
+            bodies: dict[int, bytes] = {}
+            off: list[Event] = []
+            for replica in sorted(asked):
+                try:
+                    bodies[replica] = self.fetch(replica)
+                    failures[replica] = 0
+                except (OSError, ValueError, http.client.HTTPException) as error:  # refused, HTTP error, not HTTP
+                    failures[replica] += 1
+                    first_answer = replica not in self._answered
+                    if failures[replica] >= FAILURES_BEFORE_OFF or (first_answer and isinstance(error, ValueError)):
+                        said = one_line(error)
+                        reason = f"{said}: the server publishes no Prometheus metrics there" if first_answer else (
+                            f"{failures[replica]} scrapes in a row failed ({said}); not asked again"
+                        )  # fmt: skip
+                        if len(self.urls) > 1:
+                            reason = f"replica {replica} ({self.urls[replica]}): {reason}"
+                        off.append(ProbeOff(rank=CLIENT_RANK, wall_ns=time.time_ns(), probe=PROBE, reason=reason))
+                        asked.discard(replica)
+            at_ns = time.time_ns()  # one time for the round: the replicas' series add up at it
+            events = [event for replica, body in bodies.items() for event in self.series(replica, body, at_ns)]
+            if events or off:
+                self.emit(events + off)
             self._stop.wait(SCRAPE_INTERVAL_S)

@@ -175,13 +175,18 @@ def describe(run: Run) -> RunDescription:
     return work_of(run).describe()
 
 
+def endpoint_bases(run: EndpointRun) -> str:
+    """The endpoint's base URL, or its replicas' (``http://a:8000 + http://b:8000``)."""
+    return " + ".join(origin.base for origin in run.origins)
+
+
 def endpoint_description(run: EndpointRun, server: ServerInfo | None = None) -> RunDescription:
     """The run description of a load sent to ``run``'s endpoint: the load, the server (how a server meshtop
     started ran, once it is known), and no plan of meshtop's own (one process, the load generator)."""
     if server is None and run.server is not None:  # not started yet: its command
         server = ServerInfo(command=run.server.command)
     return RunDescription(
-        plan=Plan(dp=1, world_size=1, label=f"endpoint {run.origin.base} ({run.api})"),
+        plan=Plan(dp=1, world_size=1, label=f"endpoint {endpoint_bases(run)} ({run.api})"),
         mode="infer",
         model=None,
         dtype=None,
@@ -198,8 +203,9 @@ def endpoint_description(run: EndpointRun, server: ServerInfo | None = None) -> 
             api=run.api,
             model=run.model,
             models=run.models,
+            replicas=tuple(origin.root for origin in run.origins) if len(run.origins) > 1 else (),
             same_load=run.same_load,
-            server_metrics=run.metrics_url,
+            server_metrics=",".join(run.metrics_urls),
             server=server,
         ),
     )
@@ -339,7 +345,7 @@ class EndpointWork(Work):
         model = run.model or "(the server's)"
         started = f" · started by meshtop: {shlex.join(run.server.command)}" if run.server is not None else ""
         return (
-            f"meshtop: endpoint {run.origin.base} · {run.api} · model {model}{started} · {sent.requests} requests "
+            f"meshtop: endpoint {endpoint_bases(run)} · {run.api} · model {model}{started} · {sent.requests} requests "
             f"({arrivals}){warmup}, {prompts}, output {span(sent.output_len)} tokens"
             + (f" · the load of {run.same_load}" if run.same_load else "")
         )

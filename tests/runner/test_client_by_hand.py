@@ -206,7 +206,7 @@ def run_load(
     load_file, status_file = tmp_path / "load.jsonl", tmp_path / "status.json"
     load_file.write_text("".join(json.dumps(request_to_json(request)) + "\n" for request in requests))
     fields: dict[str, object] = {
-        "url": server.url, "api": "completions", "model": "m", "concurrency": 1, "timeout_s": 5.0,
+        "urls": (server.url,), "api": "completions", "model": "m", "concurrency": 1, "timeout_s": 5.0,
         "ignore_eos": False, "requests_path": str(load_file), "status_path": str(status_file),
     }  # fmt: skip
     spec = ClientSpec(**{**fields, **spec_changes})  # type: ignore[arg-type]
@@ -221,7 +221,9 @@ def run_load(
             await server.close()
 
     finished = asyncio.run(whole_load())
-    return Ran(finished, sink.events, json.loads(status_file.read_text()))
+    status = json.loads(status_file.read_text())
+    assert (status.pop("failed_by_replica"), status.pop("gone_replicas")) == ({}, [])  # one server: no replicas
+    return Ran(finished, sink.events, status)
 
 
 def asked(request_id: int, prompt: str, *, offset_s: float | None = None, warmup: bool = False) -> LoadRequest:
@@ -244,7 +246,7 @@ def assert_well_formed(event: RequestDone) -> None:
 
 def test_each_api_gets_a_streamed_greedy_body_with_the_prompt_in_its_own_shape() -> None:
     spec = ClientSpec(
-        url="http://h:8000", api="completions", model="m", concurrency=1, timeout_s=5.0, ignore_eos=False,
+        urls=("http://h:8000",), api="completions", model="m", concurrency=1, timeout_s=5.0, ignore_eos=False,
         requests_path="", status_path="",
     )  # fmt: skip
     common = {"model": "m", "max_tokens": 16, "stream": True, "stream_options": {"include_usage": True}}

@@ -488,7 +488,7 @@ def test_a_scrape_keeps_its_moment_and_labels_and_replaces_bytes_that_are_not_ut
     body = b'vllm:num_requests_waiting{model_name="caf\xe9"} 3\n'
     with raw_server(lambda n, path: http(200, body)) as (url, _asked):
         before = time.time_ns()
-        [event] = Scraper(f"{url}/metrics", emit=lambda events: None).scrape_once()
+        [event] = Scraper((f"{url}/metrics",), emit=lambda events: None).scrape_once()
         after = time.time_ns()
     assert isinstance(event, ServerMetric)
     assert (event.name, event.labels, event.value) == ("vllm:num_requests_waiting", 'model_name="caf\ufffd"', 3.0)
@@ -511,7 +511,7 @@ def test_an_answer_past_the_byte_cap_is_cut_at_its_last_whole_line(
 ) -> None:
     monkeypatch.setattr(scrape, "MAX_BYTES", 24)
     with raw_server(lambda n, path: http(200, body)) as (url, _asked):
-        events = Scraper(f"{url}/metrics", emit=lambda events: None).scrape_once()
+        events = Scraper((f"{url}/metrics",), emit=lambda events: None).scrape_once()
     assert [(e.name, e.value) for e in events if isinstance(e, ServerMetric)] == kept
 
 
@@ -522,7 +522,7 @@ def test_a_scrape_reads_no_more_than_one_byte_past_the_cap(monkeypatch: pytest.M
     monkeypatch.setattr(scrape, "TIMEOUT_S", 0.3)  # a read that waits for more than it was sent fails then
     body = b"a 1\nbb 22\nccc 333\nd 4 170"
     with raw_server(lambda n, path: http(200, body, length=1000), hold=True) as (url, _asked):
-        events = Scraper(f"{url}/metrics", emit=lambda events: None).scrape_once()
+        events = Scraper((f"{url}/metrics",), emit=lambda events: None).scrape_once()
     assert [e.name for e in events if isinstance(e, ServerMetric)] == ["a", "bb", "ccc"]
 
 
@@ -535,7 +535,7 @@ def test_a_scrape_gives_up_after_its_timeout(monkeypatch: pytest.MonkeyPatch) ->
     closer.start()
     try:
         with pytest.raises(TimeoutError):
-            Scraper(f"http://127.0.0.1:{listener.getsockname()[1]}/metrics", emit=lambda events: None).scrape_once()
+            Scraper((f"http://127.0.0.1:{listener.getsockname()[1]}/metrics",), emit=lambda events: None).scrape_once()
     finally:
         closer.cancel()
         listener.close()
@@ -552,7 +552,7 @@ def scraped(
     monkeypatch.setattr(scrape, "SCRAPE_INTERVAL_S", 0.01)
     emitted: list[list[Event]] = []
     with raw_server(answer) as (url, asked):
-        scraper = Scraper(f"{url}/metrics", emit=emitted.append)
+        scraper = Scraper((f"{url}/metrics",), emit=emitted.append)
         before = time.time_ns()
         scraper.start()
         wait_for(lambda: emitted and isinstance(emitted[-1][-1], ProbeOff), within_s=3)
@@ -607,7 +607,7 @@ def test_the_scrapers_thread_is_named_and_does_not_hold_meshtop_at_exit(monkeypa
         release.wait(3)
 
     with raw_server(lambda n, path: http(200, b"x 1\n")) as (url, _asked):
-        scraper = Scraper(f"{url}/metrics", emit=emit)
+        scraper = Scraper((f"{url}/metrics",), emit=emit)
         scraper.start()
         try:
             assert entered.wait(3)

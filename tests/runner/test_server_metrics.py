@@ -66,7 +66,7 @@ def test_the_scraper_keeps_changed_series_only_and_says_once_when_there_are_none
     waiting.labels("m", "0").set(2)
     running.labels("m", "0").set(1)
     with stub_server(metrics=lambda: generate_latest(registry)) as server:
-        scraper = Scraper(f"{server.url}/metrics", emit=lambda events: None)
+        scraper = Scraper((f"{server.url}/metrics",), emit=lambda events: None)
         first = scraper.scrape_once()
         again = scraper.scrape_once()
         waiting.labels("m", "0").set(5)
@@ -80,7 +80,7 @@ def test_the_scraper_keeps_changed_series_only_and_says_once_when_there_are_none
     assert [(e.name, e.value, e.common) for e in third] == [("vllm:num_requests_waiting", 5.0, "requests_waiting")]
     emitted: list[object] = []
     with stub_server() as server:  # no /metrics: transformers serve's case
-        scraper = Scraper(f"{server.url}/metrics", emit=emitted.extend)
+        scraper = Scraper((f"{server.url}/metrics",), emit=emitted.extend)
         scraper.start()
         deadline = time.monotonic() + 10
         while not emitted and time.monotonic() < deadline:
@@ -139,7 +139,7 @@ def test_each_engines_series_get_the_common_names_of_their_documented_meaning(
     here from the engines' documentation (running batch, queue, KV-cache share, token counters), not read from
     meshtop's table; a series of no common meaning keeps none."""
     with stub_server(metrics=lambda: exposition.encode()) as server:
-        events = Scraper(f"{server.url}/metrics", emit=lambda events: None).scrape_once()
+        events = Scraper((f"{server.url}/metrics",), emit=lambda events: None).scrape_once()
     assert {(e.name, e.value, e.common) for e in events if isinstance(e, ServerMetric)} == expected
 
 

@@ -170,7 +170,7 @@ def test_chunks_with_text_count_and_role_or_usage_chunks_do_not() -> None:
     assert chunk_text({"choices": [{"delta": {"reasoning_content": "r", "content": "c"}}]}) == "cr"
     assert chunk_text({"choices": [], "usage": {"completion_tokens": 3}}) == ""
     spec = ClientSpec(
-        url="http://h/v1", api="chat", model="m", concurrency=1, timeout_s=1, ignore_eos=True, requests_path="",
+        urls=("http://h/v1",), api="chat", model="m", concurrency=1, timeout_s=1, ignore_eos=True, requests_path="",
         status_path="",
     )  # fmt: skip
     path, body = request_body(spec, PlannedRequest(id=0, prompt=Prompt(text="q"), output_len=4, offset_s=None))
@@ -188,7 +188,7 @@ class Collected(EventSink):
 
 def spec_for(url: str, **changes: object) -> ClientSpec:
     fields: dict[str, object] = {
-        "url": url, "api": "completions", "model": MODEL, "concurrency": 2, "timeout_s": 5.0,
+        "urls": (url,), "api": "completions", "model": MODEL, "concurrency": 2, "timeout_s": 5.0,
         "ignore_eos": False, "requests_path": "", "status_path": "",
     }  # fmt: skip
     return ClientSpec(**{**fields, **changes})  # type: ignore[arg-type]
@@ -200,7 +200,7 @@ def run_load(spec: ClientSpec, requests: list[LoadRequest]) -> list[RequestDone]
 
     async def whole_load() -> None:
         await generator.run(requests)
-        generator.pool.close()
+        generator.close()
 
     asyncio.run(whole_load())
     return sorted((e for e in sink.events if isinstance(e, RequestDone)), key=lambda e: e.request)
