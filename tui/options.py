@@ -33,6 +33,7 @@ from meshtop.runner.plan import (
     PRECISIONS,
     SCHEDULES,
     WATCH_LIMIT_S,
+    ResolvedRun,
     RunSpec,
     check_hooks,
     option,
@@ -168,6 +169,19 @@ def add_model_options(
     )
     if device:
         work.add_argument("--device", choices=DEVICES, default="auto", help="auto: cuda when a GPU is visible")
+        work.add_argument(
+            "--device-memory",
+            default=None,
+            metavar="SIZE",
+            help="memory of one device, e.g. 80GiB: a plan predicted not to fit it is refused before launch "
+            "(default: the smallest visible GPU's; CPU ranks: none, no check)",
+        )
+        work.add_argument(
+            "--no-fit-check",
+            dest="fit_check",
+            action="store_false",
+            help="launch even a plan the planner predicts does not fit the device's memory",
+        )
     work.add_argument(
         "--mode", choices=MODES, default="train", help="train (default), or infer: serve a load of generation requests"
     )
@@ -439,11 +453,14 @@ def resolve_args(args: argparse.Namespace) -> Run:
         if not args.loss:
             raise PlanError("--no-loss is for a script given after -- (the built-in model computes its own loss)")
         nodes = nodes_from_args(args)
-        return resolve(
+        run = resolve(
             spec_from_args(args),
             gpus_visible=gpus_visible() if wants_gpu else 0,
             nodes=nodes.count if nodes is not None else 1,
         )
+        if args.fit_check:
+            refuse_misfit(run, args.device_memory)
+        return run
     check_hooks(instrument=args.instrument, activations=args.activations)
     if given := [name for name in NODE_OPTIONS if getattr(args, name) is not None]:
         raise PlanError(
@@ -469,6 +486,29 @@ def resolve_args(args: argparse.Namespace) -> Run:
         collector_bind=args.collector_bind,
         head_node=args.head_node,
     )
+
+
+def refuse_misfit(run: ResolvedRun, device_memory: str | None) -> None:
+    """Refuse, before anything launches, a built-in plan whose most loaded rank the planner predicts does not fit
+    one device's memory (``device_memory``, ``--device-memory``'s size; else on GPUs the smallest visible one's,
+    as every rank must fit its own; CPU ranks have none unless given): ``blocker: fit``, the figures and what
+    to try, in one line, exit 2. A job out of memory fails only after its launch and its model's build on every
+    rank, minutes on many GPUs, and says less then; ``--no-fit-check`` launches it anyway, for where the
+    prediction overstates (an allocator setting or an offload the planner does not model)."""
+    from meshtop.recordings.metrics.blocker import SUGGESTIONS
+    from meshtop.runner.planner.plans import predict
+    from meshtop.runner.planner.report import misfit, parse_size
+
+    memory = parse_size(device_memory) if device_memory is not None else None
+    if memory is None and run.device == "cuda":
+        from meshtop.probes.nvml import Nvml
+
+        nvml = Nvml()
+        totals = [nvml.sample(index, read_pcie=False).memory_total_bytes for index in range(len(nvml.handles))]
+        nvml.close()
+        memory = min((total for total in totals if total), default=None)
+    if (evidence := misfit(predict(run), memory)) is not None:
+        raise PlanError(f"blocker: fit: {evidence}; try: {SUGGESTIONS['fit']} (--no-fit-check launches it anyway)")
 
 
 def work_nodes(args: argparse.Namespace, work: Work) -> Nodes | None:

@@ -5,9 +5,10 @@ The rule, over a run's figures (:class:`~meshtop.recordings.metrics.figures.RunF
 errors, the first that holds:
 
 1. **fit**: a rank failed out of memory (its error matches :data:`OUT_OF_MEMORY`). Nothing else matters
-   while the job does not fit. The planner's prediction is no part of a recording (``meshtop plan
-   --device-memory`` says before launch whether a layout fits, and a sweep runs only the plans that fit),
-   so a recording's fit rests on what its ranks ran into.
+   while the job does not fit. The planner's prediction is no part of a recording: ``run`` and ``record``
+   refuse before launch a built-in plan predicted not to fit the device's memory (``blocker: fit`` with
+   :data:`SUGGESTIONS`' fit), and a sweep runs only the plans that fit, so a recording's fit rests on what
+   its ranks ran into.
 2. No closed step: nothing to judge (``None``).
 3. Of the step's parts **beyond compute** (compute: forward + backward + optimizer, the model's own work),
    in :data:`BEYOND_COMPUTE` order: **data** (waiting for the next batch), **communication** (exposed: what

@@ -143,6 +143,22 @@ def check_budget(budget: Budget, *, mode: str) -> None:
         )
 
 
+def misfit(prediction: Prediction, device_memory_bytes: int | None) -> str | None:
+    """``the predicted peak of rank 3, 92.4 GiB, above the device's 79.2 GiB``: where the most loaded rank must
+    hold more (:attr:`~meshtop.runner.planner.plans.Prediction.peak_fit_bytes`) than one device's memory;
+    ``None`` where it fits, or no device memory is known."""
+    if device_memory_bytes is None or prediction.peak_fit_bytes <= device_memory_bytes:
+        return None
+    peak, device = size_words(prediction.peak_fit_bytes), size_words(device_memory_bytes)
+    return f"the predicted peak of rank {prediction.peak.rank}, {peak}, above the device's {device}"
+
+
+def size_words(count: int) -> str:
+    """``92.4 GiB``; under a tenth of a GiB (a small model's on CPU ranks) ``7.7 MiB``, which GiB would round
+    to 0."""
+    return f"{count / 2**30:.1f} GiB" if count >= 2**30 / 10 else f"{count / 2**20:.1f} MiB"
+
+
 REFUSED = ("key", "runs", "reason")
 """What the report says of a plan that cannot run: why, and nothing else."""
 

@@ -18,7 +18,7 @@ from meshtop.recordings.sweep import SWEEP_VERSION, write_sweep
 from meshtop.runner.errors import PlanError
 from meshtop.runner.job.supervise import NodeProbes
 from meshtop.runner.planner.plans import SWEEP_STEPS, Candidate, Question
-from meshtop.runner.planner.report import Budget, report
+from meshtop.runner.planner.report import Budget, misfit, report
 from meshtop.runner.session.console import follow_job, verdict
 from meshtop.runner.session.session import BuiltinWork, SessionOptions, start_recording
 
@@ -33,18 +33,8 @@ def entries(question: Question, found: list[Candidate], budget: Budget) -> list[
         prediction = candidate.prediction
         if prediction is None:
             row.update(status="cannot run", reason=candidate.reason)
-        elif (
-            not question.plans
-            and budget.device_memory_bytes is not None
-            and prediction.peak_fit_bytes > budget.device_memory_bytes
-        ):
-            gib = 2**30
-            row.update(
-                status="skipped",
-                reason=f"predicted peak {prediction.peak_fit_bytes / gib:.1f} GiB on rank "
-                f"{prediction.peak.rank} exceeds the "
-                f"{budget.device_memory_bytes / gib:.1f} GiB of device memory",
-            )
+        elif not question.plans and (reason := misfit(prediction, budget.device_memory_bytes)) is not None:
+            row.update(status="skipped", reason=reason)
         rows.append(row)
     return rows
 

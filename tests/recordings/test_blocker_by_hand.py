@@ -1,6 +1,7 @@
 """What blocks a training run (recordings/metrics/blocker.py), worked out by hand: each kind from hand-made
 figures at and around the threshold, the fallback without a breakdown, and the blocker in summary, compare
-and the dashboard's alerts of the shipped sample (its figures worked out below)."""
+and the dashboard's alerts of the shipped sample (its figures worked out below). Real jobs held by each kind:
+tests/runner/test_blocker_in_jobs.py."""
 
 from __future__ import annotations
 
@@ -21,10 +22,8 @@ from meshtop.recordings.metrics.steps import StepFigures
 from meshtop.recordings.samples import INFER_SAMPLE, SAMPLE
 from meshtop.tui.alerts import alerts_of
 from meshtop.tui.cli import main
-from tests.kit.commands import run_meshtop
 from tests.kit.screen import replayed
 
-REPO = Path(__file__).resolve().parents[2]
 STEP_S = 0.2
 """Every hand-made run's step: a part's seconds per step are its share x 0.2 s."""
 TRY = {
@@ -241,40 +240,3 @@ def test_the_dashboards_alerts_say_what_blocks_the_sample() -> None:
     texts = [(alert.severity, alert.text) for alert in alerts_of(replayed(SAMPLE))]
     blocker = SAMPLE_BLOCKER
     assert ("info", f"blocker: bubble\n  {blocker['evidence']}\n  try: {blocker['suggestion']}") in texts
-
-
-def recorded_blocker(recording: Path, *command: str | Path, kind: str) -> None:
-    """Record ``command`` (meshtop's arguments after ``record OUT``) into ``recording``; its blocker is
-    ``kind``, the breakdown's largest part beyond compute and at least :data:`MATERIAL_SHARE` of the step."""
-    done = run_meshtop("record", recording, *command, env={"CUDA_VISIBLE_DEVICES": ""}, cwd=REPO)
-    assert done.returncode == 0, done.stdout + done.stderr
-    found = json.loads(run_meshtop("summary", recording, "--json").stdout)
-    blocker, parts = found["blocker"], found["breakdown"]["parts"]
-    assert blocker["kind"] == kind, blocker
-    share = parts[kind]["share"]
-    assert share >= max(MATERIAL_SHARE, *(parts[part]["share"] for part in ("data", "communication", "bubble")))
-    assert blocker["evidence"].startswith(f"{kind} {share:.0%}".replace("%", " %")), blocker
-
-
-@pytest.mark.slow
-def test_a_dp2_run_of_the_tiny_model_on_gloo_is_blocked_by_communication(tmp_path: Path) -> None:
-    """Two CPU ranks of the tiny model all-reduce their gradients over gloo each step: a third of the step or
-    so on 2 cores, beyond the tenth that makes a part material."""
-    recorded_blocker(tmp_path / "dp2", "--dp", "2", "--steps", "6", kind="communication")
-
-
-@pytest.mark.slow
-def test_a_gpipe_run_of_two_microbatches_is_blocked_by_its_bubble(tmp_path: Path) -> None:
-    """pp 2 with GPipe's 2 microbatches: each stage idles (p - 1) / (m + p - 1) = 1 / 3 of its schedule when
-    balanced, and no collective runs outside the pipeline."""
-    recorded_blocker(tmp_path / "gpipe", "--pp", "2", "--schedule", "gpipe", "--microbatches", "2", "--steps", "6",
-                     kind="bubble")  # fmt: skip
-
-
-@pytest.mark.slow
-def test_a_slow_dataloader_blocks_a_script_by_its_data(tmp_path: Path) -> None:
-    """tests/kit/breakdown_script.py on 2 ranks, its dataset sleeping 15 ms a sample, 4 a batch: about 60 ms
-    of a step of about 70 waits on the DataLoader."""
-    script = ["torchrun", "--standalone", "--nproc-per-node=2", "tests/kit/breakdown_script.py"]
-    script += ["--out", str(tmp_path / "written"), "--steps", "6", "--data-sleep-ms", "15"]
-    recorded_blocker(tmp_path / "data", "--", *script, kind="data")
