@@ -59,5 +59,5 @@ def capacity_lines(report: dict[str, Any]) -> list[str]:
             lines.append(f"{row['config']}: {row['reason']}")
     client = [run for run in runs if run["client_limited"]]
     for run in client:
-        lines.append(f"{run['config']} at {run['rate']:g}: client-limited, never counted as capacity: {run['why']}")
+        lines.append(f"{run['config']} at {run['rate']:g}: never counted as capacity: {run['why']}")
     return lines

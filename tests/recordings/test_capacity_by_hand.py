@@ -217,7 +217,7 @@ def test_summary_prints_the_table_and_the_json_under_sweep(sweep: Path, capsys: 
         "batch=1", "2", "1", "100", "ms", "20", "ms", "client", "3", "6",
     ]  # fmt: skip
     assert any(line.startswith("batch=2: the server exited with code 1") for line in text)
-    assert any(line.startswith("batch=1 at 3: client-limited, never counted as capacity") for line in text)
+    assert any(line.startswith("batch=1 at 3: never counted as capacity: client-limited: ") for line in text)
     assert main(["summary", str(sweep), "--json"]) == 0
     report = json.loads(capsys.readouterr().out)["sweep"]
     assert report["kind"] == "capacity" and report["search"] == "rate"
