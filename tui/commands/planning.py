@@ -47,7 +47,6 @@ from meshtop.tui.options import (
     spec_from_args,
 )
 
-
 PLAN_DEFAULTS: dict[str, Any] = {
     "dp": None, "tp": 1, "pp": 1, "device": "auto", "steps": None, "seed": 0, "instrument": True,
     "activations": False, "tokens_per_step": None,
