@@ -232,3 +232,20 @@ def test_replicas_two_copies_take_about_twice_the_rate(tmp_path: Path, capsys: p
     assert (rows["replicas=2"]["requests_per_s"], rows["replicas=2"]["gpus"]) == (12.0, 2)
     assert (tmp_path / "s" / "replicas-2" / "server-1.log").is_file()
     assert not servers_left(output)
+
+
+def test_every_capacity_option_is_in_the_docs_tables() -> None:
+    """tests/docs holds the tables of ``run``'s options to its parser; the capacity options are the sweep's."""
+    import argparse
+
+    from meshtop.tui.cli import build_parser
+    from tests.kit.docs import ROOT
+
+    commands = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    group = next(g for g in commands.choices["sweep"]._action_groups if g.title and g.title.startswith("a capacity"))
+    names = [action.option_strings[0] for action in group._group_actions]
+    assert "--rates" in names and "--vary" in names
+    for page in (ROOT / "docs" / "serving.md", ROOT / "README.md"):
+        rows = [line for line in page.read_text().splitlines() if line.startswith("| `--")]
+        missing = [name for name in names if not any(f"`{name} " in row or f"`{name}`" in row for row in rows)]
+        assert not missing, f"{page.name}: {missing}"
