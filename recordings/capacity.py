@@ -174,7 +174,7 @@ def saturation(
     ):
         return (
             f"saturated: the server answered {achieved_per_s:.2f} requests/s of the {sent_per_s:.2f} sent "
-            f"(under {SATURATED_SHARE:.0%})"
+            f"(under {SATURATED_SHARE:.0%})".replace("%", " %")
         )
     return f"saturated: {queue}" if queue is not None else None
 
@@ -202,8 +202,8 @@ class RunFiguresOfSweep:
         if self.saturated is not None:
             return self.saturated
         if not self.met:
-            met = "no request" if self.attainment is None else f"{self.attainment:.0%} of the requests"
-            return f"SLO missed: met by {met} (under {attainment:.0%})"
+            met = "no request" if self.attainment is None else f"{self.attainment:.1%} of the requests"
+            return f"SLO missed: met by {met} (under {attainment:.0%})".replace("%", " %")
         return None
 
 

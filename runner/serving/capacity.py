@@ -47,7 +47,7 @@ from meshtop.recordings.metrics.blocker import OUT_OF_MEMORY
 from meshtop.recordings.sweep import write_sweep
 from meshtop.runner.errors import PlanError
 from meshtop.runner.job.supervise import NodeProbes
-from meshtop.runner.serving.endpoint import check_server, plan_endpoint
+from meshtop.runner.serving.endpoint import PROBE_TIMEOUT_S, check_server, plan_endpoint
 from meshtop.runner.serving.http import Origin
 from meshtop.runner.serving.server import ServerCommand, ServerFailed, ServerProcess, log_tail
 from meshtop.runner.session.console import follow_job
@@ -318,7 +318,10 @@ class CapacityRunner:
                     load=sweep.load_at(*self.shape(sweep.fixed[0] if sweep.fixed else sweep.start_rate)),
                     server_metrics=sweep.server_metrics,
                 )
-                model = check_server(base).model
+                # a server meshtop started may do its first work at its first request: the probe has what
+                # --startup-timeout gives
+                probe_s = max(PROBE_TIMEOUT_S, sweep.startup_timeout_s if sweep.command is not None else 0.0)
+                model = check_server(base, probe_timeout_s=probe_s).model
             except ServerFailed as error:
                 lines = [str(error), *(line for server in servers for line in log_tail(server.log_path))]
                 fit = any(OUT_OF_MEMORY.search(line) for line in lines)
@@ -331,8 +334,8 @@ class CapacityRunner:
                 self.failed = True
                 self.say(f"{config.label}: {error}")
                 return
-            self.search(config, base.url, model, servers)
-            entry["status"] = "completed"
+            gone = self.search(config, base.url, model, servers)
+            entry.update(status="completed" if gone is None else "failed", reason=gone)
         finally:
             self.stop(servers)
 
@@ -365,17 +368,19 @@ class CapacityRunner:
         while servers:
             servers.pop().stop()
 
-    def search(self, config: Configuration, url: str, model: str, servers: list[ServerProcess]) -> None:
-        """The runs of one configuration, by :func:`next_rate`."""
+    def search(self, config: Configuration, url: str, model: str, servers: list[ServerProcess]) -> str | None:
+        """The runs of one configuration, by :func:`next_rate`; why they stopped early where a server exited."""
         sweep = self.sweep
         outcomes: list[Outcome] = []
+        gone_said = None
         while (
             value := next_rate(outcomes, fixed=sweep.fixed, start=sweep.start_rate, max_runs=sweep.max_runs)
         ) is not None:
             gone = [server for server in servers if server.exited() is not None]
             if gone:
                 self.failed = True
-                self.say(f"{config.label}: the server exited (code {gone[0].exited()}); its search stops")
+                gone_said = f"the server exited with code {gone[0].exited()} during the search, which stopped there"
+                self.say(f"{config.label}: {gone_said}")
                 break
             outcomes.append(self.one_run(config, url, model, value))
         if sweep.fixed is not None:
@@ -388,6 +393,7 @@ class CapacityRunner:
                         {"config": config.label, "rate": value, "status": "not run", "recording": None, "reason": why}
                     )
             self.write()
+        return gone_said
 
     def one_run(self, config: Configuration, url: str, model: str, value: float) -> Outcome:
         """One recording at ``value``; its outcome by :mod:`meshtop.recordings.capacity`'s rule."""
@@ -435,7 +441,8 @@ class CapacityRunner:
             entry.update(status="failed", reason=str(error))
             self.failed = True
         self.write()
-        row = run_row(sweep.out, read_capacity(sweep.out), read_capacity(sweep.out).runs[-1])
+        written = read_capacity(sweep.out)
+        row = run_row(sweep.out, written, written.runs[-1])
         self.say(f"{head}: {run_line(row)}")
         return Outcome(rate=value, passed=bool(row["passed"]), saturated=bool(row["saturated"]))
 

@@ -13,6 +13,7 @@ from meshtop.probes.events import RequestDone
 from meshtop.recordings.capacity import (
     CAPACITY_FILE,
     SATURATED_SHARE,
+    RunFiguresOfSweep,
     capacity_report,
     departure_rate,
     is_capacity_sweep,
@@ -124,9 +125,14 @@ def test_departure_rate_and_saturation_by_the_rule() -> None:
     assert SATURATED_SHARE == 0.9
     assert saturation(3.61, 4.0, None, open_loop=True) is None  # 90.25 % of the sent rate
     said = saturation(3.59, 4.0, None, open_loop=True)
-    assert said == "saturated: the server answered 3.59 requests/s of the 4.00 sent (under 90%)"
+    assert said == "saturated: the server answered 3.59 requests/s of the 4.00 sent (under 90 %)"
     assert saturation(1.0, 4.0, None, open_loop=False) is None  # closed loop: no sent rate to fall behind
     assert saturation(4.0, 4.0, "the queue grew", open_loop=True) == "saturated: the queue grew"
+    missed = RunFiguresOfSweep(attainment=0.947, met=False, achieved_rate=2.0, saturated=None, client_limited=None)
+    assert missed.why(0.95) == "SLO missed: met by 94.7 % of the requests (under 95 %)" and not missed.passed
+    # the client first: a client-limited run says so whatever else holds
+    both = RunFiguresOfSweep(attainment=1.0, met=True, achieved_rate=2.0, saturated="saturated: x", client_limited="c")
+    assert both.why(0.95) == "c" and not both.passed
 
 
 def test_each_run_is_judged_and_capacity_is_the_highest_pass(sweep: Path) -> None:
@@ -142,7 +148,7 @@ def test_each_run_is_judged_and_capacity_is_the_highest_pass(sweep: Path) -> Non
     assert three["blocker"]["kind"] == "client"
     assert four["achieved_rate"] == pytest.approx(2.0) and four["attainment"] == pytest.approx(0.1)
     assert (four["met"], four["saturated"], four["passed"]) == (False, True, False)
-    assert four["why"] == "saturated: the server answered 2.00 requests/s of the 4.00 sent (under 90%)"
+    assert four["why"] == "saturated: the server answered 2.00 requests/s of the 4.00 sent (under 90 %)"
     # no waiting gauge: TTFT p50 of the first third (0.73 s) to the last (2.48 s) while TPOT holds at 20 ms
     assert four["blocker"]["kind"] == "queue" and "TTFT p50 rose from 730.0 ms" in four["blocker"]["evidence"]
     assert (eight["status"], eight["why"], eight["recording"]) == ("not run", "not run: 4 saturated", None)
