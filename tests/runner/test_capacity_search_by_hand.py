@@ -1,4 +1,4 @@
-"""The capacity search (runner/serving/capacity.py's next_rate), stepped by hand: each sequence of rates worked
+"""The capacity search (runner/planner/capacity.py's next_rate), stepped by hand: each sequence of rates worked
 out from the module's rule for a server whose runs pass at and below a known capacity, and the configurations
 --vary makes (labels, folders, GPUs) worked out by hand."""
 
@@ -9,7 +9,7 @@ from collections.abc import Callable
 import pytest
 
 from meshtop.runner.errors import PlanError
-from meshtop.runner.serving.capacity import (
+from meshtop.runner.planner.capacity import (
     Outcome,
     configurations,
     fill,

@@ -22,7 +22,7 @@ import pytest
 from meshtop.recordings.capacity import capacity_report
 from meshtop.recordings.reader import open_recording
 from meshtop.recordings.summary import fold_recording, recording_blocker
-from meshtop.runner.serving.capacity import RESOLUTION
+from meshtop.runner.planner.capacity import RESOLUTION
 from meshtop.tui.cli import main
 from tests.kit.hf_server import build_tiny_model, needs_serving
 

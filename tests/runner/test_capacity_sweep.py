@@ -21,7 +21,7 @@ from meshtop.recordings.manifest import Load
 from meshtop.recordings.reader import open_recording
 from meshtop.recordings.summary import fold_recording, recording_blocker
 from meshtop.runner.errors import PlanError
-from meshtop.runner.serving.capacity import RESOLUTION
+from meshtop.runner.planner.capacity import RESOLUTION
 from meshtop.runner.serving.endpoint import plan_endpoint
 from meshtop.tui.cli import main
 from tests.kit.commands import one_line_error

@@ -16,9 +16,7 @@ from meshtop.recordings.manifest import Load
 from meshtop.recordings.metrics.blocker import ATTAINMENT
 from meshtop.runner.errors import PlanError
 from meshtop.runner.plan import option
-from meshtop.runner.planner.plans import SWEEP_STEPS, Question, candidates, check_counts
-from meshtop.runner.planner.report import Budget, check_budget, parse_size, report
-from meshtop.runner.serving.capacity import (
+from meshtop.runner.planner.capacity import (
     DEFAULT_DURATION_S,
     DEFAULT_MAX_RUNS,
     DEFAULT_START_RATE,
@@ -27,6 +25,8 @@ from meshtop.runner.serving.capacity import (
     parse_rates,
     run_capacity_sweep,
 )
+from meshtop.runner.planner.plans import SWEEP_STEPS, Question, candidates, check_counts
+from meshtop.runner.planner.report import Budget, check_budget, parse_size, report
 from meshtop.runner.serving.load import endpoint_load
 from meshtop.runner.serving.server import DEFAULT_STARTUP_TIMEOUT_S
 from meshtop.tui.endpoint_options import (
