@@ -291,8 +291,12 @@ class CapacityRunner:
             except KeyboardInterrupt:
                 if entry["status"] in ("pending", "running"):
                     entry.update(status="interrupted", reason="the sweep was interrupted during it")
-                for later in entries[index + 1 :]:
-                    later.update(status="not run", reason="the sweep was interrupted before it")
+                self.not_run(config.label, "not run: the sweep was interrupted before it")
+                for later, later_entry in zip(
+                    self.sweep.configurations[index + 1 :], entries[index + 1 :], strict=True
+                ):
+                    later_entry.update(status="not run", reason="the sweep was interrupted before it")
+                    self.not_run(later.label, "not run: the sweep was interrupted before it")
                 self.write()
                 raise
             self.write()
@@ -383,17 +387,21 @@ class CapacityRunner:
                 self.say(f"{config.label}: {gone_said}")
                 break
             outcomes.append(self.one_run(config, url, model, value))
-        if sweep.fixed is not None:
-            done = {outcome.rate for outcome in outcomes}
-            saturated = next((outcome.rate for outcome in outcomes if outcome.saturated), None)
-            for value in sorted(sweep.fixed):
-                if value not in done:
-                    why = f"not run: the run at {saturated:g} saturated" if saturated is not None else "not run"
-                    self.file["runs"].append(
-                        {"config": config.label, "rate": value, "status": "not run", "recording": None, "reason": why}
-                    )
-            self.write()
+        saturated = next((outcome.rate for outcome in outcomes if outcome.saturated), None)
+        if gone_said is not None:
+            self.not_run(config.label, f"not run: {gone_said}")
+        else:
+            self.not_run(config.label, f"not run: the run at {saturated:g} saturated" if saturated else "not run")
+        self.write()
         return gone_said
+
+    def not_run(self, config: str, why: str) -> None:
+        """The given rates (or concurrencies) of ``config`` that have no run yet, listed as not run and why."""
+        done = {run["rate"] for run in self.file["runs"] if run["config"] == config}
+        for value in sorted(self.sweep.fixed or ()):
+            if value not in done:
+                entry = {"config": config, "rate": value, "status": "not run", "recording": None, "reason": why}
+                self.file["runs"].append(entry)
 
     def one_run(self, config: Configuration, url: str, model: str, value: float) -> Outcome:
         """One recording at ``value``; its outcome by :mod:`meshtop.recordings.capacity`'s rule."""

@@ -249,3 +249,35 @@ def test_every_capacity_option_is_in_the_docs_tables() -> None:
         rows = [line for line in page.read_text().splitlines() if line.startswith("| `--")]
         missing = [name for name in names if not any(f"`{name} " in row or f"`{name}`" in row for row in rows)]
         assert not missing, f"{page.name}: {missing}"
+
+
+@pytest.mark.slow
+def test_ctrl_c_keeps_what_finished_and_marks_the_cut_run_and_those_not_run(tmp_path: Path) -> None:
+    """SIGINT during the second run of 2, 4, 8 requests/s: the first completed, the second interrupted, the third
+    not run and why; the server stopped, the table printed, exit code 130."""
+    import os
+    import signal
+    import subprocess
+    import time
+
+    out = tmp_path / "s"
+    sweep_ = subprocess.Popen(
+        [sys.executable, "-m", "meshtop.tui.cli", "sweep", str(out), "--endpoint", ENDPOINT, "--rates", "2,4,8",
+         "--duration", "3", "--slo", "ttft=1s", "--", *SERIAL],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env={**os.environ},
+    )  # fmt: skip
+    assert sweep_.stdout is not None
+    lines = []
+    for line in sweep_.stdout:
+        lines.append(line)
+        if line.startswith("[2] rate 4 req/s: running"):
+            time.sleep(1.0)
+            sweep_.send_signal(signal.SIGINT)
+            break
+    rest, _ = sweep_.communicate(timeout=60)
+    output = "".join(lines) + rest
+    assert sweep_.returncode == 130, output
+    runs = json.loads((out / "capacity.json").read_text())["runs"]
+    assert [(run["rate"], run["status"]) for run in runs] == [(2, "completed"), (4, "interrupted"), (8, "not run")]
+    assert runs[2]["reason"] == "not run: the sweep was interrupted before it"
+    assert "configuration" in output and not servers_left(output)

@@ -404,8 +404,10 @@ def capacity_from_args(args: argparse.Namespace) -> CapacitySweep:
 
     for value in fixed or (start,):  # every load checked before anything starts
         endpoint_load(load_at(*((value, None) if search == "rate" else (None, int(value)))))
-    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-    gpus = tuple(visible.split(",")) if visible else tuple(str(i) for i in range(gpus_visible()))
+    gpus: tuple[str, ...] = ()
+    if any(config.replicas > 1 for config in configs):  # each copy gets its share of the GPUs
+        visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+        gpus = tuple(visible.split(",")) if visible else tuple(str(i) for i in range(gpus_visible()))
     return CapacitySweep(
         out=args.out,
         endpoint=args.endpoint,
@@ -421,7 +423,7 @@ def capacity_from_args(args: argparse.Namespace) -> CapacitySweep:
         configurations=configs,
         command=tuple(args.script) if args.script is not None else None,
         startup_timeout_s=startup,
-        visible_gpus=gpus if any(len(c.values) and c.replicas > 1 for c in configs) else (),
+        visible_gpus=gpus,
         users=users,
         server_metrics=args.server_metrics,
     )
