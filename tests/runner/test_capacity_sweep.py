@@ -281,3 +281,26 @@ def test_ctrl_c_keeps_what_finished_and_marks_the_cut_run_and_those_not_run(tmp_
     assert [(run["rate"], run["status"]) for run in runs] == [(2, "completed"), (4, "interrupted"), (8, "not run")]
     assert runs[2]["reason"] == "not run: the sweep was interrupted before it"
     assert "configuration" in output and not servers_left(output)
+
+
+@pytest.mark.slow
+def test_concurrencies_search_closed_loop_and_capacity_is_the_achieved_rate(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The one-slot stub at 1, 2 and 4 in flight answers 6.7 a second at each; each request waits for those
+    ahead of it: TTFT about 0, 0.15 and 0.45 s, so 4 misses a TTFT of 300 ms (a standing queue of 3: blocker
+    queue). The capacity is the achieved rate of 2 in flight, near 6.7."""
+    code, output = sweep(
+        tmp_path / "s",
+        *("--concurrencies", "1,2,4", "--duration", "4", "--output-len", "4", "--slo", "ttft=300ms"),
+        command=SERIAL,
+        capsys=capsys,
+    )
+    assert code == 0, output
+    report = capacity_report(tmp_path / "s")
+    assert report["search"] == "concurrency"
+    assert [(run["rate"], run["passed"]) for run in report["runs"]] == [(1, True), (2, True), (4, False)]
+    (row,) = report["capacity"]
+    assert row["rate"] == 2 and abs(row["requests_per_s"] - KNOWN) / KNOWN < 0.15, row
+    assert row["limited_by"] == "queue" and report["runs"][2]["recording"] == "endpoint/concurrency-4"
+    assert "[3] concurrency 4 in flight: " in output
