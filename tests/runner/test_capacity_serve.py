@@ -101,7 +101,6 @@ def test_two_settings_ranked_by_capacity_and_auto_within_a_tenth(
         assert blocker is not None and blocker.kind == "queue", (above, blocker)
         assert row["limited_by"] == "queue"
     assert not servers_left(output)
-    print(f"fixed: {fast['requests_per_s']} and {slow['requests_per_s']} req/s", file=sys.stderr)
 
     auto = tmp_path / "auto"
     code = main(
@@ -115,7 +114,8 @@ def test_two_settings_ranked_by_capacity_and_auto_within_a_tenth(
     rates = [run["rate"] for run in found["runs"]]
     passed = [run["rate"] for run in found["runs"] if run["passed"]]
     failed = [run["rate"] for run in found["runs"] if not run["passed"] and run["rate"] > row["requests_per_s"]]
-    print(f"auto: {row['requests_per_s']} req/s in {len(rates)} runs: {rates}", file=sys.stderr)
+    fixed = f"fixed: {fast['requests_per_s']} and {slow['requests_per_s']} req/s"
+    print(f"{fixed}; auto: {row['requests_per_s']} req/s in {len(rates)} runs: {rates}", file=sys.stderr)
     # resolved to within a tenth, and the fixed rates' capacity of the same server (its bracket: a pass at c, a
     # failure at 2 c) agrees with it, give or take a tenth for the run-to-run spread
     assert row["requests_per_s"] == max(passed) and (min(failed) - max(passed)) / max(passed) <= RESOLUTION
