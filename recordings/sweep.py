@@ -39,11 +39,12 @@ def is_sweep(path: Path) -> bool:
     return (path / SWEEP_FILE).is_file()
 
 
-def write_sweep(out: Path, sweep: dict[str, Any]) -> None:
-    """Replace ``OUT/sweep.json`` whole (a reader sees the old file or the new one, never half of one)."""
-    temporary = out / f".{SWEEP_FILE}.tmp"
+def write_sweep(out: Path, sweep: dict[str, Any], name: str = SWEEP_FILE) -> None:
+    """Replace ``OUT/sweep.json`` (or ``OUT/name``: a capacity sweep's) whole (a reader sees the old file or the
+    new one, never half of one)."""
+    temporary = out / f".{name}.tmp"
     temporary.write_text(json.dumps(sweep, indent=1))
-    os.replace(temporary, out / SWEEP_FILE)
+    os.replace(temporary, out / name)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -1,9 +1,9 @@
 """The house rules of imports: the layers' direction, meshtop's own import names, and no circles.
 
 The direction of the design: tui -> runner -> recordings -> probes, tui -> recordings. Of the runner, only the
-session (which records what it runs), the console (``record``'s output), the sweep (a loop of recordings) and
-the plan report (the bus factors and FLOPs per token the metrics core defines) read recordings: the modules a
-rank imports stay free of pandas and pyarrow.
+session (which records what it runs), the console (``record``'s output), the sweeps (loops of recordings: the
+plans', a server's capacity) and the plan report (the bus factors and FLOPs per token the metrics core defines)
+read recordings: the modules a rank imports stay free of pandas and pyarrow.
 
 Every import counts, those inside functions and under ``TYPE_CHECKING`` included: a circle hidden behind a
 lazy import is still a circle (two modules that can only be understood together)."""
@@ -28,6 +28,7 @@ SESSION_MODULES = {
     "runner/session/session.py",
     "runner/session/console.py",
     "runner/planner/sweep.py",
+    "runner/planner/capacity.py",
     "runner/planner/report.py",
 }
 """The runner's modules that run in meshtop's own process and keep a recording."""

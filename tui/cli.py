@@ -57,8 +57,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     own, script = split_script(every)
     parser = build_parser()
     args = parser.parse_args(own)
-    if script is not None and args.command not in ("run", "record"):
-        parser.error(f"only run and record take a command after -- ({args.command} does not)")
+    if script is not None and args.command not in ("run", "record", "sweep"):
+        parser.error(f"only run, record and sweep take a command after -- ({args.command} does not)")
     args.script, args.argv = script, every
     signal.signal(signal.SIGTERM, _interrupt_on_sigterm)
     try:

@@ -185,23 +185,7 @@ def endpoint_from_args(args: argparse.Namespace) -> EndpointRun:
             ignore_eos=args.ignore_eos or recorded.ignore_eos,
         )
     else:
-        concurrency = args.concurrency or (None if args.request_rate is not None else DEFAULT_CONCURRENCY)
-        load = Load(
-            requests=requests_for(args.duration, args.request_rate, args.requests),
-            duration_s=args.duration,
-            concurrency=concurrency,
-            request_rate_per_s=args.request_rate,
-            burstiness=args.burstiness,
-            warmup=args.warmup or 0,
-            prompt_len=parse_length("--input-len", args.prompt_len, DEFAULT_PROMPT_LEN),
-            output_len=parse_length("--output-len", args.output_len, DEFAULT_OUTPUT_LEN),
-            prompts=args.prompts,
-            seed=args.seed,
-            slo_ttft_ms=slo_ttft or args.slo_ttft_ms,
-            slo_tpot_ms=slo_tpot or args.slo_tpot_ms,
-            timeout_s=args.timeout,
-            ignore_eos=args.ignore_eos,
-        )
+        load = load_from_args(args, request_rate=args.request_rate, concurrency=args.concurrency)
     return resolve_endpoint(
         args.endpoint,
         api=args.api or "completions",
@@ -211,6 +195,29 @@ def endpoint_from_args(args: argparse.Namespace) -> EndpointRun:
         same_load=args.same_load,
         server_metrics=args.server_metrics,
         server=server,
+    )
+
+
+def load_from_args(args: argparse.Namespace, *, request_rate: float | None, concurrency: int | None) -> Load:
+    """The load the options shape, sent at ``request_rate`` (open loop) or ``concurrency`` (closed loop; the
+    default concurrency where neither is given): ``run|record --endpoint``'s, and each run of a capacity sweep
+    (the same shape and seed at each rate)."""
+    slo_ttft, slo_tpot = parse_slo(args.slo)
+    return Load(
+        requests=requests_for(args.duration, request_rate, args.requests),
+        duration_s=args.duration,
+        concurrency=concurrency or (None if request_rate is not None else DEFAULT_CONCURRENCY),
+        request_rate_per_s=request_rate,
+        burstiness=args.burstiness,
+        warmup=args.warmup or 0,
+        prompt_len=parse_length("--input-len", args.prompt_len, DEFAULT_PROMPT_LEN),
+        output_len=parse_length("--output-len", args.output_len, DEFAULT_OUTPUT_LEN),
+        prompts=args.prompts,
+        seed=args.seed,
+        slo_ttft_ms=slo_ttft or args.slo_ttft_ms,
+        slo_tpot_ms=slo_tpot or args.slo_tpot_ms,
+        timeout_s=args.timeout,
+        ignore_eos=args.ignore_eos,
     )
 
 

@@ -256,19 +256,10 @@ def serving_blocker(
         if client.achieved_rate_per_s is not None and client.asked_rate_per_s is not None:
             evidence += f" (sent {client.achieved_rate_per_s:.2f} requests/s of {client.asked_rate_per_s:g} asked)"
         return Blocker(kind="client", evidence=evidence, suggestion=SERVING_SUGGESTIONS["client"])
+    if (growth := queue_grows(figures, requests)) is not None:
+        return Blocker(kind="queue", evidence=growth, suggestion=SERVING_SUGGESTIONS["queue"])
     server = figures.server
     waiting = server.gauges.get("requests_waiting") if server is not None else None
-    thirds = server.thirds.get("requests_waiting") if server is not None else None
-    if server is not None and thirds is not None:
-        first, last = thirds
-        if last >= QUEUE_FLOOR and last >= QUEUE_GROWTH * first:
-            evidence = (
-                f"requests waiting grew from {first:.2f} on average over the first third of the scrapes while the "
-                f"load was sent to {last:.2f} over the last (at least {QUEUE_FLOOR:g} and {QUEUE_GROWTH:g} x the first)"
-            )
-            return Blocker(kind="queue", evidence=evidence, suggestion=SERVING_SUGGESTIONS["queue"])
-    elif waiting is None and (rise := ttft_rise(requests)) is not None:
-        return Blocker(kind="queue", evidence=rise, suggestion=SERVING_SUGGESTIONS["queue"])
     mean = waiting["mean"] if waiting is not None else None
     waited = f"requests waiting {mean:.2f} on average" if mean is not None else ttft_thirds(requests)
     latencies = f"TTFT p90 {ms_or_none(requests.latencies['ttft_s']['p90'])}, TPOT p90 {ms_or_none(tpot_p90(requests))}"
@@ -284,6 +275,25 @@ def serving_blocker(
     else:
         said = "no SLO set and no limit found"
     return Blocker(kind="none", evidence=f"{said}: {latencies}, {waited}", suggestion=SERVING_SUGGESTIONS["none"])
+
+
+def queue_grows(figures: RunFigures, requests: RequestFigures) -> str | None:
+    """The evidence that the waiting requests grow through the run (rule 4 of the serving rule: the server's
+    waiting gauge's thirds, or without the gauge TTFT rising while TPOT holds); ``None`` where they do not.
+    What blocks a run and whether a capacity sweep's run is saturated
+    (:mod:`~meshtop.recordings.capacity`) both read it, so the two never disagree on a growing queue."""
+    server = figures.server
+    waiting = server.gauges.get("requests_waiting") if server is not None else None
+    thirds = server.thirds.get("requests_waiting") if server is not None else None
+    if thirds is not None:
+        first, last = thirds
+        if last >= QUEUE_FLOOR and last >= QUEUE_GROWTH * first:
+            return (
+                f"requests waiting grew from {first:.2f} on average over the first third of the scrapes while the "
+                f"load was sent to {last:.2f} over the last (at least {QUEUE_FLOOR:g} and {QUEUE_GROWTH:g} x the first)"
+            )
+        return None
+    return ttft_rise(requests) if waiting is None else None
 
 
 def tpot_p90(requests: RequestFigures) -> float | None:

@@ -79,10 +79,13 @@ def environment_that_matters(environ: dict[str, str]) -> dict[str, str]:
 class ServerProcess:
     """The started server: its process tree, watched while it runs, and stopped whole."""
 
-    def __init__(self, spec: ServerCommand, log_path: Path) -> None:
+    def __init__(self, spec: ServerCommand, log_path: Path, env: dict[str, str] | None = None) -> None:
+        """Start ``spec``'s command, its output into ``log_path``, in ``env`` (``None``: meshtop's own
+        environment; a capacity sweep's replicas each get their share of the GPUs)."""
         self.spec = spec
         self.log_path = log_path
-        self.report = ServerInfo(command=spec.command, environment=environment_that_matters(dict(os.environ)))
+        environ = dict(os.environ) if env is None else env
+        self.report = ServerInfo(command=spec.command, environment=environment_that_matters(environ))
         """What ran, for the manifest: filled in as it runs and when it stops."""
         self._seen: dict[int, psutil.Process] = {}
         self._cpu: dict[int, float] = {}
@@ -91,7 +94,7 @@ class ServerProcess:
             with log_path.open("ab") as log:
                 self.process = subprocess.Popen(
                     list(spec.command), stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                    start_new_session=True,
+                    start_new_session=True, env=environ,
                 )  # fmt: skip
         except OSError as error:
             raise ServerFailed(f"cannot start the server {spec.command[0]!r}: {error.strerror or error}") from None

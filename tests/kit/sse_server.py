@@ -191,17 +191,35 @@ def stub_server(*, listen_port: int = 0, **options: object) -> Iterator[StubServ
 
 
 def main(argv: list[str]) -> None:
-    """``python -m tests.kit.sse_server [CHUNKS [GAP_MS [FIRST_MS]]] [--port PORT]``: serve on PORT (else a free
-    port, printed first) until killed, in a process of its own (the benchmarks: the server must not share the
-    measuring process's GIL; the serving tests: a server that can be killed, or one meshtop starts)."""
+    """``python -m tests.kit.sse_server [CHUNKS [GAP_MS [FIRST_MS]]] [--serial] [--port PORT]``: serve on PORT (else
+    a free port, printed first) until killed, in a process of its own (the benchmarks: the server must not share
+    the measuring process's GIL; the serving tests: a server that can be killed, or one meshtop starts).
+    ``--serial``: one request at a time (a capacity of 1 / (FIRST + (CHUNKS - 1) x GAP) requests a second), its
+    waiting requests at ``/metrics`` as vLLM's ``vllm:num_requests_waiting`` gauge."""
     port = 0
     if "--port" in argv:
         at = argv.index("--port")
         port, argv = int(argv[at + 1]), argv[:at] + argv[at + 2 :]
+    serial = "--serial" in argv
+    argv = [arg for arg in argv if arg != "--serial"]
     chunks, gap_ms, first_ms = [*(float(value) for value in argv[:3]), *(8.0, 0.0, 0.0)[len(argv[:3]) :]]
-    with stub_server(chunks=int(chunks), gap_s=gap_ms / 1e3, first_s=first_ms / 1e3, listen_port=port) as server:
+    options = {"chunks": int(chunks), "gap_s": gap_ms / 1e3, "first_s": first_ms / 1e3, "serial": serial}
+    with stub_server(listen_port=port, **options) as server:
+        if serial:
+            server.metrics = lambda: waiting_gauge(server)
         print(server.port, flush=True)
         threading.Event().wait()
+
+
+def waiting_gauge(server: StubServer) -> bytes:
+    """A serial stub's queue as vLLM publishes it (Prometheus text)."""
+    running = 1 if server.lock is not None and server.lock.locked() else 0
+    return (
+        "# TYPE vllm:num_requests_waiting gauge\n"
+        f'vllm:num_requests_waiting{{model_name="{MODEL}"}} {server.waiting}\n'
+        "# TYPE vllm:num_requests_running gauge\n"
+        f'vllm:num_requests_running{{model_name="{MODEL}"}} {running}\n'
+    ).encode()
 
 
 if __name__ == "__main__":

@@ -224,7 +224,7 @@ def test_built_in_options_with_a_script_and_a_script_after_summary_are_refused(
     )
     assert "--activations needs the hooks: leave out --no-instrument" in line
     line = one_line_error(["summary", str(tmp_path), "--", "examples/ddp.py"], capsys)
-    assert "only run and record take a command after --" in line
+    assert "only run, record and sweep take a command after --" in line
     assert list(tmp_path.iterdir()) == []
 
 

@@ -184,11 +184,18 @@ def print_report(report: dict[str, Any], *, as_json: bool, lines: Callable[[dict
 
 
 def command_summary(args: argparse.Namespace) -> int:
-    """A recording's figures, as text or JSON."""
+    """A recording's figures, as text or JSON; a capacity sweep's table (its JSON under ``sweep``)."""
+    from meshtop.recordings.capacity import capacity_report, is_capacity_sweep
     from meshtop.recordings.reader import open_recording
     from meshtop.recordings.summary import summarize
     from meshtop.tui.summary_text import summary_lines
 
+    if is_capacity_sweep(args.recording):
+        from meshtop.tui.capacity_text import capacity_lines
+
+        report = capacity_report(args.recording)
+        print(json.dumps({"sweep": report}, indent=2) if args.json else "\n".join(capacity_lines(report)))
+        return EXIT_OK
     return print_report(summarize(open_recording(args.recording)), as_json=args.json, lines=summary_lines)
 
 

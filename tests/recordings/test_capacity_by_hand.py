@@ -1,0 +1,250 @@
+"""A capacity sweep's figures (recordings/capacity.py), worked out by hand from hand-made recordings: the
+departure rate, saturation, the client's limit, each configuration's capacity, per GPU, what limited it and how
+many of it an offered load needs, and the summary of a capacity sweep (text and JSON)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from meshtop.probes.events import RequestDone
+from meshtop.recordings.capacity import (
+    CAPACITY_FILE,
+    SATURATED_SHARE,
+    RunFiguresOfSweep,
+    capacity_report,
+    departure_rate,
+    is_capacity_sweep,
+    read_capacity,
+    saturation,
+)
+from meshtop.recordings.manifest import Load
+from meshtop.recordings.typed_json import RecordingError
+from meshtop.runner.serving.endpoint import plan_endpoint
+from meshtop.runner.session.session import endpoint_description
+from meshtop.tui.cli import main
+from tests.kit.recordings import write_recording
+
+BASE_NS = 1_700_000_000 * 10**9
+S = 10**9
+
+
+def request(index: int, *, sent_s: float, first_s: float, scheduled_s: float | None = None) -> RequestDone:
+    """A request sent at ``sent_s``, its first token at ``first_s`` and its second 20 ms later (its end)."""
+    first = BASE_NS + int(first_s * S)
+    return RequestDone(
+        rank=0,
+        replica=0,
+        request=index,
+        arrival_ns=BASE_NS + int(sent_s * S),
+        first_token_ns=first,
+        end_ns=first + S // 50,
+        prompt_tokens=4,
+        output_tokens=2,
+        token_ns=(first, first + S // 50),
+        output_ids=(1, 2),
+        status="completed",
+        error=None,
+        scheduled_ns=BASE_NS + int((sent_s if scheduled_s is None else scheduled_s) * S),
+    )
+
+
+def endpoint_run(rate: float) -> object:
+    load = Load(requests=10, concurrency=None, request_rate_per_s=rate, slo_ttft_ms=500.0)
+    return endpoint_description(plan_endpoint("http://127.0.0.1:9", api="completions", model="m", load=load))
+
+
+def at_rate_2() -> list[RequestDone]:
+    """10 requests sent every 0.5 s, each first token 100 ms later: departures (10 - 1) / 4.5 s = 2.0/s of 2.0
+    sent, every TTFT 100 ms within 500 ms: passed."""
+    return [request(i, sent_s=0.5 * i, first_s=0.5 * i + 0.1) for i in range(10)]
+
+
+def at_rate_3_client_limited() -> list[RequestDone]:
+    """As at rate 2, each request sent 20 ms after the load meant it (send lag p99 20 ms > 10 ms)."""
+    return [request(i, sent_s=i / 3 + 0.02, first_s=i / 3 + 0.1, scheduled_s=i / 3) for i in range(10)]
+
+
+def at_rate_4_saturated() -> list[RequestDone]:
+    """10 requests sent every 0.25 s (4.0/s sent), answered one after another, each ending 0.5 s after the last:
+    ends 0.5 ... 5.0 s, departures 9 / 4.5 s = 2.0/s, under 0.9 x 4.0; TTFT 0.48 + 0.25 i s, within 500 ms only
+    for request 0: attainment 10 %."""
+    return [request(i, sent_s=0.25 * i, first_s=0.5 * (i + 1) - 0.02) for i in range(10)]
+
+
+def sweep_file(out: Path, **changes: object) -> None:
+    data = {
+        "version": 1,
+        "started_at": "2026-12-06T05:00:00+0000",
+        "command_line": ["sweep", str(out), "--endpoint", "http://127.0.0.1:{port}"],
+        "slo": {"ttft_s": 0.5, "tpot_s": None},
+        "attainment": 0.95,
+        "search": "rate",
+        "users": {"users": 10, "rate_per_user": 0.5, "offered_per_s": 5.0},
+        "configurations": [
+            {"config": "batch=1", "folder": "batch-1", "gpus": 2, "status": "completed", "reason": None},
+            {
+                "config": "batch=2",
+                "folder": "batch-2",
+                "gpus": 1,
+                "status": "failed",
+                "reason": "the server exited with code 1 before it answered; its last lines: CUDA out of memory",
+                "limited_by": "fit",
+            },
+        ],
+        "runs": [
+            {"config": "batch=1", "rate": 2.0, "status": "completed", "recording": "batch-1/rate-2", "reason": None},
+            {"config": "batch=1", "rate": 3.0, "status": "completed", "recording": "batch-1/rate-3", "reason": None},
+            {"config": "batch=1", "rate": 4.0, "status": "completed", "recording": "batch-1/rate-4", "reason": None},
+            {
+                "config": "batch=1",
+                "rate": 8.0,
+                "status": "not run",
+                "recording": None,
+                "reason": "not run: 4 saturated",
+            },
+        ],
+        **changes,
+    }
+    (out / CAPACITY_FILE).write_text(json.dumps(data))
+
+
+@pytest.fixture
+def sweep(tmp_path: Path) -> Path:
+    for rate, events in ((2, at_rate_2()), (3, at_rate_3_client_limited()), (4, at_rate_4_saturated())):
+        write_recording(tmp_path / "batch-1" / f"rate-{rate}", events, run=endpoint_run(float(rate)))  # type: ignore[arg-type]
+    sweep_file(tmp_path)
+    return tmp_path
+
+
+def test_departure_rate_and_saturation_by_the_rule() -> None:
+    assert departure_rate([0, 2 * S, 4 * S]) == pytest.approx(0.5)  # (3 - 1) / 4 s
+    assert departure_rate([S]) is None and departure_rate([S, S]) is None
+    assert SATURATED_SHARE == 0.9
+    assert saturation(3.61, 4.0, None, open_loop=True) is None  # 90.25 % of the sent rate
+    said = saturation(3.59, 4.0, None, open_loop=True)
+    assert said == "saturated: the server answered 3.59 requests/s of the 4.00 sent (under 90 %)"
+    assert saturation(1.0, 4.0, None, open_loop=False) is None  # closed loop: no sent rate to fall behind
+    assert saturation(4.0, 4.0, "the queue grew", open_loop=True) == "saturated: the queue grew"
+    missed = RunFiguresOfSweep(attainment=0.947, met=False, achieved_rate=2.0, saturated=None, client_limited=None)
+    assert missed.why(0.95) == "SLO missed: met by 94.7 % of the requests (under 95 %)" and not missed.passed
+    # the client first: a client-limited run says so whatever else holds
+    both = RunFiguresOfSweep(attainment=1.0, met=True, achieved_rate=2.0, saturated="saturated: x", client_limited="c")
+    assert both.why(0.95) == "c" and not both.passed
+
+
+def test_each_run_is_judged_and_capacity_is_the_highest_pass(sweep: Path) -> None:
+    report = capacity_report(sweep)
+    runs = {run["rate"]: run for run in report["runs"]}
+    assert [run["rate"] for run in report["runs"]] == [2.0, 3.0, 4.0, 8.0]
+    two, three, four, eight = runs[2.0], runs[3.0], runs[4.0], runs[8.0]
+    assert two["achieved_rate"] == pytest.approx(2.0) and two["attainment"] == 1.0
+    assert (two["met"], two["saturated"], two["client_limited"], two["passed"]) == (True, False, False, True)
+    assert two["ttft_p99_s"] == pytest.approx(0.1) and two["why"] is None
+    assert (three["met"], three["client_limited"], three["passed"]) == (True, True, False)
+    assert three["why"].startswith("client-limited: the load generator sent requests 20.0 ms late at p99")
+    assert three["blocker"]["kind"] == "client"
+    assert four["achieved_rate"] == pytest.approx(2.0) and four["attainment"] == pytest.approx(0.1)
+    assert (four["met"], four["saturated"], four["passed"]) == (False, True, False)
+    assert four["why"] == "saturated: the server answered 2.00 requests/s of the 4.00 sent (under 90 %)"
+    # no waiting gauge: TTFT p50 of the first third (0.73 s) to the last (2.48 s) while TPOT holds at 20 ms
+    assert four["blocker"]["kind"] == "queue" and "TTFT p50 rose from 730.0 ms" in four["blocker"]["evidence"]
+    assert (eight["status"], eight["why"], eight["recording"]) == ("not run", "not run: 4 saturated", None)
+    best, failed = report["capacity"]
+    # capacity 2 (rate 3 client-limited is never capacity); per GPU 2 / 2 GPUs = 1; offered 10 x 0.5 = 5 req/s:
+    # ceil(5 / 2) = 3 servers, 3 x 2 = 6 GPUs; limited by the first run above capacity that did not pass: client
+    assert best == {
+        "config": "batch=1",
+        "requests_per_s": 2.0,
+        "per_gpu": 1.0,
+        "gpus": 2,
+        "rate": 2.0,
+        "ttft_p99_s": pytest.approx(0.1),
+        "tpot_p99_s": pytest.approx(0.02),
+        "limited_by": "client",
+        "recording": "batch-1/rate-2",
+        "needed": 3,
+        "needed_gpus": 6,
+        "reason": None,
+        "status": "completed",
+    }
+    assert (failed["config"], failed["requests_per_s"], failed["limited_by"], failed["needed"]) == (
+        "batch=2",
+        0.0,
+        "fit",
+        None,
+    )
+    assert failed["reason"].endswith("CUDA out of memory") and failed["recording"] is None
+
+
+def test_without_the_client_limited_run_the_queue_limits(sweep: Path) -> None:
+    data = json.loads((sweep / CAPACITY_FILE).read_text())
+    data["runs"] = [run for run in data["runs"] if run["rate"] != 3.0]
+    (sweep / CAPACITY_FILE).write_text(json.dumps(data))
+    (best, _) = capacity_report(sweep)["capacity"]
+    assert (best["requests_per_s"], best["limited_by"]) == (2.0, "queue")
+
+
+def test_configurations_rank_by_capacity_per_gpu(tmp_path: Path) -> None:
+    """batch=1 takes 2/s on 2 GPUs (1 per GPU), batch=2 the same 2/s on 1 GPU (2 per GPU): batch=2 first."""
+    for folder in ("batch-1", "batch-2"):
+        write_recording(tmp_path / folder / "rate-2", at_rate_2(), run=endpoint_run(2.0))  # type: ignore[arg-type]
+    config = {"status": "completed", "reason": None}
+    sweep_file(
+        tmp_path,
+        users=None,
+        configurations=[
+            {"config": "batch=1", "folder": "batch-1", "gpus": 2, **config},
+            {"config": "batch=2", "folder": "batch-2", "gpus": 1, **config},
+        ],
+        runs=[
+            {"config": name, "rate": 2.0, "status": "completed", "recording": f"{folder}/rate-2", "reason": None}
+            for name, folder in (("batch=1", "batch-1"), ("batch=2", "batch-2"))
+        ],
+    )
+    ranked = capacity_report(tmp_path)["capacity"]
+    assert [(row["config"], row["per_gpu"], row["limited_by"]) for row in ranked] == [
+        ("batch=2", 2.0, None),
+        ("batch=1", 1.0, None),
+    ]
+
+
+def test_summary_prints_the_table_and_the_json_under_sweep(sweep: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert is_capacity_sweep(sweep) and not is_capacity_sweep(sweep / "batch-1")
+    assert main(["summary", str(sweep)]) == 0
+    text = capsys.readouterr().out.splitlines()
+    assert text[0].startswith("capacity within the SLO (TTFT <= 500 ms, met by 95 % of the requests)")
+    header = next(line for line in text if line.startswith("configuration"))
+    assert header.split() == ["configuration", "capacity", "req/s", "per", "GPU", "TTFT", "p99", "TPOT", "p99",
+                              "limited", "by", "needed", "GPUs"]  # fmt: skip
+    assert next(line for line in text if line.startswith("batch=1")).split() == [
+        "batch=1", "2", "1", "100", "ms", "20", "ms", "client", "3", "6",
+    ]  # fmt: skip
+    assert any(line.startswith("batch=2: the server exited with code 1") for line in text)
+    assert any(line.startswith("batch=1 at 3: never counted as capacity: client-limited: ") for line in text)
+    assert main(["summary", str(sweep), "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)["sweep"]
+    assert report["kind"] == "capacity" and report["search"] == "rate"
+    assert set(report["capacity"][0]) >= {
+        "config",
+        "requests_per_s",
+        "per_gpu",
+        "ttft_p99_s",
+        "tpot_p99_s",
+        "limited_by",
+    }
+    keys = {"config", "rate", "achieved_rate", "attainment", "met", "saturated", "client_limited", "recording"}
+    assert all(set(run) >= keys for run in report["runs"])
+
+
+def test_a_capacity_file_of_another_version_or_shape_is_one_line(tmp_path: Path) -> None:
+    sweep_file(tmp_path, version=2)
+    with pytest.raises(RecordingError, match="has version 2; this meshtop reads version 1"):
+        read_capacity(tmp_path)
+    sweep_file(tmp_path, search=3)
+    with pytest.raises(RecordingError, match="is not a capacity file this meshtop reads"):
+        read_capacity(tmp_path)
+    with pytest.raises(RecordingError, match="is not a capacity sweep"):
+        read_capacity(tmp_path / "none")
