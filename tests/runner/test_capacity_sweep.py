@@ -17,12 +17,9 @@ import psutil
 import pytest
 
 from meshtop.recordings.capacity import capacity_report
-from meshtop.recordings.manifest import Load
 from meshtop.recordings.reader import open_recording
 from meshtop.recordings.summary import fold_recording, recording_blocker
-from meshtop.runner.errors import PlanError
 from meshtop.runner.planner.capacity import RESOLUTION
-from meshtop.runner.serving.endpoint import plan_endpoint
 from meshtop.tui.cli import main
 from tests.kit.commands import one_line_error
 
@@ -204,20 +201,9 @@ def test_replicas_need_a_port_each(tmp_path: Path, capsys: pytest.CaptureFixture
     assert "each copy of the server needs a port of its own: put {port} in its command" in line
 
 
-def replicas_supported() -> bool:
-    """Whether plan_endpoint takes a comma-separated list of endpoints (helper "replicas"' change)."""
-    try:
-        plan_endpoint("http://127.0.0.1:1,http://127.0.0.1:2", api="completions", model="m", load=Load(
-            requests=1, concurrency=1, request_rate_per_s=None))  # fmt: skip
-    except PlanError:
-        return False
-    return True
-
-
 @pytest.mark.slow
-@pytest.mark.skipif(not replicas_supported(), reason="REPLICAS: needs --endpoint URL1,URL2 (the replicas branch)")
 def test_replicas_two_copies_take_about_twice_the_rate(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    """REPLICAS (run after the replicas branch is merged): --vary replicas=1,2 starts the one-slot stub once and
+    """--vary replicas=1,2 starts the one-slot stub once and
     twice, the load spread round-robin: replicas=1 takes 6 of 3, 6, 12 requests/s, replicas=2 all three (13.3
     a second); per GPU (1 and 2 GPUs) both 6; each copy had its own port and is stopped."""
     code, output = sweep(
