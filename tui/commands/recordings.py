@@ -83,7 +83,9 @@ def add_recording_commands(commands: Any) -> None:
 
 
 def command_replay(args: argparse.Namespace) -> int:
-    """Play a recording back in the dashboard; a sweep's folder opens its ranked plans."""
+    """Play a recording back in the dashboard; a sweep's folder opens its ranked plans, a capacity sweep's its
+    configurations and runs."""
+    from meshtop.recordings.capacity import capacity_report, is_capacity_sweep
     from meshtop.recordings.reader import open_recording
     from meshtop.recordings.samples import SAMPLE
     from meshtop.recordings.sweep import is_sweep
@@ -92,22 +94,18 @@ def command_replay(args: argparse.Namespace) -> int:
     if not 0 < args.speed <= 1000:
         raise PlanError(f"--speed must be above 0 and at most 1000, got {args.speed:g}")
 
-    # TODO(lead): once meshtop.recordings.capacity is merged, dispatch a capacity sweep here (the flag checks
-    # below hold for it too, so put it after them or share them):
-    #     from meshtop.recordings.capacity import capacity_report, is_capacity_sweep
-    #     if args.recording is not None and is_capacity_sweep(args.recording):
-    #         return replay_capacity(args, capacity_report(args.recording))
-    if args.recording is not None and is_sweep(args.recording):
+    capacity = args.recording is not None and is_capacity_sweep(args.recording)
+    if args.recording is not None and (capacity or is_sweep(args.recording)):
         for flag, given in (
             ("--metrics-port", args.metrics_port),
             ("--metrics-bind", args.metrics_bind),
             ("--metrics-per-rank", args.metrics_per_rank or None),
         ):
             if given is not None:
-                raise PlanError(f"{flag} serves one recording, not a sweep: replay one of the sweep's plans")
+                raise PlanError(f"{flag} serves one recording, not a sweep: replay one of the sweep's runs")
         if args.paused_at is not None:
-            raise PlanError("--paused-at is a step of one recording, not of a sweep: replay one of its plans")
-        return replay_sweep(args)
+            raise PlanError("--paused-at is a step of one recording, not of a sweep: replay one of its runs")
+        return replay_capacity(args, capacity_report(args.recording)) if capacity else replay_sweep(args)
     recording = open_recording(args.recording or SAMPLE)  # no REC: the recording shipped with meshtop
     source = ReplaySource(recording, metrics=args.metrics_port is not None, metrics_per_rank=args.metrics_per_rank)
     server = serve_metrics(args, lambda: source.metrics)  # type: ignore[arg-type,return-value]
