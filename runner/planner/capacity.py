@@ -386,7 +386,7 @@ class CapacityRunner:
                 gone_said = f"the server exited with code {gone[0].exited()} during the search, which stopped there"
                 self.say(f"{config.label}: {gone_said}")
                 break
-            outcomes.append(self.one_run(config, url, model, value))
+            outcomes.append(self.one_run(config, url, model, value, servers))
         saturated = next((outcome.rate for outcome in outcomes if outcome.saturated), None)
         if gone_said is not None:
             self.not_run(config.label, f"not run: {gone_said}")
@@ -403,8 +403,11 @@ class CapacityRunner:
                 entry = {"config": config, "rate": value, "status": "not run", "recording": None, "reason": why}
                 self.file["runs"].append(entry)
 
-    def one_run(self, config: Configuration, url: str, model: str, value: float) -> Outcome:
-        """One recording at ``value``; its outcome by :mod:`meshtop.recordings.capacity`'s rule."""
+    def one_run(
+        self, config: Configuration, url: str, model: str, value: float, servers: Sequence[ServerProcess]
+    ) -> Outcome:
+        """One recording at ``value`` (``servers``: those meshtop started for it, named in its manifest); its
+        outcome by :mod:`meshtop.recordings.capacity`'s rule."""
         sweep = self.sweep
         self.count += 1
         name = run_folder(sweep.search, value)
@@ -425,7 +428,7 @@ class CapacityRunner:
                 load=sweep.load_at(*self.shape(value)),
                 server_metrics=sweep.server_metrics,
             )
-            work = EndpointWork(run)
+            work = EndpointWork(run, servers[0].report if servers else None)
             manifest = start_recording(directory, work, self.node_probes, self.command_line)
             with (sweep.out / config.folder / "console.log").open("a") as console:
                 result = follow_job(

@@ -326,9 +326,12 @@ class EndpointWork(Work):
     """A load of requests sent to a serving endpoint (and the server meshtop starts for it, if asked)."""
 
     endpoint: EndpointRun
+    server: ServerInfo | None = None
+    """The server a capacity sweep started before this run (its first copy's), for the manifest: this run
+    neither starts nor stops it."""
 
     def describe(self) -> RunDescription:
-        return endpoint_description(self.endpoint)
+        return endpoint_description(self.endpoint, self.server)
 
     def headline(self) -> str:
         run, sent = self.endpoint, self.endpoint.load

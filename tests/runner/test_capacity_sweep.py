@@ -17,6 +17,7 @@ import psutil
 import pytest
 
 from meshtop.recordings.capacity import capacity_report
+from meshtop.recordings.manifest import read_manifest
 from meshtop.recordings.reader import open_recording
 from meshtop.recordings.summary import fold_recording, recording_blocker
 from meshtop.runner.planner.capacity import RESOLUTION
@@ -139,8 +140,10 @@ def test_vary_ranks_the_faster_setting_first_and_stops_each_server(
     report = capacity_report(tmp_path / "s")
     assert [(row["config"], row["requests_per_s"]) for row in report["capacity"]] == [("gap=20", 12.0), ("gap=60", 3.0)]
     assert report["capacity"][1]["limited_by"] == "queue"
-    for folder in ("gap-20", "gap-60"):
+    for folder, gap in (("gap-20", "20"), ("gap-60", "60")):
         assert (tmp_path / "s" / folder / "server-0.log").is_file()
+        started = read_manifest(tmp_path / "s" / folder / "rate-3").run.endpoint.server  # type: ignore[union-attr]
+        assert started is not None and started.command[-6:-2] == ("4", gap, "0", "--serial"), started
     assert not servers_left(output)
 
 
