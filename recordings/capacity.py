@@ -33,7 +33,6 @@ requests/s), **needed** = ceil(offered / capacity) servers of the configuration,
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -43,7 +42,7 @@ from meshtop.recordings.metrics.blocker import queue_grows
 from meshtop.recordings.metrics.figures import RunFigures
 from meshtop.recordings.reader import open_recording
 from meshtop.recordings.summary import blocker_json, fold_recording, job_status, recording_blocker
-from meshtop.recordings.typed_json import RecordingError, load
+from meshtop.recordings.typed_json import RecordingError, read_versioned
 
 CAPACITY_FILE = "capacity.json"
 CAPACITY_VERSION = 1
@@ -125,21 +124,13 @@ def is_capacity_sweep(path: Path) -> bool:
 def read_capacity(out: Path) -> CapacityFile:
     """``OUT/capacity.json``, typed; a :class:`RecordingError` (one line) where it is missing, unreadable, of
     another version or not of this shape."""
-    path = out / CAPACITY_FILE
-    try:
-        data = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise RecordingError(f"{out} is not a capacity sweep (no {CAPACITY_FILE})") from None
-    except (OSError, ValueError) as error:
-        raise RecordingError(f"{path} cannot be read: {error}") from None
-    version = data.get("version") if isinstance(data, dict) else None
-    if version != CAPACITY_VERSION:
-        raise RecordingError(f"{path} has version {version!r}; this meshtop reads version {CAPACITY_VERSION}")
-    try:
-        sweep: CapacityFile = load(CapacityFile, data, whole="the capacity file")
-    except RecordingError as error:
-        raise RecordingError(f"{path} is not a capacity file this meshtop reads: {error}") from None
-    return sweep
+    return read_versioned(
+        out / CAPACITY_FILE,
+        CapacityFile,
+        version=CAPACITY_VERSION,
+        what="capacity",
+        missing=f"{out} is not a capacity sweep (no {CAPACITY_FILE})",
+    )
 
 
 def config_folder(label: str) -> str:

@@ -29,7 +29,7 @@ from meshtop.recordings.metrics.pipeline import mean_bubble, theoretical_bubble
 from meshtop.recordings.predictions import PlanPrediction, PlanReport
 from meshtop.recordings.reader import open_recording
 from meshtop.recordings.summary import fold_recording, job_status
-from meshtop.recordings.typed_json import RecordingError, dump, load
+from meshtop.recordings.typed_json import RecordingError, dump, read_versioned
 
 SWEEP_FILE = "sweep.json"
 SWEEP_VERSION = 1
@@ -74,21 +74,8 @@ class SweepFile:
 def read_sweep(out: Path) -> SweepFile:
     """``OUT/sweep.json``, typed; a :class:`RecordingError` (one line) where it is missing, unreadable, of another
     version, or holds a field this meshtop does not know, one of the wrong type or a required one missing."""
-    path = out / SWEEP_FILE
-    try:
-        data = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise RecordingError(f"{out} is not a sweep (no {SWEEP_FILE})") from None
-    except (OSError, ValueError) as error:
-        raise RecordingError(f"{path} cannot be read: {error}") from None
-    version = data.get("version") if isinstance(data, dict) else None
-    if version != SWEEP_VERSION:
-        raise RecordingError(f"{path} has sweep version {version!r}; this meshtop reads version {SWEEP_VERSION}")
-    try:
-        sweep: SweepFile = load(SweepFile, data, whole="the sweep file")
-    except RecordingError as error:
-        raise RecordingError(f"{path} is not a sweep file this meshtop reads: {error}") from None
-    return sweep
+    missing = f"{out} is not a sweep (no {SWEEP_FILE})"
+    return read_versioned(out / SWEEP_FILE, SweepFile, version=SWEEP_VERSION, what="sweep", missing=missing)
 
 
 def measure(directory: Path) -> dict[str, Any]:

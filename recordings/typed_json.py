@@ -10,17 +10,42 @@ no reader guesses with ``.get(...) or 1``. Types understood: the dataclasses,
 
 from __future__ import annotations
 
+import json
 import types
 import typing
 from collections.abc import Collection
 from dataclasses import MISSING, fields, is_dataclass
-from typing import Any
+from pathlib import Path
+from typing import Any, TypeVar
 
 from meshtop.probes.errors import MeshtopError
 
 
 class RecordingError(MeshtopError):
     """A recording (or a sweep of them) cannot be written or read as asked."""
+
+
+T = TypeVar("T")
+
+
+def read_versioned(path: Path, cls: type[T], *, version: int, what: str, missing: str) -> T:
+    """The JSON file ``path`` as ``cls``: a :class:`RecordingError` (one line) where it is missing (``missing``
+    says what that means), unreadable, of a version other than ``version``, or not of ``cls``'s shape (a field
+    unknown, of the wrong type or missing); ``what`` names the file (``sweep``: "the sweep file")."""
+    try:
+        data = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise RecordingError(missing) from None
+    except (OSError, ValueError) as error:
+        raise RecordingError(f"{path} cannot be read: {error}") from None
+    found = data.get("version") if isinstance(data, dict) else None
+    if found != version:
+        raise RecordingError(f"{path} has {what} version {found!r}; this meshtop reads version {version}")
+    try:
+        typed: T = load(cls, data, whole=f"the {what} file")
+    except RecordingError as error:
+        raise RecordingError(f"{path} is not a {what} file this meshtop reads: {error}") from None
+    return typed
 
 
 def dump(value: Any) -> Any:

@@ -241,7 +241,7 @@ def test_summary_prints_the_table_and_the_json_under_sweep(sweep: Path, capsys: 
 
 def test_a_capacity_file_of_another_version_or_shape_is_one_line(tmp_path: Path) -> None:
     sweep_file(tmp_path, version=2)
-    with pytest.raises(RecordingError, match="has version 2; this meshtop reads version 1"):
+    with pytest.raises(RecordingError, match="has capacity version 2; this meshtop reads version 1"):
         read_capacity(tmp_path)
     sweep_file(tmp_path, search=3)
     with pytest.raises(RecordingError, match="is not a capacity file this meshtop reads"):
