@@ -51,6 +51,7 @@ import contextlib
 import json
 import os
 import re
+import shlex
 import signal
 import subprocess
 import sys
@@ -111,7 +112,7 @@ def guidellm_sweep(url: str, model: Path, prompts: Path, seed: int, args: argpar
         "--disable-console-interactive",
     ]  # fmt: skip
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "GUIDELLM__MAX_WORKER_PROCESSES": str(args.workers)}
-    print("$ " + " ".join(command), flush=True)
+    print("$ " + shlex.join(command), flush=True)
     log = out.parent / f"{out.stem}.log"
     with log.open("w") as sink:
         # a session of its own, so that stopping the benchmark stops guidellm's worker processes too
@@ -205,7 +206,7 @@ def meshtop_capacity(url: str, prompts: Path, args: argparse.Namespace, out: Pat
         "--prompts", prompts, "--output-len", str(args.output_len), "--duration", str(args.seconds),
         "--api", "completions", "--timeout", "60", *args.meshtop_arg,
     ]  # fmt: skip
-    print("$ meshtop " + " ".join(map(str, command)), flush=True)
+    print("$ meshtop " + shlex.join(map(str, command)), flush=True)
     done = run_meshtop(*command, timeout_s=3600)
     if done.returncode != 0:
         raise RuntimeError(f"meshtop sweep exited {done.returncode}: {done.stderr[-3000:]}")
