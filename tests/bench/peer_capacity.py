@@ -157,7 +157,10 @@ def rate_rows(report: dict[str, Any], slo: Slo, attainment: float) -> list[dict[
         good = sum(met(r, slo) for r in done)
         ttft = np.array([r["time_to_first_token_ms"] for r in done if r["time_to_first_token_ms"] is not None])
         tpot = np.array([r["inter_token_latency_ms"] for r in done if r["inter_token_latency_ms"] is not None])
-        lag = np.array([r["request_dispatch_delay"] for r in done + failed if r["request_dispatch_delay"] is not None])
+        # guidellm 0.8.1 gives a request whose scheduled time it lost a "delay" of the whole epoch time
+        lag = np.array(
+            [r["request_dispatch_delay"] for r in done + failed if (r["request_dispatch_delay"] or 1e9) < 3600]
+        )
         row = {
             "strategy": str(strategy["type_"]),
             "rate": strategy.get("rate") if strategy["type_"] != "synchronous" else reached,
