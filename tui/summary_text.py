@@ -239,6 +239,7 @@ def summary_lines(summary: dict[str, Any]) -> list[str]:
             lines
             + request_lines(requests or {}, endpoint=True)
             + server_lines(summary.get("server"))
+            + blocker_lines(summary.get("blocker"))
             + gpu_lines(summary)
         )
     lines = [

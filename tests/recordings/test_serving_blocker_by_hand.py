@@ -316,6 +316,10 @@ def test_a_recorded_server_that_failed_out_of_memory_is_fit(tmp_path: Path, caps
     assert main(["summary", str(failed), "--json"]) == 0
     found = json.loads(capsys.readouterr().out)["blocker"]
     assert found == {"kind": "fit", "evidence": f"the server failed out of memory: {line}", "suggestion": TRY["fit"]}
+    assert main(["summary", str(failed)]) == 0  # an endpoint's summary says it in text too
+    text = capsys.readouterr().out.splitlines()
+    at = text.index("blocker: fit")
+    assert text[at + 1 : at + 3] == [f"  {found['evidence']}", f"  try: {TRY['fit']}"]
     assert main(["compare", str(INFER_SAMPLE), str(failed), "--json"]) == 0
     compared = json.loads(capsys.readouterr().out)["blocker"]
     assert (compared["a"], compared["b"], compared["changed"]) == (INFER_BLOCKER, found, True)
