@@ -15,9 +15,11 @@ from meshtop.recordings.capacity import (
     SATURATED_SHARE,
     RunFiguresOfSweep,
     capacity_report,
+    config_folder,
     departure_rate,
     is_capacity_sweep,
     read_capacity,
+    run_folder,
     saturation,
 )
 from meshtop.recordings.manifest import Load
@@ -248,3 +250,73 @@ def test_a_capacity_file_of_another_version_or_shape_is_one_line(tmp_path: Path)
         read_capacity(tmp_path)
     with pytest.raises(RecordingError, match="is not a capacity sweep"):
         read_capacity(tmp_path / "none")
+
+
+def test_the_rules_at_their_edges() -> None:
+    """Each rule at its boundary, worked by hand: 3.6 of 4.0 sent is 90 % exactly, not under 90 %, so not
+    saturated; a rate unknown on either side saturates only by the queue; closed loop, the queue still does;
+    a run with no request judged says so; a run that passed has no why."""
+    assert saturation(3.6, 4.0, None, open_loop=True) is None  # 0.9 x 4.0 = 3.6: not below
+    assert saturation(None, 4.0, None, open_loop=True) is None
+    assert saturation(1.0, None, None, open_loop=True) is None
+    assert saturation(None, None, "q", open_loop=True) == "saturated: q"
+    assert saturation(1.0, 4.0, "q", open_loop=False) == "saturated: q"
+    nothing = RunFiguresOfSweep(attainment=None, met=False, achieved_rate=None, saturated=None, client_limited=None)
+    assert nothing.why(0.95) == "SLO missed: met by no request (under 95 %)" and not nothing.passed
+    fine = RunFiguresOfSweep(attainment=1.0, met=True, achieved_rate=2.0, saturated=None, client_limited=None)
+    assert fine.why(0.95) is None and fine.passed
+    full = RunFiguresOfSweep(attainment=1.0, met=True, achieved_rate=2.0, saturated="saturated: q", client_limited=None)
+    assert full.why(0.95) == "saturated: q" and not full.passed
+    # the folders: = becomes -, a comma _, anything but a letter, digit, - _ or . becomes -
+    assert config_folder("tp=2,util=0.9,model=org/m x") == "tp-2_util-0.9_model-org-m-x"
+    assert [run_folder("rate", 2.0), run_folder("rate", 2.75), run_folder("concurrency", 4)] == [
+        "rate-2",
+        "rate-2.75",
+        "concurrency-4",
+    ]
+
+
+def test_an_attainment_of_exactly_the_asked_share_is_met(sweep: Path) -> None:
+    """--attainment 1.0: rate 2's every request within 500 ms (attainment 1.0, at least 1.0) still passes."""
+    sweep_file(sweep, attainment=1.0)
+    runs = {run["rate"]: run for run in capacity_report(sweep)["runs"]}
+    assert (runs[2.0]["attainment"], runs[2.0]["met"], runs[2.0]["passed"]) == (1.0, True, True)
+
+
+def test_an_offered_load_a_whole_multiple_of_capacity_needs_that_many(sweep: Path) -> None:
+    """Offered 8 x 0.5 = 4 req/s at capacity 2: exactly 2 servers (4 / 2 = 2, not rounded up to 3), 2 x 2 = 4
+    GPUs."""
+    sweep_file(sweep, users={"users": 8, "rate_per_user": 0.5, "offered_per_s": 4.0})
+    best = capacity_report(sweep)["capacity"][0]
+    assert (best["requests_per_s"], best["needed"], best["needed_gpus"]) == (2.0, 2, 4)
+
+
+def test_a_run_not_run_or_still_running_has_no_figures(sweep: Path) -> None:
+    """Rate 8 was not run: every figure empty, nothing met or passed, its reason as why. A run still marked
+    running is read as not finished, though its folder holds a whole recording (rate 2's)."""
+    data = json.loads((sweep / CAPACITY_FILE).read_text())
+    data["runs"].append(
+        {"config": "batch=1", "rate": 16.0, "status": "running", "recording": "batch-1/rate-2", "reason": None}
+    )
+    (sweep / CAPACITY_FILE).write_text(json.dumps(data))
+    runs = {run["rate"]: run for run in capacity_report(sweep)["runs"]}
+    empty = dict.fromkeys(("achieved_rate", "attainment", "ttft_p50_s", "ttft_p99_s", "tpot_p50_s", "tpot_p99_s"))
+    flags = {"met": False, "saturated": False, "client_limited": False, "passed": False, "blocker": None}
+    assert runs[8.0] == {
+        "config": "batch=1",
+        "rate": 8.0,
+        "recording": None,
+        "status": "not run",
+        "why": "not run: 4 saturated",
+        **empty,
+        **flags,
+    }
+    assert runs[16.0] == {
+        "config": "batch=1",
+        "rate": 16.0,
+        "recording": "batch-1/rate-2",
+        "status": "running",
+        "why": None,
+        **empty,
+        **flags,
+    }
