@@ -128,3 +128,29 @@ def test_a_wrong_vary_is_one_line(vary: list[str], command: tuple[str, ...] | No
     with pytest.raises(PlanError, match=None) as raised:
         configurations(vary, command, ENDPOINT, gpus_per_config=1)
     assert said in str(raised.value) and "\n" not in str(raised.value)
+
+
+def test_auto_stops_at_twelve_runs_by_default() -> None:
+    """A server that passes everything: 1 doubled eleven times, 2,048, is the twelfth and last run."""
+    assert searched(lambda rate: True) == [2.0**n for n in range(12)]
+
+
+def test_each_replica_gets_its_share_of_the_visible_gpus() -> None:
+    """3 GPUs over 2 replicas: 3 // 2 = 1 each (the third unused); 1 GPU over 2: 1 each at least, the second
+    replica left none of its own (the environment as it is)."""
+    assert gpu_shares(("0", "1", "2"), 2) == ["0", "1"]
+    assert gpu_shares(("0",), 2) == ["0", None]
+    assert fill("serve --port {port} {tp}", (("tp", "2"),), None) == "serve --port {port} 2"
+
+
+def test_the_rate_lists_say_what_they_take() -> None:
+    """The whole words of each refusal: infinity is no rate; concurrencies are whole numbers."""
+    for text in ("inf", "1,inf"):
+        with pytest.raises(PlanError) as raised:
+            parse_rates(text, "--rates")
+        assert str(raised.value) == f"--rates {text!r}: give numbers above 0 separated by commas, such as --rates 1,2,4"
+    with pytest.raises(PlanError) as raised:
+        parse_rates("2.5", "--concurrencies", whole=True)
+    assert str(raised.value) == (
+        "--concurrencies '2.5': give whole numbers above 0 separated by commas, such as --concurrencies 1,2,4"
+    )
