@@ -4,7 +4,9 @@ many of it an offered load needs, and the summary of a capacity sweep (text and 
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -15,14 +17,19 @@ from meshtop.recordings.capacity import (
     SATURATED_SHARE,
     RunFiguresOfSweep,
     capacity_report,
+    completed_ends,
     config_folder,
     departure_rate,
     is_capacity_sweep,
+    limit_of,
     read_capacity,
+    run_figures,
     run_folder,
     saturation,
 )
 from meshtop.recordings.manifest import Load
+from meshtop.recordings.reader import open_recording
+from meshtop.recordings.summary import fold_recording
 from meshtop.recordings.typed_json import RecordingError
 from meshtop.runner.serving.endpoint import plan_endpoint
 from meshtop.runner.session.session import endpoint_description
@@ -320,3 +327,96 @@ def test_a_run_not_run_or_still_running_has_no_figures(sweep: Path) -> None:
         **empty,
         **flags,
     }
+
+
+def test_limited_by_reads_the_run_that_did_not_pass() -> None:
+    """The rule of what stopped a configuration, row by row: the client first; a completed run's blocker
+    where it names one; else a saturated run is the queue's and any other the latency's; a run that did not
+    complete, whatever its blocker, failed."""
+
+    def row(status: str = "completed", kind: str | None = None, saturated: bool = False) -> dict[str, object]:
+        blocker = {"kind": kind, "evidence": "e", "suggestion": "s"} if kind is not None else None
+        return {"client_limited": False, "blocker": blocker, "status": status, "saturated": saturated}
+
+    assert limit_of({**row(kind="queue"), "client_limited": True}) == "client"
+    assert limit_of(row(kind="fit")) == "fit"
+    assert limit_of(row(kind="fit", saturated=True)) == "fit"
+    assert [limit_of(row(kind="none", saturated=s)) for s in (True, False)] == ["queue", "latency"]
+    assert [limit_of(row(saturated=s)) for s in (True, False)] == ["queue", "latency"]
+    assert [limit_of(row(status, kind="fit")) for status in ("failed", "interrupted")] == ["failed", "failed"]
+
+
+def test_the_queue_alone_saturates_a_run_the_server_kept_up_with() -> None:
+    """10 requests every 0.5 s (2.0/s sent), TTFT 100 ms for the first seven and 300, 350, 400 ms for the last
+    three: departures (10 - 1) / (4.92 - 0.12 s) = 1.875/s, at least 0.9 x 2.0 = 1.8, so not saturated by the
+    rate; but TTFT p50 rose from 100 ms (first third) to 350 ms (last third, 3.5 x, at least 2 x) while TPOT held
+    at 20 ms: the queue grows, saturated, open or closed loop. Every request within 500 ms: met."""
+    ttfts = [0.1] * 7 + [0.3, 0.35, 0.4]
+    events = [request(i, sent_s=0.5 * i, first_s=0.5 * i + ttft) for i, ttft in enumerate(ttfts)]
+    with tempfile.TemporaryDirectory() as folder:
+        directory = write_recording(Path(folder) / "run", events, run=endpoint_run(2.0))  # type: ignore[arg-type]
+        figures = fold_recording(open_recording(directory)).figures()
+        ends = completed_ends(directory)
+    for open_loop in (True, False):
+        judged = run_figures(figures, ends, attainment=0.95, open_loop=open_loop)
+        assert judged.achieved_rate == pytest.approx(1.875) and (judged.attainment, judged.met) == (1.0, True)
+        assert judged.saturated == (
+            "saturated: TTFT p50 rose from 100.0 ms over the first third of the requests to 350.0 ms over the last "
+            "(at least 2 x) while TPOT p50 held (20.0 ms to 20.0 ms, within 1.25 x)"
+        )
+        assert not judged.passed
+
+
+def test_a_run_without_send_times_or_a_load_has_no_client(tmp_path: Path) -> None:
+    """Requests with no scheduled send (no client figures): nothing sent to compare, nothing client-limited,
+    rate 2's figures otherwise (departures 2.0/s, all met). A recording with no load has no request figures:
+    nothing met, no attainment."""
+    events = [dataclasses.replace(event, scheduled_ns=None) for event in at_rate_2()]
+    directory = write_recording(tmp_path / "run", events, run=endpoint_run(2.0))  # type: ignore[arg-type]
+    judged = run_figures(
+        fold_recording(open_recording(directory)).figures(), completed_ends(directory), attainment=0.95, open_loop=True
+    )
+    assert (judged.achieved_rate, judged.met, judged.saturated, judged.client_limited) == (
+        pytest.approx(2.0),
+        True,
+        None,
+        None,
+    )
+    sample = Path(__file__).parents[2] / "recordings" / "samples" / "tp2-infer"
+    none = run_figures(fold_recording(open_recording(sample)).figures(), [], attainment=0.95, open_loop=True)
+    assert none == RunFiguresOfSweep(
+        attainment=None, met=False, achieved_rate=None, saturated=None, client_limited=None
+    )
+
+
+def test_departures_count_each_completed_request_once_warmup_left_out(tmp_path: Path) -> None:
+    """Rate 2's ten requests, a warmup request before them, a failed one and request 0 reported again later: the
+    ten ends of the first reports, 0.12 s + 0.5 i. Two ends 2 s apart depart at (2 - 1) / 2 s = 0.5/s exactly;
+    three over 4 s at 2 / 4 = 0.5/s exactly."""
+    warmup = dataclasses.replace(request(50, sent_s=-3, first_s=-2.9), warmup=True)
+    failed = dataclasses.replace(request(51, sent_s=1, first_s=1.1), status="failed", error="boom")
+    again = request(0, sent_s=0, first_s=9)
+    directory = write_recording(tmp_path / "run", [warmup, *at_rate_2(), failed, again], run=endpoint_run(2.0))  # type: ignore[arg-type]
+    assert sorted(completed_ends(directory)) == [BASE_NS + int((0.5 * i + 0.1) * S) + S // 50 for i in range(10)]
+    assert departure_rate([0, 2 * S]) == 0.5 and departure_rate([0, 2 * S, 4 * S]) == 0.5
+
+
+def test_the_sweeps_own_status_of_a_run_stands_and_an_unreadable_run_says_why(sweep: Path) -> None:
+    """A run the sweep marked failed or interrupted keeps that status though its recording completed (rate 2's
+    recording read again); a run whose manifest cannot be read has no figures, and its why says what was wrong."""
+    data = json.loads((sweep / CAPACITY_FILE).read_text())
+    for rate, status in ((20.0, "failed"), (21.0, "interrupted"), (22.0, "completed")):
+        data["runs"].append(
+            {"config": "batch=1", "rate": rate, "status": status, "recording": "batch-1/rate-2", "reason": None}
+        )
+    broken = sweep / "batch-1" / "rate-5"
+    broken.mkdir()
+    (broken / "manifest.json").write_text("{")
+    data["runs"].append(
+        {"config": "batch=1", "rate": 5.0, "status": "completed", "recording": "batch-1/rate-5", "reason": None}
+    )
+    (sweep / CAPACITY_FILE).write_text(json.dumps(data))
+    runs = {run["rate"]: run for run in capacity_report(sweep)["runs"]}
+    assert [runs[rate]["status"] for rate in (20.0, 21.0, 22.0)] == ["failed", "interrupted", "completed"]
+    assert runs[22.0]["why"] is None and runs[22.0]["passed"]
+    assert runs[5.0]["why"].startswith(str(broken / "manifest.json")) and not runs[5.0]["met"]
