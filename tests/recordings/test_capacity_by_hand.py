@@ -420,3 +420,41 @@ def test_the_sweeps_own_status_of_a_run_stands_and_an_unreadable_run_says_why(sw
     assert [runs[rate]["status"] for rate in (20.0, 21.0, 22.0)] == ["failed", "interrupted", "completed"]
     assert runs[22.0]["why"] is None and runs[22.0]["passed"]
     assert runs[5.0]["why"].startswith(str(broken / "manifest.json")) and not runs[5.0]["met"]
+
+
+def run_entry(rate: float, recording: str | None, status: str = "completed") -> dict[str, object]:
+    return {"config": "batch=1", "rate": rate, "status": status, "recording": recording, "reason": None}
+
+
+def test_capacity_is_the_highest_pass_whatever_the_order_and_only_runs_above_it_limit(sweep: Path) -> None:
+    """Passes at 1 and 2 (rate 2's recording read for both), run in that order: capacity 2, not the first pass.
+    A run below capacity that did not pass (rate 0.5, the saturated recording) limits nothing: the first
+    above capacity does (3, client-limited). With nothing above but a run not run, nothing limited it."""
+    runs = [
+        run_entry(1.0, "batch-1/rate-2"),
+        run_entry(0.5, "batch-1/rate-4"),
+        run_entry(2.0, "batch-1/rate-2"),
+        run_entry(3.0, "batch-1/rate-3"),
+    ]
+    sweep_file(sweep, runs=runs)
+    best = capacity_report(sweep)["capacity"][0]
+    assert (best["requests_per_s"], best["rate"], best["limited_by"]) == (2.0, 2.0, "client")
+    sweep_file(sweep, runs=[*runs[:3], run_entry(8.0, None, "not run")])
+    best = capacity_report(sweep)["capacity"][0]
+    assert (best["requests_per_s"], best["limited_by"]) == (2.0, None)
+
+
+def test_a_concurrency_search_takes_the_achieved_rate_as_capacity(sweep: Path) -> None:
+    """Concurrency 2's run departs at (10 - 1) / 4.5 s = 2.0 req/s: its capacity (the concurrency is no rate);
+    concurrency 4's run is no longer saturated by its rate (closed loop) but still by its queue (TTFT rose).
+    A passing run of a single request has no departure rate: capacity 0."""
+    sweep_file(sweep, search="concurrency")
+    report = capacity_report(sweep)
+    best = report["capacity"][0]
+    assert (best["requests_per_s"], best["rate"], best["needed"]) == (pytest.approx(2.0), 2.0, 3)
+    four = {run["rate"]: run for run in report["runs"]}[4.0]
+    assert four["saturated"] and four["why"].startswith("saturated: TTFT p50 rose from 730.0 ms")
+    write_recording(sweep / "batch-1" / "one", at_rate_2()[:1], run=endpoint_run(2.0))  # type: ignore[arg-type]
+    sweep_file(sweep, search="concurrency", runs=[run_entry(1.0, "batch-1/one")])
+    best = capacity_report(sweep)["capacity"][0]
+    assert (best["requests_per_s"], best["rate"], best["needed"]) == (0.0, 1.0, None)
