@@ -458,3 +458,40 @@ def test_a_concurrency_search_takes_the_achieved_rate_as_capacity(sweep: Path) -
     sweep_file(sweep, search="concurrency", runs=[run_entry(1.0, "batch-1/one")])
     best = capacity_report(sweep)["capacity"][0]
     assert (best["requests_per_s"], best["rate"], best["needed"]) == (0.0, 1.0, None)
+
+
+def test_ranking_per_gpu_then_requests_and_why_a_configuration_has_none(sweep: Path) -> None:
+    """Passes (rate 2's recording read for each) at the asked rates: c 4/s on 2 GPUs and d 2/s on 1 (2 a GPU
+    each: c first, more requests/s), a 0.5/s on 1 GPU (0.5 a GPU), b 2/s on 8 (0.25); e's only run saturated
+    and f ran nothing: capacity 0, last in the order run, each with why. Offered 5 req/s: a needs
+    ceil(5 / 0.5) = 10 servers, 10 GPUs. d's reason (its server exited late) goes with its capacity."""
+    config = {"status": "completed", "reason": None}
+    names = [("a", 1, 0.5), ("b", 8, 2.0), ("c", 2, 4.0), ("d", 1, 2.0), ("e", 1, None), ("f", 1, None)]
+    sweep_file(
+        sweep,
+        configurations=[
+            {"config": name, "folder": name, "gpus": gpus, **config, **({"reason": "exited"} if name == "d" else {})}
+            for name, gpus, _ in names
+        ],
+        runs=[
+            *(
+                {"config": name, "rate": rate, "status": "completed", "recording": "batch-1/rate-2", "reason": None}
+                for name, _, rate in names
+                if rate is not None
+            ),
+            {"config": "e", "rate": 4.0, "status": "completed", "recording": "batch-1/rate-4", "reason": None},
+        ],
+    )
+    ranked = capacity_report(sweep)["capacity"]
+    assert [(row["config"], row["requests_per_s"], row["per_gpu"]) for row in ranked] == [
+        ("c", 4.0, 2.0),
+        ("d", 2.0, 2.0),
+        ("a", 0.5, 0.5),
+        ("b", 2.0, 0.25),
+        ("e", 0.0, 0.0),
+        ("f", 0.0, 0.0),
+    ]
+    rows = {row["config"]: row for row in ranked}
+    assert (rows["a"]["needed"], rows["a"]["needed_gpus"], rows["d"]["reason"]) == (10, 10, None)
+    assert rows["e"]["reason"] == "saturated: the server answered 2.00 requests/s of the 4.00 sent (under 90 %)"
+    assert (rows["e"]["limited_by"], rows["f"]["reason"], rows["f"]["limited_by"]) == ("queue", "no run finished", None)
