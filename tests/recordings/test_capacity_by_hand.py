@@ -495,3 +495,19 @@ def test_ranking_per_gpu_then_requests_and_why_a_configuration_has_none(sweep: P
     assert (rows["a"]["needed"], rows["a"]["needed_gpus"], rows["d"]["reason"]) == (10, 10, None)
     assert rows["e"]["reason"] == "saturated: the server answered 2.00 requests/s of the 4.00 sent (under 90 %)"
     assert (rows["e"]["limited_by"], rows["f"]["reason"], rows["f"]["limited_by"]) == ("queue", "no run finished", None)
+
+
+def test_a_capacity_file_that_is_no_json_object_is_one_line(sweep: Path) -> None:
+    """Not JSON: cannot be read, with the parser's words; JSON but no object: no version."""
+    assert capacity_report(sweep)["sweep"] == str(sweep)
+    path = sweep / CAPACITY_FILE
+    path.write_text("{")
+    with pytest.raises(RecordingError) as raised:
+        read_capacity(sweep)
+    assert str(raised.value) == (
+        f"{path} cannot be read: Expecting property name enclosed in double quotes: line 1 column 2 (char 1)"
+    )
+    path.write_text("[1]")
+    with pytest.raises(RecordingError) as raised:
+        read_capacity(sweep)
+    assert str(raised.value) == f"{path} has version None; this meshtop reads version 1"
