@@ -403,7 +403,8 @@ def test_departures_count_each_completed_request_once_warmup_left_out(tmp_path: 
 
 def test_the_sweeps_own_status_of_a_run_stands_and_an_unreadable_run_says_why(sweep: Path) -> None:
     """A run the sweep marked failed or interrupted keeps that status though its recording completed (rate 2's
-    recording read again); a run whose manifest cannot be read has no figures, and its why says what was wrong."""
+    recording read again); one marked completed whose recording was cut is interrupted; a run whose manifest
+    cannot be read has no figures, and its why says what was wrong."""
     data = json.loads((sweep / CAPACITY_FILE).read_text())
     for rate, status in ((20.0, "failed"), (21.0, "interrupted"), (22.0, "completed")):
         data["runs"].append(
@@ -412,6 +413,9 @@ def test_the_sweeps_own_status_of_a_run_stands_and_an_unreadable_run_says_why(sw
     broken = sweep / "batch-1" / "rate-5"
     broken.mkdir()
     (broken / "manifest.json").write_text("{")
+    cut = sweep / "batch-1" / "cut"
+    write_recording(cut, at_rate_2(), run=endpoint_run(2.0), status="interrupted")  # type: ignore[arg-type]
+    data["runs"].append(run_entry(23.0, "batch-1/cut"))
     data["runs"].append(
         {"config": "batch=1", "rate": 5.0, "status": "completed", "recording": "batch-1/rate-5", "reason": None}
     )
@@ -419,6 +423,8 @@ def test_the_sweeps_own_status_of_a_run_stands_and_an_unreadable_run_says_why(sw
     runs = {run["rate"]: run for run in capacity_report(sweep)["runs"]}
     assert [runs[rate]["status"] for rate in (20.0, 21.0, 22.0)] == ["failed", "interrupted", "completed"]
     assert runs[22.0]["why"] is None and runs[22.0]["passed"]
+    # marked completed, its recording interrupted: the recording's word, and no pass on a cut run
+    assert (runs[23.0]["status"], runs[23.0]["passed"], runs[23.0]["met"]) == ("interrupted", False, True)
     assert runs[5.0]["why"].startswith(str(broken / "manifest.json")) and not runs[5.0]["met"]
 
 
