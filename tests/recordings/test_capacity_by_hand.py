@@ -35,6 +35,9 @@ from meshtop.runner.serving.endpoint import plan_endpoint
 from meshtop.runner.session.session import endpoint_description
 from meshtop.tui.cli import main
 from tests.kit.recordings import write_recording
+from tests.recordings.test_serving_blocker_by_hand import requests as request_figures
+from tests.recordings.test_serving_blocker_by_hand import run as figures_of
+from tests.recordings.test_serving_blocker_by_hand import server as server_figures
 
 BASE_NS = 1_700_000_000 * 10**9
 S = 10**9
@@ -382,11 +385,20 @@ def test_a_run_without_send_times_or_a_load_has_no_client(tmp_path: Path) -> Non
         None,
         None,
     )
-    sample = Path(__file__).parents[2] / "recordings" / "samples" / "tp2-infer"
-    none = run_figures(fold_recording(open_recording(sample)).figures(), [], attainment=0.95, open_loop=True)
-    assert none == RunFiguresOfSweep(
-        attainment=None, met=False, achieved_rate=None, saturated=None, client_limited=None
-    )
+    # no load: no request figures; two ends 1 s apart still depart at 1.0/s
+    none = run_figures(figures_of(None), [0, S], attainment=0.95, open_loop=True)
+    assert none == RunFiguresOfSweep(attainment=None, met=False, achieved_rate=1.0, saturated=None, client_limited=None)
+
+
+def test_a_run_that_completed_nothing_is_not_saturated_by_its_queue() -> None:
+    """The waiting gauge grew from 0 to 5 over the load (at least 1 and 2 x the first), but no request completed:
+    the blocker judges no queue without a completed request, and the sweep agrees (the run fails its SLO
+    instead); with 30 completed, the same gauge saturates it."""
+    growing = server_figures(waiting=(0.0, 5.0))
+    nothing = run_figures(figures_of(request_figures(completed=0), growing), [], attainment=0.95, open_loop=True)
+    assert (nothing.saturated, nothing.met) == (None, False)
+    some = run_figures(figures_of(request_figures(slo_met=1.0), growing), [], attainment=0.95, open_loop=True)
+    assert some.saturated is not None and some.saturated.startswith("saturated: requests waiting grew from 0.00")
 
 
 def test_departures_count_each_completed_request_once_warmup_left_out(tmp_path: Path) -> None:
