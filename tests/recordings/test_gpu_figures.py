@@ -197,3 +197,14 @@ def test_compare_says_the_change_of_each_link_figure(tmp_path: Path) -> None:
     assert len(rows) == 8
     text = comparison_lines(compared)
     assert any(line.strip().startswith("GPU 0 NVLink tx mean (bytes/s)") for line in text)
+
+
+def test_an_idle_link_reads_0_not_unknown() -> None:
+    """Two samples of a GPU whose links carried nothing (every rate 0.0 B/s): mean (0 + 0) / 2 = 0 and peak 0,
+    read twice, so known, unlike a rate never read (None)."""
+    idle = {name: 0.0 for name in ("pcie_tx", "pcie_rx", "nvlink_tx", "nvlink_rx")}
+    fold = GpuFold()
+    fold.add(
+        table_of([gpu_sample(gpu=0, wall_ns=t, **{f"{n}_bytes_per_s": v for n, v in idle.items()}) for t in (1, 2)])
+    )
+    assert fold.rows()[0].links == {name: {"mean": 0.0, "peak": 0.0} for name in idle}
