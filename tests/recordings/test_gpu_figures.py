@@ -59,6 +59,10 @@ def test_each_gpu_peak_and_mean_utilisation_by_hand() -> None:
     halves.add(table_of(SAMPLES[:2]))
     halves.add(table_of(SAMPLES[2:]))
     assert halves.rows() == EXPECTED
+    unread_first = GpuFold()  # a first table that read no link rate adds nothing to the sums (not 1 B/s)
+    unread_first.add(table_of(SAMPLES[:1]))
+    unread_first.add(table_of(SAMPLES[1:]))
+    assert unread_first.rows() == EXPECTED
 
 
 def test_each_gpus_first_sample_is_found_by_node_and_index() -> None:
