@@ -529,3 +529,17 @@ def test_a_capacity_file_that_is_no_json_object_is_one_line(sweep: Path) -> None
     with pytest.raises(RecordingError) as raised:
         read_capacity(sweep)
     assert str(raised.value) == f"{path} has version None; this meshtop reads version 1"
+
+
+def test_a_run_that_only_missed_its_slo_says_by_how_much(sweep: Path) -> None:
+    """Rate 2's requests, the last one's first token 550 ms after it was sent: 9 of 10 within 500 ms (90 %, under
+    95 %); departures 9 / (5.07 - 0.12 s) = 1.82/s, at least 0.9 x 2.0; TTFT p50 of the last third 100 ms, no
+    rise: not saturated, not client-limited, so the SLO alone fails it, and latency limited the configuration."""
+    events = [*at_rate_2()[:9], request(9, sent_s=4.5, first_s=5.05)]
+    write_recording(sweep / "batch-1" / "slow", events, run=endpoint_run(2.0))  # type: ignore[arg-type]
+    sweep_file(sweep, runs=[run_entry(2.0, "batch-1/rate-2"), run_entry(2.5, "batch-1/slow")])
+    report = capacity_report(sweep)
+    slow = {run["rate"]: run for run in report["runs"]}[2.5]
+    assert (slow["attainment"], slow["met"], slow["saturated"], slow["client_limited"]) == (0.9, False, False, False)
+    assert slow["why"] == "SLO missed: met by 90.0 % of the requests (under 95 %)"
+    assert report["capacity"][0]["limited_by"] == "latency"
