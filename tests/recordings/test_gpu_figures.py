@@ -212,3 +212,26 @@ def test_an_idle_link_reads_0_not_unknown() -> None:
         table_of([gpu_sample(gpu=0, wall_ns=t, **{f"{n}_bytes_per_s": v for n, v in idle.items()}) for t in (1, 2)])
     )
     assert fold.rows()[0].links == {name: {"mean": 0.0, "peak": 0.0} for name in idle}
+
+
+def test_the_loads_window_over_samples_that_came_in_several_tables() -> None:
+    """SERVED's samples in three tables (10 s; 20-30 s; 40-50 s): the window 20-40 s takes the three samples of
+    the load from two of them, as from one table (IN_THE_LOAD). A fold that keeps no samples (a fleet's, the
+    default) gives the run's figures whatever window is asked."""
+    kept = GpuFold(keeps_samples=True)
+    for part in (SERVED[:1], SERVED[1:3], SERVED[3:]):
+        kept.add(table_of(part))
+    window = (20 * 10**9, 40 * 10**9)
+    row = kept.rows(window)[0]
+    assert row.links_over == "load"
+    assert row.links == {
+        name: {"mean": pytest.approx(rate["mean"]), "peak": rate["peak"]} for name, rate in IN_THE_LOAD.items()
+    }
+    assert kept.rows(window)[0].links == row.links  # asked again, after the tables were joined into one
+    folded = GpuFold()
+    folded.add(table_of(SERVED))
+    assert folded.rows(window)[0].links_over == "run"
+    assert folded.rows(window)[0].links["pcie_rx"] == {
+        "mean": pytest.approx((20 + 2 + 2 + 5 + 0) / 5 * GB),
+        "peak": 20 * GB,
+    }
