@@ -228,6 +228,7 @@ def test_the_loads_window_over_samples_that_came_in_several_tables() -> None:
         name: {"mean": pytest.approx(rate["mean"]), "peak": rate["peak"]} for name, rate in IN_THE_LOAD.items()
     }
     assert kept.rows(window)[0].links == row.links  # asked again, after the tables were joined into one
+    assert GpuFold(keeps_samples=True).rows(window) == []  # no sample yet: no GPU
     folded = GpuFold()
     folded.add(table_of(SERVED))
     assert folded.rows(window)[0].links_over == "run"
