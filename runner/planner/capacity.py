@@ -180,14 +180,15 @@ def configurations(
         values = tuple(zip((name for name, _ in varied), combination, strict=True))
         given = dict(values)
         try:
-            replicas = int(given.get(REPLICAS, "1"))
-            per_server = math.prod(int(given[name]) for name in ("tp", "pp") if name in given) or 1
+            sizes = {name: int(given[name]) for name in (REPLICAS, "tp", "pp") if name in given}
         except ValueError:
             raise PlanError("--vary replicas, tp and pp take whole numbers") from None
+        if (small := next((name for name, size in sizes.items() if size < 1), None)) is not None:
+            raise PlanError(f"--vary {small}={sizes[small]}: give 1 or more")
+        replicas = sizes.get(REPLICAS, 1)
+        per_server = math.prod(sizes[name] for name in ("tp", "pp") if name in sizes)
         if not ("tp" in given or "pp" in given):
             per_server = gpus_per_config
-        if replicas < 1:
-            raise PlanError(f"--vary replicas={replicas}: give 1 or more")
         if replicas > 1 and "{port}" not in " ".join(command):
             raise PlanError(
                 f"--vary replicas={replicas}: each copy of the server needs a port of its own: put {{port}} in its "

@@ -59,6 +59,10 @@ def test_each_gpu_peak_and_mean_utilisation_by_hand() -> None:
     halves.add(table_of(SAMPLES[:2]))
     halves.add(table_of(SAMPLES[2:]))
     assert halves.rows() == EXPECTED
+    unread_first = GpuFold()  # a first table that read no link rate adds nothing to the sums (not 1 B/s)
+    unread_first.add(table_of(SAMPLES[:1]))
+    unread_first.add(table_of(SAMPLES[1:]))
+    assert unread_first.rows() == EXPECTED
 
 
 def test_each_gpus_first_sample_is_found_by_node_and_index() -> None:
@@ -197,3 +201,38 @@ def test_compare_says_the_change_of_each_link_figure(tmp_path: Path) -> None:
     assert len(rows) == 8
     text = comparison_lines(compared)
     assert any(line.strip().startswith("GPU 0 NVLink tx mean (bytes/s)") for line in text)
+
+
+def test_an_idle_link_reads_0_not_unknown() -> None:
+    """Two samples of a GPU whose links carried nothing (every rate 0.0 B/s): mean (0 + 0) / 2 = 0 and peak 0,
+    read twice, so known, unlike a rate never read (None)."""
+    idle = {name: 0.0 for name in ("pcie_tx", "pcie_rx", "nvlink_tx", "nvlink_rx")}
+    fold = GpuFold()
+    fold.add(
+        table_of([gpu_sample(gpu=0, wall_ns=t, **{f"{n}_bytes_per_s": v for n, v in idle.items()}) for t in (1, 2)])
+    )
+    assert fold.rows()[0].links == {name: {"mean": 0.0, "peak": 0.0} for name in idle}
+
+
+def test_the_loads_window_over_samples_that_came_in_several_tables() -> None:
+    """SERVED's samples in two tables (10-20 s; 30-50 s): the window 20-40 s takes the three samples of the load
+    from both, as from one table (IN_THE_LOAD). A fold that keeps no samples (a fleet's, the
+    default) gives the run's figures whatever window is asked."""
+    kept = GpuFold(keeps_samples=True)
+    for part in (SERVED[:2], SERVED[2:]):
+        kept.add(table_of(part))
+    window = (20 * 10**9, 40 * 10**9)
+    row = kept.rows(window)[0]
+    assert row.links_over == "load"
+    assert row.links == {
+        name: {"mean": pytest.approx(rate["mean"]), "peak": rate["peak"]} for name, rate in IN_THE_LOAD.items()
+    }
+    assert kept.rows(window)[0].links == row.links  # asked again, after the tables were joined into one
+    assert GpuFold(keeps_samples=True).rows(window) == []  # no sample yet: no GPU
+    folded = GpuFold()
+    folded.add(table_of(SERVED))
+    assert folded.rows(window)[0].links_over == "run"
+    assert folded.rows(window)[0].links["pcie_rx"] == {
+        "mean": pytest.approx((20 + 2 + 2 + 5 + 0) / 5 * GB),
+        "peak": 20 * GB,
+    }

@@ -122,9 +122,60 @@ def test_vary_makes_every_combination_in_the_order_given_with_its_gpus() -> None
         (["port=1,2"], COMMAND, "meshtop's own"),
         (["replicas=1"], COMMAND, "{tp} in the server command is not varied"),
         (["tp=one"], COMMAND, "take whole numbers"),
+        (["t-p=1,2"], COMMAND, "give NAME=V1,V2"),
+        (["replicas=0,1"], ("serve", "{port}"), "--vary replicas=0: give 1 or more"),
+        (["tp=1,0"], COMMAND, "--vary tp=0: give 1 or more"),
+        (["tp=2", "pp=-1"], ("serve", "{tp}", "{pp}"), "--vary pp=-1: give 1 or more"),
     ],
 )
 def test_a_wrong_vary_is_one_line(vary: list[str], command: tuple[str, ...] | None, said: str) -> None:
     with pytest.raises(PlanError, match=None) as raised:
         configurations(vary, command, ENDPOINT, gpus_per_config=1)
     assert said in str(raised.value) and "\n" not in str(raised.value)
+
+
+def test_auto_stops_at_twelve_runs_by_default() -> None:
+    """A server that passes everything: 1 doubled eleven times, 2,048, is the twelfth and last run."""
+    assert searched(lambda rate: True) == [2.0**n for n in range(12)]
+
+
+def test_each_replica_gets_its_share_of_the_visible_gpus() -> None:
+    """3 GPUs over 2 replicas: 3 // 2 = 1 each (the third unused); 1 GPU over 2: 1 each at least, the second
+    replica left none of its own (the environment as it is)."""
+    assert gpu_shares(("0", "1", "2"), 2) == ["0", "1"]
+    assert gpu_shares(("0",), 2) == ["0", None]
+    assert fill("serve --port {port} {tp}", (("tp", "2"),), None) == "serve --port {port} 2"
+
+
+def test_the_rate_lists_say_what_they_take() -> None:
+    """The whole words of each refusal: infinity is no rate; concurrencies are whole numbers."""
+    for text in ("inf", "1,inf"):
+        with pytest.raises(PlanError) as raised:
+            parse_rates(text, "--rates")
+        assert str(raised.value) == f"--rates {text!r}: give numbers above 0 separated by commas, such as --rates 1,2,4"
+    with pytest.raises(PlanError) as raised:
+        parse_rates("2.5", "--concurrencies", whole=True)
+    assert str(raised.value) == (
+        "--concurrencies '2.5': give whole numbers above 0 separated by commas, such as --concurrencies 1,2,4"
+    )
+
+
+def test_pp_counts_gpus_as_tp_does_and_a_value_may_hold_an_equals_sign() -> None:
+    """tp=2 x pp=2: 4 GPUs a server; pp=2 alone: 2 (not --gpus-per-config's 3); the endpoint as given fills
+    nothing. A value after the first = is the value whole: opt=x=1 fills {opt} with x=1."""
+    both = configurations(["tp=2", "pp=2"], ("serve", "{tp}", "{pp}"), ENDPOINT, gpus_per_config=3)
+    assert [(c.label, c.gpus) for c in both] == [("tp=2,pp=2", 4)]
+    assert [c.gpus for c in configurations(["pp=2"], ("serve", "{pp}"), ENDPOINT, gpus_per_config=3)] == [2]
+    (endpoint,) = configurations([], None, ENDPOINT, gpus_per_config=1)
+    assert (endpoint.values, endpoint.replicas) == ((), 1)
+    opts = configurations(["opt=x=1,x=2"], ("serve", "--{opt}"), ENDPOINT, gpus_per_config=1)
+    assert [(c.label, c.values) for c in opts] == [("opt=x=1", (("opt", "x=1"),)), ("opt=x=2", (("opt", "x=2"),))]
+
+
+def test_the_whole_words_of_a_vary_without_a_command_or_of_words() -> None:
+    with pytest.raises(PlanError) as raised:
+        configurations(["tp=1,2"], None, ENDPOINT, gpus_per_config=1)
+    assert str(raised.value) == "--vary fills {NAME} in a server command: give the command after --"
+    with pytest.raises(PlanError) as raised:
+        configurations(["tp=one"], COMMAND, ENDPOINT, gpus_per_config=1)
+    assert str(raised.value) == "--vary replicas, tp and pp take whole numbers"
