@@ -528,7 +528,7 @@ def test_a_capacity_file_that_is_no_json_object_is_one_line(sweep: Path) -> None
     path.write_text("[1]")
     with pytest.raises(RecordingError) as raised:
         read_capacity(sweep)
-    assert str(raised.value) == f"{path} has version None; this meshtop reads version 1"
+    assert str(raised.value) == f"{path} has capacity version None; this meshtop reads version 1"
 
 
 def test_a_run_that_only_missed_its_slo_says_by_how_much(sweep: Path) -> None:
