@@ -49,7 +49,13 @@ from meshtop.runner.errors import PlanError
 from meshtop.runner.job.supervise import NodeProbes
 from meshtop.runner.serving.endpoint import PROBE_TIMEOUT_S, check_server, plan_endpoint
 from meshtop.runner.serving.http import Origin
-from meshtop.runner.serving.server import ServerCommand, ServerFailed, ServerProcess, log_tail
+from meshtop.runner.serving.server import (
+    DEFAULT_STARTUP_TIMEOUT_S,
+    ServerCommand,
+    ServerFailed,
+    ServerProcess,
+    log_tail,
+)
 from meshtop.runner.session.console import follow_job
 from meshtop.runner.session.session import EndpointWork, SessionOptions, start_recording
 
@@ -242,7 +248,7 @@ class CapacitySweep:
     max_runs: int = DEFAULT_MAX_RUNS
     configurations: list[Configuration] = field(default_factory=list)
     command: tuple[str, ...] | None = None
-    startup_timeout_s: float = 600.0
+    startup_timeout_s: float = DEFAULT_STARTUP_TIMEOUT_S
     visible_gpus: tuple[str, ...] = ()
     users: dict[str, Any] | None = None
     server_metrics: str | None = None

@@ -46,8 +46,6 @@ class EndpointRun:
 
     url: str
     """The server's base URL as given (replicas: their comma-separated list)."""
-    origin: Origin
-    """The first replica's."""
     origins: tuple[Origin, ...]
     """Each replica's, in the order the load's requests go round them."""
     api: str
@@ -65,6 +63,11 @@ class EndpointRun:
     one URL, or one per replica, comma-separated)."""
     server: ServerCommand | None = None
     """The server meshtop starts (the command after ``--``), asked only once it is up."""
+
+    @property
+    def origin(self) -> Origin:
+        """The first replica's (a single server's)."""
+        return self.origins[0]
 
     @property
     def metrics_urls(self) -> tuple[str, ...]:
@@ -223,7 +226,6 @@ def plan_endpoint(
     planned = requests if requests is not None else plan_load(load, prompts)
     return EndpointRun(
         url=url,
-        origin=origins[0],
         origins=origins,
         api=api,
         model=model or "",

@@ -68,7 +68,7 @@ def bare_ttfts(url: str, rate: float, requests: int, directory: Path, seed: int 
     """The load sent by the load generator alone, its events kept in memory by a bare collector."""
     load = Load(requests=requests, concurrency=None, request_rate_per_s=rate, output_len=(8, 8), seed=seed)
     run = EndpointRun(
-        url=url, origin=Origin.parse(url), origins=(Origin.parse(url),), api="completions", model=MODEL,
+        url=url, origins=(Origin.parse(url),), api="completions", model=MODEL,
         models=(MODEL,), load=load, requests=tuple(plan_load(load)),
     )  # fmt: skip
     write_load(directory / "load.jsonl", run)

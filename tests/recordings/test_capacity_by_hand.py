@@ -27,7 +27,7 @@ from meshtop.recordings.capacity import (
     run_folder,
     saturation,
 )
-from meshtop.recordings.manifest import Load
+from meshtop.recordings.manifest import Load, RunDescription
 from meshtop.recordings.reader import open_recording
 from meshtop.recordings.summary import fold_recording
 from meshtop.recordings.typed_json import RecordingError
@@ -63,7 +63,7 @@ def request(index: int, *, sent_s: float, first_s: float, scheduled_s: float | N
     )
 
 
-def endpoint_run(rate: float) -> object:
+def endpoint_run(rate: float) -> RunDescription:
     load = Load(requests=10, concurrency=None, request_rate_per_s=rate, slo_ttft_ms=500.0)
     return endpoint_description(plan_endpoint("http://127.0.0.1:9", api="completions", model="m", load=load))
 
@@ -126,7 +126,7 @@ def sweep_file(out: Path, **changes: object) -> None:
 @pytest.fixture
 def sweep(tmp_path: Path) -> Path:
     for rate, events in ((2, at_rate_2()), (3, at_rate_3_client_limited()), (4, at_rate_4_saturated())):
-        write_recording(tmp_path / "batch-1" / f"rate-{rate}", events, run=endpoint_run(float(rate)))  # type: ignore[arg-type]
+        write_recording(tmp_path / "batch-1" / f"rate-{rate}", events, run=endpoint_run(float(rate)))
     sweep_file(tmp_path)
     return tmp_path
 
@@ -202,7 +202,7 @@ def test_without_the_client_limited_run_the_queue_limits(sweep: Path) -> None:
 def test_configurations_rank_by_capacity_per_gpu(tmp_path: Path) -> None:
     """batch=1 takes 2/s on 2 GPUs (1 per GPU), batch=2 the same 2/s on 1 GPU (2 per GPU): batch=2 first."""
     for folder in ("batch-1", "batch-2"):
-        write_recording(tmp_path / folder / "rate-2", at_rate_2(), run=endpoint_run(2.0))  # type: ignore[arg-type]
+        write_recording(tmp_path / folder / "rate-2", at_rate_2(), run=endpoint_run(2.0))
     config = {"status": "completed", "reason": None}
     sweep_file(
         tmp_path,
@@ -357,7 +357,7 @@ def test_the_queue_alone_saturates_a_run_the_server_kept_up_with() -> None:
     ttfts = [0.1] * 7 + [0.3, 0.35, 0.4]
     events = [request(i, sent_s=0.5 * i, first_s=0.5 * i + ttft) for i, ttft in enumerate(ttfts)]
     with tempfile.TemporaryDirectory() as folder:
-        directory = write_recording(Path(folder) / "run", events, run=endpoint_run(2.0))  # type: ignore[arg-type]
+        directory = write_recording(Path(folder) / "run", events, run=endpoint_run(2.0))
         figures = fold_recording(open_recording(directory)).figures()
         ends = completed_ends(directory)
     for open_loop in (True, False):
@@ -375,7 +375,7 @@ def test_a_run_without_send_times_or_a_load_has_no_client(tmp_path: Path) -> Non
     rate 2's figures otherwise (departures 2.0/s, all met). A recording with no load has no request figures:
     nothing met, no attainment."""
     events = [dataclasses.replace(event, scheduled_ns=None) for event in at_rate_2()]
-    directory = write_recording(tmp_path / "run", events, run=endpoint_run(2.0))  # type: ignore[arg-type]
+    directory = write_recording(tmp_path / "run", events, run=endpoint_run(2.0))
     judged = run_figures(
         fold_recording(open_recording(directory)).figures(), completed_ends(directory), attainment=0.95, open_loop=True
     )
@@ -408,7 +408,7 @@ def test_departures_count_each_completed_request_once_warmup_left_out(tmp_path: 
     warmup = dataclasses.replace(request(50, sent_s=-3, first_s=-2.9), warmup=True)
     failed = dataclasses.replace(request(51, sent_s=1, first_s=1.1), status="failed", error="boom")
     again = request(0, sent_s=0, first_s=9)
-    directory = write_recording(tmp_path / "run", [warmup, *at_rate_2(), failed, again], run=endpoint_run(2.0))  # type: ignore[arg-type]
+    directory = write_recording(tmp_path / "run", [warmup, *at_rate_2(), failed, again], run=endpoint_run(2.0))
     assert sorted(completed_ends(directory)) == [BASE_NS + int((0.5 * i + 0.1) * S) + S // 50 for i in range(10)]
     assert departure_rate([0, 2 * S]) == 0.5 and departure_rate([0, 2 * S, 4 * S]) == 0.5
 
@@ -426,7 +426,7 @@ def test_the_sweeps_own_status_of_a_run_stands_and_an_unreadable_run_says_why(sw
     broken.mkdir()
     (broken / "manifest.json").write_text("{")
     cut = sweep / "batch-1" / "cut"
-    write_recording(cut, at_rate_2(), run=endpoint_run(2.0), status="interrupted")  # type: ignore[arg-type]
+    write_recording(cut, at_rate_2(), run=endpoint_run(2.0), status="interrupted")
     data["runs"].append(run_entry(23.0, "batch-1/cut"))
     data["runs"].append(
         {"config": "batch=1", "rate": 5.0, "status": "completed", "recording": "batch-1/rate-5", "reason": None}
@@ -472,7 +472,7 @@ def test_a_concurrency_search_takes_the_achieved_rate_as_capacity(sweep: Path) -
     assert (best["requests_per_s"], best["rate"], best["needed"]) == (pytest.approx(2.0), 2.0, 3)
     four = {run["rate"]: run for run in report["runs"]}[4.0]
     assert four["saturated"] and four["why"].startswith("saturated: TTFT p50 rose from 730.0 ms")
-    write_recording(sweep / "batch-1" / "one", at_rate_2()[:1], run=endpoint_run(2.0))  # type: ignore[arg-type]
+    write_recording(sweep / "batch-1" / "one", at_rate_2()[:1], run=endpoint_run(2.0))
     sweep_file(sweep, search="concurrency", runs=[run_entry(1.0, "batch-1/one")])
     best = capacity_report(sweep)["capacity"][0]
     assert (best["requests_per_s"], best["rate"], best["needed"]) == (0.0, 1.0, None)
@@ -536,7 +536,7 @@ def test_a_run_that_only_missed_its_slo_says_by_how_much(sweep: Path) -> None:
     95 %); departures 9 / (5.07 - 0.12 s) = 1.82/s, at least 0.9 x 2.0; TTFT p50 of the last third 100 ms, no
     rise: not saturated, not client-limited, so the SLO alone fails it, and latency limited the configuration."""
     events = [*at_rate_2()[:9], request(9, sent_s=4.5, first_s=5.05)]
-    write_recording(sweep / "batch-1" / "slow", events, run=endpoint_run(2.0))  # type: ignore[arg-type]
+    write_recording(sweep / "batch-1" / "slow", events, run=endpoint_run(2.0))
     sweep_file(sweep, runs=[run_entry(2.0, "batch-1/rate-2"), run_entry(2.5, "batch-1/slow")])
     report = capacity_report(sweep)
     slow = {run["rate"]: run for run in report["runs"]}[2.5]

@@ -320,7 +320,6 @@ def test_every_option_is_in_the_planned_run_and_given_requests_replace_the_load(
     )
     assert run == EndpointRun(
         url="http://h:8000",
-        origin=Origin("http", "h", 8000, "/v1"),
         origins=(Origin("http", "h", 8000, "/v1"),),
         api="chat",
         model="",

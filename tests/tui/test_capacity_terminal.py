@@ -21,7 +21,7 @@ def test_enter_replays_the_run_at_capacity_and_q_comes_back_to_the_sweep(termina
     """The configuration under the cursor is batch=1, whose run at capacity is rate 2: Enter replays that
     recording (its endpoint in the dashboard's header), q closes it and the sweep's view is back, q ends."""
     out = tmp_path / "sweep"
-    write_recording(out / "batch-1" / "rate-2", at_rate_2(), run=endpoint_run(2.0))  # type: ignore[arg-type]
+    write_recording(out / "batch-1" / "rate-2", at_rate_2(), run=endpoint_run(2.0))
     sweep_file(out, runs=[
         {"config": "batch=1", "rate": 2.0, "status": "completed", "recording": "batch-1/rate-2", "reason": None},
     ])  # fmt: skip
